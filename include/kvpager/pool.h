@@ -1,0 +1,97 @@
+/*
+ * kvpager/pool.h: the shared page pool.
+ *
+ * A pool owns a fixed budget of equal-size physical pages carved from one
+ * slab. The slab is allocated once, at creation, from a jemalloc arena of the
+ * pool's own, and is never moved, grown or shrunk. A page holds K and V for
+ * `block_tokens` positions of every head of one cache lane, in f64:
+ *
+ *     K[heads][block_tokens][head_width]  then  V[heads][block_tokens][head_width]
+ *
+ * so page_bytes = 2 * heads * block_tokens * head_width * sizeof(double) and
+ * total_pages = floor(budget_bytes / page_bytes).
+ *
+ * Pages are handed out to layer caches (kvpager/cache.h) and to the
+ * reservations that attention tickets and steps hold; the pool tracks who
+ * holds what so that kvp_pool_check can recompute every invariant.
+ *
+ * Threads: every pool call is thread-safe. A pool must outlive its caches.
+ */
+#ifndef KVPAGER_POOL_H
+#define KVPAGER_POOL_H
+
+#include "kvpager/common.h"
+#include "kvpager/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_pool kvp_pool;
+
+typedef struct kvp_pool_config {
+    size_t block_tokens; /* positions per page */
+    size_t heads;        /* attention heads per lane */
+    size_t head_width;   /* features per head (d_h) */
+    size_t budget_bytes; /* memory budget for the page slab */
+} kvp_pool_config;
+
+typedef struct kvp_pool_stats {
+    size_t total_pages;
+    size_t free_pages;
+    size_t held_pages;          /* total - free */
+    size_t high_water_pages;    /* the largest held_pages ever observed */
+    uint64_t acquires;          /* pages handed out, over the pool's life */
+    uint64_t releases;          /* pages returned, over the pool's life */
+    uint64_t exhaustions;       /* requests refused with KVP_POOL_EXHAUSTED */
+    size_t page_bytes;
+    size_t slab_bytes;          /* total_pages * page_bytes */
+    size_t attached_caches;
+    size_t attached_reservations;
+} kvp_pool_stats;
+
+/* Called once per audit finding, in the order found. */
+typedef void (*kvp_mismatch_fn)(void *ctx, const kvp_mismatch *mismatch);
+
+/* Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget. */
+KVP_API void kvp_pool_config_init(kvp_pool_config *config);
+
+/*
+ * Creates a pool. Errors, in this order: NULL_ARGUMENT; ZERO_SIZE (any size
+ * zero, `argument` names it); SIZE_OVERFLOW (page_bytes overflows, or more
+ * pages than a 32-bit page id can name); BUDGET_TOO_SMALL; ALLOCATION_FAILED.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out,
+                                                 kvp_error *err);
+
+/*
+ * Destroys an idle pool. While caches are attached, reservations are held or
+ * any page is held, it refuses with POOL_BUSY and changes nothing.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err);
+
+/* A consistent snapshot of the pool's counters. */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out,
+                                                    kvp_error *err);
+
+/*
+ * The audit. Under the pool's lock, recomputes from scratch:
+ *   I1 free + held == total, and the cached counters;
+ *   I2 no page on the free list twice, free pages have reference count 0;
+ *   I3 each page's reference count equals the page-table slots and
+ *      reservation entries that name it, across every attached cache and
+ *      reservation;
+ *   I4 every lane of every attached cache maps exactly ceil(len/block_tokens)
+ *      pages, contiguously from block 0.
+ * Every mismatch is passed to `on_mismatch` (which may be NULL). Returns
+ * KVP_OK, or AUDIT_FAILED with the count and the first mismatch in *err.
+ * Allocates nothing and changes nothing.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn on_mismatch,
+                                                void *ctx, kvp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGER_POOL_H */

@@ -1,0 +1,39 @@
+/*
+ * kvpager/tensor.h: borrowed, row-major f64 views with an explicit shape.
+ *
+ * Owns: kvp_shape and kvp_tensor, plain values the caller fills in. kvpager
+ * never keeps a kvp_tensor past the call it was passed to and never writes
+ * through one.
+ * Invariant: a view of shape [d0, ..., dn-1] covers exactly d0*...*dn-1
+ * doubles at `data`, in row-major order (the last axis is contiguous).
+ */
+#ifndef KVPAGER_TENSOR_H
+#define KVPAGER_TENSOR_H
+
+#include "kvpager/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_shape {
+    size_t rank;                 /* number of axes; may exceed KVP_MAX_RANK only in errors */
+    size_t dims[KVP_MAX_RANK];   /* dims[0..rank) */
+} kvp_shape;
+
+typedef struct kvp_tensor {
+    const double *data;
+    kvp_shape shape;
+} kvp_tensor;
+
+/* A rank-4 view, the shape of appended keys and values: [B, H, T, d_h]. */
+KVP_API kvp_tensor kvp_tensor4(const double *data, size_t d0, size_t d1, size_t d2, size_t d3);
+
+/* A rank-3 view, the shape of attention inputs: [B, T, D]. */
+KVP_API kvp_tensor kvp_tensor3(const double *data, size_t d0, size_t d1, size_t d2);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGER_TENSOR_H */

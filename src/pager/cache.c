@@ -1,0 +1,443 @@
+/*
+ * cache.c: the paged layer cache (see kvpager/cache.h, cache_internal.h).
+ *
+ * Owns: page tables, the logical length, the binding captured at creation,
+ * and the cache's registration with its pool.
+ *
+ * Transitions (all under the pool lock; row copies happen before it is taken):
+ *   create          tables all KVPI_NO_PAGE, len 0, attached to the pool
+ *   commit          len -> len + 1; at a block boundary each lane maps one
+ *                   page consumed from a reservation
+ *   reset           every page back (newest first), len -> 0
+ *   destroy         reset, detach, free
+ *
+ * Global state: `next_serial`, the process-wide cache serial counter.
+ * Callers: the public API and src/attention (through cache_internal.h).
+ */
+#include "pager/cache_internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "pager/alloc.h"
+#include "pager/error.h"
+
+static atomic_uint_fast64_t next_serial = 1;
+
+static void cache_audit(const kvpi_holder *holder, kvpi_audit *audit);
+
+static const kvpi_holder_ops cache_ops = {KVPI_HOLDER_CACHE, cache_audit};
+
+static const kvp_cache *cache_of(const kvpi_holder *holder)
+{
+    return (const kvp_cache *)(const void *)((const char *)holder - offsetof(kvp_cache, holder));
+}
+
+/* I4 for every lane, and I3's references from this cache's page tables. */
+static void cache_audit(const kvpi_holder *holder, kvpi_audit *audit)
+{
+    const kvp_cache *cache = cache_of(holder);
+    if (cache->len > cache->capacity) {
+        kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE, "cache length within capacity",
+                          SIZE_MAX, SIZE_MAX, cache->capacity, cache->len);
+    }
+    size_t expected = kvpi_cache_mapped_blocks(cache);
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+        size_t mapped = 0;
+        size_t prefix = 0;
+        for (size_t block = 0; block < cache->blocks_per_lane; block++) {
+            if (table[block] == KVPI_NO_PAGE) {
+                continue;
+            }
+            mapped++;
+            prefix += block == mapped - 1;
+            kvpi_audit_reference(audit, table[block]);
+        }
+        if (mapped != expected) {
+            kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,
+                              "pages mapped by a lane, ceil(len / block_tokens)", SIZE_MAX, lane,
+                              expected, mapped);
+        } else if (prefix != mapped) {
+            kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,
+                              "pages mapped contiguously from block 0", SIZE_MAX, lane, mapped,
+                              prefix);
+        }
+    }
+}
+
+static kvp_status validate_binding(const kvp_binding *binding, kvp_error *err)
+{
+    if (binding->heads == 0 || binding->head_width == 0) {
+        return kvpi_fail_invalid(err, "binding", "heads and head_width must be nonzero");
+    }
+    if (binding->model_width / binding->heads != binding->head_width ||
+        binding->model_width % binding->heads != 0) {
+        return kvpi_fail_invalid(err, "binding", "model_width must equal heads * head_width");
+    }
+    return KVP_OK;
+}
+
+/* The seed's creation checks, in its order, then the pool's geometry. */
+static kvp_status validate_create(const kvp_pool *pool, const kvp_binding *binding,
+                                  size_t batch_size, size_t capacity, kvp_error *err)
+{
+    if (batch_size == 0) {
+        return kvpi_error_emit(err, &(kvp_error){.status = KVP_ZERO_BATCH_SIZE});
+    }
+    if (capacity == 0) {
+        return kvpi_error_emit(err, &(kvp_error){.status = KVP_ZERO_CAPACITY});
+    }
+    if (capacity > binding->rope_max_positions) {
+        kvp_error e = kvpi_error_begin(KVP_CAPACITY_EXCEEDS_POSITIONS);
+        e.capacity = capacity;
+        e.max_positions = binding->rope_max_positions;
+        return kvpi_error_emit(err, &e);
+    }
+    kvp_shape full = kvpi_shape4(batch_size, binding->heads, capacity, binding->head_width);
+    int overflow = 0;
+    (void)kvpi_shape_elements(&full, &overflow);
+    if (overflow) {
+        kvp_error e = kvpi_error_begin(KVP_ELEMENT_COUNT_OVERFLOW);
+        e.batch_size = batch_size;
+        e.heads = binding->heads;
+        e.capacity = capacity;
+        e.head_width = binding->head_width;
+        return kvpi_error_emit(err, &e);
+    }
+    if (binding->heads != pool->heads || binding->head_width != pool->head_width) {
+        kvp_error e = kvpi_error_begin(KVP_GEOMETRY_MISMATCH);
+        e.pool_geometry = (kvp_geometry){pool->heads, pool->head_width};
+        e.binding_geometry = (kvp_geometry){binding->heads, binding->head_width};
+        return kvpi_error_emit(err, &e);
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t batch_size,
+                            size_t capacity, kvp_cache **out, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (binding == NULL) {
+        return kvpi_fail_null(err, "binding");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_status status = validate_binding(binding, err);
+    if (status == KVP_OK) {
+        status = validate_create(pool, binding, batch_size, capacity, err);
+    }
+    if (status != KVP_OK) {
+        return status;
+    }
+    size_t blocks = (capacity + pool->block_tokens - 1) / pool->block_tokens;
+    /* batch * blocks <= batch * capacity, which the element check bounded. */
+    size_t entries = batch_size * blocks + batch_size;
+    kvp_cache *cache = kvpi_calloc(KVPI_SITE_CACHE_STRUCT, 1, sizeof *cache);
+    if (cache == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_CACHE_STRUCT), sizeof *cache);
+    }
+    uint32_t *tables = kvpi_calloc(KVPI_SITE_CACHE_TABLES, entries, sizeof *tables);
+    if (tables == NULL) {
+        kvpi_free(cache);
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_CACHE_TABLES),
+                               entries * sizeof *tables);
+    }
+    for (size_t i = 0; i < entries; i++) {
+        tables[i] = KVPI_NO_PAGE;
+    }
+    cache->holder.ops = &cache_ops;
+    cache->pool = pool;
+    cache->binding = *binding;
+    cache->batch_size = batch_size;
+    cache->capacity = capacity;
+    cache->len = 0;
+    cache->heads = binding->heads;
+    cache->head_width = binding->head_width;
+    cache->block_tokens = pool->block_tokens;
+    cache->blocks_per_lane = blocks;
+    cache->tables = tables;
+    cache->spare_entries = tables + batch_size * blocks;
+    kvpi_reservation_init(&cache->spare_reservation, pool, cache->spare_entries, batch_size);
+    cache->serial = atomic_fetch_add(&next_serial, 1);
+    cache->epoch = 0;
+    kvpi_pool_lock(pool);
+    kvpi_pool_attach_locked(pool, &cache->holder);
+    kvpi_pool_unlock(pool);
+    *out = cache;
+    return KVP_OK;
+}
+
+/* Under the pool lock: unmaps every page, newest first, and empties the cache. */
+static void cache_release_pages_locked(kvp_cache *cache)
+{
+    size_t mapped = kvpi_cache_mapped_blocks(cache);
+    for (size_t block = mapped; block-- > 0;) {
+        for (size_t lane = cache->batch_size; lane-- > 0;) {
+            uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
+            kvpi_pool_put_locked(cache->pool, *slot);
+            *slot = KVPI_NO_PAGE;
+        }
+    }
+    cache->len = 0;
+    cache->epoch++;
+}
+
+kvp_status kvp_cache_reset(kvp_cache *cache, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    kvpi_pool_lock(cache->pool);
+    cache_release_pages_locked(cache);
+    kvpi_pool_unlock(cache->pool);
+    return KVP_OK;
+}
+
+kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    kvpi_reservation_release(&cache->spare_reservation);
+    kvpi_pool_lock(cache->pool);
+    cache_release_pages_locked(cache);
+    kvpi_pool_detach_locked(cache->pool, &cache->holder);
+    kvpi_pool_unlock(cache->pool);
+    kvpi_free(cache->tables);
+    kvpi_free(cache);
+    return KVP_OK;
+}
+
+kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_cache_info info;
+    memset(&info, 0, sizeof info);
+    info.batch_size = cache->batch_size;
+    info.capacity = cache->capacity;
+    info.len = cache->len;
+    info.block_tokens = cache->block_tokens;
+    info.blocks_per_lane = cache->blocks_per_lane;
+    info.mapped_pages = cache->batch_size * kvpi_cache_mapped_blocks(cache);
+    info.binding = cache->binding;
+    *out = info;
+    return KVP_OK;
+}
+
+/* Copies the logical [B, H, len, d_h] prefix of keys (values == 0) or values. */
+static kvp_status cache_snapshot(const kvp_cache *cache, int values, double *out, size_t out_len,
+                                 kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    size_t d = cache->head_width;
+    size_t needed = cache->batch_size * cache->heads * cache->len * d;
+    if (out == NULL && needed != 0) {
+        return kvpi_fail_null(err, "out");
+    }
+    if (out_len < needed) {
+        return kvpi_fail_buffer(err, "out", needed, out_len);
+    }
+    size_t bt = cache->block_tokens;
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+        for (size_t head = 0; head < cache->heads; head++) {
+            double *dst = out + (lane * cache->heads + head) * cache->len * d;
+            for (size_t start = 0; start < cache->len; start += bt) {
+                size_t rows = cache->len - start < bt ? cache->len - start : bt;
+                uint32_t page = table[start / bt];
+                const double *src = values ? kvpi_cache_page_values(cache, page, head)
+                                           : kvpi_cache_page_keys(cache, page, head);
+                memcpy(dst + start * d, src, rows * d * sizeof *dst);
+            }
+        }
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_cache_keys(const kvp_cache *cache, double *out, size_t out_len, kvp_error *err)
+{
+    return cache_snapshot(cache, 0, out, out_len, err);
+}
+
+kvp_status kvp_cache_values(const kvp_cache *cache, double *out, size_t out_len, kvp_error *err)
+{
+    return cache_snapshot(cache, 1, out, out_len, err);
+}
+
+kvp_status kvp_cache_page(const kvp_cache *cache, size_t lane, size_t block, uint32_t *out,
+                          kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    if (lane >= cache->batch_size) {
+        return kvpi_fail_out_of_range(err, "lane", lane, cache->batch_size);
+    }
+    size_t mapped = kvpi_cache_mapped_blocks(cache);
+    if (block >= mapped) {
+        return kvpi_fail_out_of_range(err, "block", block, mapped);
+    }
+    *out = kvpi_cache_lane_table(cache, lane)[block];
+    return KVP_OK;
+}
+
+size_t kvp_cache_len(const kvp_cache *cache)
+{
+    return cache != NULL ? cache->len : 0;
+}
+
+size_t kvp_cache_capacity(const kvp_cache *cache)
+{
+    return cache != NULL ? cache->capacity : 0;
+}
+
+int kvp_cache_is_empty(const kvp_cache *cache)
+{
+    return cache != NULL && cache->len == 0;
+}
+
+int kvp_cache_is_full(const kvp_cache *cache)
+{
+    return cache != NULL && cache->len == cache->capacity;
+}
+
+/* ---- the private append path ------------------------------------------- */
+
+/* Index of the first non-finite value among n, or n when all are finite. */
+static size_t first_nonfinite(const double *values, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(values[i])) {
+            return i;
+        }
+    }
+    return n;
+}
+
+static kvp_status check_row_shape(const kvp_cache *cache, const kvp_tensor *row,
+                                  kvp_status mismatch, kvp_error *err)
+{
+    kvp_shape expected = kvpi_shape4(cache->batch_size, cache->heads, 1, cache->head_width);
+    if (kvpi_shape_equal(&row->shape, &expected)) {
+        return KVP_OK;
+    }
+    kvp_error e = kvpi_error_begin(mismatch);
+    e.expected = expected;
+    e.actual = row->shape;
+    return kvpi_error_emit(err, &e);
+}
+
+static kvp_status check_row_finite(const kvp_tensor *row, size_t n, kvp_status nonfinite,
+                                   kvp_error *err)
+{
+    size_t index = first_nonfinite(row->data, n);
+    if (index == n) {
+        return KVP_OK;
+    }
+    kvp_error e = kvpi_error_begin(nonfinite);
+    e.index = index;
+    e.value = row->data[index];
+    return kvpi_error_emit(err, &e);
+}
+
+kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
+                                      const kvp_tensor *value, kvp_error *err)
+{
+    if (key == NULL || key->data == NULL) {
+        return kvpi_fail_null(err, "key");
+    }
+    if (value == NULL || value->data == NULL) {
+        return kvpi_fail_null(err, "value");
+    }
+    kvp_status status = check_row_shape(cache, key, KVP_KEY_SHAPE_MISMATCH, err);
+    if (status == KVP_OK) {
+        status = check_row_shape(cache, value, KVP_VALUE_SHAPE_MISMATCH, err);
+    }
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (cache->len == cache->capacity) {
+        kvp_error e = kvpi_error_begin(KVP_FULL);
+        e.capacity = cache->capacity;
+        return kvpi_error_emit(err, &e);
+    }
+    size_t n = cache->batch_size * cache->heads * cache->head_width;
+    status = check_row_finite(key, n, KVP_NONFINITE_KEY, err);
+    if (status == KVP_OK) {
+        status = check_row_finite(value, n, KVP_NONFINITE_VALUE, err);
+    }
+    return status;
+}
+
+size_t kvpi_cache_pages_needed(const kvp_cache *cache)
+{
+    if (cache->len == cache->capacity || cache->len % cache->block_tokens != 0) {
+        return 0;
+    }
+    return cache->batch_size;
+}
+
+void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
+                       kvpi_reservation *reservation)
+{
+    size_t bt = cache->block_tokens;
+    size_t d = cache->head_width;
+    size_t block = cache->len / bt;
+    size_t slot = cache->len % bt;
+    int opens_block = slot == 0;
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        uint32_t page = opens_block ? kvpi_reservation_peek(reservation, lane)
+                                    : kvpi_cache_lane_table(cache, lane)[block];
+        double *base = kvpi_pool_page(cache->pool, page);
+        for (size_t head = 0; head < cache->heads; head++) {
+            const double *k = key + (lane * cache->heads + head) * d;
+            const double *v = value + (lane * cache->heads + head) * d;
+            memcpy(base + (head * bt + slot) * d, k, d * sizeof *k);
+            memcpy(base + ((cache->heads + head) * bt + slot) * d, v, d * sizeof *v);
+        }
+    }
+    kvpi_pool_lock(cache->pool);
+    if (opens_block) {
+        for (size_t lane = 0; lane < cache->batch_size; lane++) {
+            cache->tables[lane * cache->blocks_per_lane + block] =
+                kvpi_reservation_consume_locked(reservation);
+        }
+    }
+    cache->len++;
+    cache->epoch++;
+    kvpi_pool_unlock(cache->pool);
+}
+
+kvp_status kvpi_cache_append(kvp_cache *cache, const kvp_tensor *key, const kvp_tensor *value,
+                             kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    kvp_status status = kvpi_cache_validate_append(cache, key, value, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    status = kvpi_reservation_fill(&cache->spare_reservation, kvpi_cache_pages_needed(cache),
+                                   err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    kvpi_cache_commit(cache, key->data, value->data, &cache->spare_reservation);
+    return KVP_OK;
+}

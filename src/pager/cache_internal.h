@@ -1,0 +1,100 @@
+/*
+ * cache_internal.h: the layer cache as attention and steps see it.
+ *
+ * Owns: struct kvp_cache, the private append path (validate, reserve,
+ * commit) and the page-walking accessors the attention gather uses.
+ *
+ * Invariants:
+ *   - 0 <= len <= capacity <= binding.rope_max_positions;
+ *   - for every lane, tables[lane][0..ceil(len/block_tokens)) name held
+ *     pages and the rest are KVPI_NO_PAGE (I4);
+ *   - position p of lane b, head h lives in page tables[b][p / block_tokens]
+ *     at slot p % block_tokens: keys at page + (h*block_tokens + slot)*d_h,
+ *     values at page + ((H + h)*block_tokens + slot)*d_h;
+ *   - epoch advances on every commit and reset, so a ticket can tell that
+ *     the cache changed since it was prepared;
+ *   - len and tables change only under the pool lock (pool_internal.h).
+ *
+ * Callers: src/pager and src/attention. Not part of the public API: the raw
+ * append stays private, as in the seed.
+ */
+#ifndef KVPAGER_PAGER_CACHE_INTERNAL_H
+#define KVPAGER_PAGER_CACHE_INTERNAL_H
+
+#include "kvpager/cache.h"
+#include "kvpager/tensor.h"
+#include "pager/pool_internal.h"
+#include "pager/reservation.h"
+
+struct kvp_cache {
+    kvpi_holder holder;
+    kvp_pool *pool;
+    kvp_binding binding;
+    size_t batch_size;
+    size_t capacity;
+    size_t len;
+    size_t heads;
+    size_t head_width;
+    size_t block_tokens;
+    size_t blocks_per_lane;
+    uint32_t *tables;        /* [batch_size][blocks_per_lane] */
+    uint32_t *spare_entries; /* [batch_size], storage of spare_reservation */
+    kvpi_reservation spare_reservation; /* used by the private append only */
+    uint64_t serial;         /* unique in the process, never reused */
+    uint64_t epoch;
+};
+
+/* Blocks a lane maps at the current length. */
+static inline size_t kvpi_cache_mapped_blocks(const kvp_cache *cache)
+{
+    return (cache->len + cache->block_tokens - 1) / cache->block_tokens;
+}
+
+static inline const uint32_t *kvpi_cache_lane_table(const kvp_cache *cache, size_t lane)
+{
+    return cache->tables + lane * cache->blocks_per_lane;
+}
+
+/* The block_tokens key rows of `head` in `page`, contiguous, [block_tokens][d_h]. */
+static inline const double *kvpi_cache_page_keys(const kvp_cache *cache, uint32_t page,
+                                                 size_t head)
+{
+    return kvpi_pool_page(cache->pool, page) + head * cache->block_tokens * cache->head_width;
+}
+
+/* The block_tokens value rows of `head` in `page`, contiguous, [block_tokens][d_h]. */
+static inline const double *kvpi_cache_page_values(const kvp_cache *cache, uint32_t page,
+                                                   size_t head)
+{
+    return kvpi_pool_page(cache->pool, page) +
+           (cache->heads + head) * cache->block_tokens * cache->head_width;
+}
+
+/*
+ * The seed's validate_append, in the seed's order: key shape [B,H,1,d_h],
+ * value shape, FULL, first non-finite key, first non-finite value.
+ */
+kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
+                                      const kvp_tensor *value, kvp_error *err);
+
+/* Pages the next append needs: batch_size when it opens a new block, else 0. */
+size_t kvpi_cache_pages_needed(const kvp_cache *cache);
+
+/*
+ * Makes one validated row per lane visible: copies key and value ([B,H,1,d_h]
+ * flat) into their page slots, maps pages taken from `reservation` when the
+ * row opens a block, then len += 1 and epoch += 1.
+ * Preconditions: kvpi_cache_validate_append succeeded for these rows, and
+ * the reservation holds at least kvpi_cache_pages_needed pages.
+ */
+void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
+                       kvpi_reservation *reservation);
+
+/*
+ * The private raw append: validate, reserve the lanes' pages (all or none),
+ * commit. Any error leaves the cache and the pool as they were.
+ */
+kvp_status kvpi_cache_append(kvp_cache *cache, const kvp_tensor *key, const kvp_tensor *value,
+                             kvp_error *err);
+
+#endif /* KVPAGER_PAGER_CACHE_INTERNAL_H */

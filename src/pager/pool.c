@@ -1,0 +1,409 @@
+/*
+ * pool.c: the shared page pool.
+ *
+ * Owns: the slab, the LIFO free list, per-page reference counts, the
+ * counters, the registry of holders (caches and reservations), and the audit.
+ *
+ * Invariants (DESIGN.md numbering; kvp_pool_check recomputes all of them):
+ *   I1  free_count + |{p : refcount[p] > 0}| == total_pages
+ *   I2  free_stack[0..free_count) has no duplicate, and each entry has
+ *       refcount 0
+ *   I3  refcount[p] == number of page-table slots and reservation entries
+ *       naming p, over every attached holder
+ *   I4  (checked by each cache holder) a lane of length len maps exactly
+ *       ceil(len / block_tokens) pages, from block 0 on
+ *   and the counters: acquires - releases == held pages, high water >= held.
+ *
+ * Page life:
+ *   free --take_locked--> held (refcount 1) --put_locked (refcount 0)--> free
+ * Every transition happens under `lock` (see pool_internal.h).
+ *
+ * Callers: the public API (kvpager/pool.h) and src/pager.
+ */
+#include "pager/pool_internal.h"
+
+#include <string.h>
+
+#include "pager/alloc.h"
+#include "pager/error.h"
+#include "pager/track.h"
+
+void kvp_pool_config_init(kvp_pool_config *config)
+{
+    if (config == NULL) {
+        return;
+    }
+    config->block_tokens = 16;
+    config->heads = 8;
+    config->head_width = 64;
+    config->budget_bytes = (size_t)64 << 20;
+}
+
+/* Validates sizes and derives the page geometry; see kvp_pool_create's order. */
+static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_doubles,
+                                size_t *total_pages, kvp_error *err)
+{
+    static const char *const names[] = {"block_tokens", "heads", "head_width", "budget_bytes"};
+    const size_t sizes[] = {config->block_tokens, config->heads, config->head_width,
+                            config->budget_bytes};
+    for (size_t i = 0; i < 4; i++) {
+        if (sizes[i] == 0) {
+            kvp_error e = kvpi_error_begin(KVP_ZERO_SIZE);
+            e.argument = names[i];
+            return kvpi_error_emit(err, &e);
+        }
+    }
+    kvp_error overflow = kvpi_error_begin(KVP_SIZE_OVERFLOW);
+    overflow.block_tokens = config->block_tokens;
+    overflow.heads = config->heads;
+    overflow.head_width = config->head_width;
+    overflow.budget_bytes = config->budget_bytes;
+    size_t doubles = 2;
+    const size_t factors[] = {config->heads, config->block_tokens, config->head_width,
+                              sizeof(double)};
+    for (size_t i = 0; i < 4; i++) {
+        if (doubles > SIZE_MAX / factors[i]) {
+            return kvpi_error_emit(err, &overflow);
+        }
+        doubles *= factors[i];
+    }
+    size_t page_bytes = doubles; /* the last factor made it bytes */
+    size_t pages = config->budget_bytes / page_bytes;
+    if (pages == 0) {
+        kvp_error e = kvpi_error_begin(KVP_BUDGET_TOO_SMALL);
+        e.budget_bytes = config->budget_bytes;
+        e.page_bytes = page_bytes;
+        return kvpi_error_emit(err, &e);
+    }
+    if (pages >= (size_t)KVPI_NO_PAGE) {
+        return kvpi_error_emit(err, &overflow);
+    }
+    *page_doubles = page_bytes / sizeof(double);
+    *total_pages = pages;
+    return KVP_OK;
+}
+
+kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out, kvp_error *err)
+{
+    if (config == NULL) {
+        return kvpi_fail_null(err, "config");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    size_t page_doubles = 0;
+    size_t total = 0;
+    kvp_status status = pool_geometry(config, &page_doubles, &total, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    size_t page_bytes = page_doubles * sizeof(double);
+
+    kvp_pool *pool = kvpi_calloc(KVPI_SITE_POOL_STRUCT, 1, sizeof *pool);
+    if (pool == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_STRUCT), sizeof *pool);
+    }
+    /* total < 2^32, so 3 * total * 4 bytes cannot overflow size_t on 64-bit. */
+    size_t metadata_bytes = 3 * total * sizeof(uint32_t);
+    uint32_t *metadata = kvpi_calloc(KVPI_SITE_POOL_METADATA, 3 * total, sizeof(uint32_t));
+    if (metadata == NULL) {
+        kvpi_free(pool);
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_METADATA),
+                               metadata_bytes);
+    }
+    size_t slab_bytes = total * page_bytes; /* <= budget_bytes */
+    unsigned arena = 0;
+    double *slab = kvpi_slab_alloc(slab_bytes, &arena);
+    if (slab == NULL) {
+        kvpi_free(metadata);
+        kvpi_free(pool);
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_SLAB), slab_bytes);
+    }
+    if (pthread_mutex_init(&pool->lock, NULL) != 0) {
+        kvpi_slab_free(slab, arena);
+        kvpi_free(metadata);
+        kvpi_free(pool);
+        return kvpi_fail_alloc(err, "pool mutex", sizeof pool->lock);
+    }
+    pool->block_tokens = config->block_tokens;
+    pool->heads = config->heads;
+    pool->head_width = config->head_width;
+    pool->page_doubles = page_doubles;
+    pool->page_bytes = page_bytes;
+    pool->total_pages = total;
+    pool->slab = slab;
+    pool->arena = arena;
+    pool->free_stack = metadata;
+    pool->refcount = metadata + total;
+    pool->audit_counts = metadata + 2 * total;
+    /* The top of the stack is page 0, so pages are handed out 0, 1, 2, ... */
+    for (size_t i = 0; i < total; i++) {
+        pool->free_stack[i] = (uint32_t)(total - 1 - i);
+    }
+    pool->free_count = total;
+    pool->holders.prev = &pool->holders;
+    pool->holders.next = &pool->holders;
+    kvpi_track_pool_create(slab, slab_bytes);
+    *out = pool;
+    return KVP_OK;
+}
+
+kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    kvpi_pool_lock(pool);
+    size_t held = pool->total_pages - pool->free_count;
+    if (pool->attached_caches != 0 || pool->attached_reservations != 0 || held != 0) {
+        kvp_error e = kvpi_error_begin(KVP_POOL_BUSY);
+        e.attached_caches = pool->attached_caches;
+        e.attached_reservations = pool->attached_reservations;
+        e.held_pages = held;
+        kvpi_pool_unlock(pool);
+        return kvpi_error_emit(err, &e);
+    }
+    kvpi_pool_unlock(pool);
+    pthread_mutex_destroy(&pool->lock);
+    size_t slab_bytes = pool->total_pages * pool->page_bytes;
+    kvpi_track_pool_destroy(pool->slab, slab_bytes);
+    kvpi_slab_free(pool->slab, pool->arena);
+    kvpi_free(pool->free_stack);
+    kvpi_free(pool);
+    return KVP_OK;
+}
+
+kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_pool_stats stats;
+    memset(&stats, 0, sizeof stats);
+    kvpi_pool_lock(pool);
+    stats.total_pages = pool->total_pages;
+    stats.free_pages = pool->free_count;
+    stats.held_pages = pool->total_pages - pool->free_count;
+    stats.high_water_pages = pool->high_water_pages;
+    stats.acquires = pool->acquires;
+    stats.releases = pool->releases;
+    stats.exhaustions = pool->exhaustions;
+    stats.page_bytes = pool->page_bytes;
+    stats.slab_bytes = pool->total_pages * pool->page_bytes;
+    stats.attached_caches = pool->attached_caches;
+    stats.attached_reservations = pool->attached_reservations;
+    kvpi_pool_unlock(pool);
+    *out = stats;
+    return KVP_OK;
+}
+
+void kvpi_pool_lock(kvp_pool *pool)
+{
+    pthread_mutex_lock(&pool->lock);
+}
+
+void kvpi_pool_unlock(kvp_pool *pool)
+{
+    pthread_mutex_unlock(&pool->lock);
+}
+
+void kvpi_pool_attach_locked(kvp_pool *pool, kvpi_holder *holder)
+{
+    holder->prev = pool->holders.prev;
+    holder->next = &pool->holders;
+    pool->holders.prev->next = holder;
+    pool->holders.prev = holder;
+    if (holder->ops->kind == KVPI_HOLDER_CACHE) {
+        pool->attached_caches++;
+    } else {
+        pool->attached_reservations++;
+    }
+}
+
+void kvpi_pool_detach_locked(kvp_pool *pool, kvpi_holder *holder)
+{
+    holder->prev->next = holder->next;
+    holder->next->prev = holder->prev;
+    holder->prev = NULL;
+    holder->next = NULL;
+    if (holder->ops->kind == KVPI_HOLDER_CACHE) {
+        pool->attached_caches--;
+    } else {
+        pool->attached_reservations--;
+    }
+}
+
+kvp_status kvpi_pool_take_locked(kvp_pool *pool, size_t n, uint32_t *out, kvp_error *err)
+{
+    if (n > pool->free_count) {
+        pool->exhaustions++;
+        kvp_error e = kvpi_error_begin(KVP_POOL_EXHAUSTED);
+        e.needed = n;
+        e.available = pool->free_count;
+        return kvpi_error_emit(err, &e);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t page = pool->free_stack[--pool->free_count];
+        pool->refcount[page] = 1;
+        kvpi_track_page_acquired(pool->slab, kvpi_pool_page(pool, page), pool->page_bytes);
+        out[i] = page;
+    }
+    pool->acquires += n;
+    size_t held = pool->total_pages - pool->free_count;
+    if (held > pool->high_water_pages) {
+        pool->high_water_pages = held;
+    }
+    return KVP_OK;
+}
+
+void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page)
+{
+    if (--pool->refcount[page] != 0) {
+        return;
+    }
+    kvpi_track_page_released(pool->slab, kvpi_pool_page(pool, page));
+    pool->free_stack[pool->free_count++] = page;
+    pool->releases++;
+}
+
+/* ---- audit ------------------------------------------------------------- */
+
+struct kvpi_audit {
+    const kvp_pool *pool;
+    kvp_mismatch_fn on_mismatch;
+    void *ctx;
+    size_t mismatches;
+    kvp_mismatch first;
+};
+
+void kvpi_audit_report(kvpi_audit *audit, kvp_invariant invariant, const char *what, size_t page,
+                       size_t lane, size_t expected, size_t actual)
+{
+    kvp_mismatch m = {invariant, what, page, lane, expected, actual};
+    if (audit->mismatches == 0) {
+        audit->first = m;
+    }
+    audit->mismatches++;
+    if (audit->on_mismatch != NULL) {
+        audit->on_mismatch(audit->ctx, &m);
+    }
+}
+
+void kvpi_audit_reference(kvpi_audit *audit, uint32_t page)
+{
+    if (page >= audit->pool->total_pages) {
+        kvpi_audit_report(audit, KVP_INVARIANT_REFERENCES, "page id below total pages", page,
+                          SIZE_MAX, audit->pool->total_pages, page);
+        return;
+    }
+    audit->pool->audit_counts[page]++;
+}
+
+/* I2 and the free side of I1: walks the free list. Returns pages found free. */
+static size_t audit_free_list(const kvp_pool *pool, kvpi_audit *audit)
+{
+    uint32_t *seen = pool->audit_counts;
+    memset(seen, 0, pool->total_pages * sizeof *seen);
+    size_t valid = 0;
+    for (size_t i = 0; i < pool->free_count; i++) {
+        uint32_t page = pool->free_stack[i];
+        if (page >= pool->total_pages) {
+            kvpi_audit_report(audit, KVP_INVARIANT_NO_DUPLICATES, "free-list entry is a page id",
+                              page, SIZE_MAX, pool->total_pages, page);
+            continue;
+        }
+        if (seen[page]++ != 0) {
+            kvpi_audit_report(audit, KVP_INVARIANT_NO_DUPLICATES,
+                              "times the page is on the free list", page, SIZE_MAX, 1, seen[page]);
+            continue;
+        }
+        if (pool->refcount[page] != 0) {
+            kvpi_audit_report(audit, KVP_INVARIANT_NO_DUPLICATES,
+                              "reference count of a free page", page, SIZE_MAX, 0,
+                              pool->refcount[page]);
+        }
+        valid++;
+    }
+    return valid;
+}
+
+/* Walks the holder list; returns how many holders of `kind` are linked. */
+static size_t audit_holders(const kvp_pool *pool, kvpi_audit *audit, kvpi_holder_kind kind)
+{
+    size_t count = 0;
+    for (const kvpi_holder *h = pool->holders.next; h != &pool->holders; h = h->next) {
+        if (h->ops->kind != kind) {
+            continue;
+        }
+        count++;
+        h->ops->audit(h, audit);
+    }
+    return count;
+}
+
+static void audit_locked(const kvp_pool *pool, kvpi_audit *audit)
+{
+    size_t free_found = audit_free_list(pool, audit);
+    size_t held = 0;
+    for (size_t page = 0; page < pool->total_pages; page++) {
+        held += pool->refcount[page] != 0;
+    }
+    if (free_found + held != pool->total_pages) {
+        kvpi_audit_report(audit, KVP_INVARIANT_CONSERVATION, "free + held pages", SIZE_MAX,
+                          SIZE_MAX, pool->total_pages, free_found + held);
+    }
+    if (pool->acquires - pool->releases != held) {
+        kvpi_audit_report(audit, KVP_INVARIANT_STATS, "acquires - releases", SIZE_MAX, SIZE_MAX,
+                          held, (size_t)(pool->acquires - pool->releases));
+    }
+    if (pool->high_water_pages < held) {
+        kvpi_audit_report(audit, KVP_INVARIANT_STATS, "high-water mark at least held pages",
+                          SIZE_MAX, SIZE_MAX, held, pool->high_water_pages);
+    }
+
+    /* I3: count every reference the holders own, then compare. */
+    memset(pool->audit_counts, 0, pool->total_pages * sizeof *pool->audit_counts);
+    size_t caches = audit_holders(pool, audit, KVPI_HOLDER_CACHE);
+    size_t reservations = audit_holders(pool, audit, KVPI_HOLDER_RESERVATION);
+    if (caches != pool->attached_caches) {
+        kvpi_audit_report(audit, KVP_INVARIANT_STATS, "attached caches", SIZE_MAX, SIZE_MAX,
+                          caches, pool->attached_caches);
+    }
+    if (reservations != pool->attached_reservations) {
+        kvpi_audit_report(audit, KVP_INVARIANT_STATS, "attached reservations", SIZE_MAX,
+                          SIZE_MAX, reservations, pool->attached_reservations);
+    }
+    for (size_t page = 0; page < pool->total_pages; page++) {
+        if (pool->audit_counts[page] != pool->refcount[page]) {
+            kvpi_audit_report(audit, KVP_INVARIANT_REFERENCES,
+                              "references from page tables and reservations", page, SIZE_MAX,
+                              pool->audit_counts[page], pool->refcount[page]);
+        }
+    }
+}
+
+kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn on_mismatch, void *ctx,
+                          kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    kvpi_audit audit;
+    memset(&audit, 0, sizeof audit);
+    audit.pool = pool;
+    audit.on_mismatch = on_mismatch;
+    audit.ctx = ctx;
+    kvpi_pool_lock(pool);
+    audit_locked(pool, &audit);
+    kvpi_pool_unlock(pool);
+    if (audit.mismatches == 0) {
+        return KVP_OK;
+    }
+    kvp_error e = kvpi_error_begin(KVP_AUDIT_FAILED);
+    e.mismatches = audit.mismatches;
+    e.first_mismatch = audit.first;
+    return kvpi_error_emit(err, &e);
+}

@@ -1,0 +1,98 @@
+/*
+ * pool_internal.h: the pool as the rest of the library sees it.
+ *
+ * Owns: struct kvp_pool, the holder registry through which the audit finds
+ * every page reference, and the locked page primitives.
+ *
+ * Locking rule (makes kvp_pool_check exact while other threads work): the
+ * pool's free list, reference counts, counters, holder list, and every
+ * holder's reference state (a cache's len and page tables, a reservation's
+ * entries) change only while pool->lock is held. Row data inside a page is
+ * not reference state; the page's single owner writes it without the lock.
+ *
+ * Callers: src/pager (cache.c, reservation.c); attention reads pages through
+ * kvpi_pool_page only.
+ */
+#ifndef KVPAGER_PAGER_POOL_INTERNAL_H
+#define KVPAGER_PAGER_POOL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kvpager/pool.h"
+
+/* A page-table slot that maps no page. Page ids are below it. */
+#define KVPI_NO_PAGE UINT32_MAX
+
+typedef struct kvpi_audit kvpi_audit;
+typedef struct kvpi_holder kvpi_holder;
+
+typedef enum kvpi_holder_kind { KVPI_HOLDER_CACHE, KVPI_HOLDER_RESERVATION } kvpi_holder_kind;
+
+typedef struct kvpi_holder_ops {
+    kvpi_holder_kind kind;
+    /*
+     * Called by the audit under the pool lock: report every page reference the
+     * holder owns with kvpi_audit_reference, and any broken invariant of the
+     * holder's own with kvpi_audit_report.
+     */
+    void (*audit)(const kvpi_holder *holder, kvpi_audit *audit);
+} kvpi_holder_ops;
+
+/* Embedded in each cache and reservation; linked into the pool while attached. */
+struct kvpi_holder {
+    kvpi_holder *prev;
+    kvpi_holder *next;
+    const kvpi_holder_ops *ops;
+};
+
+struct kvp_pool {
+    pthread_mutex_t lock;
+    size_t block_tokens;
+    size_t heads;
+    size_t head_width;
+    size_t page_doubles;   /* 2 * heads * block_tokens * head_width */
+    size_t page_bytes;
+    size_t total_pages;
+    double *slab;          /* total_pages * page_doubles, never moves */
+    unsigned arena;        /* the jemalloc arena that serves only the slab */
+    uint32_t *free_stack;  /* [total_pages]; the top is free_stack[free_count - 1] */
+    size_t free_count;
+    uint32_t *refcount;    /* [total_pages]; 0 exactly for free pages */
+    uint32_t *audit_counts;/* [total_pages]; scratch of the audit, so it allocates nothing */
+    kvpi_holder holders;   /* sentinel of the circular holder list */
+    size_t attached_caches;
+    size_t attached_reservations;
+    size_t high_water_pages;
+    uint64_t acquires;
+    uint64_t releases;
+    uint64_t exhaustions;
+};
+
+static inline double *kvpi_pool_page(const kvp_pool *pool, uint32_t page)
+{
+    return pool->slab + (size_t)page * pool->page_doubles;
+}
+
+void kvpi_pool_lock(kvp_pool *pool);
+void kvpi_pool_unlock(kvp_pool *pool);
+
+void kvpi_pool_attach_locked(kvp_pool *pool, kvpi_holder *holder);
+void kvpi_pool_detach_locked(kvp_pool *pool, kvpi_holder *holder);
+
+/*
+ * Takes n free pages, all or none, each with reference count 1, written to
+ * out[0..n) in the order the LIFO free list yields them. POOL_EXHAUSTED (and
+ * the exhaustion counter) when fewer than n are free.
+ */
+kvp_status kvpi_pool_take_locked(kvp_pool *pool, size_t n, uint32_t *out, kvp_error *err);
+
+/* Drops one reference; at zero the page goes back on top of the free list. */
+void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page);
+
+/* Audit callbacks for holders. */
+void kvpi_audit_reference(kvpi_audit *audit, uint32_t page);
+void kvpi_audit_report(kvpi_audit *audit, kvp_invariant invariant, const char *what, size_t page,
+                       size_t lane, size_t expected, size_t actual);
+
+#endif /* KVPAGER_PAGER_POOL_INTERNAL_H */

@@ -1,0 +1,59 @@
+/*
+ * reservation.h: pages taken from the pool ahead of the appends that will
+ * use them.
+ *
+ * Owns: a list of reserved page ids whose storage the owner provides
+ * (allocated once, with the ticket, step or cache that embeds the
+ * reservation), so reserving, consuming and returning pages allocate nothing.
+ *
+ * Invariants: entries[next..count) are the pages still reserved, each holding
+ * one reference; the reservation is attached to its pool exactly while
+ * next < count. All changes happen under the pool lock.
+ *
+ * Life: empty --fill--> holding --consume_locked (each page moves, reference
+ * and all, into a page table)--> empty; release returns what is left.
+ * Callers: cache.c (its private append), attention tickets and steps.
+ */
+#ifndef KVPAGER_PAGER_RESERVATION_H
+#define KVPAGER_PAGER_RESERVATION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pager/pool_internal.h"
+
+typedef struct kvpi_reservation {
+    kvpi_holder holder;
+    kvp_pool *pool;
+    uint32_t *entries; /* owner-provided storage of `capacity` ids */
+    size_t capacity;
+    size_t count;      /* entries filled */
+    size_t next;       /* entries consumed */
+} kvpi_reservation;
+
+void kvpi_reservation_init(kvpi_reservation *r, kvp_pool *pool, uint32_t *storage,
+                           size_t capacity);
+
+/* Pages reserved and not yet consumed. */
+size_t kvpi_reservation_remaining(const kvpi_reservation *r);
+
+/*
+ * Reserves n more pages, all or none. POOL_EXHAUSTED when the pool has fewer
+ * than n free; INVALID_ARGUMENT when n exceeds the storage left. Takes the
+ * pool lock.
+ */
+kvp_status kvpi_reservation_fill(kvpi_reservation *r, size_t n, kvp_error *err);
+
+/*
+ * Under the pool lock: hands the next reserved page, and its reference, to the
+ * caller. Precondition: remaining > 0.
+ */
+uint32_t kvpi_reservation_consume_locked(kvpi_reservation *r);
+
+/* The page that consume would hand out `ahead` calls from now, without taking it. */
+uint32_t kvpi_reservation_peek(const kvpi_reservation *r, size_t ahead);
+
+/* Returns every page still reserved to the pool. Takes the pool lock. */
+void kvpi_reservation_release(kvpi_reservation *r);
+
+#endif /* KVPAGER_PAGER_RESERVATION_H */

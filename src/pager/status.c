@@ -1,0 +1,305 @@
+/*
+ * status.c: status names and messages, and the rendering of kvp_error and
+ * kvp_mismatch as text.
+ *
+ * Owns: the name and message tables (generated from KVP_STATUS_MAP) and the
+ * seed-exact renderers: shapes as Rust's `{:?}` of a Vec<usize> ("[1, 2]"),
+ * f64 values as Rust's `{:?}` of an f64 ("1.0", "NaN", "inf", "1e300").
+ * Pure functions; no state.
+ */
+#include "kvpager/status.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const status_names[] = {
+#define KVPI_STATUS_NAME_(suffix, name, message) name,
+    KVP_STATUS_MAP(KVPI_STATUS_NAME_)
+#undef KVPI_STATUS_NAME_
+};
+
+static const char *const status_messages[] = {
+#define KVPI_STATUS_MESSAGE_(suffix, name, message) message,
+    KVP_STATUS_MAP(KVPI_STATUS_MESSAGE_)
+#undef KVPI_STATUS_MESSAGE_
+};
+
+const char *kvp_status_name(kvp_status status)
+{
+    if ((unsigned)status >= (unsigned)KVP_STATUS_COUNT_) {
+        return "Unknown";
+    }
+    return status_names[status];
+}
+
+const char *kvp_status_message(kvp_status status)
+{
+    if ((unsigned)status >= (unsigned)KVP_STATUS_COUNT_) {
+        return "unknown status";
+    }
+    return status_messages[status];
+}
+
+/* An snprintf-style sink: counts every byte, stores what fits. */
+typedef struct text_sink {
+    char *buf;
+    size_t size;
+    size_t len;
+} text_sink;
+
+static void sink_printf(text_sink *sink, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void sink_printf(text_sink *sink, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    char *at = NULL;
+    size_t room = 0;
+    if (sink->buf != NULL && sink->len < sink->size) {
+        at = sink->buf + sink->len;
+        room = sink->size - sink->len;
+    }
+    int written = vsnprintf(at, room, format, args);
+    va_end(args);
+    if (written > 0) {
+        sink->len += (size_t)written;
+    }
+}
+
+static void sink_shape(text_sink *sink, const kvp_shape *shape)
+{
+    sink_printf(sink, "[");
+    size_t rank = shape->rank < KVP_MAX_RANK ? shape->rank : KVP_MAX_RANK;
+    for (size_t i = 0; i < rank; i++) {
+        sink_printf(sink, "%s%zu", i == 0 ? "" : ", ", shape->dims[i]);
+    }
+    if (shape->rank > KVP_MAX_RANK) {
+        sink_printf(sink, ", ...");
+    }
+    sink_printf(sink, "]");
+}
+
+/*
+ * Rust's `{:?}` for f64: the shortest digits that round-trip, in plain
+ * decimal with at least one fractional digit when 1e-4 <= |x| < 1e16 (or x is
+ * zero), otherwise as d.ddde<exp>.
+ */
+static void sink_rust_f64(text_sink *sink, double x)
+{
+    if (isnan(x)) {
+        sink_printf(sink, "NaN");
+        return;
+    }
+    if (isinf(x)) {
+        sink_printf(sink, "%sinf", x < 0 ? "-" : "");
+        return;
+    }
+    const char *sign = signbit(x) ? "-" : "";
+    double mag = fabs(x);
+    if (mag == 0.0) {
+        sink_printf(sink, "%s0.0", sign);
+        return;
+    }
+    char sci[40];
+    for (int precision = 0; precision < 17; precision++) {
+        snprintf(sci, sizeof sci, "%.*e", precision, mag);
+        if (strtod(sci, NULL) == mag) {
+            break;
+        }
+    }
+    /* sci is "d.ddde[+-]xx" or "de[+-]xx": split digits and exponent. */
+    char digits[24];
+    size_t ndigits = 0;
+    const char *p = sci;
+    for (; *p != 'e'; p++) {
+        if (*p != '.') {
+            digits[ndigits++] = *p;
+        }
+    }
+    digits[ndigits] = '\0';
+    int exponent = atoi(p + 1);
+    while (ndigits > 1 && digits[ndigits - 1] == '0') {
+        digits[--ndigits] = '\0';
+    }
+    if (mag < 1e-4 || mag >= 1e16) {
+        sink_printf(sink, "%s%c", sign, digits[0]);
+        if (ndigits > 1) {
+            sink_printf(sink, ".%s", digits + 1);
+        }
+        sink_printf(sink, "e%d", exponent);
+        return;
+    }
+    sink_printf(sink, "%s", sign);
+    if (exponent < 0) {
+        sink_printf(sink, "0.");
+        for (int i = -1; i > exponent; i--) {
+            sink_printf(sink, "0");
+        }
+        sink_printf(sink, "%s", digits);
+        return;
+    }
+    size_t integer_digits = (size_t)exponent + 1;
+    for (size_t i = 0; i < integer_digits; i++) {
+        sink_printf(sink, "%c", i < ndigits ? digits[i] : '0');
+    }
+    sink_printf(sink, ".%s", ndigits > integer_digits ? digits + integer_digits : "0");
+}
+
+static const char *invariant_label(kvp_invariant invariant)
+{
+    switch (invariant) {
+    case KVP_INVARIANT_STATS: return "stats";
+    case KVP_INVARIANT_CONSERVATION: return "I1 conservation";
+    case KVP_INVARIANT_NO_DUPLICATES: return "I2 no duplicates";
+    case KVP_INVARIANT_REFERENCES: return "I3 references";
+    case KVP_INVARIANT_LANE_COVERAGE: return "I4 lane coverage";
+    }
+    return "unknown invariant";
+}
+
+static void sink_mismatch(text_sink *sink, const kvp_mismatch *m)
+{
+    sink_printf(sink, "%s: %s", invariant_label(m->invariant), m->what != NULL ? m->what : "?");
+    if (m->page != SIZE_MAX) {
+        sink_printf(sink, " (page %zu)", m->page);
+    }
+    if (m->lane != SIZE_MAX) {
+        sink_printf(sink, " (lane %zu)", m->lane);
+    }
+    sink_printf(sink, ": expected %zu, found %zu", m->expected, m->actual);
+}
+
+static const char *or_unknown(const char *text)
+{
+    return text != NULL ? text : "?";
+}
+
+static void sink_error(text_sink *sink, const kvp_error *e)
+{
+    switch (e->status) {
+    case KVP_OK:
+        sink_printf(sink, "ok");
+        return;
+    case KVP_NULL_ARGUMENT:
+        sink_printf(sink, "argument `%s` must not be NULL", or_unknown(e->argument));
+        return;
+    case KVP_INVALID_ARGUMENT:
+        sink_printf(sink, "argument `%s` is invalid: %s", or_unknown(e->argument),
+                    or_unknown(e->what));
+        return;
+    case KVP_OUT_OF_RANGE:
+        sink_printf(sink, "argument `%s` is %zu, which is out of range (must be below %zu)",
+                    or_unknown(e->argument), e->index, e->limit);
+        return;
+    case KVP_BUFFER_TOO_SMALL:
+        sink_printf(sink, "buffer `%s` holds %zu values but %zu are needed",
+                    or_unknown(e->argument), e->available, e->needed);
+        return;
+    case KVP_ZERO_SIZE:
+        sink_printf(sink, "page pool %s must be nonzero", or_unknown(e->argument));
+        return;
+    case KVP_SIZE_OVERFLOW:
+        sink_printf(sink,
+                    "page pool size overflows for block_tokens %zu, %zu heads, head width %zu "
+                    "and budget %zu bytes",
+                    e->block_tokens, e->heads, e->head_width, e->budget_bytes);
+        return;
+    case KVP_BUDGET_TOO_SMALL:
+        sink_printf(sink, "page pool budget of %zu bytes is below one page of %zu bytes",
+                    e->budget_bytes, e->page_bytes);
+        return;
+    case KVP_ALLOCATION_FAILED:
+        sink_printf(sink, "cannot allocate %s (%zu bytes)", or_unknown(e->what), e->bytes);
+        return;
+    case KVP_POOL_EXHAUSTED:
+        sink_printf(sink, "page pool exhausted: %zu pages needed, %zu free", e->needed,
+                    e->available);
+        return;
+    case KVP_POOL_BUSY:
+        sink_printf(sink,
+                    "page pool is busy: %zu caches attached, %zu reservations held, "
+                    "%zu pages held",
+                    e->attached_caches, e->attached_reservations, e->held_pages);
+        return;
+    case KVP_GEOMETRY_MISMATCH:
+        sink_printf(sink,
+                    "cache geometry (%zu heads, head width %zu) does not match page pool "
+                    "geometry (%zu heads, head width %zu)",
+                    e->binding_geometry.heads, e->binding_geometry.head_width,
+                    e->pool_geometry.heads, e->pool_geometry.head_width);
+        return;
+    case KVP_AUDIT_FAILED:
+        sink_printf(sink, "page pool audit found %zu mismatch%s; first: ", e->mismatches,
+                    e->mismatches == 1 ? "" : "es");
+        sink_mismatch(sink, &e->first_mismatch);
+        return;
+    case KVP_ZERO_BATCH_SIZE:
+        sink_printf(sink, "KV cache batch size must be nonzero");
+        return;
+    case KVP_ZERO_CAPACITY:
+        sink_printf(sink, "KV cache capacity must be nonzero");
+        return;
+    case KVP_CAPACITY_EXCEEDS_POSITIONS:
+        sink_printf(sink, "KV cache capacity %zu exceeds RoPE position capacity %zu", e->capacity,
+                    e->max_positions);
+        return;
+    case KVP_ELEMENT_COUNT_OVERFLOW:
+        sink_printf(sink,
+                    "KV cache element count overflows for batch %zu, %zu heads, capacity %zu, "
+                    "and head width %zu",
+                    e->batch_size, e->heads, e->capacity, e->head_width);
+        return;
+    case KVP_FULL:
+        sink_printf(sink, "KV cache is full at capacity %zu", e->capacity);
+        return;
+    case KVP_KEY_SHAPE_MISMATCH:
+    case KVP_VALUE_SHAPE_MISMATCH:
+        sink_printf(sink, "appended %s must have shape ",
+                    e->status == KVP_KEY_SHAPE_MISMATCH ? "key" : "value");
+        sink_shape(sink, &e->expected);
+        sink_printf(sink, ", got ");
+        sink_shape(sink, &e->actual);
+        return;
+    case KVP_NONFINITE_KEY:
+    case KVP_NONFINITE_VALUE:
+        sink_printf(sink, "appended %s at flat index %zu must be finite, got ",
+                    e->status == KVP_NONFINITE_KEY ? "key value" : "value", e->index);
+        sink_rust_f64(sink, e->value);
+        return;
+    case KVP_STATUS_COUNT_:
+        break;
+    }
+    sink_printf(sink, "unknown kvpager status %d", (int)e->status);
+}
+
+size_t kvp_error_format(const kvp_error *err, char *buf, size_t size)
+{
+    text_sink sink = {buf, size, 0};
+    if (buf != NULL && size > 0) {
+        buf[0] = '\0';
+    }
+    if (err == NULL) {
+        sink_printf(&sink, "no error detail");
+    } else {
+        sink_error(&sink, err);
+    }
+    return sink.len;
+}
+
+size_t kvp_mismatch_format(const kvp_mismatch *mismatch, char *buf, size_t size)
+{
+    text_sink sink = {buf, size, 0};
+    if (buf != NULL && size > 0) {
+        buf[0] = '\0';
+    }
+    if (mismatch == NULL) {
+        sink_printf(&sink, "no mismatch");
+    } else {
+        sink_mismatch(&sink, mismatch);
+    }
+    return sink.len;
+}

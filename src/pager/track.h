@@ -1,0 +1,40 @@
+/*
+ * track.h: what the pool tells Valgrind memcheck about its pages.
+ *
+ * Owns: the mapping of page life to memcheck's mempool client requests. The
+ * slab is the pool anchor; a free page is NOACCESS, a held page is a mempool
+ * allocation (addressable, undefined until written). So under memcheck a read
+ * through a stale page id is an invalid read, and a page never returned shows
+ * as a leak. Outside Valgrind each request is a few no-op instructions.
+ * Callers: pool.c only.
+ */
+#ifndef KVPAGER_PAGER_TRACK_H
+#define KVPAGER_PAGER_TRACK_H
+
+#include <stddef.h>
+#include <valgrind/memcheck.h>
+
+static inline void kvpi_track_pool_create(void *slab, size_t bytes)
+{
+    VALGRIND_CREATE_MEMPOOL(slab, 0, 0);
+    VALGRIND_MAKE_MEM_NOACCESS(slab, bytes);
+}
+
+static inline void kvpi_track_page_acquired(void *slab, void *page, size_t bytes)
+{
+    VALGRIND_MEMPOOL_ALLOC(slab, page, bytes);
+}
+
+static inline void kvpi_track_page_released(void *slab, void *page)
+{
+    VALGRIND_MEMPOOL_FREE(slab, page);
+}
+
+/* Hands the slab back to jemalloc as ordinary (undefined) memory. */
+static inline void kvpi_track_pool_destroy(void *slab, size_t bytes)
+{
+    VALGRIND_DESTROY_MEMPOOL(slab);
+    VALGRIND_MAKE_MEM_UNDEFINED(slab, bytes);
+}
+
+#endif /* KVPAGER_PAGER_TRACK_H */

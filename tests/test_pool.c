@@ -1,0 +1,374 @@
+/*
+ * test_pool.c: the page pool — creation errors, acquire/release through
+ * reservations, exhaustion, LIFO reuse, exact stats, the audit (and that it
+ * catches each kind of corruption), busy destroy, and the memcheck view of
+ * pages. Unit test: uses internal headers.
+ */
+#include "support.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <valgrind/memcheck.h>
+
+#include "pager/cache_internal.h"
+#include "pager/reservation.h"
+
+#define PAGE_BYTES(bt, h, d) (2 * (h) * (bt) * (d) * sizeof(double))
+
+static void test_pool_create_rejects_zero_sizes(void **state)
+{
+    (void)state;
+    static const char *const fields[] = {"block_tokens", "heads", "head_width", "budget_bytes"};
+    for (size_t field = 0; field < 4; field++) {
+        kvp_pool_config config = {4, 2, 8, 1 << 20};
+        size_t *sizes[] = {&config.block_tokens, &config.heads, &config.head_width,
+                           &config.budget_bytes};
+        *sizes[field] = 0;
+        kvp_pool *pool = (kvp_pool *)0x1;
+        kvp_error err;
+        assert_int_equal(kvp_pool_create(&config, &pool, &err), KVP_ZERO_SIZE);
+        assert_int_equal(err.status, KVP_ZERO_SIZE);
+        assert_string_equal(err.argument, fields[field]);
+        assert_ptr_equal(pool, (kvp_pool *)0x1); /* out untouched on failure */
+        char text[128];
+        kvp_error_format(&err, text, sizeof text);
+        char expected[128];
+        snprintf(expected, sizeof expected, "page pool %s must be nonzero", fields[field]);
+        assert_string_equal(text, expected);
+    }
+}
+
+static void test_pool_create_rejects_overflow_and_small_budget(void **state)
+{
+    (void)state;
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    kvp_pool_config huge = {SIZE_MAX / 4, 2, 2, 1 << 20};
+    assert_int_equal(kvp_pool_create(&huge, &pool, &err), KVP_SIZE_OVERFLOW);
+    assert_int_equal(err.block_tokens, SIZE_MAX / 4);
+    assert_null(pool);
+
+    /* More pages than a 32-bit page id can name. */
+    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32};
+    assert_int_equal(kvp_pool_create(&many, &pool, &err), KVP_SIZE_OVERFLOW);
+
+    kvp_pool_config small = {4, 2, 8, PAGE_BYTES(4, 2, 8) - 1};
+    assert_int_equal(kvp_pool_create(&small, &pool, &err), KVP_BUDGET_TOO_SMALL);
+    assert_int_equal(err.page_bytes, PAGE_BYTES(4, 2, 8));
+    assert_int_equal(err.budget_bytes, PAGE_BYTES(4, 2, 8) - 1);
+    char text[128];
+    kvp_error_format(&err, text, sizeof text);
+    assert_string_equal(text, "page pool budget of 1023 bytes is below one page of 1024 bytes");
+    assert_null(pool);
+
+    assert_int_equal(kvp_pool_create(NULL, &pool, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "config");
+    assert_int_equal(kvp_pool_create(&small, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+}
+
+static void test_pool_page_count_is_budget_over_page_bytes(void **state)
+{
+    (void)state;
+    size_t page = PAGE_BYTES(3, 2, 4); /* 384 */
+    kvp_pool_config config = {3, 2, 4, 10 * page + page - 1};
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
+    kvp_pool_stats stats = kvpt_stats(pool);
+    assert_int_equal(stats.total_pages, 10);
+    assert_int_equal(stats.free_pages, 10);
+    assert_int_equal(stats.held_pages, 0);
+    assert_int_equal(stats.page_bytes, 384);
+    assert_int_equal(stats.slab_bytes, 3840);
+    assert_int_equal(stats.high_water_pages, 0);
+    assert_int_equal(stats.acquires, 0);
+    assert_int_equal(stats.releases, 0);
+    assert_int_equal(stats.exhaustions, 0);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+static void test_pool_exactly_n_pages_then_exhausted(void **state)
+{
+    (void)state;
+    enum { N = 7 };
+    kvp_pool *pool = kvpt_pool(2, 1, 2, N);
+    uint32_t storage[N + 1];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, N + 1);
+    kvp_error err;
+    for (size_t i = 0; i < N; i++) {
+        kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+        assert_int_equal(storage[i], i); /* LIFO stack hands out 0, 1, 2, ... */
+        kvp_pool_stats stats = kvpt_stats(pool);
+        assert_int_equal(stats.free_pages, N - i - 1);
+        assert_int_equal(stats.held_pages, i + 1);
+        assert_int_equal(stats.high_water_pages, i + 1);
+        assert_int_equal(stats.acquires, i + 1);
+        assert_int_equal(stats.attached_reservations, 1);
+        kvpt_assert_pool_ok(pool);
+    }
+    kvp_pool_stats before = kvpt_stats(pool);
+    assert_int_equal(kvpi_reservation_fill(&res, 1, &err), KVP_POOL_EXHAUSTED);
+    assert_int_equal(err.needed, 1);
+    assert_int_equal(err.available, 0);
+    char text[128];
+    kvp_error_format(&err, text, sizeof text);
+    assert_string_equal(text, "page pool exhausted: 1 pages needed, 0 free");
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_int_equal(after.exhaustions, before.exhaustions + 1);
+    after.exhaustions = before.exhaustions;
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(kvpi_reservation_remaining(&res), N);
+    kvpt_assert_pool_ok(pool);
+
+    kvpi_reservation_release(&res);
+    kvp_pool_stats released = kvpt_stats(pool);
+    assert_int_equal(released.free_pages, N);
+    assert_int_equal(released.releases, N);
+    assert_int_equal(released.high_water_pages, N);
+    assert_int_equal(released.attached_reservations, 0);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+static void test_pool_take_is_all_or_nothing(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(1, 1, 1, 5);
+    uint32_t storage[8];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 8);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 3, &err), &err);
+    kvp_pool_stats before = kvpt_stats(pool);
+    assert_int_equal(kvpi_reservation_fill(&res, 3, &err), KVP_POOL_EXHAUSTED);
+    assert_int_equal(err.needed, 3);
+    assert_int_equal(err.available, 2);
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_int_equal(after.free_pages, 2);
+    assert_int_equal(after.acquires, before.acquires);
+    assert_int_equal(kvpi_reservation_remaining(&res), 3);
+    kvpt_assert_pool_ok(pool);
+    kvpi_reservation_release(&res);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+static void test_pool_release_acquire_cycles_return_same_page(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(4, 2, 2, 6);
+    uint32_t keep_storage[2];
+    uint32_t cycle_storage[1];
+    kvpi_reservation keep;
+    kvpi_reservation cycle;
+    kvpi_reservation_init(&keep, pool, keep_storage, 2);
+    kvpi_reservation_init(&cycle, pool, cycle_storage, 1);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&keep, 2, &err), &err);
+    kvpt_assert_ok(kvpi_reservation_fill(&cycle, 1, &err), &err);
+    uint32_t first = cycle_storage[0];
+    assert_int_equal(first, 2);
+    for (int i = 0; i < 100; i++) {
+        kvpi_reservation_release(&cycle);
+        kvpt_assert_pool_ok(pool);
+        kvpt_assert_ok(kvpi_reservation_fill(&cycle, 1, &err), &err);
+        assert_int_equal(cycle_storage[0], first);
+        kvp_pool_stats stats = kvpt_stats(pool);
+        assert_int_equal(stats.held_pages, 3);
+        assert_int_equal(stats.acquires, 3 + (uint64_t)i + 1);
+        assert_int_equal(stats.releases, (uint64_t)i + 1);
+        assert_int_equal(stats.high_water_pages, 3);
+        kvpt_assert_pool_ok(pool);
+    }
+    kvpi_reservation_release(&cycle);
+    kvpi_reservation_release(&keep);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+static void test_pool_destroy_refuses_while_busy(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 2, 2, 4);
+    uint32_t storage[2];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 2);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 2, &err), &err);
+
+    kvp_binding binding = kvpt_binding(2, 2, 64);
+    kvp_cache *cache = NULL;
+    kvpt_assert_ok(kvp_cache_create(pool, &binding, 1, 8, &cache, &err), &err);
+
+    kvp_pool_stats before = kvpt_stats(pool);
+    assert_int_equal(kvp_pool_destroy(pool, &err), KVP_POOL_BUSY);
+    assert_int_equal(err.attached_caches, 1);
+    assert_int_equal(err.attached_reservations, 1);
+    assert_int_equal(err.held_pages, 2);
+    char text[160];
+    kvp_error_format(&err, text, sizeof text);
+    assert_string_equal(text, "page pool is busy: 1 caches attached, 1 reservations held, "
+                              "2 pages held");
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before);
+    kvpt_assert_pool_ok(pool);
+
+    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
+    assert_int_equal(kvp_pool_destroy(pool, &err), KVP_POOL_BUSY);
+    assert_int_equal(err.attached_caches, 0);
+    kvpi_reservation_release(&res);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+static void test_pool_null_handles_are_typed_errors(void **state)
+{
+    (void)state;
+    kvp_error err;
+    kvp_pool_stats stats;
+    assert_int_equal(kvp_pool_destroy(NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "pool");
+    assert_int_equal(kvp_pool_stats_get(NULL, &stats, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_pool_check(NULL, NULL, NULL, &err), KVP_NULL_ARGUMENT);
+    kvp_pool *pool = kvpt_pool(1, 1, 1, 1);
+    assert_int_equal(kvp_pool_stats_get(pool, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    /* err itself is optional. */
+    assert_int_equal(kvp_pool_stats_get(pool, NULL, NULL), KVP_NULL_ARGUMENT);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+typedef struct collected {
+    size_t count;
+    kvp_mismatch items[16];
+} collected;
+
+static void collect(void *ctx, const kvp_mismatch *m)
+{
+    collected *c = ctx;
+    if (c->count < 16) {
+        c->items[c->count] = *m;
+    }
+    c->count++;
+}
+
+static int has_invariant(const collected *c, kvp_invariant invariant)
+{
+    for (size_t i = 0; i < c->count && i < 16; i++) {
+        if (c->items[i].invariant == invariant) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Each corruption must be reported, with the right invariant, then repaired. */
+static void test_pool_check_reports_every_corruption(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 6);
+    kvp_binding binding = kvpt_binding(1, 2, 64);
+    kvp_cache *cache = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_create(pool, &binding, 2, 8, &cache, &err), &err);
+    uint32_t storage[1];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 1);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+    kvpt_assert_pool_ok(pool);
+
+    /* I2: a page on the free list twice (and I1 then fails too). */
+    uint32_t saved_entry = pool->free_stack[0];
+    pool->free_stack[0] = pool->free_stack[1];
+    collected found = {0};
+    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_true(has_invariant(&found, KVP_INVARIANT_NO_DUPLICATES));
+    assert_true(has_invariant(&found, KVP_INVARIANT_CONSERVATION));
+    assert_int_equal(err.mismatches, found.count);
+    pool->free_stack[0] = saved_entry;
+    kvpt_assert_pool_ok(pool);
+
+    /* I3: a held page whose count disagrees with the references to it. */
+    pool->refcount[storage[0]] = 2;
+    memset(&found, 0, sizeof found);
+    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_true(has_invariant(&found, KVP_INVARIANT_REFERENCES));
+    assert_int_equal(err.first_mismatch.page, storage[0]);
+    assert_int_equal(err.first_mismatch.expected, 1);
+    assert_int_equal(err.first_mismatch.actual, 2);
+    char text[256];
+    kvp_error_format(&err, text, sizeof text);
+    assert_string_equal(text, "page pool audit found 1 mismatch; first: I3 references: "
+                              "references from page tables and reservations (page 0): "
+                              "expected 1, found 2");
+    pool->refcount[storage[0]] = 1;
+    kvpt_assert_pool_ok(pool);
+
+    /* I1 / stats: a counter that disagrees with the pages. */
+    pool->acquires++;
+    memset(&found, 0, sizeof found);
+    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_true(has_invariant(&found, KVP_INVARIANT_STATS));
+    pool->acquires--;
+
+    /* I4: a lane whose length says one page but maps none. */
+    cache->len = 1;
+    memset(&found, 0, sizeof found);
+    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_true(has_invariant(&found, KVP_INVARIANT_LANE_COVERAGE));
+    assert_int_equal(found.count, 2); /* both lanes */
+    assert_int_equal(found.items[1].lane, 1);
+    cache->len = 0;
+    kvpt_assert_pool_ok(pool);
+
+    kvpi_reservation_release(&res);
+    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+/* Under memcheck, free pages are NOACCESS and held pages addressable. */
+static void test_pool_pages_are_tracked_by_memcheck(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 3);
+    uint32_t storage[1];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 1);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+    char vbits[8];
+    const double *held = kvpi_pool_page(pool, storage[0]);
+    const double *free_page = kvpi_pool_page(pool, 1);
+    if (RUNNING_ON_VALGRIND) {
+        assert_int_equal(VALGRIND_GET_VBITS(held, vbits, sizeof vbits), 1);
+        assert_int_equal(VALGRIND_GET_VBITS(free_page, vbits, sizeof vbits), 3);
+    } else {
+        assert_int_equal(VALGRIND_GET_VBITS(held, vbits, sizeof vbits), 0);
+    }
+    kvpi_reservation_release(&res);
+    if (RUNNING_ON_VALGRIND) {
+        assert_int_equal(VALGRIND_GET_VBITS(held, vbits, sizeof vbits), 3);
+    }
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool_create_rejects_zero_sizes),
+        cmocka_unit_test(test_pool_create_rejects_overflow_and_small_budget),
+        cmocka_unit_test(test_pool_page_count_is_budget_over_page_bytes),
+        cmocka_unit_test(test_pool_exactly_n_pages_then_exhausted),
+        cmocka_unit_test(test_pool_take_is_all_or_nothing),
+        cmocka_unit_test(test_pool_release_acquire_cycles_return_same_page),
+        cmocka_unit_test(test_pool_destroy_refuses_while_busy),
+        cmocka_unit_test(test_pool_null_handles_are_typed_errors),
+        cmocka_unit_test(test_pool_check_reports_every_corruption),
+        cmocka_unit_test(test_pool_pages_are_tracked_by_memcheck),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
