@@ -58,6 +58,7 @@ typedef struct kvp_cache_info {
     size_t block_tokens;
     size_t blocks_per_lane;   /* ceil(capacity / block_tokens) */
     size_t mapped_pages;      /* pages held across all lanes: batch * ceil(len / block) */
+    uintptr_t tables_address; /* for audits: page tables are allocated once */
     kvp_binding binding;
 } kvp_cache_info;
 
@@ -75,7 +76,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_create(kvp_pool *pool, const kvp_bind
                                                   kvp_cache **out, kvp_error *err);
 
 /* Returns every page to the pool, detaches and frees the cache. */
-KVP_API KVP_NODISCARD kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err);
+KVP_API kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err);
 
 /*
  * len = 0 and every page back to the pool. Capacity and binding are kept;
@@ -103,6 +104,14 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_values(const kvp_cache *cache, double
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_page(const kvp_cache *cache, size_t lane, size_t block,
                                                 uint32_t *out, kvp_error *err);
+
+/*
+ * For audits: a 64-bit FNV-1a digest of len, capacity, the logical keys and
+ * values, and every mapped page-table entry. Two equal digests around a call
+ * show that the call changed none of them. Allocates nothing.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out,
+                                                  kvp_error *err);
 
 /* Plain queries. A NULL cache reads as 0 / false; they never fail. */
 KVP_API size_t kvp_cache_len(const kvp_cache *cache);

@@ -9,10 +9,14 @@
 #define KVPAGER_KVPAGER_H
 
 #include "kvpager/common.h"
-#include "kvpager/tensor.h"
+#include "kvpager/types.h"
 #include "kvpager/status.h"
 #include "kvpager/pool.h"
 #include "kvpager/cache.h"
+#include "kvpager/param.h"
+#include "kvpager/rope.h"
+#include "kvpager/layer.h"
+#include "kvpager/attention.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -48,6 +48,7 @@ typedef struct kvp_pool_stats {
     size_t slab_bytes;          /* total_pages * page_bytes */
     size_t attached_caches;
     size_t attached_reservations;
+    uintptr_t slab_address;     /* for audits: the slab never moves */
 } kvp_pool_stats;
 
 /* Called once per audit finding, in the order found. */
@@ -89,6 +90,14 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_sta
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn on_mismatch,
                                                 void *ctx, kvp_error *err);
+
+/*
+ * For audits: a 64-bit FNV-1a digest of every byte of the slab, held and free
+ * pages alike, so a caller can prove an operation wrote no page (reset, for
+ * one). Safe under Valgrind: the read of free (NOACCESS) pages is exempted
+ * from memcheck's reports, and the digest is marked defined.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err);
 
 #ifdef __cplusplus
 }

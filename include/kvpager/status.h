@@ -24,7 +24,7 @@
 #define KVPAGER_STATUS_H
 
 #include "kvpager/common.h"
-#include "kvpager/tensor.h"
+#include "kvpager/types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,7 +61,42 @@ extern "C" {
     X(KEY_SHAPE_MISMATCH, "KeyShapeMismatch", "appended key has the wrong shape")           \
     X(VALUE_SHAPE_MISMATCH, "ValueShapeMismatch", "appended value has the wrong shape")     \
     X(NONFINITE_KEY, "NonFiniteKey", "appended key is not finite")                          \
-    X(NONFINITE_VALUE, "NonFiniteValue", "appended value is not finite")
+    X(NONFINITE_VALUE, "NonFiniteValue", "appended value is not finite")                    \
+    /* incremental attention (the seed's IncrementalAttentionError, then tickets) */        \
+    X(INPUT_RANK, "InputRank", "incremental attention input must have rank three")          \
+    X(SINGLE_TOKEN_REQUIRED, "SingleTokenRequired",                                         \
+      "incremental attention needs exactly one new token")                                  \
+    X(INPUT_BATCH_MISMATCH, "InputBatchMismatch", "input batch differs from the cache's")   \
+    X(INPUT_WIDTH_MISMATCH, "InputWidthMismatch", "input width differs from the model's")   \
+    X(CACHE_MODEL_WIDTH_MISMATCH, "CacheModelWidthMismatch",                                \
+      "KV cache model width differs from the layer's")                                      \
+    X(CACHE_HEAD_COUNT_MISMATCH, "CacheHeadCountMismatch",                                  \
+      "KV cache head count differs from the layer's")                                       \
+    X(CACHE_HEAD_WIDTH_MISMATCH, "CacheHeadWidthMismatch",                                  \
+      "KV cache head width differs from the layer's")                                       \
+    X(CACHE_LAYER_MISMATCH, "CacheLayerMismatch",                                           \
+      "KV cache parameter identity does not match this attention layer")                    \
+    X(CACHE_LAYER_REVISION_MISMATCH, "CacheLayerRevisionMismatch",                          \
+      "KV cache parameter revision does not match the layer's")                             \
+    X(CACHE_ROPE_MISMATCH, "CacheRopeMismatch", "KV cache RoPE configuration differs")      \
+    X(NONFINITE_PROJECTION, "NonFiniteProjection", "a Q/K/V projection is not finite")      \
+    X(NONFINITE_SCORE, "NonFiniteScore", "an attention score is not finite")                \
+    X(NONFINITE_OUTPUT, "NonFiniteOutput", "the attention output is not finite")            \
+    X(TICKET_BUSY, "TicketBusy", "the ticket already holds a prepared row")                 \
+    X(TICKET_EMPTY, "TicketEmpty", "the ticket holds no prepared row")                      \
+    X(TICKET_FOREIGN_CACHE, "TicketForeignCache", "the ticket was prepared for another cache") \
+    X(TICKET_STALE, "TicketStale", "the cache changed since the ticket was prepared")       \
+    X(TICKET_GEOMETRY_MISMATCH, "TicketGeometryMismatch", "the ticket does not fit the cache") \
+    /* layers, parameters and RoPE */                                                       \
+    X(ROPE_INVALID_WIDTH, "RopeInvalidWidth", "RoPE feature width must be even and nonzero") \
+    X(ROPE_ZERO_POSITIONS, "RopeZeroPositions", "RoPE max positions must be nonzero")       \
+    X(ROPE_INVALID_BASE, "RopeInvalidBase", "RoPE base must be finite and positive")        \
+    X(ROPE_POSITION_OUT_OF_RANGE, "RopePositionOutOfRange", "a RoPE position is out of range") \
+    X(PARAMETER_WIDTH_MISMATCH, "ParameterWidthMismatch",                                   \
+      "an attention parameter has the wrong width")                                         \
+    X(HEADS_DO_NOT_DIVIDE_WIDTH, "HeadsDoNotDivideWidth",                                   \
+      "the model width is not a nonzero multiple of the head count")                        \
+    X(REFERENCE_INPUT_SHAPE, "ReferenceInputShape", "full-prefix input has the wrong shape")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, name, message) KVP_##suffix,
@@ -89,11 +124,6 @@ typedef struct kvp_mismatch {
     size_t actual;      /* the value the pool or cache holds */
 } kvp_mismatch;
 
-typedef struct kvp_geometry {
-    size_t heads;
-    size_t head_width;
-} kvp_geometry;
-
 /*
  * Detail of a failure. Only the fields listed for the status are meaningful;
  * the rest are zero.
@@ -108,12 +138,13 @@ typedef struct kvp_error {
     const char *what;
 
     /* OUT_OF_RANGE: index must be below limit.
-     * NONFINITE_KEY / NONFINITE_VALUE: flat index and the value found. */
+     * NONFINITE_*: flat index and the value found (NONFINITE_PROJECTION names
+     * the projection, "query", "key" or "value", in `what`). */
     size_t index;
     size_t limit;
     double value;
 
-    /* KEY_SHAPE_MISMATCH / VALUE_SHAPE_MISMATCH. */
+    /* KEY_SHAPE_MISMATCH / VALUE_SHAPE_MISMATCH; REFERENCE_INPUT_SHAPE (actual). */
     kvp_shape expected;
     kvp_shape actual;
 
@@ -148,6 +179,31 @@ typedef struct kvp_error {
     /* AUDIT_FAILED: how many mismatches, and the first one. */
     size_t mismatches;
     kvp_mismatch first_mismatch;
+
+    /* INPUT_RANK, SINGLE_TOKEN_REQUIRED: what the input had. */
+    size_t rank;
+    size_t tokens;
+    /* INPUT_BATCH_MISMATCH: expected = cache batch, actual = input batch.
+     * INPUT_WIDTH_MISMATCH, PARAMETER_WIDTH_MISMATCH: expected = model width. */
+    size_t expected_size;
+    size_t actual_size;
+    /* CACHE_MODEL_WIDTH/HEAD_COUNT/HEAD_WIDTH_MISMATCH: the layer's and the cache's. */
+    size_t layer_size;
+    size_t cache_size;
+    /* CACHE_LAYER_REVISION_MISMATCH, PARAMETER_WIDTH_MISMATCH: parameter index. */
+    size_t parameter;
+    uint64_t cache_revision;
+    uint64_t layer_revision;
+    /* CACHE_ROPE_MISMATCH: both configurations. ROPE_*: the rejected one in
+     * layer_rope, and for ROPE_POSITION_OUT_OF_RANGE the position. */
+    kvp_rope_config cache_rope;
+    kvp_rope_config layer_rope;
+    size_t position;
+    /* HEADS_DO_NOT_DIVIDE_WIDTH, REFERENCE_INPUT_SHAPE: the model width. */
+    size_t model_width;
+    /* TICKET_STALE: the cache length at prepare and now. */
+    size_t prepared_len;
+    size_t current_len;
 } kvp_error;
 
 /* "FULL" -> "Full"; unknown values give "Unknown". Never NULL. */

@@ -134,8 +134,16 @@ kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t b
     if (status != KVP_OK) {
         return status;
     }
-    size_t blocks = (capacity + pool->block_tokens - 1) / pool->block_tokens;
-    /* batch * blocks <= batch * capacity, which the element check bounded. */
+    /* ceil(capacity / block_tokens); capacity + block_tokens - 1 could wrap. */
+    size_t blocks = capacity / pool->block_tokens + (capacity % pool->block_tokens != 0);
+    /*
+     * batch * blocks <= batch * capacity, which the element check bounded, but
+     * with heads * head_width == 1 the spare entries or the byte count can
+     * still overflow: such tables could never be allocated.
+     */
+    if (blocks >= SIZE_MAX / sizeof(uint32_t) / batch_size) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_CACHE_TABLES), SIZE_MAX);
+    }
     size_t entries = batch_size * blocks + batch_size;
     kvp_cache *cache = kvpi_calloc(KVPI_SITE_CACHE_STRUCT, 1, sizeof *cache);
     if (cache == NULL) {
@@ -229,9 +237,50 @@ kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_e
     info.block_tokens = cache->block_tokens;
     info.blocks_per_lane = cache->blocks_per_lane;
     info.mapped_pages = cache->batch_size * kvpi_cache_mapped_blocks(cache);
+    info.tables_address = (uintptr_t)cache->tables;
     info.binding = cache->binding;
     *out = info;
     return KVP_OK;
+}
+
+/*
+ * Visits the logical rows of keys (values == 0) or values block by block, in
+ * [lane][head][position] order: `rows` contiguous rows of d_h doubles at
+ * `src` hold positions start .. start + rows of (lane, head).
+ */
+typedef void (*row_visit_fn)(void *ctx, size_t lane, size_t head, size_t start,
+                             const double *src, size_t rows);
+
+static void cache_visit_rows(const kvp_cache *cache, int values, row_visit_fn fn, void *ctx)
+{
+    size_t bt = cache->block_tokens;
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+        for (size_t head = 0; head < cache->heads; head++) {
+            for (size_t start = 0; start < cache->len; start += bt) {
+                size_t rows = cache->len - start < bt ? cache->len - start : bt;
+                uint32_t page = table[start / bt];
+                const double *src = values ? kvpi_cache_page_values(cache, page, head)
+                                           : kvpi_cache_page_keys(cache, page, head);
+                fn(ctx, lane, head, start, src, rows);
+            }
+        }
+    }
+}
+
+typedef struct snapshot_ctx {
+    const kvp_cache *cache;
+    double *out;
+} snapshot_ctx;
+
+static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, const double *src,
+                          size_t rows)
+{
+    snapshot_ctx *snap = ctx;
+    const kvp_cache *cache = snap->cache;
+    size_t d = cache->head_width;
+    double *dst = snap->out + ((lane * cache->heads + head) * cache->len + start) * d;
+    memcpy(dst, src, rows * d * sizeof *dst);
 }
 
 /* Copies the logical [B, H, len, d_h] prefix of keys (values == 0) or values. */
@@ -241,28 +290,15 @@ static kvp_status cache_snapshot(const kvp_cache *cache, int values, double *out
     if (cache == NULL) {
         return kvpi_fail_null(err, "cache");
     }
-    size_t d = cache->head_width;
-    size_t needed = cache->batch_size * cache->heads * cache->len * d;
+    size_t needed = cache->batch_size * cache->heads * cache->len * cache->head_width;
     if (out == NULL && needed != 0) {
         return kvpi_fail_null(err, "out");
     }
     if (out_len < needed) {
         return kvpi_fail_buffer(err, "out", needed, out_len);
     }
-    size_t bt = cache->block_tokens;
-    for (size_t lane = 0; lane < cache->batch_size; lane++) {
-        const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-        for (size_t head = 0; head < cache->heads; head++) {
-            double *dst = out + (lane * cache->heads + head) * cache->len * d;
-            for (size_t start = 0; start < cache->len; start += bt) {
-                size_t rows = cache->len - start < bt ? cache->len - start : bt;
-                uint32_t page = table[start / bt];
-                const double *src = values ? kvpi_cache_page_values(cache, page, head)
-                                           : kvpi_cache_page_keys(cache, page, head);
-                memcpy(dst + start * d, src, rows * d * sizeof *dst);
-            }
-        }
-    }
+    snapshot_ctx snap = {cache, out};
+    cache_visit_rows(cache, values, snapshot_rows, &snap);
     return KVP_OK;
 }
 
@@ -293,6 +329,53 @@ kvp_status kvp_cache_page(const kvp_cache *cache, size_t lane, size_t block, uin
         return kvpi_fail_out_of_range(err, "block", block, mapped);
     }
     *out = kvpi_cache_lane_table(cache, lane)[block];
+    return KVP_OK;
+}
+
+static uint64_t fnv1a(uint64_t hash, const void *data, size_t bytes)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < bytes; i++) {
+        hash = (hash ^ p[i]) * 0x100000001b3ull;
+    }
+    return hash;
+}
+
+typedef struct digest_ctx {
+    size_t head_width;
+    uint64_t hash;
+} digest_ctx;
+
+static void digest_rows(void *ctx, size_t lane, size_t head, size_t start, const double *src,
+                        size_t rows)
+{
+    (void)lane;
+    (void)head;
+    (void)start;
+    digest_ctx *digest = ctx;
+    digest->hash = fnv1a(digest->hash, src, rows * digest->head_width * sizeof *src);
+}
+
+kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    uint64_t hash = 0xcbf29ce484222325ull;
+    hash = fnv1a(hash, &cache->len, sizeof cache->len);
+    hash = fnv1a(hash, &cache->capacity, sizeof cache->capacity);
+    size_t mapped = kvpi_cache_mapped_blocks(cache);
+    digest_ctx digest = {cache->head_width, hash};
+    cache_visit_rows(cache, 0, digest_rows, &digest);
+    cache_visit_rows(cache, 1, digest_rows, &digest);
+    hash = digest.hash;
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        hash = fnv1a(hash, kvpi_cache_lane_table(cache, lane), mapped * sizeof(uint32_t));
+    }
+    *out = hash;
     return KVP_OK;
 }
 

@@ -22,7 +22,7 @@
 #define KVPAGER_PAGER_CACHE_INTERNAL_H
 
 #include "kvpager/cache.h"
-#include "kvpager/tensor.h"
+#include "kvpager/types.h"
 #include "pager/pool_internal.h"
 #include "pager/reservation.h"
 
@@ -47,7 +47,7 @@ struct kvp_cache {
 /* Blocks a lane maps at the current length. */
 static inline size_t kvpi_cache_mapped_blocks(const kvp_cache *cache)
 {
-    return (cache->len + cache->block_tokens - 1) / cache->block_tokens;
+    return cache->len / cache->block_tokens + (cache->len % cache->block_tokens != 0);
 }
 
 static inline const uint32_t *kvpi_cache_lane_table(const kvp_cache *cache, size_t lane)

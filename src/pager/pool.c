@@ -195,8 +195,31 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     stats.slab_bytes = pool->total_pages * pool->page_bytes;
     stats.attached_caches = pool->attached_caches;
     stats.attached_reservations = pool->attached_reservations;
+    stats.slab_address = (uintptr_t)pool->slab;
     kvpi_pool_unlock(pool);
     *out = stats;
+    return KVP_OK;
+}
+
+kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvpi_pool_lock(pool);
+    size_t bytes = pool->total_pages * pool->page_bytes;
+    const unsigned char *slab = (const unsigned char *)pool->slab;
+    uint64_t hash = 0xcbf29ce484222325ull;
+    kvpi_track_audit_read_begin(pool->slab, bytes);
+    for (size_t i = 0; i < bytes; i++) {
+        hash = (hash ^ slab[i]) * 0x100000001b3ull;
+    }
+    kvpi_track_audit_read_end(pool->slab, bytes, &hash, sizeof hash);
+    kvpi_pool_unlock(pool);
+    *out = hash;
     return KVP_OK;
 }
 

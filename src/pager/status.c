@@ -270,6 +270,123 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                     e->status == KVP_NONFINITE_KEY ? "key value" : "value", e->index);
         sink_rust_f64(sink, e->value);
         return;
+    case KVP_INPUT_RANK:
+        sink_printf(sink,
+                    "incremental attention input must have rank three [batch, 1, model_width], "
+                    "got rank %zu",
+                    e->rank);
+        return;
+    case KVP_SINGLE_TOKEN_REQUIRED:
+        sink_printf(sink, "incremental attention needs exactly one new token, got %zu", e->tokens);
+        return;
+    case KVP_INPUT_BATCH_MISMATCH:
+        sink_printf(sink, "incremental attention input batch %zu must match cache batch %zu",
+                    e->actual_size, e->expected_size);
+        return;
+    case KVP_INPUT_WIDTH_MISMATCH:
+        sink_printf(sink, "incremental attention input width must equal model width %zu, got %zu",
+                    e->expected_size, e->actual_size);
+        return;
+    case KVP_CACHE_MODEL_WIDTH_MISMATCH:
+        sink_printf(sink, "KV cache model width %zu must match attention layer width %zu",
+                    e->cache_size, e->layer_size);
+        return;
+    case KVP_CACHE_HEAD_COUNT_MISMATCH:
+        sink_printf(sink, "KV cache head count %zu must match attention layer head count %zu",
+                    e->cache_size, e->layer_size);
+        return;
+    case KVP_CACHE_HEAD_WIDTH_MISMATCH:
+        sink_printf(sink, "KV cache head width %zu must match attention layer head width %zu",
+                    e->cache_size, e->layer_size);
+        return;
+    case KVP_CACHE_LAYER_MISMATCH:
+        sink_printf(sink, "KV cache parameter identity does not match this attention layer");
+        return;
+    case KVP_CACHE_LAYER_REVISION_MISMATCH:
+        sink_printf(sink,
+                    "KV cache parameter revision %llu at stable index %zu does not match layer "
+                    "revision %llu",
+                    (unsigned long long)e->cache_revision, e->parameter,
+                    (unsigned long long)e->layer_revision);
+        return;
+    case KVP_CACHE_ROPE_MISMATCH:
+        sink_printf(sink, "KV cache RoPE configuration (%zu features, %zu positions, base ",
+                    e->cache_rope.feature_width, e->cache_rope.max_positions);
+        sink_rust_f64(sink, e->cache_rope.base);
+        sink_printf(sink, ") does not match layer configuration (%zu features, %zu positions, base ",
+                    e->layer_rope.feature_width, e->layer_rope.max_positions);
+        sink_rust_f64(sink, e->layer_rope.base);
+        sink_printf(sink, ")");
+        return;
+    case KVP_NONFINITE_PROJECTION:
+        sink_printf(sink, "incremental Q/K/V projection: %s at flat index %zu must be finite, got ",
+                    or_unknown(e->what), e->index);
+        sink_rust_f64(sink, e->value);
+        return;
+    case KVP_NONFINITE_SCORE:
+        sink_printf(sink, "incremental softmax: attention score at flat index %zu must be finite, "
+                          "got ",
+                    e->index);
+        sink_rust_f64(sink, e->value);
+        return;
+    case KVP_NONFINITE_OUTPUT:
+        sink_printf(sink, "incremental output projection: output at flat index %zu must be "
+                          "finite, got ",
+                    e->index);
+        sink_rust_f64(sink, e->value);
+        return;
+    case KVP_TICKET_BUSY:
+        sink_printf(sink, "attention ticket already holds a prepared row; commit or discard it "
+                          "first");
+        return;
+    case KVP_TICKET_EMPTY:
+        sink_printf(sink, "attention ticket holds no prepared row");
+        return;
+    case KVP_TICKET_FOREIGN_CACHE:
+        sink_printf(sink, "attention ticket was prepared for another KV cache");
+        return;
+    case KVP_TICKET_STALE:
+        sink_printf(sink,
+                    "attention ticket is stale: it was prepared at cache length %zu and the "
+                    "cache has changed since (length %zu now)",
+                    e->prepared_len, e->current_len);
+        return;
+    case KVP_TICKET_GEOMETRY_MISMATCH:
+        sink_printf(sink,
+                    "attention ticket for batch %zu, %zu heads, head width %zu and capacity %zu "
+                    "does not fit this KV cache",
+                    e->batch_size, e->heads, e->head_width, e->capacity);
+        return;
+    case KVP_ROPE_INVALID_WIDTH:
+        sink_printf(sink, "RoPE feature width must be even and nonzero, got %zu",
+                    e->layer_rope.feature_width);
+        return;
+    case KVP_ROPE_ZERO_POSITIONS:
+        sink_printf(sink, "RoPE max positions must be nonzero");
+        return;
+    case KVP_ROPE_INVALID_BASE:
+        sink_printf(sink, "RoPE base must be finite and greater than zero, got ");
+        sink_rust_f64(sink, e->layer_rope.base);
+        return;
+    case KVP_ROPE_POSITION_OUT_OF_RANGE:
+        sink_printf(sink, "RoPE position %zu is out of range for %zu positions", e->position,
+                    e->layer_rope.max_positions);
+        return;
+    case KVP_PARAMETER_WIDTH_MISMATCH:
+        sink_printf(sink, "attention parameter %zu is %zux%zu, expected %zux%zu", e->parameter,
+                    e->actual_size, e->actual_size, e->expected_size, e->expected_size);
+        return;
+    case KVP_HEADS_DO_NOT_DIVIDE_WIDTH:
+        sink_printf(sink, "attention model width %zu must be a nonzero multiple of %zu heads",
+                    e->model_width, e->heads);
+        return;
+    case KVP_REFERENCE_INPUT_SHAPE:
+        sink_printf(sink,
+                    "full-prefix attention input must have shape [batch, tokens, %zu] with "
+                    "nonzero batch and tokens, got ",
+                    e->model_width);
+        sink_shape(sink, &e->actual);
+        return;
     case KVP_STATUS_COUNT_:
         break;
     }

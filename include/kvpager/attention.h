@@ -1,0 +1,125 @@
+/*
+ * kvpager/attention.h: incremental attention through a paged cache, and the
+ * full-prefix reference it must match.
+ *
+ * Incremental decoding is two-phase, as in the seed:
+ *   kvp_attention_prepare  validates (in the seed's order), computes the
+ *                          newest position's output against the retained rows
+ *                          (gathered through the cache's page table) plus the
+ *                          candidate row, and holds the candidate rotated key,
+ *                          unrotated value and any page the commit will need
+ *                          in a ticket. It changes no cache.
+ *   kvp_ticket_commit      makes the candidate row visible (len += 1).
+ *   kvp_ticket_discard     drops it and returns its reserved pages.
+ * kvp_attention_forward is prepare + commit. With the cache and ticket made,
+ * prepare and commit allocate nothing on the heap.
+ *
+ * Every prepare error leaves the cache's len, logical rows, page tables and
+ * the pool exactly as they were: rank, tokens, batch, width, cache model
+ * width, head count, head width, parameter identities, revisions, RoPE
+ * configuration, capacity (FULL), ticket state and geometry, non-finite
+ * projection, score or output, non-finite candidate key or value, and
+ * POOL_EXHAUSTED when the new block's pages cannot all be reserved.
+ *
+ * Math (f64 throughout, no reassociation): y = x W for every projection;
+ * heads split the model width into H contiguous slices of d_h; Q and K are
+ * rotated at position = old len; scores are (q . k) * (1 / sqrt(d_h)); the
+ * softmax subtracts the row maximum; head outputs sum weight * value over
+ * positions in order; heads merge back in order; output = merged W_o.
+ *
+ * Threads: a ticket, like a cache, has one owner at a time.
+ */
+#ifndef KVPAGER_ATTENTION_H
+#define KVPAGER_ATTENTION_H
+
+#include "kvpager/cache.h"
+#include "kvpager/common.h"
+#include "kvpager/layer.h"
+#include "kvpager/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_ticket kvp_ticket;
+
+/* The seed's IncrementalAttentionWork: projection rows, not time. */
+typedef struct kvp_attention_work {
+    size_t position;                        /* old len: the RoPE position */
+    size_t full_prefix_rows_per_projection; /* len + 1 */
+    size_t incremental_rows_per_projection; /* 1 */
+    size_t reused_key_value_rows;           /* len */
+} kvp_attention_work;
+
+/* A view of a ticket's result; pointers stay valid until the next prepare. */
+typedef struct kvp_attention_result {
+    const double *output;  /* [B, 1, D] */
+    const double *weights; /* [B, H, 1, keys] */
+    size_t batch_size;
+    size_t heads;
+    size_t model_width;
+    size_t keys;           /* len + 1: retained rows plus the candidate */
+    kvp_attention_work work;
+    size_t reserved_pages; /* pages held for the commit (B at a block boundary, else 0) */
+    int committed;         /* 1 once kvp_ticket_commit has made the row visible */
+} kvp_attention_result;
+
+/*
+ * A ticket sized for `cache`: its batch, heads, head width and capacity. It
+ * serves any cache with the same batch, heads and head width and a capacity no
+ * larger. Errors: NULL_ARGUMENT, ALLOCATION_FAILED.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out,
+                                                   kvp_error *err);
+
+/* Discards any prepared row (returning its pages) and frees the ticket. */
+KVP_API kvp_status kvp_ticket_destroy(kvp_ticket *ticket, kvp_error *err);
+
+/*
+ * Commits the prepared row to `cache`. Refuses, changing nothing:
+ * TICKET_EMPTY (nothing prepared, or already committed or discarded),
+ * TICKET_FOREIGN_CACHE (prepared for another cache), TICKET_STALE (the cache
+ * was committed to or reset since prepare). A refused ticket keeps its row
+ * and pages until it is discarded.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_ticket_commit(kvp_ticket *ticket, kvp_cache *cache,
+                                                   kvp_error *err);
+
+/* Drops a prepared row and returns its reserved pages. Idempotent. */
+KVP_API kvp_status kvp_ticket_discard(kvp_ticket *ticket, kvp_error *err);
+
+/* The last prepare's result. TICKET_EMPTY when there is none. */
+KVP_API KVP_NODISCARD kvp_status kvp_ticket_result(const kvp_ticket *ticket,
+                                                   kvp_attention_result *out, kvp_error *err);
+
+/* input: [B, 1, D]. See the header comment for the order of checks. */
+KVP_API KVP_NODISCARD kvp_status kvp_attention_prepare(const kvp_layer *layer,
+                                                       const kvp_tensor *input,
+                                                       const kvp_cache *cache,
+                                                       kvp_ticket *ticket, kvp_error *err);
+
+/* prepare + commit. On any error nothing has changed and the ticket is empty. */
+KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
+                                                       const kvp_tensor *input, kvp_cache *cache,
+                                                       kvp_ticket *ticket, kvp_error *err);
+
+/*
+ * The full-prefix causal reference, independent of any cache: input
+ * [B, T, D] -> output [B, T, D], position t attending to 0..t. Optionally also
+ * writes the rotated keys and unrotated values, [B, H, T, d_h] each (pass NULL
+ * to skip; kv_len is their capacity in doubles). Errors: NULL_ARGUMENT,
+ * REFERENCE_INPUT_SHAPE, ROPE_POSITION_OUT_OF_RANGE (T > max positions),
+ * BUFFER_TOO_SMALL, ALLOCATION_FAILED. It is the oracle the tests compare
+ * against; it allocates its own scratch.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_attention_reference(const kvp_layer *layer,
+                                                         const kvp_tensor *input, double *output,
+                                                         size_t output_len, double *keys,
+                                                         double *values, size_t kv_len,
+                                                         kvp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGER_ATTENTION_H */

@@ -1,0 +1,63 @@
+/*
+ * kvpager/param.h: attention parameters with identity and revision.
+ *
+ * A parameter is a square width x width f64 matrix (row-major, applied to a
+ * row vector x as y = x W). It has a node identity, unique in the process and
+ * never reused, and a value revision that every in-place update advances, even
+ * when the new values equal the old ones. Caches capture both (kvp_binding),
+ * so a cache can tell a rebuilt layer (new identities) from one updated in
+ * place (same identities, newer revisions).
+ *
+ * Parameters are reference counted: layers that share a parameter hold a
+ * reference each, and the parameter is freed with its last reference.
+ * Threads: retain/release are atomic; updating values while another thread
+ * computes with them is the caller's race to avoid.
+ */
+#ifndef KVPAGER_PARAM_H
+#define KVPAGER_PARAM_H
+
+#include "kvpager/common.h"
+#include "kvpager/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_param kvp_param;
+
+/* Called by kvp_param_update_with to change values[0 .. width*width) in place. */
+typedef void (*kvp_param_update_fn)(void *ctx, double *values, size_t width);
+
+/*
+ * A new parameter holding a copy of width*width `values`, with one reference
+ * owned by the caller. Errors: NULL_ARGUMENT, INVALID_ARGUMENT (width 0 or
+ * width*width overflows), ALLOCATION_FAILED.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_param_create(size_t width, const double *values,
+                                                  kvp_param **out, kvp_error *err);
+
+/* Adds a reference. */
+KVP_API kvp_status kvp_param_retain(kvp_param *param, kvp_error *err);
+
+/* Drops a reference; the last one frees the parameter. */
+KVP_API kvp_status kvp_param_release(kvp_param *param, kvp_error *err);
+
+/* Copies width*width new values in and advances the revision. */
+KVP_API KVP_NODISCARD kvp_status kvp_param_update(kvp_param *param, const double *values,
+                                                  kvp_error *err);
+
+/* Lets `fn` change the values in place, then advances the revision. */
+KVP_API KVP_NODISCARD kvp_status kvp_param_update_with(kvp_param *param, kvp_param_update_fn fn,
+                                                       void *ctx, kvp_error *err);
+
+/* Plain queries; a NULL parameter reads as 0 / NULL. */
+KVP_API uint64_t kvp_param_id(const kvp_param *param);
+KVP_API uint64_t kvp_param_revision(const kvp_param *param);
+KVP_API size_t kvp_param_width(const kvp_param *param);
+KVP_API const double *kvp_param_values(const kvp_param *param);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGER_PARAM_H */

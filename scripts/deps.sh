@@ -1,0 +1,28 @@
+# deps.sh: sourced by the scripts in this folder. Installs the Debian packages
+# kvpager needs when any is missing (as root, with apt-get install -y), and
+# otherwise says what is missing and stops.
+kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind"
+
+kvp_missing_packages() {
+    for package in $kvp_packages; do
+        if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+            printf '%s ' "$package"
+        fi
+    done
+}
+
+kvp_install_deps() {
+    missing=$(kvp_missing_packages)
+    if [ -z "$missing" ]; then
+        return 0
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "kvpager needs these Debian packages: $missing" >&2
+        echo "run this script as root, or: sudo apt-get install -y $missing" >&2
+        exit 1
+    fi
+    echo "installing: $missing"
+    export DEBIAN_FRONTEND=noninteractive
+    # A fresh machine may have no package lists yet.
+    apt-get install -y $missing || { apt-get update && apt-get install -y $missing; }
+}

@@ -1,0 +1,308 @@
+/*
+ * incremental.c: prepare and forward for one new token (see
+ * kvpager/attention.h), with the gather through the cache's page table.
+ *
+ * Owns: the seed's validation order, the one incremental computation, and
+ * the page-by-page gather. The gather walks a lane's page table block by
+ * block; inside a page a head's rows are contiguous [block_tokens][d_h], so
+ * the inner loops run over contiguous memory with one table lookup per block,
+ * never one per element. The candidate row comes from the ticket.
+ *
+ * Invariant: nothing here writes to a cache or the pool except
+ * kvpi_reservation_fill, which is the last step of a successful prepare.
+ * Callers: the public API and steps (through ticket_internal.h).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "attention/kernels.h"
+#include "attention/layer_internal.h"
+#include "attention/ticket_internal.h"
+#include "pager/cache_internal.h"
+#include "pager/error.h"
+
+/* The seed's validate_incremental_request, up to and including capacity. */
+static kvp_status validate_request(const kvp_layer *layer, const kvp_tensor *input,
+                                   const kvp_cache *cache, kvp_error *err)
+{
+    const kvp_shape *shape = &input->shape;
+    kvp_error e = kvpi_error_begin(KVP_OK);
+    if (shape->rank != 3) {
+        e.status = KVP_INPUT_RANK;
+        e.rank = shape->rank;
+    } else if (shape->dims[1] != 1) {
+        e.status = KVP_SINGLE_TOKEN_REQUIRED;
+        e.tokens = shape->dims[1];
+    } else if (shape->dims[0] != cache->batch_size) {
+        e.status = KVP_INPUT_BATCH_MISMATCH;
+        e.expected_size = cache->batch_size;
+        e.actual_size = shape->dims[0];
+    } else if (shape->dims[2] != layer->model_width) {
+        e.status = KVP_INPUT_WIDTH_MISMATCH;
+        e.expected_size = layer->model_width;
+        e.actual_size = shape->dims[2];
+    } else if (cache->binding.model_width != layer->model_width) {
+        e.status = KVP_CACHE_MODEL_WIDTH_MISMATCH;
+        e.layer_size = layer->model_width;
+        e.cache_size = cache->binding.model_width;
+    } else if (cache->heads != layer->heads) {
+        e.status = KVP_CACHE_HEAD_COUNT_MISMATCH;
+        e.layer_size = layer->heads;
+        e.cache_size = cache->heads;
+    } else if (cache->head_width != layer->head_width) {
+        e.status = KVP_CACHE_HEAD_WIDTH_MISMATCH;
+        e.layer_size = layer->head_width;
+        e.cache_size = cache->head_width;
+    }
+    if (e.status != KVP_OK) {
+        return kvpi_error_emit(err, &e);
+    }
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        if (cache->binding.params[i].node_id != kvp_param_id(layer->params[i])) {
+            return kvpi_error_emit(err, &(kvp_error){.status = KVP_CACHE_LAYER_MISMATCH});
+        }
+    }
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        uint64_t revision = kvp_param_revision(layer->params[i]);
+        if (cache->binding.params[i].revision != revision) {
+            e.status = KVP_CACHE_LAYER_REVISION_MISMATCH;
+            e.parameter = i;
+            e.cache_revision = cache->binding.params[i].revision;
+            e.layer_revision = revision;
+            return kvpi_error_emit(err, &e);
+        }
+    }
+    uint64_t layer_base_bits = 0;
+    memcpy(&layer_base_bits, &layer->rope.base, sizeof layer_base_bits);
+    if (cache->binding.rope_feature_width != layer->rope.feature_width ||
+        cache->binding.rope_max_positions != layer->rope.max_positions ||
+        cache->binding.rope_base_bits != layer_base_bits) {
+        e.status = KVP_CACHE_ROPE_MISMATCH;
+        e.cache_rope.feature_width = cache->binding.rope_feature_width;
+        e.cache_rope.max_positions = cache->binding.rope_max_positions;
+        memcpy(&e.cache_rope.base, &cache->binding.rope_base_bits, sizeof e.cache_rope.base);
+        e.layer_rope = layer->rope;
+        return kvpi_error_emit(err, &e);
+    }
+    if (cache->len == cache->capacity) {
+        e.status = KVP_FULL;
+        e.capacity = cache->capacity;
+        return kvpi_error_emit(err, &e);
+    }
+    return KVP_OK;
+}
+
+static kvp_status validate_ticket(const kvp_ticket *ticket, const kvp_cache *cache,
+                                  kvp_error *err)
+{
+    if (ticket->state == KVPI_TICKET_PREPARED) {
+        return kvpi_error_emit(err, &(kvp_error){.status = KVP_TICKET_BUSY});
+    }
+    if (ticket->batch_size != cache->batch_size || ticket->heads != cache->heads ||
+        ticket->head_width != cache->head_width || ticket->capacity < cache->capacity) {
+        kvp_error e = kvpi_error_begin(KVP_TICKET_GEOMETRY_MISMATCH);
+        e.batch_size = ticket->batch_size;
+        e.heads = ticket->heads;
+        e.head_width = ticket->head_width;
+        e.capacity = ticket->capacity;
+        return kvpi_error_emit(err, &e);
+    }
+    return KVP_OK;
+}
+
+/* Reports the first non-finite value of values[0..n) with `status`. */
+static kvp_status check_finite(const double *values, size_t n, kvp_status status,
+                               const char *what, kvp_error *err)
+{
+    size_t index = kvpi_first_nonfinite(values, n);
+    if (index == n) {
+        return KVP_OK;
+    }
+    kvp_error e = kvpi_error_begin(status);
+    e.what = what;
+    e.index = index;
+    e.value = values[index];
+    return kvpi_error_emit(err, &e);
+}
+
+/* Q, K, V of every lane, then Q and K rotated at `position`, head by head. */
+static kvp_status project(const kvp_layer *layer, const double *input, size_t batch,
+                          size_t position, kvp_ticket *t, kvp_error *err)
+{
+    size_t d = layer->model_width;
+    double *const outputs[3] = {t->query, t->key, t->value};
+    static const char *const names[3] = {"query", "key", "value"};
+    for (size_t which = 0; which < 3; which++) {
+        const double *w = kvp_param_values(layer->params[which]);
+        for (size_t lane = 0; lane < batch; lane++) {
+            kvpi_project_row(input + lane * d, w, d, outputs[which] + lane * d);
+        }
+    }
+    for (size_t which = 0; which < 3; which++) {
+        kvp_status status =
+            check_finite(outputs[which], batch * d, KVP_NONFINITE_PROJECTION, names[which], err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    for (size_t lane = 0; lane < batch; lane++) {
+        for (size_t head = 0; head < layer->heads; head++) {
+            size_t at = lane * d + head * layer->head_width;
+            kvpi_rope_apply(&layer->rope, t->query + at, position);
+            kvpi_rope_apply(&layer->rope, t->key + at, position);
+        }
+    }
+    return KVP_OK;
+}
+
+/* scores[0..len] of (lane, head): retained keys page by page, then the candidate. */
+static void gather_scores(const kvp_cache *cache, const double *query, const double *candidate,
+                          size_t lane, size_t head, double scale, double *scores)
+{
+    size_t d = cache->head_width;
+    size_t bt = cache->block_tokens;
+    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+    size_t position = 0;
+    for (size_t block = 0; position < cache->len; block++) {
+        const double *keys = kvpi_cache_page_keys(cache, table[block], head);
+        size_t rows = cache->len - position < bt ? cache->len - position : bt;
+        for (size_t row = 0; row < rows; row++) {
+            scores[position + row] = kvpi_dot(query, keys + row * d, d) * scale;
+        }
+        position += rows;
+    }
+    scores[cache->len] = kvpi_dot(query, candidate, d) * scale;
+}
+
+/* out[0..d_h) of (lane, head): weights times retained values page by page, then the candidate. */
+static void gather_values(const kvp_cache *cache, const double *weights, const double *candidate,
+                          size_t lane, size_t head, double *out)
+{
+    size_t d = cache->head_width;
+    size_t bt = cache->block_tokens;
+    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+    memset(out, 0, d * sizeof *out);
+    size_t position = 0;
+    for (size_t block = 0; position < cache->len; block++) {
+        const double *values = kvpi_cache_page_values(cache, table[block], head);
+        size_t rows = cache->len - position < bt ? cache->len - position : bt;
+        for (size_t row = 0; row < rows; row++) {
+            kvpi_axpy(out, weights[position + row], values + row * d, d);
+        }
+        position += rows;
+    }
+    kvpi_axpy(out, weights[cache->len], candidate, d);
+}
+
+/* Scores, stable softmax, value mixture, merge and output projection. */
+static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_ticket *t,
+                         kvp_error *err)
+{
+    size_t batch = cache->batch_size;
+    size_t heads = layer->heads;
+    size_t hd = layer->head_width;
+    size_t d = layer->model_width;
+    size_t keys = cache->len + 1;
+    double scale = 1.0 / sqrt((double)hd);
+    for (size_t lane = 0; lane < batch; lane++) {
+        for (size_t head = 0; head < heads; head++) {
+            size_t at = lane * d + head * hd;
+            gather_scores(cache, t->query + at, t->key + at, lane, head, scale,
+                          t->weights + (lane * heads + head) * keys);
+        }
+    }
+    kvp_status status =
+        check_finite(t->weights, batch * heads * keys, KVP_NONFINITE_SCORE, "score", err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    for (size_t row = 0; row < batch * heads; row++) {
+        kvpi_softmax(t->weights + row * keys, keys);
+    }
+    for (size_t lane = 0; lane < batch; lane++) {
+        for (size_t head = 0; head < heads; head++) {
+            size_t at = lane * d + head * hd;
+            gather_values(cache, t->weights + (lane * heads + head) * keys, t->value + at, lane,
+                          head, t->head_outputs + at);
+        }
+    }
+    /* [B, H, 1, d_h] is already the merged [B, 1, D] layout. */
+    const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
+    for (size_t lane = 0; lane < batch; lane++) {
+        kvpi_project_row(t->head_outputs + lane * d, w_output, d, t->output + lane * d);
+    }
+    return check_finite(t->output, batch * d, KVP_NONFINITE_OUTPUT, "output", err);
+}
+
+kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *input,
+                                  const kvp_cache *cache, kvp_ticket *ticket, int reserve_pages,
+                                  kvp_error *err)
+{
+    if (layer == NULL) {
+        return kvpi_fail_null(err, "layer");
+    }
+    if (input == NULL || input->data == NULL) {
+        return kvpi_fail_null(err, "input");
+    }
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (ticket == NULL) {
+        return kvpi_fail_null(err, "ticket");
+    }
+    kvp_status status = validate_request(layer, input, cache, err);
+    if (status == KVP_OK) {
+        status = validate_ticket(ticket, cache, err);
+    }
+    if (status != KVP_OK) {
+        return status;
+    }
+    /* From here the ticket's buffers change, so any failure leaves it EMPTY. */
+    ticket->state = KVPI_TICKET_EMPTY;
+    size_t position = cache->len;
+    status = project(layer, input->data, cache->batch_size, position, ticket, err);
+    if (status == KVP_OK) {
+        status = attend(layer, cache, ticket, err);
+    }
+    if (status == KVP_OK) {
+        kvp_tensor key = kvp_tensor4(ticket->key, cache->batch_size, cache->heads, 1,
+                                     cache->head_width);
+        kvp_tensor value = kvp_tensor4(ticket->value, cache->batch_size, cache->heads, 1,
+                                       cache->head_width);
+        status = kvpi_cache_validate_append(cache, &key, &value, err);
+    }
+    if (status == KVP_OK && reserve_pages) {
+        kvpi_reservation_init(&ticket->reservation, cache->pool, ticket->reserved,
+                              ticket->batch_size);
+        status = kvpi_reservation_fill(&ticket->reservation, kvpi_cache_pages_needed(cache), err);
+    }
+    if (status != KVP_OK) {
+        return status;
+    }
+    ticket->cache_serial = cache->serial;
+    ticket->cache_epoch = cache->epoch;
+    ticket->cache_len = position;
+    ticket->work = (kvp_attention_work){position, position + 1, 1, position};
+    ticket->state = KVPI_TICKET_PREPARED;
+    return KVP_OK;
+}
+
+kvp_status kvp_attention_prepare(const kvp_layer *layer, const kvp_tensor *input,
+                                 const kvp_cache *cache, kvp_ticket *ticket, kvp_error *err)
+{
+    return kvpi_attention_prepare(layer, input, cache, ticket, 1, err);
+}
+
+kvp_status kvp_attention_forward(const kvp_layer *layer, const kvp_tensor *input,
+                                 kvp_cache *cache, kvp_ticket *ticket, kvp_error *err)
+{
+    kvp_status status = kvp_attention_prepare(layer, input, cache, ticket, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    status = kvp_ticket_commit(ticket, cache, err);
+    if (status != KVP_OK) {
+        (void)kvp_ticket_discard(ticket, NULL);
+    }
+    return status;
+}

@@ -1,0 +1,189 @@
+/*
+ * layer.c: attention layers, their construction and their binding
+ * (see kvpager/layer.h).
+ *
+ * Owns: one reference to each of the layer's four parameters.
+ * Callers: the public API; attention sources read struct kvp_layer through
+ * layer_internal.h.
+ */
+#include "attention/layer_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "kvpager/rope.h"
+#include "pager/alloc.h"
+#include "pager/error.h"
+
+static kvp_status validate_layer(kvp_param *const params[KVP_PARAM_COUNT], size_t heads,
+                                 const kvp_rope_config *rope_without_width, size_t *head_width,
+                                 kvp_error *err)
+{
+    static const char *const names[] = {"w_query", "w_key", "w_value", "w_output"};
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        if (params[i] == NULL) {
+            return kvpi_fail_null(err, names[i]);
+        }
+    }
+    size_t width = kvp_param_width(params[0]);
+    for (size_t i = 1; i < KVP_PARAM_COUNT; i++) {
+        if (kvp_param_width(params[i]) != width) {
+            kvp_error e = kvpi_error_begin(KVP_PARAMETER_WIDTH_MISMATCH);
+            e.parameter = i;
+            e.expected_size = width;
+            e.actual_size = kvp_param_width(params[i]);
+            return kvpi_error_emit(err, &e);
+        }
+    }
+    if (heads == 0 || width % heads != 0) {
+        kvp_error e = kvpi_error_begin(KVP_HEADS_DO_NOT_DIVIDE_WIDTH);
+        e.model_width = width;
+        e.heads = heads;
+        return kvpi_error_emit(err, &e);
+    }
+    kvp_rope_config rope = *rope_without_width;
+    rope.feature_width = width / heads;
+    kvp_status status = kvp_rope_validate(&rope, err);
+    if (status == KVP_OK) {
+        *head_width = width / heads;
+    }
+    return status;
+}
+
+kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key, kvp_param *w_value,
+                            kvp_param *w_output, size_t heads, size_t max_positions,
+                            double rope_base, kvp_layer **out, kvp_error *err)
+{
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_param *params[KVP_PARAM_COUNT] = {w_query, w_key, w_value, w_output};
+    kvp_rope_config rope = {0, max_positions, rope_base};
+    size_t head_width = 0;
+    kvp_status status = validate_layer(params, heads, &rope, &head_width, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    kvp_layer *layer = kvpi_calloc(KVPI_SITE_LAYER, 1, sizeof *layer);
+    if (layer == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_LAYER), sizeof *layer);
+    }
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        (void)kvp_param_retain(params[i], NULL); /* cannot fail: checked non-NULL */
+        layer->params[i] = params[i];
+    }
+    layer->model_width = kvp_param_width(w_query);
+    layer->heads = heads;
+    layer->head_width = head_width;
+    layer->rope = (kvp_rope_config){head_width, max_positions, rope_base};
+    *out = layer;
+    return KVP_OK;
+}
+
+/* SplitMix64, the documented generator of kvp_layer_create_random. */
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+kvp_status kvp_layer_create_random(size_t model_width, size_t heads, size_t max_positions,
+                                   double rope_base, uint64_t seed, kvp_layer **out,
+                                   kvp_error *err)
+{
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    if (model_width == 0 || model_width > SIZE_MAX / model_width / sizeof(double)) {
+        return kvpi_fail_invalid(err, "model_width", "must be nonzero and model_width^2 "
+                                                     "doubles must fit in memory");
+    }
+    size_t count = model_width * model_width;
+    double *values = kvpi_alloc(KVPI_SITE_SCRATCH, count * sizeof *values);
+    if (values == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_SCRATCH),
+                               count * sizeof *values);
+    }
+    double scale = 1.0 / sqrt((double)model_width);
+    uint64_t state = seed;
+    kvp_param *params[KVP_PARAM_COUNT] = {NULL, NULL, NULL, NULL};
+    kvp_status status = KVP_OK;
+    for (size_t p = 0; p < KVP_PARAM_COUNT && status == KVP_OK; p++) {
+        for (size_t i = 0; i < count; i++) {
+            double unit = (double)(splitmix64(&state) >> 11) * 0x1.0p-53; /* [0, 1) */
+            values[i] = (2.0 * unit - 1.0) * scale;
+        }
+        status = kvp_param_create(model_width, values, &params[p], err);
+    }
+    kvpi_free(values);
+    if (status == KVP_OK) {
+        status = kvp_layer_create(params[0], params[1], params[2], params[3], heads,
+                                  max_positions, rope_base, out, err);
+    }
+    /* The layer holds its own references; drop the creation ones either way. */
+    for (size_t p = 0; p < KVP_PARAM_COUNT; p++) {
+        if (params[p] != NULL) {
+            (void)kvp_param_release(params[p], NULL);
+        }
+    }
+    return status;
+}
+
+kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err)
+{
+    if (layer == NULL) {
+        return kvpi_fail_null(err, "layer");
+    }
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        (void)kvp_param_release(layer->params[i], NULL);
+    }
+    kvpi_free(layer);
+    return KVP_OK;
+}
+
+kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out, kvp_error *err)
+{
+    if (layer == NULL) {
+        return kvpi_fail_null(err, "layer");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_layer_info info = {layer->model_width, layer->heads, layer->head_width, layer->rope};
+    *out = info;
+    return KVP_OK;
+}
+
+kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out, kvp_error *err)
+{
+    if (layer == NULL) {
+        return kvpi_fail_null(err, "layer");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_binding binding;
+    memset(&binding, 0, sizeof binding);
+    binding.model_width = layer->model_width;
+    binding.heads = layer->heads;
+    binding.head_width = layer->head_width;
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        binding.params[i].node_id = kvp_param_id(layer->params[i]);
+        binding.params[i].revision = kvp_param_revision(layer->params[i]);
+    }
+    binding.rope_feature_width = layer->rope.feature_width;
+    binding.rope_max_positions = layer->rope.max_positions;
+    memcpy(&binding.rope_base_bits, &layer->rope.base, sizeof binding.rope_base_bits);
+    *out = binding;
+    return KVP_OK;
+}
+
+kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index)
+{
+    if (layer == NULL || index >= KVP_PARAM_COUNT) {
+        return NULL;
+    }
+    return layer->params[index];
+}

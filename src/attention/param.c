@@ -1,0 +1,122 @@
+/*
+ * param.c: reference-counted parameter nodes with identity and revision
+ * (see kvpager/param.h).
+ *
+ * Invariants: id is unique in the process and never reused (taken from
+ * `next_param_id`); revision only grows; refs >= 1 while the node exists.
+ * Global state: `next_param_id`, the process-wide identity counter.
+ */
+#include "kvpager/param.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "pager/alloc.h"
+#include "pager/error.h"
+
+struct kvp_param {
+    atomic_size_t refs;
+    uint64_t id;
+    uint64_t revision;
+    size_t width;
+    double values[];
+};
+
+static atomic_uint_fast64_t next_param_id = 1;
+
+kvp_status kvp_param_create(size_t width, const double *values, kvp_param **out, kvp_error *err)
+{
+    if (values == NULL) {
+        return kvpi_fail_null(err, "values");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    if (width == 0) {
+        return kvpi_fail_invalid(err, "width", "a parameter needs a nonzero width");
+    }
+    if (width > SIZE_MAX / width ||
+        width * width > (SIZE_MAX - sizeof(kvp_param)) / sizeof(double)) {
+        return kvpi_fail_invalid(err, "width", "width * width overflows");
+    }
+    size_t count = width * width;
+    size_t bytes = sizeof(kvp_param) + count * sizeof(double);
+    kvp_param *param = kvpi_alloc(KVPI_SITE_PARAM, bytes);
+    if (param == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_PARAM), bytes);
+    }
+    atomic_init(&param->refs, 1);
+    param->id = atomic_fetch_add(&next_param_id, 1);
+    param->revision = 0;
+    param->width = width;
+    memcpy(param->values, values, count * sizeof(double));
+    *out = param;
+    return KVP_OK;
+}
+
+kvp_status kvp_param_retain(kvp_param *param, kvp_error *err)
+{
+    if (param == NULL) {
+        return kvpi_fail_null(err, "param");
+    }
+    atomic_fetch_add(&param->refs, 1);
+    return KVP_OK;
+}
+
+kvp_status kvp_param_release(kvp_param *param, kvp_error *err)
+{
+    if (param == NULL) {
+        return kvpi_fail_null(err, "param");
+    }
+    if (atomic_fetch_sub(&param->refs, 1) == 1) {
+        kvpi_free(param);
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_param_update(kvp_param *param, const double *values, kvp_error *err)
+{
+    if (param == NULL) {
+        return kvpi_fail_null(err, "param");
+    }
+    if (values == NULL) {
+        return kvpi_fail_null(err, "values");
+    }
+    memmove(param->values, values, param->width * param->width * sizeof(double));
+    param->revision++;
+    return KVP_OK;
+}
+
+kvp_status kvp_param_update_with(kvp_param *param, kvp_param_update_fn fn, void *ctx,
+                                 kvp_error *err)
+{
+    if (param == NULL) {
+        return kvpi_fail_null(err, "param");
+    }
+    if (fn == NULL) {
+        return kvpi_fail_null(err, "fn");
+    }
+    fn(ctx, param->values, param->width);
+    param->revision++;
+    return KVP_OK;
+}
+
+uint64_t kvp_param_id(const kvp_param *param)
+{
+    return param != NULL ? param->id : 0;
+}
+
+uint64_t kvp_param_revision(const kvp_param *param)
+{
+    return param != NULL ? param->revision : 0;
+}
+
+size_t kvp_param_width(const kvp_param *param)
+{
+    return param != NULL ? param->width : 0;
+}
+
+const double *kvp_param_values(const kvp_param *param)
+{
+    return param != NULL ? param->values : NULL;
+}

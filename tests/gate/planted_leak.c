@@ -1,0 +1,38 @@
+/*
+ * planted_leak.c: a page that is acquired and never returned.
+ *
+ * This program is wrong on purpose. Run under memcheck it must fail the run
+ * with "definitely lost", which proves the memcheck gate can fail. The pool
+ * stays reachable (a global), so the only lost block is the page itself: a
+ * mempool chunk no pointer refers to. Registered only as an expected failure
+ * (see tests/CMakeLists.txt); never run as a passing test.
+ */
+#include <stdio.h>
+
+#include "kvpager/kvpager.h"
+#include "pager/reservation.h"
+
+static kvp_pool *reachable_pool;
+
+int main(void)
+{
+    kvp_pool_config config = {2, 1, 4, 4 * 2 * 2 * 4 * sizeof(double)};
+    kvp_error err;
+    if (kvp_pool_create(&config, &reachable_pool, &err) != KVP_OK) {
+        return 2;
+    }
+    uint32_t storage[2];
+    kvpi_reservation reservation;
+    kvpi_reservation_init(&reservation, reachable_pool, storage, 2);
+    if (kvpi_reservation_fill(&reservation, 2, &err) != KVP_OK) {
+        return 2;
+    }
+    /* Take both pages out of the reservation, give page 0 back, drop page 1. */
+    kvpi_pool_lock(reachable_pool);
+    uint32_t kept = kvpi_reservation_consume_locked(&reservation);
+    uint32_t lost = kvpi_reservation_consume_locked(&reservation);
+    kvpi_pool_put_locked(reachable_pool, kept);
+    kvpi_pool_unlock(reachable_pool);
+    printf("planted leak: page %u is never returned\n", (unsigned)lost);
+    return 0;
+}

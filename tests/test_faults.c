@@ -1,0 +1,259 @@
+/*
+ * test_faults.c: allocation fault injection. For pool and cache creation,
+ * sweeps N = 1, 2, ... making the Nth allocation fail until the call succeeds;
+ * at each failing N asserts the typed error naming the site, the bytes, an
+ * untouched out-parameter and an unchanged pool. Leaks of a failed step are
+ * caught by the memcheck run of this program (ctest), so every object that
+ * is created is destroyed. Also checks that the appends, resets and
+ * destruction make no allocation call at all. Unit test: uses pager/alloc.h
+ * and the private append (pager/cache_internal.h).
+ */
+#include "support.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "pager/alloc.h"
+#include "pager/cache_internal.h"
+
+/* A pool of 5 pages of 256 bytes: block_tokens 2, 2 heads of width 4. */
+#define SWEEP_PAGE_BYTES (2 * 2 * 2 * 4 * sizeof(double))
+#define SWEEP_PAGES 5
+
+/* Stops the sweep at a generous bound, so a broken injector cannot loop. */
+#define SWEEP_LIMIT 64
+
+static kvp_pool_config sweep_config(void)
+{
+    kvp_pool_config config = {2, 2, 4, SWEEP_PAGES * SWEEP_PAGE_BYTES + SWEEP_PAGE_BYTES - 1};
+    return config;
+}
+
+/* Every test leaves the injector disarmed, even when an assertion fails. */
+static int disarm(void **state)
+{
+    (void)state;
+    kvpi_fault_arm(0);
+    return 0;
+}
+
+/* The outcome of one injected call. */
+typedef struct step {
+    kvp_status status;
+    kvp_error err;
+    int fired;
+    kvpi_fault_site site;
+    uint64_t calls;
+} step;
+
+static void step_arm(step *s, uint64_t nth)
+{
+    memset(s, 0, sizeof *s);
+    memset(&s->err, 0x5A, sizeof s->err);
+    kvpi_fault_arm(nth);
+}
+
+/* Reads the injector after the call, then disarms it. */
+static void step_finish(step *s, kvp_status status)
+{
+    s->status = status;
+    s->fired = kvpi_fault_fired();
+    s->site = kvpi_fault_last_site();
+    s->calls = kvpi_fault_calls();
+    kvpi_fault_arm(0);
+}
+
+/* A failed step: AllocationFailed naming the site that failed, with its bytes. */
+static void assert_step_failed(const step *s, uint64_t nth)
+{
+    assert_int_equal(s->status, KVP_ALLOCATION_FAILED);
+    assert_int_equal(s->err.status, KVP_ALLOCATION_FAILED);
+    assert_true((unsigned)s->site < (unsigned)KVPI_SITE_COUNT_);
+    assert_non_null(s->err.what);
+    assert_string_equal(s->err.what, kvpi_fault_site_name(s->site));
+    assert_true(s->err.bytes > 0);
+    assert_int_equal(s->calls, nth); /* the call stopped at the failure */
+    char text[160];
+    char expected[160];
+    kvp_error_format(&s->err, text, sizeof text);
+    snprintf(expected, sizeof expected, "cannot allocate %s (%zu bytes)", s->err.what,
+             s->err.bytes);
+    assert_string_equal(text, expected);
+}
+
+static void test_faults_pool_create_sweep(void **state)
+{
+    (void)state;
+    kvp_pool_config config = sweep_config();
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvp_pool *pool = (kvp_pool *)0x1;
+        step s;
+        step_arm(&s, nth);
+        step_finish(&s, kvp_pool_create(&config, &pool, &s.err));
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_ptr_not_equal(pool, (kvp_pool *)0x1);
+            assert_int_equal(s.calls, failures); /* one allocation call per failing step */
+            kvpt_assert_pool_ok(pool);
+            kvp_pool_stats stats = kvpt_stats(pool);
+            assert_int_equal(stats.total_pages, SWEEP_PAGES);
+            assert_int_equal(stats.free_pages, SWEEP_PAGES);
+            assert_int_equal(stats.page_bytes, SWEEP_PAGE_BYTES);
+            kvp_error err;
+            kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+            break;
+        }
+        failures++;
+        assert_step_failed(&s, nth);
+        assert_ptr_equal(pool, (kvp_pool *)0x1); /* out untouched */
+    }
+    /* The struct, the metadata and the slab at least. */
+    assert_true(failures >= 3);
+}
+
+/* The sites fail in allocation order, each with the bytes it asked for. */
+static void test_faults_pool_create_sites_in_order(void **state)
+{
+    (void)state;
+    kvp_pool_config config = sweep_config();
+    static const kvpi_fault_site sites[] = {KVPI_SITE_POOL_STRUCT, KVPI_SITE_POOL_METADATA,
+                                            KVPI_SITE_POOL_SLAB};
+    static const char *const names[] = {"pool struct", "pool free list and reference counts",
+                                        "page slab"};
+    /* Free stack, reference counts and audit scratch: 3 * pages * uint32_t. */
+    const size_t bytes[] = {0, 3 * SWEEP_PAGES * sizeof(uint32_t),
+                            SWEEP_PAGES * SWEEP_PAGE_BYTES};
+    for (uint64_t nth = 1; nth <= 3; nth++) {
+        kvp_pool *pool = (kvp_pool *)0x1;
+        step s;
+        step_arm(&s, nth);
+        step_finish(&s, kvp_pool_create(&config, &pool, &s.err));
+        assert_true(s.fired);
+        assert_step_failed(&s, nth);
+        assert_int_equal(s.site, sites[nth - 1]);
+        assert_string_equal(s.err.what, names[nth - 1]);
+        assert_string_equal(kvpi_fault_site_name(sites[nth - 1]), names[nth - 1]);
+        if (bytes[nth - 1] != 0) {
+            assert_int_equal(s.err.bytes, bytes[nth - 1]);
+        }
+        assert_ptr_equal(pool, (kvp_pool *)0x1);
+    }
+    /* Disarmed, nothing fires and the site stays "none". */
+    kvpi_fault_arm(0);
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
+    assert_false(kvpi_fault_fired());
+    assert_int_equal(kvpi_fault_last_site(), KVPI_SITE_COUNT_);
+    assert_int_equal(kvpi_fault_calls(), 3);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    assert_string_equal(kvpi_fault_site_name(KVPI_SITE_COUNT_), "unknown allocation");
+}
+
+static void test_faults_cache_create_sweep(void **state)
+{
+    (void)state;
+    enum { BATCH = 3, CAPACITY = 7, BLOCK = 2 };
+    kvp_pool *pool = kvpt_pool(BLOCK, 2, 2, 4);
+    kvp_binding binding = kvpt_binding(2, 2, 8);
+    kvp_pool_stats before = kvpt_stats(pool);
+    static const kvpi_fault_site sites[] = {KVPI_SITE_CACHE_STRUCT, KVPI_SITE_CACHE_TABLES};
+    /* B page tables of ceil(C / block) entries plus B spare entries. */
+    const size_t table_bytes = (BATCH * ((CAPACITY + BLOCK - 1) / BLOCK) + BATCH) *
+                               sizeof(uint32_t);
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvp_cache *cache = (kvp_cache *)0x1;
+        step s;
+        step_arm(&s, nth);
+        step_finish(&s, kvp_cache_create(pool, &binding, BATCH, CAPACITY, &cache, &s.err));
+        kvpt_assert_pool_ok(pool);
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_int_equal(s.calls, failures);
+            kvp_pool_stats stats = kvpt_stats(pool);
+            assert_int_equal(stats.attached_caches, 1);
+            assert_int_equal(stats.free_pages, before.free_pages);
+            kvp_cache_info info;
+            kvp_error err;
+            kvpt_assert_ok(kvp_cache_info_get(cache, &info, &err), &err);
+            assert_int_equal(info.batch_size, BATCH);
+            assert_int_equal(info.capacity, CAPACITY);
+            assert_int_equal(info.blocks_per_lane, 4);
+            kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
+            kvpt_assert_pool_ok(pool);
+            break;
+        }
+        failures++;
+        assert_step_failed(&s, nth);
+        if (nth <= 2) {
+            assert_int_equal(s.site, sites[nth - 1]);
+        }
+        if (s.site == KVPI_SITE_CACHE_TABLES) {
+            assert_string_equal(s.err.what, "KV cache page tables");
+            assert_int_equal(s.err.bytes, table_bytes);
+        }
+        assert_ptr_equal(cache, (kvp_cache *)0x1);
+        kvp_pool_stats after = kvpt_stats(pool);
+        assert_memory_equal(&before, &after, sizeof before);
+        assert_int_equal(after.attached_caches, 0);
+    }
+    assert_true(failures >= 2);
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+/*
+ * Appends, snapshots, reset, replay and destruction reach no allocation site:
+ * the injector counts zero calls, and an armed fault never fires.
+ */
+static void test_faults_steady_state_makes_no_allocation_call(void **state)
+{
+    (void)state;
+    enum { BATCH = 2, CAPACITY = 5 };
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 6);
+    kvp_binding binding = kvpt_binding(1, 2, CAPACITY);
+    kvp_cache *cache = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_create(pool, &binding, BATCH, CAPACITY, &cache, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    double rows[BATCH * 2] = {1.0, -2.0, 0.5, 4.0};
+    kvp_tensor row = kvp_tensor4(rows, BATCH, 1, 1, 2);
+    double snapshot[BATCH * CAPACITY * 2];
+
+    kvpi_fault_arm(1); /* would fail the very first allocation call */
+    for (int cycle = 0; cycle < 3; cycle++) {
+        for (size_t t = 0; t < CAPACITY; t++) {
+            kvpt_assert_ok(kvpi_cache_append(cache, &row, &row, &err), &err);
+            kvpt_assert_pool_ok(pool);
+        }
+        assert_int_equal(kvpi_cache_append(cache, &row, &row, &err), KVP_FULL);
+        kvpt_assert_ok(kvp_cache_keys(cache, snapshot, BATCH * CAPACITY * 2, &err), &err);
+        assert_true(snapshot[BATCH * CAPACITY * 2 - 1] == 4.0);
+        kvpt_assert_ok(kvp_cache_values(cache, snapshot, BATCH * CAPACITY * 2, &err), &err);
+        kvpt_assert_ok(kvp_cache_reset(cache, &err), &err);
+        kvpt_assert_pool_ok(pool);
+    }
+    kvpt_assert_ok(kvpi_cache_append(cache, &row, &row, &err), &err);
+    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    assert_int_equal(kvpi_fault_calls(), 0);
+    assert_false(kvpi_fault_fired());
+    kvpi_fault_arm(0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_faults_pool_create_sweep, disarm),
+        cmocka_unit_test_teardown(test_faults_pool_create_sites_in_order, disarm),
+        cmocka_unit_test_teardown(test_faults_cache_create_sweep, disarm),
+        cmocka_unit_test_teardown(test_faults_steady_state_makes_no_allocation_call, disarm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

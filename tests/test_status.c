@@ -1,0 +1,470 @@
+/*
+ * test_status.c: the status table and the error renderer — every status has a
+ * distinct name and message generated from KVP_STATUS_MAP, names are the
+ * seed's variant names, kvp_error_format renders every status to its exact
+ * text (the seed's Display text for the inherited variants, with shapes as
+ * Rust's `{:?}` of a Vec<usize> and floats as Rust's `{:?}` of an f64),
+ * snprintf return and truncation semantics, and kvp_mismatch_format.
+ * Public API only: errors are built by hand, no pool is needed.
+ */
+#include "support.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Expected name of every pager status, in enum order. */
+static const struct {
+    kvp_status status;
+    const char *name;
+} expected_names[] = {
+    {KVP_OK, "Ok"},
+    {KVP_NULL_ARGUMENT, "NullArgument"},
+    {KVP_INVALID_ARGUMENT, "InvalidArgument"},
+    {KVP_OUT_OF_RANGE, "OutOfRange"},
+    {KVP_BUFFER_TOO_SMALL, "BufferTooSmall"},
+    {KVP_ZERO_SIZE, "ZeroSize"},
+    {KVP_SIZE_OVERFLOW, "SizeOverflow"},
+    {KVP_BUDGET_TOO_SMALL, "BudgetTooSmall"},
+    {KVP_ALLOCATION_FAILED, "AllocationFailed"},
+    {KVP_POOL_EXHAUSTED, "PoolExhausted"},
+    {KVP_POOL_BUSY, "PoolBusy"},
+    {KVP_GEOMETRY_MISMATCH, "GeometryMismatch"},
+    {KVP_AUDIT_FAILED, "AuditFailed"},
+    {KVP_ZERO_BATCH_SIZE, "ZeroBatchSize"},
+    {KVP_ZERO_CAPACITY, "ZeroCapacity"},
+    {KVP_CAPACITY_EXCEEDS_POSITIONS, "CapacityExceedsPositions"},
+    {KVP_ELEMENT_COUNT_OVERFLOW, "ElementCountOverflow"},
+    {KVP_FULL, "Full"},
+    {KVP_KEY_SHAPE_MISMATCH, "KeyShapeMismatch"},
+    {KVP_VALUE_SHAPE_MISMATCH, "ValueShapeMismatch"},
+    {KVP_NONFINITE_KEY, "NonFiniteKey"},
+    {KVP_NONFINITE_VALUE, "NonFiniteValue"},
+};
+
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* A detail struct with every field zero except the status. */
+static kvp_error error_of(kvp_status status)
+{
+    kvp_error e;
+    memset(&e, 0, sizeof e);
+    e.status = status;
+    return e;
+}
+
+/*
+ * Renders `e` into a roomy buffer and checks the text and the returned
+ * length; also checks that measuring (NULL, 0) agrees.
+ */
+#define assert_error_text(e, text) assert_error_text_at((e), (text), __FILE__, __LINE__)
+static void assert_error_text_at(const kvp_error *e, const char *text, const char *file, int line)
+{
+    char buf[512];
+    memset(buf, '#', sizeof buf);
+    size_t n = kvp_error_format(e, buf, sizeof buf);
+    if (strcmp(buf, text) != 0 || n != strlen(text)) {
+        print_error("%s:%d: rendered \"%s\" (length %zu), expected \"%s\"\n", file, line, buf, n,
+                    text);
+        fail();
+    }
+    assert_int_equal(kvp_error_format(e, NULL, 0), strlen(text));
+}
+
+/* The text of a NONFINITE_VALUE error carrying `value`, i.e. Rust's `{:?}`. */
+static void render_value(double value, char *buf, size_t size)
+{
+    kvp_error e = error_of(KVP_NONFINITE_VALUE);
+    e.index = 0;
+    e.value = value;
+    char text[256];
+    size_t n = kvp_error_format(&e, text, sizeof text);
+    assert_true(n < sizeof text);
+    static const char prefix[] = "appended value at flat index 0 must be finite, got ";
+    assert_int_equal(strncmp(text, prefix, sizeof prefix - 1), 0);
+    size_t rest = n - (sizeof prefix - 1);
+    assert_true(rest < size);
+    memcpy(buf, text + sizeof prefix - 1, rest + 1);
+}
+
+static void test_status_names_are_seed_variant_names(void **state)
+{
+    (void)state;
+    /* The pager's statuses come first; other modules append theirs after. */
+    assert_true(COUNT_OF(expected_names) <= KVP_STATUS_COUNT_);
+    for (size_t i = 0; i < COUNT_OF(expected_names); i++) {
+        assert_int_equal(expected_names[i].status, i);
+        assert_string_equal(kvp_status_name(expected_names[i].status), expected_names[i].name);
+    }
+    assert_string_equal(kvp_status_name(KVP_FULL), "Full");
+    assert_string_equal(kvp_status_name(KVP_KEY_SHAPE_MISMATCH), "KeyShapeMismatch");
+    assert_string_equal(kvp_status_name(KVP_POOL_EXHAUSTED), "PoolExhausted");
+}
+
+static void test_status_names_and_messages_are_nonempty_and_distinct(void **state)
+{
+    (void)state;
+    for (int i = 0; i < KVP_STATUS_COUNT_; i++) {
+        const char *name = kvp_status_name((kvp_status)i);
+        const char *message = kvp_status_message((kvp_status)i);
+        assert_non_null(name);
+        assert_non_null(message);
+        assert_true(strlen(name) > 0);
+        assert_true(strlen(message) > 0);
+        assert_string_not_equal(name, "Unknown");
+        assert_string_not_equal(message, "unknown status");
+        for (int j = 0; j < i; j++) {
+            assert_string_not_equal(name, kvp_status_name((kvp_status)j));
+            assert_string_not_equal(message, kvp_status_message((kvp_status)j));
+        }
+    }
+    assert_string_equal(kvp_status_message(KVP_OK), "success");
+    assert_string_equal(kvp_status_message(KVP_FULL), "KV cache is full");
+    assert_string_equal(kvp_status_message(KVP_POOL_EXHAUSTED),
+                        "the page pool has too few free pages");
+}
+
+static void test_status_out_of_range_is_unknown(void **state)
+{
+    (void)state;
+    assert_string_equal(kvp_status_name(KVP_STATUS_COUNT_), "Unknown");
+    assert_string_equal(kvp_status_name((kvp_status)1000), "Unknown");
+    assert_string_equal(kvp_status_message(KVP_STATUS_COUNT_), "unknown status");
+    assert_string_equal(kvp_status_message((kvp_status)1000), "unknown status");
+
+    kvp_error e = error_of(KVP_STATUS_COUNT_);
+    char expected[64];
+    snprintf(expected, sizeof expected, "unknown kvpager status %d", (int)KVP_STATUS_COUNT_);
+    assert_error_text(&e, expected);
+    e.status = (kvp_status)1000;
+    assert_error_text(&e, "unknown kvpager status 1000");
+    assert_error_text(NULL, "no error detail");
+}
+
+static void test_status_format_caller_and_pool_errors(void **state)
+{
+    (void)state;
+    kvp_error e = error_of(KVP_OK);
+    assert_error_text(&e, "ok");
+
+    e = error_of(KVP_NULL_ARGUMENT);
+    e.argument = "pool";
+    assert_error_text(&e, "argument `pool` must not be NULL");
+    e.argument = NULL;
+    assert_error_text(&e, "argument `?` must not be NULL");
+
+    e = error_of(KVP_INVALID_ARGUMENT);
+    e.argument = "binding";
+    e.what = "heads and head_width must be nonzero";
+    assert_error_text(&e, "argument `binding` is invalid: heads and head_width must be nonzero");
+
+    e = error_of(KVP_OUT_OF_RANGE);
+    e.argument = "lane";
+    e.index = 3;
+    e.limit = 2;
+    assert_error_text(&e, "argument `lane` is 3, which is out of range (must be below 2)");
+
+    e = error_of(KVP_BUFFER_TOO_SMALL);
+    e.argument = "out";
+    e.needed = 16;
+    e.available = 15;
+    assert_error_text(&e, "buffer `out` holds 15 values but 16 are needed");
+
+    e = error_of(KVP_ZERO_SIZE);
+    e.argument = "heads";
+    assert_error_text(&e, "page pool heads must be nonzero");
+
+    e = error_of(KVP_SIZE_OVERFLOW);
+    e.block_tokens = 4;
+    e.heads = 2;
+    e.head_width = 8;
+    e.budget_bytes = 1048576;
+    assert_error_text(&e, "page pool size overflows for block_tokens 4, 2 heads, head width 8 "
+                          "and budget 1048576 bytes");
+
+    e = error_of(KVP_BUDGET_TOO_SMALL);
+    e.budget_bytes = 1023;
+    e.page_bytes = 1024;
+    assert_error_text(&e, "page pool budget of 1023 bytes is below one page of 1024 bytes");
+
+    e = error_of(KVP_ALLOCATION_FAILED);
+    e.what = "page slab";
+    e.bytes = 4096;
+    assert_error_text(&e, "cannot allocate page slab (4096 bytes)");
+
+    e = error_of(KVP_POOL_EXHAUSTED);
+    e.needed = 3;
+    e.available = 2;
+    assert_error_text(&e, "page pool exhausted: 3 pages needed, 2 free");
+
+    e = error_of(KVP_POOL_BUSY);
+    e.attached_caches = 2;
+    e.attached_reservations = 1;
+    e.held_pages = 5;
+    assert_error_text(&e, "page pool is busy: 2 caches attached, 1 reservations held, "
+                          "5 pages held");
+
+    e = error_of(KVP_GEOMETRY_MISMATCH);
+    e.pool_geometry = (kvp_geometry){2, 2};
+    e.binding_geometry = (kvp_geometry){4, 1};
+    assert_error_text(&e, "cache geometry (4 heads, head width 1) does not match page pool "
+                          "geometry (2 heads, head width 2)");
+
+    e = error_of(KVP_AUDIT_FAILED);
+    e.mismatches = 1;
+    e.first_mismatch = (kvp_mismatch){KVP_INVARIANT_REFERENCES,
+                                      "references from page tables and reservations", 7,
+                                      SIZE_MAX, 1, 2};
+    assert_error_text(&e, "page pool audit found 1 mismatch; first: I3 references: references "
+                          "from page tables and reservations (page 7): expected 1, found 2");
+    e.mismatches = 3;
+    e.first_mismatch = (kvp_mismatch){KVP_INVARIANT_LANE_COVERAGE,
+                                      "pages mapped by a lane, ceil(len / block_tokens)",
+                                      SIZE_MAX, 1, 2, 0};
+    assert_error_text(&e, "page pool audit found 3 mismatches; first: I4 lane coverage: pages "
+                          "mapped by a lane, ceil(len / block_tokens) (lane 1): expected 2, "
+                          "found 0");
+}
+
+static void test_status_format_seed_cache_errors(void **state)
+{
+    (void)state;
+    kvp_error e = error_of(KVP_ZERO_BATCH_SIZE);
+    assert_error_text(&e, "KV cache batch size must be nonzero");
+
+    e = error_of(KVP_ZERO_CAPACITY);
+    assert_error_text(&e, "KV cache capacity must be nonzero");
+
+    e = error_of(KVP_CAPACITY_EXCEEDS_POSITIONS);
+    e.capacity = 9;
+    e.max_positions = 8;
+    assert_error_text(&e, "KV cache capacity 9 exceeds RoPE position capacity 8");
+
+    e = error_of(KVP_ELEMENT_COUNT_OVERFLOW);
+    e.batch_size = 3;
+    e.heads = 4;
+    e.capacity = 5;
+    e.head_width = 6;
+    assert_error_text(&e, "KV cache element count overflows for batch 3, 4 heads, capacity 5, "
+                          "and head width 6");
+    e.batch_size = SIZE_MAX;
+    char expected[160];
+    snprintf(expected, sizeof expected,
+             "KV cache element count overflows for batch %zu, 4 heads, capacity 5, and head "
+             "width 6",
+             (size_t)SIZE_MAX);
+    assert_error_text(&e, expected);
+
+    e = error_of(KVP_FULL);
+    e.capacity = 4;
+    assert_error_text(&e, "KV cache is full at capacity 4");
+
+    e = error_of(KVP_KEY_SHAPE_MISMATCH);
+    e.expected = (kvp_shape){4, {1, 2, 1, 2}};
+    e.actual = (kvp_shape){4, {1, 2, 2, 2}};
+    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got [1, 2, 2, 2]");
+
+    e.status = KVP_VALUE_SHAPE_MISMATCH;
+    e.actual = (kvp_shape){3, {1, 2, 2}};
+    assert_error_text(&e, "appended value must have shape [1, 2, 1, 2], got [1, 2, 2]");
+
+    e = error_of(KVP_NONFINITE_KEY);
+    e.index = 3;
+    e.value = NAN;
+    assert_error_text(&e, "appended key value at flat index 3 must be finite, got NaN");
+
+    e = error_of(KVP_NONFINITE_VALUE);
+    e.index = 0;
+    e.value = INFINITY;
+    assert_error_text(&e, "appended value at flat index 0 must be finite, got inf");
+    e.index = 17;
+    e.value = -INFINITY;
+    assert_error_text(&e, "appended value at flat index 17 must be finite, got -inf");
+}
+
+static void test_status_shapes_render_as_rust_vec_debug(void **state)
+{
+    (void)state;
+    kvp_error e = error_of(KVP_KEY_SHAPE_MISMATCH);
+    e.expected = (kvp_shape){4, {1, 2, 1, 2}};
+    e.actual = (kvp_shape){0, {0}};
+    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got []");
+    e.actual = (kvp_shape){1, {7}};
+    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got [7]");
+    e.actual = (kvp_shape){KVP_MAX_RANK, {1, 2, 3, 4, 5, 6, 7, 8}};
+    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got "
+                          "[1, 2, 3, 4, 5, 6, 7, 8]");
+    /* A rank beyond what kvp_shape can hold is elided, never read past dims. */
+    e.actual = (kvp_shape){KVP_MAX_RANK + 3, {1, 2, 3, 4, 5, 6, 7, 8}};
+    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got "
+                          "[1, 2, 3, 4, 5, 6, 7, 8, ...]");
+    e.actual = (kvp_shape){2, {SIZE_MAX, 0}};
+    char expected[128];
+    snprintf(expected, sizeof expected, "appended key must have shape [1, 2, 1, 2], got [%zu, 0]",
+             (size_t)SIZE_MAX);
+    assert_error_text(&e, expected);
+}
+
+static void test_status_floats_render_as_rust_f64_debug(void **state)
+{
+    (void)state;
+    static const struct {
+        double value;
+        const char *text;
+    } cases[] = {
+        {NAN, "NaN"},
+        {INFINITY, "inf"},
+        {-INFINITY, "-inf"},
+        {1.0, "1.0"},
+        {0.1, "0.1"},
+        {-0.0, "-0.0"},
+        {0.0, "0.0"},
+        {1e16, "1e16"},
+        {1e15, "1000000000000000.0"},
+        {1.5e-5, "1.5e-5"},
+        {0.0001, "0.0001"},
+        {123.456, "123.456"},
+        {DBL_MAX, "1.7976931348623157e308"},
+        {5e-324, "5e-324"},
+        {2.5, "2.5"},
+        {1e-7, "1e-7"},
+        {-2.5, "-2.5"},
+        {-1e16, "-1e16"},
+        {100.0, "100.0"},
+        {1.0 / 3.0, "0.3333333333333333"},
+        {9999999999999998.0, "9999999999999998.0"},
+        {1.2345e20, "1.2345e20"},
+        {-1.5e-5, "-1.5e-5"},
+        {0.00012, "0.00012"},
+    };
+    for (size_t i = 0; i < COUNT_OF(cases); i++) {
+        char text[64];
+        render_value(cases[i].value, text, sizeof text);
+        if (strcmp(text, cases[i].text) != 0) {
+            print_error("case %zu: rendered \"%s\", expected \"%s\"\n", i, text, cases[i].text);
+            fail();
+        }
+    }
+    /* -NaN renders as NaN too, as Rust does. */
+    char text[64];
+    render_value(-NAN, text, sizeof text);
+    assert_string_equal(text, "NaN");
+}
+
+/* Every buffer size from 0 to past the end: snprintf's contract, exactly. */
+static void test_status_format_truncates_like_snprintf(void **state)
+{
+    (void)state;
+    kvp_error e = error_of(KVP_KEY_SHAPE_MISMATCH);
+    e.expected = (kvp_shape){4, {1, 2, 1, 2}};
+    e.actual = (kvp_shape){4, {1, 2, 2, 2}};
+    static const char full[] = "appended key must have shape [1, 2, 1, 2], got [1, 2, 2, 2]";
+    size_t len = sizeof full - 1;
+    assert_int_equal(kvp_error_format(&e, NULL, 0), len);
+
+    for (size_t size = 0; size <= len + 4; size++) {
+        char buf[sizeof full + 8];
+        memset(buf, '#', sizeof buf);
+        assert_int_equal(kvp_error_format(&e, buf, size), len);
+        if (size == 0) {
+            assert_int_equal(buf[0], '#'); /* nothing written at all */
+            continue;
+        }
+        size_t kept = size - 1 < len ? size - 1 : len;
+        assert_memory_equal(buf, full, kept);
+        assert_int_equal(buf[kept], '\0');
+        for (size_t i = kept + 1; i < sizeof buf; i++) {
+            assert_int_equal(buf[i], '#'); /* never past size */
+        }
+    }
+
+    /* The float path is built from several pieces; truncating inside it works too. */
+    kvp_error nonfinite = error_of(KVP_NONFINITE_KEY);
+    nonfinite.index = 3;
+    nonfinite.value = 123.456;
+    static const char float_text[] = "appended key value at flat index 3 must be finite, got "
+                                     "123.456";
+    size_t float_len = sizeof float_text - 1;
+    for (size_t size = 1; size <= float_len + 1; size++) {
+        char buf[sizeof float_text + 8];
+        memset(buf, '#', sizeof buf);
+        assert_int_equal(kvp_error_format(&nonfinite, buf, size), float_len);
+        assert_memory_equal(buf, float_text, size - 1);
+        assert_int_equal(buf[size - 1], '\0');
+        assert_int_equal(buf[size], '#');
+    }
+
+    /* A NULL error measures and truncates the same way. */
+    assert_int_equal(kvp_error_format(NULL, NULL, 0), strlen("no error detail"));
+    char small[4];
+    assert_int_equal(kvp_error_format(NULL, small, sizeof small), strlen("no error detail"));
+    assert_string_equal(small, "no ");
+}
+
+static void test_status_mismatch_format_exact_text(void **state)
+{
+    (void)state;
+    char buf[256];
+    kvp_mismatch m = {KVP_INVARIANT_STATS, "acquires - releases", SIZE_MAX, SIZE_MAX, 3, 4};
+    assert_int_equal(kvp_mismatch_format(&m, buf, sizeof buf),
+                     strlen("stats: acquires - releases: expected 3, found 4"));
+    assert_string_equal(buf, "stats: acquires - releases: expected 3, found 4");
+
+    m = (kvp_mismatch){KVP_INVARIANT_CONSERVATION, "free + held pages", SIZE_MAX, SIZE_MAX, 8, 9};
+    kvp_mismatch_format(&m, buf, sizeof buf);
+    assert_string_equal(buf, "I1 conservation: free + held pages: expected 8, found 9");
+
+    m = (kvp_mismatch){KVP_INVARIANT_NO_DUPLICATES, "times the page is on the free list", 5,
+                       SIZE_MAX, 1, 2};
+    kvp_mismatch_format(&m, buf, sizeof buf);
+    assert_string_equal(buf, "I2 no duplicates: times the page is on the free list (page 5): "
+                             "expected 1, found 2");
+
+    m = (kvp_mismatch){KVP_INVARIANT_REFERENCES, "references from page tables and reservations",
+                       0, SIZE_MAX, 1, 2};
+    kvp_mismatch_format(&m, buf, sizeof buf);
+    assert_string_equal(buf, "I3 references: references from page tables and reservations "
+                             "(page 0): expected 1, found 2");
+
+    m = (kvp_mismatch){KVP_INVARIANT_LANE_COVERAGE, "pages mapped contiguously from block 0",
+                       SIZE_MAX, 2, 3, 1};
+    kvp_mismatch_format(&m, buf, sizeof buf);
+    assert_string_equal(buf, "I4 lane coverage: pages mapped contiguously from block 0 (lane 2): "
+                             "expected 3, found 1");
+
+    /* Both locations, an unknown invariant and a missing `what`. */
+    m = (kvp_mismatch){(kvp_invariant)99, NULL, 1, 2, 0, 0};
+    size_t n = kvp_mismatch_format(&m, buf, sizeof buf);
+    assert_string_equal(buf, "unknown invariant: ? (page 1) (lane 2): expected 0, found 0");
+    assert_int_equal(n, strlen(buf));
+
+    assert_int_equal(kvp_mismatch_format(NULL, buf, sizeof buf), strlen("no mismatch"));
+    assert_string_equal(buf, "no mismatch");
+
+    /* snprintf semantics here too. */
+    m = (kvp_mismatch){KVP_INVARIANT_STATS, "acquires - releases", SIZE_MAX, SIZE_MAX, 3, 4};
+    size_t full = kvp_mismatch_format(&m, NULL, 0);
+    assert_int_equal(full, strlen("stats: acquires - releases: expected 3, found 4"));
+    char small[8];
+    memset(small, '#', sizeof small);
+    assert_int_equal(kvp_mismatch_format(&m, small, 7), full);
+    assert_string_equal(small, "stats:");
+    assert_int_equal(small[7], '#');
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_names_are_seed_variant_names),
+        cmocka_unit_test(test_status_names_and_messages_are_nonempty_and_distinct),
+        cmocka_unit_test(test_status_out_of_range_is_unknown),
+        cmocka_unit_test(test_status_format_caller_and_pool_errors),
+        cmocka_unit_test(test_status_format_seed_cache_errors),
+        cmocka_unit_test(test_status_shapes_render_as_rust_vec_debug),
+        cmocka_unit_test(test_status_floats_render_as_rust_f64_debug),
+        cmocka_unit_test(test_status_format_truncates_like_snprintf),
+        cmocka_unit_test(test_status_mismatch_format_exact_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
