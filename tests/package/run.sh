@@ -31,6 +31,6 @@ pc=$(find "$work/prefix" -name kvpager.pc | head -n 1)
 libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir kvpager)
 cc -std=c11 -Wall -Wextra -Werror $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags kvpager) \
    "$tour" $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --libs kvpager) \
-   -Wl,-rpath,"$libdir" -o "$work/api_tour_pc"
+   -lm -Wl,-rpath,"$libdir" -o "$work/api_tour_pc"
 echo "== pkg-config build"
 "$work/api_tour_pc"
