@@ -17,6 +17,8 @@
 #include "kvpager/rope.h"
 #include "kvpager/layer.h"
 #include "kvpager/attention.h"
+#include "kvpager/model.h"
+#include "kvpager/sequence.h"
 
 #ifdef __cplusplus
 extern "C" {

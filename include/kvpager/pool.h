@@ -49,7 +49,15 @@ typedef struct kvp_pool_stats {
     size_t attached_caches;
     size_t attached_reservations;
     uintptr_t slab_address;     /* for audits: the slab never moves */
+    size_t promised_pages;      /* promised to sequences and not yet taken */
 } kvp_pool_stats;
+
+/* The answer of kvp_pool_admit, as vLLM's AllocStatus. */
+typedef enum kvp_admission {
+    KVP_ADMIT_NOW = 0,   /* fits now, keeping the watermark free */
+    KVP_ADMIT_LATER = 1, /* fits once running sequences give pages back */
+    KVP_ADMIT_NEVER = 2  /* can never fit: more than total pages minus the watermark */
+} kvp_admission;
 
 /* Called once per audit finding, in the order found. */
 typedef void (*kvp_mismatch_fn)(void *ctx, const kvp_mismatch *mismatch);
@@ -90,6 +98,19 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_sta
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn on_mismatch,
                                                 void *ctx, kvp_error *err);
+
+/*
+ * Admission control: may a new sequence needing `pages` pages start now?
+ * NEVER when pages + watermark_pages > total pages; NOW when
+ * free - promised >= pages + watermark_pages; LATER otherwise. Pages promised
+ * to running sequences (kvp_sequence_promise) and not yet taken count as used.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages,
+                                                size_t watermark_pages, kvp_admission *out,
+                                                kvp_error *err);
+
+/* lanes * ceil(tokens / block_tokens): the pages `lanes` lanes need for `tokens`. */
+KVP_API size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tokens);
 
 /*
  * For audits: a 64-bit FNV-1a digest of every byte of the slab, held and free

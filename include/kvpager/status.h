@@ -96,7 +96,11 @@ extern "C" {
       "an attention parameter has the wrong width")                                         \
     X(HEADS_DO_NOT_DIVIDE_WIDTH, "HeadsDoNotDivideWidth",                                   \
       "the model width is not a nonzero multiple of the head count")                        \
-    X(REFERENCE_INPUT_SHAPE, "ReferenceInputShape", "full-prefix input has the wrong shape")
+    X(REFERENCE_INPUT_SHAPE, "ReferenceInputShape", "full-prefix input has the wrong shape") \
+    /* models, sequences and decoders */                                                    \
+    X(MODEL_GEOMETRY_MISMATCH, "ModelGeometryMismatch",                                     \
+      "a model layer's head geometry differs from layer 0's")                               \
+    X(THREAD_FAILED, "ThreadFailed", "a worker thread could not be started")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, name, message) KVP_##suffix,
@@ -204,6 +208,13 @@ typedef struct kvp_error {
     /* TICKET_STALE: the cache length at prepare and now. */
     size_t prepared_len;
     size_t current_len;
+    /* Sequence steps and prefill: the layer whose prepare failed (SIZE_MAX when
+     * the failure is the step's own, e.g. POOL_EXHAUSTED); MODEL_GEOMETRY_MISMATCH:
+     * the layer that differs, with layer 0's geometry in pool_geometry and its
+     * own in binding_geometry. */
+    size_t layer;
+    /* Prefill: the prompt token whose step failed. */
+    size_t token;
 } kvp_error;
 
 /* "FULL" -> "Full"; unknown values give "Unknown". Never NULL. */

@@ -20,12 +20,22 @@
 enum { KVP_CLI_OK = 0, KVP_CLI_FAILED = 1, KVP_CLI_USAGE = 2 };
 
 int kvp_cli_demo(int argc, char **argv);
+int kvp_cli_simulate(int argc, char **argv);
 
 /* Prints "kvpager <command>: <context>: <rendered error>" to stderr. */
 void kvp_cli_report(const char *command, const char *context, const kvp_error *err);
 
 /* Parses a whole unsigned decimal number; 0 on success, -1 otherwise. */
 int kvp_cli_parse_size(const char *text, size_t *out);
+
+/* Parses a byte size: a number with an optional unit B, KiB, MiB, GiB, KB, MB, GB. */
+int kvp_cli_parse_bytes(const char *text, size_t *out);
+
+/* Parses a whole finite decimal number; 0 on success, -1 otherwise. */
+int kvp_cli_parse_double(const char *text, double *out);
+
+/* "32.0 MiB" style rendering of a byte count into buf. */
+const char *kvp_cli_format_bytes(size_t bytes, char *buf, size_t size);
 
 /* jemalloc's count of bytes this thread allocated plus deallocated. */
 uint64_t kvp_cli_heap_traffic(void);

@@ -13,6 +13,7 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"simulate", kvp_cli_simulate, "serve many concurrent sequences under one memory budget"},
     {"demo", kvp_cli_demo, "print the seed's incremental-attention trace, paged"},
 };
 

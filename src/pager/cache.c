@@ -9,6 +9,8 @@
  *   commit          len -> len + 1; at a block boundary each lane maps one
  *                   page consumed from a reservation
  *   reset           every page back (newest first), len -> 0
+ *   truncate_many   several caches of one sequence back to a shorter len,
+ *                   pages returned in the reverse of the order taken
  *   destroy         reset, detach, free
  *
  * Global state: `next_serial`, the process-wide cache serial counter.
@@ -180,19 +182,38 @@ kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t b
     return KVP_OK;
 }
 
-/* Under the pool lock: unmaps every page, newest first, and empties the cache. */
-static void cache_release_pages_locked(kvp_cache *cache)
+/*
+ * Under the pool lock: shortens `count` caches of equal length to `len`,
+ * unmapping pages block by block from the last, and within a block from the
+ * last cache and the last lane: the reverse of the order appends took them.
+ */
+static void truncate_many_locked(kvp_cache *const *caches, size_t count, size_t len)
 {
-    size_t mapped = kvpi_cache_mapped_blocks(cache);
-    for (size_t block = mapped; block-- > 0;) {
-        for (size_t lane = cache->batch_size; lane-- > 0;) {
-            uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
-            kvpi_pool_put_locked(cache->pool, *slot);
-            *slot = KVPI_NO_PAGE;
+    size_t bt = caches[0]->block_tokens;
+    size_t mapped = kvpi_cache_mapped_blocks(caches[0]);
+    size_t keep = len / bt + (len % bt != 0);
+    for (size_t block = mapped; block-- > keep;) {
+        for (size_t c = count; c-- > 0;) {
+            kvp_cache *cache = caches[c];
+            for (size_t lane = cache->batch_size; lane-- > 0;) {
+                uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
+                kvpi_pool_put_locked(cache->pool, *slot);
+                *slot = KVPI_NO_PAGE;
+            }
         }
     }
-    cache->len = 0;
-    cache->epoch++;
+    for (size_t c = 0; c < count; c++) {
+        caches[c]->len = len;
+        caches[c]->epoch++;
+    }
+}
+
+void kvpi_cache_truncate_many(kvp_cache *const *caches, size_t count, size_t len)
+{
+    kvp_pool *pool = caches[0]->pool;
+    kvpi_pool_lock(pool);
+    truncate_many_locked(caches, count, len < caches[0]->len ? len : caches[0]->len);
+    kvpi_pool_unlock(pool);
 }
 
 kvp_status kvp_cache_reset(kvp_cache *cache, kvp_error *err)
@@ -201,7 +222,7 @@ kvp_status kvp_cache_reset(kvp_cache *cache, kvp_error *err)
         return kvpi_fail_null(err, "cache");
     }
     kvpi_pool_lock(cache->pool);
-    cache_release_pages_locked(cache);
+    truncate_many_locked(&cache, 1, 0);
     kvpi_pool_unlock(cache->pool);
     return KVP_OK;
 }
@@ -213,7 +234,7 @@ kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err)
     }
     kvpi_reservation_release(&cache->spare_reservation);
     kvpi_pool_lock(cache->pool);
-    cache_release_pages_locked(cache);
+    truncate_many_locked(&cache, 1, 0);
     kvpi_pool_detach_locked(cache->pool, &cache->holder);
     kvpi_pool_unlock(cache->pool);
     kvpi_free(cache->tables);

@@ -91,6 +91,16 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
                        kvpi_reservation *reservation);
 
 /*
+ * Rolls `count` caches of one pool, all of the same length, back to `len`:
+ * pages of blocks past ceil(len / block_tokens) go back to the pool in the
+ * exact reverse of the order steps took them (block by block, last layer
+ * first, last lane first), so a replay receives the same physical pages.
+ * Each cache's epoch advances. Sequences use it to reset and to undo a failed
+ * prefill.
+ */
+void kvpi_cache_truncate_many(kvp_cache *const *caches, size_t count, size_t len);
+
+/*
  * The private raw append: validate, reserve the lanes' pages (all or none),
  * commit. Any error leaves the cache and the pool as they were.
  */

@@ -196,9 +196,54 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     stats.attached_caches = pool->attached_caches;
     stats.attached_reservations = pool->attached_reservations;
     stats.slab_address = (uintptr_t)pool->slab;
+    stats.promised_pages = pool->promised;
     kvpi_pool_unlock(pool);
     *out = stats;
     return KVP_OK;
+}
+
+kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages, size_t watermark_pages,
+                          kvp_admission *out, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_admission admission = KVP_ADMIT_LATER;
+    kvpi_pool_lock(pool);
+    if (pages > pool->total_pages || watermark_pages > pool->total_pages - pages) {
+        admission = KVP_ADMIT_NEVER;
+    } else if (pool->free_count >= pool->promised &&
+               pool->free_count - pool->promised >= pages + watermark_pages) {
+        admission = KVP_ADMIT_NOW;
+    }
+    kvpi_pool_unlock(pool);
+    *out = admission;
+    return KVP_OK;
+}
+
+size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tokens)
+{
+    if (pool == NULL) {
+        return 0;
+    }
+    size_t blocks = tokens / pool->block_tokens + (tokens % pool->block_tokens != 0);
+    return lanes * blocks;
+}
+
+void kvpi_pool_promise_set_locked(kvp_pool *pool, size_t *promise, size_t pages)
+{
+    pool->promised = pool->promised - *promise + pages;
+    *promise = pages;
+}
+
+void kvpi_pool_promise_consume_locked(kvp_pool *pool, size_t *promise, size_t taken)
+{
+    size_t consumed = taken < *promise ? taken : *promise;
+    *promise -= consumed;
+    pool->promised -= consumed;
 }
 
 kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err)

@@ -67,6 +67,7 @@ struct kvp_pool {
     uint64_t acquires;
     uint64_t releases;
     uint64_t exhaustions;
+    size_t promised;       /* pages promised to sequences and not yet taken */
 };
 
 static inline double *kvpi_pool_page(const kvp_pool *pool, uint32_t page)
@@ -89,6 +90,15 @@ kvp_status kvpi_pool_take_locked(kvp_pool *pool, size_t n, uint32_t *out, kvp_er
 
 /* Drops one reference; at zero the page goes back on top of the free list. */
 void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page);
+
+/*
+ * Promise bookkeeping. A holder's promise (*promise) is pages it may take
+ * later; the pool counts the sum so admission can see it.
+ *   set:     *promise becomes `pages`
+ *   consume: `taken` pages were just taken; the promise shrinks by as many
+ */
+void kvpi_pool_promise_set_locked(kvp_pool *pool, size_t *promise, size_t pages);
+void kvpi_pool_promise_consume_locked(kvp_pool *pool, size_t *promise, size_t taken);
 
 /* Audit callbacks for holders. */
 void kvpi_audit_reference(kvpi_audit *audit, uint32_t page);

@@ -48,6 +48,12 @@ size_t kvpi_reservation_remaining(const kvpi_reservation *r)
 
 kvp_status kvpi_reservation_fill(kvpi_reservation *r, size_t n, kvp_error *err)
 {
+    return kvpi_reservation_fill_promised(r, n, NULL, err);
+}
+
+kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t *promise,
+                                          kvp_error *err)
+{
     if (n == 0) {
         return KVP_OK;
     }
@@ -67,6 +73,9 @@ kvp_status kvpi_reservation_fill(kvpi_reservation *r, size_t n, kvp_error *err)
             kvpi_pool_attach_locked(r->pool, &r->holder);
         }
         r->count += n;
+        if (promise != NULL) {
+            kvpi_pool_promise_consume_locked(r->pool, promise, n);
+        }
     }
     kvpi_pool_unlock(r->pool);
     return status;

@@ -44,6 +44,10 @@ size_t kvpi_reservation_remaining(const kvpi_reservation *r);
  */
 kvp_status kvpi_reservation_fill(kvpi_reservation *r, size_t n, kvp_error *err);
 
+/* fill, and the pages taken are drawn from *promise first (see pool_internal.h). */
+kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t *promise,
+                                          kvp_error *err);
+
 /*
  * Under the pool lock: hands the next reserved page, and its reference, to the
  * caller. Precondition: remaining > 0.

@@ -387,6 +387,16 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                     e->model_width);
         sink_shape(sink, &e->actual);
         return;
+    case KVP_MODEL_GEOMETRY_MISMATCH:
+        sink_printf(sink,
+                    "model layer %zu geometry (%zu heads, head width %zu) differs from layer 0 "
+                    "geometry (%zu heads, head width %zu)",
+                    e->layer, e->binding_geometry.heads, e->binding_geometry.head_width,
+                    e->pool_geometry.heads, e->pool_geometry.head_width);
+        return;
+    case KVP_THREAD_FAILED:
+        sink_printf(sink, "cannot start decoder worker thread %zu of %zu", e->index, e->limit);
+        return;
     case KVP_STATUS_COUNT_:
         break;
     }

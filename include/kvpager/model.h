@@ -1,0 +1,60 @@
+/*
+ * kvpager/model.h: a stack of attention layers sharing one head geometry.
+ *
+ * A model is what a sequence runs: L layers with the same (heads,
+ * head_width), so one pool can serve every layer's cache. A model built
+ * from existing layers shares their parameters (same identities, as the
+ * seed's from_parameters), so caches bound to those layers stay compatible.
+ *
+ * Threads: immutable after creation (except through parameter updates);
+ * any number of sequences on any threads may run one model at once. A model
+ * must outlive the sequences that run it.
+ */
+#ifndef KVPAGER_MODEL_H
+#define KVPAGER_MODEL_H
+
+#include "kvpager/common.h"
+#include "kvpager/layer.h"
+#include "kvpager/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_model kvp_model;
+
+typedef struct kvp_model_info {
+    size_t layers;
+    size_t model_width;
+    size_t heads;
+    size_t head_width;
+} kvp_model_info;
+
+/*
+ * A model over `count` layers, each sharing the parameters of layers[i].
+ * Errors: NULL_ARGUMENT; INVALID_ARGUMENT (count 0); MODEL_GEOMETRY_MISMATCH
+ * (layer i's heads or head width differ from layer 0's; err.layer = i);
+ * ALLOCATION_FAILED.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count,
+                                                  kvp_model **out, kvp_error *err);
+
+/* L random layers; layer l is kvp_layer_create_random(..., seed + l). */
+KVP_API KVP_NODISCARD kvp_status kvp_model_create_random(size_t layers, size_t model_width,
+                                                         size_t heads, size_t max_positions,
+                                                         double rope_base, uint64_t seed,
+                                                         kvp_model **out, kvp_error *err);
+
+KVP_API kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err);
+
+KVP_API KVP_NODISCARD kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out,
+                                                    kvp_error *err);
+
+/* A borrowed pointer to layer `index`, or NULL when out of range. */
+KVP_API const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGER_MODEL_H */

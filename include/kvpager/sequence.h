@@ -1,0 +1,131 @@
+/*
+ * kvpager/sequence.h: sequences (one cache per layer of a model) and their
+ * all-or-nothing steps, prefill, and batched decoding across threads.
+ *
+ * A step advances every layer of a sequence by one token:
+ *   1. prepare layer 0 on the caller's input, and each layer l+1 on the input
+ *      computed from layer l (by default the residual stream:
+ *      x_{l+1} = x_l + attention_l(x_l));
+ *   2. reserve the new pages of every layer and lane at once;
+ *   3. commit every layer.
+ * Any error (a prepare error of any layer, with err.layer naming it, or
+ * POOL_EXHAUSTED for the whole step) leaves every layer exactly as before.
+ *
+ * Promises: a sequence can promise itself pages it will need (its prompt plus
+ * a decoding reserve). kvp_pool_admit counts promised pages not yet taken, as
+ * vLLM's can_allocate counts blocks, so admission does not hand the same pages
+ * out twice. Pages a step takes are drawn from the promise first.
+ *
+ * Threads: a sequence has one owner at a time; the decoder runs distinct
+ * sequences on its worker threads.
+ */
+#ifndef KVPAGER_SEQUENCE_H
+#define KVPAGER_SEQUENCE_H
+
+#include "kvpager/cache.h"
+#include "kvpager/common.h"
+#include "kvpager/model.h"
+#include "kvpager/pool.h"
+#include "kvpager/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_sequence kvp_sequence;
+typedef struct kvp_decoder kvp_decoder;
+
+/*
+ * Computes layer l+1's input from layer l's input and output ([B, 1, D] each,
+ * `elements` = B * D doubles). NULL means the residual stream.
+ */
+typedef void (*kvp_next_input_fn)(void *ctx, size_t layer, const double *layer_input,
+                                  const double *layer_output, size_t elements,
+                                  double *next_input);
+
+/*
+ * A sequence of batch_size lanes and `capacity` positions per layer of
+ * `model`, drawing pages from `pool`. Errors: NULL_ARGUMENT, the cache
+ * creation errors (ZERO_BATCH_SIZE, ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS,
+ * GEOMETRY_MISMATCH, ...), ALLOCATION_FAILED.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool,
+                                                     size_t batch_size, size_t capacity,
+                                                     kvp_sequence **out, kvp_error *err);
+
+/* Returns every page and promise, and frees the sequence. */
+KVP_API kvp_status kvp_sequence_destroy(kvp_sequence *sequence, kvp_error *err);
+
+/* Every layer back to length 0, every page and promise back; no heap traffic. */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_reset(kvp_sequence *sequence, kvp_error *err);
+
+/*
+ * One token for every layer. input and output are [B, 1, D]; output receives
+ * the last layer's next input (the residual stream after the last layer).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
+                                                   const kvp_tensor *input,
+                                                   kvp_next_input_fn next_input, void *ctx,
+                                                   double *output, size_t output_len,
+                                                   kvp_error *err);
+
+/*
+ * A prompt of T tokens, [B, T, D], as T steps. The pages for all T tokens are
+ * reserved first (all or none); if any step fails, every layer is rolled back
+ * to its length before the call, so the call changes nothing on error.
+ * output, when not NULL, receives [B, T, D]. FULL when len + T > capacity.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_prefill(kvp_sequence *sequence,
+                                                      const kvp_tensor *prompt,
+                                                      kvp_next_input_fn next_input, void *ctx,
+                                                      double *output, size_t output_len,
+                                                      kvp_error *err);
+
+/* Sets the sequence's promise to `pages` future pages (replacing the old one). */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_promise(kvp_sequence *sequence, size_t pages,
+                                                      kvp_error *err);
+
+/* Pages this sequence needs to grow from its current length to `tokens`. */
+KVP_API size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t tokens);
+
+/* Plain queries; NULL reads as 0 / NULL. */
+KVP_API size_t kvp_sequence_len(const kvp_sequence *sequence);
+KVP_API size_t kvp_sequence_capacity(const kvp_sequence *sequence);
+KVP_API size_t kvp_sequence_held_pages(const kvp_sequence *sequence);
+KVP_API size_t kvp_sequence_promised_pages(const kvp_sequence *sequence);
+KVP_API const kvp_cache *kvp_sequence_cache(const kvp_sequence *sequence, size_t layer);
+
+/* ---- batched decoding across threads ---------------------------------- */
+
+/* One sequence's share of a batched decode. status and error are outputs. */
+typedef struct kvp_decode_job {
+    kvp_sequence *sequence;
+    kvp_tensor input;  /* [B, 1, D] */
+    double *output;    /* [B, 1, D] */
+    size_t output_len;
+    kvp_status status;
+    kvp_error error;
+} kvp_decode_job;
+
+/* A pool of `threads` worker threads (0: one per online core), started now. */
+KVP_API KVP_NODISCARD kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out,
+                                                    kvp_error *err);
+KVP_API kvp_status kvp_decoder_destroy(kvp_decoder *decoder, kvp_error *err);
+KVP_API size_t kvp_decoder_threads(const kvp_decoder *decoder);
+
+/*
+ * Steps every job's sequence once, spread over the decoder's threads (the
+ * calling thread works too). Each job's result is the same as calling
+ * kvp_sequence_step on it alone. Returns KVP_OK when every job ran (each
+ * job's own status says whether its step succeeded); INVALID_ARGUMENT when
+ * two jobs name the same sequence.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs,
+                                                  size_t count, kvp_next_input_fn next_input,
+                                                  void *ctx, kvp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGER_SEQUENCE_H */

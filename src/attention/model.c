@@ -1,0 +1,150 @@
+/*
+ * model.c: models, stacks of layers with one head geometry (see
+ * kvpager/model.h).
+ *
+ * Owns: its layer objects, each sharing the parameters of the layer it was
+ * built from. Invariant: every layer has layer 0's (heads, head_width).
+ * Callers: the public API; sequence.c reads struct kvp_model through
+ * model_internal.h.
+ */
+#include "attention/model_internal.h"
+
+#include "attention/layer_internal.h"
+#include "pager/alloc.h"
+#include "pager/error.h"
+
+static kvp_status check_geometry(const kvp_layer *const *layers, size_t count, kvp_error *err)
+{
+    if (count == 0) {
+        return kvpi_fail_invalid(err, "count", "a model needs at least one layer");
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (layers[i] == NULL) {
+            return kvpi_fail_null(err, "layers[i]");
+        }
+        if (layers[i]->heads != layers[0]->heads ||
+            layers[i]->head_width != layers[0]->head_width) {
+            kvp_error e = kvpi_error_begin(KVP_MODEL_GEOMETRY_MISMATCH);
+            e.layer = i;
+            e.pool_geometry = (kvp_geometry){layers[0]->heads, layers[0]->head_width};
+            e.binding_geometry = (kvp_geometry){layers[i]->heads, layers[i]->head_width};
+            return kvpi_error_emit(err, &e);
+        }
+    }
+    return KVP_OK;
+}
+
+static void free_model(kvp_model *model)
+{
+    for (size_t i = 0; i < model->count; i++) {
+        if (model->layers[i] != NULL) {
+            kvp_layer_destroy(model->layers[i], NULL);
+        }
+    }
+    kvpi_free(model);
+}
+
+kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_model **out,
+                            kvp_error *err)
+{
+    if (layers == NULL) {
+        return kvpi_fail_null(err, "layers");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_status status = check_geometry(layers, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (count > (SIZE_MAX - sizeof(kvp_model)) / sizeof(kvp_layer *)) {
+        return kvpi_fail_invalid(err, "count", "too many layers");
+    }
+    size_t bytes = sizeof(kvp_model) + count * sizeof(kvp_layer *);
+    kvp_model *model = kvpi_calloc(KVPI_SITE_MODEL, 1, bytes);
+    if (model == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_MODEL), bytes);
+    }
+    model->count = count;
+    for (size_t i = 0; i < count; i++) {
+        const kvp_layer *src = layers[i];
+        status = kvp_layer_create(src->params[0], src->params[1], src->params[2], src->params[3],
+                                  src->heads, src->rope.max_positions, src->rope.base,
+                                  &model->layers[i], err);
+        if (status != KVP_OK) {
+            free_model(model);
+            return status;
+        }
+    }
+    model->model_width = layers[0]->model_width;
+    model->heads = layers[0]->heads;
+    model->head_width = layers[0]->head_width;
+    *out = model;
+    return KVP_OK;
+}
+
+kvp_status kvp_model_create_random(size_t layers, size_t model_width, size_t heads,
+                                   size_t max_positions, double rope_base, uint64_t seed,
+                                   kvp_model **out, kvp_error *err)
+{
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    if (layers == 0) {
+        return kvpi_fail_invalid(err, "layers", "a model needs at least one layer");
+    }
+    if (layers > SIZE_MAX / sizeof(kvp_layer *)) {
+        return kvpi_fail_invalid(err, "layers", "too many layers");
+    }
+    kvp_layer **made = kvpi_calloc(KVPI_SITE_SCRATCH, layers, sizeof *made);
+    if (made == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_SCRATCH),
+                               layers * sizeof *made);
+    }
+    kvp_status status = KVP_OK;
+    for (size_t l = 0; l < layers && status == KVP_OK; l++) {
+        status = kvp_layer_create_random(model_width, heads, max_positions, rope_base, seed + l,
+                                         &made[l], err);
+    }
+    if (status == KVP_OK) {
+        status = kvp_model_create((const kvp_layer *const *)made, layers, out, err);
+    }
+    /* The model holds its own layers; these were only the templates. */
+    for (size_t l = 0; l < layers; l++) {
+        if (made[l] != NULL) {
+            kvp_layer_destroy(made[l], NULL);
+        }
+    }
+    kvpi_free(made);
+    return status;
+}
+
+kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err)
+{
+    if (model == NULL) {
+        return kvpi_fail_null(err, "model");
+    }
+    free_model(model);
+    return KVP_OK;
+}
+
+kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out, kvp_error *err)
+{
+    if (model == NULL) {
+        return kvpi_fail_null(err, "model");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_model_info info = {model->count, model->model_width, model->heads, model->head_width};
+    *out = info;
+    return KVP_OK;
+}
+
+const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index)
+{
+    if (model == NULL || index >= model->count) {
+        return NULL;
+    }
+    return model->layers[index];
+}

@@ -1,0 +1,19 @@
+/*
+ * model_internal.h: struct kvp_model, for the attention sources.
+ * Invariant: layers[0..count) are owned and share one (heads, head_width).
+ * Callers: src/attention only.
+ */
+#ifndef KVPAGER_ATTENTION_MODEL_INTERNAL_H
+#define KVPAGER_ATTENTION_MODEL_INTERNAL_H
+
+#include "kvpager/model.h"
+
+struct kvp_model {
+    size_t count;
+    size_t model_width;
+    size_t heads;
+    size_t head_width;
+    kvp_layer *layers[];
+};
+
+#endif /* KVPAGER_ATTENTION_MODEL_INTERNAL_H */

@@ -1,0 +1,429 @@
+/*
+ * sequence.c: sequences and their transactional steps (see
+ * kvpager/sequence.h and sequence_internal.h).
+ *
+ * Owns: one cache and one ticket per layer, the activations between layers,
+ * one reservation big enough for every page the sequence can hold, and the
+ * sequence's promise.
+ *
+ * A step, or each token of a prefill:
+ *   prepare_layers  prepare layer 0..L-1 (no pages reserved), chaining inputs;
+ *                   a failure discards the tickets prepared so far
+ *   reserve         the new pages of every layer and lane at once
+ *                   (a prefill reserves all its tokens' pages before its first)
+ *   commit_layers   commit every ticket, taking pages from the reservation
+ * Until commit_layers nothing visible has changed; commit cannot fail.
+ * Callers: the public API and decoder.c.
+ */
+#include "attention/sequence_internal.h"
+
+#include <string.h>
+
+#include "attention/model_internal.h"
+#include "attention/ticket_internal.h"
+#include "pager/alloc.h"
+#include "pager/cache_internal.h"
+#include "pager/error.h"
+
+static void free_sequence(kvp_sequence *seq)
+{
+    for (size_t l = 0; l < seq->layers; l++) {
+        if (seq->tickets[l] != NULL) {
+            kvp_ticket_destroy(seq->tickets[l], NULL);
+        }
+        if (seq->caches[l] != NULL) {
+            kvp_cache_destroy(seq->caches[l], NULL);
+        }
+    }
+    if (seq->pool != NULL && seq->promise != 0) {
+        kvpi_pool_lock(seq->pool);
+        kvpi_pool_promise_set_locked(seq->pool, &seq->promise, 0);
+        kvpi_pool_unlock(seq->pool);
+    }
+    kvpi_free(seq->caches);
+    kvpi_free(seq);
+}
+
+/* One allocation for the pointer arrays, activations and reservation storage. */
+static kvp_status alloc_buffers(kvp_sequence *seq, size_t pages, kvp_error *err)
+{
+    size_t rows = (seq->layers + 2) * seq->batch_size * seq->model_width;
+    size_t pointers = 2 * seq->layers;
+    size_t bytes = pointers * sizeof(void *) + rows * sizeof(double) + pages * sizeof(uint32_t);
+    void **block = kvpi_calloc(KVPI_SITE_SEQUENCE, 1, bytes);
+    if (block == NULL) {
+        return kvpi_fail_alloc(err, "sequence buffers", bytes);
+    }
+    seq->caches = (kvp_cache **)block;
+    seq->tickets = (kvp_ticket **)(block + seq->layers);
+    seq->activations = (double *)(void *)(block + pointers);
+    seq->zero_row = seq->activations + (seq->layers + 1) * seq->batch_size * seq->model_width;
+    seq->reserved = (uint32_t *)(void *)(seq->activations + rows);
+    kvpi_reservation_init(&seq->reservation, seq->pool, seq->reserved, pages);
+    return KVP_OK;
+}
+
+kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t batch_size,
+                               size_t capacity, kvp_sequence **out, kvp_error *err)
+{
+    if (model == NULL) {
+        return kvpi_fail_null(err, "model");
+    }
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_binding binding;
+    kvp_status status = kvp_layer_binding(model->layers[0], &binding, err);
+    kvp_cache *probe = NULL;
+    /* The first cache validates batch, capacity and geometry before anything else. */
+    if (status == KVP_OK) {
+        status = kvp_cache_create(pool, &binding, batch_size, capacity, &probe, err);
+    }
+    if (status != KVP_OK) {
+        return status;
+    }
+    kvp_sequence *seq = kvpi_calloc(KVPI_SITE_SEQUENCE, 1, sizeof *seq);
+    if (seq == NULL) {
+        kvp_cache_destroy(probe, NULL);
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_SEQUENCE), sizeof *seq);
+    }
+    seq->model = model;
+    seq->pool = pool;
+    seq->layers = model->count;
+    seq->batch_size = batch_size;
+    seq->capacity = capacity;
+    seq->model_width = model->model_width;
+    size_t pages = model->count * batch_size * probe->blocks_per_lane;
+    status = alloc_buffers(seq, pages, err);
+    if (status != KVP_OK) {
+        kvp_cache_destroy(probe, NULL);
+        kvpi_free(seq);
+        return status;
+    }
+    seq->caches[0] = probe;
+    for (size_t l = 0; l < seq->layers && status == KVP_OK; l++) {
+        if (l > 0) {
+            status = kvp_layer_binding(model->layers[l], &binding, err);
+            if (status == KVP_OK) {
+                status = kvp_cache_create(pool, &binding, batch_size, capacity, &seq->caches[l],
+                                          err);
+            }
+        }
+        if (status == KVP_OK) {
+            status = kvp_ticket_create(seq->caches[l], &seq->tickets[l], err);
+        }
+    }
+    if (status != KVP_OK) {
+        free_sequence(seq);
+        return status;
+    }
+    *out = seq;
+    return KVP_OK;
+}
+
+kvp_status kvp_sequence_destroy(kvp_sequence *sequence, kvp_error *err)
+{
+    if (sequence == NULL) {
+        return kvpi_fail_null(err, "sequence");
+    }
+    kvpi_reservation_release(&sequence->reservation);
+    free_sequence(sequence);
+    return KVP_OK;
+}
+
+kvp_status kvp_sequence_reset(kvp_sequence *sequence, kvp_error *err)
+{
+    if (sequence == NULL) {
+        return kvpi_fail_null(err, "sequence");
+    }
+    for (size_t l = 0; l < sequence->layers; l++) {
+        (void)kvp_ticket_discard(sequence->tickets[l], NULL);
+    }
+    kvpi_reservation_release(&sequence->reservation);
+    kvpi_cache_truncate_many(sequence->caches, sequence->layers, 0);
+    kvpi_pool_lock(sequence->pool);
+    kvpi_pool_promise_set_locked(sequence->pool, &sequence->promise, 0);
+    kvpi_pool_unlock(sequence->pool);
+    return KVP_OK;
+}
+
+kvp_status kvp_sequence_promise(kvp_sequence *sequence, size_t pages, kvp_error *err)
+{
+    if (sequence == NULL) {
+        return kvpi_fail_null(err, "sequence");
+    }
+    kvpi_pool_lock(sequence->pool);
+    kvpi_pool_promise_set_locked(sequence->pool, &sequence->promise, pages);
+    kvpi_pool_unlock(sequence->pool);
+    return KVP_OK;
+}
+
+static size_t blocks_for(const kvp_sequence *seq, size_t tokens)
+{
+    size_t bt = seq->caches[0]->block_tokens;
+    return tokens / bt + (tokens % bt != 0);
+}
+
+size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t tokens)
+{
+    if (sequence == NULL) {
+        return 0;
+    }
+    size_t len = sequence->caches[0]->len;
+    if (tokens <= len) {
+        return 0;
+    }
+    return sequence->layers * sequence->batch_size *
+           (blocks_for(sequence, tokens) - blocks_for(sequence, len));
+}
+
+static void residual(const double *input, const double *output, size_t n, double *next)
+{
+    for (size_t i = 0; i < n; i++) {
+        next[i] = input[i] + output[i];
+    }
+}
+
+static void discard_tickets(kvp_sequence *seq, size_t count)
+{
+    for (size_t l = 0; l < count; l++) {
+        (void)kvp_ticket_discard(seq->tickets[l], NULL);
+    }
+}
+
+/* Prepares every layer; on failure discards the earlier tickets and names the layer. */
+static kvp_status prepare_layers(kvp_sequence *seq, const kvp_tensor *input,
+                                 kvp_next_input_fn next_input, void *ctx, kvp_error *err)
+{
+    size_t n = seq->batch_size * seq->model_width;
+    kvp_tensor view = *input;
+    for (size_t l = 0; l < seq->layers; l++) {
+        kvp_status status = kvpi_attention_prepare(seq->model->layers[l], &view, seq->caches[l],
+                                                   seq->tickets[l], 0, err);
+        if (status != KVP_OK) {
+            discard_tickets(seq, l);
+            if (err != NULL) {
+                err->layer = l;
+            }
+            return status;
+        }
+        double *next = seq->activations + (l + 1) * n;
+        if (next_input != NULL) {
+            next_input(ctx, l, view.data, seq->tickets[l]->output, n, next);
+        } else {
+            residual(view.data, seq->tickets[l]->output, n, next);
+        }
+        view = kvp_tensor3(next, seq->batch_size, 1, seq->model_width);
+    }
+    return KVP_OK;
+}
+
+static size_t step_pages(const kvp_sequence *seq)
+{
+    size_t pages = 0;
+    for (size_t l = 0; l < seq->layers; l++) {
+        pages += kvpi_cache_pages_needed(seq->caches[l]);
+    }
+    return pages;
+}
+
+static kvp_status reserve(kvp_sequence *seq, size_t pages, kvp_error *err)
+{
+    kvp_status status =
+        kvpi_reservation_fill_promised(&seq->reservation, pages, &seq->promise, err);
+    if (status != KVP_OK && err != NULL) {
+        err->layer = SIZE_MAX;
+    }
+    return status;
+}
+
+/* Cannot fail: every ticket was just prepared against its own, unchanged cache. */
+static void commit_layers(kvp_sequence *seq)
+{
+    for (size_t l = 0; l < seq->layers; l++) {
+        (void)kvpi_ticket_commit_with(seq->tickets[l], seq->caches[l], &seq->reservation, NULL);
+    }
+}
+
+kvp_status kvp_sequence_step(kvp_sequence *sequence, const kvp_tensor *input,
+                             kvp_next_input_fn next_input, void *ctx, double *output,
+                             size_t output_len, kvp_error *err)
+{
+    if (sequence == NULL) {
+        return kvpi_fail_null(err, "sequence");
+    }
+    if (input == NULL || input->data == NULL) {
+        return kvpi_fail_null(err, "input");
+    }
+    if (output == NULL) {
+        return kvpi_fail_null(err, "output");
+    }
+    size_t n = sequence->batch_size * sequence->model_width;
+    if (output_len < n) {
+        return kvpi_fail_buffer(err, "output", n, output_len);
+    }
+    kvp_status status = prepare_layers(sequence, input, next_input, ctx, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    status = reserve(sequence, step_pages(sequence), err);
+    if (status != KVP_OK) {
+        discard_tickets(sequence, sequence->layers);
+        return status;
+    }
+    commit_layers(sequence);
+    memcpy(output, sequence->activations + sequence->layers * n, n * sizeof *output);
+    return KVP_OK;
+}
+
+/* Prompt shape and room; the seed's input errors where they apply. */
+static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *prompt,
+                                  size_t output_len, const double *output, kvp_error *err)
+{
+    const kvp_shape *shape = &prompt->shape;
+    kvp_error e = kvpi_error_begin(KVP_OK);
+    if (shape->rank != 3) {
+        e.status = KVP_INPUT_RANK;
+        e.rank = shape->rank;
+    } else if (shape->dims[0] != seq->batch_size) {
+        e.status = KVP_INPUT_BATCH_MISMATCH;
+        e.expected_size = seq->batch_size;
+        e.actual_size = shape->dims[0];
+    } else if (shape->dims[2] != seq->model_width) {
+        e.status = KVP_INPUT_WIDTH_MISMATCH;
+        e.expected_size = seq->model_width;
+        e.actual_size = shape->dims[2];
+    } else if (shape->dims[1] == 0) {
+        return kvpi_fail_invalid(err, "prompt", "a prompt needs at least one token");
+    } else if (shape->dims[1] > seq->capacity - seq->caches[0]->len) {
+        e.status = KVP_FULL;
+        e.capacity = seq->capacity;
+    }
+    if (e.status != KVP_OK) {
+        e.layer = SIZE_MAX;
+        return kvpi_error_emit(err, &e);
+    }
+    size_t elements = seq->batch_size * shape->dims[1] * seq->model_width;
+    if (output != NULL && output_len < elements) {
+        return kvpi_fail_buffer(err, "output", elements, output_len);
+    }
+    return KVP_OK;
+}
+
+/* Undoes a prefill: unused reserved pages, then the committed rows, newest first. */
+static void roll_back(kvp_sequence *seq, size_t len, size_t promise)
+{
+    kvpi_reservation_release(&seq->reservation);
+    kvpi_cache_truncate_many(seq->caches, seq->layers, len);
+    kvpi_pool_lock(seq->pool);
+    kvpi_pool_promise_set_locked(seq->pool, &seq->promise, promise);
+    kvpi_pool_unlock(seq->pool);
+}
+
+kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt,
+                                kvp_next_input_fn next_input, void *ctx, double *output,
+                                size_t output_len, kvp_error *err)
+{
+    if (sequence == NULL) {
+        return kvpi_fail_null(err, "sequence");
+    }
+    if (prompt == NULL || prompt->data == NULL) {
+        return kvpi_fail_null(err, "prompt");
+    }
+    kvp_status status = validate_prompt(sequence, prompt, output_len, output, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    size_t tokens = prompt->shape.dims[1];
+    size_t d = sequence->model_width;
+    size_t n = sequence->batch_size * d;
+    size_t start = sequence->caches[0]->len;
+    size_t promise = sequence->promise;
+    status = reserve(sequence, kvp_sequence_pages_for(sequence, start + tokens), err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    double *row = sequence->activations; /* x_0 of each token, gathered from [B, T, D] */
+    for (size_t t = 0; t < tokens; t++) {
+        for (size_t b = 0; b < sequence->batch_size; b++) {
+            memcpy(row + b * d, prompt->data + (b * tokens + t) * d, d * sizeof *row);
+        }
+        kvp_tensor input = kvp_tensor3(row, sequence->batch_size, 1, d);
+        status = prepare_layers(sequence, &input, next_input, ctx, err);
+        if (status != KVP_OK) {
+            roll_back(sequence, start, promise);
+            if (err != NULL) {
+                err->token = t;
+            }
+            return status;
+        }
+        commit_layers(sequence);
+        if (output != NULL) {
+            const double *last = sequence->activations + sequence->layers * n;
+            for (size_t b = 0; b < sequence->batch_size; b++) {
+                memcpy(output + (b * tokens + t) * d, last + b * d, d * sizeof *output);
+            }
+        }
+    }
+    return KVP_OK;
+}
+
+kvp_status kvpi_sequence_append_uncomputed(kvp_sequence *sequence, size_t tokens,
+                                           kvp_error *err)
+{
+    if (sequence == NULL) {
+        return kvpi_fail_null(err, "sequence");
+    }
+    size_t len = sequence->caches[0]->len;
+    if (tokens > sequence->capacity - len) {
+        kvp_error e = kvpi_error_begin(KVP_FULL);
+        e.capacity = sequence->capacity;
+        e.layer = SIZE_MAX;
+        return kvpi_error_emit(err, &e);
+    }
+    kvp_status status = reserve(sequence, kvp_sequence_pages_for(sequence, len + tokens), err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    for (size_t t = 0; t < tokens; t++) {
+        for (size_t l = 0; l < sequence->layers; l++) {
+            kvpi_cache_commit(sequence->caches[l], sequence->zero_row, sequence->zero_row,
+                              &sequence->reservation);
+        }
+    }
+    return KVP_OK;
+}
+
+size_t kvp_sequence_len(const kvp_sequence *sequence)
+{
+    return sequence != NULL ? sequence->caches[0]->len : 0;
+}
+
+size_t kvp_sequence_capacity(const kvp_sequence *sequence)
+{
+    return sequence != NULL ? sequence->capacity : 0;
+}
+
+size_t kvp_sequence_held_pages(const kvp_sequence *sequence)
+{
+    if (sequence == NULL) {
+        return 0;
+    }
+    return sequence->layers * sequence->batch_size * kvpi_cache_mapped_blocks(sequence->caches[0]);
+}
+
+size_t kvp_sequence_promised_pages(const kvp_sequence *sequence)
+{
+    return sequence != NULL ? sequence->promise : 0;
+}
+
+const kvp_cache *kvp_sequence_cache(const kvp_sequence *sequence, size_t layer)
+{
+    if (sequence == NULL || layer >= sequence->layers) {
+        return NULL;
+    }
+    return sequence->caches[layer];
+}

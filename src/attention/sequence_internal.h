@@ -1,0 +1,42 @@
+/*
+ * sequence_internal.h: struct kvp_sequence and the allocator-only step.
+ *
+ * Invariants: every layer's cache has the same len; the reservation holds
+ * pages only during a step or prefill (it is empty between calls); promise
+ * is this sequence's share of pool->promised.
+ * Callers: src/attention, and first-party programs (simulate --no-compute,
+ * stress) that exercise paging without attention arithmetic.
+ */
+#ifndef KVPAGER_ATTENTION_SEQUENCE_INTERNAL_H
+#define KVPAGER_ATTENTION_SEQUENCE_INTERNAL_H
+
+#include "kvpager/attention.h"
+#include "kvpager/sequence.h"
+#include "pager/reservation.h"
+
+struct kvp_sequence {
+    const kvp_model *model;
+    kvp_pool *pool;
+    size_t layers;
+    size_t batch_size;
+    size_t capacity;
+    size_t model_width;
+    kvp_cache **caches;     /* [layers] */
+    kvp_ticket **tickets;   /* [layers] */
+    double *activations;    /* [layers + 1][B * D]: layer inputs x_0 .. x_L */
+    double *zero_row;       /* [B * D] zeros, the rows of allocator-only steps */
+    uint32_t *reserved;     /* storage for every page the sequence can hold */
+    kvpi_reservation reservation;
+    size_t promise;
+};
+
+/*
+ * Appends `tokens` rows of zeros to every layer without attention: the same
+ * all-or-nothing page transaction as a step (FULL, POOL_EXHAUSTED), for
+ * allocator-only runs. Never part of the public API: it bypasses the binding
+ * checks, as the seed's private raw append does.
+ */
+kvp_status kvpi_sequence_append_uncomputed(kvp_sequence *sequence, size_t tokens,
+                                           kvp_error *err);
+
+#endif /* KVPAGER_ATTENTION_SEQUENCE_INTERNAL_H */

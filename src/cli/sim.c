@@ -1,0 +1,578 @@
+/*
+ * sim.c: the continuous-batching simulation (see sim.h for the schedule).
+ *
+ * Invariants kept by the loop:
+ *   - a request is in exactly one of: not arrived, waiting, running, done;
+ *   - every running slot owns one sequence; idle sequences are reset and
+ *     kept for reuse, so steady state creates no sequences;
+ *   - before decode, the free pages cover the new pages every running
+ *     sequence needs this step (preemption makes it so), so decode never
+ *     fails for want of pages.
+ */
+#include "sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attention/sequence_internal.h"
+
+void kvp_sim_config_init(kvp_sim_config *config)
+{
+    config->layers = 2;
+    config->model_width = 64;
+    config->heads = 4;
+    config->block_tokens = 16;
+    config->budget_bytes = (size_t)32 << 20;
+    config->capacity = 2048;
+    config->threads = 0;
+    config->seed = 1;
+    config->watermark = 0.01;
+    config->reserve_tokens = 16;
+    config->compute = 1;
+    config->audit_every = 64;
+}
+
+typedef struct slot {
+    kvp_sequence *sequence;
+    size_t request;
+    size_t generated;     /* tokens generated so far (kept across preemption) */
+    uint64_t admitted;    /* admission order; the largest is preempted first */
+    double *input;        /* [D] */
+    double *output;       /* [D] */
+} slot;
+
+typedef struct sim {
+    const kvp_sim_config *config;
+    const kvp_workload *workload;
+    kvp_sim_result *result;
+    kvp_error *err;
+    const char **context;
+    kvp_pool *pool;
+    kvp_model *model;
+    kvp_decoder *decoder;
+    size_t *generated;          /* [requests]: progress kept across preemptions */
+    size_t *waiting;            /* ring buffer of request indices */
+    size_t waiting_head;
+    size_t waiting_count;
+    size_t next_arrival;
+    slot *running;
+    size_t running_count;
+    size_t running_room;
+    kvp_sequence **idle;        /* reset sequences kept for reuse */
+    size_t idle_count;
+    size_t idle_room;
+    kvp_decode_job *jobs;
+    double *prompt;             /* [capacity][D] */
+    uint64_t admissions;
+    size_t lanes;               /* layers * batch (batch is 1) */
+    size_t watermark_pages;
+    double held_slots;
+    double used_slots;
+    double utilization_sum;
+    double running_sum;
+    size_t finished_this_step;  /* decoded in this step, then retired */
+    size_t samples_room;
+} sim;
+
+static int fail(sim *s, const char *context)
+{
+    *s->context = context;
+    return -1;
+}
+
+/* The pseudo-embedding of token `position` of `request`: uniform in [-1, 1). */
+static void embed(uint64_t seed, size_t request, size_t position, double *row, size_t width)
+{
+    uint64_t state = seed ^ (0x9E3779B97F4A7C15ull * (request + 1)) ^
+                     (0xC2B2AE3D27D4EB4Full * (position + 1));
+    for (size_t i = 0; i < width; i++) {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        row[i] = (double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+    }
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int setup(sim *s)
+{
+    const kvp_sim_config *c = s->config;
+    kvp_pool_config pool_config = {c->block_tokens, c->heads, c->model_width / c->heads,
+                                   c->budget_bytes};
+    if (c->heads == 0 || c->model_width % c->heads != 0) {
+        kvp_error e = {.status = KVP_HEADS_DO_NOT_DIVIDE_WIDTH, .model_width = c->model_width,
+                       .heads = c->heads};
+        *s->err = e;
+        return fail(s, "checking the model shape");
+    }
+    if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
+        return fail(s, "creating the page pool");
+    }
+    if (kvp_model_create_random(c->layers, c->model_width, c->heads, c->capacity, 10000.0,
+                                c->seed, &s->model, s->err) != KVP_OK) {
+        return fail(s, "creating the model");
+    }
+    if (c->compute && kvp_decoder_create(c->threads, &s->decoder, s->err) != KVP_OK) {
+        return fail(s, "starting the decoder threads");
+    }
+    size_t n = s->workload->count;
+    s->generated = calloc(n, sizeof *s->generated);
+    s->waiting = calloc(n, sizeof *s->waiting);
+    s->prompt = calloc(c->capacity * c->model_width, sizeof *s->prompt);
+    if (s->generated == NULL || s->waiting == NULL || s->prompt == NULL) {
+        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "simulation state"};
+        return fail(s, "allocating the simulation");
+    }
+    kvp_pool_stats stats;
+    if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
+        return fail(s, "reading pool stats");
+    }
+    s->lanes = c->layers;
+    s->watermark_pages = (size_t)ceil(c->watermark * (double)stats.total_pages);
+    s->result->total_pages = stats.total_pages;
+    s->result->page_bytes = stats.page_bytes;
+    s->result->threads = s->decoder != NULL ? kvp_decoder_threads(s->decoder) : 1;
+    return 0;
+}
+
+/* Grows a heap array of `size`-byte items to hold `need` items. */
+static int grow(void **items, size_t *room, size_t need, size_t size)
+{
+    if (need <= *room) {
+        return 0;
+    }
+    size_t bigger = *room ? *room * 2 : 16;
+    while (bigger < need) {
+        bigger *= 2;
+    }
+    void *grown = realloc(*items, bigger * size);
+    if (grown == NULL) {
+        return -1;
+    }
+    *items = grown;
+    *room = bigger;
+    return 0;
+}
+
+static kvp_sequence *take_sequence(sim *s)
+{
+    if (s->idle_count > 0) {
+        return s->idle[--s->idle_count];
+    }
+    kvp_sequence *sequence = NULL;
+    if (kvp_sequence_create(s->model, s->pool, 1, s->config->capacity, &sequence, s->err) !=
+        KVP_OK) {
+        return NULL;
+    }
+    return sequence;
+}
+
+/* Resets a sequence (every page and promise back) and keeps it for reuse. */
+static int give_back(sim *s, kvp_sequence *sequence)
+{
+    if (kvp_sequence_reset(sequence, s->err) != KVP_OK) {
+        return fail(s, "resetting a sequence");
+    }
+    if (grow((void **)&s->idle, &s->idle_room, s->idle_count + 1, sizeof *s->idle) != 0) {
+        kvp_sequence_destroy(sequence, NULL);
+        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "idle sequences"};
+        return fail(s, "keeping a sequence for reuse");
+    }
+    s->idle[s->idle_count++] = sequence;
+    return 0;
+}
+
+static void queue_push_back(sim *s, size_t request)
+{
+    size_t n = s->workload->count;
+    s->waiting[(s->waiting_head + s->waiting_count) % n] = request;
+    s->waiting_count++;
+}
+
+static void queue_push_front(sim *s, size_t request)
+{
+    size_t n = s->workload->count;
+    s->waiting_head = (s->waiting_head + n - 1) % n;
+    s->waiting[s->waiting_head] = request;
+    s->waiting_count++;
+}
+
+static size_t queue_pop_front(sim *s)
+{
+    size_t request = s->waiting[s->waiting_head];
+    s->waiting_head = (s->waiting_head + 1) % s->workload->count;
+    s->waiting_count--;
+    return request;
+}
+
+/* Prefills `tokens` positions of `request` into a fresh sequence. */
+static int prefill(sim *s, kvp_sequence *sequence, size_t request, size_t tokens)
+{
+    const kvp_sim_config *c = s->config;
+    kvp_status status;
+    if (c->compute) {
+        for (size_t t = 0; t < tokens; t++) {
+            embed(c->seed, request, t, s->prompt + t * c->model_width, c->model_width);
+        }
+        kvp_tensor prompt = kvp_tensor3(s->prompt, 1, tokens, c->model_width);
+        status = kvp_sequence_prefill(sequence, &prompt, NULL, NULL, NULL, 0, s->err);
+    } else {
+        status = kvpi_sequence_append_uncomputed(sequence, tokens, s->err);
+    }
+    if (status != KVP_OK) {
+        return fail(s, "prefilling an admitted request");
+    }
+    s->result->prefill_tokens += tokens;
+    return 0;
+}
+
+static int admit_one(sim *s, size_t request)
+{
+    const kvp_sim_config *c = s->config;
+    size_t tokens = s->workload->requests[request].prompt_tokens + s->generated[request];
+    kvp_sequence *sequence = take_sequence(s);
+    if (sequence == NULL) {
+        return fail(s, "creating a sequence");
+    }
+    size_t reserve_to = tokens + c->reserve_tokens;
+    size_t promise = kvp_pool_pages_for(s->pool, s->lanes,
+                                        reserve_to < c->capacity ? reserve_to : c->capacity);
+    if (kvp_sequence_promise(sequence, promise, s->err) != KVP_OK ||
+        prefill(s, sequence, request, tokens) != 0) {
+        return fail(s, "admitting a request");
+    }
+    if (grow((void **)&s->running, &s->running_room, s->running_count + 1, sizeof *s->running) !=
+        0) {
+        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "running set"};
+        return fail(s, "admitting a request");
+    }
+    slot *r = &s->running[s->running_count++];
+    memset(r, 0, sizeof *r);
+    r->sequence = sequence;
+    r->request = request;
+    r->generated = s->generated[request];
+    r->admitted = s->admissions++;
+    r->input = calloc(2 * c->model_width, sizeof *r->input);
+    if (r->input == NULL) {
+        s->running_count--;
+        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "token buffers"};
+        return fail(s, "admitting a request");
+    }
+    r->output = r->input + c->model_width;
+    return 0;
+}
+
+/* FCFS admission while the head of the queue fits now. */
+static int admit(sim *s)
+{
+    const kvp_sim_config *c = s->config;
+    while (s->waiting_count > 0) {
+        size_t request = s->waiting[s->waiting_head];
+        const kvp_request *r = &s->workload->requests[request];
+        kvp_admission whole;
+        kvp_admission now;
+        size_t tokens = r->prompt_tokens + s->generated[request];
+        size_t reserve_to = tokens + c->reserve_tokens;
+        size_t need = kvp_pool_pages_for(s->pool, s->lanes,
+                                         reserve_to < c->capacity ? reserve_to : c->capacity);
+        size_t full = kvp_pool_pages_for(s->pool, s->lanes, r->prompt_tokens + r->output_tokens);
+        if (kvp_pool_admit(s->pool, full, s->watermark_pages, &whole, s->err) != KVP_OK ||
+            kvp_pool_admit(s->pool, need, s->watermark_pages, &now, s->err) != KVP_OK) {
+            return fail(s, "asking for admission");
+        }
+        if (whole == KVP_ADMIT_NEVER) {
+            queue_pop_front(s);
+            s->result->requests_rejected++;
+            continue;
+        }
+        if (now != KVP_ADMIT_NOW) {
+            break;
+        }
+        queue_pop_front(s);
+        if (admit_one(s, request) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static size_t free_pages(sim *s)
+{
+    kvp_pool_stats stats;
+    return kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK ? stats.free_pages : 0;
+}
+
+/* Removes running slot i (order is not kept). */
+static void drop_slot(sim *s, size_t i)
+{
+    free(s->running[i].input);
+    s->running[i] = s->running[--s->running_count];
+}
+
+/* Preempts the most recently admitted sequences until this step's pages fit. */
+static int make_room(sim *s)
+{
+    for (;;) {
+        size_t needed = 0;
+        size_t newest = 0;
+        for (size_t i = 0; i < s->running_count; i++) {
+            slot *r = &s->running[i];
+            needed += kvp_sequence_pages_for(r->sequence, kvp_sequence_len(r->sequence) + 1);
+            if (r->admitted > s->running[newest].admitted) {
+                newest = i;
+            }
+        }
+        if (s->running_count == 0 || needed <= free_pages(s)) {
+            return 0;
+        }
+        slot *victim = &s->running[newest];
+        s->generated[victim->request] = victim->generated;
+        queue_push_front(s, victim->request);
+        if (give_back(s, victim->sequence) != 0) {
+            return -1;
+        }
+        drop_slot(s, newest);
+        s->result->preemptions++;
+    }
+}
+
+static int decode(sim *s)
+{
+    const kvp_sim_config *c = s->config;
+    if (s->running_count == 0) {
+        return 0;
+    }
+    if (!c->compute) {
+        for (size_t i = 0; i < s->running_count; i++) {
+            if (kvpi_sequence_append_uncomputed(s->running[i].sequence, 1, s->err) != KVP_OK) {
+                return fail(s, "decoding (allocator only)");
+            }
+        }
+        return 0;
+    }
+    s->jobs = realloc(s->jobs, s->running_count * sizeof *s->jobs);
+    if (s->jobs == NULL) {
+        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "decode jobs"};
+        return fail(s, "decoding");
+    }
+    for (size_t i = 0; i < s->running_count; i++) {
+        slot *r = &s->running[i];
+        size_t position = kvp_sequence_len(r->sequence);
+        embed(c->seed, r->request, position, r->input, c->model_width);
+        kvp_decode_job *job = &s->jobs[i];
+        memset(job, 0, sizeof *job);
+        job->sequence = r->sequence;
+        job->input = kvp_tensor3(r->input, 1, 1, c->model_width);
+        job->output = r->output;
+        job->output_len = c->model_width;
+    }
+    if (kvp_decoder_step(s->decoder, s->jobs, s->running_count, NULL, NULL, s->err) != KVP_OK) {
+        return fail(s, "decoding");
+    }
+    for (size_t i = 0; i < s->running_count; i++) {
+        if (s->jobs[i].status != KVP_OK) {
+            *s->err = s->jobs[i].error;
+            return fail(s, "decoding a sequence");
+        }
+        s->result->output_checksum += s->running[i].output[0];
+    }
+    return 0;
+}
+
+/* Counts the decoded token, retires finished requests, records the step. */
+static int finish_step(sim *s)
+{
+    const kvp_sim_config *c = s->config;
+    double used = 0.0;
+    for (size_t i = 0; i < s->running_count;) {
+        slot *r = &s->running[i];
+        r->generated++;
+        s->result->tokens_generated++;
+        if (r->generated < s->workload->requests[r->request].output_tokens) {
+            used += (double)(s->lanes * kvp_sequence_len(r->sequence));
+            i++;
+            continue;
+        }
+        s->generated[r->request] = r->generated;
+        s->result->requests_completed++;
+        s->finished_this_step++;
+        if (give_back(s, r->sequence) != 0) {
+            return -1;
+        }
+        drop_slot(s, i);
+    }
+    kvp_pool_stats stats;
+    if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
+        return fail(s, "reading pool stats");
+    }
+    kvp_sim_result *res = s->result;
+    if (grow((void **)&res->samples, &s->samples_room, res->steps + 1, sizeof *res->samples) != 0) {
+        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "samples"};
+        return fail(s, "recording a step");
+    }
+    /* Pages held at the end of the step are the running sequences' pages. */
+    double held = (double)stats.held_pages;
+    res->samples[res->steps] = (kvp_sim_sample){(uint32_t)stats.held_pages,
+                                                (uint32_t)s->running_count};
+    res->steps++;
+    s->held_slots += held * (double)c->block_tokens;
+    s->used_slots += used;
+    double utilization = held / (double)stats.total_pages;
+    s->utilization_sum += utilization;
+    res->peak_utilization = utilization > res->peak_utilization ? utilization
+                                                                : res->peak_utilization;
+    s->running_sum += (double)s->running_count + (double)s->finished_this_step;
+    s->finished_this_step = 0;
+    return 0;
+}
+
+static int audit(sim *s)
+{
+    s->result->audits++;
+    kvp_error err;
+    if (kvp_pool_check(s->pool, NULL, NULL, &err) != KVP_OK) {
+        s->result->audit_failures++;
+    }
+    return 0;
+}
+
+static int step_once(sim *s, size_t step)
+{
+    const kvp_workload *w = s->workload;
+    while (s->next_arrival < w->count && w->requests[s->next_arrival].arrival_step <= step) {
+        queue_push_back(s, s->next_arrival++);
+    }
+    if (admit(s) != 0 || make_room(s) != 0) {
+        return -1;
+    }
+    /* Concurrency counts the sequences that really decode in this step. */
+    if (s->running_count > s->result->peak_concurrent) {
+        s->result->peak_concurrent = s->running_count;
+    }
+    if (decode(s) != 0 || finish_step(s) != 0) {
+        return -1;
+    }
+    if (s->config->audit_every != 0 && s->result->steps % s->config->audit_every == 0) {
+        audit(s);
+    }
+    return 0;
+}
+
+static int run_loop(sim *s, kvp_sim_progress_fn progress, void *ctx)
+{
+    const kvp_workload *w = s->workload;
+    size_t step = 0;
+    double start = now_seconds();
+    while (s->result->requests_completed + s->result->requests_rejected < w->count) {
+        if (s->running_count == 0 && s->waiting_count == 0 && s->next_arrival < w->count &&
+            w->requests[s->next_arrival].arrival_step > step) {
+            step = w->requests[s->next_arrival].arrival_step; /* skip idle steps */
+        }
+        if (step_once(s, step) != 0) {
+            return -1;
+        }
+        step++;
+        if (progress != NULL) {
+            progress(ctx, s->result->requests_completed + s->result->requests_rejected, w->count,
+                     s->result->steps);
+        }
+    }
+    s->result->seconds = now_seconds() - start;
+    return 0;
+}
+
+/* Destroys every sequence, then audits what is left: nothing may be held. */
+static void teardown(sim *s)
+{
+    for (size_t i = 0; i < s->running_count; i++) {
+        kvp_sequence_destroy(s->running[i].sequence, NULL);
+        free(s->running[i].input);
+    }
+    for (size_t i = 0; i < s->idle_count; i++) {
+        kvp_sequence_destroy(s->idle[i], NULL);
+    }
+    if (s->pool != NULL) {
+        kvp_pool_stats stats;
+        audit(s);
+        if (kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK) {
+            s->result->pages_leaked = stats.held_pages;
+            s->result->acquires = stats.acquires;
+            s->result->releases = stats.releases;
+        }
+        if (kvp_pool_destroy(s->pool, NULL) != KVP_OK) {
+            s->result->audit_failures++;
+        }
+    }
+    if (s->decoder != NULL) {
+        kvp_decoder_destroy(s->decoder, NULL);
+    }
+    if (s->model != NULL) {
+        kvp_model_destroy(s->model, NULL);
+    }
+    free(s->running);
+    free(s->idle);
+    free(s->jobs);
+    free(s->generated);
+    free(s->waiting);
+    free(s->prompt);
+}
+
+static void summarize(sim *s)
+{
+    const kvp_sim_config *c = s->config;
+    kvp_sim_result *res = s->result;
+    if (res->steps > 0) {
+        res->mean_concurrent = s->running_sum / (double)res->steps;
+        res->mean_utilization = s->utilization_sum / (double)res->steps;
+    }
+    if (s->held_slots > 0.0) {
+        res->internal_fragmentation = (s->held_slots - s->used_slots) / s->held_slots;
+    }
+    if (res->seconds > 0.0) {
+        res->tokens_per_second = (double)res->tokens_generated / res->seconds;
+    }
+    /* The seed's layout: every sequence reserves [B, H, C, d_h] keys and values per layer. */
+    double per_sequence = (double)c->layers * (double)c->capacity * 2.0 *
+                          (double)c->model_width * (double)sizeof(double);
+    res->contiguous_baseline = (size_t)floor((double)c->budget_bytes / per_sequence);
+    res->concurrency_ratio = res->contiguous_baseline > 0
+                                 ? (double)res->peak_concurrent / (double)res->contiguous_baseline
+                                 : INFINITY;
+}
+
+int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
+                kvp_sim_progress_fn progress, void *progress_ctx, kvp_sim_result *out,
+                kvp_error *err, const char **context)
+{
+    sim s;
+    memset(&s, 0, sizeof s);
+    memset(out, 0, sizeof *out);
+    s.config = config;
+    s.workload = workload;
+    s.result = out;
+    s.err = err;
+    s.context = context;
+    out->requests = workload->count;
+    int status = setup(&s);
+    if (status == 0) {
+        status = run_loop(&s, progress, progress_ctx);
+    }
+    teardown(&s);
+    summarize(&s);
+    return status;
+}
+
+void kvp_sim_result_free(kvp_sim_result *result)
+{
+    free(result->samples);
+    result->samples = NULL;
+}

@@ -1,0 +1,95 @@
+/*
+ * sim.h: the continuous-batching simulation behind `kvpager simulate`.
+ *
+ * Owns: one pool, one model, a reusable set of sequences, and the schedule.
+ * Each scheduler step:
+ *   1. arrivals join the back of the waiting queue;
+ *   2. admission, first come first served: the head request is admitted when
+ *      kvp_pool_admit says NOW for its prompt (plus any tokens it generated
+ *      before a preemption) plus a decoding reserve, keeping a watermark of
+ *      free pages; it is prefilled and promised its reserve. A request whose
+ *      full length can never fit is rejected;
+ *   3. preemption by recompute: while the running sequences need more new
+ *      pages this step than are free, the most recently admitted one gives all
+ *      its pages back and returns to the front of the queue;
+ *   4. decode: every running sequence advances one token, with real attention
+ *      on the decoder's threads (or, with compute off, the allocator-only
+ *      append); finished sequences give their pages back.
+ * Token inputs are pseudo-embeddings of (request, position) drawn from the
+ * seed, so a recomputed request sees exactly the inputs it saw before.
+ */
+#ifndef KVPAGER_CLI_SIM_H
+#define KVPAGER_CLI_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpager/kvpager.h"
+#include "workload.h"
+
+typedef struct kvp_sim_config {
+    size_t layers;
+    size_t model_width;
+    size_t heads;
+    size_t block_tokens;
+    size_t budget_bytes;
+    size_t capacity;
+    size_t threads;         /* 0: one per core */
+    uint64_t seed;
+    double watermark;       /* fraction of all pages kept free at admission */
+    size_t reserve_tokens;  /* decoding reserve promised at admission */
+    int compute;            /* 0: allocator-only */
+    size_t audit_every;     /* steps between pool audits */
+} kvp_sim_config;
+
+/* One scheduler step, for the plot. */
+typedef struct kvp_sim_sample {
+    uint32_t held_pages;
+    uint32_t running;
+} kvp_sim_sample;
+
+typedef struct kvp_sim_result {
+    size_t requests;
+    size_t requests_completed;
+    size_t requests_rejected;
+    uint64_t tokens_generated;     /* decode tokens */
+    uint64_t prefill_tokens;       /* prompt tokens processed, recomputation included */
+    double seconds;
+    double tokens_per_second;      /* generated tokens per wall-clock second */
+    size_t steps;
+    size_t peak_concurrent;
+    double mean_concurrent;
+    double peak_utilization;
+    double mean_utilization;
+    double internal_fragmentation; /* sum(held - used slots) / sum(held slots) */
+    size_t preemptions;
+    size_t contiguous_baseline;    /* sequences the budget holds at full capacity each */
+    double concurrency_ratio;      /* peak_concurrent / contiguous_baseline */
+    size_t total_pages;
+    size_t page_bytes;
+    size_t audits;
+    size_t audit_failures;
+    size_t pages_leaked;           /* pages still held after every sequence is gone */
+    uint64_t acquires;
+    uint64_t releases;
+    size_t threads;
+    double output_checksum;        /* sum of every decode output's first value */
+    kvp_sim_sample *samples;       /* [steps] */
+} kvp_sim_result;
+
+typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t step);
+
+/* Defaults of every knob (the README documents them). */
+void kvp_sim_config_init(kvp_sim_config *config);
+
+/*
+ * Runs the workload. Returns 0, or -1 with *err and *context describing a
+ * library failure. The result's samples must be freed with kvp_sim_result_free.
+ */
+int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
+                kvp_sim_progress_fn progress, void *progress_ctx, kvp_sim_result *out,
+                kvp_error *err, const char **context);
+
+void kvp_sim_result_free(kvp_sim_result *result);
+
+#endif /* KVPAGER_CLI_SIM_H */

@@ -1,0 +1,74 @@
+/*
+ * workload.h: the requests a simulation serves.
+ *
+ * Owns: request lists, generated from a named profile with fixed seeds or
+ * read from a trace file. A request arrives at a scheduler step, brings a
+ * prompt of prompt_tokens and wants output_tokens generated. Invariant of
+ * every list: sorted by arrival (stable), every request has
+ * prompt_tokens >= 1, output_tokens >= 1 and prompt + output <= capacity.
+ *
+ * Profiles (published dataset statistics, as in the vLLM paper):
+ *   sharegpt  mean prompt 161, mean output 338; lognormal lengths, heavy-tailed
+ *   alpaca    mean prompt 19, mean output 58; lognormal lengths
+ *   uniform   uniform lengths with the given means
+ * Lognormal lengths use sigma (default 1.0 for sharegpt, 0.6 for alpaca) and
+ * mu = ln(mean) - sigma^2 / 2, so the untruncated mean is the target; lengths
+ * are then clamped to [1, capacity - 1] and prompt + output to capacity.
+ * Arrivals: poisson (exponential gaps, `rate` requests per step), uniform
+ * (one every 1/rate steps) or burst (all at step 0).
+ */
+#ifndef KVPAGER_CLI_WORKLOAD_H
+#define KVPAGER_CLI_WORKLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvp_request {
+    size_t arrival_step;
+    size_t prompt_tokens;
+    size_t output_tokens;
+} kvp_request;
+
+typedef struct kvp_workload {
+    kvp_request *requests;
+    size_t count;
+} kvp_workload;
+
+typedef enum kvp_profile { KVP_PROFILE_SHAREGPT, KVP_PROFILE_ALPACA, KVP_PROFILE_UNIFORM } kvp_profile;
+typedef enum kvp_arrival { KVP_ARRIVAL_POISSON, KVP_ARRIVAL_UNIFORM, KVP_ARRIVAL_BURST } kvp_arrival;
+
+typedef struct kvp_workload_spec {
+    kvp_profile profile;
+    double prompt_mean;  /* 0: the profile's */
+    double output_mean;  /* 0: the profile's */
+    double sigma;        /* 0: the profile's; lognormal shape */
+    kvp_arrival arrival;
+    double rate;         /* requests per step */
+    size_t requests;
+    size_t capacity;     /* positions a sequence may hold */
+    uint64_t seed;
+} kvp_workload_spec;
+
+/* Fills the profile's defaults into zero fields. */
+void kvp_workload_spec_defaults(kvp_workload_spec *spec);
+
+/* Returns 0, or -1 when out of memory. */
+int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out);
+
+/*
+ * Reads a CSV of arrival_step,prompt_tokens,output_tokens (an optional header
+ * line naming exactly those columns; blank lines ignored). On a bad row writes
+ * "<file>:<line>: column <name>: <value>: <why>" to `message` and returns -1;
+ * nothing is returned then.
+ */
+int kvp_workload_load_trace(const char *path, size_t capacity, kvp_workload *out, char *message,
+                            size_t message_size);
+
+void kvp_workload_free(kvp_workload *workload);
+
+const char *kvp_profile_name(kvp_profile profile);
+const char *kvp_arrival_name(kvp_arrival arrival);
+int kvp_profile_parse(const char *text, kvp_profile *out);
+int kvp_arrival_parse(const char *text, kvp_arrival *out);
+
+#endif /* KVPAGER_CLI_WORKLOAD_H */
