@@ -2,11 +2,9 @@
  * incremental.c: prepare and forward for one new token (see
  * kvpager/attention.h), with the gather through the cache's page table.
  *
- * Owns: the seed's validation order, the one incremental computation, and
- * the page-by-page gather. The gather walks a lane's page table block by
- * block; inside a page a head's rows are contiguous [block_tokens][d_h], so
- * the inner loops run over contiguous memory with one table lookup per block,
- * never one per element. The candidate row comes from the ticket.
+ * Owns: the seed's validation order and the one incremental computation.
+ * Retained rows are read through the page table by gather.c; the candidate
+ * row comes from the ticket.
  *
  * Invariant: nothing here writes to a cache or the pool except
  * kvpi_reservation_fill, which is the last step of a successful prepare.
@@ -15,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attention/gather.h"
 #include "attention/kernels.h"
 #include "attention/layer_internal.h"
 #include "attention/ticket_internal.h"
@@ -155,45 +154,6 @@ static kvp_status project(const kvp_layer *layer, const double *input, size_t ba
     return KVP_OK;
 }
 
-/* scores[0..len] of (lane, head): retained keys page by page, then the candidate. */
-static void gather_scores(const kvp_cache *cache, const double *query, const double *candidate,
-                          size_t lane, size_t head, double scale, double *scores)
-{
-    size_t d = cache->head_width;
-    size_t bt = cache->block_tokens;
-    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-    size_t position = 0;
-    for (size_t block = 0; position < cache->len; block++) {
-        const double *keys = kvpi_cache_page_keys(cache, table[block], head);
-        size_t rows = cache->len - position < bt ? cache->len - position : bt;
-        for (size_t row = 0; row < rows; row++) {
-            scores[position + row] = kvpi_dot(query, keys + row * d, d) * scale;
-        }
-        position += rows;
-    }
-    scores[cache->len] = kvpi_dot(query, candidate, d) * scale;
-}
-
-/* out[0..d_h) of (lane, head): weights times retained values page by page, then the candidate. */
-static void gather_values(const kvp_cache *cache, const double *weights, const double *candidate,
-                          size_t lane, size_t head, double *out)
-{
-    size_t d = cache->head_width;
-    size_t bt = cache->block_tokens;
-    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-    memset(out, 0, d * sizeof *out);
-    size_t position = 0;
-    for (size_t block = 0; position < cache->len; block++) {
-        const double *values = kvpi_cache_page_values(cache, table[block], head);
-        size_t rows = cache->len - position < bt ? cache->len - position : bt;
-        for (size_t row = 0; row < rows; row++) {
-            kvpi_axpy(out, weights[position + row], values + row * d, d);
-        }
-        position += rows;
-    }
-    kvpi_axpy(out, weights[cache->len], candidate, d);
-}
-
 /* Scores, stable softmax, value mixture, merge and output projection. */
 static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_ticket *t,
                          kvp_error *err)
@@ -207,7 +167,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
     for (size_t lane = 0; lane < batch; lane++) {
         for (size_t head = 0; head < heads; head++) {
             size_t at = lane * d + head * hd;
-            gather_scores(cache, t->query + at, t->key + at, lane, head, scale,
+            kvpi_gather_scores(cache, t->query + at, t->key + at, lane, head, scale,
                           t->weights + (lane * heads + head) * keys);
         }
     }
@@ -222,7 +182,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
     for (size_t lane = 0; lane < batch; lane++) {
         for (size_t head = 0; head < heads; head++) {
             size_t at = lane * d + head * hd;
-            gather_values(cache, t->weights + (lane * heads + head) * keys, t->value + at, lane,
+            kvpi_gather_values(cache, t->weights + (lane * heads + head) * keys, t->value + at, lane,
                           head, t->head_outputs + at);
         }
     }

@@ -1,0 +1,348 @@
+/*
+ * gather.c: how much does paging cost attention?
+ *
+ * Times the library's real gather loops (kvpi_gather_scores and
+ * kvpi_gather_values, the ones kvp_attention_prepare runs) over a cache of
+ * `len` retained rows, against the same loops over one contiguous
+ * [H, C, d_h] buffer holding the same rows, as the seed's LayerKvCache
+ * stores them. Both use the same kernels in the same order, and the program
+ * checks that their results are bit-for-bit equal before timing them.
+ *
+ * Pages are handed out in a shuffled order (a fragmented pool), so a lane's
+ * blocks are scattered over the slab. For each block size the two loops are
+ * timed in alternating repetitions; the report gives the median nanoseconds
+ * per gather and the speed ratio contiguous_time / paged_time (1.0 means
+ * paging costs nothing; the target is >= 0.95 for block_tokens >= 16).
+ *
+ * Exit status 0 when the results agree, 1 otherwise (speed is reported, not
+ * enforced: the machine may be shared and noisy), 2 on usage errors.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attention/gather.h"
+#include "attention/kernels.h"
+#include "pager/cache_internal.h"
+
+typedef struct bench_config {
+    size_t heads;
+    size_t head_width;
+    size_t len;
+    size_t repetitions;
+    size_t min_ns;     /* time each repetition for at least this long */
+    int json;
+} bench_config;
+
+typedef struct bench_row {
+    size_t block_tokens;
+    double paged_ns;
+    double contiguous_ns;
+    double ratio;
+    int identical;
+} bench_row;
+
+static uint64_t rng_state = 12345;
+
+static double unit(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+}
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a;
+    double y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Takes every page, shuffles their order, gives them back: the free list is now random. */
+static int shuffle_free_list(kvp_pool *pool)
+{
+    size_t total = pool->total_pages;
+    uint32_t *entries = malloc(total * sizeof *entries);
+    if (entries == NULL) {
+        return -1;
+    }
+    kvpi_reservation all;
+    kvpi_reservation_init(&all, pool, entries, total);
+    if (kvpi_reservation_fill(&all, total, NULL) != KVP_OK) {
+        free(entries);
+        return -1;
+    }
+    for (size_t i = total - 1; i > 0; i--) {
+        size_t j = (size_t)((unit() + 1.0) / 2.0 * (double)(i + 1)) % (i + 1);
+        uint32_t t = entries[i];
+        entries[i] = entries[j];
+        entries[j] = t;
+    }
+    kvpi_reservation_release(&all);
+    free(entries);
+    return 0;
+}
+
+/* The paged loops, as incremental attention runs them for every head. */
+static void paged_gather(const kvp_cache *cache, const double *query, const double *candidate,
+                         double *scores, double *out)
+{
+    size_t d = cache->head_width;
+    double scale = 1.0 / sqrt((double)d);
+    for (size_t h = 0; h < cache->heads; h++) {
+        double *s = scores + h * (cache->len + 1);
+        kvpi_gather_scores(cache, query + h * d, candidate + h * d, 0, h, scale, s);
+        kvpi_gather_values(cache, s, candidate + h * d, 0, h, out + h * d);
+    }
+}
+
+/* The same loops over contiguous [H, C, d_h] keys and values. */
+static void contiguous_gather(const double *keys, const double *values, size_t heads,
+                              size_t capacity, size_t len, size_t d, const double *query,
+                              const double *candidate, double *scores, double *out)
+{
+    double scale = 1.0 / sqrt((double)d);
+    for (size_t h = 0; h < heads; h++) {
+        double *s = scores + h * (len + 1);
+        const double *q = query + h * d;
+        const double *k = keys + h * capacity * d;
+        const double *v = values + h * capacity * d;
+        for (size_t p = 0; p < len; p++) {
+            s[p] = kvpi_dot(q, k + p * d, d) * scale;
+        }
+        s[len] = kvpi_dot(q, candidate + h * d, d) * scale;
+        double *o = out + h * d;
+        memset(o, 0, d * sizeof *o);
+        for (size_t p = 0; p < len; p++) {
+            kvpi_axpy(o, s[p], v + p * d, d);
+        }
+        kvpi_axpy(o, s[len], candidate + h * d, d);
+    }
+}
+
+typedef struct workspace {
+    double *query;
+    double *candidate;
+    double *scores_paged;
+    double *scores_contiguous;
+    double *out_paged;
+    double *out_contiguous;
+    double *keys;        /* contiguous [H, C, d_h] */
+    double *values;
+    double *row;         /* [H, d_h] one appended row */
+} workspace;
+
+static int fill_cache(kvp_cache *cache, const bench_config *c, workspace *w)
+{
+    size_t d = c->head_width;
+    size_t hd = c->heads * d;
+    double *key_row = w->row;
+    double *value_row = w->row + hd;
+    for (size_t p = 0; p < c->len; p++) {
+        for (size_t i = 0; i < hd; i++) {
+            key_row[i] = unit();
+            value_row[i] = unit();
+        }
+        kvp_tensor key = kvp_tensor4(key_row, 1, c->heads, 1, d);
+        kvp_tensor value = kvp_tensor4(value_row, 1, c->heads, 1, d);
+        if (kvpi_cache_append(cache, &key, &value, NULL) != KVP_OK) {
+            return -1;
+        }
+        for (size_t h = 0; h < c->heads; h++) {
+            memcpy(w->keys + (h * c->len + p) * d, key_row + h * d, d * sizeof(double));
+            memcpy(w->values + (h * c->len + p) * d, value_row + h * d, d * sizeof(double));
+        }
+    }
+    return 0;
+}
+
+/* Median ns per gather of each loop, in alternating repetitions. */
+static void time_loops(const kvp_cache *cache, const bench_config *c, workspace *w,
+                       bench_row *row)
+{
+    double *paged = malloc(c->repetitions * sizeof *paged);
+    double *contiguous = malloc(c->repetitions * sizeof *contiguous);
+    size_t iterations = 1;
+    for (;;) { /* calibrate: enough iterations for min_ns */
+        double start = now_ns();
+        for (size_t i = 0; i < iterations; i++) {
+            paged_gather(cache, w->query, w->candidate, w->scores_paged, w->out_paged);
+        }
+        if (now_ns() - start >= (double)c->min_ns || iterations > (1u << 24)) {
+            break;
+        }
+        iterations *= 2;
+    }
+    for (size_t r = 0; r < c->repetitions; r++) {
+        double start = now_ns();
+        for (size_t i = 0; i < iterations; i++) {
+            paged_gather(cache, w->query, w->candidate, w->scores_paged, w->out_paged);
+        }
+        paged[r] = (now_ns() - start) / (double)iterations;
+        start = now_ns();
+        for (size_t i = 0; i < iterations; i++) {
+            contiguous_gather(w->keys, w->values, c->heads, c->len, c->len, c->head_width,
+                              w->query, w->candidate, w->scores_contiguous, w->out_contiguous);
+        }
+        contiguous[r] = (now_ns() - start) / (double)iterations;
+    }
+    qsort(paged, c->repetitions, sizeof *paged, compare_doubles);
+    qsort(contiguous, c->repetitions, sizeof *contiguous, compare_doubles);
+    row->paged_ns = paged[c->repetitions / 2];
+    row->contiguous_ns = contiguous[c->repetitions / 2];
+    row->ratio = row->contiguous_ns / row->paged_ns;
+    free(paged);
+    free(contiguous);
+}
+
+static int bench_block(const bench_config *c, size_t block_tokens, workspace *w, bench_row *row)
+{
+    size_t d = c->head_width;
+    size_t page_bytes = 2 * c->heads * block_tokens * d * sizeof(double);
+    size_t pages = (c->len + block_tokens - 1) / block_tokens;
+    kvp_pool_config config = {block_tokens, c->heads, d, (pages + 8) * page_bytes};
+    kvp_pool *pool = NULL;
+    kvp_cache *cache = NULL;
+    kvp_binding binding;
+    memset(&binding, 0, sizeof binding);
+    binding.model_width = c->heads * d;
+    binding.heads = c->heads;
+    binding.head_width = d;
+    binding.rope_feature_width = d;
+    binding.rope_max_positions = c->len;
+    if (kvp_pool_create(&config, &pool, NULL) != KVP_OK || shuffle_free_list(pool) != 0 ||
+        kvp_cache_create(pool, &binding, 1, c->len, &cache, NULL) != KVP_OK ||
+        fill_cache(cache, c, w) != 0) {
+        fprintf(stderr, "bench-gather: setup failed for block_tokens %zu\n", block_tokens);
+        return -1;
+    }
+    /* The cache holds len rows; the candidate is the (len+1)-th, outside both buffers. */
+    paged_gather(cache, w->query, w->candidate, w->scores_paged, w->out_paged);
+    contiguous_gather(w->keys, w->values, c->heads, c->len, c->len, d, w->query, w->candidate,
+                      w->scores_contiguous, w->out_contiguous);
+    size_t nscores = c->heads * (c->len + 1);
+    row->block_tokens = block_tokens;
+    row->identical =
+        memcmp(w->scores_paged, w->scores_contiguous, nscores * sizeof(double)) == 0 &&
+        memcmp(w->out_paged, w->out_contiguous, c->heads * d * sizeof(double)) == 0;
+    time_loops(cache, c, w, row);
+    kvp_cache_destroy(cache, NULL);
+    return kvp_pool_destroy(pool, NULL) == KVP_OK ? 0 : -1;
+}
+
+static int parse(int argc, char **argv, bench_config *c)
+{
+    for (int i = 1; i < argc; i++) {
+        size_t *field = NULL;
+        if (strcmp(argv[i], "--json") == 0) {
+            c->json = 1;
+            continue;
+        }
+        if (strcmp(argv[i], "--help") == 0) {
+            printf("usage: bench-gather [--len N] [--heads N] [--head-width N] "
+                   "[--repetitions N] [--min-ns N] [--json]\n\n"
+                   "Times the paged gather loops against the same loops over a contiguous\n"
+                   "[H,C,d_h] buffer, for block_tokens 1, 4, 16, 32 and 64, and prints the\n"
+                   "median ns per gather and the speed ratio (contiguous / paged).\n");
+            return 1;
+        }
+        if (strcmp(argv[i], "--len") == 0) {
+            field = &c->len;
+        } else if (strcmp(argv[i], "--heads") == 0) {
+            field = &c->heads;
+        } else if (strcmp(argv[i], "--head-width") == 0) {
+            field = &c->head_width;
+        } else if (strcmp(argv[i], "--repetitions") == 0) {
+            field = &c->repetitions;
+        } else if (strcmp(argv[i], "--min-ns") == 0) {
+            field = &c->min_ns;
+        }
+        char *end = NULL;
+        if (field == NULL || i + 1 >= argc || (*field = strtoull(argv[++i], &end, 10)) == 0 ||
+            *end != '\0') {
+            fprintf(stderr, "bench-gather: bad option '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bench_config c = {8, 64, 1024, 21, 2000000, 0};
+    int parsed = parse(argc, argv, &c);
+    if (parsed != 0) {
+        return parsed == 1 ? 0 : 2;
+    }
+    size_t d = c.head_width;
+    size_t hd = c.heads * d;
+    workspace w = {
+        malloc(hd * sizeof(double)), malloc(hd * sizeof(double)),
+        malloc(c.heads * (c.len + 1) * sizeof(double)),
+        malloc(c.heads * (c.len + 1) * sizeof(double)),
+        malloc(hd * sizeof(double)), malloc(hd * sizeof(double)),
+        malloc(c.heads * c.len * d * sizeof(double)), malloc(c.heads * c.len * d * sizeof(double)),
+        malloc(2 * hd * sizeof(double)),
+    };
+    if (w.query == NULL || w.candidate == NULL || w.scores_paged == NULL ||
+        w.scores_contiguous == NULL || w.out_paged == NULL || w.out_contiguous == NULL ||
+        w.keys == NULL || w.values == NULL || w.row == NULL) {
+        fprintf(stderr, "bench-gather: out of memory\n");
+        return 2;
+    }
+    for (size_t i = 0; i < hd; i++) {
+        w.query[i] = unit() * 0.1;
+        w.candidate[i] = unit();
+    }
+    static const size_t blocks[] = {1, 4, 16, 32, 64};
+    bench_row rows[sizeof blocks / sizeof blocks[0]];
+    int ok = 1;
+    for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+        if (bench_block(&c, blocks[b], &w, &rows[b]) != 0) {
+            return 2;
+        }
+        ok = ok && rows[b].identical;
+    }
+    if (c.json) {
+        printf("{\"heads\":%zu,\"head_width\":%zu,\"len\":%zu,\"repetitions\":%zu,\"rows\":[",
+               c.heads, c.head_width, c.len, c.repetitions);
+        for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+            printf("%s{\"block_tokens\":%zu,\"paged_ns\":%.1f,\"contiguous_ns\":%.1f,"
+                   "\"speed_ratio\":%.4f,\"identical\":%s}",
+                   b ? "," : "", rows[b].block_tokens, rows[b].paged_ns, rows[b].contiguous_ns,
+                   rows[b].ratio, rows[b].identical ? "true" : "false");
+        }
+        printf("]}\n");
+    } else {
+        printf("gather over %zu retained rows, %zu heads of width %zu, pages in shuffled order;\n"
+               "median of %zu alternating repetitions; ratio = contiguous time / paged time\n\n",
+               c.len, c.heads, c.head_width, c.repetitions);
+        printf("block_tokens  paged ns/gather  contiguous ns/gather  speed ratio  results\n");
+        for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+            printf("%12zu  %15.0f  %20.0f  %11.3f  %s\n", rows[b].block_tokens, rows[b].paged_ns,
+                   rows[b].contiguous_ns, rows[b].ratio,
+                   rows[b].identical ? "bit-identical" : "DIFFER");
+        }
+    }
+    free(w.query);
+    free(w.candidate);
+    free(w.scores_paged);
+    free(w.scores_contiguous);
+    free(w.out_paged);
+    free(w.out_contiguous);
+    free(w.keys);
+    free(w.values);
+    free(w.row);
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# stress.sh: the stress suite at full scale (the test command runs it small).
+# Installs missing Debian packages, builds the optimized programs, and runs:
+#   stress-concurrent   2 x cores threads, 4 sequences each, 20000 ops each
+#   stress-reset-reuse  100000 reset/replay cycles
+#   stress-exhaustion   200 storms of 2 x cores threads over the last pages
+# Extra arguments go to every program (e.g. --seed 7).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/deps.sh
+kvp_install_deps
+cmake --preset release >/dev/null
+cmake --build --preset release --target stress-concurrent stress-reset-reuse stress-exhaustion >/dev/null
+status=0
+for program in concurrent reset-reuse exhaustion; do
+    ./build/release/stress/stress-$program "$@" || status=1
+done
+exit $status

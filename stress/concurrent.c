@@ -1,0 +1,318 @@
+/*
+ * concurrent.c: many threads, one pool.
+ *
+ * T threads each own several sequences of one shared model on one shared
+ * pool that is too small for all of them, and perform random steps,
+ * prefills, allocator-only appends, resets, destroys and promises, from
+ * fixed seeds. Every operation that fails must fail with POOL_EXHAUSTED or
+ * FULL and leave its sequence exactly as it was (len, held pages and a
+ * digest of every layer's rows and page tables). Every thread runs the pool
+ * audit every K operations while the others keep working. At the end every
+ * page is free, nothing is promised, and acquires equal releases exactly.
+ *
+ * Exit status 0 when all of that holds, 1 otherwise, 2 on usage errors.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/sequence_internal.h"
+#include "stress_common.h"
+
+#define PROGRAM "stress-concurrent"
+#define MAX_PREFILL 8
+
+typedef struct shared {
+    kvp_pool *pool;
+    kvp_model *model;
+    size_t capacity;
+    size_t width;
+    size_t ops;
+    size_t audit_every;
+    size_t sequences;
+    uint64_t seed;
+} shared;
+
+typedef struct counters {
+    size_t steps;
+    size_t prefills;
+    size_t appends;
+    size_t resets;
+    size_t recreates;
+    size_t promises;
+    size_t exhausted;
+    size_t full;
+    size_t audits;
+} counters;
+
+typedef struct worker {
+    size_t id;
+    pthread_t thread;
+    const shared *sh;
+    kvp_sequence **sequences;
+    double *rows;      /* [MAX_PREFILL][D]: inputs */
+    double *output;    /* [MAX_PREFILL][D] */
+    uint64_t rng;
+    counters count;
+    int failed;
+    char failure[512];
+} worker;
+
+static void record_failure(worker *w, const char *what, const kvp_error *err)
+{
+    if (w->failed) {
+        return;
+    }
+    w->failed = 1;
+    char text[384] = "";
+    if (err != NULL) {
+        kvp_error_format(err, text, sizeof text);
+    }
+    snprintf(w->failure, sizeof w->failure, "thread %zu: %s: %s", w->id, what, text);
+}
+
+/* A refused operation must be a typed capacity error and change nothing. */
+static void check_refusal(worker *w, kvp_status status, const kvp_error *err,
+                          const kvp_sequence *sequence, uint64_t digest, size_t len,
+                          size_t held)
+{
+    if (status == KVP_POOL_EXHAUSTED) {
+        w->count.exhausted++;
+    } else if (status == KVP_FULL) {
+        w->count.full++;
+    } else {
+        record_failure(w, "unexpected error", err);
+        return;
+    }
+    if (stress_sequence_digest(sequence) != digest || kvp_sequence_len(sequence) != len ||
+        kvp_sequence_held_pages(sequence) != held) {
+        record_failure(w, "a refused operation changed its sequence", err);
+    }
+}
+
+/* One random operation on sequence `index`. */
+static void operate(worker *w, size_t index)
+{
+    const shared *sh = w->sh;
+    kvp_sequence *sequence = w->sequences[index];
+    uint64_t digest = stress_sequence_digest(sequence);
+    size_t len = kvp_sequence_len(sequence);
+    size_t held = kvp_sequence_held_pages(sequence);
+    kvp_error err;
+    kvp_status status = KVP_OK;
+    size_t choice = stress_rand(&w->rng) % 100;
+    size_t grew = 0;
+    if (choice < 62) {
+        stress_fill(w->rows, sh->width, &w->rng);
+        kvp_tensor input = kvp_tensor3(w->rows, 1, 1, sh->width);
+        status = kvp_sequence_step(sequence, &input, NULL, NULL, w->output, sh->width, &err);
+        w->count.steps += status == KVP_OK;
+        grew = 1;
+    } else if (choice < 78) {
+        size_t tokens = 1 + stress_rand(&w->rng) % MAX_PREFILL;
+        stress_fill(w->rows, tokens * sh->width, &w->rng);
+        kvp_tensor prompt = kvp_tensor3(w->rows, 1, tokens, sh->width);
+        status = kvp_sequence_prefill(sequence, &prompt, NULL, NULL, w->output,
+                                      MAX_PREFILL * sh->width, &err);
+        w->count.prefills += status == KVP_OK;
+        grew = tokens;
+    } else if (choice < 92) {
+        size_t tokens = 1 + stress_rand(&w->rng) % 4;
+        status = kvpi_sequence_append_uncomputed(sequence, tokens, &err);
+        w->count.appends += status == KVP_OK;
+        grew = tokens;
+    } else if (choice < 96) {
+        status = kvp_sequence_reset(sequence, &err);
+        w->count.resets++;
+        if (status == KVP_OK && (kvp_sequence_len(sequence) != 0 ||
+                                 kvp_sequence_held_pages(sequence) != 0 ||
+                                 kvp_sequence_promised_pages(sequence) != 0)) {
+            record_failure(w, "reset left rows, pages or a promise", NULL);
+        }
+        return;
+    } else if (choice < 98) {
+        kvp_sequence_destroy(sequence, NULL);
+        w->sequences[index] = NULL;
+        status = kvp_sequence_create(sh->model, sh->pool, 1, sh->capacity, &w->sequences[index],
+                                     &err);
+        w->count.recreates++;
+        if (status != KVP_OK) {
+            record_failure(w, "recreating a sequence", &err);
+        }
+        return;
+    } else {
+        status = kvp_sequence_promise(sequence, stress_rand(&w->rng) % 8, &err);
+        w->count.promises++;
+        if (status != KVP_OK) {
+            record_failure(w, "promising pages", &err);
+        }
+        return;
+    }
+    if (status == KVP_OK) {
+        if (kvp_sequence_len(sequence) != len + grew) {
+            record_failure(w, "a successful operation grew the sequence wrongly", NULL);
+        }
+        return;
+    }
+    check_refusal(w, status, &err, sequence, digest, len, held);
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    const shared *sh = w->sh;
+    for (size_t op = 0; op < sh->ops && !w->failed; op++) {
+        operate(w, (size_t)(stress_rand(&w->rng) % sh->sequences));
+        if (sh->audit_every != 0 && (op + 1) % sh->audit_every == 0) {
+            kvp_error err;
+            w->count.audits++;
+            if (kvp_pool_check(sh->pool, NULL, NULL, &err) != KVP_OK) {
+                record_failure(w, "pool audit while other threads work", &err);
+            }
+        }
+    }
+    return NULL;
+}
+
+static int start_workers(worker *workers, size_t threads, shared *sh)
+{
+    for (size_t t = 0; t < threads; t++) {
+        worker *w = &workers[t];
+        w->id = t;
+        w->sh = sh;
+        w->rng = sh->seed * 1000003u + t;
+        w->sequences = calloc(sh->sequences, sizeof *w->sequences);
+        w->rows = calloc(MAX_PREFILL * sh->width, sizeof *w->rows);
+        w->output = calloc(MAX_PREFILL * sh->width, sizeof *w->output);
+        if (w->sequences == NULL || w->rows == NULL || w->output == NULL) {
+            fprintf(stderr, PROGRAM ": out of memory\n");
+            return 1;
+        }
+        for (size_t s = 0; s < sh->sequences; s++) {
+            kvp_error err;
+            if (kvp_sequence_create(sh->model, sh->pool, 1, sh->capacity, &w->sequences[s],
+                                    &err) != KVP_OK) {
+                return stress_fail(PROGRAM, "creating a sequence", &err);
+            }
+        }
+    }
+    for (size_t t = 0; t < threads; t++) {
+        if (pthread_create(&workers[t].thread, NULL, worker_main, &workers[t]) != 0) {
+            fprintf(stderr, PROGRAM ": cannot start thread %zu\n", t);
+            for (size_t j = 0; j < t; j++) {
+                pthread_join(workers[j].thread, NULL);
+            }
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Joins, destroys every sequence, and checks the pool is whole again. */
+static int finish(worker *workers, size_t threads, shared *sh, double seconds)
+{
+    int failed = 0;
+    counters total;
+    memset(&total, 0, sizeof total);
+    for (size_t t = 0; t < threads; t++) {
+        worker *w = &workers[t];
+        if (w->failed) {
+            fprintf(stderr, PROGRAM ": %s\n", w->failure);
+            failed = 1;
+        }
+        for (size_t s = 0; s < sh->sequences; s++) {
+            kvp_sequence_destroy(w->sequences[s], NULL);
+        }
+        size_t *sum = (size_t *)(void *)&total;
+        const size_t *part = (const size_t *)(const void *)&w->count;
+        for (size_t i = 0; i < sizeof total / sizeof(size_t); i++) {
+            sum[i] += part[i];
+        }
+        free(w->sequences);
+        free(w->rows);
+        free(w->output);
+    }
+    kvp_pool_stats stats;
+    kvp_error err;
+    if (kvp_pool_check(sh->pool, NULL, NULL, &err) != KVP_OK) {
+        failed |= stress_fail(PROGRAM, "final audit", &err);
+    }
+    if (kvp_pool_stats_get(sh->pool, &stats, &err) != KVP_OK) {
+        return stress_fail(PROGRAM, "reading stats", &err);
+    }
+    int whole = stats.free_pages == stats.total_pages && stats.acquires == stats.releases &&
+                stats.promised_pages == 0 && stats.attached_caches == 0;
+    printf("%s: %zu threads x %zu ops: %zu steps, %zu prefills, %zu appends, %zu resets, "
+           "%zu recreates, %zu promises; refused %zu exhausted, %zu full; %zu audits; "
+           "%llu acquires, %llu releases, %zu of %zu pages free; %.2f s: %s\n",
+           PROGRAM, threads, sh->ops, total.steps, total.prefills, total.appends, total.resets,
+           total.recreates, total.promises, total.exhausted, total.full, total.audits,
+           (unsigned long long)stats.acquires, (unsigned long long)stats.releases,
+           stats.free_pages, stats.total_pages, seconds, whole && !failed ? "ok" : "FAILED");
+    if (total.exhausted == 0) {
+        fprintf(stderr, PROGRAM ": the pool never ran out; the run proves nothing about "
+                        "exhaustion (use fewer --pages)\n");
+        failed = 1;
+    }
+    return failed || !whole;
+}
+
+int main(int argc, char **argv)
+{
+    size_t threads = 2 * stress_cores();
+    size_t sequences = 4;
+    size_t ops = 20000;
+    size_t audit_every = 100;
+    size_t pages = 160;
+    size_t seed = 1;
+    stress_option options[] = {
+        {"--threads", &threads, "worker threads"},
+        {"--sequences", &sequences, "sequences per thread"},
+        {"--ops", &ops, "operations per thread"},
+        {"--audit-every", &audit_every, "operations between audits, per thread"},
+        {"--pages", &pages, "pages in the shared pool"},
+        {"--seed", &seed, "seed of every random choice"},
+    };
+    int parsed = stress_parse(argc, argv,
+                              "Threads with their own sequences race for one small pool; every "
+                              "refusal must change nothing and the pool must end whole.",
+                              options, sizeof options / sizeof options[0]);
+    if (parsed != 0) {
+        return parsed == 1 ? 0 : 2;
+    }
+    if (threads == 0 || sequences == 0 || pages == 0) {
+        fprintf(stderr, PROGRAM ": --threads, --sequences and --pages must be positive\n");
+        return 2;
+    }
+    shared sh = {NULL, NULL, 64, 16, ops, audit_every, sequences, seed};
+    kvp_error err;
+    kvp_pool_config config = {4, 2, 8, pages * 2 * 2 * 4 * 8 * sizeof(double)};
+    if (kvp_pool_create(&config, &sh.pool, &err) != KVP_OK) {
+        return stress_fail(PROGRAM, "creating the pool", &err);
+    }
+    if (kvp_model_create_random(2, sh.width, 2, sh.capacity, 10000.0, seed, &sh.model, &err) !=
+        KVP_OK) {
+        return stress_fail(PROGRAM, "creating the model", &err);
+    }
+    worker *workers = calloc(threads, sizeof *workers);
+    if (workers == NULL) {
+        fprintf(stderr, PROGRAM ": out of memory\n");
+        return 1;
+    }
+    double start = stress_seconds();
+    int failed = start_workers(workers, threads, &sh);
+    if (failed) {
+        return 1;
+    }
+    for (size_t t = 0; t < threads; t++) {
+        pthread_join(workers[t].thread, NULL);
+    }
+    failed = finish(workers, threads, &sh, stress_seconds() - start);
+    free(workers);
+    kvp_model_destroy(sh.model, NULL);
+    if (kvp_pool_destroy(sh.pool, &err) != KVP_OK) {
+        failed |= stress_fail(PROGRAM, "destroying the pool", &err);
+    }
+    return failed;
+}
