@@ -74,6 +74,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
  * reserved first (all or none); if any step fails, every layer is rolled back
  * to its length before the call, so the call changes nothing on error.
  * output, when not NULL, receives [B, T, D]. FULL when len + T > capacity.
+ * The one exception to "out-parameters are written only on success": rows are
+ * written token by token, so when token err.token fails, the rows of the
+ * tokens before it already hold their (rolled back) outputs; the rest of
+ * output is untouched. Errors found before the first token leave it untouched.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_prefill(kvp_sequence *sequence,
                                                       const kvp_tensor *prompt,
@@ -81,7 +85,11 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_prefill(kvp_sequence *sequence,
                                                       double *output, size_t output_len,
                                                       kvp_error *err);
 
-/* Sets the sequence's promise to `pages` future pages (replacing the old one). */
+/*
+ * Sets the sequence's promise to `pages` future pages (replacing the old one).
+ * OUT_OF_RANGE, changing nothing, when `pages` exceeds the pages the sequence
+ * can ever hold (layers * batch * ceil(capacity / block_tokens)).
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_promise(kvp_sequence *sequence, size_t pages,
                                                       kvp_error *err);
 
@@ -107,7 +115,11 @@ typedef struct kvp_decode_job {
     kvp_error error;
 } kvp_decode_job;
 
-/* A pool of `threads` worker threads (0: one per online core), started now. */
+/*
+ * A pool of `threads` threads (0: one per online core, at most 4096), the
+ * caller's included, started now. INVALID_ARGUMENT above 4096; THREAD_FAILED
+ * when the system refuses a thread (the others are stopped again).
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out,
                                                     kvp_error *err);
 KVP_API kvp_status kvp_decoder_destroy(kvp_decoder *decoder, kvp_error *err);
@@ -115,10 +127,12 @@ KVP_API size_t kvp_decoder_threads(const kvp_decoder *decoder);
 
 /*
  * Steps every job's sequence once, spread over the decoder's threads (the
- * calling thread works too). Each job's result is the same as calling
- * kvp_sequence_step on it alone. Returns KVP_OK when every job ran (each
- * job's own status says whether its step succeeded); INVALID_ARGUMENT when
- * two jobs name the same sequence.
+ * calling thread works too). A job's output is the same as kvp_sequence_step
+ * on its sequence alone would give; when jobs compete for the last free
+ * pages, which of them get POOL_EXHAUSTED depends on thread timing. Returns
+ * KVP_OK when every job ran (each job's own status says whether its step
+ * succeeded); INVALID_ARGUMENT, running nothing, when two jobs name the same
+ * sequence. A next_input function must be safe to call from several threads.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs,
                                                   size_t count, kvp_next_input_fn next_input,

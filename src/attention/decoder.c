@@ -106,7 +106,7 @@ kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out, kvp_error *err)
     }
     if (threads == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores > 0 ? (size_t)cores : 1;
+        threads = cores <= 0 ? 1 : cores > 4096 ? 4096 : (size_t)cores;
     }
     if (threads > 4096) {
         return kvpi_fail_invalid(err, "threads", "at most 4096 threads");

@@ -130,6 +130,8 @@ kvp_status kvp_sequence_destroy(kvp_sequence *sequence, kvp_error *err)
         return kvpi_fail_null(err, "sequence");
     }
     kvpi_reservation_release(&sequence->reservation);
+    /* The same page order as reset, so a new sequence gets these pages back in turn. */
+    kvpi_cache_truncate_many(sequence->caches, sequence->layers, 0);
     free_sequence(sequence);
     return KVP_OK;
 }
@@ -154,6 +156,14 @@ kvp_status kvp_sequence_promise(kvp_sequence *sequence, size_t pages, kvp_error 
 {
     if (sequence == NULL) {
         return kvpi_fail_null(err, "sequence");
+    }
+    /*
+     * A promise is bounded by the pages the sequence can ever hold, so the
+     * pool's sum of promises is bounded by allocated page tables: it cannot
+     * wrap and make admission see a small promise.
+     */
+    if (pages > sequence->reservation.capacity) {
+        return kvpi_fail_out_of_range(err, "pages", pages, sequence->reservation.capacity + 1);
     }
     kvpi_pool_lock(sequence->pool);
     kvpi_pool_promise_set_locked(sequence->pool, &sequence->promise, pages);
