@@ -235,6 +235,20 @@ static int prefill(sim *s, kvp_sequence *sequence, size_t request, size_t tokens
     return 0;
 }
 
+/*
+ * Tokens a request is admitted for: its prompt, what it generated before a
+ * preemption, and the decoding reserve, but never more than the request's
+ * whole length. So a request whose whole length fits an empty pool is always
+ * admitted once the pool empties: the schedule cannot stall.
+ */
+static size_t admission_tokens(const sim *s, size_t request)
+{
+    const kvp_request *r = &s->workload->requests[request];
+    size_t tokens = r->prompt_tokens + s->generated[request] + s->config->reserve_tokens;
+    size_t whole = r->prompt_tokens + r->output_tokens;
+    return tokens < whole ? tokens : whole;
+}
+
 static int admit_one(sim *s, size_t request)
 {
     const kvp_sim_config *c = s->config;
@@ -243,9 +257,7 @@ static int admit_one(sim *s, size_t request)
     if (sequence == NULL) {
         return fail(s, "creating a sequence");
     }
-    size_t reserve_to = tokens + c->reserve_tokens;
-    size_t promise = kvp_pool_pages_for(s->pool, s->lanes,
-                                        reserve_to < c->capacity ? reserve_to : c->capacity);
+    size_t promise = kvp_pool_pages_for(s->pool, s->lanes, admission_tokens(s, request));
     if (kvp_sequence_promise(sequence, promise, s->err) != KVP_OK ||
         prefill(s, sequence, request, tokens) != 0) {
         return fail(s, "admitting a request");
@@ -274,16 +286,12 @@ static int admit_one(sim *s, size_t request)
 /* FCFS admission while the head of the queue fits now. */
 static int admit(sim *s)
 {
-    const kvp_sim_config *c = s->config;
     while (s->waiting_count > 0) {
         size_t request = s->waiting[s->waiting_head];
         const kvp_request *r = &s->workload->requests[request];
         kvp_admission whole;
         kvp_admission now;
-        size_t tokens = r->prompt_tokens + s->generated[request];
-        size_t reserve_to = tokens + c->reserve_tokens;
-        size_t need = kvp_pool_pages_for(s->pool, s->lanes,
-                                         reserve_to < c->capacity ? reserve_to : c->capacity);
+        size_t need = kvp_pool_pages_for(s->pool, s->lanes, admission_tokens(s, request));
         size_t full = kvp_pool_pages_for(s->pool, s->lanes, r->prompt_tokens + r->output_tokens);
         if (kvp_pool_admit(s->pool, full, s->watermark_pages, &whole, s->err) != KVP_OK ||
             kvp_pool_admit(s->pool, need, s->watermark_pages, &now, s->err) != KVP_OK) {
@@ -453,6 +461,14 @@ static int step_once(sim *s, size_t step)
     }
     if (admit(s) != 0 || make_room(s) != 0) {
         return -1;
+    }
+    if (s->running_count == 0 && s->waiting_count > 0) {
+        /* Cannot happen (see admission_tokens); refuse to spin if it ever does. */
+        *s->err = (kvp_error){.status = KVP_POOL_EXHAUSTED,
+                              .needed = kvp_pool_pages_for(s->pool, s->lanes,
+                                                           admission_tokens(s, s->waiting[s->waiting_head])),
+                              .available = free_pages(s)};
+        return fail(s, "admitting the first waiting request into an idle pool");
     }
     /* Concurrency counts the sequences that really decode in this step. */
     if (s->running_count > s->result->peak_concurrent) {

@@ -254,11 +254,13 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
            r->audit_failures == 0 && r->pages_leaked == 0 ? "ok" : "FAILED", r->audit_failures,
            r->audits, r->pages_leaked, (unsigned long long)r->acquires,
            (unsigned long long)r->releases);
-    printf("targets                 concurrency ratio >= 3: %s, fragmentation < 5%%: %s, "
-           "no leaks: %s, clean audits: %s\n",
-           r->concurrency_ratio >= 3.0 ? "yes" : "no",
-           r->internal_fragmentation < 0.05 ? "yes" : "no", r->pages_leaked == 0 ? "yes" : "no",
-           r->audit_failures == 0 ? "yes" : "no");
+    if (o->trace == NULL && o->workload.profile == KVP_PROFILE_SHAREGPT) {
+        printf("sharegpt targets        concurrency ratio >= 3: %s, fragmentation < 5%%: %s, "
+               "no leaks: %s, clean audits: %s\n",
+               r->concurrency_ratio >= 3.0 ? "yes" : "no",
+               r->internal_fragmentation < 0.05 ? "yes" : "no",
+               r->pages_leaked == 0 ? "yes" : "no", r->audit_failures == 0 ? "yes" : "no");
+    }
 }
 
 static void print_json(const options *o, const kvp_workload *w, const kvp_sim_result *r)

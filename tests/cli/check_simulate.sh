@@ -1,0 +1,110 @@
+#!/bin/sh
+# check_simulate.sh PROGRAM WORKDIR [quick]
+# Checks `kvpager simulate` end to end: help, JSON keys and values, that the
+# schedule does not depend on threads or on the attention arithmetic, trace
+# files (good ones run, bad ones are refused with line, column and value and
+# run nothing), the SVG plot, and the sharegpt targets at the default budget.
+# With "quick" (under Valgrind) it only runs one small computed simulation.
+set -eu
+program=$1
+work=$2
+mode=${3:-full}
+mkdir -p "$work"
+fail() { echo "check_simulate: $*" >&2; exit 1; }
+
+json_get() { # json_get FILE KEY
+    python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))[sys.argv[2]]; print(v)' "$1" "$2"
+}
+
+if [ "$mode" = quick ]; then
+    "$program" simulate --requests 6 --prompt-mean 12 --output-mean 10 --capacity 128 \
+        --budget 256KiB --threads 2 --audit-every 4 --json --quiet > "$work/quick.json"
+    [ "$(json_get "$work/quick.json" requests_completed)" = 6 ] || fail "quick run incomplete"
+    [ "$(json_get "$work/quick.json" pages_leaked)" = 0 ] || fail "quick run leaked pages"
+    [ "$(json_get "$work/quick.json" audit_failures)" = 0 ] || fail "quick run failed an audit"
+    echo "check_simulate: quick ok"
+    exit 0
+fi
+
+"$program" simulate --help > "$work/help.txt"
+grep -q -- '--trace FILE' "$work/help.txt" || fail "--help does not describe --trace"
+
+small="--requests 40 --prompt-mean 40 --output-mean 60 --capacity 512 --budget 1MiB --quiet --json"
+"$program" simulate $small --threads 2 > "$work/two.json"
+"$program" simulate $small --threads 1 > "$work/one.json"
+"$program" simulate $small --no-compute > "$work/none.json"
+python3 - "$work/two.json" "$work/one.json" "$work/none.json" <<'PY'
+import json, sys
+two, one, none = (json.load(open(p)) for p in sys.argv[1:4])
+keys = ["requests_completed", "tokens_generated", "tokens_per_second",
+        "peak_concurrent_sequences", "contiguous_baseline_sequences", "concurrency_ratio",
+        "peak_pool_utilization", "mean_pool_utilization", "internal_fragmentation",
+        "preemptions", "pages_leaked", "audit_failures"]
+missing = [k for k in keys if k not in two]
+assert not missing, f"missing keys {missing}"
+assert two["requests_completed"] == 40, two["requests_completed"]
+assert two["pages_leaked"] == 0 and two["audit_failures"] == 0
+assert two["page_acquires"] == two["page_releases"] > 0
+assert 0.0 < two["peak_pool_utilization"] <= 1.0
+assert 0.0 <= two["internal_fragmentation"] < 1.0
+# Threads change nothing but speed: the same outputs, bit for bit.
+assert two["output_checksum"] == one["output_checksum"], "threads changed the outputs"
+# The schedule does not depend on attention outputs: allocator-only runs match.
+same = ["steps", "preemptions", "peak_concurrent_sequences", "tokens_generated",
+        "prefill_tokens", "internal_fragmentation", "page_acquires"]
+for k in same:
+    assert two[k] == none[k], f"{k}: computed {two[k]} vs allocator-only {none[k]}"
+print("check_simulate: json, threads and allocator-only runs agree")
+PY
+
+# A good trace runs exactly its rows.
+printf 'arrival_step,prompt_tokens,output_tokens\n0,5,4\n0,7,3\n2,3,9\n' > "$work/good.csv"
+"$program" simulate --trace "$work/good.csv" --capacity 64 --budget 64KiB --quiet --json \
+    > "$work/trace.json"
+[ "$(json_get "$work/trace.json" requests_completed)" = 3 ] || fail "trace run incomplete"
+[ "$(json_get "$work/trace.json" tokens_generated)" = 16 ] || fail "trace run generated wrong tokens"
+
+# Bad traces: a clear error with line, column and value, and nothing runs.
+expect_trace_error() { # expect_trace_error CONTENT EXPECTED_TEXT
+    printf "$1" > "$work/bad.csv"
+    if "$program" simulate --trace "$work/bad.csv" --capacity 64 --quiet \
+        > "$work/bad.out" 2> "$work/bad.err"; then
+        fail "a bad trace was accepted: $1"
+    fi
+    [ ! -s "$work/bad.out" ] || fail "a bad trace still ran: $(cat "$work/bad.out")"
+    grep -qF -- "$2" "$work/bad.err" || fail "expected '$2', got: $(cat "$work/bad.err")"
+}
+expect_trace_error '0,5,4\n1,abc,3\n' "bad.csv:2: column prompt_tokens: 'abc'"
+expect_trace_error '0,5,4\n\n1,2,-3\n' "bad.csv:3: column output_tokens: '-3'"
+expect_trace_error '0,5\n' "bad.csv:1: expected 3 columns"
+expect_trace_error '0,60,10\n' "bad.csv:1: column output_tokens: '10'"
+expect_trace_error 'x,1,1\n' "bad.csv:1: column arrival_step: 'x'"
+expect_trace_error '0,0,5\n' "column prompt_tokens: '0'"
+
+# Usage errors exit 2.
+status=0
+"$program" simulate --budget lots > /dev/null 2>&1 || status=$?
+[ "$status" = 2 ] || fail "a bad --budget exited $status, not 2"
+
+# The plot is an SVG with both series.
+"$program" simulate --requests 12 --prompt-mean 20 --output-mean 20 --capacity 128 \
+    --budget 256KiB --no-compute --quiet --plot "$work/plot.svg" > "$work/plot.txt"
+grep -q '<svg' "$work/plot.svg" || fail "no SVG written"
+[ "$(grep -c '<polyline' "$work/plot.svg")" = 2 ] || fail "the SVG lacks its two series"
+
+# The sharegpt targets at the default budget. The schedule does not depend on
+# the attention arithmetic (checked above), so the allocator-only run shows
+# the same figures in a fraction of the time.
+"$program" simulate --no-compute --json --quiet > "$work/sharegpt.json"
+python3 - "$work/sharegpt.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["workload"] == "sharegpt"
+assert r["requests_completed"] == r["requests"] - r["requests_rejected"] == 128, r
+assert r["concurrency_ratio"] >= 3.0, r["concurrency_ratio"]
+assert r["internal_fragmentation"] < 0.05, r["internal_fragmentation"]
+assert r["pages_leaked"] == 0 and r["audit_failures"] == 0
+print(f"check_simulate: sharegpt ratio {r['concurrency_ratio']:.2f}, "
+      f"fragmentation {100 * r['internal_fragmentation']:.2f}%")
+PY
+echo "check_simulate: ok"
