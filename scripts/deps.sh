@@ -1,7 +1,7 @@
 # deps.sh: sourced by the scripts in this folder. Installs the Debian packages
 # kvpager needs when any is missing (as root, with apt-get install -y), and
 # otherwise says what is missing and stops.
-kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind"
+kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind python3"
 
 kvp_missing_packages() {
     for package in $kvp_packages; do

@@ -92,13 +92,20 @@ KVP_API kvp_status kvp_ticket_discard(kvp_ticket *ticket, kvp_error *err);
 KVP_API KVP_NODISCARD kvp_status kvp_ticket_result(const kvp_ticket *ticket,
                                                    kvp_attention_result *out, kvp_error *err);
 
-/* input: [B, 1, D]. See the header comment for the order of checks. */
+/*
+ * input: [B, 1, D]. See the header comment for the order of checks. A failed
+ * prepare leaves the ticket empty (no result, no pages), except that a ticket
+ * already holding a prepared row keeps it.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_attention_prepare(const kvp_layer *layer,
                                                        const kvp_tensor *input,
                                                        const kvp_cache *cache,
                                                        kvp_ticket *ticket, kvp_error *err);
 
-/* prepare + commit. On any error nothing has changed and the ticket is empty. */
+/*
+ * prepare + commit. On any error no cache or pool has changed, and the ticket
+ * is empty unless it already held a prepared row (TICKET_BUSY), which it keeps.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
                                                        const kvp_tensor *input, kvp_cache *cache,
                                                        kvp_ticket *ticket, kvp_error *err);

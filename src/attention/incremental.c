@@ -214,11 +214,17 @@ kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *inpu
     if (status == KVP_OK) {
         status = validate_ticket(ticket, cache, err);
     }
+    /*
+     * A failed prepare leaves the ticket EMPTY, so an old result never passes
+     * for this call's; only a ticket holding a prepared row (TICKET_BUSY, or
+     * any refusal before the ticket was looked at) keeps it.
+     */
+    if (ticket->state != KVPI_TICKET_PREPARED) {
+        ticket->state = KVPI_TICKET_EMPTY;
+    }
     if (status != KVP_OK) {
         return status;
     }
-    /* From here the ticket's buffers change, so any failure leaves it EMPTY. */
-    ticket->state = KVPI_TICKET_EMPTY;
     size_t position = cache->len;
     status = project(layer, input->data, cache->batch_size, position, ticket, err);
     if (status == KVP_OK) {

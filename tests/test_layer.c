@@ -1,0 +1,1058 @@
+/*
+ * test_layer.c: attention parameters, RoPE and layers — parameters copy their
+ * values, have process-unique increasing ids and a revision that every update
+ * advances by exactly one (even when the values do not change), and are
+ * reference counted so layers built over the same nodes share identities;
+ * RoPE validation errors with exact texts, rotation values for d_h = 2 and 4,
+ * the position range and norm preservation; layer creation errors in the
+ * documented order with exact details and texts; deterministic random layers
+ * (the documented SplitMix64 fill, reproduced bit for bit) within
+ * [-1/sqrt(D), 1/sqrt(D)); the binding a cache captures; and allocation fault
+ * sweeps over parameter, layer, random layer and ticket creation. Leaks of a
+ * failed step are caught by the memcheck run of this program (ctest). Unit
+ * test: uses pager/alloc.h and the layer and ticket internals for sizes.
+ */
+#include "support.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "attention/layer_internal.h"
+#include "attention/ticket_internal.h"
+#include "pager/alloc.h"
+
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Stops a fault sweep at a generous bound, so a broken injector cannot loop. */
+#define SWEEP_LIMIT 64
+
+#define ROPE_BASE 10000.0
+#define MAX_POSITIONS 8
+
+#define assert_error_text(e, text) assert_error_text_at((e), (text), __FILE__, __LINE__)
+static void assert_error_text_at(const kvp_error *e, const char *text, const char *file, int line)
+{
+    char buf[512];
+    size_t n = kvp_error_format(e, buf, sizeof buf);
+    if (strcmp(buf, text) != 0 || n != strlen(text)) {
+        print_error("%s:%d: rendered \"%s\", expected \"%s\"\n", file, line, buf, text);
+        fail();
+    }
+}
+
+#define assert_close(actual, expected, tolerance) \
+    assert_close_at((actual), (expected), (tolerance), __FILE__, __LINE__)
+static void assert_close_at(double actual, double expected, double tolerance, const char *file,
+                            int line)
+{
+    if (!(fabs(actual - expected) <= tolerance)) {
+        print_error("%s:%d: %.17g differs from %.17g by more than %g\n", file, line, actual,
+                    expected, tolerance);
+        fail();
+    }
+}
+
+/* Every test leaves the fault injector disarmed, even when an assertion fails. */
+static int disarm(void **state)
+{
+    (void)state;
+    kvpi_fault_arm(0);
+    return 0;
+}
+
+/* A width x width matrix with entry (i, j) = scale * (i * width + j) + offset. */
+static void fill_ramp(double *values, size_t width, double scale, double offset)
+{
+    for (size_t i = 0; i < width * width; i++) {
+        values[i] = scale * (double)i + offset;
+    }
+}
+
+static kvp_param *make_param(size_t width, double scale, double offset)
+{
+    double values[64 * 64];
+    assert_true(width * width <= COUNT_OF(values));
+    fill_ramp(values, width, scale, offset);
+    kvp_param *param = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_create(width, values, &param, &err), &err);
+    return param;
+}
+
+static void release(kvp_param *param)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_release(param, &err), &err);
+}
+
+static void destroy_layer(kvp_layer *layer)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_destroy(layer, &err), &err);
+}
+
+/* The full-prefix reference of `layer` over `tokens` rows of a fixed input. */
+static void reference_of(const kvp_layer *layer, size_t width, size_t tokens, double *out)
+{
+    double input[4 * 8];
+    assert_true(width * tokens <= COUNT_OF(input));
+    for (size_t i = 0; i < width * tokens; i++) {
+        input[i] = 0.25 * (double)(i % 7) - 0.5;
+    }
+    kvp_tensor view = kvp_tensor3(input, 1, tokens, width);
+    kvp_error err;
+    kvpt_assert_ok(kvp_attention_reference(layer, &view, out, width * tokens, NULL, NULL, 0, &err),
+                   &err);
+}
+
+/* ---- parameters ---------------------------------------------------------- */
+
+static void test_layer_param_create_copies_values(void **state)
+{
+    (void)state;
+    double values[9];
+    fill_ramp(values, 3, 0.5, -1.0);
+    double copy[9];
+    memcpy(copy, values, sizeof copy);
+    kvp_param *param = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_create(3, values, &param, &err), &err);
+    assert_non_null(param);
+    /* The caller's buffer may change or go away: the parameter kept a copy. */
+    for (size_t i = 0; i < 9; i++) {
+        values[i] = 1e9;
+    }
+    assert_int_equal(kvp_param_width(param), 3);
+    assert_ptr_not_equal(kvp_param_values(param), values);
+    assert_memory_equal(kvp_param_values(param), copy, sizeof copy);
+    assert_int_equal(kvp_param_revision(param), 0);
+    assert_true(kvp_param_id(param) > 0);
+
+    /* A 1 x 1 parameter is allowed. */
+    kvp_param *tiny = NULL;
+    double one = -0.0;
+    kvpt_assert_ok(kvp_param_create(1, &one, &tiny, &err), &err);
+    assert_int_equal(kvp_param_width(tiny), 1);
+    assert_memory_equal(kvp_param_values(tiny), &one, sizeof one); /* -0.0 bit for bit */
+    release(tiny);
+    release(param);
+}
+
+static void test_layer_param_ids_are_unique_and_increasing(void **state)
+{
+    (void)state;
+    enum { N = 12 };
+    kvp_param *params[N];
+    uint64_t ids[N];
+    for (size_t i = 0; i < N; i++) {
+        params[i] = make_param(2, 1.0, (double)i);
+        ids[i] = kvp_param_id(params[i]);
+        assert_true(ids[i] > 0);
+        if (i > 0) {
+            assert_true(ids[i] > ids[i - 1]);
+        }
+    }
+    /* Ids are never reused, not even after the holder of an id is freed. */
+    release(params[N - 1]);
+    release(params[0]);
+    kvp_param *later = make_param(2, 1.0, 0.0);
+    assert_true(kvp_param_id(later) > ids[N - 1]);
+    for (size_t i = 1; i < N - 1; i++) {
+        assert_true(kvp_param_id(later) != ids[i]);
+        release(params[i]);
+    }
+    /* Layers created from fresh parameters get fresh ids too. */
+    kvp_layer *a = NULL;
+    kvp_layer *b = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 1, &a, &err), &err);
+    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 1, &b, &err), &err);
+    uint64_t previous = kvp_param_id(later);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_true(kvp_param_id(kvp_layer_param(a, i)) > previous);
+        previous = kvp_param_id(kvp_layer_param(a, i));
+    }
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_true(kvp_param_id(kvp_layer_param(b, i)) > previous);
+        previous = kvp_param_id(kvp_layer_param(b, i));
+    }
+    destroy_layer(a);
+    destroy_layer(b);
+    release(later);
+}
+
+static void add_one(void *ctx, double *values, size_t width)
+{
+    size_t *calls = ctx;
+    (*calls)++;
+    for (size_t i = 0; i < width * width; i++) {
+        values[i] += 1.0;
+    }
+}
+
+static void change_nothing(void *ctx, double *values, size_t width)
+{
+    size_t *calls = ctx;
+    (*calls)++;
+    (void)values;
+    (void)width;
+}
+
+static void test_layer_param_revision_advances_by_one_on_every_update(void **state)
+{
+    (void)state;
+    kvp_param *param = make_param(2, 1.0, 0.0);
+    uint64_t id = kvp_param_id(param);
+    kvp_error err;
+    assert_int_equal(kvp_param_revision(param), 0);
+
+    double next[4] = {4.0, 3.0, 2.0, 1.0};
+    kvpt_assert_ok(kvp_param_update(param, next, &err), &err);
+    assert_int_equal(kvp_param_revision(param), 1);
+    assert_memory_equal(kvp_param_values(param), next, sizeof next);
+
+    /* The same values again: still a new revision. */
+    kvpt_assert_ok(kvp_param_update(param, next, &err), &err);
+    assert_int_equal(kvp_param_revision(param), 2);
+    assert_memory_equal(kvp_param_values(param), next, sizeof next);
+
+    /* Updating from its own storage is allowed and changes nothing but the revision. */
+    kvpt_assert_ok(kvp_param_update(param, kvp_param_values(param), &err), &err);
+    assert_int_equal(kvp_param_revision(param), 3);
+    assert_memory_equal(kvp_param_values(param), next, sizeof next);
+
+    size_t calls = 0;
+    kvpt_assert_ok(kvp_param_update_with(param, add_one, &calls, &err), &err);
+    assert_int_equal(calls, 1);
+    assert_int_equal(kvp_param_revision(param), 4);
+    const double plus_one[4] = {5.0, 4.0, 3.0, 2.0};
+    assert_memory_equal(kvp_param_values(param), plus_one, sizeof plus_one);
+
+    kvpt_assert_ok(kvp_param_update_with(param, change_nothing, &calls, &err), &err);
+    assert_int_equal(calls, 2);
+    assert_int_equal(kvp_param_revision(param), 5);
+    assert_memory_equal(kvp_param_values(param), plus_one, sizeof plus_one);
+
+    /* Failed updates advance nothing. */
+    assert_int_equal(kvp_param_update(param, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "values");
+    assert_error_text(&err, "argument `values` must not be NULL");
+    assert_int_equal(kvp_param_update_with(param, NULL, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "fn");
+    assert_error_text(&err, "argument `fn` must not be NULL");
+    assert_int_equal(kvp_param_revision(param), 5);
+    assert_memory_equal(kvp_param_values(param), plus_one, sizeof plus_one);
+    /* Identity never changes with updates. */
+    assert_int_equal(kvp_param_id(param), id);
+    release(param);
+}
+
+static void test_layer_param_errors_and_null_queries(void **state)
+{
+    (void)state;
+    double values[4] = {1.0, 2.0, 3.0, 4.0};
+    kvp_param *out = (kvp_param *)0x1;
+    kvp_error err;
+    assert_int_equal(kvp_param_create(2, NULL, &out, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "values");
+    assert_error_text(&err, "argument `values` must not be NULL");
+    assert_int_equal(kvp_param_create(2, values, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    assert_int_equal(kvp_param_create(0, values, &out, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "width");
+    assert_error_text(&err, "argument `width` is invalid: a parameter needs a nonzero width");
+    assert_int_equal(kvp_param_create(SIZE_MAX / 2, values, &out, &err), KVP_INVALID_ARGUMENT);
+    assert_error_text(&err, "argument `width` is invalid: width * width overflows");
+    /* width * width fits in size_t, but not as doubles. */
+    assert_int_equal(kvp_param_create((size_t)1 << 31, values, &out, &err), KVP_INVALID_ARGUMENT);
+    assert_error_text(&err, "argument `width` is invalid: width * width overflows");
+    assert_int_equal(kvp_param_create(0, values, &out, NULL), KVP_INVALID_ARGUMENT);
+    assert_ptr_equal(out, (kvp_param *)0x1); /* out untouched on failure */
+
+    assert_int_equal(kvp_param_retain(NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "param");
+    assert_int_equal(kvp_param_release(NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "param");
+    assert_int_equal(kvp_param_update(NULL, values, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "param");
+    assert_int_equal(kvp_param_update_with(NULL, change_nothing, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "param");
+    assert_int_equal(kvp_param_id(NULL), 0);
+    assert_int_equal(kvp_param_revision(NULL), 0);
+    assert_int_equal(kvp_param_width(NULL), 0);
+    assert_null(kvp_param_values(NULL));
+}
+
+/*
+ * Layers over the same nodes share identities; references keep every node
+ * alive exactly as long as some holder needs it (memcheck checks the frees).
+ */
+static void test_layer_shared_params_keep_identity_and_references(void **state)
+{
+    (void)state;
+    kvp_param *params[KVP_PARAM_COUNT];
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        params[i] = make_param(4, 0.01 * (double)(i + 1), -0.05);
+    }
+    kvp_layer *first = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_create(params[0], params[1], params[2], params[3], 2, MAX_POSITIONS,
+                                    ROPE_BASE, &first, &err),
+                   &err);
+    /* Retain / release pairs leave the count where it was. */
+    kvpt_assert_ok(kvp_param_retain(params[0], &err), &err);
+    release(params[0]);
+    /* The caller's references can go: the layer holds its own. */
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_ptr_equal(kvp_layer_param(first, i), params[i]);
+        release(params[i]);
+    }
+    assert_null(kvp_layer_param(first, KVP_PARAM_COUNT));
+    assert_null(kvp_layer_param(NULL, 0));
+    double expected[4 * 3];
+    reference_of(first, 4, 3, expected);
+
+    /* The seed's from_parameters over another layer's nodes. */
+    kvp_layer *second = NULL;
+    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(first, 0), kvp_layer_param(first, 1),
+                                    kvp_layer_param(first, 2), kvp_layer_param(first, 3), 2,
+                                    MAX_POSITIONS, ROPE_BASE, &second, &err),
+                   &err);
+    kvp_binding a;
+    kvp_binding b;
+    kvpt_assert_ok(kvp_layer_binding(first, &a, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding(second, &b, &err), &err);
+    assert_memory_equal(&a, &b, sizeof a);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_int_equal(b.params[i].node_id, kvp_param_id(kvp_layer_param(first, i)));
+        assert_ptr_equal(kvp_layer_param(second, i), kvp_layer_param(first, i));
+    }
+    double output[4 * 3];
+    reference_of(second, 4, 3, output);
+    assert_memory_equal(output, expected, sizeof output);
+
+    /* An in-place update through one layer is seen by the other: same node. */
+    double values[16];
+    memcpy(values, kvp_param_values(kvp_layer_param(second, KVP_PARAM_VALUE)), sizeof values);
+    kvpt_assert_ok(kvp_param_update(kvp_layer_param(second, KVP_PARAM_VALUE), values, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding(first, &a, &err), &err);
+    assert_int_equal(a.params[KVP_PARAM_VALUE].revision, 1);
+    assert_int_equal(a.params[KVP_PARAM_QUERY].revision, 0);
+
+    /* Destroying the first layer keeps the shared nodes alive for the second. */
+    destroy_layer(first);
+    kvpt_assert_ok(kvp_layer_binding(second, &b, &err), &err);
+    assert_memory_equal(&a, &b, sizeof a);
+    reference_of(second, 4, 3, output);
+    assert_memory_equal(output, expected, sizeof output);
+    assert_memory_equal(kvp_param_values(kvp_layer_param(second, KVP_PARAM_VALUE)), values,
+                        sizeof values);
+    /* A caller may keep a node past its last layer by retaining it. */
+    kvp_param *kept = kvp_layer_param(second, KVP_PARAM_OUTPUT);
+    kvpt_assert_ok(kvp_param_retain(kept, &err), &err);
+    uint64_t kept_id = kvp_param_id(kept);
+    destroy_layer(second);
+    assert_int_equal(kvp_param_id(kept), kept_id);
+    assert_int_equal(kvp_param_width(kept), 4);
+    release(kept); /* the last reference: frees the node */
+    assert_int_equal(kvp_layer_destroy(NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "layer");
+}
+
+/* ---- RoPE ----------------------------------------------------------------- */
+
+/* The rope must be rejected with `status` and `text`; err.layer_rope is the config. */
+static void expect_rope_invalid(kvp_rope_config rope, kvp_status status, const char *text)
+{
+    kvp_error err;
+    memset(&err, 0x5A, sizeof err);
+    assert_int_equal(kvp_rope_validate(&rope, &err), status);
+    assert_int_equal(err.status, status);
+    assert_error_text(&err, text);
+    assert_int_equal(err.layer_rope.feature_width, rope.feature_width);
+    assert_int_equal(err.layer_rope.max_positions, rope.max_positions);
+    assert_memory_equal(&err.layer_rope.base, &rope.base, sizeof rope.base);
+    /* Rotation validates the same way first, and touches nothing. */
+    double features[4] = {1.0, 2.0, 3.0, 4.0};
+    const double untouched[4] = {1.0, 2.0, 3.0, 4.0};
+    memset(&err, 0x5A, sizeof err);
+    assert_int_equal(kvp_rope_rotate(&rope, features, 0, &err), status);
+    assert_error_text(&err, text);
+    assert_memory_equal(features, untouched, sizeof features);
+}
+
+static void test_layer_rope_validate_errors(void **state)
+{
+    (void)state;
+    expect_rope_invalid((kvp_rope_config){3, 8, ROPE_BASE}, KVP_ROPE_INVALID_WIDTH,
+                        "RoPE feature width must be even and nonzero, got 3");
+    expect_rope_invalid((kvp_rope_config){1, 8, ROPE_BASE}, KVP_ROPE_INVALID_WIDTH,
+                        "RoPE feature width must be even and nonzero, got 1");
+    expect_rope_invalid((kvp_rope_config){0, 8, ROPE_BASE}, KVP_ROPE_INVALID_WIDTH,
+                        "RoPE feature width must be even and nonzero, got 0");
+    expect_rope_invalid((kvp_rope_config){2, 0, ROPE_BASE}, KVP_ROPE_ZERO_POSITIONS,
+                        "RoPE max positions must be nonzero");
+    expect_rope_invalid((kvp_rope_config){2, 8, 0.0}, KVP_ROPE_INVALID_BASE,
+                        "RoPE base must be finite and greater than zero, got 0.0");
+    expect_rope_invalid((kvp_rope_config){2, 8, -0.0}, KVP_ROPE_INVALID_BASE,
+                        "RoPE base must be finite and greater than zero, got -0.0");
+    expect_rope_invalid((kvp_rope_config){2, 8, -10000.0}, KVP_ROPE_INVALID_BASE,
+                        "RoPE base must be finite and greater than zero, got -10000.0");
+    expect_rope_invalid((kvp_rope_config){4, 8, -0.5}, KVP_ROPE_INVALID_BASE,
+                        "RoPE base must be finite and greater than zero, got -0.5");
+    expect_rope_invalid((kvp_rope_config){2, 8, NAN}, KVP_ROPE_INVALID_BASE,
+                        "RoPE base must be finite and greater than zero, got NaN");
+    expect_rope_invalid((kvp_rope_config){2, 8, INFINITY}, KVP_ROPE_INVALID_BASE,
+                        "RoPE base must be finite and greater than zero, got inf");
+    expect_rope_invalid((kvp_rope_config){2, 8, -INFINITY}, KVP_ROPE_INVALID_BASE,
+                        "RoPE base must be finite and greater than zero, got -inf");
+    /* Order: width, then positions, then base. */
+    expect_rope_invalid((kvp_rope_config){5, 0, NAN}, KVP_ROPE_INVALID_WIDTH,
+                        "RoPE feature width must be even and nonzero, got 5");
+    expect_rope_invalid((kvp_rope_config){2, 0, -1.0}, KVP_ROPE_ZERO_POSITIONS,
+                        "RoPE max positions must be nonzero");
+
+    /* Valid configurations, including tiny and huge positive bases. */
+    kvp_error err;
+    memset(&err, 0x5A, sizeof err);
+    kvp_error untouched;
+    memcpy(&untouched, &err, sizeof err);
+    const kvp_rope_config good[] = {
+        {2, 1, ROPE_BASE}, {16, 4096, 500000.0}, {2, 8, DBL_MIN}, {2, 8, DBL_MAX}, {2, 8, 1.0}};
+    for (size_t i = 0; i < COUNT_OF(good); i++) {
+        kvpt_assert_ok(kvp_rope_validate(&good[i], &err), &err);
+    }
+    assert_memory_equal(&err, &untouched, sizeof err); /* success leaves err alone */
+    assert_int_equal(kvp_rope_validate(NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "rope");
+    assert_int_equal(kvp_rope_rotate(NULL, NULL, 0, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "rope");
+    assert_int_equal(kvp_rope_rotate(&good[0], NULL, 0, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "features");
+    assert_error_text(&err, "argument `features` must not be NULL");
+}
+
+static void test_layer_rope_rotate_values(void **state)
+{
+    (void)state;
+    kvp_error err;
+    /* d_h = 2: theta_0 = 1, so the angle is the position. */
+    kvp_rope_config two = {2, MAX_POSITIONS, ROPE_BASE};
+    double x[2] = {1.0, 0.0};
+    kvpt_assert_ok(kvp_rope_rotate(&two, x, 1, &err), &err);
+    assert_true(x[0] == cos(1.0));
+    assert_true(x[1] == sin(1.0));
+    /* The seed's head-1 key at position 2: [1, 1] -> [cos 2 - sin 2, sin 2 + cos 2]. */
+    double y[2] = {1.0, 1.0};
+    kvpt_assert_ok(kvp_rope_rotate(&two, y, 2, &err), &err);
+    assert_close(y[0], -1.325444263, 1e-9);
+    assert_close(y[1], 0.493150590, 1e-9);
+    assert_close(y[0], cos(2.0) - sin(2.0), 1e-15);
+    assert_close(y[1], sin(2.0) + cos(2.0), 1e-15);
+    /* The seed's head-0 inputs rotate back onto [1, 0]. */
+    double z[2] = {cos(2.0), -sin(2.0)};
+    kvpt_assert_ok(kvp_rope_rotate(&two, z, 2, &err), &err);
+    assert_close(z[0], 1.0, 1e-15);
+    assert_close(z[1], 0.0, 1e-15);
+    /* Position 0 is the identity, bit for bit. */
+    double w[2] = {0.3, -0.7};
+    kvpt_assert_ok(kvp_rope_rotate(&two, w, 0, &err), &err);
+    assert_true(w[0] == 0.3 && w[1] == -0.7);
+
+    /* d_h = 4: theta_0 = 1, theta_1 = base^(-2/4) = 0.01. */
+    kvp_rope_config four = {4, MAX_POSITIONS, ROPE_BASE};
+    double v[4] = {1.0, 0.0, 1.0, 0.0};
+    kvpt_assert_ok(kvp_rope_rotate(&four, v, 3, &err), &err);
+    assert_close(v[0], cos(3.0), 1e-15);
+    assert_close(v[1], sin(3.0), 1e-15);
+    assert_close(v[2], cos(0.03), 1e-15);
+    assert_close(v[3], sin(0.03), 1e-15);
+    assert_close(v[2], 0.999550033748988, 1e-14);
+    assert_close(v[3], 0.0299955002024957, 1e-14);
+    double u[4] = {0.5, -2.0, 3.0, 0.25};
+    kvpt_assert_ok(kvp_rope_rotate(&four, u, 7, &err), &err);
+    assert_close(u[0], 0.5 * cos(7.0) + 2.0 * sin(7.0), 1e-14);
+    assert_close(u[1], 0.5 * sin(7.0) - 2.0 * cos(7.0), 1e-14);
+    assert_close(u[2], 3.0 * cos(0.07) - 0.25 * sin(0.07), 1e-14);
+    assert_close(u[3], 3.0 * sin(0.07) + 0.25 * cos(0.07), 1e-14);
+
+    /* Another base: d_h = 4 with base 100 gives theta_1 = 0.1. */
+    kvp_rope_config hundred = {4, MAX_POSITIONS, 100.0};
+    double t[4] = {0.0, 1.0, 0.0, 1.0};
+    kvpt_assert_ok(kvp_rope_rotate(&hundred, t, 5, &err), &err);
+    assert_close(t[0], -sin(5.0), 1e-15);
+    assert_close(t[1], cos(5.0), 1e-15);
+    assert_close(t[2], -sin(0.5), 1e-15);
+    assert_close(t[3], cos(0.5), 1e-15);
+}
+
+static void test_layer_rope_rotate_out_of_range_changes_nothing(void **state)
+{
+    (void)state;
+    kvp_rope_config rope = {4, MAX_POSITIONS, ROPE_BASE};
+    double features[4] = {0.1, 0.2, 0.3, 0.4};
+    const double untouched[4] = {0.1, 0.2, 0.3, 0.4};
+    const size_t positions[] = {MAX_POSITIONS, MAX_POSITIONS + 1, SIZE_MAX};
+    for (size_t i = 0; i < COUNT_OF(positions); i++) {
+        kvp_error err;
+        memset(&err, 0x5A, sizeof err);
+        assert_int_equal(kvp_rope_rotate(&rope, features, positions[i], &err),
+                         KVP_ROPE_POSITION_OUT_OF_RANGE);
+        assert_int_equal(err.status, KVP_ROPE_POSITION_OUT_OF_RANGE);
+        assert_int_equal(err.position, positions[i]);
+        assert_int_equal(err.layer_rope.feature_width, 4);
+        assert_int_equal(err.layer_rope.max_positions, MAX_POSITIONS);
+        assert_true(err.layer_rope.base == ROPE_BASE);
+        char text[128];
+        snprintf(text, sizeof text, "RoPE position %zu is out of range for 8 positions",
+                 positions[i]);
+        assert_error_text(&err, text);
+        assert_memory_equal(features, untouched, sizeof features);
+    }
+    /* The last position is in range. */
+    kvp_error err;
+    kvpt_assert_ok(kvp_rope_rotate(&rope, features, MAX_POSITIONS - 1, &err), &err);
+    assert_close(features[0], 0.1 * cos(7.0) - 0.2 * sin(7.0), 1e-15);
+}
+
+static void test_layer_rope_rotation_preserves_norm(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x5EED;
+    const size_t widths[] = {2, 4, 8, 16};
+    for (size_t w = 0; w < COUNT_OF(widths); w++) {
+        kvp_rope_config rope = {widths[w], 4096, ROPE_BASE};
+        for (size_t trial = 0; trial < 32; trial++) {
+            double features[16];
+            double norm_before = 0.0;
+            for (size_t f = 0; f < widths[w]; f++) {
+                features[f] = kvpt_rand_unit(&rng) * 4.0;
+                norm_before += features[f] * features[f];
+            }
+            size_t position = (size_t)(kvpt_rand_next(&rng) % rope.max_positions);
+            kvp_error err;
+            kvpt_assert_ok(kvp_rope_rotate(&rope, features, position, &err), &err);
+            double norm_after = 0.0;
+            for (size_t f = 0; f < widths[w]; f++) {
+                norm_after += features[f] * features[f];
+            }
+            assert_close(sqrt(norm_after), sqrt(norm_before), 1e-13);
+        }
+    }
+}
+
+/* ---- layers ----------------------------------------------------------------- */
+
+/* The layer must be refused with `status` and `text`, *out untouched. */
+static void expect_layer_failure(kvp_param *const p[KVP_PARAM_COUNT], size_t heads,
+                                 size_t max_positions, double base, kvp_status status,
+                                 const char *text, kvp_error *err)
+{
+    kvp_layer *out = (kvp_layer *)0x1;
+    memset(err, 0x5A, sizeof *err);
+    assert_int_equal(kvp_layer_create(p[0], p[1], p[2], p[3], heads, max_positions, base, &out,
+                                      err),
+                     status);
+    assert_int_equal(err->status, status);
+    assert_error_text(err, text);
+    assert_ptr_equal(out, (kvp_layer *)0x1);
+}
+
+static void test_layer_create_errors_in_documented_order(void **state)
+{
+    (void)state;
+    kvp_param *four[KVP_PARAM_COUNT];
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        four[i] = make_param(4, 0.1, (double)i);
+    }
+    kvp_param *three = make_param(3, 0.1, 0.0);
+    kvp_param *six[KVP_PARAM_COUNT];
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        six[i] = make_param(6, 0.1, (double)i);
+    }
+    kvp_error err;
+
+    /* NULL_ARGUMENT: out first, then the parameters in order. */
+    assert_int_equal(kvp_layer_create(NULL, NULL, NULL, NULL, 0, 0, NAN, NULL, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    kvp_param *nulls[KVP_PARAM_COUNT] = {NULL, NULL, NULL, NULL};
+    expect_layer_failure(nulls, 0, 0, NAN, KVP_NULL_ARGUMENT,
+                         "argument `w_query` must not be NULL", &err);
+    static const char *const names[] = {"w_query", "w_key", "w_value", "w_output"};
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        kvp_param *p[KVP_PARAM_COUNT] = {four[0], four[1], four[2], four[3]};
+        p[i] = NULL;
+        if (i + 1 < KVP_PARAM_COUNT) {
+            p[i + 1] = three; /* a later width mismatch does not matter */
+        }
+        char text[64];
+        snprintf(text, sizeof text, "argument `%s` must not be NULL", names[i]);
+        expect_layer_failure(p, 3, 0, NAN, KVP_NULL_ARGUMENT, text, &err);
+        assert_string_equal(err.argument, names[i]);
+    }
+
+    /* PARAMETER_WIDTH_MISMATCH: the first parameter whose width differs from W_q's. */
+    kvp_param *mixed[KVP_PARAM_COUNT] = {four[0], four[1], three, three};
+    expect_layer_failure(mixed, 0, 0, NAN, KVP_PARAMETER_WIDTH_MISMATCH,
+                         "attention parameter 2 is 3x3, expected 4x4", &err);
+    assert_int_equal(err.parameter, 2);
+    assert_int_equal(err.expected_size, 4);
+    assert_int_equal(err.actual_size, 3);
+    kvp_param *query_odd[KVP_PARAM_COUNT] = {three, four[1], four[2], four[3]};
+    expect_layer_failure(query_odd, 2, MAX_POSITIONS, ROPE_BASE, KVP_PARAMETER_WIDTH_MISMATCH,
+                         "attention parameter 1 is 4x4, expected 3x3", &err);
+    assert_int_equal(err.parameter, 1);
+    kvp_param *output_odd[KVP_PARAM_COUNT] = {four[0], four[1], four[2], six[3]};
+    expect_layer_failure(output_odd, 2, MAX_POSITIONS, ROPE_BASE, KVP_PARAMETER_WIDTH_MISMATCH,
+                         "attention parameter 3 is 6x6, expected 4x4", &err);
+    assert_int_equal(err.parameter, 3);
+
+    /* HEADS_DO_NOT_DIVIDE_WIDTH, before any RoPE check. */
+    expect_layer_failure(four, 0, 0, NAN, KVP_HEADS_DO_NOT_DIVIDE_WIDTH,
+                         "attention model width 4 must be a nonzero multiple of 0 heads", &err);
+    assert_int_equal(err.model_width, 4);
+    assert_int_equal(err.heads, 0);
+    expect_layer_failure(four, 3, 0, NAN, KVP_HEADS_DO_NOT_DIVIDE_WIDTH,
+                         "attention model width 4 must be a nonzero multiple of 3 heads", &err);
+    assert_int_equal(err.heads, 3);
+    expect_layer_failure(four, 8, MAX_POSITIONS, ROPE_BASE, KVP_HEADS_DO_NOT_DIVIDE_WIDTH,
+                         "attention model width 4 must be a nonzero multiple of 8 heads", &err);
+
+    /* ROPE_* over d_h features: width, then positions, then base. */
+    expect_layer_failure(six, 2, 0, NAN, KVP_ROPE_INVALID_WIDTH,
+                         "RoPE feature width must be even and nonzero, got 3", &err);
+    assert_int_equal(err.layer_rope.feature_width, 3);
+    assert_int_equal(err.layer_rope.max_positions, 0);
+    expect_layer_failure(four, 4, MAX_POSITIONS, ROPE_BASE, KVP_ROPE_INVALID_WIDTH,
+                         "RoPE feature width must be even and nonzero, got 1", &err);
+    expect_layer_failure(four, 2, 0, NAN, KVP_ROPE_ZERO_POSITIONS,
+                         "RoPE max positions must be nonzero", &err);
+    assert_int_equal(err.layer_rope.feature_width, 2);
+    expect_layer_failure(four, 2, MAX_POSITIONS, NAN, KVP_ROPE_INVALID_BASE,
+                         "RoPE base must be finite and greater than zero, got NaN", &err);
+    expect_layer_failure(four, 1, MAX_POSITIONS, -2.0, KVP_ROPE_INVALID_BASE,
+                         "RoPE base must be finite and greater than zero, got -2.0", &err);
+    assert_int_equal(err.layer_rope.feature_width, 4);
+    assert_int_equal(err.layer_rope.max_positions, MAX_POSITIONS);
+
+    /* err is optional. */
+    kvp_layer *layer = (kvp_layer *)0x1;
+    assert_int_equal(kvp_layer_create(four[0], four[1], four[2], four[3], 3, MAX_POSITIONS,
+                                      ROPE_BASE, &layer, NULL),
+                     KVP_HEADS_DO_NOT_DIVIDE_WIDTH);
+    assert_ptr_equal(layer, (kvp_layer *)0x1);
+
+    /* The same parameters are fine with a valid configuration; one layer may use a
+     * parameter in several roles. */
+    layer = NULL;
+    kvpt_assert_ok(kvp_layer_create(six[0], six[0], six[0], six[1], 3, 1, 0.5, &layer, &err),
+                   &err);
+    kvp_layer_info info;
+    kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
+    assert_int_equal(info.model_width, 6);
+    assert_int_equal(info.heads, 3);
+    assert_int_equal(info.head_width, 2);
+    assert_int_equal(info.rope.feature_width, 2);
+    assert_int_equal(info.rope.max_positions, 1);
+    assert_true(info.rope.base == 0.5);
+    destroy_layer(layer);
+
+    /* Failed creations took no reference: these releases free everything. */
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        release(four[i]);
+        release(six[i]);
+    }
+    release(three);
+}
+
+static void test_layer_create_random_is_deterministic_and_bounded(void **state)
+{
+    (void)state;
+    kvp_error err;
+    kvp_layer *a = NULL;
+    kvp_layer *b = NULL;
+    kvp_layer *c = NULL;
+    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 37, &a, &err), &err);
+    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 37, &b, &err), &err);
+    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 38, &c, &err), &err);
+
+    /* The documented fill: SplitMix64(seed), W_q, W_k, W_v, W_o row by row, each
+     * entry (2u - 1) / sqrt(D) for u uniform in [0, 1) from the top 53 bits. */
+    uint64_t rng = 37;
+    double scale = 1.0 / sqrt(4.0);
+    size_t differing = 0;
+    for (size_t p = 0; p < KVP_PARAM_COUNT; p++) {
+        const double *va = kvp_param_values(kvp_layer_param(a, p));
+        const double *vb = kvp_param_values(kvp_layer_param(b, p));
+        const double *vc = kvp_param_values(kvp_layer_param(c, p));
+        assert_int_equal(kvp_param_width(kvp_layer_param(a, p)), 4);
+        assert_memory_equal(va, vb, 16 * sizeof(double));
+        for (size_t i = 0; i < 16; i++) {
+            double expected = kvpt_rand_unit(&rng) * scale;
+            assert_memory_equal(&va[i], &expected, sizeof expected);
+            differing += va[i] != vc[i];
+        }
+        /* Same values, but distinct nodes. */
+        assert_true(kvp_param_id(kvp_layer_param(a, p)) != kvp_param_id(kvp_layer_param(b, p)));
+    }
+    assert_int_equal(differing, 4 * 16);
+    destroy_layer(a);
+    destroy_layer(b);
+    destroy_layer(c);
+
+    /* Bounds, over many entries and widths. */
+    const size_t widths[] = {1, 2, 16, 64};
+    const size_t heads[] = {1, 1, 4, 8};
+    for (size_t w = 0; w < COUNT_OF(widths); w++) {
+        size_t d = widths[w];
+        kvp_layer *layer = NULL;
+        if (d == 1) {
+            /* d_h = 1 is odd: the layer is refused, and nothing leaks. */
+            kvp_layer *out = (kvp_layer *)0x1;
+            assert_int_equal(kvp_layer_create_random(1, 1, MAX_POSITIONS, ROPE_BASE, 5, &out,
+                                                     &err),
+                             KVP_ROPE_INVALID_WIDTH);
+            assert_ptr_equal(out, (kvp_layer *)0x1);
+            continue;
+        }
+        kvpt_assert_ok(kvp_layer_create_random(d, heads[w], 64, ROPE_BASE, 1000 + w, &layer,
+                                               &err),
+                       &err);
+        double bound = 1.0 / sqrt((double)d);
+        double lowest = bound;
+        double highest = -bound;
+        for (size_t p = 0; p < KVP_PARAM_COUNT; p++) {
+            const double *v = kvp_param_values(kvp_layer_param(layer, p));
+            for (size_t i = 0; i < d * d; i++) {
+                assert_true(v[i] >= -bound);
+                assert_true(v[i] < bound);
+                lowest = v[i] < lowest ? v[i] : lowest;
+                highest = v[i] > highest ? v[i] : highest;
+            }
+        }
+        if (d == 64) {
+            /* 16384 draws cover the range: both ends are approached. */
+            assert_true(lowest < -0.99 * bound);
+            assert_true(highest > 0.99 * bound);
+        }
+        destroy_layer(layer);
+    }
+
+    /* Errors: argument checks, then the layer's own checks after the parameters
+     * were made (they must be released: memcheck). */
+    kvp_layer *out = (kvp_layer *)0x1;
+    assert_int_equal(kvp_layer_create_random(4, 2, 8, ROPE_BASE, 1, NULL, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    assert_int_equal(kvp_layer_create_random(0, 2, 8, ROPE_BASE, 1, &out, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "model_width");
+    assert_error_text(&err, "argument `model_width` is invalid: must be nonzero and "
+                            "model_width^2 doubles must fit in memory");
+    assert_int_equal(kvp_layer_create_random(SIZE_MAX / 4, 2, 8, ROPE_BASE, 1, &out, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_int_equal(kvp_layer_create_random(4, 3, 8, ROPE_BASE, 1, &out, &err),
+                     KVP_HEADS_DO_NOT_DIVIDE_WIDTH);
+    assert_error_text(&err, "attention model width 4 must be a nonzero multiple of 3 heads");
+    assert_int_equal(kvp_layer_create_random(4, 2, 0, ROPE_BASE, 1, &out, &err),
+                     KVP_ROPE_ZERO_POSITIONS);
+    assert_int_equal(kvp_layer_create_random(4, 2, 8, INFINITY, 1, &out, &err),
+                     KVP_ROPE_INVALID_BASE);
+    assert_error_text(&err, "RoPE base must be finite and greater than zero, got inf");
+    assert_ptr_equal(out, (kvp_layer *)0x1);
+}
+
+static void test_layer_binding_and_info(void **state)
+{
+    (void)state;
+    kvp_error err;
+    kvp_layer *layer = NULL;
+    kvpt_assert_ok(kvp_layer_create_random(12, 3, 20, 500.25, 9, &layer, &err), &err);
+    kvp_binding binding;
+    memset(&binding, 0x5A, sizeof binding);
+    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    assert_int_equal(binding.model_width, 12);
+    assert_int_equal(binding.heads, 3);
+    assert_int_equal(binding.head_width, 4);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_int_equal(binding.params[i].node_id, kvp_param_id(kvp_layer_param(layer, i)));
+        assert_int_equal(binding.params[i].revision, 0);
+    }
+    assert_int_equal(binding.rope_feature_width, 4);
+    assert_int_equal(binding.rope_max_positions, 20);
+    double base = 500.25;
+    uint64_t bits = 0;
+    memcpy(&bits, &base, sizeof bits);
+    assert_int_equal(binding.rope_base_bits, bits);
+
+    kvp_layer_info info;
+    kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
+    assert_int_equal(info.model_width, 12);
+    assert_int_equal(info.heads, 3);
+    assert_int_equal(info.head_width, 4);
+    assert_int_equal(info.rope.feature_width, 4);
+    assert_int_equal(info.rope.max_positions, 20);
+    assert_true(info.rope.base == 500.25);
+
+    /* Updates show in the binding, per parameter; identities stay. */
+    kvp_param *w_key = kvp_layer_param(layer, KVP_PARAM_KEY);
+    kvp_param *w_output = kvp_layer_param(layer, KVP_PARAM_OUTPUT);
+    size_t calls = 0;
+    kvpt_assert_ok(kvp_param_update_with(w_key, change_nothing, &calls, &err), &err);
+    kvpt_assert_ok(kvp_param_update_with(w_output, change_nothing, &calls, &err), &err);
+    kvpt_assert_ok(kvp_param_update_with(w_output, change_nothing, &calls, &err), &err);
+    kvp_binding updated;
+    kvpt_assert_ok(kvp_layer_binding(layer, &updated, &err), &err);
+    assert_int_equal(updated.params[KVP_PARAM_QUERY].revision, 0);
+    assert_int_equal(updated.params[KVP_PARAM_KEY].revision, 1);
+    assert_int_equal(updated.params[KVP_PARAM_VALUE].revision, 0);
+    assert_int_equal(updated.params[KVP_PARAM_OUTPUT].revision, 2);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_int_equal(updated.params[i].node_id, binding.params[i].node_id);
+    }
+
+    /* NULL handling; out untouched on failure. */
+    kvp_binding untouched;
+    memcpy(&untouched, &updated, sizeof updated);
+    assert_int_equal(kvp_layer_binding(NULL, &updated, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "layer");
+    assert_int_equal(kvp_layer_binding(layer, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    assert_memory_equal(&updated, &untouched, sizeof updated);
+    assert_int_equal(kvp_layer_info_get(NULL, &info, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "layer");
+    assert_int_equal(kvp_layer_info_get(layer, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    destroy_layer(layer);
+}
+
+/* ---- allocation fault sweeps ----------------------------------------------- */
+
+/* The outcome of one injected call. */
+typedef struct step {
+    kvp_status status;
+    kvp_error err;
+    int fired;
+    kvpi_fault_site site;
+    uint64_t calls;
+} step;
+
+static void step_arm(step *s, uint64_t nth)
+{
+    memset(s, 0, sizeof *s);
+    memset(&s->err, 0x5A, sizeof s->err);
+    kvpi_fault_arm(nth);
+}
+
+/* Reads the injector after the call, then disarms it. */
+static void step_finish(step *s, kvp_status status)
+{
+    s->status = status;
+    s->fired = kvpi_fault_fired();
+    s->site = kvpi_fault_last_site();
+    s->calls = kvpi_fault_calls();
+    kvpi_fault_arm(0);
+}
+
+/* A failed step: AllocationFailed at `site`, naming `what` and `bytes`. */
+static void assert_step_failed(const step *s, uint64_t nth, kvpi_fault_site site,
+                               const char *what, size_t bytes)
+{
+    assert_int_equal(s->status, KVP_ALLOCATION_FAILED);
+    assert_int_equal(s->err.status, KVP_ALLOCATION_FAILED);
+    assert_int_equal(s->site, site);
+    assert_int_equal(s->calls, nth); /* the call stopped at the failure */
+    assert_non_null(s->err.what);
+    assert_string_equal(s->err.what, what);
+    assert_int_equal(s->err.bytes, bytes);
+    char expected[160];
+    snprintf(expected, sizeof expected, "cannot allocate %s (%zu bytes)", what, bytes);
+    assert_error_text(&s->err, expected);
+}
+
+static void test_layer_fault_sweep_param_create(void **state)
+{
+    (void)state;
+    double values[9];
+    fill_ramp(values, 3, 1.0, 0.0);
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvp_param *param = (kvp_param *)0x1;
+        step s;
+        step_arm(&s, nth);
+        step_finish(&s, kvp_param_create(3, values, &param, &s.err));
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_int_equal(s.calls, failures);
+            assert_memory_equal(kvp_param_values(param), values, sizeof values);
+            assert_int_equal(kvp_param_revision(param), 0);
+            release(param);
+            break;
+        }
+        failures++;
+        /* The node and its values are one allocation. */
+        assert_true(s.err.bytes >= sizeof values);
+        assert_step_failed(&s, nth, KVPI_SITE_PARAM, "parameter node", s.err.bytes);
+        assert_ptr_equal(param, (kvp_param *)0x1);
+    }
+    assert_int_equal(failures, 1);
+}
+
+static void test_layer_fault_sweep_layer_create(void **state)
+{
+    (void)state;
+    kvp_param *p[KVP_PARAM_COUNT];
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        p[i] = make_param(4, 0.25, (double)i);
+    }
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvp_layer *layer = (kvp_layer *)0x1;
+        step s;
+        step_arm(&s, nth);
+        step_finish(&s, kvp_layer_create(p[0], p[1], p[2], p[3], 2, MAX_POSITIONS, ROPE_BASE,
+                                         &layer, &s.err));
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_int_equal(s.calls, failures);
+            for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+                assert_ptr_equal(kvp_layer_param(layer, i), p[i]);
+            }
+            destroy_layer(layer);
+            break;
+        }
+        failures++;
+        assert_step_failed(&s, nth, KVPI_SITE_LAYER, "attention layer", sizeof(struct kvp_layer));
+        assert_ptr_equal(layer, (kvp_layer *)0x1);
+    }
+    assert_int_equal(failures, 1);
+    /* A failed creation took no reference: these are the last ones (memcheck). */
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        release(p[i]);
+    }
+}
+
+static void test_layer_fault_sweep_layer_create_random(void **state)
+{
+    (void)state;
+    enum { D = 8 };
+    /* Scratch for the values, four parameters, then the layer. */
+    static const kvpi_fault_site sites[] = {KVPI_SITE_SCRATCH, KVPI_SITE_PARAM, KVPI_SITE_PARAM,
+                                            KVPI_SITE_PARAM,   KVPI_SITE_PARAM, KVPI_SITE_LAYER};
+    kvp_layer *expected = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_create_random(D, 2, MAX_POSITIONS, ROPE_BASE, 77, &expected, &err),
+                   &err);
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvp_layer *layer = (kvp_layer *)0x1;
+        step s;
+        step_arm(&s, nth);
+        step_finish(&s, kvp_layer_create_random(D, 2, MAX_POSITIONS, ROPE_BASE, 77, &layer,
+                                                &s.err));
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_int_equal(s.calls, failures);
+            for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+                assert_memory_equal(kvp_param_values(kvp_layer_param(layer, i)),
+                                    kvp_param_values(kvp_layer_param(expected, i)),
+                                    D * D * sizeof(double));
+            }
+            destroy_layer(layer);
+            break;
+        }
+        failures++;
+        assert_true(nth <= COUNT_OF(sites));
+        kvpi_fault_site site = sites[nth - 1];
+        size_t bytes = site == KVPI_SITE_SCRATCH ? D * D * sizeof(double)
+                       : site == KVPI_SITE_LAYER ? sizeof(struct kvp_layer)
+                                                 : s.err.bytes;
+        assert_true(bytes >= D * D * sizeof(double) || site == KVPI_SITE_LAYER);
+        assert_step_failed(&s, nth, site, kvpi_fault_site_name(site), bytes);
+        assert_ptr_equal(layer, (kvp_layer *)0x1);
+    }
+    assert_int_equal(failures, COUNT_OF(sites));
+    destroy_layer(expected);
+}
+
+static void test_layer_fault_sweep_ticket_create(void **state)
+{
+    (void)state;
+    enum { B = 2, H = 2, HD = 4, C = 7 };
+    kvp_pool *pool = kvpt_pool(3, H, HD, 8);
+    kvp_binding binding = kvpt_binding(H, HD, C);
+    kvp_cache *cache = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_create(pool, &binding, B, C, &cache, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats before = kvpt_stats(pool);
+    /* Q, K, V, head outputs and output rows, the weights, and B reserved page ids. */
+    const size_t buffer_bytes = (5 * B * H * HD + B * H * C) * sizeof(double) +
+                                B * sizeof(uint32_t);
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvp_ticket *ticket = (kvp_ticket *)0x1;
+        step s;
+        step_arm(&s, nth);
+        step_finish(&s, kvp_ticket_create(cache, &ticket, &s.err));
+        kvpt_assert_pool_ok(pool);
+        kvp_pool_stats after = kvpt_stats(pool);
+        assert_memory_equal(&before, &after, sizeof before);
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_int_equal(s.calls, failures);
+            kvp_attention_result result;
+            assert_int_equal(kvp_ticket_result(ticket, &result, &err), KVP_TICKET_EMPTY);
+            kvpt_assert_ok(kvp_ticket_destroy(ticket, &err), &err);
+            kvpt_assert_pool_ok(pool);
+            break;
+        }
+        failures++;
+        if (nth == 1) {
+            assert_step_failed(&s, nth, KVPI_SITE_TICKET, "attention ticket",
+                               sizeof(struct kvp_ticket));
+        } else {
+            assert_step_failed(&s, nth, KVPI_SITE_SCRATCH, "attention ticket buffers",
+                               buffer_bytes);
+        }
+        assert_ptr_equal(ticket, (kvp_ticket *)0x1);
+    }
+    assert_int_equal(failures, 2);
+    assert_int_equal(kvp_ticket_create(NULL, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "cache");
+    assert_int_equal(kvp_ticket_create(cache, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layer_param_create_copies_values),
+        cmocka_unit_test(test_layer_param_ids_are_unique_and_increasing),
+        cmocka_unit_test(test_layer_param_revision_advances_by_one_on_every_update),
+        cmocka_unit_test(test_layer_param_errors_and_null_queries),
+        cmocka_unit_test(test_layer_shared_params_keep_identity_and_references),
+        cmocka_unit_test(test_layer_rope_validate_errors),
+        cmocka_unit_test(test_layer_rope_rotate_values),
+        cmocka_unit_test(test_layer_rope_rotate_out_of_range_changes_nothing),
+        cmocka_unit_test(test_layer_rope_rotation_preserves_norm),
+        cmocka_unit_test(test_layer_create_errors_in_documented_order),
+        cmocka_unit_test(test_layer_create_random_is_deterministic_and_bounded),
+        cmocka_unit_test(test_layer_binding_and_info),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_param_create, disarm),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create, disarm),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create_random, disarm),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_ticket_create, disarm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
