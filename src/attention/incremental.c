@@ -165,11 +165,8 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
     size_t keys = cache->len + 1;
     double scale = 1.0 / sqrt((double)hd);
     for (size_t lane = 0; lane < batch; lane++) {
-        for (size_t head = 0; head < heads; head++) {
-            size_t at = lane * d + head * hd;
-            kvpi_gather_scores(cache, t->query + at, t->key + at, lane, head, scale,
-                          t->weights + (lane * heads + head) * keys);
-        }
+        kvpi_gather_scores(cache, t->query + lane * d, t->key + lane * d, lane, scale,
+                           t->weights + lane * heads * keys);
     }
     kvp_status status =
         check_finite(t->weights, batch * heads * keys, KVP_NONFINITE_SCORE, "score", err);
@@ -180,11 +177,8 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
         kvpi_softmax(t->weights + row * keys, keys);
     }
     for (size_t lane = 0; lane < batch; lane++) {
-        for (size_t head = 0; head < heads; head++) {
-            size_t at = lane * d + head * hd;
-            kvpi_gather_values(cache, t->weights + (lane * heads + head) * keys, t->value + at, lane,
-                          head, t->head_outputs + at);
-        }
+        kvpi_gather_values(cache, t->weights + lane * heads * keys, t->value + lane * d, lane,
+                           t->head_outputs + lane * d);
     }
     /* [B, H, 1, d_h] is already the merged [B, 1, D] layout. */
     const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
