@@ -46,13 +46,3 @@ void kvpi_rope_apply(const kvp_rope_config *rope, double *features, size_t posit
         features[2 * i + 1] = x0 * s + x1 * c;
     }
 }
-
-size_t kvpi_first_nonfinite(const double *values, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(values[i])) {
-            return i;
-        }
-    }
-    return n;
-}

@@ -3,8 +3,8 @@
  * full-prefix reference, so both perform the same operations in the same
  * order and agree to the last bit wherever their inputs agree.
  *
- * Owns: projections, dot products, the stable softmax, RoPE rotation without
- * checks, and the non-finite scan. Pure functions; callers validate sizes.
+ * Owns: projections, dot products, the stable softmax, and RoPE rotation
+ * without checks. Pure functions; callers validate sizes.
  * Callers: src/attention only.
  */
 #ifndef KVPAGER_ATTENTION_KERNELS_H
@@ -40,8 +40,5 @@ void kvpi_softmax(double *s, size_t n);
 
 /* Rotates rope->feature_width features for `position`; the caller checked the range. */
 void kvpi_rope_apply(const kvp_rope_config *rope, double *features, size_t position);
-
-/* Index of the first non-finite value, or n when every value is finite. */
-size_t kvpi_first_nonfinite(const double *values, size_t n);
 
 #endif /* KVPAGER_ATTENTION_KERNELS_H */

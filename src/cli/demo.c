@@ -358,24 +358,39 @@ static kvp_status reset_and_replay(demo *d, const kvp_layer *layer, kvp_pool *po
     return KVP_OK;
 }
 
-/* The seed's unchanged_after_error: the call fails as expected and changes nothing. */
-static void expect_unchanged_error(demo *d, error_case *c, const kvp_layer *layer,
-                                   const kvp_tensor *input, kvp_pool *pool, kvp_cache *cache,
-                                   kvp_ticket *ticket)
+/*
+ * One forward that is expected to fail. *unchanged says whether it changed
+ * nothing: not the cache's digest (len, logical rows, page tables) and not the
+ * pool's stats, except the exhaustion counter, which must move by exactly
+ * `exhaustions` (1 for a PoolExhausted case, else 0).
+ */
+static kvp_status forward_unchanged(const kvp_layer *layer, const kvp_tensor *input,
+                                    kvp_pool *pool, kvp_cache *cache, kvp_ticket *ticket,
+                                    uint64_t exhaustions, kvp_error *err, int *unchanged)
 {
     uint64_t before = 0;
     uint64_t after = 0;
     kvp_pool_stats stats_before;
     kvp_pool_stats stats_after;
-    kvp_error err;
     int audited = kvp_cache_digest(cache, &before, NULL) == KVP_OK &&
                   kvp_pool_stats_get(pool, &stats_before, NULL) == KVP_OK;
-    c->got = kvp_attention_forward(layer, input, cache, ticket, &err);
+    kvp_status status = kvp_attention_forward(layer, input, cache, ticket, err);
     audited = audited && kvp_cache_digest(cache, &after, NULL) == KVP_OK &&
               kvp_pool_stats_get(pool, &stats_after, NULL) == KVP_OK;
-    c->unchanged = audited && before == after &&
-                   memcmp(&stats_before, &stats_after, sizeof stats_before) == 0;
-    (void)d;
+    int counted = stats_after.exhaustions == stats_before.exhaustions + exhaustions;
+    stats_after.exhaustions = stats_before.exhaustions;
+    *unchanged = audited && counted && before == after &&
+                 memcmp(&stats_before, &stats_after, sizeof stats_before) == 0;
+    return status;
+}
+
+/* The seed's unchanged_after_error: the call fails as expected and changes nothing. */
+static void expect_unchanged_error(error_case *c, const kvp_layer *layer,
+                                   const kvp_tensor *input, kvp_pool *pool, kvp_cache *cache,
+                                   kvp_ticket *ticket)
+{
+    kvp_error err;
+    c->got = forward_unchanged(layer, input, pool, cache, ticket, 0, &err, &c->unchanged);
 }
 
 static int error_evidence(demo *d, kvp_layer *layer, kvp_pool *pool, error_case cases[ERROR_CASES])
@@ -411,14 +426,14 @@ static int error_evidence(demo *d, kvp_layer *layer, kvp_pool *pool, error_case 
     if (cache == NULL) {
         return -1;
     }
-    expect_unchanged_error(d, &cases[0], layer, &two, pool, cache, ticket);
+    expect_unchanged_error(&cases[0], layer, &two, pool, cache, ticket);
 
     cache = make_cache(d, pool, layer, 1, 1, &ticket);
     if (cache == NULL || kvp_attention_forward(layer, &single, cache, ticket, &d->err) != KVP_OK) {
         d->failed_at = d->failed_at ? d->failed_at : "filling the one-row cache";
         return -1;
     }
-    expect_unchanged_error(d, &cases[1], layer, &single, pool, cache, ticket);
+    expect_unchanged_error(&cases[1], layer, &single, pool, cache, ticket);
 
     kvp_layer *wider = NULL;
     kvp_status status =
@@ -429,7 +444,7 @@ static int error_evidence(demo *d, kvp_layer *layer, kvp_pool *pool, error_case 
     if (cache == NULL) {
         return -1;
     }
-    expect_unchanged_error(d, &cases[2], layer, &single, wide_pool, cache, ticket);
+    expect_unchanged_error(&cases[2], layer, &single, wide_pool, cache, ticket);
 
     kvp_layer *one_head = NULL;
     status = kvp_layer_create_random(MODEL_WIDTH, 1, MAX_POSITIONS, ROPE_BASE, 38, &one_head,
@@ -440,34 +455,34 @@ static int error_evidence(demo *d, kvp_layer *layer, kvp_pool *pool, error_case 
     if (cache == NULL) {
         return -1;
     }
-    expect_unchanged_error(d, &cases[3], layer, &single, one_pool, cache, ticket);
+    expect_unchanged_error(&cases[3], layer, &single, one_pool, cache, ticket);
 
     kvp_layer *other = fixture_layer(d, MAX_POSITIONS, ROPE_BASE, NULL);
     cache = other ? make_cache(d, pool, other, 1, CAPACITY, &ticket) : NULL;
     if (cache == NULL) {
         return -1;
     }
-    expect_unchanged_error(d, &cases[4], layer, &single, pool, cache, ticket);
+    expect_unchanged_error(&cases[4], layer, &single, pool, cache, ticket);
 
     kvp_layer *different_rope = fixture_layer(d, MAX_POSITIONS, ROPE_BASE * 2.0, params);
     cache = different_rope ? make_cache(d, pool, layer, 1, CAPACITY, &ticket) : NULL;
     if (cache == NULL) {
         return -1;
     }
-    expect_unchanged_error(d, &cases[5], different_rope, &single, pool, cache, ticket);
+    expect_unchanged_error(&cases[5], different_rope, &single, pool, cache, ticket);
 
     kvp_layer *different_positions = fixture_layer(d, MAX_POSITIONS + 1, ROPE_BASE, params);
     cache = different_positions ? make_cache(d, pool, layer, 1, CAPACITY, &ticket) : NULL;
     if (cache == NULL) {
         return -1;
     }
-    expect_unchanged_error(d, &cases[6], different_positions, &single, pool, cache, ticket);
+    expect_unchanged_error(&cases[6], different_positions, &single, pool, cache, ticket);
 
     cache = make_cache(d, pool, layer, 1, CAPACITY, &ticket);
     if (cache == NULL) {
         return -1;
     }
-    expect_unchanged_error(d, &cases[7], layer, &overflowing, pool, cache, ticket);
+    expect_unchanged_error(&cases[7], layer, &overflowing, pool, cache, ticket);
     return 0;
 }
 
@@ -493,23 +508,10 @@ static int exhausted_evidence_run(demo *d, const kvp_layer *layer, exhausted_evi
     memcpy(rows, d->inputs[2], sizeof d->inputs[2]);
     memcpy(rows + MODEL_WIDTH, d->inputs[2], sizeof d->inputs[2]);
     kvp_tensor input = kvp_tensor3(rows, 2, 1, MODEL_WIDTH);
-    uint64_t before = 0;
-    uint64_t after = 0;
-    kvp_pool_stats stats_before;
-    kvp_pool_stats stats_after;
     kvp_error err;
-    int audited = kvp_cache_digest(cache, &before, NULL) == KVP_OK &&
-                  kvp_pool_stats_get(pool, &stats_before, NULL) == KVP_OK;
-    ev->got = kvp_attention_forward(layer, &input, cache, ticket, &err);
+    ev->got = forward_unchanged(layer, &input, pool, cache, ticket, 1, &err, &ev->unchanged);
     ev->needed = err.needed;
     ev->available = err.available;
-    audited = audited && kvp_cache_digest(cache, &after, NULL) == KVP_OK &&
-              kvp_pool_stats_get(pool, &stats_after, NULL) == KVP_OK;
-    /* Only the exhaustion counter may move, by exactly one. */
-    int counted = stats_after.exhaustions == stats_before.exhaustions + 1;
-    stats_after.exhaustions = stats_before.exhaustions;
-    ev->unchanged = audited && counted && before == after &&
-                    memcmp(&stats_before, &stats_after, sizeof stats_before) == 0;
     return 0;
 }
 
@@ -541,13 +543,9 @@ static int update_evidence_run(demo *d, kvp_pool *pool, const step_evidence *fir
         return -1;
     }
     ev->revision_after = kvp_param_revision(w_value);
-    uint64_t before = 0;
-    uint64_t after = 0;
     kvp_error err;
-    int audited = kvp_cache_digest(old_cache, &before, NULL) == KVP_OK;
-    ev->old_cache = kvp_attention_forward(layer, &x1, old_cache, old_ticket, &err);
-    audited = audited && kvp_cache_digest(old_cache, &after, NULL) == KVP_OK;
-    ev->unchanged = audited && before == after;
+    ev->old_cache =
+        forward_unchanged(layer, &x1, pool, old_cache, old_ticket, 0, &err, &ev->unchanged);
     if (kvp_cache_reset(old_cache, &d->err) != KVP_OK) {
         d->failed_at = "resetting the stale cache";
         return -1;

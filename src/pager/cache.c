@@ -18,7 +18,6 @@
  */
 #include "pager/cache_internal.h"
 
-#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -422,17 +421,6 @@ int kvp_cache_is_full(const kvp_cache *cache)
 
 /* ---- the private append path ------------------------------------------- */
 
-/* Index of the first non-finite value among n, or n when all are finite. */
-static size_t first_nonfinite(const double *values, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(values[i])) {
-            return i;
-        }
-    }
-    return n;
-}
-
 static kvp_status check_row_shape(const kvp_cache *cache, const kvp_tensor *row,
                                   kvp_status mismatch, kvp_error *err)
 {
@@ -449,7 +437,7 @@ static kvp_status check_row_shape(const kvp_cache *cache, const kvp_tensor *row,
 static kvp_status check_row_finite(const kvp_tensor *row, size_t n, kvp_status nonfinite,
                                    kvp_error *err)
 {
-    size_t index = first_nonfinite(row->data, n);
+    size_t index = kvpi_first_nonfinite(row->data, n);
     if (index == n) {
         return KVP_OK;
     }

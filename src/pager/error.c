@@ -1,9 +1,10 @@
 /*
- * error.c: construction of kvp_error values and small shape helpers
+ * error.c: construction of kvp_error values and small shape and value checks
  * (see error.h). Rendering lives in status.c.
  */
 #include "pager/error.h"
 
+#include <math.h>
 #include <string.h>
 
 kvp_error kvpi_error_begin(kvp_status status)
@@ -102,4 +103,14 @@ size_t kvpi_shape_elements(const kvp_shape *shape, int *overflow)
         count *= shape->dims[i];
     }
     return count;
+}
+
+size_t kvpi_first_nonfinite(const double *values, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(values[i])) {
+            return i;
+        }
+    }
+    return n;
 }

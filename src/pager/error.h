@@ -1,7 +1,8 @@
 /*
  * error.h: building kvp_error values on failure paths.
  *
- * Owns: the helpers every module uses to report a typed failure. Each
+ * Owns: the helpers every module uses to report a typed failure, and the
+ * small shape and value checks that decide one. Each
  * returns the status it reports, so a failure path reads
  * `return kvpi_fail_null(err, "pool");`. They write *err only when err is
  * not NULL, and always write a whole, zeroed-then-filled struct.
@@ -34,5 +35,8 @@ int kvpi_shape_equal(const kvp_shape *a, const kvp_shape *b);
 
 /* Product of the dimensions; 0 with *overflow set when it overflows size_t. */
 size_t kvpi_shape_elements(const kvp_shape *shape, int *overflow);
+
+/* Index of the first non-finite value of values[0..n), or n when all are finite. */
+size_t kvpi_first_nonfinite(const double *values, size_t n);
 
 #endif /* KVPAGER_PAGER_ERROR_H */
