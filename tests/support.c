@@ -4,11 +4,19 @@
 #include "support.h"
 
 #include <jemalloc/jemalloc.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <valgrind/valgrind.h>
 
 #include "pager/cache_internal.h"
+
+/* cmocka's assertion functions, reporting the caller's file and line. */
+#define INT_EQUAL_AT(a, b, file, line) \
+    _assert_int_equal(cast_to_largest_integral_type(a), cast_to_largest_integral_type(b), \
+                      (file), (line))
+#define TRUE_AT(c, file, line) _assert_true(cast_to_largest_integral_type(c), #c, (file), (line))
 
 static void print_mismatch(void *ctx, const kvp_mismatch *mismatch)
 {
@@ -43,6 +51,62 @@ void kvpt_assert_ok_at(kvp_status status, const kvp_error *err, const char *file
     fail();
 }
 
+void kvpt_assert_error_text_at(const kvp_error *e, const char *text, const char *file, int line)
+{
+    char buf[512];
+    memset(buf, '#', sizeof buf);
+    size_t n = kvp_error_format(e, buf, sizeof buf);
+    if (strcmp(buf, text) != 0 || n != strlen(text)) {
+        print_error("%s:%d: rendered \"%s\" (length %zu), expected \"%s\"\n", file, line, buf, n,
+                    text);
+        fail();
+    }
+    INT_EQUAL_AT(kvp_error_format(e, NULL, 0), strlen(text), file, line);
+}
+
+void kvpt_assert_close_at(double actual, double expected, double tolerance, const char *file,
+                          int line)
+{
+    if (!(fabs(actual - expected) <= tolerance)) {
+        print_error("%s:%d: %.17g differs from %.17g by more than %g\n", file, line, actual,
+                    expected, tolerance);
+        fail();
+    }
+}
+
+double kvpt_max_abs_diff(const double *a, const double *b, size_t n)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs(a[i] - b[i]);
+        if (isnan(diff)) {
+            return INFINITY;
+        }
+        if (diff > worst) {
+            worst = diff;
+        }
+    }
+    return worst;
+}
+
+void kvpt_fill(double *out, size_t n, double value)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[i] = value;
+    }
+}
+
+void kvpt_assert_filled_at(const double *out, size_t n, double value, const char *file, int line)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!(out[i] == value)) {
+            print_error("%s:%d: element %zu of %zu is %.17g, expected it untouched at %.17g\n",
+                        file, line, i, n, out[i], value);
+            fail();
+        }
+    }
+}
+
 kvp_pool *kvpt_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages)
 {
     kvp_pool_config config = {block_tokens, heads, head_width,
@@ -50,7 +114,21 @@ kvp_pool *kvpt_pool(size_t block_tokens, size_t heads, size_t head_width, size_t
     kvp_pool *pool = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
+    kvpt_assert_pool_ok(pool);
     return pool;
+}
+
+void kvpt_destroy_pool_at(kvp_pool *pool, const char *file, int line)
+{
+    kvpt_assert_pool_ok_at(pool, file, line);
+    kvp_pool_stats stats = kvpt_stats(pool);
+    INT_EQUAL_AT(stats.held_pages, 0, file, line);
+    INT_EQUAL_AT(stats.free_pages, stats.total_pages, file, line);
+    INT_EQUAL_AT(stats.attached_caches, 0, file, line);
+    INT_EQUAL_AT(stats.attached_reservations, 0, file, line);
+    INT_EQUAL_AT(stats.promised_pages, 0, file, line);
+    kvp_error err;
+    kvpt_assert_ok_at(kvp_pool_destroy(pool, &err), &err, file, line);
 }
 
 kvp_binding kvpt_binding(size_t heads, size_t head_width, size_t max_positions)
@@ -79,6 +157,155 @@ kvp_pool_stats kvpt_stats(kvp_pool *pool)
     return stats;
 }
 
+kvp_cache *kvpt_cache(kvp_pool *pool, const kvp_binding *binding, size_t batch, size_t capacity)
+{
+    kvp_cache *cache = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_create(pool, binding, batch, capacity, &cache, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    return cache;
+}
+
+void kvpt_destroy_cache(kvp_cache *cache, kvp_pool *pool)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
+    kvpt_assert_pool_ok(pool);
+}
+
+kvp_ticket *kvpt_ticket(const kvp_cache *cache)
+{
+    kvp_ticket *ticket = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_ticket_create(cache, &ticket, &err), &err);
+    return ticket;
+}
+
+void kvpt_destroy_ticket(kvp_ticket *ticket, kvp_pool *pool)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_ticket_destroy(ticket, &err), &err);
+    kvpt_assert_pool_ok(pool);
+}
+
+kvp_layer *kvpt_random_layer(size_t model_width, size_t heads, size_t max_positions, double base,
+                             uint64_t seed)
+{
+    kvp_layer *layer = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_create_random(model_width, heads, max_positions, base, seed, &layer,
+                                           &err),
+                   &err);
+    return layer;
+}
+
+kvp_layer *kvpt_layer_from_matrices(size_t width, const double *const w[KVP_PARAM_COUNT],
+                                    size_t heads, size_t max_positions, double base)
+{
+    kvp_param *params[KVP_PARAM_COUNT];
+    kvp_error err;
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        kvpt_assert_ok(kvp_param_create(width, w[i], &params[i], &err), &err);
+    }
+    kvp_layer *layer = NULL;
+    kvpt_assert_ok(kvp_layer_create(params[0], params[1], params[2], params[3], heads,
+                                    max_positions, base, &layer, &err),
+                   &err);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        kvpt_assert_ok(kvp_param_release(params[i], &err), &err);
+    }
+    return layer;
+}
+
+void kvpt_destroy_layer(kvp_layer *layer)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_destroy(layer, &err), &err);
+}
+
+kvp_model *kvpt_random_model(size_t layers, size_t model_width, size_t heads, size_t max_positions,
+                             double base, uint64_t seed)
+{
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_model_create_random(layers, model_width, heads, max_positions, base, seed,
+                                           &model, &err),
+                   &err);
+    return model;
+}
+
+void kvpt_destroy_model(kvp_model *model)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_model_destroy(model, &err), &err);
+}
+
+kvp_sequence *kvpt_sequence(const kvp_model *model, kvp_pool *pool, size_t batch, size_t capacity)
+{
+    kvp_sequence *seq = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_create(model, pool, batch, capacity, &seq, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    return seq;
+}
+
+void kvpt_destroy_sequence(kvp_sequence *seq, kvp_pool *pool)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_destroy(seq, &err), &err);
+    kvpt_assert_pool_ok(pool);
+}
+
+void kvpt_assert_layer_info_at(const kvp_layer *layer, size_t model_width, size_t heads,
+                               size_t head_width, size_t max_positions, double base,
+                               const char *file, int line)
+{
+    kvp_layer_info info;
+    kvp_error err;
+    kvpt_assert_ok_at(kvp_layer_info_get(layer, &info, &err), &err, file, line);
+    INT_EQUAL_AT(info.model_width, model_width, file, line);
+    INT_EQUAL_AT(info.heads, heads, file, line);
+    INT_EQUAL_AT(info.head_width, head_width, file, line);
+    INT_EQUAL_AT(info.rope.feature_width, head_width, file, line);
+    INT_EQUAL_AT(info.rope.max_positions, max_positions, file, line);
+    TRUE_AT(info.rope.base == base, file, line);
+}
+
+size_t kvpt_sequence_layers(const kvp_sequence *seq)
+{
+    size_t layers = 0;
+    while (kvp_sequence_cache(seq, layers) != NULL) {
+        layers++;
+    }
+    return layers;
+}
+
+void kvpt_assert_same_rows_at(const kvp_sequence *a, const kvp_sequence *b, const char *file,
+                              int line)
+{
+    size_t layers = kvpt_sequence_layers(a);
+    INT_EQUAL_AT(kvpt_sequence_layers(b), layers, file, line);
+    INT_EQUAL_AT(kvp_sequence_len(a), kvp_sequence_len(b), file, line);
+    kvp_error err;
+    for (size_t l = 0; l < layers; l++) {
+        const kvp_cache *ca = kvp_sequence_cache(a, l);
+        const kvp_cache *cb = kvp_sequence_cache(b, l);
+        kvp_cache_info info;
+        kvpt_assert_ok_at(kvp_cache_info_get(ca, &info, &err), &err, file, line);
+        size_t n = info.batch_size * info.binding.heads * info.len * info.binding.head_width;
+        double *ra = kvpt_doubles(n);
+        double *rb = kvpt_doubles(n);
+        kvpt_assert_ok_at(kvp_cache_keys(ca, ra, n, &err), &err, file, line);
+        kvpt_assert_ok_at(kvp_cache_keys(cb, rb, n, &err), &err, file, line);
+        _assert_memory_equal(ra, rb, n * sizeof *ra, file, line);
+        kvpt_assert_ok_at(kvp_cache_values(ca, ra, n, &err), &err, file, line);
+        kvpt_assert_ok_at(kvp_cache_values(cb, rb, n, &err), &err, file, line);
+        _assert_memory_equal(ra, rb, n * sizeof *ra, file, line);
+        free(ra);
+        free(rb);
+    }
+}
+
 void kvpt_state_capture(kvp_cache *cache, kvp_pool *pool, kvpt_state *state)
 {
     memset(state, 0, sizeof *state);
@@ -88,10 +315,8 @@ void kvpt_state_capture(kvp_cache *cache, kvp_pool *pool, kvpt_state *state)
     state->len = info.len;
     state->elements = info.batch_size * info.binding.heads * info.capacity *
                       info.binding.head_width;
-    state->keys = calloc(state->elements + 1, sizeof(double));
-    state->values = calloc(state->elements + 1, sizeof(double));
-    assert_non_null(state->keys);
-    assert_non_null(state->values);
+    state->keys = kvpt_doubles(state->elements);
+    state->values = kvpt_doubles(state->elements);
     kvpt_assert_ok(kvp_cache_keys(cache, state->keys, state->elements, &err), &err);
     kvpt_assert_ok(kvp_cache_values(cache, state->values, state->elements, &err), &err);
     size_t mapped = (info.len + info.block_tokens - 1) / info.block_tokens;
@@ -131,6 +356,18 @@ void kvpt_assert_state_equal_at(const kvpt_state *a, const kvpt_state *b, const 
     }
 }
 
+void kvpt_assert_state_unchanged_at(const kvpt_state *before, kvp_cache *cache, kvp_pool *pool,
+                                    uint64_t exhaustions, const char *file, int line)
+{
+    kvpt_assert_pool_ok_at(pool, file, line);
+    kvpt_state now;
+    kvpt_state_capture(cache, pool, &now);
+    INT_EQUAL_AT(now.stats.exhaustions, before->stats.exhaustions + exhaustions, file, line);
+    now.stats.exhaustions = before->stats.exhaustions;
+    kvpt_assert_state_equal_at(before, &now, file, line);
+    kvpt_state_free(&now);
+}
+
 void kvpt_state_free(kvpt_state *state)
 {
     free(state->keys);
@@ -166,6 +403,86 @@ int kvpt_malloc_is_counted(void)
     return after > before;
 }
 
+void kvpt_heap_window_open_at(kvpt_heap_window *w, const char *file, int line)
+{
+    memset(w, 0, sizeof *w);
+    w->counted = kvpt_malloc_is_counted();
+#if !defined(__SANITIZE_ADDRESS__)
+    /* Natively jemalloc serves malloc; only Valgrind replaces it here. */
+    if (!RUNNING_ON_VALGRIND) {
+        TRUE_AT(w->counted, file, line);
+    }
+#else
+    (void)file;
+    (void)line;
+#endif
+    (void)kvpt_thread_allocated();
+    (void)kvpt_thread_deallocated();
+    w->allocated_before = kvpt_thread_allocated();
+    w->deallocated_before = kvpt_thread_deallocated();
+}
+
+void kvpt_heap_window_close(kvpt_heap_window *w)
+{
+    w->allocated_after = kvpt_thread_allocated();
+    w->deallocated_after = kvpt_thread_deallocated();
+}
+
+void kvpt_assert_no_heap_traffic_at(const kvpt_heap_window *w, const char *file, int line)
+{
+    if (!w->counted) {
+        return;
+    }
+    INT_EQUAL_AT(w->allocated_after - w->allocated_before, 0, file, line);
+    INT_EQUAL_AT(w->deallocated_after - w->deallocated_before, 0, file, line);
+    /* ... and the counters are live: an allocation and a free do move them. */
+    uint64_t allocated = kvpt_thread_allocated();
+    uint64_t deallocated = kvpt_thread_deallocated();
+    void *volatile probe = malloc(1024);
+    uint64_t allocated_probe = kvpt_thread_allocated();
+    free(probe);
+    uint64_t deallocated_probe = kvpt_thread_deallocated();
+    TRUE_AT(allocated_probe - allocated >= 1024, file, line);
+    TRUE_AT(deallocated_probe - deallocated >= 1024, file, line);
+}
+
+int kvpt_disarm(void **state)
+{
+    (void)state;
+    kvpi_fault_arm(0);
+    return 0;
+}
+
+void kvpt_fault_step_arm(kvpt_fault_step *s, uint64_t nth)
+{
+    memset(s, 0, sizeof *s);
+    memset(&s->err, 0x5A, sizeof s->err);
+    kvpi_fault_arm(nth);
+}
+
+void kvpt_fault_step_finish(kvpt_fault_step *s, kvp_status status)
+{
+    s->status = status;
+    s->fired = kvpi_fault_fired();
+    s->site = kvpi_fault_last_site();
+    s->calls = kvpi_fault_calls();
+    kvpi_fault_arm(0);
+}
+
+void kvpt_assert_fault_failed_at(const kvpt_fault_step *s, uint64_t nth, const char *file, int line)
+{
+    INT_EQUAL_AT(s->status, KVP_ALLOCATION_FAILED, file, line);
+    INT_EQUAL_AT(s->err.status, KVP_ALLOCATION_FAILED, file, line);
+    TRUE_AT((unsigned)s->site < (unsigned)KVPI_SITE_COUNT_, file, line);
+    INT_EQUAL_AT(s->calls, nth, file, line); /* the call stopped at the failure */
+    TRUE_AT(s->err.what != NULL, file, line);
+    TRUE_AT(s->err.bytes > 0, file, line);
+    char expected[160];
+    snprintf(expected, sizeof expected, "cannot allocate %s (%zu bytes)", s->err.what,
+             s->err.bytes);
+    kvpt_assert_error_text_at(&s->err, expected, file, line);
+}
+
 uint64_t kvpt_rand_next(uint64_t *state)
 {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
@@ -177,4 +494,19 @@ uint64_t kvpt_rand_next(uint64_t *state)
 double kvpt_rand_unit(uint64_t *state)
 {
     return (double)(kvpt_rand_next(state) >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+}
+
+void kvpt_fill_random(double *out, size_t n, uint64_t seed)
+{
+    uint64_t rng = seed;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = kvpt_rand_unit(&rng);
+    }
+}
+
+double *kvpt_doubles(size_t n)
+{
+    double *p = calloc(n + 1, sizeof(double));
+    assert_non_null(p);
+    return p;
 }

@@ -15,12 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <valgrind/valgrind.h>
 
 #include "pager/cache_internal.h"
-
-#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
-#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---- a cache and its contiguous reference ------------------------------ */
 
@@ -51,21 +47,15 @@ static void model_open(model *m, kvp_pool *pool, size_t batch, size_t heads, siz
     m->capacity = capacity;
     m->row = batch * heads * width;
     m->rng = seed;
-    m->keys = calloc(m->row * capacity, sizeof(double));
-    m->values = calloc(m->row * capacity, sizeof(double));
-    assert_non_null(m->keys);
-    assert_non_null(m->values);
+    m->keys = kvpt_doubles(m->row * capacity);
+    m->values = kvpt_doubles(m->row * capacity);
     kvp_binding binding = kvpt_binding(heads, width, capacity);
-    kvp_error err;
-    kvpt_assert_ok(kvp_cache_create(pool, &binding, batch, capacity, &m->cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    m->cache = kvpt_cache(pool, &binding, batch, capacity);
 }
 
 static void model_close(model *m, kvp_pool *pool)
 {
-    kvp_error err;
-    kvpt_assert_ok(kvp_cache_destroy(m->cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_cache(m->cache, pool);
     free(m->keys);
     free(m->values);
     memset(m, 0, sizeof *m);
@@ -106,10 +96,8 @@ static kvp_status model_append_rows(model *m, const double *key, const double *v
 /* Appends fresh rows; they must be accepted. */
 static void model_append(model *m, kvp_pool *pool)
 {
-    double *key = calloc(m->row, sizeof(double));
-    double *value = calloc(m->row, sizeof(double));
-    assert_non_null(key);
-    assert_non_null(value);
+    double *key = kvpt_doubles(m->row);
+    double *value = kvpt_doubles(m->row);
     model_make_rows(m, key, value);
     kvp_error err;
     kvpt_assert_ok(model_append_rows(m, key, value, &err), &err);
@@ -126,10 +114,8 @@ static void model_check_snapshots(const model *m)
 {
     size_t room = m->row * m->capacity;
     size_t needed = m->row * m->len;
-    double *snap = malloc((room + 1) * sizeof(double));
-    double *sentinel = malloc((room + 1) * sizeof(double));
-    assert_non_null(snap);
-    assert_non_null(sentinel);
+    double *snap = kvpt_doubles(room);
+    double *sentinel = kvpt_doubles(room);
     memset(sentinel, 0xA5, (room + 1) * sizeof(double));
     kvp_error err;
     for (int values = 0; values < 2; values++) {
@@ -159,7 +145,7 @@ static void model_check_snapshots(const model *m)
  */
 static size_t model_check_mapping(const model *m, size_t block_tokens, size_t total_pages)
 {
-    size_t mapped = CEIL_DIV(m->len, block_tokens);
+    size_t mapped = KVPT_CEIL_DIV(m->len, block_tokens);
     kvp_cache_info info;
     kvp_error err;
     kvpt_assert_ok(kvp_cache_info_get(m->cache, &info, &err), &err);
@@ -167,7 +153,7 @@ static size_t model_check_mapping(const model *m, size_t block_tokens, size_t to
     assert_int_equal(info.capacity, m->capacity);
     assert_int_equal(info.batch_size, m->batch);
     assert_int_equal(info.block_tokens, block_tokens);
-    assert_int_equal(info.blocks_per_lane, CEIL_DIV(m->capacity, block_tokens));
+    assert_int_equal(info.blocks_per_lane, KVPT_CEIL_DIV(m->capacity, block_tokens));
     assert_int_equal(info.mapped_pages, m->batch * mapped);
     for (size_t lane = 0; lane < m->batch; lane++) {
         for (size_t block = 0; block < mapped; block++) {
@@ -194,17 +180,6 @@ static uint32_t page_of(const model *m, size_t lane, size_t block)
     return page;
 }
 
-#define assert_error_text(e, text) assert_error_text_at((e), (text), __FILE__, __LINE__)
-static void assert_error_text_at(const kvp_error *e, const char *text, const char *file, int line)
-{
-    char buf[512];
-    size_t n = kvp_error_format(e, buf, sizeof buf);
-    if (strcmp(buf, text) != 0 || n != strlen(text)) {
-        print_error("%s:%d: rendered \"%s\", expected \"%s\"\n", file, line, buf, text);
-        fail();
-    }
-}
-
 /* ---- creation ----------------------------------------------------------- */
 
 /* Each failure: the status, err.status, the text, *out untouched, pool unchanged. */
@@ -218,7 +193,7 @@ static void expect_create_failure(kvp_pool *pool, const kvp_binding *binding, si
     assert_int_equal(kvp_cache_create(pool, binding, batch, capacity, &out, err), status);
     assert_int_equal(err->status, status);
     assert_ptr_equal(out, (kvp_cache *)0x1);
-    assert_error_text(err, text);
+    kvpt_assert_error_text(err, text);
     kvp_pool_stats after = kvpt_stats(pool);
     assert_memory_equal(&before, &after, sizeof before);
     assert_int_equal(after.attached_caches, 0);
@@ -236,7 +211,7 @@ static void test_cache_create_errors_in_documented_order(void **state)
     kvp_cache *out = (kvp_cache *)0x1;
     assert_int_equal(kvp_cache_create(NULL, &good, 0, 0, &out, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "pool");
-    assert_error_text(&err, "argument `pool` must not be NULL");
+    kvpt_assert_error_text(&err, "argument `pool` must not be NULL");
     assert_ptr_equal(out, (kvp_cache *)0x1);
     expect_create_failure(pool, NULL, 0, 0, KVP_NULL_ARGUMENT,
                           "argument `binding` must not be NULL", &err);
@@ -331,9 +306,7 @@ static void test_cache_create_errors_in_documented_order(void **state)
                           &err);
 
     /* Capacity equal to the RoPE positions is allowed, and takes no page. */
-    kvp_cache *cache = NULL;
-    kvpt_assert_ok(kvp_cache_create(pool, &good, 3, 8, &cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    kvp_cache *cache = kvpt_cache(pool, &good, 3, 8);
     kvp_pool_stats created = kvpt_stats(pool);
     assert_int_equal(created.attached_caches, 1);
     assert_int_equal(created.free_pages, 4);
@@ -347,9 +320,8 @@ static void test_cache_create_errors_in_documented_order(void **state)
     assert_int_equal(info.blocks_per_lane, 4);
     assert_int_equal(info.mapped_pages, 0);
     assert_memory_equal(&info.binding, &good, sizeof good);
-    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
 }
 
 /*
@@ -377,9 +349,7 @@ static void test_cache_create_page_table_size_cannot_overflow(void **state)
     expect_create_failure(pool, &binding, SIZE_MAX / 4, 1, KVP_ALLOCATION_FAILED, text, &err);
 
     /* A large, representable capacity still works, and maps pages lazily. */
-    kvp_cache *cache = NULL;
-    kvpt_assert_ok(kvp_cache_create(pool, &binding, 1, 1000, &cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    kvp_cache *cache = kvpt_cache(pool, &binding, 1, 1000);
     double row[1] = {0.25};
     kvp_tensor view = kvp_tensor4(row, 1, 1, 1, 1);
     for (size_t t = 0; t < 8; t++) {
@@ -388,9 +358,8 @@ static void test_cache_create_page_table_size_cannot_overflow(void **state)
     }
     assert_int_equal(kvpi_cache_append(cache, &view, &view, &err), KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
 }
 
 /* ---- appends across block boundaries ------------------------------------ */
@@ -403,7 +372,7 @@ static void test_cache_create_page_table_size_cannot_overflow(void **state)
 static void run_block_boundaries(size_t block, size_t batch, size_t heads, size_t width,
                                  size_t capacity)
 {
-    size_t total = batch * CEIL_DIV(capacity, block);
+    size_t total = batch * KVPT_CEIL_DIV(capacity, block);
     kvp_pool *pool = kvpt_pool(block, heads, width, total);
     model m;
     model_open(&m, pool, batch, heads, width, capacity, 0x1234 + block * 7 + batch);
@@ -415,7 +384,7 @@ static void run_block_boundaries(size_t block, size_t batch, size_t heads, size_
         assert_int_equal(m.len, step);
         model_check_snapshots(&m);
         size_t mapped = model_check_mapping(&m, block, total);
-        assert_int_equal(mapped, CEIL_DIV(step, block));
+        assert_int_equal(mapped, KVPT_CEIL_DIV(step, block));
         for (size_t lane = 0; lane < batch; lane++) {
             for (size_t b = 0; b < mapped; b++) {
                 assert_int_equal(page_of(&m, lane, b), b * batch + lane);
@@ -437,8 +406,7 @@ static void run_block_boundaries(size_t block, size_t batch, size_t heads, size_
     assert_true(kvp_cache_is_full(m.cache));
 
     /* Full, and the pool is used up exactly. */
-    double *row = calloc(m.row, sizeof(double));
-    assert_non_null(row);
+    double *row = kvpt_doubles(m.row);
     kvp_error err;
     assert_int_equal(model_append_rows(&m, row, row, &err), KVP_FULL);
     assert_int_equal(err.capacity, capacity);
@@ -452,7 +420,7 @@ static void run_block_boundaries(size_t block, size_t batch, size_t heads, size_
     assert_int_equal(stats.releases, total);
     assert_int_equal(stats.acquires, total);
     assert_int_equal(stats.attached_caches, 0);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_cache_append_crosses_blocks_of_one_token(void **state)
@@ -498,17 +466,13 @@ static void expect_append_failure(model *m, kvp_pool *pool, const kvp_tensor *ke
                                   kvp_error *err)
 {
     kvpt_state before;
-    kvpt_state after;
     kvpt_state_capture(m->cache, pool, &before);
     memset(err, 0x5A, sizeof *err);
     assert_int_equal(kvpi_cache_append(m->cache, key, value, err), status);
     assert_int_equal(err->status, status);
-    assert_error_text(err, text);
-    kvpt_assert_pool_ok(pool);
-    kvpt_state_capture(m->cache, pool, &after);
-    kvpt_assert_state_equal(&before, &after);
+    kvpt_assert_error_text(err, text);
+    kvpt_assert_state_unchanged(&before, m->cache, pool, 0);
     kvpt_state_free(&before);
-    kvpt_state_free(&after);
     model_check_snapshots(m);
 }
 
@@ -563,7 +527,7 @@ static void test_cache_append_shape_errors_change_nothing(void **state)
     assert_int_equal(kvpi_cache_append(NULL, &good, &good, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "cache");
     model_close(&m, pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_cache_append_nonfinite_rows_change_nothing(void **state)
@@ -581,7 +545,7 @@ static void test_cache_append_nonfinite_rows_change_nothing(void **state)
 
     /* At len 1, then at len 2 where the append would open a block. */
     for (int round = 0; round < 2; round++) {
-        for (size_t c = 0; c < COUNT_OF(cases); c++) {
+        for (size_t c = 0; c < KVPT_COUNT_OF(cases); c++) {
             double key[4] = {0.5, -1.0, 2.0, cases[c].bad};
             double value[4] = {1.0, 2.0, 3.0, 4.0};
             kvp_tensor k = kvp_tensor4(key, 1, 2, 1, 2);
@@ -619,7 +583,7 @@ static void test_cache_append_nonfinite_rows_change_nothing(void **state)
     }
     assert_int_equal(m.len, 3);
     model_close(&m, pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 /* The seed's order: key shape, value shape, full, non-finite key, non-finite value. */
@@ -665,7 +629,7 @@ static void test_cache_append_validation_order(void **state)
     expect_append_failure(&m, pool, &good, &good, KVP_FULL, "KV cache is full at capacity 4",
                           &err);
     model_close(&m, pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 /*
@@ -693,21 +657,16 @@ static void test_cache_append_pool_exhausted_takes_nothing(void **state)
     kvp_tensor v = kvp_tensor4(value, 3, 1, 1, 2);
     for (uint64_t attempt = 1; attempt <= 2; attempt++) {
         kvpt_state before;
-        kvpt_state after;
         kvpt_state_capture(m.cache, pool, &before);
         assert_int_equal(kvpi_cache_append(m.cache, &k, &v, &err), KVP_POOL_EXHAUSTED);
         assert_int_equal(err.needed, 3);
         assert_int_equal(err.available, 2);
-        assert_error_text(&err, "page pool exhausted: 3 pages needed, 2 free");
-        kvpt_assert_pool_ok(pool);
-        kvpt_state_capture(m.cache, pool, &after);
-        assert_int_equal(after.stats.exhaustions, before.stats.exhaustions + 1);
-        assert_int_equal(after.stats.exhaustions, attempt);
-        after.stats.exhaustions = before.stats.exhaustions;
-        kvpt_assert_state_equal(&before, &after);
-        assert_int_equal(after.stats.attached_reservations, 0);
+        kvpt_assert_error_text(&err, "page pool exhausted: 3 pages needed, 2 free");
+        kvpt_assert_state_unchanged(&before, m.cache, pool, 1);
         kvpt_state_free(&before);
-        kvpt_state_free(&after);
+        kvp_pool_stats stats = kvpt_stats(pool);
+        assert_int_equal(stats.exhaustions, attempt);
+        assert_int_equal(stats.attached_reservations, 0);
         model_check_snapshots(&m);
         model_check_snapshots(&other);
     }
@@ -732,7 +691,7 @@ static void test_cache_append_pool_exhausted_takes_nothing(void **state)
     assert_int_equal(stats.high_water_pages, 6);
     assert_int_equal(stats.exhaustions, 2);
     model_close(&m, pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 /* ---- reset and replay ----------------------------------------------------- */
@@ -832,7 +791,7 @@ static void test_cache_reset_keeps_binding_and_replays_onto_same_pages(void **st
 
     model_close(&m, pool);
     model_close(&other, pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 /*
@@ -866,41 +825,19 @@ static void test_cache_reset_and_replay_allocate_nothing(void **state)
         }
     }
 
-    int counted = kvpt_malloc_is_counted();
-#if !defined(__SANITIZE_ADDRESS__)
-    /* Natively jemalloc serves malloc; only Valgrind replaces it here. */
-    if (!RUNNING_ON_VALGRIND) {
-        assert_true(counted);
-    }
-#endif
     kvp_status statuses[C + 1];
-    /* Warm both counters (first use may set up per-thread state). */
-    (void)kvpt_thread_allocated();
-    (void)kvpt_thread_deallocated();
-
-    uint64_t allocated_before = kvpt_thread_allocated();
-    uint64_t deallocated_before = kvpt_thread_deallocated();
+    kvpt_heap_window heap;
+    kvpt_heap_window_open(&heap);
     statuses[0] = kvp_cache_reset(m.cache, &err);
     for (size_t t = 0; t < C; t++) {
         statuses[t + 1] = kvpi_cache_append(m.cache, &key_views[t], &value_views[t], &err);
     }
-    uint64_t allocated_after = kvpt_thread_allocated();
-    uint64_t deallocated_after = kvpt_thread_deallocated();
+    kvpt_heap_window_close(&heap);
 
     for (size_t i = 0; i <= C; i++) {
         assert_int_equal(statuses[i], KVP_OK);
     }
-    if (counted) {
-        assert_int_equal(allocated_after - allocated_before, 0);
-        assert_int_equal(deallocated_after - deallocated_before, 0);
-        /* ... and the counters are live: an allocation does move them. */
-        uint64_t probe_before = kvpt_thread_allocated();
-        void *volatile probe = malloc(1024);
-        uint64_t probe_after = kvpt_thread_allocated();
-        free(probe);
-        assert_true(probe_after - probe_before >= 1024);
-        assert_true(kvpt_thread_deallocated() - deallocated_after >= 1024);
-    }
+    kvpt_assert_no_heap_traffic(&heap);
     kvpt_assert_pool_ok(pool);
     model_check_snapshots(&m); /* the reference still holds the same C rows */
     for (size_t lane = 0; lane < B; lane++) {
@@ -909,7 +846,7 @@ static void test_cache_reset_and_replay_allocate_nothing(void **state)
         }
     }
     model_close(&m, pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 /* ---- many caches, one pool ---------------------------------------------- */
@@ -934,7 +871,7 @@ static void test_cache_many_caches_share_one_pool(void **state)
         model *c = &m[turn % CACHES];
         size_t held = 0;
         for (size_t i = 0; i < CACHES; i++) {
-            held += m[i].batch * CEIL_DIV(m[i].len, BT);
+            held += m[i].batch * KVPT_CEIL_DIV(m[i].len, BT);
         }
         size_t needed = c->len % BT == 0 ? c->batch : 0;
         double key[4];
@@ -942,18 +879,12 @@ static void test_cache_many_caches_share_one_pool(void **state)
         model_make_rows(c, key, value);
         if (needed > TOTAL - held) {
             kvpt_state before;
-            kvpt_state after;
             kvpt_state_capture(c->cache, pool, &before);
             assert_int_equal(model_append_rows(c, key, value, &err), KVP_POOL_EXHAUSTED);
             assert_int_equal(err.needed, needed);
             assert_int_equal(err.available, TOTAL - held);
-            kvpt_assert_pool_ok(pool);
-            kvpt_state_capture(c->cache, pool, &after);
-            assert_int_equal(after.stats.exhaustions, before.stats.exhaustions + 1);
-            after.stats.exhaustions = before.stats.exhaustions;
-            kvpt_assert_state_equal(&before, &after);
+            kvpt_assert_state_unchanged(&before, c->cache, pool, 1);
             kvpt_state_free(&before);
-            kvpt_state_free(&after);
             refused = turn % CACHES;
             continue;
         }
@@ -983,7 +914,7 @@ static void test_cache_many_caches_share_one_pool(void **state)
     size_t free_pages = kvpt_stats(pool).free_pages;
     assert_int_equal(free_pages, 1);
     for (size_t i = 0; i < CACHES; i++) {
-        size_t held = m[i].batch * CEIL_DIV(m[i].len, BT);
+        size_t held = m[i].batch * KVPT_CEIL_DIV(m[i].len, BT);
         model_close(&m[i], pool);
         kvp_pool_stats stats = kvpt_stats(pool);
         free_pages += held;
@@ -1000,8 +931,7 @@ static void test_cache_many_caches_share_one_pool(void **state)
     assert_int_equal(stats.acquires, 5);
     assert_int_equal(stats.high_water_pages, 5);
     assert_int_equal(stats.exhaustions, 1);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 /* ---- destroy, NULL handles, buffers ---------------------------------------- */
@@ -1037,7 +967,7 @@ static void test_cache_destroy_returns_every_page(void **state)
     model_close(&m, pool);
     kvp_pool_stats after = kvpt_stats(pool);
     assert_memory_equal(&stats, &after, sizeof stats);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_cache_null_handles_and_bad_indices_are_typed_errors(void **state)
@@ -1050,7 +980,7 @@ static void test_cache_null_handles_and_bad_indices_are_typed_errors(void **stat
 
     assert_int_equal(kvp_cache_reset(NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "cache");
-    assert_error_text(&err, "argument `cache` must not be NULL");
+    kvpt_assert_error_text(&err, "argument `cache` must not be NULL");
     assert_int_equal(kvp_cache_destroy(NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "cache");
     assert_int_equal(kvp_cache_keys(NULL, buf, 4, &err), KVP_NULL_ARGUMENT);
@@ -1090,13 +1020,13 @@ static void test_cache_null_handles_and_bad_indices_are_typed_errors(void **stat
     assert_string_equal(err.argument, "lane");
     assert_int_equal(err.index, 2);
     assert_int_equal(err.limit, 2);
-    assert_error_text(&err, "argument `lane` is 2, which is out of range (must be below 2)");
+    kvpt_assert_error_text(&err, "argument `lane` is 2, which is out of range (must be below 2)");
     assert_int_equal(kvp_cache_page(m.cache, SIZE_MAX, 0, &page, &err), KVP_OUT_OF_RANGE);
     assert_int_equal(kvp_cache_page(m.cache, 1, 2, &page, &err), KVP_OUT_OF_RANGE);
     assert_string_equal(err.argument, "block");
     assert_int_equal(err.index, 2);
     assert_int_equal(err.limit, 2);
-    assert_error_text(&err, "argument `block` is 2, which is out of range (must be below 2)");
+    kvpt_assert_error_text(&err, "argument `block` is 2, which is out of range (must be below 2)");
     assert_int_equal(page, 0xDEADBEEF);
     kvpt_assert_ok(kvp_cache_page(m.cache, 1, 1, &page, &err), &err);
     assert_int_equal(page, 3);
@@ -1121,12 +1051,12 @@ static void test_cache_null_handles_and_bad_indices_are_typed_errors(void **stat
             kvpt_assert_pool_ok(pool);
         }
     }
-    assert_error_text(&err, "buffer `out` holds 11 values but 12 are needed");
+    kvpt_assert_error_text(&err, "buffer `out` holds 11 values but 12 are needed");
     kvpt_assert_ok(kvp_cache_keys(m.cache, small, 12, &err), &err);
     model_check_snapshots(&m);
 
     model_close(&m, pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 int main(void)

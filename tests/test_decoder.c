@@ -15,15 +15,11 @@
  */
 #include "support.h"
 
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "attention/sequence_internal.h"
 #include "pager/alloc.h"
-
-#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
-#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 #define MODEL_WIDTH 8
 #define HEADS 2
@@ -40,68 +36,14 @@
 #define STEPS 5
 
 /* Every sequence of the set at full capacity, and some to spare. */
-#define POOL_PAGES (SEQUENCES * LAYERS * MAX_BATCH * CEIL_DIV(CAPACITY, BLOCK_TOKENS) + 4)
+#define POOL_PAGES (SEQUENCES * LAYERS * MAX_BATCH * KVPT_CEIL_DIV(CAPACITY, BLOCK_TOKENS) + 4)
 
 /* Stops a fault sweep at a generous bound, so a broken injector cannot loop. */
 #define SWEEP_LIMIT 16
 
-/* Every test leaves the fault injector disarmed, even when an assertion fails. */
-static int disarm(void **state)
-{
-    (void)state;
-    kvpi_fault_arm(0);
-    return 0;
-}
-
 static kvp_model *make_model(uint64_t seed)
 {
-    kvp_model *model = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_model_create_random(LAYERS, MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE,
-                                           seed, &model, &err),
-                   &err);
-    return model;
-}
-
-static void destroy_model(kvp_model *model)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_model_destroy(model, &err), &err);
-}
-
-static kvp_sequence *make_sequence(const kvp_model *model, kvp_pool *pool, size_t batch,
-                                   size_t capacity)
-{
-    kvp_sequence *seq = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_sequence_create(model, pool, batch, capacity, &seq, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    return seq;
-}
-
-static void destroy_sequence(kvp_sequence *seq, kvp_pool *pool)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_sequence_destroy(seq, &err), &err);
-    kvpt_assert_pool_ok(pool);
-}
-
-static kvp_pool *make_pool(size_t pages)
-{
-    kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, pages);
-    kvpt_assert_pool_ok(pool);
-    return pool;
-}
-
-static void destroy_pool(kvp_pool *pool)
-{
-    kvpt_assert_pool_ok(pool);
-    kvp_pool_stats stats = kvpt_stats(pool);
-    assert_int_equal(stats.held_pages, 0);
-    assert_int_equal(stats.attached_caches, 0);
-    assert_int_equal(stats.attached_reservations, 0);
-    kvp_error err;
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    return kvpt_random_model(LAYERS, MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE, seed);
 }
 
 static kvp_decoder *make_decoder(size_t threads)
@@ -118,14 +60,6 @@ static void destroy_decoder(kvp_decoder *decoder)
     kvpt_assert_ok(kvp_decoder_destroy(decoder, &err), &err);
 }
 
-static void fill_random(double *out, size_t n, uint64_t seed)
-{
-    uint64_t rng = seed;
-    for (size_t i = 0; i < n; i++) {
-        out[i] = kvpt_rand_unit(&rng);
-    }
-}
-
 /* A custom stream, pure so that worker threads may share it: next = 0.5 * input + output. */
 static void half_residual(void *ctx, size_t layer, const double *input, const double *output,
                           size_t elements, double *next)
@@ -134,32 +68,6 @@ static void half_residual(void *ctx, size_t layer, const double *input, const do
     (void)layer;
     for (size_t i = 0; i < elements; i++) {
         next[i] = 0.5 * input[i] + output[i];
-    }
-}
-
-/* Both sequences' layers hold the same logical keys and values, bit for bit. */
-static void assert_same_rows(const kvp_sequence *a, const kvp_sequence *b)
-{
-    assert_int_equal(kvp_sequence_len(a), kvp_sequence_len(b));
-    kvp_error err;
-    for (size_t l = 0; l < LAYERS; l++) {
-        const kvp_cache *ca = kvp_sequence_cache(a, l);
-        const kvp_cache *cb = kvp_sequence_cache(b, l);
-        kvp_cache_info info;
-        kvpt_assert_ok(kvp_cache_info_get(ca, &info, &err), &err);
-        size_t n = info.batch_size * HEADS * info.len * HEAD_WIDTH;
-        double *ra = calloc(n + 1, sizeof(double));
-        double *rb = calloc(n + 1, sizeof(double));
-        assert_non_null(ra);
-        assert_non_null(rb);
-        kvpt_assert_ok(kvp_cache_keys(ca, ra, n, &err), &err);
-        kvpt_assert_ok(kvp_cache_keys(cb, rb, n, &err), &err);
-        assert_memory_equal(ra, rb, n * sizeof *ra);
-        kvpt_assert_ok(kvp_cache_values(ca, ra, n, &err), &err);
-        kvpt_assert_ok(kvp_cache_values(cb, rb, n, &err), &err);
-        assert_memory_equal(ra, rb, n * sizeof *ra);
-        free(ra);
-        free(rb);
     }
 }
 
@@ -182,7 +90,7 @@ static void assert_same_pages(const kvp_sequence *a, const kvp_sequence *b)
         kvp_cache_info info;
         kvpt_assert_ok(kvp_cache_info_get(ca, &info, &err), &err);
         for (size_t lane = 0; lane < info.batch_size; lane++) {
-            for (size_t block = 0; block < CEIL_DIV(info.len, BLOCK_TOKENS); block++) {
+            for (size_t block = 0; block < KVPT_CEIL_DIV(info.len, BLOCK_TOKENS); block++) {
                 uint32_t pa = 0;
                 uint32_t pb = 1;
                 kvpt_assert_ok(kvp_cache_page(ca, lane, block, &pa, &err), &err);
@@ -197,7 +105,7 @@ static void test_decoder_create_threads_and_errors(void **state)
 {
     (void)state;
     static const size_t counts[] = {1, 2, 4};
-    for (size_t i = 0; i < COUNT_OF(counts); i++) {
+    for (size_t i = 0; i < KVPT_COUNT_OF(counts); i++) {
         kvp_decoder *decoder = make_decoder(counts[i]);
         assert_int_equal(kvp_decoder_threads(decoder), counts[i]);
         destroy_decoder(decoder);
@@ -237,30 +145,25 @@ static void test_decoder_create_fault_sweep(void **state)
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_decoder *decoder = (kvp_decoder *)0x1;
-        kvp_error err;
-        memset(&err, 0x5A, sizeof err);
-        kvpi_fault_arm(nth);
-        kvp_status status = kvp_decoder_create(THREADS, &decoder, &err);
-        int fired = kvpi_fault_fired();
-        kvpi_fault_site site = kvpi_fault_last_site();
-        kvpi_fault_arm(0);
-        if (!fired) {
-            kvpt_assert_ok(status, &err);
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_decoder_create(THREADS, &decoder, &s.err));
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_int_equal(s.calls, failures);
             assert_int_equal(kvp_decoder_threads(decoder), THREADS);
-            kvpt_assert_ok(kvp_decoder_step(decoder, NULL, 0, NULL, NULL, &err), &err);
+            kvpt_assert_ok(kvp_decoder_step(decoder, NULL, 0, NULL, NULL, &s.err), &s.err);
             destroy_decoder(decoder);
             break;
         }
         failures++;
-        assert_true(nth <= COUNT_OF(whats));
-        assert_int_equal(status, KVP_ALLOCATION_FAILED);
-        assert_int_equal(err.status, KVP_ALLOCATION_FAILED);
-        assert_int_equal(site, KVPI_SITE_SCRATCH);
-        assert_string_equal(err.what, whats[nth - 1]);
-        assert_true(err.bytes > 0);
+        assert_true(nth <= KVPT_COUNT_OF(whats));
+        kvpt_assert_fault_failed(&s, nth);
+        assert_int_equal(s.site, KVPI_SITE_SCRATCH);
+        assert_string_equal(s.err.what, whats[nth - 1]);
         assert_ptr_equal(decoder, (kvp_decoder *)0x1);
     }
-    assert_int_equal(failures, COUNT_OF(whats));
+    assert_int_equal(failures, KVPT_COUNT_OF(whats));
 }
 
 /*
@@ -271,19 +174,19 @@ static void test_decoder_create_fault_sweep(void **state)
 static void run_matches_sequential(size_t threads, kvp_next_input_fn next_input)
 {
     kvp_model *model = make_model(7);
-    kvp_pool *pool = make_pool(POOL_PAGES);
-    kvp_pool *twin_pool = make_pool(POOL_PAGES);
+    kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, POOL_PAGES);
+    kvp_pool *twin_pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, POOL_PAGES);
     kvp_sequence *seqs[SEQUENCES];
     kvp_sequence *twins[SEQUENCES];
     size_t batch[SEQUENCES];
     kvp_error err;
     for (size_t i = 0; i < SEQUENCES; i++) {
         batch[i] = 1 + i % 2;
-        seqs[i] = make_sequence(model, pool, batch[i], CAPACITY);
-        twins[i] = make_sequence(model, twin_pool, batch[i], CAPACITY);
+        seqs[i] = kvpt_sequence(model, pool, batch[i], CAPACITY);
+        twins[i] = kvpt_sequence(model, twin_pool, batch[i], CAPACITY);
         if (i > 0) {
             double prompt[MAX_BATCH * SEQUENCES * MODEL_WIDTH];
-            fill_random(prompt, batch[i] * i * MODEL_WIDTH, 100 + i);
+            kvpt_fill_random(prompt, batch[i] * i * MODEL_WIDTH, 100 + i);
             kvp_tensor view = kvp_tensor3(prompt, batch[i], i, MODEL_WIDTH);
             kvpt_assert_ok(kvp_sequence_prefill(seqs[i], &view, next_input, NULL, NULL, 0, &err),
                            &err);
@@ -302,7 +205,7 @@ static void run_matches_sequential(size_t threads, kvp_next_input_fn next_input)
     kvp_decode_job jobs[SEQUENCES];
     for (size_t s = 0; s < STEPS; s++) {
         for (size_t i = 0; i < SEQUENCES; i++) {
-            fill_random(inputs[i], batch[i] * MODEL_WIDTH, 1000 * (s + 1) + i);
+            kvpt_fill_random(inputs[i], batch[i] * MODEL_WIDTH, 1000 * (s + 1) + i);
             memset(&jobs[i], 0, sizeof jobs[i]);
             jobs[i].sequence = seqs[i];
             jobs[i].input = kvp_tensor3(inputs[i], batch[i], 1, MODEL_WIDTH);
@@ -328,7 +231,7 @@ static void run_matches_sequential(size_t threads, kvp_next_input_fn next_input)
         }
     }
     for (size_t i = 0; i < SEQUENCES; i++) {
-        assert_same_rows(seqs[i], twins[i]);
+        kvpt_assert_same_rows(seqs[i], twins[i]);
         if (threads == 1) {
             /* One thread runs the jobs in order: the very same pool operations. */
             assert_same_pages(seqs[i], twins[i]);
@@ -341,19 +244,19 @@ static void run_matches_sequential(size_t threads, kvp_next_input_fn next_input)
 
     destroy_decoder(decoder);
     for (size_t i = 0; i < SEQUENCES; i++) {
-        destroy_sequence(seqs[i], pool);
-        destroy_sequence(twins[i], twin_pool);
+        kvpt_destroy_sequence(seqs[i], pool);
+        kvpt_destroy_sequence(twins[i], twin_pool);
     }
-    destroy_pool(pool);
-    destroy_pool(twin_pool);
-    destroy_model(model);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_pool(twin_pool);
+    kvpt_destroy_model(model);
 }
 
 static void test_decoder_step_matches_sequential_steps(void **state)
 {
     (void)state;
     static const size_t counts[] = {1, 2, 4};
-    for (size_t i = 0; i < COUNT_OF(counts); i++) {
+    for (size_t i = 0; i < KVPT_COUNT_OF(counts); i++) {
         run_matches_sequential(counts[i], NULL);
     }
     run_matches_sequential(0, NULL);
@@ -363,7 +266,7 @@ static void test_decoder_step_custom_next_input_matches_sequential_steps(void **
 {
     (void)state;
     static const size_t counts[] = {1, 2, 4};
-    for (size_t i = 0; i < COUNT_OF(counts); i++) {
+    for (size_t i = 0; i < KVPT_COUNT_OF(counts); i++) {
         run_matches_sequential(counts[i], half_residual);
     }
 }
@@ -379,18 +282,18 @@ static void test_decoder_step_reports_each_jobs_status(void **state)
     (void)state;
     enum { GOOD = 4, JOBS = 7, B = 2 };
     static const size_t threads[] = {1, 4};
-    for (size_t k = 0; k < COUNT_OF(threads); k++) {
+    for (size_t k = 0; k < KVPT_COUNT_OF(threads); k++) {
         kvp_model *model = make_model(17);
-        kvp_pool *pool = make_pool(64);
-        kvp_pool *twin_pool = make_pool(64);
-        kvp_pool *full = make_pool(LAYERS * B + 1);
+        kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 64);
+        kvp_pool *twin_pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 64);
+        kvp_pool *full = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, LAYERS * B + 1);
         kvp_sequence *seqs[JOBS];
         kvp_sequence *twins[GOOD];
         kvp_error err;
         for (size_t i = 0; i < JOBS; i++) {
-            seqs[i] = make_sequence(model, i == 4 ? full : pool, B, CAPACITY);
+            seqs[i] = kvpt_sequence(model, i == 4 ? full : pool, B, CAPACITY);
             if (i < GOOD) {
-                twins[i] = make_sequence(model, twin_pool, B, CAPACITY);
+                twins[i] = kvpt_sequence(model, twin_pool, B, CAPACITY);
                 kvpt_assert_ok(kvpi_sequence_append_uncomputed(seqs[i], i, &err), &err);
                 kvpt_assert_pool_ok(pool);
                 kvpt_assert_ok(kvpi_sequence_append_uncomputed(twins[i], i, &err), &err);
@@ -407,10 +310,8 @@ static void test_decoder_step_reports_each_jobs_status(void **state)
         double outputs[JOBS][B * MODEL_WIDTH];
         kvp_decode_job jobs[JOBS];
         for (size_t i = 0; i < JOBS; i++) {
-            fill_random(inputs[i], COUNT_OF(inputs[i]), 50 + i);
-            for (size_t j = 0; j < COUNT_OF(outputs[i]); j++) {
-                outputs[i][j] = 7.0;
-            }
+            kvpt_fill_random(inputs[i], KVPT_COUNT_OF(inputs[i]), 50 + i);
+            kvpt_fill(outputs[i], KVPT_COUNT_OF(outputs[i]), 7.0);
             memset(&jobs[i], 0, sizeof jobs[i]);
             jobs[i].sequence = seqs[i];
             jobs[i].input = kvp_tensor3(inputs[i], B, 1, i == 5 ? MODEL_WIDTH + 1 : MODEL_WIDTH);
@@ -433,12 +334,12 @@ static void test_decoder_step_reports_each_jobs_status(void **state)
         for (size_t i = 0; i < GOOD; i++) {
             kvpt_assert_ok(jobs[i].status, &jobs[i].error);
             kvpt_assert_ok(kvp_sequence_step(twins[i], &jobs[i].input, NULL, NULL, expected,
-                                             COUNT_OF(expected), &err),
+                                             KVPT_COUNT_OF(expected), &err),
                            &err);
             kvpt_assert_pool_ok(twin_pool);
             assert_memory_equal(outputs[i], expected, sizeof expected);
             assert_int_equal(kvp_sequence_len(seqs[i]), i + 1);
-            assert_same_rows(seqs[i], twins[i]);
+            kvpt_assert_same_rows(seqs[i], twins[i]);
         }
         assert_int_equal(jobs[4].status, KVP_POOL_EXHAUSTED);
         assert_int_equal(jobs[4].error.status, KVP_POOL_EXHAUSTED);
@@ -455,9 +356,7 @@ static void test_decoder_step_reports_each_jobs_status(void **state)
             uint64_t after[LAYERS];
             digests_of(seqs[i], after);
             assert_memory_equal(after, before[i], sizeof after);
-            for (size_t j = 0; j < COUNT_OF(outputs[i]); j++) {
-                assert_true(outputs[i][j] == 7.0);
-            }
+            kvpt_assert_filled(outputs[i], KVPT_COUNT_OF(outputs[i]), 7.0);
         }
         assert_int_equal(kvp_sequence_len(seqs[4]), BLOCK_TOKENS);
         kvp_pool_stats full_after = kvpt_stats(full);
@@ -467,15 +366,15 @@ static void test_decoder_step_reports_each_jobs_status(void **state)
 
         destroy_decoder(decoder);
         for (size_t i = 0; i < JOBS; i++) {
-            destroy_sequence(seqs[i], i == 4 ? full : pool);
+            kvpt_destroy_sequence(seqs[i], i == 4 ? full : pool);
         }
         for (size_t i = 0; i < GOOD; i++) {
-            destroy_sequence(twins[i], twin_pool);
+            kvpt_destroy_sequence(twins[i], twin_pool);
         }
-        destroy_pool(pool);
-        destroy_pool(twin_pool);
-        destroy_pool(full);
-        destroy_model(model);
+        kvpt_destroy_pool(pool);
+        kvpt_destroy_pool(twin_pool);
+        kvpt_destroy_pool(full);
+        kvpt_destroy_model(model);
     }
 }
 
@@ -484,19 +383,17 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     (void)state;
     enum { JOBS = 3, B = 1 };
     kvp_model *model = make_model(27);
-    kvp_pool *pool = make_pool(16);
-    kvp_sequence *a = make_sequence(model, pool, B, CAPACITY);
-    kvp_sequence *b = make_sequence(model, pool, B, CAPACITY);
+    kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 16);
+    kvp_sequence *a = kvpt_sequence(model, pool, B, CAPACITY);
+    kvp_sequence *b = kvpt_sequence(model, pool, B, CAPACITY);
     kvp_decoder *decoder = make_decoder(2);
     double inputs[JOBS][MODEL_WIDTH];
     double outputs[JOBS][MODEL_WIDTH];
     kvp_decode_job jobs[JOBS];
     kvp_sequence *order[JOBS] = {a, b, a};
     for (size_t i = 0; i < JOBS; i++) {
-        fill_random(inputs[i], MODEL_WIDTH, 60 + i);
-        for (size_t j = 0; j < MODEL_WIDTH; j++) {
-            outputs[i][j] = 7.0;
-        }
+        kvpt_fill_random(inputs[i], MODEL_WIDTH, 60 + i);
+        kvpt_fill(outputs[i], MODEL_WIDTH, 7.0);
         memset(&jobs[i], 0, sizeof jobs[i]);
         jobs[i].sequence = order[i];
         jobs[i].input = kvp_tensor3(inputs[i], B, 1, MODEL_WIDTH);
@@ -523,9 +420,7 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     /* Nothing ran: no status written, no output, no token. */
     for (size_t i = 0; i < JOBS; i++) {
         assert_int_equal(jobs[i].status, KVP_STATUS_COUNT_);
-        for (size_t j = 0; j < MODEL_WIDTH; j++) {
-            assert_true(outputs[i][j] == 7.0);
-        }
+        kvpt_assert_filled(outputs[i], MODEL_WIDTH, 7.0);
     }
     assert_int_equal(kvp_sequence_len(a), 0);
     assert_int_equal(kvp_sequence_len(b), 0);
@@ -550,17 +445,17 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     assert_int_equal(kvp_sequence_len(b), 1);
 
     destroy_decoder(decoder);
-    destroy_sequence(a, pool);
-    destroy_sequence(b, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(a, pool);
+    kvpt_destroy_sequence(b, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_create_threads_and_errors),
-        cmocka_unit_test_teardown(test_decoder_create_fault_sweep, disarm),
+        cmocka_unit_test_teardown(test_decoder_create_fault_sweep, kvpt_disarm),
         cmocka_unit_test(test_decoder_step_matches_sequential_steps),
         cmocka_unit_test(test_decoder_step_custom_next_input_matches_sequential_steps),
         cmocka_unit_test(test_decoder_step_reports_each_jobs_status),

@@ -10,9 +10,6 @@
  */
 #include "support.h"
 
-#include <stdio.h>
-#include <string.h>
-
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"
 
@@ -29,56 +26,11 @@ static kvp_pool_config sweep_config(void)
     return config;
 }
 
-/* Every test leaves the injector disarmed, even when an assertion fails. */
-static int disarm(void **state)
-{
-    (void)state;
-    kvpi_fault_arm(0);
-    return 0;
-}
-
-/* The outcome of one injected call. */
-typedef struct step {
-    kvp_status status;
-    kvp_error err;
-    int fired;
-    kvpi_fault_site site;
-    uint64_t calls;
-} step;
-
-static void step_arm(step *s, uint64_t nth)
-{
-    memset(s, 0, sizeof *s);
-    memset(&s->err, 0x5A, sizeof s->err);
-    kvpi_fault_arm(nth);
-}
-
-/* Reads the injector after the call, then disarms it. */
-static void step_finish(step *s, kvp_status status)
-{
-    s->status = status;
-    s->fired = kvpi_fault_fired();
-    s->site = kvpi_fault_last_site();
-    s->calls = kvpi_fault_calls();
-    kvpi_fault_arm(0);
-}
-
 /* A failed step: AllocationFailed naming the site that failed, with its bytes. */
-static void assert_step_failed(const step *s, uint64_t nth)
+static void assert_step_failed(const kvpt_fault_step *s, uint64_t nth)
 {
-    assert_int_equal(s->status, KVP_ALLOCATION_FAILED);
-    assert_int_equal(s->err.status, KVP_ALLOCATION_FAILED);
-    assert_true((unsigned)s->site < (unsigned)KVPI_SITE_COUNT_);
-    assert_non_null(s->err.what);
+    kvpt_assert_fault_failed(s, nth);
     assert_string_equal(s->err.what, kvpi_fault_site_name(s->site));
-    assert_true(s->err.bytes > 0);
-    assert_int_equal(s->calls, nth); /* the call stopped at the failure */
-    char text[160];
-    char expected[160];
-    kvp_error_format(&s->err, text, sizeof text);
-    snprintf(expected, sizeof expected, "cannot allocate %s (%zu bytes)", s->err.what,
-             s->err.bytes);
-    assert_string_equal(text, expected);
 }
 
 static void test_faults_pool_create_sweep(void **state)
@@ -89,9 +41,9 @@ static void test_faults_pool_create_sweep(void **state)
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_pool *pool = (kvp_pool *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_pool_create(&config, &pool, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_pool_create(&config, &pool, &s.err));
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
             assert_ptr_not_equal(pool, (kvp_pool *)0x1);
@@ -101,8 +53,7 @@ static void test_faults_pool_create_sweep(void **state)
             assert_int_equal(stats.total_pages, SWEEP_PAGES);
             assert_int_equal(stats.free_pages, SWEEP_PAGES);
             assert_int_equal(stats.page_bytes, SWEEP_PAGE_BYTES);
-            kvp_error err;
-            kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+            kvpt_destroy_pool(pool);
             break;
         }
         failures++;
@@ -127,9 +78,9 @@ static void test_faults_pool_create_sites_in_order(void **state)
                             SWEEP_PAGES * SWEEP_PAGE_BYTES};
     for (uint64_t nth = 1; nth <= 3; nth++) {
         kvp_pool *pool = (kvp_pool *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_pool_create(&config, &pool, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_pool_create(&config, &pool, &s.err));
         assert_true(s.fired);
         assert_step_failed(&s, nth);
         assert_int_equal(s.site, sites[nth - 1]);
@@ -148,8 +99,7 @@ static void test_faults_pool_create_sites_in_order(void **state)
     assert_false(kvpi_fault_fired());
     assert_int_equal(kvpi_fault_last_site(), KVPI_SITE_COUNT_);
     assert_int_equal(kvpi_fault_calls(), 3);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
     assert_string_equal(kvpi_fault_site_name(KVPI_SITE_COUNT_), "unknown allocation");
 }
 
@@ -168,9 +118,10 @@ static void test_faults_cache_create_sweep(void **state)
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_cache *cache = (kvp_cache *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_cache_create(pool, &binding, BATCH, CAPACITY, &cache, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s,
+                               kvp_cache_create(pool, &binding, BATCH, CAPACITY, &cache, &s.err));
         kvpt_assert_pool_ok(pool);
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
@@ -184,8 +135,7 @@ static void test_faults_cache_create_sweep(void **state)
             assert_int_equal(info.batch_size, BATCH);
             assert_int_equal(info.capacity, CAPACITY);
             assert_int_equal(info.blocks_per_lane, 4);
-            kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
-            kvpt_assert_pool_ok(pool);
+            kvpt_destroy_cache(cache, pool);
             break;
         }
         failures++;
@@ -203,8 +153,7 @@ static void test_faults_cache_create_sweep(void **state)
         assert_int_equal(after.attached_caches, 0);
     }
     assert_true(failures >= 2);
-    kvp_error err;
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 /*
@@ -239,9 +188,8 @@ static void test_faults_steady_state_makes_no_allocation_call(void **state)
         kvpt_assert_pool_ok(pool);
     }
     kvpt_assert_ok(kvpi_cache_append(cache, &row, &row, &err), &err);
-    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
     assert_int_equal(kvpi_fault_calls(), 0);
     assert_false(kvpi_fault_fired());
     kvpi_fault_arm(0);
@@ -250,10 +198,10 @@ static void test_faults_steady_state_makes_no_allocation_call(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_faults_pool_create_sweep, disarm),
-        cmocka_unit_test_teardown(test_faults_pool_create_sites_in_order, disarm),
-        cmocka_unit_test_teardown(test_faults_cache_create_sweep, disarm),
-        cmocka_unit_test_teardown(test_faults_steady_state_makes_no_allocation_call, disarm),
+        cmocka_unit_test_teardown(test_faults_pool_create_sweep, kvpt_disarm),
+        cmocka_unit_test_teardown(test_faults_pool_create_sites_in_order, kvpt_disarm),
+        cmocka_unit_test_teardown(test_faults_cache_create_sweep, kvpt_disarm),
+        cmocka_unit_test_teardown(test_faults_steady_state_makes_no_allocation_call, kvpt_disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,44 +23,11 @@
 #include "attention/ticket_internal.h"
 #include "pager/alloc.h"
 
-#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* Stops a fault sweep at a generous bound, so a broken injector cannot loop. */
 #define SWEEP_LIMIT 64
 
 #define ROPE_BASE 10000.0
 #define MAX_POSITIONS 8
-
-#define assert_error_text(e, text) assert_error_text_at((e), (text), __FILE__, __LINE__)
-static void assert_error_text_at(const kvp_error *e, const char *text, const char *file, int line)
-{
-    char buf[512];
-    size_t n = kvp_error_format(e, buf, sizeof buf);
-    if (strcmp(buf, text) != 0 || n != strlen(text)) {
-        print_error("%s:%d: rendered \"%s\", expected \"%s\"\n", file, line, buf, text);
-        fail();
-    }
-}
-
-#define assert_close(actual, expected, tolerance) \
-    assert_close_at((actual), (expected), (tolerance), __FILE__, __LINE__)
-static void assert_close_at(double actual, double expected, double tolerance, const char *file,
-                            int line)
-{
-    if (!(fabs(actual - expected) <= tolerance)) {
-        print_error("%s:%d: %.17g differs from %.17g by more than %g\n", file, line, actual,
-                    expected, tolerance);
-        fail();
-    }
-}
-
-/* Every test leaves the fault injector disarmed, even when an assertion fails. */
-static int disarm(void **state)
-{
-    (void)state;
-    kvpi_fault_arm(0);
-    return 0;
-}
 
 /* A width x width matrix with entry (i, j) = scale * (i * width + j) + offset. */
 static void fill_ramp(double *values, size_t width, double scale, double offset)
@@ -73,7 +40,7 @@ static void fill_ramp(double *values, size_t width, double scale, double offset)
 static kvp_param *make_param(size_t width, double scale, double offset)
 {
     double values[64 * 64];
-    assert_true(width * width <= COUNT_OF(values));
+    assert_true(width * width <= KVPT_COUNT_OF(values));
     fill_ramp(values, width, scale, offset);
     kvp_param *param = NULL;
     kvp_error err;
@@ -87,17 +54,11 @@ static void release(kvp_param *param)
     kvpt_assert_ok(kvp_param_release(param, &err), &err);
 }
 
-static void destroy_layer(kvp_layer *layer)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_layer_destroy(layer, &err), &err);
-}
-
 /* The full-prefix reference of `layer` over `tokens` rows of a fixed input. */
 static void reference_of(const kvp_layer *layer, size_t width, size_t tokens, double *out)
 {
     double input[4 * 8];
-    assert_true(width * tokens <= COUNT_OF(input));
+    assert_true(width * tokens <= KVPT_COUNT_OF(input));
     for (size_t i = 0; i < width * tokens; i++) {
         input[i] = 0.25 * (double)(i % 7) - 0.5;
     }
@@ -164,11 +125,8 @@ static void test_layer_param_ids_are_unique_and_increasing(void **state)
         release(params[i]);
     }
     /* Layers created from fresh parameters get fresh ids too. */
-    kvp_layer *a = NULL;
-    kvp_layer *b = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 1, &a, &err), &err);
-    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 1, &b, &err), &err);
+    kvp_layer *a = kvpt_random_layer(4, 2, MAX_POSITIONS, ROPE_BASE, 1);
+    kvp_layer *b = kvpt_random_layer(4, 2, MAX_POSITIONS, ROPE_BASE, 1);
     uint64_t previous = kvp_param_id(later);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         assert_true(kvp_param_id(kvp_layer_param(a, i)) > previous);
@@ -178,8 +136,8 @@ static void test_layer_param_ids_are_unique_and_increasing(void **state)
         assert_true(kvp_param_id(kvp_layer_param(b, i)) > previous);
         previous = kvp_param_id(kvp_layer_param(b, i));
     }
-    destroy_layer(a);
-    destroy_layer(b);
+    kvpt_destroy_layer(a);
+    kvpt_destroy_layer(b);
     release(later);
 }
 
@@ -238,10 +196,10 @@ static void test_layer_param_revision_advances_by_one_on_every_update(void **sta
     /* Failed updates advance nothing. */
     assert_int_equal(kvp_param_update(param, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "values");
-    assert_error_text(&err, "argument `values` must not be NULL");
+    kvpt_assert_error_text(&err, "argument `values` must not be NULL");
     assert_int_equal(kvp_param_update_with(param, NULL, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "fn");
-    assert_error_text(&err, "argument `fn` must not be NULL");
+    kvpt_assert_error_text(&err, "argument `fn` must not be NULL");
     assert_int_equal(kvp_param_revision(param), 5);
     assert_memory_equal(kvp_param_values(param), plus_one, sizeof plus_one);
     /* Identity never changes with updates. */
@@ -257,17 +215,17 @@ static void test_layer_param_errors_and_null_queries(void **state)
     kvp_error err;
     assert_int_equal(kvp_param_create(2, NULL, &out, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "values");
-    assert_error_text(&err, "argument `values` must not be NULL");
+    kvpt_assert_error_text(&err, "argument `values` must not be NULL");
     assert_int_equal(kvp_param_create(2, values, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "out");
     assert_int_equal(kvp_param_create(0, values, &out, &err), KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "width");
-    assert_error_text(&err, "argument `width` is invalid: a parameter needs a nonzero width");
+    kvpt_assert_error_text(&err, "argument `width` is invalid: a parameter needs a nonzero width");
     assert_int_equal(kvp_param_create(SIZE_MAX / 2, values, &out, &err), KVP_INVALID_ARGUMENT);
-    assert_error_text(&err, "argument `width` is invalid: width * width overflows");
+    kvpt_assert_error_text(&err, "argument `width` is invalid: width * width overflows");
     /* width * width fits in size_t, but not as doubles. */
     assert_int_equal(kvp_param_create((size_t)1 << 31, values, &out, &err), KVP_INVALID_ARGUMENT);
-    assert_error_text(&err, "argument `width` is invalid: width * width overflows");
+    kvpt_assert_error_text(&err, "argument `width` is invalid: width * width overflows");
     assert_int_equal(kvp_param_create(0, values, &out, NULL), KVP_INVALID_ARGUMENT);
     assert_ptr_equal(out, (kvp_param *)0x1); /* out untouched on failure */
 
@@ -342,7 +300,7 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     assert_int_equal(a.params[KVP_PARAM_QUERY].revision, 0);
 
     /* Destroying the first layer keeps the shared nodes alive for the second. */
-    destroy_layer(first);
+    kvpt_destroy_layer(first);
     kvpt_assert_ok(kvp_layer_binding(second, &b, &err), &err);
     assert_memory_equal(&a, &b, sizeof a);
     reference_of(second, 4, 3, output);
@@ -353,7 +311,7 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     kvp_param *kept = kvp_layer_param(second, KVP_PARAM_OUTPUT);
     kvpt_assert_ok(kvp_param_retain(kept, &err), &err);
     uint64_t kept_id = kvp_param_id(kept);
-    destroy_layer(second);
+    kvpt_destroy_layer(second);
     assert_int_equal(kvp_param_id(kept), kept_id);
     assert_int_equal(kvp_param_width(kept), 4);
     release(kept); /* the last reference: frees the node */
@@ -370,7 +328,7 @@ static void expect_rope_invalid(kvp_rope_config rope, kvp_status status, const c
     memset(&err, 0x5A, sizeof err);
     assert_int_equal(kvp_rope_validate(&rope, &err), status);
     assert_int_equal(err.status, status);
-    assert_error_text(&err, text);
+    kvpt_assert_error_text(&err, text);
     assert_int_equal(err.layer_rope.feature_width, rope.feature_width);
     assert_int_equal(err.layer_rope.max_positions, rope.max_positions);
     assert_memory_equal(&err.layer_rope.base, &rope.base, sizeof rope.base);
@@ -379,7 +337,7 @@ static void expect_rope_invalid(kvp_rope_config rope, kvp_status status, const c
     const double untouched[4] = {1.0, 2.0, 3.0, 4.0};
     memset(&err, 0x5A, sizeof err);
     assert_int_equal(kvp_rope_rotate(&rope, features, 0, &err), status);
-    assert_error_text(&err, text);
+    kvpt_assert_error_text(&err, text);
     assert_memory_equal(features, untouched, sizeof features);
 }
 
@@ -421,7 +379,7 @@ static void test_layer_rope_validate_errors(void **state)
     memcpy(&untouched, &err, sizeof err);
     const kvp_rope_config good[] = {
         {2, 1, ROPE_BASE}, {16, 4096, 500000.0}, {2, 8, DBL_MIN}, {2, 8, DBL_MAX}, {2, 8, 1.0}};
-    for (size_t i = 0; i < COUNT_OF(good); i++) {
+    for (size_t i = 0; i < KVPT_COUNT_OF(good); i++) {
         kvpt_assert_ok(kvp_rope_validate(&good[i], &err), &err);
     }
     assert_memory_equal(&err, &untouched, sizeof err); /* success leaves err alone */
@@ -431,7 +389,7 @@ static void test_layer_rope_validate_errors(void **state)
     assert_string_equal(err.argument, "rope");
     assert_int_equal(kvp_rope_rotate(&good[0], NULL, 0, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "features");
-    assert_error_text(&err, "argument `features` must not be NULL");
+    kvpt_assert_error_text(&err, "argument `features` must not be NULL");
 }
 
 static void test_layer_rope_rotate_values(void **state)
@@ -447,15 +405,15 @@ static void test_layer_rope_rotate_values(void **state)
     /* The seed's head-1 key at position 2: [1, 1] -> [cos 2 - sin 2, sin 2 + cos 2]. */
     double y[2] = {1.0, 1.0};
     kvpt_assert_ok(kvp_rope_rotate(&two, y, 2, &err), &err);
-    assert_close(y[0], -1.325444263, 1e-9);
-    assert_close(y[1], 0.493150590, 1e-9);
-    assert_close(y[0], cos(2.0) - sin(2.0), 1e-15);
-    assert_close(y[1], sin(2.0) + cos(2.0), 1e-15);
+    kvpt_assert_close(y[0], -1.325444263, 1e-9);
+    kvpt_assert_close(y[1], 0.493150590, 1e-9);
+    kvpt_assert_close(y[0], cos(2.0) - sin(2.0), 1e-15);
+    kvpt_assert_close(y[1], sin(2.0) + cos(2.0), 1e-15);
     /* The seed's head-0 inputs rotate back onto [1, 0]. */
     double z[2] = {cos(2.0), -sin(2.0)};
     kvpt_assert_ok(kvp_rope_rotate(&two, z, 2, &err), &err);
-    assert_close(z[0], 1.0, 1e-15);
-    assert_close(z[1], 0.0, 1e-15);
+    kvpt_assert_close(z[0], 1.0, 1e-15);
+    kvpt_assert_close(z[1], 0.0, 1e-15);
     /* Position 0 is the identity, bit for bit. */
     double w[2] = {0.3, -0.7};
     kvpt_assert_ok(kvp_rope_rotate(&two, w, 0, &err), &err);
@@ -465,27 +423,27 @@ static void test_layer_rope_rotate_values(void **state)
     kvp_rope_config four = {4, MAX_POSITIONS, ROPE_BASE};
     double v[4] = {1.0, 0.0, 1.0, 0.0};
     kvpt_assert_ok(kvp_rope_rotate(&four, v, 3, &err), &err);
-    assert_close(v[0], cos(3.0), 1e-15);
-    assert_close(v[1], sin(3.0), 1e-15);
-    assert_close(v[2], cos(0.03), 1e-15);
-    assert_close(v[3], sin(0.03), 1e-15);
-    assert_close(v[2], 0.999550033748988, 1e-14);
-    assert_close(v[3], 0.0299955002024957, 1e-14);
+    kvpt_assert_close(v[0], cos(3.0), 1e-15);
+    kvpt_assert_close(v[1], sin(3.0), 1e-15);
+    kvpt_assert_close(v[2], cos(0.03), 1e-15);
+    kvpt_assert_close(v[3], sin(0.03), 1e-15);
+    kvpt_assert_close(v[2], 0.999550033748988, 1e-14);
+    kvpt_assert_close(v[3], 0.0299955002024957, 1e-14);
     double u[4] = {0.5, -2.0, 3.0, 0.25};
     kvpt_assert_ok(kvp_rope_rotate(&four, u, 7, &err), &err);
-    assert_close(u[0], 0.5 * cos(7.0) + 2.0 * sin(7.0), 1e-14);
-    assert_close(u[1], 0.5 * sin(7.0) - 2.0 * cos(7.0), 1e-14);
-    assert_close(u[2], 3.0 * cos(0.07) - 0.25 * sin(0.07), 1e-14);
-    assert_close(u[3], 3.0 * sin(0.07) + 0.25 * cos(0.07), 1e-14);
+    kvpt_assert_close(u[0], 0.5 * cos(7.0) + 2.0 * sin(7.0), 1e-14);
+    kvpt_assert_close(u[1], 0.5 * sin(7.0) - 2.0 * cos(7.0), 1e-14);
+    kvpt_assert_close(u[2], 3.0 * cos(0.07) - 0.25 * sin(0.07), 1e-14);
+    kvpt_assert_close(u[3], 3.0 * sin(0.07) + 0.25 * cos(0.07), 1e-14);
 
     /* Another base: d_h = 4 with base 100 gives theta_1 = 0.1. */
     kvp_rope_config hundred = {4, MAX_POSITIONS, 100.0};
     double t[4] = {0.0, 1.0, 0.0, 1.0};
     kvpt_assert_ok(kvp_rope_rotate(&hundred, t, 5, &err), &err);
-    assert_close(t[0], -sin(5.0), 1e-15);
-    assert_close(t[1], cos(5.0), 1e-15);
-    assert_close(t[2], -sin(0.5), 1e-15);
-    assert_close(t[3], cos(0.5), 1e-15);
+    kvpt_assert_close(t[0], -sin(5.0), 1e-15);
+    kvpt_assert_close(t[1], cos(5.0), 1e-15);
+    kvpt_assert_close(t[2], -sin(0.5), 1e-15);
+    kvpt_assert_close(t[3], cos(0.5), 1e-15);
 }
 
 static void test_layer_rope_rotate_out_of_range_changes_nothing(void **state)
@@ -495,7 +453,7 @@ static void test_layer_rope_rotate_out_of_range_changes_nothing(void **state)
     double features[4] = {0.1, 0.2, 0.3, 0.4};
     const double untouched[4] = {0.1, 0.2, 0.3, 0.4};
     const size_t positions[] = {MAX_POSITIONS, MAX_POSITIONS + 1, SIZE_MAX};
-    for (size_t i = 0; i < COUNT_OF(positions); i++) {
+    for (size_t i = 0; i < KVPT_COUNT_OF(positions); i++) {
         kvp_error err;
         memset(&err, 0x5A, sizeof err);
         assert_int_equal(kvp_rope_rotate(&rope, features, positions[i], &err),
@@ -508,13 +466,13 @@ static void test_layer_rope_rotate_out_of_range_changes_nothing(void **state)
         char text[128];
         snprintf(text, sizeof text, "RoPE position %zu is out of range for 8 positions",
                  positions[i]);
-        assert_error_text(&err, text);
+        kvpt_assert_error_text(&err, text);
         assert_memory_equal(features, untouched, sizeof features);
     }
     /* The last position is in range. */
     kvp_error err;
     kvpt_assert_ok(kvp_rope_rotate(&rope, features, MAX_POSITIONS - 1, &err), &err);
-    assert_close(features[0], 0.1 * cos(7.0) - 0.2 * sin(7.0), 1e-15);
+    kvpt_assert_close(features[0], 0.1 * cos(7.0) - 0.2 * sin(7.0), 1e-15);
 }
 
 static void test_layer_rope_rotation_preserves_norm(void **state)
@@ -522,7 +480,7 @@ static void test_layer_rope_rotation_preserves_norm(void **state)
     (void)state;
     uint64_t rng = 0x5EED;
     const size_t widths[] = {2, 4, 8, 16};
-    for (size_t w = 0; w < COUNT_OF(widths); w++) {
+    for (size_t w = 0; w < KVPT_COUNT_OF(widths); w++) {
         kvp_rope_config rope = {widths[w], 4096, ROPE_BASE};
         for (size_t trial = 0; trial < 32; trial++) {
             double features[16];
@@ -538,7 +496,7 @@ static void test_layer_rope_rotation_preserves_norm(void **state)
             for (size_t f = 0; f < widths[w]; f++) {
                 norm_after += features[f] * features[f];
             }
-            assert_close(sqrt(norm_after), sqrt(norm_before), 1e-13);
+            kvpt_assert_close(sqrt(norm_after), sqrt(norm_before), 1e-13);
         }
     }
 }
@@ -556,7 +514,7 @@ static void expect_layer_failure(kvp_param *const p[KVP_PARAM_COUNT], size_t hea
                                       err),
                      status);
     assert_int_equal(err->status, status);
-    assert_error_text(err, text);
+    kvpt_assert_error_text(err, text);
     assert_ptr_equal(out, (kvp_layer *)0x1);
 }
 
@@ -650,15 +608,8 @@ static void test_layer_create_errors_in_documented_order(void **state)
     layer = NULL;
     kvpt_assert_ok(kvp_layer_create(six[0], six[0], six[0], six[1], 3, 1, 0.5, &layer, &err),
                    &err);
-    kvp_layer_info info;
-    kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
-    assert_int_equal(info.model_width, 6);
-    assert_int_equal(info.heads, 3);
-    assert_int_equal(info.head_width, 2);
-    assert_int_equal(info.rope.feature_width, 2);
-    assert_int_equal(info.rope.max_positions, 1);
-    assert_true(info.rope.base == 0.5);
-    destroy_layer(layer);
+    kvpt_assert_layer_info(layer, 6, 3, 2, 1, 0.5);
+    kvpt_destroy_layer(layer);
 
     /* Failed creations took no reference: these releases free everything. */
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
@@ -672,12 +623,9 @@ static void test_layer_create_random_is_deterministic_and_bounded(void **state)
 {
     (void)state;
     kvp_error err;
-    kvp_layer *a = NULL;
-    kvp_layer *b = NULL;
-    kvp_layer *c = NULL;
-    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 37, &a, &err), &err);
-    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 37, &b, &err), &err);
-    kvpt_assert_ok(kvp_layer_create_random(4, 2, MAX_POSITIONS, ROPE_BASE, 38, &c, &err), &err);
+    kvp_layer *a = kvpt_random_layer(4, 2, MAX_POSITIONS, ROPE_BASE, 37);
+    kvp_layer *b = kvpt_random_layer(4, 2, MAX_POSITIONS, ROPE_BASE, 37);
+    kvp_layer *c = kvpt_random_layer(4, 2, MAX_POSITIONS, ROPE_BASE, 38);
 
     /* The documented fill: SplitMix64(seed), W_q, W_k, W_v, W_o row by row, each
      * entry (2u - 1) / sqrt(D) for u uniform in [0, 1) from the top 53 bits. */
@@ -699,16 +647,15 @@ static void test_layer_create_random_is_deterministic_and_bounded(void **state)
         assert_true(kvp_param_id(kvp_layer_param(a, p)) != kvp_param_id(kvp_layer_param(b, p)));
     }
     assert_int_equal(differing, 4 * 16);
-    destroy_layer(a);
-    destroy_layer(b);
-    destroy_layer(c);
+    kvpt_destroy_layer(a);
+    kvpt_destroy_layer(b);
+    kvpt_destroy_layer(c);
 
     /* Bounds, over many entries and widths. */
     const size_t widths[] = {1, 2, 16, 64};
     const size_t heads[] = {1, 1, 4, 8};
-    for (size_t w = 0; w < COUNT_OF(widths); w++) {
+    for (size_t w = 0; w < KVPT_COUNT_OF(widths); w++) {
         size_t d = widths[w];
-        kvp_layer *layer = NULL;
         if (d == 1) {
             /* d_h = 1 is odd: the layer is refused, and nothing leaks. */
             kvp_layer *out = (kvp_layer *)0x1;
@@ -718,9 +665,7 @@ static void test_layer_create_random_is_deterministic_and_bounded(void **state)
             assert_ptr_equal(out, (kvp_layer *)0x1);
             continue;
         }
-        kvpt_assert_ok(kvp_layer_create_random(d, heads[w], 64, ROPE_BASE, 1000 + w, &layer,
-                                               &err),
-                       &err);
+        kvp_layer *layer = kvpt_random_layer(d, heads[w], 64, ROPE_BASE, 1000 + w);
         double bound = 1.0 / sqrt((double)d);
         double lowest = bound;
         double highest = -bound;
@@ -738,7 +683,7 @@ static void test_layer_create_random_is_deterministic_and_bounded(void **state)
             assert_true(lowest < -0.99 * bound);
             assert_true(highest > 0.99 * bound);
         }
-        destroy_layer(layer);
+        kvpt_destroy_layer(layer);
     }
 
     /* Errors: argument checks, then the layer's own checks after the parameters
@@ -750,18 +695,18 @@ static void test_layer_create_random_is_deterministic_and_bounded(void **state)
     assert_int_equal(kvp_layer_create_random(0, 2, 8, ROPE_BASE, 1, &out, &err),
                      KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "model_width");
-    assert_error_text(&err, "argument `model_width` is invalid: must be nonzero and "
-                            "model_width^2 doubles must fit in memory");
+    kvpt_assert_error_text(&err, "argument `model_width` is invalid: must be nonzero and "
+                                 "model_width^2 doubles must fit in memory");
     assert_int_equal(kvp_layer_create_random(SIZE_MAX / 4, 2, 8, ROPE_BASE, 1, &out, &err),
                      KVP_INVALID_ARGUMENT);
     assert_int_equal(kvp_layer_create_random(4, 3, 8, ROPE_BASE, 1, &out, &err),
                      KVP_HEADS_DO_NOT_DIVIDE_WIDTH);
-    assert_error_text(&err, "attention model width 4 must be a nonzero multiple of 3 heads");
+    kvpt_assert_error_text(&err, "attention model width 4 must be a nonzero multiple of 3 heads");
     assert_int_equal(kvp_layer_create_random(4, 2, 0, ROPE_BASE, 1, &out, &err),
                      KVP_ROPE_ZERO_POSITIONS);
     assert_int_equal(kvp_layer_create_random(4, 2, 8, INFINITY, 1, &out, &err),
                      KVP_ROPE_INVALID_BASE);
-    assert_error_text(&err, "RoPE base must be finite and greater than zero, got inf");
+    kvpt_assert_error_text(&err, "RoPE base must be finite and greater than zero, got inf");
     assert_ptr_equal(out, (kvp_layer *)0x1);
 }
 
@@ -769,8 +714,7 @@ static void test_layer_binding_and_info(void **state)
 {
     (void)state;
     kvp_error err;
-    kvp_layer *layer = NULL;
-    kvpt_assert_ok(kvp_layer_create_random(12, 3, 20, 500.25, 9, &layer, &err), &err);
+    kvp_layer *layer = kvpt_random_layer(12, 3, 20, 500.25, 9);
     kvp_binding binding;
     memset(&binding, 0x5A, sizeof binding);
     kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
@@ -788,14 +732,7 @@ static void test_layer_binding_and_info(void **state)
     memcpy(&bits, &base, sizeof bits);
     assert_int_equal(binding.rope_base_bits, bits);
 
-    kvp_layer_info info;
-    kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
-    assert_int_equal(info.model_width, 12);
-    assert_int_equal(info.heads, 3);
-    assert_int_equal(info.head_width, 4);
-    assert_int_equal(info.rope.feature_width, 4);
-    assert_int_equal(info.rope.max_positions, 20);
-    assert_true(info.rope.base == 500.25);
+    kvpt_assert_layer_info(layer, 12, 3, 4, 20, 500.25);
 
     /* Updates show in the binding, per parameter; identities stay. */
     kvp_param *w_key = kvp_layer_param(layer, KVP_PARAM_KEY);
@@ -815,6 +752,7 @@ static void test_layer_binding_and_info(void **state)
     }
 
     /* NULL handling; out untouched on failure. */
+    kvp_layer_info info;
     kvp_binding untouched;
     memcpy(&untouched, &updated, sizeof updated);
     assert_int_equal(kvp_layer_binding(NULL, &updated, &err), KVP_NULL_ARGUMENT);
@@ -826,51 +764,19 @@ static void test_layer_binding_and_info(void **state)
     assert_string_equal(err.argument, "layer");
     assert_int_equal(kvp_layer_info_get(layer, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "out");
-    destroy_layer(layer);
+    kvpt_destroy_layer(layer);
 }
 
 /* ---- allocation fault sweeps ----------------------------------------------- */
 
-/* The outcome of one injected call. */
-typedef struct step {
-    kvp_status status;
-    kvp_error err;
-    int fired;
-    kvpi_fault_site site;
-    uint64_t calls;
-} step;
-
-static void step_arm(step *s, uint64_t nth)
-{
-    memset(s, 0, sizeof *s);
-    memset(&s->err, 0x5A, sizeof s->err);
-    kvpi_fault_arm(nth);
-}
-
-/* Reads the injector after the call, then disarms it. */
-static void step_finish(step *s, kvp_status status)
-{
-    s->status = status;
-    s->fired = kvpi_fault_fired();
-    s->site = kvpi_fault_last_site();
-    s->calls = kvpi_fault_calls();
-    kvpi_fault_arm(0);
-}
-
-/* A failed step: AllocationFailed at `site`, naming `what` and `bytes`. */
-static void assert_step_failed(const step *s, uint64_t nth, kvpi_fault_site site,
+/* A failed step (kvpt_assert_fault_failed) at `site`, naming `what` and `bytes`. */
+static void assert_step_failed(const kvpt_fault_step *s, uint64_t nth, kvpi_fault_site site,
                                const char *what, size_t bytes)
 {
-    assert_int_equal(s->status, KVP_ALLOCATION_FAILED);
-    assert_int_equal(s->err.status, KVP_ALLOCATION_FAILED);
+    kvpt_assert_fault_failed(s, nth);
     assert_int_equal(s->site, site);
-    assert_int_equal(s->calls, nth); /* the call stopped at the failure */
-    assert_non_null(s->err.what);
     assert_string_equal(s->err.what, what);
     assert_int_equal(s->err.bytes, bytes);
-    char expected[160];
-    snprintf(expected, sizeof expected, "cannot allocate %s (%zu bytes)", what, bytes);
-    assert_error_text(&s->err, expected);
 }
 
 static void test_layer_fault_sweep_param_create(void **state)
@@ -882,9 +788,9 @@ static void test_layer_fault_sweep_param_create(void **state)
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_param *param = (kvp_param *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_param_create(3, values, &param, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_param_create(3, values, &param, &s.err));
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
             assert_int_equal(s.calls, failures);
@@ -913,17 +819,17 @@ static void test_layer_fault_sweep_layer_create(void **state)
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_layer *layer = (kvp_layer *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_layer_create(p[0], p[1], p[2], p[3], 2, MAX_POSITIONS, ROPE_BASE,
-                                         &layer, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_layer_create(p[0], p[1], p[2], p[3], 2, MAX_POSITIONS,
+                                                    ROPE_BASE, &layer, &s.err));
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
             assert_int_equal(s.calls, failures);
             for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
                 assert_ptr_equal(kvp_layer_param(layer, i), p[i]);
             }
-            destroy_layer(layer);
+            kvpt_destroy_layer(layer);
             break;
         }
         failures++;
@@ -944,18 +850,15 @@ static void test_layer_fault_sweep_layer_create_random(void **state)
     /* Scratch for the values, four parameters, then the layer. */
     static const kvpi_fault_site sites[] = {KVPI_SITE_SCRATCH, KVPI_SITE_PARAM, KVPI_SITE_PARAM,
                                             KVPI_SITE_PARAM,   KVPI_SITE_PARAM, KVPI_SITE_LAYER};
-    kvp_layer *expected = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_layer_create_random(D, 2, MAX_POSITIONS, ROPE_BASE, 77, &expected, &err),
-                   &err);
+    kvp_layer *expected = kvpt_random_layer(D, 2, MAX_POSITIONS, ROPE_BASE, 77);
     uint64_t failures = 0;
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_layer *layer = (kvp_layer *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_layer_create_random(D, 2, MAX_POSITIONS, ROPE_BASE, 77, &layer,
-                                                &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_layer_create_random(D, 2, MAX_POSITIONS, ROPE_BASE, 77,
+                                                           &layer, &s.err));
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
             assert_int_equal(s.calls, failures);
@@ -964,11 +867,11 @@ static void test_layer_fault_sweep_layer_create_random(void **state)
                                     kvp_param_values(kvp_layer_param(expected, i)),
                                     D * D * sizeof(double));
             }
-            destroy_layer(layer);
+            kvpt_destroy_layer(layer);
             break;
         }
         failures++;
-        assert_true(nth <= COUNT_OF(sites));
+        assert_true(nth <= KVPT_COUNT_OF(sites));
         kvpi_fault_site site = sites[nth - 1];
         size_t bytes = site == KVPI_SITE_SCRATCH ? D * D * sizeof(double)
                        : site == KVPI_SITE_LAYER ? sizeof(struct kvp_layer)
@@ -977,8 +880,8 @@ static void test_layer_fault_sweep_layer_create_random(void **state)
         assert_step_failed(&s, nth, site, kvpi_fault_site_name(site), bytes);
         assert_ptr_equal(layer, (kvp_layer *)0x1);
     }
-    assert_int_equal(failures, COUNT_OF(sites));
-    destroy_layer(expected);
+    assert_int_equal(failures, KVPT_COUNT_OF(sites));
+    kvpt_destroy_layer(expected);
 }
 
 static void test_layer_fault_sweep_ticket_create(void **state)
@@ -987,10 +890,8 @@ static void test_layer_fault_sweep_ticket_create(void **state)
     enum { B = 2, H = 2, HD = 4, C = 7 };
     kvp_pool *pool = kvpt_pool(3, H, HD, 8);
     kvp_binding binding = kvpt_binding(H, HD, C);
-    kvp_cache *cache = NULL;
+    kvp_cache *cache = kvpt_cache(pool, &binding, B, C);
     kvp_error err;
-    kvpt_assert_ok(kvp_cache_create(pool, &binding, B, C, &cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
     kvp_pool_stats before = kvpt_stats(pool);
     /* Q, K, V, head outputs and output rows, the weights, and B reserved page ids. */
     const size_t buffer_bytes = (5 * B * H * HD + B * H * C) * sizeof(double) +
@@ -999,9 +900,9 @@ static void test_layer_fault_sweep_ticket_create(void **state)
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_ticket *ticket = (kvp_ticket *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_ticket_create(cache, &ticket, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_ticket_create(cache, &ticket, &s.err));
         kvpt_assert_pool_ok(pool);
         kvp_pool_stats after = kvpt_stats(pool);
         assert_memory_equal(&before, &after, sizeof before);
@@ -1010,8 +911,7 @@ static void test_layer_fault_sweep_ticket_create(void **state)
             assert_int_equal(s.calls, failures);
             kvp_attention_result result;
             assert_int_equal(kvp_ticket_result(ticket, &result, &err), KVP_TICKET_EMPTY);
-            kvpt_assert_ok(kvp_ticket_destroy(ticket, &err), &err);
-            kvpt_assert_pool_ok(pool);
+            kvpt_destroy_ticket(ticket, pool);
             break;
         }
         failures++;
@@ -1029,9 +929,8 @@ static void test_layer_fault_sweep_ticket_create(void **state)
     assert_string_equal(err.argument, "cache");
     assert_int_equal(kvp_ticket_create(cache, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "out");
-    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
 }
 
 int main(void)
@@ -1049,10 +948,10 @@ int main(void)
         cmocka_unit_test(test_layer_create_errors_in_documented_order),
         cmocka_unit_test(test_layer_create_random_is_deterministic_and_bounded),
         cmocka_unit_test(test_layer_binding_and_info),
-        cmocka_unit_test_teardown(test_layer_fault_sweep_param_create, disarm),
-        cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create, disarm),
-        cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create_random, disarm),
-        cmocka_unit_test_teardown(test_layer_fault_sweep_ticket_create, disarm),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_param_create, kvpt_disarm),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create, kvpt_disarm),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create_random, kvpt_disarm),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_ticket_create, kvpt_disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

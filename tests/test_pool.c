@@ -30,11 +30,9 @@ static void test_pool_create_rejects_zero_sizes(void **state)
         assert_int_equal(err.status, KVP_ZERO_SIZE);
         assert_string_equal(err.argument, fields[field]);
         assert_ptr_equal(pool, (kvp_pool *)0x1); /* out untouched on failure */
-        char text[128];
-        kvp_error_format(&err, text, sizeof text);
         char expected[128];
         snprintf(expected, sizeof expected, "page pool %s must be nonzero", fields[field]);
-        assert_string_equal(text, expected);
+        kvpt_assert_error_text(&err, expected);
     }
 }
 
@@ -56,9 +54,7 @@ static void test_pool_create_rejects_overflow_and_small_budget(void **state)
     assert_int_equal(kvp_pool_create(&small, &pool, &err), KVP_BUDGET_TOO_SMALL);
     assert_int_equal(err.page_bytes, PAGE_BYTES(4, 2, 8));
     assert_int_equal(err.budget_bytes, PAGE_BYTES(4, 2, 8) - 1);
-    char text[128];
-    kvp_error_format(&err, text, sizeof text);
-    assert_string_equal(text, "page pool budget of 1023 bytes is below one page of 1024 bytes");
+    kvpt_assert_error_text(&err, "page pool budget of 1023 bytes is below one page of 1024 bytes");
     assert_null(pool);
 
     assert_int_equal(kvp_pool_create(NULL, &pool, &err), KVP_NULL_ARGUMENT);
@@ -85,8 +81,7 @@ static void test_pool_page_count_is_budget_over_page_bytes(void **state)
     assert_int_equal(stats.acquires, 0);
     assert_int_equal(stats.releases, 0);
     assert_int_equal(stats.exhaustions, 0);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_pool_exactly_n_pages_then_exhausted(void **state)
@@ -113,9 +108,7 @@ static void test_pool_exactly_n_pages_then_exhausted(void **state)
     assert_int_equal(kvpi_reservation_fill(&res, 1, &err), KVP_POOL_EXHAUSTED);
     assert_int_equal(err.needed, 1);
     assert_int_equal(err.available, 0);
-    char text[128];
-    kvp_error_format(&err, text, sizeof text);
-    assert_string_equal(text, "page pool exhausted: 1 pages needed, 0 free");
+    kvpt_assert_error_text(&err, "page pool exhausted: 1 pages needed, 0 free");
     kvp_pool_stats after = kvpt_stats(pool);
     assert_int_equal(after.exhaustions, before.exhaustions + 1);
     after.exhaustions = before.exhaustions;
@@ -129,8 +122,7 @@ static void test_pool_exactly_n_pages_then_exhausted(void **state)
     assert_int_equal(released.releases, N);
     assert_int_equal(released.high_water_pages, N);
     assert_int_equal(released.attached_reservations, 0);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_pool_take_is_all_or_nothing(void **state)
@@ -152,8 +144,7 @@ static void test_pool_take_is_all_or_nothing(void **state)
     assert_int_equal(kvpi_reservation_remaining(&res), 3);
     kvpt_assert_pool_ok(pool);
     kvpi_reservation_release(&res);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_pool_release_acquire_cycles_return_same_page(void **state)
@@ -185,8 +176,7 @@ static void test_pool_release_acquire_cycles_return_same_page(void **state)
     }
     kvpi_reservation_release(&cycle);
     kvpi_reservation_release(&keep);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_pool_destroy_refuses_while_busy(void **state)
@@ -200,28 +190,24 @@ static void test_pool_destroy_refuses_while_busy(void **state)
     kvpt_assert_ok(kvpi_reservation_fill(&res, 2, &err), &err);
 
     kvp_binding binding = kvpt_binding(2, 2, 64);
-    kvp_cache *cache = NULL;
-    kvpt_assert_ok(kvp_cache_create(pool, &binding, 1, 8, &cache, &err), &err);
+    kvp_cache *cache = kvpt_cache(pool, &binding, 1, 8);
 
     kvp_pool_stats before = kvpt_stats(pool);
     assert_int_equal(kvp_pool_destroy(pool, &err), KVP_POOL_BUSY);
     assert_int_equal(err.attached_caches, 1);
     assert_int_equal(err.attached_reservations, 1);
     assert_int_equal(err.held_pages, 2);
-    char text[160];
-    kvp_error_format(&err, text, sizeof text);
-    assert_string_equal(text, "page pool is busy: 1 caches attached, 1 reservations held, "
-                              "2 pages held");
+    kvpt_assert_error_text(&err, "page pool is busy: 1 caches attached, 1 reservations held, "
+                                 "2 pages held");
     kvp_pool_stats after = kvpt_stats(pool);
     assert_memory_equal(&before, &after, sizeof before);
     kvpt_assert_pool_ok(pool);
 
-    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
+    kvpt_destroy_cache(cache, pool);
     assert_int_equal(kvp_pool_destroy(pool, &err), KVP_POOL_BUSY);
     assert_int_equal(err.attached_caches, 0);
     kvpi_reservation_release(&res);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_pool_null_handles_are_typed_errors(void **state)
@@ -238,7 +224,7 @@ static void test_pool_null_handles_are_typed_errors(void **state)
     assert_string_equal(err.argument, "out");
     /* err itself is optional. */
     assert_int_equal(kvp_pool_stats_get(pool, NULL, NULL), KVP_NULL_ARGUMENT);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 typedef struct collected {
@@ -271,9 +257,8 @@ static void test_pool_check_reports_every_corruption(void **state)
     (void)state;
     kvp_pool *pool = kvpt_pool(2, 1, 2, 6);
     kvp_binding binding = kvpt_binding(1, 2, 64);
-    kvp_cache *cache = NULL;
+    kvp_cache *cache = kvpt_cache(pool, &binding, 2, 8);
     kvp_error err;
-    kvpt_assert_ok(kvp_cache_create(pool, &binding, 2, 8, &cache, &err), &err);
     uint32_t storage[1];
     kvpi_reservation res;
     kvpi_reservation_init(&res, pool, storage, 1);
@@ -299,11 +284,9 @@ static void test_pool_check_reports_every_corruption(void **state)
     assert_int_equal(err.first_mismatch.page, storage[0]);
     assert_int_equal(err.first_mismatch.expected, 1);
     assert_int_equal(err.first_mismatch.actual, 2);
-    char text[256];
-    kvp_error_format(&err, text, sizeof text);
-    assert_string_equal(text, "page pool audit found 1 mismatch; first: I3 references: "
-                              "references from page tables and reservations (page 0): "
-                              "expected 1, found 2");
+    kvpt_assert_error_text(&err, "page pool audit found 1 mismatch; first: I3 references: "
+                                 "references from page tables and reservations (page 0): "
+                                 "expected 1, found 2");
     pool->refcount[storage[0]] = 1;
     kvpt_assert_pool_ok(pool);
 
@@ -325,9 +308,8 @@ static void test_pool_check_reports_every_corruption(void **state)
     kvpt_assert_pool_ok(pool);
 
     kvpi_reservation_release(&res);
-    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
 }
 
 /* Under memcheck, free pages are NOACCESS and held pages addressable. */
@@ -353,7 +335,7 @@ static void test_pool_pages_are_tracked_by_memcheck(void **state)
     if (RUNNING_ON_VALGRIND) {
         assert_int_equal(VALGRIND_GET_VBITS(held, vbits, sizeof vbits), 3);
     }
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    kvpt_destroy_pool(pool);
 }
 
 int main(void)

@@ -19,16 +19,11 @@
 
 #include <float.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <valgrind/valgrind.h>
 
 #include "attention/sequence_internal.h"
 #include "pager/alloc.h"
-
-#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
-#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Every model here has 2 heads of width 4 (D = 8) unless a test says otherwise. */
 #define MODEL_WIDTH 8
@@ -45,57 +40,11 @@
 /* Stops a fault sweep at a generous bound, so a broken injector cannot loop. */
 #define SWEEP_LIMIT 128
 
-#define assert_error_text(e, text) assert_error_text_at((e), (text), __FILE__, __LINE__)
-static void assert_error_text_at(const kvp_error *e, const char *text, const char *file, int line)
-{
-    char buf[512];
-    size_t n = kvp_error_format(e, buf, sizeof buf);
-    if (strcmp(buf, text) != 0 || n != strlen(text)) {
-        print_error("%s:%d: rendered \"%s\", expected \"%s\"\n", file, line, buf, text);
-        fail();
-    }
-}
-
-/* Every test leaves the fault injector disarmed, even when an assertion fails. */
-static int disarm(void **state)
-{
-    (void)state;
-    kvpi_fault_arm(0);
-    return 0;
-}
-
 /* ---- construction helpers ------------------------------------------------ */
 
 static kvp_model *make_model(size_t layers, uint64_t seed)
 {
-    kvp_model *model = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_model_create_random(layers, MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE,
-                                           seed, &model, &err),
-                   &err);
-    return model;
-}
-
-static void destroy_model(kvp_model *model)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_model_destroy(model, &err), &err);
-}
-
-static kvp_layer *make_layer(size_t width, size_t heads, size_t max_positions, uint64_t seed)
-{
-    kvp_layer *layer = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_layer_create_random(width, heads, max_positions, ROPE_BASE, seed, &layer,
-                                           &err),
-                   &err);
-    return layer;
-}
-
-static void destroy_layer(kvp_layer *layer)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_layer_destroy(layer, &err), &err);
+    return kvpt_random_model(layers, MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE, seed);
 }
 
 /* A model of `layers` layers whose four parameters are all the identity. */
@@ -106,65 +55,23 @@ static kvp_model *identity_model(size_t layers)
     for (size_t i = 0; i < MODEL_WIDTH; i++) {
         eye[i * MODEL_WIDTH + i] = 1.0;
     }
-    kvp_error err;
-    kvp_param *params[KVP_PARAM_COUNT];
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        kvpt_assert_ok(kvp_param_create(MODEL_WIDTH, eye, &params[i], &err), &err);
-    }
-    kvp_layer *layer = NULL;
-    kvpt_assert_ok(kvp_layer_create(params[0], params[1], params[2], params[3], HEADS,
-                                    MAX_POSITIONS, ROPE_BASE, &layer, &err),
-                   &err);
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        kvpt_assert_ok(kvp_param_release(params[i], &err), &err);
-    }
+    const double *const w[KVP_PARAM_COUNT] = {eye, eye, eye, eye};
+    kvp_layer *layer = kvpt_layer_from_matrices(MODEL_WIDTH, w, HEADS, MAX_POSITIONS, ROPE_BASE);
     const kvp_layer *list[MAX_LAYERS];
     assert_true(layers <= MAX_LAYERS);
     for (size_t l = 0; l < layers; l++) {
         list[l] = layer;
     }
     kvp_model *model = NULL;
+    kvp_error err;
     kvpt_assert_ok(kvp_model_create(list, layers, &model, &err), &err);
-    destroy_layer(layer);
+    kvpt_destroy_layer(layer);
     return model;
 }
 
 static kvp_pool *make_pool(size_t block_tokens, size_t pages)
 {
-    kvp_pool *pool = kvpt_pool(block_tokens, HEADS, HEAD_WIDTH, pages);
-    kvpt_assert_pool_ok(pool);
-    return pool;
-}
-
-/* The pool must be idle: no page, cache, reservation or promise left. */
-static void destroy_pool(kvp_pool *pool)
-{
-    kvpt_assert_pool_ok(pool);
-    kvp_pool_stats stats = kvpt_stats(pool);
-    assert_int_equal(stats.held_pages, 0);
-    assert_int_equal(stats.free_pages, stats.total_pages);
-    assert_int_equal(stats.attached_caches, 0);
-    assert_int_equal(stats.attached_reservations, 0);
-    assert_int_equal(stats.promised_pages, 0);
-    kvp_error err;
-    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
-}
-
-static kvp_sequence *make_sequence(const kvp_model *model, kvp_pool *pool, size_t batch,
-                                   size_t capacity)
-{
-    kvp_sequence *seq = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_sequence_create(model, pool, batch, capacity, &seq, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    return seq;
-}
-
-static void destroy_sequence(kvp_sequence *seq, kvp_pool *pool)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_sequence_destroy(seq, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    return kvpt_pool(block_tokens, HEADS, HEAD_WIDTH, pages);
 }
 
 static void promise(kvp_sequence *seq, kvp_pool *pool, size_t pages)
@@ -173,22 +80,6 @@ static void promise(kvp_sequence *seq, kvp_pool *pool, size_t pages)
     kvpt_assert_ok(kvp_sequence_promise(seq, pages, &err), &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(kvp_sequence_promised_pages(seq), pages);
-}
-
-static double *alloc_doubles(size_t n)
-{
-    double *p = calloc(n + 1, sizeof(double));
-    assert_non_null(p);
-    return p;
-}
-
-/* n values uniform in [-1, 1) from SplitMix64(seed). */
-static void fill_random(double *out, size_t n, uint64_t seed)
-{
-    uint64_t rng = seed;
-    for (size_t i = 0; i < n; i++) {
-        out[i] = kvpt_rand_unit(&rng);
-    }
 }
 
 /* Token t of [B, T, D] inputs as a [B, 1, D] row. */
@@ -268,8 +159,8 @@ static void sequence_reference(const kvp_model *model, const double *inputs, siz
     kvp_error err;
     kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
     size_t n = batch * tokens * info.model_width;
-    double *x = alloc_doubles(n);
-    double *y = alloc_doubles(n);
+    double *x = kvpt_doubles(n);
+    double *y = kvpt_doubles(n);
     memcpy(x, inputs, n * sizeof *x);
     for (size_t l = 0; l < info.layers; l++) {
         kvp_tensor view = kvp_tensor3(x, batch, tokens, info.model_width);
@@ -287,27 +178,11 @@ static void sequence_reference(const kvp_model *model, const double *inputs, siz
     free(y);
 }
 
-/* The largest |a[i] - b[i]|; infinity when any difference is not a number. */
-static double max_abs_diff(const double *a, const double *b, size_t n)
-{
-    double worst = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double diff = fabs(a[i] - b[i]);
-        if (isnan(diff)) {
-            return INFINITY;
-        }
-        if (diff > worst) {
-            worst = diff;
-        }
-    }
-    return worst;
-}
-
 #define assert_close_rows(a, b, n) assert_close_rows_at((a), (b), (n), __FILE__, __LINE__)
 static void assert_close_rows_at(const double *a, const double *b, size_t n, const char *file,
                                  int line)
 {
-    double diff = max_abs_diff(a, b, n);
+    double diff = kvpt_max_abs_diff(a, b, n);
     if (!(diff <= TOLERANCE)) {
         print_error("%s:%d: max abs diff %.3g exceeds %g\n", file, line, diff, TOLERANCE);
         fail();
@@ -315,15 +190,6 @@ static void assert_close_rows_at(const double *a, const double *b, size_t n, con
 }
 
 /* ---- sequence state, for "nothing changed" ------------------------------ */
-
-static size_t sequence_layers(const kvp_sequence *seq)
-{
-    size_t layers = 0;
-    while (kvp_sequence_cache(seq, layers) != NULL) {
-        layers++;
-    }
-    return layers;
-}
 
 /* Every layer's cache state (len, logical rows, page tables, pool stats) and digest. */
 typedef struct seq_state {
@@ -338,7 +204,7 @@ typedef struct seq_state {
 static void seq_state_capture(const kvp_sequence *seq, kvp_pool *pool, seq_state *s)
 {
     memset(s, 0, sizeof *s);
-    s->layers = sequence_layers(seq);
+    s->layers = kvpt_sequence_layers(seq);
     assert_true(s->layers >= 1 && s->layers <= MAX_LAYERS);
     s->len = kvp_sequence_len(seq);
     s->held = kvp_sequence_held_pages(seq);
@@ -359,27 +225,29 @@ static void seq_state_free(seq_state *s)
 }
 
 /*
- * `after` equals `before` byte for byte — every layer's len, logical keys and
- * values, page tables and digest, the sequence's promise and the pool stats —
- * except that the pool counted `exhausted` more exhaustions and took and gave
- * back `churn` pages (a reservation undone), which may raise its high water.
- * Frees both states.
+ * `seq` and `pool` now equal `before` byte for byte — every layer's len,
+ * logical keys and values, page tables and digest, the sequence's promise and
+ * the pool stats — except that the pool counted `exhausted` more exhaustions
+ * and took and gave back `churn` pages (a reservation undone), which may raise
+ * its high water. Frees `before`.
  */
-#define assert_seq_unchanged(before, after, exhausted, churn) \
-    assert_seq_unchanged_at((before), (after), (exhausted), (churn), __FILE__, __LINE__)
-static void assert_seq_unchanged_at(seq_state *before, seq_state *after, uint64_t exhausted,
-                                    uint64_t churn, const char *file, int line)
+#define assert_seq_unchanged(before, seq, pool, exhausted, churn) \
+    assert_seq_unchanged_at((before), (seq), (pool), (exhausted), (churn), __FILE__, __LINE__)
+static void assert_seq_unchanged_at(seq_state *before, const kvp_sequence *seq, kvp_pool *pool,
+                                    uint64_t exhausted, uint64_t churn, const char *file, int line)
 {
-    if (after->layers != before->layers || after->len != before->len ||
-        after->held != before->held || after->promised != before->promised) {
+    seq_state after;
+    seq_state_capture(seq, pool, &after);
+    if (after.layers != before->layers || after.len != before->len || after.held != before->held ||
+        after.promised != before->promised) {
         print_error("%s:%d: sequence changed: layers %zu/%zu len %zu/%zu held %zu/%zu "
                     "promised %zu/%zu\n",
-                    file, line, before->layers, after->layers, before->len, after->len,
-                    before->held, after->held, before->promised, after->promised);
+                    file, line, before->layers, after.layers, before->len, after.len, before->held,
+                    after.held, before->promised, after.promised);
         fail();
     }
     for (size_t l = 0; l < before->layers; l++) {
-        kvp_pool_stats *a = &after->caches[l].stats;
+        kvp_pool_stats *a = &after.caches[l].stats;
         const kvp_pool_stats *b = &before->caches[l].stats;
         if (a->exhaustions != b->exhaustions + exhausted || a->acquires != b->acquires + churn ||
             a->releases != b->releases + churn || a->high_water_pages < b->high_water_pages ||
@@ -397,14 +265,14 @@ static void assert_seq_unchanged_at(seq_state *before, seq_state *after, uint64_
         a->acquires = b->acquires;
         a->releases = b->releases;
         a->high_water_pages = b->high_water_pages;
-        kvpt_assert_state_equal_at(&before->caches[l], &after->caches[l], file, line);
-        if (before->digests[l] != after->digests[l]) {
+        kvpt_assert_state_equal_at(&before->caches[l], &after.caches[l], file, line);
+        if (before->digests[l] != after.digests[l]) {
             print_error("%s:%d: layer %zu digest changed\n", file, line, l);
             fail();
         }
     }
     seq_state_free(before);
-    seq_state_free(after);
+    seq_state_free(&after);
 }
 
 /* Page ids of every layer, lane and mapped block, in that order; returns the count. */
@@ -412,11 +280,11 @@ static size_t sequence_pages(const kvp_sequence *seq, uint32_t *out, size_t room
 {
     size_t n = 0;
     kvp_error err;
-    for (size_t l = 0; l < sequence_layers(seq); l++) {
+    for (size_t l = 0; l < kvpt_sequence_layers(seq); l++) {
         const kvp_cache *cache = kvp_sequence_cache(seq, l);
         kvp_cache_info info;
         kvpt_assert_ok(kvp_cache_info_get(cache, &info, &err), &err);
-        size_t mapped = CEIL_DIV(info.len, info.block_tokens);
+        size_t mapped = KVPT_CEIL_DIV(info.len, info.block_tokens);
         for (size_t lane = 0; lane < info.batch_size; lane++) {
             for (size_t block = 0; block < mapped; block++) {
                 assert_true(n < room);
@@ -428,32 +296,6 @@ static size_t sequence_pages(const kvp_sequence *seq, uint32_t *out, size_t room
     return n;
 }
 
-/* Both sequences' layers hold the same logical keys and values, bit for bit. */
-static void assert_same_rows(const kvp_sequence *a, const kvp_sequence *b)
-{
-    size_t layers = sequence_layers(a);
-    assert_int_equal(sequence_layers(b), layers);
-    assert_int_equal(kvp_sequence_len(a), kvp_sequence_len(b));
-    kvp_error err;
-    for (size_t l = 0; l < layers; l++) {
-        const kvp_cache *ca = kvp_sequence_cache(a, l);
-        const kvp_cache *cb = kvp_sequence_cache(b, l);
-        kvp_cache_info info;
-        kvpt_assert_ok(kvp_cache_info_get(ca, &info, &err), &err);
-        size_t n = info.batch_size * info.binding.heads * info.len * info.binding.head_width;
-        double *ra = alloc_doubles(n);
-        double *rb = alloc_doubles(n);
-        kvpt_assert_ok(kvp_cache_keys(ca, ra, n, &err), &err);
-        kvpt_assert_ok(kvp_cache_keys(cb, rb, n, &err), &err);
-        assert_memory_equal(ra, rb, n * sizeof *ra);
-        kvpt_assert_ok(kvp_cache_values(ca, ra, n, &err), &err);
-        kvpt_assert_ok(kvp_cache_values(cb, rb, n, &err), &err);
-        assert_memory_equal(ra, rb, n * sizeof *ra);
-        free(ra);
-        free(rb);
-    }
-}
-
 /* ---- models ---------------------------------------------------------------- */
 
 static void test_sequence_model_create_shares_parameters(void **state)
@@ -462,7 +304,7 @@ static void test_sequence_model_create_shares_parameters(void **state)
     enum { L = 3 };
     kvp_layer *src[L];
     for (size_t l = 0; l < L; l++) {
-        src[l] = make_layer(MODEL_WIDTH, HEADS, MAX_POSITIONS, 200 + l);
+        src[l] = kvpt_random_layer(MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE, 200 + l);
     }
     kvp_model *model = NULL;
     kvp_error err;
@@ -496,13 +338,10 @@ static void test_sequence_model_create_shares_parameters(void **state)
 
     /* A cache bound to a source layer serves the model's layer: same identities. */
     kvp_pool *pool = make_pool(2, 4);
-    kvp_cache *cache = NULL;
-    kvpt_assert_ok(kvp_cache_create(pool, &src_bindings[1], 1, 4, &cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    kvp_ticket *ticket = NULL;
-    kvpt_assert_ok(kvp_ticket_create(cache, &ticket, &err), &err);
+    kvp_cache *cache = kvpt_cache(pool, &src_bindings[1], 1, 4);
+    kvp_ticket *ticket = kvpt_ticket(cache);
     double row[MODEL_WIDTH];
-    fill_random(row, MODEL_WIDTH, 9);
+    kvpt_fill_random(row, MODEL_WIDTH, 9);
     kvp_tensor input = kvp_tensor3(row, 1, 1, MODEL_WIDTH);
     kvpt_assert_ok(kvp_attention_forward(kvp_model_layer(model, 1), &input, cache, ticket, &err),
                    &err);
@@ -511,27 +350,25 @@ static void test_sequence_model_create_shares_parameters(void **state)
 
     /* The model holds its own references: the sources can go first (memcheck). */
     for (size_t l = 0; l < L; l++) {
-        destroy_layer(src[l]);
+        kvpt_destroy_layer(src[l]);
     }
     kvpt_assert_ok(kvp_attention_forward(kvp_model_layer(model, 1), &input, cache, ticket, &err),
                    &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(kvp_cache_len(cache), 2);
-    kvpt_assert_ok(kvp_ticket_destroy(ticket, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    kvpt_assert_ok(kvp_cache_destroy(cache, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_ticket(ticket, pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 static void test_sequence_model_geometry_mismatch_and_errors(void **state)
 {
     (void)state;
-    kvp_layer *a = make_layer(8, 2, MAX_POSITIONS, 1);  /* 2 heads of width 4 */
-    kvp_layer *b = make_layer(8, 4, MAX_POSITIONS, 2);  /* 4 heads of width 2 */
-    kvp_layer *c = make_layer(4, 2, MAX_POSITIONS, 3);  /* 2 heads of width 2 */
-    kvp_layer *d = make_layer(4, 1, MAX_POSITIONS, 4);  /* 1 head of width 4 */
+    kvp_layer *a = kvpt_random_layer(8, 2, MAX_POSITIONS, ROPE_BASE, 1); /* 2 heads of width 4 */
+    kvp_layer *b = kvpt_random_layer(8, 4, MAX_POSITIONS, ROPE_BASE, 2); /* 4 heads of width 2 */
+    kvp_layer *c = kvpt_random_layer(4, 2, MAX_POSITIONS, ROPE_BASE, 3); /* 2 heads of width 2 */
+    kvp_layer *d = kvpt_random_layer(4, 1, MAX_POSITIONS, ROPE_BASE, 4); /* 1 head of width 4 */
     kvp_model *out = (kvp_model *)0x1;
     kvp_error err;
 
@@ -545,8 +382,9 @@ static void test_sequence_model_geometry_mismatch_and_errors(void **state)
     assert_int_equal(err.pool_geometry.head_width, 4);
     assert_int_equal(err.binding_geometry.heads, 4);
     assert_int_equal(err.binding_geometry.head_width, 2);
-    assert_error_text(&err, "model layer 1 geometry (4 heads, head width 2) differs from layer 0 "
-                            "geometry (2 heads, head width 4)");
+    kvpt_assert_error_text(&err,
+                           "model layer 1 geometry (4 heads, head width 2) differs from layer 0 "
+                           "geometry (2 heads, head width 4)");
     assert_ptr_equal(out, (kvp_model *)0x1);
     assert_string_equal(kvp_status_name(KVP_MODEL_GEOMETRY_MISMATCH), "ModelGeometryMismatch");
 
@@ -554,23 +392,25 @@ static void test_sequence_model_geometry_mismatch_and_errors(void **state)
     const kvp_layer *width_only[] = {a, a, c};
     assert_int_equal(kvp_model_create(width_only, 3, &out, &err), KVP_MODEL_GEOMETRY_MISMATCH);
     assert_int_equal(err.layer, 2);
-    assert_error_text(&err, "model layer 2 geometry (2 heads, head width 2) differs from layer 0 "
-                            "geometry (2 heads, head width 4)");
+    kvpt_assert_error_text(&err,
+                           "model layer 2 geometry (2 heads, head width 2) differs from layer 0 "
+                           "geometry (2 heads, head width 4)");
     /* Only the head count differs. */
     const kvp_layer *heads_only[] = {a, d};
     assert_int_equal(kvp_model_create(heads_only, 2, &out, &err), KVP_MODEL_GEOMETRY_MISMATCH);
     assert_int_equal(err.layer, 1);
     assert_int_equal(err.binding_geometry.heads, 1);
     assert_int_equal(err.binding_geometry.head_width, 4);
-    assert_error_text(&err, "model layer 1 geometry (1 heads, head width 4) differs from layer 0 "
-                            "geometry (2 heads, head width 4)");
+    kvpt_assert_error_text(&err,
+                           "model layer 1 geometry (1 heads, head width 4) differs from layer 0 "
+                           "geometry (2 heads, head width 4)");
     assert_ptr_equal(out, (kvp_model *)0x1);
 
     /* count 0, NULLs. */
     const kvp_layer *one[] = {a};
     assert_int_equal(kvp_model_create(one, 0, &out, &err), KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "count");
-    assert_error_text(&err, "argument `count` is invalid: a model needs at least one layer");
+    kvpt_assert_error_text(&err, "argument `count` is invalid: a model needs at least one layer");
     assert_int_equal(kvp_model_create(NULL, 1, &out, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "layers");
     assert_int_equal(kvp_model_create(one, 1, NULL, &err), KVP_NULL_ARGUMENT);
@@ -598,17 +438,17 @@ static void test_sequence_model_geometry_mismatch_and_errors(void **state)
     assert_int_equal(kvp_model_destroy(NULL, &err), KVP_NULL_ARGUMENT);
 
     /* The geometries agree when only layers' max positions differ. */
-    kvp_layer *short_a = make_layer(8, 2, 4, 5);
+    kvp_layer *short_a = kvpt_random_layer(8, 2, 4, ROPE_BASE, 5);
     const kvp_layer *mixed[] = {a, short_a};
     kvpt_assert_ok(kvp_model_create(mixed, 2, &out, &err), &err);
     kvpt_assert_ok(kvp_model_info_get(out, &info, &err), &err);
     assert_int_equal(info.layers, 2);
-    destroy_model(out);
-    destroy_layer(short_a);
-    destroy_layer(a);
-    destroy_layer(b);
-    destroy_layer(c);
-    destroy_layer(d);
+    kvpt_destroy_model(out);
+    kvpt_destroy_layer(short_a);
+    kvpt_destroy_layer(a);
+    kvpt_destroy_layer(b);
+    kvpt_destroy_layer(c);
+    kvpt_destroy_layer(d);
 }
 
 static void test_sequence_model_create_random_is_deterministic(void **state)
@@ -620,19 +460,12 @@ static void test_sequence_model_create_random_is_deterministic(void **state)
     kvp_model *second = make_model(L, seed);
     kvp_model *other = make_model(L, seed + 1);
     for (size_t l = 0; l < L; l++) {
-        kvp_layer *expected = make_layer(MODEL_WIDTH, HEADS, MAX_POSITIONS, seed + l);
+        kvp_layer *expected =
+            kvpt_random_layer(MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE, seed + l);
         const kvp_layer *mine = kvp_model_layer(first, l);
         const kvp_layer *twin = kvp_model_layer(second, l);
         const kvp_layer *shifted = kvp_model_layer(other, l);
-        kvp_layer_info info;
-        kvp_error err;
-        kvpt_assert_ok(kvp_layer_info_get(mine, &info, &err), &err);
-        assert_int_equal(info.model_width, MODEL_WIDTH);
-        assert_int_equal(info.heads, HEADS);
-        assert_int_equal(info.head_width, HEAD_WIDTH);
-        assert_int_equal(info.rope.feature_width, HEAD_WIDTH);
-        assert_int_equal(info.rope.max_positions, MAX_POSITIONS);
-        assert_true(info.rope.base == ROPE_BASE);
+        kvpt_assert_layer_info(mine, MODEL_WIDTH, HEADS, HEAD_WIDTH, MAX_POSITIONS, ROPE_BASE);
         for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
             const kvp_param *p = kvp_layer_param(mine, i);
             assert_memory_equal(kvp_param_values(p), kvp_param_values(kvp_layer_param(expected, i)),
@@ -653,57 +486,24 @@ static void test_sequence_model_create_random_is_deterministic(void **state)
                                     MODEL_WIDTH * MODEL_WIDTH * sizeof(double));
             }
         }
-        destroy_layer(expected);
+        kvpt_destroy_layer(expected);
     }
     /* Adjacent layers of one model differ. */
     assert_memory_not_equal(kvp_param_values(kvp_layer_param(kvp_model_layer(first, 0), 0)),
                             kvp_param_values(kvp_layer_param(kvp_model_layer(first, 1), 0)),
                             MODEL_WIDTH * MODEL_WIDTH * sizeof(double));
-    destroy_model(first);
-    destroy_model(second);
-    destroy_model(other);
+    kvpt_destroy_model(first);
+    kvpt_destroy_model(second);
+    kvpt_destroy_model(other);
 }
 
 /* ---- allocation fault sweeps ----------------------------------------------- */
 
-/* The outcome of one injected call. */
-typedef struct step {
-    kvp_status status;
-    kvp_error err;
-    int fired;
-    kvpi_fault_site site;
-    uint64_t calls;
-} step;
-
-static void step_arm(step *s, uint64_t nth)
+/* A failed step (kvpt_assert_fault_failed) at `site`. */
+static void assert_step_failed(const kvpt_fault_step *s, uint64_t nth, kvpi_fault_site site)
 {
-    memset(s, 0, sizeof *s);
-    memset(&s->err, 0x5A, sizeof s->err);
-    kvpi_fault_arm(nth);
-}
-
-static void step_finish(step *s, kvp_status status)
-{
-    s->status = status;
-    s->fired = kvpi_fault_fired();
-    s->site = kvpi_fault_last_site();
-    s->calls = kvpi_fault_calls();
-    kvpi_fault_arm(0);
-}
-
-/* AllocationFailed at `site`, stopped at the nth call, with a matching text. */
-static void assert_step_failed(const step *s, uint64_t nth, kvpi_fault_site site)
-{
-    assert_int_equal(s->status, KVP_ALLOCATION_FAILED);
-    assert_int_equal(s->err.status, KVP_ALLOCATION_FAILED);
+    kvpt_assert_fault_failed(s, nth);
     assert_int_equal(s->site, site);
-    assert_int_equal(s->calls, nth);
-    assert_non_null(s->err.what);
-    assert_true(s->err.bytes > 0);
-    char expected[160];
-    snprintf(expected, sizeof expected, "cannot allocate %s (%zu bytes)", s->err.what,
-             s->err.bytes);
-    assert_error_text(&s->err, expected);
 }
 
 static void test_sequence_model_fault_sweeps(void **state)
@@ -726,16 +526,16 @@ static void test_sequence_model_fault_sweeps(void **state)
     for (size_t l = 0; l < L; l++) {
         sites[n++] = KVPI_SITE_LAYER;
     }
-    assert_int_equal(n, COUNT_OF(sites));
+    assert_int_equal(n, KVPT_COUNT_OF(sites));
     kvp_model *expected = make_model(L, 77);
     uint64_t failures = 0;
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_model *model = (kvp_model *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_model_create_random(L, MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE,
-                                                77, &model, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_model_create_random(L, MODEL_WIDTH, HEADS, MAX_POSITIONS,
+                                                           ROPE_BASE, 77, &model, &s.err));
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
             assert_int_equal(s.calls, failures);
@@ -747,11 +547,11 @@ static void test_sequence_model_fault_sweeps(void **state)
                         MODEL_WIDTH * MODEL_WIDTH * sizeof(double));
                 }
             }
-            destroy_model(model);
+            kvpt_destroy_model(model);
             break;
         }
         failures++;
-        assert_true(nth <= COUNT_OF(sites));
+        assert_true(nth <= KVPT_COUNT_OF(sites));
         assert_step_failed(&s, nth, sites[nth - 1]);
         assert_string_equal(s.err.what, kvpi_fault_site_name(sites[nth - 1]));
         if (nth == 1) {
@@ -759,7 +559,7 @@ static void test_sequence_model_fault_sweeps(void **state)
         }
         assert_ptr_equal(model, (kvp_model *)0x1);
     }
-    assert_int_equal(failures, COUNT_OF(sites));
+    assert_int_equal(failures, KVPT_COUNT_OF(sites));
 
     /* kvp_model_create: the model, then one layer object per layer. */
     const kvp_layer *src[L];
@@ -770,13 +570,13 @@ static void test_sequence_model_fault_sweeps(void **state)
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_model *model = (kvp_model *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_model_create(src, L, &model, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_model_create(src, L, &model, &s.err));
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
             assert_int_equal(s.calls, failures);
-            destroy_model(model);
+            kvpt_destroy_model(model);
             break;
         }
         failures++;
@@ -785,7 +585,7 @@ static void test_sequence_model_fault_sweeps(void **state)
     }
     /* Failed models dropped the parameter references they had taken (memcheck sees a leak). */
     assert_int_equal(failures, 1 + L);
-    destroy_model(expected);
+    kvpt_destroy_model(expected);
 }
 
 static void test_sequence_create_fault_sweep(void **state)
@@ -793,9 +593,9 @@ static void test_sequence_create_fault_sweep(void **state)
     (void)state;
     enum { L = 3, B = 2, BT = 3, C = 7 };
     kvp_model *model = make_model(L, 88);
-    kvp_pool *pool = make_pool(BT, L + L * B * CEIL_DIV(C, BT));
+    kvp_pool *pool = make_pool(BT, L + L * B * KVPT_CEIL_DIV(C, BT));
     /* Another sequence holds pages, so "unchanged" covers a busy pool. */
-    kvp_sequence *busy = make_sequence(model, pool, 1, C);
+    kvp_sequence *busy = kvpt_sequence(model, pool, 1, C);
     kvp_error err;
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(busy, 2, &err), &err);
     kvpt_assert_pool_ok(pool);
@@ -814,14 +614,14 @@ static void test_sequence_create_fault_sweep(void **state)
     /* Cache and ticket pointers, L + 2 activation rows, and every page id it can hold. */
     const size_t buffer_bytes = 2 * L * sizeof(void *) +
                                 (L + 2) * B * MODEL_WIDTH * sizeof(double) +
-                                L * B * CEIL_DIV(C, BT) * sizeof(uint32_t);
+                                L * B * KVPT_CEIL_DIV(C, BT) * sizeof(uint32_t);
     uint64_t failures = 0;
     for (uint64_t nth = 1;; nth++) {
         assert_true(nth <= SWEEP_LIMIT);
         kvp_sequence *seq = (kvp_sequence *)0x1;
-        step s;
-        step_arm(&s, nth);
-        step_finish(&s, kvp_sequence_create(model, pool, B, C, &seq, &s.err));
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_sequence_create(model, pool, B, C, &seq, &s.err));
         kvpt_assert_pool_ok(pool);
         if (!s.fired) {
             kvpt_assert_ok(s.status, &s.err);
@@ -830,12 +630,12 @@ static void test_sequence_create_fault_sweep(void **state)
             assert_int_equal(kvp_sequence_len(seq), 0);
             kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, C, &err), &err);
             kvpt_assert_pool_ok(pool);
-            assert_int_equal(kvp_sequence_held_pages(seq), L * B * CEIL_DIV(C, BT));
-            destroy_sequence(seq, pool);
+            assert_int_equal(kvp_sequence_held_pages(seq), L * B * KVPT_CEIL_DIV(C, BT));
+            kvpt_destroy_sequence(seq, pool);
             break;
         }
         failures++;
-        assert_true(nth <= COUNT_OF(sites));
+        assert_true(nth <= KVPT_COUNT_OF(sites));
         assert_step_failed(&s, nth, sites[nth - 1]);
         if (nth == 4) {
             assert_string_equal(s.err.what, "sequence buffers");
@@ -846,10 +646,10 @@ static void test_sequence_create_fault_sweep(void **state)
         assert_memory_equal(&before, &after, sizeof before);
         assert_int_equal(after.attached_caches, L);
     }
-    assert_int_equal(failures, COUNT_OF(sites));
-    destroy_sequence(busy, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    assert_int_equal(failures, KVPT_COUNT_OF(sites));
+    kvpt_destroy_sequence(busy, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 /* ---- creation ------------------------------------------------------------- */
@@ -893,36 +693,35 @@ static void test_sequence_create_errors_and_queries(void **state)
     assert_int_equal(err.max_positions, MAX_POSITIONS);
     /* A pool of another page geometry. */
     kvp_pool *wide = kvpt_pool(BT, 4, 2, 4);
-    kvpt_assert_pool_ok(wide);
     expect_sequence_create_failure(model, wide, B, C, KVP_GEOMETRY_MISMATCH, &err);
     assert_int_equal(err.pool_geometry.heads, 4);
     assert_int_equal(err.pool_geometry.head_width, 2);
     assert_int_equal(err.binding_geometry.heads, HEADS);
     assert_int_equal(err.binding_geometry.head_width, HEAD_WIDTH);
-    kvpt_assert_ok(kvp_pool_destroy(wide, &err), &err);
+    kvpt_destroy_pool(wide);
 
     /* Layer 1 allows fewer positions: its cache fails after layer 0's was made. */
-    kvp_layer *first = make_layer(MODEL_WIDTH, HEADS, MAX_POSITIONS, 10);
-    kvp_layer *short_layer = make_layer(MODEL_WIDTH, HEADS, 4, 11);
+    kvp_layer *first = kvpt_random_layer(MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE, 10);
+    kvp_layer *short_layer = kvpt_random_layer(MODEL_WIDTH, HEADS, 4, ROPE_BASE, 11);
     const kvp_layer *list[] = {first, short_layer};
     kvp_model *mixed = NULL;
     kvpt_assert_ok(kvp_model_create(list, 2, &mixed, &err), &err);
     expect_sequence_create_failure(mixed, pool, B, C, KVP_CAPACITY_EXCEEDS_POSITIONS, &err);
     assert_int_equal(err.max_positions, 4);
-    kvp_sequence *fits = make_sequence(mixed, pool, B, 4);
+    kvp_sequence *fits = kvpt_sequence(mixed, pool, B, 4);
     assert_int_equal(kvp_sequence_capacity(fits), 4);
-    destroy_sequence(fits, pool);
-    destroy_model(mixed);
-    destroy_layer(first);
-    destroy_layer(short_layer);
+    kvpt_destroy_sequence(fits, pool);
+    kvpt_destroy_model(mixed);
+    kvpt_destroy_layer(first);
+    kvpt_destroy_layer(short_layer);
 
     /* A good sequence: one empty cache per layer, bound to its layer. */
-    kvp_sequence *seq = make_sequence(model, pool, B, C);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
     assert_int_equal(kvp_sequence_len(seq), 0);
     assert_int_equal(kvp_sequence_capacity(seq), C);
     assert_int_equal(kvp_sequence_held_pages(seq), 0);
     assert_int_equal(kvp_sequence_promised_pages(seq), 0);
-    assert_int_equal(sequence_layers(seq), L);
+    assert_int_equal(kvpt_sequence_layers(seq), L);
     assert_int_equal(kvpt_stats(pool).attached_caches, L);
     assert_int_equal(kvpt_stats(pool).held_pages, 0);
     for (size_t l = 0; l < L; l++) {
@@ -949,10 +748,10 @@ static void test_sequence_create_errors_and_queries(void **state)
     assert_int_equal(kvp_sequence_reset(NULL, &err), KVP_NULL_ARGUMENT);
     assert_int_equal(kvp_sequence_promise(NULL, 1, &err), KVP_NULL_ARGUMENT);
     assert_int_equal(kvpi_sequence_append_uncomputed(NULL, 1, &err), KVP_NULL_ARGUMENT);
-    destroy_sequence(seq, pool);
+    kvpt_destroy_sequence(seq, pool);
     assert_int_equal(kvpt_stats(pool).attached_caches, 0);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 /* ---- steps against the reference --------------------------------------------- */
@@ -961,16 +760,16 @@ static void run_step_case(size_t layers, size_t batch, size_t block_tokens, int 
 {
     enum { T = 7 };
     const size_t d = MODEL_WIDTH;
-    const size_t total = layers * batch * CEIL_DIV(T, block_tokens);
+    const size_t total = layers * batch * KVPT_CEIL_DIV(T, block_tokens);
     kvp_pool *pool = make_pool(block_tokens, total); /* exactly enough pages */
     kvp_model *model = make_model(layers, 100 + 10 * layers + batch);
-    kvp_sequence *seq = make_sequence(model, pool, batch, T);
+    kvp_sequence *seq = kvpt_sequence(model, pool, batch, T);
     const size_t n = batch * T * d;
-    double *inputs = alloc_doubles(n);
-    fill_random(inputs, n, 1000 + 100 * layers + 10 * batch + block_tokens);
-    double *expected = alloc_doubles(n);
-    double *keys = alloc_doubles(layers * n);
-    double *values = alloc_doubles(layers * n);
+    double *inputs = kvpt_doubles(n);
+    kvpt_fill_random(inputs, n, 1000 + 100 * layers + 10 * batch + block_tokens);
+    double *expected = kvpt_doubles(n);
+    double *keys = kvpt_doubles(layers * n);
+    double *values = kvpt_doubles(layers * n);
     sequence_reference(model, inputs, batch, T, half, expected, keys, values);
     next_calls calls = {layers, batch * d, 0, 0};
     kvp_next_input_fn fn = half ? half_residual : NULL;
@@ -993,7 +792,7 @@ static void run_step_case(size_t layers, size_t batch, size_t block_tokens, int 
         for (size_t l = 0; l < layers; l++) {
             assert_int_equal(kvp_cache_len(kvp_sequence_cache(seq, l)), len);
         }
-        size_t held = layers * batch * CEIL_DIV(len, block_tokens);
+        size_t held = layers * batch * KVPT_CEIL_DIV(len, block_tokens);
         assert_int_equal(kvp_sequence_held_pages(seq), held);
         kvp_pool_stats stats = kvpt_stats(pool);
         assert_int_equal(stats.held_pages, held);
@@ -1008,7 +807,7 @@ static void run_step_case(size_t layers, size_t batch, size_t block_tokens, int 
         }
     }
     /* Each layer's cache holds the reference's rotated keys and values of that layer's input. */
-    double *snap = alloc_doubles(n);
+    double *snap = kvpt_doubles(n);
     for (size_t l = 0; l < layers; l++) {
         const kvp_cache *cache = kvp_sequence_cache(seq, l);
         kvpt_assert_ok(kvp_cache_keys(cache, snap, n, &err), &err);
@@ -1018,24 +817,22 @@ static void run_step_case(size_t layers, size_t batch, size_t block_tokens, int 
     }
     /* Full: layer 0 refuses the next step, and nothing changes. */
     seq_state before;
-    seq_state after;
     seq_state_capture(seq, pool, &before);
     out[0] = 42.0;
     assert_int_equal(step_token(seq, inputs, batch, T, 0, fn, &calls, out, &err), KVP_FULL);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.layer, 0);
     assert_int_equal(err.capacity, T);
-    assert_error_text(&err, "KV cache is full at capacity 7");
+    kvpt_assert_error_text(&err, "KV cache is full at capacity 7");
     assert_true(out[0] == 42.0);
     if (half) {
         assert_int_equal(calls.calls, layers * T);
     }
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0, 0);
 
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
     free(inputs);
     free(expected);
     free(keys);
@@ -1043,30 +840,29 @@ static void run_step_case(size_t layers, size_t batch, size_t block_tokens, int 
     free(snap);
 }
 
-static void test_sequence_step_matches_layer_by_layer_reference(void **state)
+/* run_step_case for 1 to 3 layers, batch 1 and 2, and blocks of 1, 3 and 16 positions. */
+static void run_step_cases(int half)
 {
-    (void)state;
     static const size_t blocks[] = {1, 3, 16};
     for (size_t layers = 1; layers <= 3; layers++) {
         for (size_t batch = 1; batch <= 2; batch++) {
-            for (size_t i = 0; i < COUNT_OF(blocks); i++) {
-                run_step_case(layers, batch, blocks[i], 0);
+            for (size_t i = 0; i < KVPT_COUNT_OF(blocks); i++) {
+                run_step_case(layers, batch, blocks[i], half);
             }
         }
     }
 }
 
+static void test_sequence_step_matches_layer_by_layer_reference(void **state)
+{
+    (void)state;
+    run_step_cases(0);
+}
+
 static void test_sequence_step_custom_next_input_matches_reference(void **state)
 {
     (void)state;
-    static const size_t blocks[] = {1, 3, 16};
-    for (size_t layers = 1; layers <= 3; layers++) {
-        for (size_t batch = 1; batch <= 2; batch++) {
-            for (size_t i = 0; i < COUNT_OF(blocks); i++) {
-                run_step_case(layers, batch, blocks[i], 1);
-            }
-        }
-    }
+    run_step_cases(1);
 }
 
 /* ---- all-or-nothing steps -------------------------------------------------------- */
@@ -1079,12 +875,12 @@ static void test_sequence_step_pool_exhausted_changes_nothing(void **state)
     /* seq's first block, other's first block, and one page short of seq's second. */
     kvp_pool *pool = make_pool(BT, L * B + L * 1 + (L * B - 1));
     kvp_model *model = make_model(L, 31);
-    kvp_sequence *seq = make_sequence(model, pool, B, C);
-    kvp_sequence *other = make_sequence(model, pool, 1, C);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
+    kvp_sequence *other = kvpt_sequence(model, pool, 1, C);
     double inputs[B * C * MODEL_WIDTH];
-    fill_random(inputs, COUNT_OF(inputs), 32);
+    kvpt_fill_random(inputs, KVPT_COUNT_OF(inputs), 32);
     double other_row[MODEL_WIDTH];
-    fill_random(other_row, d, 33);
+    kvpt_fill_random(other_row, d, 33);
     double expected[B * C * MODEL_WIDTH];
     sequence_reference(model, inputs, B, C, 0, expected, NULL, NULL);
     double out[B * MODEL_WIDTH];
@@ -1100,13 +896,9 @@ static void test_sequence_step_pool_exhausted_changes_nothing(void **state)
 
     seq_state before;
     seq_state other_before;
-    seq_state after;
-    seq_state other_after;
     seq_state_capture(seq, pool, &before);
     seq_state_capture(other, pool, &other_before);
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        out[i] = 7.0;
-    }
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
     assert_int_equal(step_token(seq, inputs, B, C, 2, NULL, NULL, out, &err),
                      KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
@@ -1114,18 +906,14 @@ static void test_sequence_step_pool_exhausted_changes_nothing(void **state)
     assert_int_equal(err.needed, L * B);
     assert_int_equal(err.available, L * B - 1);
     assert_int_equal(err.layer, SIZE_MAX);
-    assert_error_text(&err, "page pool exhausted: 4 pages needed, 3 free");
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        assert_true(out[i] == 7.0);
-    }
+    kvpt_assert_error_text(&err, "page pool exhausted: 4 pages needed, 3 free");
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
     assert_int_equal(kvpt_stats(pool).attached_reservations, 0);
-    seq_state_capture(seq, pool, &after);
-    seq_state_capture(other, pool, &other_after);
-    assert_seq_unchanged(&before, &after, 1, 0);
-    assert_seq_unchanged(&other_before, &other_after, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1, 0);
+    assert_seq_unchanged(&other_before, other, pool, 1, 0);
 
     /* Once `other` gives its pages back the same step succeeds, and matches the reference. */
-    destroy_sequence(other, pool);
+    kvpt_destroy_sequence(other, pool);
     kvpt_assert_ok(step_token(seq, inputs, B, C, 2, NULL, NULL, out, &err), &err);
     kvpt_assert_pool_ok(pool);
     for (size_t b = 0; b < B; b++) {
@@ -1135,9 +923,9 @@ static void test_sequence_step_pool_exhausted_changes_nothing(void **state)
     assert_int_equal(kvp_sequence_held_pages(seq), 2 * L * B);
     assert_int_equal(kvp_sequence_promised_pages(seq), 0); /* 4 taken, 2 promised */
     assert_int_equal(kvpt_stats(pool).promised_pages, 0);
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void **state)
@@ -1147,9 +935,9 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     const size_t d = MODEL_WIDTH;
     kvp_pool *pool = make_pool(BT, 12);
     kvp_model *model = make_model(L, 41);
-    kvp_sequence *seq = make_sequence(model, pool, B, C);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
     double inputs[B * C * MODEL_WIDTH];
-    fill_random(inputs, COUNT_OF(inputs), 42);
+    kvpt_fill_random(inputs, KVPT_COUNT_OF(inputs), 42);
     double out[B * MODEL_WIDTH];
     kvp_error err;
     for (size_t t = 0; t < 2; t++) { /* len 2: the next step opens a block */
@@ -1167,11 +955,8 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     /* Twice: layer 0's ticket was discarded, so the retry fails the same way, at layer 1. */
     for (int attempt = 0; attempt < 2; attempt++) {
         seq_state before;
-        seq_state after;
         seq_state_capture(seq, pool, &before);
-        for (size_t i = 0; i < COUNT_OF(out); i++) {
-            out[i] = 7.0;
-        }
+        kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
         memset(&err, 0, sizeof err);
         assert_int_equal(step_token(seq, inputs, B, C, 2, NULL, NULL, out, &err),
                          KVP_CACHE_LAYER_REVISION_MISMATCH);
@@ -1180,14 +965,12 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
         assert_int_equal(err.parameter, KVP_PARAM_VALUE);
         assert_int_equal(err.cache_revision, 0);
         assert_int_equal(err.layer_revision, 1);
-        assert_error_text(&err, "KV cache parameter revision 0 at stable index 2 does not match "
-                                "layer revision 1");
-        for (size_t i = 0; i < COUNT_OF(out); i++) {
-            assert_true(out[i] == 7.0);
-        }
+        kvpt_assert_error_text(&err,
+                               "KV cache parameter revision 0 at stable index 2 does not match "
+                               "layer revision 1");
+        kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
         assert_int_equal(kvpt_stats(pool).attached_reservations, 0);
-        seq_state_capture(seq, pool, &after);
-        assert_seq_unchanged(&before, &after, 0, 0);
+        assert_seq_unchanged(&before, seq, pool, 0, 0);
     }
 
     /* Prefill fails on its first token at layer 1, after reserving its pages; all come back. */
@@ -1197,25 +980,19 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
         slice_tokens(inputs, B, C, 2, T, prompt);
         kvp_tensor view = kvp_tensor3(prompt, B, T, d);
         size_t reserved = kvp_sequence_pages_for(seq, 2 + T);
-        assert_int_equal(reserved, L * B * (CEIL_DIV(2 + T, BT) - 1));
+        assert_int_equal(reserved, L * B * (KVPT_CEIL_DIV(2 + T, BT) - 1));
         seq_state before;
-        seq_state after;
         double prefill_out[B * T * MODEL_WIDTH];
-        for (size_t i = 0; i < COUNT_OF(prefill_out); i++) {
-            prefill_out[i] = 7.0;
-        }
+        kvpt_fill(prefill_out, KVPT_COUNT_OF(prefill_out), 7.0);
         seq_state_capture(seq, pool, &before);
         assert_int_equal(kvp_sequence_prefill(seq, &view, NULL, NULL, prefill_out,
-                                              COUNT_OF(prefill_out), &err),
+                                              KVPT_COUNT_OF(prefill_out), &err),
                          KVP_CACHE_LAYER_REVISION_MISMATCH);
         kvpt_assert_pool_ok(pool);
         assert_int_equal(err.layer, 1);
         assert_int_equal(err.token, 0);
-        for (size_t i = 0; i < COUNT_OF(prefill_out); i++) {
-            assert_true(prefill_out[i] == 7.0);
-        }
-        seq_state_capture(seq, pool, &after);
-        assert_seq_unchanged(&before, &after, 0, reserved);
+        kvpt_assert_filled(prefill_out, KVPT_COUNT_OF(prefill_out), 7.0);
+        assert_seq_unchanged(&before, seq, pool, 0, reserved);
         assert_int_equal(kvpt_stats(pool).promised_pages, 3);
     }
 
@@ -1223,43 +1000,47 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     kvp_param *query0 = kvp_layer_param(kvp_model_layer(model, 0), KVP_PARAM_QUERY);
     kvpt_assert_ok(kvp_param_update_with(query0, keep_values, NULL, &err), &err);
     seq_state before;
-    seq_state after;
     seq_state_capture(seq, pool, &before);
     assert_int_equal(step_token(seq, inputs, B, C, 2, NULL, NULL, out, &err),
                      KVP_CACHE_LAYER_REVISION_MISMATCH);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.layer, 0);
     assert_int_equal(err.parameter, KVP_PARAM_QUERY);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0, 0);
 
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
-/* One refused step: the status, err.layer 0, output untouched, nothing changed. */
+/*
+ * One refused step, or prefill, writing to an output buffer of `output_len`
+ * values: the status, output untouched, nothing changed.
+ */
+static void expect_refused(kvp_sequence *seq, kvp_pool *pool, int prefill, const kvp_tensor *input,
+                           size_t output_len, kvp_status status, kvp_error *err)
+{
+    double out[2 * 4 * (MODEL_WIDTH + 1)];
+    assert_true(output_len <= KVPT_COUNT_OF(out));
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
+    seq_state before;
+    seq_state_capture(seq, pool, &before);
+    memset(err, 0x5A, sizeof *err);
+    kvp_status got = prefill ? kvp_sequence_prefill(seq, input, NULL, NULL, out, output_len, err)
+                             : kvp_sequence_step(seq, input, NULL, NULL, out, output_len, err);
+    assert_int_equal(got, status);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(err->status, status);
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+    assert_seq_unchanged(&before, seq, pool, 0, 0);
+}
+
+/* A refused step of a batch-2 sequence (expect_refused), naming layer 0. */
 static void expect_step_refused(kvp_sequence *seq, kvp_pool *pool, const kvp_tensor *input,
                                 kvp_status status, kvp_error *err)
 {
-    enum { B = 2 };
-    double out[B * MODEL_WIDTH];
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        out[i] = 7.0;
-    }
-    seq_state before;
-    seq_state after;
-    seq_state_capture(seq, pool, &before);
-    memset(err, 0x5A, sizeof *err);
-    assert_int_equal(kvp_sequence_step(seq, input, NULL, NULL, out, COUNT_OF(out), err), status);
-    kvpt_assert_pool_ok(pool);
-    assert_int_equal(err->status, status);
+    expect_refused(seq, pool, 0, input, 2 * MODEL_WIDTH, status, err);
     assert_int_equal(err->layer, 0);
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        assert_true(out[i] == 7.0);
-    }
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
 }
 
 static void test_sequence_step_input_errors_name_layer_zero(void **state)
@@ -1269,9 +1050,9 @@ static void test_sequence_step_input_errors_name_layer_zero(void **state)
     const size_t d = MODEL_WIDTH;
     kvp_pool *pool = make_pool(BT, 8);
     kvp_model *model = make_model(L, 51);
-    kvp_sequence *seq = make_sequence(model, pool, B, C);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
     double data[(B + 1) * 2 * (MODEL_WIDTH + 1)];
-    fill_random(data, COUNT_OF(data), 52);
+    kvpt_fill_random(data, KVPT_COUNT_OF(data), 52);
     double out[B * MODEL_WIDTH];
     kvp_error err;
     kvpt_assert_ok(step_token(seq, data, B, 1, 0, NULL, NULL, out, &err), &err);
@@ -1305,7 +1086,6 @@ static void test_sequence_step_input_errors_name_layer_zero(void **state)
     /* The step's own argument errors. */
     kvp_tensor good = kvp_tensor3(data, B, 1, d);
     seq_state before;
-    seq_state after;
     seq_state_capture(seq, pool, &before);
     assert_int_equal(kvp_sequence_step(NULL, &good, NULL, NULL, out, B * d, &err),
                      KVP_NULL_ARGUMENT);
@@ -1326,16 +1106,15 @@ static void test_sequence_step_input_errors_name_layer_zero(void **state)
     assert_int_equal(err.needed, B * d);
     assert_int_equal(err.available, B * d - 1);
     kvpt_assert_pool_ok(pool);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0, 0);
 
     /* The sequence still steps. */
     kvpt_assert_ok(kvp_sequence_step(seq, &good, NULL, NULL, out, B * d, &err), &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(kvp_sequence_len(seq), 2);
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 /* ---- prefill ------------------------------------------------------------------ */
@@ -1344,23 +1123,23 @@ static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, i
 {
     enum { T = 7, FIRST = 3 };
     const size_t d = MODEL_WIDTH;
-    const size_t pages = layers * batch * CEIL_DIV(T, block_tokens);
+    const size_t pages = layers * batch * KVPT_CEIL_DIV(T, block_tokens);
     kvp_pool *pool_a = make_pool(block_tokens, pages);
     kvp_pool *pool_b = make_pool(block_tokens, pages);
     kvp_model *model = make_model(layers, 300 + 10 * layers + batch);
-    kvp_sequence *a = make_sequence(model, pool_a, batch, T);
-    kvp_sequence *b = make_sequence(model, pool_b, batch, T);
+    kvp_sequence *a = kvpt_sequence(model, pool_a, batch, T);
+    kvp_sequence *b = kvpt_sequence(model, pool_b, batch, T);
     const size_t n = batch * T * d;
-    double *inputs = alloc_doubles(n);
-    fill_random(inputs, n, 3000 + 100 * layers + 10 * batch + block_tokens);
-    double *expected = alloc_doubles(n);
+    double *inputs = kvpt_doubles(n);
+    kvpt_fill_random(inputs, n, 3000 + 100 * layers + 10 * batch + block_tokens);
+    double *expected = kvpt_doubles(n);
     sequence_reference(model, inputs, batch, T, half, expected, NULL, NULL);
     kvp_next_input_fn fn = half ? half_residual : NULL;
     next_calls calls = {layers, batch * d, 0, 0};
     kvp_error err;
 
     /* The whole prompt at once. */
-    double *out_a = alloc_doubles(n);
+    double *out_a = kvpt_doubles(n);
     out_a[n] = 42.0;
     kvp_tensor prompt = kvp_tensor3(inputs, batch, T, d);
     assert_int_equal(kvp_sequence_pages_for(a, T), pages);
@@ -1390,18 +1169,18 @@ static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, i
             assert_memory_equal(out_b + lane * d, out_a + (lane * T + t) * d, d * sizeof(double));
         }
     }
-    assert_same_rows(a, b);
+    kvpt_assert_same_rows(a, b);
     uint32_t pages_a[MAX_LAYERS * 2 * T];
     uint32_t pages_b[MAX_LAYERS * 2 * T];
-    size_t count = sequence_pages(a, pages_a, COUNT_OF(pages_a));
+    size_t count = sequence_pages(a, pages_a, KVPT_COUNT_OF(pages_a));
     assert_int_equal(count, pages);
-    assert_int_equal(sequence_pages(b, pages_b, COUNT_OF(pages_b)), count);
+    assert_int_equal(sequence_pages(b, pages_b, KVPT_COUNT_OF(pages_b)), count);
     assert_memory_equal(pages_a, pages_b, count * sizeof *pages_a);
 
     /* In two pieces, the second starting mid-block, the first with no output buffer. */
     kvpt_assert_ok(kvp_sequence_reset(a, &err), &err);
     kvpt_assert_pool_ok(pool_a);
-    double *piece = alloc_doubles(n);
+    double *piece = kvpt_doubles(n);
     slice_tokens(inputs, batch, T, 0, FIRST, piece);
     kvp_tensor head = kvp_tensor3(piece, batch, FIRST, d);
     kvpt_assert_ok(kvp_sequence_prefill(a, &head, fn, NULL, NULL, 0, &err), &err);
@@ -1409,7 +1188,7 @@ static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, i
     assert_int_equal(kvp_sequence_len(a), FIRST);
     slice_tokens(inputs, batch, T, FIRST, T - FIRST, piece);
     kvp_tensor tail = kvp_tensor3(piece, batch, T - FIRST, d);
-    double *out_tail = alloc_doubles(n);
+    double *out_tail = kvpt_doubles(n);
     kvpt_assert_ok(kvp_sequence_prefill(a, &tail, fn, NULL, out_tail, batch * (T - FIRST) * d,
                                         &err),
                    &err);
@@ -1418,15 +1197,15 @@ static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, i
         assert_memory_equal(out_tail + lane * (T - FIRST) * d, out_a + (lane * T + FIRST) * d,
                             (T - FIRST) * d * sizeof(double));
     }
-    assert_same_rows(a, b);
-    assert_int_equal(sequence_pages(a, pages_a, COUNT_OF(pages_a)), count);
+    kvpt_assert_same_rows(a, b);
+    assert_int_equal(sequence_pages(a, pages_a, KVPT_COUNT_OF(pages_a)), count);
     assert_memory_equal(pages_a, pages_b, count * sizeof *pages_a);
 
-    destroy_sequence(a, pool_a);
-    destroy_sequence(b, pool_b);
-    destroy_pool(pool_a);
-    destroy_pool(pool_b);
-    destroy_model(model);
+    kvpt_destroy_sequence(a, pool_a);
+    kvpt_destroy_sequence(b, pool_b);
+    kvpt_destroy_pool(pool_a);
+    kvpt_destroy_pool(pool_b);
+    kvpt_destroy_model(model);
     free(inputs);
     free(expected);
     free(out_a);
@@ -1451,9 +1230,9 @@ static void test_sequence_prefill_pool_exhausted_reserves_up_front(void **state)
     const size_t d = MODEL_WIDTH;
     kvp_pool *pool = make_pool(BT, 7);
     kvp_model *model = make_model(L, 61);
-    kvp_sequence *seq = make_sequence(model, pool, B, C);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
     double inputs[B * C * MODEL_WIDTH];
-    fill_random(inputs, COUNT_OF(inputs), 62);
+    kvpt_fill_random(inputs, KVPT_COUNT_OF(inputs), 62);
     double prompt[B * C * MODEL_WIDTH];
     double out[B * C * MODEL_WIDTH];
     kvp_error err;
@@ -1463,28 +1242,23 @@ static void test_sequence_prefill_pool_exhausted_reserves_up_front(void **state)
     slice_tokens(inputs, B, C, 0, 3, prompt);
     kvp_tensor three = kvp_tensor3(prompt, B, 3, d);
     seq_state before;
-    seq_state after;
     seq_state_capture(seq, pool, &before);
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        out[i] = 7.0;
-    }
-    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, out, COUNT_OF(out), &err),
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
+    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, out, KVPT_COUNT_OF(out), &err),
                      KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.needed, 8);
     assert_int_equal(err.available, 7);
     assert_int_equal(err.layer, SIZE_MAX);
-    assert_error_text(&err, "page pool exhausted: 8 pages needed, 7 free");
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        assert_true(out[i] == 7.0);
-    }
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 1, 0);
+    kvpt_assert_error_text(&err, "page pool exhausted: 8 pages needed, 7 free");
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+    assert_seq_unchanged(&before, seq, pool, 1, 0);
 
     /* Two tokens fit: 4 pages, the first drawn from the promise. */
     slice_tokens(inputs, B, C, 0, 2, prompt);
     kvp_tensor two = kvp_tensor3(prompt, B, 2, d);
-    kvpt_assert_ok(kvp_sequence_prefill(seq, &two, NULL, NULL, out, COUNT_OF(out), &err), &err);
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &two, NULL, NULL, out, KVPT_COUNT_OF(out), &err),
+                   &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(kvp_sequence_held_pages(seq), 4);
     assert_int_equal(kvp_sequence_promised_pages(seq), 0);
@@ -1494,46 +1268,27 @@ static void test_sequence_prefill_pool_exhausted_reserves_up_front(void **state)
     slice_tokens(inputs, B, C, 2, 1, prompt);
     kvp_tensor one = kvp_tensor3(prompt, B, 1, d);
     seq_state_capture(seq, pool, &before);
-    assert_int_equal(kvp_sequence_prefill(seq, &one, NULL, NULL, out, COUNT_OF(out), &err),
+    assert_int_equal(kvp_sequence_prefill(seq, &one, NULL, NULL, out, KVPT_COUNT_OF(out), &err),
                      KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.needed, 4);
     assert_int_equal(err.available, 3);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1, 0);
     seq_state_capture(seq, pool, &before);
     assert_int_equal(step_token(seq, inputs, B, C, 2, NULL, NULL, out, &err), KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.needed, 4);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1, 0);
 
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
-/* One refused prefill: the status, output untouched, nothing changed. */
 static void expect_prefill_refused(kvp_sequence *seq, kvp_pool *pool, const kvp_tensor *prompt,
                                    size_t output_len, kvp_status status, kvp_error *err)
 {
-    double out[2 * 4 * (MODEL_WIDTH + 1)];
-    assert_true(output_len <= COUNT_OF(out));
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        out[i] = 7.0;
-    }
-    seq_state before;
-    seq_state after;
-    seq_state_capture(seq, pool, &before);
-    memset(err, 0x5A, sizeof *err);
-    assert_int_equal(kvp_sequence_prefill(seq, prompt, NULL, NULL, out, output_len, err), status);
-    kvpt_assert_pool_ok(pool);
-    assert_int_equal(err->status, status);
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        assert_true(out[i] == 7.0);
-    }
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
+    expect_refused(seq, pool, 1, prompt, output_len, status, err);
 }
 
 static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **state)
@@ -1543,9 +1298,9 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     const size_t d = MODEL_WIDTH;
     kvp_pool *pool = make_pool(BT, 12);
     kvp_model *model = make_model(L, 71);
-    kvp_sequence *seq = make_sequence(model, pool, B, C);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
     double data[(B + 1) * 4 * (MODEL_WIDTH + 1)];
-    fill_random(data, COUNT_OF(data), 72);
+    kvpt_fill_random(data, KVPT_COUNT_OF(data), 72);
     kvp_error err;
     kvp_tensor three = kvp_tensor3(data, B, 3, d);
     kvpt_assert_ok(kvp_sequence_prefill(seq, &three, NULL, NULL, NULL, 0, &err), &err);
@@ -1556,7 +1311,7 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     expect_prefill_refused(seq, pool, &three, B * 3 * d, KVP_FULL, &err);
     assert_int_equal(err.capacity, C);
     assert_int_equal(err.layer, SIZE_MAX);
-    assert_error_text(&err, "KV cache is full at capacity 5");
+    kvpt_assert_error_text(&err, "KV cache is full at capacity 5");
     kvp_tensor none = kvp_tensor3(data, B, 0, d);
     expect_prefill_refused(seq, pool, &none, 0, KVP_INVALID_ARGUMENT, &err);
     assert_string_equal(err.argument, "prompt");
@@ -1579,7 +1334,6 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     assert_int_equal(err.needed, B * 2 * d);
     assert_int_equal(err.available, B * 2 * d - 1);
     seq_state before;
-    seq_state after;
     seq_state_capture(seq, pool, &before);
     assert_int_equal(kvp_sequence_prefill(NULL, &two, NULL, NULL, NULL, 0, &err),
                      KVP_NULL_ARGUMENT);
@@ -1591,8 +1345,7 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     assert_int_equal(kvp_sequence_prefill(seq, &no_data, NULL, NULL, NULL, 0, &err),
                      KVP_NULL_ARGUMENT);
     kvpt_assert_pool_ok(pool);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0, 0);
 
     /* Exactly the room left fits; then even one token is FULL. */
     kvpt_assert_ok(kvp_sequence_prefill(seq, &two, NULL, NULL, NULL, 0, &err), &err);
@@ -1600,9 +1353,9 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     assert_int_equal(kvp_sequence_len(seq), C);
     kvp_tensor one = kvp_tensor3(data, B, 1, d);
     expect_prefill_refused(seq, pool, &one, B * d, KVP_FULL, &err);
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 /*
@@ -1617,16 +1370,16 @@ static void test_sequence_prefill_nonfinite_score_rolls_back_everything(void **s
     (void)state;
     enum { L = 2, B = 2, BT = 3, C = 12, START = 2, T = 7, BAD = 4 };
     const size_t d = MODEL_WIDTH;
-    const size_t pages = L * B * CEIL_DIV(C, BT) + 2;
+    const size_t pages = L * B * KVPT_CEIL_DIV(C, BT) + 2;
     kvp_pool *pool_a = make_pool(BT, pages);
     kvp_pool *pool_b = make_pool(BT, pages);
     kvp_model *model = identity_model(L);
-    kvp_sequence *a = make_sequence(model, pool_a, B, C);
-    kvp_sequence *b = make_sequence(model, pool_b, B, C);
+    kvp_sequence *a = kvpt_sequence(model, pool_a, B, C);
+    kvp_sequence *b = kvpt_sequence(model, pool_b, B, C);
     double start[B * START * MODEL_WIDTH];
-    fill_random(start, COUNT_OF(start), 81);
+    kvpt_fill_random(start, KVPT_COUNT_OF(start), 81);
     double prompt[B * T * MODEL_WIDTH];
-    fill_random(prompt, COUNT_OF(prompt), 82);
+    kvpt_fill_random(prompt, KVPT_COUNT_OF(prompt), 82);
     double bad[B * T * MODEL_WIDTH];
     memcpy(bad, prompt, sizeof bad);
     for (size_t j = 0; j < d; j++) {
@@ -1643,17 +1396,14 @@ static void test_sequence_prefill_nonfinite_score_rolls_back_everything(void **s
 
     /* Tokens 0..3 commit (block 1 is mapped), block 2 is still reserved at the failure. */
     size_t reserved = kvp_sequence_pages_for(a, START + T);
-    assert_int_equal(reserved, L * B * (CEIL_DIV(START + T, BT) - 1));
+    assert_int_equal(reserved, L * B * (KVPT_CEIL_DIV(START + T, BT) - 1));
     double out[B * T * MODEL_WIDTH];
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
-        out[i] = 7.0;
-    }
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
     seq_state before;
-    seq_state after;
     seq_state_capture(a, pool_a, &before);
     kvp_tensor bad_view = kvp_tensor3(bad, B, T, d);
     memset(&err, 0, sizeof err);
-    assert_int_equal(kvp_sequence_prefill(a, &bad_view, NULL, NULL, out, COUNT_OF(out), &err),
+    assert_int_equal(kvp_sequence_prefill(a, &bad_view, NULL, NULL, out, KVPT_COUNT_OF(out), &err),
                      KVP_NONFINITE_SCORE);
     kvpt_assert_pool_ok(pool_a);
     assert_int_equal(err.status, KVP_NONFINITE_SCORE);
@@ -1666,13 +1416,10 @@ static void test_sequence_prefill_nonfinite_score_rolls_back_everything(void **s
     double failed[B * T * MODEL_WIDTH];
     memcpy(failed, out, sizeof failed);
     for (size_t lane = 0; lane < B; lane++) {
-        for (size_t i = BAD * d; i < T * d; i++) {
-            assert_true(failed[lane * T * d + i] == 7.0);
-        }
+        kvpt_assert_filled(failed + (lane * T + BAD) * d, (T - BAD) * d, 7.0);
         assert_true(failed[lane * T * d] != 7.0);
     }
-    seq_state_capture(a, pool_a, &after);
-    assert_seq_unchanged(&before, &after, 0, reserved);
+    assert_seq_unchanged(&before, a, pool_a, 0, reserved);
     assert_int_equal(kvp_sequence_len(a), START);
     assert_int_equal(kvp_sequence_promised_pages(a), 5);
     assert_int_equal(kvpt_stats(pool_a).promised_pages, 5);
@@ -1682,28 +1429,29 @@ static void test_sequence_prefill_nonfinite_score_rolls_back_everything(void **s
     /* The good prompt: same outputs, rows and physical pages as on the pool that never failed. */
     kvp_tensor good = kvp_tensor3(prompt, B, T, d);
     double out_b[B * T * MODEL_WIDTH];
-    kvpt_assert_ok(kvp_sequence_prefill(a, &good, NULL, NULL, out, COUNT_OF(out), &err), &err);
+    kvpt_assert_ok(kvp_sequence_prefill(a, &good, NULL, NULL, out, KVPT_COUNT_OF(out), &err), &err);
     kvpt_assert_pool_ok(pool_a);
-    kvpt_assert_ok(kvp_sequence_prefill(b, &good, NULL, NULL, out_b, COUNT_OF(out_b), &err), &err);
+    kvpt_assert_ok(kvp_sequence_prefill(b, &good, NULL, NULL, out_b, KVPT_COUNT_OF(out_b), &err),
+                   &err);
     kvpt_assert_pool_ok(pool_b);
     assert_memory_equal(out, out_b, sizeof out);
     for (size_t lane = 0; lane < B; lane++) { /* the same tokens on the same state */
         assert_memory_equal(failed + lane * T * d, out + lane * T * d, BAD * d * sizeof(double));
     }
-    assert_same_rows(a, b);
-    uint32_t pages_a[L * B * CEIL_DIV(C, BT)];
-    uint32_t pages_b[L * B * CEIL_DIV(C, BT)];
-    size_t count = sequence_pages(a, pages_a, COUNT_OF(pages_a));
-    assert_int_equal(count, L * B * CEIL_DIV(START + T, BT));
-    assert_int_equal(sequence_pages(b, pages_b, COUNT_OF(pages_b)), count);
+    kvpt_assert_same_rows(a, b);
+    uint32_t pages_a[L * B * KVPT_CEIL_DIV(C, BT)];
+    uint32_t pages_b[L * B * KVPT_CEIL_DIV(C, BT)];
+    size_t count = sequence_pages(a, pages_a, KVPT_COUNT_OF(pages_a));
+    assert_int_equal(count, L * B * KVPT_CEIL_DIV(START + T, BT));
+    assert_int_equal(sequence_pages(b, pages_b, KVPT_COUNT_OF(pages_b)), count);
     assert_memory_equal(pages_a, pages_b, count * sizeof *pages_a);
     assert_int_equal(kvp_sequence_promised_pages(a), 0);
 
-    destroy_sequence(a, pool_a);
-    destroy_sequence(b, pool_b);
-    destroy_pool(pool_a);
-    destroy_pool(pool_b);
-    destroy_model(model);
+    kvpt_destroy_sequence(a, pool_a);
+    kvpt_destroy_sequence(b, pool_b);
+    kvpt_destroy_pool(pool_a);
+    kvpt_destroy_pool(pool_b);
+    kvpt_destroy_model(model);
 }
 
 /* ---- reset and replay ------------------------------------------------------------ */
@@ -1719,14 +1467,14 @@ static void test_sequence_reset_replays_same_pages_without_allocation(void **sta
     (void)state;
     enum { L = 3, B = 2, BT = 3, T = 8, OTHER = 4 };
     const size_t d = MODEL_WIDTH;
-    const size_t seq_pages = L * B * CEIL_DIV(T, BT);
-    const size_t other_pages = L * 1 * CEIL_DIV(OTHER, BT);
+    const size_t seq_pages = L * B * KVPT_CEIL_DIV(T, BT);
+    const size_t other_pages = L * 1 * KVPT_CEIL_DIV(OTHER, BT);
     kvp_pool *pool = make_pool(BT, seq_pages + other_pages + 3);
     kvp_model *model = make_model(L, 91);
-    kvp_sequence *seq = make_sequence(model, pool, B, T);
-    kvp_sequence *other = make_sequence(model, pool, 1, T);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, T);
+    kvp_sequence *other = kvpt_sequence(model, pool, 1, T);
     double inputs[B * T * MODEL_WIDTH];
-    fill_random(inputs, COUNT_OF(inputs), 92);
+    kvpt_fill_random(inputs, KVPT_COUNT_OF(inputs), 92);
     double rows[T][B * MODEL_WIDTH];
     kvp_tensor views[T];
     for (size_t t = 0; t < T; t++) {
@@ -1734,7 +1482,7 @@ static void test_sequence_reset_replays_same_pages_without_allocation(void **sta
         views[t] = kvp_tensor3(rows[t], B, 1, d);
     }
     double other_prompt[OTHER * MODEL_WIDTH];
-    fill_random(other_prompt, COUNT_OF(other_prompt), 93);
+    kvpt_fill_random(other_prompt, KVPT_COUNT_OF(other_prompt), 93);
     kvp_tensor other_view = kvp_tensor3(other_prompt, 1, OTHER, d);
     kvp_error err;
 
@@ -1749,9 +1497,9 @@ static void test_sequence_reset_replays_same_pages_without_allocation(void **sta
             kvpt_assert_pool_ok(pool);
         }
     }
-    uint32_t pages[L * B * CEIL_DIV(T, BT)];
-    uint32_t again[L * B * CEIL_DIV(T, BT)];
-    assert_int_equal(sequence_pages(seq, pages, COUNT_OF(pages)), seq_pages);
+    uint32_t pages[L * B * KVPT_CEIL_DIV(T, BT)];
+    uint32_t again[L * B * KVPT_CEIL_DIV(T, BT)];
+    assert_int_equal(sequence_pages(seq, pages, KVPT_COUNT_OF(pages)), seq_pages);
     uint64_t other_digests[L];
     for (size_t l = 0; l < L; l++) {
         kvpt_assert_ok(kvp_cache_digest(kvp_sequence_cache(other, l), &other_digests[l], &err),
@@ -1783,8 +1531,8 @@ static void test_sequence_reset_replays_same_pages_without_allocation(void **sta
     /* A prefill replay: the single steps' outputs and pages. */
     kvp_tensor prompt = kvp_tensor3(inputs, B, T, d);
     double prefilled[B * T * MODEL_WIDTH];
-    kvpt_assert_ok(kvp_sequence_prefill(seq, &prompt, NULL, NULL, prefilled, COUNT_OF(prefilled),
-                                        &err),
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &prompt, NULL, NULL, prefilled,
+                                        KVPT_COUNT_OF(prefilled), &err),
                    &err);
     kvpt_assert_pool_ok(pool);
     for (size_t t = 0; t < T; t++) {
@@ -1792,29 +1540,20 @@ static void test_sequence_reset_replays_same_pages_without_allocation(void **sta
             assert_memory_equal(prefilled + (b * T + t) * d, first[t] + b * d, d * sizeof(double));
         }
     }
-    assert_int_equal(sequence_pages(seq, again, COUNT_OF(again)), seq_pages);
+    assert_int_equal(sequence_pages(seq, again, KVPT_COUNT_OF(again)), seq_pages);
     assert_memory_equal(again, pages, sizeof pages);
 
     /* Reset and step replay, with no heap traffic and no allocation call at all. */
-    int counted = kvpt_malloc_is_counted();
-#if !defined(__SANITIZE_ADDRESS__)
-    if (!RUNNING_ON_VALGRIND) {
-        assert_true(counted);
-    }
-#endif
     double replay[T][B * MODEL_WIDTH];
     kvp_status statuses[T + 1];
-    (void)kvpt_thread_allocated();
-    (void)kvpt_thread_deallocated();
+    kvpt_heap_window heap;
     kvpi_fault_arm(1); /* would fail the very first allocation call */
-    uint64_t allocated_before = kvpt_thread_allocated();
-    uint64_t deallocated_before = kvpt_thread_deallocated();
+    kvpt_heap_window_open(&heap);
     statuses[0] = kvp_sequence_reset(seq, &err);
     for (size_t t = 0; t < T; t++) {
         statuses[t + 1] = kvp_sequence_step(seq, &views[t], NULL, NULL, replay[t], B * d, &err);
     }
-    uint64_t allocated_after = kvpt_thread_allocated();
-    uint64_t deallocated_after = kvpt_thread_deallocated();
+    kvpt_heap_window_close(&heap);
     uint64_t calls = kvpi_fault_calls();
     int fired = kvpi_fault_fired();
     kvpi_fault_arm(0);
@@ -1824,25 +1563,16 @@ static void test_sequence_reset_replays_same_pages_without_allocation(void **sta
     }
     assert_int_equal(calls, 0);
     assert_false(fired);
-    if (counted) {
-        assert_int_equal(allocated_after - allocated_before, 0);
-        assert_int_equal(deallocated_after - deallocated_before, 0);
-        /* ... and the counters are live. */
-        uint64_t probe_before = kvpt_thread_allocated();
-        void *volatile probe = malloc(1024);
-        uint64_t probe_after = kvpt_thread_allocated();
-        free(probe);
-        assert_true(probe_after - probe_before >= 1024);
-    }
+    kvpt_assert_no_heap_traffic(&heap);
     kvpt_assert_pool_ok(pool);
     assert_memory_equal(replay, first, sizeof first);
-    assert_int_equal(sequence_pages(seq, again, COUNT_OF(again)), seq_pages);
+    assert_int_equal(sequence_pages(seq, again, KVPT_COUNT_OF(again)), seq_pages);
     assert_memory_equal(again, pages, sizeof pages);
 
-    destroy_sequence(seq, pool);
-    destroy_sequence(other, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_sequence(other, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 /* ---- promises, admission and page arithmetic ---------------------------------------- */
@@ -1854,10 +1584,10 @@ static void test_sequence_promise_consumed_by_steps_and_returned(void **state)
     const size_t d = MODEL_WIDTH;
     kvp_pool *pool = make_pool(BT, 20);
     kvp_model *model = make_model(L, 101);
-    kvp_sequence *one = make_sequence(model, pool, 1, C);
-    kvp_sequence *two = make_sequence(model, pool, 1, C);
+    kvp_sequence *one = kvpt_sequence(model, pool, 1, C);
+    kvp_sequence *two = kvpt_sequence(model, pool, 1, C);
     double inputs[C * MODEL_WIDTH];
-    fill_random(inputs, COUNT_OF(inputs), 102);
+    kvpt_fill_random(inputs, KVPT_COUNT_OF(inputs), 102);
     double out[C * MODEL_WIDTH];
     kvp_error err;
     assert_int_equal(kvpt_stats(pool).promised_pages, 0);
@@ -1897,7 +1627,8 @@ static void test_sequence_promise_consumed_by_steps_and_returned(void **state)
 
     /* two: a prefill taking more than promised spends only the promise. */
     kvp_tensor four = kvp_tensor3(inputs, 1, 4, d);
-    kvpt_assert_ok(kvp_sequence_prefill(two, &four, NULL, NULL, out, COUNT_OF(out), &err), &err);
+    kvpt_assert_ok(kvp_sequence_prefill(two, &four, NULL, NULL, out, KVPT_COUNT_OF(out), &err),
+                   &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(kvp_sequence_held_pages(two), 4);
     assert_int_equal(kvp_sequence_promised_pages(two), 0);
@@ -1912,15 +1643,15 @@ static void test_sequence_promise_consumed_by_steps_and_returned(void **state)
     assert_int_equal(kvp_sequence_promised_pages(two), 0);
     assert_int_equal(kvpt_stats(pool).promised_pages, 7);
     promise(two, pool, 1);
-    destroy_sequence(one, pool);
+    kvpt_destroy_sequence(one, pool);
     assert_int_equal(kvpt_stats(pool).promised_pages, 1);
     promise(two, pool, 0);
     assert_int_equal(kvpt_stats(pool).promised_pages, 0);
     promise(two, pool, 3);
-    destroy_sequence(two, pool);
+    kvpt_destroy_sequence(two, pool);
     assert_int_equal(kvpt_stats(pool).promised_pages, 0);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 static kvp_admission admit(kvp_pool *pool, size_t pages, size_t watermark)
@@ -1941,7 +1672,7 @@ static void test_sequence_pool_admit_boundaries(void **state)
     enum { L = 2, B = 2, BT = 2, TOTAL = 10 };
     kvp_pool *pool = make_pool(BT, TOTAL);
     kvp_model *model = make_model(L, 111);
-    kvp_sequence *seq = make_sequence(model, pool, B, 8);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, 8);
     kvp_error err;
 
     /* Empty pool: free 10, promised 0. */
@@ -1989,7 +1720,7 @@ static void test_sequence_pool_admit_boundaries(void **state)
     assert_int_equal(admit(pool, 2, 0), KVP_ADMIT_LATER);
 
     /* A promise beyond every page the sequence can ever hold is refused, changing nothing. */
-    kvp_sequence *greedy = make_sequence(model, pool, 1, 8);
+    kvp_sequence *greedy = kvpt_sequence(model, pool, 1, 8);
     size_t most = kvp_sequence_pages_for(greedy, 8);
     kvp_pool_stats before = kvpt_stats(pool);
     memset(&err, 0, sizeof err);
@@ -2008,7 +1739,7 @@ static void test_sequence_pool_admit_boundaries(void **state)
     assert_int_equal(kvpt_stats(pool).promised_pages, after.promised_pages + most);
     assert_int_equal(admit(pool, 1, 0), KVP_ADMIT_LATER);
     promise(seq, pool, 0); /* lowering is always possible */
-    destroy_sequence(greedy, pool);
+    kvpt_destroy_sequence(greedy, pool);
     assert_int_equal(kvpt_stats(pool).promised_pages, 0);
 
     /* Errors; out untouched. */
@@ -2019,10 +1750,10 @@ static void test_sequence_pool_admit_boundaries(void **state)
     assert_string_equal(err.argument, "out");
     assert_int_equal(untouched, 77);
 
-    destroy_sequence(seq, pool);
+    kvpt_destroy_sequence(seq, pool);
     assert_int_equal(admit(pool, TOTAL, 0), KVP_ADMIT_NOW);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 static void test_sequence_pages_for(void **state)
@@ -2041,7 +1772,7 @@ static void test_sequence_pages_for(void **state)
     assert_int_equal(kvp_pool_pages_for(NULL, 2, 4), 0);
 
     kvp_model *model = make_model(L, 121);
-    kvp_sequence *seq = make_sequence(model, pool, B, 9);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, 9);
     kvp_error err;
     assert_int_equal(kvp_sequence_pages_for(seq, 0), 0);
     assert_int_equal(kvp_sequence_pages_for(seq, 1), L * B);
@@ -2060,15 +1791,15 @@ static void test_sequence_pages_for(void **state)
     uint64_t acquires = kvpt_stats(pool).acquires;
     size_t expected = kvp_sequence_pages_for(seq, 7);
     double prompt[B * 5 * MODEL_WIDTH];
-    fill_random(prompt, COUNT_OF(prompt), 122);
+    kvpt_fill_random(prompt, KVPT_COUNT_OF(prompt), 122);
     kvp_tensor view = kvp_tensor3(prompt, B, 5, MODEL_WIDTH);
     kvpt_assert_ok(kvp_sequence_prefill(seq, &view, NULL, NULL, NULL, 0, &err), &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(kvpt_stats(pool).acquires - acquires, expected);
     assert_int_equal(kvp_sequence_held_pages(seq), kvp_pool_pages_for(pool, L * B, 7));
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 /* ---- the allocator-only append ------------------------------------------------------ */
@@ -2080,7 +1811,7 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
     const size_t d = MODEL_WIDTH;
     kvp_pool *pool = make_pool(BT, 11);
     kvp_model *model = make_model(L, 131);
-    kvp_sequence *seq = make_sequence(model, pool, B, C);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
     kvp_error err;
     promise(seq, pool, 5);
 
@@ -2109,27 +1840,25 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
 
     /* A computed step inside block 1 attends over the zero rows. */
     double row[B * MODEL_WIDTH];
-    fill_random(row, COUNT_OF(row), 132);
+    kvpt_fill_random(row, KVPT_COUNT_OF(row), 132);
     kvp_tensor view = kvp_tensor3(row, B, 1, d);
     double out[B * MODEL_WIDTH];
-    kvpt_assert_ok(kvp_sequence_step(seq, &view, NULL, NULL, out, COUNT_OF(out), &err), &err);
+    kvpt_assert_ok(kvp_sequence_step(seq, &view, NULL, NULL, out, KVPT_COUNT_OF(out), &err), &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(kvp_sequence_len(seq), 5);
-    for (size_t i = 0; i < COUNT_OF(out); i++) {
+    for (size_t i = 0; i < KVPT_COUNT_OF(out); i++) {
         assert_true(isfinite(out[i]));
     }
 
     /* FULL: 3 more than the 2 left. */
     seq_state before;
-    seq_state after;
     seq_state_capture(seq, pool, &before);
     memset(&err, 0, sizeof err);
     assert_int_equal(kvpi_sequence_append_uncomputed(seq, 3, &err), KVP_FULL);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.capacity, C);
     assert_int_equal(err.layer, SIZE_MAX);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0, 0);
     /* POOL_EXHAUSTED: 2 rows reach block 2 (4 pages), 3 are free. */
     promise(seq, pool, 1);
     seq_state_capture(seq, pool, &before);
@@ -2138,8 +1867,7 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
     assert_int_equal(err.needed, 4);
     assert_int_equal(err.available, 3);
     assert_int_equal(err.layer, SIZE_MAX);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1, 0);
     /* One row stays inside block 1; zero rows change nothing. */
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, 1, &err), &err);
     kvpt_assert_pool_ok(pool);
@@ -2148,16 +1876,14 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
     seq_state_capture(seq, pool, &before);
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, 0, &err), &err);
     kvpt_assert_pool_ok(pool);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0, 0);
     seq_state_capture(seq, pool, &before);
     assert_int_equal(kvpi_sequence_append_uncomputed(seq, 1, &err), KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
-    seq_state_capture(seq, pool, &after);
-    assert_seq_unchanged(&before, &after, 1, 0);
-    destroy_sequence(seq, pool);
-    destroy_pool(pool);
-    destroy_model(model);
+    assert_seq_unchanged(&before, seq, pool, 1, 0);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
 }
 
 int main(void)
@@ -2166,8 +1892,8 @@ int main(void)
         cmocka_unit_test(test_sequence_model_create_shares_parameters),
         cmocka_unit_test(test_sequence_model_geometry_mismatch_and_errors),
         cmocka_unit_test(test_sequence_model_create_random_is_deterministic),
-        cmocka_unit_test_teardown(test_sequence_model_fault_sweeps, disarm),
-        cmocka_unit_test_teardown(test_sequence_create_fault_sweep, disarm),
+        cmocka_unit_test_teardown(test_sequence_model_fault_sweeps, kvpt_disarm),
+        cmocka_unit_test_teardown(test_sequence_create_fault_sweep, kvpt_disarm),
         cmocka_unit_test(test_sequence_create_errors_and_queries),
         cmocka_unit_test(test_sequence_step_matches_layer_by_layer_reference),
         cmocka_unit_test(test_sequence_step_custom_next_input_matches_reference),
@@ -2179,7 +1905,7 @@ int main(void)
         cmocka_unit_test(test_sequence_prefill_full_and_shape_errors_change_nothing),
         cmocka_unit_test(test_sequence_prefill_nonfinite_score_rolls_back_everything),
         cmocka_unit_test_teardown(test_sequence_reset_replays_same_pages_without_allocation,
-                                  disarm),
+                                  kvpt_disarm),
         cmocka_unit_test(test_sequence_promise_consumed_by_steps_and_returned),
         cmocka_unit_test(test_sequence_pool_admit_boundaries),
         cmocka_unit_test(test_sequence_pages_for),

@@ -43,8 +43,6 @@ static const struct {
     {KVP_NONFINITE_VALUE, "NonFiniteValue"},
 };
 
-#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
-
 /* A detail struct with every field zero except the status. */
 static kvp_error error_of(kvp_status status)
 {
@@ -52,24 +50,6 @@ static kvp_error error_of(kvp_status status)
     memset(&e, 0, sizeof e);
     e.status = status;
     return e;
-}
-
-/*
- * Renders `e` into a roomy buffer and checks the text and the returned
- * length; also checks that measuring (NULL, 0) agrees.
- */
-#define assert_error_text(e, text) assert_error_text_at((e), (text), __FILE__, __LINE__)
-static void assert_error_text_at(const kvp_error *e, const char *text, const char *file, int line)
-{
-    char buf[512];
-    memset(buf, '#', sizeof buf);
-    size_t n = kvp_error_format(e, buf, sizeof buf);
-    if (strcmp(buf, text) != 0 || n != strlen(text)) {
-        print_error("%s:%d: rendered \"%s\" (length %zu), expected \"%s\"\n", file, line, buf, n,
-                    text);
-        fail();
-    }
-    assert_int_equal(kvp_error_format(e, NULL, 0), strlen(text));
 }
 
 /* The text of a NONFINITE_VALUE error carrying `value`, i.e. Rust's `{:?}`. */
@@ -92,8 +72,8 @@ static void test_status_names_are_seed_variant_names(void **state)
 {
     (void)state;
     /* The pager's statuses come first; other modules append theirs after. */
-    assert_true(COUNT_OF(expected_names) <= KVP_STATUS_COUNT_);
-    for (size_t i = 0; i < COUNT_OF(expected_names); i++) {
+    assert_true(KVPT_COUNT_OF(expected_names) <= KVP_STATUS_COUNT_);
+    for (size_t i = 0; i < KVPT_COUNT_OF(expected_names); i++) {
         assert_int_equal(expected_names[i].status, i);
         assert_string_equal(kvp_status_name(expected_names[i].status), expected_names[i].name);
     }
@@ -136,151 +116,152 @@ static void test_status_out_of_range_is_unknown(void **state)
     kvp_error e = error_of(KVP_STATUS_COUNT_);
     char expected[64];
     snprintf(expected, sizeof expected, "unknown kvpager status %d", (int)KVP_STATUS_COUNT_);
-    assert_error_text(&e, expected);
+    kvpt_assert_error_text(&e, expected);
     e.status = (kvp_status)1000;
-    assert_error_text(&e, "unknown kvpager status 1000");
-    assert_error_text(NULL, "no error detail");
+    kvpt_assert_error_text(&e, "unknown kvpager status 1000");
+    kvpt_assert_error_text(NULL, "no error detail");
 }
 
 static void test_status_format_caller_and_pool_errors(void **state)
 {
     (void)state;
     kvp_error e = error_of(KVP_OK);
-    assert_error_text(&e, "ok");
+    kvpt_assert_error_text(&e, "ok");
 
     e = error_of(KVP_NULL_ARGUMENT);
     e.argument = "pool";
-    assert_error_text(&e, "argument `pool` must not be NULL");
+    kvpt_assert_error_text(&e, "argument `pool` must not be NULL");
     e.argument = NULL;
-    assert_error_text(&e, "argument `?` must not be NULL");
+    kvpt_assert_error_text(&e, "argument `?` must not be NULL");
 
     e = error_of(KVP_INVALID_ARGUMENT);
     e.argument = "binding";
     e.what = "heads and head_width must be nonzero";
-    assert_error_text(&e, "argument `binding` is invalid: heads and head_width must be nonzero");
+    kvpt_assert_error_text(&e,
+                           "argument `binding` is invalid: heads and head_width must be nonzero");
 
     e = error_of(KVP_OUT_OF_RANGE);
     e.argument = "lane";
     e.index = 3;
     e.limit = 2;
-    assert_error_text(&e, "argument `lane` is 3, which is out of range (must be below 2)");
+    kvpt_assert_error_text(&e, "argument `lane` is 3, which is out of range (must be below 2)");
 
     e = error_of(KVP_BUFFER_TOO_SMALL);
     e.argument = "out";
     e.needed = 16;
     e.available = 15;
-    assert_error_text(&e, "buffer `out` holds 15 values but 16 are needed");
+    kvpt_assert_error_text(&e, "buffer `out` holds 15 values but 16 are needed");
 
     e = error_of(KVP_ZERO_SIZE);
     e.argument = "heads";
-    assert_error_text(&e, "page pool heads must be nonzero");
+    kvpt_assert_error_text(&e, "page pool heads must be nonzero");
 
     e = error_of(KVP_SIZE_OVERFLOW);
     e.block_tokens = 4;
     e.heads = 2;
     e.head_width = 8;
     e.budget_bytes = 1048576;
-    assert_error_text(&e, "page pool size overflows for block_tokens 4, 2 heads, head width 8 "
-                          "and budget 1048576 bytes");
+    kvpt_assert_error_text(&e, "page pool size overflows for block_tokens 4, 2 heads, head width 8 "
+                               "and budget 1048576 bytes");
 
     e = error_of(KVP_BUDGET_TOO_SMALL);
     e.budget_bytes = 1023;
     e.page_bytes = 1024;
-    assert_error_text(&e, "page pool budget of 1023 bytes is below one page of 1024 bytes");
+    kvpt_assert_error_text(&e, "page pool budget of 1023 bytes is below one page of 1024 bytes");
 
     e = error_of(KVP_ALLOCATION_FAILED);
     e.what = "page slab";
     e.bytes = 4096;
-    assert_error_text(&e, "cannot allocate page slab (4096 bytes)");
+    kvpt_assert_error_text(&e, "cannot allocate page slab (4096 bytes)");
 
     e = error_of(KVP_POOL_EXHAUSTED);
     e.needed = 3;
     e.available = 2;
-    assert_error_text(&e, "page pool exhausted: 3 pages needed, 2 free");
+    kvpt_assert_error_text(&e, "page pool exhausted: 3 pages needed, 2 free");
 
     e = error_of(KVP_POOL_BUSY);
     e.attached_caches = 2;
     e.attached_reservations = 1;
     e.held_pages = 5;
-    assert_error_text(&e, "page pool is busy: 2 caches attached, 1 reservations held, "
-                          "5 pages held");
+    kvpt_assert_error_text(&e, "page pool is busy: 2 caches attached, 1 reservations held, "
+                               "5 pages held");
 
     e = error_of(KVP_GEOMETRY_MISMATCH);
     e.pool_geometry = (kvp_geometry){2, 2};
     e.binding_geometry = (kvp_geometry){4, 1};
-    assert_error_text(&e, "cache geometry (4 heads, head width 1) does not match page pool "
-                          "geometry (2 heads, head width 2)");
+    kvpt_assert_error_text(&e, "cache geometry (4 heads, head width 1) does not match page pool "
+                               "geometry (2 heads, head width 2)");
 
     e = error_of(KVP_AUDIT_FAILED);
     e.mismatches = 1;
     e.first_mismatch = (kvp_mismatch){KVP_INVARIANT_REFERENCES,
                                       "references from page tables and reservations", 7,
                                       SIZE_MAX, 1, 2};
-    assert_error_text(&e, "page pool audit found 1 mismatch; first: I3 references: references "
-                          "from page tables and reservations (page 7): expected 1, found 2");
+    kvpt_assert_error_text(&e, "page pool audit found 1 mismatch; first: I3 references: references "
+                               "from page tables and reservations (page 7): expected 1, found 2");
     e.mismatches = 3;
     e.first_mismatch = (kvp_mismatch){KVP_INVARIANT_LANE_COVERAGE,
                                       "pages mapped by a lane, ceil(len / block_tokens)",
                                       SIZE_MAX, 1, 2, 0};
-    assert_error_text(&e, "page pool audit found 3 mismatches; first: I4 lane coverage: pages "
-                          "mapped by a lane, ceil(len / block_tokens) (lane 1): expected 2, "
-                          "found 0");
+    kvpt_assert_error_text(&e, "page pool audit found 3 mismatches; first: I4 lane coverage: pages "
+                               "mapped by a lane, ceil(len / block_tokens) (lane 1): expected 2, "
+                               "found 0");
 }
 
 static void test_status_format_seed_cache_errors(void **state)
 {
     (void)state;
     kvp_error e = error_of(KVP_ZERO_BATCH_SIZE);
-    assert_error_text(&e, "KV cache batch size must be nonzero");
+    kvpt_assert_error_text(&e, "KV cache batch size must be nonzero");
 
     e = error_of(KVP_ZERO_CAPACITY);
-    assert_error_text(&e, "KV cache capacity must be nonzero");
+    kvpt_assert_error_text(&e, "KV cache capacity must be nonzero");
 
     e = error_of(KVP_CAPACITY_EXCEEDS_POSITIONS);
     e.capacity = 9;
     e.max_positions = 8;
-    assert_error_text(&e, "KV cache capacity 9 exceeds RoPE position capacity 8");
+    kvpt_assert_error_text(&e, "KV cache capacity 9 exceeds RoPE position capacity 8");
 
     e = error_of(KVP_ELEMENT_COUNT_OVERFLOW);
     e.batch_size = 3;
     e.heads = 4;
     e.capacity = 5;
     e.head_width = 6;
-    assert_error_text(&e, "KV cache element count overflows for batch 3, 4 heads, capacity 5, "
-                          "and head width 6");
+    kvpt_assert_error_text(&e, "KV cache element count overflows for batch 3, 4 heads, capacity 5, "
+                               "and head width 6");
     e.batch_size = SIZE_MAX;
     char expected[160];
     snprintf(expected, sizeof expected,
              "KV cache element count overflows for batch %zu, 4 heads, capacity 5, and head "
              "width 6",
              (size_t)SIZE_MAX);
-    assert_error_text(&e, expected);
+    kvpt_assert_error_text(&e, expected);
 
     e = error_of(KVP_FULL);
     e.capacity = 4;
-    assert_error_text(&e, "KV cache is full at capacity 4");
+    kvpt_assert_error_text(&e, "KV cache is full at capacity 4");
 
     e = error_of(KVP_KEY_SHAPE_MISMATCH);
     e.expected = (kvp_shape){4, {1, 2, 1, 2}};
     e.actual = (kvp_shape){4, {1, 2, 2, 2}};
-    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got [1, 2, 2, 2]");
+    kvpt_assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got [1, 2, 2, 2]");
 
     e.status = KVP_VALUE_SHAPE_MISMATCH;
     e.actual = (kvp_shape){3, {1, 2, 2}};
-    assert_error_text(&e, "appended value must have shape [1, 2, 1, 2], got [1, 2, 2]");
+    kvpt_assert_error_text(&e, "appended value must have shape [1, 2, 1, 2], got [1, 2, 2]");
 
     e = error_of(KVP_NONFINITE_KEY);
     e.index = 3;
     e.value = NAN;
-    assert_error_text(&e, "appended key value at flat index 3 must be finite, got NaN");
+    kvpt_assert_error_text(&e, "appended key value at flat index 3 must be finite, got NaN");
 
     e = error_of(KVP_NONFINITE_VALUE);
     e.index = 0;
     e.value = INFINITY;
-    assert_error_text(&e, "appended value at flat index 0 must be finite, got inf");
+    kvpt_assert_error_text(&e, "appended value at flat index 0 must be finite, got inf");
     e.index = 17;
     e.value = -INFINITY;
-    assert_error_text(&e, "appended value at flat index 17 must be finite, got -inf");
+    kvpt_assert_error_text(&e, "appended value at flat index 17 must be finite, got -inf");
 }
 
 static void test_status_shapes_render_as_rust_vec_debug(void **state)
@@ -289,21 +270,21 @@ static void test_status_shapes_render_as_rust_vec_debug(void **state)
     kvp_error e = error_of(KVP_KEY_SHAPE_MISMATCH);
     e.expected = (kvp_shape){4, {1, 2, 1, 2}};
     e.actual = (kvp_shape){0, {0}};
-    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got []");
+    kvpt_assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got []");
     e.actual = (kvp_shape){1, {7}};
-    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got [7]");
+    kvpt_assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got [7]");
     e.actual = (kvp_shape){KVP_MAX_RANK, {1, 2, 3, 4, 5, 6, 7, 8}};
-    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got "
-                          "[1, 2, 3, 4, 5, 6, 7, 8]");
+    kvpt_assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got "
+                               "[1, 2, 3, 4, 5, 6, 7, 8]");
     /* A rank beyond what kvp_shape can hold is elided, never read past dims. */
     e.actual = (kvp_shape){KVP_MAX_RANK + 3, {1, 2, 3, 4, 5, 6, 7, 8}};
-    assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got "
-                          "[1, 2, 3, 4, 5, 6, 7, 8, ...]");
+    kvpt_assert_error_text(&e, "appended key must have shape [1, 2, 1, 2], got "
+                               "[1, 2, 3, 4, 5, 6, 7, 8, ...]");
     e.actual = (kvp_shape){2, {SIZE_MAX, 0}};
     char expected[128];
     snprintf(expected, sizeof expected, "appended key must have shape [1, 2, 1, 2], got [%zu, 0]",
              (size_t)SIZE_MAX);
-    assert_error_text(&e, expected);
+    kvpt_assert_error_text(&e, expected);
 }
 
 static void test_status_floats_render_as_rust_f64_debug(void **state)
@@ -338,7 +319,7 @@ static void test_status_floats_render_as_rust_f64_debug(void **state)
         {-1.5e-5, "-1.5e-5"},
         {0.00012, "0.00012"},
     };
-    for (size_t i = 0; i < COUNT_OF(cases); i++) {
+    for (size_t i = 0; i < KVPT_COUNT_OF(cases); i++) {
         char text[64];
         render_value(cases[i].value, text, sizeof text);
         if (strcmp(text, cases[i].text) != 0) {
