@@ -108,7 +108,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_page(const kvp_cache *cache, size_t l
 /*
  * For audits: a 64-bit FNV-1a digest of len, capacity, the logical keys and
  * values, and every mapped page-table entry. Two equal digests around a call
- * show that the call changed none of them. Allocates nothing.
+ * show that the call changed none of them. Allocates nothing. Like the
+ * snapshots, call it from the cache's owner.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out,
                                                   kvp_error *err);

@@ -116,7 +116,9 @@ KVP_API size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tok
  * For audits: a 64-bit FNV-1a digest of every byte of the slab, held and free
  * pages alike, so a caller can prove an operation wrote no page (reset, for
  * one). Safe under Valgrind: the read of free (NOACCESS) pages is exempted
- * from memcheck's reports, and the digest is marked defined.
+ * from memcheck's reports, and the digest is marked defined. Row data is
+ * written by caches' owners without the pool lock, so take the digest only
+ * while no thread appends to a cache of this pool.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err);
 
