@@ -3,8 +3,9 @@
  *
  * Invariants kept by the loop:
  *   - a request is in exactly one of: not arrived, waiting, running, done;
- *   - every running slot owns one sequence; idle sequences are reset and
- *     kept for reuse, so steady state creates no sequences;
+ *   - every running slot holds one lease (a sequence and its token
+ *     buffers); finished and preempted leases are reset and kept for reuse,
+ *     so steady state allocates nothing per admission or per step;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode never
  *     fails for want of pages.
@@ -34,13 +35,18 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->audit_every = 64;
 }
 
-typedef struct slot {
+/* A sequence with its token buffers, reused from request to request. */
+typedef struct lease {
     kvp_sequence *sequence;
+    double *input;        /* [D] */
+    double *output;       /* [D], in the same allocation as input */
+} lease;
+
+typedef struct slot {
+    lease lease;
     size_t request;
     size_t generated;     /* tokens generated so far (kept across preemption) */
     uint64_t admitted;    /* admission order; the largest is preempted first */
-    double *input;        /* [D] */
-    double *output;       /* [D] */
 } slot;
 
 typedef struct sim {
@@ -60,10 +66,11 @@ typedef struct sim {
     slot *running;
     size_t running_count;
     size_t running_room;
-    kvp_sequence **idle;        /* reset sequences kept for reuse */
+    lease *idle;                /* reset leases kept for reuse */
     size_t idle_count;
     size_t idle_room;
     kvp_decode_job *jobs;
+    size_t jobs_room;
     double *prompt;             /* [capacity][D] */
     uint64_t admissions;
     size_t lanes;               /* layers * batch (batch is 1) */
@@ -163,31 +170,49 @@ static int grow(void **items, size_t *room, size_t need, size_t size)
     return 0;
 }
 
-static kvp_sequence *take_sequence(sim *s)
+static void lease_free(lease *l)
 {
-    if (s->idle_count > 0) {
-        return s->idle[--s->idle_count];
+    if (l->sequence != NULL) {
+        kvp_sequence_destroy(l->sequence, NULL);
     }
-    kvp_sequence *sequence = NULL;
-    if (kvp_sequence_create(s->model, s->pool, 1, s->config->capacity, &sequence, s->err) !=
-        KVP_OK) {
-        return NULL;
-    }
-    return sequence;
+    free(l->input);
 }
 
-/* Resets a sequence (every page and promise back) and keeps it for reuse. */
-static int give_back(sim *s, kvp_sequence *sequence)
+/* An idle lease, or a new one. */
+static int take_lease(sim *s, lease *out)
 {
-    if (kvp_sequence_reset(sequence, s->err) != KVP_OK) {
+    if (s->idle_count > 0) {
+        *out = s->idle[--s->idle_count];
+        return 0;
+    }
+    lease l = {NULL, calloc(2 * s->config->model_width, sizeof(double)), NULL};
+    if (l.input == NULL) {
+        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "token buffers"};
+        return fail(s, "creating a sequence");
+    }
+    l.output = l.input + s->config->model_width;
+    if (kvp_sequence_create(s->model, s->pool, 1, s->config->capacity, &l.sequence, s->err) !=
+        KVP_OK) {
+        lease_free(&l);
+        return fail(s, "creating a sequence");
+    }
+    *out = l;
+    return 0;
+}
+
+/* Resets a lease's sequence (every page and promise back) and keeps it for reuse. */
+static int give_back(sim *s, lease l)
+{
+    if (kvp_sequence_reset(l.sequence, s->err) != KVP_OK) {
+        lease_free(&l);
         return fail(s, "resetting a sequence");
     }
     if (grow((void **)&s->idle, &s->idle_room, s->idle_count + 1, sizeof *s->idle) != 0) {
-        kvp_sequence_destroy(sequence, NULL);
+        lease_free(&l);
         *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "idle sequences"};
         return fail(s, "keeping a sequence for reuse");
     }
-    s->idle[s->idle_count++] = sequence;
+    s->idle[s->idle_count++] = l;
     return 0;
 }
 
@@ -251,35 +276,29 @@ static size_t admission_tokens(const sim *s, size_t request)
 
 static int admit_one(sim *s, size_t request)
 {
-    const kvp_sim_config *c = s->config;
     size_t tokens = s->workload->requests[request].prompt_tokens + s->generated[request];
-    kvp_sequence *sequence = take_sequence(s);
-    if (sequence == NULL) {
-        return fail(s, "creating a sequence");
-    }
-    size_t promise = kvp_pool_pages_for(s->pool, s->lanes, admission_tokens(s, request));
-    if (kvp_sequence_promise(sequence, promise, s->err) != KVP_OK ||
-        prefill(s, sequence, request, tokens) != 0) {
-        return fail(s, "admitting a request");
-    }
     if (grow((void **)&s->running, &s->running_room, s->running_count + 1, sizeof *s->running) !=
         0) {
         *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "running set"};
         return fail(s, "admitting a request");
     }
+    lease l;
+    if (take_lease(s, &l) != 0) {
+        return -1;
+    }
+    size_t promise = kvp_pool_pages_for(s->pool, s->lanes, admission_tokens(s, request));
+    if (kvp_sequence_promise(l.sequence, promise, s->err) != KVP_OK ||
+        prefill(s, l.sequence, request, tokens) != 0) {
+        kvp_error cause = *s->err;
+        (void)give_back(s, l); /* its pages and promise go back; the run stops anyway */
+        *s->err = cause;
+        return fail(s, "admitting a request");
+    }
     slot *r = &s->running[s->running_count++];
-    memset(r, 0, sizeof *r);
-    r->sequence = sequence;
+    r->lease = l;
     r->request = request;
     r->generated = s->generated[request];
     r->admitted = s->admissions++;
-    r->input = calloc(2 * c->model_width, sizeof *r->input);
-    if (r->input == NULL) {
-        s->running_count--;
-        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "token buffers"};
-        return fail(s, "admitting a request");
-    }
-    r->output = r->input + c->model_width;
     return 0;
 }
 
@@ -322,7 +341,6 @@ static size_t free_pages(sim *s)
 /* Removes running slot i (order is not kept). */
 static void drop_slot(sim *s, size_t i)
 {
-    free(s->running[i].input);
     s->running[i] = s->running[--s->running_count];
 }
 
@@ -334,7 +352,7 @@ static int make_room(sim *s)
         size_t newest = 0;
         for (size_t i = 0; i < s->running_count; i++) {
             slot *r = &s->running[i];
-            needed += kvp_sequence_pages_for(r->sequence, kvp_sequence_len(r->sequence) + 1);
+            needed += kvp_sequence_pages_for(r->lease.sequence, kvp_sequence_len(r->lease.sequence) + 1);
             if (r->admitted > s->running[newest].admitted) {
                 newest = i;
             }
@@ -345,7 +363,7 @@ static int make_room(sim *s)
         slot *victim = &s->running[newest];
         s->generated[victim->request] = victim->generated;
         queue_push_front(s, victim->request);
-        if (give_back(s, victim->sequence) != 0) {
+        if (give_back(s, victim->lease) != 0) {
             return -1;
         }
         drop_slot(s, newest);
@@ -361,26 +379,25 @@ static int decode(sim *s)
     }
     if (!c->compute) {
         for (size_t i = 0; i < s->running_count; i++) {
-            if (kvpi_sequence_append_uncomputed(s->running[i].sequence, 1, s->err) != KVP_OK) {
+            if (kvpi_sequence_append_uncomputed(s->running[i].lease.sequence, 1, s->err) != KVP_OK) {
                 return fail(s, "decoding (allocator only)");
             }
         }
         return 0;
     }
-    s->jobs = realloc(s->jobs, s->running_count * sizeof *s->jobs);
-    if (s->jobs == NULL) {
+    if (grow((void **)&s->jobs, &s->jobs_room, s->running_count, sizeof *s->jobs) != 0) {
         *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "decode jobs"};
         return fail(s, "decoding");
     }
     for (size_t i = 0; i < s->running_count; i++) {
         slot *r = &s->running[i];
-        size_t position = kvp_sequence_len(r->sequence);
-        embed(c->seed, r->request, position, r->input, c->model_width);
+        size_t position = kvp_sequence_len(r->lease.sequence);
+        embed(c->seed, r->request, position, r->lease.input, c->model_width);
         kvp_decode_job *job = &s->jobs[i];
         memset(job, 0, sizeof *job);
-        job->sequence = r->sequence;
-        job->input = kvp_tensor3(r->input, 1, 1, c->model_width);
-        job->output = r->output;
+        job->sequence = r->lease.sequence;
+        job->input = kvp_tensor3(r->lease.input, 1, 1, c->model_width);
+        job->output = r->lease.output;
         job->output_len = c->model_width;
     }
     if (kvp_decoder_step(s->decoder, s->jobs, s->running_count, NULL, NULL, s->err) != KVP_OK) {
@@ -391,7 +408,7 @@ static int decode(sim *s)
             *s->err = s->jobs[i].error;
             return fail(s, "decoding a sequence");
         }
-        s->result->output_checksum += s->running[i].output[0];
+        s->result->output_checksum += s->running[i].lease.output[0];
     }
     return 0;
 }
@@ -406,14 +423,14 @@ static int finish_step(sim *s)
         r->generated++;
         s->result->tokens_generated++;
         if (r->generated < s->workload->requests[r->request].output_tokens) {
-            used += (double)(s->lanes * kvp_sequence_len(r->sequence));
+            used += (double)(s->lanes * kvp_sequence_len(r->lease.sequence));
             i++;
             continue;
         }
         s->generated[r->request] = r->generated;
         s->result->requests_completed++;
         s->finished_this_step++;
-        if (give_back(s, r->sequence) != 0) {
+        if (give_back(s, r->lease) != 0) {
             return -1;
         }
         drop_slot(s, i);
@@ -510,11 +527,10 @@ static int run_loop(sim *s, kvp_sim_progress_fn progress, void *ctx)
 static void teardown(sim *s)
 {
     for (size_t i = 0; i < s->running_count; i++) {
-        kvp_sequence_destroy(s->running[i].sequence, NULL);
-        free(s->running[i].input);
+        lease_free(&s->running[i].lease);
     }
     for (size_t i = 0; i < s->idle_count; i++) {
-        kvp_sequence_destroy(s->idle[i], NULL);
+        lease_free(&s->idle[i]);
     }
     if (s->pool != NULL) {
         kvp_pool_stats stats;
