@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention/sequence_internal.h"
+#include "serve/sequence_internal.h"
 #include "stress_common.h"
 
 #define PROGRAM "stress-concurrent"

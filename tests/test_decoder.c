@@ -10,7 +10,7 @@
  * sequence, or a NULL one, are refused before anything runs; an empty batch
  * is fine; an allocation fault sweep over decoder creation. kvp_pool_check
  * runs after every batch. Unit test: public API plus the allocator-only
- * append (attention/sequence_internal.h) and the fault injector
+ * append (serve/sequence_internal.h) and the fault injector
  * (pager/alloc.h).
  */
 #include "support.h"
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "attention/sequence_internal.h"
+#include "serve/sequence_internal.h"
 #include "pager/alloc.h"
 
 #define MODEL_WIDTH 8

@@ -13,7 +13,7 @@
  * promises, admission and page arithmetic; the allocator-only append; and
  * allocation fault sweeps over model and sequence creation. Leaks of a failed
  * step are caught by the memcheck run of this program (ctest). Unit test:
- * uses pager/alloc.h and attention/sequence_internal.h.
+ * uses pager/alloc.h and serve/sequence_internal.h.
  */
 #include "support.h"
 
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention/sequence_internal.h"
+#include "serve/sequence_internal.h"
 #include "pager/alloc.h"
 
 /* Every model here has 2 heads of width 4 (D = 8) unless a test says otherwise. */

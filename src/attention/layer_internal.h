@@ -4,7 +4,7 @@
  * Invariants: model_width == heads * head_width; every params[i] is a
  * model_width x model_width parameter the layer holds one reference to;
  * rope.feature_width == head_width and rope is valid.
- * Callers: src/attention only.
+ * Callers: src/attention and src/serve (models own layers).
  */
 #ifndef KVPAGER_ATTENTION_LAYER_INTERNAL_H
 #define KVPAGER_ATTENTION_LAYER_INTERNAL_H

@@ -12,7 +12,7 @@
  *   COMMITTED --prepare ok-->  PREPARED;  any failed prepare leaves EMPTY
  * Invariants: the reservation holds pages only in PREPARED; cache_serial,
  * cache_epoch and cache_len name the cache state the row was computed for.
- * Callers: src/attention.
+ * Callers: src/attention and src/serve (sequences own tickets).
  */
 #ifndef KVPAGER_ATTENTION_TICKET_INTERNAL_H
 #define KVPAGER_ATTENTION_TICKET_INTERNAL_H

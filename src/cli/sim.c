@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "attention/sequence_internal.h"
+#include "serve/sequence_internal.h"
 
 void kvp_sim_config_init(kvp_sim_config *config)
 {

@@ -14,7 +14,7 @@
  *   destroy         reset, detach, free
  *
  * Global state: `next_serial`, the process-wide cache serial counter.
- * Callers: the public API and src/attention (through cache_internal.h).
+ * Callers: the public API, src/attention and src/serve (through cache_internal.h).
  */
 #include "pager/cache_internal.h"
 

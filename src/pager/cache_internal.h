@@ -15,7 +15,7 @@
  *     the cache changed since it was prepared;
  *   - len and tables change only under the pool lock (pool_internal.h).
  *
- * Callers: src/pager and src/attention. Not part of the public API: the raw
+ * Callers: src/pager, src/attention and src/serve. Not part of the public API: the raw
  * append stays private, as in the seed.
  */
 #ifndef KVPAGER_PAGER_CACHE_INTERNAL_H

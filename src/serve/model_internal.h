@@ -1,10 +1,10 @@
 /*
- * model_internal.h: struct kvp_model, for the attention sources.
+ * model_internal.h: struct kvp_model, for the serving sources.
  * Invariant: layers[0..count) are owned and share one (heads, head_width).
- * Callers: src/attention only.
+ * Callers: src/serve only.
  */
-#ifndef KVPAGER_ATTENTION_MODEL_INTERNAL_H
-#define KVPAGER_ATTENTION_MODEL_INTERNAL_H
+#ifndef KVPAGER_SERVE_MODEL_INTERNAL_H
+#define KVPAGER_SERVE_MODEL_INTERNAL_H
 
 #include "kvpager/model.h"
 
@@ -16,4 +16,4 @@ struct kvp_model {
     kvp_layer *layers[];
 };
 
-#endif /* KVPAGER_ATTENTION_MODEL_INTERNAL_H */
+#endif /* KVPAGER_SERVE_MODEL_INTERNAL_H */

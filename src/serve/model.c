@@ -7,7 +7,7 @@
  * Callers: the public API; sequence.c reads struct kvp_model through
  * model_internal.h.
  */
-#include "attention/model_internal.h"
+#include "serve/model_internal.h"
 
 #include "attention/layer_internal.h"
 #include "pager/alloc.h"

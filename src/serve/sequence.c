@@ -15,11 +15,11 @@
  * Until commit_layers nothing visible has changed; commit cannot fail.
  * Callers: the public API and decoder.c.
  */
-#include "attention/sequence_internal.h"
+#include "serve/sequence_internal.h"
 
 #include <string.h>
 
-#include "attention/model_internal.h"
+#include "serve/model_internal.h"
 #include "attention/ticket_internal.h"
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"

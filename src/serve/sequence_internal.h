@@ -4,11 +4,11 @@
  * Invariants: every layer's cache has the same len; the reservation holds
  * pages only during a step or prefill (it is empty between calls); promise
  * is this sequence's share of pool->promised.
- * Callers: src/attention, and first-party programs (simulate --no-compute,
+ * Callers: src/serve, and first-party programs (simulate --no-compute,
  * stress) that exercise paging without attention arithmetic.
  */
-#ifndef KVPAGER_ATTENTION_SEQUENCE_INTERNAL_H
-#define KVPAGER_ATTENTION_SEQUENCE_INTERNAL_H
+#ifndef KVPAGER_SERVE_SEQUENCE_INTERNAL_H
+#define KVPAGER_SERVE_SEQUENCE_INTERNAL_H
 
 #include "kvpager/attention.h"
 #include "kvpager/sequence.h"
@@ -39,4 +39,4 @@ struct kvp_sequence {
 kvp_status kvpi_sequence_append_uncomputed(kvp_sequence *sequence, size_t tokens,
                                            kvp_error *err);
 
-#endif /* KVPAGER_ATTENTION_SEQUENCE_INTERNAL_H */
+#endif /* KVPAGER_SERVE_SEQUENCE_INTERNAL_H */
