@@ -24,13 +24,35 @@ fi
 cmake -S "$source_dir/tests/package" -B "$work/cmake" -G Ninja \
       -DCMAKE_PREFIX_PATH="$work/prefix" -DAPI_TOUR="$tour" >/dev/null
 cmake --build "$work/cmake" >/dev/null
-echo "== find_package(kvpager) build"
-"$work/cmake/api_tour"
+echo "== find_package(kvpager): kvpager::kvpager"
+"$work/cmake/api_tour_shared"
+echo "== find_package(kvpager): kvpager::kvpager_static"
+"$work/cmake/api_tour_static"
+needs_so() { ldd "$1" | grep -q 'libkvpager\.so'; }
+needs_so "$work/cmake/api_tour_shared" || { echo "api_tour_shared does not use libkvpager.so" >&2; exit 1; }
+if needs_so "$work/cmake/api_tour_static"; then
+    echo "api_tour_static still needs libkvpager.so" >&2
+    exit 1
+fi
 
-pc=$(find "$work/prefix" -name kvpager.pc | head -n 1)
-libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir kvpager)
-cc -std=c11 -Wall -Wextra -Werror $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags kvpager) \
-   "$tour" $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --libs kvpager) \
+pc_dir=$(dirname "$(find "$work/prefix" -name kvpager.pc | head -n 1)")
+pc() { PKG_CONFIG_PATH=$pc_dir pkg-config "$@"; }
+libdir=$(pc --variable=libdir kvpager)
+# Shared: the consumer needs the library's directory at run time (an rpath,
+# as here, or LD_LIBRARY_PATH) unless the prefix is a system one.
+cc -std=c11 -Wall -Wextra -Werror $(pc --cflags kvpager) "$tour" $(pc --libs kvpager) \
    -lm -Wl,-rpath,"$libdir" -o "$work/api_tour_pc"
 echo "== pkg-config build"
 "$work/api_tour_pc"
+# Static: -Bstatic picks libkvpager.a; --static adds jemalloc, pthread and libm.
+cc -std=c11 -Wall -Wextra -Werror $(pc --cflags kvpager) "$tour" \
+   -L"$libdir" -Wl,-Bstatic -lkvpager -Wl,-Bdynamic \
+   $(pc --static --libs kvpager | sed 's/-lkvpager//') -o "$work/api_tour_pc_static"
+echo "== pkg-config --static build"
+"$work/api_tour_pc_static"
+if needs_so "$work/api_tour_pc_static"; then
+    echo "api_tour_pc_static still needs libkvpager.so" >&2
+    exit 1
+fi
+# The installed program runs from its prefix without LD_LIBRARY_PATH.
+"$work/prefix/bin/kvpager" --version
