@@ -1823,7 +1823,8 @@ static void test_attention_reference_errors_write_nothing(void **state)
     kvpt_assert_fault_failed(&s, 1);
     char text[128];
     snprintf(text, sizeof text, "cannot allocate full-prefix attention scratch (%zu bytes)",
-             (3 * 12 + 3 + D) * sizeof(double));
+             /* q, k, v and outputs; one token's rows; [B, H, T] scores; one merged row */
+             (4 * 12 + D + H * 3 + D) * sizeof(double));
     kvpt_assert_error_text(&s.err, text);
 
     assert_memory_equal(out, sentinel, sizeof out);

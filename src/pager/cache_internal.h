@@ -99,6 +99,8 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
  * prefill.
  */
 void kvpi_cache_truncate_many(kvp_cache *const *caches, size_t count, size_t len);
+/* The same, with the pool lock already held; len must not exceed the caches' length. */
+void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, size_t len);
 
 /*
  * The private raw append: validate, reserve the lanes' pages (all or none),

@@ -178,6 +178,12 @@ static const char *or_unknown(const char *text)
     return text != NULL ? text : "?";
 }
 
+/* INPUT_RANK and FULL about a prefill prompt rather than a decode input. */
+static int is_prompt(const kvp_error *e)
+{
+    return e->what != NULL && strcmp(e->what, "prompt") == 0;
+}
+
 static void sink_error(text_sink *sink, const kvp_error *e)
 {
     switch (e->status) {
@@ -254,6 +260,11 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                     e->batch_size, e->heads, e->capacity, e->head_width);
         return;
     case KVP_FULL:
+        if (is_prompt(e)) {
+            sink_printf(sink, "prompt of %zu tokens does not fit: %zu of capacity %zu left",
+                        e->tokens, e->available, e->capacity);
+            return;
+        }
         sink_printf(sink, "KV cache is full at capacity %zu", e->capacity);
         return;
     case KVP_KEY_SHAPE_MISMATCH:
@@ -271,6 +282,13 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         sink_rust_f64(sink, e->value);
         return;
     case KVP_INPUT_RANK:
+        if (is_prompt(e)) {
+            sink_printf(sink,
+                        "prefill prompt must have rank three [batch, tokens, model_width], "
+                        "got rank %zu",
+                        e->rank);
+            return;
+        }
         sink_printf(sink,
                     "incremental attention input must have rank three [batch, 1, model_width], "
                     "got rank %zu",
@@ -365,6 +383,14 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         sink_printf(sink, "RoPE max positions must be nonzero");
         return;
     case KVP_ROPE_INVALID_BASE:
+        if (isfinite(e->layer_rope.base) && e->layer_rope.base > 0.0) {
+            sink_printf(sink, "RoPE base ");
+            sink_rust_f64(sink, e->layer_rope.base);
+            sink_printf(sink,
+                        " gives a non-finite rotation angle within %zu positions of %zu features",
+                        e->layer_rope.max_positions, e->layer_rope.feature_width);
+            return;
+        }
         sink_printf(sink, "RoPE base must be finite and greater than zero, got ");
         sink_rust_f64(sink, e->layer_rope.base);
         return;
