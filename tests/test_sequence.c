@@ -1766,6 +1766,32 @@ static void test_sequence_pages_for(void **state)
     assert_int_equal(kvp_pool_pages_for(pool, 1, SIZE_MAX), SIZE_MAX / BT + (SIZE_MAX % BT != 0));
     assert_int_equal(kvp_pool_pages_for(NULL, 2, 4), 0);
 
+    /*
+     * Overflow saturates at SIZE_MAX, which admission answers NEVER: 2^63
+     * lanes of 4 tokens (2 blocks each) would wrap to 0, which would be NOW.
+     */
+    size_t lanes = (size_t)1 << 63;
+    assert_int_equal(kvp_pool_pages_for(pool, lanes, 4), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, lanes, 3), lanes); /* one block: fits */
+    assert_int_equal(kvp_pool_pages_for(pool, 2, SIZE_MAX), 2 * (SIZE_MAX / BT)); /* fits */
+    assert_int_equal(kvp_pool_pages_for(pool, 4, SIZE_MAX), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX, 1), SIZE_MAX);
+    /* The largest product that fits (exactly SIZE_MAX), and one lane more. */
+    assert_int_equal((SIZE_MAX / 5) * 5, SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX / 5, 5 * BT), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX / 5 + 1, 5 * BT), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX / 5, 4 * BT), SIZE_MAX / 5 * 4);
+    kvp_admission admission = KVP_ADMIT_NOW;
+    kvp_error admit_err;
+    kvpt_assert_ok(kvp_pool_admit(pool, kvp_pool_pages_for(pool, lanes, 4), 0, &admission,
+                                  &admit_err),
+                   &admit_err);
+    assert_int_equal(admission, KVP_ADMIT_NEVER);
+    kvpt_assert_ok(kvp_pool_admit(pool, 1, SIZE_MAX, &admission, &admit_err), &admit_err);
+    assert_int_equal(admission, KVP_ADMIT_NEVER);
+    kvpt_assert_ok(kvp_pool_admit(pool, SIZE_MAX, SIZE_MAX, &admission, &admit_err), &admit_err);
+    assert_int_equal(admission, KVP_ADMIT_NEVER);
+
     kvp_model *model = make_model(L, 121);
     kvp_sequence *seq = kvpt_sequence(model, pool, B, 9);
     kvp_error err;
@@ -1774,6 +1800,10 @@ static void test_sequence_pages_for(void **state)
     assert_int_equal(kvp_sequence_pages_for(seq, 3), L * B);
     assert_int_equal(kvp_sequence_pages_for(seq, 4), 2 * L * B);
     assert_int_equal(kvp_sequence_pages_for(seq, 9), 3 * L * B);
+    /* Far past capacity the count saturates too: L * B * (SIZE_MAX / 3 + 1) overflows. */
+    assert_int_equal(kvp_sequence_pages_for(seq, SIZE_MAX), SIZE_MAX);
+    assert_int_equal(kvp_sequence_pages_for(seq, SIZE_MAX / 8), L * B * KVPT_CEIL_DIV(SIZE_MAX / 8, BT));
+    assert_int_equal(kvp_sequence_pages_for(NULL, 4), 0);
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, 2, &err), &err);
     kvpt_assert_pool_ok(pool);
     /* From len 2: the rest of block 0 is free, each further block costs L * B. */
