@@ -1989,9 +1989,101 @@ static void test_attention_reference_nonfinite_errors_match_incremental(void **s
     kvpt_destroy_layer(loud);
 }
 
+/*
+ * Each part of the RoPE comparison and of the ticket's fit is checked on its
+ * own; each refusal leaves the cache, the pool and the fresh ticket as they were.
+ */
+static void test_attention_rope_and_ticket_fit_each_part(void **state)
+{
+    (void)state;
+    kvp_layer *layer = fixture_layer();
+    kvp_binding good;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_binding(layer, &good, &err), &err);
+    kvp_pool *pool = kvpt_pool(BT, H, HD, 8);
+    double x[2 * D] = {0.5, -0.25, 1.0, 0.75, 0.1, 0.2, 0.3, 0.4};
+    kvp_tensor one = kvp_tensor3(x, 1, 1, D);
+
+    /* RoPE: feature width, max positions and base bits, one at a time. */
+    kvp_binding widths = good;
+    widths.rope_feature_width = HD + 2;
+    kvp_binding positions = good;
+    positions.rope_max_positions = MAX_POSITIONS + 1;
+    kvp_binding base = good;
+    base.rope_base_bits ^= 1; /* the next double after 10000 */
+    const kvp_binding *ropes[] = {&widths, &positions, &base};
+    for (size_t i = 0; i < KVPT_COUNT_OF(ropes); i++) {
+        kvp_cache *cache = kvpt_cache(pool, ropes[i], 1, 4);
+        kvp_ticket *ticket = kvpt_ticket(cache);
+        kvpt_state before;
+        kvpt_state_capture(cache, pool, &before);
+        assert_int_equal(kvp_attention_forward(layer, &one, cache, ticket, &err),
+                         KVP_CACHE_ROPE_MISMATCH);
+        assert_int_equal(err.cache_rope.feature_width, ropes[i]->rope_feature_width);
+        assert_int_equal(err.cache_rope.max_positions, ropes[i]->rope_max_positions);
+        assert_int_equal(err.layer_rope.feature_width, HD);
+        assert_true(err.layer_rope.base == ROPE_BASE);
+        assert_true((err.cache_rope.base == ROPE_BASE) == (i != 2));
+        kvpt_assert_state_unchanged(&before, cache, pool, 0);
+        kvpt_state_free(&before);
+        kvpt_destroy_ticket(ticket, pool);
+        kvpt_destroy_cache(cache, pool);
+    }
+
+    /* Ticket fit: batch, heads, head width and capacity, one at a time. */
+    kvp_cache *cache = kvpt_cache(pool, &good, 1, 4);
+    kvp_pool *pool_heads = kvpt_pool(BT, 1, D, 2);  /* 1 head of width 4 */
+    kvp_pool *pool_width = kvpt_pool(BT, H, 3, 2);  /* 2 heads of width 3 */
+    kvp_binding b_heads = kvpt_binding(1, D, MAX_POSITIONS);
+    kvp_binding b_width = kvpt_binding(H, 3, MAX_POSITIONS);
+    kvp_cache *wide_batch = kvpt_cache(pool, &good, 2, 4);
+    kvp_cache *other_heads = kvpt_cache(pool_heads, &b_heads, 1, 4);
+    kvp_cache *other_width = kvpt_cache(pool_width, &b_width, 1, 4);
+    kvp_cache *shorter = kvpt_cache(pool, &good, 1, 3);
+    kvp_cache *sources[] = {wide_batch, other_heads, other_width, shorter};
+    const size_t expect[][4] = {{2, H, HD, 4}, {1, 1, D, 4}, {1, H, 3, 4}, {1, H, HD, 3}};
+    for (size_t i = 0; i < KVPT_COUNT_OF(sources); i++) {
+        kvp_ticket *ticket = kvpt_ticket(sources[i]);
+        kvpt_state before;
+        kvpt_state_capture(cache, pool, &before);
+        assert_int_equal(kvp_attention_prepare(layer, &one, cache, ticket, &err),
+                         KVP_TICKET_GEOMETRY_MISMATCH);
+        assert_int_equal(err.batch_size, expect[i][0]);
+        assert_int_equal(err.heads, expect[i][1]);
+        assert_int_equal(err.head_width, expect[i][2]);
+        assert_int_equal(err.capacity, expect[i][3]);
+        kvpt_assert_state_unchanged(&before, cache, pool, 0);
+        kvpt_state_free(&before);
+        kvp_attention_result result;
+        assert_int_equal(kvp_ticket_result(ticket, &result, &err), KVP_TICKET_EMPTY);
+        kvpt_destroy_ticket(ticket, pool);
+    }
+    kvpt_destroy_cache(shorter, pool);
+    kvpt_destroy_cache(other_width, pool_width);
+    kvpt_destroy_cache(other_heads, pool_heads);
+    kvpt_destroy_cache(wide_batch, pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool_width);
+    kvpt_destroy_pool(pool_heads);
+    kvpt_destroy_pool(pool);
+
+    /* The reference refuses element counts it could not allocate, before reading input. */
+    double out[1];
+    kvp_tensor overflowing = kvp_tensor3(x, SIZE_MAX / 2, 1, D);
+    assert_int_equal(kvp_attention_reference(layer, &overflowing, out, 1, NULL, NULL, 0, &err),
+                     KVP_INVALID_ARGUMENT);
+    kvpt_assert_error_text(&err, "argument `input` is invalid: element count overflows");
+    kvp_tensor huge = kvp_tensor3(x, (size_t)1 << 58, 1, D); /* 2^60 elements: no overflow */
+    assert_int_equal(kvp_attention_reference(layer, &huge, out, 1, NULL, NULL, 0, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "input");
+    kvpt_destroy_layer(layer);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_rope_and_ticket_fit_each_part),
         cmocka_unit_test(test_attention_reference_nonfinite_errors_match_incremental),
         cmocka_unit_test(test_attention_fixture_matches_seed_trace),
         cmocka_unit_test(test_attention_prepare_changes_nothing_until_commit),

@@ -1911,9 +1911,88 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
     kvpt_destroy_model(model);
 }
 
+/*
+ * Failures with no kvp_error to fill (err == NULL) return the same status and
+ * change nothing; a NaN in lane 0 is found before lane 1 is looked at.
+ */
+static void test_sequence_failures_without_error_detail(void **state)
+{
+    (void)state;
+    enum { L = 2, B = 2, BT = 2, C = 8 };
+    const size_t d = MODEL_WIDTH;
+    kvp_pool *pool = make_pool(BT, L * B * 2);
+    kvp_model *model = make_model(L, 131);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
+    double x[B * 4 * MODEL_WIDTH];
+    kvpt_fill_random(x, KVPT_COUNT_OF(x), 132);
+    kvp_tensor three = kvp_tensor3(x, B, 3, d);
+    kvp_error err;
+
+    /* Token 2 of lane 1 overflows its scores: the prefill fails at token 2 and rolls back. */
+    for (size_t j = 0; j < d; j++) {
+        x[(1 * 3 + 2) * d + j] = (j % 2) ? -1e156 : 1e156;
+    }
+    seq_state before;
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, NULL, 0, NULL),
+                     KVP_NONFINITE_SCORE);
+    assert_seq_unchanged(&before, seq, pool, 0);
+    kvpt_assert_pool_ok(pool);
+
+    /* A NaN in lane 0 of token 1: found first, reported at lane 0's first column. */
+    kvpt_fill_random(x, KVPT_COUNT_OF(x), 132);
+    x[(0 * 3 + 1) * d + 5] = NAN;
+    x[(1 * 3 + 1) * d + 2] = NAN;
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_PROJECTION);
+    assert_int_equal(err.token, 1);
+    assert_int_equal(err.layer, 0);
+    assert_int_equal(err.index, 0);
+    assert_string_equal(err.what, "query");
+    assert_true(isnan(err.value));
+    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, NULL, 0, NULL),
+                     KVP_NONFINITE_PROJECTION);
+    assert_seq_unchanged(&before, seq, pool, 0);
+
+    /* Fill the pool (4 tokens, 2 blocks), then every refusal without detail. */
+    kvpt_fill_random(x, KVPT_COUNT_OF(x), 133);
+    kvp_tensor four = kvp_tensor3(x, B, 4, d);
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &four, NULL, NULL, NULL, 0, &err), &err);
+    assert_int_equal(kvpt_stats(pool).free_pages, 0);
+    kvp_tensor one = kvp_tensor3(x, B, 1, d);
+    double out[B * MODEL_WIDTH];
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_step(seq, &one, NULL, NULL, out, B * d, NULL),
+                     KVP_POOL_EXHAUSTED);
+    assert_seq_unchanged(&before, seq, pool, 1);
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_prefill(seq, &one, NULL, NULL, NULL, 0, NULL),
+                     KVP_POOL_EXHAUSTED);
+    assert_seq_unchanged(&before, seq, pool, 1);
+    x[3] = INFINITY;
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_step(seq, &one, NULL, NULL, out, B * d, NULL),
+                     KVP_NONFINITE_PROJECTION);
+    assert_seq_unchanged(&before, seq, pool, 0);
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_pool(pool);
+
+    /* A model of more layers than can be addressed is refused before any entry is read. */
+    const kvp_layer *layers[1] = {NULL};
+    kvp_model *too_many = (kvp_model *)0x1;
+    assert_int_equal(kvp_model_create(layers, SIZE_MAX, &too_many, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "count");
+    assert_ptr_equal(too_many, (kvp_model *)0x1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sequence_failures_without_error_detail),
         cmocka_unit_test(test_sequence_model_create_shares_parameters),
         cmocka_unit_test(test_sequence_model_geometry_mismatch_and_errors),
         cmocka_unit_test(test_sequence_model_create_random_is_deterministic),

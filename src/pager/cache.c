@@ -478,10 +478,7 @@ kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *
 
 size_t kvpi_cache_pages_needed(const kvp_cache *cache)
 {
-    if (cache->len == cache->capacity || cache->len % cache->block_tokens != 0) {
-        return 0;
-    }
-    return cache->batch_size;
+    return cache->len % cache->block_tokens != 0 ? 0 : cache->batch_size;
 }
 
 void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,

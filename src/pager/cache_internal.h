@@ -77,7 +77,10 @@ static inline const double *kvpi_cache_page_values(const kvp_cache *cache, uint3
 kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
                                       const kvp_tensor *value, kvp_error *err);
 
-/* Pages the next append needs: batch_size when it opens a new block, else 0. */
+/*
+ * Pages the next append needs: batch_size when it opens a new block, else 0.
+ * Precondition: the cache is not full (every caller checked FULL first).
+ */
 size_t kvpi_cache_pages_needed(const kvp_cache *cache);
 
 /*

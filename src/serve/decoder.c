@@ -76,6 +76,14 @@ static int thread_start(pthread_t *thread, void *(*fn)(void *), void *arg)
     return pthread_create(thread, NULL, fn, arg);
 }
 
+size_t kvpi_decoder_default_threads(long cores)
+{
+    if (cores <= 0) {
+        return 1;
+    }
+    return cores > 4096 ? 4096 : (size_t)cores;
+}
+
 /* Claims and runs jobs until none are left. Called without the lock held. */
 static void run_jobs(kvp_decoder *d)
 {
@@ -143,8 +151,7 @@ kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out, kvp_error *err)
         return kvpi_fail_null(err, "out");
     }
     if (threads == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores <= 0 ? 1 : cores > 4096 ? 4096 : (size_t)cores;
+        threads = kvpi_decoder_default_threads(sysconf(_SC_NPROCESSORS_ONLN));
     }
     if (threads > 4096) {
         return kvpi_fail_invalid(err, "threads", "at most 4096 threads");

@@ -21,6 +21,7 @@
 
 #include "serve/model_internal.h"
 #include "attention/kernels.h"
+#include "attention/layer_internal.h"
 #include "attention/ticket_internal.h"
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"
@@ -36,7 +37,7 @@ static void free_sequence(kvp_sequence *seq)
             kvp_cache_destroy(seq->caches[l], NULL);
         }
     }
-    if (seq->pool != NULL && seq->promise != 0) {
+    if (seq->promise != 0) {
         kvpi_pool_lock(seq->pool);
         kvpi_pool_promise_set_locked(seq->pool, &seq->promise, 0);
         kvpi_pool_unlock(seq->pool);
@@ -95,12 +96,10 @@ kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t ba
         return kvpi_fail_null(err, "out");
     }
     kvp_binding binding;
-    kvp_status status = kvp_layer_binding(model->layers[0], &binding, err);
+    kvpi_layer_binding(model->layers[0], &binding);
     kvp_cache *probe = NULL;
     /* The first cache validates batch, capacity and geometry before anything else. */
-    if (status == KVP_OK) {
-        status = kvp_cache_create(pool, &binding, batch_size, capacity, &probe, err);
-    }
+    kvp_status status = kvp_cache_create(pool, &binding, batch_size, capacity, &probe, err);
     if (status != KVP_OK) {
         return status;
     }
@@ -124,11 +123,8 @@ kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t ba
     seq->caches[0] = probe;
     for (size_t l = 0; l < seq->layers && status == KVP_OK; l++) {
         if (l > 0) {
-            status = kvp_layer_binding(model->layers[l], &binding, err);
-            if (status == KVP_OK) {
-                status = kvp_cache_create(pool, &binding, batch_size, capacity, &seq->caches[l],
-                                          err);
-            }
+            kvpi_layer_binding(model->layers[l], &binding);
+            status = kvp_cache_create(pool, &binding, batch_size, capacity, &seq->caches[l], err);
         }
         if (status == KVP_OK) {
             status = kvp_ticket_create(seq->caches[l], &seq->tickets[l], err);
