@@ -290,7 +290,7 @@ static void destroy_pool(world *w, void *object)
     kvpt_destroy_pool((kvp_pool *)object);
 }
 
-static void test_pool_functions(void **state)
+static void test_nothing_changed_pool_functions(void **state)
 {
     (void)state;
     world w;
@@ -380,7 +380,7 @@ static void destroy_cache(world *w, void *object)
     kvpt_destroy_cache((kvp_cache *)object, w->pool);
 }
 
-static void test_cache_functions(void **state)
+static void test_nothing_changed_cache_functions(void **state)
 {
     (void)state;
     world w;
@@ -488,7 +488,7 @@ static void bump(void *ctx, double *values, size_t width)
     values[0] += (double)width;
 }
 
-static void test_param_rope_layer_functions(void **state)
+static void test_nothing_changed_param_rope_layer_functions(void **state)
 {
     (void)state;
     world w;
@@ -660,7 +660,7 @@ static kvp_cache *fill_pool(world *w, kvp_ticket **ticket)
     return filler;
 }
 
-static void test_attention_functions(void **state)
+static void test_nothing_changed_attention_functions(void **state)
 {
     (void)state;
     world w;
@@ -843,7 +843,7 @@ static void destroy_model(world *w, void *object)
     kvpt_destroy_model((kvp_model *)object);
 }
 
-static void test_model_functions(void **state)
+static void test_nothing_changed_model_functions(void **state)
 {
     (void)state;
     world w;
@@ -911,7 +911,7 @@ static void destroy_decoder(world *w, void *object)
     kvpt_assert_ok(kvp_decoder_destroy((kvp_decoder *)object, &err), &err);
 }
 
-static void test_sequence_functions(void **state)
+static void test_nothing_changed_sequence_functions(void **state)
 {
     (void)state;
     world w;
@@ -1036,7 +1036,7 @@ static void test_sequence_functions(void **state)
  * computing tokens 0 and 1 (a score that overflows): stats, promise, caches
  * and the audit are exactly as before; only free slab bytes differ.
  */
-static void test_prefill_failures_leave_counters_exact(void **state)
+static void test_nothing_changed_failed_prefill_counters_exact(void **state)
 {
     (void)state;
     world w;
@@ -1118,7 +1118,7 @@ static void observe(void *ctx, size_t layer, const double *input, const double *
  * held_pages includes them, acquires and the high-water mark do not; on
  * success both count them.
  */
-static void test_prefill_pages_are_tentative_until_success(void **state)
+static void test_nothing_changed_prefill_pages_are_tentative_until_success(void **state)
 {
     (void)state;
     enum { T = 5 };
@@ -1154,14 +1154,14 @@ static void test_prefill_pages_are_tentative_until_success(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_pool_functions, kvpt_disarm),
-        cmocka_unit_test_teardown(test_cache_functions, kvpt_disarm),
-        cmocka_unit_test_teardown(test_param_rope_layer_functions, kvpt_disarm),
-        cmocka_unit_test_teardown(test_attention_functions, kvpt_disarm),
-        cmocka_unit_test_teardown(test_model_functions, kvpt_disarm),
-        cmocka_unit_test_teardown(test_sequence_functions, kvpt_disarm),
-        cmocka_unit_test_teardown(test_prefill_failures_leave_counters_exact, kvpt_disarm),
-        cmocka_unit_test(test_prefill_pages_are_tentative_until_success),
+        cmocka_unit_test_teardown(test_nothing_changed_pool_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_cache_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_param_rope_layer_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_attention_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_model_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_sequence_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_failed_prefill_counters_exact, kvpt_disarm),
+        cmocka_unit_test(test_nothing_changed_prefill_pages_are_tentative_until_success),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

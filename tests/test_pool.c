@@ -402,6 +402,9 @@ static void test_pool_check_reports_each_check(void **state)
     kvpi_pool_attach_locked(pool, &empty.holder);
     kvpi_pool_unlock(pool);
     expect_corruption(pool, KVP_INVARIANT_STATS, "an attached reservation holds pages");
+    empty.count = 5; /* more entries than its storage: reported, never read */
+    expect_corruption(pool, KVP_INVARIANT_STATS, "an attached reservation holds pages");
+    empty.count = 0;
     kvpi_pool_lock(pool);
     kvpi_pool_detach_locked(pool, &empty.holder);
     kvpi_pool_unlock(pool);
@@ -418,6 +421,7 @@ static void test_pool_check_reports_each_check(void **state)
 static void test_pool_primitive_edges(void **state)
 {
     (void)state;
+    kvp_pool_config_init(NULL); /* ignored, as documented */
     kvp_pool *pool = kvpt_pool(2, 1, 2, 4);
     kvp_error err;
     uint32_t page = 0;

@@ -1313,8 +1313,8 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     expect_prefill_refused(seq, pool, &rank2, B * d, KVP_INPUT_RANK, &err);
     assert_int_equal(err.rank, 2);
     assert_int_equal(err.layer, SIZE_MAX);
-    kvpt_assert_error_text(&err, "prefill prompt must have rank three [batch, tokens, model_width], "
-                                 "got rank 2");
+    kvpt_assert_error_text(&err, "prefill prompt must have rank three "
+                                 "[batch, tokens, model_width], got rank 2");
     kvp_tensor wide_batch = kvp_tensor3(data, B + 1, 1, d);
     expect_prefill_refused(seq, pool, &wide_batch, (B + 1) * d, KVP_INPUT_BATCH_MISMATCH, &err);
     assert_int_equal(err.expected_size, B);
@@ -1802,7 +1802,8 @@ static void test_sequence_pages_for(void **state)
     assert_int_equal(kvp_sequence_pages_for(seq, 9), 3 * L * B);
     /* Far past capacity the count saturates too: L * B * (SIZE_MAX / 3 + 1) overflows. */
     assert_int_equal(kvp_sequence_pages_for(seq, SIZE_MAX), SIZE_MAX);
-    assert_int_equal(kvp_sequence_pages_for(seq, SIZE_MAX / 8), L * B * KVPT_CEIL_DIV(SIZE_MAX / 8, BT));
+    assert_int_equal(kvp_sequence_pages_for(seq, SIZE_MAX / 8),
+                     L * B * KVPT_CEIL_DIV(SIZE_MAX / 8, BT));
     assert_int_equal(kvp_sequence_pages_for(NULL, 4), 0);
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, 2, &err), &err);
     kvpt_assert_pool_ok(pool);

@@ -72,7 +72,7 @@ typedef enum kvp_admission {
 /* Called once per audit finding, in the order found. */
 typedef void (*kvp_mismatch_fn)(void *ctx, const kvp_mismatch *mismatch);
 
-/* Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget. */
+/* Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget. A NULL config is ignored. */
 KVP_API void kvp_pool_config_init(kvp_pool_config *config);
 
 /*
