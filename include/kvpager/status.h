@@ -21,8 +21,8 @@
  *     to it (that refusal is what it records); no other failure changes it.
  *     A prefill takes its pages tentatively (kvp_pool_stats in pool.h), so
  *     even one that fails after computing some tokens leaves every counter as
- *     it was. The tests check all of this for every failing call of every
- *     public function (tests/test_nothing_changed.c).
+ *     it was. The test suite checks all of this for every failing call of
+ *     every public function.
  *
  * Error texts: for the variants inherited from the seed chapter's
  * LayerKvCacheError and IncrementalAttentionError, kvp_error_format renders
