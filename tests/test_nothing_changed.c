@@ -998,6 +998,9 @@ static void test_nothing_changed_sequence_functions(void **state)
                 kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, out, B * 4 * D, &e));
     EXPECT_FAIL(&w, KVP_CACHE_LAYER_REVISION_MISMATCH, 0,
                 kvp_sequence_step(w.seq, &one, NULL, NULL, out, B * D, &e));
+    /* Token 0's checks come first: the stale binding, not token 2's NaN, is reported. */
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_REVISION_MISMATCH, 0,
+                kvp_sequence_prefill(w.seq, &nan_view, NULL, NULL, out, B * 4 * D, &e));
     kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
 
     /* Decoder. */

@@ -75,14 +75,16 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
  * prefill shape in the text); INPUT_BATCH_MISMATCH; INPUT_WIDTH_MISMATCH;
  * INVALID_ARGUMENT (T == 0); FULL when len + T > capacity (err.what
  * "prompt", err.tokens T, err.available the positions left);
- * BUFFER_TOO_SMALL; NONFINITE_PROJECTION when the prompt holds a NaN or
- * infinity: the first token t that does, reported as layer 0's query
- * projection of that token would be (err.layer 0, err.token t) even if an
- * earlier token would have failed later in the computation.
- * Then token 0 is prepared in every layer (binding, revision and arithmetic
- * checks) before any page is taken; then the pages of all T tokens are
- * taken at once, tentatively (POOL_EXHAUSTED, err.layer SIZE_MAX, when they
- * cannot all be); then token after token is computed and committed.
+ * BUFFER_TOO_SMALL. Then, still before any page is taken: token 0 is
+ * prepared in every layer (the seed's checks: bindings, revisions, RoPE,
+ * non-finite values; err.layer names the layer, err.token 0); then the
+ * other tokens' inputs must be finite: the first token t > 0 holding a NaN
+ * or infinity gives NONFINITE_PROJECTION as layer 0's query projection of
+ * that token would (err.layer 0, err.token t), even if a token between
+ * would have failed later in the computation. Then the pages of all T
+ * tokens are taken at once, tentatively (POOL_EXHAUSTED, err.layer
+ * SIZE_MAX, when they cannot all be); then token after token is computed
+ * and committed.
  * If token t > 0 fails, every layer is rolled back to its length before the
  * call, the pages go back in the reverse of the order taken, and the pool's
  * counters (acquires, releases, high-water mark) are exactly as before: the

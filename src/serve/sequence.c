@@ -308,10 +308,11 @@ kvp_status kvp_sequence_step(kvp_sequence *sequence, const kvp_tensor *input,
 }
 
 /*
- * A prompt must be finite: a non-finite value at token t would make layer 0's
- * query projection of that token non-finite, so it is refused before any page
- * is taken, with the error that projection gives (computed here for token t,
- * in the activations scratch), err.layer 0 and err.token t.
+ * Tokens 1..T-1 of the prompt must be finite: a non-finite value at token t
+ * would make layer 0's query projection of that token non-finite, so it is
+ * refused before any page is taken, with the error that projection gives,
+ * err.layer 0 and err.token t. Called after token 0 was prepared, whose
+ * layer-0 ticket no longer needs its query row: that row is the scratch.
  */
 static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *prompt,
                                       kvp_error *err)
@@ -319,7 +320,7 @@ static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *promp
     size_t tokens = prompt->shape.dims[1];
     size_t d = seq->model_width;
     size_t n = seq->batch_size * d;
-    for (size_t t = 0; t < tokens; t++) {
+    for (size_t t = 1; t < tokens; t++) {
         int finite = 1;
         for (size_t b = 0; b < seq->batch_size && finite; b++) {
             finite = kvpi_first_nonfinite(prompt->data + (b * tokens + t) * d, d) == d;
@@ -329,7 +330,7 @@ static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *promp
         }
         const double *w_query = kvp_param_values(kvp_layer_param(seq->model->layers[0],
                                                                  KVP_PARAM_QUERY));
-        double *query = seq->activations + n;
+        double *query = seq->tickets[0]->query;
         for (size_t b = 0; b < seq->batch_size; b++) {
             kvpi_project_row(prompt->data + (b * tokens + t) * d, w_query, d, query + b * d);
         }
@@ -344,7 +345,7 @@ static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *promp
     return KVP_OK;
 }
 
-/* Prompt shape, room, output buffer and finite values, before anything is computed. */
+/* Prompt shape, room and output buffer, before anything is computed. */
 static kvp_status validate_prompt(kvp_sequence *seq, const kvp_tensor *prompt, size_t output_len,
                                   const double *output, kvp_error *err)
 {
@@ -381,7 +382,7 @@ static kvp_status validate_prompt(kvp_sequence *seq, const kvp_tensor *prompt, s
     if (output != NULL && output_len < elements) {
         return kvpi_fail_buffer(err, "output", elements, output_len);
     }
-    return check_prompt_finite(seq, prompt, err);
+    return KVP_OK;
 }
 
 /*
@@ -440,17 +441,21 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
         if (t == 0) {
             /*
              * The first token is prepared (every binding and the first row
-             * checked) before any page is taken; then the pages of every
-             * token, tentatively, so that a later failure leaves no trace in
-             * the pool's counters.
+             * checked) before any page is taken, and the other tokens'
+             * inputs are checked; then the pages of every token are taken,
+             * tentatively, so that a later failure leaves no trace in the
+             * pool's counters.
              */
-            status = kvpi_reservation_fill_tentative(&sequence->reservation, pages,
-                                                     &sequence->promise, err);
-            if (status != KVP_OK) {
-                discard_tickets(sequence, sequence->layers);
-                if (err != NULL) {
+            status = check_prompt_finite(sequence, prompt, err);
+            if (status == KVP_OK) {
+                status = kvpi_reservation_fill_tentative(&sequence->reservation, pages,
+                                                         &sequence->promise, err);
+                if (status != KVP_OK && err != NULL) {
                     err->layer = SIZE_MAX;
                 }
+            }
+            if (status != KVP_OK) {
+                discard_tickets(sequence, sequence->layers);
                 return status;
             }
         }
