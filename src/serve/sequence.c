@@ -346,8 +346,8 @@ static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *promp
 }
 
 /* Prompt shape, room and output buffer, before anything is computed. */
-static kvp_status validate_prompt(kvp_sequence *seq, const kvp_tensor *prompt, size_t output_len,
-                                  const double *output, kvp_error *err)
+static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *prompt,
+                                  size_t output_len, const double *output, kvp_error *err)
 {
     const kvp_shape *shape = &prompt->shape;
     size_t room = seq->capacity - seq->caches[0]->len;
