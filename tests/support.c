@@ -376,6 +376,153 @@ void kvpt_state_free(kvpt_state *state)
     memset(state, 0, sizeof *state);
 }
 
+void kvpt_snapshot_init(kvpt_snapshot *s, kvp_pool *pool)
+{
+    memset(s, 0, sizeof *s);
+    s->pool = pool;
+}
+
+void kvpt_snapshot_add_cache(kvpt_snapshot *s, const kvp_cache *cache)
+{
+    assert_true(s->ncaches < KVPT_SNAPSHOT_MAX);
+    s->caches[s->ncaches++] = cache;
+}
+
+void kvpt_snapshot_add_sequence(kvpt_snapshot *s, const kvp_sequence *sequence)
+{
+    assert_true(s->nsequences < KVPT_SNAPSHOT_MAX);
+    s->sequences[s->nsequences++] = sequence;
+}
+
+void kvpt_snapshot_add_param(kvpt_snapshot *s, const kvp_param *param)
+{
+    assert_true(s->nparams < KVPT_SNAPSHOT_MAX);
+    s->params[s->nparams++] = param;
+}
+
+void kvpt_snapshot_add_ticket(kvpt_snapshot *s, const kvp_ticket *ticket)
+{
+    assert_true(s->ntickets < KVPT_SNAPSHOT_MAX);
+    s->tickets[s->ntickets++] = ticket;
+}
+
+static uint64_t fnv1a(uint64_t hash, const void *data, size_t bytes)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < bytes; i++) {
+        hash = (hash ^ p[i]) * 0x100000001b3ull;
+    }
+    return hash;
+}
+
+void kvpt_snapshot_take_at(kvpt_snapshot *s, const char *file, int line)
+{
+    kvp_error err;
+    if (s->pool != NULL) {
+        kvpt_assert_pool_ok_at(s->pool, file, line);
+        kvpt_assert_ok_at(kvp_pool_stats_get(s->pool, &s->stats, &err), &err, file, line);
+        kvpt_assert_ok_at(kvp_pool_digest(s->pool, &s->pool_digest, &err), &err, file, line);
+    }
+    for (size_t i = 0; i < s->ncaches; i++) {
+        kvpt_assert_ok_at(kvp_cache_info_get(s->caches[i], &s->cache_info[i], &err), &err, file,
+                          line);
+        kvpt_assert_ok_at(kvp_cache_digest(s->caches[i], &s->cache_digest[i], &err), &err, file,
+                          line);
+    }
+    for (size_t i = 0; i < s->nsequences; i++) {
+        const kvp_sequence *seq = s->sequences[i];
+        s->seq_len[i] = kvp_sequence_len(seq);
+        s->seq_held[i] = kvp_sequence_held_pages(seq);
+        s->seq_promised[i] = kvp_sequence_promised_pages(seq);
+        uint64_t hash = 0xcbf29ce484222325ull;
+        for (size_t l = 0; kvp_sequence_cache(seq, l) != NULL; l++) {
+            uint64_t digest = 0;
+            kvpt_assert_ok_at(kvp_cache_digest(kvp_sequence_cache(seq, l), &digest, &err), &err,
+                              file, line);
+            hash = fnv1a(hash, &digest, sizeof digest);
+        }
+        s->seq_digest[i] = hash;
+    }
+    for (size_t i = 0; i < s->nparams; i++) {
+        const kvp_param *param = s->params[i];
+        size_t width = kvp_param_width(param);
+        s->param_id[i] = kvp_param_id(param);
+        s->param_revision[i] = kvp_param_revision(param);
+        s->param_digest[i] = fnv1a(0xcbf29ce484222325ull, kvp_param_values(param),
+                                   width * width * sizeof(double));
+    }
+    for (size_t i = 0; i < s->ntickets; i++) {
+        kvp_attention_result *r = &s->ticket_result[i];
+        memset(r, 0, sizeof *r);
+        s->ticket_status[i] = kvp_ticket_result(s->tickets[i], r, NULL);
+        s->ticket_digest[i] = 0;
+        if (s->ticket_status[i] == KVP_OK) {
+            uint64_t hash = fnv1a(0xcbf29ce484222325ull, r->output,
+                                  r->batch_size * r->model_width * sizeof(double));
+            s->ticket_digest[i] = fnv1a(hash, r->weights,
+                                        r->batch_size * r->heads * r->keys * sizeof(double));
+        }
+    }
+}
+
+void kvpt_assert_unchanged_at(const kvpt_snapshot *before, uint64_t exhaustions, const char *file,
+                              int line)
+{
+    kvpt_snapshot now = *before;
+    kvpt_snapshot_take_at(&now, file, line);
+    const char *what = NULL;
+    size_t which = 0;
+    if (before->pool != NULL) {
+        kvp_pool_stats expected = before->stats;
+        expected.exhaustions += exhaustions;
+        if (now.stats.exhaustions != expected.exhaustions) {
+            what = "pool exhaustions";
+        } else if (memcmp(&now.stats, &expected, sizeof expected) != 0) {
+            what = "pool stats";
+        } else if (now.pool_digest != before->pool_digest) {
+            what = "pool digest (slab bytes)";
+        }
+    }
+    for (size_t i = 0; what == NULL && i < before->ncaches; i++) {
+        which = i;
+        if (memcmp(&now.cache_info[i], &before->cache_info[i], sizeof now.cache_info[i]) != 0) {
+            what = "cache info";
+        } else if (now.cache_digest[i] != before->cache_digest[i]) {
+            what = "cache digest";
+        }
+    }
+    for (size_t i = 0; what == NULL && i < before->nsequences; i++) {
+        which = i;
+        if (now.seq_len[i] != before->seq_len[i] || now.seq_held[i] != before->seq_held[i] ||
+            now.seq_promised[i] != before->seq_promised[i]) {
+            what = "sequence length, held or promised pages";
+        } else if (now.seq_digest[i] != before->seq_digest[i]) {
+            what = "sequence cache digests";
+        }
+    }
+    for (size_t i = 0; what == NULL && i < before->nparams; i++) {
+        which = i;
+        if (now.param_id[i] != before->param_id[i] ||
+            now.param_revision[i] != before->param_revision[i] ||
+            now.param_digest[i] != before->param_digest[i]) {
+            what = "parameter id, revision or values";
+        }
+    }
+    for (size_t i = 0; what == NULL && i < before->ntickets; i++) {
+        which = i;
+        if (now.ticket_status[i] != before->ticket_status[i] ||
+            memcmp(&now.ticket_result[i], &before->ticket_result[i],
+                   sizeof now.ticket_result[i]) != 0 ||
+            now.ticket_digest[i] != before->ticket_digest[i]) {
+            what = "ticket result";
+        }
+    }
+    if (what != NULL) {
+        print_error("%s:%d: a failed call changed %s (object %zu)\n", file, line, what, which);
+        fail();
+    }
+}
+
 static uint64_t read_counter(const char *name)
 {
     uint64_t value = 0;

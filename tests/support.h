@@ -166,6 +166,67 @@ void kvpt_assert_state_unchanged_at(const kvpt_state *before, kvp_cache *cache, 
                                     uint64_t exhaustions, const char *file, int line);
 void kvpt_state_free(kvpt_state *state);
 
+/* ---- snapshots of everything a failed call must leave unchanged --------------- */
+
+#define KVPT_SNAPSHOT_MAX 8
+
+/*
+ * The objects a snapshot watches (register them once) and their observable
+ * state: the pool's stats (all of them, high water included), its slab
+ * digest and a passing audit; each cache's length, info and digest (logical
+ * rows and page tables); each sequence's length, held and promised pages
+ * and its caches; each parameter's id, revision and values digest; each
+ * ticket's result (or TicketEmpty) and the bytes of its output and weights.
+ * Everything not registered (e.g. a NULL pool) is skipped.
+ */
+typedef struct kvpt_snapshot {
+    kvp_pool *pool;
+    size_t ncaches;
+    const kvp_cache *caches[KVPT_SNAPSHOT_MAX];
+    size_t nsequences;
+    const kvp_sequence *sequences[KVPT_SNAPSHOT_MAX];
+    size_t nparams;
+    const kvp_param *params[KVPT_SNAPSHOT_MAX];
+    size_t ntickets;
+    const kvp_ticket *tickets[KVPT_SNAPSHOT_MAX];
+
+    /* Filled by kvpt_snapshot_take. */
+    kvp_pool_stats stats;
+    uint64_t pool_digest;
+    kvp_cache_info cache_info[KVPT_SNAPSHOT_MAX];
+    uint64_t cache_digest[KVPT_SNAPSHOT_MAX];
+    size_t seq_len[KVPT_SNAPSHOT_MAX];
+    size_t seq_held[KVPT_SNAPSHOT_MAX];
+    size_t seq_promised[KVPT_SNAPSHOT_MAX];
+    uint64_t seq_digest[KVPT_SNAPSHOT_MAX]; /* over every layer's cache digest */
+    uint64_t param_id[KVPT_SNAPSHOT_MAX];
+    uint64_t param_revision[KVPT_SNAPSHOT_MAX];
+    uint64_t param_digest[KVPT_SNAPSHOT_MAX];
+    kvp_status ticket_status[KVPT_SNAPSHOT_MAX];
+    kvp_attention_result ticket_result[KVPT_SNAPSHOT_MAX];
+    uint64_t ticket_digest[KVPT_SNAPSHOT_MAX]; /* output and weights bytes */
+} kvpt_snapshot;
+
+/* An empty snapshot watching `pool` (may be NULL). */
+void kvpt_snapshot_init(kvpt_snapshot *s, kvp_pool *pool);
+void kvpt_snapshot_add_cache(kvpt_snapshot *s, const kvp_cache *cache);
+void kvpt_snapshot_add_sequence(kvpt_snapshot *s, const kvp_sequence *sequence);
+void kvpt_snapshot_add_param(kvpt_snapshot *s, const kvp_param *param);
+void kvpt_snapshot_add_ticket(kvpt_snapshot *s, const kvp_ticket *ticket);
+/* Audits the pool (the audit must pass) and records the state of every watched object. */
+#define kvpt_snapshot_take(s) kvpt_snapshot_take_at((s), __FILE__, __LINE__)
+void kvpt_snapshot_take_at(kvpt_snapshot *s, const char *file, int line);
+/*
+ * Takes a new snapshot of the same objects and compares it with `before`
+ * field by field: equal, except that the pool's exhaustions counter may be
+ * exactly `exhaustions` higher (the one counter that counts refusals).
+ * Fails naming the first field that differs.
+ */
+#define kvpt_assert_unchanged(before, exhaustions) \
+    kvpt_assert_unchanged_at((before), (exhaustions), __FILE__, __LINE__)
+void kvpt_assert_unchanged_at(const kvpt_snapshot *before, uint64_t exhaustions, const char *file,
+                              int line);
+
 /* ---- the heap ----------------------------------------------------------------- */
 
 /* jemalloc's counters of bytes this thread allocated / deallocated. */

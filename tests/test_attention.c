@@ -1823,7 +1823,8 @@ static void test_attention_reference_errors_write_nothing(void **state)
     kvpt_assert_fault_failed(&s, 1);
     char text[128];
     snprintf(text, sizeof text, "cannot allocate full-prefix attention scratch (%zu bytes)",
-             (3 * 12 + 3 + D) * sizeof(double));
+             /* q, k, v and outputs; one token's rows; [B, H, T] scores; one merged row */
+             (4 * 12 + D + H * 3 + D) * sizeof(double));
     kvpt_assert_error_text(&s.err, text);
 
     assert_memory_equal(out, sentinel, sizeof out);
@@ -1835,9 +1836,255 @@ static void test_attention_reference_errors_write_nothing(void **state)
     kvpt_destroy_layer(layer);
 }
 
+/* ---- the reference reports the incremental path's non-finite errors ---------- */
+
+/* The same double, NaN for NaN. */
+static int same_value(double a, double b)
+{
+    return (isnan(a) && isnan(b)) || a == b;
+}
+
+/*
+ * Runs input [batch, tokens, width] through `layer` both ways: the reference
+ * at once, and token by token with prepare and commit on a fresh cache. Both
+ * must succeed with the same outputs, or fail with the same status, what,
+ * index and value at the same token (err.token for the reference). Returns
+ * the status.
+ */
+static kvp_status compare_paths(const kvp_layer *layer, const double *input, size_t batch,
+                                size_t tokens)
+{
+    kvp_layer_info info;
+    kvp_binding binding;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    size_t d = info.model_width;
+    kvp_pool *pool = kvpt_pool(2, info.heads, info.head_width, batch * tokens);
+    kvp_cache *cache = kvpt_cache(pool, &binding, batch, tokens);
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    double *reference = kvpt_doubles(batch * tokens * d);
+    kvpt_fill(reference, batch * tokens * d, 7.0);
+    kvp_tensor all = kvp_tensor3(input, batch, tokens, d);
+    kvp_error ref_err;
+    memset(&ref_err, 0, sizeof ref_err);
+    kvp_status ref_status = kvp_attention_reference(layer, &all, reference, batch * tokens * d,
+                                                    NULL, NULL, 0, &ref_err);
+    double *row = kvpt_doubles(batch * d);
+    kvp_status inc_status = KVP_OK;
+    kvp_error inc_err;
+    memset(&inc_err, 0, sizeof inc_err);
+    size_t failed_token = tokens;
+    for (size_t t = 0; t < tokens && inc_status == KVP_OK; t++) {
+        for (size_t b = 0; b < batch; b++) {
+            memcpy(row + b * d, input + (b * tokens + t) * d, d * sizeof *row);
+        }
+        kvp_tensor one = kvp_tensor3(row, batch, 1, d);
+        inc_status = kvp_attention_forward(layer, &one, cache, ticket, &inc_err);
+        if (inc_status != KVP_OK) {
+            failed_token = t;
+            break;
+        }
+        kvp_attention_result result;
+        kvpt_assert_ok(kvp_ticket_result(ticket, &result, &err), &err);
+        if (ref_status == KVP_OK) {
+            for (size_t b = 0; b < batch; b++) {
+                assert_memory_equal(result.output + b * d, reference + (b * tokens + t) * d,
+                                    d * sizeof(double));
+            }
+        }
+    }
+    assert_int_equal(ref_status, inc_status);
+    if (ref_status != KVP_OK) {
+        assert_int_equal(ref_err.status, inc_err.status);
+        assert_int_equal(ref_err.token, failed_token);
+        assert_int_equal(ref_err.index, inc_err.index);
+        assert_true(same_value(ref_err.value, inc_err.value));
+        assert_true((ref_err.what == NULL) == (inc_err.what == NULL));
+        if (ref_err.what != NULL) {
+            assert_string_equal(ref_err.what, inc_err.what);
+        }
+        char ref_text[256];
+        char inc_text[256];
+        kvp_error_format(&ref_err, ref_text, sizeof ref_text);
+        kvp_error_format(&inc_err, inc_text, sizeof inc_text);
+        assert_string_equal(ref_text, inc_text);
+        /* Nothing written on error. */
+        kvpt_assert_filled(reference, batch * tokens * d, 7.0);
+    }
+    free(row);
+    free(reference);
+    kvpt_destroy_ticket(ticket, pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
+    return ref_status;
+}
+
+static void test_attention_reference_nonfinite_errors_match_incremental(void **state)
+{
+    (void)state;
+    enum { W = 8, HEADS = 2, BATCH = 2, TOKENS = 5 };
+    kvp_layer *layer = kvpt_random_layer(W, HEADS, 16, 10000.0, 91);
+    double input[BATCH * TOKENS * W];
+    /* Each case plants values at (lane, token) and expects this status. */
+    typedef struct planted {
+        size_t lane, token, column;
+        double value;
+        int whole_row;
+        kvp_status expected;
+    } planted;
+    const planted cases[] = {
+        {1, 2, 3, NAN, 0, KVP_NONFINITE_PROJECTION},
+        {0, 0, 0, INFINITY, 0, KVP_NONFINITE_PROJECTION},
+        {1, 4, 7, -INFINITY, 0, KVP_NONFINITE_PROJECTION},
+        {0, 1, 0, 1e308, 1, KVP_OK},  /* status found below: both paths must agree */
+        {1, 3, 0, 1e156, 1, KVP_NONFINITE_SCORE},
+        {0, 0, 0, 0.5, 0, KVP_OK},
+    };
+    for (size_t c = 0; c < KVPT_COUNT_OF(cases); c++) {
+        const planted *p = &cases[c];
+        kvpt_fill_random(input, KVPT_COUNT_OF(input), 92 + c);
+        double *at = input + (p->lane * TOKENS + p->token) * W;
+        for (size_t j = 0; j < W; j++) {
+            if (p->whole_row || j == p->column) {
+                at[j] = (j % 3 == 1) ? -p->value : p->value;
+            }
+        }
+        kvp_status status = compare_paths(layer, input, BATCH, TOKENS);
+        if (p->value == 1e308) {
+            /* 1e308 rows overflow: a typed non-finite error either way, never OK. */
+            assert_true(status == KVP_NONFINITE_PROJECTION || status == KVP_NONFINITE_SCORE ||
+                        status == KVP_NONFINITE_OUTPUT);
+        } else {
+            assert_int_equal(status, p->expected);
+        }
+    }
+    kvpt_destroy_layer(layer);
+
+    /* An output that overflows while scores stay finite: W_q = 0, W_o = 1e300 I. */
+    double zero[W * W] = {0};
+    double identity[W * W] = {0};
+    double big[W * W] = {0};
+    for (size_t i = 0; i < W; i++) {
+        identity[i * W + i] = 1.0;
+        big[i * W + i] = 1e300;
+    }
+    const double *const w[KVP_PARAM_COUNT] = {zero, identity, identity, big};
+    kvp_layer *loud = kvpt_layer_from_matrices(W, w, HEADS, 16, 10000.0);
+    kvpt_fill_random(input, KVPT_COUNT_OF(input), 99);
+    for (size_t j = 0; j < W; j++) {
+        input[(1 * TOKENS + 2) * W + j] = 1e10; /* lane 1, token 2 */
+    }
+    assert_int_equal(compare_paths(loud, input, BATCH, TOKENS), KVP_NONFINITE_OUTPUT);
+    /* The reference says where: token 2, lane 1's first output column. */
+    double out[BATCH * TOKENS * W];
+    kvp_tensor view = kvp_tensor3(input, BATCH, TOKENS, W);
+    kvp_error err;
+    assert_int_equal(kvp_attention_reference(loud, &view, out, KVPT_COUNT_OF(out), NULL, NULL, 0,
+                                             &err),
+                     KVP_NONFINITE_OUTPUT);
+    assert_int_equal(err.token, 2);
+    assert_int_equal(err.index, 1 * W);
+    assert_true(isinf(err.value));
+    kvpt_destroy_layer(loud);
+}
+
+/*
+ * Each part of the RoPE comparison and of the ticket's fit is checked on its
+ * own; each refusal leaves the cache, the pool and the fresh ticket as they were.
+ */
+static void test_attention_rope_and_ticket_fit_each_part(void **state)
+{
+    (void)state;
+    kvp_layer *layer = fixture_layer();
+    kvp_binding good;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_binding(layer, &good, &err), &err);
+    kvp_pool *pool = kvpt_pool(BT, H, HD, 8);
+    double x[2 * D] = {0.5, -0.25, 1.0, 0.75, 0.1, 0.2, 0.3, 0.4};
+    kvp_tensor one = kvp_tensor3(x, 1, 1, D);
+
+    /* RoPE: feature width, max positions and base bits, one at a time. */
+    kvp_binding widths = good;
+    widths.rope_feature_width = HD + 2;
+    kvp_binding positions = good;
+    positions.rope_max_positions = MAX_POSITIONS + 1;
+    kvp_binding base = good;
+    base.rope_base_bits ^= 1; /* the next double after 10000 */
+    const kvp_binding *ropes[] = {&widths, &positions, &base};
+    for (size_t i = 0; i < KVPT_COUNT_OF(ropes); i++) {
+        kvp_cache *cache = kvpt_cache(pool, ropes[i], 1, 4);
+        kvp_ticket *ticket = kvpt_ticket(cache);
+        kvpt_state before;
+        kvpt_state_capture(cache, pool, &before);
+        assert_int_equal(kvp_attention_forward(layer, &one, cache, ticket, &err),
+                         KVP_CACHE_ROPE_MISMATCH);
+        assert_int_equal(err.cache_rope.feature_width, ropes[i]->rope_feature_width);
+        assert_int_equal(err.cache_rope.max_positions, ropes[i]->rope_max_positions);
+        assert_int_equal(err.layer_rope.feature_width, HD);
+        assert_true(err.layer_rope.base == ROPE_BASE);
+        assert_true((err.cache_rope.base == ROPE_BASE) == (i != 2));
+        kvpt_assert_state_unchanged(&before, cache, pool, 0);
+        kvpt_state_free(&before);
+        kvpt_destroy_ticket(ticket, pool);
+        kvpt_destroy_cache(cache, pool);
+    }
+
+    /* Ticket fit: batch, heads, head width and capacity, one at a time. */
+    kvp_cache *cache = kvpt_cache(pool, &good, 1, 4);
+    kvp_pool *pool_heads = kvpt_pool(BT, 1, D, 2);  /* 1 head of width 4 */
+    kvp_pool *pool_width = kvpt_pool(BT, H, 3, 2);  /* 2 heads of width 3 */
+    kvp_binding b_heads = kvpt_binding(1, D, MAX_POSITIONS);
+    kvp_binding b_width = kvpt_binding(H, 3, MAX_POSITIONS);
+    kvp_cache *wide_batch = kvpt_cache(pool, &good, 2, 4);
+    kvp_cache *other_heads = kvpt_cache(pool_heads, &b_heads, 1, 4);
+    kvp_cache *other_width = kvpt_cache(pool_width, &b_width, 1, 4);
+    kvp_cache *shorter = kvpt_cache(pool, &good, 1, 3);
+    kvp_cache *sources[] = {wide_batch, other_heads, other_width, shorter};
+    const size_t expect[][4] = {{2, H, HD, 4}, {1, 1, D, 4}, {1, H, 3, 4}, {1, H, HD, 3}};
+    for (size_t i = 0; i < KVPT_COUNT_OF(sources); i++) {
+        kvp_ticket *ticket = kvpt_ticket(sources[i]);
+        kvpt_state before;
+        kvpt_state_capture(cache, pool, &before);
+        assert_int_equal(kvp_attention_prepare(layer, &one, cache, ticket, &err),
+                         KVP_TICKET_GEOMETRY_MISMATCH);
+        assert_int_equal(err.batch_size, expect[i][0]);
+        assert_int_equal(err.heads, expect[i][1]);
+        assert_int_equal(err.head_width, expect[i][2]);
+        assert_int_equal(err.capacity, expect[i][3]);
+        kvpt_assert_state_unchanged(&before, cache, pool, 0);
+        kvpt_state_free(&before);
+        kvp_attention_result result;
+        assert_int_equal(kvp_ticket_result(ticket, &result, &err), KVP_TICKET_EMPTY);
+        kvpt_destroy_ticket(ticket, pool);
+    }
+    kvpt_destroy_cache(shorter, pool);
+    kvpt_destroy_cache(other_width, pool_width);
+    kvpt_destroy_cache(other_heads, pool_heads);
+    kvpt_destroy_cache(wide_batch, pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool_width);
+    kvpt_destroy_pool(pool_heads);
+    kvpt_destroy_pool(pool);
+
+    /* The reference refuses element counts it could not allocate, before reading input. */
+    double out[1];
+    kvp_tensor overflowing = kvp_tensor3(x, SIZE_MAX / 2, 1, D);
+    assert_int_equal(kvp_attention_reference(layer, &overflowing, out, 1, NULL, NULL, 0, &err),
+                     KVP_INVALID_ARGUMENT);
+    kvpt_assert_error_text(&err, "argument `input` is invalid: element count overflows");
+    kvp_tensor huge = kvp_tensor3(x, (size_t)1 << 58, 1, D); /* 2^60 elements: no overflow */
+    assert_int_equal(kvp_attention_reference(layer, &huge, out, 1, NULL, NULL, 0, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "input");
+    kvpt_destroy_layer(layer);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_rope_and_ticket_fit_each_part),
+        cmocka_unit_test(test_attention_reference_nonfinite_errors_match_incremental),
         cmocka_unit_test(test_attention_fixture_matches_seed_trace),
         cmocka_unit_test(test_attention_prepare_changes_nothing_until_commit),
         cmocka_unit_test(test_attention_random_geometries_match_reference),

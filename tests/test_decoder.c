@@ -20,6 +20,7 @@
 
 #include "serve/sequence_internal.h"
 #include "pager/alloc.h"
+#include "serve/decoder_internal.h"
 
 #define MODEL_WIDTH 8
 #define HEADS 2
@@ -451,9 +452,29 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     kvpt_destroy_model(model);
 }
 
+/* threads == 0 means one per online core, within [1, 4096]. */
+static void test_decoder_default_thread_count(void **state)
+{
+    (void)state;
+    assert_int_equal(kvpi_decoder_default_threads(-1), 1);
+    assert_int_equal(kvpi_decoder_default_threads(0), 1);
+    assert_int_equal(kvpi_decoder_default_threads(1), 1);
+    assert_int_equal(kvpi_decoder_default_threads(12), 12);
+    assert_int_equal(kvpi_decoder_default_threads(4096), 4096);
+    assert_int_equal(kvpi_decoder_default_threads(100000), 4096);
+    kvp_decoder *decoder = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_decoder_create(0, &decoder, &err), &err);
+    assert_int_equal(kvp_decoder_threads(decoder),
+                     kvpi_decoder_default_threads(sysconf(_SC_NPROCESSORS_ONLN)));
+    kvpt_assert_ok(kvp_decoder_destroy(decoder, &err), &err);
+    assert_int_equal(kvp_decoder_threads(NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decoder_default_thread_count),
         cmocka_unit_test(test_decoder_create_threads_and_errors),
         cmocka_unit_test_teardown(test_decoder_create_fault_sweep, kvpt_disarm),
         cmocka_unit_test(test_decoder_step_matches_sequential_steps),

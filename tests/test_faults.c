@@ -195,9 +195,30 @@ static void test_faults_steady_state_makes_no_allocation_call(void **state)
     kvpi_fault_arm(0);
 }
 
+/* Zero-byte requests still give a distinct, freeable block, and count as calls. */
+static void test_faults_zero_and_overflowing_requests(void **state)
+{
+    (void)state;
+    kvpi_fault_arm(0);
+    void *a = kvpi_alloc(KVPI_SITE_SCRATCH, 0);
+    void *b = kvpi_calloc(KVPI_SITE_SCRATCH, 0, 8);
+    void *c = kvpi_calloc(KVPI_SITE_SCRATCH, 8, 0);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_int_equal(*(unsigned char *)b, 0);
+    assert_int_equal(kvpi_fault_calls(), 3);
+    assert_false(kvpi_fault_fired());
+    kvpi_free(a);
+    kvpi_free(b);
+    kvpi_free(c);
+    kvpi_free(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_faults_zero_and_overflowing_requests, kvpt_disarm),
         cmocka_unit_test_teardown(test_faults_pool_create_sweep, kvpt_disarm),
         cmocka_unit_test_teardown(test_faults_pool_create_sites_in_order, kvpt_disarm),
         cmocka_unit_test_teardown(test_faults_cache_create_sweep, kvpt_disarm),

@@ -17,6 +17,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/layer_internal.h"
@@ -933,6 +934,114 @@ static void test_layer_fault_sweep_ticket_create(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/* The index of the first non-finite of values[0..n), or n. */
+static size_t first_nonfinite(const double *values, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(values[i])) {
+            return i;
+        }
+    }
+    return n;
+}
+
+/* Does p * base^(-2i / width) stay finite for every pair i and position p < positions? */
+static int all_angles_finite(size_t width, size_t positions, double base)
+{
+    for (size_t i = 0; i < width / 2; i++) {
+        double theta = pow(base, -(double)(2 * i) / (double)width);
+        if (!isfinite(theta) || !isfinite((double)(positions - 1) * theta)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/*
+ * A positive, finite base is refused exactly when some rotation angle below
+ * max_positions is not finite (checked against every angle, computed here
+ * independently); an accepted one rotates the last position to finite
+ * features. Refusals change nothing and name the configuration.
+ */
+static void test_layer_rope_refuses_bases_with_nonfinite_angles(void **state)
+{
+    (void)state;
+    static const double bases[] = {5e-324, 1e-320, 1e-310, 1e-300, 1e-200, 1e-10, 0.5, 1.0,
+                                   10000.0, 1e300, DBL_MAX};
+    static const size_t widths[] = {2, 4, 44, 64, 128};
+    static const size_t positions[] = {1, 8, 4096, SIZE_MAX};
+    size_t refused = 0;
+    size_t accepted = 0;
+    for (size_t b = 0; b < KVPT_COUNT_OF(bases); b++) {
+        for (size_t w = 0; w < KVPT_COUNT_OF(widths); w++) {
+            for (size_t p = 0; p < KVPT_COUNT_OF(positions); p++) {
+                kvp_rope_config rope = {widths[w], positions[p], bases[b]};
+                kvp_error err;
+                memset(&err, 0, sizeof err);
+                kvp_status status = kvp_rope_validate(&rope, &err);
+                if (all_angles_finite(widths[w], positions[p], bases[b])) {
+                    kvpt_assert_ok(status, &err);
+                    double features[128];
+                    for (size_t i = 0; i < widths[w]; i++) {
+                        features[i] = 1.0 - (double)i / 64.0;
+                    }
+                    kvpt_assert_ok(kvp_rope_rotate(&rope, features, positions[p] - 1, &err),
+                                   &err);
+                    assert_int_equal(first_nonfinite(features, widths[w]), widths[w]);
+                    accepted++;
+                    continue;
+                }
+                assert_int_equal(status, KVP_ROPE_INVALID_BASE);
+                assert_int_equal(err.layer_rope.feature_width, widths[w]);
+                assert_int_equal(err.layer_rope.max_positions, positions[p]);
+                assert_true(err.layer_rope.base == bases[b]);
+                double features[128] = {0.25};
+                assert_int_equal(kvp_rope_rotate(&rope, features, 0, &err),
+                                 KVP_ROPE_INVALID_BASE);
+                assert_true(features[0] == 0.25 && features[1] == 0.0);
+                refused++;
+            }
+        }
+    }
+    /* Both sides of the line are exercised. */
+    assert_true(refused >= 10);
+    assert_true(accepted >= 100);
+
+    /* The case: 5e-324 over 64 features; the text says why. */
+    kvp_rope_config tiny = {64, 8, 5e-324};
+    kvp_error err;
+    assert_int_equal(kvp_rope_validate(&tiny, &err), KVP_ROPE_INVALID_BASE);
+    kvpt_assert_error_text(&err, "RoPE base 5e-324 gives a non-finite rotation angle within 8 "
+                                 "positions of 64 features");
+    /* Finite theta, but the angle at the last of SIZE_MAX positions overflows. */
+    kvp_rope_config far = {64, SIZE_MAX, 1e-300};
+    assert_int_equal(kvp_rope_validate(&far, &err), KVP_ROPE_INVALID_BASE);
+    kvp_rope_config near = {64, 4096, 1e-300};
+    kvpt_assert_ok(kvp_rope_validate(&near, &err), &err);
+    /* Non-positive and non-finite bases keep the seed-style text. */
+    kvp_rope_config zero = {64, 8, 0.0};
+    assert_int_equal(kvp_rope_validate(&zero, &err), KVP_ROPE_INVALID_BASE);
+    kvpt_assert_error_text(&err, "RoPE base must be finite and greater than zero, got 0.0");
+
+    /* Layers refuse it through their RoPE over d_h = D / heads. */
+    double *zeros = kvpt_doubles(64 * 64);
+    kvp_param *p64 = NULL;
+    kvpt_assert_ok(kvp_param_create(64, zeros, &p64, &err), &err);
+    free(zeros);
+    kvp_layer *layer = (kvp_layer *)0x1;
+    assert_int_equal(kvp_layer_create(p64, p64, p64, p64, 1, 8, 5e-324, &layer, &err),
+                     KVP_ROPE_INVALID_BASE);
+    assert_ptr_equal(layer, (kvp_layer *)0x1);
+    assert_int_equal(err.layer_rope.feature_width, 64);
+    assert_int_equal(kvp_param_revision(p64), 0);
+    /* Over 32 features the same base is fine: theta_15 = base^(-30/32) is finite. */
+    kvpt_assert_ok(kvp_layer_create(p64, p64, p64, p64, 2, 8, 5e-324, &layer, &err), &err);
+    kvpt_destroy_layer(layer);
+    assert_int_equal(kvp_layer_create_random(64, 1, 8, 5e-324, 1, &layer, &err),
+                     KVP_ROPE_INVALID_BASE);
+    kvpt_assert_ok(kvp_param_release(p64, &err), &err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -945,6 +1054,7 @@ int main(void)
         cmocka_unit_test(test_layer_rope_rotate_values),
         cmocka_unit_test(test_layer_rope_rotate_out_of_range_changes_nothing),
         cmocka_unit_test(test_layer_rope_rotation_preserves_norm),
+        cmocka_unit_test(test_layer_rope_refuses_bases_with_nonfinite_angles),
         cmocka_unit_test(test_layer_create_errors_in_documented_order),
         cmocka_unit_test(test_layer_create_random_is_deterministic_and_bounded),
         cmocka_unit_test(test_layer_binding_and_info),

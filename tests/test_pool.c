@@ -312,6 +312,196 @@ static void test_pool_check_reports_every_corruption(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/* Plants one corruption, audits with and without a callback, expects `what`, repairs. */
+#define expect_corruption(pool, invariant, what) \
+    expect_corruption_at((pool), (invariant), (what), __FILE__, __LINE__)
+static void expect_corruption_at(kvp_pool *pool, kvp_invariant invariant, const char *what,
+                                 const char *file, int line)
+{
+    collected found = {0};
+    kvp_error err;
+    kvp_pool_stats before = kvpt_stats(pool);
+    if (kvp_pool_check(pool, collect, &found, &err) != KVP_AUDIT_FAILED ||
+        kvp_pool_check(pool, NULL, NULL, &err) != KVP_AUDIT_FAILED) {
+        print_error("%s:%d: the audit missed a planted corruption\n", file, line);
+        fail();
+    }
+    int seen = 0;
+    for (size_t i = 0; i < found.count && i < 16; i++) {
+        seen |= found.items[i].invariant == invariant && strcmp(found.items[i].what, what) == 0;
+    }
+    if (!seen || err.mismatches != found.count) {
+        print_error("%s:%d: no \"%s\" among %zu mismatches\n", file, line, what, found.count);
+        fail();
+    }
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before); /* the audit changes nothing */
+}
+
+/* Every check of the audit fires on its own corruption. */
+static void test_pool_check_reports_each_check(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 6);
+    kvp_binding binding = kvpt_binding(1, 2, 64);
+    kvp_cache *cache = kvpt_cache(pool, &binding, 1, 8);
+    double row[2] = {1.0, 2.0};
+    kvp_tensor key = kvp_tensor4(row, 1, 1, 1, 2);
+    kvp_error err;
+    for (int t = 0; t < 3; t++) {
+        kvpt_assert_ok(kvpi_cache_append(cache, &key, &key, &err), &err);
+    }
+    kvpt_assert_pool_ok(pool); /* len 3: blocks 0 and 1 mapped */
+
+    uint32_t saved = cache->tables[1];
+    cache->tables[1] = 1000; /* a page id past the pool */
+    expect_corruption(pool, KVP_INVARIANT_REFERENCES, "page id below total pages");
+    cache->tables[1] = saved;
+
+    cache->tables[2] = cache->tables[1]; /* block 2 mapped, block 1 not: same count, a gap */
+    cache->tables[1] = KVPI_NO_PAGE;
+    expect_corruption(pool, KVP_INVARIANT_LANE_COVERAGE, "pages mapped contiguously from block 0");
+    cache->tables[1] = cache->tables[2];
+    cache->tables[2] = KVPI_NO_PAGE;
+
+    cache->len = 9; /* past capacity 8 */
+    expect_corruption(pool, KVP_INVARIANT_LANE_COVERAGE, "cache length within capacity");
+    cache->len = 3;
+
+    saved = pool->free_stack[0];
+    pool->free_stack[0] = 999;
+    expect_corruption(pool, KVP_INVARIANT_NO_DUPLICATES, "free-list entry is a page id");
+    pool->free_stack[0] = saved;
+
+    pool->refcount[saved] = 1; /* a free page with a reference count */
+    expect_corruption(pool, KVP_INVARIANT_NO_DUPLICATES, "reference count of a free page");
+    pool->refcount[saved] = 0;
+
+    pool->tentative = 5; /* more tentative pages than held */
+    expect_corruption(pool, KVP_INVARIANT_STATS, "tentative pages at most held pages");
+    pool->tentative = 0;
+
+    pool->high_water_pages = 1;
+    expect_corruption(pool, KVP_INVARIANT_STATS,
+                      "high-water mark at least held pages that are not tentative");
+    pool->high_water_pages = 2;
+
+    pool->attached_caches++;
+    expect_corruption(pool, KVP_INVARIANT_STATS, "attached caches");
+    pool->attached_caches--;
+
+    pool->attached_reservations++;
+    expect_corruption(pool, KVP_INVARIANT_STATS, "attached reservations");
+    pool->attached_reservations--;
+
+    /* A reservation linked into the pool while it holds nothing. */
+    uint32_t storage[1];
+    kvpi_reservation empty;
+    kvpi_reservation_init(&empty, pool, storage, 1);
+    kvpi_pool_lock(pool);
+    kvpi_pool_attach_locked(pool, &empty.holder);
+    kvpi_pool_unlock(pool);
+    expect_corruption(pool, KVP_INVARIANT_STATS, "an attached reservation holds pages");
+    empty.count = 5; /* more entries than its storage: reported, never read */
+    expect_corruption(pool, KVP_INVARIANT_STATS, "an attached reservation holds pages");
+    empty.count = 0;
+    kvpi_pool_lock(pool);
+    kvpi_pool_detach_locked(pool, &empty.holder);
+    kvpi_pool_unlock(pool);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
+}
+
+/*
+ * The primitives' edges: a page with two references goes back only with its
+ * last; a reservation refuses more pages than its storage; destroy refuses a
+ * pool whose only holder is a reservation, or whose pages are held by no one.
+ */
+static void test_pool_primitive_edges(void **state)
+{
+    (void)state;
+    kvp_pool_config_init(NULL); /* ignored, as documented */
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 4);
+    kvp_error err;
+    uint32_t page = 0;
+    kvpi_pool_lock(pool);
+    kvpt_assert_ok(kvpi_pool_take_locked(pool, 1, &page, &err), &err);
+    pool->refcount[page]++; /* a second reference */
+    kvpi_pool_put_locked(pool, page);
+    assert_int_equal(pool->refcount[page], 1);
+    assert_int_equal(pool->free_count, 3);
+    kvpi_pool_unlock(pool);
+    /* Held by no holder: destroy refuses, naming the held page. */
+    assert_int_equal(kvp_pool_destroy(pool, &err), KVP_POOL_BUSY);
+    assert_int_equal(err.held_pages, 1);
+    assert_int_equal(err.attached_caches, 0);
+    assert_int_equal(err.attached_reservations, 0);
+    kvpi_pool_lock(pool);
+    kvpi_pool_put_locked(pool, page);
+    kvpi_pool_unlock(pool);
+    kvpt_assert_pool_ok(pool);
+
+    uint32_t storage[2];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 2);
+    kvp_pool_stats before = kvpt_stats(pool);
+    assert_int_equal(kvpi_reservation_fill(&res, 3, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "pages");
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 2, &err), &err);
+    assert_int_equal(kvpi_reservation_remaining(&res), 2);
+    assert_int_equal(kvp_pool_destroy(pool, &err), KVP_POOL_BUSY);
+    assert_int_equal(err.attached_caches, 0);
+    assert_int_equal(err.attached_reservations, 1);
+    assert_int_equal(err.held_pages, 2);
+    kvpi_reservation_release(&res);
+    kvpi_reservation_release(&res); /* idempotent */
+    /* A reservation that never had a pool releases nothing. */
+    kvpi_reservation orphan;
+    kvpi_reservation_init(&orphan, NULL, storage, 2);
+    kvpi_reservation_release(&orphan);
+
+    /* Tentative pages: counted only once confirmed; cancelled, no counter remembers them. */
+    before = kvpt_stats(pool);
+    uint32_t pages[2];
+    kvpi_pool_lock(pool);
+    kvpt_assert_ok(kvpi_pool_take_tentative_locked(pool, 2, pages, &err), &err);
+    kvpi_pool_unlock(pool);
+    kvp_pool_stats during = kvpt_stats(pool);
+    assert_int_equal(during.tentative_pages, 2);
+    assert_int_equal(during.held_pages, 2);
+    assert_int_equal(during.acquires, before.acquires);
+    assert_int_equal(during.high_water_pages, before.high_water_pages);
+    kvpi_pool_lock(pool);
+    assert_int_equal(kvpi_pool_take_tentative_locked(pool, 3, pages, &err), KVP_POOL_EXHAUSTED);
+    kvpi_pool_put_locked(pool, pages[1]);
+    kvpi_pool_put_locked(pool, pages[0]);
+    kvpi_pool_tentative_cancel_locked(pool, 2);
+    kvpi_pool_unlock(pool);
+    after = kvpt_stats(pool);
+    assert_int_equal(after.exhaustions, before.exhaustions + 1);
+    after.exhaustions = before.exhaustions;
+    assert_memory_equal(&before, &after, sizeof before);
+    kvpt_assert_pool_ok(pool);
+    uint32_t three[3];
+    kvpi_pool_lock(pool);
+    kvpt_assert_ok(kvpi_pool_take_tentative_locked(pool, 3, three, &err), &err);
+    kvpi_pool_tentative_confirm_locked(pool, 3);
+    kvpi_pool_unlock(pool);
+    after = kvpt_stats(pool);
+    assert_int_equal(after.acquires, before.acquires + 3);
+    assert_int_equal(after.high_water_pages, 3);
+    assert_int_equal(after.tentative_pages, 0);
+    kvpi_pool_lock(pool);
+    for (size_t i = 3; i-- > 0;) {
+        kvpi_pool_put_locked(pool, three[i]);
+    }
+    kvpi_pool_unlock(pool);
+    kvpt_destroy_pool(pool);
+}
+
 /* Under memcheck, free pages are NOACCESS and held pages addressable. */
 static void test_pool_pages_are_tracked_by_memcheck(void **state)
 {
@@ -350,6 +540,8 @@ int main(void)
         cmocka_unit_test(test_pool_destroy_refuses_while_busy),
         cmocka_unit_test(test_pool_null_handles_are_typed_errors),
         cmocka_unit_test(test_pool_check_reports_every_corruption),
+        cmocka_unit_test(test_pool_check_reports_each_check),
+        cmocka_unit_test(test_pool_primitive_edges),
         cmocka_unit_test(test_pool_pages_are_tracked_by_memcheck),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

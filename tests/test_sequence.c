@@ -227,14 +227,13 @@ static void seq_state_free(seq_state *s)
 /*
  * `seq` and `pool` now equal `before` byte for byte — every layer's len,
  * logical keys and values, page tables and digest, the sequence's promise and
- * the pool stats — except that the pool counted `exhausted` more exhaustions
- * and took and gave back `churn` pages (a reservation undone), which may raise
- * its high water. Frees `before`.
+ * the pool stats, acquires, releases and high water included — except that
+ * the pool counted `exhausted` more exhaustions. Frees `before`.
  */
-#define assert_seq_unchanged(before, seq, pool, exhausted, churn) \
-    assert_seq_unchanged_at((before), (seq), (pool), (exhausted), (churn), __FILE__, __LINE__)
+#define assert_seq_unchanged(before, seq, pool, exhausted) \
+    assert_seq_unchanged_at((before), (seq), (pool), (exhausted), __FILE__, __LINE__)
 static void assert_seq_unchanged_at(seq_state *before, const kvp_sequence *seq, kvp_pool *pool,
-                                    uint64_t exhausted, uint64_t churn, const char *file, int line)
+                                    uint64_t exhausted, const char *file, int line)
 {
     seq_state after;
     seq_state_capture(seq, pool, &after);
@@ -249,22 +248,13 @@ static void assert_seq_unchanged_at(seq_state *before, const kvp_sequence *seq, 
     for (size_t l = 0; l < before->layers; l++) {
         kvp_pool_stats *a = &after.caches[l].stats;
         const kvp_pool_stats *b = &before->caches[l].stats;
-        if (a->exhaustions != b->exhaustions + exhausted || a->acquires != b->acquires + churn ||
-            a->releases != b->releases + churn || a->high_water_pages < b->high_water_pages ||
-            (churn == 0 && a->high_water_pages != b->high_water_pages)) {
-            print_error("%s:%d: pool counters: exhaustions %llu -> %llu, acquires %llu -> %llu, "
-                        "releases %llu -> %llu (expected +%llu, +%llu, +%llu)\n",
-                        file, line, (unsigned long long)b->exhaustions,
-                        (unsigned long long)a->exhaustions, (unsigned long long)b->acquires,
-                        (unsigned long long)a->acquires, (unsigned long long)b->releases,
-                        (unsigned long long)a->releases, (unsigned long long)exhausted,
-                        (unsigned long long)churn, (unsigned long long)churn);
+        if (a->exhaustions != b->exhaustions + exhausted) {
+            print_error("%s:%d: pool counters: exhaustions %llu -> %llu (expected +%llu)\n", file,
+                        line, (unsigned long long)b->exhaustions,
+                        (unsigned long long)a->exhaustions, (unsigned long long)exhausted);
             fail();
         }
         a->exhaustions = b->exhaustions;
-        a->acquires = b->acquires;
-        a->releases = b->releases;
-        a->high_water_pages = b->high_water_pages;
         kvpt_assert_state_equal_at(&before->caches[l], &after.caches[l], file, line);
         if (before->digests[l] != after.digests[l]) {
             print_error("%s:%d: layer %zu digest changed\n", file, line, l);
@@ -828,7 +818,7 @@ static void run_step_case(size_t layers, size_t batch, size_t block_tokens, int 
     if (half) {
         assert_int_equal(calls.calls, layers * T);
     }
-    assert_seq_unchanged(&before, seq, pool, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0);
 
     kvpt_destroy_sequence(seq, pool);
     kvpt_destroy_pool(pool);
@@ -909,8 +899,8 @@ static void test_sequence_step_pool_exhausted_changes_nothing(void **state)
     kvpt_assert_error_text(&err, "page pool exhausted: 4 pages needed, 3 free");
     kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
     assert_int_equal(kvpt_stats(pool).attached_reservations, 0);
-    assert_seq_unchanged(&before, seq, pool, 1, 0);
-    assert_seq_unchanged(&other_before, other, pool, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1);
+    assert_seq_unchanged(&other_before, other, pool, 1);
 
     /* Once `other` gives its pages back the same step succeeds, and matches the reference. */
     kvpt_destroy_sequence(other, pool);
@@ -970,10 +960,10 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
                                "layer revision 1");
         kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
         assert_int_equal(kvpt_stats(pool).attached_reservations, 0);
-        assert_seq_unchanged(&before, seq, pool, 0, 0);
+        assert_seq_unchanged(&before, seq, pool, 0);
     }
 
-    /* Prefill fails on its first token at layer 1, after reserving its pages; all come back. */
+    /* Prefill fails on its first token at layer 1, before it takes any page. */
     {
         enum { T = 3 };
         double prompt[B * T * MODEL_WIDTH];
@@ -992,7 +982,7 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
         assert_int_equal(err.layer, 1);
         assert_int_equal(err.token, 0);
         kvpt_assert_filled(prefill_out, KVPT_COUNT_OF(prefill_out), 7.0);
-        assert_seq_unchanged(&before, seq, pool, 0, reserved);
+        assert_seq_unchanged(&before, seq, pool, 0);
         assert_int_equal(kvpt_stats(pool).promised_pages, 3);
     }
 
@@ -1006,7 +996,7 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.layer, 0);
     assert_int_equal(err.parameter, KVP_PARAM_QUERY);
-    assert_seq_unchanged(&before, seq, pool, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0);
 
     kvpt_destroy_sequence(seq, pool);
     kvpt_destroy_pool(pool);
@@ -1032,7 +1022,7 @@ static void expect_refused(kvp_sequence *seq, kvp_pool *pool, int prefill, const
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err->status, status);
     kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
-    assert_seq_unchanged(&before, seq, pool, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0);
 }
 
 /* A refused step of a batch-2 sequence (expect_refused), naming layer 0. */
@@ -1106,7 +1096,7 @@ static void test_sequence_step_input_errors_name_layer_zero(void **state)
     assert_int_equal(err.needed, B * d);
     assert_int_equal(err.available, B * d - 1);
     kvpt_assert_pool_ok(pool);
-    assert_seq_unchanged(&before, seq, pool, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0);
 
     /* The sequence still steps. */
     kvpt_assert_ok(kvp_sequence_step(seq, &good, NULL, NULL, out, B * d, &err), &err);
@@ -1252,7 +1242,7 @@ static void test_sequence_prefill_pool_exhausted_reserves_up_front(void **state)
     assert_int_equal(err.layer, SIZE_MAX);
     kvpt_assert_error_text(&err, "page pool exhausted: 8 pages needed, 7 free");
     kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
-    assert_seq_unchanged(&before, seq, pool, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1);
 
     /* Two tokens fit: 4 pages, the first drawn from the promise. */
     slice_tokens(inputs, B, C, 0, 2, prompt);
@@ -1273,12 +1263,12 @@ static void test_sequence_prefill_pool_exhausted_reserves_up_front(void **state)
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.needed, 4);
     assert_int_equal(err.available, 3);
-    assert_seq_unchanged(&before, seq, pool, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1);
     seq_state_capture(seq, pool, &before);
     assert_int_equal(step_token(seq, inputs, B, C, 2, NULL, NULL, out, &err), KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.needed, 4);
-    assert_seq_unchanged(&before, seq, pool, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1);
 
     kvpt_destroy_sequence(seq, pool);
     kvpt_destroy_pool(pool);
@@ -1311,7 +1301,10 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     expect_prefill_refused(seq, pool, &three, B * 3 * d, KVP_FULL, &err);
     assert_int_equal(err.capacity, C);
     assert_int_equal(err.layer, SIZE_MAX);
-    kvpt_assert_error_text(&err, "KV cache is full at capacity 5");
+    assert_int_equal(err.tokens, 3);
+    assert_int_equal(err.available, 2);
+    assert_string_equal(err.what, "prompt");
+    kvpt_assert_error_text(&err, "prompt of 3 tokens does not fit: 2 of capacity 5 left");
     kvp_tensor none = kvp_tensor3(data, B, 0, d);
     expect_prefill_refused(seq, pool, &none, 0, KVP_INVALID_ARGUMENT, &err);
     assert_string_equal(err.argument, "prompt");
@@ -1320,6 +1313,8 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     expect_prefill_refused(seq, pool, &rank2, B * d, KVP_INPUT_RANK, &err);
     assert_int_equal(err.rank, 2);
     assert_int_equal(err.layer, SIZE_MAX);
+    kvpt_assert_error_text(&err, "prefill prompt must have rank three "
+                                 "[batch, tokens, model_width], got rank 2");
     kvp_tensor wide_batch = kvp_tensor3(data, B + 1, 1, d);
     expect_prefill_refused(seq, pool, &wide_batch, (B + 1) * d, KVP_INPUT_BATCH_MISMATCH, &err);
     assert_int_equal(err.expected_size, B);
@@ -1345,7 +1340,7 @@ static void test_sequence_prefill_full_and_shape_errors_change_nothing(void **st
     assert_int_equal(kvp_sequence_prefill(seq, &no_data, NULL, NULL, NULL, 0, &err),
                      KVP_NULL_ARGUMENT);
     kvpt_assert_pool_ok(pool);
-    assert_seq_unchanged(&before, seq, pool, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0);
 
     /* Exactly the room left fits; then even one token is FULL. */
     kvpt_assert_ok(kvp_sequence_prefill(seq, &two, NULL, NULL, NULL, 0, &err), &err);
@@ -1419,7 +1414,7 @@ static void test_sequence_prefill_nonfinite_score_rolls_back_everything(void **s
         kvpt_assert_filled(failed + (lane * T + BAD) * d, (T - BAD) * d, 7.0);
         assert_true(failed[lane * T * d] != 7.0);
     }
-    assert_seq_unchanged(&before, a, pool_a, 0, reserved);
+    assert_seq_unchanged(&before, a, pool_a, 0);
     assert_int_equal(kvp_sequence_len(a), START);
     assert_int_equal(kvp_sequence_promised_pages(a), 5);
     assert_int_equal(kvpt_stats(pool_a).promised_pages, 5);
@@ -1771,6 +1766,32 @@ static void test_sequence_pages_for(void **state)
     assert_int_equal(kvp_pool_pages_for(pool, 1, SIZE_MAX), SIZE_MAX / BT + (SIZE_MAX % BT != 0));
     assert_int_equal(kvp_pool_pages_for(NULL, 2, 4), 0);
 
+    /*
+     * Overflow saturates at SIZE_MAX, which admission answers NEVER: 2^63
+     * lanes of 4 tokens (2 blocks each) would wrap to 0, which would be NOW.
+     */
+    size_t lanes = (size_t)1 << 63;
+    assert_int_equal(kvp_pool_pages_for(pool, lanes, 4), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, lanes, 3), lanes); /* one block: fits */
+    assert_int_equal(kvp_pool_pages_for(pool, 2, SIZE_MAX), 2 * (SIZE_MAX / BT)); /* fits */
+    assert_int_equal(kvp_pool_pages_for(pool, 4, SIZE_MAX), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX, 1), SIZE_MAX);
+    /* The largest product that fits (exactly SIZE_MAX), and one lane more. */
+    assert_int_equal((SIZE_MAX / 5) * 5, SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX / 5, 5 * BT), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX / 5 + 1, 5 * BT), SIZE_MAX);
+    assert_int_equal(kvp_pool_pages_for(pool, SIZE_MAX / 5, 4 * BT), SIZE_MAX / 5 * 4);
+    kvp_admission admission = KVP_ADMIT_NOW;
+    kvp_error admit_err;
+    kvpt_assert_ok(kvp_pool_admit(pool, kvp_pool_pages_for(pool, lanes, 4), 0, &admission,
+                                  &admit_err),
+                   &admit_err);
+    assert_int_equal(admission, KVP_ADMIT_NEVER);
+    kvpt_assert_ok(kvp_pool_admit(pool, 1, SIZE_MAX, &admission, &admit_err), &admit_err);
+    assert_int_equal(admission, KVP_ADMIT_NEVER);
+    kvpt_assert_ok(kvp_pool_admit(pool, SIZE_MAX, SIZE_MAX, &admission, &admit_err), &admit_err);
+    assert_int_equal(admission, KVP_ADMIT_NEVER);
+
     kvp_model *model = make_model(L, 121);
     kvp_sequence *seq = kvpt_sequence(model, pool, B, 9);
     kvp_error err;
@@ -1779,6 +1800,11 @@ static void test_sequence_pages_for(void **state)
     assert_int_equal(kvp_sequence_pages_for(seq, 3), L * B);
     assert_int_equal(kvp_sequence_pages_for(seq, 4), 2 * L * B);
     assert_int_equal(kvp_sequence_pages_for(seq, 9), 3 * L * B);
+    /* Far past capacity the count saturates too: L * B * (SIZE_MAX / 3 + 1) overflows. */
+    assert_int_equal(kvp_sequence_pages_for(seq, SIZE_MAX), SIZE_MAX);
+    assert_int_equal(kvp_sequence_pages_for(seq, SIZE_MAX / 8),
+                     L * B * KVPT_CEIL_DIV(SIZE_MAX / 8, BT));
+    assert_int_equal(kvp_sequence_pages_for(NULL, 4), 0);
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, 2, &err), &err);
     kvpt_assert_pool_ok(pool);
     /* From len 2: the rest of block 0 is free, each further block costs L * B. */
@@ -1858,7 +1884,7 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
     kvpt_assert_pool_ok(pool);
     assert_int_equal(err.capacity, C);
     assert_int_equal(err.layer, SIZE_MAX);
-    assert_seq_unchanged(&before, seq, pool, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0);
     /* POOL_EXHAUSTED: 2 rows reach block 2 (4 pages), 3 are free. */
     promise(seq, pool, 1);
     seq_state_capture(seq, pool, &before);
@@ -1867,7 +1893,7 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
     assert_int_equal(err.needed, 4);
     assert_int_equal(err.available, 3);
     assert_int_equal(err.layer, SIZE_MAX);
-    assert_seq_unchanged(&before, seq, pool, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1);
     /* One row stays inside block 1; zero rows change nothing. */
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, 1, &err), &err);
     kvpt_assert_pool_ok(pool);
@@ -1876,19 +1902,98 @@ static void test_sequence_append_uncomputed_all_or_nothing(void **state)
     seq_state_capture(seq, pool, &before);
     kvpt_assert_ok(kvpi_sequence_append_uncomputed(seq, 0, &err), &err);
     kvpt_assert_pool_ok(pool);
-    assert_seq_unchanged(&before, seq, pool, 0, 0);
+    assert_seq_unchanged(&before, seq, pool, 0);
     seq_state_capture(seq, pool, &before);
     assert_int_equal(kvpi_sequence_append_uncomputed(seq, 1, &err), KVP_POOL_EXHAUSTED);
     kvpt_assert_pool_ok(pool);
-    assert_seq_unchanged(&before, seq, pool, 1, 0);
+    assert_seq_unchanged(&before, seq, pool, 1);
     kvpt_destroy_sequence(seq, pool);
     kvpt_destroy_pool(pool);
     kvpt_destroy_model(model);
 }
 
+/*
+ * Failures with no kvp_error to fill (err == NULL) return the same status and
+ * change nothing; a NaN in lane 0 is found before lane 1 is looked at.
+ */
+static void test_sequence_failures_without_error_detail(void **state)
+{
+    (void)state;
+    enum { L = 2, B = 2, BT = 2, C = 8 };
+    const size_t d = MODEL_WIDTH;
+    kvp_pool *pool = make_pool(BT, L * B * 2);
+    kvp_model *model = make_model(L, 131);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
+    double x[B * 4 * MODEL_WIDTH];
+    kvpt_fill_random(x, KVPT_COUNT_OF(x), 132);
+    kvp_tensor three = kvp_tensor3(x, B, 3, d);
+    kvp_error err;
+
+    /* Token 2 of lane 1 overflows its scores: the prefill fails at token 2 and rolls back. */
+    for (size_t j = 0; j < d; j++) {
+        x[(1 * 3 + 2) * d + j] = (j % 2) ? -1e156 : 1e156;
+    }
+    seq_state before;
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, NULL, 0, NULL),
+                     KVP_NONFINITE_SCORE);
+    assert_seq_unchanged(&before, seq, pool, 0);
+    kvpt_assert_pool_ok(pool);
+
+    /* A NaN in lane 0 of token 1: found first, reported at lane 0's first column. */
+    kvpt_fill_random(x, KVPT_COUNT_OF(x), 132);
+    x[(0 * 3 + 1) * d + 5] = NAN;
+    x[(1 * 3 + 1) * d + 2] = NAN;
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_PROJECTION);
+    assert_int_equal(err.token, 1);
+    assert_int_equal(err.layer, 0);
+    assert_int_equal(err.index, 0);
+    assert_string_equal(err.what, "query");
+    assert_true(isnan(err.value));
+    assert_int_equal(kvp_sequence_prefill(seq, &three, NULL, NULL, NULL, 0, NULL),
+                     KVP_NONFINITE_PROJECTION);
+    assert_seq_unchanged(&before, seq, pool, 0);
+
+    /* Fill the pool (4 tokens, 2 blocks), then every refusal without detail. */
+    kvpt_fill_random(x, KVPT_COUNT_OF(x), 133);
+    kvp_tensor four = kvp_tensor3(x, B, 4, d);
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &four, NULL, NULL, NULL, 0, &err), &err);
+    assert_int_equal(kvpt_stats(pool).free_pages, 0);
+    kvp_tensor one = kvp_tensor3(x, B, 1, d);
+    double out[B * MODEL_WIDTH];
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_step(seq, &one, NULL, NULL, out, B * d, NULL),
+                     KVP_POOL_EXHAUSTED);
+    assert_seq_unchanged(&before, seq, pool, 1);
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_prefill(seq, &one, NULL, NULL, NULL, 0, NULL),
+                     KVP_POOL_EXHAUSTED);
+    assert_seq_unchanged(&before, seq, pool, 1);
+    x[3] = INFINITY;
+    seq_state_capture(seq, pool, &before);
+    assert_int_equal(kvp_sequence_step(seq, &one, NULL, NULL, out, B * d, NULL),
+                     KVP_NONFINITE_PROJECTION);
+    assert_seq_unchanged(&before, seq, pool, 0);
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_pool(pool);
+
+    /* A model of more layers than can be addressed is refused before any entry is read. */
+    const kvp_layer *layers[1] = {NULL};
+    kvp_model *too_many = (kvp_model *)0x1;
+    assert_int_equal(kvp_model_create(layers, SIZE_MAX, &too_many, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "count");
+    assert_ptr_equal(too_many, (kvp_model *)0x1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sequence_failures_without_error_detail),
         cmocka_unit_test(test_sequence_model_create_shares_parameters),
         cmocka_unit_test(test_sequence_model_geometry_mismatch_and_errors),
         cmocka_unit_test(test_sequence_model_create_random_is_deterministic),

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "pager/error.h"
 
 /* Expected name of every pager status, in enum order. */
 static const struct {
@@ -434,9 +435,92 @@ static void test_status_mismatch_format_exact_text(void **state)
     assert_int_equal(small[7], '#');
 }
 
+/* The version, and texts that depend on `what`: only "prompt" selects the prefill texts. */
+static void test_status_version_and_prompt_texts(void **state)
+{
+    (void)state;
+    assert_string_equal(kvp_version(), KVP_VERSION_STRING);
+    assert_string_equal(kvp_version(), "0.1.0");
+    kvp_error e;
+    memset(&e, 0, sizeof e);
+    e.status = KVP_FULL;
+    e.capacity = 8;
+    e.tokens = 9;
+    e.available = 3;
+    kvpt_assert_error_text(&e, "KV cache is full at capacity 8");
+    e.what = "other";
+    kvpt_assert_error_text(&e, "KV cache is full at capacity 8");
+    e.what = "prompt";
+    kvpt_assert_error_text(&e, "prompt of 9 tokens does not fit: 3 of capacity 8 left");
+    memset(&e, 0, sizeof e);
+    e.status = KVP_INPUT_RANK;
+    e.rank = 2;
+    kvpt_assert_error_text(&e, "incremental attention input must have rank three [batch, 1, "
+                               "model_width], got rank 2");
+    e.what = "prompt";
+    kvpt_assert_error_text(&e, "prefill prompt must have rank three [batch, tokens, "
+                               "model_width], got rank 2");
+    memset(&e, 0, sizeof e);
+    e.status = KVP_ROPE_INVALID_BASE;
+    e.layer_rope = (kvp_rope_config){64, 8, 5e-324};
+    kvpt_assert_error_text(&e, "RoPE base 5e-324 gives a non-finite rotation angle within 8 "
+                               "positions of 64 features");
+    e.layer_rope.base = -INFINITY;
+    kvpt_assert_error_text(&e, "RoPE base must be finite and greater than zero, got -inf");
+
+    /* kvp_mismatch_format measures like snprintf. */
+    kvp_mismatch m = {KVP_INVARIANT_STATS, "attached caches", SIZE_MAX, SIZE_MAX, 1, 2};
+    char buf[128];
+    size_t n = kvp_mismatch_format(&m, buf, sizeof buf);
+    assert_string_equal(buf, "stats: attached caches: expected 1, found 2");
+    assert_int_equal(kvp_mismatch_format(&m, NULL, 0), n);
+    buf[0] = 'x';
+    assert_int_equal(kvp_mismatch_format(&m, buf, 0), n);
+    assert_int_equal(buf[0], 'x'); /* size 0 writes nothing */
+    assert_int_equal(kvp_mismatch_format(NULL, buf, sizeof buf), strlen("no mismatch"));
+}
+
+/* The shape helpers every validation uses. */
+static void test_status_shape_helpers(void **state)
+{
+    (void)state;
+    kvp_shape a = kvpi_shape4(2, 3, 0, 4);
+    kvp_shape b = a;
+    assert_true(kvpi_shape_equal(&a, &b));
+    b.dims[3] = 5;
+    assert_false(kvpi_shape_equal(&a, &b));
+    b = a;
+    b.rank = 3;
+    assert_false(kvpi_shape_equal(&a, &b));
+    a.rank = b.rank = KVP_MAX_RANK + 1; /* an error-only rank never compares equal */
+    assert_false(kvpi_shape_equal(&a, &b));
+    int overflow = 1;
+    kvp_shape zero = kvpi_shape4(SIZE_MAX, 0, SIZE_MAX, 2);
+    assert_int_equal(kvpi_shape_elements(&zero, &overflow), 0);
+    assert_false(overflow);
+    kvp_shape big = kvpi_shape4(SIZE_MAX / 2, 3, 1, 1);
+    assert_int_equal(kvpi_shape_elements(&big, &overflow), 0);
+    assert_true(overflow);
+    kvp_shape fits = kvpi_shape4(SIZE_MAX / 4, 2, 2, 1);
+    assert_int_equal(kvpi_shape_elements(&fits, &overflow), (SIZE_MAX / 4) * 4);
+    assert_false(overflow);
+    kvp_shape wide = kvpi_shape4(2, 2, 2, 2);
+    wide.rank = KVP_MAX_RANK + 3; /* counts the KVP_MAX_RANK dims it has */
+    for (size_t i = 4; i < KVP_MAX_RANK; i++) {
+        wide.dims[i] = 1;
+    }
+    assert_int_equal(kvpi_shape_elements(&wide, &overflow), 16);
+    double values[3] = {1.0, NAN, INFINITY};
+    assert_int_equal(kvpi_first_nonfinite(values, 1), 1);
+    assert_int_equal(kvpi_first_nonfinite(values, 3), 1);
+    assert_int_equal(kvpi_first_nonfinite(values + 2, 1), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_version_and_prompt_texts),
+        cmocka_unit_test(test_status_shape_helpers),
         cmocka_unit_test(test_status_names_are_seed_variant_names),
         cmocka_unit_test(test_status_names_and_messages_are_nonempty_and_distinct),
         cmocka_unit_test(test_status_out_of_range_is_unknown),

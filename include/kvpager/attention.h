@@ -116,8 +116,14 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
  * writes the rotated keys and unrotated values, [B, H, T, d_h] each (pass NULL
  * to skip; kv_len is their capacity in doubles). Errors: NULL_ARGUMENT,
  * REFERENCE_INPUT_SHAPE, ROPE_POSITION_OUT_OF_RANGE (T > max positions),
- * BUFFER_TOO_SMALL, ALLOCATION_FAILED. It is the oracle the tests compare
- * against; it allocates its own scratch.
+ * INVALID_ARGUMENT (element count overflows), BUFFER_TOO_SMALL,
+ * ALLOCATION_FAILED, and the incremental path's NONFINITE_PROJECTION,
+ * NONFINITE_SCORE, NONFINITE_OUTPUT, NONFINITE_KEY and NONFINITE_VALUE: token
+ * t is checked where and in the order prepare checks its one token when the
+ * cache holds tokens 0..t-1, so the status, `what`, flat `index` (within
+ * that token's [B, 1, D] rows or [B, H, 1, t + 1] scores) and `value` are
+ * prepare's; err.token is t. Nothing is written on error. It is the oracle
+ * the tests compare against; it allocates its own scratch.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_attention_reference(const kvp_layer *layer,
                                                          const kvp_tensor *input, double *output,

@@ -32,7 +32,9 @@ typedef struct kvp_model_info {
 
 /*
  * A model over `count` layers, each sharing the parameters of layers[i].
- * Errors: NULL_ARGUMENT; INVALID_ARGUMENT (count 0); MODEL_GEOMETRY_MISMATCH
+ * Errors, in order: NULL_ARGUMENT (layers, out); INVALID_ARGUMENT (more
+ * layers than a model can address, before any entry is read; then count 0);
+ * entry by entry, NULL_ARGUMENT (a NULL entry) or MODEL_GEOMETRY_MISMATCH
  * (layer i's heads or head width differ from layer 0's; err.layer = i);
  * ALLOCATION_FAILED.
  */

@@ -36,12 +36,21 @@ typedef struct kvp_pool_config {
     size_t budget_bytes; /* memory budget for the page slab */
 } kvp_pool_config;
 
+/*
+ * Which counters a failed call can change: only `exhaustions`, which counts
+ * refusals (a call that fails with POOL_EXHAUSTED adds one; see status.h).
+ * A prefill's pages are tentative while it runs: they are held (free_pages
+ * is lower, held_pages and tentative_pages higher) but acquires and the
+ * high-water mark count them only when the prefill succeeds; a failed
+ * prefill gives them back and leaves acquires, releases and the high-water
+ * mark exactly as they were.
+ */
 typedef struct kvp_pool_stats {
     size_t total_pages;
     size_t free_pages;
-    size_t held_pages;          /* total - free */
-    size_t high_water_pages;    /* the largest held_pages ever observed */
-    uint64_t acquires;          /* pages handed out, over the pool's life */
+    size_t held_pages;          /* total - free, tentative pages included */
+    size_t high_water_pages;    /* the largest held_pages - tentative_pages ever observed */
+    uint64_t acquires;          /* pages handed out by calls that succeeded, over the pool's life */
     uint64_t releases;          /* pages returned, over the pool's life */
     uint64_t exhaustions;       /* requests refused with KVP_POOL_EXHAUSTED */
     size_t page_bytes;
@@ -50,6 +59,7 @@ typedef struct kvp_pool_stats {
     size_t attached_reservations;
     uintptr_t slab_address;     /* for audits: the slab never moves */
     size_t promised_pages;      /* promised to sequences and not yet taken */
+    size_t tentative_pages;     /* held by prefills still running (0 when quiescent) */
 } kvp_pool_stats;
 
 /* The answer of kvp_pool_admit, as vLLM's AllocStatus. */
@@ -62,7 +72,7 @@ typedef enum kvp_admission {
 /* Called once per audit finding, in the order found. */
 typedef void (*kvp_mismatch_fn)(void *ctx, const kvp_mismatch *mismatch);
 
-/* Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget. */
+/* Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget. A NULL config is ignored. */
 KVP_API void kvp_pool_config_init(kvp_pool_config *config);
 
 /*
@@ -109,7 +119,13 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages,
                                                 size_t watermark_pages, kvp_admission *out,
                                                 kvp_error *err);
 
-/* lanes * ceil(tokens / block_tokens): the pages `lanes` lanes need for `tokens`. */
+/*
+ * lanes * ceil(tokens / block_tokens): the pages `lanes` lanes need for
+ * `tokens`. Saturates: when the product does not fit a size_t the answer is
+ * SIZE_MAX, which kvp_pool_admit answers KVP_ADMIT_NEVER (no pool has that
+ * many pages), so an overflow can never pass for a small request. A NULL
+ * pool gives 0.
+ */
 KVP_API size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tokens);
 
 /*

@@ -17,7 +17,13 @@
 extern "C" {
 #endif
 
-/* ROPE_INVALID_WIDTH (odd or zero), ROPE_ZERO_POSITIONS, ROPE_INVALID_BASE. */
+/*
+ * In this order: NULL_ARGUMENT; ROPE_INVALID_WIDTH (odd or zero);
+ * ROPE_ZERO_POSITIONS; ROPE_INVALID_BASE when the base is not finite, not
+ * above zero, or so small that some rotation angle p * theta_i with
+ * p < max_positions is not finite (e.g. base 5e-324, where theta overflows).
+ * The rejected configuration is in err.layer_rope.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_rope_validate(const kvp_rope_config *rope, kvp_error *err);
 
 /*

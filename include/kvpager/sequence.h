@@ -70,14 +70,34 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
                                                    kvp_error *err);
 
 /*
- * A prompt of T tokens, [B, T, D], as T steps. The pages for all T tokens are
- * reserved first (all or none); if any step fails, every layer is rolled back
- * to its length before the call, so the call changes nothing on error.
- * output, when not NULL, receives [B, T, D]. FULL when len + T > capacity.
- * The one exception to "out-parameters are written only on success": rows are
- * written token by token, so when token err.token fails, the rows of the
- * tokens before it already hold their (rolled back) outputs; the rest of
- * output is untouched. Errors found before the first token leave it untouched.
+ * A prompt of T tokens, [B, T, D], as T steps. Checks, in order, before
+ * anything is computed: NULL_ARGUMENT; INPUT_RANK (err.what "prompt", the
+ * prefill shape in the text); INPUT_BATCH_MISMATCH; INPUT_WIDTH_MISMATCH;
+ * INVALID_ARGUMENT (T == 0); FULL when len + T > capacity (err.what
+ * "prompt", err.tokens T, err.available the positions left);
+ * BUFFER_TOO_SMALL. Then, still before any page is taken: token 0 is
+ * prepared in every layer (the seed's checks: bindings, revisions, RoPE,
+ * non-finite values; err.layer names the layer, err.token 0); then the
+ * other tokens' inputs must be finite: the first token t > 0 holding a NaN
+ * or infinity gives NONFINITE_PROJECTION as layer 0's query projection of
+ * that token would (err.layer 0, err.token t), even if a token between
+ * would have failed later in the computation. Then the pages of all T
+ * tokens are taken at once, tentatively (POOL_EXHAUSTED, err.layer
+ * SIZE_MAX, when they cannot all be); then token after token is computed
+ * and committed.
+ * If token t > 0 fails, every layer is rolled back to its length before the
+ * call, the pages go back in the reverse of the order taken, and the pool's
+ * counters (acquires, releases, high-water mark) are exactly as before: the
+ * tentative pages were never counted (kvp_pool_stats). So the call changes
+ * nothing on error, with two documented exceptions:
+ *   - output: rows are written token by token, so when token err.token
+ *     fails, the rows of the tokens before it already hold their (rolled
+ *     back) outputs; the rest is untouched. Errors found before the first
+ *     token leave it untouched;
+ *   - free slab bytes: the rows computed for tokens before a failing token
+ *     t > 0 stay in the pages and slots given back. Nothing can read them,
+ *     but kvp_pool_digest, which hashes free bytes too, differs.
+ * output, when not NULL, receives [B, T, D].
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_prefill(kvp_sequence *sequence,
                                                       const kvp_tensor *prompt,

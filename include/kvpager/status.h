@@ -11,9 +11,18 @@
  *     on failure *err is overwritten with the status and its detail fields,
  *     on success it is left untouched;
  *   - out-parameters are written only on success;
- *   - on failure, nothing the call could have changed has changed (pool,
- *     cache lengths, logical rows, page tables, statistics), unless the call's
- *     own documentation says otherwise.
+ *   - on failure, nothing the call could have changed has changed: pool
+ *     free list and reference counts, promises, cache lengths, logical rows,
+ *     page tables, attached holders, and every statistic of kvp_pool_stats
+ *     (acquires, releases, high-water mark included), unless the call's own
+ *     documentation says otherwise. The one counter that counts failures is
+ *     kvp_pool_stats.exhaustions: it is the number of requests refused with
+ *     POOL_EXHAUSTED, so a call failing with POOL_EXHAUSTED adds exactly one
+ *     to it (that refusal is what it records); no other failure changes it.
+ *     A prefill takes its pages tentatively (kvp_pool_stats in pool.h), so
+ *     even one that fails after computing some tokens leaves every counter as
+ *     it was. The test suite checks all of this for every failing call of
+ *     every public function.
  *
  * Error texts: for the variants inherited from the seed chapter's
  * LayerKvCacheError and IncrementalAttentionError, kvp_error_format renders
@@ -138,7 +147,9 @@ typedef struct kvp_error {
     /* NULL_ARGUMENT, INVALID_ARGUMENT, OUT_OF_RANGE, BUFFER_TOO_SMALL, ZERO_SIZE:
      * the parameter (or field) name. */
     const char *argument;
-    /* INVALID_ARGUMENT: why; ALLOCATION_FAILED: the object being allocated. */
+    /* INVALID_ARGUMENT: why; ALLOCATION_FAILED: the object being allocated;
+     * INPUT_RANK and FULL: "prompt" when the input was a prefill prompt (NULL
+     * for a decode input); NONFINITE_PROJECTION: "query", "key" or "value". */
     const char *what;
 
     /* OUT_OF_RANGE: index must be below limit.
@@ -167,7 +178,8 @@ typedef struct kvp_error {
     size_t page_bytes;
 
     /* POOL_EXHAUSTED: pages needed and pages free.
-     * BUFFER_TOO_SMALL: elements needed and elements available. */
+     * BUFFER_TOO_SMALL: elements needed and elements available.
+     * FULL for a prompt: `available` positions were left, `tokens` needed. */
     size_t needed;
     size_t available;
 
@@ -184,7 +196,7 @@ typedef struct kvp_error {
     size_t mismatches;
     kvp_mismatch first_mismatch;
 
-    /* INPUT_RANK, SINGLE_TOKEN_REQUIRED: what the input had. */
+    /* INPUT_RANK, SINGLE_TOKEN_REQUIRED, FULL for a prompt: what the input had. */
     size_t rank;
     size_t tokens;
     /* INPUT_BATCH_MISMATCH: expected = cache batch, actual = input batch.
@@ -213,7 +225,8 @@ typedef struct kvp_error {
      * the layer that differs, with layer 0's geometry in pool_geometry and its
      * own in binding_geometry. */
     size_t layer;
-    /* Prefill: the prompt token whose step failed. */
+    /* Prefill: the prompt token whose step failed. kvp_attention_reference's
+     * NONFINITE_*: the token (position) whose computation failed. */
     size_t token;
 } kvp_error;
 

@@ -37,7 +37,8 @@ typedef struct kvp_geometry {
  * Rotary position embedding over adjacent feature pairs (2i, 2i+1) with
  * theta_i = base^(-2i / feature_width): the pair at position p is rotated by
  * the angle p * theta_i. feature_width is even and nonzero; positions run
- * over [0, max_positions); base is finite and > 0.
+ * over [0, max_positions); base is finite and > 0, and every angle p * theta_i
+ * of those positions is finite (kvp_rope_validate).
  */
 typedef struct kvp_rope_config {
     size_t feature_width;

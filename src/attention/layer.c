@@ -164,6 +164,12 @@ kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out, kvp_error
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
+    kvpi_layer_binding(layer, out);
+    return KVP_OK;
+}
+
+void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out)
+{
     kvp_binding binding;
     memset(&binding, 0, sizeof binding);
     binding.model_width = layer->model_width;
@@ -177,7 +183,6 @@ kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out, kvp_error
     binding.rope_max_positions = layer->rope.max_positions;
     memcpy(&binding.rope_base_bits, &layer->rope.base, sizeof binding.rope_base_bits);
     *out = binding;
-    return KVP_OK;
 }
 
 kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index)

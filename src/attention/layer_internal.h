@@ -19,4 +19,7 @@ struct kvp_layer {
     kvp_rope_config rope;
 };
 
+/* kvp_layer_binding for a layer known to exist: cannot fail. */
+void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out);
+
 #endif /* KVPAGER_ATTENTION_LAYER_INTERNAL_H */

@@ -6,6 +6,11 @@
  * at their absolute positions, and lets position t attend to 0..t, keeping
  * K and V in contiguous arrays of its own; no cache, page or pool is used.
  * It shares only the arithmetic kernels with the incremental path.
+ * It goes token by token and checks each token exactly where and in the
+ * order the incremental path checks its one token, so a non-finite input,
+ * projection, score or output gives the same status, what, flat index and
+ * value as decoding the same rows one at a time would (plus err.token).
+ * Out-parameters are written only on success: outputs go to scratch first.
  * Callers: the public API (tests, the demo, benchmarks).
  */
 #include <math.h>
@@ -38,7 +43,7 @@ static kvp_status validate_reference(const kvp_layer *layer, const kvp_tensor *i
     }
     int overflow = 0;
     size_t elements = kvpi_shape_elements(shape, &overflow);
-    if (overflow || elements > SIZE_MAX / sizeof(double) / 4) {
+    if (overflow || elements > SIZE_MAX / sizeof(double) / 8) {
         return kvpi_fail_invalid(err, "input", "element count overflows");
     }
     if (output_len < elements) {
@@ -66,6 +71,117 @@ static void export_heads(const kvp_layer *layer, const double *rows, size_t batc
     }
 }
 
+/*
+ * Reports the first non-finite value of values[0..n) with `status`, as the
+ * incremental path does, plus the token whose computation produced it.
+ */
+static kvp_status check_finite(const double *values, size_t n, kvp_status status,
+                               const char *what, size_t token, kvp_error *err)
+{
+    size_t index = kvpi_first_nonfinite(values, n);
+    if (index == n) {
+        return KVP_OK;
+    }
+    kvp_error e = kvpi_error_begin(status);
+    e.what = what;
+    e.index = index;
+    e.value = values[index];
+    e.token = token;
+    return kvpi_error_emit(err, &e);
+}
+
+/* rows[b][t] of every lane b, [B, D], gathered from [B, T, D] into out. */
+static void gather_token(const double *rows, size_t batch, size_t tokens, size_t d, size_t t,
+                         double *out)
+{
+    for (size_t b = 0; b < batch; b++) {
+        memcpy(out + b * d, rows + (b * tokens + t) * d, d * sizeof *out);
+    }
+}
+
+/* Scratch of the reference: projections, one token's rows, scores and outputs. */
+typedef struct reference_scratch {
+    double *q;       /* [B, T, D], rotated */
+    double *k;       /* [B, T, D], rotated */
+    double *v;       /* [B, T, D] */
+    double *out;     /* [B, T, D], copied to the caller's output on success */
+    double *row;     /* [B, D]: one token of every lane, in the incremental layout */
+    double *scores;  /* [B, H, t + 1] for the current token t */
+    double *merged;  /* [D] */
+} reference_scratch;
+
+/*
+ * Checks token t the way the incremental path checks its one token, in its
+ * order: the Q, K and V projections (before rotation) of every lane, the
+ * scores of every lane and head, the output of every lane, then the rotated
+ * key and the value rows (the seed's append checks). Computes scores and
+ * outputs of token t on the way.
+ */
+static kvp_status reference_token(const kvp_layer *layer, const reference_scratch *s, size_t batch,
+                                  size_t tokens, size_t t, kvp_error *err)
+{
+    size_t d = layer->model_width;
+    size_t hd = layer->head_width;
+    size_t heads = layer->heads;
+    size_t keys = t + 1;
+    double scale = 1.0 / sqrt((double)hd);
+    kvp_status status = KVP_OK;
+    for (size_t b = 0; b < batch; b++) {
+        for (size_t h = 0; h < heads; h++) {
+            const double *query = s->q + (b * tokens + t) * d + h * hd;
+            double *scores = s->scores + (b * heads + h) * keys;
+            for (size_t p = 0; p <= t; p++) {
+                scores[p] = kvpi_dot(query, s->k + (b * tokens + p) * d + h * hd, hd) * scale;
+            }
+        }
+    }
+    status = check_finite(s->scores, batch * heads * keys, KVP_NONFINITE_SCORE, "score", t, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
+    for (size_t b = 0; b < batch; b++) {
+        for (size_t h = 0; h < heads; h++) {
+            double *weights = s->scores + (b * heads + h) * keys;
+            kvpi_softmax(weights, keys);
+            double *head = s->merged + h * hd;
+            memset(head, 0, hd * sizeof *head);
+            for (size_t p = 0; p <= t; p++) {
+                kvpi_axpy(head, weights[p], s->v + (b * tokens + p) * d + h * hd, hd);
+            }
+        }
+        kvpi_project_row(s->merged, w_output, d, s->out + (b * tokens + t) * d);
+    }
+    gather_token(s->out, batch, tokens, d, t, s->row);
+    status = check_finite(s->row, batch * d, KVP_NONFINITE_OUTPUT, "output", t, err);
+    if (status == KVP_OK) {
+        gather_token(s->k, batch, tokens, d, t, s->row);
+        status = check_finite(s->row, batch * d, KVP_NONFINITE_KEY, NULL, t, err);
+    }
+    if (status == KVP_OK) {
+        gather_token(s->v, batch, tokens, d, t, s->row);
+        status = check_finite(s->row, batch * d, KVP_NONFINITE_VALUE, NULL, t, err);
+    }
+    return status;
+}
+
+/* The unrotated projections of token t, checked query, key, value, as the incremental path. */
+static kvp_status check_projections(const reference_scratch *s, size_t batch, size_t tokens,
+                                    size_t d, size_t t, kvp_error *err)
+{
+    static const char *const names[3] = {"query", "key", "value"};
+    const double *const projected[3] = {s->q, s->k, s->v};
+    for (size_t which = 0; which < 3; which++) {
+        gather_token(projected[which], batch, tokens, d, t, s->row);
+        kvp_status status = check_finite(s->row, batch * d, KVP_NONFINITE_PROJECTION,
+                                         names[which], t, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    return KVP_OK;
+}
+
 kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *input,
                                    double *output, size_t output_len, double *keys,
                                    double *values, size_t kv_len, kvp_error *err)
@@ -88,58 +204,51 @@ kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *inp
     size_t d = layer->model_width;
     size_t hd = layer->head_width;
     size_t rows = batch * tokens * d;
-    /* q, k, v rows, then tokens weights and one merged row. */
-    size_t bytes = (3 * rows + tokens + d) * sizeof(double);
+    /* q, k, v and out rows, one token's row of every lane, scores, one merged row. */
+    size_t score_doubles = batch * layer->heads * tokens;
+    size_t bytes = (4 * rows + batch * d + score_doubles + d) * sizeof(double);
     double *scratch = kvpi_alloc(KVPI_SITE_SCRATCH, bytes);
     if (scratch == NULL) {
         return kvpi_fail_alloc(err, "full-prefix attention scratch", bytes);
     }
-    double *q = scratch;
-    double *k = q + rows;
-    double *v = k + rows;
-    double *weights = v + rows;
-    double *merged = weights + tokens;
-    double *const projected[3] = {q, k, v};
+    reference_scratch s;
+    s.q = scratch;
+    s.k = s.q + rows;
+    s.v = s.k + rows;
+    s.out = s.v + rows;
+    s.row = s.out + rows;
+    s.scores = s.row + batch * d;
+    s.merged = s.scores + score_doubles;
+    double *const projected[3] = {s.q, s.k, s.v};
     for (size_t which = 0; which < 3; which++) {
         const double *w = kvp_param_values(layer->params[which]);
         for (size_t row = 0; row < batch * tokens; row++) {
             kvpi_project_row(input->data + row * d, w, d, projected[which] + row * d);
         }
     }
-    for (size_t b = 0; b < batch; b++) {
-        for (size_t t = 0; t < tokens; t++) {
+    for (size_t t = 0; t < tokens && status == KVP_OK; t++) {
+        status = check_projections(&s, batch, tokens, d, t, err);
+        if (status != KVP_OK) {
+            break;
+        }
+        for (size_t b = 0; b < batch; b++) {
             for (size_t h = 0; h < layer->heads; h++) {
                 size_t at = (b * tokens + t) * d + h * hd;
-                kvpi_rope_apply(&layer->rope, q + at, t);
-                kvpi_rope_apply(&layer->rope, k + at, t);
+                kvpi_rope_apply(&layer->rope, s.q + at, t);
+                kvpi_rope_apply(&layer->rope, s.k + at, t);
             }
         }
+        status = reference_token(layer, &s, batch, tokens, t, err);
     }
-    double scale = 1.0 / sqrt((double)hd);
-    const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
-    for (size_t b = 0; b < batch; b++) {
-        for (size_t t = 0; t < tokens; t++) {
-            for (size_t h = 0; h < layer->heads; h++) {
-                const double *query = q + (b * tokens + t) * d + h * hd;
-                for (size_t s = 0; s <= t; s++) {
-                    weights[s] = kvpi_dot(query, k + (b * tokens + s) * d + h * hd, hd) * scale;
-                }
-                kvpi_softmax(weights, t + 1);
-                double *head = merged + h * hd;
-                memset(head, 0, hd * sizeof *head);
-                for (size_t s = 0; s <= t; s++) {
-                    kvpi_axpy(head, weights[s], v + (b * tokens + s) * d + h * hd, hd);
-                }
-            }
-            kvpi_project_row(merged, w_output, d, output + (b * tokens + t) * d);
+    if (status == KVP_OK) {
+        memcpy(output, s.out, rows * sizeof *output);
+        if (keys != NULL) {
+            export_heads(layer, s.k, batch, tokens, keys);
         }
-    }
-    if (keys != NULL) {
-        export_heads(layer, k, batch, tokens, keys);
-    }
-    if (values != NULL) {
-        export_heads(layer, v, batch, tokens, values);
+        if (values != NULL) {
+            export_heads(layer, s.v, batch, tokens, values);
+        }
     }
     kvpi_free(scratch);
-    return KVP_OK;
+    return status;
 }

@@ -9,6 +9,21 @@
 #include "attention/kernels.h"
 #include "pager/error.h"
 
+/*
+ * Every rotation angle p * theta_i, p < max_positions, is finite. theta_i =
+ * base^(-2i / width) is monotonic in i (rising for a base below 1, falling
+ * above), so the largest angle is (max_positions - 1) times theta at i = 0 or
+ * at the last pair; both are computed exactly as kvpi_rope_apply does. theta
+ * itself must be finite too, or position 0 would give 0 * inf = NaN.
+ */
+static int angles_finite(const kvp_rope_config *rope)
+{
+    size_t last = rope->base < 1.0 ? rope->feature_width / 2 - 1 : 0;
+    double theta = pow(rope->base, -(double)(2 * last) / (double)rope->feature_width);
+    double angle = (double)(rope->max_positions - 1) * theta;
+    return isfinite(theta) && isfinite(angle);
+}
+
 kvp_status kvp_rope_validate(const kvp_rope_config *rope, kvp_error *err)
 {
     if (rope == NULL) {
@@ -19,7 +34,7 @@ kvp_status kvp_rope_validate(const kvp_rope_config *rope, kvp_error *err)
         status = KVP_ROPE_INVALID_WIDTH;
     } else if (rope->max_positions == 0) {
         status = KVP_ROPE_ZERO_POSITIONS;
-    } else if (!isfinite(rope->base) || !(rope->base > 0.0)) {
+    } else if (!isfinite(rope->base) || !(rope->base > 0.0) || !angles_finite(rope)) {
         status = KVP_ROPE_INVALID_BASE;
     }
     if (status == KVP_OK) {

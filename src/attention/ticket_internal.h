@@ -56,7 +56,7 @@ kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *inpu
                                   const kvp_cache *cache, kvp_ticket *ticket, int reserve_pages,
                                   kvp_error *err);
 
-/* Commit taking the new block's pages, if any, from `pages`. */
+/* Commit taking the new block's pages, if any, from `pages`. `ticket` is not NULL. */
 kvp_status kvpi_ticket_commit_with(kvp_ticket *ticket, kvp_cache *cache,
                                    kvpi_reservation *pages, kvp_error *err);
 

@@ -186,7 +186,7 @@ kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t b
  * unmapping pages block by block from the last, and within a block from the
  * last cache and the last lane: the reverse of the order appends took them.
  */
-static void truncate_many_locked(kvp_cache *const *caches, size_t count, size_t len)
+void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, size_t len)
 {
     size_t bt = caches[0]->block_tokens;
     size_t mapped = kvpi_cache_mapped_blocks(caches[0]);
@@ -211,7 +211,7 @@ void kvpi_cache_truncate_many(kvp_cache *const *caches, size_t count, size_t len
 {
     kvp_pool *pool = caches[0]->pool;
     kvpi_pool_lock(pool);
-    truncate_many_locked(caches, count, len < caches[0]->len ? len : caches[0]->len);
+    kvpi_cache_truncate_many_locked(caches, count, len < caches[0]->len ? len : caches[0]->len);
     kvpi_pool_unlock(pool);
 }
 
@@ -221,7 +221,7 @@ kvp_status kvp_cache_reset(kvp_cache *cache, kvp_error *err)
         return kvpi_fail_null(err, "cache");
     }
     kvpi_pool_lock(cache->pool);
-    truncate_many_locked(&cache, 1, 0);
+    kvpi_cache_truncate_many_locked(&cache, 1, 0);
     kvpi_pool_unlock(cache->pool);
     return KVP_OK;
 }
@@ -233,7 +233,7 @@ kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err)
     }
     kvpi_reservation_release(&cache->spare_reservation);
     kvpi_pool_lock(cache->pool);
-    truncate_many_locked(&cache, 1, 0);
+    kvpi_cache_truncate_many_locked(&cache, 1, 0);
     kvpi_pool_detach_locked(cache->pool, &cache->holder);
     kvpi_pool_unlock(cache->pool);
     kvpi_free(cache->tables);
@@ -478,10 +478,7 @@ kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *
 
 size_t kvpi_cache_pages_needed(const kvp_cache *cache)
 {
-    if (cache->len == cache->capacity || cache->len % cache->block_tokens != 0) {
-        return 0;
-    }
-    return cache->batch_size;
+    return cache->len % cache->block_tokens != 0 ? 0 : cache->batch_size;
 }
 
 void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,

@@ -77,7 +77,10 @@ static inline const double *kvpi_cache_page_values(const kvp_cache *cache, uint3
 kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
                                       const kvp_tensor *value, kvp_error *err);
 
-/* Pages the next append needs: batch_size when it opens a new block, else 0. */
+/*
+ * Pages the next append needs: batch_size when it opens a new block, else 0.
+ * Precondition: the cache is not full (every caller checked FULL first).
+ */
 size_t kvpi_cache_pages_needed(const kvp_cache *cache);
 
 /*
@@ -99,6 +102,8 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
  * prefill.
  */
 void kvpi_cache_truncate_many(kvp_cache *const *caches, size_t count, size_t len);
+/* The same, with the pool lock already held; len must not exceed the caches' length. */
+void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, size_t len);
 
 /*
  * The private raw append: validate, reserve the lanes' pages (all or none),

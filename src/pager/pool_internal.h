@@ -68,6 +68,7 @@ struct kvp_pool {
     uint64_t releases;
     uint64_t exhaustions;
     size_t promised;       /* pages promised to sequences and not yet taken */
+    size_t tentative;      /* held pages of transactions not yet confirmed (prefills) */
 };
 
 static inline double *kvpi_pool_page(const kvp_pool *pool, uint32_t page)
@@ -87,6 +88,21 @@ void kvpi_pool_detach_locked(kvp_pool *pool, kvpi_holder *holder);
  * the exhaustion counter) when fewer than n are free.
  */
 kvp_status kvpi_pool_take_locked(kvp_pool *pool, size_t n, uint32_t *out, kvp_error *err);
+
+/*
+ * Tentative pages, for a transaction that may fail after taking its pages
+ * (a prefill). take_tentative is take, except that acquires and the
+ * high-water mark do not count the pages yet. Exactly one of:
+ *   confirm: the transaction succeeded; acquires and the high-water mark
+ *            count the n pages now;
+ *   cancel:  the n pages have all gone back through kvpi_pool_put_locked
+ *            (in the same lock hold); the releases that counted are undone,
+ *            so the counters are as if the pages had never been taken.
+ */
+kvp_status kvpi_pool_take_tentative_locked(kvp_pool *pool, size_t n, uint32_t *out,
+                                           kvp_error *err);
+void kvpi_pool_tentative_confirm_locked(kvp_pool *pool, size_t n);
+void kvpi_pool_tentative_cancel_locked(kvp_pool *pool, size_t n);
 
 /* Drops one reference; at zero the page goes back on top of the free list. */
 void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page);

@@ -51,8 +51,8 @@ kvp_status kvpi_reservation_fill(kvpi_reservation *r, size_t n, kvp_error *err)
     return kvpi_reservation_fill_promised(r, n, NULL, err);
 }
 
-kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t *promise,
-                                          kvp_error *err)
+static kvp_status fill(kvpi_reservation *r, size_t n, size_t *promise, int tentative,
+                       kvp_error *err)
 {
     if (n == 0) {
         return KVP_OK;
@@ -67,7 +67,9 @@ kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t 
         kvpi_pool_unlock(r->pool);
         return kvpi_fail_invalid(err, "pages", "more pages than the reservation can hold");
     }
-    kvp_status status = kvpi_pool_take_locked(r->pool, n, r->entries + r->count, err);
+    kvp_status status =
+        tentative ? kvpi_pool_take_tentative_locked(r->pool, n, r->entries + r->count, err)
+                  : kvpi_pool_take_locked(r->pool, n, r->entries + r->count, err);
     if (status == KVP_OK) {
         if (r->next == r->count) {
             kvpi_pool_attach_locked(r->pool, &r->holder);
@@ -79,6 +81,18 @@ kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t 
     }
     kvpi_pool_unlock(r->pool);
     return status;
+}
+
+kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t *promise,
+                                          kvp_error *err)
+{
+    return fill(r, n, promise, 0, err);
+}
+
+kvp_status kvpi_reservation_fill_tentative(kvpi_reservation *r, size_t n, size_t *promise,
+                                           kvp_error *err)
+{
+    return fill(r, n, promise, 1, err);
 }
 
 uint32_t kvpi_reservation_consume_locked(kvpi_reservation *r)
@@ -97,12 +111,11 @@ uint32_t kvpi_reservation_peek(const kvpi_reservation *r, size_t ahead)
     return r->entries[r->next + ahead];
 }
 
-void kvpi_reservation_release(kvpi_reservation *r)
+void kvpi_reservation_release_locked(kvpi_reservation *r)
 {
-    if (r->pool == NULL || r->next == r->count) {
+    if (r->next == r->count) {
         return;
     }
-    kvpi_pool_lock(r->pool);
     /* Newest first, so the free list gives the pages back in reservation order. */
     for (size_t i = r->count; i > r->next; i--) {
         kvpi_pool_put_locked(r->pool, r->entries[i - 1]);
@@ -110,5 +123,14 @@ void kvpi_reservation_release(kvpi_reservation *r)
     kvpi_pool_detach_locked(r->pool, &r->holder);
     r->next = 0;
     r->count = 0;
+}
+
+void kvpi_reservation_release(kvpi_reservation *r)
+{
+    if (r->pool == NULL || r->next == r->count) {
+        return;
+    }
+    kvpi_pool_lock(r->pool);
+    kvpi_reservation_release_locked(r);
     kvpi_pool_unlock(r->pool);
 }

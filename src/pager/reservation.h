@@ -49,6 +49,13 @@ kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t 
                                           kvp_error *err);
 
 /*
+ * fill_promised with tentative pages (kvpi_pool_take_tentative_locked): the
+ * caller must later confirm or cancel exactly n pages with the pool.
+ */
+kvp_status kvpi_reservation_fill_tentative(kvpi_reservation *r, size_t n, size_t *promise,
+                                           kvp_error *err);
+
+/*
  * Under the pool lock: hands the next reserved page, and its reference, to the
  * caller. Precondition: remaining > 0.
  */
@@ -59,5 +66,7 @@ uint32_t kvpi_reservation_peek(const kvpi_reservation *r, size_t ahead);
 
 /* Returns every page still reserved to the pool. Takes the pool lock. */
 void kvpi_reservation_release(kvpi_reservation *r);
+/* The same, with the pool lock already held. */
+void kvpi_reservation_release_locked(kvpi_reservation *r);
 
 #endif /* KVPAGER_PAGER_RESERVATION_H */

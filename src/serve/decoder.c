@@ -12,12 +12,17 @@
  *   the caller returns once `busy` reaches 0. Jobs are independent sequences,
  *   so each job's result equals a lone kvp_sequence_step. Plain mutexes and
  *   condition variables only, so helgrind and DRD can follow every hand-off.
+ * Global state: the thread-start fault injector (decoder_internal.h).
  * Callers: the public API.
  */
 #include "kvpager/sequence.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
+
+#include "serve/decoder_internal.h"
 
 #include "pager/alloc.h"
 #include "pager/error.h"
@@ -37,6 +42,47 @@ struct kvp_decoder {
     kvp_next_input_fn next_input;
     void *ctx;
 };
+
+static atomic_uint_fast64_t thread_calls;  /* thread starts since arm */
+static atomic_uint_fast64_t thread_target; /* 0: disarmed */
+static atomic_int thread_fired;
+
+void kvpi_thread_fault_arm(uint64_t nth)
+{
+    atomic_store(&thread_target, 0);
+    atomic_store(&thread_calls, 0);
+    atomic_store(&thread_fired, 0);
+    atomic_store(&thread_target, (uint_fast64_t)nth);
+}
+
+uint64_t kvpi_thread_fault_calls(void)
+{
+    return (uint64_t)atomic_load(&thread_calls);
+}
+
+int kvpi_thread_fault_fired(void)
+{
+    return atomic_load(&thread_fired);
+}
+
+/* pthread_create, unless the injector fails this start (EAGAIN, nothing started). */
+static int thread_start(pthread_t *thread, void *(*fn)(void *), void *arg)
+{
+    uint_fast64_t call = atomic_fetch_add(&thread_calls, 1) + 1;
+    if (call == atomic_load(&thread_target)) {
+        atomic_store(&thread_fired, 1);
+        return EAGAIN;
+    }
+    return pthread_create(thread, NULL, fn, arg);
+}
+
+size_t kvpi_decoder_default_threads(long cores)
+{
+    if (cores <= 0) {
+        return 1;
+    }
+    return cores > 4096 ? 4096 : (size_t)cores;
+}
 
 /* Claims and runs jobs until none are left. Called without the lock held. */
 static void run_jobs(kvp_decoder *d)
@@ -105,8 +151,7 @@ kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out, kvp_error *err)
         return kvpi_fail_null(err, "out");
     }
     if (threads == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores <= 0 ? 1 : cores > 4096 ? 4096 : (size_t)cores;
+        threads = kvpi_decoder_default_threads(sysconf(_SC_NPROCESSORS_ONLN));
     }
     if (threads > 4096) {
         return kvpi_fail_invalid(err, "threads", "at most 4096 threads");
@@ -125,7 +170,7 @@ kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out, kvp_error *err)
     pthread_cond_init(&d->work_ready, NULL);
     pthread_cond_init(&d->work_done, NULL);
     for (size_t i = 0; i + 1 < threads; i++) {
-        if (pthread_create(&d->workers[i], NULL, worker_main, d) != 0) {
+        if (thread_start(&d->workers[i], worker_main, d) != 0) {
             decoder_free(d, i);
             kvp_error e = kvpi_error_begin(KVP_THREAD_FAILED);
             e.index = i;

@@ -53,12 +53,13 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
+    /* Before the geometry check reads layers[0 .. count). */
+    if (count > (SIZE_MAX - sizeof(kvp_model)) / sizeof(kvp_layer *)) {
+        return kvpi_fail_invalid(err, "count", "too many layers");
+    }
     kvp_status status = check_geometry(layers, count, err);
     if (status != KVP_OK) {
         return status;
-    }
-    if (count > (SIZE_MAX - sizeof(kvp_model)) / sizeof(kvp_layer *)) {
-        return kvpi_fail_invalid(err, "count", "too many layers");
     }
     size_t bytes = sizeof(kvp_model) + count * sizeof(kvp_layer *);
     kvp_model *model = kvpi_calloc(KVPI_SITE_MODEL, 1, bytes);

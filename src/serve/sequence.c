@@ -20,6 +20,8 @@
 #include <string.h>
 
 #include "serve/model_internal.h"
+#include "attention/kernels.h"
+#include "attention/layer_internal.h"
 #include "attention/ticket_internal.h"
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"
@@ -35,7 +37,7 @@ static void free_sequence(kvp_sequence *seq)
             kvp_cache_destroy(seq->caches[l], NULL);
         }
     }
-    if (seq->pool != NULL && seq->promise != 0) {
+    if (seq->promise != 0) {
         kvpi_pool_lock(seq->pool);
         kvpi_pool_promise_set_locked(seq->pool, &seq->promise, 0);
         kvpi_pool_unlock(seq->pool);
@@ -44,12 +46,30 @@ static void free_sequence(kvp_sequence *seq)
     kvpi_free(seq);
 }
 
-/* One allocation for the pointer arrays, activations and reservation storage. */
-static kvp_status alloc_buffers(kvp_sequence *seq, size_t pages, kvp_error *err)
+/*
+ * a * b, saturated at SIZE_MAX. The probe cache already allocated batch *
+ * blocks table entries, so these products fit on any real machine; the
+ * saturation only keeps an impossible size from wrapping into a small one.
+ */
+static size_t mul_sat(size_t a, size_t b)
 {
-    size_t rows = (seq->layers + 2) * seq->batch_size * seq->model_width;
-    size_t pointers = 2 * seq->layers;
-    size_t bytes = pointers * sizeof(void *) + rows * sizeof(double) + pages * sizeof(uint32_t);
+    size_t r = 0;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r; /* GCOVR_EXCL_BR_LINE: see above */
+}
+
+/* One allocation for the pointer arrays, activations and reservation storage. */
+static kvp_status alloc_buffers(kvp_sequence *seq, size_t blocks_per_lane, kvp_error *err)
+{
+    size_t pages = mul_sat(mul_sat(seq->layers, seq->batch_size), blocks_per_lane);
+    size_t rows = mul_sat(seq->layers + 2, mul_sat(seq->batch_size, seq->model_width));
+    size_t pointers = 2 * seq->layers; /* the model allocated `layers` pointers */
+    size_t sizes[3] = {mul_sat(pointers, sizeof(void *)), mul_sat(rows, sizeof(double)),
+                       mul_sat(pages, sizeof(uint32_t))};
+    size_t bytes = sizes[0] + sizes[1] + sizes[2];
+    if (sizes[0] > SIZE_MAX / 4 || sizes[1] > SIZE_MAX / 4 || /* GCOVR_EXCL_BR_LINE: see above */
+        sizes[2] > SIZE_MAX / 4) {                         /* GCOVR_EXCL_BR_LINE: see above */
+        return kvpi_fail_alloc(err, "sequence buffers", SIZE_MAX); /* GCOVR_EXCL_LINE: above */
+    }
     void **block = kvpi_calloc(KVPI_SITE_SEQUENCE, 1, bytes);
     if (block == NULL) {
         return kvpi_fail_alloc(err, "sequence buffers", bytes);
@@ -76,12 +96,10 @@ kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t ba
         return kvpi_fail_null(err, "out");
     }
     kvp_binding binding;
-    kvp_status status = kvp_layer_binding(model->layers[0], &binding, err);
+    kvpi_layer_binding(model->layers[0], &binding);
     kvp_cache *probe = NULL;
     /* The first cache validates batch, capacity and geometry before anything else. */
-    if (status == KVP_OK) {
-        status = kvp_cache_create(pool, &binding, batch_size, capacity, &probe, err);
-    }
+    kvp_status status = kvp_cache_create(pool, &binding, batch_size, capacity, &probe, err);
     if (status != KVP_OK) {
         return status;
     }
@@ -96,8 +114,7 @@ kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t ba
     seq->batch_size = batch_size;
     seq->capacity = capacity;
     seq->model_width = model->model_width;
-    size_t pages = model->count * batch_size * probe->blocks_per_lane;
-    status = alloc_buffers(seq, pages, err);
+    status = alloc_buffers(seq, probe->blocks_per_lane, err);
     if (status != KVP_OK) {
         kvp_cache_destroy(probe, NULL);
         kvpi_free(seq);
@@ -106,11 +123,8 @@ kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t ba
     seq->caches[0] = probe;
     for (size_t l = 0; l < seq->layers && status == KVP_OK; l++) {
         if (l > 0) {
-            status = kvp_layer_binding(model->layers[l], &binding, err);
-            if (status == KVP_OK) {
-                status = kvp_cache_create(pool, &binding, batch_size, capacity, &seq->caches[l],
-                                          err);
-            }
+            kvpi_layer_binding(model->layers[l], &binding);
+            status = kvp_cache_create(pool, &binding, batch_size, capacity, &seq->caches[l], err);
         }
         if (status == KVP_OK) {
             status = kvp_ticket_create(seq->caches[l], &seq->tickets[l], err);
@@ -186,8 +200,12 @@ size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t tokens)
     if (tokens <= len) {
         return 0;
     }
-    return sequence->layers * sequence->batch_size *
-           (blocks_for(sequence, tokens) - blocks_for(sequence, len));
+    size_t blocks = blocks_for(sequence, tokens) - blocks_for(sequence, len);
+    size_t lanes = sequence->layers * sequence->batch_size; /* bounded by the reservation */
+    if (blocks != 0 && lanes > SIZE_MAX / blocks) {
+        return SIZE_MAX; /* saturate, as kvp_pool_pages_for */
+    }
+    return lanes * blocks;
 }
 
 static void residual(const double *input, const double *output, size_t n, double *next)
@@ -289,15 +307,55 @@ kvp_status kvp_sequence_step(kvp_sequence *sequence, const kvp_tensor *input,
     return KVP_OK;
 }
 
-/* Prompt shape and room; the seed's input errors where they apply. */
+/*
+ * Tokens 1..T-1 of the prompt must be finite: a non-finite value at token t
+ * would make layer 0's query projection of that token non-finite, so it is
+ * refused before any page is taken, with the error that projection gives,
+ * err.layer 0 and err.token t. Called after token 0 was prepared, whose
+ * layer-0 ticket no longer needs its query row: that row is the scratch.
+ */
+static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *prompt,
+                                      kvp_error *err)
+{
+    size_t tokens = prompt->shape.dims[1];
+    size_t d = seq->model_width;
+    size_t n = seq->batch_size * d;
+    for (size_t t = 1; t < tokens; t++) {
+        int finite = 1;
+        for (size_t b = 0; b < seq->batch_size && finite; b++) {
+            finite = kvpi_first_nonfinite(prompt->data + (b * tokens + t) * d, d) == d;
+        }
+        if (finite) {
+            continue;
+        }
+        const double *w_query = kvp_param_values(kvp_layer_param(seq->model->layers[0],
+                                                                 KVP_PARAM_QUERY));
+        double *query = seq->tickets[0]->query;
+        for (size_t b = 0; b < seq->batch_size; b++) {
+            kvpi_project_row(prompt->data + (b * tokens + t) * d, w_query, d, query + b * d);
+        }
+        kvp_error e = kvpi_error_begin(KVP_NONFINITE_PROJECTION);
+        e.what = "query";
+        e.index = kvpi_first_nonfinite(query, n);
+        e.value = query[e.index];
+        e.layer = 0;
+        e.token = t;
+        return kvpi_error_emit(err, &e);
+    }
+    return KVP_OK;
+}
+
+/* Prompt shape, room and output buffer, before anything is computed. */
 static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *prompt,
                                   size_t output_len, const double *output, kvp_error *err)
 {
     const kvp_shape *shape = &prompt->shape;
+    size_t room = seq->capacity - seq->caches[0]->len;
     kvp_error e = kvpi_error_begin(KVP_OK);
     if (shape->rank != 3) {
         e.status = KVP_INPUT_RANK;
         e.rank = shape->rank;
+        e.what = "prompt";
     } else if (shape->dims[0] != seq->batch_size) {
         e.status = KVP_INPUT_BATCH_MISMATCH;
         e.expected_size = seq->batch_size;
@@ -308,14 +366,18 @@ static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *pro
         e.actual_size = shape->dims[2];
     } else if (shape->dims[1] == 0) {
         return kvpi_fail_invalid(err, "prompt", "a prompt needs at least one token");
-    } else if (shape->dims[1] > seq->capacity - seq->caches[0]->len) {
+    } else if (shape->dims[1] > room) {
         e.status = KVP_FULL;
+        e.what = "prompt";
         e.capacity = seq->capacity;
+        e.tokens = shape->dims[1];
+        e.available = room;
     }
     if (e.status != KVP_OK) {
         e.layer = SIZE_MAX;
         return kvpi_error_emit(err, &e);
     }
+    /* batch * tokens * width <= batch * capacity * width, bounded at cache creation. */
     size_t elements = seq->batch_size * shape->dims[1] * seq->model_width;
     if (output != NULL && output_len < elements) {
         return kvpi_fail_buffer(err, "output", elements, output_len);
@@ -323,12 +385,19 @@ static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *pro
     return KVP_OK;
 }
 
-/* Undoes a prefill: unused reserved pages, then the committed rows, newest first. */
-static void roll_back(kvp_sequence *seq, size_t len, size_t promise)
+/*
+ * Undoes a prefill that failed after its first token, in one hold of the pool
+ * lock: the unused reserved pages and then the committed rows go back, newest
+ * first, so the free list is as before; the tentative pages are cancelled, so
+ * acquires, releases and the high-water mark are as before; the promise is
+ * restored.
+ */
+static void roll_back(kvp_sequence *seq, size_t len, size_t promise, size_t pages)
 {
-    kvpi_reservation_release(&seq->reservation);
-    kvpi_cache_truncate_many(seq->caches, seq->layers, len);
     kvpi_pool_lock(seq->pool);
+    kvpi_reservation_release_locked(&seq->reservation);
+    kvpi_cache_truncate_many_locked(seq->caches, seq->layers, len);
+    kvpi_pool_tentative_cancel_locked(seq->pool, pages);
     kvpi_pool_promise_set_locked(seq->pool, &seq->promise, promise);
     kvpi_pool_unlock(seq->pool);
 }
@@ -352,10 +421,7 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
     size_t n = sequence->batch_size * d;
     size_t start = sequence->caches[0]->len;
     size_t promise = sequence->promise;
-    status = reserve(sequence, kvp_sequence_pages_for(sequence, start + tokens), err);
-    if (status != KVP_OK) {
-        return status;
-    }
+    size_t pages = kvp_sequence_pages_for(sequence, start + tokens);
     double *row = sequence->activations; /* x_0 of each token, gathered from [B, T, D] */
     for (size_t t = 0; t < tokens; t++) {
         for (size_t b = 0; b < sequence->batch_size; b++) {
@@ -364,11 +430,34 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
         kvp_tensor input = kvp_tensor3(row, sequence->batch_size, 1, d);
         status = prepare_layers(sequence, &input, next_input, ctx, err);
         if (status != KVP_OK) {
-            roll_back(sequence, start, promise);
+            if (t > 0) {
+                roll_back(sequence, start, promise, pages);
+            }
             if (err != NULL) {
                 err->token = t;
             }
             return status;
+        }
+        if (t == 0) {
+            /*
+             * The first token is prepared (every binding and the first row
+             * checked) before any page is taken, and the other tokens'
+             * inputs are checked; then the pages of every token are taken,
+             * tentatively, so that a later failure leaves no trace in the
+             * pool's counters.
+             */
+            status = check_prompt_finite(sequence, prompt, err);
+            if (status == KVP_OK) {
+                status = kvpi_reservation_fill_tentative(&sequence->reservation, pages,
+                                                         &sequence->promise, err);
+                if (status != KVP_OK && err != NULL) {
+                    err->layer = SIZE_MAX;
+                }
+            }
+            if (status != KVP_OK) {
+                discard_tickets(sequence, sequence->layers);
+                return status;
+            }
         }
         commit_layers(sequence);
         if (output != NULL) {
@@ -378,6 +467,9 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
             }
         }
     }
+    kvpi_pool_lock(sequence->pool);
+    kvpi_pool_tentative_confirm_locked(sequence->pool, pages);
+    kvpi_pool_unlock(sequence->pool);
     return KVP_OK;
 }
 

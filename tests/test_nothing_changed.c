@@ -1,0 +1,1170 @@
+/*
+ * test_nothing_changed.c: every failing call of every public function changes
+ * nothing (status.h's contract).
+ *
+ * Each test builds a small world — a pool with a sequence (2 layers, batch 2,
+ * 3 tokens prefilled, 2 pages promised), a standalone cache bound to layer 0
+ * with 4 tokens, a ticket holding a prepared row and its reserved page, and a
+ * parameter — and registers all of it with a kvpt_snapshot (support.h): pool
+ * stats (acquires, releases, high water, ...), the slab digest, the audit,
+ * every cache's info and digest, the sequence's length, held and promised
+ * pages, the parameter's id, revision and values, and the tickets' results.
+ * EXPECT_FAIL snapshots, makes one failing call, checks its typed status (in
+ * the return value and in *err) and then that the snapshot is unchanged;
+ * only POOL_EXHAUSTED may add one to the exhaustions counter. Out-parameters
+ * start as sentinels and must still hold them. Allocating functions are
+ * swept: the Nth hooked allocation fails, for every N until the call
+ * succeeds (pager/alloc.h), each failure checked the same way.
+ *
+ * The table: every function of the headers in include/kvpager/, and its failing calls here.
+ *
+ *   status.h    kvp_status_name, kvp_status_message, kvp_error_format,
+ *               kvp_mismatch_format                      infallible (pure)
+ *   types.h     kvp_tensor3, kvp_tensor4                 infallible (pure)
+ *   kvpager.h   kvp_version                              infallible (pure)
+ *   pool.h      kvp_pool_config_init                     infallible (NULL ignored)
+ *               kvp_pool_create      NULL x2, ZERO_SIZE x4, SIZE_OVERFLOW x2,
+ *                                    BUDGET_TOO_SMALL, ALLOCATION_FAILED (sweep)
+ *               kvp_pool_destroy     NULL, POOL_BUSY
+ *               kvp_pool_stats_get   NULL x2
+ *               kvp_pool_check       NULL, AUDIT_FAILED (planted mismatch)
+ *               kvp_pool_admit       NULL x2
+ *               kvp_pool_pages_for   infallible (saturates; test_pool.c)
+ *               kvp_pool_digest      NULL x2
+ *   cache.h     kvp_cache_create     NULL x3, INVALID_ARGUMENT x2, ZERO_BATCH_SIZE,
+ *                                    ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS,
+ *                                    ELEMENT_COUNT_OVERFLOW, GEOMETRY_MISMATCH,
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_cache_destroy, kvp_cache_reset        NULL
+ *               kvp_cache_info_get, kvp_cache_digest      NULL x2
+ *               kvp_cache_keys, kvp_cache_values          NULL x2, BUFFER_TOO_SMALL
+ *               kvp_cache_page       NULL x2, OUT_OF_RANGE x2
+ *               kvp_cache_len, _capacity, _is_empty, _is_full   infallible
+ *   param.h     kvp_param_create     NULL x2, INVALID_ARGUMENT x2, ALLOCATION_FAILED
+ *               kvp_param_retain, kvp_param_release       NULL
+ *               kvp_param_update, kvp_param_update_with   NULL x2
+ *               kvp_param_id, _revision, _width, _values  infallible
+ *   rope.h      kvp_rope_validate    NULL, ROPE_INVALID_WIDTH x2, ROPE_ZERO_POSITIONS,
+ *                                    ROPE_INVALID_BASE x6 (0, -1, NaN, inf, 5e-324,
+ *                                    1e-300 with many positions)
+ *               kvp_rope_rotate      the same, NULL features, ROPE_POSITION_OUT_OF_RANGE
+ *   layer.h     kvp_layer_create     NULL x5, PARAMETER_WIDTH_MISMATCH,
+ *                                    HEADS_DO_NOT_DIVIDE_WIDTH x2, ROPE_* x3,
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_layer_create_random  NULL, INVALID_ARGUMENT x2, HEADS, ROPE,
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_layer_destroy    NULL
+ *               kvp_layer_info_get, kvp_layer_binding     NULL x2
+ *               kvp_layer_param      infallible (NULL out of range)
+ *   attention.h kvp_ticket_create    NULL x2, ALLOCATION_FAILED (sweep)
+ *               kvp_ticket_destroy, kvp_ticket_discard    NULL
+ *               kvp_ticket_commit    NULL x2, TICKET_EMPTY, TICKET_FOREIGN_CACHE,
+ *                                    TICKET_STALE
+ *               kvp_ticket_result    NULL x2, TICKET_EMPTY
+ *               kvp_attention_prepare, kvp_attention_forward   NULL x4, INPUT_RANK,
+ *                                    SINGLE_TOKEN_REQUIRED, INPUT_BATCH_MISMATCH,
+ *                                    INPUT_WIDTH_MISMATCH, CACHE_LAYER_MISMATCH,
+ *                                    CACHE_LAYER_REVISION_MISMATCH, CACHE_ROPE_MISMATCH,
+ *                                    FULL, TICKET_BUSY, TICKET_GEOMETRY_MISMATCH,
+ *                                    NONFINITE_PROJECTION, NONFINITE_SCORE,
+ *                                    POOL_EXHAUSTED
+ *               kvp_attention_reference  NULL x3, REFERENCE_INPUT_SHAPE,
+ *                                    ROPE_POSITION_OUT_OF_RANGE, BUFFER_TOO_SMALL x2,
+ *                                    NONFINITE_PROJECTION, NONFINITE_SCORE,
+ *                                    ALLOCATION_FAILED (sweep)
+ *   model.h     kvp_model_create     NULL x3, INVALID_ARGUMENT, MODEL_GEOMETRY_MISMATCH,
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_model_create_random  NULL, INVALID_ARGUMENT x2, layer errors,
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_model_destroy    NULL;  kvp_model_info_get  NULL x2
+ *               kvp_model_layer      infallible (NULL out of range)
+ *   sequence.h  kvp_sequence_create  NULL x3, ZERO_BATCH_SIZE, ZERO_CAPACITY,
+ *                                    CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH,
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_sequence_destroy, kvp_sequence_reset  NULL
+ *               kvp_sequence_step    NULL x3, BUFFER_TOO_SMALL, INPUT_RANK,
+ *                                    NONFINITE_PROJECTION, POOL_EXHAUSTED
+ *               kvp_sequence_prefill NULL x2, INPUT_RANK, INPUT_BATCH_MISMATCH,
+ *                                    INPUT_WIDTH_MISMATCH, INVALID_ARGUMENT, FULL,
+ *                                    BUFFER_TOO_SMALL, NONFINITE_PROJECTION (NaN at
+ *                                    token 2), CACHE_LAYER_REVISION_MISMATCH (stale
+ *                                    binding), POOL_EXHAUSTED, NONFINITE_SCORE at
+ *                                    token 2 (after two computed tokens; see below)
+ *               kvp_sequence_promise NULL, OUT_OF_RANGE
+ *               kvp_sequence_pages_for, _len, _capacity, _held_pages,
+ *               _promised_pages, _cache                   infallible
+ *               kvp_decoder_create   NULL, INVALID_ARGUMENT, ALLOCATION_FAILED (sweep),
+ *                                    THREAD_FAILED (test_sweep.c)
+ *               kvp_decoder_destroy  NULL;  kvp_decoder_threads  infallible
+ *               kvp_decoder_step     NULL x3, INVALID_ARGUMENT (shared sequence)
+ *
+ * The one documented exception (sequence.h): a prefill that fails after its
+ * first token has computed rows into pages and slots it then gave back. Every
+ * counter, cache and table is as before, but kvp_pool_digest, which hashes
+ * free bytes too, differs; that case asserts everything except the digest.
+ *
+ * Unit test: uses pager/alloc.h (fault injector) and pager/pool_internal.h
+ * (to plant one audit mismatch).
+ */
+#include "support.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pager/alloc.h"
+#include "pager/pool_internal.h"
+
+enum { L = 2, D = 4, HEADS = 2, HD = 2, BT = 2, POSITIONS = 16, PAGES = 16 };
+enum { B = 2, C = 8, PREFILLED = 3, CACHE_B = 1, CACHE_C = 6, CACHE_LEN = 4 };
+
+#define BASE 10000.0
+#define SWEEP_LIMIT 200
+#define SENTINEL ((void *)0x5A5A)
+
+typedef struct world {
+    kvp_pool *pool;
+    kvp_model *model;
+    const kvp_layer *layer; /* layer 0 of the model */
+    kvp_sequence *seq;
+    kvp_cache *cache;       /* CACHE_B x CACHE_C, bound to layer 0, CACHE_LEN rows */
+    kvp_ticket *ticket;     /* committed the cache's rows; empty-able */
+    kvp_ticket *held;       /* holds a prepared row for the cache and its reserved page */
+    kvp_param *param;
+    kvpt_snapshot snap;
+    size_t failures;        /* failing calls checked */
+} world;
+
+static void row_input(double *out, size_t batch, size_t tokens, uint64_t seed)
+{
+    kvpt_fill_random(out, batch * tokens * D, seed);
+}
+
+static void world_make(world *w)
+{
+    memset(w, 0, sizeof *w);
+    kvp_error err;
+    w->pool = kvpt_pool(BT, HEADS, HD, PAGES);
+    w->model = kvpt_random_model(L, D, HEADS, POSITIONS, BASE, 11);
+    w->layer = kvp_model_layer(w->model, 0);
+    w->seq = kvpt_sequence(w->model, w->pool, B, C);
+    double prompt[B * PREFILLED * D];
+    row_input(prompt, B, PREFILLED, 12);
+    kvp_tensor view = kvp_tensor3(prompt, B, PREFILLED, D);
+    kvpt_assert_ok(kvp_sequence_prefill(w->seq, &view, NULL, NULL, NULL, 0, &err), &err);
+    kvpt_assert_ok(kvp_sequence_promise(w->seq, 2, &err), &err);
+
+    kvp_binding binding;
+    kvpt_assert_ok(kvp_layer_binding(w->layer, &binding, &err), &err);
+    w->cache = kvpt_cache(w->pool, &binding, CACHE_B, CACHE_C);
+    w->ticket = kvpt_ticket(w->cache);
+    w->held = kvpt_ticket(w->cache);
+    for (size_t t = 0; t <= CACHE_LEN; t++) {
+        double x[CACHE_B * D];
+        row_input(x, CACHE_B, 1, 20 + t);
+        kvp_tensor in = kvp_tensor3(x, CACHE_B, 1, D);
+        if (t < CACHE_LEN) {
+            kvpt_assert_ok(kvp_attention_forward(w->layer, &in, w->cache, w->ticket, &err), &err);
+        } else {
+            kvpt_assert_ok(kvp_attention_prepare(w->layer, &in, w->cache, w->held, &err), &err);
+        }
+    }
+    double values[D * D];
+    kvpt_fill_random(values, D * D, 30);
+    kvpt_assert_ok(kvp_param_create(D, values, &w->param, &err), &err);
+
+    kvpt_snapshot_init(&w->snap, w->pool);
+    kvpt_snapshot_add_cache(&w->snap, w->cache);
+    kvpt_snapshot_add_sequence(&w->snap, w->seq);
+    kvpt_snapshot_add_param(&w->snap, w->param);
+    kvpt_snapshot_add_ticket(&w->snap, w->ticket);
+    kvpt_snapshot_add_ticket(&w->snap, w->held);
+    kvpt_snapshot_take(&w->snap);
+    /* The world is not idle: pages held, promised and reserved. */
+    assert_int_equal(w->snap.stats.promised_pages, 2);
+    assert_int_equal(w->snap.stats.attached_reservations, 1);
+    assert_true(w->snap.stats.high_water_pages >= w->snap.stats.held_pages);
+}
+
+static void world_free(world *w)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_release(w->param, &err), &err);
+    kvpt_destroy_ticket(w->held, w->pool);
+    kvpt_destroy_ticket(w->ticket, w->pool);
+    kvpt_destroy_cache(w->cache, w->pool);
+    kvpt_destroy_sequence(w->seq, w->pool);
+    kvpt_destroy_model(w->model);
+    kvpt_destroy_pool(w->pool);
+    assert_true(w->failures > 0);
+}
+
+/* The status was returned, written to *err, and is not OK. */
+static void check_status_at(kvp_status got, const kvp_error *e, kvp_status expected,
+                            const char *call, const char *file, int line)
+{
+    if (got != expected || e->status != expected) {
+        print_error("%s:%d: %s returned %s (err %s), expected %s\n", file, line, call,
+                    kvp_status_name(got), kvp_status_name(e->status), kvp_status_name(expected));
+        fail();
+    }
+}
+
+/*
+ * One failing call, `call`, which must pass `&e` as its kvp_error. Asserts
+ * the status and that the world's snapshot is unchanged except for
+ * `exhaustions` more exhaustions.
+ */
+#define EXPECT_FAIL(w, expected, exhaustions, call)                                     \
+    do {                                                                                \
+        kvpt_snapshot before_ = (w)->snap;                                              \
+        kvpt_snapshot_take(&before_);                                                   \
+        kvp_error e;                                                                    \
+        memset(&e, 0x5A, sizeof e);                                                     \
+        kvp_status got_ = (call);                                                       \
+        check_status_at(got_, &e, (expected), #call, __FILE__, __LINE__);               \
+        kvpt_assert_unchanged(&before_, (exhaustions));                                 \
+        (w)->failures++;                                                                \
+    } while (0)
+
+/* ---- allocation sweeps --------------------------------------------------------- */
+
+/* A call that may allocate: makes an object into *out, or fails; destroy undoes it. */
+typedef struct sweep_call {
+    kvp_status (*make)(world *w, void **out, kvp_error *err);
+    void (*destroy)(world *w, void *object);
+} sweep_call;
+
+/*
+ * Fails the Nth hooked allocation for N = 1, 2, ... until the call succeeds.
+ * Each failure: AllocationFailed, *out untouched, the world unchanged.
+ * Returns the number of failing N (at least `min_failures`).
+ */
+static uint64_t sweep(world *w, const sweep_call *call, uint64_t min_failures)
+{
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvpt_snapshot before = w->snap;
+        kvpt_snapshot_take(&before);
+        void *out = SENTINEL;
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, call->make(w, &out, &s.err));
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_ptr_not_equal(out, SENTINEL);
+            call->destroy(w, out);
+            kvpt_assert_unchanged(&before, 0);
+            break;
+        }
+        failures++;
+        w->failures++;
+        kvpt_assert_fault_failed(&s, nth);
+        assert_ptr_equal(out, SENTINEL);
+        kvpt_assert_unchanged(&before, 0);
+    }
+    assert_true(failures >= min_failures);
+    return failures;
+}
+
+/* ---- pool.h -------------------------------------------------------------------- */
+
+static void count_mismatch(void *ctx, const kvp_mismatch *m)
+{
+    (void)m;
+    (*(size_t *)ctx)++;
+}
+
+static kvp_status make_pool(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    kvp_pool_config config = {BT, HEADS, HD, 4 * 2 * HEADS * BT * HD * sizeof(double)};
+    return kvp_pool_create(&config, (kvp_pool **)out, err);
+}
+
+static void destroy_pool(world *w, void *object)
+{
+    (void)w;
+    kvpt_destroy_pool((kvp_pool *)object);
+}
+
+static void test_nothing_changed_pool_functions(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_pool *out = SENTINEL;
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_create(NULL, &out, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_create(&config, NULL, &e));
+    for (size_t field = 0; field < 4; field++) {
+        kvp_pool_config zero = config;
+        size_t *sizes[4] = {&zero.block_tokens, &zero.heads, &zero.head_width, &zero.budget_bytes};
+        *sizes[field] = 0;
+        EXPECT_FAIL(&w, KVP_ZERO_SIZE, 0, kvp_pool_create(&zero, &out, &e));
+    }
+    kvp_pool_config huge = config;
+    huge.heads = SIZE_MAX / 2;
+    EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&huge, &out, &e));
+    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32}; /* 2^32 pages of 16 bytes */
+    EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&many, &out, &e));
+    kvp_pool_config small = config;
+    small.budget_bytes = 1;
+    EXPECT_FAIL(&w, KVP_BUDGET_TOO_SMALL, 0, kvp_pool_create(&small, &out, &e));
+    assert_ptr_equal(out, SENTINEL);
+    sweep_call call = {make_pool, destroy_pool};
+    assert_int_equal(sweep(&w, &call, 3), 3);
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_destroy(NULL, &e));
+    EXPECT_FAIL(&w, KVP_POOL_BUSY, 0, kvp_pool_destroy(w.pool, &e));
+
+    kvp_pool_stats stats;
+    memset(&stats, 0x5A, sizeof stats);
+    kvp_pool_stats sentinel_stats = stats;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_stats_get(NULL, &stats, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_stats_get(w.pool, NULL, &e));
+    assert_memory_equal(&stats, &sentinel_stats, sizeof stats);
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_check(NULL, NULL, NULL, &e));
+
+    kvp_admission admission = (kvp_admission)77;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_admit(NULL, 1, 0, &admission, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_admit(w.pool, 1, 0, NULL, &e));
+    assert_int_equal(admission, 77);
+
+    uint64_t digest = 77;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_digest(NULL, &digest, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_digest(w.pool, NULL, &e));
+    assert_int_equal(digest, 77);
+
+    /* A failing audit changes nothing either: plant a high-water mismatch, audit twice. */
+    kvp_pool_stats before = kvpt_stats(w.pool);
+    uint64_t slab_before = w.snap.pool_digest;
+    w.pool->high_water_pages = 0;
+    for (int i = 0; i < 2; i++) {
+        size_t found = 0;
+        kvp_error e;
+        assert_int_equal(kvp_pool_check(w.pool, count_mismatch, &found, &e), KVP_AUDIT_FAILED);
+        assert_int_equal(found, 1);
+        assert_int_equal(e.mismatches, 1);
+        assert_int_equal(e.first_mismatch.invariant, KVP_INVARIANT_STATS);
+        kvp_pool_stats now = kvpt_stats(w.pool);
+        now.high_water_pages = before.high_water_pages;
+        assert_memory_equal(&now, &before, sizeof now);
+        uint64_t slab_now = 0;
+        kvpt_assert_ok(kvp_pool_digest(w.pool, &slab_now, &e), &e);
+        assert_int_equal(slab_now, slab_before);
+        w.failures++;
+    }
+    w.pool->high_water_pages = before.high_water_pages;
+    world_free(&w);
+}
+
+/* ---- cache.h ------------------------------------------------------------------- */
+
+static kvp_status make_cache(world *w, void **out, kvp_error *err)
+{
+    kvp_binding binding;
+    kvp_status status = kvp_layer_binding(w->layer, &binding, err);
+    if (status == KVP_OK) {
+        status = kvp_cache_create(w->pool, &binding, 3, 5, (kvp_cache **)out, err);
+    }
+    return status;
+}
+
+static void destroy_cache(world *w, void *object)
+{
+    kvpt_destroy_cache((kvp_cache *)object, w->pool);
+}
+
+static void test_nothing_changed_cache_functions(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_binding good;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_binding(w.layer, &good, &err), &err);
+    kvp_cache *out = SENTINEL;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(NULL, &good, 1, 1, &out, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(w.pool, NULL, 1, 1, &out, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(w.pool, &good, 1, 1, NULL, &e));
+    kvp_binding no_heads = good;
+    no_heads.heads = 0;
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_heads, 1, 1, &out, &e));
+    kvp_binding odd_width = good;
+    odd_width.model_width = D + 1;
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_cache_create(w.pool, &odd_width, 1, 1, &out, &e));
+    EXPECT_FAIL(&w, KVP_ZERO_BATCH_SIZE, 0, kvp_cache_create(w.pool, &good, 0, 1, &out, &e));
+    EXPECT_FAIL(&w, KVP_ZERO_CAPACITY, 0, kvp_cache_create(w.pool, &good, 1, 0, &out, &e));
+    EXPECT_FAIL(&w, KVP_CAPACITY_EXCEEDS_POSITIONS, 0,
+                kvp_cache_create(w.pool, &good, 1, POSITIONS + 1, &out, &e));
+    kvp_binding many_positions = good;
+    many_positions.rope_max_positions = SIZE_MAX;
+    EXPECT_FAIL(&w, KVP_ELEMENT_COUNT_OVERFLOW, 0,
+                kvp_cache_create(w.pool, &many_positions, SIZE_MAX / 2, 4, &out, &e));
+    kvp_binding other = good;
+    other.heads = 1;
+    other.head_width = D;
+    EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &other, 1, 1, &out, &e));
+    assert_ptr_equal(out, SENTINEL);
+    sweep_call call = {make_cache, destroy_cache};
+    assert_int_equal(sweep(&w, &call, 2), 2);
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_destroy(NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_reset(NULL, &e));
+    kvp_cache_info info;
+    memset(&info, 0x5A, sizeof info);
+    kvp_cache_info sentinel_info = info;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_info_get(NULL, &info, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_info_get(w.cache, NULL, &e));
+    assert_memory_equal(&info, &sentinel_info, sizeof info);
+
+    enum { ROWS = CACHE_B * HEADS * CACHE_LEN * HD };
+    double rows[ROWS];
+    kvpt_fill(rows, ROWS, 7.0);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_keys(NULL, rows, ROWS, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_keys(w.cache, NULL, ROWS, &e));
+    EXPECT_FAIL(&w, KVP_BUFFER_TOO_SMALL, 0, kvp_cache_keys(w.cache, rows, ROWS - 1, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_values(NULL, rows, ROWS, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_values(w.cache, NULL, ROWS, &e));
+    EXPECT_FAIL(&w, KVP_BUFFER_TOO_SMALL, 0, kvp_cache_values(w.cache, rows, ROWS - 1, &e));
+    kvpt_assert_filled(rows, ROWS, 7.0);
+
+    uint32_t page = 77;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_page(NULL, 0, 0, &page, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_page(w.cache, 0, 0, NULL, &e));
+    EXPECT_FAIL(&w, KVP_OUT_OF_RANGE, 0, kvp_cache_page(w.cache, CACHE_B, 0, &page, &e));
+    EXPECT_FAIL(&w, KVP_OUT_OF_RANGE, 0, kvp_cache_page(w.cache, 0, CACHE_LEN / BT, &page, &e));
+    assert_int_equal(page, 77);
+    uint64_t digest = 77;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_digest(NULL, &digest, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_digest(w.cache, NULL, &e));
+    assert_int_equal(digest, 77);
+    world_free(&w);
+}
+
+/* ---- param.h, rope.h, layer.h ------------------------------------------------------ */
+
+static kvp_status make_param(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    double values[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    return kvp_param_create(3, values, (kvp_param **)out, err);
+}
+
+static void destroy_param(world *w, void *object)
+{
+    (void)w;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_release((kvp_param *)object, &err), &err);
+}
+
+static kvp_status make_layer(world *w, void **out, kvp_error *err)
+{
+    return kvp_layer_create(w->param, w->param, w->param, w->param, HEADS, POSITIONS, BASE,
+                            (kvp_layer **)out, err);
+}
+
+static kvp_status make_random_layer(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    return kvp_layer_create_random(D, HEADS, POSITIONS, BASE, 5, (kvp_layer **)out, err);
+}
+
+static void destroy_layer(world *w, void *object)
+{
+    (void)w;
+    kvpt_destroy_layer((kvp_layer *)object);
+}
+
+static void bump(void *ctx, double *values, size_t width)
+{
+    (void)ctx;
+    values[0] += (double)width;
+}
+
+static void test_nothing_changed_param_rope_layer_functions(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    double values[D * D] = {0};
+    kvp_param *param = SENTINEL;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_create(D, NULL, &param, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_create(D, values, NULL, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_param_create(0, values, &param, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_param_create((size_t)1 << 33, values, &param, &e));
+    assert_ptr_equal(param, SENTINEL);
+    sweep_call param_call = {make_param, destroy_param};
+    assert_int_equal(sweep(&w, &param_call, 1), 1);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_retain(NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_release(NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update(NULL, values, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update(w.param, NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update_with(NULL, bump, NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update_with(w.param, NULL, NULL, &e));
+
+    /* RoPE: validate and rotate refuse the same configurations; features stay. */
+    const kvp_rope_config bad[] = {
+        {3, 8, BASE},  {0, 8, BASE},     {4, 0, BASE},    {4, 8, 0.0},      {4, 8, -1.0},
+        {4, 8, NAN},   {4, 8, INFINITY}, {64, 8, 5e-324}, {64, 1, 5e-324},  {64, SIZE_MAX, 1e-300},
+    };
+    const kvp_status why[] = {
+        KVP_ROPE_INVALID_WIDTH, KVP_ROPE_INVALID_WIDTH, KVP_ROPE_ZERO_POSITIONS,
+        KVP_ROPE_INVALID_BASE,  KVP_ROPE_INVALID_BASE,  KVP_ROPE_INVALID_BASE,
+        KVP_ROPE_INVALID_BASE,  KVP_ROPE_INVALID_BASE,  KVP_ROPE_INVALID_BASE,
+        KVP_ROPE_INVALID_BASE,
+    };
+    double features[4] = {1.0, 2.0, 3.0, 4.0};
+    const double original[4] = {1.0, 2.0, 3.0, 4.0};
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_rope_validate(NULL, &e));
+    for (size_t i = 0; i < KVPT_COUNT_OF(bad); i++) {
+        EXPECT_FAIL(&w, why[i], 0, kvp_rope_validate(&bad[i], &e));
+        EXPECT_FAIL(&w, why[i], 0, kvp_rope_rotate(&bad[i], features, 0, &e));
+    }
+    kvp_rope_config rope = {4, 8, BASE};
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_rope_rotate(&rope, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_ROPE_POSITION_OUT_OF_RANGE, 0, kvp_rope_rotate(&rope, features, 8, &e));
+    assert_memory_equal(features, original, sizeof features);
+
+    /* Layers: the parameters keep their identity and revision. */
+    kvp_param *narrow = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_create(2, values, &narrow, &err), &err);
+    kvp_layer *layer = SENTINEL;
+    kvp_param *p = w.param;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_create(p, p, p, p, HEADS, 8, BASE, NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_layer_create(NULL, p, p, p, HEADS, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_layer_create(p, NULL, p, p, HEADS, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_layer_create(p, p, NULL, p, HEADS, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_layer_create(p, p, p, NULL, HEADS, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_PARAMETER_WIDTH_MISMATCH, 0,
+                kvp_layer_create(p, p, narrow, p, HEADS, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_HEADS_DO_NOT_DIVIDE_WIDTH, 0,
+                kvp_layer_create(p, p, p, p, 0, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_HEADS_DO_NOT_DIVIDE_WIDTH, 0,
+                kvp_layer_create(p, p, p, p, 3, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_ROPE_INVALID_WIDTH, 0,
+                kvp_layer_create(p, p, p, p, 4, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_ROPE_ZERO_POSITIONS, 0,
+                kvp_layer_create(p, p, p, p, HEADS, 0, BASE, &layer, &e));
+    /* 5e-324 is refused over 64 features (theta_31 overflows), not over 2. */
+    double *zeros = kvpt_doubles(64 * 64);
+    kvp_param *p64 = NULL;
+    kvpt_assert_ok(kvp_param_create(64, zeros, &p64, &err), &err);
+    free(zeros);
+    kvpt_snapshot_add_param(&w.snap, p64);
+    EXPECT_FAIL(&w, KVP_ROPE_INVALID_BASE, 0,
+                kvp_layer_create(p64, p64, p64, p64, 1, 8, 5e-324, &layer, &e));
+    kvpt_assert_ok(kvp_layer_create(p64, p64, p64, p64, 2, 8, 5e-324, &layer, &err), &err);
+    kvpt_destroy_layer(layer);
+    layer = SENTINEL;
+    assert_ptr_equal(layer, SENTINEL);
+    sweep_call layer_call = {make_layer, destroy_layer};
+    assert_int_equal(sweep(&w, &layer_call, 1), 1);
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_layer_create_random(D, HEADS, 8, BASE, 1, NULL, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_layer_create_random(0, HEADS, 8, BASE, 1, &layer, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_layer_create_random((size_t)1 << 31, HEADS, 8, BASE, 1, &layer, &e));
+    EXPECT_FAIL(&w, KVP_HEADS_DO_NOT_DIVIDE_WIDTH, 0,
+                kvp_layer_create_random(D, 3, 8, BASE, 1, &layer, &e));
+    EXPECT_FAIL(&w, KVP_ROPE_INVALID_BASE, 0,
+                kvp_layer_create_random(64, 1, 8, 5e-324, 1, &layer, &e));
+    assert_ptr_equal(layer, SENTINEL);
+    sweep_call random_call = {make_random_layer, destroy_layer};
+    /* The weights scratch, four parameters, the layer. */
+    assert_int_equal(sweep(&w, &random_call, 6), 6);
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_destroy(NULL, &e));
+    kvp_layer_info info;
+    memset(&info, 0x5A, sizeof info);
+    kvp_layer_info sentinel_info = info;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_info_get(NULL, &info, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_info_get(w.layer, NULL, &e));
+    assert_memory_equal(&info, &sentinel_info, sizeof info);
+    kvp_binding binding;
+    memset(&binding, 0x5A, sizeof binding);
+    kvp_binding sentinel_binding = binding;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding(NULL, &binding, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding(w.layer, NULL, &e));
+    assert_memory_equal(&binding, &sentinel_binding, sizeof binding);
+    kvpt_assert_ok(kvp_param_release(narrow, &err), &err);
+    kvpt_assert_ok(kvp_param_release(p64, &err), &err);
+    world_free(&w);
+}
+
+/* ---- attention.h ---------------------------------------------------------------------- */
+
+static kvp_status make_ticket(world *w, void **out, kvp_error *err)
+{
+    return kvp_ticket_create(w->cache, (kvp_ticket **)out, err);
+}
+
+static void destroy_ticket(world *w, void *object)
+{
+    kvpt_destroy_ticket((kvp_ticket *)object, w->pool);
+}
+
+/* The reference's out-parameter is a buffer: the sweep passes it through a box. */
+typedef struct reference_box {
+    double out[2 * 3 * D];
+} reference_box;
+
+static kvp_status make_reference(world *w, void **out, kvp_error *err)
+{
+    static reference_box box;
+    double input[2 * 3 * D];
+    row_input(input, 2, 3, 40);
+    kvp_tensor view = kvp_tensor3(input, 2, 3, D);
+    kvp_status status = kvp_attention_reference(w->layer, &view, box.out, 2 * 3 * D, NULL, NULL,
+                                                0, err);
+    if (status == KVP_OK) {
+        *out = &box;
+    }
+    return status;
+}
+
+static void destroy_nothing(world *w, void *object)
+{
+    (void)w;
+    (void)object;
+}
+
+/* Fills the pool's free pages with a cache of its own; returns it. */
+static kvp_cache *fill_pool(world *w, kvp_ticket **ticket)
+{
+    kvp_binding binding;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_binding(w->layer, &binding, &err), &err);
+    size_t free_pages = kvpt_stats(w->pool).free_pages;
+    kvp_cache *filler = kvpt_cache(w->pool, &binding, free_pages, BT);
+    *ticket = kvpt_ticket(filler);
+    double *x = kvpt_doubles(free_pages * D);
+    kvp_tensor in = kvp_tensor3(x, free_pages, 1, D);
+    kvpt_assert_ok(kvp_attention_forward(w->layer, &in, filler, *ticket, &err), &err);
+    free(x);
+    assert_int_equal(kvpt_stats(w->pool).free_pages, 0);
+    return filler;
+}
+
+static void test_nothing_changed_attention_functions(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_error err;
+    kvp_ticket *ticket = SENTINEL;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_create(NULL, &ticket, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_create(w.cache, NULL, &e));
+    assert_ptr_equal(ticket, SENTINEL);
+    sweep_call ticket_call = {make_ticket, destroy_ticket};
+    assert_int_equal(sweep(&w, &ticket_call, 2), 2);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_destroy(NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_discard(NULL, &e));
+
+    /* Commit: the held ticket keeps its row and page through every refusal. */
+    kvp_binding binding;
+    kvpt_assert_ok(kvp_layer_binding(w.layer, &binding, &err), &err);
+    kvp_cache *foreign = kvpt_cache(w.pool, &binding, CACHE_B, CACHE_C);
+    kvpt_snapshot_add_cache(&w.snap, foreign);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_commit(NULL, w.cache, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_commit(w.held, NULL, &e));
+    EXPECT_FAIL(&w, KVP_TICKET_EMPTY, 0, kvp_ticket_commit(w.ticket, w.cache, &e));
+    EXPECT_FAIL(&w, KVP_TICKET_FOREIGN_CACHE, 0, kvp_ticket_commit(w.held, foreign, &e));
+    kvp_attention_result result;
+    memset(&result, 0x5A, sizeof result);
+    kvp_attention_result sentinel_result = result;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_result(NULL, &result, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_result(w.held, NULL, &e));
+    kvp_ticket *fresh = kvpt_ticket(w.cache);
+    EXPECT_FAIL(&w, KVP_TICKET_EMPTY, 0, kvp_ticket_result(fresh, &result, &e));
+    assert_memory_equal(&result, &sentinel_result, sizeof result);
+
+    /* Prepare and forward refuse, in the seed's order, leaving every ticket as it was. */
+    double x[CACHE_B * 2 * (D + 1)];
+    row_input(x, CACHE_B, 2, 41);
+    kvp_tensor good = kvp_tensor3(x, CACHE_B, 1, D);
+    kvp_tensor rank2 = good;
+    rank2.shape.rank = 2;
+    kvp_tensor two = kvp_tensor3(x, CACHE_B, 2, D);
+    kvp_tensor batch2 = kvp_tensor3(x, CACHE_B + 1, 1, D);
+    kvp_tensor wide = kvp_tensor3(x, CACHE_B, 1, D + 1);
+    double nan_row[CACHE_B * D] = {0.5, NAN, 0.25, 1.0};
+    kvp_tensor nan_input = kvp_tensor3(nan_row, CACHE_B, 1, D);
+    const kvp_layer *layer1 = kvp_model_layer(w.model, 1);
+    /* The same parameters under another RoPE base: only the RoPE check can tell. */
+    kvp_layer *other_base = NULL;
+    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(w.layer, 0), kvp_layer_param(w.layer, 1),
+                                    kvp_layer_param(w.layer, 2), kvp_layer_param(w.layer, 3),
+                                    HEADS, POSITIONS, 500.0, &other_base, &err),
+                   &err);
+    const kvp_tensor *inputs[] = {&rank2, &two, &batch2, &wide, &good, &nan_input};
+    const kvp_status input_errors[] = {KVP_INPUT_RANK,       KVP_SINGLE_TOKEN_REQUIRED,
+                                       KVP_INPUT_BATCH_MISMATCH, KVP_INPUT_WIDTH_MISMATCH,
+                                       KVP_CACHE_LAYER_MISMATCH, KVP_NONFINITE_PROJECTION};
+    for (int forward = 0; forward < 2; forward++) {
+        for (size_t i = 0; i < KVPT_COUNT_OF(inputs); i++) {
+            const kvp_layer *with = i == 4 ? layer1 : w.layer;
+            if (forward) {
+                EXPECT_FAIL(&w, input_errors[i], 0,
+                            kvp_attention_forward(with, inputs[i], w.cache, fresh, &e));
+            } else {
+                EXPECT_FAIL(&w, input_errors[i], 0,
+                            kvp_attention_prepare(with, inputs[i], w.cache, fresh, &e));
+            }
+        }
+        EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                    kvp_attention_forward(NULL, &good, w.cache, fresh, &e));
+        EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                    kvp_attention_prepare(w.layer, NULL, w.cache, fresh, &e));
+        EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                    kvp_attention_prepare(w.layer, &good, NULL, fresh, &e));
+        EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                    kvp_attention_forward(w.layer, &good, w.cache, NULL, &e));
+        EXPECT_FAIL(&w, KVP_CACHE_ROPE_MISMATCH, 0,
+                    kvp_attention_forward(other_base, &good, w.cache, fresh, &e));
+        EXPECT_FAIL(&w, KVP_TICKET_BUSY, 0,
+                    kvp_attention_forward(w.layer, &good, w.cache, w.held, &e));
+    }
+    /* A ticket too small for the cache. */
+    kvp_cache *small = kvpt_cache(w.pool, &binding, CACHE_B, 1);
+    kvp_ticket *small_ticket = kvpt_ticket(small);
+    EXPECT_FAIL(&w, KVP_TICKET_GEOMETRY_MISMATCH, 0,
+                kvp_attention_prepare(w.layer, &good, w.cache, small_ticket, &e));
+    /* FULL: the small cache after one row. */
+    kvpt_assert_ok(kvp_attention_forward(w.layer, &good, small, small_ticket, &err), &err);
+    kvpt_snapshot_add_cache(&w.snap, small);
+    EXPECT_FAIL(&w, KVP_FULL, 0, kvp_attention_forward(w.layer, &good, small, fresh, &e));
+    /* A score that overflows: a huge input row whose projections stay finite. */
+    double huge_row[CACHE_B * D] = {1e156, -1e156, 1e156, 1e156};
+    kvp_tensor huge = kvp_tensor3(huge_row, CACHE_B, 1, D);
+    EXPECT_FAIL(&w, KVP_NONFINITE_SCORE, 0,
+                kvp_attention_forward(w.layer, &huge, w.cache, fresh, &e));
+
+    /* The stale ticket: prepared, then the cache moves on through another ticket. */
+    kvp_ticket *stale = kvpt_ticket(small);
+    kvpt_assert_ok(kvp_cache_reset(small, &err), &err);
+    kvpt_assert_ok(kvp_attention_prepare(w.layer, &good, small, stale, &err), &err);
+    kvpt_assert_ok(kvp_attention_forward(w.layer, &good, small, small_ticket, &err), &err);
+    kvpt_snapshot_add_ticket(&w.snap, stale);
+    kvpt_snapshot_take(&w.snap);
+    EXPECT_FAIL(&w, KVP_TICKET_STALE, 0, kvp_ticket_commit(stale, small, &e));
+    kvpt_assert_ok(kvp_ticket_discard(stale, &err), &err);
+
+    /* POOL_EXHAUSTED: the cache opens a block (len 4 -> the held row is at a boundary). */
+    kvpt_assert_ok(kvp_ticket_discard(w.held, &err), &err);
+    kvp_ticket *filler_ticket = NULL;
+    kvp_cache *filler = fill_pool(&w, &filler_ticket);
+    kvpt_snapshot_take(&w.snap);
+    EXPECT_FAIL(&w, KVP_POOL_EXHAUSTED, 1,
+                kvp_attention_prepare(w.layer, &good, w.cache, fresh, &e));
+    EXPECT_FAIL(&w, KVP_POOL_EXHAUSTED, 1,
+                kvp_attention_forward(w.layer, &good, w.cache, fresh, &e));
+
+    /* The reference: nothing written on any error. */
+    double out[2 * 3 * D];
+    double keys[2 * 3 * D];
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
+    kvpt_fill(keys, KVPT_COUNT_OF(keys), 7.0);
+    double input[2 * 3 * D];
+    row_input(input, 2, 3, 42);
+    kvp_tensor three = kvp_tensor3(input, 2, 3, D);
+    kvp_tensor bad_shape = kvp_tensor3(input, 2, 3, D + 1);
+    kvp_tensor too_long = kvp_tensor3(input, 1, POSITIONS + 1, D);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_attention_reference(NULL, &three, out, 24, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_attention_reference(w.layer, NULL, out, 24, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_attention_reference(w.layer, &three, NULL, 24, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_REFERENCE_INPUT_SHAPE, 0,
+                kvp_attention_reference(w.layer, &bad_shape, out, 24, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_ROPE_POSITION_OUT_OF_RANGE, 0,
+                kvp_attention_reference(w.layer, &too_long, out, 24, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_BUFFER_TOO_SMALL, 0,
+                kvp_attention_reference(w.layer, &three, out, 23, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_BUFFER_TOO_SMALL, 0,
+                kvp_attention_reference(w.layer, &three, out, 24, keys, NULL, 23, &e));
+    input[D + 1] = NAN; /* lane 0, token 1 */
+    EXPECT_FAIL(&w, KVP_NONFINITE_PROJECTION, 0,
+                kvp_attention_reference(w.layer, &three, out, 24, keys, keys, 24, &e));
+    row_input(input, 2, 3, 42);
+    for (size_t i = 0; i < D; i++) {
+        input[2 * D + i] = huge_row[i]; /* lane 0, token 2 */
+    }
+    EXPECT_FAIL(&w, KVP_NONFINITE_SCORE, 0,
+                kvp_attention_reference(w.layer, &three, out, 24, keys, keys, 24, &e));
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+    kvpt_assert_filled(keys, KVPT_COUNT_OF(keys), 7.0);
+    sweep_call reference_call = {make_reference, destroy_nothing};
+    assert_int_equal(sweep(&w, &reference_call, 1), 1);
+
+    kvpt_destroy_ticket(filler_ticket, w.pool);
+    kvpt_destroy_cache(filler, w.pool);
+    kvpt_destroy_ticket(stale, w.pool);
+    kvpt_destroy_ticket(small_ticket, w.pool);
+    kvpt_destroy_cache(small, w.pool);
+    kvpt_destroy_ticket(fresh, w.pool);
+    kvpt_destroy_cache(foreign, w.pool);
+    kvpt_destroy_layer(other_base);
+    world_free(&w);
+}
+
+/* ---- model.h ---------------------------------------------------------------------------- */
+
+static kvp_status make_model(world *w, void **out, kvp_error *err)
+{
+    const kvp_layer *layers[2] = {kvp_model_layer(w->model, 1), w->layer};
+    return kvp_model_create(layers, 2, (kvp_model **)out, err);
+}
+
+static kvp_status make_random_model(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    return kvp_model_create_random(2, D, HEADS, POSITIONS, BASE, 3, (kvp_model **)out, err);
+}
+
+static void destroy_model(world *w, void *object)
+{
+    (void)w;
+    kvpt_destroy_model((kvp_model *)object);
+}
+
+static void test_nothing_changed_model_functions(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_model *model = SENTINEL;
+    kvp_layer *odd = kvpt_random_layer(D, 1, POSITIONS, BASE, 9);
+    const kvp_layer *layers[3] = {w.layer, NULL, odd};
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_create(NULL, 1, &model, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_create(layers, 1, NULL, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_model_create(layers, 0, &model, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_create(layers, 2, &model, &e));
+    layers[1] = odd;
+    EXPECT_FAIL(&w, KVP_MODEL_GEOMETRY_MISMATCH, 0, kvp_model_create(layers, 2, &model, &e));
+    assert_ptr_equal(model, SENTINEL);
+    sweep_call model_call = {make_model, destroy_model};
+    assert_int_equal(sweep(&w, &model_call, 3), 3);
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_model_create_random(2, D, HEADS, 8, BASE, 1, NULL, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_model_create_random(0, D, HEADS, 8, BASE, 1, &model, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_model_create_random(SIZE_MAX, D, HEADS, 8, BASE, 1, &model, &e));
+    EXPECT_FAIL(&w, KVP_HEADS_DO_NOT_DIVIDE_WIDTH, 0,
+                kvp_model_create_random(2, D, 3, 8, BASE, 1, &model, &e));
+    EXPECT_FAIL(&w, KVP_ROPE_INVALID_BASE, 0,
+                kvp_model_create_random(2, 64, 1, 8, 5e-324, 1, &model, &e));
+    assert_ptr_equal(model, SENTINEL);
+    sweep_call random_call = {make_random_model, destroy_model};
+    assert_true(sweep(&w, &random_call, 12) >= 12);
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_destroy(NULL, &e));
+    kvp_model_info info;
+    memset(&info, 0x5A, sizeof info);
+    kvp_model_info sentinel_info = info;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_info_get(NULL, &info, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_info_get(w.model, NULL, &e));
+    assert_memory_equal(&info, &sentinel_info, sizeof info);
+    kvpt_destroy_layer(odd);
+    world_free(&w);
+}
+
+/* ---- sequence.h ----------------------------------------------------------------------------- */
+
+static kvp_status make_sequence(world *w, void **out, kvp_error *err)
+{
+    return kvp_sequence_create(w->model, w->pool, 2, 4, (kvp_sequence **)out, err);
+}
+
+static void destroy_sequence(world *w, void *object)
+{
+    kvpt_destroy_sequence((kvp_sequence *)object, w->pool);
+}
+
+static kvp_status make_decoder(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    return kvp_decoder_create(3, (kvp_decoder **)out, err);
+}
+
+static void destroy_decoder(world *w, void *object)
+{
+    (void)w;
+    kvp_error err;
+    kvpt_assert_ok(kvp_decoder_destroy((kvp_decoder *)object, &err), &err);
+}
+
+static void test_nothing_changed_sequence_functions(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_error err;
+    kvp_sequence *seq = SENTINEL;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_create(NULL, w.pool, 1, 1, &seq, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_create(w.model, NULL, 1, 1, &seq, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_create(w.model, w.pool, 1, 1, NULL, &e));
+    EXPECT_FAIL(&w, KVP_ZERO_BATCH_SIZE, 0, kvp_sequence_create(w.model, w.pool, 0, 1, &seq, &e));
+    EXPECT_FAIL(&w, KVP_ZERO_CAPACITY, 0, kvp_sequence_create(w.model, w.pool, 1, 0, &seq, &e));
+    EXPECT_FAIL(&w, KVP_CAPACITY_EXCEEDS_POSITIONS, 0,
+                kvp_sequence_create(w.model, w.pool, 1, POSITIONS + 1, &seq, &e));
+    kvp_model *wide = kvpt_random_model(1, 2 * D, HEADS, POSITIONS, BASE, 4);
+    EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_sequence_create(wide, w.pool, 1, 1, &seq, &e));
+    assert_ptr_equal(seq, SENTINEL);
+    sweep_call sequence_call = {make_sequence, destroy_sequence};
+    /* Probe cache (2), sequence, buffers, ticket (2), then cache (2) and ticket (2). */
+    assert_int_equal(sweep(&w, &sequence_call, 10), 10);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_destroy(NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_reset(NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_promise(NULL, 1, &e));
+    EXPECT_FAIL(&w, KVP_OUT_OF_RANGE, 0, kvp_sequence_promise(w.seq, SIZE_MAX, &e));
+
+    /* Steps. */
+    double x[B * 4 * D];
+    row_input(x, B, 4, 50);
+    double out[B * 4 * D];
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
+    kvp_tensor one = kvp_tensor3(x, B, 1, D);
+    kvp_tensor rank2 = one;
+    rank2.shape.rank = 2;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_step(NULL, &one, NULL, NULL, out, 8, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_step(w.seq, NULL, NULL, NULL, out, 8, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_step(w.seq, &one, NULL, NULL, NULL, 8, &e));
+    EXPECT_FAIL(&w, KVP_BUFFER_TOO_SMALL, 0,
+                kvp_sequence_step(w.seq, &one, NULL, NULL, out, B * D - 1, &e));
+    EXPECT_FAIL(&w, KVP_INPUT_RANK, 0,
+                kvp_sequence_step(w.seq, &rank2, NULL, NULL, out, B * D, &e));
+    double nan_x[B * D];
+    memcpy(nan_x, x, sizeof nan_x);
+    nan_x[D + 1] = NAN;
+    kvp_tensor nan_one = kvp_tensor3(nan_x, B, 1, D);
+    EXPECT_FAIL(&w, KVP_NONFINITE_PROJECTION, 0,
+                kvp_sequence_step(w.seq, &nan_one, NULL, NULL, out, B * D, &e));
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+
+    /* Prefill: every refusal before the first token, and a NaN at token 2. */
+    kvp_tensor prompt = kvp_tensor3(x, B, 4, D);
+    kvp_tensor prompt_rank = prompt;
+    prompt_rank.shape.rank = 4;
+    kvp_tensor prompt_batch = kvp_tensor3(x, 1, 4, D);
+    kvp_tensor prompt_width = kvp_tensor3(x, B, 2, D + 1);
+    kvp_tensor empty = kvp_tensor3(x, B, 0, D);
+    kvp_tensor too_long = kvp_tensor3(x, B, C - PREFILLED + 1, D);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_sequence_prefill(NULL, &prompt, NULL, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0,
+                kvp_sequence_prefill(w.seq, NULL, NULL, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_INPUT_RANK, 0,
+                kvp_sequence_prefill(w.seq, &prompt_rank, NULL, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_INPUT_BATCH_MISMATCH, 0,
+                kvp_sequence_prefill(w.seq, &prompt_batch, NULL, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_INPUT_WIDTH_MISMATCH, 0,
+                kvp_sequence_prefill(w.seq, &prompt_width, NULL, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_sequence_prefill(w.seq, &empty, NULL, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_FULL, 0,
+                kvp_sequence_prefill(w.seq, &too_long, NULL, NULL, NULL, 0, &e));
+    EXPECT_FAIL(&w, KVP_BUFFER_TOO_SMALL, 0,
+                kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, out, B * 4 * D - 1, &e));
+    double nan_prompt[B * 4 * D];
+    memcpy(nan_prompt, x, sizeof nan_prompt);
+    nan_prompt[(1 * 4 + 2) * D + 3] = NAN; /* lane 1, token 2 */
+    kvp_tensor nan_view = kvp_tensor3(nan_prompt, B, 4, D);
+    EXPECT_FAIL(&w, KVP_NONFINITE_PROJECTION, 0,
+                kvp_sequence_prefill(w.seq, &nan_view, NULL, NULL, out, B * 4 * D, &e));
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+
+    /* A stale binding: layer 1's key updated in place; then restored by a second sequence. */
+    kvp_param *key1 = kvp_layer_param(kvp_model_layer(w.model, 1), KVP_PARAM_KEY);
+    kvpt_assert_ok(kvp_param_update_with(key1, bump, NULL, &err), &err);
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_REVISION_MISMATCH, 0,
+                kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, out, B * 4 * D, &e));
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_REVISION_MISMATCH, 0,
+                kvp_sequence_step(w.seq, &one, NULL, NULL, out, B * D, &e));
+    /* Token 0's checks come first: the stale binding, not token 2's NaN, is reported. */
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_REVISION_MISMATCH, 0,
+                kvp_sequence_prefill(w.seq, &nan_view, NULL, NULL, out, B * 4 * D, &e));
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+
+    /* Decoder. */
+    kvp_decoder *decoder = SENTINEL;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_decoder_create(1, NULL, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_decoder_create(4097, &decoder, &e));
+    assert_ptr_equal(decoder, SENTINEL);
+    sweep_call decoder_call = {make_decoder, destroy_decoder};
+    assert_int_equal(sweep(&w, &decoder_call, 2), 2);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_decoder_destroy(NULL, &e));
+    kvpt_assert_ok(kvp_decoder_create(2, &decoder, &err), &err);
+    kvp_decode_job jobs[2];
+    memset(jobs, 0, sizeof jobs);
+    jobs[0].sequence = w.seq;
+    jobs[0].input = one;
+    jobs[0].output = out;
+    jobs[0].output_len = B * D;
+    jobs[0].status = (kvp_status)77;
+    jobs[1] = jobs[0];
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_decoder_step(NULL, jobs, 1, NULL, NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_decoder_step(decoder, NULL, 1, NULL, NULL, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_decoder_step(decoder, jobs, 2, NULL, NULL, &e));
+    jobs[1].sequence = NULL;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_decoder_step(decoder, jobs, 2, NULL, NULL, &e));
+    assert_int_equal(jobs[0].status, 77); /* nothing ran */
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+    kvpt_assert_ok(kvp_decoder_destroy(decoder, &err), &err);
+
+    kvpt_destroy_model(wide);
+    world_free(&w);
+}
+
+/*
+ * The issue's case and its neighbours on a pool close to full: POOL_EXHAUSTED
+ * from a prefill and a step, and a prefill that fails at token 2 after
+ * computing tokens 0 and 1 (a score that overflows): stats, promise, caches
+ * and the audit are exactly as before; only free slab bytes differ.
+ */
+static void test_nothing_changed_failed_prefill_counters_exact(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_error err;
+    double x[B * 4 * D];
+    row_input(x, B, 4, 60);
+    kvp_tensor prompt = kvp_tensor3(x, B, 3, D); /* one new block: 4 pages of the 5 free */
+    /* Token 2 of lane 0 is huge: projections stay finite, its scores overflow. */
+    static const double huge[D] = {1e156, -1e156, 1e156, 1e156};
+    memcpy(x + 2 * D, huge, sizeof huge);
+    kvpt_snapshot before = w.snap;
+    kvpt_snapshot_take(&before);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_SCORE);
+    assert_int_equal(err.token, 2);
+    assert_int_equal(err.layer, 0);
+    /* Everything but the slab bytes of the given-back pages and slots. */
+    kvpt_snapshot now = before;
+    kvpt_snapshot_take(&now);
+    now.pool_digest = before.pool_digest;
+    assert_memory_equal(&now.stats, &before.stats, sizeof now.stats);
+    assert_memory_equal(now.seq_digest, before.seq_digest, sizeof now.seq_digest);
+    assert_memory_equal(now.cache_digest, before.cache_digest, sizeof now.cache_digest);
+    assert_int_equal(now.seq_len[0], PREFILLED);
+    assert_int_equal(now.seq_promised[0], 2);
+    assert_int_equal(now.stats.tentative_pages, 0);
+    w.failures++;
+
+    /* POOL_EXHAUSTED for a prefill and a step: only the exhaustions counter moves. */
+    kvpt_assert_ok(kvp_ticket_discard(w.held, &err), &err);
+    kvp_ticket *filler_ticket = NULL;
+    kvp_cache *filler = fill_pool(&w, &filler_ticket);
+    kvpt_snapshot_take(&w.snap);
+    row_input(x, B, 4, 60);
+    double out[B * 4 * D];
+    kvpt_fill(out, KVPT_COUNT_OF(out), 7.0);
+    EXPECT_FAIL(&w, KVP_POOL_EXHAUSTED, 1,
+                kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, out, B * 3 * D, &e));
+    kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
+    kvp_tensor one = kvp_tensor3(x, B, 1, D);
+    kvpt_assert_ok(kvp_sequence_step(w.seq, &one, NULL, NULL, out, B * D, &err), &err);
+    kvpt_snapshot_take(&w.snap);
+    EXPECT_FAIL(&w, KVP_POOL_EXHAUSTED, 1,
+                kvp_sequence_step(w.seq, &one, NULL, NULL, out, B * D, &e));
+    kvpt_destroy_ticket(filler_ticket, w.pool);
+    kvpt_destroy_cache(filler, w.pool);
+    world_free(&w);
+}
+
+/* Mid-prefill observations, made from the next-input callback between layers. */
+typedef struct midway {
+    kvp_pool *pool;
+    size_t calls;
+    kvp_pool_stats first;  /* token 0, after layer 0: no page taken yet */
+    kvp_pool_stats second; /* token 1, after layer 0: every page taken, tentatively */
+} midway;
+
+static void observe(void *ctx, size_t layer, const double *input, const double *output,
+                    size_t elements, double *next)
+{
+    midway *m = ctx;
+    (void)layer;
+    for (size_t i = 0; i < elements; i++) {
+        next[i] = input[i] + output[i];
+    }
+    kvpt_assert_pool_ok(m->pool); /* the audit counts tentative pages */
+    if (m->calls == 0) {
+        m->first = kvpt_stats(m->pool);
+    } else if (m->calls == L) {
+        m->second = kvpt_stats(m->pool);
+    }
+    m->calls++;
+}
+
+/*
+ * While a prefill runs, its pages are held and tentative: the audit passes,
+ * held_pages includes them, acquires and the high-water mark do not; on
+ * success both count them.
+ */
+static void test_nothing_changed_prefill_pages_are_tentative_until_success(void **state)
+{
+    (void)state;
+    enum { T = 5 };
+    kvp_pool *pool = kvpt_pool(BT, HEADS, HD, PAGES);
+    kvp_model *model = kvpt_random_model(L, D, HEADS, POSITIONS, BASE, 70);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, C);
+    double x[B * T * D];
+    row_input(x, B, T, 71);
+    kvp_tensor prompt = kvp_tensor3(x, B, T, D);
+    kvp_pool_stats before = kvpt_stats(pool);
+    midway m = {pool, 0, {0}, {0}};
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &prompt, observe, &m, NULL, 0, &err), &err);
+    size_t pages = L * B * KVPT_CEIL_DIV(T, BT);
+    assert_int_equal(m.calls, T * L);
+    /* Token 0 is prepared before any page is taken. */
+    assert_memory_equal(&m.first, &before, sizeof before);
+    /* From token 1 on, every page is taken, none counted yet. */
+    assert_int_equal(m.second.tentative_pages, pages);
+    assert_int_equal(m.second.held_pages, before.held_pages + pages);
+    assert_int_equal(m.second.acquires, before.acquires);
+    assert_int_equal(m.second.high_water_pages, before.high_water_pages);
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_int_equal(after.tentative_pages, 0);
+    assert_int_equal(after.acquires, before.acquires + pages);
+    assert_int_equal(after.held_pages, pages);
+    assert_int_equal(after.high_water_pages, pages);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_pool(pool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_nothing_changed_pool_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_cache_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_param_rope_layer_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_attention_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_model_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_sequence_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_failed_prefill_counters_exact, kvpt_disarm),
+        cmocka_unit_test(test_nothing_changed_prefill_pages_are_tentative_until_success),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
