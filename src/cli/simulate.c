@@ -444,10 +444,23 @@ static void check_workload(options *o, problems *p)
     }
 }
 
+/* A size flag's value, for messages about flags left at their defaults. */
+static size_t flag_value(const options *o, flag f, size_t requests)
+{
+    switch (f) {
+    case FLAG_MODEL_WIDTH: return o->sim.model_width;
+    case FLAG_LAYERS: return o->sim.layers;
+    case FLAG_CAPACITY: return o->sim.capacity;
+    case FLAG_REQUESTS: return requests;
+    default: return o->sim.budget_bytes;
+    }
+}
+
 /* One part of the run's memory, and the flag that sets it. */
 typedef struct memory_part {
     const char *what;
     flag flag;
+    flag other; /* the other flag it grows with, or FLAG_COUNT_ */
     size_t bytes;
 } memory_part;
 
@@ -503,11 +516,12 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, problem
     overflow |= kvp_cli_mul(requests, sizeof(kvp_request) + 2 * sizeof(size_t), &list);
     metadata = pages * 3 * sizeof(uint32_t);
     memory_part parts[] = {
-        {"the pool", FLAG_BUDGET, o->allow_overcommit ? metadata : c->budget_bytes + metadata},
-        {"the model", FLAG_MODEL_WIDTH, model},
-        {"the sequences", FLAG_CAPACITY, per_sequence},
-        {"the prompt buffer", FLAG_CAPACITY, c->compute ? prompt : 0},
-        {"the request list", FLAG_REQUESTS, list},
+        {"the pool", FLAG_BUDGET, FLAG_COUNT_,
+         o->allow_overcommit ? metadata : c->budget_bytes + metadata},
+        {"the model", FLAG_MODEL_WIDTH, FLAG_LAYERS, model},
+        {"the sequences", FLAG_CAPACITY, FLAG_LAYERS, per_sequence},
+        {"the prompt buffer", FLAG_CAPACITY, FLAG_MODEL_WIDTH, c->compute ? prompt : 0},
+        {"the request list", FLAG_REQUESTS, FLAG_COUNT_, list},
     };
     size_t total = 0;
     size_t largest = 0;
@@ -519,21 +533,29 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, problem
         return;
     }
     const memory_part *big = &parts[largest];
-    char given[32];
-    size_t fallback = big->flag == FLAG_MODEL_WIDTH ? c->model_width
-                      : big->flag == FLAG_CAPACITY  ? c->capacity
-                      : big->flag == FLAG_REQUESTS  ? requests
-                                                    : c->budget_bytes;
-    const char *value = shown(o, big->flag, given, sizeof given, fallback);
+    /* Name the flag the user gave: of the part's two, the given one (the first if both). */
+    flag named = big->flag;
+    flag other = big->other;
+    if (o->value[named] == NULL && other != FLAG_COUNT_ && o->value[other] != NULL) {
+        named = big->other;
+        other = big->flag;
+    }
+    char given[2][32];
+    const char *value = shown(o, named, given[0], sizeof given[0], flag_value(o, named, requests));
+    char with[96] = "";
+    if (other != FLAG_COUNT_) {
+        snprintf(with, sizeof with, " with %s %s", flag_names[other],
+                 shown(o, other, given[1], sizeof given[1], flag_value(o, other, requests)));
+    }
     if (overflow) {
-        problem(p, "invalid value for %s: '%s': the memory for %s overflows a 64-bit size",
-                flag_names[big->flag], value, big->what);
+        problem(p, "invalid value for %s: '%s': the memory for %s%s overflows a 64-bit size",
+                flag_names[named], value, big->what, with);
         return;
     }
-    problem(p, "invalid value for %s: '%s': the run would need %s (%s %s), more than the %s "
+    problem(p, "invalid value for %s: '%s': the run would need %s (%s %s%s), more than the %s "
                "of physical memory",
-            flag_names[big->flag], value, kvp_cli_format_bytes(total, buf[0], sizeof buf[0]),
-            big->what, kvp_cli_format_bytes(big->bytes, buf[1], sizeof buf[1]),
+            flag_names[named], value, kvp_cli_format_bytes(total, buf[0], sizeof buf[0]),
+            big->what, kvp_cli_format_bytes(big->bytes, buf[1], sizeof buf[1]), with,
             kvp_cli_format_bytes(physical, buf[2], sizeof buf[2]));
 }
 
