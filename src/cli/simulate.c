@@ -4,9 +4,21 @@
  * Owns: the command line (every knob of sim.h and workload.h has a flag), the
  * human report, the --json object and the --plot chart. The schedule itself is
  * in sim.c, the workloads in workload.c.
- * Exit status: 0 when the run finished with every audit clean and no page
- * leaked; 1 when an audit failed or a page leaked; 2 on usage, trace or
- * library errors (a bad trace runs nothing).
+ * Order (nothing runs on bad input):
+ *   1. parse: every argument is read (unknown options, missing values,
+ *      duplicates and malformed numbers are found here);
+ *   2. validate: each flag's range, then flags that depend on each other
+ *      (heads divide the width, a page within the budget, the mean request
+ *      within the capacity, --trace against the generated-workload flags),
+ *      the trace file's rows, and the memory every part of the run needs
+ *      against physical memory (each product overflow-checked);
+ *   3. open the outputs (--plot), so an unwritable path is refused;
+ *   4. run, report, finish the plot.
+ * The first problem found is printed as one line naming the flag and the
+ * value. Exit status: 0 when the run finished with every audit clean and no
+ * page leaked; 1 when an audit failed or a page leaked; 2 on bad input, an
+ * output that cannot be written, or a library error (out of memory
+ * included: "AllocationFailed").
  */
 #include <math.h>
 #include <stdarg.h>
@@ -444,6 +456,21 @@ static void check_workload(options *o, problems *p)
     }
 }
 
+/* Checked a * b and a + b that latch *overflow (then the result is SIZE_MAX). */
+static size_t mul(size_t a, size_t b, int *overflow)
+{
+    size_t out = 0;
+    *overflow |= kvp_cli_mul(a, b, &out) != 0;
+    return out;
+}
+
+static size_t add(size_t a, size_t b, int *overflow)
+{
+    size_t out = 0;
+    *overflow |= kvp_cli_add(a, b, &out) != 0;
+    return out;
+}
+
 /* A size flag's value, for messages about flags left at their defaults. */
 static size_t flag_value(const options *o, flag f, size_t requests)
 {
@@ -494,30 +521,28 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, problem
     size_t sequences = pages / c->layers;
     sequences = sequences < requests ? sequences : requests;
     sequences = sequences > 0 ? sequences : 1;
-    size_t square = 0;
-    size_t model = 0;
-    size_t ticket = 0;
-    size_t per_sequence = 0;
-    size_t prompt = 0;
-    size_t list = 0;
-    size_t metadata = 0;
     int overflow = 0;
     /* model: (4 L + 1) D^2 doubles */
-    overflow |= kvp_cli_mul(d, d, &square) | kvp_cli_mul(square, sizeof(double), &square);
-    overflow |= kvp_cli_mul(4 * c->layers + 1, square, &model);
-    /* per layer of a sequence: ticket, page tables; per sequence: activations, tokens */
-    overflow |= kvp_cli_mul(c->heads, c->capacity, &ticket) | kvp_cli_add(ticket, 5 * d, &ticket);
-    overflow |= kvp_cli_mul(ticket, sizeof(double), &ticket) |
-                kvp_cli_add(ticket, 2 * blocks * sizeof(uint32_t) + 512, &ticket);
-    overflow |= kvp_cli_mul(ticket, c->layers, &per_sequence) |
-                kvp_cli_add(per_sequence, (c->layers + 4) * d * sizeof(double), &per_sequence);
-    overflow |= kvp_cli_mul(per_sequence, sequences, &per_sequence);
-    overflow |= kvp_cli_mul(c->capacity, d, &prompt) | kvp_cli_mul(prompt, sizeof(double), &prompt);
-    overflow |= kvp_cli_mul(requests, sizeof(kvp_request) + 2 * sizeof(size_t), &list);
-    metadata = pages * 3 * sizeof(uint32_t);
+    size_t model = mul(add(mul(4, c->layers, &overflow), 1, &overflow),
+                       mul(mul(d, d, &overflow), sizeof(double), &overflow), &overflow);
+    /* per layer of a sequence: a ticket of 5 D + heads x capacity doubles, page tables */
+    size_t ticket = mul(add(mul(c->heads, c->capacity, &overflow), mul(5, d, &overflow),
+                            &overflow),
+                        sizeof(double), &overflow);
+    ticket = add(ticket, add(mul(2 * sizeof(uint32_t), blocks, &overflow), 512, &overflow),
+                 &overflow);
+    /* per sequence: its layers, activations and token buffers of (L + 4) D doubles */
+    size_t per_sequence = add(mul(ticket, c->layers, &overflow),
+                              mul(mul(add(c->layers, 4, &overflow), d, &overflow),
+                                  sizeof(double), &overflow),
+                              &overflow);
+    per_sequence = mul(per_sequence, sequences, &overflow);
+    size_t prompt = mul(mul(c->capacity, d, &overflow), sizeof(double), &overflow);
+    size_t list = mul(requests, sizeof(kvp_request) + 2 * sizeof(size_t), &overflow);
+    size_t metadata = mul(pages, 3 * sizeof(uint32_t), &overflow);
     memory_part parts[] = {
         {"the pool", FLAG_BUDGET, FLAG_COUNT_,
-         o->allow_overcommit ? metadata : c->budget_bytes + metadata},
+         o->allow_overcommit ? metadata : add(c->budget_bytes, metadata, &overflow)},
         {"the model", FLAG_MODEL_WIDTH, FLAG_LAYERS, model},
         {"the sequences", FLAG_CAPACITY, FLAG_LAYERS, per_sequence},
         {"the prompt buffer", FLAG_CAPACITY, FLAG_MODEL_WIDTH, c->compute ? prompt : 0},
@@ -526,7 +551,7 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, problem
     size_t total = 0;
     size_t largest = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        overflow |= kvp_cli_add(total, parts[i].bytes, &total);
+        total = add(total, parts[i].bytes, &overflow);
         largest = parts[i].bytes > parts[largest].bytes ? i : largest;
     }
     if (!overflow && total <= physical) {

@@ -121,6 +121,7 @@ run capacity_below_mean --capacity "'100'" $S --capacity 100
 run capacity_below_alpaca --capacity "'64'" $S --capacity 64 --profile alpaca
 run profile_unknown --profile "'bogus'" $S --profile bogus
 run arrival_unknown --arrival "'bogus'" $S --arrival bogus
+run layers_wrapping_4L --layers "'4611686018427387904'" $S --layers 4611686018427387904
 run layers_huge_memory "--layers 100000000" "'1024'" $S --layers 100000000 --model-width 1024 --heads 1
 run trace_missing "--trace $work/none.csv" "No such file or directory" $S --trace "$work/none.csv"
 run trace_not_a_dir "--trace $work/good.csv/x" "Not a directory" $S --trace "$work/good.csv/x"
@@ -178,4 +179,9 @@ done
 [ "$(grep -c 'default' "$work/help.txt")" -ge 18 ] || fail "simulate --help lacks defaults"
 $D --help | grep -q -- '--json' || fail "demo --help lacks --json"
 $k --help | grep -q -- '--version' || fail "kvpager --help lacks --version"
+# Output that cannot be written is an error too, with its reason.
+code=0
+$k --help > /dev/full 2> "$work/err" || code=$?
+[ "$code" = 2 ] && [ "$(wc -l < "$work/err")" = 1 ] && grep -q "No space left on device" "$work/err" \
+    || fail "a full stdout gave exit $code: $(cat "$work/err")"
 echo "check_bad_input: $rows bad inputs refused with exit 2 and one line; good inputs ok"

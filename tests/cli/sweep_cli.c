@@ -16,7 +16,6 @@
  * with any memcheck error or definite/indirect leak exits with memcheck's
  * error code, which this driver reports as a failure.
  *
- * Usage: sweep_cli [quick]   (quick: fewer scenarios, for memcheck)
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <errno.h>
@@ -38,7 +37,6 @@
 
 typedef struct scenario {
     const char *name;
-    int quick;          /* also run in quick mode */
     const char *args[MAX_ARGS]; /* args[0] is the command; NULL-terminated */
 } scenario;
 
@@ -186,21 +184,20 @@ static long sweep(const scenario *sc, int library, report *shared)
                   "burst", "--budget", "4KiB"
 
 static const scenario scenarios[] = {
-    {"simulate", 1, {"simulate", SMALL, GENERATED, "--threads", "2", "--plot", "PLOT", NULL}},
-    {"simulate-no-compute", 1, {"simulate", SMALL, GENERATED, "--no-compute", NULL}},
-    {"simulate-trace", 1,
+    {"simulate", {"simulate", SMALL, GENERATED, "--threads", "2", "--plot", "PLOT", NULL}},
+    {"simulate-no-compute", {"simulate", SMALL, GENERATED, "--no-compute", NULL}},
+    {"simulate-trace",
      {"simulate", SMALL, "--trace", "TRACE", "--budget", "3KiB", "--threads", "1", NULL}},
-    {"simulate-trace-no-compute", 0,
+    {"simulate-trace-no-compute",
      {"simulate", SMALL, "--trace", "TRACE", "--budget", "3KiB", "--no-compute", NULL}},
-    {"simulate-issue-7", 0,
+    {"simulate-issue-7",
      {"simulate", "--trace", "TRACE", "--budget", "1MiB", "--model-width", "16", "--heads", "2",
       "--capacity", "64", "--threads", "1", "--quiet", NULL}},
-    {"demo", 1, {"demo", NULL}},
+    {"demo", {"demo", NULL}},
 };
 
-int main(int argc, char **argv)
+int main(void)
 {
-    int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     const char *tmp = getenv("TMPDIR");
     snprintf(work, sizeof work, "%s/kvp-sweep-XXXXXX", tmp != NULL ? tmp : "/tmp");
     if (mkdtemp(work) == NULL) {
@@ -228,9 +225,6 @@ int main(int argc, char **argv)
     int failed = 0;
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         const scenario *sc = &scenarios[i];
-        if (quick && !sc->quick) {
-            continue;
-        }
         long cli = sweep(sc, 0, shared);
         long library = cli < 0 ? -1 : sweep(sc, 1, shared);
         if (cli < 0 || library < 0) {
