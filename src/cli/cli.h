@@ -1,12 +1,17 @@
 /*
  * cli.h: what the kvpager program's commands share.
  *
- * Owns: the command entry points (one file each: demo.c, ...) and the small
- * helpers every command uses: reporting a library error, parsing numbers and
- * byte sizes, and knowing whether stderr is a terminal (progress displays
- * appear only then). The program uses only the public API, plus jemalloc's
- * counters where a command proves zero heap traffic.
+ * Owns: the command entry points (one file each: demo.c, simulate.c; the
+ * dispatcher kvp_cli_main in dispatch.c) and the small helpers every command
+ * uses: reporting a library error, parsing numbers and byte sizes strictly,
+ * overflow-checked size arithmetic, and the machine's physical memory.
+ * The program uses the public API, plus jemalloc's counters where a command
+ * proves zero heap traffic. Its own heap allocations go through alloc.h.
+ * Input rules: every command parses its whole command line, then validates
+ * every value, then opens its outputs, and only then runs; a bad input gets
+ * exactly one line on stderr naming the flag and the value, and exit 2.
  * Exit codes: 0 success, 1 evidence or audit failed, 2 usage or library error.
+ * Callers: main.c and the CLI tests (through the static kvpager_cli library).
  */
 #ifndef KVPAGER_CLI_H
 #define KVPAGER_CLI_H
@@ -19,23 +24,42 @@
 
 enum { KVP_CLI_OK = 0, KVP_CLI_FAILED = 1, KVP_CLI_USAGE = 2 };
 
+/* The whole program: argv[0] is the program, argv[1] the command. */
+int kvp_cli_main(int argc, char **argv);
+/* The commands: argv[0] is the command's name. */
 int kvp_cli_demo(int argc, char **argv);
 int kvp_cli_simulate(int argc, char **argv);
 
-/* Prints "kvpager <command>: <context>: <rendered error>" to stderr. */
+/* Prints "kvpager <command>: <context>: <rendered error> (<StatusName>)" to stderr. */
 void kvp_cli_report(const char *command, const char *context, const kvp_error *err);
 
-/* Parses a whole unsigned decimal number; 0 on success, -1 otherwise. */
+/* Prints the one-line "out of memory" report for an allocation of the program's own. */
+void kvp_cli_report_oom(const char *command, const char *what, size_t bytes);
+
+/* Parses a whole unsigned decimal number (digits only); 0 on success, -1 otherwise. */
 int kvp_cli_parse_size(const char *text, size_t *out);
 
-/* Parses a byte size: a number with an optional unit B, KiB, MiB, GiB, KB, MB, GB. */
+/*
+ * Parses a byte size: a decimal number with an optional unit B, KiB, MiB,
+ * GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000). A fraction is
+ * accepted only when the byte count it names is whole ("1.5KiB" = 1536;
+ * "1.5" and "1.1KiB" are refused). 0 on success, -1 otherwise.
+ */
 int kvp_cli_parse_bytes(const char *text, size_t *out);
 
-/* Parses a whole finite decimal number; 0 on success, -1 otherwise. */
+/* Parses a finite decimal number (no hex, inf, nan or blanks); 0 on success, -1 otherwise. */
 int kvp_cli_parse_double(const char *text, double *out);
 
 /* "32.0 MiB" style rendering of a byte count into buf. */
 const char *kvp_cli_format_bytes(size_t bytes, char *buf, size_t size);
+
+/* *out = a * b, or -1 when it overflows size_t (then *out is SIZE_MAX). */
+int kvp_cli_mul(size_t a, size_t b, size_t *out);
+/* *out = a + b, or -1 when it overflows size_t (then *out is SIZE_MAX). */
+int kvp_cli_add(size_t a, size_t b, size_t *out);
+
+/* Physical memory in bytes (sysconf pages times page size); 0 when unknown. */
+size_t kvp_cli_physical_memory(void);
 
 /* jemalloc's count of bytes this thread allocated plus deallocated. */
 uint64_t kvp_cli_heap_traffic(void);

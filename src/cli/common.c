@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void kvp_cli_report(const char *command, const char *context, const kvp_error *err)
 {
@@ -17,18 +18,25 @@ void kvp_cli_report(const char *command, const char *context, const kvp_error *e
             kvp_status_name(err->status));
 }
 
+void kvp_cli_report_oom(const char *command, const char *what, size_t bytes)
+{
+    kvp_error err = {.status = KVP_ALLOCATION_FAILED, .what = what, .bytes = bytes};
+    kvp_cli_report(command, "out of memory", &err);
+}
+
 int kvp_cli_parse_size(const char *text, size_t *out)
 {
     if (text == NULL || *text < '0' || *text > '9') {
         return -1;
     }
-    errno = 0;
-    char *end = NULL;
-    unsigned long long value = strtoull(text, &end, 10);
-    if (errno != 0 || *end != '\0' || value > SIZE_MAX) {
-        return -1;
+    size_t value = 0;
+    for (const char *p = text; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9' || kvp_cli_mul(value, 10, &value) != 0 ||
+            kvp_cli_add(value, (size_t)(*p - '0'), &value) != 0) {
+            return -1;
+        }
     }
-    *out = (size_t)value;
+    *out = value;
     return 0;
 }
 
@@ -46,39 +54,71 @@ uint64_t kvp_cli_heap_traffic(void)
 
 int kvp_cli_parse_double(const char *text, double *out)
 {
-    if (text == NULL || *text == '\0') {
+    if (text == NULL || strchr("0123456789.+-", *text) == NULL || *text == '\0' ||
+        strpbrk(text, "xXpP") != NULL) {
         return -1;
     }
     errno = 0;
     char *end = NULL;
     double value = strtod(text, &end);
-    if (errno != 0 || *end != '\0' || !isfinite(value)) {
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(value)) {
         return -1;
     }
     *out = value;
     return 0;
 }
 
+static size_t gcd(size_t a, size_t b)
+{
+    while (b != 0) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 int kvp_cli_parse_bytes(const char *text, size_t *out)
 {
     static const struct {
         const char *suffix;
-        double scale;
-    } units[] = {{"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}, {"GB", 1e9},
-                 {"MB", 1e6},           {"KB", 1e3},       {"kB", 1e3},     {"B", 1.0}};
+        size_t scale;
+    } units[] = {{"B", 1},
+                 {"KiB", (size_t)1 << 10},
+                 {"MiB", (size_t)1 << 20},
+                 {"GiB", (size_t)1 << 30},
+                 {"TiB", (size_t)1 << 40},
+                 {"KB", 1000},
+                 {"kB", 1000},
+                 {"MB", 1000000},
+                 {"GB", 1000000000},
+                 {"TB", 1000000000000}};
     if (text == NULL || *text < '0' || *text > '9') {
         return -1;
     }
-    errno = 0;
-    char *end = NULL;
-    double value = strtod(text, &end);
-    if (errno != 0 || end == text || !isfinite(value) || value < 0.0) {
-        return -1;
+    /* The number as digits / 10^fraction_digits, all in integers. */
+    size_t digits = 0;
+    size_t divisor = 1;
+    const char *p = text;
+    int fraction = 0;
+    for (; (*p >= '0' && *p <= '9') || (*p == '.' && !fraction); p++) {
+        if (*p == '.') {
+            fraction = 1;
+            continue;
+        }
+        if (kvp_cli_mul(digits, 10, &digits) != 0 ||
+            kvp_cli_add(digits, (size_t)(*p - '0'), &digits) != 0 ||
+            (fraction && kvp_cli_mul(divisor, 10, &divisor) != 0)) {
+            return -1;
+        }
     }
-    double scale = 1.0;
-    if (*end != '\0') {
+    if (p[-1] == '.') {
+        return -1; /* "1." */
+    }
+    size_t scale = 1;
+    if (*p != '\0') {
         size_t i = 0;
-        while (i < sizeof units / sizeof units[0] && strcmp(end, units[i].suffix) != 0) {
+        while (i < sizeof units / sizeof units[0] && strcmp(p, units[i].suffix) != 0) {
             i++;
         }
         if (i == sizeof units / sizeof units[0]) {
@@ -86,17 +126,21 @@ int kvp_cli_parse_bytes(const char *text, size_t *out)
         }
         scale = units[i].scale;
     }
-    double bytes = floor(value * scale);
-    if (bytes >= 18446744073709551616.0) {
+    /* bytes = digits * scale / divisor, which must be whole. */
+    size_t common = gcd(scale, divisor);
+    scale /= common;
+    divisor /= common;
+    size_t bytes = 0;
+    if (digits % divisor != 0 || kvp_cli_mul(digits / divisor, scale, &bytes) != 0) {
         return -1;
     }
-    *out = (size_t)bytes;
+    *out = bytes;
     return 0;
 }
 
 const char *kvp_cli_format_bytes(size_t bytes, char *buf, size_t size)
 {
-    static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     double value = (double)bytes;
     size_t unit = 0;
     while (value >= 1024.0 && unit + 1 < sizeof names / sizeof names[0]) {
@@ -105,4 +149,36 @@ const char *kvp_cli_format_bytes(size_t bytes, char *buf, size_t size)
     }
     snprintf(buf, size, unit == 0 ? "%.0f %s" : "%.1f %s", value, names[unit]);
     return buf;
+}
+
+int kvp_cli_mul(size_t a, size_t b, size_t *out)
+{
+    if (b != 0 && a > SIZE_MAX / b) {
+        *out = SIZE_MAX;
+        return -1;
+    }
+    *out = a * b;
+    return 0;
+}
+
+int kvp_cli_add(size_t a, size_t b, size_t *out)
+{
+    if (a > SIZE_MAX - b) {
+        *out = SIZE_MAX;
+        return -1;
+    }
+    *out = a + b;
+    return 0;
+}
+
+size_t kvp_cli_physical_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long page_size = sysconf(_SC_PAGE_SIZE);
+    size_t bytes = 0;
+    if (pages <= 0 || page_size <= 0 ||
+        kvp_cli_mul((size_t)pages, (size_t)page_size, &bytes) != 0) {
+        return 0;
+    }
+    return bytes;
 }

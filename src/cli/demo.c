@@ -1,7 +1,7 @@
 /*
  * demo.c: `kvpager demo`, the seed chapter's trace computed through pages.
  *
- * Owns: the fixture of ../shared/DESIGN.md (D=4, H=2, d_h=2, W_q=W_k=W_v=I,
+ * Owns: the seed chapter's fixture (D=4, H=2, d_h=2, W_q=W_k=W_v=I,
  * W_o swapping the head halves, capacity 4, block_tokens 2) and the evidence
  * the demo prints. Every printed value is computed by the run: outputs and
  * attention weights by incremental attention through the page table,
@@ -808,8 +808,8 @@ int kvp_cli_demo(int argc, char **argv)
             demo_usage(stdout);
             return KVP_CLI_OK;
         } else {
-            fprintf(stderr, "kvpager demo: unknown option '%s'\n", argv[i]);
-            demo_usage(stderr);
+            fprintf(stderr, "kvpager demo: %s '%s' (see kvpager demo --help)\n",
+                    argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
             return KVP_CLI_USAGE;
         }
     }

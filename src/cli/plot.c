@@ -5,33 +5,65 @@
  */
 #include "plot.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "alloc.h"
 
 #define WIDTH 960.0
 #define HEIGHT 480.0
 #define LEFT 80.0
 #define RIGHT 80.0
 #define TOP 50.0
-#define BOTTOM 60.0
+#define BOTTOM 70.0
 #define MAX_POINTS 1200
+#define PLOT_W (WIDTH - LEFT - RIGHT)
+#define PLOT_H (HEIGHT - TOP - BOTTOM)
+#define BUFFER_BYTES 8192
 
-static double nice_max(double value)
+double kvp_plot_tick_step(double max)
 {
-    double step = 1.0;
-    while (step * 10.0 <= value) {
-        step *= 10.0;
+    double raw = max / 5.0;
+    if (!(raw > 1.0)) {
+        return 1.0;
     }
-    double top = step;
-    while (top < value) {
-        top += step / 2.0 > 1.0 ? step / 2.0 : 1.0;
+    double magnitude = pow(10.0, floor(log10(raw)));
+    static const double factors[] = {1.0, 2.0, 5.0, 10.0};
+    size_t i = 0;
+    while (factors[i] * magnitude < raw) {
+        i++;
     }
-    return top > 0.0 ? top : 1.0;
+    return factors[i] * magnitude;
 }
 
-static void series(FILE *out, const kvp_sim_result *r, int pages, double ymax, const char *color)
+/* An axis from 0 to `top`, a whole number of `step`s. */
+typedef struct axis {
+    double step;
+    double top;
+} axis;
+
+static axis axis_for(double max)
 {
-    double plot_w = WIDTH - LEFT - RIGHT;
-    double plot_h = HEIGHT - TOP - BOTTOM;
+    axis a;
+    a.step = kvp_plot_tick_step(max);
+    a.top = ceil(max / a.step) * a.step;
+    if (a.top < a.step) {
+        a.top = a.step;
+    }
+    return a;
+}
+
+static double sample_value(const kvp_sim_result *r, size_t i, int pages)
+{
+    return pages ? (double)r->samples[i].held_pages : (double)r->samples[i].running;
+}
+
+static void series(FILE *out, const kvp_sim_result *r, int pages, axis x, axis y,
+                   const char *color)
+{
     size_t steps = r->steps;
     size_t buckets = steps < MAX_POINTS ? steps : MAX_POINTS;
     fprintf(out, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
@@ -40,27 +72,27 @@ static void series(FILE *out, const kvp_sim_result *r, int pages, double ymax, c
         size_t last = (b + 1) * steps / buckets;
         double value = 0.0;
         for (size_t i = first; i < last; i++) {
-            double v = pages ? r->samples[i].held_pages : r->samples[i].running;
+            double v = sample_value(r, i, pages);
             value = v > value ? v : value;
         }
-        double x = LEFT + (steps > 1 ? (double)first / (double)(steps - 1) : 0.0) * plot_w;
-        double y = TOP + plot_h - value / ymax * plot_h;
-        fprintf(out, "%.1f,%.1f ", x, y);
+        double px = LEFT + (double)first / x.top * PLOT_W;
+        double py = TOP + PLOT_H - value / y.top * PLOT_H;
+        fprintf(out, "%.1f,%.1f ", px, py);
     }
     fprintf(out, "\"/>\n");
 }
 
-static void ticks(FILE *out, double max, double x, const char *anchor, const char *color)
+/* Labels (and, for the left axis, grid lines) at every step of a vertical axis. */
+static void y_ticks(FILE *out, axis a, double x, const char *side, const char *color)
 {
-    double plot_h = HEIGHT - TOP - BOTTOM;
-    for (int i = 0; i <= 5; i++) {
-        double value = max * i / 5.0;
-        double y = TOP + plot_h - plot_h * i / 5.0;
+    int left = side[0] == 'l';
+    for (double value = 0.0; value <= a.top + 0.5 * a.step; value += a.step) {
+        double y = TOP + PLOT_H - value / a.top * PLOT_H;
         fprintf(out,
-                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"%s\" fill=\"%s\">"
-                "%.0f</text>\n",
-                x, y + 4.0, anchor, color, value);
-        if (anchor[0] == 'e') {
+                "<text class=\"tick-%s\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
+                "text-anchor=\"%s\" fill=\"%s\">%.0f</text>\n",
+                side, x, y + 4.0, left ? "end" : "start", color, value);
+        if (left) {
             fprintf(out,
                     "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
                     LEFT, y, WIDTH - RIGHT, y);
@@ -68,67 +100,136 @@ static void ticks(FILE *out, double max, double x, const char *anchor, const cha
     }
 }
 
-int kvp_plot_write_svg(const char *path, const kvp_sim_result *r, const char *title)
+static void x_ticks(FILE *out, axis a)
 {
-    FILE *out = fopen(path, "w");
-    if (out == NULL) {
-        return -1;
+    for (double value = 0.0; value <= a.top + 0.5 * a.step; value += a.step) {
+        double x = LEFT + value / a.top * PLOT_W;
+        fprintf(out,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n"
+                "<text class=\"tick-x\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
+                "text-anchor=\"middle\">%.0f</text>\n",
+                x, TOP + PLOT_H, x, TOP + PLOT_H + 5.0, x, TOP + PLOT_H + 20.0, value);
     }
-    double max_pages = 1.0;
-    double max_running = 1.0;
-    for (size_t i = 0; i < r->steps; i++) {
-        max_pages = r->samples[i].held_pages > max_pages ? r->samples[i].held_pages : max_pages;
-        max_running = r->samples[i].running > max_running ? r->samples[i].running : max_running;
-    }
-    double pages_axis = nice_max(r->total_pages > 0 ? (double)r->total_pages : max_pages);
-    double running_axis = nice_max(max_running);
-    double plot_w = WIDTH - LEFT - RIGHT;
-    double plot_h = HEIGHT - TOP - BOTTOM;
-    fprintf(out,
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-            "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\">\n"
-            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            WIDTH, HEIGHT, WIDTH, HEIGHT);
+}
+
+static void write_title(FILE *out, const char *title)
+{
     fprintf(out, "<text x=\"%.1f\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">",
             WIDTH / 2.0);
     for (const char *p = title; *p != '\0'; p++) {
         if (*p == '<' || *p == '>' || *p == '&') {
-            fprintf(out, "%s", *p == '<' ? "&lt;" : *p == '>' ? "&gt;" : "&amp;");
+            fputs(*p == '<' ? "&lt;" : *p == '>' ? "&gt;" : "&amp;", out);
         } else {
             fputc(*p, out);
         }
     }
     fprintf(out, "</text>\n");
-    ticks(out, pages_axis, LEFT - 8.0, "end", "#1f77b4");
-    ticks(out, running_axis, WIDTH - RIGHT + 8.0, "start", "#d62728");
+}
+
+static void close_plot(kvp_plot *plot)
+{
+    if (plot->out != NULL) {
+        (void)fclose(plot->out);
+    }
+    kvp_cli_free(plot->buffer);
+    plot->out = NULL;
+    plot->buffer = NULL;
+}
+
+void kvp_plot_abandon(kvp_plot *plot)
+{
+    close_plot(plot);
+    if (plot->regular) {
+        (void)unlink(plot->path);
+    }
+    plot->regular = 0;
+}
+
+int kvp_plot_open(kvp_plot *plot, const char *path)
+{
+    plot->out = NULL;
+    plot->regular = 0;
+    plot->path = path;
+    plot->buffer = kvp_cli_alloc(BUFFER_BYTES, 1);
+    if (plot->buffer == NULL) {
+        return -1;
+    }
+    plot->out = fopen(path, "w");
+    if (plot->out == NULL) {
+        int error = errno;
+        close_plot(plot);
+        return error;
+    }
+    struct stat st;
+    plot->regular = fstat(fileno(plot->out), &st) == 0 && S_ISREG(st.st_mode);
+    errno = 0;
+    if (setvbuf(plot->out, plot->buffer, _IOFBF, BUFFER_BYTES) != 0 ||
+        fprintf(plot->out,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\">\n"
+                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                WIDTH, HEIGHT, WIDTH, HEIGHT) < 0 ||
+        fflush(plot->out) != 0) {
+        int error = errno != 0 ? errno : EIO;
+        kvp_plot_abandon(plot);
+        return error;
+    }
+    return 0;
+}
+
+int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const char *title)
+{
+    FILE *out = plot->out;
+    double max_pages = (double)r->total_pages;
+    double max_running = 1.0;
+    for (size_t i = 0; i < r->steps; i++) {
+        max_pages = r->samples[i].held_pages > max_pages ? r->samples[i].held_pages : max_pages;
+        max_running = r->samples[i].running > max_running ? r->samples[i].running : max_running;
+    }
+    axis x = axis_for(r->steps > 1 ? (double)(r->steps - 1) : 1.0);
+    axis pages = axis_for(max_pages > 1.0 ? max_pages : 1.0);
+    axis running = axis_for(max_running);
+    write_title(out, title);
+    y_ticks(out, pages, LEFT - 8.0, "left", "#1f77b4");
+    y_ticks(out, running, WIDTH - RIGHT + 8.0, "right", "#d62728");
+    x_ticks(out, x);
     fprintf(out,
             "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
             "stroke=\"#333\"/>\n",
-            LEFT, TOP, plot_w, plot_h);
+            LEFT, TOP, PLOT_W, PLOT_H);
     if (r->total_pages > 0) {
-        double y = TOP + plot_h - (double)r->total_pages / pages_axis * plot_h;
+        double y = TOP + PLOT_H - (double)r->total_pages / pages.top * PLOT_H;
         fprintf(out,
                 "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#1f77b4\" "
                 "stroke-dasharray=\"6 4\"/>\n",
                 LEFT, y, WIDTH - RIGHT, y);
     }
     if (r->steps > 0) {
-        series(out, r, 1, pages_axis, "#1f77b4");
-        series(out, r, 0, running_axis, "#d62728");
+        series(out, r, 1, x, pages, "#1f77b4");
+        series(out, r, 0, x, running, "#d62728");
     }
     fprintf(out,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">scheduler step "
             "(%zu steps)</text>\n",
-            LEFT + plot_w / 2.0, HEIGHT - 20.0, r->steps);
+            LEFT + PLOT_W / 2.0, HEIGHT - 18.0, r->steps);
     fprintf(out,
             "<text x=\"18\" y=\"%.1f\" font-size=\"13\" fill=\"#1f77b4\" "
             "transform=\"rotate(-90 18 %.1f)\" text-anchor=\"middle\">pages in use (dashed: "
             "all %zu)</text>\n",
-            TOP + plot_h / 2.0, TOP + plot_h / 2.0, r->total_pages);
+            TOP + PLOT_H / 2.0, TOP + PLOT_H / 2.0, r->total_pages);
     fprintf(out,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" fill=\"#d62728\" "
             "transform=\"rotate(90 %.1f %.1f)\" text-anchor=\"middle\">running sequences</text>\n",
-            WIDTH - 18.0, TOP + plot_h / 2.0, WIDTH - 18.0, TOP + plot_h / 2.0);
+            WIDTH - 18.0, TOP + PLOT_H / 2.0, WIDTH - 18.0, TOP + PLOT_H / 2.0);
     fprintf(out, "</svg>\n");
-    return fclose(out) == 0 ? 0 : -1;
+    errno = 0;
+    int failed = fflush(out) != 0 || ferror(out);
+    int error = failed ? (errno != 0 ? errno : EIO) : 0;
+    if (fclose(out) != 0 && error == 0) {
+        error = errno != 0 ? errno : EIO;
+    }
+    plot->out = NULL;
+    kvp_cli_free(plot->buffer);
+    plot->buffer = NULL;
+    return error;
 }

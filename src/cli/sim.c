@@ -6,6 +6,11 @@
  *   - every running slot holds one lease (a sequence and its token
  *     buffers); finished and preempted leases are reset and kept for reuse,
  *     so steady state allocates nothing per admission or per step;
+ *   - ownership: a lease is owned by exactly one place at a time, a running
+ *     slot or the idle list, and moves between them only by steps that
+ *     cannot fail (room in the destination is made first). A lease that
+ *     was just made or taken goes into its running slot before any call
+ *     that can fail. So on any error teardown() frees each lease once;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode never
  *     fails for want of pages.
@@ -17,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "serve/sequence_internal.h"
 
 void kvp_sim_config_init(kvp_sim_config *config)
@@ -89,6 +95,13 @@ static int fail(sim *s, const char *context)
     return -1;
 }
 
+/* A failed allocation of the program's own: AllocationFailed, context "out of memory". */
+static int out_of_memory(sim *s, const char *what, size_t bytes)
+{
+    *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = what, .bytes = bytes};
+    return fail(s, "out of memory");
+}
+
 /* The pseudo-embedding of token `position` of `request`: uniform in [-1, 1). */
 static void embed(uint64_t seed, size_t request, size_t position, double *row, size_t width)
 {
@@ -113,14 +126,15 @@ static double now_seconds(void)
 static int setup(sim *s)
 {
     const kvp_sim_config *c = s->config;
-    kvp_pool_config pool_config = {c->block_tokens, c->heads, c->model_width / c->heads,
-                                   c->budget_bytes};
+    /* simulate.c validated the shape; never divide by zero if a caller did not. */
     if (c->heads == 0 || c->model_width % c->heads != 0) {
         kvp_error e = {.status = KVP_HEADS_DO_NOT_DIVIDE_WIDTH, .model_width = c->model_width,
                        .heads = c->heads};
         *s->err = e;
         return fail(s, "checking the model shape");
     }
+    kvp_pool_config pool_config = {c->block_tokens, c->heads, c->model_width / c->heads,
+                                   c->budget_bytes};
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
@@ -132,12 +146,18 @@ static int setup(sim *s)
         return fail(s, "starting the decoder threads");
     }
     size_t n = s->workload->count;
-    s->generated = calloc(n, sizeof *s->generated);
-    s->waiting = calloc(n, sizeof *s->waiting);
-    s->prompt = calloc(c->capacity * c->model_width, sizeof *s->prompt);
-    if (s->generated == NULL || s->waiting == NULL || s->prompt == NULL) {
-        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "simulation state"};
-        return fail(s, "allocating the simulation");
+    s->generated = kvp_cli_calloc(n, sizeof *s->generated);
+    s->waiting = s->generated ? kvp_cli_calloc(n, sizeof *s->waiting) : NULL;
+    if (s->generated == NULL || s->waiting == NULL) {
+        return out_of_memory(s, "the request queue", 2 * n * sizeof(size_t));
+    }
+    if (c->compute) {
+        /* simulate.c checked capacity * D * sizeof(double) against memory. */
+        s->prompt = kvp_cli_calloc(c->capacity * c->model_width, sizeof *s->prompt);
+        if (s->prompt == NULL) {
+            return out_of_memory(s, "the prompt buffer",
+                                 c->capacity * c->model_width * sizeof *s->prompt);
+        }
     }
     kvp_pool_stats stats;
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
@@ -161,7 +181,7 @@ static int grow(void **items, size_t *room, size_t need, size_t size)
     while (bigger < need) {
         bigger *= 2;
     }
-    void *grown = realloc(*items, bigger * size);
+    void *grown = kvp_cli_realloc(*items, bigger, size);
     if (grown == NULL) {
         return -1;
     }
@@ -175,22 +195,22 @@ static void lease_free(lease *l)
     if (l->sequence != NULL) {
         kvp_sequence_destroy(l->sequence, NULL);
     }
-    free(l->input);
+    kvp_cli_free(l->input);
 }
 
-/* An idle lease, or a new one. */
+/* An idle lease, or a new one; on failure nothing is taken or left allocated. */
 static int take_lease(sim *s, lease *out)
 {
     if (s->idle_count > 0) {
         *out = s->idle[--s->idle_count];
         return 0;
     }
-    lease l = {NULL, calloc(2 * s->config->model_width, sizeof(double)), NULL};
+    size_t width = s->config->model_width;
+    lease l = {NULL, kvp_cli_calloc(2 * width, sizeof(double)), NULL};
     if (l.input == NULL) {
-        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "token buffers"};
-        return fail(s, "creating a sequence");
+        return out_of_memory(s, "token buffers", 2 * width * sizeof(double));
     }
-    l.output = l.input + s->config->model_width;
+    l.output = l.input + width;
     if (kvp_sequence_create(s->model, s->pool, 1, s->config->capacity, &l.sequence, s->err) !=
         KVP_OK) {
         lease_free(&l);
@@ -200,19 +220,23 @@ static int take_lease(sim *s, lease *out)
     return 0;
 }
 
-/* Resets a lease's sequence (every page and promise back) and keeps it for reuse. */
-static int give_back(sim *s, lease l)
+/*
+ * Moves running slot i's lease to the idle list, reset for reuse. Room in
+ * the idle list is made first: when that fails nothing has moved and the
+ * slot still owns its lease. Once moved, the idle list owns the lease even if
+ * the reset then fails (teardown destroys it there).
+ */
+static int retire_slot(sim *s, size_t i)
 {
+    if (grow((void **)&s->idle, &s->idle_room, s->idle_count + 1, sizeof *s->idle) != 0) {
+        return out_of_memory(s, "the idle sequence list", (s->idle_count + 1) * sizeof *s->idle);
+    }
+    lease l = s->running[i].lease;
+    s->running[i] = s->running[--s->running_count];
+    s->idle[s->idle_count++] = l;
     if (kvp_sequence_reset(l.sequence, s->err) != KVP_OK) {
-        lease_free(&l);
         return fail(s, "resetting a sequence");
     }
-    if (grow((void **)&s->idle, &s->idle_room, s->idle_count + 1, sizeof *s->idle) != 0) {
-        lease_free(&l);
-        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "idle sequences"};
-        return fail(s, "keeping a sequence for reuse");
-    }
-    s->idle[s->idle_count++] = l;
     return 0;
 }
 
@@ -279,27 +303,23 @@ static int admit_one(sim *s, size_t request)
     size_t tokens = s->workload->requests[request].prompt_tokens + s->generated[request];
     if (grow((void **)&s->running, &s->running_room, s->running_count + 1, sizeof *s->running) !=
         0) {
-        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "running set"};
-        return fail(s, "admitting a request");
+        return out_of_memory(s, "the running set", (s->running_count + 1) * sizeof *s->running);
     }
     lease l;
     if (take_lease(s, &l) != 0) {
         return -1;
     }
-    size_t promise = kvp_pool_pages_for(s->pool, s->lanes, admission_tokens(s, request));
-    if (kvp_sequence_promise(l.sequence, promise, s->err) != KVP_OK ||
-        prefill(s, l.sequence, request, tokens) != 0) {
-        kvp_error cause = *s->err;
-        (void)give_back(s, l); /* its pages and promise go back; the run stops anyway */
-        *s->err = cause;
-        return fail(s, "admitting a request");
-    }
+    /* The slot owns the lease before anything else can fail (teardown frees it). */
     slot *r = &s->running[s->running_count++];
     r->lease = l;
     r->request = request;
     r->generated = s->generated[request];
     r->admitted = s->admissions++;
-    return 0;
+    size_t promise = kvp_pool_pages_for(s->pool, s->lanes, admission_tokens(s, request));
+    if (kvp_sequence_promise(l.sequence, promise, s->err) != KVP_OK) {
+        return fail(s, "admitting a request");
+    }
+    return prefill(s, l.sequence, request, tokens);
 }
 
 /* FCFS admission while the head of the queue fits now. */
@@ -338,12 +358,6 @@ static size_t free_pages(sim *s)
     return kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK ? stats.free_pages : 0;
 }
 
-/* Removes running slot i (order is not kept). */
-static void drop_slot(sim *s, size_t i)
-{
-    s->running[i] = s->running[--s->running_count];
-}
-
 /* Preempts the most recently admitted sequences until this step's pages fit. */
 static int make_room(sim *s)
 {
@@ -360,13 +374,13 @@ static int make_room(sim *s)
         if (s->running_count == 0 || needed <= free_pages(s)) {
             return 0;
         }
-        slot *victim = &s->running[newest];
-        s->generated[victim->request] = victim->generated;
-        queue_push_front(s, victim->request);
-        if (give_back(s, victim->lease) != 0) {
+        size_t request = s->running[newest].request;
+        size_t generated = s->running[newest].generated;
+        if (retire_slot(s, newest) != 0) {
             return -1;
         }
-        drop_slot(s, newest);
+        s->generated[request] = generated;
+        queue_push_front(s, request);
         s->result->preemptions++;
     }
 }
@@ -386,8 +400,7 @@ static int decode(sim *s)
         return 0;
     }
     if (grow((void **)&s->jobs, &s->jobs_room, s->running_count, sizeof *s->jobs) != 0) {
-        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "decode jobs"};
-        return fail(s, "decoding");
+        return out_of_memory(s, "decode jobs", s->running_count * sizeof *s->jobs);
     }
     for (size_t i = 0; i < s->running_count; i++) {
         slot *r = &s->running[i];
@@ -427,13 +440,14 @@ static int finish_step(sim *s)
             i++;
             continue;
         }
-        s->generated[r->request] = r->generated;
-        s->result->requests_completed++;
-        s->finished_this_step++;
-        if (give_back(s, r->lease) != 0) {
+        size_t request = r->request;
+        size_t generated = r->generated;
+        if (retire_slot(s, i) != 0) {
             return -1;
         }
-        drop_slot(s, i);
+        s->generated[request] = generated;
+        s->result->requests_completed++;
+        s->finished_this_step++;
     }
     kvp_pool_stats stats;
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
@@ -441,8 +455,7 @@ static int finish_step(sim *s)
     }
     kvp_sim_result *res = s->result;
     if (grow((void **)&res->samples, &s->samples_room, res->steps + 1, sizeof *res->samples) != 0) {
-        *s->err = (kvp_error){.status = KVP_ALLOCATION_FAILED, .what = "samples"};
-        return fail(s, "recording a step");
+        return out_of_memory(s, "step samples", (res->steps + 1) * sizeof *res->samples);
     }
     /* Pages held at the end of the step are the running sequences' pages. */
     double held = (double)stats.held_pages;
@@ -550,12 +563,12 @@ static void teardown(sim *s)
     if (s->model != NULL) {
         kvp_model_destroy(s->model, NULL);
     }
-    free(s->running);
-    free(s->idle);
-    free(s->jobs);
-    free(s->generated);
-    free(s->waiting);
-    free(s->prompt);
+    kvp_cli_free(s->running);
+    kvp_cli_free(s->idle);
+    kvp_cli_free(s->jobs);
+    kvp_cli_free(s->generated);
+    kvp_cli_free(s->waiting);
+    kvp_cli_free(s->prompt);
 }
 
 static void summarize(sim *s)
@@ -605,6 +618,6 @@ int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
 
 void kvp_sim_result_free(kvp_sim_result *result)
 {
-    free(result->samples);
+    kvp_cli_free(result->samples);
     result->samples = NULL;
 }

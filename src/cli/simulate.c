@@ -4,11 +4,24 @@
  * Owns: the command line (every knob of sim.h and workload.h has a flag), the
  * human report, the --json object and the --plot chart. The schedule itself is
  * in sim.c, the workloads in workload.c.
- * Exit status: 0 when the run finished with every audit clean and no page
- * leaked; 1 when an audit failed or a page leaked; 2 on usage, trace or
- * library errors (a bad trace runs nothing).
+ * Order (nothing runs on bad input):
+ *   1. parse: every argument is read (unknown options, missing values,
+ *      duplicates and malformed numbers are found here);
+ *   2. validate: each flag's range, then flags that depend on each other
+ *      (heads divide the width, a page within the budget, the mean request
+ *      within the capacity, --trace against the generated-workload flags),
+ *      the trace file's rows, and the memory every part of the run needs
+ *      against physical memory (each product overflow-checked);
+ *   3. open the outputs (--plot), so an unwritable path is refused;
+ *   4. run, report, finish the plot.
+ * The first problem found is printed as one line naming the flag and the
+ * value. Exit status: 0 when the run finished with every audit clean and no
+ * page leaked; 1 when an audit failed or a page leaked; 2 on bad input, an
+ * output that cannot be written, or a library error (out of memory
+ * included: "AllocationFailed").
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,19 +32,68 @@
 #include "sim.h"
 #include "workload.h"
 
+/* The flags that take a value, in --help order. */
+#define FLAG_MAP(X)                                                                       \
+    X(LAYERS, "--layers")                                                                 \
+    X(MODEL_WIDTH, "--model-width")                                                       \
+    X(HEADS, "--heads")                                                                   \
+    X(BLOCK_TOKENS, "--block-tokens")                                                     \
+    X(BUDGET, "--budget")                                                                 \
+    X(CAPACITY, "--capacity")                                                             \
+    X(REQUESTS, "--requests")                                                             \
+    X(PROFILE, "--profile")                                                               \
+    X(PROMPT_MEAN, "--prompt-mean")                                                       \
+    X(OUTPUT_MEAN, "--output-mean")                                                       \
+    X(SIGMA, "--sigma")                                                                   \
+    X(ARRIVAL, "--arrival")                                                               \
+    X(RATE, "--rate")                                                                     \
+    X(TRACE, "--trace")                                                                   \
+    X(WATERMARK, "--watermark")                                                           \
+    X(RESERVE_TOKENS, "--reserve-tokens")                                                 \
+    X(THREADS, "--threads")                                                               \
+    X(SEED, "--seed")                                                                     \
+    X(AUDIT_EVERY, "--audit-every")                                                       \
+    X(PLOT, "--plot")
+
+typedef enum flag {
+#define FLAG_ENUM_(name, text) FLAG_##name,
+    FLAG_MAP(FLAG_ENUM_)
+#undef FLAG_ENUM_
+    FLAG_COUNT_
+} flag;
+
+static const char *const flag_names[FLAG_COUNT_] = {
+#define FLAG_NAME_(name, text) text,
+    FLAG_MAP(FLAG_NAME_)
+#undef FLAG_NAME_
+};
+
+/* Ranges of the numeric flags (also printed by --help). */
+#define MIN_CAPACITY 2           /* one prompt token and one generated token */
+#define MAX_THREADS 4096         /* the decoder's limit */
+#define MIN_RATE 0.001
+#define MAX_RATE 1000000.0
+#define MIN_SIGMA 0.05
+#define MAX_SIGMA 4.0
+#define MAX_POOL_PAGES 4294967294u /* pages are named by 32-bit ids (kvpager/pool.h) */
+
 typedef struct options {
     kvp_sim_config sim;
     kvp_workload_spec workload;
     const char *trace;
     const char *plot;
+    const char *value[FLAG_COUNT_]; /* the text given for each flag, NULL if absent */
     int json;
     int quiet;
+    int help;
+    int allow_overcommit;
 } options;
 
 static void simulate_usage(FILE *out)
 {
     kvp_sim_config d;
     kvp_sim_config_init(&d);
+    char budget[32];
     fprintf(out,
             "usage: kvpager simulate [options]\n\n"
             "Serves a stream of requests by continuous batching: many sequences, one cache\n"
@@ -41,122 +103,163 @@ static void simulate_usage(FILE *out)
             "attention, and when a step cannot get its pages the newest sequence is\n"
             "preempted by recompute. The report compares peak concurrency with the\n"
             "contiguous layout that reserves [B,H,C,d_h] per layer up front.\n\n"
+            "Every value is checked before anything runs: a bad one prints one line naming\n"
+            "the option and the value, and exits 2. N is a whole number, X a decimal.\n\n"
             "model and pool:\n"
-            "  --layers N           decoder layers (default %zu)\n"
-            "  --model-width N      model width D (default %zu)\n"
-            "  --heads N            attention heads; D must be a multiple (default %zu)\n"
-            "  --block-tokens N     positions per page (default %zu)\n"
-            "  --budget SIZE        pool budget, e.g. 64MiB, 1GiB, 500MB (default 32MiB)\n"
-            "  --capacity N         positions a sequence may hold (default %zu)\n"
-            "workload:\n"
-            "  --requests N         number of requests (default 128)\n"
-            "  --profile NAME       sharegpt (prompt ~161, output ~338, heavy-tailed),\n"
-            "                       alpaca (~19, ~58) or uniform (default sharegpt)\n"
-            "  --prompt-mean X      mean prompt length (default: the profile's)\n"
-            "  --output-mean X      mean output length (default: the profile's)\n"
-            "  --sigma X            lognormal shape of lengths (default: the profile's)\n"
+            "  --layers N           decoder layers, >= 1 (default %zu)\n"
+            "  --model-width N      model width D, >= 1 (default %zu)\n"
+            "  --heads N            attention heads, >= 1, dividing D (default %zu)\n"
+            "  --block-tokens N     positions per page, >= 1 (default %zu)\n"
+            "  --budget SIZE        pool budget: bytes, or a number with a unit B, KiB, MiB,\n"
+            "                       GiB, TiB (1024-based) or KB, MB, GB, TB (1000-based),\n"
+            "                       naming a whole byte count (1.5KiB yes, 1.5 no); at least\n"
+            "                       one page (2 x block-tokens x D x 8 bytes) and at most\n"
+            "                       physical memory (default %s)\n"
+            "  --allow-overcommit   accept a budget above physical memory\n"
+            "  --capacity N         positions a sequence may hold, >= %d and >= the mean\n"
+            "                       request (prompt mean + output mean) (default %zu)\n"
+            "workload (generated; none of these may be given with --trace):\n"
+            "  --requests N         number of requests, >= 1 (default 128)\n"
+            "  --profile NAME       sharegpt (prompt ~161, output ~338, sigma 1.0),\n"
+            "                       alpaca (~19, ~58, sigma 0.6) or uniform (lengths uniform\n"
+            "                       on [1, 2 x mean - 1]) (default sharegpt)\n"
+            "  --prompt-mean X      mean prompt tokens, 1 to capacity - 1 (default: the\n"
+            "                       profile's)\n"
+            "  --output-mean X      mean output tokens, 1 to capacity - 1 (default: the\n"
+            "                       profile's)\n"
+            "  --sigma X            lognormal shape of lengths, %.2f to %.0f; sharegpt and\n"
+            "                       alpaca only (default: the profile's)\n"
             "  --arrival NAME       poisson, uniform or burst (default poisson)\n"
-            "  --rate X             arrivals per scheduler step (default 1.0)\n"
-            "  --trace FILE         read requests from a CSV of\n"
-            "                       arrival_step,prompt_tokens,output_tokens instead\n"
+            "  --rate X             arrivals per scheduler step, %g to %.0f (default 1)\n"
+            "  --trace FILE         read the requests from a CSV of\n"
+            "                       arrival_step,prompt_tokens,output_tokens instead: an\n"
+            "                       optional header and UTF-8 byte order mark, rows sorted\n"
+            "                       by arrival, prompt >= 1, output >= 1, prompt + output\n"
+            "                       <= capacity\n"
             "scheduling and run:\n"
-            "  --watermark F        fraction of pages kept free at admission (default %.2f)\n"
-            "  --reserve-tokens N   decoding reserve promised at admission (default %zu)\n"
-            "  --threads N          decoder threads, 0 = one per core (default 0)\n"
-            "  --seed N             seed of weights, lengths, arrivals, inputs (default %llu)\n"
+            "  --watermark X        fraction of pages kept free at admission, >= 0 and < 1\n"
+            "                       (default %.2f)\n"
+            "  --reserve-tokens N   decoding reserve promised at admission, 0 to capacity\n"
+            "                       (default %zu)\n"
+            "  --threads N          decoder threads, 0 (one per core) to %d (default 0)\n"
+            "  --seed N             seed of weights, lengths, arrivals, inputs, 0 to 2^64 - 1\n"
+            "                       (default %llu)\n"
             "  --no-compute         allocator-only run: pages move, no attention math\n"
-            "  --audit-every N      steps between pool audits (default %zu)\n"
+            "  --audit-every N      steps between pool audits, 0 = only the final audit\n"
+            "                       (default %zu)\n"
             "output:\n"
             "  --json               print one JSON object instead of the report\n"
-            "  --plot FILE.svg      draw pages in use and running sequences per step\n"
+            "  --plot FILE.svg      draw pages in use and running sequences per step; the\n"
+            "                       file is opened and its first bytes written before the\n"
+            "                       run, so an unwritable path is refused up front (exit 2;\n"
+            "                       a write error after the run also exits 2)\n"
             "  --quiet              no progress line (it shows only on a terminal anyway)\n"
-            "  --help               show this help\n\n"
-            "exit status: 0 clean run, 1 audit failure or leaked pages, 2 errors.\n",
-            d.layers, d.model_width, d.heads, d.block_tokens, d.capacity, d.watermark,
-            d.reserve_tokens, (unsigned long long)d.seed, d.audit_every);
+            "  --help, -h           show this help\n\n"
+            "Sizes whose memory (pool, model, sequences) would exceed physical memory are\n"
+            "refused with the size. A run that completes no request meets no target.\n"
+            "exit status: 0 clean run, 1 audit failure or leaked pages, 2 bad input or an\n"
+            "error (out of memory included).\n",
+            d.layers, d.model_width, d.heads, d.block_tokens,
+            kvp_cli_format_bytes(d.budget_bytes, budget, sizeof budget), MIN_CAPACITY,
+            d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, d.watermark, d.reserve_tokens,
+            MAX_THREADS, (unsigned long long)d.seed, d.audit_every);
 }
 
-static int bad_value(const char *flag, const char *value)
+/* The first input error, kept so parsing can go on (a later --help still wins). */
+typedef struct problems {
+    char line[512];
+    int found;
+} problems;
+
+static void problem(problems *p, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+static void problem(problems *p, const char *format, ...)
 {
-    fprintf(stderr, "kvpager simulate: invalid value for %s: '%s'\n", flag, value);
-    return KVP_CLI_USAGE;
+    if (p->found) {
+        return;
+    }
+    p->found = 1;
+    va_list args;
+    va_start(args, format);
+    vsnprintf(p->line, sizeof p->line, format, args);
+    va_end(args);
 }
 
-/* Parses one "--flag value" pair; returns KVP_CLI_OK or an exit code. */
-static int parse_valued(options *o, const char *flag, const char *value)
+static void invalid(problems *p, flag f, const char *value, const char *why)
 {
-    static const struct {
-        const char *flag;
-        size_t offset;
-    } sizes[] = {
-        {"--layers", offsetof(options, sim.layers)},
-        {"--model-width", offsetof(options, sim.model_width)},
-        {"--heads", offsetof(options, sim.heads)},
-        {"--block-tokens", offsetof(options, sim.block_tokens)},
-        {"--capacity", offsetof(options, sim.capacity)},
-        {"--requests", offsetof(options, workload.requests)},
-        {"--reserve-tokens", offsetof(options, sim.reserve_tokens)},
-        {"--threads", offsetof(options, sim.threads)},
-        {"--audit-every", offsetof(options, sim.audit_every)},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        if (strcmp(flag, sizes[i].flag) == 0) {
-            size_t *field = (size_t *)(void *)((char *)o + sizes[i].offset);
-            return kvp_cli_parse_size(value, field) == 0 ? KVP_CLI_OK : bad_value(flag, value);
-        }
+    problem(p, "invalid value for %s: '%s': %s", flag_names[f], value, why);
+}
+
+static size_t *size_field(options *o, flag f)
+{
+    switch (f) {
+    case FLAG_LAYERS: return &o->sim.layers;
+    case FLAG_MODEL_WIDTH: return &o->sim.model_width;
+    case FLAG_HEADS: return &o->sim.heads;
+    case FLAG_BLOCK_TOKENS: return &o->sim.block_tokens;
+    case FLAG_CAPACITY: return &o->sim.capacity;
+    case FLAG_REQUESTS: return &o->workload.requests;
+    case FLAG_RESERVE_TOKENS: return &o->sim.reserve_tokens;
+    case FLAG_THREADS: return &o->sim.threads;
+    case FLAG_AUDIT_EVERY: return &o->sim.audit_every;
+    default: return NULL;
     }
-    static const struct {
-        const char *flag;
-        size_t offset;
-    } reals[] = {
-        {"--prompt-mean", offsetof(options, workload.prompt_mean)},
-        {"--output-mean", offsetof(options, workload.output_mean)},
-        {"--sigma", offsetof(options, workload.sigma)},
-        {"--rate", offsetof(options, workload.rate)},
-        {"--watermark", offsetof(options, sim.watermark)},
-    };
-    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
-        if (strcmp(flag, reals[i].flag) == 0) {
-            double *field = (double *)(void *)((char *)o + reals[i].offset);
-            return kvp_cli_parse_double(value, field) == 0 && *field >= 0.0
-                       ? KVP_CLI_OK
-                       : bad_value(flag, value);
-        }
+}
+
+static double *real_field(options *o, flag f)
+{
+    switch (f) {
+    case FLAG_PROMPT_MEAN: return &o->workload.prompt_mean;
+    case FLAG_OUTPUT_MEAN: return &o->workload.output_mean;
+    case FLAG_SIGMA: return &o->workload.sigma;
+    case FLAG_RATE: return &o->workload.rate;
+    case FLAG_WATERMARK: return &o->sim.watermark;
+    default: return NULL;
     }
+}
+
+/* Reads one flag's value; its syntax only (ranges are checked later). */
+static void parse_value(options *o, flag f, const char *value, problems *p)
+{
+    size_t *size = size_field(o, f);
+    double *real = real_field(o, f);
     size_t seed = 0;
-    if (strcmp(flag, "--seed") == 0) {
+    if (size != NULL) {
+        if (kvp_cli_parse_size(value, size) != 0) {
+            invalid(p, f, value, "not a whole number (digits only, below 2^64)");
+        }
+    } else if (real != NULL) {
+        if (kvp_cli_parse_double(value, real) != 0) {
+            invalid(p, f, value, "not a finite decimal number");
+        }
+    } else if (f == FLAG_SEED) {
         if (kvp_cli_parse_size(value, &seed) != 0) {
-            return bad_value(flag, value);
+            invalid(p, f, value, "not a whole number (digits only, below 2^64)");
         }
         o->sim.seed = seed;
         o->workload.seed = seed;
-        return KVP_CLI_OK;
-    }
-    if (strcmp(flag, "--budget") == 0) {
-        return kvp_cli_parse_bytes(value, &o->sim.budget_bytes) == 0 ? KVP_CLI_OK
-                                                                      : bad_value(flag, value);
-    }
-    if (strcmp(flag, "--profile") == 0) {
-        return kvp_profile_parse(value, &o->workload.profile) == 0 ? KVP_CLI_OK
-                                                                     : bad_value(flag, value);
-    }
-    if (strcmp(flag, "--arrival") == 0) {
-        return kvp_arrival_parse(value, &o->workload.arrival) == 0 ? KVP_CLI_OK
-                                                                     : bad_value(flag, value);
-    }
-    if (strcmp(flag, "--trace") == 0) {
+    } else if (f == FLAG_BUDGET) {
+        if (kvp_cli_parse_bytes(value, &o->sim.budget_bytes) != 0) {
+            invalid(p, f, value,
+                    "not a whole byte count (a number with an optional unit B, KiB, MiB, "
+                    "GiB, TiB, KB, MB, GB or TB, below 2^64 bytes)");
+        }
+    } else if (f == FLAG_PROFILE) {
+        if (kvp_profile_parse(value, &o->workload.profile) != 0) {
+            invalid(p, f, value, "not a profile (sharegpt, alpaca or uniform)");
+        }
+    } else if (f == FLAG_ARRIVAL) {
+        if (kvp_arrival_parse(value, &o->workload.arrival) != 0) {
+            invalid(p, f, value, "not an arrival process (poisson, uniform or burst)");
+        }
+    } else if (f == FLAG_TRACE) {
         o->trace = value;
-        return KVP_CLI_OK;
-    }
-    if (strcmp(flag, "--plot") == 0) {
+    } else {
         o->plot = value;
-        return KVP_CLI_OK;
     }
-    fprintf(stderr, "kvpager simulate: unknown option '%s'\n", flag);
-    return KVP_CLI_USAGE;
 }
 
-static int parse_options(int argc, char **argv, options *o)
+static void defaults(options *o)
 {
     memset(o, 0, sizeof *o);
     kvp_sim_config_init(&o->sim);
@@ -165,37 +268,322 @@ static int parse_options(int argc, char **argv, options *o)
     o->workload.rate = 1.0;
     o->workload.requests = 128;
     o->workload.seed = o->sim.seed;
+}
+
+/* Step 1: reads the whole command line; remembers the first problem. */
+static void parse_options(int argc, char **argv, options *o, problems *p)
+{
+    defaults(o);
     for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i];
-        if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) {
-            simulate_usage(stdout);
-            return -1;
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            o->help = 1;
+            continue;
         }
-        if (strcmp(flag, "--json") == 0) {
+        if (strcmp(arg, "--json") == 0) {
             o->json = 1;
-        } else if (strcmp(flag, "--quiet") == 0) {
+            continue;
+        }
+        if (strcmp(arg, "--quiet") == 0) {
             o->quiet = 1;
-        } else if (strcmp(flag, "--no-compute") == 0) {
+            continue;
+        }
+        if (strcmp(arg, "--no-compute") == 0) {
             o->sim.compute = 0;
-        } else if (i + 1 < argc) {
-            int status = parse_valued(o, flag, argv[++i]);
-            if (status != KVP_CLI_OK) {
-                return status;
+            continue;
+        }
+        if (strcmp(arg, "--allow-overcommit") == 0) {
+            o->allow_overcommit = 1;
+            continue;
+        }
+        size_t f = 0;
+        while (f < FLAG_COUNT_ && strcmp(arg, flag_names[f]) != 0) {
+            f++;
+        }
+        if (f == FLAG_COUNT_) {
+            if (arg[0] == '-') {
+                problem(p, "unknown option '%s' (see kvpager simulate --help)", arg);
+            } else {
+                problem(p, "unexpected argument '%s' (options start with --)", arg);
             }
-        } else {
-            fprintf(stderr, "kvpager simulate: %s needs a value (see --help)\n", flag);
-            return KVP_CLI_USAGE;
+            continue;
+        }
+        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
+            problem(p, "%s needs a value%s%s%s", arg, i + 1 < argc ? ", got the option '" : "",
+                    i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "'" : "");
+            continue;
+        }
+        const char *value = argv[++i];
+        if (o->value[f] != NULL) {
+            problem(p, "%s given twice: '%s' and '%s'", arg, o->value[f], value);
+            continue;
+        }
+        o->value[f] = value;
+        parse_value(o, (flag)f, value, p);
+    }
+}
+
+/* The text of a flag for messages: what was given, or "<default>" rendering. */
+static const char *shown(const options *o, flag f, char *buf, size_t size, size_t fallback)
+{
+    if (o->value[f] != NULL) {
+        return o->value[f];
+    }
+    snprintf(buf, size, "%zu", fallback);
+    return buf;
+}
+
+/* Step 2a: each flag on its own, then flags that depend on each other. */
+static void check_ranges(options *o, problems *p)
+{
+    const kvp_sim_config *c = &o->sim;
+    static const flag generated_only[] = {FLAG_PROFILE, FLAG_REQUESTS, FLAG_PROMPT_MEAN,
+                                          FLAG_OUTPUT_MEAN, FLAG_SIGMA, FLAG_ARRIVAL,
+                                          FLAG_RATE};
+    if (o->trace != NULL) {
+        for (size_t i = 0; i < sizeof generated_only / sizeof generated_only[0]; i++) {
+            flag f = generated_only[i];
+            if (o->value[f] != NULL) {
+                problem(p, "%s %s conflicts with --trace %s: the trace gives every request",
+                        flag_names[f], o->value[f], o->trace);
+            }
         }
     }
-    if (o->sim.layers == 0 || o->sim.capacity == 0 || o->workload.requests == 0 ||
-        o->workload.rate <= 0.0 || o->sim.watermark >= 1.0) {
-        fprintf(stderr, "kvpager simulate: --layers, --capacity, --requests and --rate must be "
-                        "positive and --watermark below 1\n");
-        return KVP_CLI_USAGE;
+    static const flag at_least_one[] = {FLAG_LAYERS, FLAG_MODEL_WIDTH, FLAG_HEADS,
+                                        FLAG_BLOCK_TOKENS, FLAG_REQUESTS};
+    for (size_t i = 0; i < sizeof at_least_one / sizeof at_least_one[0]; i++) {
+        flag f = at_least_one[i];
+        if (*size_field(o, f) == 0) {
+            invalid(p, f, o->value[f], "must be at least 1");
+        }
+    }
+    if (c->capacity < MIN_CAPACITY) {
+        invalid(p, FLAG_CAPACITY, o->value[FLAG_CAPACITY],
+                "must be at least 2 (one prompt token and one generated token)");
+    }
+    if (c->heads > 0 && c->model_width % c->heads != 0) {
+        char other[32];
+        if (o->value[FLAG_HEADS] != NULL) {
+            problem(p, "invalid value for --heads: '%s': must divide --model-width %s",
+                    o->value[FLAG_HEADS],
+                    shown(o, FLAG_MODEL_WIDTH, other, sizeof other, c->model_width));
+        } else {
+            problem(p, "invalid value for --model-width: '%s': must be a multiple of --heads %s",
+                    o->value[FLAG_MODEL_WIDTH],
+                    shown(o, FLAG_HEADS, other, sizeof other, c->heads));
+        }
+    }
+    if (o->value[FLAG_RATE] != NULL && !(o->workload.rate >= MIN_RATE && o->workload.rate <= MAX_RATE)) {
+        invalid(p, FLAG_RATE, o->value[FLAG_RATE], "must be from 0.001 to 1000000 arrivals per step");
+    }
+    if (!(c->watermark >= 0.0 && c->watermark < 1.0)) {
+        invalid(p, FLAG_WATERMARK, o->value[FLAG_WATERMARK], "must be at least 0 and below 1");
+    }
+    if (c->threads > MAX_THREADS) {
+        invalid(p, FLAG_THREADS, o->value[FLAG_THREADS], "must be from 0 (one per core) to 4096");
+    }
+    if (o->value[FLAG_RESERVE_TOKENS] != NULL && c->capacity >= MIN_CAPACITY &&
+        c->reserve_tokens > c->capacity) {
+        char capacity[32];
+        problem(p, "invalid value for --reserve-tokens: '%s': must be from 0 to --capacity %s",
+                o->value[FLAG_RESERVE_TOKENS],
+                shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
+    }
+    static const flag means[] = {FLAG_PROMPT_MEAN, FLAG_OUTPUT_MEAN};
+    for (size_t i = 0; i < 2 && c->capacity >= MIN_CAPACITY; i++) {
+        double *mean = real_field(o, means[i]);
+        if (o->value[means[i]] != NULL && !(*mean >= 1.0 && *mean <= (double)(c->capacity - 1))) {
+            char capacity[32];
+            problem(p, "invalid value for %s: '%s': must be from 1 to %zu (--capacity %s less "
+                       "one token)",
+                    flag_names[means[i]], o->value[means[i]], c->capacity - 1,
+                    shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
+        }
+    }
+    if (o->value[FLAG_SIGMA] != NULL) {
+        if (!(o->workload.sigma >= MIN_SIGMA && o->workload.sigma <= MAX_SIGMA)) {
+            invalid(p, FLAG_SIGMA, o->value[FLAG_SIGMA], "must be from 0.05 to 4");
+        } else if (o->workload.profile == KVP_PROFILE_UNIFORM) {
+            problem(p, "--sigma %s has no effect with --profile uniform (lognormal profiles only)",
+                    o->value[FLAG_SIGMA]);
+        }
+    }
+}
+
+/* Step 2b: sizes derived from several flags, all overflow-checked. */
+static void check_sizes(options *o, problems *p, size_t *page_bytes)
+{
+    const kvp_sim_config *c = &o->sim;
+    char buf[3][32];
+    /* A page holds keys and values: 2 x block_tokens x D doubles. */
+    size_t bytes = 0;
+    if (kvp_cli_mul(2 * sizeof(double), c->block_tokens, &bytes) != 0 ||
+        kvp_cli_mul(bytes, c->model_width, &bytes) != 0) {
+        problem(p, "invalid value for --block-tokens: '%s': a page of 2 x %zu positions x "
+                   "--model-width %s x 8 bytes overflows",
+                shown(o, FLAG_BLOCK_TOKENS, buf[0], sizeof buf[0], c->block_tokens),
+                c->block_tokens, shown(o, FLAG_MODEL_WIDTH, buf[1], sizeof buf[1], c->model_width));
+        return;
+    }
+    *page_bytes = bytes;
+    if (c->budget_bytes < bytes) {
+        problem(p, "invalid value for --budget: '%s': below one page of %s (2 x --block-tokens "
+                   "%zu x --model-width %zu x 8 bytes)",
+                o->value[FLAG_BUDGET] ? o->value[FLAG_BUDGET] : "32MiB",
+                kvp_cli_format_bytes(bytes, buf[0], sizeof buf[0]), c->block_tokens,
+                c->model_width);
+    } else if (c->budget_bytes / bytes > MAX_POOL_PAGES) {
+        problem(p, "invalid value for --budget: '%s': %zu pages of %s, more than the pool's "
+                   "%u (32-bit page ids)",
+                o->value[FLAG_BUDGET], c->budget_bytes / bytes,
+                kvp_cli_format_bytes(bytes, buf[0], sizeof buf[0]), MAX_POOL_PAGES);
+    }
+}
+
+/* Step 2c: the mean request of a generated workload must fit a sequence. */
+static void check_workload(options *o, problems *p)
+{
+    if (o->trace != NULL || p->found) {
+        return;
     }
     o->workload.capacity = o->sim.capacity;
     kvp_workload_spec_defaults(&o->workload);
-    return KVP_CLI_OK;
+    double mean = o->workload.prompt_mean + o->workload.output_mean;
+    if (mean > (double)o->sim.capacity) {
+        char capacity[32];
+        problem(p, "invalid value for --capacity: '%s': below the mean request of %.0f tokens "
+                   "(prompt mean %g + output mean %g)",
+                shown(o, FLAG_CAPACITY, capacity, sizeof capacity, o->sim.capacity), mean,
+                o->workload.prompt_mean, o->workload.output_mean);
+    }
+}
+
+/* Checked a * b and a + b that latch *overflow (then the result is SIZE_MAX). */
+static size_t mul(size_t a, size_t b, int *overflow)
+{
+    size_t out = 0;
+    *overflow |= kvp_cli_mul(a, b, &out) != 0;
+    return out;
+}
+
+static size_t add(size_t a, size_t b, int *overflow)
+{
+    size_t out = 0;
+    *overflow |= kvp_cli_add(a, b, &out) != 0;
+    return out;
+}
+
+/* A size flag's value, for messages about flags left at their defaults. */
+static size_t flag_value(const options *o, flag f, size_t requests)
+{
+    switch (f) {
+    case FLAG_MODEL_WIDTH: return o->sim.model_width;
+    case FLAG_LAYERS: return o->sim.layers;
+    case FLAG_CAPACITY: return o->sim.capacity;
+    case FLAG_REQUESTS: return requests;
+    default: return o->sim.budget_bytes;
+    }
+}
+
+/* One part of the run's memory, and the flag that sets it. */
+typedef struct memory_part {
+    const char *what;
+    flag flag;
+    flag other; /* the other flag it grows with, or FLAG_COUNT_ */
+    size_t bytes;
+} memory_part;
+
+/*
+ * Step 2d: what the run will hold at most, against physical memory. The parts
+ * are the library's own sizes: the page slab (the budget) and its metadata
+ * (12 bytes per page); the model (4 D x D parameters per layer, plus one
+ * more while a layer is made); per sequence, one ticket per layer (5 D +
+ * heads x capacity doubles), page tables and activations; the prompt buffer
+ * (capacity x D doubles); the request list. At most min(requests, pages /
+ * layers) sequences exist at once, since each holds a page per layer.
+ */
+static void check_memory(options *o, size_t requests, size_t page_bytes, problems *p)
+{
+    const kvp_sim_config *c = &o->sim;
+    size_t physical = kvp_cli_physical_memory();
+    char buf[4][32];
+    if (p->found || physical == 0) {
+        return;
+    }
+    if (c->budget_bytes > physical && !o->allow_overcommit) {
+        problem(p, "invalid value for --budget: '%s': %s is more than the %s of physical memory "
+                   "(add --allow-overcommit to run anyway)",
+                o->value[FLAG_BUDGET], kvp_cli_format_bytes(c->budget_bytes, buf[0], sizeof buf[0]),
+                kvp_cli_format_bytes(physical, buf[1], sizeof buf[1]));
+        return;
+    }
+    size_t pages = c->budget_bytes / page_bytes;
+    size_t d = c->model_width;
+    size_t blocks = c->capacity / c->block_tokens + 1;
+    size_t sequences = pages / c->layers;
+    sequences = sequences < requests ? sequences : requests;
+    sequences = sequences > 0 ? sequences : 1;
+    int overflow = 0;
+    /* model: (4 L + 1) D^2 doubles */
+    size_t model = mul(add(mul(4, c->layers, &overflow), 1, &overflow),
+                       mul(mul(d, d, &overflow), sizeof(double), &overflow), &overflow);
+    /* per layer of a sequence: a ticket of 5 D + heads x capacity doubles, page tables */
+    size_t ticket = mul(add(mul(c->heads, c->capacity, &overflow), mul(5, d, &overflow),
+                            &overflow),
+                        sizeof(double), &overflow);
+    ticket = add(ticket, add(mul(2 * sizeof(uint32_t), blocks, &overflow), 512, &overflow),
+                 &overflow);
+    /* per sequence: its layers, activations and token buffers of (L + 4) D doubles */
+    size_t per_sequence = add(mul(ticket, c->layers, &overflow),
+                              mul(mul(add(c->layers, 4, &overflow), d, &overflow),
+                                  sizeof(double), &overflow),
+                              &overflow);
+    per_sequence = mul(per_sequence, sequences, &overflow);
+    size_t prompt = mul(mul(c->capacity, d, &overflow), sizeof(double), &overflow);
+    size_t list = mul(requests, sizeof(kvp_request) + 2 * sizeof(size_t), &overflow);
+    size_t metadata = mul(pages, 3 * sizeof(uint32_t), &overflow);
+    memory_part parts[] = {
+        {"the pool", FLAG_BUDGET, FLAG_COUNT_,
+         o->allow_overcommit ? metadata : add(c->budget_bytes, metadata, &overflow)},
+        {"the model", FLAG_MODEL_WIDTH, FLAG_LAYERS, model},
+        {"the sequences", FLAG_CAPACITY, FLAG_LAYERS, per_sequence},
+        {"the prompt buffer", FLAG_CAPACITY, FLAG_MODEL_WIDTH, c->compute ? prompt : 0},
+        {"the request list", FLAG_REQUESTS, FLAG_COUNT_, list},
+    };
+    size_t total = 0;
+    size_t largest = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        total = add(total, parts[i].bytes, &overflow);
+        largest = parts[i].bytes > parts[largest].bytes ? i : largest;
+    }
+    if (!overflow && total <= physical) {
+        return;
+    }
+    const memory_part *big = &parts[largest];
+    /* Name the flag the user gave: of the part's two, the given one (the first if both). */
+    flag named = big->flag;
+    flag other = big->other;
+    if (o->value[named] == NULL && other != FLAG_COUNT_ && o->value[other] != NULL) {
+        named = big->other;
+        other = big->flag;
+    }
+    char given[2][32];
+    const char *value = shown(o, named, given[0], sizeof given[0], flag_value(o, named, requests));
+    char with[96] = "";
+    if (other != FLAG_COUNT_) {
+        snprintf(with, sizeof with, " with %s %s", flag_names[other],
+                 shown(o, other, given[1], sizeof given[1], flag_value(o, other, requests)));
+    }
+    if (overflow) {
+        problem(p, "invalid value for %s: '%s': the memory for %s%s overflows a 64-bit size",
+                flag_names[named], value, big->what, with);
+        return;
+    }
+    problem(p, "invalid value for %s: '%s': the run would need %s (%s %s%s), more than the %s "
+               "of physical memory",
+            flag_names[named], value, kvp_cli_format_bytes(total, buf[0], sizeof buf[0]),
+            big->what, kvp_cli_format_bytes(big->bytes, buf[1], sizeof buf[1]), with,
+            kvp_cli_format_bytes(physical, buf[2], sizeof buf[2]));
 }
 
 static double mean_of(const kvp_workload *w, int prompt)
@@ -207,11 +595,24 @@ static double mean_of(const kvp_workload *w, int prompt)
     return w->count > 0 ? sum / (double)w->count : 0.0;
 }
 
-/* The targets of the sharegpt profile at the default budget. */
+/*
+ * The targets of the sharegpt profile at the default budget. A run that
+ * completed no request meets none: its ratio and fragmentation say nothing.
+ */
+static int ratio_met(const kvp_sim_result *r)
+{
+    return r->requests_completed > 0 && r->concurrency_ratio >= 3.0;
+}
+
+static int fragmentation_met(const kvp_sim_result *r)
+{
+    return r->requests_completed > 0 && r->internal_fragmentation < 0.05;
+}
+
 static int targets_met(const kvp_sim_result *r)
 {
-    return r->concurrency_ratio >= 3.0 && r->internal_fragmentation < 0.05 &&
-           r->pages_leaked == 0 && r->audit_failures == 0;
+    return ratio_met(r) && fragmentation_met(r) && r->pages_leaked == 0 &&
+           r->audit_failures == 0;
 }
 
 static void print_report(const options *o, const kvp_workload *w, const kvp_sim_result *r)
@@ -257,8 +658,7 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
     if (o->trace == NULL && o->workload.profile == KVP_PROFILE_SHAREGPT) {
         printf("sharegpt targets        concurrency ratio >= 3: %s, fragmentation < 5%%: %s, "
                "no leaks: %s, clean audits: %s\n",
-               r->concurrency_ratio >= 3.0 ? "yes" : "no",
-               r->internal_fragmentation < 0.05 ? "yes" : "no",
+               ratio_met(r) ? "yes" : "no", fragmentation_met(r) ? "yes" : "no",
                r->pages_leaked == 0 ? "yes" : "no", r->audit_failures == 0 ? "yes" : "no");
     }
 }
@@ -315,24 +715,83 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_object_end(&json);
 }
 
+/* Steps 1 and 2: every input read and checked; the workload made. */
+static int prepare(int argc, char **argv, options *o, kvp_workload *workload)
+{
+    problems p = {.found = 0};
+    parse_options(argc, argv, o, &p);
+    if (o->help) {
+        simulate_usage(stdout);
+        return -1;
+    }
+    size_t page_bytes = 0;
+    check_ranges(o, &p);
+    if (!p.found) {
+        check_sizes(o, &p, &page_bytes);
+    }
+    check_workload(o, &p);
+    if (p.found) {
+        fprintf(stderr, "kvpager simulate: %s\n", p.line);
+        return KVP_CLI_USAGE;
+    }
+    /* The workload is input too: a bad trace row is refused before anything runs. */
+    size_t requests = o->workload.requests;
+    if (o->trace != NULL) {
+        char message[512];
+        int status = kvp_workload_load_trace(o->trace, o->sim.capacity, workload, message,
+                                             sizeof message);
+        if (status != 0) {
+            fprintf(stderr, "kvpager simulate: %s%s\n",
+                    status == KVP_TRACE_OUT_OF_MEMORY ? "" : "--trace ", message);
+            return KVP_CLI_USAGE;
+        }
+        requests = workload->count;
+    }
+    check_memory(o, requests, page_bytes, &p);
+    if (p.found) {
+        fprintf(stderr, "kvpager simulate: %s\n", p.line);
+        kvp_workload_free(workload);
+        return KVP_CLI_USAGE;
+    }
+    if (o->trace == NULL && kvp_workload_generate(&o->workload, workload) != 0) {
+        kvp_cli_report_oom("simulate", "the request list",
+                           o->workload.requests * sizeof(kvp_request));
+        return KVP_CLI_USAGE;
+    }
+    return KVP_CLI_OK;
+}
+
+/* Step 3: the outputs, before any work. */
+static int open_outputs(const options *o, kvp_plot *plot)
+{
+    if (o->plot == NULL) {
+        return KVP_CLI_OK;
+    }
+    int error = kvp_plot_open(plot, o->plot);
+    if (error < 0) {
+        kvp_cli_report_oom("simulate", "the plot's buffer", 8192);
+        return KVP_CLI_USAGE;
+    }
+    if (error > 0) {
+        fprintf(stderr, "kvpager simulate: --plot %s: %s\n", o->plot, strerror(error));
+        return KVP_CLI_USAGE;
+    }
+    return KVP_CLI_OK;
+}
+
 int kvp_cli_simulate(int argc, char **argv)
 {
     options o;
-    int status = parse_options(argc, argv, &o);
+    kvp_workload workload = {NULL, 0};
+    int status = prepare(argc, argv, &o, &workload);
     if (status != KVP_CLI_OK) {
         return status < 0 ? KVP_CLI_OK : status;
     }
-    kvp_workload workload = {NULL, 0};
-    char message[512];
-    if (o.trace != NULL) {
-        if (kvp_workload_load_trace(o.trace, o.sim.capacity, &workload, message,
-                                    sizeof message) != 0) {
-            fprintf(stderr, "kvpager simulate: %s\n", message);
-            return KVP_CLI_USAGE;
-        }
-    } else if (kvp_workload_generate(&o.workload, &workload) != 0) {
-        fprintf(stderr, "kvpager simulate: out of memory for the workload\n");
-        return KVP_CLI_USAGE;
+    kvp_plot plot = {NULL, NULL, 0, NULL};
+    status = open_outputs(&o, &plot);
+    if (status != KVP_CLI_OK) {
+        kvp_workload_free(&workload);
+        return status;
     }
     kvp_progress progress;
     kvp_progress_init(&progress, "simulate", o.quiet);
@@ -344,6 +803,9 @@ int kvp_cli_simulate(int argc, char **argv)
     kvp_progress_finish(&progress);
     if (failed != 0) {
         kvp_cli_report("simulate", context != NULL ? context : "running", &err);
+        if (o.plot != NULL) {
+            kvp_plot_abandon(&plot);
+        }
         kvp_sim_result_free(&result);
         kvp_workload_free(&workload);
         return KVP_CLI_USAGE;
@@ -360,8 +822,9 @@ int kvp_cli_simulate(int argc, char **argv)
         snprintf(title, sizeof title, "kvpager simulate: %s, %zu requests, %zu pages",
                  o.trace ? "trace" : kvp_profile_name(o.workload.profile), workload.count,
                  result.total_pages);
-        if (kvp_plot_write_svg(o.plot, &result, title) != 0) {
-            fprintf(stderr, "kvpager simulate: cannot write %s\n", o.plot);
+        int error = kvp_plot_finish(&plot, &result, title);
+        if (error != 0) {
+            fprintf(stderr, "kvpager simulate: --plot %s: %s\n", o.plot, strerror(error));
             exit_code = KVP_CLI_USAGE;
         } else if (!o.json) {
             printf("plot                    %s\n", o.plot);

@@ -4,10 +4,15 @@
 #include "workload.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "alloc.h"
 
 static const char *const profile_names[] = {"sharegpt", "alpaca", "uniform"};
 static const char *const arrival_names[] = {"poisson", "uniform", "burst"};
@@ -106,7 +111,7 @@ static size_t draw_length(const kvp_workload_spec *spec, double mean, size_t lim
 
 int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
 {
-    kvp_request *requests = calloc(spec->requests ? spec->requests : 1, sizeof *requests);
+    kvp_request *requests = kvp_cli_calloc(spec->requests, sizeof *requests);
     if (requests == NULL) {
         return -1;
     }
@@ -134,40 +139,6 @@ int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
     }
     out->requests = requests;
     out->count = spec->requests;
-    return 0;
-}
-
-typedef struct ordered_request {
-    kvp_request request;
-    size_t line_order;
-} ordered_request;
-
-/* By arrival, then by file order: a stable sort through qsort. */
-static int compare_arrival(const void *a, const void *b)
-{
-    const ordered_request *x = a;
-    const ordered_request *y = b;
-    if (x->request.arrival_step != y->request.arrival_step) {
-        return x->request.arrival_step < y->request.arrival_step ? -1 : 1;
-    }
-    return x->line_order < y->line_order ? -1 : x->line_order > y->line_order;
-}
-
-static int sort_by_arrival(kvp_request *requests, size_t count)
-{
-    ordered_request *ordered = malloc(count * sizeof *ordered);
-    if (ordered == NULL) {
-        return -1;
-    }
-    for (size_t i = 0; i < count; i++) {
-        ordered[i].request = requests[i];
-        ordered[i].line_order = i;
-    }
-    qsort(ordered, count, sizeof *ordered, compare_arrival);
-    for (size_t i = 0; i < count; i++) {
-        requests[i] = ordered[i].request;
-    }
-    free(ordered);
     return 0;
 }
 
@@ -234,10 +205,17 @@ static int parse_row(char *text, const char *path, size_t line, size_t capacity,
             return -1;
         }
     }
-    if (values[1] > capacity || values[2] > capacity - values[1]) {
+    if (values[1] >= capacity) {
+        snprintf(message, size,
+                 "%s:%zu: column prompt_tokens: '%zu' leaves no room for output under "
+                 "--capacity %zu",
+                 path, line, values[1], capacity);
+        return -1;
+    }
+    if (values[2] > capacity - values[1]) {
         snprintf(message, size,
                  "%s:%zu: column output_tokens: '%zu': prompt_tokens + output_tokens = %zu "
-                 "exceeds the capacity of %zu positions",
+                 "exceeds --capacity %zu",
                  path, line, values[2], values[1] + values[2], capacity);
         return -1;
     }
@@ -247,71 +225,159 @@ static int parse_row(char *text, const char *path, size_t line, size_t capacity,
     return 0;
 }
 
+/* The reader's state: one line at a time from a fixed buffer, no stdio. */
+typedef struct trace_reader {
+    const char *path;
+    size_t capacity;
+    kvp_workload *list;
+    size_t room;
+    size_t line;          /* number of the line being assembled (1-based) */
+    size_t len;           /* bytes of it so far */
+    size_t last_arrival;  /* arrival step of the previous row */
+    size_t offset;        /* bytes of the file consumed */
+    char text[512];
+    char *message;
+    size_t message_size;
+} trace_reader;
+
+static int add_request(trace_reader *t, const kvp_request *r)
+{
+    if (t->list->count == t->room) {
+        size_t room = t->room ? 2 * t->room : 64;
+        kvp_request *grown = kvp_cli_realloc(t->list->requests, room, sizeof *grown);
+        if (grown == NULL) {
+            snprintf(t->message, t->message_size,
+                     "out of memory: cannot allocate the trace's requests (%zu bytes) "
+                     "(AllocationFailed)",
+                     room * sizeof *grown);
+            return KVP_TRACE_OUT_OF_MEMORY;
+        }
+        t->list->requests = grown;
+        t->room = room;
+    }
+    t->list->requests[t->list->count++] = *r;
+    return 0;
+}
+
+/* One complete line (without its newline). */
+static int end_line(trace_reader *t)
+{
+    t->text[t->len] = '\0';
+    char *text = t->text;
+    size_t len = t->len;
+    t->len = 0;
+    if (len > 0 && text[len - 1] == '\r') {
+        text[--len] = '\0';
+    }
+    if (text[strspn(text, " \t")] == '\0') {
+        return 0;
+    }
+    if (t->line == 1 && strcmp(text, "arrival_step,prompt_tokens,output_tokens") == 0) {
+        return 0;
+    }
+    kvp_request r;
+    if (parse_row(text, t->path, t->line, t->capacity, &r, t->message, t->message_size) != 0) {
+        return -1;
+    }
+    if (t->list->count > 0 && r.arrival_step < t->last_arrival) {
+        snprintf(t->message, t->message_size,
+                 "%s:%zu: column arrival_step: '%zu' is before the previous row's step %zu "
+                 "(rows must be sorted by arrival)",
+                 t->path, t->line, r.arrival_step, t->last_arrival);
+        return -1;
+    }
+    t->last_arrival = r.arrival_step;
+    return add_request(t, &r);
+}
+
+/* Consumes `n` bytes of the file. */
+static int consume(trace_reader *t, const unsigned char *bytes, size_t n)
+{
+    static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
+    size_t i = 0;
+    if (t->offset == 0 && n >= 3 && memcmp(bytes, bom, 3) == 0) {
+        i = 3; /* a UTF-8 byte order mark opens the file: skip it */
+    }
+    t->offset += n;
+    for (; i < n; i++) {
+        unsigned char c = bytes[i];
+        if (c == '\n') {
+            int status = end_line(t);
+            if (status != 0) {
+                return status;
+            }
+            t->line++;
+            continue;
+        }
+        if (c == '\0') {
+            snprintf(t->message, t->message_size, "%s:%zu: a NUL byte at column %zu", t->path,
+                     t->line, t->len + 1);
+            return -1;
+        }
+        if (t->len + 1 >= sizeof t->text) {
+            snprintf(t->message, t->message_size, "%s:%zu: line longer than %zu characters",
+                     t->path, t->line, sizeof t->text - 2);
+            return -1;
+        }
+        t->text[t->len++] = (char)c;
+    }
+    return 0;
+}
+
 int kvp_workload_load_trace(const char *path, size_t capacity, kvp_workload *out, char *message,
                             size_t message_size)
 {
-    FILE *file = fopen(path, "r");
-    if (file == NULL) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        close(fd);
+        fd = -1;
+        errno = EISDIR;
+    }
+    if (fd < 0) {
         snprintf(message, message_size, "%s: %s", path, strerror(errno));
         return -1;
     }
-    kvp_request *requests = NULL;
-    size_t count = 0;
-    size_t room = 0;
-    char text[512];
-    size_t line = 0;
+    kvp_workload list = {NULL, 0};
+    trace_reader t = {.path = path, .capacity = capacity, .list = &list, .line = 1,
+                      .message = message, .message_size = message_size};
+    unsigned char chunk[16384];
     int status = 0;
-    while (status == 0 && fgets(text, sizeof text, file) != NULL) {
-        line++;
-        size_t len = strlen(text);
-        if (len == sizeof text - 1 && text[len - 1] != '\n') {
-            snprintf(message, message_size, "%s:%zu: line longer than %zu characters", path, line,
-                     sizeof text - 2);
+    for (;;) {
+        ssize_t got = read(fd, chunk, sizeof chunk);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got < 0) {
+            snprintf(message, message_size, "%s: %s", path, strerror(errno));
             status = -1;
             break;
         }
-        text[strcspn(text, "\r\n")] = '\0';
-        if (text[strspn(text, " \t")] == '\0') {
-            continue;
+        if (got == 0) {
+            status = t.len > 0 ? end_line(&t) : 0;
+            break;
         }
-        if (line == 1 && strcmp(text, "arrival_step,prompt_tokens,output_tokens") == 0) {
-            continue;
+        status = consume(&t, chunk, (size_t)got);
+        if (status != 0) {
+            break;
         }
-        if (count == room) {
-            room = room ? 2 * room : 64;
-            kvp_request *grown = realloc(requests, room * sizeof *grown);
-            if (grown == NULL) {
-                snprintf(message, message_size, "%s: out of memory", path);
-                status = -1;
-                break;
-            }
-            requests = grown;
-        }
-        status = parse_row(text, path, line, capacity, &requests[count], message, message_size);
-        count += status == 0;
     }
-    fclose(file);
-    if (status == 0 && count == 0) {
+    close(fd);
+    if (status == 0 && list.count == 0) {
         snprintf(message, message_size, "%s: no requests", path);
         status = -1;
     }
     if (status != 0) {
-        free(requests);
-        return -1;
+        kvp_cli_free(list.requests);
+        return status;
     }
-    if (sort_by_arrival(requests, count) != 0) {
-        snprintf(message, message_size, "%s: out of memory", path);
-        free(requests);
-        return -1;
-    }
-    out->requests = requests;
-    out->count = count;
+    *out = list;
     return 0;
 }
 
 void kvp_workload_free(kvp_workload *workload)
 {
-    free(workload->requests);
+    kvp_cli_free(workload->requests);
     workload->requests = NULL;
     workload->count = 0;
 }

@@ -52,14 +52,23 @@ typedef struct kvp_workload_spec {
 /* Fills the profile's defaults into zero fields. */
 void kvp_workload_spec_defaults(kvp_workload_spec *spec);
 
-/* Returns 0, or -1 when out of memory. */
+/* Returns 0, or -1 when out of memory (through the program's allocation hook). */
 int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out);
 
+/* kvp_workload_load_trace's result when the request list cannot grow. */
+#define KVP_TRACE_OUT_OF_MEMORY (-2)
+
 /*
- * Reads a CSV of arrival_step,prompt_tokens,output_tokens (an optional header
- * line naming exactly those columns; blank lines ignored). On a bad row writes
- * "<file>:<line>: column <name>: <value>: <why>" to `message` and returns -1;
- * nothing is returned then.
+ * Reads a CSV of arrival_step,prompt_tokens,output_tokens: an optional UTF-8
+ * byte order mark, an optional header line naming exactly those columns,
+ * blank lines ignored, rows sorted by arrival step (ties keep file order).
+ * Refused, with "<file>:<line>: ..." (and the column and value where there is
+ * one) in `message`: a row that is not three whole numbers, a prompt or
+ * output of 0 tokens, prompt + output above `capacity`, an arrival step
+ * below the previous row's, a NUL byte, a line over 510 characters, a file
+ * with no rows; a directory or unreadable file gives "<file>: <strerror>".
+ * Returns 0, -1 on such input, or KVP_TRACE_OUT_OF_MEMORY; on failure
+ * nothing is returned and nothing is left allocated.
  */
 int kvp_workload_load_trace(const char *path, size_t capacity, kvp_workload *out, char *message,
                             size_t message_size);

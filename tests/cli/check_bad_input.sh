@@ -1,0 +1,187 @@
+#!/bin/sh
+# check_bad_input.sh WORKDIR COMMAND...
+# Issue 7's table of bad inputs, one row per case, against the kvpager
+# program (COMMAND, possibly behind a wrapper such as Valgrind memcheck).
+# Each row asserts: exit status 2, exactly one line on stderr, that line
+# naming the option and the value (both given per row), and that nothing ran:
+# nothing on stdout and, for simulate, no file from the --plot the check adds
+# to every row that does not test --plot itself (outputs are opened only
+# after every input was checked, so the file must not exist).
+# Then a few inputs that the same rules must accept (a UTF-8 byte order mark,
+# TiB/TB budgets) and the zero-completion run, which must meet no target.
+set -u
+work=$1
+shift
+rm -rf "$work"
+mkdir -p "$work/sub" || exit 1
+fail() { echo "check_bad_input: $*" >&2; exit 1; }
+
+# Fixtures.
+printf 'arrival_step,prompt_tokens,output_tokens\n0,5,4\n1,3,3\n' > "$work/good.csv"
+printf '\357\273\277arrival_step,prompt_tokens,output_tokens\n0,5,4\n1,3,3\n' > "$work/bom.csv"
+printf '0,5,4\n1,3\0003,3\n' > "$work/nul.csv"
+printf '0,5,4\n3,3,3\n1,2,2\n' > "$work/unsorted.csv"
+printf '0,5,4\n0,40,30\n' > "$work/long.csv"
+printf 'arrival_step,prompt_tokens,output_tokens\n\n' > "$work/empty.csv"
+physical=$(( $(getconf _PHYS_PAGES) * $(getconf PAGE_SIZE) ))
+above=$(( physical + 1073741824 ))
+
+rows=0
+# case NAME FLAG VALUE ARGS...: FLAG and VALUE must both appear in the one line.
+case_() {
+    name=$1 flag=$2 value=$3
+    shift 3
+    plot=
+    if [ "$1" = simulate ]; then
+        case " $* " in *" --plot "*) ;; *) plot="--plot $work/ran.svg" ;; esac
+    fi
+    rm -f "$work/ran.svg"
+    # shellcheck disable=SC2086
+    "$@" $plot > "$work/out" 2> "$work/err" < /dev/null
+    code=$?
+    rows=$((rows + 1))
+    [ "$code" = 2 ] || fail "$name: exit $code, expected 2: $(cat "$work/err")"
+    lines=$(wc -l < "$work/err")
+    [ "$lines" = 1 ] || fail "$name: $lines lines on stderr, expected 1: $(cat "$work/err")"
+    grep -qF -- "$flag" "$work/err" || fail "$name: '$flag' not named in: $(cat "$work/err")"
+    grep -qF -- "$value" "$work/err" || fail "$name: '$value' not named in: $(cat "$work/err")"
+    [ ! -s "$work/out" ] || fail "$name: it ran and printed: $(head -c 200 "$work/out")"
+    [ ! -e "$work/ran.svg" ] || fail "$name: it ran far enough to create the plot"
+    [ ! -e "$work/sub/x.svg" ] || fail "$name: a plot was left behind"
+}
+
+run() { case_ "$@"; }
+k="$*"
+S="$k simulate"
+D="$k demo"
+
+# ---- issue 7, section 2, row by row ------------------------------------------
+run heads_zero --heads "'0'" $S --heads 0
+run heads_and_width_zero --model-width "'0'" $S --heads 0 --model-width 0
+run width_too_big --model-width "'99999'" $S --model-width 99999 --heads 1
+run budget_10000GiB --budget "'10000GiB'" $S --budget 10000GiB
+run budget_above_physical --budget "'$above'" $S --budget "$above"
+run budget_1TiB_is_a_unit --budget "--allow-overcommit" $S --budget 1TiB
+run budget_fraction --budget "'1.5'" $S --budget 1.5
+run capacity_overflow --capacity "'18446744073709551615'" $S --capacity 18446744073709551615
+run capacity_one --capacity "'1'" $S --capacity 1
+run layers_zero --layers "'0'" $S --layers 0
+run capacity_zero --capacity "'0'" $S --capacity 0
+run requests_zero --requests "'0'" $S --requests 0
+run rate_zero --rate "'0'" $S --rate 0
+run watermark_one --watermark "'1'" $S --watermark 1
+run model_width_zero --model-width "'0'" $S --model-width 0
+run block_tokens_zero --block-tokens "'0'" $S --block-tokens 0
+run budget_zero --budget "'0'" $S --budget 0
+run bogus "unknown option" "'--bogus'" $S --bogus
+run prompt_mean_zero --prompt-mean "'0'" $S --prompt-mean 0
+run output_mean_zero --output-mean "'0'" $S --output-mean 0
+run sigma_zero --sigma "'0'" $S --sigma 0
+run prompt_mean_huge --prompt-mean "'1e308'" $S --prompt-mean 1e308
+run prompt_mean_range "from 1 to 2047" "1e308" $S --prompt-mean 1e308
+run trace_directory "--trace $work/sub" "Is a directory" $S --trace "$work/sub"
+run trace_nul "--trace $work/nul.csv:2" "NUL" $S --trace "$work/nul.csv"
+run trace_unsorted "--trace $work/unsorted.csv:3" "'1'" $S --trace "$work/unsorted.csv"
+run trace_with_profile "--profile alpaca" "--trace $work/good.csv" \
+    $S --trace "$work/good.csv" --profile alpaca --requests 5
+run trace_with_requests "--requests 5" "--trace $work/good.csv" \
+    $S --trace "$work/good.csv" --requests 5
+run plot_missing_dir "--plot /nonexistent/x.svg" "No such file or directory" \
+    $S --plot /nonexistent/x.svg --requests 2
+run plot_full_device "--plot /dev/full" "No space left on device" $S --plot /dev/full --requests 2
+run plot_directory "--plot $work/sub" "Is a directory" $S --plot "$work/sub" --requests 2
+
+# ---- more of the same rules --------------------------------------------------
+run budget_below_a_page --budget "'1KiB'" $S --budget 1KiB
+run budget_bad_unit --budget "'10XB'" $S --budget 10XB
+run budget_inexact_fraction --budget "'1.1KiB'" $S --budget 1.1KiB
+run budget_negative --budget "'-1'" $S --budget -1
+run budget_overflow --budget "'100000000000000000000'" $S --budget 100000000000000000000
+run budget_TiB_overflow --budget "'20000000TiB'" $S --budget 20000000TiB
+run budget_too_many_pages --budget "'70000GiB'" $S --budget 70000GiB --allow-overcommit
+run heads_not_dividing --heads "'4'" $S --model-width 10 --heads 4
+run width_not_multiple --model-width "'10'" $S --model-width 10
+run block_tokens_overflow --block-tokens "'18446744073709551615'" \
+    $S --block-tokens 18446744073709551615
+run layers_fraction --layers "'1.5'" $S --layers 1.5
+run requests_exponent --requests "'1e3'" $S --requests 1e3
+run requests_huge --requests "'100000000000000'" $S --requests 100000000000000
+run threads_negative --threads "'-1'" $S --threads -1
+run threads_too_many --threads "'5000'" $S --threads 5000
+run seed_word --seed "'abc'" $S --seed abc
+run reserve_above_capacity --reserve-tokens "'5000'" $S --reserve-tokens 5000
+run sigma_huge --sigma "'5'" $S --sigma 5
+run sigma_uniform --sigma "--profile uniform" $S --sigma 1 --profile uniform
+run rate_huge --rate "'1e9'" $S --rate 1e9
+run rate_nan --rate "'nan'" $S --rate nan
+run rate_inf --rate "'inf'" $S --rate inf
+run rate_hex --rate "'0x10'" $S --rate 0x10
+run watermark_negative --watermark "'-0.1'" $S --watermark -0.1
+run capacity_below_mean --capacity "'100'" $S --capacity 100
+run capacity_below_alpaca --capacity "'64'" $S --capacity 64 --profile alpaca
+run profile_unknown --profile "'bogus'" $S --profile bogus
+run arrival_unknown --arrival "'bogus'" $S --arrival bogus
+run layers_wrapping_4L --layers "'4611686018427387904'" $S --layers 4611686018427387904
+run layers_huge_memory "--layers 100000000" "'1024'" $S --layers 100000000 --model-width 1024 --heads 1
+run trace_missing "--trace $work/none.csv" "No such file or directory" $S --trace "$work/none.csv"
+run trace_not_a_dir "--trace $work/good.csv/x" "Not a directory" $S --trace "$work/good.csv/x"
+run trace_empty "--trace $work/empty.csv" "no requests" $S --trace "$work/empty.csv"
+run trace_row_over_capacity "--trace $work/long.csv:2" "column output_tokens: '30'" \
+    $S --trace "$work/long.csv" --capacity 64
+run trace_with_prompt_mean "--prompt-mean 10" "--trace" $S --trace "$work/good.csv" --prompt-mean 10
+run trace_with_rate "--rate 2" "--trace" $S --trace "$work/good.csv" --rate 2
+run trace_with_arrival "--arrival burst" "--trace" $S --trace "$work/good.csv" --arrival burst
+run missing_value_at_end --layers "needs a value" $S --layers
+run missing_value_option --trace "'--json'" $S --trace --json
+run given_twice --layers "'2' and '3'" $S --layers 2 --layers 3
+run unexpected_argument "unexpected argument" "'foo'" $S foo
+run demo_bogus "unknown option" "'--bogus'" $D --bogus
+run demo_argument "unexpected argument" "'extra'" $D extra
+run top_bogus "unknown option" "'--bogus'" $k --bogus
+run top_command "unknown command" "'bogus'" $k bogus
+run top_missing "missing command" "kvpager --help" $k
+run top_version_extra "--version" "'x'" $k --version x
+
+# ---- what the same rules accept ----------------------------------------------
+json_get() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1]));
+for k in sys.argv[2].split("."): v=v[k]
+print(v)' "$1" "$2"; }
+small="--capacity 64 --budget 64KiB --quiet --json --no-compute"
+$S --trace "$work/bom.csv" $small > "$work/bom.json" || fail "a trace with a BOM was refused"
+[ "$(json_get "$work/bom.json" requests_completed)" = 2 ] || fail "the BOM trace did not run its rows"
+$S --budget 0.0000152587890625TiB --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 \
+    --quiet --json --no-compute > "$work/tib.json" || fail "a TiB budget was refused"
+[ "$(json_get "$work/tib.json" config.budget_bytes)" = 16777216 ] || fail "TiB is not 2^40 bytes"
+$S --budget 0.000016TB --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 \
+    --quiet --json --no-compute > "$work/tb.json" || fail "a TB budget was refused"
+[ "$(json_get "$work/tb.json" config.budget_bytes)" = 16000000 ] || fail "TB is not 10^12 bytes"
+$S --budget 1.5KiB --block-tokens 4 --model-width 8 --heads 2 --requests 1 --prompt-mean 2 \
+    --output-mean 2 --capacity 8 --quiet --json --no-compute > "$work/frac.json" \
+    || fail "1.5KiB (a whole byte count) was refused"
+[ "$(json_get "$work/frac.json" config.budget_bytes)" = 1536 ] || fail "1.5KiB is not 1536 bytes"
+
+# A run that completes nothing meets no target.
+$S --layers 1000 --no-compute --quiet --json > "$work/none.json" || fail "--layers 1000 failed"
+[ "$(json_get "$work/none.json" requests_completed)" = 0 ] || fail "--layers 1000 completed requests"
+[ "$(json_get "$work/none.json" targets_met)" = False ] || fail "0 completed yet targets met"
+$S --layers 1000 --no-compute --quiet > "$work/none.txt" || fail "--layers 1000 failed"
+grep -q 'concurrency ratio >= 3: no, fragmentation < 5%: no' "$work/none.txt" \
+    || fail "0 completed yet the report says the targets hold: $(grep targets "$work/none.txt")"
+
+# --help documents every option with its default, and exits 0.
+$S --help > "$work/help.txt" || fail "simulate --help failed"
+for option in --layers --model-width --heads --block-tokens --budget --allow-overcommit \
+    --capacity --requests --profile --prompt-mean --output-mean --sigma --arrival --rate \
+    --trace --watermark --reserve-tokens --threads --seed --no-compute --audit-every --json \
+    --plot --quiet --help; do
+    grep -q -- "^  $option" "$work/help.txt" || fail "simulate --help lacks $option"
+done
+[ "$(grep -c 'default' "$work/help.txt")" -ge 18 ] || fail "simulate --help lacks defaults"
+$D --help | grep -q -- '--json' || fail "demo --help lacks --json"
+$k --help | grep -q -- '--version' || fail "kvpager --help lacks --version"
+# Output that cannot be written is an error too, with its reason.
+code=0
+$k --help > /dev/full 2> "$work/err" || code=$?
+[ "$code" = 2 ] && [ "$(wc -l < "$work/err")" = 1 ] && grep -q "No space left on device" "$work/err" \
+    || fail "a full stdout gave exit $code: $(cat "$work/err")"
+echo "check_bad_input: $rows bad inputs refused with exit 2 and one line; good inputs ok"

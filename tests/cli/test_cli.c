@@ -1,0 +1,277 @@
+/*
+ * test_cli.c: unit tests of the kvpager program's helpers (cmocka), through
+ * the kvpager_cli library: strict number and byte-size parsing, checked size
+ * arithmetic, the program's allocation hook and its fault injector, the JSON
+ * writer, the plot's round tick steps, and the workload names. The commands
+ * themselves are checked end to end by the shell checks in this folder and
+ * by sweep_cli.c.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "alloc.h"
+#include "cli.h"
+#include "json.h"
+#include "plot.h"
+#include "workload.h"
+
+static void test_cli_parse_size_is_digits_only(void **state)
+{
+    (void)state;
+    size_t v = 7;
+    assert_int_equal(kvp_cli_parse_size("0", &v), 0);
+    assert_int_equal(v, 0);
+    assert_int_equal(kvp_cli_parse_size("18446744073709551615", &v), 0);
+    assert_true(v == SIZE_MAX);
+    v = 7;
+    const char *bad[] = {"", "-1", "+1", " 1", "1 ", "1.0", "1e3", "0x10", "18446744073709551616",
+                         "99999999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(kvp_cli_parse_size(bad[i], &v), -1);
+    }
+    assert_int_equal(kvp_cli_parse_size(NULL, &v), -1);
+    assert_int_equal(v, 7); /* a failed parse writes nothing */
+}
+
+static void test_cli_parse_bytes_units_and_whole_counts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        size_t bytes;
+    } good[] = {{"0", 0},
+                {"512", 512},
+                {"7B", 7},
+                {"2KiB", 2048},
+                {"1.5KiB", 1536},
+                {"3MiB", (size_t)3 << 20},
+                {"1GiB", (size_t)1 << 30},
+                {"1TiB", (size_t)1 << 40},
+                {"0.0000152587890625TiB", (size_t)1 << 24},
+                {"2KB", 2000},
+                {"2kB", 2000},
+                {"1.5MB", 1500000},
+                {"4GB", 4000000000},
+                {"0.000016TB", 16000000}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        size_t v = 1;
+        assert_int_equal(kvp_cli_parse_bytes(good[i].text, &v), 0);
+        assert_true(v == good[i].bytes);
+    }
+    const char *bad[] = {"",       "1.5",   "1.1KiB", "1.",    ".5KiB", "-1",
+                         "1 KiB",  "1XB",   "1kiB",   "1.5.5", "1e3",   "20000000TiB",
+                         "18446744073709551616", "16383.99999999999999999TiB"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t v = 9;
+        assert_int_equal(kvp_cli_parse_bytes(bad[i], &v), -1);
+        assert_int_equal(v, 9);
+    }
+    size_t v = 9;
+    assert_int_equal(kvp_cli_parse_bytes(NULL, &v), -1);
+}
+
+static void test_cli_parse_double_finite_decimals_only(void **state)
+{
+    (void)state;
+    double v = 0.0;
+    assert_int_equal(kvp_cli_parse_double("1.25", &v), 0);
+    assert_true(v == 1.25);
+    assert_int_equal(kvp_cli_parse_double("-0.5", &v), 0);
+    assert_true(v == -0.5);
+    assert_int_equal(kvp_cli_parse_double("1e308", &v), 0);
+    assert_true(v == 1e308);
+    assert_int_equal(kvp_cli_parse_double(".5", &v), 0);
+    const char *bad[] = {"", "nan", "inf", "-inf", "1e999", "0x10", " 1", "1 ", "abc", "1,5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        v = 3.0;
+        assert_int_equal(kvp_cli_parse_double(bad[i], &v), -1);
+        assert_true(v == 3.0);
+    }
+    assert_int_equal(kvp_cli_parse_double(NULL, &v), -1);
+}
+
+static void test_cli_checked_arithmetic_saturates(void **state)
+{
+    (void)state;
+    size_t v = 0;
+    assert_int_equal(kvp_cli_mul(3, 4, &v), 0);
+    assert_int_equal(v, 12);
+    assert_int_equal(kvp_cli_mul(SIZE_MAX, 0, &v), 0);
+    assert_int_equal(v, 0);
+    assert_int_equal(kvp_cli_mul(SIZE_MAX / 2 + 1, 2, &v), -1);
+    assert_true(v == SIZE_MAX);
+    assert_int_equal(kvp_cli_add(SIZE_MAX - 1, 1, &v), 0);
+    assert_true(v == SIZE_MAX);
+    assert_int_equal(kvp_cli_add(SIZE_MAX, 1, &v), -1);
+    assert_true(v == SIZE_MAX);
+    assert_true(kvp_cli_physical_memory() > 0);
+}
+
+static void test_cli_format_bytes_units(void **state)
+{
+    (void)state;
+    char buf[32];
+    assert_string_equal(kvp_cli_format_bytes(512, buf, sizeof buf), "512 B");
+    assert_string_equal(kvp_cli_format_bytes(1536, buf, sizeof buf), "1.5 KiB");
+    assert_string_equal(kvp_cli_format_bytes((size_t)1 << 40, buf, sizeof buf), "1.0 TiB");
+    assert_string_equal(kvp_cli_format_bytes(SIZE_MAX, buf, sizeof buf), "16.0 EiB");
+}
+
+static void test_cli_alloc_fault_fires_once_at_n(void **state)
+{
+    (void)state;
+    kvp_cli_fault_arm(2);
+    void *a = kvp_cli_alloc(4, 8);
+    assert_non_null(a);
+    assert_false(kvp_cli_fault_fired());
+    void *b = kvp_cli_calloc(4, 8);
+    assert_null(b);
+    assert_true(kvp_cli_fault_fired());
+    b = kvp_cli_calloc(4, 8);
+    assert_non_null(b);
+    assert_int_equal(((char *)b)[31], 0);
+    assert_int_equal(kvp_cli_fault_calls(), 3);
+    /* A failed realloc leaves the old block as it was. */
+    ((char *)a)[0] = 'k';
+    kvp_cli_fault_arm(1);
+    assert_null(kvp_cli_realloc(a, 64, 8));
+    assert_int_equal(((char *)a)[0], 'k');
+    kvp_cli_fault_arm(0);
+    void *c = kvp_cli_realloc(a, 64, 8);
+    assert_non_null(c);
+    assert_int_equal(((char *)c)[0], 'k');
+    /* n * size overflow is a failure, never a short block. */
+    assert_null(kvp_cli_alloc(SIZE_MAX / 2, 4));
+    assert_null(kvp_cli_calloc(SIZE_MAX / 2, 4));
+    assert_null(kvp_cli_realloc(NULL, SIZE_MAX / 2, 4));
+    void *zero = kvp_cli_alloc(0, 8);
+    assert_non_null(zero);
+    kvp_cli_free(zero);
+    kvp_cli_free(b);
+    kvp_cli_free(c);
+    kvp_cli_free(NULL);
+    assert_false(kvp_cli_fault_fired());
+}
+
+static void test_cli_json_writer_nests_escapes_and_nulls(void **state)
+{
+    (void)state;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&text, &size);
+    assert_non_null(out);
+    kvp_json json;
+    kvp_json_init(&json, out);
+    kvp_json_object_begin(&json, NULL);
+    kvp_json_string(&json, "s", "a\"b\\c\n");
+    kvp_json_double(&json, "inf", INFINITY);
+    kvp_json_double(&json, "half", 0.5);
+    kvp_json_bool(&json, "t", 1);
+    kvp_json_bool(&json, "f", 0);
+    kvp_json_array_begin(&json, "a");
+    kvp_json_uint(&json, NULL, 1);
+    kvp_json_uint(&json, NULL, 2);
+    kvp_json_array_end(&json);
+    kvp_json_object_end(&json);
+    fclose(out);
+    assert_string_equal(text, "{\"s\":\"a\\\"b\\\\c\\u000a\",\"inf\":null,\"half\":0.5,"
+                              "\"t\":true,\"f\":false,\"a\":[1,2]}\n");
+    free(text);
+
+    /* Nested scopes keep their own member counts. */
+    out = open_memstream(&text, &size);
+    kvp_json_init(&json, out);
+    kvp_json_array_begin(&json, NULL);
+    kvp_json_object_begin(&json, NULL);
+    kvp_json_uint(&json, "x", 1);
+    kvp_json_object_end(&json);
+    kvp_json_object_begin(&json, NULL);
+    kvp_json_array_begin(&json, "y");
+    kvp_json_array_end(&json);
+    kvp_json_object_end(&json);
+    kvp_json_array_end(&json);
+    fclose(out);
+    assert_string_equal(text, "[{\"x\":1},{\"y\":[]}]");
+    free(text);
+}
+
+static void test_cli_plot_tick_steps_are_round(void **state)
+{
+    (void)state;
+    static const struct {
+        double max;
+        double step;
+    } cases[] = {{0.0, 1.0},   {1.0, 1.0},   {5.0, 1.0},   {6.0, 2.0},    {8.0, 2.0},
+                 {10.0, 2.0},  {11.0, 5.0},  {25.0, 5.0},  {26.0, 10.0},  {99.0, 20.0},
+                 {2048.0, 500.0}, {1e6, 200000.0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_true(kvp_plot_tick_step(cases[i].max) == cases[i].step);
+    }
+}
+
+static void test_cli_workload_names_round_trip(void **state)
+{
+    (void)state;
+    kvp_profile profile = KVP_PROFILE_SHAREGPT;
+    assert_int_equal(kvp_profile_parse("alpaca", &profile), 0);
+    assert_string_equal(kvp_profile_name(profile), "alpaca");
+    assert_int_equal(kvp_profile_parse("Alpaca", &profile), -1);
+    assert_int_equal(profile, KVP_PROFILE_ALPACA);
+    kvp_arrival arrival = KVP_ARRIVAL_POISSON;
+    assert_int_equal(kvp_arrival_parse("burst", &arrival), 0);
+    assert_string_equal(kvp_arrival_name(arrival), "burst");
+    assert_int_equal(kvp_arrival_parse("", &arrival), -1);
+    assert_int_equal(arrival, KVP_ARRIVAL_BURST);
+}
+
+/* A generated workload: sorted, every length within capacity, and uniform gaps. */
+static void test_cli_workload_generate_keeps_its_invariants(void **state)
+{
+    (void)state;
+    kvp_workload_spec spec = {.profile = KVP_PROFILE_UNIFORM, .arrival = KVP_ARRIVAL_UNIFORM,
+                              .rate = 0.5, .requests = 50, .capacity = 40, .seed = 9};
+    kvp_workload_spec_defaults(&spec);
+    assert_true(spec.prompt_mean == 161.0 && spec.sigma == 0.0);
+    spec.prompt_mean = 10.0;
+    spec.output_mean = 10.0;
+    kvp_workload w = {NULL, 0};
+    assert_int_equal(kvp_workload_generate(&spec, &w), 0);
+    assert_int_equal(w.count, 50);
+    for (size_t i = 0; i < w.count; i++) {
+        const kvp_request *r = &w.requests[i];
+        assert_true(r->prompt_tokens >= 1 && r->output_tokens >= 1);
+        assert_true(r->prompt_tokens + r->output_tokens <= spec.capacity);
+        assert_int_equal(r->arrival_step, 2 * i);
+    }
+    kvp_workload_free(&w);
+    assert_null(w.requests);
+    kvp_cli_fault_arm(1);
+    assert_int_equal(kvp_workload_generate(&spec, &w), -1);
+    kvp_cli_fault_arm(0);
+    assert_null(w.requests);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cli_parse_size_is_digits_only),
+        cmocka_unit_test(test_cli_parse_bytes_units_and_whole_counts),
+        cmocka_unit_test(test_cli_parse_double_finite_decimals_only),
+        cmocka_unit_test(test_cli_checked_arithmetic_saturates),
+        cmocka_unit_test(test_cli_format_bytes_units),
+        cmocka_unit_test(test_cli_alloc_fault_fires_once_at_n),
+        cmocka_unit_test(test_cli_json_writer_nests_escapes_and_nulls),
+        cmocka_unit_test(test_cli_plot_tick_steps_are_round),
+        cmocka_unit_test(test_cli_workload_names_round_trip),
+        cmocka_unit_test(test_cli_workload_generate_keeps_its_invariants),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
