@@ -167,8 +167,8 @@ static void forward_tokens(cycler *c, kvp_layer *layer, kvp_cache *cache, kvp_ti
 
 static void append_rows(cycler *c, kvp_cache *cache, size_t count)
 {
-    double key[WIDTH];
-    double value[WIDTH];
+    double key[WIDTH] = {0};
+    double value[WIDTH] = {0};
     kvp_tensor k = kvp_tensor4(key, 1, HEADS, 1, WIDTH / HEADS);
     kvp_tensor v = kvp_tensor4(value, 1, HEADS, 1, WIDTH / HEADS);
     for (size_t t = 0; t < count && !c->failed; t++) {
