@@ -12,9 +12,17 @@
  *           forwards, then everything destroyed. Every status, length and
  *           the pool's final counters are checked.
  * Memory is read after the first `--warmup` cycles of a phase and again at
- * its end: jemalloc's stats.resident and stats.metadata (after an epoch
- * refresh) and the resident set of /proc/self/statm. Each may grow by at
- * most `--max-growth` bytes.
+ * its end, while every thread waits at a barrier, after each has flushed its
+ * thread cache and main has purged every arena's unused dirty pages: jemalloc's stats.resident and stats.metadata
+ * (after an epoch refresh) and the resident set of /proc/self/statm. Each
+ * may grow by at most `--max-growth` bytes.
+ *
+ * The baseline must not depend on scheduling: a new slab arena costs about
+ * 170 KiB of metadata once, so before the warmup every thread holds two
+ * pools at once (as many as a phase ever keeps alive per thread), and the
+ * threads live through both phases, so no arena, thread cache or automatic
+ * arena binding is first needed after the baseline, however the threads
+ * interleave.
  *
  * Where the numbers say nothing the check is skipped, and the output says
  * so: under Valgrind, malloc is the tool's and the process's RSS is the
@@ -56,13 +64,22 @@ typedef struct memory {
     size_t rss;      /* /proc/self/statm resident pages, in bytes */
 } memory;
 
-typedef enum phase_kind { PHASE_POOLS, PHASE_CACHES } phase_kind;
+typedef enum phase_kind { PHASE_POOLS, PHASE_CACHES, PHASE_COUNT } phase_kind;
+
+static const char *const phase_names[PHASE_COUNT] = {"pools", "caches"};
+
+/* What main and the cyclers share; the barrier counts them all. */
+typedef struct plan {
+    size_t threads;
+    size_t cycles[PHASE_COUNT];
+    size_t warmup;
+    pthread_barrier_t barrier;
+} plan;
 
 typedef struct cycler {
     size_t id;
     pthread_t thread;
-    phase_kind kind;
-    size_t cycles;
+    plan *plan;
     uint64_t rng;
     int failed;
     char failure[512];
@@ -81,13 +98,21 @@ static void cycler_fail(cycler *c, const char *what, const kvp_error *err)
     snprintf(c->failure, sizeof c->failure, "thread %zu: %s: %s", c->id, what, text);
 }
 
+/*
+ * Purges first: the automatic arenas keep freed pages dirty for a while
+ * (opt.dirty_decay_ms), and stats.resident and the RSS count them, so the
+ * decay clock would otherwise decide the numbers.
+ */
 static int memory_read(memory *out)
 {
+    char purge[64];
+    snprintf(purge, sizeof purge, "arena.%u.purge", (unsigned)MALLCTL_ARENAS_ALL);
     uint64_t epoch = 1;
     size_t epoch_size = sizeof epoch;
     size_t size = sizeof(size_t);
     memory m = {0, 0, 0};
-    if (mallctl("epoch", &epoch, &epoch_size, &epoch, epoch_size) != 0 ||
+    if (mallctl(purge, NULL, NULL, NULL, 0) != 0 ||
+        mallctl("epoch", &epoch, &epoch_size, &epoch, epoch_size) != 0 ||
         mallctl("stats.resident", &m.resident, &size, NULL, 0) != 0 ||
         mallctl("stats.metadata", &m.metadata, &size, NULL, 0) != 0) {
         fprintf(stderr, PROGRAM ": cannot read jemalloc's stats\n");
@@ -118,10 +143,10 @@ static kvp_pool_config pool_config(size_t cycle)
     return config;
 }
 
-static void cycle_pools(cycler *c)
+static void cycle_pools(cycler *c, size_t cycles)
 {
     kvp_pool *previous = NULL;
-    for (size_t i = 0; i < c->cycles && !c->failed; i++) {
+    for (size_t i = 0; i < cycles && !c->failed; i++) {
         kvp_pool_config config = pool_config(i);
         kvp_pool *pool = NULL;
         kvp_error err;
@@ -222,51 +247,81 @@ static void cycle_cache_once(cycler *c, size_t i)
     }
 }
 
+static void run_kind(cycler *c, phase_kind kind, size_t cycles)
+{
+    if (kind == PHASE_POOLS) {
+        cycle_pools(c, cycles);
+        return;
+    }
+    for (size_t i = 0; i < cycles && !c->failed; i++) {
+        cycle_cache_once(c, i);
+    }
+}
+
+/* This thread's share of n cycles. */
+static size_t share(const cycler *c, size_t n)
+{
+    size_t threads = c->plan->threads;
+    return n / threads + (c->id < n % threads);
+}
+
+/*
+ * Every thread holds two pools at once (the most a phase ever has alive per
+ * thread) until all do, then frees them. So every slab arena the phase will
+ * need exists, parked, before memory is first read, whatever the scheduling.
+ */
+static void hold_pools(cycler *c)
+{
+    kvp_pool *held[2] = {NULL, NULL};
+    for (size_t i = 0; i < 2 && !c->failed; i++) {
+        kvp_pool_config config = pool_config(i);
+        kvp_error err;
+        if (kvp_pool_create(&config, &held[i], &err) != KVP_OK) {
+            cycler_fail(c, "creating a pool", &err);
+        }
+    }
+    pthread_barrier_wait(&c->plan->barrier); /* 1: all pools held */
+    for (size_t i = 0; i < 2; i++) {
+        kvp_error err;
+        if (held[i] != NULL && kvp_pool_destroy(held[i], &err) != KVP_OK) {
+            cycler_fail(c, "destroying a pool", &err);
+        }
+    }
+}
+
+/*
+ * Freed blocks this thread's cache keeps count as active in stats.resident;
+ * how many it keeps at a barrier depends on the interleaving, so each thread
+ * empties its cache before memory is read.
+ */
+static void flush_thread_cache(void)
+{
+    (void)mallctl("thread.tcache.flush", NULL, NULL, NULL, 0);
+}
+
+/*
+ * The threads live through both phases, so their own allocator state (thread
+ * caches, the automatic arena each is bound to) also exists before memory is
+ * first read. Every thread passes every barrier, failed or not.
+ */
 static void *cycler_main(void *arg)
 {
     cycler *c = arg;
-    if (c->kind == PHASE_POOLS) {
-        cycle_pools(c);
-    } else {
-        for (size_t i = 0; i < c->cycles && !c->failed; i++) {
-            cycle_cache_once(c, i);
-        }
+    plan *p = c->plan;
+    for (int kind = 0; kind < PHASE_COUNT; kind++) {
+        size_t total = p->cycles[kind];
+        size_t first = p->warmup < total ? p->warmup : total;
+        hold_pools(c);
+        run_kind(c, (phase_kind)kind, share(c, first));
+        flush_thread_cache();
+        pthread_barrier_wait(&p->barrier); /* 2: warmup over, main reads memory */
+        pthread_barrier_wait(&p->barrier); /* 3: read */
+        run_kind(c, (phase_kind)kind, share(c, total - first));
+        flush_thread_cache();
+        pthread_barrier_wait(&p->barrier); /* 4: phase over, main reads memory */
+        pthread_barrier_wait(&p->barrier); /* 5: read */
     }
     return NULL;
-}
-
-/* `cycles` cycles of `kind`, split over `threads` threads. */
-static int run_cycles(phase_kind kind, size_t threads, size_t cycles, uint64_t seed)
-{
-    cycler *cyclers = calloc(threads, sizeof *cyclers);
-    if (cyclers == NULL) {
-        fprintf(stderr, PROGRAM ": out of memory\n");
-        return 1;
-    }
-    int failed = 0;
-    size_t started = 0;
-    for (size_t t = 0; t < threads; t++) {
-        cycler *c = &cyclers[t];
-        c->id = t;
-        c->kind = kind;
-        c->cycles = cycles / threads + (t < cycles % threads);
-        c->rng = seed * 1000003u + t;
-        if (pthread_create(&c->thread, NULL, cycler_main, c) != 0) {
-            fprintf(stderr, PROGRAM ": cannot start thread %zu\n", t);
-            failed = 1;
-            break;
-        }
-        started++;
-    }
-    for (size_t t = 0; t < started; t++) {
-        pthread_join(cyclers[t].thread, NULL);
-        if (cyclers[t].failed) {
-            fprintf(stderr, PROGRAM ": %s\n", cyclers[t].failure);
-            failed = 1;
-        }
-    }
-    free(cyclers);
-    return failed;
 }
 
 static long long growth(size_t before, size_t after)
@@ -286,20 +341,28 @@ static int check_growth(const char *phase, const char *name, size_t before, size
     return bad;
 }
 
-static int run_phase(phase_kind kind, const char *phase, size_t threads, size_t cycles,
-                     size_t warmup, size_t limit, uint64_t seed, const char *skip_all)
+/* Main's side of one phase: the same barriers as cycler_main, and the checks. */
+static int run_phase(plan *p, phase_kind kind, size_t limit, const char *skip_all)
 {
-    size_t first = warmup < cycles ? warmup : cycles;
+    const char *phase = phase_names[kind];
+    size_t first = p->warmup < p->cycles[kind] ? p->warmup : p->cycles[kind];
     memory before;
     memory after;
     double start = stress_seconds();
-    if (run_cycles(kind, threads, first, seed) != 0 || memory_read(&before) != 0 ||
-        run_cycles(kind, threads, cycles - first, seed + 1) != 0 || memory_read(&after) != 0) {
+    pthread_barrier_wait(&p->barrier); /* 1 */
+    pthread_barrier_wait(&p->barrier); /* 2 */
+    int unread = memory_read(&before);
+    pthread_barrier_wait(&p->barrier); /* 3 */
+    pthread_barrier_wait(&p->barrier); /* 4 */
+    unread |= memory_read(&after);
+    pthread_barrier_wait(&p->barrier); /* 5 */
+    if (unread) {
         return 1;
     }
-    size_t measured = cycles - first;
+    size_t measured = p->cycles[kind] - first;
     printf("%s: %s: %zu cycles on %zu threads, memory from cycle %zu to %zu (%.2f s):\n",
-           PROGRAM, phase, cycles, threads, first, cycles, stress_seconds() - start);
+           PROGRAM, phase, p->cycles[kind], p->threads, first, p->cycles[kind],
+           stress_seconds() - start);
     const char *rss_skip = skip_all != NULL ? skip_all : rss_skip_reason;
     int bad = check_growth(phase, "resident", before.resident, after.resident, measured, limit,
                            skip_all);
@@ -341,10 +404,41 @@ int main(int argc, char **argv)
     if (RUNNING_ON_VALGRIND) {
         skip_all = "under Valgrind malloc and RSS are the tool's";
     }
-    int failed = run_phase(PHASE_POOLS, "pools", threads, cycles, warmup, max_growth, seed,
-                           skip_all);
-    failed |= run_phase(PHASE_CACHES, "caches", threads, cache_cycles, warmup, max_growth,
-                        seed + 2, skip_all);
+    plan p;
+    memset(&p, 0, sizeof p);
+    p.threads = threads;
+    p.cycles[PHASE_POOLS] = cycles;
+    p.cycles[PHASE_CACHES] = cache_cycles;
+    p.warmup = warmup;
+    cycler *cyclers = calloc(threads, sizeof *cyclers);
+    if (cyclers == NULL || pthread_barrier_init(&p.barrier, NULL, (unsigned)threads + 1) != 0) {
+        fprintf(stderr, PROGRAM ": out of memory\n");
+        return 1;
+    }
+    for (size_t t = 0; t < threads; t++) {
+        cycler *c = &cyclers[t];
+        c->id = t;
+        c->plan = &p;
+        c->rng = seed * 1000003u + t;
+        if (pthread_create(&c->thread, NULL, cycler_main, c) != 0) {
+            /* The started threads would wait at the first barrier for this one. */
+            fprintf(stderr, PROGRAM ": cannot start thread %zu\n", t);
+            exit(1);
+        }
+    }
+    int failed = 0;
+    for (int kind = 0; kind < PHASE_COUNT; kind++) {
+        failed |= run_phase(&p, (phase_kind)kind, max_growth, skip_all);
+    }
+    for (size_t t = 0; t < threads; t++) {
+        pthread_join(cyclers[t].thread, NULL);
+        if (cyclers[t].failed) {
+            fprintf(stderr, PROGRAM ": %s\n", cyclers[t].failure);
+            failed = 1;
+        }
+    }
+    pthread_barrier_destroy(&p.barrier);
+    free(cyclers);
     if (skip_all != NULL) {
         printf("%s: memory growth not checked: %s\n", PROGRAM, skip_all);
     } else if (rss_skip_reason != NULL) {
