@@ -12,17 +12,19 @@
  *           forwards, then everything destroyed. Every status, length and
  *           the pool's final counters are checked.
  * Memory is read after the first `--warmup` cycles of a phase and again at
- * its end, while every thread waits at a barrier, after each has flushed its
- * thread cache and main has purged every arena's unused dirty pages: jemalloc's stats.resident and stats.metadata
- * (after an epoch refresh) and the resident set of /proc/self/statm. Each
- * may grow by at most `--max-growth` bytes.
+ * its end: jemalloc's stats.resident and stats.metadata (after an epoch
+ * refresh) and the resident set of /proc/self/statm. Each may grow by at
+ * most `--max-growth` bytes.
  *
- * The baseline must not depend on scheduling: a new slab arena costs about
- * 170 KiB of metadata once, so before the warmup every thread holds two
- * pools at once (as many as a phase ever keeps alive per thread), and the
- * threads live through both phases, so no arena, thread cache or automatic
- * arena binding is first needed after the baseline, however the threads
- * interleave.
+ * Nothing that scheduling or time decides may move the numbers. Memory is
+ * read only while every thread waits at a barrier, after each has flushed
+ * its thread cache (cached blocks count as active) and main has purged every
+ * arena (dirty pages count as resident until the decay clock purges them).
+ * A new slab arena costs about 90 KiB of metadata once, so before its warmup
+ * every thread holds two pools at once (as many as a phase ever keeps alive
+ * per thread); and the threads live through both phases. So no arena,
+ * thread cache or automatic arena binding is first needed after the
+ * baseline, however the threads interleave.
  *
  * Where the numbers say nothing the check is skipped, and the output says
  * so: under Valgrind, malloc is the tool's and the process's RSS is the
