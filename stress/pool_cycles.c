@@ -136,7 +136,7 @@ static int memory_read(memory *out)
     return 0;
 }
 
-/* Budgets alternate: 16 pages, then 1024 pages (a 1 MiB slab). */
+/* Budgets alternate: 16 pages, then 1024 pages (a 1 MiB slab, the largest). */
 static kvp_pool_config pool_config(size_t cycle)
 {
     size_t page_bytes = 2 * HEADS * BLOCK * (WIDTH / HEADS) * sizeof(double);
@@ -270,13 +270,15 @@ static size_t share(const cycler *c, size_t n)
 /*
  * Every thread holds two pools at once (the most a phase ever has alive per
  * thread) until all do, then frees them. So every slab arena the phase will
- * need exists, parked, before memory is first read, whatever the scheduling.
+ * need exists, parked, before memory is first read, whatever the scheduling;
+ * and each has served the largest slab, so none must map (and index) a
+ * larger region later, whichever arena serves which slab.
  */
 static void hold_pools(cycler *c)
 {
     kvp_pool *held[2] = {NULL, NULL};
     for (size_t i = 0; i < 2 && !c->failed; i++) {
-        kvp_pool_config config = pool_config(i);
+        kvp_pool_config config = pool_config(1); /* the large one */
         kvp_error err;
         if (kvp_pool_create(&config, &held[i], &err) != KVP_OK) {
             cycler_fail(c, "creating a pool", &err);
