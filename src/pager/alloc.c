@@ -78,11 +78,11 @@ void kvpi_free(void *ptr)
  * (arena.<i>.destroy leaves about 4 KiB behind), so an arena, once created,
  * is kept for good: a slab free empties it (dallocx, then arena.<i>.reset and
  * arena.<i>.purge, so its pages go back to the system) and parks its index
- * here; the next slab alloc takes a parked arena before it creates one. Only
- * these indexes are shared; every mallctl on an arena runs outside the lock,
- * by the one caller that holds the arena. Every slab call passes
- * MALLOCX_TCACHE_NONE, so no thread cache ever holds a slab arena's memory,
- * which reset requires.
+ * here; the next slab alloc takes a parked arena before it creates one. The
+ * lock guards these indexes and the creation of arenas; every other mallctl
+ * on an arena runs outside it, by the one caller that holds the arena. Every
+ * slab call passes MALLOCX_TCACHE_NONE, so no thread cache ever holds a slab
+ * arena's memory, which reset requires.
  *
  * jemalloc numbers arenas below 4096 (MALLOCX_ARENA takes 12 bits), so the
  * list never overflows; if it did, the arena would be destroyed as before.
@@ -100,29 +100,34 @@ static int arena_ctl(const char *what, unsigned arena, void *value, size_t size)
     return mallctl(name, NULL, NULL, value, value != NULL ? size : 0);
 }
 
-/* A parked arena, else a new one that purges what it frees at once. */
+/*
+ * A parked arena, else a new one that purges what it frees at once. New
+ * arenas are made under the lock too, one at a time: jemalloc publishes a
+ * new arena's mutexes through its own atomics, which ThreadSanitizer and
+ * helgrind cannot see, so two threads creating arenas at once look to them
+ * like a race inside jemalloc. The lock gives them an order they can see.
+ * Creating is rare (only while the list is empty), so the lock costs nothing.
+ */
 static int arena_take(unsigned *arena)
 {
+    int failed = 0;
     pthread_mutex_lock(&arena_lock);
-    int parked = arena_spare_count > 0;
-    if (parked) {
+    if (arena_spare_count > 0) {
         *arena = arena_spare[--arena_spare_count];
+    } else {
+        unsigned index = 0;
+        size_t index_size = sizeof index;
+        failed = mallctl("arenas.create", &index, &index_size, NULL, 0) != 0;
+        if (!failed) {
+            /* Freed pages skip the dirty and muzzy stages: RSS follows the pools. */
+            ssize_t immediately = 0;
+            (void)arena_ctl("dirty_decay_ms", index, &immediately, sizeof immediately);
+            (void)arena_ctl("muzzy_decay_ms", index, &immediately, sizeof immediately);
+            *arena = index;
+        }
     }
     pthread_mutex_unlock(&arena_lock);
-    if (parked) {
-        return 0;
-    }
-    unsigned index = 0;
-    size_t index_size = sizeof index;
-    if (mallctl("arenas.create", &index, &index_size, NULL, 0) != 0) {
-        return -1;
-    }
-    /* Freed pages skip the dirty and muzzy stages: RSS follows the pools. */
-    ssize_t immediately = 0;
-    (void)arena_ctl("dirty_decay_ms", index, &immediately, sizeof immediately);
-    (void)arena_ctl("muzzy_decay_ms", index, &immediately, sizeof immediately);
-    *arena = index;
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* Empties the arena, gives its pages back, and parks it for the next slab. */
