@@ -10,6 +10,19 @@
  * audit every K operations while the others keep working. At the end every
  * page is free, nothing is promised, and acquires equal releases exactly.
  *
+ * Whether random operations ever exhaust the pool depends on how the threads
+ * are scheduled (under Valgrind they run one at a time), so the run forces
+ * it: at `--storms` fixed points of every thread's operations, all threads
+ * stop together (a barrier), then each grows every one of its sequences one
+ * step at a time until each has been refused, checking every refusal as
+ * above. Steps take their pages all or none and nothing gives pages back
+ * during a storm, so once a sequence is refused it stays refused. When all
+ * threads are done, one thread checks, with the others parked at the
+ * barrier, that the pool is spent: the audit passes, at least one refusal of
+ * the storm was POOL_EXHAUSTED, and no sequence below its capacity could take
+ * another step. The options must make that certain: the sequences together
+ * must be able to hold more pages than the pool has (checked up front).
+ *
  * Exit status 0 when all of that holds, 1 otherwise, 2 on usage errors.
  */
 #include <pthread.h>
@@ -23,6 +36,8 @@
 #define PROGRAM "stress-concurrent"
 #define MAX_PREFILL 8
 
+struct worker;
+
 typedef struct shared {
     kvp_pool *pool;
     kvp_model *model;
@@ -31,7 +46,15 @@ typedef struct shared {
     size_t ops;
     size_t audit_every;
     size_t sequences;
+    size_t storms;
     uint64_t seed;
+    size_t threads;
+    struct worker *workers;
+    pthread_barrier_t barrier; /* every worker: storms start and end together */
+    /* Written only by the thread that checks a storm, between barriers. */
+    size_t storms_checked;
+    int storm_failed;
+    char storm_failure[512];
 } shared;
 
 typedef struct counters {
@@ -44,15 +67,19 @@ typedef struct counters {
     size_t exhausted;
     size_t full;
     size_t audits;
+    size_t storm_steps;
+    size_t storm_exhausted;
 } counters;
 
 typedef struct worker {
     size_t id;
     pthread_t thread;
-    const shared *sh;
+    shared *sh;
     kvp_sequence **sequences;
     double *rows;      /* [MAX_PREFILL][D]: inputs */
     double *output;    /* [MAX_PREFILL][D] */
+    unsigned char *refused; /* [sequences]: refused in the current storm */
+    size_t storm_exhausted_now; /* PoolExhausted refusals of the last storm */
     uint64_t rng;
     counters count;
     int failed;
@@ -158,11 +185,121 @@ static void operate(worker *w, size_t index)
     check_refusal(w, status, &err, sequence, digest, len, held);
 }
 
+/* Steps every sequence of this thread in turn until each has been refused. */
+static void storm_grow(worker *w)
+{
+    const shared *sh = w->sh;
+    size_t remaining = sh->sequences;
+    unsigned char *refused = w->refused;
+    memset(refused, 0, sh->sequences);
+    while (remaining > 0 && !w->failed) {
+        for (size_t s = 0; s < sh->sequences && !w->failed; s++) {
+            if (refused[s]) {
+                continue;
+            }
+            kvp_sequence *sequence = w->sequences[s];
+            uint64_t digest = stress_sequence_digest(sequence);
+            size_t len = kvp_sequence_len(sequence);
+            size_t held = kvp_sequence_held_pages(sequence);
+            stress_fill(w->rows, sh->width, &w->rng);
+            kvp_tensor input = kvp_tensor3(w->rows, 1, 1, sh->width);
+            kvp_error err;
+            kvp_status status =
+                kvp_sequence_step(sequence, &input, NULL, NULL, w->output, sh->width, &err);
+            if (status == KVP_OK) {
+                w->count.storm_steps++;
+                if (kvp_sequence_len(sequence) != len + 1) {
+                    record_failure(w, "a storm step grew the sequence wrongly", NULL);
+                }
+                continue;
+            }
+            w->count.storm_exhausted += status == KVP_POOL_EXHAUSTED;
+            check_refusal(w, status, &err, sequence, digest, len, held);
+            refused[s] = 1;
+            remaining--;
+        }
+    }
+}
+
+/*
+ * Run by one thread while every other worker waits at the barrier: the pool
+ * must be spent. Sets sh->storm_failed with the reason when it is not.
+ */
+static void storm_check(shared *sh, size_t storm)
+{
+    sh->storms_checked++;
+    size_t exhausted = 0;
+    for (size_t t = 0; t < sh->threads; t++) {
+        if (sh->workers[t].failed) {
+            return; /* that failure is reported; the pool proves nothing now */
+        }
+        exhausted += sh->workers[t].storm_exhausted_now;
+    }
+    kvp_pool_stats stats;
+    kvp_error err;
+    const char *why = NULL;
+    char text[384] = "";
+    if (kvp_pool_check(sh->pool, NULL, NULL, &err) != KVP_OK ||
+        kvp_pool_stats_get(sh->pool, &stats, &err) != KVP_OK) {
+        kvp_error_format(&err, text, sizeof text);
+        why = "the audit after the storm failed";
+    } else if (exhausted == 0) {
+        why = "no storm step was refused with PoolExhausted";
+    }
+    for (size_t t = 0; t < sh->threads && why == NULL; t++) {
+        for (size_t s = 0; s < sh->sequences && why == NULL; s++) {
+            const kvp_sequence *sequence = sh->workers[t].sequences[s];
+            size_t len = kvp_sequence_len(sequence);
+            size_t need = kvp_sequence_pages_for(sequence, len + 1);
+            if (len < sh->capacity && need <= stats.free_pages) {
+                snprintf(text, sizeof text, "thread %zu sequence %zu needs %zu pages, %zu free", t,
+                         s, need, stats.free_pages);
+                why = "a refused sequence could still grow";
+            }
+        }
+    }
+    if (why != NULL && !sh->storm_failed) {
+        sh->storm_failed = 1;
+        snprintf(sh->storm_failure, sizeof sh->storm_failure, "storm %zu: %s: %s", storm, why,
+                 text);
+    }
+}
+
+/* A storm: all threads stop, grow until refused, and one checks the pool. */
+static void storm(worker *w, size_t index)
+{
+    shared *sh = w->sh;
+    pthread_barrier_wait(&sh->barrier); /* every thread has stopped its random operations */
+    size_t before = w->count.storm_exhausted;
+    if (!w->failed) {
+        storm_grow(w);
+    }
+    w->storm_exhausted_now = w->count.storm_exhausted - before;
+    if (pthread_barrier_wait(&sh->barrier) == PTHREAD_BARRIER_SERIAL_THREAD) {
+        storm_check(sh, index);
+    }
+    pthread_barrier_wait(&sh->barrier); /* checked: back to random operations */
+}
+
+/* Storm k comes before operation (k + 1) * ops / (storms + 1) of every thread. */
+static size_t storm_point(const shared *sh, size_t k)
+{
+    return (k + 1) * sh->ops / (sh->storms + 1);
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
-    const shared *sh = w->sh;
-    for (size_t op = 0; op < sh->ops && !w->failed; op++) {
+    shared *sh = w->sh;
+    size_t next_storm = 0;
+    for (size_t op = 0; op <= sh->ops; op++) {
+        /* Every thread meets every storm, failed or not, or the others would wait forever. */
+        while (next_storm < sh->storms && storm_point(sh, next_storm) == op) {
+            storm(w, next_storm++);
+        }
+        if (op == sh->ops || w->failed) {
+            continue;
+        }
         operate(w, (size_t)(stress_rand(&w->rng) % sh->sequences));
         if (sh->audit_every != 0 && (op + 1) % sh->audit_every == 0) {
             kvp_error err;
@@ -185,7 +322,8 @@ static int start_workers(worker *workers, size_t threads, shared *sh)
         w->sequences = calloc(sh->sequences, sizeof *w->sequences);
         w->rows = calloc(MAX_PREFILL * sh->width, sizeof *w->rows);
         w->output = calloc(MAX_PREFILL * sh->width, sizeof *w->output);
-        if (w->sequences == NULL || w->rows == NULL || w->output == NULL) {
+        w->refused = calloc(sh->sequences, 1);
+        if (w->sequences == NULL || w->rows == NULL || w->output == NULL || w->refused == NULL) {
             fprintf(stderr, PROGRAM ": out of memory\n");
             return 1;
         }
@@ -197,13 +335,26 @@ static int start_workers(worker *workers, size_t threads, shared *sh)
             }
         }
     }
+    /* The storms can prove exhaustion only if the sequences can outgrow the pool. */
+    kvp_pool_stats stats;
+    kvp_error err;
+    if (kvp_pool_stats_get(sh->pool, &stats, &err) != KVP_OK) {
+        return stress_fail(PROGRAM, "reading stats", &err);
+    }
+    size_t most = threads * sh->sequences *
+                  kvp_sequence_pages_for(workers[0].sequences[0], sh->capacity);
+    if (most <= stats.total_pages) {
+        fprintf(stderr,
+                PROGRAM ": %zu threads x %zu sequences hold at most %zu pages, so a storm "
+                        "cannot exhaust %zu (use fewer --pages)\n",
+                threads, sh->sequences, most, stats.total_pages);
+        return 2;
+    }
     for (size_t t = 0; t < threads; t++) {
         if (pthread_create(&workers[t].thread, NULL, worker_main, &workers[t]) != 0) {
+            /* The started threads would wait at the first storm for this one. */
             fprintf(stderr, PROGRAM ": cannot start thread %zu\n", t);
-            for (size_t j = 0; j < t; j++) {
-                pthread_join(workers[j].thread, NULL);
-            }
-            return 1;
+            exit(1);
         }
     }
     return 0;
@@ -232,6 +383,7 @@ static int finish(worker *workers, size_t threads, shared *sh, double seconds)
         free(w->sequences);
         free(w->rows);
         free(w->output);
+        free(w->refused);
     }
     kvp_pool_stats stats;
     kvp_error err;
@@ -243,18 +395,24 @@ static int finish(worker *workers, size_t threads, shared *sh, double seconds)
     }
     int whole = stats.free_pages == stats.total_pages && stats.acquires == stats.releases &&
                 stats.promised_pages == 0 && stats.attached_caches == 0;
+    if (sh->storm_failed) {
+        fprintf(stderr, PROGRAM ": %s\n", sh->storm_failure);
+        failed = 1;
+    }
+    if (sh->storms_checked != sh->storms) {
+        fprintf(stderr, PROGRAM ": %zu of %zu storms were checked\n", sh->storms_checked,
+                sh->storms);
+        failed = 1;
+    }
     printf("%s: %zu threads x %zu ops: %zu steps, %zu prefills, %zu appends, %zu resets, "
            "%zu recreates, %zu promises; refused %zu exhausted, %zu full; %zu audits; "
+           "%zu storms spent the pool (%zu steps, %zu refused exhausted); "
            "%llu acquires, %llu releases, %zu of %zu pages free; %.2f s: %s\n",
            PROGRAM, threads, sh->ops, total.steps, total.prefills, total.appends, total.resets,
            total.recreates, total.promises, total.exhausted, total.full, total.audits,
+           sh->storms_checked, total.storm_steps, total.storm_exhausted,
            (unsigned long long)stats.acquires, (unsigned long long)stats.releases,
            stats.free_pages, stats.total_pages, seconds, whole && !failed ? "ok" : "FAILED");
-    if (total.exhausted == 0) {
-        fprintf(stderr, PROGRAM ": the pool never ran out; the run proves nothing about "
-                        "exhaustion (use fewer --pages)\n");
-        failed = 1;
-    }
     return failed || !whole;
 }
 
@@ -265,6 +423,7 @@ int main(int argc, char **argv)
     size_t ops = 20000;
     size_t audit_every = 100;
     size_t pages = 160;
+    size_t storms = 2;
     size_t seed = 1;
     stress_option options[] = {
         {"--threads", &threads, "worker threads"},
@@ -272,6 +431,7 @@ int main(int argc, char **argv)
         {"--ops", &ops, "operations per thread"},
         {"--audit-every", &audit_every, "operations between audits, per thread"},
         {"--pages", &pages, "pages in the shared pool"},
+        {"--storms", &storms, "storms that grow every sequence until the pool is spent"},
         {"--seed", &seed, "seed of every random choice"},
     };
     int parsed = stress_parse(argc, argv,
@@ -281,11 +441,21 @@ int main(int argc, char **argv)
     if (parsed != 0) {
         return parsed == 1 ? 0 : 2;
     }
-    if (threads == 0 || sequences == 0 || pages == 0) {
-        fprintf(stderr, PROGRAM ": --threads, --sequences and --pages must be positive\n");
+    if (threads == 0 || sequences == 0 || pages == 0 || storms == 0) {
+        fprintf(stderr,
+                PROGRAM ": --threads, --sequences, --pages and --storms must be positive\n");
         return 2;
     }
-    shared sh = {NULL, NULL, 64, 16, ops, audit_every, sequences, seed};
+    shared sh;
+    memset(&sh, 0, sizeof sh);
+    sh.capacity = 64;
+    sh.width = 16;
+    sh.ops = ops;
+    sh.audit_every = audit_every;
+    sh.sequences = sequences;
+    sh.storms = storms;
+    sh.seed = seed;
+    sh.threads = threads;
     kvp_error err;
     kvp_pool_config config = {4, 2, 8, pages * 2 * 2 * 4 * 8 * sizeof(double)};
     if (kvp_pool_create(&config, &sh.pool, &err) != KVP_OK) {
@@ -296,19 +466,21 @@ int main(int argc, char **argv)
         return stress_fail(PROGRAM, "creating the model", &err);
     }
     worker *workers = calloc(threads, sizeof *workers);
-    if (workers == NULL) {
+    if (workers == NULL || pthread_barrier_init(&sh.barrier, NULL, (unsigned)threads) != 0) {
         fprintf(stderr, PROGRAM ": out of memory\n");
         return 1;
     }
+    sh.workers = workers;
     double start = stress_seconds();
     int failed = start_workers(workers, threads, &sh);
     if (failed) {
-        return 1;
+        return failed;
     }
     for (size_t t = 0; t < threads; t++) {
         pthread_join(workers[t].thread, NULL);
     }
     failed = finish(workers, threads, &sh, stress_seconds() - start);
+    pthread_barrier_destroy(&sh.barrier);
     free(workers);
     kvp_model_destroy(sh.model, NULL);
     if (kvp_pool_destroy(sh.pool, &err) != KVP_OK) {

@@ -9,6 +9,12 @@
  * sequence is reset, the pool audited, and the next round begins. At the end
  * every page is free and acquires equal releases.
  *
+ * Nothing here depends on scheduling. Steps take their pages all or none and
+ * no page comes back during a storm, so a refused sequence stays refused and
+ * the pool is spent when the storm ends. And each thread's sequences alone
+ * can hold more pages than the pool has (checked up front), so in every round
+ * every thread meets at least one POOL_EXHAUSTED refusal, which is checked.
+ *
  * Exit status 0 when all of that holds, 1 otherwise, 2 on usage errors.
  */
 #include <pthread.h>
@@ -43,6 +49,7 @@ typedef struct racer {
     size_t granted;
     size_t exhausted;
     size_t full;
+    size_t dry_rounds; /* rounds without a PoolExhausted refusal */
     int failed;
     char failure[512];
 } racer;
@@ -109,7 +116,9 @@ static void *racer_main(void *arg)
     storm *st = r->st;
     for (size_t round = 0; round < st->rounds; round++) {
         pthread_barrier_wait(&st->barrier);
+        size_t before = r->exhausted;
         storm_round(r);
+        r->dry_rounds += r->exhausted == before;
         pthread_barrier_wait(&st->barrier); /* the storm is over: main checks the pool */
         pthread_barrier_wait(&st->barrier);
         for (size_t s = 0; s < st->sequences; s++) {
@@ -204,9 +213,21 @@ int main(int argc, char **argv)
             }
         }
     }
+    size_t most = sequences * kvp_sequence_pages_for(racers[0].sequences[0], CAPACITY);
+    if (most <= pages) {
+        fprintf(stderr,
+                PROGRAM ": %zu sequences hold at most %zu pages, so one thread cannot exhaust "
+                        "%zu (use fewer --pages or more --sequences)\n",
+                sequences, most, pages);
+        return 2;
+    }
     double start = stress_seconds();
     for (size_t t = 0; t < threads; t++) {
-        pthread_create(&racers[t].thread, NULL, racer_main, &racers[t]);
+        if (pthread_create(&racers[t].thread, NULL, racer_main, &racers[t]) != 0) {
+            /* The started threads would wait at the barrier for this one. */
+            fprintf(stderr, PROGRAM ": cannot start thread %zu\n", t);
+            exit(1);
+        }
     }
     int failed = 0;
     for (size_t round = 0; round < rounds; round++) {
@@ -222,6 +243,10 @@ int main(int argc, char **argv)
         pthread_join(racers[t].thread, NULL);
         if (racers[t].failed) {
             fprintf(stderr, PROGRAM ": %s\n", racers[t].failure);
+            failed = 1;
+        } else if (racers[t].dry_rounds != 0) {
+            fprintf(stderr, PROGRAM ": thread %zu: %zu rounds without a PoolExhausted refusal\n",
+                    t, racers[t].dry_rounds);
             failed = 1;
         }
         granted += racers[t].granted;

@@ -1,15 +1,19 @@
 /*
- * alloc.c: the allocation hook and fault injector (see alloc.h).
+ * alloc.c: the allocation hook, the fault injector and the recycled slab
+ * arenas (see alloc.h).
  *
- * Invariant: every path that returns NULL has allocated nothing, so callers
- * only ever unwind what they themselves obtained.
+ * Invariant: every path that returns NULL has allocated nothing (a slab
+ * arena it took is parked again), so callers only ever unwind what they
+ * themselves obtained.
  */
 #include "pager/alloc.h"
 
 #include <jemalloc/jemalloc.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
 
 #define KVPI_SLAB_ALIGN 64
 
@@ -69,12 +73,78 @@ void kvpi_free(void *ptr)
     free(ptr);
 }
 
-static void arena_destroy(unsigned arena)
+/*
+ * Recycled slab arenas. jemalloc never gives back all of an arena's metadata
+ * (arena.<i>.destroy leaves about 4 KiB behind), so an arena, once created,
+ * is kept for good: a slab free empties it (dallocx, then arena.<i>.reset and
+ * arena.<i>.purge, so its pages go back to the system) and parks its index
+ * here; the next slab alloc takes a parked arena before it creates one. The
+ * lock guards these indexes and the creation of arenas; every other mallctl
+ * on an arena runs outside it, by the one caller that holds the arena. Every
+ * slab call passes MALLOCX_TCACHE_NONE, so no thread cache ever holds a slab
+ * arena's memory, which reset requires.
+ *
+ * jemalloc numbers arenas below 4096 (MALLOCX_ARENA takes 12 bits), so the
+ * list never overflows; if it did, the arena would be destroyed as before.
+ */
+#define KVPI_ARENA_SPARE_MAX 4096
+
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned arena_spare[KVPI_ARENA_SPARE_MAX]; /* idle, empty, purged arenas */
+static size_t arena_spare_count;
+
+static int arena_ctl(const char *what, unsigned arena, void *value, size_t size)
 {
     char name[64];
-    snprintf(name, sizeof name, "arena.%u.destroy", arena);
-    /* Failure leaves an empty arena behind, which wastes nothing but an index. */
-    (void)mallctl(name, NULL, NULL, NULL, 0);
+    snprintf(name, sizeof name, "arena.%u.%s", arena, what);
+    return mallctl(name, NULL, NULL, value, value != NULL ? size : 0);
+}
+
+/*
+ * A parked arena, else a new one that purges what it frees at once. New
+ * arenas are made under the lock too, one at a time: jemalloc publishes a
+ * new arena's mutexes through its own atomics, which ThreadSanitizer and
+ * helgrind cannot see, so two threads creating arenas at once look to them
+ * like a race inside jemalloc. The lock gives them an order they can see.
+ * Creating is rare (only while the list is empty), so the lock costs nothing.
+ */
+static int arena_take(unsigned *arena)
+{
+    int failed = 0;
+    pthread_mutex_lock(&arena_lock);
+    if (arena_spare_count > 0) {
+        *arena = arena_spare[--arena_spare_count];
+    } else {
+        unsigned index = 0;
+        size_t index_size = sizeof index;
+        failed = mallctl("arenas.create", &index, &index_size, NULL, 0) != 0;
+        if (!failed) {
+            /* Freed pages skip the dirty and muzzy stages: RSS follows the pools. */
+            ssize_t immediately = 0;
+            (void)arena_ctl("dirty_decay_ms", index, &immediately, sizeof immediately);
+            (void)arena_ctl("muzzy_decay_ms", index, &immediately, sizeof immediately);
+            *arena = index;
+        }
+    }
+    pthread_mutex_unlock(&arena_lock);
+    return failed ? -1 : 0;
+}
+
+/* Empties the arena, gives its pages back, and parks it for the next slab. */
+static void arena_give_back(unsigned arena)
+{
+    (void)arena_ctl("reset", arena, NULL, 0);
+    (void)arena_ctl("purge", arena, NULL, 0);
+    pthread_mutex_lock(&arena_lock);
+    int parked = arena_spare_count < KVPI_ARENA_SPARE_MAX;
+    if (parked) {
+        arena_spare[arena_spare_count++] = arena;
+    }
+    pthread_mutex_unlock(&arena_lock);
+    if (!parked) {
+        /* Failure leaves an empty arena behind, which wastes nothing but an index. */
+        (void)arena_ctl("destroy", arena, NULL, 0);
+    }
 }
 
 void *kvpi_slab_alloc(size_t bytes, unsigned *arena)
@@ -83,14 +153,13 @@ void *kvpi_slab_alloc(size_t bytes, unsigned *arena)
         return NULL;
     }
     unsigned index = 0;
-    size_t index_size = sizeof index;
-    if (mallctl("arenas.create", &index, &index_size, NULL, 0) != 0) {
+    if (arena_take(&index) != 0) {
         return NULL;
     }
     void *slab = mallocx(bytes, MALLOCX_ARENA(index) | MALLOCX_TCACHE_NONE |
                                     MALLOCX_ALIGN(KVPI_SLAB_ALIGN));
     if (slab == NULL) {
-        arena_destroy(index);
+        arena_give_back(index);
         return NULL;
     }
     *arena = index;
@@ -103,7 +172,7 @@ void kvpi_slab_free(void *slab, unsigned arena)
         return;
     }
     dallocx(slab, MALLOCX_TCACHE_NONE);
-    arena_destroy(arena);
+    arena_give_back(arena);
 }
 
 void kvpi_fault_arm(uint64_t nth)

@@ -8,11 +8,20 @@
  *
  * General allocations go to the process's malloc (jemalloc's, in every
  * kvpager executable, because they link jemalloc ahead of libc; under
- * Valgrind, memcheck's, through --soname-synonyms). Page slabs come from a
- * jemalloc arena created for the slab and destroyed with it.
+ * Valgrind, memcheck's, through --soname-synonyms). Each page slab has a
+ * jemalloc arena of its own while it lives. Arenas are recycled, never
+ * destroyed: jemalloc keeps about 4 KiB of every destroyed arena's metadata,
+ * which made each pool create/destroy cycle leak. A freed slab's arena is
+ * reset, purged (its pages go back to the system) and parked on a
+ * process-wide list; the next slab takes a parked arena before it creates a
+ * new one. So the arenas a process holds never outnumber the most pools it
+ * ever had alive at once.
  *
  * Global state (documented, the library's only mutable globals besides id
- * counters): the fault injector's counters, kept in atomics.
+ * counters): the fault injector's counters, kept in atomics; and the list of
+ * parked slab arenas, a fixed array of indexes under a mutex (no heap, so
+ * nothing is left for a leak checker at exit). Parked arenas live until the
+ * process ends.
  * Callers: src/ only. Tests reach the fault injector through this header.
  */
 #ifndef KVPAGER_PAGER_ALLOC_H
@@ -52,11 +61,15 @@ void *kvpi_calloc(kvpi_fault_site site, size_t n, size_t size);
 void kvpi_free(void *ptr);
 
 /*
- * A 64-byte aligned slab from a new jemalloc arena that serves nothing else.
- * *arena receives the arena index for kvpi_slab_free. Counts as one
- * allocation for the fault injector.
+ * A 64-byte aligned slab from a jemalloc arena that serves nothing else while
+ * the slab lives (a parked one, or a new one). *arena receives the arena
+ * index for kvpi_slab_free, and is written only on success. Counts as one
+ * allocation for the fault injector, however many jemalloc calls it makes;
+ * a failure parks any arena it took, so it leaves nothing behind. Both calls
+ * are thread-safe.
  */
 void *kvpi_slab_alloc(size_t bytes, unsigned *arena);
+/* Frees the slab, returns its pages to the system and parks its arena. */
 void kvpi_slab_free(void *slab, unsigned arena);
 
 /*
