@@ -109,21 +109,6 @@ static kvp_status validate_ticket(const kvp_ticket *ticket, const kvp_cache *cac
     return KVP_OK;
 }
 
-/* Reports the first non-finite value of values[0..n) with `status`. */
-static kvp_status check_finite(const double *values, size_t n, kvp_status status,
-                               const char *what, kvp_error *err)
-{
-    size_t index = kvpi_first_nonfinite(values, n);
-    if (index == n) {
-        return KVP_OK;
-    }
-    kvp_error e = kvpi_error_begin(status);
-    e.what = what;
-    e.index = index;
-    e.value = values[index];
-    return kvpi_error_emit(err, &e);
-}
-
 /* Q, K, V of every lane, then Q and K rotated at `position`, head by head. */
 static kvp_status project(const kvp_layer *layer, const double *input, size_t batch,
                           size_t position, kvp_ticket *t, kvp_error *err)
@@ -138,8 +123,8 @@ static kvp_status project(const kvp_layer *layer, const double *input, size_t ba
         }
     }
     for (size_t which = 0; which < 3; which++) {
-        kvp_status status =
-            check_finite(outputs[which], batch * d, KVP_NONFINITE_PROJECTION, names[which], err);
+        kvp_status status = kvpi_check_finite(outputs[which], batch * d,
+                                              KVP_NONFINITE_PROJECTION, names[which], err);
         if (status != KVP_OK) {
             return status;
         }
@@ -169,7 +154,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
                            t->weights + lane * heads * keys);
     }
     kvp_status status =
-        check_finite(t->weights, batch * heads * keys, KVP_NONFINITE_SCORE, "score", err);
+        kvpi_check_finite(t->weights, batch * heads * keys, KVP_NONFINITE_SCORE, "score", err);
     if (status != KVP_OK) {
         return status;
     }
@@ -185,7 +170,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
     for (size_t lane = 0; lane < batch; lane++) {
         kvpi_project_row(t->head_outputs + lane * d, w_output, d, t->output + lane * d);
     }
-    return check_finite(t->output, batch * d, KVP_NONFINITE_OUTPUT, "output", err);
+    return kvpi_check_finite(t->output, batch * d, KVP_NONFINITE_OUTPUT, "output", err);
 }
 
 kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *input,

@@ -78,16 +78,11 @@ static void export_heads(const kvp_layer *layer, const double *rows, size_t batc
 static kvp_status check_finite(const double *values, size_t n, kvp_status status,
                                const char *what, size_t token, kvp_error *err)
 {
-    size_t index = kvpi_first_nonfinite(values, n);
-    if (index == n) {
-        return KVP_OK;
+    kvp_status checked = kvpi_check_finite(values, n, status, what, err);
+    if (checked != KVP_OK && err != NULL) {
+        err->token = token;
     }
-    kvp_error e = kvpi_error_begin(status);
-    e.what = what;
-    e.index = index;
-    e.value = values[index];
-    e.token = token;
-    return kvpi_error_emit(err, &e);
+    return checked;
 }
 
 /* rows[b][t] of every lane b, [B, D], gathered from [B, T, D] into out. */

@@ -434,19 +434,6 @@ static kvp_status check_row_shape(const kvp_cache *cache, const kvp_tensor *row,
     return kvpi_error_emit(err, &e);
 }
 
-static kvp_status check_row_finite(const kvp_tensor *row, size_t n, kvp_status nonfinite,
-                                   kvp_error *err)
-{
-    size_t index = kvpi_first_nonfinite(row->data, n);
-    if (index == n) {
-        return KVP_OK;
-    }
-    kvp_error e = kvpi_error_begin(nonfinite);
-    e.index = index;
-    e.value = row->data[index];
-    return kvpi_error_emit(err, &e);
-}
-
 kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
                                       const kvp_tensor *value, kvp_error *err)
 {
@@ -469,9 +456,9 @@ kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *
         return kvpi_error_emit(err, &e);
     }
     size_t n = cache->batch_size * cache->heads * cache->head_width;
-    status = check_row_finite(key, n, KVP_NONFINITE_KEY, err);
+    status = kvpi_check_finite(key->data, n, KVP_NONFINITE_KEY, NULL, err);
     if (status == KVP_OK) {
-        status = check_row_finite(value, n, KVP_NONFINITE_VALUE, err);
+        status = kvpi_check_finite(value->data, n, KVP_NONFINITE_VALUE, NULL, err);
     }
     return status;
 }

@@ -114,3 +114,17 @@ size_t kvpi_first_nonfinite(const double *values, size_t n)
     }
     return n;
 }
+
+kvp_status kvpi_check_finite(const double *values, size_t n, kvp_status status, const char *what,
+                             kvp_error *err)
+{
+    size_t index = kvpi_first_nonfinite(values, n);
+    if (index == n) {
+        return KVP_OK;
+    }
+    kvp_error e = kvpi_error_begin(status);
+    e.what = what;
+    e.index = index;
+    e.value = values[index];
+    return kvpi_error_emit(err, &e);
+}

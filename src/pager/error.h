@@ -39,4 +39,11 @@ size_t kvpi_shape_elements(const kvp_shape *shape, int *overflow);
 /* Index of the first non-finite value of values[0..n), or n when all are finite. */
 size_t kvpi_first_nonfinite(const double *values, size_t n);
 
+/*
+ * KVP_OK when values[0..n) are all finite; otherwise reports `status` with
+ * `what`, the flat index and the value of the first non-finite one.
+ */
+kvp_status kvpi_check_finite(const double *values, size_t n, kvp_status status, const char *what,
+                             kvp_error *err);
+
 #endif /* KVPAGER_PAGER_ERROR_H */
