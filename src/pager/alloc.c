@@ -4,12 +4,16 @@
  * Invariant: every path that returns NULL has allocated nothing, so callers
  * only ever unwind what they themselves obtained.
  */
+/* jemalloc's MALLOCX_ALIGN expands to ffs: gcc knows it as a builtin, clang
+ * needs <strings.h>, which declares it for XSI (POSIX alone hides it). */
+#define _XOPEN_SOURCE 700
 #include "pager/alloc.h"
 
 #include <jemalloc/jemalloc.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 
 #define KVPI_SLAB_ALIGN 64
 
