@@ -255,6 +255,8 @@ typedef struct world {
     kvp_model *model;
     sparams params[N_PSETS];
     slayer layer[N_LAYERS];
+    kvp_layer *alien;   /* the same model width split into another head count */
+    size_t alien_heads;
     int model_layer[MAX_MODEL];
     scache cache[N_CACHES];
     sticket ticket[N_TICKETS];
@@ -616,11 +618,39 @@ static void check_cache_rows(int slot)
     }
 }
 
+/*
+ * The page tables through kvp_cache_page: every mapped (lane, block) names a
+ * page of this pool that no other table names, and the first unmapped block
+ * and lane are OUT_OF_RANGE.
+ */
+static void check_tables(const kvp_cache *cache, size_t batch, size_t len, unsigned char *seen)
+{
+    size_t blocks = blocks_for(len);
+    uint32_t page = UINT32_MAX;
+    kvp_error err;
+    for (size_t lane = 0; lane < batch; lane++) {
+        for (size_t block = 0; block < blocks; block++) {
+            kvp_status status = kvp_cache_page(cache, lane, block, &page, &err);
+            check_status(status, KVP_OK, &err);
+            CHECK(page < W.total, "lane %zu block %zu maps page %u of %zu", lane, block,
+                  (unsigned)page, W.total);
+            CHECK(!seen[page], "page %u is mapped twice", (unsigned)page);
+            seen[page] = 1;
+        }
+        kvp_status status = kvp_cache_page(cache, lane, blocks, &page, &err);
+        check_status(status, KVP_OUT_OF_RANGE, &err);
+    }
+    kvp_status status = kvp_cache_page(cache, batch, 0, &page, &err);
+    check_status(status, KVP_OUT_OF_RANGE, &err);
+}
+
 /* Everything the shadow knows about, against the library, after every operation. */
 static void check_world(void)
 {
     g_auditing = 1;
     size_t caches = 0, reservations = 0;
+    unsigned char seen[64];
+    memset(seen, 0, sizeof seen);
     for (int i = 0; i < N_CACHES; i++) {
         const scache *c = &W.cache[i];
         if (!c->live) {
@@ -639,6 +669,7 @@ static void check_world(void)
         CHECK(info.capacity == c->capacity && info.batch_size == c->batch,
               "cache slot %d geometry changed", i);
         check_cache_rows(i);
+        check_tables(c->cache, c->batch, c->kv.len, seen);
     }
     for (int i = 0; i < N_TICKETS; i++) {
         const sticket *t = &W.ticket[i];
@@ -677,6 +708,15 @@ static void check_world(void)
         for (size_t l = 0; l < W.layers; l++) {
             CHECK(kvp_cache_len(kvp_sequence_cache(s->seq, l)) == len,
                   "sequence slot %d layer %zu len differs", i, l);
+            check_tables(kvp_sequence_cache(s->seq, l), s->batch, len, seen);
+        }
+        CHECK(kvp_sequence_cache(s->seq, W.layers) == NULL, "sequence slot %d has a layer %zu",
+              i, W.layers);
+        for (size_t more = 0; more <= 3; more++) {
+            size_t want = W.layers * s->batch * (blocks_for(len + more) - blocks_for(len));
+            CHECK(kvp_sequence_pages_for(s->seq, len + more) == want,
+                  "sequence slot %d pages_for(%zu) = %zu, expected %zu", i, len + more,
+                  kvp_sequence_pages_for(s->seq, len + more), want);
         }
     }
     kvp_pool_stats stats;
@@ -725,7 +765,10 @@ static void check_untouched(const kvp_error *err)
 static void op_cache_create(reader *r)
 {
     int slot = rd(r) % N_CACHES;
-    int layer = rd(r) % N_LAYERS;
+    uint8_t layer_byte = rd(r);
+    int layer = layer_byte % N_LAYERS;
+    /* Now and then a binding that is inconsistent (6) or of another geometry (7). */
+    int tamper = layer_byte < 248 ? 0 : 6 + layer_byte % 2;
     uint8_t b = rd(r);
     size_t batch = b < 8 ? 0 : 1 + b % MAX_B;
     size_t capacity = rd(r) % (MAX_CAP + 2); /* 0 and MAX_POSITIONS + 1 are refused */
@@ -741,6 +784,14 @@ static void op_cache_create(reader *r)
                       : capacity == 0 ? KVP_ZERO_CAPACITY
                       : capacity > MAX_POSITIONS ? KVP_CAPACITY_EXCEEDS_POSITIONS
                                                  : KVP_OK;
+    if (tamper == 6) {
+        binding.model_width++; /* no longer heads * head_width: refused first */
+        want = KVP_INVALID_ARGUMENT;
+    } else if (tamper == 7) {
+        binding.heads = W.alien_heads;
+        binding.head_width = W.d / W.alien_heads;
+        want = want != KVP_OK ? want : KVP_GEOMETRY_MISMATCH;
+    }
     kvp_cache *sentinel = (kvp_cache *)&W, *cache = sentinel;
     poison(&err);
     status = kvp_cache_create(W.pool, &binding, batch, capacity, &cache, &err);
@@ -891,7 +942,7 @@ static void op_commit(reader *r)
 enum { SHAPE_OK, SHAPE_RANK, SHAPE_TOKENS, SHAPE_BATCH, SHAPE_WIDTH };
 
 /* prepare's checks before any arithmetic, in the seed's order, then the math. */
-static kvp_status expect_prepare(int shape, const slayer *layer, const scache *c,
+static kvp_status expect_prepare(int shape, int alien, const slayer *layer, const scache *c,
                                  const sticket *t, const double *x, expect *e)
 {
     memset(e, 0, sizeof *e);
@@ -900,6 +951,9 @@ static kvp_status expect_prepare(int shape, const slayer *layer, const scache *c
                                               KVP_INPUT_WIDTH_MISMATCH};
     if (shape != SHAPE_OK) {
         return e->status = shape_status[shape];
+    }
+    if (alien) {
+        return e->status = KVP_CACHE_HEAD_COUNT_MISMATCH;
     }
     const slayer *bound = &W.layer[c->layer];
     if (layer->pset != bound->pset) {
@@ -981,6 +1035,7 @@ static void prepare_or_forward(reader *r, int forward)
     g_op_name = forward ? "attention_forward" : "attention_prepare";
     int which = sel % 8 < 6 ? c->layer : (c->layer + 1 + sel % 2) % N_LAYERS;
     const slayer *layer = &W.layer[which];
+    int alien = sel % 16 == 15;
 
     kvp_tensor input = kvp_tensor3(x, c->batch, 1, W.d);
     if (shape == SHAPE_RANK) {
@@ -994,15 +1049,14 @@ static void prepare_or_forward(reader *r, int forward)
         input.shape.dims[2] = W.d + 2;
     }
     expect e;
-    kvp_status want = expect_prepare(shape, layer, c, t, x, &e);
+    kvp_status want = expect_prepare(shape, alien, layer, c, t, x, &e);
     digests before;
     take_digests(&before);
     kvp_error err;
     poison(&err);
-    kvp_status status = forward ? kvp_attention_forward(layer->layer, &input, c->cache,
-                                                        t->ticket, &err)
-                                : kvp_attention_prepare(layer->layer, &input, c->cache,
-                                                        t->ticket, &err);
+    const kvp_layer *callee = alien ? W.alien : layer->layer;
+    kvp_status status = forward ? kvp_attention_forward(callee, &input, c->cache, t->ticket, &err)
+                                : kvp_attention_prepare(callee, &input, c->cache, t->ticket, &err);
     check_status(status, want, &err);
     if (status != KVP_OK) {
         check_detail(&err, &e);
@@ -1364,6 +1418,10 @@ static void op_admit(reader *r)
     check_status(status, KVP_OK, &err);
     CHECK(got == want, "admit(%zu, %zu) = %d, expected %d (free %zu, promised %zu)", pages,
           watermark, (int)got, (int)want, avail, promised);
+    /* The same two numbers as lanes and tokens. */
+    CHECK(kvp_pool_pages_for(W.pool, watermark, pages) == watermark * blocks_for(pages),
+          "pool_pages_for(%zu, %zu) = %zu", watermark, pages,
+          kvp_pool_pages_for(W.pool, watermark, pages));
 }
 
 static void keep_values(void *ctx, double *values, size_t width)
@@ -1604,6 +1662,11 @@ static void setup(reader *r)
             (void)kvp_param_release(params[s][p], NULL); /* the layers hold theirs */
         }
     }
+    /* (4,1)<->(4,2), (8,1)<->(8,2), (6,1)->(6,3): every head width stays even. */
+    W.alien_heads = W.heads == 2 ? 1 : W.d == 6 ? 3 : 2;
+    status = kvp_layer_create_random(W.d, W.alien_heads, MAX_POSITIONS, base, weights_seed,
+                                     &W.alien, &err);
+    check_status(status, KVP_OK, &err);
     const kvp_layer *model_layers[MAX_MODEL];
     for (size_t l = 0; l < W.layers; l++) {
         model_layers[l] = W.layer[W.model_layer[l]].layer;
@@ -1646,6 +1709,7 @@ static void teardown(void)
     for (int l = 0; l < N_LAYERS; l++) {
         check_status(kvp_layer_destroy(W.layer[l].layer, &err), KVP_OK, &err);
     }
+    check_status(kvp_layer_destroy(W.alien, &err), KVP_OK, &err);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
