@@ -1252,6 +1252,23 @@ static void check_seq_failure(const kvp_error *err, const seq_expect *se)
     }
 }
 
+/* Fills an output buffer before a call, to see what a failed call wrote. */
+#define UNTOUCHED (-12345.25)
+
+static void fill_untouched(double *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[i] = UNTOUCHED;
+    }
+}
+
+static void check_untouched_rows(const char *what, const double *out, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        CHECK(out[i] == UNTOUCHED, "a failed call wrote %s[%zu] = %g", what, i, out[i]);
+    }
+}
+
 static void op_seq_step(reader *r)
 {
     sseq *s = &W.seq[rd(r) % N_SEQS];
@@ -1271,6 +1288,7 @@ static void op_seq_step(reader *r)
     digests before;
     take_digests(&before);
     double out[MAX_B * MAX_D];
+    fill_untouched(out, MAX_B * MAX_D);
     kvp_tensor input = kvp_tensor3(x, s->batch, 1, W.d);
     kvp_error err;
     poison(&err);
@@ -1278,6 +1296,7 @@ static void op_seq_step(reader *r)
     check_status(status, want, &err);
     if (status != KVP_OK) {
         check_seq_failure(&err, &se);
+        check_untouched_rows("step output", out, 0, MAX_B * MAX_D);
         if (status == KVP_POOL_EXHAUSTED) {
             W.exhaustions++;
         }
@@ -1374,6 +1393,7 @@ static void op_seq_prefill(reader *r)
     digests before;
     take_digests(&before);
     double out[MAX_B * MAX_PROMPT * MAX_D];
+    fill_untouched(out, MAX_B * MAX_PROMPT * MAX_D);
     kvp_tensor input = kvp_tensor3(prompt, s->batch, tokens, W.d);
     kvp_error err;
     poison(&err);
@@ -1386,11 +1406,22 @@ static void op_seq_prefill(reader *r)
         }
         if (status == KVP_POOL_EXHAUSTED) {
             W.exhaustions++;
-        } else if (se.layer != SIZE_MAX) {
+        }
+        if (se.layer != SIZE_MAX) {
             CHECK(err.token == token, "err.token %zu, expected %zu", err.token, token);
             if (pages > 0) {
                 prefill_failed_after_reserve(pages);
             }
+            /* The documented exception: rows before the failing token hold outputs. */
+            for (size_t b = 0; b < s->batch; b++) {
+                size_t row = b * tokens * W.d;
+                compare_rows("rows before the failing token", out + row, outputs + row,
+                             token * W.d);
+                check_untouched_rows("prefill output", out, row + token * W.d,
+                                     row + tokens * W.d);
+            }
+        } else {
+            check_untouched_rows("prefill output", out, 0, MAX_B * MAX_PROMPT * MAX_D);
         }
         check_unchanged(&before);
         free(work);
@@ -1498,6 +1529,7 @@ static void op_decoder_step(reader *r)
         jobs[j].sequence = s->seq;
         jobs[j].input = kvp_tensor3(inputs[j], s->batch, 1, W.d);
         jobs[j].output = outputs[j];
+        fill_untouched(outputs[j], MAX_B * MAX_D);
         jobs[j].output_len = s->batch * W.d;
         jobs[j].status = KVP_STATUS_COUNT_;
         (void)expect_token(s, s->kv, inputs[j], &se[j]);
@@ -1526,6 +1558,7 @@ static void op_decoder_step(reader *r)
             CHECK(jobs[j].status == se[j].status, "job %zu: status %s, expected %s", j,
                   kvp_status_name(jobs[j].status), kvp_status_name(se[j].status));
             check_seq_failure(&jobs[j].error, &se[j]);
+            check_untouched_rows("decoder output", outputs[j], 0, MAX_B * MAX_D);
         } else if (jobs[j].status == KVP_OK) {
             taken += step_pages(&W.seq[slots[j]]);
         } else {
@@ -1545,6 +1578,7 @@ static void op_decoder_step(reader *r)
                   pages, avail - taken);
             CHECK(jobs[j].error.layer == SIZE_MAX, "job %zu: exhausted names layer %zu", j,
                   jobs[j].error.layer);
+            check_untouched_rows("decoder output", outputs[j], 0, MAX_B * MAX_D);
             W.exhaustions++;
             continue;
         }
