@@ -257,6 +257,8 @@ typedef struct world {
     slayer layer[N_LAYERS];
     kvp_layer *alien;   /* the same model width split into another head count */
     size_t alien_heads;
+    kvp_layer *wide;    /* twice the model width, as many heads */
+    int next_mode;      /* 0: the residual stream (NULL); 1: next_half */
     int model_layer[MAX_MODEL];
     scache cache[N_CACHES];
     sticket ticket[N_TICKETS];
@@ -953,7 +955,8 @@ static kvp_status expect_prepare(int shape, int alien, const slayer *layer, cons
         return e->status = shape_status[shape];
     }
     if (alien) {
-        return e->status = KVP_CACHE_HEAD_COUNT_MISMATCH;
+        return e->status = alien == 1 ? KVP_CACHE_HEAD_COUNT_MISMATCH
+                                      : KVP_CACHE_MODEL_WIDTH_MISMATCH;
     }
     const slayer *bound = &W.layer[c->layer];
     if (layer->pset != bound->pset) {
@@ -1035,7 +1038,7 @@ static void prepare_or_forward(reader *r, int forward)
     g_op_name = forward ? "attention_forward" : "attention_prepare";
     int which = sel % 8 < 6 ? c->layer : (c->layer + 1 + sel % 2) % N_LAYERS;
     const slayer *layer = &W.layer[which];
-    int alien = sel % 16 == 15;
+    int alien = sel % 16 == 15 ? 1 : sel % 16 == 14 ? 2 : 0; /* W.alien, W.wide */
 
     kvp_tensor input = kvp_tensor3(x, c->batch, 1, W.d);
     if (shape == SHAPE_RANK) {
@@ -1047,6 +1050,8 @@ static void prepare_or_forward(reader *r, int forward)
         input.shape.dims[0] = c->batch + 1;
     } else if (shape == SHAPE_WIDTH) {
         input.shape.dims[2] = W.d + 2;
+    } else if (alien == 2) {
+        input.shape.dims[2] = 2 * W.d; /* the wide layer's width */
     }
     expect e;
     kvp_status want = expect_prepare(shape, alien, layer, c, t, x, &e);
@@ -1054,7 +1059,7 @@ static void prepare_or_forward(reader *r, int forward)
     take_digests(&before);
     kvp_error err;
     poison(&err);
-    const kvp_layer *callee = alien ? W.alien : layer->layer;
+    const kvp_layer *callee = alien == 1 ? W.alien : alien == 2 ? W.wide : layer->layer;
     kvp_status status = forward ? kvp_attention_forward(callee, &input, c->cache, t->ticket, &err)
                                 : kvp_attention_prepare(callee, &input, c->cache, t->ticket, &err);
     check_status(status, want, &err);
@@ -1195,6 +1200,24 @@ typedef struct seq_expect {
     double value[MAX_MODEL][MAX_B * MAX_D];
 } seq_expect;
 
+/*
+ * The other way to chain layers: next = output - input / 2, a pure function
+ * (the decoder calls it from several threads). ctx must be &W.
+ */
+static void next_half(void *ctx, size_t layer, const double *input, const double *output,
+                      size_t elements, double *next)
+{
+    CHECK(ctx == &W && layer < W.layers, "next_input called with ctx %p, layer %zu", ctx, layer);
+    for (size_t i = 0; i < elements; i++) {
+        next[i] = output[i] - input[i] / 2.0;
+    }
+}
+
+static kvp_next_input_fn next_fn(void)
+{
+    return W.next_mode ? next_half : NULL;
+}
+
 /* Every layer's prepare for one token on `kv` (not changed), chaining the residual. */
 static kvp_status expect_token(const sseq *s, const skv *kv, const double *x0, seq_expect *se)
 {
@@ -1219,7 +1242,7 @@ static kvp_status expect_token(const sseq *s, const skv *kv, const double *x0, s
         memcpy(se->key[l], se->e.key, n * sizeof *x);
         memcpy(se->value[l], se->e.value, n * sizeof *x);
         for (size_t i = 0; i < n; i++) {
-            x[i] = x[i] + se->e.out[i];
+            x[i] = W.next_mode ? se->e.out[i] - x[i] / 2.0 : x[i] + se->e.out[i];
         }
     }
     memcpy(se->out, x, n * sizeof *x);
@@ -1292,7 +1315,7 @@ static void op_seq_step(reader *r)
     kvp_tensor input = kvp_tensor3(x, s->batch, 1, W.d);
     kvp_error err;
     poison(&err);
-    kvp_status status = kvp_sequence_step(s->seq, &input, NULL, NULL, out, s->batch * W.d, &err);
+    kvp_status status = kvp_sequence_step(s->seq, &input, next_fn(), &W, out, s->batch * W.d, &err);
     check_status(status, want, &err);
     if (status != KVP_OK) {
         check_seq_failure(&err, &se);
@@ -1349,7 +1372,10 @@ static void prefill_failed_after_reserve(size_t reserved)
 static void op_seq_prefill(reader *r)
 {
     sseq *s = &W.seq[rd(r) % N_SEQS];
-    size_t tokens = rd(r) % (MAX_PROMPT + 1);
+    uint8_t tokens_byte = rd(r);
+    size_t tokens = tokens_byte % (MAX_PROMPT + 1);
+    /* Now and then a prompt of the wrong rank, batch or width. */
+    int shape = tokens_byte < 250 ? 0 : 1 + (tokens_byte - 250) % 3;
     double prompt[MAX_B * MAX_PROMPT * MAX_D];
     if (!s->live) {
         return;
@@ -1367,7 +1393,11 @@ static void op_seq_prefill(reader *r)
     CHECK(work != NULL, "out of memory in the fuzz target");
     memcpy(work, s->kv, sizeof s->kv);
     double outputs[MAX_B * MAX_PROMPT * MAX_D];
-    if (tokens == 0) {
+    static const kvp_status shape_status[] = {KVP_OK, KVP_INPUT_RANK, KVP_INPUT_BATCH_MISMATCH,
+                                              KVP_INPUT_WIDTH_MISMATCH};
+    if (shape != 0) {
+        want = shape_status[shape];
+    } else if (tokens == 0) {
         want = KVP_INVALID_ARGUMENT;
     } else if (tokens > s->capacity - len) {
         want = KVP_FULL;
@@ -1395,9 +1425,17 @@ static void op_seq_prefill(reader *r)
     double out[MAX_B * MAX_PROMPT * MAX_D];
     fill_untouched(out, MAX_B * MAX_PROMPT * MAX_D);
     kvp_tensor input = kvp_tensor3(prompt, s->batch, tokens, W.d);
+    if (shape == 1) {
+        input.shape.rank = 4;
+        input.shape.dims[3] = 1;
+    } else if (shape == 2) {
+        input.shape.dims[0] = s->batch % MAX_B + 1;
+    } else if (shape == 3) {
+        input.shape.dims[2] = W.d / 2;
+    }
     kvp_error err;
     poison(&err);
-    kvp_status status = kvp_sequence_prefill(s->seq, &input, NULL, NULL, out,
+    kvp_status status = kvp_sequence_prefill(s->seq, &input, next_fn(), &W, out,
                                              s->batch * tokens * W.d, &err);
     check_status(status, want, &err);
     if (status != KVP_OK) {
@@ -1537,7 +1575,7 @@ static void op_decoder_step(reader *r)
     digests before;
     take_digests(&before);
     kvp_error err;
-    kvp_status status = kvp_decoder_step(W.decoder, jobs, count, NULL, NULL, &err);
+    kvp_status status = kvp_decoder_step(W.decoder, jobs, count, next_fn(), &W, &err);
     check_status(status, dup ? KVP_INVALID_ARGUMENT : KVP_OK, &err);
     if (dup) {
         for (size_t j = 0; j < count; j++) {
@@ -1656,7 +1694,9 @@ static void setup(reader *r)
     W.model_layer[1] = (m >> 3) % N_LAYERS;
     W.threads = 1 + (m >> 5) % 2;
     uint8_t weights_seed = rd(r);
-    double base = g_bases[rd(r) % 4];
+    uint8_t base_byte = rd(r);
+    double base = g_bases[base_byte % 4];
+    W.next_mode = (base_byte >> 2) & 1;
 
     kvp_pool_config_init(&W.pool_config);
     W.pool_config.block_tokens = W.bt;
@@ -1705,6 +1745,9 @@ static void setup(reader *r)
     status = kvp_layer_create_random(W.d, W.alien_heads, MAX_POSITIONS, base, weights_seed,
                                      &W.alien, &err);
     check_status(status, KVP_OK, &err);
+    status = kvp_layer_create_random(2 * W.d, W.heads, MAX_POSITIONS, base, weights_seed, &W.wide,
+                                     &err);
+    check_status(status, KVP_OK, &err);
     const kvp_layer *model_layers[MAX_MODEL];
     for (size_t l = 0; l < W.layers; l++) {
         model_layers[l] = W.layer[W.model_layer[l]].layer;
@@ -1748,6 +1791,7 @@ static void teardown(void)
         check_status(kvp_layer_destroy(W.layer[l].layer, &err), KVP_OK, &err);
     }
     check_status(kvp_layer_destroy(W.alien, &err), KVP_OK, &err);
+    check_status(kvp_layer_destroy(W.wide, &err), KVP_OK, &err);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -23,7 +23,9 @@ SPECIAL = {"nan": 0, "inf": 1, "-inf": 2, "1e308": 3, "-1e308": 4, "1e154": 5,
 def setup(geometry=0, block=2, pages=6, layers=1, model=(0, 1), threads=1, seed=1,
           base=0, extra=0):
     """geometry: index of (D, H) in (4,1) (4,2) (6,1) (8,1) (8,2); block 1..3;
-    pages 2..12; layers 1..2 over model layer indices; threads 1..2."""
+    pages 2..12; layers 1..2 over model layer indices; threads 1..2; base:
+    RoPE base index 0..3, plus 4 to chain layers with next_half instead of
+    the residual stream."""
     m = (layers - 1) | (model[0] << 1) | (model[1] << 3) | ((threads - 1) << 5)
     return bytes([geometry, block - 1, pages - 2, m, seed, base, extra])
 
@@ -92,9 +94,11 @@ SCRIPTS = {
     + op("prefill", 0, 4, values(5, "nan", 9)) + op("promise", 0, 23)
     + op("prefill", 0, 0, values(1)) + op("seq_reset", 0) + op("prefill", 0, 4, values(6))
     + op("param_update", 1, 2, 0, 0) + op("step", 0, values(1)) + op("seq_destroy", 0),
-    # The decoder on two threads: two sequences compete for the last pages,
-    # then a batch naming one sequence twice is refused.
-    "decoder.bin": setup(geometry=0, block=1, pages=5, layers=1, model=(2, 0), threads=2)
+    # The decoder on two threads, chaining layers with next_half: two
+    # sequences compete for the last pages, then a batch naming one sequence
+    # twice is refused.
+    "decoder.bin": setup(geometry=0, block=1, pages=5, layers=2, model=(2, 0), threads=2,
+                         base=4)
     + op("seq_create", 0, 8, 8) + op("seq_create", 1, 8, 8)
     + b"".join(op("decoder", 3, 0, values(i), values(i + 1)) for i in range(4))
     + op("decoder", 1, 0xF0, values(3)) + op("seq_destroy", 1)
