@@ -5,10 +5,11 @@
  *
  * Owns: one small world per input -- a pool of a few pages, three layers over
  * two parameter sets (layer 2 shares layer 0's parameters with another RoPE
- * base), a model of one or two of those layers, a decoder of one or two
- * threads, and slots for up to 4 caches, 4 tickets and 3 sequences -- plus
- * the shadow of all of it: lengths, inputs, rotated keys and values, ticket
- * states, promises, parameter revisions and the pool's counters.
+ * base) and two layers of another geometry, a model of one or two of the
+ * three, a decoder of one or two threads, and slots for up to 4 caches,
+ * 4 tickets and 3 sequences -- plus the shadow of all of it: lengths, inputs,
+ * rotated keys and values, ticket states, promises, parameter revisions and
+ * the pool's counters.
  *
  * Invariants checked after EVERY operation (any mismatch prints a message
  * and calls abort(), which libFuzzer reports as a crash):
@@ -20,13 +21,15 @@
  *   - every cache's and sequence's length, mapped, held and promised pages,
  *     and the pool's statistics (total, free, held, promised, attached
  *     caches and reservations, acquires, releases, exhaustions, high water);
- *   - kvp_pool_check passes;
- *   - a failed call leaves every cache's digest unchanged;
+ *   - kvp_pool_check passes, and every mapped page is named by one table;
+ *   - a failed call leaves every cache's digest and its outputs unchanged
+ *     (prefill: the documented exception for tokens before the failure);
  *   - each cache's logical keys and values equal the shadow's;
  *   - every successful prepare's output equals kvp_attention_reference on
  *     the shadow's copy of the inputs, and the shadow's own output, at 1e-12
- *     (relative to the magnitude where that exceeds 1); sequence outputs
- *     equal the shadow's residual stream.
+ *     (relative to the magnitude where that exceeds 1); step, prefill and
+ *     decoder outputs equal the shadow's chained activations (residual
+ *     stream, or the target's own next_input function).
  *
  * The decoder is the one source of nondeterminism: when jobs compete for the
  * last free pages, which of them is refused depends on thread timing, so
@@ -34,7 +37,6 @@
  *
  * Built only by the `fuzz` preset (clang, -fsanitize=fuzzer,address,undefined).
  */
-#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -165,7 +167,8 @@ static double unit(uint64_t *state)
     return (double)(splitmix64(state) >> 11) * 0x1.0p-52 - 1.0;
 }
 
-static const double g_specials[8] = {NAN, INFINITY, -INFINITY, 1e308, -1e308, 1e154, 1e300, -1e200};
+static const double g_specials[8] = {NAN,   INFINITY, -INFINITY, 1e308,
+                                     -1e308, 1e154,   1e300,     -1e200};
 
 /*
  * n values from two or three bytes: a seed for moderate values in [-2, 2),

@@ -18,7 +18,8 @@ rm -rf "$workdir/corpus"
 mkdir -p "$workdir/corpus" "$workdir/crashes"
 find "$corpus" -maxdepth 1 -type f ! -name 'README*' -exec cp {} "$workdir/corpus/" \;
 status=0
-"$fuzzer" -seed="$seed" -max_total_time="$seconds" -runs=200000 -max_len=1024 -timeout=30 -rss_limit_mb=4096 \
+"$fuzzer" -seed="$seed" -max_total_time="$seconds" -runs=200000 -max_len=1024 \
+    -timeout=30 -rss_limit_mb=4096 \
     -print_final_stats=1 -artifact_prefix="$workdir/crashes/" "$workdir/corpus" || status=$?
 if [ $status -ne 0 ]; then
     echo "run.sh: the fuzzer failed (exit $status); inputs in $workdir/crashes/:" >&2
