@@ -42,8 +42,8 @@ while [ "$elapsed" -lt "$total" ]; do
     this=$((left < chunk ? left : chunk))
     log="$work/round-$round.log"
     started=$(date +%s)
-    "$work/kvp_fuzz_api" -seed=$((seed + round)) -max_total_time="$this" -runs=250000 -max_len=1024 \
-        -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+    "$work/kvp_fuzz_api" -seed=$((seed + round)) -max_total_time="$this" -runs=250000 \
+        -max_len=1024 -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
         -artifact_prefix="$work/crashes/" "$work/corpus" >"$log" 2>&1 || status=$?
     elapsed=$((elapsed + $(date +%s) - started))
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
