@@ -1,7 +1,9 @@
 # deps.sh: sourced by the scripts in this folder. Installs the Debian packages
 # kvpager needs when any is missing (as root, with apt-get install -y), and
-# otherwise says what is missing and stops.
-kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind python3"
+# otherwise says what is missing and stops. clang-14 and libclang-rt-14-dev
+# (libFuzzer and clang's sanitizer runtimes, only recommended by clang-14)
+# build the fuzz target (tests/fuzz/).
+kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev"
 
 kvp_missing_packages() {
     for package in $kvp_packages; do

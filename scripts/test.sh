@@ -3,7 +3,8 @@
 # builds and runs every test: the ASan+UBSan build; the ThreadSanitizer build
 # of the threaded programs; the optimized build; and the optimized build again
 # under Valgrind memcheck and helgrind (with the planted-bug gates that prove
-# each checker can fail).
+# each checker can fail); and the clang libFuzzer target, which replays its
+# regression cases and seeds and then fuzzes for 60 s from a fixed seed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
@@ -11,4 +12,5 @@ kvp_install_deps
 cmake --workflow --preset debug
 cmake --workflow --preset tsan
 cmake --workflow --preset release
+cmake --workflow --preset fuzz
 echo "kvpager: every test passed"

@@ -6,6 +6,9 @@
  * arena it took is parked again), so callers only ever unwind what they
  * themselves obtained.
  */
+/* jemalloc's MALLOCX_ALIGN expands to ffs: gcc knows it as a builtin, clang
+ * needs <strings.h>, which declares it for XSI (POSIX alone hides it). */
+#define _XOPEN_SOURCE 700
 #include "pager/alloc.h"
 
 #include <jemalloc/jemalloc.h>
@@ -13,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <sys/types.h>
 
 #define KVPI_SLAB_ALIGN 64

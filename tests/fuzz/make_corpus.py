@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""make_corpus.py: writes the seed corpus of the kvpager fuzz target.
+
+Owns: tests/fuzz/corpus/*.bin, one hand-written operation script per file,
+each aimed at a different path of the API. The byte encoding mirrors
+fuzz_api.c (setup bytes, then an operation byte indexing g_ops and its
+arguments); if g_ops or an operation's arguments change, change OPS and
+the scripts here and run this again. Usage: tests/fuzz/make_corpus.py
+"""
+import os
+
+# Indices into g_ops in fuzz_api.c.
+OPS = {
+    "cache_create": 0, "cache_destroy": 2, "cache_reset": 3, "ticket_create": 4,
+    "ticket_destroy": 6, "prepare": 7, "commit": 10, "discard": 12, "forward": 13,
+    "seq_create": 16, "seq_destroy": 17, "seq_reset": 18, "step": 19, "prefill": 21,
+    "promise": 22, "admit": 23, "param_update": 24, "decoder": 25, "pool_destroy": 27,
+}
+SPECIAL = {"nan": 0, "inf": 1, "-inf": 2, "1e308": 3, "-1e308": 4, "1e154": 5,
+           "1e300": 6, "-1e200": 7}
+
+
+def setup(geometry=0, block=2, pages=6, layers=1, model=(0, 1), threads=1, seed=1,
+          base=0, extra=0):
+    """geometry: index of (D, H) in (4,1) (4,2) (6,1) (8,1) (8,2); block 1..3;
+    pages 2..12; layers 1..2 over model layer indices; threads 1..2; base:
+    RoPE base index 0..3, plus 4 to chain layers with next_half instead of
+    the residual stream."""
+    m = (layers - 1) | (model[0] << 1) | (model[1] << 3) | ((threads - 1) << 5)
+    return bytes([geometry, block - 1, pages - 2, m, seed, base, extra])
+
+
+def values(seed=0, special=None, at=0):
+    if special is None:
+        return bytes([seed, 0])
+    return bytes([seed, 0xE0 | SPECIAL[special], at])
+
+
+def op(name, *args):
+    out = bytes([OPS[name]])
+    for a in args:
+        out += a if isinstance(a, bytes) else bytes([a])
+    return out
+
+
+def cache(slot, layer=0, batch=1, cap=8):
+    return op("cache_create", slot, layer, 8 + (batch - 1), cap)
+
+
+def prepare(name, cache_slot, ticket, seed=0, special=None, at=0, layer_sel=0, shape=0):
+    return op(name, layer_sel, cache_slot, ticket, shape, values(seed, special, at))
+
+
+def forward(cache_slot, ticket, **kw):
+    return prepare("forward", cache_slot, ticket, **kw)
+
+
+SCRIPTS = {
+    # Prepare, commit, discard and forward until FULL; reset and start over.
+    "cache_full.bin": setup(block=2, pages=8)
+    + cache(0, cap=5) + op("ticket_create", 0, 0)
+    + b"".join(forward(0, 0, seed=i) for i in range(6))
+    + prepare("prepare", 0, 0) + op("cache_reset", 0) + prepare("prepare", 0, 0, seed=9)
+    + op("commit", 0, 0) + prepare("prepare", 0, 0, seed=3) + op("discard", 0)
+    + op("commit", 0, 0) + op("ticket_destroy", 0) + op("cache_destroy", 0),
+    # Two caches of batch 2 racing for a 4-page pool: PoolExhausted.
+    "exhaustion.bin": setup(geometry=1, block=1, pages=4)
+    + cache(0, batch=2) + cache(1, batch=2) + op("ticket_create", 0, 0)
+    + op("ticket_create", 1, 1)
+    + b"".join(forward(0, 0, seed=i) + forward(1, 1, seed=i) for i in range(3))
+    + op("admit", 1, 0) + op("pool_destroy") + op("cache_destroy", 0)
+    + forward(1, 1, seed=7),
+    # Stale bindings: an update bumps the revision; layer 1 is another
+    # identity, layer 2 another RoPE base; a foreign and a stale commit.
+    "stale.bin": setup(geometry=3, block=3)
+    + cache(0) + cache(1, layer=2) + op("ticket_create", 0, 0) + op("ticket_create", 1, 0)
+    + forward(0, 0) + prepare("prepare", 0, 0, layer_sel=6) + prepare("prepare", 0, 0, layer_sel=7)
+    + prepare("prepare", 1, 1, layer_sel=7) + op("commit", 1, 0)
+    + prepare("prepare", 0, 0) + op("commit", 0, 1) + op("cache_reset", 0) + op("commit", 0, 0)
+    + op("param_update", 0, 1, 1, 5) + forward(0, 0) + cache(2) + forward(2, 0),
+    # Non-finite inputs at each stage, and the shape checks.
+    "nonfinite.bin": setup(geometry=4, block=2, pages=10)
+    + cache(0, batch=2, cap=12) + op("ticket_create", 0, 0)
+    + forward(0, 0, seed=1) + forward(0, 0, special="nan", at=3)
+    + forward(0, 0, special="inf", at=0) + forward(0, 0, special="1e308", at=5)
+    + forward(0, 0, special="1e154", at=2) + forward(0, 0, special="-1e200", at=9)
+    + forward(0, 0, shape=0xF0) + forward(0, 0, shape=0xF1) + forward(0, 0, shape=0xF2)
+    + forward(0, 0, shape=0xF3) + op("param_update", 0, 3, 3, 7)
+    + cache(1, batch=2) + op("ticket_create", 1, 1) + forward(1, 1) + forward(1, 1, seed=4),
+    # Sequences: promise, admission, prefill, steps, reset.
+    "sequence.bin": setup(geometry=1, block=2, pages=12, layers=2, model=(0, 1))
+    + op("seq_create", 0, 8, 10) + op("promise", 0, 6) + op("admit", 4, 1) + op("admit", 9, 2)
+    + op("prefill", 0, 3, values(2)) + op("step", 0, values(3)) + op("step", 0, values(4))
+    + op("prefill", 0, 4, values(5, "nan", 9)) + op("promise", 0, 23)
+    + op("prefill", 0, 0, values(1)) + op("seq_reset", 0) + op("prefill", 0, 4, values(6))
+    + op("param_update", 1, 2, 0, 0) + op("step", 0, values(1)) + op("seq_destroy", 0),
+    # The decoder on two threads, chaining layers with next_half: two
+    # sequences compete for the last pages, then a batch naming one sequence
+    # twice is refused.
+    "decoder.bin": setup(geometry=0, block=1, pages=5, layers=2, model=(2, 0), threads=2,
+                         base=4)
+    + op("seq_create", 0, 8, 8) + op("seq_create", 1, 8, 8)
+    + b"".join(op("decoder", 3, 0, values(i), values(i + 1)) for i in range(4))
+    + op("decoder", 1, 0xF0, values(3)) + op("seq_destroy", 1)
+    + op("decoder", 1, 0, values(8)),
+}
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.path.join(here, "corpus")
+    os.makedirs(out, exist_ok=True)
+    for name, data in sorted(SCRIPTS.items()):
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        print(f"{name}: {len(data)} bytes")
+
+
+if __name__ == "__main__":
+    main()
