@@ -1336,40 +1336,41 @@ static void op_seq_step(reader *r)
     apply_token(s->kv, s->batch, &se);
 }
 
-/*
- * kvp_sequence_prefill reserves every token's pages before its first token,
- * and on a failure at token t gives them back. status.h promises that a
- * failed call changes no statistic; the library today counts the reserved
- * pages as acquired and released and may raise the high water (issue 7,
- * section 3). Until that fix lands, the shadow accepts exactly that known
- * deviation and nothing else: acquires and releases both up by the pages
- * reserved, the high water at most held + reserved.
- */
-#ifndef KVP_FUZZ_TOLERATE_PREFILL_COUNTERS
-#define KVP_FUZZ_TOLERATE_PREFILL_COUNTERS 1
-#endif
-
-static void prefill_failed_after_reserve(size_t reserved)
+/* Token t of a [B, T, D] prompt, as the [B, D] input of one step. */
+static void prompt_token(const double *prompt, size_t batch, size_t tokens, size_t t, double *x)
 {
-    kvp_pool_stats stats;
-    kvp_error err;
-    g_auditing = 1;
-    kvp_status status = kvp_pool_stats_get(W.pool, &stats, &err);
-    check_status(status, KVP_OK, &err);
-    g_auditing = 0;
-    if (!KVP_FUZZ_TOLERATE_PREFILL_COUNTERS || stats.acquires == W.acquires) {
-        return; /* fixed: check_world demands the counters unchanged */
+    for (size_t b = 0; b < batch; b++) {
+        memcpy(x + b * W.d, prompt + (b * tokens + t) * W.d, W.d * sizeof *x);
     }
-    size_t peak = W.held + reserved;
-    CHECK(stats.acquires == W.acquires + reserved && stats.releases == W.releases + reserved,
-          "failed prefill: acquires +%llu releases +%llu, expected +%zu each",
-          (unsigned long long)(stats.acquires - W.acquires),
-          (unsigned long long)(stats.releases - W.releases), reserved);
-    CHECK(stats.high_water_pages == (peak > W.high_water ? peak : W.high_water),
-          "failed prefill: high water %zu", stats.high_water_pages);
-    W.acquires = stats.acquires;
-    W.releases = stats.releases;
-    W.high_water = stats.high_water_pages;
+}
+
+/*
+ * The prefill contract's early finite check (sequence.h): a token t > 0 whose
+ * input holds a NaN or an infinity fails as layer 0's query projection of
+ * that token would, before anything is computed. OK when every input is finite.
+ */
+static kvp_status expect_finite_prompt(const sseq *s, const double *prompt, size_t tokens,
+                                       size_t *token, seq_expect *se)
+{
+    size_t n = s->batch * W.d;
+    const sparams *p = &W.params[W.layer[W.model_layer[0]].pset];
+    for (size_t t = 1; t < tokens; t++) {
+        double x[MAX_B * MAX_D];
+        prompt_token(prompt, s->batch, tokens, t, x);
+        if (first_nonfinite(x, n) == n) {
+            continue;
+        }
+        double query[MAX_B * MAX_D];
+        for (size_t lane = 0; lane < s->batch; lane++) {
+            s_project(x + lane * W.d, p->w[0], W.d, query + lane * W.d);
+        }
+        memset(&se->e, 0, sizeof se->e);
+        se->layer = 0;
+        *token = t;
+        return se->status = set_nonfinite(&se->e, KVP_NONFINITE_PROJECTION, "query",
+                                          first_nonfinite(query, n));
+    }
+    return KVP_OK;
 }
 
 static void op_seq_prefill(reader *r)
@@ -1389,6 +1390,7 @@ static void op_seq_prefill(reader *r)
     memset(&se, 0, sizeof se);
     se.layer = SIZE_MAX;
     size_t len = s->kv[0].len, token = 0;
+    int computing = 0; /* the failure came while computing token `token` > 0 */
     size_t pages = tokens > 0 ? W.layers * s->batch * (blocks_for(len + tokens) - blocks_for(len))
                               : 0;
     kvp_status want = KVP_OK;
@@ -1404,24 +1406,31 @@ static void op_seq_prefill(reader *r)
         want = KVP_INVALID_ARGUMENT;
     } else if (tokens > s->capacity - len) {
         want = KVP_FULL;
-    } else if (pages > free_pages()) {
-        want = KVP_POOL_EXHAUSTED;
     } else {
-        for (token = 0; token < tokens && want == KVP_OK; token++) {
-            double x[MAX_B * MAX_D];
-            for (size_t b = 0; b < s->batch; b++) {
-                memcpy(x + b * W.d, prompt + (b * tokens + token) * W.d, W.d * sizeof *x);
-            }
+        /* sequence.h's order: token 0 in every layer, then the other tokens'
+         * inputs must be finite, then every page at once, then token by token. */
+        double x[MAX_B * MAX_D];
+        prompt_token(prompt, s->batch, tokens, 0, x);
+        want = expect_token(s, work, x, &se);
+        if (want == KVP_OK) {
+            want = expect_finite_prompt(s, prompt, tokens, &token, &se);
+        }
+        if (want == KVP_OK && pages > free_pages()) {
+            want = KVP_POOL_EXHAUSTED;
+        }
+        for (size_t t = 0; t < tokens && want == KVP_OK; t++) {
+            prompt_token(prompt, s->batch, tokens, t, x);
             want = expect_token(s, work, x, &se);
-            if (want == KVP_OK) {
-                apply_token(work, s->batch, &se);
-                for (size_t b = 0; b < s->batch; b++) {
-                    memcpy(outputs + (b * tokens + token) * W.d, se.out + b * W.d,
-                           W.d * sizeof *x);
-                }
+            if (want != KVP_OK) {
+                token = t;
+                computing = 1;
+                break;
+            }
+            apply_token(work, s->batch, &se);
+            for (size_t b = 0; b < s->batch; b++) {
+                memcpy(outputs + (b * tokens + t) * W.d, se.out + b * W.d, W.d * sizeof *x);
             }
         }
-        token--; /* the failing token when want != OK */
     }
     digests before;
     take_digests(&before);
@@ -1450,10 +1459,11 @@ static void op_seq_prefill(reader *r)
         }
         if (se.layer != SIZE_MAX) {
             CHECK(err.token == token, "err.token %zu, expected %zu", err.token, token);
-            if (pages > 0) {
-                prefill_failed_after_reserve(pages);
-            }
-            /* The documented exception: rows before the failing token hold outputs. */
+        }
+        if (computing) {
+            /* The documented exception: rows before the failing token hold
+             * outputs. Its pages went back uncounted: check_world sees every
+             * counter as it was. */
             for (size_t b = 0; b < s->batch; b++) {
                 size_t row = b * tokens * W.d;
                 compare_rows("rows before the failing token", out + row, outputs + row,
