@@ -5,9 +5,9 @@
 # inputs land in WORKDIR/crashes/; the exit status is the fuzzer's (nonzero
 # on any crash, leak or shadow-model mismatch).
 #
-# At most 200000 executions as well: each input creates a pool, and each
-# pool today leaves some jemalloc arena metadata behind (issue 7, section 4),
-# about 13 KiB under ASan, so a fast machine must not run into the RSS limit.
+# At most 200000 executions as well, so that a fast machine does the same
+# bounded work and stays far below the RSS limit (ASan's quarantine and the
+# in-memory corpus grow with executions).
 set -euo pipefail
 fuzzer=$1
 corpus=$2
