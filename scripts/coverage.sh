@@ -22,10 +22,11 @@ elif [ $# -gt 0 ]; then
 fi
 
 build=build/coverage
+# From scratch: objects of renamed or removed targets would leave notes files
+# that gcov can no longer match to their sources.
+rm -rf "$build"
 cmake --preset coverage >/dev/null
 cmake --build --preset coverage >/dev/null
-# Counts accumulate across runs: start from zero.
-find "$build" -name '*.gcda' -delete
 ctest --preset coverage >"$build/ctest.log" 2>&1 || {
     tail -n 30 "$build/ctest.log" >&2
     echo "coverage: some tests failed (full log: $build/ctest.log)" >&2
