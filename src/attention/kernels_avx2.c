@@ -4,9 +4,13 @@
  *
  * Layout: a dot product keeps lanes 0-3 of the eight lane sums in one
  * register and lanes 4-7 in another, so lo + hi is the tree's first level
- * (t_l = s_l + s_{l+4}); four rows are in flight at once, and their last two
- * levels are done together by one transpose-and-add. axpy over rows keeps up
- * to 32 outputs in eight registers while it walks the rows in order.
+ * (t_l = s_l + s_{l+4}). dot_rows takes four rows at a time, each with its
+ * own accumulators, so their add chains overlap in the core while memory is
+ * still read row after row in address order (four rows read in lockstep, one
+ * stream each, halved the DRAM bandwidth); their last two tree levels are
+ * done together by one transpose-and-add. axpy over rows keeps 32 outputs in
+ * eight registers while it walks a group of four rows in order, then the
+ * next 32 columns of the same rows (still in L1), then the next group.
  * Every add takes its operands in the portable C's order (kernels.h).
  * Callers: through kvpi_kernels_level() only, after cpuid said AVX2.
  */
@@ -66,24 +70,12 @@ static void avx2_dot_rows(const double *q, const double *rows, size_t stride, si
         const double *k1 = k0 + stride;
         const double *k2 = k1 + stride;
         const double *k3 = k2 + stride;
-        __m256d lo0 = _mm256_setzero_pd(), hi0 = _mm256_setzero_pd();
-        __m256d lo1 = _mm256_setzero_pd(), hi1 = _mm256_setzero_pd();
-        __m256d lo2 = _mm256_setzero_pd(), hi2 = _mm256_setzero_pd();
-        __m256d lo3 = _mm256_setzero_pd(), hi3 = _mm256_setzero_pd();
-        for (size_t f = 0; f < n8; f += 8) {
-            __m256d qlo = _mm256_loadu_pd(q + f);
-            __m256d qhi = _mm256_loadu_pd(q + f + 4);
-            lo0 = _mm256_add_pd(lo0, _mm256_mul_pd(qlo, _mm256_loadu_pd(k0 + f)));
-            hi0 = _mm256_add_pd(hi0, _mm256_mul_pd(qhi, _mm256_loadu_pd(k0 + f + 4)));
-            lo1 = _mm256_add_pd(lo1, _mm256_mul_pd(qlo, _mm256_loadu_pd(k1 + f)));
-            hi1 = _mm256_add_pd(hi1, _mm256_mul_pd(qhi, _mm256_loadu_pd(k1 + f + 4)));
-            lo2 = _mm256_add_pd(lo2, _mm256_mul_pd(qlo, _mm256_loadu_pd(k2 + f)));
-            hi2 = _mm256_add_pd(hi2, _mm256_mul_pd(qhi, _mm256_loadu_pd(k2 + f + 4)));
-            lo3 = _mm256_add_pd(lo3, _mm256_mul_pd(qlo, _mm256_loadu_pd(k3 + f)));
-            hi3 = _mm256_add_pd(hi3, _mm256_mul_pd(qhi, _mm256_loadu_pd(k3 + f + 4)));
-        }
-        __m256d dots = four_dots(_mm256_add_pd(lo0, hi0), _mm256_add_pd(lo1, hi1),
-                                 _mm256_add_pd(lo2, hi2), _mm256_add_pd(lo3, hi3));
+        /* One row after another, so memory is read in address order. */
+        __m256d t0 = first_level(q, k0, n8);
+        __m256d t1 = first_level(q, k1, n8);
+        __m256d t2 = first_level(q, k2, n8);
+        __m256d t3 = first_level(q, k3, n8);
+        __m256d dots = four_dots(t0, t1, t2, t3);
         if (n8 < n) {
             double d[4];
             const double *k[4] = {k0, k1, k2, k3};
@@ -135,27 +127,38 @@ static inline void axpy_rows_32(double *acc, const double *weights, const double
     }
 }
 
+/*
+ * Rows go in groups of GROUP; for each group every 32-column pass runs before
+ * the next group, so a group's lines are read while they are in L1 and the
+ * memory stream stays in address order.
+ */
+#define GROUP 4 /* rows per group: measured best of 4, 8, 16 for d_h = 64 in DRAM */
 static void avx2_axpy_rows(double *acc, const double *weights, const double *rows, size_t stride,
                            size_t count, size_t n)
 {
-    size_t f = 0;
-    for (; f + 32 <= n; f += 32) {
-        axpy_rows_32(acc + f, weights, rows + f, stride, count);
-    }
-    for (; f + 4 <= n; f += 4) {
-        __m256d a = _mm256_loadu_pd(acc + f);
-        for (size_t r = 0; r < count; r++) {
-            a = _mm256_add_pd(a, _mm256_mul_pd(_mm256_set1_pd(weights[r]),
-                                               _mm256_loadu_pd(rows + r * stride + f)));
+    for (size_t g = 0; g < count; g += GROUP) {
+        size_t c = count - g < GROUP ? count - g : GROUP;
+        const double *grows = rows + g * stride;
+        const double *gw = weights + g;
+        size_t f = 0;
+        for (; f + 32 <= n; f += 32) {
+            axpy_rows_32(acc + f, gw, grows + f, stride, c);
         }
-        _mm256_storeu_pd(acc + f, a);
-    }
-    for (; f < n; f++) {
-        double a = acc[f];
-        for (size_t r = 0; r < count; r++) {
-            a += weights[r] * rows[r * stride + f];
+        for (; f + 4 <= n; f += 4) {
+            __m256d a = _mm256_loadu_pd(acc + f);
+            for (size_t r = 0; r < c; r++) {
+                a = _mm256_add_pd(a, _mm256_mul_pd(_mm256_set1_pd(gw[r]),
+                                                   _mm256_loadu_pd(grows + r * stride + f)));
+            }
+            _mm256_storeu_pd(acc + f, a);
         }
-        acc[f] = a;
+        for (; f < n; f++) {
+            double a = acc[f];
+            for (size_t r = 0; r < c; r++) {
+                a += gw[r] * grows[r * stride + f];
+            }
+            acc[f] = a;
+        }
     }
 }
 

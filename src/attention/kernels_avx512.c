@@ -4,11 +4,12 @@
  *
  * Layout: a dot product keeps its eight lane sums in one zmm register, so a
  * row of d_h = 64 doubles is eight loads and adds; its 256-bit halves added
- * are the tree's first level (t_l = s_l + s_{l+4}). Four rows are in flight,
- * each with its own register, and their last two tree levels are done
- * together with AVX2 shuffles, exactly as kernels_avx2.c does. axpy over
- * rows keeps up to 64 outputs in eight registers while it walks the rows in
- * order. Every add takes its operands in the portable C's order (kernels.h).
+ * are the tree's first level (t_l = s_l + s_{l+4}). dot_rows takes four rows
+ * at a time, each with its own register, read one after another in address
+ * order (see kernels_avx2.c), and does their last two tree levels together
+ * with AVX2 shuffles, exactly as kernels_avx2.c does. axpy over rows keeps
+ * up to 64 outputs in eight registers while it walks a group of four rows.
+ * Every add takes its operands in the portable C's order (kernels.h).
  * Callers: through kvpi_kernels_level() only, after cpuid said AVX-512F.
  */
 #include <immintrin.h>
@@ -21,13 +22,20 @@ static inline __m256d first_level(__m512d s)
     return _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
 }
 
-static double avx512_dot(const double *a, const double *b, size_t n)
+/* The eight lane sums of a and b over f < n8 (a multiple of 8). */
+static inline __m512d lane_sums(const double *a, const double *b, size_t n8)
 {
-    size_t n8 = n & ~(size_t)7;
     __m512d s = _mm512_setzero_pd();
     for (size_t f = 0; f < n8; f += 8) {
         s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_loadu_pd(a + f), _mm512_loadu_pd(b + f)));
     }
+    return s;
+}
+
+static double avx512_dot(const double *a, const double *b, size_t n)
+{
+    size_t n8 = n & ~(size_t)7;
+    __m512d s = lane_sums(a, b, n8);
     __m256d t = first_level(s);
     __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
     double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
@@ -58,17 +66,11 @@ static void avx512_dot_rows(const double *q, const double *rows, size_t stride, 
         const double *k1 = k0 + stride;
         const double *k2 = k1 + stride;
         const double *k3 = k2 + stride;
-        __m512d s0 = _mm512_setzero_pd();
-        __m512d s1 = _mm512_setzero_pd();
-        __m512d s2 = _mm512_setzero_pd();
-        __m512d s3 = _mm512_setzero_pd();
-        for (size_t f = 0; f < n8; f += 8) {
-            __m512d qv = _mm512_loadu_pd(q + f);
-            s0 = _mm512_add_pd(s0, _mm512_mul_pd(qv, _mm512_loadu_pd(k0 + f)));
-            s1 = _mm512_add_pd(s1, _mm512_mul_pd(qv, _mm512_loadu_pd(k1 + f)));
-            s2 = _mm512_add_pd(s2, _mm512_mul_pd(qv, _mm512_loadu_pd(k2 + f)));
-            s3 = _mm512_add_pd(s3, _mm512_mul_pd(qv, _mm512_loadu_pd(k3 + f)));
-        }
+        /* One row after another, so memory is read in address order. */
+        __m512d s0 = lane_sums(q, k0, n8);
+        __m512d s1 = lane_sums(q, k1, n8);
+        __m512d s2 = lane_sums(q, k2, n8);
+        __m512d s3 = lane_sums(q, k3, n8);
         __m256d dots = four_dots(first_level(s0), first_level(s1), first_level(s2),
                                  first_level(s3));
         if (n8 < n) {
@@ -122,27 +124,33 @@ static inline void axpy_rows_64(double *acc, const double *weights, const double
     }
 }
 
+/* Rows in groups of four, every 64-column pass per group (see kernels_avx2.c). */
 static void avx512_axpy_rows(double *acc, const double *weights, const double *rows,
                              size_t stride, size_t count, size_t n)
 {
-    size_t f = 0;
-    for (; f + 64 <= n; f += 64) {
-        axpy_rows_64(acc + f, weights, rows + f, stride, count);
-    }
-    for (; f + 8 <= n; f += 8) {
-        __m512d a = _mm512_loadu_pd(acc + f);
-        for (size_t r = 0; r < count; r++) {
-            a = _mm512_add_pd(a, _mm512_mul_pd(_mm512_set1_pd(weights[r]),
-                                               _mm512_loadu_pd(rows + r * stride + f)));
+    for (size_t g = 0; g < count; g += 4) {
+        size_t c = count - g < 4 ? count - g : 4;
+        const double *grows = rows + g * stride;
+        const double *gw = weights + g;
+        size_t f = 0;
+        for (; f + 64 <= n; f += 64) {
+            axpy_rows_64(acc + f, gw, grows + f, stride, c);
         }
-        _mm512_storeu_pd(acc + f, a);
-    }
-    for (; f < n; f++) {
-        double a = acc[f];
-        for (size_t r = 0; r < count; r++) {
-            a += weights[r] * rows[r * stride + f];
+        for (; f + 8 <= n; f += 8) {
+            __m512d a = _mm512_loadu_pd(acc + f);
+            for (size_t r = 0; r < c; r++) {
+                a = _mm512_add_pd(a, _mm512_mul_pd(_mm512_set1_pd(gw[r]),
+                                                   _mm512_loadu_pd(grows + r * stride + f)));
+            }
+            _mm512_storeu_pd(acc + f, a);
         }
-        acc[f] = a;
+        for (; f < n; f++) {
+            double a = acc[f];
+            for (size_t r = 0; r < c; r++) {
+                a += gw[r] * grows[r * stride + f];
+            }
+            acc[f] = a;
+        }
     }
 }
 
