@@ -15,7 +15,12 @@
  * their results are bit-for-bit equal before timing them.
  *
  * Pages are handed out in a shuffled order (a fragmented pool), so a lane's
- * blocks are scattered over the slab. The loops are timed in alternating
+ * blocks are scattered over the slab.
+ *
+ * Every ISA level of the dot/axpy kernels this CPU runs is measured in the
+ * same run (or one, with --isa), so the speedup of each level over the
+ * portable one reads off one table; GB/s is the K+V bytes one gather reads
+ * (2 * H * len * d_h * 8) over its median time. The loops are timed in alternating
  * repetitions; the report gives median nanoseconds per gather and the speed
  * ratio baseline_time / paged_time (1.0 means paging costs nothing; the
  * target is >= 0.95 against `contiguous` for block_tokens >= 16).
@@ -39,17 +44,22 @@ typedef struct bench_config {
     size_t len;
     size_t repetitions;
     size_t min_ns;     /* time each repetition for at least this long */
+    size_t block;      /* only this block_tokens, or 0 for the default list */
     int json;
     int sequential;    /* pages in pool order instead of shuffled */
+    int isa;           /* the one level to run, or -1 for every level the CPU runs */
 } bench_config;
 
 typedef struct bench_row {
+    kvpi_isa isa;
     size_t block_tokens;
     double paged_ns;
     double contiguous_ns;  /* the library loops over one contiguous page */
     double hand_ns;        /* the hand-written loop over [H, C, d_h] arrays */
     double ratio;          /* contiguous_ns / paged_ns */
     double hand_ratio;     /* hand_ns / paged_ns */
+    double gbps;           /* K+V bytes read per paged gather / paged_ns */
+    double speedup;        /* the portable level's paged_ns / this paged_ns (0: not run) */
     int identical;
 } bench_row;
 
@@ -218,6 +228,7 @@ static void time_loops(const kvp_cache *cache, const kvp_cache *single, const be
     row->contiguous_ns = median(contiguous, c->repetitions);
     row->hand_ns = median(hand, c->repetitions);
     row->ratio = row->contiguous_ns / row->paged_ns;
+    row->gbps = 2.0 * (double)(c->heads * c->len * c->head_width * sizeof(double)) / row->paged_ns;
     row->hand_ratio = row->hand_ns / row->paged_ns;
     free(paged);
     free(contiguous);
@@ -299,12 +310,29 @@ static int parse(int argc, char **argv, bench_config *c)
             continue;
         }
         if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: bench-gather [--len N] [--heads N] [--head-width N] "
-                   "[--repetitions N] [--min-ns N] [--sequential] [--json]\n\n"
+            printf("usage: bench-gather [--len N] [--heads N] [--head-width N] [--block N]\n"
+                   "                    [--repetitions N] [--min-ns N] [--isa LEVEL]\n"
+                   "                    [--sequential] [--json]\n\n"
                    "Times the paged gather loops against the same loops over a contiguous\n"
-                   "[H,C,d_h] buffer, for block_tokens 1, 4, 16, 32 and 64, and prints the\n"
-                   "median ns per gather and the speed ratio (contiguous / paged).\n");
+                   "[H,C,d_h] buffer, for block_tokens 1, 4, 16, 32 and 64 (or --block), at\n"
+                   "every ISA level the CPU runs (or --isa scalar|avx2|avx512), and prints the\n"
+                   "median ns per gather, the speed ratio (contiguous / paged), the K+V GB/s\n"
+                   "and each level's speedup over the portable one.\n");
             return 1;
+        }
+        if (strcmp(argv[i], "--isa") == 0) {
+            kvpi_isa isa;
+            if (i + 1 >= argc || kvpi_isa_parse(argv[i + 1], &isa) != 0) {
+                fprintf(stderr, "bench-gather: --isa takes scalar, avx2 or avx512\n");
+                return 2;
+            }
+            if (kvpi_kernels_level(isa) == NULL) {
+                fprintf(stderr, "bench-gather: this CPU does not run --isa %s\n", argv[i + 1]);
+                return 2;
+            }
+            c->isa = (int)isa;
+            i++;
+            continue;
         }
         if (strcmp(argv[i], "--len") == 0) {
             field = &c->len;
@@ -316,6 +344,8 @@ static int parse(int argc, char **argv, bench_config *c)
             field = &c->repetitions;
         } else if (strcmp(argv[i], "--min-ns") == 0) {
             field = &c->min_ns;
+        } else if (strcmp(argv[i], "--block") == 0) {
+            field = &c->block;
         }
         char *end = NULL;
         if (field == NULL || i + 1 >= argc || (*field = strtoull(argv[++i], &end, 10)) == 0 ||
@@ -329,7 +359,7 @@ static int parse(int argc, char **argv, bench_config *c)
 
 int main(int argc, char **argv)
 {
-    bench_config c = {8, 64, 1024, 21, 2000000, 0, 0};
+    bench_config c = {8, 64, 1024, 21, 2000000, 0, 0, 0, -1};
     int parsed = parse(argc, argv, &c);
     if (parsed != 0) {
         return parsed == 1 ? 0 : 2;
@@ -354,39 +384,71 @@ int main(int argc, char **argv)
         w.query[i] = unit() * 0.1;
         w.candidate[i] = unit();
     }
-    static const size_t blocks[] = {1, 4, 16, 32, 64};
-    bench_row rows[sizeof blocks / sizeof blocks[0]];
+    static const size_t default_blocks[] = {1, 4, 16, 32, 64};
+    const size_t *blocks = c.block ? &c.block : default_blocks;
+    size_t nblocks = c.block ? 1 : sizeof default_blocks / sizeof default_blocks[0];
+    kvpi_isa levels[KVPI_ISA_COUNT];
+    size_t nlevels = 0;
+    for (int isa = 0; isa < KVPI_ISA_COUNT; isa++) {
+        if ((c.isa < 0 || c.isa == isa) && kvpi_kernels_level((kvpi_isa)isa) != NULL) {
+            levels[nlevels++] = (kvpi_isa)isa;
+        }
+    }
+    bench_row rows[KVPI_ISA_COUNT * (sizeof default_blocks / sizeof default_blocks[0])];
+    size_t nrows = 0;
     int ok = 1;
-    for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
-        if (bench_block(&c, blocks[b], &w, &rows[b]) != 0) {
+    for (size_t l = 0; l < nlevels; l++) {
+        if (kvpi_kernels_use(levels[l]) != 0) {
             return 2;
         }
-        ok = ok && rows[b].identical;
+        for (size_t b = 0; b < nblocks; b++) {
+            bench_row *row = &rows[nrows++];
+            if (bench_block(&c, blocks[b], &w, row) != 0) {
+                return 2;
+            }
+            row->isa = levels[l];
+            row->speedup = levels[0] == KVPI_ISA_SCALAR ? rows[b].paged_ns / row->paged_ns : 0.0;
+            ok = ok && row->identical;
+        }
     }
     if (c.json) {
-        printf("{\"heads\":%zu,\"head_width\":%zu,\"len\":%zu,\"repetitions\":%zu,\"rows\":[",
-               c.heads, c.head_width, c.len, c.repetitions);
-        for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
-            printf("%s{\"block_tokens\":%zu,\"paged_ns\":%.1f,\"contiguous_ns\":%.1f,"
-                   "\"hand_loop_ns\":%.1f,\"speed_ratio\":%.4f,\"hand_loop_ratio\":%.4f,"
+        printf("{\"heads\":%zu,\"head_width\":%zu,\"len\":%zu,\"repetitions\":%zu,"
+               "\"kv_bytes\":%zu,\"rows\":[",
+               c.heads, c.head_width, c.len, c.repetitions,
+               2 * c.heads * c.len * c.head_width * sizeof(double));
+        for (size_t r = 0; r < nrows; r++) {
+            printf("%s{\"isa\":\"%s\",\"block_tokens\":%zu,\"paged_ns\":%.1f,"
+                   "\"contiguous_ns\":%.1f,\"hand_loop_ns\":%.1f,\"speed_ratio\":%.4f,"
+                   "\"hand_loop_ratio\":%.4f,\"gbps\":%.3f,\"speedup_over_scalar\":%.4f,"
                    "\"identical\":%s}",
-                   b ? "," : "", rows[b].block_tokens, rows[b].paged_ns, rows[b].contiguous_ns,
-                   rows[b].hand_ns, rows[b].ratio, rows[b].hand_ratio,
-                   rows[b].identical ? "true" : "false");
+                   r ? "," : "", kvpi_isa_name(rows[r].isa), rows[r].block_tokens,
+                   rows[r].paged_ns, rows[r].contiguous_ns, rows[r].hand_ns, rows[r].ratio,
+                   rows[r].hand_ratio, rows[r].gbps, rows[r].speedup,
+                   rows[r].identical ? "true" : "false");
         }
         printf("]}\n");
     } else {
-        printf("gather over %zu retained rows, %zu heads of width %zu, pages in %s order;\n"
-               "median ns per gather of %zu alternating repetitions; ratio = baseline / paged\n"
-               "contiguous: the same loops over one page of all %zu positions; hand loop: a\n"
-               "plain loop over [H,C,d_h] arrays\n\n",
-               c.len, c.heads, c.head_width, c.sequential ? "pool" : "shuffled", c.repetitions,
-               c.len);
-        printf("block_tokens     paged  contiguous  ratio   hand loop  ratio  results\n");
-        for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
-            printf("%12zu  %8.0f  %10.0f  %5.3f  %10.0f  %5.3f  %s\n", rows[b].block_tokens,
-                   rows[b].paged_ns, rows[b].contiguous_ns, rows[b].ratio, rows[b].hand_ns,
-                   rows[b].hand_ratio, rows[b].identical ? "bit-identical" : "DIFFER");
+        printf("gather over %zu retained rows, %zu heads of width %zu (%.1f MiB of K+V), pages in\n"
+               "%s order; median ns per gather of %zu alternating repetitions; ratio = baseline /\n"
+               "paged; contiguous: the same loops over one page of all %zu positions; hand loop:\n"
+               "a plain loop over [H,C,d_h] arrays; GB/s: K+V bytes / paged time; speedup: the\n"
+               "scalar level's paged time / this level's\n\n",
+               c.len, c.heads, c.head_width,
+               (double)(2 * c.heads * c.len * c.head_width * sizeof(double)) / 1048576.0,
+               c.sequential ? "pool" : "shuffled", c.repetitions, c.len);
+        printf("isa     block_tokens     paged  contiguous  ratio   hand loop  ratio   GB/s  "
+               "speedup  results\n");
+        for (size_t r = 0; r < nrows; r++) {
+            printf("%-6s  %12zu  %8.0f  %10.0f  %5.3f  %10.0f  %5.3f  %5.2f  ",
+                   kvpi_isa_name(rows[r].isa), rows[r].block_tokens, rows[r].paged_ns,
+                   rows[r].contiguous_ns, rows[r].ratio, rows[r].hand_ns, rows[r].hand_ratio,
+                   rows[r].gbps);
+            if (rows[r].speedup > 0.0) {
+                printf("%7.2f  ", rows[r].speedup);
+            } else {
+                printf("%7s  ", "-");
+            }
+            printf("%s\n", rows[r].identical ? "bit-identical" : "DIFFER");
         }
     }
     free(w.query);

@@ -7,7 +7,11 @@
  * values in the next), so each page is read as one stream, with one table
  * lookup per block, never one per element. For every head, positions are
  * still visited in order 0 .. len-1 and then the candidate, the order the
- * full-prefix reference uses, so the sums agree bit for bit.
+ * full-prefix reference uses, and every dot product and axpy goes through
+ * the dispatched kernels, whose results do not depend on how many rows of a
+ * block are handed over at once (kernels.h), so the sums agree bit for bit
+ * with the reference and across block sizes. A block's rows for one head go
+ * to the multi-row kernels in one call, so several rows are in flight.
  * Callers: incremental.c, and bench/ (to time the real loops).
  */
 #include "attention/gather.h"
@@ -23,21 +27,18 @@ void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const dou
     size_t bt = cache->block_tokens;
     size_t keys_per_head = cache->len + 1;
     const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+    const kvpi_kernels *k = kvpi_kernels_active();
     for (size_t start = 0; start < cache->len; start += bt) {
         size_t rows = cache->len - start < bt ? cache->len - start : bt;
         const double *page_keys = kvpi_cache_page_keys(cache, table[start / bt], 0);
         for (size_t head = 0; head < cache->heads; head++) {
-            const double *query = queries + head * d;
-            const double *keys = page_keys + head * bt * d;
-            double *out = scores + head * keys_per_head + start;
-            for (size_t row = 0; row < rows; row++) {
-                out[row] = kvpi_dot(query, keys + row * d, d) * scale;
-            }
+            k->dot_rows(queries + head * d, page_keys + head * bt * d, d, rows, d, scale,
+                        scores + head * keys_per_head + start);
         }
     }
     for (size_t head = 0; head < cache->heads; head++) {
         scores[head * keys_per_head + cache->len] =
-            kvpi_dot(queries + head * d, candidates + head * d, d) * scale;
+            k->dot(queries + head * d, candidates + head * d, d) * scale;
     }
 }
 
@@ -48,21 +49,18 @@ void kvpi_gather_values(const kvp_cache *cache, const double *weights, const dou
     size_t bt = cache->block_tokens;
     size_t keys_per_head = cache->len + 1;
     const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+    const kvpi_kernels *k = kvpi_kernels_active();
     memset(outputs, 0, cache->heads * d * sizeof *outputs);
     for (size_t start = 0; start < cache->len; start += bt) {
         size_t rows = cache->len - start < bt ? cache->len - start : bt;
         const double *page_values = kvpi_cache_page_values(cache, table[start / bt], 0);
         for (size_t head = 0; head < cache->heads; head++) {
-            const double *values = page_values + head * bt * d;
-            const double *w = weights + head * keys_per_head + start;
-            double *out = outputs + head * d;
-            for (size_t row = 0; row < rows; row++) {
-                kvpi_axpy(out, w[row], values + row * d, d);
-            }
+            k->axpy_rows(outputs + head * d, weights + head * keys_per_head + start,
+                         page_values + head * bt * d, d, rows, d);
         }
     }
     for (size_t head = 0; head < cache->heads; head++) {
-        kvpi_axpy(outputs + head * d, weights[head * keys_per_head + cache->len],
-                  candidates + head * d, d);
+        k->axpy(outputs + head * d, weights[head * keys_per_head + cache->len],
+                candidates + head * d, d);
     }
 }

@@ -129,13 +129,10 @@ static kvp_status project(const kvp_layer *layer, const double *input, size_t ba
             return status;
         }
     }
-    for (size_t lane = 0; lane < batch; lane++) {
-        for (size_t head = 0; head < layer->heads; head++) {
-            size_t at = lane * d + head * layer->head_width;
-            kvpi_rope_apply(&layer->rope, t->query + at, position);
-            kvpi_rope_apply(&layer->rope, t->key + at, position);
-        }
-    }
+    /* [B, D] rows are [B * H] head vectors of d_h, all at `position`. */
+    size_t vectors = batch * layer->heads;
+    kvpi_rope_apply_rows(&layer->rope, t->query, layer->head_width, vectors, position);
+    kvpi_rope_apply_rows(&layer->rope, t->key, layer->head_width, vectors, position);
     return KVP_OK;
 }
 

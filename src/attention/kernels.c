@@ -1,5 +1,6 @@
 /*
- * kernels.c: shared attention arithmetic (see kernels.h).
+ * kernels.c: shared attention arithmetic that is not dispatched by ISA (see
+ * kernels.h): projections (through the dispatched axpy), softmax, RoPE.
  */
 #include "attention/kernels.h"
 
@@ -9,9 +10,7 @@
 void kvpi_project_row(const double *x, const double *w, size_t width, double *y)
 {
     memset(y, 0, width * sizeof *y);
-    for (size_t i = 0; i < width; i++) {
-        kvpi_axpy(y, x[i], w + i * width, width);
-    }
+    kvpi_kernels_active()->axpy_rows(y, x, w, width, width, width);
 }
 
 void kvpi_softmax(double *s, size_t n)
@@ -32,7 +31,8 @@ void kvpi_softmax(double *s, size_t n)
     }
 }
 
-void kvpi_rope_apply(const kvp_rope_config *rope, double *features, size_t position)
+void kvpi_rope_apply_rows(const kvp_rope_config *rope, double *rows, size_t stride, size_t count,
+                          size_t position)
 {
     double width = (double)rope->feature_width;
     for (size_t i = 0; i < rope->feature_width / 2; i++) {
@@ -40,9 +40,12 @@ void kvpi_rope_apply(const kvp_rope_config *rope, double *features, size_t posit
         double angle = (double)position * theta;
         double c = cos(angle);
         double s = sin(angle);
-        double x0 = features[2 * i];
-        double x1 = features[2 * i + 1];
-        features[2 * i] = x0 * c - x1 * s;
-        features[2 * i + 1] = x0 * s + x1 * c;
+        for (size_t r = 0; r < count; r++) {
+            double *pair = rows + r * stride + 2 * i;
+            double x0 = pair[0];
+            double x1 = pair[1];
+            pair[0] = x0 * c - x1 * s;
+            pair[1] = x0 * s + x1 * c;
+        }
     }
 }

@@ -3,9 +3,29 @@
  * full-prefix reference, so both perform the same operations in the same
  * order and agree to the last bit wherever their inputs agree.
  *
- * Owns: projections, dot products, the stable softmax, and RoPE rotation
- * without checks. Pure functions; callers validate sizes.
- * Callers: src/attention only.
+ * Owns: projections, dot products, axpy, the stable softmax, and RoPE
+ * rotation without checks. Pure functions; callers validate sizes.
+ * Callers: src/attention, src/serve (projections), bench/ and tests/.
+ *
+ * Dot products and axpy come from one function table (dispatch.c) filled
+ * once with the best level the CPU has: AVX-512F, AVX2, or portable C
+ * (kernels_scalar.c, the reference every other level is tested against).
+ * KVP_ISA=scalar|avx2|avx512 forces a level.
+ *
+ * Exactness, the contract every level keeps:
+ *   - No fused multiply-add anywhere: every product is rounded, then added,
+ *     as in the portable C (which cannot contract: ISO C mode, and the kernel
+ *     files are compiled with -ffp-contract=off). So the levels agree bit for
+ *     bit, under Valgrind too, and axpy is exactly `acc[f] + w * v[f]`.
+ *   - One summation order for a dot product of length n, whatever the level,
+ *     the number of rows in flight or the page size:
+ *       s_l = sum of a[f] * b[f] over f = l (mod 8), f < 8 * floor(n / 8),
+ *             added in increasing f into s_l = +0.0, for l = 0..7;
+ *       t_l = s_l + s_{l+4} (l < 4);   dot = (t_0 + t_2) + (t_1 + t_3);
+ *       then dot += a[f] * b[f] for the tail f = 8 * floor(n / 8) .. n-1.
+ *     For n < 8 this is the plain left-to-right sum.
+ *   - axpy over several rows adds row by row in the rows' order, so it equals
+ *     one axpy per row.
  */
 #ifndef KVPAGER_ATTENTION_KERNELS_H
 #define KVPAGER_ATTENTION_KERNELS_H
@@ -14,31 +34,110 @@
 
 #include "kvpager/types.h"
 
-/* y[0..width) = x[0..width) W, W row-major width x width; summed over i in order. */
-void kvpi_project_row(const double *x, const double *w, size_t width, double *y);
+/* Instruction set levels, weakest first. */
+typedef enum kvpi_isa {
+    KVPI_ISA_SCALAR = 0,
+    KVPI_ISA_AVX2 = 1,
+    KVPI_ISA_AVX512 = 2,
+    KVPI_ISA_COUNT = 3
+} kvpi_isa;
 
-/* Sum of a[f] * b[f] for f in order. */
-static inline double kvpi_dot(const double *a, const double *b, size_t n)
+/* One level's implementations; every entry keeps the contract above. */
+typedef struct kvpi_kernels {
+    kvpi_isa isa;
+    const char *name; /* "scalar", "avx2", "avx512": KVP_ISA's values */
+    /* The dot product of a[0..n) and b[0..n). */
+    double (*dot)(const double *a, const double *b, size_t n);
+    /* out[r] = dot(q, rows + r * stride, n) * scale for r < count. */
+    void (*dot_rows)(const double *q, const double *rows, size_t stride, size_t count, size_t n,
+                     double scale, double *out);
+    /* acc[f] = acc[f] + weight * v[f] for f < n. */
+    void (*axpy)(double *acc, double weight, const double *v, size_t n);
+    /* axpy(acc, weights[r], rows + r * stride, n) for r = 0 .. count-1, in order. */
+    void (*axpy_rows)(double *acc, const double *weights, const double *rows, size_t stride,
+                      size_t count, size_t n);
+} kvpi_kernels;
+
+/* The active level: chosen once (thread-safe), from the CPU and KVP_ISA. Never NULL. */
+const kvpi_kernels *kvpi_kernels_active(void);
+
+/*
+ * The table of `isa` if it is built into this binary and the CPU runs it,
+ * else NULL. For tests and benchmarks, which compare levels.
+ */
+const kvpi_kernels *kvpi_kernels_level(kvpi_isa isa);
+
+/* The best level this binary and CPU support. */
+kvpi_isa kvpi_kernels_best(void);
+
+/*
+ * Makes `isa` the active level: returns 0, or -1 (nothing changed) when
+ * kvpi_kernels_level(isa) is NULL. For tests and benchmarks only: call it
+ * while no other thread uses the kernels.
+ */
+int kvpi_kernels_use(kvpi_isa isa);
+
+/* "scalar", "avx2", "avx512"; parse returns 0 and writes *isa, or -1. */
+const char *kvpi_isa_name(kvpi_isa isa);
+int kvpi_isa_parse(const char *name, kvpi_isa *isa);
+
+/* The per-level tables (kernels_<level>.c); use kvpi_kernels_level instead. */
+extern const kvpi_kernels kvpi_kernels_scalar;
+#if defined(KVPI_X86_KERNELS)
+extern const kvpi_kernels kvpi_kernels_avx2;
+extern const kvpi_kernels kvpi_kernels_avx512;
+#endif
+
+/*
+ * The tree and tail of the summation order above, for every level: s holds
+ * the eight lane sums; adds a[f] * b[f] for f = from .. n-1 after the tree.
+ */
+static inline double kvpi_dot_finish(const double s[8], const double *a, const double *b,
+                                     size_t from, size_t n)
 {
-    double sum = 0.0;
-    for (size_t f = 0; f < n; f++) {
+    double t0 = s[0] + s[4];
+    double t1 = s[1] + s[5];
+    double t2 = s[2] + s[6];
+    double t3 = s[3] + s[7];
+    double sum = (t0 + t2) + (t1 + t3);
+    for (size_t f = from; f < n; f++) {
         sum += a[f] * b[f];
     }
     return sum;
 }
 
+/* The dot product of a[0..n) and b[0..n), in the order above. */
+static inline double kvpi_dot(const double *a, const double *b, size_t n)
+{
+    return kvpi_kernels_active()->dot(a, b, n);
+}
+
 /* acc[f] += weight * v[f]. */
 static inline void kvpi_axpy(double *acc, double weight, const double *v, size_t n)
 {
-    for (size_t f = 0; f < n; f++) {
-        acc[f] += weight * v[f];
-    }
+    kvpi_kernels_active()->axpy(acc, weight, v, n);
 }
+
+/* y[0..width) = x[0..width) W, W row-major width x width; summed over i in order. */
+void kvpi_project_row(const double *x, const double *w, size_t width, double *y);
 
 /* In place: s[i] = exp(s[i] - max) / sum. Requires finite input, n >= 1. */
 void kvpi_softmax(double *s, size_t n);
 
-/* Rotates rope->feature_width features for `position`; the caller checked the range. */
-void kvpi_rope_apply(const kvp_rope_config *rope, double *features, size_t position);
+/*
+ * Rotates the first rope->feature_width features of `count` vectors that
+ * start `stride` doubles apart, all at `position`; the caller checked the
+ * range. Each pair's angle, cos and sin are computed once per call and used
+ * for every vector: theta_i = base^(-2i / width), angle = position * theta_i.
+ */
+void kvpi_rope_apply_rows(const kvp_rope_config *rope, double *rows, size_t stride, size_t count,
+                          size_t position);
+
+/* kvpi_rope_apply_rows for one vector. */
+static inline void kvpi_rope_apply(const kvp_rope_config *rope, double *features,
+                                   size_t position)
+{
+    kvpi_rope_apply_rows(rope, features, 0, 1, position);
+}
 
 #endif /* KVPAGER_ATTENTION_KERNELS_H */

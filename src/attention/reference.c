@@ -227,11 +227,9 @@ kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *inp
             break;
         }
         for (size_t b = 0; b < batch; b++) {
-            for (size_t h = 0; h < layer->heads; h++) {
-                size_t at = (b * tokens + t) * d + h * hd;
-                kvpi_rope_apply(&layer->rope, s.q + at, t);
-                kvpi_rope_apply(&layer->rope, s.k + at, t);
-            }
+            size_t at = (b * tokens + t) * d;
+            kvpi_rope_apply_rows(&layer->rope, s.q + at, hd, layer->heads, t);
+            kvpi_rope_apply_rows(&layer->rope, s.k + at, hd, layer->heads, t);
         }
         status = reference_token(layer, &s, batch, tokens, t, err);
     }

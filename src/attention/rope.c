@@ -1,6 +1,6 @@
 /*
  * rope.c: checked RoPE entry points (see kvpager/rope.h). The arithmetic is
- * kvpi_rope_apply in kernels.c.
+ * kvpi_rope_apply_rows in kernels.c.
  */
 #include "kvpager/rope.h"
 
@@ -13,7 +13,7 @@
  * Every rotation angle p * theta_i, p < max_positions, is finite. theta_i =
  * base^(-2i / width) is monotonic in i (rising for a base below 1, falling
  * above), so the largest angle is (max_positions - 1) times theta at i = 0 or
- * at the last pair; both are computed exactly as kvpi_rope_apply does. theta
+ * at the last pair; both are computed exactly as kvpi_rope_apply_rows does. theta
  * itself must be finite too, or position 0 would give 0 * inf = NaN.
  */
 static int angles_finite(const kvp_rope_config *rope)

@@ -1,0 +1,167 @@
+/*
+ * kernels_avx2.c: the AVX2 level of the dispatched kernels (x86-64 only;
+ * compiled with -mavx2 -ffp-contract=off, so no FMA is ever emitted).
+ *
+ * Layout: a dot product keeps lanes 0-3 of the eight lane sums in one
+ * register and lanes 4-7 in another, so lo + hi is the tree's first level
+ * (t_l = s_l + s_{l+4}). dot_rows takes four rows at a time, each with its
+ * own accumulators, so their add chains overlap in the core while memory is
+ * still read row after row in address order (four rows read in lockstep, one
+ * stream each, halved the DRAM bandwidth); their last two tree levels are
+ * done together by one transpose-and-add. axpy over rows keeps 32 outputs in
+ * eight registers while it walks a group of four rows in order, then the
+ * next 32 columns of the same rows (still in L1), then the next group.
+ * Every add takes its operands in the portable C's order (kernels.h).
+ * Callers: through kvpi_kernels_level() only, after cpuid said AVX2.
+ */
+#include <immintrin.h>
+
+#include "attention/kernels.h"
+
+/* [t_0 + t_2, t_1 + t_3] of a row's first-level sums t. */
+static inline __m128d half_sums(__m256d t)
+{
+    return _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+}
+
+/* Lane sums of a and b (f < 8 * floor(n / 8)) into lo (lanes 0-3) and hi (4-7). */
+static inline __m256d first_level(const double *a, const double *b, size_t n8)
+{
+    __m256d lo = _mm256_setzero_pd();
+    __m256d hi = _mm256_setzero_pd();
+    for (size_t f = 0; f < n8; f += 8) {
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_loadu_pd(a + f), _mm256_loadu_pd(b + f)));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_loadu_pd(a + f + 4),
+                                             _mm256_loadu_pd(b + f + 4)));
+    }
+    return _mm256_add_pd(lo, hi);
+}
+
+static double avx2_dot(const double *a, const double *b, size_t n)
+{
+    size_t n8 = n & ~(size_t)7;
+    __m128d u = half_sums(first_level(a, b, n8));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+    for (size_t f = n8; f < n; f++) {
+        sum += a[f] * b[f];
+    }
+    return sum;
+}
+
+/* The dots of four rows from their first-level sums, in row order. */
+static inline __m256d four_dots(__m256d t0, __m256d t1, __m256d t2, __m256d t3)
+{
+    /* [u0, u1] of rows 0 and 1, then of rows 2 and 3; u0 = t_0 + t_2, u1 = t_1 + t_3. */
+    __m256d u01 = _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20),
+                                _mm256_permute2f128_pd(t0, t1, 0x31));
+    __m256d u23 = _mm256_add_pd(_mm256_permute2f128_pd(t2, t3, 0x20),
+                                _mm256_permute2f128_pd(t2, t3, 0x31));
+    __m256d dots = _mm256_hadd_pd(u01, u23); /* rows 0, 2, 1, 3: u0 + u1 */
+    return _mm256_permute4x64_pd(dots, 0xD8);
+}
+
+static void avx2_dot_rows(const double *q, const double *rows, size_t stride, size_t count,
+                          size_t n, double scale, double *out)
+{
+    size_t n8 = n & ~(size_t)7;
+    size_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+        const double *k0 = rows + r * stride;
+        const double *k1 = k0 + stride;
+        const double *k2 = k1 + stride;
+        const double *k3 = k2 + stride;
+        /* One row after another, so memory is read in address order. */
+        __m256d t0 = first_level(q, k0, n8);
+        __m256d t1 = first_level(q, k1, n8);
+        __m256d t2 = first_level(q, k2, n8);
+        __m256d t3 = first_level(q, k3, n8);
+        __m256d dots = four_dots(t0, t1, t2, t3);
+        if (n8 < n) {
+            double d[4];
+            const double *k[4] = {k0, k1, k2, k3};
+            _mm256_storeu_pd(d, dots);
+            for (size_t i = 0; i < 4; i++) {
+                for (size_t f = n8; f < n; f++) {
+                    d[i] += q[f] * k[i][f];
+                }
+            }
+            dots = _mm256_loadu_pd(d);
+        }
+        _mm256_storeu_pd(out + r, _mm256_mul_pd(dots, _mm256_set1_pd(scale)));
+    }
+    for (; r < count; r++) {
+        out[r] = avx2_dot(q, rows + r * stride, n) * scale;
+    }
+}
+
+static void avx2_axpy(double *acc, double weight, const double *v, size_t n)
+{
+    __m256d w = _mm256_set1_pd(weight);
+    size_t f = 0;
+    for (; f + 4 <= n; f += 4) {
+        _mm256_storeu_pd(acc + f, _mm256_add_pd(_mm256_loadu_pd(acc + f),
+                                                _mm256_mul_pd(w, _mm256_loadu_pd(v + f))));
+    }
+    for (; f < n; f++) {
+        acc[f] += weight * v[f];
+    }
+}
+
+/* Columns [f, f + 32) of axpy_rows, in eight registers. */
+static inline void axpy_rows_32(double *acc, const double *weights, const double *rows,
+                                size_t stride, size_t count)
+{
+    __m256d a[8];
+    for (size_t j = 0; j < 8; j++) {
+        a[j] = _mm256_loadu_pd(acc + 4 * j);
+    }
+    for (size_t r = 0; r < count; r++) {
+        __m256d w = _mm256_set1_pd(weights[r]);
+        const double *v = rows + r * stride;
+        for (size_t j = 0; j < 8; j++) {
+            a[j] = _mm256_add_pd(a[j], _mm256_mul_pd(w, _mm256_loadu_pd(v + 4 * j)));
+        }
+    }
+    for (size_t j = 0; j < 8; j++) {
+        _mm256_storeu_pd(acc + 4 * j, a[j]);
+    }
+}
+
+/*
+ * Rows go in groups of GROUP; for each group every 32-column pass runs before
+ * the next group, so a group's lines are read while they are in L1 and the
+ * memory stream stays in address order.
+ */
+#define GROUP 4 /* rows per group: measured best of 4, 8, 16 for d_h = 64 in DRAM */
+static void avx2_axpy_rows(double *acc, const double *weights, const double *rows, size_t stride,
+                           size_t count, size_t n)
+{
+    for (size_t g = 0; g < count; g += GROUP) {
+        size_t c = count - g < GROUP ? count - g : GROUP;
+        const double *grows = rows + g * stride;
+        const double *gw = weights + g;
+        size_t f = 0;
+        for (; f + 32 <= n; f += 32) {
+            axpy_rows_32(acc + f, gw, grows + f, stride, c);
+        }
+        for (; f + 4 <= n; f += 4) {
+            __m256d a = _mm256_loadu_pd(acc + f);
+            for (size_t r = 0; r < c; r++) {
+                a = _mm256_add_pd(a, _mm256_mul_pd(_mm256_set1_pd(gw[r]),
+                                                   _mm256_loadu_pd(grows + r * stride + f)));
+            }
+            _mm256_storeu_pd(acc + f, a);
+        }
+        for (; f < n; f++) {
+            double a = acc[f];
+            for (size_t r = 0; r < c; r++) {
+                a += gw[r] * grows[r * stride + f];
+            }
+            acc[f] = a;
+        }
+    }
+}
+
+const kvpi_kernels kvpi_kernels_avx2 = {
+    KVPI_ISA_AVX2, "avx2", avx2_dot, avx2_dot_rows, avx2_axpy, avx2_axpy_rows,
+};

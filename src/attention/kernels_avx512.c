@@ -1,0 +1,159 @@
+/*
+ * kernels_avx512.c: the AVX-512F level of the dispatched kernels (x86-64
+ * only; compiled with -mavx512f -ffp-contract=off, so no FMA is emitted).
+ *
+ * Layout: a dot product keeps its eight lane sums in one zmm register, so a
+ * row of d_h = 64 doubles is eight loads and adds; its 256-bit halves added
+ * are the tree's first level (t_l = s_l + s_{l+4}). dot_rows takes four rows
+ * at a time, each with its own register, read one after another in address
+ * order (see kernels_avx2.c), and does their last two tree levels together
+ * with AVX2 shuffles, exactly as kernels_avx2.c does. axpy over rows keeps
+ * up to 64 outputs in eight registers while it walks a group of four rows.
+ * Every add takes its operands in the portable C's order (kernels.h).
+ * Callers: through kvpi_kernels_level() only, after cpuid said AVX-512F.
+ */
+#include <immintrin.h>
+
+#include "attention/kernels.h"
+
+/* The first tree level of the lane sums s: [s_0 + s_4, .., s_3 + s_7]. */
+static inline __m256d first_level(__m512d s)
+{
+    return _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
+}
+
+/* The eight lane sums of a and b over f < n8 (a multiple of 8). */
+static inline __m512d lane_sums(const double *a, const double *b, size_t n8)
+{
+    __m512d s = _mm512_setzero_pd();
+    for (size_t f = 0; f < n8; f += 8) {
+        s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_loadu_pd(a + f), _mm512_loadu_pd(b + f)));
+    }
+    return s;
+}
+
+static double avx512_dot(const double *a, const double *b, size_t n)
+{
+    size_t n8 = n & ~(size_t)7;
+    __m512d s = lane_sums(a, b, n8);
+    __m256d t = first_level(s);
+    __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+    for (size_t f = n8; f < n; f++) {
+        sum += a[f] * b[f];
+    }
+    return sum;
+}
+
+/* The dots of four rows from their first-level sums, in row order (see kernels_avx2.c). */
+static inline __m256d four_dots(__m256d t0, __m256d t1, __m256d t2, __m256d t3)
+{
+    __m256d u01 = _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20),
+                                _mm256_permute2f128_pd(t0, t1, 0x31));
+    __m256d u23 = _mm256_add_pd(_mm256_permute2f128_pd(t2, t3, 0x20),
+                                _mm256_permute2f128_pd(t2, t3, 0x31));
+    __m256d dots = _mm256_hadd_pd(u01, u23); /* rows 0, 2, 1, 3 */
+    return _mm256_permute4x64_pd(dots, 0xD8);
+}
+
+static void avx512_dot_rows(const double *q, const double *rows, size_t stride, size_t count,
+                            size_t n, double scale, double *out)
+{
+    size_t n8 = n & ~(size_t)7;
+    size_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+        const double *k0 = rows + r * stride;
+        const double *k1 = k0 + stride;
+        const double *k2 = k1 + stride;
+        const double *k3 = k2 + stride;
+        /* One row after another, so memory is read in address order. */
+        __m512d s0 = lane_sums(q, k0, n8);
+        __m512d s1 = lane_sums(q, k1, n8);
+        __m512d s2 = lane_sums(q, k2, n8);
+        __m512d s3 = lane_sums(q, k3, n8);
+        __m256d dots = four_dots(first_level(s0), first_level(s1), first_level(s2),
+                                 first_level(s3));
+        if (n8 < n) {
+            double d[4];
+            const double *k[4] = {k0, k1, k2, k3};
+            _mm256_storeu_pd(d, dots);
+            for (size_t i = 0; i < 4; i++) {
+                for (size_t f = n8; f < n; f++) {
+                    d[i] += q[f] * k[i][f];
+                }
+            }
+            dots = _mm256_loadu_pd(d);
+        }
+        _mm256_storeu_pd(out + r, _mm256_mul_pd(dots, _mm256_set1_pd(scale)));
+    }
+    for (; r < count; r++) {
+        out[r] = avx512_dot(q, rows + r * stride, n) * scale;
+    }
+}
+
+static void avx512_axpy(double *acc, double weight, const double *v, size_t n)
+{
+    __m512d w = _mm512_set1_pd(weight);
+    size_t f = 0;
+    for (; f + 8 <= n; f += 8) {
+        _mm512_storeu_pd(acc + f, _mm512_add_pd(_mm512_loadu_pd(acc + f),
+                                                _mm512_mul_pd(w, _mm512_loadu_pd(v + f))));
+    }
+    for (; f < n; f++) {
+        acc[f] += weight * v[f];
+    }
+}
+
+/* Columns [f, f + 64) of axpy_rows, in eight registers. */
+static inline void axpy_rows_64(double *acc, const double *weights, const double *rows,
+                                size_t stride, size_t count)
+{
+    __m512d a[8];
+    for (size_t j = 0; j < 8; j++) {
+        a[j] = _mm512_loadu_pd(acc + 8 * j);
+    }
+    for (size_t r = 0; r < count; r++) {
+        __m512d w = _mm512_set1_pd(weights[r]);
+        const double *v = rows + r * stride;
+        for (size_t j = 0; j < 8; j++) {
+            a[j] = _mm512_add_pd(a[j], _mm512_mul_pd(w, _mm512_loadu_pd(v + 8 * j)));
+        }
+    }
+    for (size_t j = 0; j < 8; j++) {
+        _mm512_storeu_pd(acc + 8 * j, a[j]);
+    }
+}
+
+/* Rows in groups of four, every 64-column pass per group (see kernels_avx2.c). */
+static void avx512_axpy_rows(double *acc, const double *weights, const double *rows,
+                             size_t stride, size_t count, size_t n)
+{
+    for (size_t g = 0; g < count; g += 4) {
+        size_t c = count - g < 4 ? count - g : 4;
+        const double *grows = rows + g * stride;
+        const double *gw = weights + g;
+        size_t f = 0;
+        for (; f + 64 <= n; f += 64) {
+            axpy_rows_64(acc + f, gw, grows + f, stride, c);
+        }
+        for (; f + 8 <= n; f += 8) {
+            __m512d a = _mm512_loadu_pd(acc + f);
+            for (size_t r = 0; r < c; r++) {
+                a = _mm512_add_pd(a, _mm512_mul_pd(_mm512_set1_pd(gw[r]),
+                                                   _mm512_loadu_pd(grows + r * stride + f)));
+            }
+            _mm512_storeu_pd(acc + f, a);
+        }
+        for (; f < n; f++) {
+            double a = acc[f];
+            for (size_t r = 0; r < c; r++) {
+                a += gw[r] * grows[r * stride + f];
+            }
+            acc[f] = a;
+        }
+    }
+}
+
+const kvpi_kernels kvpi_kernels_avx512 = {
+    KVPI_ISA_AVX512, "avx512", avx512_dot, avx512_dot_rows, avx512_axpy, avx512_axpy_rows,
+};
