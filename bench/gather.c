@@ -15,7 +15,8 @@
  * their results are bit-for-bit equal before timing them.
  *
  * Pages are handed out in a shuffled order (a fragmented pool), so a lane's
- * blocks are scattered over the slab.
+ * blocks are scattered over the slab. The clock, the alternating repetitions
+ * and the shuffle are src/cli/measure.h's, shared with `kvpager bench`.
  *
  * Every ISA level of the dot/axpy kernels this CPU runs is measured in the
  * same run (or one, with --isa), so the speedup of each level over the
@@ -32,10 +33,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attention/gather.h"
 #include "attention/kernels.h"
+#include "measure.h"
 #include "pager/cache_internal.h"
 
 typedef struct bench_config {
@@ -67,50 +68,7 @@ static uint64_t rng_state = 12345;
 
 static double unit(void)
 {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
-}
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a;
-    double y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Takes every page, shuffles their order, gives them back: the free list is now random. */
-static int shuffle_free_list(kvp_pool *pool)
-{
-    size_t total = pool->total_pages;
-    uint32_t *entries = malloc(total * sizeof *entries);
-    if (entries == NULL) {
-        return -1;
-    }
-    kvpi_reservation all;
-    kvpi_reservation_init(&all, pool, entries, total);
-    if (kvpi_reservation_fill(&all, total, NULL) != KVP_OK) {
-        free(entries);
-        return -1;
-    }
-    for (size_t i = total - 1; i > 0; i--) {
-        size_t j = (size_t)((unit() + 1.0) / 2.0 * (double)(i + 1)) % (i + 1);
-        uint32_t t = entries[i];
-        entries[i] = entries[j];
-        entries[j] = t;
-    }
-    kvpi_reservation_release(&all);
-    free(entries);
-    return 0;
+    return kvp_measure_unit(&rng_state);
 }
 
 /* The paged loops, as incremental attention runs them for one lane. */
@@ -182,57 +140,44 @@ static int fill_cache(kvp_cache *cache, const bench_config *c, workspace *w)
     return 0;
 }
 
-static double median(double *values, size_t n)
+typedef struct loop_ctx {
+    const kvp_cache *cache;    /* NULL: the hand loop */
+    const bench_config *c;
+    workspace *w;
+} loop_ctx;
+
+static void run_loop(void *arg, size_t iterations)
 {
-    qsort(values, n, sizeof *values, compare_doubles);
-    return values[n / 2];
+    const loop_ctx *l = arg;
+    workspace *w = l->w;
+    for (size_t i = 0; i < iterations; i++) {
+        if (l->cache != NULL) {
+            paged_gather(l->cache, w->query, w->candidate, w->scores_paged, w->out_paged);
+        } else {
+            contiguous_gather(w->keys, w->values, l->c->heads, l->c->len, l->c->len,
+                              l->c->head_width, w->query, w->candidate, w->scores_contiguous,
+                              w->out_contiguous);
+        }
+    }
 }
 
-/* Median ns per gather of each loop, in alternating repetitions. */
-static void time_loops(const kvp_cache *cache, const kvp_cache *single, const bench_config *c,
-                       workspace *w, bench_row *row)
+/* Median ns per gather of each loop, in alternating repetitions (src/cli/measure.h). */
+static int time_loops(const kvp_cache *cache, const kvp_cache *single, const bench_config *c,
+                      workspace *w, bench_row *row)
 {
-    double *paged = malloc(c->repetitions * sizeof *paged);
-    double *contiguous = malloc(c->repetitions * sizeof *contiguous);
-    double *hand = malloc(c->repetitions * sizeof *hand);
-    size_t iterations = 1;
-    for (;;) { /* calibrate: enough iterations for min_ns */
-        double start = now_ns();
-        for (size_t i = 0; i < iterations; i++) {
-            paged_gather(cache, w->query, w->candidate, w->scores_paged, w->out_paged);
-        }
-        if (now_ns() - start >= (double)c->min_ns || iterations > (1u << 24)) {
-            break;
-        }
-        iterations *= 2;
+    loop_ctx ctx[3] = {{cache, c, w}, {single, c, w}, {NULL, c, w}};
+    kvp_measure_case cases[3] = {{run_loop, &ctx[0]}, {run_loop, &ctx[1]}, {run_loop, &ctx[2]}};
+    double ns[3];
+    if (kvp_measure_alternating(cases, 3, c->repetitions, (double)c->min_ns, ns) != 0) {
+        return -1;
     }
-    for (size_t r = 0; r < c->repetitions; r++) {
-        double start = now_ns();
-        for (size_t i = 0; i < iterations; i++) {
-            paged_gather(cache, w->query, w->candidate, w->scores_paged, w->out_paged);
-        }
-        paged[r] = (now_ns() - start) / (double)iterations;
-        start = now_ns();
-        for (size_t i = 0; i < iterations; i++) {
-            paged_gather(single, w->query, w->candidate, w->scores_contiguous, w->out_contiguous);
-        }
-        contiguous[r] = (now_ns() - start) / (double)iterations;
-        start = now_ns();
-        for (size_t i = 0; i < iterations; i++) {
-            contiguous_gather(w->keys, w->values, c->heads, c->len, c->len, c->head_width,
-                              w->query, w->candidate, w->scores_contiguous, w->out_contiguous);
-        }
-        hand[r] = (now_ns() - start) / (double)iterations;
-    }
-    row->paged_ns = median(paged, c->repetitions);
-    row->contiguous_ns = median(contiguous, c->repetitions);
-    row->hand_ns = median(hand, c->repetitions);
+    row->paged_ns = ns[0];
+    row->contiguous_ns = ns[1];
+    row->hand_ns = ns[2];
     row->ratio = row->contiguous_ns / row->paged_ns;
     row->gbps = 2.0 * (double)(c->heads * c->len * c->head_width * sizeof(double)) / row->paged_ns;
     row->hand_ratio = row->hand_ns / row->paged_ns;
-    free(paged);
-    free(contiguous);
-    free(hand);
+    return 0;
 }
 
 /* A pool of the given block size holding one lane of `len` rows, pages shuffled. */
@@ -252,7 +197,7 @@ static int make_cache(const bench_config *c, size_t block_tokens, workspace *w, 
     binding.rope_max_positions = c->len;
     uint64_t saved = rng_state; /* every cache gets the same rows */
     int failed = kvp_pool_create(&config, pool, NULL) != KVP_OK ||
-                 (!c->sequential && shuffle_free_list(*pool) != 0) ||
+                 (!c->sequential && kvp_measure_shuffle_pool(*pool, &rng_state) != 0) ||
                  kvp_cache_create(*pool, &binding, 1, c->len, cache, NULL) != KVP_OK;
     rng_state = saved;
     if (failed || fill_cache(*cache, c, w) != 0) {
@@ -289,12 +234,12 @@ static int bench_block(const bench_config *c, size_t block_tokens, workspace *w,
            memcmp(w->out_paged, w->out_contiguous, nout * sizeof(double)) == 0;
     row->block_tokens = block_tokens;
     row->identical = same;
-    time_loops(cache, single, c, w, row);
+    int timed = time_loops(cache, single, c, w, row);
     kvp_cache_destroy(cache, NULL);
     kvp_cache_destroy(single, NULL);
     int failed = kvp_pool_destroy(pool, NULL) != KVP_OK;
     failed |= kvp_pool_destroy(single_pool, NULL) != KVP_OK;
-    return failed ? -1 : 0;
+    return failed || timed != 0 ? -1 : 0;
 }
 
 static int parse(int argc, char **argv, bench_config *c)

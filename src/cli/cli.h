@@ -1,7 +1,7 @@
 /*
  * cli.h: what the kvpager program's commands share.
  *
- * Owns: the command entry points (one file each: demo.c, simulate.c; the
+ * Owns: the command entry points (one file each: demo.c, simulate.c, bench.c; the
  * dispatcher kvp_cli_main in dispatch.c) and the small helpers every command
  * uses: reporting a library error, parsing numbers and byte sizes strictly,
  * overflow-checked size arithmetic, and the machine's physical memory.
@@ -29,6 +29,7 @@ int kvp_cli_main(int argc, char **argv);
 /* The commands: argv[0] is the command's name. */
 int kvp_cli_demo(int argc, char **argv);
 int kvp_cli_simulate(int argc, char **argv);
+int kvp_cli_bench(int argc, char **argv);
 
 /* Prints "kvpager <command>: <context>: <rendered error> (<StatusName>)" to stderr. */
 void kvp_cli_report(const char *command, const char *context, const kvp_error *err);

@@ -20,6 +20,7 @@ typedef struct command {
 static const command commands[] = {
     {"simulate", kvp_cli_simulate, "serve many concurrent sequences under one memory budget"},
     {"demo", kvp_cli_demo, "print the seed's incremental-attention trace, paged"},
+    {"bench", kvp_cli_bench, "measure gather, page and simulate speed against baselines"},
 };
 
 static void usage(FILE *out)

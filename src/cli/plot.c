@@ -221,6 +221,12 @@ int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const char *title)
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" fill=\"#d62728\" "
             "transform=\"rotate(90 %.1f %.1f)\" text-anchor=\"middle\">running sequences</text>\n",
             WIDTH - 18.0, TOP + PLOT_H / 2.0, WIDTH - 18.0, TOP + PLOT_H / 2.0);
+    return kvp_plot_close(plot);
+}
+
+int kvp_plot_close(kvp_plot *plot)
+{
+    FILE *out = plot->out;
     fprintf(out, "</svg>\n");
     errno = 0;
     int failed = fflush(out) != 0 || ferror(out);

@@ -37,6 +37,12 @@ int kvp_plot_open(kvp_plot *plot, const char *path);
 /* Writes the chart and closes the file: 0, or an errno value (the file is closed either way). */
 int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *result, const char *title);
 
+/*
+ * Writes the SVG's closing tag and closes the file: 0, or an errno value (the
+ * file is closed either way). For other charts (bench.c) drawn into plot->out.
+ */
+int kvp_plot_close(kvp_plot *plot);
+
 /* Closes the file and removes it if it is a regular file: the run produced no chart. */
 void kvp_plot_abandon(kvp_plot *plot);
 

@@ -21,9 +21,10 @@ void kvp_progress_init(kvp_progress *progress, const char *label, int quiet)
     progress->label = label;
 }
 
-void kvp_progress_update(void *arg, size_t done, size_t total, size_t step)
+/* Draws "label [=====     ] done/total <what>" when enabled and due. */
+static void draw(kvp_progress *progress, size_t done, size_t total, const char *what, size_t step,
+                 int with_step)
 {
-    kvp_progress *progress = arg;
     if (!progress->enabled) {
         return;
     }
@@ -39,9 +40,23 @@ void kvp_progress_update(void *arg, size_t done, size_t total, size_t step)
         bar[i] = i < filled ? '=' : ' ';
     }
     bar[WIDTH] = '\0';
-    fprintf(stderr, "\r%s [%s] %zu/%zu requests (step %zu)", progress->label, bar, done, total,
-            step);
+    if (with_step) {
+        fprintf(stderr, "\r%s [%s] %zu/%zu %s (step %zu)", progress->label, bar, done, total,
+                what, step);
+    } else {
+        fprintf(stderr, "\r\033[K%s [%s] %zu/%zu %s", progress->label, bar, done, total, what);
+    }
     fflush(stderr);
+}
+
+void kvp_progress_update(void *arg, size_t done, size_t total, size_t step)
+{
+    draw(arg, done, total, "requests", step, 1);
+}
+
+void kvp_progress_note(kvp_progress *progress, size_t done, size_t total, const char *what)
+{
+    draw(progress, done, total, what, 0, 0);
 }
 
 void kvp_progress_finish(kvp_progress *progress)

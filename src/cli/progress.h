@@ -19,6 +19,9 @@ void kvp_progress_init(kvp_progress *progress, const char *label, int quiet);
 /* Draws "label [=====     ] done/total (step N)" when enabled and due. */
 void kvp_progress_update(void *progress, size_t done, size_t total, size_t step);
 
+/* Draws "label [=====     ] done/total <what>" when enabled and due (any command). */
+void kvp_progress_note(kvp_progress *progress, size_t done, size_t total, const char *what);
+
 /* Clears the line. */
 void kvp_progress_finish(kvp_progress *progress);
 
