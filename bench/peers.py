@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""peers.py: kvpager's decode attention against numpy and torch, shape by shape.
+
+For each shape of `kvpager bench`'s grid (batch B, heads H, head width d_h,
+retained length L; f64 K and V of [B, H, L, d_h]) the peers compute what one
+decode step computes per lane and head: scores = q . K^T / sqrt(d_h), a
+softmax, and the weighted sum of V:
+
+  numpy  float64 (np.matmul, OpenBLAS)
+  torch  float64 and float32 (torch.matmul, then softmax)
+
+kvpager's time is the `paged_ns` of `kvpager bench --json` for the same
+shapes at block_tokens 16: the library's own gather loops over a paged,
+shuffled cache. The public API cannot time the gather alone (a forward step
+also projects, applies RoPE and appends), so the script runs the program
+rather than timing kvp_attention_forward; the small ctypes wrapper below loads
+libkvpager.so only to check that the library and the program are the same
+version. kvpager's figure excludes the softmax (about H * L exps), which the
+peers' figures include. The kvpager run comes first, then the peers, in
+alternating repetitions among themselves; every figure is a median.
+
+Printed: peer time / kvpager time per shape (above 1: kvpager is faster).
+Peers run on one thread by default, as kvpager's gather does (--threads N).
+
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, when set in the environment, make
+OpenBLAS pick a kernel other than the one it detects; the script removes both
+for its own run only (re-executing itself) and prints the kernel OpenBLAS
+runs (threadpoolctl, when installed).
+
+Optional, not part of the test command. --install installs the Debian
+packages (python3-numpy, python3-torch, python3-threadpoolctl) when missing.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCRUBBED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kvpager", default=os.path.join(ROOT, "build/release/kvpager"),
+                   help="the kvpager program (default build/release/kvpager)")
+    p.add_argument("--lib", default=os.path.join(ROOT, "build/release/libkvpager.so"),
+                   help="libkvpager.so (default build/release/libkvpager.so)")
+    p.add_argument("--full", action="store_true",
+                   help="the full grid (default: --quick's, B 1 and 8, H 8, d_h 64)")
+    p.add_argument("--lens", default=None, help="lengths, e.g. 256,2048 (default: the grid's)")
+    p.add_argument("--repetitions", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="peer threads (default 1)")
+    p.add_argument("--install", action="store_true",
+                   help="apt-get install -y the missing Debian packages first")
+    return p.parse_args()
+
+
+def ensure_packages(install):
+    missing = []
+    for module, package in (("numpy", "python3-numpy"), ("torch", "python3-torch"),
+                            ("threadpoolctl", "python3-threadpoolctl")):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(package)
+    if missing and install:
+        print("installing:", " ".join(missing), flush=True)
+        subprocess.run(["apt-get", "install", "-y"] + missing, check=True,
+                       stdout=subprocess.DEVNULL)
+        missing = []
+    hard = [m for m in missing if m != "python3-threadpoolctl"]
+    if hard:
+        sys.exit("peers.py: missing %s (run with --install)" % " ".join(hard))
+
+
+def check_library(lib, program):
+    """The ctypes wrapper: the library's version must be the program's."""
+    so = ctypes.CDLL(lib)
+    so.kvp_version.restype = ctypes.c_char_p
+    so.kvp_version.argtypes = []
+    version = so.kvp_version().decode()
+    shown = subprocess.run([program, "--version"], check=True, capture_output=True,
+                           text=True).stdout.split()[-1]
+    if version != shown:
+        sys.exit("peers.py: %s is %s but %s is %s" % (lib, version, program, shown))
+    return version
+
+
+def kvpager_rows(args):
+    cmd = [args.kvpager, "bench", "--json", "--quiet", "--blocks", "16",
+           "--read-bytes", "64MiB", "--requests", "1", "--repetitions", str(args.repetitions)]
+    if not args.full:
+        cmd.append("--quick")
+    if args.lens:
+        cmd += ["--lens", args.lens]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return out
+
+
+def blas_kernel():
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "unknown (python3-threadpoolctl not installed)"
+    infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join("%s %s, kernel %s, %s threads" % (
+        i.get("internal_api"), i.get("version"), i.get("architecture"), i.get("num_threads"))
+        for i in infos) or "none found"
+
+
+def median_ns(fn, repetitions, min_seconds=0.005):
+    n = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if time.perf_counter() - start >= min_seconds or n >= 1 << 20:
+            break
+        n *= 2
+    return n
+
+
+def main():
+    args = parse_args()
+    if any(k in os.environ for k in SCRUBBED):
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+        print("peers.py: running without %s" % ", ".join(
+            "%s=%s" % (k, os.environ[k]) for k in SCRUBBED if k in os.environ), flush=True)
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    ensure_packages(args.install)
+    if args.threads > 0:
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
+    import numpy as np
+    import torch
+    torch.set_num_threads(args.threads)
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(args.threads)
+    except ImportError:
+        pass
+    version = check_library(args.lib, args.kvpager)
+    bench = kvpager_rows(args)
+    print("kvpager %s (kernels %s; paged gather at block_tokens 16, from `kvpager bench "
+          "--json`)" % (version, bench["isa"]))
+    print("numpy %s, BLAS: %s" % (np.__version__, blas_kernel()))
+    print("torch %s, %d thread(s); peers: scores + softmax + values, median of %d alternating "
+          "repetitions" % (torch.__version__, torch.get_num_threads(), args.repetitions))
+    print()
+    print("   B   H  d_h     len       K+V   kvpager ms   numpy f64  torch f64  torch f32"
+          "   (peer time / kvpager time)")
+    rng = np.random.default_rng(1)
+    results = []
+    for row in bench["gather"]:
+        b, h, d, n = row["batch"], row["heads"], row["head_width"], row["len"]
+        k = rng.standard_normal((b, h, n, d))
+        v = rng.standard_normal((b, h, n, d))
+        q = rng.standard_normal((b, h, 1, d)) * 0.1
+        scale = 1.0 / math.sqrt(d)
+        tk, tv, tq = torch.from_numpy(k), torch.from_numpy(v), torch.from_numpy(q)
+        fk, fv, fq = tk.float(), tv.float(), tq.float()
+
+        def numpy_step():
+            s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            return np.matmul(s, v)
+
+        def torch_step(tq_, tk_, tv_):
+            with torch.no_grad():
+                s = torch.softmax(torch.matmul(tq_, tk_.transpose(-1, -2)) * scale, dim=-1)
+                return torch.matmul(s, tv_)
+
+        cases = [numpy_step, lambda: torch_step(tq, tk, tv), lambda: torch_step(fq, fk, fv)]
+        reference = numpy_step()
+        for case in cases[1:]:
+            got = case().double().numpy()
+            assert np.allclose(got, reference, rtol=1e-3, atol=1e-4), "peer results disagree"
+        counts = [median_ns(c, args.repetitions) for c in cases]
+        times = [[] for _ in cases]
+        for _ in range(args.repetitions):
+            for i, c in enumerate(cases):
+                start = time.perf_counter()
+                for _ in range(counts[i]):
+                    c()
+                times[i].append((time.perf_counter() - start) / counts[i] * 1e9)
+        peer_ns = [statistics.median(t) for t in times]
+        ratios = [p / row["paged_ns"] for p in peer_ns]
+        results.append(ratios)
+        print("%4d %3d %4d %7d %7.1f MiB %10.3f    %8.2fx  %8.2fx  %8.2fx" % (
+            b, h, d, n, row["kv_bytes"] / 1048576.0, row["paged_ns"] / 1e6, *ratios), flush=True)
+        del k, v, tk, tv, fk, fv
+    if results:
+        print()
+        for i, name in enumerate(("numpy f64", "torch f64", "torch f32")):
+            col = [r[i] for r in results]
+            print("%-10s peer / kvpager: %.2fx to %.2fx (median %.2fx)" % (
+                name, min(col), max(col), statistics.median(col)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+#!/bin/sh
+# check_bench.sh WORKDIR COMMAND...
+# `kvpager bench` end to end, on a grid shrunk to seconds (--lens 256, a
+# 16 MiB read array, 4 simulated requests): the --json object has exactly
+# the documented keys (issue 8's, plus a few of ours), every figure is
+# positive and finite, percent_of_read is 100 * gbps / read_gbps, the paged
+# and contiguous gathers agree bit for bit, shapes over --max-bytes are
+# listed as skipped, and --plot writes an SVG with the read figure dashed.
+# Then bad flags: exit 2, one line on stderr naming the flag and the value,
+# nothing on stdout, no plot file. The speeds themselves are reported, never
+# asserted (the machine is shared).
+set -u
+work=$1
+shift
+rm -rf "$work"
+mkdir -p "$work" || exit 1
+fail() { echo "check_bench: $*" >&2; exit 1; }
+
+small="--quick --lens 256 --read-bytes 16MiB --requests 4 --repetitions 3"
+# shellcheck disable=SC2086
+"$@" bench $small --max-bytes 8MiB --json --plot "$work/bench.svg" > "$work/bench.json" \
+    2> "$work/err" || fail "bench --json failed: $(cat "$work/err")"
+[ ! -s "$work/err" ] || fail "stderr not empty: $(cat "$work/err")"
+python3 - "$work/bench.json" "$work/bench.svg" <<'PY' || fail "bad --json output"
+import json, math, sys
+out = json.load(open(sys.argv[1]))
+top = {"isa", "repetitions", "read_bytes", "read_gbps", "read_gbps_2_threads", "max_bytes",
+       "gather", "skipped", "page_ops", "simulate", "not_available"}
+row_keys = {"dtype", "block_tokens", "batch", "heads", "kv_heads", "head_width", "len",
+            "threads", "kv_bytes", "paged_ns", "contiguous_ns", "gbps", "percent_of_read",
+            "identical"}
+page_keys = {"page_bytes", "kvpager_ns", "jemalloc_ns", "glibc_ns", "batch64_kvpager_ns",
+             "batch64_jemalloc_ns", "batch64_glibc_ns"}
+sim_keys = {"requests", "threads", "tokens_per_second", "bytes_per_token",
+            "bound_tokens_per_second"}
+assert set(out) == top, sorted(set(out) ^ top)
+def positive(x, what):
+    assert isinstance(x, (int, float)) and not isinstance(x, bool), (what, x)
+    assert math.isfinite(x) and x > 0, (what, x)
+for key in ("read_gbps", "read_gbps_2_threads"):
+    positive(out[key], key)
+assert out["read_bytes"] == 16 << 20 and out["max_bytes"] == 8 << 20 and out["repetitions"] == 3
+# --quick at L = 256: B in {1, 8}, H 8, d_h 64, block_tokens 16 and 64. B = 8 holds
+# 16 MiB of K+V, over the 8 MiB cap: skipped and said so.
+rows = out["gather"]
+assert len(rows) == 2, rows
+assert sorted(r["block_tokens"] for r in rows) == [16, 64]
+for r in rows:
+    assert set(r) == row_keys, sorted(set(r) ^ row_keys)
+    assert (r["dtype"], r["batch"], r["heads"], r["kv_heads"], r["head_width"], r["len"],
+            r["threads"]) == ("f64", 1, 8, 8, 64, 256, 1), r
+    assert r["kv_bytes"] == 2 * 8 * 256 * 64 * 8, r
+    for key in ("paged_ns", "contiguous_ns", "gbps", "percent_of_read"):
+        positive(r[key], key)
+    assert abs(r["gbps"] - r["kv_bytes"] / r["paged_ns"]) <= 1e-9 * r["gbps"], r
+    expect = 100.0 * r["gbps"] / out["read_gbps"]
+    assert abs(r["percent_of_read"] - expect) <= 1e-9 * expect, (r, expect)
+    assert r["identical"] is True, r
+skipped = out["skipped"]
+assert [(s["batch"], s["len"], s["kv_bytes"]) for s in skipped] == [(8, 256, 16 << 20)], skipped
+pages = out["page_ops"]
+assert set(pages) == page_keys, sorted(set(pages) ^ page_keys)
+assert pages["page_bytes"] == 2 * 16 * 64 * 8, pages
+for key in page_keys:
+    positive(pages[key], key)
+sim = out["simulate"]
+assert set(sim) == sim_keys, sorted(set(sim) ^ sim_keys)
+assert sim["requests"] == 4 and sim["threads"] >= 1, sim
+for key in sim_keys:
+    positive(sim[key], key)
+read = out["read_gbps_2_threads"] if sim["threads"] >= 2 else out["read_gbps"]
+expect = read * 1e9 / sim["bytes_per_token"]
+assert abs(sim["bound_tokens_per_second"] - expect) <= 1e-9 * expect, (sim, expect)
+assert len(out["not_available"]) == 3 and all(isinstance(s, str) for s in out["not_available"])
+svg = open(sys.argv[2]).read()
+assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>"), "not a whole SVG"
+assert 'stroke-dasharray' in svg and 'class="dtype-f64"' in svg, "no read line or f64 line"
+assert '<text class="tick-x"' in svg and '>256</text>' in svg, "no L tick"
+print("check_bench: json ok: %d rows, read %.2f GB/s" % (len(rows), out["read_gbps"]))
+PY
+
+# The table names every part.
+# shellcheck disable=SC2086
+"$@" bench $small > "$work/table.txt" 2> "$work/err" || fail "bench (table) failed"
+for part in "read bandwidth" "paged ns" "page acquire + release" "simulate" \
+            "not available yet" "f32 and bf16" "kv_heads = heads/4" "2 threads against 1"; do
+    grep -qF -- "$part" "$work/table.txt" || fail "the table lacks '$part'"
+done
+"$@" bench --help > "$work/help.txt" || fail "bench --help failed"
+for option in --quick --json --plot --quiet --lens --blocks --max-bytes --read-bytes \
+              --repetitions --requests; do
+    grep -q -- "^  $option" "$work/help.txt" || fail "bench --help lacks $option"
+done
+"$@" --help | grep -q '^  bench ' || fail "kvpager --help lacks bench"
+
+# Bad flags: FLAG and VALUE must both appear in the one line; nothing runs.
+rows=0
+bad() {
+    name=$1 flag=$2 value=$3
+    shift 3
+    rm -f "$work/ran.svg"
+    "$@" --plot "$work/ran.svg" > "$work/out" 2> "$work/err" < /dev/null
+    code=$?
+    rows=$((rows + 1))
+    [ "$code" = 2 ] || fail "$name: exit $code, expected 2: $(cat "$work/err")"
+    lines=$(wc -l < "$work/err")
+    [ "$lines" = 1 ] || fail "$name: $lines lines on stderr, expected 1: $(cat "$work/err")"
+    grep -qF -- "$flag" "$work/err" || fail "$name: '$flag' not named in: $(cat "$work/err")"
+    grep -qF -- "$value" "$work/err" || fail "$name: '$value' not named in: $(cat "$work/err")"
+    [ ! -s "$work/out" ] || fail "$name: it ran and printed: $(head -c 200 "$work/out")"
+    [ ! -e "$work/ran.svg" ] || fail "$name: it ran far enough to create the plot"
+}
+B="$* bench"
+bad unknown "unknown option" "'--bogus'" $B --bogus
+bad argument "unexpected argument" "'extra'" $B extra
+bad lens_zero --lens "'0'" $B --lens 0
+bad lens_text --lens "'256,x'" $B --lens 256,x
+bad lens_empty_item --lens "'256,,2048'" $B --lens 256,,2048
+bad lens_big --lens "'99999999'" $B --lens 99999999
+bad blocks_zero --blocks "'0'" $B --blocks 0
+bad max_bytes_unit --max-bytes "'2XB'" $B --max-bytes 2XB
+bad max_bytes_small --max-bytes "'1KiB'" $B --max-bytes 1KiB
+bad max_bytes_big --max-bytes "'1TiB'" $B --max-bytes 1TiB
+bad read_bytes_small --read-bytes "'1KiB'" $B --read-bytes 1KiB
+bad read_bytes_big --read-bytes "'1TiB'" $B --read-bytes 1TiB
+bad repetitions_zero --repetitions "'0'" $B --repetitions 0
+bad repetitions_big --repetitions "'1002'" $B --repetitions 1002
+bad requests_zero --requests "'0'" $B --requests 0
+bad requests_text --requests "'-3'" $B --requests -3
+bad missing_value --lens "'--json'" $B --lens --json
+bad twice --repetitions "'3'" $B --repetitions 3 --repetitions 4
+# An unwritable --plot is refused before any work (the run would take seconds).
+"$@" bench $small --plot "$work/missing/x.svg" > "$work/out" 2> "$work/err"
+code=$?
+[ "$code" = 2 ] || fail "plot_dir: exit $code, expected 2"
+[ "$(wc -l < "$work/err")" = 1 ] || fail "plot_dir: not one line: $(cat "$work/err")"
+grep -qF -- "--plot $work/missing/x.svg: No such file or directory" "$work/err" \
+    || fail "plot_dir: $(cat "$work/err")"
+[ ! -s "$work/out" ] || fail "plot_dir: it ran"
+echo "check_bench: ok ($rows bad inputs refused)"
