@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """peers.py: kvpager's decode attention against numpy and torch, shape by shape.
 
 For each shape of `kvpager bench`'s grid (batch B, heads H, head width d_h,
@@ -15,7 +15,7 @@ shuffled cache. The public API cannot time the gather alone (a forward step
 also projects, applies RoPE and appends), so the script runs the program
 rather than timing kvp_attention_forward; the small ctypes wrapper below loads
 libkvpager.so only to check that the library and the program are the same
-version. kvpager's figure excludes the softmax (about H * L exps), which the
+version (build both: `cmake --build build/release --target libkvpager.so`). kvpager's figure excludes the softmax (about H * L exps), which the
 peers' figures include. The kvpager run comes first, then the peers, in
 alternating repetitions among themselves; every figure is a median.
 
@@ -28,7 +28,8 @@ for its own run only (re-executing itself) and prints the kernel OpenBLAS
 runs (threadpoolctl, when installed).
 
 Optional, not part of the test command. --install installs the Debian
-packages (python3-numpy, python3-torch, python3-threadpoolctl) when missing.
+packages (python3-numpy, python3-torch, python3-threadpoolctl, and libopenblas0,
+without which numpy runs Debian's reference BLAS) when missing.
 """
 import argparse
 import ctypes
@@ -70,22 +71,50 @@ def ensure_packages(install):
             __import__(module)
         except ImportError:
             missing.append(package)
+    # numpy's libblas.so.3 is Debian's reference BLAS unless OpenBLAS is installed.
+    if not os.path.exists("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3") and \
+            os.path.exists("/usr/lib/x86_64-linux-gnu"):
+        missing.append("libopenblas0")
     if missing and install:
         print("installing:", " ".join(missing), flush=True)
         subprocess.run(["apt-get", "install", "-y"] + missing, check=True,
                        stdout=subprocess.DEVNULL)
         missing = []
-    hard = [m for m in missing if m != "python3-threadpoolctl"]
+    hard = [m for m in missing if m not in ("python3-threadpoolctl", "libopenblas0")]
+    debian = "/usr/bin/python3"
+    if hard and os.path.exists(debian) and os.path.realpath(sys.executable) != \
+            os.path.realpath(debian):
+        # Debian's packages are for Debian's interpreter, not another one on PATH.
+        os.execv(debian, [debian] + sys.argv)
     if hard:
         sys.exit("peers.py: missing %s (run with --install)" % " ".join(hard))
 
 
+WRAPPER = """
+import ctypes, sys
+so = ctypes.CDLL(sys.argv[1])
+so.kvp_version.restype = ctypes.c_char_p
+so.kvp_version.argtypes = []
+print(so.kvp_version().decode())
+"""
+
+
 def check_library(lib, program):
-    """The ctypes wrapper: the library's version must be the program's."""
-    so = ctypes.CDLL(lib)
-    so.kvp_version.restype = ctypes.c_char_p
-    so.kvp_version.argtypes = []
-    version = so.kvp_version().decode()
+    """The ctypes wrapper: the library's version must be the program's.
+
+    libkvpager.so links jemalloc, whose thread-local storage is initial-exec:
+    dlopen'ed into a running interpreter it fails ("cannot allocate memory in
+    static TLS block"). So the wrapper runs in a child interpreter with
+    jemalloc preloaded, and the peers keep their own allocator.
+    """
+    env = dict(os.environ)
+    ldd = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    jemalloc = [line.split("=>")[1].split()[0] for line in ldd.splitlines()
+                if "libjemalloc" in line and "=>" in line]
+    if jemalloc:
+        env["LD_PRELOAD"] = jemalloc[0]
+    version = subprocess.run([sys.executable, "-c", WRAPPER, lib], check=True, env=env,
+                             capture_output=True, text=True).stdout.strip()
     shown = subprocess.run([program, "--version"], check=True, capture_output=True,
                            text=True).stdout.split()[-1]
     if version != shown:
@@ -110,9 +139,10 @@ def blas_kernel():
     except ImportError:
         return "unknown (python3-threadpoolctl not installed)"
     infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
     return "; ".join("%s %s, kernel %s, %s threads" % (
         i.get("internal_api"), i.get("version"), i.get("architecture"), i.get("num_threads"))
-        for i in infos) or "none found"
+        for i in infos) or "%s (no OpenBLAS found: reference BLAS?)" % blas
 
 
 def median_ns(fn, repetitions, min_seconds=0.005):
