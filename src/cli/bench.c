@@ -1038,7 +1038,7 @@ static void print_tables(const options *o, const results *r)
            r->sim_tokens_per_second, r->sim_bound,
            r->sim_threads >= 2 ? r->read.gbps_two : r->read.gbps, r->sim_bytes_per_token / 1024.0,
            100.0 * r->sim_tokens_per_second / r->sim_bound);
-    printf("\nnot available yet (issue 8's grid):\n");
+    printf("\nnot available yet:\n");
     for (size_t i = 0; i < NOT_AVAILABLE; i++) {
         printf("  %s\n", not_available[i]);
     }
