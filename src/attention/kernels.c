@@ -21,11 +21,7 @@ void kvpi_softmax(double *s, size_t n)
             max = s[i];
         }
     }
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        s[i] = exp(s[i] - max);
-        sum += s[i];
-    }
+    double sum = kvpi_kernels_active()->exp_sum(s, n, max);
     for (size_t i = 0; i < n; i++) {
         s[i] /= sum;
     }
