@@ -30,6 +30,7 @@
 
 #include "attention/gather.h"
 #include "attention/kernels.h"
+#include "attention/layer_internal.h"
 #include "pager/cache_internal.h"
 
 /* ---- levels ------------------------------------------------------------------ */
@@ -369,17 +370,18 @@ typedef struct geometry {
 
 /*
  * Forward every position of a random [B, C, D] input through a fresh cache,
- * at the active level; out gets the outputs as [C][B * D]. The reference's
+ * at the active level, with a layer of max_positions >= C; out gets the outputs as [C][B * D]. The reference's
  * outputs, [B, C, D], go to ref. Returns nothing; asserts every step.
  */
-static void run_both_ways(const geometry *g, uint64_t seed, double *out, double *ref)
+static void run_both_ways(const geometry *g, size_t max_positions, uint64_t seed, double *out,
+                          double *ref)
 {
     size_t d = g->heads * g->head_width;
     size_t rows = g->batch * g->capacity * d;
     kvp_error err;
     kvp_pool *pool = kvpt_pool(g->block_tokens, g->heads, g->head_width,
                                g->batch * KVPT_CEIL_DIV(g->capacity, g->block_tokens));
-    kvp_layer *layer = kvpt_random_layer(d, g->heads, g->capacity, 10000.0, seed);
+    kvp_layer *layer = kvpt_random_layer(d, g->heads, max_positions, 10000.0, seed);
     kvp_binding binding;
     kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
     kvp_cache *cache = kvpt_cache(pool, &binding, g->batch, g->capacity);
@@ -424,7 +426,7 @@ static void test_kernels_attention_exact_at_every_level(void **state)
         double *ref = kvpt_doubles(rows);
         for (size_t l = 0; l < nlevels; l++) {
             assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
-            run_both_ways(g, 500 + c, out, ref);
+            run_both_ways(g, g->capacity, 500 + c, out, ref);
             /* Incremental == reference, bit for bit, at this level. */
             for (size_t t = 0; t < g->capacity; t++) {
                 for (size_t b = 0; b < g->batch; b++) {
@@ -626,6 +628,129 @@ static void test_kernels_softmax_same_bits_at_every_level(void **state)
     free(e);
 }
 
+/* ---- RoPE tables ------------------------------------------------------------------- */
+
+/* theta_i, written out as the rotation always computed it. */
+static double direct_theta(double base, size_t width, size_t i)
+{
+    double w = (double)width;
+    return pow(base, -(double)(2 * i) / w);
+}
+
+/* a and b rotated by the layer (table or thetas) equal the direct rotation, bit for bit. */
+static void expect_layer_rope_direct(const kvp_layer *layer, size_t position)
+{
+    size_t hd = layer->head_width;
+    size_t count = 2 * layer->heads + 1;
+    double *a = kvpt_doubles(count * hd);
+    double *b = kvpt_doubles(count * hd);
+    double *direct = kvpt_doubles(count * hd);
+    fill(a, count * hd);
+    fill(b, count * hd);
+    memcpy(direct, a, count * hd * sizeof *direct);
+    kvpi_rope_apply_rows(&layer->rope, direct, hd, count, position);
+    double *one = kvpt_doubles(hd);
+    memcpy(one, b + hd, hd * sizeof *one);
+    kvp_error err;
+    kvpt_assert_ok(kvp_rope_rotate(&layer->rope, one, position, &err), &err);
+    kvpi_layer_rope(layer, a, b, count, position);
+    assert_memory_equal(a, direct, count * hd * sizeof *a);
+    assert_memory_equal(b + hd, one, hd * sizeof *one); /* the public rotation too */
+    kvpi_layer_rope(layer, direct, NULL, count, position);
+    kvpi_rope_apply_rows(&layer->rope, a, hd, count, position);
+    assert_memory_equal(a, direct, count * hd * sizeof *a);
+    free(a);
+    free(b);
+    free(direct);
+    free(one);
+}
+
+static void test_kernels_rope_table_matches_formulas(void **state)
+{
+    (void)state;
+    typedef struct rope_case {
+        size_t width, heads, positions;
+        double base;
+    } rope_case;
+    static const rope_case cases[] = {
+        {4, 2, 8, 10000.0}, {16, 2, 64, 10000.0}, {12, 3, 33, 0.5}, {128, 1, 100, 1e6},
+    };
+    for (size_t c = 0; c < KVPT_COUNT_OF(cases); c++) {
+        const rope_case *rc = &cases[c];
+        kvp_layer *layer = kvpt_random_layer(rc->width, rc->heads, rc->positions, rc->base, 3);
+        size_t hd = rc->width / rc->heads;
+        size_t half = hd / 2;
+        assert_non_null(layer->rope_table);
+        for (size_t i = 0; i < half; i++) {
+            assert_true(same_bits(layer->rope_theta[i], direct_theta(rc->base, hd, i)));
+        }
+        for (size_t p = 0; p < rc->positions; p++) {
+            for (size_t i = 0; i < half; i++) {
+                double angle = (double)p * direct_theta(rc->base, hd, i);
+                assert_true(same_bits(layer->rope_table[(p * half + i) * 2], cos(angle)));
+                assert_true(same_bits(layer->rope_table[(p * half + i) * 2 + 1], sin(angle)));
+            }
+        }
+        for (size_t p = 0; p < rc->positions; p += 1 + p / 3) {
+            expect_layer_rope_direct(layer, p);
+        }
+        expect_layer_rope_direct(layer, rc->positions - 1);
+        kvpt_destroy_layer(layer);
+    }
+
+    /* The cap: 8192 positions of d_h = 64 take 4 MiB and get a table; one more does not. */
+    size_t base_bytes = sizeof(struct kvp_layer) + 32 * sizeof(double);
+    assert_int_equal(kvpi_layer_alloc_bytes(64, 8192), base_bytes + 8192 * 64 * sizeof(double));
+    assert_int_equal(8192 * 64 * sizeof(double), KVPI_ROPE_TABLE_MAX_BYTES);
+    assert_int_equal(kvpi_layer_alloc_bytes(64, 8193), base_bytes);
+    assert_int_equal(kvpi_layer_alloc_bytes(2, SIZE_MAX), sizeof(struct kvp_layer) + 8);
+    kvp_layer *wide = kvpt_random_layer(64, 1, 8193, 10000.0, 4);
+    assert_null(wide->rope_table);
+    for (size_t i = 0; i < 32; i++) {
+        assert_true(same_bits(wide->rope_theta[i], direct_theta(10000.0, 64, i)));
+    }
+    expect_layer_rope_direct(wide, 0);
+    expect_layer_rope_direct(wide, 1);
+    expect_layer_rope_direct(wide, 8192);
+    kvpt_destroy_layer(wide);
+    kvp_layer *endless = kvpt_random_layer(4, 2, SIZE_MAX, 10000.0, 5);
+    assert_null(endless->rope_table);
+    expect_layer_rope_direct(endless, 7);
+    expect_layer_rope_direct(endless, (size_t)1 << 40);
+    kvpt_destroy_layer(endless);
+}
+
+/* With a table or without (above the cap), attention gives the same bits, at every level. */
+static void test_kernels_attention_same_bits_with_and_without_table(void **state)
+{
+    (void)state;
+    static const geometry cases[] = {{1, 2, 64, 16, 40}, {2, 3, 14, 3, 29}};
+    const kvpi_kernels *levels[KVPI_ISA_COUNT];
+    size_t nlevels = test_levels(levels);
+    for (size_t c = 0; c < KVPT_COUNT_OF(cases); c++) {
+        const geometry *g = &cases[c];
+        size_t d = g->heads * g->head_width;
+        size_t rows = g->batch * g->capacity * d;
+        /* Enough positions that the table would pass the cap. */
+        size_t untabled = KVPI_ROPE_TABLE_MAX_BYTES / sizeof(double) / g->head_width + 1;
+        double *out = kvpt_doubles(rows);
+        double *ref = kvpt_doubles(rows);
+        double *out2 = kvpt_doubles(rows);
+        double *ref2 = kvpt_doubles(rows);
+        for (size_t l = 0; l < nlevels; l++) {
+            assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
+            run_both_ways(g, g->capacity, 900 + c, out, ref);
+            run_both_ways(g, untabled, 900 + c, out2, ref2);
+            assert_memory_equal(out, out2, rows * sizeof(double));
+            assert_memory_equal(ref, ref2, rows * sizeof(double));
+        }
+        free(out);
+        free(ref);
+        free(out2);
+        free(ref2);
+    }
+}
+
 /* ---- KVP_ISA in a fresh process ----------------------------------------------- */
 
 /* Runs this program with KVP_ISA=value and --print-level; returns its output (both streams). */
@@ -771,6 +896,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_kernels_attention_exact_at_every_level, restore_level),
         cmocka_unit_test_teardown(test_kernels_exp_matches_scalar_and_libm, restore_level),
         cmocka_unit_test_teardown(test_kernels_softmax_same_bits_at_every_level, restore_level),
+        cmocka_unit_test(test_kernels_rope_table_matches_formulas),
+        cmocka_unit_test_teardown(test_kernels_attention_same_bits_with_and_without_table,
+                                  restore_level),
         cmocka_unit_test_teardown(test_kernels_env_override_and_fallback, restore_level),
         cmocka_unit_test_teardown(test_kernels_threads_share_the_table, restore_level),
     };

@@ -34,6 +34,7 @@
 #ifndef KVPAGER_ATTENTION_KERNELS_H
 #define KVPAGER_ATTENTION_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -206,13 +207,39 @@ void kvpi_project_row(const double *x, const double *w, size_t width, double *y)
 void kvpi_softmax(double *s, size_t n);
 
 /*
+ * RoPE's frequency of pair i: theta_i = base^(-2i / width), the one formula
+ * every RoPE path uses (rotation, the layers' tables, validation).
+ */
+static inline double kvpi_rope_theta(double base, size_t width, size_t i)
+{
+    return pow(base, -(double)(2 * i) / (double)width);
+}
+
+/*
  * Rotates the first rope->feature_width features of `count` vectors that
  * start `stride` doubles apart, all at `position`; the caller checked the
  * range. Each pair's angle, cos and sin are computed once per call and used
- * for every vector: theta_i = base^(-2i / width), angle = position * theta_i.
+ * for every vector: theta_i = kvpi_rope_theta, angle = (double)position *
+ * theta_i, then cos(angle), sin(angle). Every other RoPE function gives the
+ * bits of this one.
  */
 void kvpi_rope_apply_rows(const kvp_rope_config *rope, double *rows, size_t stride, size_t count,
                           size_t position);
+
+/*
+ * The same rotation of `count` vectors of `a` and, unless NULL, of `b`, with
+ * the pairs' thetas given (theta[i] = kvpi_rope_theta) for `half` pairs:
+ * each pair's cos and sin computed once per call.
+ */
+void kvpi_rope_apply_thetas(const double *theta, size_t half, double *a, double *b,
+                            size_t stride, size_t count, size_t position);
+
+/* The same rotation with cos_sin[2i], cos_sin[2i + 1] the pair's cos and sin at the position. */
+void kvpi_rope_apply_table(const double *cos_sin, size_t half, double *rows, size_t stride,
+                           size_t count);
+
+/* table[(p * half + i) * 2 + {0, 1}] = cos, sin of (double)p * theta[i], p < positions. */
+void kvpi_rope_fill_table(const double *theta, size_t half, size_t positions, double *table);
 
 /* kvpi_rope_apply_rows for one vector. */
 static inline void kvpi_rope_apply(const kvp_rope_config *rope, double *features,
