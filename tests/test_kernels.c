@@ -15,6 +15,8 @@
  * Levels are forced with kvpi_kernels_use. Valgrind runs AVX2 but not
  * AVX-512: under it the AVX-512 level is skipped, and the output says so.
  */
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +30,7 @@
 
 #include "attention/gather.h"
 #include "attention/kernels.h"
+#include "attention/layer_internal.h"
 #include "pager/cache_internal.h"
 
 /* ---- levels ------------------------------------------------------------------ */
@@ -367,17 +370,18 @@ typedef struct geometry {
 
 /*
  * Forward every position of a random [B, C, D] input through a fresh cache,
- * at the active level; out gets the outputs as [C][B * D]. The reference's
+ * at the active level, with a layer of max_positions >= C; out gets the outputs as [C][B * D]. The reference's
  * outputs, [B, C, D], go to ref. Returns nothing; asserts every step.
  */
-static void run_both_ways(const geometry *g, uint64_t seed, double *out, double *ref)
+static void run_both_ways(const geometry *g, size_t max_positions, uint64_t seed, double *out,
+                          double *ref)
 {
     size_t d = g->heads * g->head_width;
     size_t rows = g->batch * g->capacity * d;
     kvp_error err;
     kvp_pool *pool = kvpt_pool(g->block_tokens, g->heads, g->head_width,
                                g->batch * KVPT_CEIL_DIV(g->capacity, g->block_tokens));
-    kvp_layer *layer = kvpt_random_layer(d, g->heads, g->capacity, 10000.0, seed);
+    kvp_layer *layer = kvpt_random_layer(d, g->heads, max_positions, 10000.0, seed);
     kvp_binding binding;
     kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
     kvp_cache *cache = kvpt_cache(pool, &binding, g->batch, g->capacity);
@@ -422,7 +426,7 @@ static void test_kernels_attention_exact_at_every_level(void **state)
         double *ref = kvpt_doubles(rows);
         for (size_t l = 0; l < nlevels; l++) {
             assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
-            run_both_ways(g, 500 + c, out, ref);
+            run_both_ways(g, g->capacity, 500 + c, out, ref);
             /* Incremental == reference, bit for bit, at this level. */
             for (size_t t = 0; t < g->capacity; t++) {
                 for (size_t b = 0; b < g->batch; b++) {
@@ -445,6 +449,305 @@ static void test_kernels_attention_exact_at_every_level(void **state)
         free(first);
         free(out);
         free(ref);
+    }
+}
+
+/* ---- exp and softmax ------------------------------------------------------------- */
+
+/* Doubles in the order of their values (negative ones below -0), so ulp distance is a difference. */
+static int64_t ordered(double x)
+{
+    int64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits < 0 ? INT64_MIN - bits : bits;
+}
+
+#define EXP_GRID (1u << 18) /* points of [-750, 0]: a step of about 0.0029 */
+
+/* The grid of [-750, 0], then special values: zeros, tiny and huge magnitudes, -inf, the ends. */
+static size_t exp_inputs(double *x)
+{
+    size_t n = 0;
+    for (size_t i = 0; i <= EXP_GRID; i++) {
+        x[n++] = -750.0 * (double)i / (double)EXP_GRID;
+    }
+    for (int e = 0; e <= 1074; e++) {
+        x[n++] = -ldexp(1.0, -e); /* -1, -2^-1 .. -2^-1074 (the smallest subnormal) */
+        x[n++] = -ldexp(1.5, -e) * 1.0000001;
+    }
+    static const double special[] = {0.0, -0.0, -DBL_MIN, -DBL_EPSILON, -0x1p-54,
+                                     -708.3964185322641, -708.4, -709.0, -744.4400719213812,
+                                     -745.0, -745.1332191019411, -745.1332191019412, -745.2,
+                                     -746.0, -1e4, -1e308, -DBL_MAX, -INFINITY};
+    for (size_t i = 0; i < KVPT_COUNT_OF(special); i++) {
+        x[n++] = special[i];
+    }
+    x[n++] = KVPI_EXP_MIN;
+    x[n++] = nextafter(KVPI_EXP_MIN, 0.0);
+    x[n++] = nextafter(KVPI_EXP_MIN, -INFINITY);
+    return n;
+}
+
+#define EXP_INPUTS (EXP_GRID + 1 + 2 * 1075 + 32)
+
+static void test_kernels_exp_matches_scalar_and_libm(void **state)
+{
+    (void)state;
+    const kvpi_kernels *levels[KVPI_ISA_COUNT];
+    size_t nlevels = test_levels(levels);
+    double *x = kvpt_doubles(EXP_INPUTS);
+    double *expect = kvpt_doubles(EXP_INPUTS);
+    double *got = kvpt_doubles(EXP_INPUTS + 8);
+    size_t n = exp_inputs(x);
+    assert_true(n <= EXP_INPUTS);
+    kvpi_kernels_scalar.exps(x, expect, n);
+
+    /* The documented bound against libm, and the exact values the softmax relies on. */
+    int64_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(same_bits(expect[i], kvpi_exp(x[i])));
+        int64_t ulps = llabs(ordered(expect[i]) - ordered(exp(x[i])));
+        if (ulps > KVPI_EXP_MAX_ULP) {
+            print_error("exp(%a) = %a, libm %a: %lld ulp\n", x[i], expect[i], exp(x[i]),
+                        (long long)ulps);
+            fail();
+        }
+        worst = ulps > worst ? ulps : worst;
+        if (x[i] < KVPI_EXP_MIN) {
+            assert_true(same_bits(expect[i], 0.0)); /* +0, never -0 or garbage */
+        }
+    }
+    assert_true(same_bits(kvpi_exp(0.0), 1.0));
+    assert_true(same_bits(kvpi_exp(-0.0), 1.0));
+    assert_true(same_bits(kvpi_exp(-INFINITY), 0.0));
+    assert_true(same_bits(kvpi_exp(-0x1p-1074), 1.0));
+    assert_true(same_bits(kvpi_exp(-745.0), 0x1p-1074)); /* libm's too: a subnormal */
+    assert_true(same_bits(kvpi_exp(-1.0), exp(-1.0)));
+    printf("# exp: %zu inputs, at most %lld ulp from libm (bound %d)\n", n, (long long)worst,
+           KVPI_EXP_MAX_ULP);
+
+    /* Every level gives the portable bits, at every alignment and tail length. */
+    for (size_t l = 0; l < nlevels; l++) {
+        for (size_t o = 0; o < 4; o++) {
+            memset(got, 0xff, (EXP_INPUTS + 8) * sizeof *got);
+            levels[l]->exps(x, got + o, n);
+            assert_memory_equal(got + o, expect, n * sizeof *got);
+            assert_true(same_bits(got[o + n], got[EXP_INPUTS + 7])); /* nothing past n */
+        }
+        for (size_t len = 0; len <= 19; len++) {
+            for (size_t from = 0; from + len <= n; from += 9973) {
+                levels[l]->exps(x + from, got + 1, len);
+                assert_memory_equal(got + 1, expect + from, len * sizeof *got);
+            }
+        }
+    }
+    free(x);
+    free(expect);
+    free(got);
+}
+
+/* The documented sum of e[0..n): eight lane sums in increasing f, the tree, then the tail. */
+static double documented_sum(const double *e, size_t n)
+{
+    double s[8] = {0};
+    size_t n8 = n / 8 * 8;
+    for (size_t f = 0; f < n8; f++) {
+        s[f % 8] = s[f % 8] + e[f];
+    }
+    double sum = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+    for (size_t f = n8; f < n; f++) {
+        sum = sum + e[f];
+    }
+    return sum;
+}
+
+static void test_kernels_softmax_same_bits_at_every_level(void **state)
+{
+    (void)state;
+    enum { LONGEST = 8193 };
+    static const size_t lengths[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 64, 100, 1024, LONGEST};
+    const kvpi_kernels *levels[KVPI_ISA_COUNT];
+    size_t nlevels = test_levels(levels);
+    double *scores = kvpt_doubles(LONGEST + 1);
+    double *expect = kvpt_doubles(LONGEST + 1);
+    double *got = kvpt_doubles(LONGEST + 1);
+    double *e = kvpt_doubles(LONGEST);
+    for (size_t c = 0; c < KVPT_COUNT_OF(lengths); c++) {
+        for (size_t spread = 0; spread < 3; spread++) {
+            size_t n = lengths[c];
+            size_t o = c % 2;
+            for (size_t i = 0; i < n; i++) {
+                scores[o + i] = unit() * (spread == 0 ? 1.0 : spread == 1 ? 40.0 : 400.0);
+            }
+            if (spread == 2 && n > 2) {
+                scores[o + n / 2] = 1e308;   /* the maximum ... */
+                scores[o + n - 1] = -1e308;  /* ... minus this is -inf: exp gives +0 */
+                scores[o] = -0.0;
+            }
+            double max = scores[o];
+            size_t at = 0;
+            for (size_t i = 1; i < n; i++) {
+                if (scores[o + i] > max) {
+                    max = scores[o + i];
+                    at = i;
+                }
+            }
+            /* The portable exp, the documented order, then the division. */
+            for (size_t i = 0; i < n; i++) {
+                e[i] = kvpi_exp(scores[o + i] - max);
+            }
+            assert_true(same_bits(e[at], 1.0)); /* the maximum contributes exactly 1 */
+            double sum = documented_sum(e, n);
+            for (size_t i = 0; i < n; i++) {
+                expect[i] = e[i] / sum;
+            }
+            for (size_t l = 0; l < nlevels; l++) {
+                memcpy(got + o, scores + o, n * sizeof *got);
+                assert_true(same_bits(levels[l]->exp_sum(got + o, n, max), sum));
+                assert_memory_equal(got + o, e, n * sizeof *got);
+                assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
+                memcpy(got + o, scores + o, n * sizeof *got);
+                kvpi_softmax(got + o, n);
+                if (memcmp(got + o, expect, n * sizeof *got) != 0) {
+                    print_error("level %s: softmax of %zu scores (spread %zu) differs\n",
+                                levels[l]->name, n, spread);
+                    fail();
+                }
+            }
+            double total = 0.0;
+            for (size_t i = 0; i < n; i++) {
+                assert_true(expect[i] >= 0.0 && expect[i] <= 1.0);
+                total += expect[i];
+            }
+            assert_true(fabs(total - 1.0) <= (double)n * DBL_EPSILON);
+        }
+    }
+    free(scores);
+    free(expect);
+    free(got);
+    free(e);
+}
+
+/* ---- RoPE tables ------------------------------------------------------------------- */
+
+/* theta_i, written out as the rotation always computed it. */
+static double direct_theta(double base, size_t width, size_t i)
+{
+    double w = (double)width;
+    return pow(base, -(double)(2 * i) / w);
+}
+
+/* a and b rotated by the layer (table or thetas) equal the direct rotation, bit for bit. */
+static void expect_layer_rope_direct(const kvp_layer *layer, size_t position)
+{
+    size_t hd = layer->head_width;
+    size_t count = 2 * layer->heads + 1;
+    double *a = kvpt_doubles(count * hd);
+    double *b = kvpt_doubles(count * hd);
+    double *direct = kvpt_doubles(count * hd);
+    fill(a, count * hd);
+    fill(b, count * hd);
+    memcpy(direct, a, count * hd * sizeof *direct);
+    kvpi_rope_apply_rows(&layer->rope, direct, hd, count, position);
+    double *one = kvpt_doubles(hd);
+    memcpy(one, b + hd, hd * sizeof *one);
+    kvp_error err;
+    kvpt_assert_ok(kvp_rope_rotate(&layer->rope, one, position, &err), &err);
+    kvpi_layer_rope(layer, a, b, count, position);
+    assert_memory_equal(a, direct, count * hd * sizeof *a);
+    assert_memory_equal(b + hd, one, hd * sizeof *one); /* the public rotation too */
+    kvpi_layer_rope(layer, direct, NULL, count, position);
+    kvpi_rope_apply_rows(&layer->rope, a, hd, count, position);
+    assert_memory_equal(a, direct, count * hd * sizeof *a);
+    free(a);
+    free(b);
+    free(direct);
+    free(one);
+}
+
+static void test_kernels_rope_table_matches_formulas(void **state)
+{
+    (void)state;
+    typedef struct rope_case {
+        size_t width, heads, positions;
+        double base;
+    } rope_case;
+    static const rope_case cases[] = {
+        {4, 2, 8, 10000.0}, {16, 2, 64, 10000.0}, {12, 3, 33, 0.5}, {128, 1, 100, 1e6},
+    };
+    for (size_t c = 0; c < KVPT_COUNT_OF(cases); c++) {
+        const rope_case *rc = &cases[c];
+        kvp_layer *layer = kvpt_random_layer(rc->width, rc->heads, rc->positions, rc->base, 3);
+        size_t hd = rc->width / rc->heads;
+        size_t half = hd / 2;
+        assert_non_null(layer->rope_table);
+        for (size_t i = 0; i < half; i++) {
+            assert_true(same_bits(layer->rope_theta[i], direct_theta(rc->base, hd, i)));
+        }
+        for (size_t p = 0; p < rc->positions; p++) {
+            for (size_t i = 0; i < half; i++) {
+                double angle = (double)p * direct_theta(rc->base, hd, i);
+                assert_true(same_bits(layer->rope_table[(p * half + i) * 2], cos(angle)));
+                assert_true(same_bits(layer->rope_table[(p * half + i) * 2 + 1], sin(angle)));
+            }
+        }
+        for (size_t p = 0; p < rc->positions; p += 1 + p / 3) {
+            expect_layer_rope_direct(layer, p);
+        }
+        expect_layer_rope_direct(layer, rc->positions - 1);
+        kvpt_destroy_layer(layer);
+    }
+
+    /* The cap: 8192 positions of d_h = 64 take 4 MiB and get a table; one more does not. */
+    size_t base_bytes = sizeof(struct kvp_layer) + 32 * sizeof(double);
+    assert_int_equal(kvpi_layer_alloc_bytes(64, 8192), base_bytes + 8192 * 64 * sizeof(double));
+    assert_int_equal(8192 * 64 * sizeof(double), KVPI_ROPE_TABLE_MAX_BYTES);
+    assert_int_equal(kvpi_layer_alloc_bytes(64, 8193), base_bytes);
+    assert_int_equal(kvpi_layer_alloc_bytes(2, SIZE_MAX), sizeof(struct kvp_layer) + 8);
+    kvp_layer *wide = kvpt_random_layer(64, 1, 8193, 10000.0, 4);
+    assert_null(wide->rope_table);
+    for (size_t i = 0; i < 32; i++) {
+        assert_true(same_bits(wide->rope_theta[i], direct_theta(10000.0, 64, i)));
+    }
+    expect_layer_rope_direct(wide, 0);
+    expect_layer_rope_direct(wide, 1);
+    expect_layer_rope_direct(wide, 8192);
+    kvpt_destroy_layer(wide);
+    kvp_layer *endless = kvpt_random_layer(4, 2, SIZE_MAX, 10000.0, 5);
+    assert_null(endless->rope_table);
+    expect_layer_rope_direct(endless, 7);
+    expect_layer_rope_direct(endless, (size_t)1 << 40);
+    kvpt_destroy_layer(endless);
+}
+
+/* With a table or without (above the cap), attention gives the same bits, at every level. */
+static void test_kernels_attention_same_bits_with_and_without_table(void **state)
+{
+    (void)state;
+    static const geometry cases[] = {{1, 2, 64, 16, 40}, {2, 3, 14, 3, 29}};
+    const kvpi_kernels *levels[KVPI_ISA_COUNT];
+    size_t nlevels = test_levels(levels);
+    for (size_t c = 0; c < KVPT_COUNT_OF(cases); c++) {
+        const geometry *g = &cases[c];
+        size_t d = g->heads * g->head_width;
+        size_t rows = g->batch * g->capacity * d;
+        /* Enough positions that the table would pass the cap. */
+        size_t untabled = KVPI_ROPE_TABLE_MAX_BYTES / sizeof(double) / g->head_width + 1;
+        double *out = kvpt_doubles(rows);
+        double *ref = kvpt_doubles(rows);
+        double *out2 = kvpt_doubles(rows);
+        double *ref2 = kvpt_doubles(rows);
+        for (size_t l = 0; l < nlevels; l++) {
+            assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
+            run_both_ways(g, g->capacity, 900 + c, out, ref);
+            run_both_ways(g, untabled, 900 + c, out2, ref2);
+            assert_memory_equal(out, out2, rows * sizeof(double));
+            assert_memory_equal(ref, ref2, rows * sizeof(double));
+        }
+        free(out);
+        free(ref);
+        free(out2);
+        free(ref2);
     }
 }
 
@@ -591,6 +894,11 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_kernels_gather_same_bits_across_blocks_and_levels,
                                   restore_level),
         cmocka_unit_test_teardown(test_kernels_attention_exact_at_every_level, restore_level),
+        cmocka_unit_test_teardown(test_kernels_exp_matches_scalar_and_libm, restore_level),
+        cmocka_unit_test_teardown(test_kernels_softmax_same_bits_at_every_level, restore_level),
+        cmocka_unit_test(test_kernels_rope_table_matches_formulas),
+        cmocka_unit_test_teardown(test_kernels_attention_same_bits_with_and_without_table,
+                                  restore_level),
         cmocka_unit_test_teardown(test_kernels_env_override_and_fallback, restore_level),
         cmocka_unit_test_teardown(test_kernels_threads_share_the_table, restore_level),
     };

@@ -834,7 +834,8 @@ static void test_layer_fault_sweep_layer_create(void **state)
             break;
         }
         failures++;
-        assert_step_failed(&s, nth, KVPI_SITE_LAYER, "attention layer", sizeof(struct kvp_layer));
+        assert_step_failed(&s, nth, KVPI_SITE_LAYER, "attention layer",
+                           kvpi_layer_alloc_bytes(2, MAX_POSITIONS));
         assert_ptr_equal(layer, (kvp_layer *)0x1);
     }
     assert_int_equal(failures, 1);
@@ -875,7 +876,7 @@ static void test_layer_fault_sweep_layer_create_random(void **state)
         assert_true(nth <= KVPT_COUNT_OF(sites));
         kvpi_fault_site site = sites[nth - 1];
         size_t bytes = site == KVPI_SITE_SCRATCH ? D * D * sizeof(double)
-                       : site == KVPI_SITE_LAYER ? sizeof(struct kvp_layer)
+                       : site == KVPI_SITE_LAYER ? kvpi_layer_alloc_bytes(D / 2, MAX_POSITIONS)
                                                  : s.err.bytes;
         assert_true(bytes >= D * D * sizeof(double) || site == KVPI_SITE_LAYER);
         assert_step_failed(&s, nth, site, kvpi_fault_site_name(site), bytes);

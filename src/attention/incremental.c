@@ -131,8 +131,7 @@ static kvp_status project(const kvp_layer *layer, const double *input, size_t ba
     }
     /* [B, D] rows are [B * H] head vectors of d_h, all at `position`. */
     size_t vectors = batch * layer->heads;
-    kvpi_rope_apply_rows(&layer->rope, t->query, layer->head_width, vectors, position);
-    kvpi_rope_apply_rows(&layer->rope, t->key, layer->head_width, vectors, position);
+    kvpi_layer_rope(layer, t->query, t->key, vectors, position);
     return KVP_OK;
 }
 

@@ -3,11 +3,11 @@
  * full-prefix reference, so both perform the same operations in the same
  * order and agree to the last bit wherever their inputs agree.
  *
- * Owns: projections, dot products, axpy, the stable softmax, and RoPE
+ * Owns: projections, dot products, axpy, exp, the stable softmax, and RoPE
  * rotation without checks. Pure functions; callers validate sizes.
  * Callers: src/attention, src/serve (projections), bench/ and tests/.
  *
- * Dot products and axpy come from one function table (dispatch.c) filled
+ * Dot products, axpy and exp come from one function table (dispatch.c) filled
  * once with the best level the CPU has: AVX-512F, AVX2, or portable C
  * (kernels_scalar.c, the reference every other level is tested against).
  * KVP_ISA=scalar|avx2|avx512 forces a level.
@@ -26,11 +26,18 @@
  *     For n < 8 this is the plain left-to-right sum.
  *   - axpy over several rows adds row by row in the rows' order, so it equals
  *     one axpy per row.
+ *   - exp is kvpi_exp below, lane by lane: the same operations in the same
+ *     order, each one IEEE-rounded (add, sub, mul, div), so every level gives
+ *     its bits. The softmax's sum of exps uses the dot product's order (eight
+ *     lane sums, the same tree, then the tail), whatever the level.
  */
 #ifndef KVPAGER_ATTENTION_KERNELS_H
 #define KVPAGER_ATTENTION_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kvpager/types.h"
 
@@ -56,6 +63,13 @@ typedef struct kvpi_kernels {
     /* axpy(acc, weights[r], rows + r * stride, n) for r = 0 .. count-1, in order. */
     void (*axpy_rows)(double *acc, const double *weights, const double *rows, size_t stride,
                       size_t count, size_t n);
+    /* y[i] = kvpi_exp(x[i]) for i < n; x[i] <= 0 (or -inf), never NaN. */
+    void (*exps)(const double *x, double *y, size_t n);
+    /*
+     * s[i] = kvpi_exp(s[i] - shift) for i < n, where every s[i] - shift <= 0;
+     * returns the sum of the new s[i] in the dot product's order (kernels.h).
+     */
+    double (*exp_sum)(double *s, size_t n, double shift);
 } kvpi_kernels;
 
 /* The active level: chosen once (thread-safe), from the CPU and KVP_ISA. Never NULL. */
@@ -106,6 +120,71 @@ static inline double kvpi_dot_finish(const double s[8], const double *a, const d
     return sum;
 }
 
+/* The tree of the summation order above over eight lane sums. */
+static inline double kvpi_sum_tree(const double s[8])
+{
+    double t0 = s[0] + s[4];
+    double t1 = s[1] + s[5];
+    double t2 = s[2] + s[6];
+    double t3 = s[3] + s[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+/*
+ * exp for the softmax's domain, x <= 0 (and -inf), shared by every level.
+ * fdlibm's e_exp.c (Sun, 1993) without its branches: k = round(x / ln 2) by
+ * the 1.5 * 2^52 shift, x = k ln2_hi + (k ln2_lo + r) with k ln2_hi exact
+ * (ln2_hi has 32 significant bits, |k| <= 1075), exp(r) by fdlibm's rational
+ * form of a degree-5 Remez polynomial, then two exact-or-final scalings,
+ * 2^(k + 540) (exact: the product stays normal) and 2^-540 (the one rounding
+ * of a subnormal result). No fused multiply-add, no table.
+ *   - Error against the exact exp: below 1 ulp (fdlibm's bound); against
+ *     glibc's exp, at most KVPI_EXP_MAX_ULP ulp over [-745.2, 0], tested
+ *     (tests/test_kernels.c) on a dense grid.
+ *   - kvpi_exp(0) == kvpi_exp(-0) == 1 exactly, so a softmax's maximum
+ *     contributes exactly 1; subnormal results are rounded once; x below
+ *     KVPI_EXP_MIN (about -745.133, where exp(x) < 2^-1075) and -inf give +0.
+ * Vector levels follow the same steps, with max(x, KVPI_EXP_MIN) in place of
+ * x and the lanes below KVPI_EXP_MIN set to +0 at the end.
+ */
+#define KVPI_EXP_MIN (-0x1.74910d52d3051p+9)
+#define KVPI_EXP_MAX_ULP 1
+#define KVPI_EXP_INV_LN2 0x1.71547652b82fep+0
+#define KVPI_EXP_SHIFT 0x1.8p+52 /* x * inv_ln2 + SHIFT rounds to k in the low bits */
+#define KVPI_EXP_LN2_HI 0x1.62e42feep-1
+#define KVPI_EXP_LN2_LO 0x1.a39ef35793c76p-33
+#define KVPI_EXP_P1 0x1.555555555553ep-3
+#define KVPI_EXP_P2 (-0x1.6c16c16bebd93p-9)
+#define KVPI_EXP_P3 0x1.1566aaf25de2cp-14
+#define KVPI_EXP_P4 (-0x1.bbd41c5d26bf1p-20)
+#define KVPI_EXP_P5 0x1.6376972bea4d0p-25
+/* Added to the bits of x * inv_ln2 + SHIFT (low bits k): low 12 bits k + 540 + 1023. */
+#define KVPI_EXP_BIAS 1563
+#define KVPI_EXP_DOWN 0x1p-540
+
+static inline double kvpi_exp(double x)
+{
+    if (!(x >= KVPI_EXP_MIN)) {
+        return 0.0;
+    }
+    double shifted = x * KVPI_EXP_INV_LN2 + KVPI_EXP_SHIFT;
+    double k = shifted - KVPI_EXP_SHIFT;
+    uint64_t bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    bits = (bits + KVPI_EXP_BIAS) << 52; /* 2^(k + 540) */
+    double up;
+    memcpy(&up, &bits, sizeof up);
+    double hi = x - k * KVPI_EXP_LN2_HI;
+    double lo = k * KVPI_EXP_LN2_LO;
+    double r = hi - lo;
+    double t = r * r;
+    double c = r - t * (KVPI_EXP_P1 +
+                        t * (KVPI_EXP_P2 + t * (KVPI_EXP_P3 + t * (KVPI_EXP_P4 +
+                                                                   t * KVPI_EXP_P5))));
+    double y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi);
+    return (y * up) * KVPI_EXP_DOWN;
+}
+
 /* The dot product of a[0..n) and b[0..n), in the order above. */
 static inline double kvpi_dot(const double *a, const double *b, size_t n)
 {
@@ -121,17 +200,46 @@ static inline void kvpi_axpy(double *acc, double weight, const double *v, size_t
 /* y[0..width) = x[0..width) W, W row-major width x width; summed over i in order. */
 void kvpi_project_row(const double *x, const double *w, size_t width, double *y);
 
-/* In place: s[i] = exp(s[i] - max) / sum. Requires finite input, n >= 1. */
+/*
+ * In place: s[i] = kvpi_exp(s[i] - max) / sum, the sum in the dot product's
+ * order (the active level's exp_sum). Requires finite input, n >= 1.
+ */
 void kvpi_softmax(double *s, size_t n);
+
+/*
+ * RoPE's frequency of pair i: theta_i = base^(-2i / width), the one formula
+ * every RoPE path uses (rotation, the layers' tables, validation).
+ */
+static inline double kvpi_rope_theta(double base, size_t width, size_t i)
+{
+    return pow(base, -(double)(2 * i) / (double)width);
+}
 
 /*
  * Rotates the first rope->feature_width features of `count` vectors that
  * start `stride` doubles apart, all at `position`; the caller checked the
  * range. Each pair's angle, cos and sin are computed once per call and used
- * for every vector: theta_i = base^(-2i / width), angle = position * theta_i.
+ * for every vector: theta_i = kvpi_rope_theta, angle = (double)position *
+ * theta_i, then cos(angle), sin(angle). Every other RoPE function gives the
+ * bits of this one.
  */
 void kvpi_rope_apply_rows(const kvp_rope_config *rope, double *rows, size_t stride, size_t count,
                           size_t position);
+
+/*
+ * The same rotation of `count` vectors of `a` and, unless NULL, of `b`, with
+ * the pairs' thetas given (theta[i] = kvpi_rope_theta) for `half` pairs:
+ * each pair's cos and sin computed once per call.
+ */
+void kvpi_rope_apply_thetas(const double *theta, size_t half, double *a, double *b,
+                            size_t stride, size_t count, size_t position);
+
+/* The same rotation with cos_sin[2i], cos_sin[2i + 1] the pair's cos and sin at the position. */
+void kvpi_rope_apply_table(const double *cos_sin, size_t half, double *rows, size_t stride,
+                           size_t count);
+
+/* table[(p * half + i) * 2 + {0, 1}] = cos, sin of (double)p * theta[i], p < positions. */
+void kvpi_rope_fill_table(const double *theta, size_t half, size_t positions, double *table);
 
 /* kvpi_rope_apply_rows for one vector. */
 static inline void kvpi_rope_apply(const kvp_rope_config *rope, double *features,

@@ -162,6 +162,69 @@ static void avx2_axpy_rows(double *acc, const double *weights, const double *row
     }
 }
 
+/* kvpi_exp of four lanes: its steps in its order (kernels.h). */
+static inline __m256d exp4(__m256d x)
+{
+    __m256d min = _mm256_set1_pd(KVPI_EXP_MIN);
+    __m256d shift = _mm256_set1_pd(KVPI_EXP_SHIFT);
+    __m256d xc = _mm256_max_pd(x, min);
+    __m256d shifted = _mm256_add_pd(_mm256_mul_pd(xc, _mm256_set1_pd(KVPI_EXP_INV_LN2)), shift);
+    __m256d k = _mm256_sub_pd(shifted, shift);
+    __m256i bits = _mm256_add_epi64(_mm256_castpd_si256(shifted),
+                                    _mm256_set1_epi64x(KVPI_EXP_BIAS));
+    __m256d up = _mm256_castsi256_pd(_mm256_slli_epi64(bits, 52));
+    __m256d hi = _mm256_sub_pd(xc, _mm256_mul_pd(k, _mm256_set1_pd(KVPI_EXP_LN2_HI)));
+    __m256d lo = _mm256_mul_pd(k, _mm256_set1_pd(KVPI_EXP_LN2_LO));
+    __m256d r = _mm256_sub_pd(hi, lo);
+    __m256d t = _mm256_mul_pd(r, r);
+    __m256d p = _mm256_add_pd(_mm256_set1_pd(KVPI_EXP_P4),
+                              _mm256_mul_pd(t, _mm256_set1_pd(KVPI_EXP_P5)));
+    p = _mm256_add_pd(_mm256_set1_pd(KVPI_EXP_P3), _mm256_mul_pd(t, p));
+    p = _mm256_add_pd(_mm256_set1_pd(KVPI_EXP_P2), _mm256_mul_pd(t, p));
+    p = _mm256_add_pd(_mm256_set1_pd(KVPI_EXP_P1), _mm256_mul_pd(t, p));
+    __m256d c = _mm256_sub_pd(r, _mm256_mul_pd(t, p));
+    __m256d q = _mm256_div_pd(_mm256_mul_pd(r, c), _mm256_sub_pd(_mm256_set1_pd(2.0), c));
+    __m256d y = _mm256_sub_pd(_mm256_set1_pd(1.0), _mm256_sub_pd(_mm256_sub_pd(lo, q), hi));
+    __m256d e = _mm256_mul_pd(_mm256_mul_pd(y, up), _mm256_set1_pd(KVPI_EXP_DOWN));
+    return _mm256_and_pd(e, _mm256_cmp_pd(x, min, _CMP_GE_OQ));
+}
+
+static void avx2_exps(const double *x, double *y, size_t n)
+{
+    size_t f = 0;
+    for (; f + 4 <= n; f += 4) {
+        _mm256_storeu_pd(y + f, exp4(_mm256_loadu_pd(x + f)));
+    }
+    for (; f < n; f++) {
+        y[f] = kvpi_exp(x[f]);
+    }
+}
+
+/* Lanes 0-3 of the eight lane sums in lo, 4-7 in hi, as avx2_dot keeps them. */
+static double avx2_exp_sum(double *s, size_t n, double shift)
+{
+    __m256d sh = _mm256_set1_pd(shift);
+    __m256d lo = _mm256_setzero_pd();
+    __m256d hi = _mm256_setzero_pd();
+    size_t f = 0;
+    for (; f + 8 <= n; f += 8) {
+        __m256d e0 = exp4(_mm256_sub_pd(_mm256_loadu_pd(s + f), sh));
+        __m256d e1 = exp4(_mm256_sub_pd(_mm256_loadu_pd(s + f + 4), sh));
+        _mm256_storeu_pd(s + f, e0);
+        _mm256_storeu_pd(s + f + 4, e1);
+        lo = _mm256_add_pd(lo, e0);
+        hi = _mm256_add_pd(hi, e1);
+    }
+    __m128d u = half_sums(_mm256_add_pd(lo, hi));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+    for (; f < n; f++) {
+        s[f] = kvpi_exp(s[f] - shift);
+        sum += s[f];
+    }
+    return sum;
+}
+
 const kvpi_kernels kvpi_kernels_avx2 = {
-    KVPI_ISA_AVX2, "avx2", avx2_dot, avx2_dot_rows, avx2_axpy, avx2_axpy_rows,
+    KVPI_ISA_AVX2,  "avx2",    avx2_dot, avx2_dot_rows, avx2_axpy, avx2_axpy_rows,
+    avx2_exps, avx2_exp_sum,
 };

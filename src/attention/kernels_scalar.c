@@ -43,6 +43,32 @@ static void scalar_axpy_rows(double *acc, const double *weights, const double *r
     }
 }
 
+static void scalar_exps(const double *x, double *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        y[i] = kvpi_exp(x[i]);
+    }
+}
+
+static double scalar_exp_sum(double *s, size_t n, double shift)
+{
+    double lanes[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    size_t f = 0;
+    for (; f + 8 <= n; f += 8) {
+        for (size_t l = 0; l < 8; l++) {
+            s[f + l] = kvpi_exp(s[f + l] - shift);
+            lanes[l] += s[f + l];
+        }
+    }
+    double sum = kvpi_sum_tree(lanes);
+    for (; f < n; f++) {
+        s[f] = kvpi_exp(s[f] - shift);
+        sum += s[f];
+    }
+    return sum;
+}
+
 const kvpi_kernels kvpi_kernels_scalar = {
-    KVPI_ISA_SCALAR, "scalar", scalar_dot, scalar_dot_rows, scalar_axpy, scalar_axpy_rows,
+    KVPI_ISA_SCALAR, "scalar",       scalar_dot,     scalar_dot_rows, scalar_axpy,
+    scalar_axpy_rows, scalar_exps, scalar_exp_sum,
 };

@@ -2,7 +2,8 @@
  * layer.c: attention layers, their construction and their binding
  * (see kvpager/layer.h).
  *
- * Owns: one reference to each of the layer's four parameters.
+ * Owns: one reference to each of the layer's four parameters, and the
+ * layer's RoPE thetas and table (layer_internal.h), in the same allocation.
  * Callers: the public API; attention sources read struct kvp_layer through
  * layer_internal.h.
  */
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "kvpager/rope.h"
+#include "attention/kernels.h"
 #include "pager/alloc.h"
 #include "pager/error.h"
 
@@ -50,6 +52,36 @@ static kvp_status validate_layer(kvp_param *const params[KVP_PARAM_COUNT], size_
     return status;
 }
 
+/* Whether max_positions x head_width doubles fit KVPI_ROPE_TABLE_MAX_BYTES. */
+static int table_fits(size_t head_width, size_t max_positions)
+{
+    return max_positions <= KVPI_ROPE_TABLE_MAX_BYTES / sizeof(double) / head_width;
+}
+
+size_t kvpi_layer_alloc_bytes(size_t head_width, size_t max_positions)
+{
+    size_t doubles = head_width / 2;
+    if (table_fits(head_width, max_positions)) {
+        doubles += max_positions * head_width;
+    }
+    return sizeof(kvp_layer) + doubles * sizeof(double);
+}
+
+void kvpi_layer_rope(const kvp_layer *layer, double *a, double *b, size_t count,
+                     size_t position)
+{
+    size_t hd = layer->head_width;
+    if (layer->rope_table == NULL) {
+        kvpi_rope_apply_thetas(layer->rope_theta, hd / 2, a, b, hd, count, position);
+        return;
+    }
+    const double *cos_sin = layer->rope_table + position * hd;
+    kvpi_rope_apply_table(cos_sin, hd / 2, a, hd, count);
+    if (b != NULL) {
+        kvpi_rope_apply_table(cos_sin, hd / 2, b, hd, count);
+    }
+}
+
 kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key, kvp_param *w_value,
                             kvp_param *w_output, size_t heads, size_t max_positions,
                             double rope_base, kvp_layer **out, kvp_error *err)
@@ -64,10 +96,12 @@ kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key, kvp_param *w_v
     if (status != KVP_OK) {
         return status;
     }
-    kvp_layer *layer = kvpi_calloc(KVPI_SITE_LAYER, 1, sizeof *layer);
+    size_t bytes = kvpi_layer_alloc_bytes(head_width, max_positions);
+    kvp_layer *layer = kvpi_alloc(KVPI_SITE_LAYER, bytes);
     if (layer == NULL) {
-        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_LAYER), sizeof *layer);
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_LAYER), bytes);
     }
+    memset(layer, 0, sizeof *layer);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         (void)kvp_param_retain(params[i], NULL); /* cannot fail: checked non-NULL */
         layer->params[i] = params[i];
@@ -76,6 +110,16 @@ kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key, kvp_param *w_v
     layer->heads = heads;
     layer->head_width = head_width;
     layer->rope = (kvp_rope_config){head_width, max_positions, rope_base};
+    size_t half = head_width / 2;
+    double *theta = layer->rope_data;
+    for (size_t i = 0; i < half; i++) {
+        theta[i] = kvpi_rope_theta(rope_base, head_width, i);
+    }
+    layer->rope_theta = theta;
+    if (table_fits(head_width, max_positions)) {
+        kvpi_rope_fill_table(theta, half, max_positions, theta + half);
+        layer->rope_table = theta + half;
+    }
     *out = layer;
     return KVP_OK;
 }

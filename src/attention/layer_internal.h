@@ -4,6 +4,15 @@
  * Invariants: model_width == heads * head_width; every params[i] is a
  * model_width x model_width parameter the layer holds one reference to;
  * rope.feature_width == head_width and rope is valid.
+ *
+ * The layer's RoPE angles live in the layer's own allocation, written once
+ * at creation and only read afterwards (so threads share them freely):
+ * rope_theta[i] = base^(-2i / d_h) for i < d_h / 2, and, when it takes at
+ * most KVPI_ROPE_TABLE_MAX_BYTES, rope_table[(p * d_h / 2 + i) * 2 + {0, 1}]
+ * = cos, sin of (double)p * rope_theta[i] for every p < max_positions;
+ * above that cap rope_table is NULL and each rotation computes cos and sin
+ * once per call (per position, for every head and lane). Either way the
+ * bits are those of kvpi_rope_apply_rows: the same formulas, the same libm.
  * Callers: src/attention and src/serve (models own layers).
  */
 #ifndef KVPAGER_ATTENTION_LAYER_INTERNAL_H
@@ -17,9 +26,29 @@ struct kvp_layer {
     size_t heads;
     size_t head_width;
     kvp_rope_config rope;
+    const double *rope_theta; /* [d_h / 2], in rope_data */
+    const double *rope_table; /* [max_positions][d_h / 2][cos, sin] in rope_data, or NULL */
+    double rope_data[];
 };
+
+/* The largest RoPE table a layer keeps: 4 MiB (8192 positions at d_h = 64). */
+#define KVPI_ROPE_TABLE_MAX_BYTES ((size_t)4 << 20)
+
+/*
+ * The bytes of a layer's one allocation: the struct, its thetas and, within
+ * the cap, its table. head_width is even and nonzero.
+ */
+size_t kvpi_layer_alloc_bytes(size_t head_width, size_t max_positions);
 
 /* kvp_layer_binding for a layer known to exist: cannot fail. */
 void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out);
+
+/*
+ * Rotates `count` vectors of d_h features each of `a` and, unless NULL, of
+ * `b` (packed, head_width apart) at `position` < max_positions, with the
+ * layer's table or its thetas: the bits of kvpi_rope_apply_rows.
+ */
+void kvpi_layer_rope(const kvp_layer *layer, double *a, double *b, size_t count,
+                     size_t position);
 
 #endif /* KVPAGER_ATTENTION_LAYER_INTERNAL_H */

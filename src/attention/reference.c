@@ -197,7 +197,6 @@ kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *inp
     size_t batch = input->shape.dims[0];
     size_t tokens = input->shape.dims[1];
     size_t d = layer->model_width;
-    size_t hd = layer->head_width;
     size_t rows = batch * tokens * d;
     /* q, k, v and out rows, one token's row of every lane, scores, one merged row. */
     size_t score_doubles = batch * layer->heads * tokens;
@@ -228,8 +227,7 @@ kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *inp
         }
         for (size_t b = 0; b < batch; b++) {
             size_t at = (b * tokens + t) * d;
-            kvpi_rope_apply_rows(&layer->rope, s.q + at, hd, layer->heads, t);
-            kvpi_rope_apply_rows(&layer->rope, s.k + at, hd, layer->heads, t);
+            kvpi_layer_rope(layer, s.q + at, s.k + at, layer->heads, t);
         }
         status = reference_token(layer, &s, batch, tokens, t, err);
     }

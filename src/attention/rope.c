@@ -19,7 +19,7 @@
 static int angles_finite(const kvp_rope_config *rope)
 {
     size_t last = rope->base < 1.0 ? rope->feature_width / 2 - 1 : 0;
-    double theta = pow(rope->base, -(double)(2 * last) / (double)rope->feature_width);
+    double theta = kvpi_rope_theta(rope->base, rope->feature_width, last);
     double angle = (double)(rope->max_positions - 1) * theta;
     return isfinite(theta) && isfinite(angle);
 }
