@@ -497,11 +497,14 @@ typedef struct memory_part {
  * Step 2d: what the run will hold at most, against physical memory. The parts
  * are the library's own sizes: the page slab (the budget) and its metadata
  * (12 bytes per page); the model (4 D x D parameters per layer, plus one
- * more while a layer is made); per sequence, one ticket per layer (5 D +
+ * more while a layer is made, and RoPE tables); per sequence, one ticket per layer (5 D +
  * heads x capacity doubles), page tables and activations; the prompt buffer
  * (capacity x D doubles); the request list. At most min(requests, pages /
  * layers) sequences exist at once, since each holds a page per layer.
  */
+/* The largest RoPE cos/sin table a layer keeps (the library's cap). */
+#define ROPE_TABLE_CAP_BYTES ((size_t)4 << 20)
+
 static void check_memory(options *o, size_t requests, size_t page_bytes, problems *p)
 {
     const kvp_sim_config *c = &o->sim;
@@ -524,9 +527,13 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, problem
     sequences = sequences < requests ? sequences : requests;
     sequences = sequences > 0 ? sequences : 1;
     int overflow = 0;
-    /* model: (4 L + 1) D^2 doubles */
+    /* model: (4 L + 1) D^2 doubles, and each layer's RoPE table of capacity x d_h
+     * doubles (the library caps one at 4 MiB), twice while the model is made */
     size_t model = mul(add(mul(4, c->layers, &overflow), 1, &overflow),
                        mul(mul(d, d, &overflow), sizeof(double), &overflow), &overflow);
+    size_t rope = mul(mul(c->capacity, d / c->heads, &overflow), sizeof(double), &overflow);
+    rope = overflow || rope > ROPE_TABLE_CAP_BYTES ? ROPE_TABLE_CAP_BYTES : rope;
+    model = add(model, mul(mul(2, c->layers, &overflow), rope, &overflow), &overflow);
     /* per layer of a sequence: a ticket of 5 D + heads x capacity doubles, page tables */
     size_t ticket = mul(add(mul(c->heads, c->capacity, &overflow), mul(5, d, &overflow),
                             &overflow),
