@@ -34,7 +34,6 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,28 +179,9 @@ static void bench_usage(FILE *out)
 
 /* ---- command line ------------------------------------------------------------ */
 
-typedef struct problems {
-    char line[512];
-    int found;
-} problems;
-
-static void problem(problems *p, const char *format, ...) __attribute__((format(printf, 2, 3)));
-
-static void problem(problems *p, const char *format, ...)
+static void invalid(kvp_cli_problems *p, flag f, const char *value, const char *why)
 {
-    if (p->found) {
-        return;
-    }
-    p->found = 1;
-    va_list args;
-    va_start(args, format);
-    vsnprintf(p->line, sizeof p->line, format, args);
-    va_end(args);
-}
-
-static void invalid(problems *p, flag f, const char *value, const char *why)
-{
-    problem(p, "invalid value for %s: '%s': %s", flag_names[f], value, why);
+    kvp_cli_problem(p, "invalid value for %s: '%s': %s", flag_names[f], value, why);
 }
 
 /* "N,N,...": whole numbers from 1 to max, at most MAX_LIST. 0, or -1. */
@@ -231,7 +211,7 @@ static int parse_list(const char *text, size_t max, size_list *out)
     return 0;
 }
 
-static void parse_value(options *o, flag f, const char *value, problems *p)
+static void parse_value(options *o, flag f, const char *value, kvp_cli_problems *p)
 {
     char why[128];
     switch (f) {
@@ -273,7 +253,7 @@ static void parse_value(options *o, flag f, const char *value, problems *p)
     }
 }
 
-static void parse_options(int argc, char **argv, options *o, problems *p)
+static void parse_options(int argc, char **argv, options *o, kvp_cli_problems *p)
 {
     memset(o, 0, sizeof *o);
     for (int i = 1; i < argc; i++) {
@@ -290,30 +270,11 @@ static void parse_options(int argc, char **argv, options *o, problems *p)
             *toggle = 1;
             continue;
         }
-        size_t f = 0;
-        while (f < FLAG_COUNT_ && strcmp(arg, flag_names[f]) != 0) {
-            f++;
+        int f = kvp_cli_take_flag(argc, argv, &i, "bench", flag_names, FLAG_COUNT_, o->value,
+                                  p);
+        if (f >= 0) {
+            parse_value(o, (flag)f, o->value[f], p);
         }
-        if (f == FLAG_COUNT_) {
-            if (arg[0] == '-') {
-                problem(p, "unknown option '%s' (see kvpager bench --help)", arg);
-            } else {
-                problem(p, "unexpected argument '%s' (options start with --)", arg);
-            }
-            continue;
-        }
-        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
-            problem(p, "%s needs a value%s%s%s", arg, i + 1 < argc ? ", got the option '" : "",
-                    i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "'" : "");
-            continue;
-        }
-        const char *value = argv[++i];
-        if (o->value[f] != NULL) {
-            problem(p, "%s given twice: '%s' and '%s'", arg, o->value[f], value);
-            continue;
-        }
-        o->value[f] = value;
-        parse_value(o, (flag)f, value, p);
     }
 }
 
@@ -329,7 +290,7 @@ static size_t kv_bytes(size_t batch, size_t heads, size_t width, size_t len)
 }
 
 /* The defaults, then the ranges and the memory the grid needs. */
-static void check_options(options *o, problems *p)
+static void check_options(options *o, kvp_cli_problems *p)
 {
     if (o->value[FLAG_LENS] == NULL) {
         o->lens = o->quick ? quick_lens : full_lens;
@@ -1228,7 +1189,7 @@ static int write_plot(const options *o, const results *r, kvp_plot *plot)
 
 static int prepare(int argc, char **argv, options *o)
 {
-    problems p = {.found = 0};
+    kvp_cli_problems p = {.found = 0};
     parse_options(argc, argv, o, &p);
     if (o->help) {
         bench_usage(stdout);

@@ -31,6 +31,27 @@ int kvp_cli_demo(int argc, char **argv);
 int kvp_cli_simulate(int argc, char **argv);
 int kvp_cli_bench(int argc, char **argv);
 
+/* The first input error of a command line, kept so parsing can go on (a later --help wins). */
+typedef struct kvp_cli_problems {
+    char line[512];
+    int found;
+} kvp_cli_problems;
+
+/* Records the first problem; later ones are dropped. */
+void kvp_cli_problem(kvp_cli_problems *p, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/*
+ * argv[*i] should name one of the value-taking flags names[0..count). On
+ * success returns its index, stores the value in values[index] and advances
+ * *i past it. Otherwise records the problem (an unknown option or a stray
+ * argument, naming `command`'s --help; a missing value; a flag given twice)
+ * and returns -1.
+ */
+int kvp_cli_take_flag(int argc, char **argv, int *i, const char *command,
+                      const char *const *names, size_t count, const char **values,
+                      kvp_cli_problems *p);
+
 /* Prints "kvpager <command>: <context>: <rendered error> (<StatusName>)" to stderr. */
 void kvp_cli_report(const char *command, const char *context, const kvp_error *err);
 

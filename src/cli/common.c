@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <jemalloc/jemalloc.h>
 #include <math.h>
 #include <stdlib.h>
@@ -181,4 +182,49 @@ size_t kvp_cli_physical_memory(void)
         return 0;
     }
     return bytes;
+}
+
+void kvp_cli_problem(kvp_cli_problems *p, const char *format, ...)
+{
+    if (p->found) {
+        return;
+    }
+    p->found = 1;
+    va_list args;
+    va_start(args, format);
+    vsnprintf(p->line, sizeof p->line, format, args);
+    va_end(args);
+}
+
+int kvp_cli_take_flag(int argc, char **argv, int *i, const char *command,
+                      const char *const *names, size_t count, const char **values,
+                      kvp_cli_problems *p)
+{
+    const char *arg = argv[*i];
+    size_t f = 0;
+    while (f < count && strcmp(arg, names[f]) != 0) {
+        f++;
+    }
+    if (f == count) {
+        if (arg[0] == '-') {
+            kvp_cli_problem(p, "unknown option '%s' (see kvpager %s --help)", arg, command);
+        } else {
+            kvp_cli_problem(p, "unexpected argument '%s' (options start with --)", arg);
+        }
+        return -1;
+    }
+    int next = *i + 1;
+    if (next >= argc || strncmp(argv[next], "--", 2) == 0) {
+        kvp_cli_problem(p, "%s needs a value%s%s%s", arg, next < argc ? ", got the option '" : "",
+                        next < argc ? argv[next] : "", next < argc ? "'" : "");
+        return -1;
+    }
+    *i = next;
+    const char *value = argv[next];
+    if (values[f] != NULL) {
+        kvp_cli_problem(p, "%s given twice: '%s' and '%s'", arg, values[f], value);
+        return -1;
+    }
+    values[f] = value;
+    return (int)f;
 }

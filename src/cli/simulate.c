@@ -21,7 +21,6 @@
  * included: "AllocationFailed").
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -165,29 +164,9 @@ static void simulate_usage(FILE *out)
             MAX_THREADS, (unsigned long long)d.seed, d.audit_every);
 }
 
-/* The first input error, kept so parsing can go on (a later --help still wins). */
-typedef struct problems {
-    char line[512];
-    int found;
-} problems;
-
-static void problem(problems *p, const char *format, ...) __attribute__((format(printf, 2, 3)));
-
-static void problem(problems *p, const char *format, ...)
+static void invalid(kvp_cli_problems *p, flag f, const char *value, const char *why)
 {
-    if (p->found) {
-        return;
-    }
-    p->found = 1;
-    va_list args;
-    va_start(args, format);
-    vsnprintf(p->line, sizeof p->line, format, args);
-    va_end(args);
-}
-
-static void invalid(problems *p, flag f, const char *value, const char *why)
-{
-    problem(p, "invalid value for %s: '%s': %s", flag_names[f], value, why);
+    kvp_cli_problem(p, "invalid value for %s: '%s': %s", flag_names[f], value, why);
 }
 
 static size_t *size_field(options *o, flag f)
@@ -219,7 +198,7 @@ static double *real_field(options *o, flag f)
 }
 
 /* Reads one flag's value; its syntax only (ranges are checked later). */
-static void parse_value(options *o, flag f, const char *value, problems *p)
+static void parse_value(options *o, flag f, const char *value, kvp_cli_problems *p)
 {
     size_t *size = size_field(o, f);
     double *real = real_field(o, f);
@@ -271,7 +250,7 @@ static void defaults(options *o)
 }
 
 /* Step 1: reads the whole command line; remembers the first problem. */
-static void parse_options(int argc, char **argv, options *o, problems *p)
+static void parse_options(int argc, char **argv, options *o, kvp_cli_problems *p)
 {
     defaults(o);
     for (int i = 1; i < argc; i++) {
@@ -296,30 +275,11 @@ static void parse_options(int argc, char **argv, options *o, problems *p)
             o->allow_overcommit = 1;
             continue;
         }
-        size_t f = 0;
-        while (f < FLAG_COUNT_ && strcmp(arg, flag_names[f]) != 0) {
-            f++;
+        int f = kvp_cli_take_flag(argc, argv, &i, "simulate", flag_names, FLAG_COUNT_, o->value,
+                                  p);
+        if (f >= 0) {
+            parse_value(o, (flag)f, o->value[f], p);
         }
-        if (f == FLAG_COUNT_) {
-            if (arg[0] == '-') {
-                problem(p, "unknown option '%s' (see kvpager simulate --help)", arg);
-            } else {
-                problem(p, "unexpected argument '%s' (options start with --)", arg);
-            }
-            continue;
-        }
-        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
-            problem(p, "%s needs a value%s%s%s", arg, i + 1 < argc ? ", got the option '" : "",
-                    i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "'" : "");
-            continue;
-        }
-        const char *value = argv[++i];
-        if (o->value[f] != NULL) {
-            problem(p, "%s given twice: '%s' and '%s'", arg, o->value[f], value);
-            continue;
-        }
-        o->value[f] = value;
-        parse_value(o, (flag)f, value, p);
     }
 }
 
@@ -334,7 +294,7 @@ static const char *shown(const options *o, flag f, char *buf, size_t size, size_
 }
 
 /* Step 2a: each flag on its own, then flags that depend on each other. */
-static void check_ranges(options *o, problems *p)
+static void check_ranges(options *o, kvp_cli_problems *p)
 {
     const kvp_sim_config *c = &o->sim;
     static const flag generated_only[] = {FLAG_PROFILE, FLAG_REQUESTS, FLAG_PROMPT_MEAN,
@@ -344,7 +304,7 @@ static void check_ranges(options *o, problems *p)
         for (size_t i = 0; i < sizeof generated_only / sizeof generated_only[0]; i++) {
             flag f = generated_only[i];
             if (o->value[f] != NULL) {
-                problem(p, "%s %s conflicts with --trace %s: the trace gives every request",
+                kvp_cli_problem(p, "%s %s conflicts with --trace %s: the trace gives every request",
                         flag_names[f], o->value[f], o->trace);
             }
         }
@@ -364,11 +324,11 @@ static void check_ranges(options *o, problems *p)
     if (c->heads > 0 && c->model_width % c->heads != 0) {
         char other[32];
         if (o->value[FLAG_HEADS] != NULL) {
-            problem(p, "invalid value for --heads: '%s': must divide --model-width %s",
+            kvp_cli_problem(p, "invalid value for --heads: '%s': must divide --model-width %s",
                     o->value[FLAG_HEADS],
                     shown(o, FLAG_MODEL_WIDTH, other, sizeof other, c->model_width));
         } else {
-            problem(p, "invalid value for --model-width: '%s': must be a multiple of --heads %s",
+            kvp_cli_problem(p, "invalid value for --model-width: '%s': must be a multiple of --heads %s",
                     o->value[FLAG_MODEL_WIDTH],
                     shown(o, FLAG_HEADS, other, sizeof other, c->heads));
         }
@@ -385,7 +345,7 @@ static void check_ranges(options *o, problems *p)
     if (o->value[FLAG_RESERVE_TOKENS] != NULL && c->capacity >= MIN_CAPACITY &&
         c->reserve_tokens > c->capacity) {
         char capacity[32];
-        problem(p, "invalid value for --reserve-tokens: '%s': must be from 0 to --capacity %s",
+        kvp_cli_problem(p, "invalid value for --reserve-tokens: '%s': must be from 0 to --capacity %s",
                 o->value[FLAG_RESERVE_TOKENS],
                 shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
     }
@@ -394,7 +354,7 @@ static void check_ranges(options *o, problems *p)
         double *mean = real_field(o, means[i]);
         if (o->value[means[i]] != NULL && !(*mean >= 1.0 && *mean <= (double)(c->capacity - 1))) {
             char capacity[32];
-            problem(p, "invalid value for %s: '%s': must be from 1 to %zu (--capacity %s less "
+            kvp_cli_problem(p, "invalid value for %s: '%s': must be from 1 to %zu (--capacity %s less "
                        "one token)",
                     flag_names[means[i]], o->value[means[i]], c->capacity - 1,
                     shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
@@ -404,14 +364,14 @@ static void check_ranges(options *o, problems *p)
         if (!(o->workload.sigma >= MIN_SIGMA && o->workload.sigma <= MAX_SIGMA)) {
             invalid(p, FLAG_SIGMA, o->value[FLAG_SIGMA], "must be from 0.05 to 4");
         } else if (o->workload.profile == KVP_PROFILE_UNIFORM) {
-            problem(p, "--sigma %s has no effect with --profile uniform (lognormal profiles only)",
+            kvp_cli_problem(p, "--sigma %s has no effect with --profile uniform (lognormal profiles only)",
                     o->value[FLAG_SIGMA]);
         }
     }
 }
 
 /* Step 2b: sizes derived from several flags, all overflow-checked. */
-static void check_sizes(options *o, problems *p, size_t *page_bytes)
+static void check_sizes(options *o, kvp_cli_problems *p, size_t *page_bytes)
 {
     const kvp_sim_config *c = &o->sim;
     char buf[3][32];
@@ -419,7 +379,7 @@ static void check_sizes(options *o, problems *p, size_t *page_bytes)
     size_t bytes = 0;
     if (kvp_cli_mul(2 * sizeof(double), c->block_tokens, &bytes) != 0 ||
         kvp_cli_mul(bytes, c->model_width, &bytes) != 0) {
-        problem(p, "invalid value for --block-tokens: '%s': a page of 2 x %zu positions x "
+        kvp_cli_problem(p, "invalid value for --block-tokens: '%s': a page of 2 x %zu positions x "
                    "--model-width %s x 8 bytes overflows",
                 shown(o, FLAG_BLOCK_TOKENS, buf[0], sizeof buf[0], c->block_tokens),
                 c->block_tokens, shown(o, FLAG_MODEL_WIDTH, buf[1], sizeof buf[1], c->model_width));
@@ -427,13 +387,13 @@ static void check_sizes(options *o, problems *p, size_t *page_bytes)
     }
     *page_bytes = bytes;
     if (c->budget_bytes < bytes) {
-        problem(p, "invalid value for --budget: '%s': below one page of %s (2 x --block-tokens "
+        kvp_cli_problem(p, "invalid value for --budget: '%s': below one page of %s (2 x --block-tokens "
                    "%zu x --model-width %zu x 8 bytes)",
                 o->value[FLAG_BUDGET] ? o->value[FLAG_BUDGET] : "32MiB",
                 kvp_cli_format_bytes(bytes, buf[0], sizeof buf[0]), c->block_tokens,
                 c->model_width);
     } else if (c->budget_bytes / bytes > MAX_POOL_PAGES) {
-        problem(p, "invalid value for --budget: '%s': %zu pages of %s, more than the pool's "
+        kvp_cli_problem(p, "invalid value for --budget: '%s': %zu pages of %s, more than the pool's "
                    "%u (32-bit page ids)",
                 o->value[FLAG_BUDGET], c->budget_bytes / bytes,
                 kvp_cli_format_bytes(bytes, buf[0], sizeof buf[0]), MAX_POOL_PAGES);
@@ -441,7 +401,7 @@ static void check_sizes(options *o, problems *p, size_t *page_bytes)
 }
 
 /* Step 2c: the mean request of a generated workload must fit a sequence. */
-static void check_workload(options *o, problems *p)
+static void check_workload(options *o, kvp_cli_problems *p)
 {
     if (o->trace != NULL || p->found) {
         return;
@@ -451,7 +411,7 @@ static void check_workload(options *o, problems *p)
     double mean = o->workload.prompt_mean + o->workload.output_mean;
     if (mean > (double)o->sim.capacity) {
         char capacity[32];
-        problem(p, "invalid value for --capacity: '%s': below the mean request of %.0f tokens "
+        kvp_cli_problem(p, "invalid value for --capacity: '%s': below the mean request of %.0f tokens "
                    "(prompt mean %g + output mean %g)",
                 shown(o, FLAG_CAPACITY, capacity, sizeof capacity, o->sim.capacity), mean,
                 o->workload.prompt_mean, o->workload.output_mean);
@@ -505,7 +465,7 @@ typedef struct memory_part {
 /* The largest RoPE cos/sin table a layer keeps (the library's cap). */
 #define ROPE_TABLE_CAP_BYTES ((size_t)4 << 20)
 
-static void check_memory(options *o, size_t requests, size_t page_bytes, problems *p)
+static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli_problems *p)
 {
     const kvp_sim_config *c = &o->sim;
     size_t physical = kvp_cli_physical_memory();
@@ -514,7 +474,7 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, problem
         return;
     }
     if (c->budget_bytes > physical && !o->allow_overcommit) {
-        problem(p, "invalid value for --budget: '%s': %s is more than the %s of physical memory "
+        kvp_cli_problem(p, "invalid value for --budget: '%s': %s is more than the %s of physical memory "
                    "(add --allow-overcommit to run anyway)",
                 o->value[FLAG_BUDGET], kvp_cli_format_bytes(c->budget_bytes, buf[0], sizeof buf[0]),
                 kvp_cli_format_bytes(physical, buf[1], sizeof buf[1]));
@@ -582,11 +542,11 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, problem
                  shown(o, other, given[1], sizeof given[1], flag_value(o, other, requests)));
     }
     if (overflow) {
-        problem(p, "invalid value for %s: '%s': the memory for %s%s overflows a 64-bit size",
+        kvp_cli_problem(p, "invalid value for %s: '%s': the memory for %s%s overflows a 64-bit size",
                 flag_names[named], value, big->what, with);
         return;
     }
-    problem(p, "invalid value for %s: '%s': the run would need %s (%s %s%s), more than the %s "
+    kvp_cli_problem(p, "invalid value for %s: '%s': the run would need %s (%s %s%s), more than the %s "
                "of physical memory",
             flag_names[named], value, kvp_cli_format_bytes(total, buf[0], sizeof buf[0]),
             big->what, kvp_cli_format_bytes(big->bytes, buf[1], sizeof buf[1]), with,
@@ -725,7 +685,7 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
 /* Steps 1 and 2: every input read and checked; the workload made. */
 static int prepare(int argc, char **argv, options *o, kvp_workload *workload)
 {
-    problems p = {.found = 0};
+    kvp_cli_problems p = {.found = 0};
     parse_options(argc, argv, o, &p);
     if (o->help) {
         simulate_usage(stdout);
