@@ -7,14 +7,18 @@
  * with one thread, the very same physical pages); each job reports its own
  * status (pool exhaustion, an input error, a small output buffer) while the
  * others succeed and the failed ones change nothing; two jobs naming one
- * sequence, or a NULL one, are refused before anything runs; an empty batch
- * is fine; an allocation fault sweep over decoder creation. kvp_pool_check
+ * sequence, or a NULL one, or an unknown job kind, are refused before
+ * anything runs; an empty batch is fine; prefill jobs mixed with step jobs
+ * match kvp_sequence_prefill / kvp_sequence_step run one by one (1 and 2
+ * threads), and a failing prefill job (NaN at token 2) reports its error and
+ * changes nothing while the others succeed; an allocation fault sweep over decoder creation. kvp_pool_check
  * runs after every batch. Unit test: public API plus the allocator-only
  * append (serve/sequence_internal.h) and the fault injector
  * (pager/alloc.h).
  */
 #include "support.h"
 
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -452,6 +456,259 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     kvpt_destroy_model(model);
 }
 
+/*
+ * Six sequences of batch 1 or 2, run through two batches that mix prefill
+ * and step jobs (prefills of 1..5 tokens, into empty and into non-empty
+ * sequences, with an output buffer and with NULL), against twins driven one
+ * by one with kvp_sequence_prefill / kvp_sequence_step in job order: same
+ * outputs, same cache rows, same pool counts (and with one thread the very
+ * same pages).
+ */
+static void run_mixed_prefill_and_steps(size_t threads)
+{
+    enum { JOBS = 6, ROUNDS = 2, T_MAX = 5 };
+    kvp_model *model = make_model(23);
+    kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, POOL_PAGES);
+    kvp_pool *twin_pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, POOL_PAGES);
+    kvp_sequence *seqs[JOBS];
+    kvp_sequence *twins[JOBS];
+    size_t batch[JOBS];
+    kvp_error err;
+    for (size_t i = 0; i < JOBS; i++) {
+        batch[i] = 1 + i % 2;
+        seqs[i] = kvpt_sequence(model, pool, batch[i], CAPACITY);
+        twins[i] = kvpt_sequence(model, twin_pool, batch[i], CAPACITY);
+    }
+    kvp_decoder *decoder = make_decoder(threads);
+    double inputs[JOBS][MAX_BATCH * T_MAX * MODEL_WIDTH];
+    double outputs[JOBS][MAX_BATCH * T_MAX * MODEL_WIDTH + 1];
+    double expected[MAX_BATCH * T_MAX * MODEL_WIDTH];
+    kvp_decode_job jobs[JOBS];
+    for (size_t round = 0; round < ROUNDS; round++) {
+        size_t before[JOBS];
+        for (size_t i = 0; i < JOBS; i++) {
+            /* Round 0: even jobs prefill, odd jobs step; round 1 the other way round. */
+            int is_prefill = (i + round) % 2 == 0;
+            size_t tokens = is_prefill ? 1 + (i + round) % T_MAX : 1;
+            size_t elements = batch[i] * tokens * MODEL_WIDTH;
+            before[i] = kvp_sequence_len(seqs[i]);
+            kvpt_fill_random(inputs[i], elements, 500 * (round + 1) + i);
+            memset(&jobs[i], 0, sizeof jobs[i]);
+            jobs[i].sequence = seqs[i];
+            jobs[i].input = kvp_tensor3(inputs[i], batch[i], tokens, MODEL_WIDTH);
+            jobs[i].status = KVP_STATUS_COUNT_;
+            if (is_prefill) {
+                jobs[i].kind = KVP_JOB_PREFILL;
+            }
+            /* Prefill job 4 of round 0 writes no output (NULL); every other job does. */
+            if (!(is_prefill && i == 4 && round == 0)) {
+                jobs[i].output = outputs[i];
+                jobs[i].output_len = elements;
+            }
+            kvpt_fill(outputs[i], elements + 1, 42.0);
+        }
+        kvpt_assert_ok(kvp_decoder_step(decoder, jobs, JOBS, NULL, NULL, &err), &err);
+        kvpt_assert_pool_ok(pool);
+        for (size_t i = 0; i < JOBS; i++) {
+            kvpt_assert_ok(jobs[i].status, &jobs[i].error);
+            size_t tokens = jobs[i].input.shape.dims[1];
+            size_t elements = batch[i] * tokens * MODEL_WIDTH;
+            if (jobs[i].kind == KVP_JOB_PREFILL) {
+                kvpt_assert_ok(kvp_sequence_prefill(twins[i], &jobs[i].input, NULL, NULL,
+                                                    expected, elements, &err),
+                               &err);
+            } else {
+                kvpt_assert_ok(kvp_sequence_step(twins[i], &jobs[i].input, NULL, NULL, expected,
+                                                 elements, &err),
+                               &err);
+            }
+            kvpt_assert_pool_ok(twin_pool);
+            if (jobs[i].output != NULL) {
+                assert_memory_equal(outputs[i], expected, elements * sizeof(double));
+                assert_true(outputs[i][elements] == 42.0);
+            } else {
+                kvpt_assert_filled(outputs[i], elements + 1, 42.0);
+            }
+            assert_int_equal(kvp_sequence_len(seqs[i]), before[i] + tokens);
+        }
+    }
+    for (size_t i = 0; i < JOBS; i++) {
+        kvpt_assert_same_rows(seqs[i], twins[i]);
+        if (threads == 1) {
+            assert_same_pages(seqs[i], twins[i]);
+        }
+    }
+    kvp_pool_stats stats = kvpt_stats(pool);
+    kvp_pool_stats twin_stats = kvpt_stats(twin_pool);
+    assert_int_equal(stats.held_pages, twin_stats.held_pages);
+    assert_int_equal(stats.acquires, twin_stats.acquires);
+    assert_int_equal(stats.releases, twin_stats.releases);
+
+    destroy_decoder(decoder);
+    for (size_t i = 0; i < JOBS; i++) {
+        kvpt_destroy_sequence(seqs[i], pool);
+        kvpt_destroy_sequence(twins[i], twin_pool);
+    }
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_pool(twin_pool);
+    kvpt_destroy_model(model);
+}
+
+static void test_decoder_prefill_and_step_jobs_match_sequential_calls(void **state)
+{
+    (void)state;
+    static const size_t counts[] = {1, 2};
+    for (size_t i = 0; i < KVPT_COUNT_OF(counts); i++) {
+        run_mixed_prefill_and_steps(counts[i]);
+    }
+}
+
+/*
+ * Four jobs: a step, a prefill of 4 tokens whose token 2 holds a NaN, a good
+ * prefill and a step. The bad prefill reports NONFINITE_PROJECTION (layer 0,
+ * token 2) in its own job and changes nothing (length, cache digests, held
+ * pages, output buffer); the others match twins run alone, with 1 and 2
+ * threads.
+ */
+static void test_decoder_failing_prefill_job_changes_nothing(void **state)
+{
+    (void)state;
+    enum { JOBS = 4, B = 2, T = 4, BAD = 1 };
+    static const size_t threads[] = {1, 2};
+    for (size_t k = 0; k < KVPT_COUNT_OF(threads); k++) {
+        kvp_model *model = make_model(29);
+        kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 64);
+        kvp_pool *twin_pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 64);
+        kvp_sequence *seqs[JOBS];
+        kvp_sequence *twins[JOBS];
+        kvp_error err;
+        for (size_t i = 0; i < JOBS; i++) {
+            seqs[i] = kvpt_sequence(model, pool, B, CAPACITY);
+            twins[i] = kvpt_sequence(model, twin_pool, B, CAPACITY);
+            /* Every sequence starts with i + 1 computed tokens. */
+            double prompt[B * JOBS * MODEL_WIDTH];
+            kvpt_fill_random(prompt, B * (i + 1) * MODEL_WIDTH, 300 + i);
+            kvp_tensor view = kvp_tensor3(prompt, B, i + 1, MODEL_WIDTH);
+            kvpt_assert_ok(kvp_sequence_prefill(seqs[i], &view, NULL, NULL, NULL, 0, &err), &err);
+            kvpt_assert_ok(kvp_sequence_prefill(twins[i], &view, NULL, NULL, NULL, 0, &err),
+                           &err);
+        }
+        kvpt_assert_pool_ok(pool);
+        uint64_t bad_digests[LAYERS];
+        digests_of(seqs[BAD], bad_digests);
+        size_t bad_len = kvp_sequence_len(seqs[BAD]);
+        size_t bad_pages = kvp_sequence_held_pages(seqs[BAD]);
+
+        double inputs[JOBS][B * T * MODEL_WIDTH];
+        double outputs[JOBS][B * T * MODEL_WIDTH];
+        double expected[B * T * MODEL_WIDTH];
+        kvp_decode_job jobs[JOBS];
+        for (size_t i = 0; i < JOBS; i++) {
+            int is_prefill = i == BAD || i == 2;
+            size_t tokens = is_prefill ? T : 1;
+            kvpt_fill_random(inputs[i], B * tokens * MODEL_WIDTH, 700 + i);
+            kvpt_fill(outputs[i], B * T * MODEL_WIDTH, 42.0);
+            memset(&jobs[i], 0, sizeof jobs[i]);
+            jobs[i].kind = is_prefill ? KVP_JOB_PREFILL : KVP_JOB_STEP;
+            jobs[i].sequence = seqs[i];
+            jobs[i].input = kvp_tensor3(inputs[i], B, tokens, MODEL_WIDTH);
+            jobs[i].output = outputs[i];
+            jobs[i].output_len = B * tokens * MODEL_WIDTH;
+            jobs[i].status = KVP_STATUS_COUNT_;
+        }
+        /* Lane 1, token 2 of the bad prompt. */
+        inputs[BAD][(1 * T + 2) * MODEL_WIDTH + 3] = NAN;
+
+        kvp_decoder *decoder = make_decoder(threads[k]);
+        kvpt_assert_ok(kvp_decoder_step(decoder, jobs, JOBS, NULL, NULL, &err), &err);
+        destroy_decoder(decoder);
+        kvpt_assert_pool_ok(pool);
+        assert_int_equal(jobs[BAD].status, KVP_NONFINITE_PROJECTION);
+        assert_int_equal(jobs[BAD].error.status, KVP_NONFINITE_PROJECTION);
+        assert_int_equal(jobs[BAD].error.layer, 0);
+        assert_int_equal(jobs[BAD].error.token, 2);
+        assert_int_equal(kvp_sequence_len(seqs[BAD]), bad_len);
+        assert_int_equal(kvp_sequence_held_pages(seqs[BAD]), bad_pages);
+        uint64_t after[LAYERS];
+        digests_of(seqs[BAD], after);
+        assert_memory_equal(after, bad_digests, sizeof after);
+        kvpt_assert_filled(outputs[BAD], B * T * MODEL_WIDTH, 42.0);
+
+        for (size_t i = 0; i < JOBS; i++) {
+            if (i == BAD) {
+                continue;
+            }
+            kvpt_assert_ok(jobs[i].status, &jobs[i].error);
+            size_t elements = jobs[i].output_len;
+            if (jobs[i].kind == KVP_JOB_PREFILL) {
+                kvpt_assert_ok(kvp_sequence_prefill(twins[i], &jobs[i].input, NULL, NULL,
+                                                    expected, elements, &err),
+                               &err);
+            } else {
+                kvpt_assert_ok(kvp_sequence_step(twins[i], &jobs[i].input, NULL, NULL, expected,
+                                                 elements, &err),
+                               &err);
+            }
+            assert_memory_equal(outputs[i], expected, elements * sizeof(double));
+            kvpt_assert_same_rows(seqs[i], twins[i]);
+        }
+        kvpt_assert_same_rows(seqs[BAD], twins[BAD]);
+        kvp_pool_stats stats = kvpt_stats(pool);
+        kvp_pool_stats twin_stats = kvpt_stats(twin_pool);
+        assert_int_equal(stats.held_pages, twin_stats.held_pages);
+        assert_int_equal(stats.acquires, twin_stats.acquires);
+        assert_int_equal(stats.releases, twin_stats.releases);
+
+        for (size_t i = 0; i < JOBS; i++) {
+            kvpt_destroy_sequence(seqs[i], pool);
+            kvpt_destroy_sequence(twins[i], twin_pool);
+        }
+        kvpt_destroy_pool(pool);
+        kvpt_destroy_pool(twin_pool);
+        kvpt_destroy_model(model);
+    }
+}
+
+/* An unknown job kind is refused before anything runs. */
+static void test_decoder_step_refuses_unknown_kind(void **state)
+{
+    (void)state;
+    kvp_model *model = make_model(31);
+    kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 16);
+    kvp_sequence *a = kvpt_sequence(model, pool, 1, CAPACITY);
+    kvp_sequence *b = kvpt_sequence(model, pool, 1, CAPACITY);
+    kvp_decoder *decoder = make_decoder(2);
+    double input[2][MODEL_WIDTH];
+    double output[2][MODEL_WIDTH];
+    kvpt_fill_random(input[0], MODEL_WIDTH, 1);
+    kvpt_fill_random(input[1], MODEL_WIDTH, 2);
+    kvp_decode_job jobs[2];
+    memset(jobs, 0, sizeof jobs);
+    kvp_sequence *seqs[2] = {a, b};
+    for (size_t i = 0; i < 2; i++) {
+        jobs[i].sequence = seqs[i];
+        jobs[i].input = kvp_tensor3(input[i], 1, 1, MODEL_WIDTH);
+        jobs[i].output = output[i];
+        jobs[i].output_len = MODEL_WIDTH;
+        jobs[i].status = KVP_STATUS_COUNT_;
+    }
+    jobs[1].kind = (kvp_job_kind)2;
+    kvp_error err;
+    assert_int_equal(kvp_decoder_step(decoder, jobs, 2, NULL, NULL, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "jobs[i].kind");
+    assert_int_equal(jobs[0].status, KVP_STATUS_COUNT_);
+    assert_int_equal(jobs[1].status, KVP_STATUS_COUNT_);
+    assert_int_equal(kvp_sequence_len(a), 0);
+    assert_int_equal(kvp_sequence_len(b), 0);
+    assert_int_equal(kvpt_stats(pool).held_pages, 0);
+
+    destroy_decoder(decoder);
+    kvpt_destroy_sequence(a, pool);
+    kvpt_destroy_sequence(b, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 /* threads == 0 means one per online core, within [1, 4096]. */
 static void test_decoder_default_thread_count(void **state)
 {
@@ -481,6 +738,9 @@ int main(void)
         cmocka_unit_test(test_decoder_step_custom_next_input_matches_sequential_steps),
         cmocka_unit_test(test_decoder_step_reports_each_jobs_status),
         cmocka_unit_test(test_decoder_step_refuses_shared_sequence_and_runs_nothing),
+        cmocka_unit_test(test_decoder_prefill_and_step_jobs_match_sequential_calls),
+        cmocka_unit_test(test_decoder_failing_prefill_job_changes_nothing),
+        cmocka_unit_test(test_decoder_step_refuses_unknown_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

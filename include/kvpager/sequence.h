@@ -125,14 +125,25 @@ KVP_API const kvp_cache *kvp_sequence_cache(const kvp_sequence *sequence, size_t
 
 /* ---- batched decoding across threads ---------------------------------- */
 
-/* One sequence's share of a batched decode. status and error are outputs. */
+/* What a decode job does; a zeroed job is a one-token step. */
+typedef enum kvp_job_kind {
+    KVP_JOB_STEP = 0,    /* kvp_sequence_step: input [B, 1, D], output [B, 1, D] */
+    KVP_JOB_PREFILL = 1  /* kvp_sequence_prefill: input [B, T, D], output [B, T, D] or NULL */
+} kvp_job_kind;
+
+/*
+ * One sequence's share of a batched decode. status and error are outputs.
+ * `kind` was appended after the original fields; a zeroed `kind` (as from
+ * memset or an initializer that omits it) is today's one-token step.
+ */
 typedef struct kvp_decode_job {
     kvp_sequence *sequence;
-    kvp_tensor input;  /* [B, 1, D] */
-    double *output;    /* [B, 1, D] */
+    kvp_tensor input;  /* [B, 1, D]; a prefill's prompt [B, T, D] */
+    double *output;    /* [B, 1, D]; a prefill's [B, T, D], or NULL for none */
     size_t output_len;
     kvp_status status;
     kvp_error error;
+    kvp_job_kind kind;
 } kvp_decode_job;
 
 /*
@@ -146,13 +157,18 @@ KVP_API kvp_status kvp_decoder_destroy(kvp_decoder *decoder, kvp_error *err);
 KVP_API size_t kvp_decoder_threads(const kvp_decoder *decoder);
 
 /*
- * Steps every job's sequence once, spread over the decoder's threads (the
- * calling thread works too). A job's output is the same as kvp_sequence_step
- * on its sequence alone would give; when jobs compete for the last free
- * pages, which of them get POOL_EXHAUSTED depends on thread timing. Returns
- * KVP_OK when every job ran (each job's own status says whether its step
- * succeeded); INVALID_ARGUMENT, running nothing, when two jobs name the same
- * sequence. A next_input function must be safe to call from several threads.
+ * Runs every job once, spread over the decoder's threads (the calling thread
+ * works too): a KVP_JOB_STEP job steps its sequence one token, a
+ * KVP_JOB_PREFILL job prefills its prompt; steps and prefills may be mixed in
+ * one batch. A job's output, status and error are the same as
+ * kvp_sequence_step or kvp_sequence_prefill on its sequence alone would give
+ * (a failed job changes nothing, as those calls promise); when jobs compete
+ * for the last free pages, which of them get POOL_EXHAUSTED depends on
+ * thread timing. Returns KVP_OK when every job ran (each job's own status
+ * says whether it succeeded); running nothing: NULL_ARGUMENT for a NULL
+ * sequence, INVALID_ARGUMENT when two jobs name the same sequence or a
+ * job's kind is unknown. A next_input function must be safe to call from
+ * several threads.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs,
                                                   size_t count, kvp_next_input_fn next_input,

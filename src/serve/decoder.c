@@ -10,7 +10,8 @@
  *   `generation`, wakes the workers and works itself; each thread claims job
  *   indices under the lock until none are left and reports when it is done;
  *   the caller returns once `busy` reaches 0. Jobs are independent sequences,
- *   so each job's result equals a lone kvp_sequence_step. Plain mutexes and
+ *   so each job's result equals a lone kvp_sequence_step (a step job) or
+ *   kvp_sequence_prefill (a prefill job). Plain mutexes and
  *   condition variables only, so helgrind and DRD can follow every hand-off.
  * Global state: the thread-start fault injector (decoder_internal.h).
  * Callers: the public API.
@@ -99,8 +100,13 @@ static void run_jobs(kvp_decoder *d)
             return;
         }
         kvp_decode_job *job = &jobs[index];
-        job->status = kvp_sequence_step(job->sequence, &job->input, next_input, ctx,
-                                        job->output, job->output_len, &job->error);
+        if (job->kind == KVP_JOB_PREFILL) {
+            job->status = kvp_sequence_prefill(job->sequence, &job->input, next_input, ctx,
+                                               job->output, job->output_len, &job->error);
+        } else {
+            job->status = kvp_sequence_step(job->sequence, &job->input, next_input, ctx,
+                                            job->output, job->output_len, &job->error);
+        }
     }
 }
 
@@ -196,12 +202,18 @@ size_t kvp_decoder_threads(const kvp_decoder *decoder)
     return decoder != NULL ? decoder->threads : 0;
 }
 
-/* INVALID_ARGUMENT when two jobs share a sequence (they would race). O(n^2), n small. */
+/*
+ * INVALID_ARGUMENT when two jobs share a sequence (they would race) or a
+ * job's kind is unknown. O(n^2), n small.
+ */
 static kvp_status check_jobs(const kvp_decode_job *jobs, size_t count, kvp_error *err)
 {
     for (size_t i = 0; i < count; i++) {
         if (jobs[i].sequence == NULL) {
             return kvpi_fail_null(err, "jobs[i].sequence");
+        }
+        if (jobs[i].kind != KVP_JOB_STEP && jobs[i].kind != KVP_JOB_PREFILL) {
+            return kvpi_fail_invalid(err, "jobs[i].kind", "a step or a prefill");
         }
         for (size_t j = 0; j < i; j++) {
             if (jobs[j].sequence == jobs[i].sequence) {
