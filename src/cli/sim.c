@@ -13,7 +13,14 @@
  *     that can fail. So on any error teardown() frees each lease once;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode never
- *     fails for want of pages.
+ *     fails for want of pages;
+ *   - with compute, the requests admitted in a step are prefilled together,
+ *     as one batch of decoder jobs, after admission and before preemption
+ *     and decode. Admission decides exactly as if each had been prefilled
+ *     on admission: kvp_pool_admit counts free pages minus promises not yet
+ *     taken, and a prefill draws its pages from its own promise (which
+ *     covers the prompt), so taking them earlier or later changes neither
+ *     side of that difference.
  */
 #include "sim.h"
 
@@ -77,7 +84,9 @@ typedef struct sim {
     size_t idle_room;
     kvp_decode_job *jobs;
     size_t jobs_room;
-    double *prompt;             /* [capacity][D] */
+    size_t first_admitted;      /* running slots from here on await their prefill */
+    double *prompts;            /* [prompt_room][D]: the step's prompts, back to back */
+    size_t prompt_room;         /* rows; grown, never shrunk, so steady state allocates nothing */
     uint64_t admissions;
     size_t lanes;               /* layers * batch (batch is 1) */
     size_t watermark_pages;
@@ -150,14 +159,6 @@ static int setup(sim *s)
     s->waiting = s->generated ? kvp_cli_calloc(n, sizeof *s->waiting) : NULL;
     if (s->generated == NULL || s->waiting == NULL) {
         return out_of_memory(s, "the request queue", 2 * n * sizeof(size_t));
-    }
-    if (c->compute) {
-        /* simulate.c checked capacity * D * sizeof(double) against memory. */
-        s->prompt = kvp_cli_calloc(c->capacity * c->model_width, sizeof *s->prompt);
-        if (s->prompt == NULL) {
-            return out_of_memory(s, "the prompt buffer",
-                                 c->capacity * c->model_width * sizeof *s->prompt);
-        }
     }
     kvp_pool_stats stats;
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
@@ -263,24 +264,62 @@ static size_t queue_pop_front(sim *s)
     return request;
 }
 
-/* Prefills `tokens` positions of `request` into a fresh sequence. */
-static int prefill(sim *s, kvp_sequence *sequence, size_t request, size_t tokens)
+/* Tokens to prefill for the request in running slot i: its prompt and what it generated. */
+static size_t prefill_tokens(const sim *s, size_t i)
+{
+    const slot *r = &s->running[i];
+    return s->workload->requests[r->request].prompt_tokens + r->generated;
+}
+
+/*
+ * Prefills the requests admitted in this step (running slots from
+ * first_admitted on) as one batch of decoder jobs, each with its own rows of
+ * the shared prompt buffer. Without compute, admit_one appended them already.
+ */
+static int prefill_admitted(sim *s)
 {
     const kvp_sim_config *c = s->config;
-    kvp_status status;
-    if (c->compute) {
+    size_t first = s->first_admitted;
+    s->first_admitted = s->running_count;
+    if (!c->compute || first >= s->running_count) {
+        return 0;
+    }
+    size_t count = s->running_count - first;
+    size_t rows = 0;
+    for (size_t i = first; i < s->running_count; i++) {
+        rows += prefill_tokens(s, i);
+    }
+    if (grow((void **)&s->jobs, &s->jobs_room, count, sizeof *s->jobs) != 0) {
+        return out_of_memory(s, "prefill jobs", count * sizeof *s->jobs);
+    }
+    if (grow((void **)&s->prompts, &s->prompt_room, rows, c->model_width * sizeof *s->prompts) !=
+        0) {
+        return out_of_memory(s, "the prompt buffers", rows * c->model_width * sizeof *s->prompts);
+    }
+    double *row = s->prompts;
+    for (size_t i = first; i < s->running_count; i++) {
+        slot *r = &s->running[i];
+        size_t tokens = prefill_tokens(s, i);
         for (size_t t = 0; t < tokens; t++) {
-            embed(c->seed, request, t, s->prompt + t * c->model_width, c->model_width);
+            embed(c->seed, r->request, t, row + t * c->model_width, c->model_width);
         }
-        kvp_tensor prompt = kvp_tensor3(s->prompt, 1, tokens, c->model_width);
-        status = kvp_sequence_prefill(sequence, &prompt, NULL, NULL, NULL, 0, s->err);
-    } else {
-        status = kvpi_sequence_append_uncomputed(sequence, tokens, s->err);
+        kvp_decode_job *job = &s->jobs[i - first];
+        memset(job, 0, sizeof *job);
+        job->kind = KVP_JOB_PREFILL;
+        job->sequence = r->lease.sequence;
+        job->input = kvp_tensor3(row, 1, tokens, c->model_width);
+        row += tokens * c->model_width;
     }
-    if (status != KVP_OK) {
-        return fail(s, "prefilling an admitted request");
+    if (kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, s->err) != KVP_OK) {
+        return fail(s, "prefilling the admitted requests");
     }
-    s->result->prefill_tokens += tokens;
+    for (size_t j = 0; j < count; j++) {
+        if (s->jobs[j].status != KVP_OK) {
+            *s->err = s->jobs[j].error;
+            return fail(s, "prefilling an admitted request");
+        }
+        s->result->prefill_tokens += prefill_tokens(s, first + j);
+    }
     return 0;
 }
 
@@ -319,7 +358,14 @@ static int admit_one(sim *s, size_t request)
     if (kvp_sequence_promise(l.sequence, promise, s->err) != KVP_OK) {
         return fail(s, "admitting a request");
     }
-    return prefill(s, l.sequence, request, tokens);
+    if (s->config->compute) {
+        return 0; /* prefill_admitted runs it with the others admitted in this step */
+    }
+    if (kvpi_sequence_append_uncomputed(l.sequence, tokens, s->err) != KVP_OK) {
+        return fail(s, "prefilling an admitted request");
+    }
+    s->result->prefill_tokens += tokens;
+    return 0;
 }
 
 /* FCFS admission while the head of the queue fits now. */
@@ -489,7 +535,8 @@ static int step_once(sim *s, size_t step)
     while (s->next_arrival < w->count && w->requests[s->next_arrival].arrival_step <= step) {
         queue_push_back(s, s->next_arrival++);
     }
-    if (admit(s) != 0 || make_room(s) != 0) {
+    s->first_admitted = s->running_count;
+    if (admit(s) != 0 || prefill_admitted(s) != 0 || make_room(s) != 0) {
         return -1;
     }
     if (s->running_count == 0 && s->waiting_count > 0) {
@@ -568,7 +615,7 @@ static void teardown(sim *s)
     kvp_cli_free(s->jobs);
     kvp_cli_free(s->generated);
     kvp_cli_free(s->waiting);
-    kvp_cli_free(s->prompt);
+    kvp_cli_free(s->prompts);
 }
 
 static void summarize(sim *s)
