@@ -7,8 +7,9 @@
  *   2. admission, first come first served: the head request is admitted when
  *      kvp_pool_admit says NOW for its prompt (plus any tokens it generated
  *      before a preemption) plus a decoding reserve, keeping a watermark of
- *      free pages; it is prefilled and promised its reserve. A request whose
- *      full length can never fit is rejected;
+ *      free pages, and promised its reserve. A request whose full length can
+ *      never fit is rejected. The requests admitted in a step are then
+ *      prefilled together, as one batch of jobs on the decoder's threads;
  *   3. preemption by recompute: while the running sequences need more new
  *      pages this step than are free, the most recently admitted one gives all
  *      its pages back and returns to the front of the queue;

@@ -457,10 +457,12 @@ typedef struct memory_part {
  * Step 2d: what the run will hold at most, against physical memory. The parts
  * are the library's own sizes: the page slab (the budget) and its metadata
  * (12 bytes per page); the model (4 D x D parameters per layer, plus one
- * more while a layer is made, and RoPE tables); per sequence, one ticket per layer (5 D +
- * heads x capacity doubles), page tables and activations; the prompt buffer
- * (capacity x D doubles); the request list. At most min(requests, pages /
- * layers) sequences exist at once, since each holds a page per layer.
+ * more while a layer is made, and RoPE tables); per sequence, one ticket per
+ * layer (5 D + heads x capacity doubles), page tables and activations; the
+ * prompt buffer, which holds the prompts admitted in one step (at most what
+ * the pool can hold, pages x block-tokens / layers positions, and at least
+ * capacity) of D doubles each; the request list. At most min(requests,
+ * pages / layers) sequences exist at once, since each holds a page per layer.
  */
 /* The largest RoPE cos/sin table a layer keeps (the library's cap). */
 #define ROPE_TABLE_CAP_BYTES ((size_t)4 << 20)
@@ -506,7 +508,9 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
                                   sizeof(double), &overflow),
                               &overflow);
     per_sequence = mul(per_sequence, sequences, &overflow);
-    size_t prompt = mul(mul(c->capacity, d, &overflow), sizeof(double), &overflow);
+    size_t prompt_rows = mul(pages, c->block_tokens, &overflow) / c->layers;
+    prompt_rows = prompt_rows > c->capacity ? prompt_rows : c->capacity;
+    size_t prompt = mul(mul(prompt_rows, d, &overflow), sizeof(double), &overflow);
     size_t list = mul(requests, sizeof(kvp_request) + 2 * sizeof(size_t), &overflow);
     size_t metadata = mul(pages, 3 * sizeof(uint32_t), &overflow);
     memory_part parts[] = {
