@@ -106,6 +106,38 @@ static void assert_same_pages(const kvp_sequence *a, const kvp_sequence *b)
     }
 }
 
+/*
+ * The end of a twin comparison: each sequence the decoder ran holds the same
+ * rows as its twin run call by call (with one thread, which runs the jobs in
+ * order, the very same physical pages), and both pools counted the same page
+ * operations. Then everything is destroyed.
+ */
+static void finish_twins(kvp_decoder *decoder, kvp_model *model, kvp_pool *pool,
+                         kvp_pool *twin_pool, kvp_sequence **seqs, kvp_sequence **twins,
+                         size_t count, size_t threads)
+{
+    for (size_t i = 0; i < count; i++) {
+        kvpt_assert_same_rows(seqs[i], twins[i]);
+        if (threads == 1) {
+            assert_same_pages(seqs[i], twins[i]);
+        }
+    }
+    kvp_pool_stats stats = kvpt_stats(pool);
+    kvp_pool_stats twin_stats = kvpt_stats(twin_pool);
+    assert_int_equal(stats.held_pages, twin_stats.held_pages);
+    assert_int_equal(stats.acquires, twin_stats.acquires);
+    assert_int_equal(stats.releases, twin_stats.releases);
+
+    destroy_decoder(decoder);
+    for (size_t i = 0; i < count; i++) {
+        kvpt_destroy_sequence(seqs[i], pool);
+        kvpt_destroy_sequence(twins[i], twin_pool);
+    }
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_pool(twin_pool);
+    kvpt_destroy_model(model);
+}
+
 static void test_decoder_create_threads_and_errors(void **state)
 {
     (void)state;
@@ -235,26 +267,7 @@ static void run_matches_sequential(size_t threads, kvp_next_input_fn next_input)
             assert_int_equal(kvp_sequence_len(seqs[i]), i + s + 1);
         }
     }
-    for (size_t i = 0; i < SEQUENCES; i++) {
-        kvpt_assert_same_rows(seqs[i], twins[i]);
-        if (threads == 1) {
-            /* One thread runs the jobs in order: the very same pool operations. */
-            assert_same_pages(seqs[i], twins[i]);
-        }
-    }
-    kvp_pool_stats stats = kvpt_stats(pool);
-    kvp_pool_stats twin_stats = kvpt_stats(twin_pool);
-    assert_int_equal(stats.held_pages, twin_stats.held_pages);
-    assert_int_equal(stats.acquires, twin_stats.acquires);
-
-    destroy_decoder(decoder);
-    for (size_t i = 0; i < SEQUENCES; i++) {
-        kvpt_destroy_sequence(seqs[i], pool);
-        kvpt_destroy_sequence(twins[i], twin_pool);
-    }
-    kvpt_destroy_pool(pool);
-    kvpt_destroy_pool(twin_pool);
-    kvpt_destroy_model(model);
+    finish_twins(decoder, model, pool, twin_pool, seqs, twins, SEQUENCES, threads);
 }
 
 static void test_decoder_step_matches_sequential_steps(void **state)
@@ -532,26 +545,7 @@ static void run_mixed_prefill_and_steps(size_t threads)
             assert_int_equal(kvp_sequence_len(seqs[i]), before[i] + tokens);
         }
     }
-    for (size_t i = 0; i < JOBS; i++) {
-        kvpt_assert_same_rows(seqs[i], twins[i]);
-        if (threads == 1) {
-            assert_same_pages(seqs[i], twins[i]);
-        }
-    }
-    kvp_pool_stats stats = kvpt_stats(pool);
-    kvp_pool_stats twin_stats = kvpt_stats(twin_pool);
-    assert_int_equal(stats.held_pages, twin_stats.held_pages);
-    assert_int_equal(stats.acquires, twin_stats.acquires);
-    assert_int_equal(stats.releases, twin_stats.releases);
-
-    destroy_decoder(decoder);
-    for (size_t i = 0; i < JOBS; i++) {
-        kvpt_destroy_sequence(seqs[i], pool);
-        kvpt_destroy_sequence(twins[i], twin_pool);
-    }
-    kvpt_destroy_pool(pool);
-    kvpt_destroy_pool(twin_pool);
-    kvpt_destroy_model(model);
+    finish_twins(decoder, model, pool, twin_pool, seqs, twins, JOBS, threads);
 }
 
 static void test_decoder_prefill_and_step_jobs_match_sequential_calls(void **state)
