@@ -15,6 +15,7 @@ shift
 rm -rf "$work"
 mkdir -p "$work/sub" || exit 1
 fail() { echo "check_bad_input: $*" >&2; exit 1; }
+. "$(dirname "$0")/refusal.sh"
 
 # Fixtures.
 printf 'arrival_step,prompt_tokens,output_tokens\n0,5,4\n1,3,3\n' > "$work/good.csv"
@@ -39,14 +40,7 @@ case_() {
     # shellcheck disable=SC2086
     "$@" $plot > "$work/out" 2> "$work/err" < /dev/null
     code=$?
-    rows=$((rows + 1))
-    [ "$code" = 2 ] || fail "$name: exit $code, expected 2: $(cat "$work/err")"
-    lines=$(wc -l < "$work/err")
-    [ "$lines" = 1 ] || fail "$name: $lines lines on stderr, expected 1: $(cat "$work/err")"
-    grep -qF -- "$flag" "$work/err" || fail "$name: '$flag' not named in: $(cat "$work/err")"
-    grep -qF -- "$value" "$work/err" || fail "$name: '$value' not named in: $(cat "$work/err")"
-    [ ! -s "$work/out" ] || fail "$name: it ran and printed: $(head -c 200 "$work/out")"
-    [ ! -e "$work/ran.svg" ] || fail "$name: it ran far enough to create the plot"
+    expect_refusal "$name" "$flag" "$value"
     [ ! -e "$work/sub/x.svg" ] || fail "$name: a plot was left behind"
 }
 
