@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """peers.py: kvpager's decode attention against numpy and torch, shape by shape.
 
-For each shape of `kvpager bench`'s grid (batch B, heads H, head width d_h,
-retained length L; f64 K and V of [B, H, L, d_h]) the peers compute what one
-decode step computes per lane and head: scores = q . K^T / sqrt(d_h), a
-softmax, and the weighted sum of V:
+For each row of `kvpager bench`'s grid (storage dtype, batch B, query heads
+H, KV heads kv_H, head width d_h, retained length L; K and V of
+[B, kv_H, L, d_h]) the peers compute what one decode step computes per lane
+and query head, in the row's dtype: scores = q . K^T / sqrt(d_h), a softmax,
+and the weighted sum of V. Query head h reads KV head h / (H / kv_H); the
+peers reshape q to [B, kv_H, H / kv_H, d_h] so a group shares its K and V
+without copies (how grouped-query decode is written for them):
 
-  numpy  float64 (np.matmul, OpenBLAS)
-  torch  float64 and float32 (torch.matmul, then softmax)
+  numpy  float64 and float32 (np.matmul, OpenBLAS); numpy has no bfloat16
+  torch  float64, float32 and bfloat16 (torch.matmul, then softmax)
 
 kvpager's time is the `paged_ns` of `kvpager bench --json` for the same
 shapes at block_tokens 16: the library's own gather loops over a paged,
@@ -184,35 +187,47 @@ def main():
     print("torch %s, %d thread(s); peers: scores + softmax + values, median of %d alternating "
           "repetitions" % (torch.__version__, torch.get_num_threads(), args.repetitions))
     print()
-    print("   B   H  d_h     len       K+V   kvpager ms   numpy f64  torch f64  torch f32"
-          "   (peer time / kvpager time)")
+    print("dtype    B   H kv_H  d_h     len       K+V   kvpager ms      numpy      torch"
+          "   (peer time / kvpager time, same dtype)")
     rng = np.random.default_rng(1)
-    results = []
+    numpy_types = {"f64": np.float64, "f32": np.float32}
+    torch_types = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16}
+    results = {}
     for row in bench["gather"]:
+        dtype = row.get("dtype", "f64")
         b, h, d, n = row["batch"], row["heads"], row["head_width"], row["len"]
-        k = rng.standard_normal((b, h, n, d))
-        v = rng.standard_normal((b, h, n, d))
-        q = rng.standard_normal((b, h, 1, d)) * 0.1
+        kv = row.get("kv_heads", h)
+        g = h // kv
+        k = rng.standard_normal((b, kv, n, d))
+        v = rng.standard_normal((b, kv, n, d))
+        q = rng.standard_normal((b, kv, g, d)) * 0.1
         scale = 1.0 / math.sqrt(d)
-        tk, tv, tq = torch.from_numpy(k), torch.from_numpy(v), torch.from_numpy(q)
-        fk, fv, fq = tk.float(), tv.float(), tq.float()
+        tt = torch_types[dtype]
+        tk, tv, tq = (torch.from_numpy(x).to(tt) for x in (k, v, q))
+        nt = numpy_types.get(dtype)
+        nk, nv, nq = (x.astype(nt) for x in (k, v, q)) if nt else (None, None, None)
 
         def numpy_step():
-            s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+            s = np.matmul(nq, np.swapaxes(nk, -1, -2)) * nt(scale)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
-            return np.matmul(s, v)
+            return np.matmul(s, nv)
 
-        def torch_step(tq_, tk_, tv_):
+        def torch_step():
             with torch.no_grad():
-                s = torch.softmax(torch.matmul(tq_, tk_.transpose(-1, -2)) * scale, dim=-1)
-                return torch.matmul(s, tv_)
+                s = torch.softmax(torch.matmul(tq, tk.transpose(-1, -2)) * scale, dim=-1)
+                return torch.matmul(s, tv)
 
-        cases = [numpy_step, lambda: torch_step(tq, tk, tv), lambda: torch_step(fq, fk, fv)]
-        reference = numpy_step()
-        for case in cases[1:]:
-            got = case().double().numpy()
-            assert np.allclose(got, reference, rtol=1e-3, atol=1e-4), "peer results disagree"
+        # The f64 answer on the same rounded K, V and q: every peer must agree with it.
+        rk, rv, rq = (x.to(torch.float64) for x in (tk, tv, tq))
+        s = torch.softmax(torch.matmul(rq, rk.transpose(-1, -2)) * scale, dim=-1)
+        reference = torch.matmul(s, rv).numpy()
+        tol = 2e-2 if dtype == "bf16" else 1e-4
+        cases = ([numpy_step] if nt else []) + [torch_step]
+        for case in cases:
+            got = case()
+            got = got.to(torch.float64).numpy() if torch.is_tensor(got) else got.astype(float)
+            assert np.allclose(got, reference, rtol=tol, atol=tol), "peer results disagree"
         counts = [median_ns(c, args.repetitions) for c in cases]
         times = [[] for _ in cases]
         for _ in range(args.repetitions):
@@ -221,18 +236,22 @@ def main():
                 for _ in range(counts[i]):
                     c()
                 times[i].append((time.perf_counter() - start) / counts[i] * 1e9)
-        peer_ns = [statistics.median(t) for t in times]
-        ratios = [p / row["paged_ns"] for p in peer_ns]
-        results.append(ratios)
-        print("%4d %3d %4d %7d %7.1f MiB %10.3f    %8.2fx  %8.2fx  %8.2fx" % (
-            b, h, d, n, row["kv_bytes"] / 1048576.0, row["paged_ns"] / 1e6, *ratios), flush=True)
-        del k, v, tk, tv, fk, fv
+        ratios = [statistics.median(t) / row["paged_ns"] for t in times]
+        if not nt:
+            ratios = [None] + ratios
+        for name, r in zip(("numpy", "torch"), ratios):
+            if r is not None:
+                results.setdefault((name, dtype), []).append(r)
+        shown = ["%9.2fx" % r if r is not None else "        -" for r in ratios]
+        print("%-5s %4d %3d %4d %4d %7d %7.1f MiB %10.3f  %s  %s" % (
+            dtype, b, h, kv, d, n, row["kv_bytes"] / 1048576.0, row["paged_ns"] / 1e6,
+            *shown), flush=True)
+        del k, v, tk, tv, nk, nv
     if results:
         print()
-        for i, name in enumerate(("numpy f64", "torch f64", "torch f32")):
-            col = [r[i] for r in results]
-            print("%-10s peer / kvpager: %.2fx to %.2fx (median %.2fx)" % (
-                name, min(col), max(col), statistics.median(col)))
+        for (name, dtype), col in sorted(results.items()):
+            print("%-5s %-5s peer / kvpager: %.2fx to %.2fx (median %.2fx) over %d shapes" % (
+                name, dtype, min(col), max(col), statistics.median(col), len(col)))
 
 
 if __name__ == "__main__":
