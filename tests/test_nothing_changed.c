@@ -280,7 +280,7 @@ static void count_mismatch(void *ctx, const kvp_mismatch *m)
 static kvp_status make_pool(world *w, void **out, kvp_error *err)
 {
     (void)w;
-    kvp_pool_config config = {BT, HEADS, HD, 4 * 2 * HEADS * BT * HD * sizeof(double)};
+    kvp_pool_config config = {BT, HEADS, HD, 4 * 2 * HEADS * BT * HD * sizeof(double), KVP_F64};
     return kvp_pool_create(&config, (kvp_pool **)out, err);
 }
 
@@ -309,7 +309,7 @@ static void test_nothing_changed_pool_functions(void **state)
     kvp_pool_config huge = config;
     huge.heads = SIZE_MAX / 2;
     EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&huge, &out, &e));
-    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32}; /* 2^32 pages of 16 bytes */
+    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32, KVP_F64}; /* 2^32 pages of 16 bytes */
     EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&many, &out, &e));
     kvp_pool_config small = config;
     small.budget_bytes = 1;

@@ -143,7 +143,7 @@ static int setup(sim *s)
         return fail(s, "checking the model shape");
     }
     kvp_pool_config pool_config = {c->block_tokens, c->heads, c->model_width / c->heads,
-                                   c->budget_bytes};
+                                   c->budget_bytes, KVP_F64};
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
