@@ -138,6 +138,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_sta
 
 /*
  * The audit. Under the pool's lock, recomputes from scratch:
+ *   the page geometry: page_bytes == 2 * heads * block_tokens * head_width *
+ *      kvp_dtype_bytes(dtype) (a STATS finding otherwise);
  *   I1 free + held == total, and the cached counters;
  *   I2 no page on the free list twice, free pages have reference count 0;
  *   I3 each page's reference count equals the page-table slots and

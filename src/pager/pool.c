@@ -496,6 +496,14 @@ static size_t audit_holders(const kvp_pool *pool, kvpi_audit *audit, kvpi_holder
 
 static void audit_locked(const kvp_pool *pool, kvpi_audit *audit)
 {
+    /* The page geometry, the dtype's element size included, is recomputed too. */
+    size_t page_bytes = 2 * pool->heads * pool->block_tokens * pool->head_width *
+                        kvp_dtype_bytes(pool->dtype);
+    if (pool->element_bytes != kvp_dtype_bytes(pool->dtype) || pool->page_bytes != page_bytes) {
+        kvpi_audit_report(audit, KVP_INVARIANT_STATS,
+                          "page bytes, 2 * heads * block_tokens * head_width * dtype bytes",
+                          SIZE_MAX, SIZE_MAX, page_bytes, pool->page_bytes);
+    }
     size_t free_found = audit_free_list(pool, audit);
     size_t held = 0;
     for (size_t page = 0; page < pool->total_pages; page++) {
