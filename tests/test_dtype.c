@@ -257,7 +257,8 @@ static void test_dtype_pool_geometry_and_stats(void **state)
     kvp_pool_config bad = {16, 4, 32, budget, (kvp_dtype)3};
     assert_int_equal(kvp_pool_create(&bad, &untouched, &err), KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "dtype");
-    kvpt_assert_error_text(&err, "argument `dtype` is invalid: must be KVP_F64, KVP_F32 or KVP_BF16");
+    kvpt_assert_error_text(&err,
+                           "argument `dtype` is invalid: must be KVP_F64, KVP_F32 or KVP_BF16");
     bad.heads = 0;
     assert_int_equal(kvp_pool_create(&bad, &untouched, &err), KVP_ZERO_SIZE);
     assert_string_equal(err.argument, "heads");
@@ -720,6 +721,52 @@ static void test_dtype_error_against_f64_is_bounded(void **state)
     assert_true(worst[2] <= BF16_BOUND);
 }
 
+/*
+ * Sequences take the pool's dtype with nothing to configure: a prefill
+ * through a one-layer model over a `dtype` pool stores exactly the K/V of
+ * the stored-dtype reference, for every dtype and block size.
+ */
+static void test_dtype_sequences_store_in_the_pools_dtype(void **state)
+{
+    (void)state;
+    enum { B = 2, H = 2, HD = 6, D = H * HD, T = 11 };
+    kvp_model *model = kvpt_random_model(1, D, H, T, 10000.0, 77);
+    const kvp_layer *layer = kvp_model_layer(model, 0);
+    double prompt[B * T * D];
+    kvpt_fill_random(prompt, B * T * D, 78);
+    kvp_tensor view = kvp_tensor3(prompt, B, T, D);
+    static const size_t blocks[] = {1, 3, 16};
+    for (size_t i = 0; i < 3; i++) {
+        kvp_dtype dtype = all_dtypes[i];
+        double ref[B * T * D];
+        double ref_keys[B * T * D];
+        double ref_values[B * T * D];
+        kvp_error err;
+        kvpt_assert_ok(kvp_attention_reference_stored(layer, dtype, &view, ref, B * T * D,
+                                                      ref_keys, ref_values, B * T * D, &err),
+                       &err);
+        for (size_t b = 0; b < KVPT_COUNT_OF(blocks); b++) {
+            size_t bt = blocks[b];
+            kvp_pool *pool = dtype_pool(bt, H, HD, B * KVPT_CEIL_DIV(T, bt), dtype);
+            kvp_sequence *seq = kvpt_sequence(model, pool, B, T);
+            double out[B * T * D];
+            kvpt_assert_ok(kvp_sequence_prefill(seq, &view, NULL, NULL, out, B * T * D, &err),
+                           &err);
+            kvpt_assert_pool_ok(pool);
+            double keys[B * T * D];
+            double values[B * T * D];
+            const kvp_cache *cache = kvp_sequence_cache(seq, 0);
+            kvpt_assert_ok(kvp_cache_keys(cache, keys, B * T * D, &err), &err);
+            kvpt_assert_ok(kvp_cache_values(cache, values, B * T * D, &err), &err);
+            assert_memory_equal(keys, ref_keys, sizeof keys);
+            assert_memory_equal(values, ref_values, sizeof values);
+            kvpt_destroy_sequence(seq, pool);
+            kvpt_destroy_pool(pool);
+        }
+    }
+    kvpt_destroy_model(model);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -735,6 +782,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dtype_prepare_and_reference_refuse_overflow),
         cmocka_unit_test_teardown(test_dtype_incremental_equals_stored_reference, restore_level),
         cmocka_unit_test(test_dtype_error_against_f64_is_bounded),
+        cmocka_unit_test(test_dtype_sequences_store_in_the_pools_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,7 +34,7 @@ typedef struct kvp_sim_config {
     size_t heads;
     size_t block_tokens;
     size_t budget_bytes;
-    kvp_dtype kv_dtype;     /* the pool's storage type (kvpager/pool.h); the model computes in f64 */
+    kvp_dtype kv_dtype;     /* pages' storage type (kvpager/pool.h); the model computes in f64 */
     size_t capacity;
     size_t threads;         /* 0: one per core */
     uint64_t seed;
