@@ -457,7 +457,7 @@ int main(int argc, char **argv)
     sh.seed = seed;
     sh.threads = threads;
     kvp_error err;
-    kvp_pool_config config = {4, 2, 8, pages * 2 * 2 * 4 * 8 * sizeof(double)};
+    kvp_pool_config config = {4, 2, 8, pages * 2 * 2 * 4 * 8 * sizeof(double), KVP_F64};
     if (kvp_pool_create(&config, &sh.pool, &err) != KVP_OK) {
         return stress_fail(PROGRAM, "creating the pool", &err);
     }

@@ -189,7 +189,7 @@ int main(int argc, char **argv)
     st.seed = seed;
     kvp_error err;
     size_t page_bytes = 2 * HEADS * BLOCK * (WIDTH / HEADS) * sizeof(double);
-    kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS, pages * page_bytes};
+    kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS, pages * page_bytes, KVP_F64};
     if (kvp_pool_create(&config, &st.pool, &err) != KVP_OK ||
         kvp_model_create_random(LAYERS, WIDTH, HEADS, CAPACITY, 10000.0, seed, &st.model,
                                 &err) != KVP_OK) {

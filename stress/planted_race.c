@@ -41,7 +41,7 @@ static void *race(void *arg)
 
 int main(void)
 {
-    kvp_pool_config config = {4, 2, 8, 64 * 2 * 2 * 4 * 8 * sizeof(double)};
+    kvp_pool_config config = {4, 2, 8, 64 * 2 * 2 * 4 * 8 * sizeof(double), KVP_F64};
     kvp_pool *pool = NULL;
     kvp_model *model = NULL;
     kvp_error err;

@@ -141,7 +141,7 @@ static kvp_pool_config pool_config(size_t cycle)
 {
     size_t page_bytes = 2 * HEADS * BLOCK * (WIDTH / HEADS) * sizeof(double);
     kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS,
-                              (cycle % 2 == 0 ? 16 : 1024) * page_bytes};
+                              (cycle % 2 == 0 ? 16 : 1024) * page_bytes, KVP_F64};
     return config;
 }
 

@@ -137,7 +137,8 @@ int main(int argc, char **argv)
     kvp_pool *pool = NULL;
     kvp_model *model = NULL;
     size_t page_bytes = 2 * HEADS * BLOCK * (WIDTH / HEADS) * sizeof(double);
-    kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS, sequences * p.pages_per_seq * page_bytes};
+    kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS, sequences * p.pages_per_seq * page_bytes,
+                              KVP_F64};
     if (kvp_pool_create(&config, &pool, &err) != KVP_OK ||
         kvp_model_create_random(layers, WIDTH, HEADS, tokens, 10000.0, seed, &model, &err) !=
             KVP_OK) {

@@ -110,7 +110,8 @@ void kvpt_assert_filled_at(const double *out, size_t n, double value, const char
 kvp_pool *kvpt_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages)
 {
     kvp_pool_config config = {block_tokens, heads, head_width,
-                              pages * 2 * heads * block_tokens * head_width * sizeof(double)};
+                              pages * 2 * heads * block_tokens * head_width * sizeof(double),
+                              KVP_F64};
     kvp_pool *pool = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);

@@ -22,7 +22,8 @@
 
 static kvp_pool_config sweep_config(void)
 {
-    kvp_pool_config config = {2, 2, 4, SWEEP_PAGES * SWEEP_PAGE_BYTES + SWEEP_PAGE_BYTES - 1};
+    kvp_pool_config config = {2, 2, 4, SWEEP_PAGES * SWEEP_PAGE_BYTES + SWEEP_PAGE_BYTES - 1,
+                              KVP_F64};
     return config;
 }
 

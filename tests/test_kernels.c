@@ -5,7 +5,8 @@
  * Proves: the portable level sums in the documented order (checked against
  * the formula written out here); every other level gives the portable
  * level's bits for lengths 0..257 at unaligned addresses; the multi-row
- * kernels equal one call per row; the gather gives the same bits for
+ * kernels equal one call per row; the f32 and bf16 row kernels equal the f64
+ * kernel on the widened rows, bit for bit, at every level; the gather gives the same bits for
  * block_tokens 1, 3, 16 and 64 and the same bits at every level; incremental
  * attention equals the full-prefix reference bit for bit at every level; the
  * dispatch refuses levels it cannot run, changing nothing; KVP_ISA picks a
@@ -234,6 +235,113 @@ static void test_kernels_dot_and_axpy_match_scalar(void **state)
     free(expect);
     free(acc);
     free(start);
+}
+
+/* ---- rows stored as f32 and bf16 ------------------------------------------------ */
+
+/* bf16 bits of x by truncation: any bf16 will do here; the rounding is tested in test_dtype.c. */
+static uint16_t bf16_bits(double x)
+{
+    float f = (float)x;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return (uint16_t)(bits >> 16);
+}
+
+/*
+ * Every level's dot_rows_f32/bf16 and axpy_rows_f32/bf16 against the f64
+ * kernels (the scalar one and the level's own) on the widened rows: the same
+ * bits, for n = 0..MAX_N, strides n .. n + PAD - 1, 0..MAX_ROWS rows, rows
+ * starting at odd element offsets, and nothing written past count or n.
+ */
+static void test_kernels_narrow_rows_match_f64_on_widened(void **state)
+{
+    (void)state;
+    const kvpi_kernels *levels[KVPI_ISA_COUNT];
+    size_t nlevels = test_levels(levels);
+    const kvpi_kernels *scalar = &kvpi_kernels_scalar;
+    size_t cap = MAX_ROWS * (MAX_N + PAD) + 8;
+    double *a = kvpt_doubles(MAX_N + 8);
+    double *source = kvpt_doubles(cap);
+    float *rows32 = malloc(cap * sizeof *rows32);
+    uint16_t *rows16 = malloc(cap * sizeof *rows16);
+    double *wide32 = kvpt_doubles(cap);
+    double *wide16 = kvpt_doubles(cap);
+    double *weights = kvpt_doubles(MAX_ROWS);
+    double *start = kvpt_doubles(MAX_N + 8);
+    double *expect = kvpt_doubles(MAX_N + 8);
+    double *acc = kvpt_doubles(MAX_N + 8);
+    assert_non_null(rows32);
+    assert_non_null(rows16);
+    double dots[MAX_ROWS + 1];
+    double expect_dots[MAX_ROWS];
+    size_t checked = 0;
+    for (size_t n = 0; n <= MAX_N; n++) {
+        size_t o = n % 4;
+        size_t stride = n + n % PAD;
+        size_t count = n % (MAX_ROWS + 1);
+        fill(a, MAX_N + 8);
+        fill(source, cap);
+        fill(weights, MAX_ROWS);
+        fill(start, MAX_N + 8);
+        for (size_t i = 0; i < cap; i++) {
+            rows32[i] = (float)source[i];
+            rows16[i] = bf16_bits(source[i]);
+            wide32[i] = (double)rows32[i];
+            wide16[i] = kvpi_bf16_widen(rows16[i]);
+        }
+        double scale = 0.125 + unit() * 0.01;
+        const double *x = a + o;
+        size_t at = 3 - o; /* odd and even element offsets of the rows */
+        const double *const wide[2] = {wide32 + at, wide16 + at};
+        for (size_t kind = 0; kind < 2; kind++) {
+            scalar->dot_rows(x, wide[kind], stride, count, n, scale, expect_dots);
+            memcpy(expect, start, (MAX_N + 8) * sizeof(double));
+            scalar->axpy_rows(expect + o, weights, wide[kind], stride, count, n);
+            for (size_t l = 0; l < nlevels; l++) {
+                const kvpi_kernels *k = levels[l];
+                /* The level's own f64 kernels agree with the scalar ones (tested above). */
+                kvpt_fill(dots, MAX_ROWS + 1, 7.0);
+                k->dot_rows(x, wide[kind], stride, count, n, scale, dots);
+                assert_memory_equal(dots, expect_dots, count * sizeof(double));
+                kvpt_fill(dots, MAX_ROWS + 1, 7.0);
+                if (kind == 0) {
+                    k->dot_rows_f32(x, rows32 + at, stride, count, n, scale, dots);
+                } else {
+                    k->dot_rows_bf16(x, rows16 + at, stride, count, n, scale, dots);
+                }
+                if (count > 0 && memcmp(dots, expect_dots, count * sizeof(double)) != 0) {
+                    print_error("%s dot_rows_%s differs at n=%zu count=%zu stride=%zu\n",
+                                k->name, kind == 0 ? "f32" : "bf16", n, count, stride);
+                    fail();
+                }
+                kvpt_assert_filled(dots + count, MAX_ROWS + 1 - count, 7.0);
+                memcpy(acc, start, (MAX_N + 8) * sizeof(double));
+                if (kind == 0) {
+                    k->axpy_rows_f32(acc + o, weights, rows32 + at, stride, count, n);
+                } else {
+                    k->axpy_rows_bf16(acc + o, weights, rows16 + at, stride, count, n);
+                }
+                if (memcmp(acc, expect, (MAX_N + 8) * sizeof(double)) != 0) {
+                    print_error("%s axpy_rows_%s differs at n=%zu count=%zu stride=%zu\n",
+                                k->name, kind == 0 ? "f32" : "bf16", n, count, stride);
+                    fail();
+                }
+                checked++;
+            }
+        }
+    }
+    assert_int_equal(checked, 2 * (MAX_N + 1) * nlevels);
+    free(a);
+    free(source);
+    free(rows32);
+    free(rows16);
+    free(wide32);
+    free(wide16);
+    free(weights);
+    free(start);
+    free(expect);
+    free(acc);
 }
 
 /* ---- the gather ---------------------------------------------------------------- */
@@ -891,6 +999,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_kernels_levels_and_refusals, restore_level),
         cmocka_unit_test_teardown(test_kernels_dot_and_axpy_match_scalar, restore_level),
+        cmocka_unit_test_teardown(test_kernels_narrow_rows_match_f64_on_widened, restore_level),
         cmocka_unit_test_teardown(test_kernels_gather_same_bits_across_blocks_and_levels,
                                   restore_level),
         cmocka_unit_test_teardown(test_kernels_attention_exact_at_every_level, restore_level),

@@ -23,6 +23,8 @@
  *   types.h     kvp_tensor3, kvp_tensor4                 infallible (pure)
  *   kvpager.h   kvp_version                              infallible (pure)
  *   pool.h      kvp_pool_config_init                     infallible (NULL ignored)
+ *               kvp_dtype_name, kvp_dtype_bytes          infallible (pure)
+ *               kvp_pool_create INVALID_ARGUMENT (dtype): test_dtype.c
  *               kvp_pool_create      NULL x2, ZERO_SIZE x4, SIZE_OVERFLOW x2,
  *                                    BUDGET_TOO_SMALL, ALLOCATION_FAILED (sweep)
  *               kvp_pool_destroy     NULL, POOL_BUSY
@@ -72,6 +74,10 @@
  *                                    ROPE_POSITION_OUT_OF_RANGE, BUFFER_TOO_SMALL x2,
  *                                    NONFINITE_PROJECTION, NONFINITE_SCORE,
  *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_attention_reference_stored  the same code; NULL, INVALID_ARGUMENT
+ *                                    (dtype), NONFINITE_KEY/VALUE for a bf16 overflow:
+ *                                    test_dtype.c (as are prepare's and the raw
+ *                                    append's overflow refusals, each snapshot-checked)
  *   model.h     kvp_model_create     NULL x3, INVALID_ARGUMENT, MODEL_GEOMETRY_MISMATCH,
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_model_create_random  NULL, INVALID_ARGUMENT x2, layer errors,
@@ -280,7 +286,7 @@ static void count_mismatch(void *ctx, const kvp_mismatch *m)
 static kvp_status make_pool(world *w, void **out, kvp_error *err)
 {
     (void)w;
-    kvp_pool_config config = {BT, HEADS, HD, 4 * 2 * HEADS * BT * HD * sizeof(double)};
+    kvp_pool_config config = {BT, HEADS, HD, 4 * 2 * HEADS * BT * HD * sizeof(double), KVP_F64};
     return kvp_pool_create(&config, (kvp_pool **)out, err);
 }
 
@@ -309,7 +315,7 @@ static void test_nothing_changed_pool_functions(void **state)
     kvp_pool_config huge = config;
     huge.heads = SIZE_MAX / 2;
     EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&huge, &out, &e));
-    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32}; /* 2^32 pages of 16 bytes */
+    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32, KVP_F64}; /* 2^32 pages of 16 bytes */
     EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&many, &out, &e));
     kvp_pool_config small = config;
     small.budget_bytes = 1;

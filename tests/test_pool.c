@@ -20,7 +20,7 @@ static void test_pool_create_rejects_zero_sizes(void **state)
     (void)state;
     static const char *const fields[] = {"block_tokens", "heads", "head_width", "budget_bytes"};
     for (size_t field = 0; field < 4; field++) {
-        kvp_pool_config config = {4, 2, 8, 1 << 20};
+        kvp_pool_config config = {4, 2, 8, 1 << 20, KVP_F64};
         size_t *sizes[] = {&config.block_tokens, &config.heads, &config.head_width,
                            &config.budget_bytes};
         *sizes[field] = 0;
@@ -41,16 +41,16 @@ static void test_pool_create_rejects_overflow_and_small_budget(void **state)
     (void)state;
     kvp_pool *pool = NULL;
     kvp_error err;
-    kvp_pool_config huge = {SIZE_MAX / 4, 2, 2, 1 << 20};
+    kvp_pool_config huge = {SIZE_MAX / 4, 2, 2, 1 << 20, KVP_F64};
     assert_int_equal(kvp_pool_create(&huge, &pool, &err), KVP_SIZE_OVERFLOW);
     assert_int_equal(err.block_tokens, SIZE_MAX / 4);
     assert_null(pool);
 
     /* More pages than a 32-bit page id can name. */
-    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32};
+    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32, KVP_F64};
     assert_int_equal(kvp_pool_create(&many, &pool, &err), KVP_SIZE_OVERFLOW);
 
-    kvp_pool_config small = {4, 2, 8, PAGE_BYTES(4, 2, 8) - 1};
+    kvp_pool_config small = {4, 2, 8, PAGE_BYTES(4, 2, 8) - 1, KVP_F64};
     assert_int_equal(kvp_pool_create(&small, &pool, &err), KVP_BUDGET_TOO_SMALL);
     assert_int_equal(err.page_bytes, PAGE_BYTES(4, 2, 8));
     assert_int_equal(err.budget_bytes, PAGE_BYTES(4, 2, 8) - 1);
@@ -67,7 +67,7 @@ static void test_pool_page_count_is_budget_over_page_bytes(void **state)
 {
     (void)state;
     size_t page = PAGE_BYTES(3, 2, 4); /* 384 */
-    kvp_pool_config config = {3, 2, 4, 10 * page + page - 1};
+    kvp_pool_config config = {3, 2, 4, 10 * page + page - 1, KVP_F64};
     kvp_pool *pool = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);

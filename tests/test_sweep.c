@@ -130,7 +130,7 @@ static kvp_status run(scenario *s, size_t threads, kvp_status expected)
         (out_field) = out_;                                                      \
     } while (0)
 
-    kvp_pool_config config = {BT, HEADS, HD, PAGES * 2 * HEADS * BT * HD * sizeof(double)};
+    kvp_pool_config config = {BT, HEADS, HD, PAGES * 2 * HEADS * BT * HD * sizeof(double), KVP_F64};
     CREATE(kvp_pool, s->pool, kvp_pool_create(&config, &out_, &err));
     CREATE(kvp_layer, s->layer, kvp_layer_create_random(D, HEADS, C, BASE, 77, &out_, &err));
     const kvp_layer *layers[LAYERS] = {s->layer, s->layer};

@@ -18,8 +18,18 @@
  * the pool exactly as they were: rank, tokens, batch, width, cache model
  * width, head count, head width, parameter identities, revisions, RoPE
  * configuration, capacity (FULL), ticket state and geometry, non-finite
- * projection, score or output, non-finite candidate key or value, and
- * POOL_EXHAUSTED when the new block's pages cannot all be reserved.
+ * projection, a rotated candidate key (then value) element that the pool's
+ * dtype cannot hold (NONFINITE_KEY / NONFINITE_VALUE with err.what "f32" or
+ * "bf16"; checked right after the projections, never for f64), non-finite
+ * score or output, non-finite candidate key or value, and POOL_EXHAUSTED
+ * when the new block's pages cannot all be reserved.
+ *
+ * Storage precision (kvp_dtype, kvpager/pool.h): right after the rotation,
+ * the candidate key and value are rounded to the pool's dtype and widened
+ * back, and only then used, so the new token attends to exactly the rows its
+ * commit stores. Retained rows are read from the pages widened (exact). So
+ * prepare's output equals kvp_attention_reference_stored with the pool's
+ * dtype, bit for bit; for f64 nothing is rounded.
  *
  * Math (f64 throughout, no reassociation): y = x W for every projection;
  * heads split the model width into H contiguous slices of d_h; Q and K are
@@ -130,6 +140,21 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_reference(const kvp_layer *layer,
                                                          size_t output_len, double *keys,
                                                          double *values, size_t kv_len,
                                                          kvp_error *err);
+
+/*
+ * kvp_attention_reference as a `dtype` pool would store K and V: right after
+ * token t's key is rotated, its key and value rows are checked (a finite
+ * element the dtype cannot hold gives prepare's NONFINITE_KEY or
+ * NONFINITE_VALUE, what = the dtype's name, err.token = t) and rounded to the
+ * dtype (pool.h's rule) and back; every later use, and the keys and values
+ * written out, are the rounded rows. So it equals decoding the same rows one
+ * at a time through a cache of a `dtype` pool, bit for bit. KVP_F64 is
+ * kvp_attention_reference exactly. Errors: kvp_attention_reference's, with
+ * INVALID_ARGUMENT ("dtype" not a kvp_dtype) right after the NULL checks.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_attention_reference_stored(
+    const kvp_layer *layer, kvp_dtype dtype, const kvp_tensor *input, double *output,
+    size_t output_len, double *keys, double *values, size_t kv_len, kvp_error *err);
 
 #ifdef __cplusplus
 }

@@ -4,12 +4,22 @@
  * A pool owns a fixed budget of equal-size physical pages carved from one
  * slab. The slab is allocated once, at creation, from a jemalloc arena of the
  * pool's own, and is never moved, grown or shrunk. A page holds K and V for
- * `block_tokens` positions of every head of one cache lane, in f64:
+ * `block_tokens` positions of every head of one cache lane, as elements of
+ * the pool's storage type `dtype` (f64, f32 or bf16; kvp_dtype below):
  *
  *     K[heads][block_tokens][head_width]  then  V[heads][block_tokens][head_width]
  *
- * so page_bytes = 2 * heads * block_tokens * head_width * sizeof(double) and
- * total_pages = floor(budget_bytes / page_bytes).
+ * row-major, with no padding: the row of (head h, slot s) starts
+ * (h * block_tokens + s) * head_width elements into the page for keys and
+ * ((heads + h) * block_tokens + s) * head_width for values; features are
+ * contiguous. So page_bytes = 2 * heads * block_tokens * head_width *
+ * kvp_dtype_bytes(dtype) and total_pages = floor(budget_bytes / page_bytes).
+ *
+ * Storage precision: callers always hand kvpager f64 rows and read f64 back.
+ * An appended row is rounded once, to nearest with ties to even, from f64 to
+ * the pool's type (see kvp_dtype); every read widens the stored element to
+ * f64, which is exact, and all arithmetic runs in f64 on the widened values.
+ * Every cache of a pool stores in the pool's dtype: the pool decides.
  *
  * Pages are handed out to layer caches (kvpager/cache.h) and to the
  * reservations that attention tickets and steps hold; the pool tracks who
@@ -29,11 +39,32 @@ extern "C" {
 
 typedef struct kvp_pool kvp_pool;
 
+/*
+ * The element type of a pool's pages. Values are stable (ABI).
+ *   KVP_F64   IEEE binary64, 8 bytes: rows are stored exactly as appended.
+ *   KVP_F32   IEEE binary32, 4 bytes: each element rounded to nearest, ties
+ *             to even (the C conversion). Subnormal results are kept.
+ *   KVP_BF16  bfloat16 (binary32's sign, 8-bit exponent and top 7 fraction
+ *             bits), 2 bytes: each element rounded ONCE from f64 to the
+ *             nearest bf16, ties to even, never through f32 (that would
+ *             round twice). Subnormal results are kept.
+ * A finite f64 element whose rounding would overflow to infinity (|x| at or
+ * above 0x1.ffffffp+127 for f32, 0x1.ffp+127 for bf16) is refused before
+ * anything changes: NONFINITE_KEY or NONFINITE_VALUE with err.what naming the
+ * storage type ("f32" or "bf16"), err.value the f64 element (status.h).
+ */
+typedef enum kvp_dtype {
+    KVP_F64 = 0,
+    KVP_F32 = 1,
+    KVP_BF16 = 2
+} kvp_dtype;
+
 typedef struct kvp_pool_config {
     size_t block_tokens; /* positions per page */
     size_t heads;        /* attention heads per lane */
     size_t head_width;   /* features per head (d_h) */
     size_t budget_bytes; /* memory budget for the page slab */
+    kvp_dtype dtype;     /* element type of the pages; KVP_F64 (0) by default */
 } kvp_pool_config;
 
 /*
@@ -60,6 +91,8 @@ typedef struct kvp_pool_stats {
     uintptr_t slab_address;     /* for audits: the slab never moves */
     size_t promised_pages;      /* promised to sequences and not yet taken */
     size_t tentative_pages;     /* held by prefills still running (0 when quiescent) */
+    kvp_dtype dtype;            /* the pages' element type */
+    size_t element_bytes;       /* kvp_dtype_bytes(dtype) */
 } kvp_pool_stats;
 
 /* The answer of kvp_pool_admit, as vLLM's AllocStatus. */
@@ -72,13 +105,23 @@ typedef enum kvp_admission {
 /* Called once per audit finding, in the order found. */
 typedef void (*kvp_mismatch_fn)(void *ctx, const kvp_mismatch *mismatch);
 
-/* Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget. A NULL config is ignored. */
+/*
+ * Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget, KVP_F64.
+ * A NULL config is ignored.
+ */
 KVP_API void kvp_pool_config_init(kvp_pool_config *config);
+
+/* "f64", "f32", "bf16"; "unknown" for any other value. Never NULL. */
+KVP_API const char *kvp_dtype_name(kvp_dtype dtype);
+
+/* Bytes of one stored element: 8, 4, 2; 0 for any other value. */
+KVP_API size_t kvp_dtype_bytes(kvp_dtype dtype);
 
 /*
  * Creates a pool. Errors, in this order: NULL_ARGUMENT; ZERO_SIZE (any size
- * zero, `argument` names it); SIZE_OVERFLOW (page_bytes overflows, or more
- * pages than a 32-bit page id can name); BUDGET_TOO_SMALL; ALLOCATION_FAILED.
+ * zero, `argument` names it); INVALID_ARGUMENT (`argument` "dtype": not a
+ * kvp_dtype); SIZE_OVERFLOW (page_bytes overflows, or more pages than a
+ * 32-bit page id can name); BUDGET_TOO_SMALL; ALLOCATION_FAILED.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out,
                                                  kvp_error *err);
@@ -95,6 +138,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_sta
 
 /*
  * The audit. Under the pool's lock, recomputes from scratch:
+ *   the page geometry: page_bytes == 2 * heads * block_tokens * head_width *
+ *      kvp_dtype_bytes(dtype) (a STATS finding otherwise);
  *   I1 free + held == total, and the cached counters;
  *   I2 no page on the free list twice, free pages have reference count 0;
  *   I3 each page's reference count equals the page-table slots and

@@ -149,7 +149,10 @@ typedef struct kvp_error {
     const char *argument;
     /* INVALID_ARGUMENT: why; ALLOCATION_FAILED: the object being allocated;
      * INPUT_RANK and FULL: "prompt" when the input was a prefill prompt (NULL
-     * for a decode input); NONFINITE_PROJECTION: "query", "key" or "value". */
+     * for a decode input); NONFINITE_PROJECTION: "query", "key" or "value";
+     * NONFINITE_KEY and NONFINITE_VALUE: NULL when the element is not finite,
+     * or the pool's storage type ("f32", "bf16") when it is a finite f64
+     * that the type cannot hold (it would round to infinity; pool.h). */
     const char *what;
 
     /* OUT_OF_RANGE: index must be below limit.

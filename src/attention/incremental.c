@@ -4,7 +4,9 @@
  *
  * Owns: the seed's validation order and the one incremental computation.
  * Retained rows are read through the page table by gather.c; the candidate
- * row comes from the ticket.
+ * row comes from the ticket, rounded to the pool's dtype (and widened back)
+ * before anything uses it, so the new token attends to exactly the key and
+ * value the commit will store, as the stored-dtype reference does.
  *
  * Invariant: nothing here writes to a cache or the pool except
  * kvpi_reservation_fill, which is the last step of a successful prepare.
@@ -18,6 +20,7 @@
 #include "attention/layer_internal.h"
 #include "attention/ticket_internal.h"
 #include "pager/cache_internal.h"
+#include "pager/dtype.h"
 #include "pager/error.h"
 
 /* The seed's validate_incremental_request, up to and including capacity. */
@@ -135,6 +138,26 @@ static kvp_status project(const kvp_layer *layer, const double *input, size_t ba
     return KVP_OK;
 }
 
+/*
+ * The candidate's rotated key and value as the pool will store them: refuses
+ * (NONFINITE_KEY, then NONFINITE_VALUE, what = the dtype's name) a finite
+ * element that the dtype cannot hold, else rounds both rows in place. Does
+ * nothing for f64.
+ */
+static kvp_status round_candidate(const kvp_cache *cache, kvp_ticket *t, kvp_error *err)
+{
+    size_t n = cache->batch_size * cache->heads * cache->head_width;
+    kvp_status status = kvpi_cache_check_storable(cache, t->key, n, KVP_NONFINITE_KEY, err);
+    if (status == KVP_OK) {
+        status = kvpi_cache_check_storable(cache, t->value, n, KVP_NONFINITE_VALUE, err);
+    }
+    if (status == KVP_OK) {
+        kvpi_dtype_round_rows(kvpi_cache_dtype(cache), t->key, n);
+        kvpi_dtype_round_rows(kvpi_cache_dtype(cache), t->value, n);
+    }
+    return status;
+}
+
 /* Scores, stable softmax, value mixture, merge and output projection. */
 static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_ticket *t,
                          kvp_error *err)
@@ -202,6 +225,9 @@ kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *inpu
     }
     size_t position = cache->len;
     status = project(layer, input->data, cache->batch_size, position, ticket, err);
+    if (status == KVP_OK) {
+        status = round_candidate(cache, ticket, err);
+    }
     if (status == KVP_OK) {
         status = attend(layer, cache, ticket, err);
     }

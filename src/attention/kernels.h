@@ -26,6 +26,11 @@
  *     For n < 8 this is the plain left-to-right sum.
  *   - axpy over several rows adds row by row in the rows' order, so it equals
  *     one axpy per row.
+ *   - Rows stored as f32 or bf16 (the pages of a KVP_F32 or KVP_BF16 pool):
+ *     the *_f32 and *_bf16 kernels widen each element to f64 (exact) and then
+ *     do exactly what the f64 kernel does, in its order, so each equals the
+ *     f64 kernel applied to the widened rows, bit for bit, at every level.
+ *     Only the rows are narrow; q, weights and acc are f64.
  *   - exp is kvpi_exp below, lane by lane: the same operations in the same
  *     order, each one IEEE-rounded (add, sub, mul, div), so every level gives
  *     its bits. The softmax's sum of exps uses the dot product's order (eight
@@ -70,6 +75,18 @@ typedef struct kvpi_kernels {
      * returns the sum of the new s[i] in the dot product's order (kernels.h).
      */
     double (*exp_sum)(double *s, size_t n, double shift);
+    /*
+     * dot_rows and axpy_rows over rows stored as f32 or as bf16 bits (stride
+     * in elements): equal to the f64 kernel on the widened rows, bit for bit.
+     */
+    void (*dot_rows_f32)(const double *q, const float *rows, size_t stride, size_t count,
+                         size_t n, double scale, double *out);
+    void (*dot_rows_bf16)(const double *q, const uint16_t *rows, size_t stride, size_t count,
+                          size_t n, double scale, double *out);
+    void (*axpy_rows_f32)(double *acc, const double *weights, const float *rows, size_t stride,
+                          size_t count, size_t n);
+    void (*axpy_rows_bf16)(double *acc, const double *weights, const uint16_t *rows,
+                           size_t stride, size_t count, size_t n);
 } kvpi_kernels;
 
 /* The active level: chosen once (thread-safe), from the CPU and KVP_ISA. Never NULL. */
@@ -118,6 +135,15 @@ static inline double kvpi_dot_finish(const double s[8], const double *a, const d
         sum += a[f] * b[f];
     }
     return sum;
+}
+
+/* bf16 bits widened to f64 (exact): bf16 is the top half of an f32. */
+static inline double kvpi_bf16_widen(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return (double)f;
 }
 
 /* The tree of the summation order above over eight lane sums. */

@@ -224,7 +224,166 @@ static double avx2_exp_sum(double *s, size_t n, double shift)
     return sum;
 }
 
+/*
+ * Rows stored as f32 or bf16. Four elements are widened to four doubles in
+ * one register (f32: vcvtps2pd; bf16: zero-extend to 32 bits, shift into an
+ * f32's top half, then vcvtps2pd), exact, and then every kernel below is its
+ * f64 twin above with that load in place of _mm256_loadu_pd: the same
+ * products, adds, registers and order, so the same bits. Half (f32) or a
+ * quarter (bf16) of the bytes per row come from memory.
+ */
+typedef enum row_kind { ROWS_F32, ROWS_BF16 } row_kind;
+
+static inline __attribute__((always_inline)) __m256d load4(const void *rows, size_t i,
+                                                           row_kind kind)
+{
+    if (kind == ROWS_F32) {
+        return _mm256_cvtps_pd(_mm_loadu_ps((const float *)rows + i));
+    }
+    __m128i h = _mm_loadl_epi64((const __m128i *)(const void *)((const uint16_t *)rows + i));
+    return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
+}
+
+static inline double widen(const void *rows, size_t i, row_kind kind)
+{
+    return kind == ROWS_F32 ? (double)((const float *)rows)[i]
+                            : kvpi_bf16_widen(((const uint16_t *)rows)[i]);
+}
+
+/* first_level with the row's elements at rows[at ..]. */
+static inline __attribute__((always_inline)) __m256d
+narrow_first_level(const double *a, const void *rows, size_t at, size_t n8, row_kind kind)
+{
+    __m256d lo = _mm256_setzero_pd();
+    __m256d hi = _mm256_setzero_pd();
+    for (size_t f = 0; f < n8; f += 8) {
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_loadu_pd(a + f), load4(rows, at + f, kind)));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_loadu_pd(a + f + 4),
+                                             load4(rows, at + f + 4, kind)));
+    }
+    return _mm256_add_pd(lo, hi);
+}
+
+static inline __attribute__((always_inline)) double narrow_dot(const double *a, const void *rows,
+                                                               size_t at, size_t n,
+                                                               row_kind kind)
+{
+    size_t n8 = n & ~(size_t)7;
+    __m128d u = half_sums(narrow_first_level(a, rows, at, n8, kind));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+    for (size_t f = n8; f < n; f++) {
+        sum += a[f] * widen(rows, at + f, kind);
+    }
+    return sum;
+}
+
+static inline __attribute__((always_inline)) void
+narrow_dot_rows(const double *q, const void *rows, size_t stride, size_t count, size_t n,
+                double scale, double *out, row_kind kind)
+{
+    size_t n8 = n & ~(size_t)7;
+    size_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+        size_t at = r * stride;
+        __m256d t0 = narrow_first_level(q, rows, at, n8, kind);
+        __m256d t1 = narrow_first_level(q, rows, at + stride, n8, kind);
+        __m256d t2 = narrow_first_level(q, rows, at + 2 * stride, n8, kind);
+        __m256d t3 = narrow_first_level(q, rows, at + 3 * stride, n8, kind);
+        __m256d dots = four_dots(t0, t1, t2, t3);
+        if (n8 < n) {
+            double d[4];
+            _mm256_storeu_pd(d, dots);
+            for (size_t i = 0; i < 4; i++) {
+                for (size_t f = n8; f < n; f++) {
+                    d[i] += q[f] * widen(rows, at + i * stride + f, kind);
+                }
+            }
+            dots = _mm256_loadu_pd(d);
+        }
+        _mm256_storeu_pd(out + r, _mm256_mul_pd(dots, _mm256_set1_pd(scale)));
+    }
+    for (; r < count; r++) {
+        out[r] = narrow_dot(q, rows, r * stride, n, kind) * scale;
+    }
+}
+
+/* axpy_rows_32 with the rows' elements at rows[at + r * stride ..]. */
+static inline __attribute__((always_inline)) void
+narrow_axpy_rows_32(double *acc, const double *weights, const void *rows, size_t at,
+                    size_t stride, size_t count, row_kind kind)
+{
+    __m256d a[8];
+    for (size_t j = 0; j < 8; j++) {
+        a[j] = _mm256_loadu_pd(acc + 4 * j);
+    }
+    for (size_t r = 0; r < count; r++) {
+        __m256d w = _mm256_set1_pd(weights[r]);
+        size_t v = at + r * stride;
+        for (size_t j = 0; j < 8; j++) {
+            a[j] = _mm256_add_pd(a[j], _mm256_mul_pd(w, load4(rows, v + 4 * j, kind)));
+        }
+    }
+    for (size_t j = 0; j < 8; j++) {
+        _mm256_storeu_pd(acc + 4 * j, a[j]);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+narrow_axpy_rows(double *acc, const double *weights, const void *rows, size_t stride,
+                 size_t count, size_t n, row_kind kind)
+{
+    for (size_t g = 0; g < count; g += GROUP) {
+        size_t c = count - g < GROUP ? count - g : GROUP;
+        size_t at = g * stride;
+        const double *gw = weights + g;
+        size_t f = 0;
+        for (; f + 32 <= n; f += 32) {
+            narrow_axpy_rows_32(acc + f, gw, rows, at + f, stride, c, kind);
+        }
+        for (; f + 4 <= n; f += 4) {
+            __m256d a = _mm256_loadu_pd(acc + f);
+            for (size_t r = 0; r < c; r++) {
+                a = _mm256_add_pd(a, _mm256_mul_pd(_mm256_set1_pd(gw[r]),
+                                                   load4(rows, at + r * stride + f, kind)));
+            }
+            _mm256_storeu_pd(acc + f, a);
+        }
+        for (; f < n; f++) {
+            double a = acc[f];
+            for (size_t r = 0; r < c; r++) {
+                a += gw[r] * widen(rows, at + r * stride + f, kind);
+            }
+            acc[f] = a;
+        }
+    }
+}
+
+static void avx2_dot_rows_f32(const double *q, const float *rows, size_t stride, size_t count,
+                              size_t n, double scale, double *out)
+{
+    narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_F32);
+}
+
+static void avx2_dot_rows_bf16(const double *q, const uint16_t *rows, size_t stride,
+                               size_t count, size_t n, double scale, double *out)
+{
+    narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_BF16);
+}
+
+static void avx2_axpy_rows_f32(double *acc, const double *weights, const float *rows,
+                               size_t stride, size_t count, size_t n)
+{
+    narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_F32);
+}
+
+static void avx2_axpy_rows_bf16(double *acc, const double *weights, const uint16_t *rows,
+                                size_t stride, size_t count, size_t n)
+{
+    narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_BF16);
+}
+
 const kvpi_kernels kvpi_kernels_avx2 = {
     KVPI_ISA_AVX2,  "avx2",    avx2_dot, avx2_dot_rows, avx2_axpy, avx2_axpy_rows,
-    avx2_exps, avx2_exp_sum,
+    avx2_exps, avx2_exp_sum, avx2_dot_rows_f32, avx2_dot_rows_bf16, avx2_axpy_rows_f32,
+    avx2_axpy_rows_bf16,
 };

@@ -213,7 +213,162 @@ static double avx512_exp_sum(double *s, size_t n, double shift)
     return sum;
 }
 
+/*
+ * Rows stored as f32 or bf16. Eight elements are widened to eight doubles in
+ * one register (f32: vcvtps2pd from a ymm; bf16: zero-extend to 32 bits,
+ * shift into an f32's top half, then vcvtps2pd), exact, and then every kernel
+ * below is its f64 twin above with that load in place of _mm512_loadu_pd, so
+ * the same operations in the same order give the same bits.
+ */
+typedef enum row_kind { ROWS_F32, ROWS_BF16 } row_kind;
+
+static inline __attribute__((always_inline)) __m512d load8(const void *rows, size_t i,
+                                                           row_kind kind)
+{
+    if (kind == ROWS_F32) {
+        return _mm512_cvtps_pd(_mm256_loadu_ps((const float *)rows + i));
+    }
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)rows + i));
+    return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+}
+
+static inline double widen(const void *rows, size_t i, row_kind kind)
+{
+    return kind == ROWS_F32 ? (double)((const float *)rows)[i]
+                            : kvpi_bf16_widen(((const uint16_t *)rows)[i]);
+}
+
+static inline __attribute__((always_inline)) __m512d
+narrow_lane_sums(const double *a, const void *rows, size_t at, size_t n8, row_kind kind)
+{
+    __m512d s = _mm512_setzero_pd();
+    for (size_t f = 0; f < n8; f += 8) {
+        s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_loadu_pd(a + f), load8(rows, at + f, kind)));
+    }
+    return s;
+}
+
+static inline __attribute__((always_inline)) double narrow_dot(const double *a, const void *rows,
+                                                               size_t at, size_t n,
+                                                               row_kind kind)
+{
+    size_t n8 = n & ~(size_t)7;
+    __m256d t = first_level(narrow_lane_sums(a, rows, at, n8, kind));
+    __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+    for (size_t f = n8; f < n; f++) {
+        sum += a[f] * widen(rows, at + f, kind);
+    }
+    return sum;
+}
+
+static inline __attribute__((always_inline)) void
+narrow_dot_rows(const double *q, const void *rows, size_t stride, size_t count, size_t n,
+                double scale, double *out, row_kind kind)
+{
+    size_t n8 = n & ~(size_t)7;
+    size_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+        size_t at = r * stride;
+        __m512d s0 = narrow_lane_sums(q, rows, at, n8, kind);
+        __m512d s1 = narrow_lane_sums(q, rows, at + stride, n8, kind);
+        __m512d s2 = narrow_lane_sums(q, rows, at + 2 * stride, n8, kind);
+        __m512d s3 = narrow_lane_sums(q, rows, at + 3 * stride, n8, kind);
+        __m256d dots = four_dots(first_level(s0), first_level(s1), first_level(s2),
+                                 first_level(s3));
+        if (n8 < n) {
+            double d[4];
+            _mm256_storeu_pd(d, dots);
+            for (size_t i = 0; i < 4; i++) {
+                for (size_t f = n8; f < n; f++) {
+                    d[i] += q[f] * widen(rows, at + i * stride + f, kind);
+                }
+            }
+            dots = _mm256_loadu_pd(d);
+        }
+        _mm256_storeu_pd(out + r, _mm256_mul_pd(dots, _mm256_set1_pd(scale)));
+    }
+    for (; r < count; r++) {
+        out[r] = narrow_dot(q, rows, r * stride, n, kind) * scale;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+narrow_axpy_rows_64(double *acc, const double *weights, const void *rows, size_t at,
+                    size_t stride, size_t count, row_kind kind)
+{
+    __m512d a[8];
+    for (size_t j = 0; j < 8; j++) {
+        a[j] = _mm512_loadu_pd(acc + 8 * j);
+    }
+    for (size_t r = 0; r < count; r++) {
+        __m512d w = _mm512_set1_pd(weights[r]);
+        size_t v = at + r * stride;
+        for (size_t j = 0; j < 8; j++) {
+            a[j] = _mm512_add_pd(a[j], _mm512_mul_pd(w, load8(rows, v + 8 * j, kind)));
+        }
+    }
+    for (size_t j = 0; j < 8; j++) {
+        _mm512_storeu_pd(acc + 8 * j, a[j]);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+narrow_axpy_rows(double *acc, const double *weights, const void *rows, size_t stride,
+                 size_t count, size_t n, row_kind kind)
+{
+    for (size_t g = 0; g < count; g += 4) {
+        size_t c = count - g < 4 ? count - g : 4;
+        size_t at = g * stride;
+        const double *gw = weights + g;
+        size_t f = 0;
+        for (; f + 64 <= n; f += 64) {
+            narrow_axpy_rows_64(acc + f, gw, rows, at + f, stride, c, kind);
+        }
+        for (; f + 8 <= n; f += 8) {
+            __m512d a = _mm512_loadu_pd(acc + f);
+            for (size_t r = 0; r < c; r++) {
+                a = _mm512_add_pd(a, _mm512_mul_pd(_mm512_set1_pd(gw[r]),
+                                                   load8(rows, at + r * stride + f, kind)));
+            }
+            _mm512_storeu_pd(acc + f, a);
+        }
+        for (; f < n; f++) {
+            double a = acc[f];
+            for (size_t r = 0; r < c; r++) {
+                a += gw[r] * widen(rows, at + r * stride + f, kind);
+            }
+            acc[f] = a;
+        }
+    }
+}
+
+static void avx512_dot_rows_f32(const double *q, const float *rows, size_t stride,
+                                size_t count, size_t n, double scale, double *out)
+{
+    narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_F32);
+}
+
+static void avx512_dot_rows_bf16(const double *q, const uint16_t *rows, size_t stride,
+                                 size_t count, size_t n, double scale, double *out)
+{
+    narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_BF16);
+}
+
+static void avx512_axpy_rows_f32(double *acc, const double *weights, const float *rows,
+                                 size_t stride, size_t count, size_t n)
+{
+    narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_F32);
+}
+
+static void avx512_axpy_rows_bf16(double *acc, const double *weights, const uint16_t *rows,
+                                  size_t stride, size_t count, size_t n)
+{
+    narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_BF16);
+}
+
 const kvpi_kernels kvpi_kernels_avx512 = {
     KVPI_ISA_AVX512, "avx512",    avx512_dot, avx512_dot_rows, avx512_axpy, avx512_axpy_rows,
-    avx512_exps,     avx512_exp_sum,
+    avx512_exps,     avx512_exp_sum, avx512_dot_rows_f32, avx512_dot_rows_bf16,
+    avx512_axpy_rows_f32, avx512_axpy_rows_bf16,
 };

@@ -68,7 +68,83 @@ static double scalar_exp_sum(double *s, size_t n, double shift)
     return sum;
 }
 
+/*
+ * Rows stored as f32 or bf16: element i of `rows`, widened (exact). Every
+ * narrow kernel below is its f64 twin above with b[f] replaced by this, so it
+ * performs the same f64 operations in the same order on the widened values.
+ */
+typedef enum row_kind { ROWS_F32, ROWS_BF16 } row_kind;
+
+static inline double widen(const void *rows, size_t i, row_kind kind)
+{
+    return kind == ROWS_F32 ? (double)((const float *)rows)[i]
+                            : kvpi_bf16_widen(((const uint16_t *)rows)[i]);
+}
+
+static inline __attribute__((always_inline)) double narrow_dot(const double *a, const void *rows,
+                                                               size_t at, size_t n,
+                                                               row_kind kind)
+{
+    double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    size_t f = 0;
+    for (; f + 8 <= n; f += 8) {
+        for (size_t l = 0; l < 8; l++) {
+            s[l] += a[f + l] * widen(rows, at + f + l, kind);
+        }
+    }
+    double sum = kvpi_sum_tree(s);
+    for (; f < n; f++) {
+        sum += a[f] * widen(rows, at + f, kind);
+    }
+    return sum;
+}
+
+static inline __attribute__((always_inline)) void
+narrow_dot_rows(const double *q, const void *rows, size_t stride, size_t count, size_t n,
+                double scale, double *out, row_kind kind)
+{
+    for (size_t r = 0; r < count; r++) {
+        out[r] = narrow_dot(q, rows, r * stride, n, kind) * scale;
+    }
+}
+
+static inline __attribute__((always_inline)) void
+narrow_axpy_rows(double *acc, const double *weights, const void *rows, size_t stride,
+                 size_t count, size_t n, row_kind kind)
+{
+    for (size_t r = 0; r < count; r++) {
+        for (size_t f = 0; f < n; f++) {
+            acc[f] += weights[r] * widen(rows, r * stride + f, kind);
+        }
+    }
+}
+
+static void scalar_dot_rows_f32(const double *q, const float *rows, size_t stride, size_t count,
+                                size_t n, double scale, double *out)
+{
+    narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_F32);
+}
+
+static void scalar_dot_rows_bf16(const double *q, const uint16_t *rows, size_t stride,
+                                 size_t count, size_t n, double scale, double *out)
+{
+    narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_BF16);
+}
+
+static void scalar_axpy_rows_f32(double *acc, const double *weights, const float *rows,
+                                 size_t stride, size_t count, size_t n)
+{
+    narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_F32);
+}
+
+static void scalar_axpy_rows_bf16(double *acc, const double *weights, const uint16_t *rows,
+                                  size_t stride, size_t count, size_t n)
+{
+    narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_BF16);
+}
+
 const kvpi_kernels kvpi_kernels_scalar = {
     KVPI_ISA_SCALAR, "scalar",       scalar_dot,     scalar_dot_rows, scalar_axpy,
-    scalar_axpy_rows, scalar_exps, scalar_exp_sum,
+    scalar_axpy_rows, scalar_exps, scalar_exp_sum, scalar_dot_rows_f32, scalar_dot_rows_bf16,
+    scalar_axpy_rows_f32, scalar_axpy_rows_bf16,
 };

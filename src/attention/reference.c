@@ -11,6 +11,10 @@
  * projection, score or output gives the same status, what, flat index and
  * value as decoding the same rows one at a time would (plus err.token).
  * Out-parameters are written only on success: outputs go to scratch first.
+ * With a storage dtype (kvp_attention_reference_stored), each token's rotated
+ * key and value rows are checked and rounded to the dtype right after
+ * rotation, where prepare rounds its candidate, so every later use (and the
+ * exported K/V) sees the stored values; f64 skips that step entirely.
  * Callers: the public API (tests, the demo, benchmarks).
  */
 #include <math.h>
@@ -20,6 +24,7 @@
 #include "attention/kernels.h"
 #include "attention/layer_internal.h"
 #include "pager/alloc.h"
+#include "pager/dtype.h"
 #include "pager/error.h"
 
 static kvp_status validate_reference(const kvp_layer *layer, const kvp_tensor *input,
@@ -160,6 +165,39 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
     return status;
 }
 
+/*
+ * Token t's rotated key, then value, rows as a `dtype` pool stores them: the
+ * first finite element the dtype cannot hold is refused as prepare refuses it
+ * (kvpi_cache_check_storable), else the rows are rounded in place.
+ */
+static kvp_status store_token(const reference_scratch *s, kvp_dtype dtype, size_t batch,
+                              size_t tokens, size_t d, size_t t, kvp_error *err)
+{
+    if (dtype == KVP_F64) {
+        return KVP_OK;
+    }
+    static const kvp_status statuses[2] = {KVP_NONFINITE_KEY, KVP_NONFINITE_VALUE};
+    double *const rows[2] = {s->k, s->v};
+    for (size_t which = 0; which < 2; which++) {
+        gather_token(rows[which], batch, tokens, d, t, s->row);
+        size_t i = kvpi_dtype_first_overflow(dtype, s->row, batch * d);
+        if (i < batch * d) {
+            kvp_error e = kvpi_error_begin(statuses[which]);
+            e.what = kvp_dtype_name(dtype);
+            e.index = i;
+            e.value = s->row[i];
+            e.token = t;
+            return kvpi_error_emit(err, &e);
+        }
+    }
+    for (size_t which = 0; which < 2; which++) {
+        for (size_t b = 0; b < batch; b++) {
+            kvpi_dtype_round_rows(dtype, rows[which] + (b * tokens + t) * d, d);
+        }
+    }
+    return KVP_OK;
+}
+
 /* The unrotated projections of token t, checked query, key, value, as the incremental path. */
 static kvp_status check_projections(const reference_scratch *s, size_t batch, size_t tokens,
                                     size_t d, size_t t, kvp_error *err)
@@ -181,6 +219,15 @@ kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *inp
                                    double *output, size_t output_len, double *keys,
                                    double *values, size_t kv_len, kvp_error *err)
 {
+    return kvp_attention_reference_stored(layer, KVP_F64, input, output, output_len, keys,
+                                          values, kv_len, err);
+}
+
+kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtype,
+                                          const kvp_tensor *input, double *output,
+                                          size_t output_len, double *keys, double *values,
+                                          size_t kv_len, kvp_error *err)
+{
     if (layer == NULL) {
         return kvpi_fail_null(err, "layer");
     }
@@ -189,6 +236,9 @@ kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *inp
     }
     if (output == NULL) {
         return kvpi_fail_null(err, "output");
+    }
+    if (kvp_dtype_bytes(dtype) == 0) {
+        return kvpi_fail_invalid(err, "dtype", "must be KVP_F64, KVP_F32 or KVP_BF16");
     }
     kvp_status status = validate_reference(layer, input, output_len, keys, values, kv_len, err);
     if (status != KVP_OK) {
@@ -229,7 +279,10 @@ kvp_status kvp_attention_reference(const kvp_layer *layer, const kvp_tensor *inp
             size_t at = (b * tokens + t) * d;
             kvpi_layer_rope(layer, s.q + at, s.k + at, layer->heads, t);
         }
-        status = reference_token(layer, &s, batch, tokens, t, err);
+        status = store_token(&s, dtype, batch, tokens, d, t, err);
+        if (status == KVP_OK) {
+            status = reference_token(layer, &s, batch, tokens, t, err);
+        }
     }
     if (status == KVP_OK) {
         memcpy(output, s.out, rows * sizeof *output);

@@ -124,7 +124,8 @@ static int track_pool(demo *d, kvp_status status, kvp_pool *pool, const char *co
 static kvp_pool *make_pool(demo *d, size_t heads, size_t head_width, size_t pages)
 {
     kvp_pool_config config = {BLOCK_TOKENS, heads, head_width,
-                              pages * 2 * heads * BLOCK_TOKENS * head_width * sizeof(double)};
+                              pages * 2 * heads * BLOCK_TOKENS * head_width * sizeof(double),
+                              KVP_F64};
     kvp_pool *pool = NULL;
     kvp_status status = kvp_pool_create(&config, &pool, &d->err);
     return track_pool(d, status, pool, "creating a pool") == 0 ? pool : NULL;

@@ -39,6 +39,7 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->heads = 4;
     config->block_tokens = 16;
     config->budget_bytes = (size_t)32 << 20;
+    config->kv_dtype = KVP_F64;
     config->capacity = 2048;
     config->threads = 0;
     config->seed = 1;
@@ -143,7 +144,7 @@ static int setup(sim *s)
         return fail(s, "checking the model shape");
     }
     kvp_pool_config pool_config = {c->block_tokens, c->heads, c->model_width / c->heads,
-                                   c->budget_bytes};
+                                   c->budget_bytes, c->kv_dtype};
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
@@ -168,6 +169,18 @@ static int setup(sim *s)
     s->watermark_pages = (size_t)ceil(c->watermark * (double)stats.total_pages);
     s->result->total_pages = stats.total_pages;
     s->result->page_bytes = stats.page_bytes;
+    s->result->kv_dtype = stats.dtype;
+    s->result->element_bytes = stats.element_bytes;
+    /*
+     * Sequences of full capacity the pages hold (one lane per layer each),
+     * against f64 pages of the same geometry and budget: the dtype's gain in
+     * sequences, counted in whole pages.
+     */
+    size_t per_sequence = c->layers * (c->capacity / c->block_tokens +
+                                       (c->capacity % c->block_tokens != 0));
+    size_t f64_page_bytes = stats.page_bytes / stats.element_bytes * sizeof(double);
+    s->result->full_sequences = stats.total_pages / per_sequence;
+    s->result->f64_full_sequences = c->budget_bytes / f64_page_bytes / per_sequence;
     s->result->threads = s->decoder != NULL ? kvp_decoder_threads(s->decoder) : 1;
     return 0;
 }
@@ -632,9 +645,12 @@ static void summarize(sim *s)
     if (res->seconds > 0.0) {
         res->tokens_per_second = (double)res->tokens_generated / res->seconds;
     }
-    /* The seed's layout: every sequence reserves [B, H, C, d_h] keys and values per layer. */
+    /*
+     * The seed's layout: every sequence reserves [B, H, C, d_h] keys and values
+     * per layer, here in the pool's dtype, so the ratio measures paging alone.
+     */
     double per_sequence = (double)c->layers * (double)c->capacity * 2.0 *
-                          (double)c->model_width * (double)sizeof(double);
+                          (double)c->model_width * (double)kvp_dtype_bytes(c->kv_dtype);
     res->contiguous_baseline = (size_t)floor((double)c->budget_bytes / per_sequence);
     res->concurrency_ratio = res->contiguous_baseline > 0
                                  ? (double)res->peak_concurrent / (double)res->contiguous_baseline

@@ -34,6 +34,7 @@ typedef struct kvp_sim_config {
     size_t heads;
     size_t block_tokens;
     size_t budget_bytes;
+    kvp_dtype kv_dtype;     /* pages' storage type (kvpager/pool.h); the model computes in f64 */
     size_t capacity;
     size_t threads;         /* 0: one per core */
     uint64_t seed;
@@ -64,10 +65,15 @@ typedef struct kvp_sim_result {
     double mean_utilization;
     double internal_fragmentation; /* sum(held - used slots) / sum(held slots) */
     size_t preemptions;
-    size_t contiguous_baseline;    /* sequences the budget holds at full capacity each */
+    size_t contiguous_baseline;    /* sequences the budget holds at full capacity each, contiguous,
+                                      in the same dtype */
     double concurrency_ratio;      /* peak_concurrent / contiguous_baseline */
     size_t total_pages;
     size_t page_bytes;
+    kvp_dtype kv_dtype;            /* the pool's, from its stats */
+    size_t element_bytes;          /* bytes of one stored K or V element */
+    size_t full_sequences;         /* sequences of full capacity the pool's pages hold */
+    size_t f64_full_sequences;     /* the same for f64 pages of the same budget */
     size_t audits;
     size_t audit_failures;
     size_t pages_leaked;           /* pages still held after every sequence is gone */

@@ -8,7 +8,7 @@
  *   1. parse: every argument is read (unknown options, missing values,
  *      duplicates and malformed numbers are found here);
  *   2. validate: each flag's range, then flags that depend on each other
- *      (heads divide the width, a page within the budget, the mean request
+ *      (heads divide the width, a page of the --kv-dtype within the budget, the mean request
  *      within the capacity, --trace against the generated-workload flags),
  *      the trace file's rows, and the memory every part of the run needs
  *      against physical memory (each product overflow-checked);
@@ -38,6 +38,7 @@
     X(HEADS, "--heads")                                                                   \
     X(BLOCK_TOKENS, "--block-tokens")                                                     \
     X(BUDGET, "--budget")                                                                 \
+    X(KV_DTYPE, "--kv-dtype")                                                             \
     X(CAPACITY, "--capacity")                                                             \
     X(REQUESTS, "--requests")                                                             \
     X(PROFILE, "--profile")                                                               \
@@ -112,8 +113,14 @@ static void simulate_usage(FILE *out)
             "  --budget SIZE        pool budget: bytes, or a number with a unit B, KiB, MiB,\n"
             "                       GiB, TiB (1024-based) or KB, MB, GB, TB (1000-based),\n"
             "                       naming a whole byte count (1.5KiB yes, 1.5 no); at least\n"
-            "                       one page (2 x block-tokens x D x 8 bytes) and at most\n"
-            "                       physical memory (default %s)\n"
+            "                       one page (2 x block-tokens x D x element bytes) and at\n"
+            "                       most physical memory (default %s)\n"
+            "  --kv-dtype NAME      how pages store K and V: f64 (8 bytes), f32 (4) or bf16\n"
+            "                       (2), rounded once to nearest even when appended; the\n"
+            "                       model still computes in f64. f64 is the default because\n"
+            "                       it is exact: outputs equal the f64 reference bit for bit.\n"
+            "                       f32 and bf16 fit 2x and 4x the tokens in the budget,\n"
+            "                       within a measured error (DESIGN.md) (default f64)\n"
             "  --allow-overcommit   accept a budget above physical memory\n"
             "  --capacity N         positions a sequence may hold, >= %d and >= the mean\n"
             "                       request (prompt mean + output mean) (default %zu)\n"
@@ -197,6 +204,19 @@ static double *real_field(options *o, flag f)
     }
 }
 
+/* "f64", "f32" or "bf16" (kvp_dtype_name's names): 0 and *out, or -1. */
+static int parse_dtype(const char *value, kvp_dtype *out)
+{
+    static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16};
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
+        if (strcmp(value, kvp_dtype_name(dtypes[i])) == 0) {
+            *out = dtypes[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* Reads one flag's value; its syntax only (ranges are checked later). */
 static void parse_value(options *o, flag f, const char *value, kvp_cli_problems *p)
 {
@@ -222,6 +242,10 @@ static void parse_value(options *o, flag f, const char *value, kvp_cli_problems 
             invalid(p, f, value,
                     "not a whole byte count (a number with an optional unit B, KiB, MiB, "
                     "GiB, TiB, KB, MB, GB or TB, below 2^64 bytes)");
+        }
+    } else if (f == FLAG_KV_DTYPE) {
+        if (parse_dtype(value, &o->sim.kv_dtype) != 0) {
+            invalid(p, f, value, "not a storage type (f64, f32 or bf16)");
         }
     } else if (f == FLAG_PROFILE) {
         if (kvp_profile_parse(value, &o->workload.profile) != 0) {
@@ -375,23 +399,25 @@ static void check_sizes(options *o, kvp_cli_problems *p, size_t *page_bytes)
 {
     const kvp_sim_config *c = &o->sim;
     char buf[3][32];
-    /* A page holds keys and values: 2 x block_tokens x D doubles. */
+    /* A page holds keys and values: 2 x block_tokens x D elements of the --kv-dtype. */
+    size_t element = kvp_dtype_bytes(c->kv_dtype);
     size_t bytes = 0;
-    if (kvp_cli_mul(2 * sizeof(double), c->block_tokens, &bytes) != 0 ||
+    if (kvp_cli_mul(2 * element, c->block_tokens, &bytes) != 0 ||
         kvp_cli_mul(bytes, c->model_width, &bytes) != 0) {
         kvp_cli_problem(p, "invalid value for --block-tokens: '%s': a page of 2 x %zu positions x "
-                   "--model-width %s x 8 bytes overflows",
+                   "--model-width %s x %zu bytes overflows",
                 shown(o, FLAG_BLOCK_TOKENS, buf[0], sizeof buf[0], c->block_tokens),
-                c->block_tokens, shown(o, FLAG_MODEL_WIDTH, buf[1], sizeof buf[1], c->model_width));
+                c->block_tokens, shown(o, FLAG_MODEL_WIDTH, buf[1], sizeof buf[1], c->model_width),
+                element);
         return;
     }
     *page_bytes = bytes;
     if (c->budget_bytes < bytes) {
         kvp_cli_problem(p, "invalid value for --budget: '%s': below one page of %s (2 x --block-tokens "
-                   "%zu x --model-width %zu x 8 bytes)",
+                   "%zu x --model-width %zu x %zu bytes of %s)",
                 o->value[FLAG_BUDGET] ? o->value[FLAG_BUDGET] : "32MiB",
                 kvp_cli_format_bytes(bytes, buf[0], sizeof buf[0]), c->block_tokens,
-                c->model_width);
+                c->model_width, element, kvp_dtype_name(c->kv_dtype));
     } else if (c->budget_bytes / bytes > MAX_POOL_PAGES) {
         kvp_cli_problem(p, "invalid value for --budget: '%s': %zu pages of %s, more than the pool's "
                    "%u (32-bit page ids)",
@@ -586,6 +612,14 @@ static int targets_met(const kvp_sim_result *r)
            r->audit_failures == 0;
 }
 
+/* full_sequences / f64_full_sequences (1 when f64 holds none: no gain is measurable). */
+static double dtype_gain(const kvp_sim_result *r)
+{
+    return r->f64_full_sequences > 0
+               ? (double)r->full_sequences / (double)r->f64_full_sequences
+               : 1.0;
+}
+
 static void print_report(const options *o, const kvp_workload *w, const kvp_sim_result *r)
 {
     const kvp_sim_config *c = &o->sim;
@@ -595,11 +629,12 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
            o->trace ? o->trace : kvp_profile_name(o->workload.profile), w->count,
            mean_of(w, 1), mean_of(w, 0));
     printf("model: %zu layers, width %zu, %zu heads; pool: %s budget = %zu pages of %s "
-           "(%zu positions); capacity %zu; %zu thread%s%s\n\n",
+           "(%zu positions, kv_dtype %s); capacity %zu; %zu thread%s%s\n\n",
            c->layers, c->model_width, c->heads,
            kvp_cli_format_bytes(c->budget_bytes, budget, sizeof budget), r->total_pages,
-           kvp_cli_format_bytes(r->page_bytes, page, sizeof page), c->block_tokens, c->capacity,
-           r->threads, r->threads == 1 ? "" : "s", c->compute ? "" : ", allocator only");
+           kvp_cli_format_bytes(r->page_bytes, page, sizeof page), c->block_tokens,
+           kvp_dtype_name(r->kv_dtype), c->capacity, r->threads, r->threads == 1 ? "" : "s",
+           c->compute ? "" : ", allocator only");
     printf("requests completed      %zu of %zu (%zu rejected as never fitting)\n",
            r->requests_completed, r->requests, r->requests_rejected);
     printf("tokens generated        %llu (plus %llu prompt tokens prefilled)\n",
@@ -621,6 +656,12 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
         printf("contiguous baseline     0 sequences: one full-capacity reservation exceeds the "
                "budget\n");
     }
+    printf("kv dtype                %s, %zu bytes per element: the pages hold %zu full-capacity "
+           "sequences,\n"
+           "                        %zu in f64 pages of the same budget: %+lld (%.2fx)\n",
+           kvp_dtype_name(r->kv_dtype), r->element_bytes, r->full_sequences,
+           r->f64_full_sequences,
+           (long long)r->full_sequences - (long long)r->f64_full_sequences, dtype_gain(r));
     printf("final audit             %s: %zu of %zu audits failed, %zu pages leaked, "
            "acquires %llu, releases %llu\n",
            r->audit_failures == 0 && r->pages_leaked == 0 ? "ok" : "FAILED", r->audit_failures,
@@ -663,6 +704,11 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_uint(&json, "page_releases", r->releases);
     kvp_json_uint(&json, "total_pages", r->total_pages);
     kvp_json_uint(&json, "page_bytes", r->page_bytes);
+    kvp_json_string(&json, "kv_dtype", kvp_dtype_name(r->kv_dtype));
+    kvp_json_uint(&json, "kv_element_bytes", r->element_bytes);
+    kvp_json_uint(&json, "full_capacity_sequences", r->full_sequences);
+    kvp_json_uint(&json, "f64_full_capacity_sequences", r->f64_full_sequences);
+    kvp_json_double(&json, "sequences_vs_f64", dtype_gain(r));
     kvp_json_double(&json, "output_checksum", r->output_checksum);
     kvp_json_bool(&json, "targets_met", targets_met(r));
     kvp_json_object_begin(&json, "config");
@@ -676,6 +722,7 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_uint(&json, "heads", c->heads);
     kvp_json_uint(&json, "block_tokens", c->block_tokens);
     kvp_json_uint(&json, "budget_bytes", c->budget_bytes);
+    kvp_json_string(&json, "kv_dtype", kvp_dtype_name(c->kv_dtype));
     kvp_json_uint(&json, "capacity", c->capacity);
     kvp_json_uint(&json, "threads", r->threads);
     kvp_json_uint(&json, "seed", c->seed);

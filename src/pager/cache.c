@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "pager/alloc.h"
+#include "pager/dtype.h"
 #include "pager/error.h"
 
 static atomic_uint_fast64_t next_serial = 1;
@@ -265,11 +266,11 @@ kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_e
 
 /*
  * Visits the logical rows of keys (values == 0) or values block by block, in
- * [lane][head][position] order: `rows` contiguous rows of d_h doubles at
- * `src` hold positions start .. start + rows of (lane, head).
+ * [lane][head][position] order: `rows` contiguous rows of d_h stored elements
+ * (the pool's dtype) at `src` hold positions start .. start + rows of (lane, head).
  */
 typedef void (*row_visit_fn)(void *ctx, size_t lane, size_t head, size_t start,
-                             const double *src, size_t rows);
+                             const void *src, size_t rows);
 
 static void cache_visit_rows(const kvp_cache *cache, int values, row_visit_fn fn, void *ctx)
 {
@@ -280,7 +281,7 @@ static void cache_visit_rows(const kvp_cache *cache, int values, row_visit_fn fn
             for (size_t start = 0; start < cache->len; start += bt) {
                 size_t rows = cache->len - start < bt ? cache->len - start : bt;
                 uint32_t page = table[start / bt];
-                const double *src = values ? kvpi_cache_page_values(cache, page, head)
+                const void *src = values ? kvpi_cache_page_values(cache, page, head)
                                            : kvpi_cache_page_keys(cache, page, head);
                 fn(ctx, lane, head, start, src, rows);
             }
@@ -293,14 +294,14 @@ typedef struct snapshot_ctx {
     double *out;
 } snapshot_ctx;
 
-static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, const double *src,
+static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, const void *src,
                           size_t rows)
 {
     snapshot_ctx *snap = ctx;
     const kvp_cache *cache = snap->cache;
     size_t d = cache->head_width;
     double *dst = snap->out + ((lane * cache->heads + head) * cache->len + start) * d;
-    memcpy(dst, src, rows * d * sizeof *dst);
+    kvpi_dtype_load(kvpi_cache_dtype(cache), src, dst, rows * d);
 }
 
 /* Copies the logical [B, H, len, d_h] prefix of keys (values == 0) or values. */
@@ -362,18 +363,19 @@ static uint64_t fnv1a(uint64_t hash, const void *data, size_t bytes)
 }
 
 typedef struct digest_ctx {
-    size_t head_width;
+    size_t row_bytes; /* head_width stored elements */
     uint64_t hash;
 } digest_ctx;
 
-static void digest_rows(void *ctx, size_t lane, size_t head, size_t start, const double *src,
+/* Digests the stored bytes, whatever the dtype. */
+static void digest_rows(void *ctx, size_t lane, size_t head, size_t start, const void *src,
                         size_t rows)
 {
     (void)lane;
     (void)head;
     (void)start;
     digest_ctx *digest = ctx;
-    digest->hash = fnv1a(digest->hash, src, rows * digest->head_width * sizeof *src);
+    digest->hash = fnv1a(digest->hash, src, rows * digest->row_bytes);
 }
 
 kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out, kvp_error *err)
@@ -388,7 +390,7 @@ kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out, kvp_error *er
     hash = fnv1a(hash, &cache->len, sizeof cache->len);
     hash = fnv1a(hash, &cache->capacity, sizeof cache->capacity);
     size_t mapped = kvpi_cache_mapped_blocks(cache);
-    digest_ctx digest = {cache->head_width, hash};
+    digest_ctx digest = {cache->head_width * cache->pool->element_bytes, hash};
     cache_visit_rows(cache, 0, digest_rows, &digest);
     cache_visit_rows(cache, 1, digest_rows, &digest);
     hash = digest.hash;
@@ -434,6 +436,33 @@ static kvp_status check_row_shape(const kvp_cache *cache, const kvp_tensor *row,
     return kvpi_error_emit(err, &e);
 }
 
+kvp_status kvpi_cache_check_storable(const kvp_cache *cache, const double *rows, size_t n,
+                                     kvp_status status, kvp_error *err)
+{
+    kvp_dtype dtype = kvpi_cache_dtype(cache);
+    size_t i = kvpi_dtype_first_overflow(dtype, rows, n);
+    if (i == n) {
+        return KVP_OK;
+    }
+    kvp_error e = kvpi_error_begin(status);
+    e.what = kvp_dtype_name(dtype);
+    e.index = i;
+    e.value = rows[i];
+    return kvpi_error_emit(err, &e);
+}
+
+/* The first element not finite as stored: non-finite in f64, or overflowing the dtype. */
+static kvp_status check_stored_finite(const kvp_cache *cache, const double *rows, size_t n,
+                                      kvp_status status, kvp_error *err)
+{
+    size_t nonfinite = kvpi_first_nonfinite(rows, n);
+    size_t overflow = kvpi_dtype_first_overflow(kvpi_cache_dtype(cache), rows, nonfinite);
+    if (overflow < nonfinite) {
+        return kvpi_cache_check_storable(cache, rows, nonfinite, status, err);
+    }
+    return kvpi_check_finite(rows, n, status, NULL, err);
+}
+
 kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
                                       const kvp_tensor *value, kvp_error *err)
 {
@@ -456,9 +485,9 @@ kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *
         return kvpi_error_emit(err, &e);
     }
     size_t n = cache->batch_size * cache->heads * cache->head_width;
-    status = kvpi_check_finite(key->data, n, KVP_NONFINITE_KEY, NULL, err);
+    status = check_stored_finite(cache, key->data, n, KVP_NONFINITE_KEY, err);
     if (status == KVP_OK) {
-        status = kvpi_check_finite(value->data, n, KVP_NONFINITE_VALUE, NULL, err);
+        status = check_stored_finite(cache, value->data, n, KVP_NONFINITE_VALUE, err);
     }
     return status;
 }
@@ -476,15 +505,17 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
     size_t block = cache->len / bt;
     size_t slot = cache->len % bt;
     int opens_block = slot == 0;
+    kvp_dtype dtype = kvpi_cache_dtype(cache);
     for (size_t lane = 0; lane < cache->batch_size; lane++) {
         uint32_t page = opens_block ? kvpi_reservation_peek(reservation, lane)
                                     : kvpi_cache_lane_table(cache, lane)[block];
-        double *base = kvpi_pool_page(cache->pool, page);
+        unsigned char *base = kvpi_pool_page(cache->pool, page);
+        size_t row_bytes = d * cache->pool->element_bytes;
         for (size_t head = 0; head < cache->heads; head++) {
             const double *k = key + (lane * cache->heads + head) * d;
             const double *v = value + (lane * cache->heads + head) * d;
-            memcpy(base + (head * bt + slot) * d, k, d * sizeof *k);
-            memcpy(base + ((cache->heads + head) * bt + slot) * d, v, d * sizeof *v);
+            kvpi_dtype_store(dtype, base + (head * bt + slot) * row_bytes, k, d);
+            kvpi_dtype_store(dtype, base + ((cache->heads + head) * bt + slot) * row_bytes, v, d);
         }
     }
     kvpi_pool_lock(cache->pool);

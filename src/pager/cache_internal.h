@@ -10,7 +10,8 @@
  *     pages and the rest are KVPI_NO_PAGE (I4);
  *   - position p of lane b, head h lives in page tables[b][p / block_tokens]
  *     at slot p % block_tokens: keys at page + (h*block_tokens + slot)*d_h,
- *     values at page + ((H + h)*block_tokens + slot)*d_h;
+ *     values at page + ((H + h)*block_tokens + slot)*d_h, in elements of the
+ *     pool's dtype (kvpager/pool.h), rounded from f64 once, at commit;
  *   - epoch advances on every commit and reset, so a ticket can tell that
  *     the cache changed since it was prepared;
  *   - len and tables change only under the pool lock (pool_internal.h).
@@ -55,24 +56,37 @@ static inline const uint32_t *kvpi_cache_lane_table(const kvp_cache *cache, size
     return cache->tables + lane * cache->blocks_per_lane;
 }
 
-/* The block_tokens key rows of `head` in `page`, contiguous, [block_tokens][d_h]. */
-static inline const double *kvpi_cache_page_keys(const kvp_cache *cache, uint32_t page,
-                                                 size_t head)
+/* The pool's storage type: every page of this cache holds elements of it. */
+static inline kvp_dtype kvpi_cache_dtype(const kvp_cache *cache)
 {
-    return kvpi_pool_page(cache->pool, page) + head * cache->block_tokens * cache->head_width;
+    return cache->pool->dtype;
 }
 
-/* The block_tokens value rows of `head` in `page`, contiguous, [block_tokens][d_h]. */
-static inline const double *kvpi_cache_page_values(const kvp_cache *cache, uint32_t page,
-                                                   size_t head)
+/*
+ * The block_tokens key rows of `head` in `page`, contiguous, [block_tokens][d_h]
+ * elements of kvpi_cache_dtype(cache).
+ */
+static inline const void *kvpi_cache_page_keys(const kvp_cache *cache, uint32_t page,
+                                               size_t head)
 {
-    return kvpi_pool_page(cache->pool, page) +
-           (cache->heads + head) * cache->block_tokens * cache->head_width;
+    return (const unsigned char *)kvpi_pool_page(cache->pool, page) +
+           head * cache->block_tokens * cache->head_width * cache->pool->element_bytes;
+}
+
+/* The block_tokens value rows of `head` in `page`, as kvpi_cache_page_keys. */
+static inline const void *kvpi_cache_page_values(const kvp_cache *cache, uint32_t page,
+                                                 size_t head)
+{
+    return (const unsigned char *)kvpi_pool_page(cache->pool, page) +
+           (cache->heads + head) * cache->block_tokens * cache->head_width *
+               cache->pool->element_bytes;
 }
 
 /*
  * The seed's validate_append, in the seed's order: key shape [B,H,1,d_h],
- * value shape, FULL, first non-finite key, first non-finite value.
+ * value shape, FULL, first key not finite as stored, first such value. "Not
+ * finite as stored": non-finite in f64 (err.what NULL), or finite but
+ * overflowing the pool's dtype (err.what "f32" or "bf16"; dtype.h).
  */
 kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
                                       const kvp_tensor *value, kvp_error *err);
@@ -84,14 +98,24 @@ kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *
 size_t kvpi_cache_pages_needed(const kvp_cache *cache);
 
 /*
- * Makes one validated row per lane visible: copies key and value ([B,H,1,d_h]
- * flat) into their page slots, maps pages taken from `reservation` when the
- * row opens a block, then len += 1 and epoch += 1.
+ * Makes one validated row per lane visible: stores key and value ([B,H,1,d_h]
+ * flat) into their page slots, rounded to the pool's dtype (dtype.h), maps
+ * pages taken from `reservation` when the row opens a block, then len += 1
+ * and epoch += 1.
  * Preconditions: kvpi_cache_validate_append succeeded for these rows, and
  * the reservation holds at least kvpi_cache_pages_needed pages.
  */
 void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
                        kvpi_reservation *reservation);
+
+/*
+ * KVP_OK when no element of rows[0..n) overflows the cache's storage type;
+ * otherwise `status` (NONFINITE_KEY or NONFINITE_VALUE) with what = the
+ * type's name, the flat index and the f64 value of the first that does.
+ * Non-finite elements are not its business. Always KVP_OK for f64.
+ */
+kvp_status kvpi_cache_check_storable(const kvp_cache *cache, const double *rows, size_t n,
+                                     kvp_status status, kvp_error *err);
 
 /*
  * Rolls `count` caches of one pool, all of the same length, back to `len`:

@@ -43,10 +43,39 @@ void kvp_pool_config_init(kvp_pool_config *config)
     config->heads = 8;
     config->head_width = 64;
     config->budget_bytes = (size_t)64 << 20;
+    config->dtype = KVP_F64;
+}
+
+const char *kvp_dtype_name(kvp_dtype dtype)
+{
+    switch (dtype) {
+    case KVP_F64:
+        return "f64";
+    case KVP_F32:
+        return "f32";
+    case KVP_BF16:
+        return "bf16";
+    default:
+        return "unknown";
+    }
+}
+
+size_t kvp_dtype_bytes(kvp_dtype dtype)
+{
+    switch (dtype) {
+    case KVP_F64:
+        return sizeof(double);
+    case KVP_F32:
+        return sizeof(float);
+    case KVP_BF16:
+        return sizeof(uint16_t);
+    default:
+        return 0;
+    }
 }
 
 /* Validates sizes and derives the page geometry; see kvp_pool_create's order. */
-static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_doubles,
+static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_bytes_out,
                                 size_t *total_pages, kvp_error *err)
 {
     static const char *const names[] = {"block_tokens", "heads", "head_width", "budget_bytes"};
@@ -59,6 +88,9 @@ static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_doub
             return kvpi_error_emit(err, &e);
         }
     }
+    if (kvp_dtype_bytes(config->dtype) == 0) {
+        return kvpi_fail_invalid(err, "dtype", "must be KVP_F64, KVP_F32 or KVP_BF16");
+    }
     kvp_error overflow = kvpi_error_begin(KVP_SIZE_OVERFLOW);
     overflow.block_tokens = config->block_tokens;
     overflow.heads = config->heads;
@@ -66,7 +98,7 @@ static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_doub
     overflow.budget_bytes = config->budget_bytes;
     size_t doubles = 2;
     const size_t factors[] = {config->heads, config->block_tokens, config->head_width,
-                              sizeof(double)};
+                              kvp_dtype_bytes(config->dtype)};
     for (size_t i = 0; i < 4; i++) {
         if (doubles > SIZE_MAX / factors[i]) {
             return kvpi_error_emit(err, &overflow);
@@ -84,7 +116,7 @@ static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_doub
     if (pages >= (size_t)KVPI_NO_PAGE) {
         return kvpi_error_emit(err, &overflow);
     }
-    *page_doubles = page_bytes / sizeof(double);
+    *page_bytes_out = page_bytes;
     *total_pages = pages;
     return KVP_OK;
 }
@@ -97,13 +129,12 @@ kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out, kvp_er
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    size_t page_doubles = 0;
+    size_t page_bytes = 0;
     size_t total = 0;
-    kvp_status status = pool_geometry(config, &page_doubles, &total, err);
+    kvp_status status = pool_geometry(config, &page_bytes, &total, err);
     if (status != KVP_OK) {
         return status;
     }
-    size_t page_bytes = page_doubles * sizeof(double);
 
     kvp_pool *pool = kvpi_calloc(KVPI_SITE_POOL_STRUCT, 1, sizeof *pool);
     if (pool == NULL) {
@@ -119,7 +150,7 @@ kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out, kvp_er
     }
     size_t slab_bytes = total * page_bytes; /* <= budget_bytes */
     unsigned arena = 0;
-    double *slab = kvpi_slab_alloc(slab_bytes, &arena);
+    void *slab = kvpi_slab_alloc(slab_bytes, &arena);
     if (slab == NULL) {
         kvpi_free(metadata);
         kvpi_free(pool);
@@ -135,7 +166,8 @@ kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out, kvp_er
     pool->block_tokens = config->block_tokens;
     pool->heads = config->heads;
     pool->head_width = config->head_width;
-    pool->page_doubles = page_doubles;
+    pool->dtype = config->dtype;
+    pool->element_bytes = kvp_dtype_bytes(config->dtype);
     pool->page_bytes = page_bytes;
     pool->total_pages = total;
     pool->slab = slab;
@@ -205,6 +237,8 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     stats.slab_address = (uintptr_t)pool->slab;
     stats.promised_pages = pool->promised;
     stats.tentative_pages = pool->tentative;
+    stats.dtype = pool->dtype;
+    stats.element_bytes = pool->element_bytes;
     kvpi_pool_unlock(pool);
     *out = stats;
     return KVP_OK;
@@ -462,6 +496,14 @@ static size_t audit_holders(const kvp_pool *pool, kvpi_audit *audit, kvpi_holder
 
 static void audit_locked(const kvp_pool *pool, kvpi_audit *audit)
 {
+    /* The page geometry, the dtype's element size included, is recomputed too. */
+    size_t page_bytes = 2 * pool->heads * pool->block_tokens * pool->head_width *
+                        kvp_dtype_bytes(pool->dtype);
+    if (pool->element_bytes != kvp_dtype_bytes(pool->dtype) || pool->page_bytes != page_bytes) {
+        kvpi_audit_report(audit, KVP_INVARIANT_STATS,
+                          "page bytes, 2 * heads * block_tokens * head_width * dtype bytes",
+                          SIZE_MAX, SIZE_MAX, page_bytes, pool->page_bytes);
+    }
     size_t free_found = audit_free_list(pool, audit);
     size_t held = 0;
     for (size_t page = 0; page < pool->total_pages; page++) {

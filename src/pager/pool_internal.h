@@ -51,10 +51,11 @@ struct kvp_pool {
     size_t block_tokens;
     size_t heads;
     size_t head_width;
-    size_t page_doubles;   /* 2 * heads * block_tokens * head_width */
-    size_t page_bytes;
+    kvp_dtype dtype;       /* the pages' element type (kvpager/pool.h) */
+    size_t element_bytes;  /* kvp_dtype_bytes(dtype) */
+    size_t page_bytes;     /* 2 * heads * block_tokens * head_width * element_bytes */
     size_t total_pages;
-    double *slab;          /* total_pages * page_doubles, never moves */
+    void *slab;            /* total_pages * page_bytes, never moves */
     unsigned arena;        /* the jemalloc arena that serves only the slab */
     uint32_t *free_stack;  /* [total_pages]; the top is free_stack[free_count - 1] */
     size_t free_count;
@@ -71,9 +72,10 @@ struct kvp_pool {
     size_t tentative;      /* held pages of transactions not yet confirmed (prefills) */
 };
 
-static inline double *kvpi_pool_page(const kvp_pool *pool, uint32_t page)
+/* The first byte of `page`; its elements are of type pool->dtype. */
+static inline void *kvpi_pool_page(const kvp_pool *pool, uint32_t page)
 {
-    return pool->slab + (size_t)page * pool->page_doubles;
+    return (unsigned char *)pool->slab + (size_t)page * pool->page_bytes;
 }
 
 void kvpi_pool_lock(kvp_pool *pool);

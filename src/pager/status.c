@@ -279,8 +279,12 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         return;
     case KVP_NONFINITE_KEY:
     case KVP_NONFINITE_VALUE:
-        sink_printf(sink, "appended %s at flat index %zu must be finite, got ",
+        sink_printf(sink, "appended %s at flat index %zu must be finite",
                     e->status == KVP_NONFINITE_KEY ? "key value" : "value", e->index);
+        if (e->what != NULL) {
+            sink_printf(sink, " in %s storage", e->what);
+        }
+        sink_printf(sink, ", got ");
         sink_rust_f64(sink, e->value);
         return;
     case KVP_INPUT_RANK:

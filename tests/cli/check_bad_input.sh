@@ -87,6 +87,12 @@ run plot_directory "--plot $work/sub" "Is a directory" $S --plot "$work/sub" --r
 
 # ---- more of the same rules --------------------------------------------------
 run budget_below_a_page --budget "'1KiB'" $S --budget 1KiB
+run kv_dtype_unknown --kv-dtype "'f16'" $S --kv-dtype f16
+run kv_dtype_case --kv-dtype "'F32'" $S --kv-dtype F32
+run kv_dtype_empty --kv-dtype "''" $S --kv-dtype ""
+run kv_dtype_twice --kv-dtype "f32" $S --kv-dtype f32 --kv-dtype bf16
+# One bf16 page (2 x 16 x 64 x 2 bytes) fits 4KiB, one f32 page does not.
+run kv_dtype_f32_page_above_budget --budget "'4KiB'" $S --budget 4KiB --kv-dtype f32
 run budget_bad_unit --budget "'10XB'" $S --budget 10XB
 run budget_inexact_fraction --budget "'1.1KiB'" $S --budget 1.1KiB
 run budget_negative --budget "'-1'" $S --budget -1

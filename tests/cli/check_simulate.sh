@@ -32,6 +32,7 @@ fi
 
 "$@" simulate --help > "$work/help.txt"
 grep -q -- '--trace FILE' "$work/help.txt" || fail "--help does not describe --trace"
+grep -q -- '--kv-dtype NAME' "$work/help.txt" || fail "--help does not describe --kv-dtype"
 
 small="--requests 40 --prompt-mean 40 --output-mean 60 --capacity 512 --budget 1MiB --quiet --json"
 "$@" simulate $small --threads 2 > "$work/two.json"
@@ -59,6 +60,41 @@ same = ["steps", "preemptions", "peak_concurrent_sequences", "tokens_generated",
 for k in same:
     assert two[k] == none[k], f"{k}: computed {two[k]} vs allocator-only {none[k]}"
 print("check_simulate: json, threads and allocator-only runs agree")
+PY
+
+# --kv-dtype: every dtype runs clean; the report names the dtype and, from
+# the pool's pages, how many more full-capacity sequences it holds than f64.
+for dtype in f64 f32 bf16; do
+    "$@" simulate --requests 8 --prompt-mean 12 --output-mean 10 --capacity 128 \
+        --budget 1MiB --threads 2 --kv-dtype $dtype --quiet --json > "$work/$dtype.json"
+done
+"$@" simulate --requests 4 --prompt-mean 12 --output-mean 10 --capacity 128 \
+    --budget 256KiB --kv-dtype bf16 --quiet > "$work/bf16.txt"
+grep -q 'kv_dtype bf16' "$work/bf16.txt" || fail "the report does not name the kv dtype"
+grep -q 'kv dtype                bf16, 2 bytes per element' "$work/bf16.txt" ||
+    fail "the report lacks the kv dtype line"
+python3 - "$work" <<'PY'
+import json, sys
+runs = {d: json.load(open(f"{sys.argv[1]}/{d}.json")) for d in ("f64", "f32", "bf16")}
+for d, r in runs.items():
+    assert r["kv_dtype"] == d and r["config"]["kv_dtype"] == d, (d, r["kv_dtype"])
+    assert r["requests_completed"] == 8 and r["pages_leaked"] == 0 and r["audit_failures"] == 0
+    size = {"f64": 8, "f32": 4, "bf16": 2}[d]
+    assert r["kv_element_bytes"] == size
+    # Same positions per page: the page shrinks with the element, the page count grows.
+    assert r["page_bytes"] * 8 == runs["f64"]["page_bytes"] * size, (d, r["page_bytes"])
+    assert r["total_pages"] == 1024 * 1024 // r["page_bytes"]
+    # 128 positions of 16 per page, 2 layers: 16 pages per full-capacity sequence.
+    assert r["full_capacity_sequences"] == r["total_pages"] // 16
+    assert r["f64_full_capacity_sequences"] == runs["f64"]["full_capacity_sequences"]
+    assert r["sequences_vs_f64"] == r["full_capacity_sequences"] / r["f64_full_capacity_sequences"]
+assert runs["f64"]["sequences_vs_f64"] == 1.0
+assert runs["f32"]["sequences_vs_f64"] == 2.0 and runs["bf16"]["sequences_vs_f64"] == 4.0
+# The schedule never waits for pages here, so every dtype runs the same steps;
+# the outputs differ (rounded K/V) but stay close to f64's.
+assert len({r["steps"] for r in runs.values()}) == 1
+assert runs["f32"]["output_checksum"] != runs["f64"]["output_checksum"]
+print("check_simulate: --kv-dtype f64, f32 and bf16 agree with their page geometry")
 PY
 
 # A good trace runs exactly its rows.

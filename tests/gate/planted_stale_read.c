@@ -13,7 +13,7 @@
 
 int main(void)
 {
-    kvp_pool_config config = {2, 1, 4, 4 * 2 * 2 * 4 * sizeof(double)};
+    kvp_pool_config config = {2, 1, 4, 4 * 2 * 2 * 4 * sizeof(double), KVP_F64};
     kvp_pool *pool = NULL;
     kvp_error err;
     if (kvp_pool_create(&config, &pool, &err) != KVP_OK) {
