@@ -888,6 +888,7 @@ static void test_attention_validation_order(void **state)
     kvpt_assert_ok(kvp_layer_binding(fx.layer, &binding, &err), &err);
     kvp_binding one_head = binding;
     one_head.heads = 1;
+    one_head.kv_heads = 1;
     one_head.head_width = D;
     one_head.rope_feature_width = D;
     one_head.params[KVP_PARAM_VALUE].revision = 5;

@@ -409,6 +409,7 @@ static void test_nothing_changed_cache_functions(void **state)
                 kvp_cache_create(w.pool, &many_positions, SIZE_MAX / 2, 4, &out, &e));
     kvp_binding other = good;
     other.heads = 1;
+    other.kv_heads = 1;
     other.head_width = D;
     EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &other, 1, 1, &out, &e));
     assert_ptr_equal(out, SENTINEL);

@@ -4,7 +4,9 @@
  * A pool owns a fixed budget of equal-size physical pages carved from one
  * slab. The slab is allocated once, at creation, from a jemalloc arena of the
  * pool's own, and is never moved, grown or shrunk. A page holds K and V for
- * `block_tokens` positions of every head of one cache lane, in f64:
+ * `block_tokens` positions of every stored head of one cache lane, in f64
+ * (the stored heads are a layer's KV heads, kv_heads, which grouped-query
+ * layers keep below their query heads):
  *
  *     K[heads][block_tokens][head_width]  then  V[heads][block_tokens][head_width]
  *
@@ -31,7 +33,7 @@ typedef struct kvp_pool kvp_pool;
 
 typedef struct kvp_pool_config {
     size_t block_tokens; /* positions per page */
-    size_t heads;        /* attention heads per lane */
+    size_t heads;        /* stored (KV) heads per lane: a layer's kv_heads */
     size_t head_width;   /* features per head (d_h) */
     size_t budget_bytes; /* memory budget for the page slab */
 } kvp_pool_config;
