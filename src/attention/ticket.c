@@ -21,11 +21,12 @@ kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out, kvp_error
     size_t b = cache->batch_size;
     size_t heads = cache->binding.heads; /* query heads; the cache stores cache->heads */
     size_t d = cache->binding.model_width;
-    /* query, key, value, head outputs and output rows of D each (K and V use
-     * kv_heads * d_h <= D of theirs), then [B, H, capacity] weights. */
+    /* query, head outputs and output rows of D each, the candidate key and
+     * value rows of kv_heads * d_h each, then [B, H, capacity] weights. */
     size_t row_doubles = b * d;
+    size_t kv_doubles = b * cache->heads * cache->head_width; /* bounded by the cache */
     size_t weight_doubles = b * heads * cache->capacity;
-    size_t doubles = 5 * row_doubles + weight_doubles;
+    size_t doubles = 3 * row_doubles + 2 * kv_doubles + weight_doubles;
     /*
      * Defensive: the cache bounded b * kv_heads * capacity * d_h and allocated
      * b * blocks table entries, so on any real machine batch and row width are
@@ -57,10 +58,10 @@ kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out, kvp_error
     ticket->state = KVPI_TICKET_EMPTY;
     ticket->query = buffer;
     ticket->key = buffer + row_doubles;
-    ticket->value = buffer + 2 * row_doubles;
-    ticket->head_outputs = buffer + 3 * row_doubles;
-    ticket->output = buffer + 4 * row_doubles;
-    ticket->weights = buffer + 5 * row_doubles;
+    ticket->value = ticket->key + kv_doubles;
+    ticket->head_outputs = ticket->value + kv_doubles;
+    ticket->output = ticket->head_outputs + row_doubles;
+    ticket->weights = ticket->output + row_doubles;
     ticket->reserved = (uint32_t *)(void *)(buffer + doubles);
     kvpi_reservation_init(&ticket->reservation, cache->pool, ticket->reserved, b);
     *out = ticket;
