@@ -306,7 +306,7 @@ static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, con
     memcpy(dst, src, rows * d * sizeof *dst);
 }
 
-/* Copies the logical [B, H, len, d_h] prefix of keys (values == 0) or values. */
+/* Copies the logical [B, H_kv, len, d_h] prefix of keys (values == 0) or values. */
 static kvp_status cache_snapshot(const kvp_cache *cache, int values, double *out, size_t out_len,
                                  kvp_error *err)
 {
