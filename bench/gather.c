@@ -192,6 +192,7 @@ static int make_cache(const bench_config *c, size_t block_tokens, workspace *w, 
     memset(&binding, 0, sizeof binding);
     binding.model_width = c->heads * d;
     binding.heads = c->heads;
+    binding.kv_heads = c->heads;
     binding.head_width = d;
     binding.rope_feature_width = d;
     binding.rope_max_positions = c->len;

@@ -138,6 +138,7 @@ kvp_binding kvpt_binding(size_t heads, size_t head_width, size_t max_positions)
     memset(&binding, 0, sizeof binding);
     binding.model_width = heads * head_width;
     binding.heads = heads;
+    binding.kv_heads = heads;
     binding.head_width = head_width;
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         binding.params[i].node_id = 1000 + i;
@@ -293,7 +294,7 @@ void kvpt_assert_same_rows_at(const kvp_sequence *a, const kvp_sequence *b, cons
         const kvp_cache *cb = kvp_sequence_cache(b, l);
         kvp_cache_info info;
         kvpt_assert_ok_at(kvp_cache_info_get(ca, &info, &err), &err, file, line);
-        size_t n = info.batch_size * info.binding.heads * info.len * info.binding.head_width;
+        size_t n = info.batch_size * info.binding.kv_heads * info.len * info.binding.head_width;
         double *ra = kvpt_doubles(n);
         double *rb = kvpt_doubles(n);
         kvpt_assert_ok_at(kvp_cache_keys(ca, ra, n, &err), &err, file, line);
@@ -314,7 +315,7 @@ void kvpt_state_capture(kvp_cache *cache, kvp_pool *pool, kvpt_state *state)
     kvp_error err;
     kvpt_assert_ok(kvp_cache_info_get(cache, &info, &err), &err);
     state->len = info.len;
-    state->elements = info.batch_size * info.binding.heads * info.capacity *
+    state->elements = info.batch_size * info.binding.kv_heads * info.capacity *
                       info.binding.head_width;
     state->keys = kvpt_doubles(state->elements);
     state->values = kvpt_doubles(state->elements);
@@ -446,11 +447,11 @@ void kvpt_snapshot_take_at(kvpt_snapshot *s, const char *file, int line)
     }
     for (size_t i = 0; i < s->nparams; i++) {
         const kvp_param *param = s->params[i];
-        size_t width = kvp_param_width(param);
+        size_t count = kvp_param_rows(param) * kvp_param_cols(param);
         s->param_id[i] = kvp_param_id(param);
         s->param_revision[i] = kvp_param_revision(param);
         s->param_digest[i] = fnv1a(0xcbf29ce484222325ull, kvp_param_values(param),
-                                   width * width * sizeof(double));
+                                   count * sizeof(double));
     }
     for (size_t i = 0; i < s->ntickets; i++) {
         kvp_attention_result *r = &s->ticket_result[i];

@@ -886,6 +886,306 @@ static void test_layer_fault_sweep_layer_create_random(void **state)
     kvpt_destroy_layer(expected);
 }
 
+/* ---- rectangular parameters and grouped layers ------------------------------ */
+
+/* A rows x cols parameter with entry k = scale * k + offset. */
+static kvp_param *make_matrix(size_t rows, size_t cols, double scale, double offset)
+{
+    double values[64 * 64];
+    assert_true(rows * cols <= KVPT_COUNT_OF(values));
+    for (size_t i = 0; i < rows * cols; i++) {
+        values[i] = scale * (double)i + offset;
+    }
+    kvp_param *param = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_create_matrix(rows, cols, values, &param, &err), &err);
+    return param;
+}
+
+/* Counts calls and checks the callback sees the row count as `width`. */
+static void expect_rows_3(void *ctx, double *values, size_t width)
+{
+    (void)values;
+    assert_int_equal(width, 3);
+    ++*(size_t *)ctx;
+}
+
+static void test_layer_param_matrix_rows_and_cols(void **state)
+{
+    (void)state;
+    double values[6] = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0};
+    kvp_param *param = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_create_matrix(3, 2, values, &param, &err), &err);
+    assert_int_equal(kvp_param_rows(param), 3);
+    assert_int_equal(kvp_param_cols(param), 2);
+    assert_int_equal(kvp_param_width(param), 3); /* the input width */
+    assert_memory_equal(kvp_param_values(param), values, sizeof values);
+    double next[6] = {6.0, 5.0, 4.0, 3.0, 2.0, 1.0};
+    kvpt_assert_ok(kvp_param_update(param, next, &err), &err);
+    assert_memory_equal(kvp_param_values(param), next, sizeof next);
+    size_t calls = 0;
+    kvpt_assert_ok(kvp_param_update_with(param, expect_rows_3, &calls, &err), &err);
+    assert_int_equal(calls, 1);
+    assert_int_equal(kvp_param_revision(param), 2);
+    release(param);
+
+    /* A square matrix is kvp_param_create's parameter. */
+    kvpt_assert_ok(kvp_param_create_matrix(2, 2, values, &param, &err), &err);
+    assert_int_equal(kvp_param_width(param), 2);
+    assert_int_equal(kvp_param_cols(param), 2);
+    release(param);
+    assert_int_equal(kvp_param_rows(NULL), 0);
+    assert_int_equal(kvp_param_cols(NULL), 0);
+
+    /* Refusals write nothing. */
+    kvp_param *out = (kvp_param *)0x1;
+    assert_int_equal(kvp_param_create_matrix(3, 2, NULL, &out, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "values");
+    assert_int_equal(kvp_param_create_matrix(3, 2, values, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    assert_int_equal(kvp_param_create_matrix(0, 2, values, &out, &err), KVP_INVALID_ARGUMENT);
+    kvpt_assert_error_text(&err, "argument `rows` is invalid: a parameter needs a nonzero row "
+                                 "count");
+    assert_int_equal(kvp_param_create_matrix(3, 0, values, &out, &err), KVP_INVALID_ARGUMENT);
+    kvpt_assert_error_text(&err, "argument `cols` is invalid: a parameter needs a nonzero column "
+                                 "count");
+    assert_int_equal(kvp_param_create_matrix(SIZE_MAX / 2, 3, values, &out, &err),
+                     KVP_INVALID_ARGUMENT);
+    kvpt_assert_error_text(&err, "argument `cols` is invalid: rows * cols overflows");
+    assert_int_equal(kvp_param_create_matrix((size_t)1 << 31, (size_t)1 << 31, values, &out,
+                                             &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_ptr_equal(out, (kvp_param *)0x1);
+}
+
+static void expect_grouped_failure(kvp_param *const p[KVP_PARAM_COUNT], size_t heads,
+                                   size_t kv_heads, kvp_status status, const char *text,
+                                   kvp_error *err)
+{
+    kvp_layer *out = (kvp_layer *)0x1;
+    memset(err, 0x5A, sizeof *err);
+    assert_int_equal(kvp_layer_create_grouped(p[0], p[1], p[2], p[3], heads, kv_heads,
+                                              MAX_POSITIONS, ROPE_BASE, &out, err),
+                     status);
+    assert_int_equal(err->status, status);
+    kvpt_assert_error_text(err, text);
+    assert_ptr_equal(out, (kvp_layer *)0x1);
+}
+
+/*
+ * A grouped layer's checks, in order: NULLs; rows and the square W_q, W_o;
+ * heads dividing the width; kv_heads dividing heads; the columns of W_k, W_v;
+ * RoPE. D = 8, 4 heads of d_h = 2, 2 KV heads: W_k and W_v are 8 x 4.
+ */
+static void test_layer_create_grouped_errors_in_documented_order(void **state)
+{
+    (void)state;
+    kvp_param *square = make_matrix(8, 8, 0.01, 0.0);
+    kvp_param *kv4 = make_matrix(8, 4, 0.01, 0.5);
+    kvp_param *kv2 = make_matrix(8, 2, 0.01, 0.25);
+    kvp_param *wide = make_matrix(8, 16, 0.01, 0.0);
+    kvp_param *short_rows = make_matrix(6, 4, 0.01, 0.0);
+    kvp_error err;
+
+    kvp_param *good[KVP_PARAM_COUNT] = {square, kv4, kv4, square};
+    kvp_layer *out = (kvp_layer *)0x1;
+    assert_int_equal(kvp_layer_create_grouped(square, kv4, kv4, square, 4, 2, MAX_POSITIONS,
+                                              ROPE_BASE, NULL, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    kvp_param *no_value[KVP_PARAM_COUNT] = {square, kv4, NULL, square};
+    expect_grouped_failure(no_value, 0, 0, KVP_NULL_ARGUMENT,
+                           "argument `w_value` must not be NULL", &err);
+
+    /* Rows and squareness first, parameter by parameter. */
+    kvp_param *query_wide[KVP_PARAM_COUNT] = {wide, kv4, kv4, square};
+    expect_grouped_failure(query_wide, 0, 0, KVP_PARAMETER_WIDTH_MISMATCH,
+                           "attention parameter 0 is 8x16, expected 8x8", &err);
+    assert_int_equal(err.parameter, 0);
+    assert_int_equal(err.expected.rank, 2);
+    assert_int_equal(err.actual.dims[1], 16);
+    assert_int_equal(err.expected_size, 8); /* the first dimension that differs: cols */
+    assert_int_equal(err.actual_size, 16);
+    kvp_param *key_rows[KVP_PARAM_COUNT] = {square, short_rows, kv4, square};
+    expect_grouped_failure(key_rows, 4, 2, KVP_PARAMETER_WIDTH_MISMATCH,
+                           "attention parameter 1 is 6x4, expected 8x4", &err);
+    assert_int_equal(err.expected_size, 8);
+    assert_int_equal(err.actual_size, 6);
+    kvp_param *output_kv[KVP_PARAM_COUNT] = {square, kv4, kv4, kv4};
+    expect_grouped_failure(output_kv, 4, 2, KVP_PARAMETER_WIDTH_MISMATCH,
+                           "attention parameter 3 is 8x4, expected 8x8", &err);
+
+    /* Heads before KV heads, both before the K/V columns. */
+    kvp_param *key_square[KVP_PARAM_COUNT] = {square, square, kv4, square};
+    expect_grouped_failure(key_square, 3, 0, KVP_HEADS_DO_NOT_DIVIDE_WIDTH,
+                           "attention model width 8 must be a nonzero multiple of 3 heads", &err);
+    expect_grouped_failure(key_square, 4, 0, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS,
+                           "attention head count 4 must be a nonzero multiple of 0 KV heads",
+                           &err);
+    assert_int_equal(err.heads, 4);
+    assert_int_equal(err.kv_heads, 0);
+    expect_grouped_failure(good, 4, 3, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS,
+                           "attention head count 4 must be a nonzero multiple of 3 KV heads",
+                           &err);
+    expect_grouped_failure(good, 4, 8, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS,
+                           "attention head count 4 must be a nonzero multiple of 8 KV heads",
+                           &err);
+    assert_string_equal(kvp_status_name(KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS),
+                        "KvHeadsDoNotDivideHeads");
+    expect_grouped_failure(key_square, 4, 2, KVP_PARAMETER_WIDTH_MISMATCH,
+                           "attention parameter 1 is 8x8, expected 8x4", &err);
+    kvp_param *value_mqa[KVP_PARAM_COUNT] = {square, kv4, kv2, square};
+    expect_grouped_failure(value_mqa, 4, 2, KVP_PARAMETER_WIDTH_MISMATCH,
+                           "attention parameter 2 is 8x2, expected 8x4", &err);
+    assert_int_equal(err.expected_size, 4);
+    assert_int_equal(err.actual_size, 2);
+    /* The same square parameters make an MHA layer, so grouping is the only reason. */
+    kvp_param *mha[KVP_PARAM_COUNT] = {square, square, square, square};
+    expect_grouped_failure(mha, 4, 1, KVP_PARAMETER_WIDTH_MISMATCH,
+                           "attention parameter 1 is 8x8, expected 8x2", &err);
+
+    /* RoPE last: 8 heads of d_h = 1 with 2 KV heads (W_k 8 x 2). */
+    kvp_param *thin[KVP_PARAM_COUNT] = {square, kv2, kv2, square};
+    expect_grouped_failure(thin, 8, 2, KVP_ROPE_INVALID_WIDTH,
+                           "RoPE feature width must be even and nonzero, got 1", &err);
+
+    /* Valid: groups of 2 (kv 2) and MQA (kv 1, W_k 8 x 2). */
+    out = NULL;
+    kvpt_assert_ok(kvp_layer_create_grouped(square, kv4, kv4, square, 4, 2, MAX_POSITIONS,
+                                            ROPE_BASE, &out, &err),
+                   &err);
+    kvp_layer_info info;
+    kvpt_assert_ok(kvp_layer_info_get(out, &info, &err), &err);
+    assert_int_equal(info.model_width, 8);
+    assert_int_equal(info.heads, 4);
+    assert_int_equal(info.kv_heads, 2);
+    assert_int_equal(info.head_width, 2);
+    kvp_binding binding;
+    kvpt_assert_ok(kvp_layer_binding(out, &binding, &err), &err);
+    assert_int_equal(binding.heads, 4);
+    assert_int_equal(binding.kv_heads, 2);
+    assert_int_equal(binding.model_width, 8);
+    kvpt_destroy_layer(out);
+    kvpt_assert_ok(kvp_layer_create_grouped(square, kv2, kv2, square, 4, 1, MAX_POSITIONS,
+                                            ROPE_BASE, &out, &err),
+                   &err);
+    kvpt_assert_ok(kvp_layer_info_get(out, &info, &err), &err);
+    assert_int_equal(info.kv_heads, 1);
+    kvpt_destroy_layer(out);
+    /* kvp_layer_create is the kv_heads == heads case. */
+    kvpt_assert_ok(kvp_layer_create(square, square, square, square, 4, MAX_POSITIONS, ROPE_BASE,
+                                    &out, &err),
+                   &err);
+    kvpt_assert_ok(kvp_layer_info_get(out, &info, &err), &err);
+    assert_int_equal(info.kv_heads, 4);
+    kvpt_destroy_layer(out);
+
+    release(square);
+    release(kv4);
+    release(kv2);
+    release(wide);
+    release(short_rows);
+}
+
+/*
+ * kvp_layer_create_random_grouped with kv_heads == heads is
+ * kvp_layer_create_random, bit for bit; with fewer KV heads W_q is the same
+ * and W_k takes the next D * kv_heads * d_h draws. Its refusals write nothing.
+ */
+static void test_layer_create_random_grouped(void **state)
+{
+    (void)state;
+    enum { D = 8 };
+    kvp_error err;
+    kvp_layer *plain = kvpt_random_layer(D, 4, MAX_POSITIONS, ROPE_BASE, 11);
+    kvp_layer *same = NULL;
+    kvpt_assert_ok(kvp_layer_create_random_grouped(D, 4, 4, MAX_POSITIONS, ROPE_BASE, 11, &same,
+                                                   &err),
+                   &err);
+    kvp_layer *mqa = NULL;
+    kvpt_assert_ok(kvp_layer_create_random_grouped(D, 4, 1, MAX_POSITIONS, ROPE_BASE, 11, &mqa,
+                                                   &err),
+                   &err);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_memory_equal(kvp_param_values(kvp_layer_param(same, i)),
+                            kvp_param_values(kvp_layer_param(plain, i)), D * D * sizeof(double));
+    }
+    assert_memory_equal(kvp_param_values(kvp_layer_param(mqa, KVP_PARAM_QUERY)),
+                        kvp_param_values(kvp_layer_param(plain, KVP_PARAM_QUERY)),
+                        D * D * sizeof(double));
+    /* MQA's W_k (8 x 2) is the first 16 draws after W_q: plain W_k's first 16 entries. */
+    assert_int_equal(kvp_param_cols(kvp_layer_param(mqa, KVP_PARAM_KEY)), 2);
+    assert_memory_equal(kvp_param_values(kvp_layer_param(mqa, KVP_PARAM_KEY)),
+                        kvp_param_values(kvp_layer_param(plain, KVP_PARAM_KEY)),
+                        D * 2 * sizeof(double));
+    kvp_layer *out = (kvp_layer *)0x1;
+    assert_int_equal(kvp_layer_create_random_grouped(D, 4, 3, MAX_POSITIONS, ROPE_BASE, 11, &out,
+                                                     &err),
+                     KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS);
+    assert_int_equal(kvp_layer_create_random_grouped(D, 0, 1, MAX_POSITIONS, ROPE_BASE, 11, &out,
+                                                     &err),
+                     KVP_HEADS_DO_NOT_DIVIDE_WIDTH);
+    assert_int_equal(kvp_layer_create_random_grouped(D, 4, 2, MAX_POSITIONS, ROPE_BASE, 11, NULL,
+                                                     &err),
+                     KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_layer_create_random_grouped(0, 4, 2, MAX_POSITIONS, ROPE_BASE, 11, &out,
+                                                     &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_ptr_equal(out, (kvp_layer *)0x1);
+    kvpt_destroy_layer(plain);
+    kvpt_destroy_layer(same);
+    kvpt_destroy_layer(mqa);
+}
+
+/* The grouped random constructor's allocations, swept: scratch, four parameters, the layer. */
+static void test_layer_fault_sweep_layer_create_random_grouped(void **state)
+{
+    (void)state;
+    enum { D = 8 };
+    static const kvpi_fault_site sites[] = {KVPI_SITE_SCRATCH, KVPI_SITE_PARAM, KVPI_SITE_PARAM,
+                                            KVPI_SITE_PARAM,   KVPI_SITE_PARAM, KVPI_SITE_LAYER};
+    kvp_layer *expected = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_create_random_grouped(D, 4, 2, MAX_POSITIONS, ROPE_BASE, 78,
+                                                   &expected, &err),
+                   &err);
+    uint64_t failures = 0;
+    for (uint64_t nth = 1;; nth++) {
+        assert_true(nth <= SWEEP_LIMIT);
+        kvp_layer *layer = (kvp_layer *)0x1;
+        kvpt_fault_step s;
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_layer_create_random_grouped(D, 4, 2, MAX_POSITIONS,
+                                                                   ROPE_BASE, 78, &layer,
+                                                                   &s.err));
+        if (!s.fired) {
+            kvpt_assert_ok(s.status, &s.err);
+            assert_int_equal(s.calls, failures);
+            for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+                const kvp_param *p = kvp_layer_param(layer, i);
+                size_t n = kvp_param_rows(p) * kvp_param_cols(p);
+                assert_int_equal(n, i == KVP_PARAM_KEY || i == KVP_PARAM_VALUE ? D * 4 : D * D);
+                assert_memory_equal(kvp_param_values(p),
+                                    kvp_param_values(kvp_layer_param(expected, i)),
+                                    n * sizeof(double));
+            }
+            kvpt_destroy_layer(layer);
+            break;
+        }
+        failures++;
+        assert_true(nth <= KVPT_COUNT_OF(sites));
+        kvpi_fault_site site = sites[nth - 1];
+        size_t bytes = site == KVPI_SITE_SCRATCH ? D * D * sizeof(double)
+                       : site == KVPI_SITE_LAYER ? kvpi_layer_alloc_bytes(D / 4, MAX_POSITIONS)
+                                                 : s.err.bytes;
+        assert_step_failed(&s, nth, site, kvpi_fault_site_name(site), bytes);
+        assert_ptr_equal(layer, (kvp_layer *)0x1);
+    }
+    assert_int_equal(failures, KVPT_COUNT_OF(sites));
+    kvpt_destroy_layer(expected);
+}
+
 static void test_layer_fault_sweep_ticket_create(void **state)
 {
     (void)state;
@@ -1063,6 +1363,10 @@ int main(void)
         cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create, kvpt_disarm),
         cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create_random, kvpt_disarm),
         cmocka_unit_test_teardown(test_layer_fault_sweep_ticket_create, kvpt_disarm),
+        cmocka_unit_test(test_layer_param_matrix_rows_and_cols),
+        cmocka_unit_test(test_layer_create_grouped_errors_in_documented_order),
+        cmocka_unit_test(test_layer_create_random_grouped),
+        cmocka_unit_test_teardown(test_layer_fault_sweep_layer_create_random_grouped, kvpt_disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

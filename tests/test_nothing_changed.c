@@ -33,9 +33,10 @@
  *               kvp_pool_admit       NULL x2
  *               kvp_pool_pages_for   infallible (saturates; test_pool.c)
  *               kvp_pool_digest      NULL x2
- *   cache.h     kvp_cache_create     NULL x3, INVALID_ARGUMENT x2, ZERO_BATCH_SIZE,
- *                                    ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS,
- *                                    ELEMENT_COUNT_OVERFLOW, GEOMETRY_MISMATCH,
+ *   cache.h     kvp_cache_create     NULL x3, INVALID_ARGUMENT x4 (two on kv_heads),
+ *                                    ZERO_BATCH_SIZE, ZERO_CAPACITY,
+ *                                    CAPACITY_EXCEEDS_POSITIONS, ELEMENT_COUNT_OVERFLOW,
+ *                                    GEOMETRY_MISMATCH x2 (one on kv_heads),
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_cache_destroy, kvp_cache_reset        NULL
  *               kvp_cache_info_get, kvp_cache_digest      NULL x2
@@ -43,6 +44,7 @@
  *               kvp_cache_page       NULL x2, OUT_OF_RANGE x2
  *               kvp_cache_len, _capacity, _is_empty, _is_full   infallible
  *   param.h     kvp_param_create     NULL x2, INVALID_ARGUMENT x2, ALLOCATION_FAILED
+ *               kvp_param_create_matrix  NULL x2, INVALID_ARGUMENT x3, ALLOCATION_FAILED
  *               kvp_param_retain, kvp_param_release       NULL
  *               kvp_param_update, kvp_param_update_with   NULL x2
  *               kvp_param_id, _revision, _width, _values  infallible
@@ -55,6 +57,11 @@
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_layer_create_random  NULL, INVALID_ARGUMENT x2, HEADS, ROPE,
  *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_layer_create_grouped  KV_HEADS_DO_NOT_DIVIDE_HEADS x2,
+ *                                    PARAMETER_WIDTH_MISMATCH x2 (rows, K/V columns),
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_layer_create_random_grouped  KV_HEADS_DO_NOT_DIVIDE_HEADS,
+ *                                    ALLOCATION_FAILED (sweep)
  *               kvp_layer_destroy    NULL
  *               kvp_layer_info_get, kvp_layer_binding     NULL x2
  *               kvp_layer_param      infallible (NULL out of range)
@@ -65,7 +72,8 @@
  *               kvp_ticket_result    NULL x2, TICKET_EMPTY
  *               kvp_attention_prepare, kvp_attention_forward   NULL x4, INPUT_RANK,
  *                                    SINGLE_TOKEN_REQUIRED, INPUT_BATCH_MISMATCH,
- *                                    INPUT_WIDTH_MISMATCH, CACHE_LAYER_MISMATCH,
+ *                                    INPUT_WIDTH_MISMATCH, CACHE_KV_HEAD_COUNT_MISMATCH,
+ *                                    CACHE_LAYER_MISMATCH,
  *                                    CACHE_LAYER_REVISION_MISMATCH, CACHE_ROPE_MISMATCH,
  *                                    FULL, TICKET_BUSY, TICKET_GEOMETRY_MISMATCH,
  *                                    NONFINITE_PROJECTION, NONFINITE_SCORE,
@@ -81,6 +89,9 @@
  *   model.h     kvp_model_create     NULL x3, INVALID_ARGUMENT, MODEL_GEOMETRY_MISMATCH,
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_model_create_random  NULL, INVALID_ARGUMENT x2, layer errors,
+ *                                    ALLOCATION_FAILED (sweep)
+ *               kvp_model_create with KV heads differing: MODEL_GEOMETRY_MISMATCH
+ *               kvp_model_create_random_grouped  KV_HEADS_DO_NOT_DIVIDE_HEADS,
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_model_destroy    NULL;  kvp_model_info_get  NULL x2
  *               kvp_model_layer      infallible (NULL out of range)
@@ -138,6 +149,7 @@ typedef struct world {
     kvp_ticket *ticket;     /* committed the cache's rows; empty-able */
     kvp_ticket *held;       /* holds a prepared row for the cache and its reserved page */
     kvp_param *param;
+    kvp_param *narrow;      /* D x HD: an MQA layer's W_k and W_v */
     kvpt_snapshot snap;
     size_t failures;        /* failing calls checked */
 } world;
@@ -179,11 +191,13 @@ static void world_make(world *w)
     double values[D * D];
     kvpt_fill_random(values, D * D, 30);
     kvpt_assert_ok(kvp_param_create(D, values, &w->param, &err), &err);
+    kvpt_assert_ok(kvp_param_create_matrix(D, HD, values, &w->narrow, &err), &err);
 
     kvpt_snapshot_init(&w->snap, w->pool);
     kvpt_snapshot_add_cache(&w->snap, w->cache);
     kvpt_snapshot_add_sequence(&w->snap, w->seq);
     kvpt_snapshot_add_param(&w->snap, w->param);
+    kvpt_snapshot_add_param(&w->snap, w->narrow);
     kvpt_snapshot_add_ticket(&w->snap, w->ticket);
     kvpt_snapshot_add_ticket(&w->snap, w->held);
     kvpt_snapshot_take(&w->snap);
@@ -197,6 +211,7 @@ static void world_free(world *w)
 {
     kvp_error err;
     kvpt_assert_ok(kvp_param_release(w->param, &err), &err);
+    kvpt_assert_ok(kvp_param_release(w->narrow, &err), &err);
     kvpt_destroy_ticket(w->held, w->pool);
     kvpt_destroy_ticket(w->ticket, w->pool);
     kvpt_destroy_cache(w->cache, w->pool);
@@ -401,6 +416,14 @@ static void test_nothing_changed_cache_functions(void **state)
     kvp_binding no_heads = good;
     no_heads.heads = 0;
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_heads, 1, 1, &out, &e));
+    kvp_binding odd_kv = good;
+    odd_kv.kv_heads = HEADS + 1; /* KV heads must divide the heads */
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &odd_kv, 1, 1, &out, &e));
+    odd_kv.kv_heads = 0;
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &odd_kv, 1, 1, &out, &e));
+    kvp_binding grouped = good;
+    grouped.kv_heads = 1; /* valid, but the pool stores HEADS heads per page */
+    EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &grouped, 1, 1, &out, &e));
     kvp_binding odd_width = good;
     odd_width.model_width = D + 1;
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
@@ -415,6 +438,7 @@ static void test_nothing_changed_cache_functions(void **state)
                 kvp_cache_create(w.pool, &many_positions, SIZE_MAX / 2, 4, &out, &e));
     kvp_binding other = good;
     other.heads = 1;
+    other.kv_heads = 1;
     other.head_width = D;
     EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &other, 1, 1, &out, &e));
     assert_ptr_equal(out, SENTINEL);
@@ -482,6 +506,27 @@ static kvp_status make_random_layer(world *w, void **out, kvp_error *err)
     return kvp_layer_create_random(D, HEADS, POSITIONS, BASE, 5, (kvp_layer **)out, err);
 }
 
+static kvp_status make_param_matrix(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    double values[6] = {1, 2, 3, 4, 5, 6};
+    return kvp_param_create_matrix(3, 2, values, (kvp_param **)out, err);
+}
+
+/* A grouped layer over the world's square W_q, W_o and one D x d_h W_k, W_v (MQA). */
+static kvp_status make_grouped_layer(world *w, void **out, kvp_error *err)
+{
+    return kvp_layer_create_grouped(w->param, w->narrow, w->narrow, w->param, HEADS, 1,
+                                    POSITIONS, BASE, (kvp_layer **)out, err);
+}
+
+static kvp_status make_random_grouped_layer(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    return kvp_layer_create_random_grouped(D, HEADS, 1, POSITIONS, BASE, 5, (kvp_layer **)out,
+                                           err);
+}
+
 static void destroy_layer(world *w, void *object)
 {
     (void)w;
@@ -515,6 +560,15 @@ static void test_nothing_changed_param_rope_layer_functions(void **state)
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update(w.param, NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update_with(NULL, bump, NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update_with(w.param, NULL, NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_create_matrix(3, 2, NULL, &param, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_create_matrix(3, 2, values, NULL, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_param_create_matrix(0, 2, values, &param, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_param_create_matrix(3, 0, values, &param, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_param_create_matrix((size_t)1 << 33, (size_t)1 << 33, values, &param, &e));
+    assert_ptr_equal(param, SENTINEL);
+    sweep_call matrix_call = {make_param_matrix, destroy_param};
+    assert_int_equal(sweep(&w, &matrix_call, 1), 1);
 
     /* RoPE: validate and rotate refuse the same configurations; features stay. */
     const kvp_rope_config bad[] = {
@@ -593,6 +647,24 @@ static void test_nothing_changed_param_rope_layer_functions(void **state)
     sweep_call random_call = {make_random_layer, destroy_layer};
     /* The weights scratch, four parameters, the layer. */
     assert_int_equal(sweep(&w, &random_call, 6), 6);
+
+    /* Grouped layers: KV heads must divide heads, W_k and W_v have kv_heads * d_h columns. */
+    kvp_param *n = w.narrow;
+    EXPECT_FAIL(&w, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS, 0,
+                kvp_layer_create_grouped(p, n, n, p, HEADS, 0, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS, 0,
+                kvp_layer_create_grouped(p, n, n, p, HEADS, HEADS + 1, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_PARAMETER_WIDTH_MISMATCH, 0,
+                kvp_layer_create_grouped(p, n, narrow, p, HEADS, 1, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_PARAMETER_WIDTH_MISMATCH, 0,
+                kvp_layer_create_grouped(p, p, p, p, HEADS, 1, 8, BASE, &layer, &e));
+    EXPECT_FAIL(&w, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS, 0,
+                kvp_layer_create_random_grouped(D, HEADS, 3, 8, BASE, 1, &layer, &e));
+    assert_ptr_equal(layer, SENTINEL);
+    sweep_call grouped_call = {make_grouped_layer, destroy_layer};
+    assert_int_equal(sweep(&w, &grouped_call, 1), 1);
+    sweep_call random_grouped_call = {make_random_grouped_layer, destroy_layer};
+    assert_int_equal(sweep(&w, &random_grouped_call, 6), 6);
 
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_destroy(NULL, &e));
     kvp_layer_info info;
@@ -717,6 +789,12 @@ static void test_nothing_changed_attention_functions(void **state)
                                     kvp_layer_param(w.layer, 2), kvp_layer_param(w.layer, 3),
                                     HEADS, POSITIONS, 500.0, &other_base, &err),
                    &err);
+    /* An MQA layer of the same width and heads: only the KV head count differs. */
+    kvp_layer *mqa = NULL;
+    kvpt_assert_ok(kvp_layer_create_grouped(kvp_layer_param(w.layer, 0), w.narrow, w.narrow,
+                                            kvp_layer_param(w.layer, 3), HEADS, 1, POSITIONS,
+                                            BASE, &mqa, &err),
+                   &err);
     const kvp_tensor *inputs[] = {&rank2, &two, &batch2, &wide, &good, &nan_input};
     const kvp_status input_errors[] = {KVP_INPUT_RANK,       KVP_SINGLE_TOKEN_REQUIRED,
                                        KVP_INPUT_BATCH_MISMATCH, KVP_INPUT_WIDTH_MISMATCH,
@@ -742,6 +820,10 @@ static void test_nothing_changed_attention_functions(void **state)
                     kvp_attention_forward(w.layer, &good, w.cache, NULL, &e));
         EXPECT_FAIL(&w, KVP_CACHE_ROPE_MISMATCH, 0,
                     kvp_attention_forward(other_base, &good, w.cache, fresh, &e));
+        EXPECT_FAIL(&w, KVP_CACHE_KV_HEAD_COUNT_MISMATCH, 0,
+                    kvp_attention_prepare(mqa, &good, w.cache, fresh, &e));
+        EXPECT_FAIL(&w, KVP_CACHE_KV_HEAD_COUNT_MISMATCH, 0,
+                    kvp_attention_forward(mqa, &good, w.cache, fresh, &e));
         EXPECT_FAIL(&w, KVP_TICKET_BUSY, 0,
                     kvp_attention_forward(w.layer, &good, w.cache, w.held, &e));
     }
@@ -826,6 +908,7 @@ static void test_nothing_changed_attention_functions(void **state)
     kvpt_destroy_ticket(fresh, w.pool);
     kvpt_destroy_cache(foreign, w.pool);
     kvpt_destroy_layer(other_base);
+    kvpt_destroy_layer(mqa);
     world_free(&w);
 }
 
@@ -841,6 +924,13 @@ static kvp_status make_random_model(world *w, void **out, kvp_error *err)
 {
     (void)w;
     return kvp_model_create_random(2, D, HEADS, POSITIONS, BASE, 3, (kvp_model **)out, err);
+}
+
+static kvp_status make_random_grouped_model(world *w, void **out, kvp_error *err)
+{
+    (void)w;
+    return kvp_model_create_random_grouped(2, D, HEADS, 1, POSITIONS, BASE, 3,
+                                           (kvp_model **)out, err);
 }
 
 static void destroy_model(world *w, void *object)
@@ -863,7 +953,19 @@ static void test_nothing_changed_model_functions(void **state)
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_create(layers, 2, &model, &e));
     layers[1] = odd;
     EXPECT_FAIL(&w, KVP_MODEL_GEOMETRY_MISMATCH, 0, kvp_model_create(layers, 2, &model, &e));
+    /* Same width, heads and head width; only the KV heads differ. */
+    kvp_layer *mqa = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_create_random_grouped(D, HEADS, 1, POSITIONS, BASE, 9, &mqa, &err),
+                   &err);
+    layers[1] = mqa;
+    EXPECT_FAIL(&w, KVP_MODEL_GEOMETRY_MISMATCH, 0, kvp_model_create(layers, 2, &model, &e));
+    kvpt_destroy_layer(mqa);
+    EXPECT_FAIL(&w, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS, 0,
+                kvp_model_create_random_grouped(2, D, HEADS, 3, 8, BASE, 1, &model, &e));
     assert_ptr_equal(model, SENTINEL);
+    sweep_call grouped_model_call = {make_random_grouped_model, destroy_model};
+    assert_true(sweep(&w, &grouped_model_call, 12) >= 12);
     sweep_call model_call = {make_model, destroy_model};
     assert_int_equal(sweep(&w, &model_call, 3), 3);
 

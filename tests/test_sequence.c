@@ -395,6 +395,34 @@ static void test_sequence_model_geometry_mismatch_and_errors(void **state)
                            "model layer 1 geometry (1 heads, head width 4) differs from layer 0 "
                            "geometry (2 heads, head width 4)");
     assert_ptr_equal(out, (kvp_model *)0x1);
+    /* Only the KV head count differs: pages would disagree, so the model refuses. */
+    kvp_layer *a_mqa = NULL;
+    kvpt_assert_ok(kvp_layer_create_random_grouped(8, 2, 1, MAX_POSITIONS, ROPE_BASE, 6, &a_mqa,
+                                                   &err),
+                   &err);
+    const kvp_layer *kv_only[] = {a, a_mqa};
+    assert_int_equal(kvp_model_create(kv_only, 2, &out, &err), KVP_MODEL_GEOMETRY_MISMATCH);
+    assert_int_equal(err.layer, 1);
+    assert_int_equal(err.kv_heads, 1);
+    assert_int_equal(err.expected_kv_heads, 2);
+    kvpt_assert_error_text(&err,
+                           "model layer 1 geometry (2 heads, 1 KV heads, head width 4) differs "
+                           "from layer 0 geometry (2 heads, 2 KV heads, head width 4)");
+    assert_ptr_equal(out, (kvp_model *)0x1);
+    const kvp_layer *all_mqa[] = {a_mqa, a_mqa};
+    kvpt_assert_ok(kvp_model_create(all_mqa, 2, &out, &err), &err);
+    kvp_model_info mqa_info;
+    kvpt_assert_ok(kvp_model_info_get(out, &mqa_info, &err), &err);
+    assert_int_equal(mqa_info.heads, 2);
+    assert_int_equal(mqa_info.kv_heads, 1);
+    assert_int_equal(mqa_info.head_width, 4);
+    kvpt_destroy_model(out);
+    out = (kvp_model *)0x1;
+    kvpt_destroy_layer(a_mqa);
+    assert_int_equal(kvp_model_create_random_grouped(2, 8, 2, 3, MAX_POSITIONS, ROPE_BASE, 1, &out,
+                                                     &err),
+                     KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS);
+    assert_ptr_equal(out, (kvp_model *)0x1);
 
     /* count 0, NULLs. */
     const kvp_layer *one[] = {a};
@@ -1109,14 +1137,28 @@ static void test_sequence_step_input_errors_name_layer_zero(void **state)
 
 /* ---- prefill ------------------------------------------------------------------ */
 
-static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, int half)
+/*
+ * kv_heads < HEADS runs a grouped (MQA) model: its pools store kv_heads heads
+ * per page, and everything below holds the same way.
+ */
+static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, int half,
+                             size_t kv_heads)
 {
     enum { T = 7, FIRST = 3 };
     const size_t d = MODEL_WIDTH;
     const size_t pages = layers * batch * KVPT_CEIL_DIV(T, block_tokens);
-    kvp_pool *pool_a = make_pool(block_tokens, pages);
-    kvp_pool *pool_b = make_pool(block_tokens, pages);
-    kvp_model *model = make_model(layers, 300 + 10 * layers + batch);
+    kvp_pool *pool_a = kvpt_pool(block_tokens, kv_heads, HEAD_WIDTH, pages);
+    kvp_pool *pool_b = kvpt_pool(block_tokens, kv_heads, HEAD_WIDTH, pages);
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_model_create_random_grouped(layers, MODEL_WIDTH, HEADS, kv_heads,
+                                                   MAX_POSITIONS, ROPE_BASE,
+                                                   300 + 10 * layers + batch, &model, &err),
+                   &err);
+    kvp_model_info info;
+    kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
+    assert_int_equal(info.heads, HEADS);
+    assert_int_equal(info.kv_heads, kv_heads);
     kvp_sequence *a = kvpt_sequence(model, pool_a, batch, T);
     kvp_sequence *b = kvpt_sequence(model, pool_b, batch, T);
     const size_t n = batch * T * d;
@@ -1126,7 +1168,6 @@ static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, i
     sequence_reference(model, inputs, batch, T, half, expected, NULL, NULL);
     kvp_next_input_fn fn = half ? half_residual : NULL;
     next_calls calls = {layers, batch * d, 0, 0};
-    kvp_error err;
 
     /* The whole prompt at once. */
     double *out_a = kvpt_doubles(n);
@@ -1206,11 +1247,14 @@ static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, i
 static void test_sequence_prefill_matches_reference_and_single_steps(void **state)
 {
     (void)state;
-    run_prefill_case(1, 2, 16, 0);
-    run_prefill_case(2, 2, 3, 0);
-    run_prefill_case(3, 1, 1, 0);
-    run_prefill_case(2, 2, 3, 1);
-    run_prefill_case(3, 2, 1, 1);
+    run_prefill_case(1, 2, 16, 0, HEADS);
+    run_prefill_case(2, 2, 3, 0, HEADS);
+    run_prefill_case(3, 1, 1, 0, HEADS);
+    run_prefill_case(2, 2, 3, 1, HEADS);
+    run_prefill_case(3, 2, 1, 1, HEADS);
+    /* Multi-query: one KV head per page serves both query heads. */
+    run_prefill_case(2, 2, 3, 0, 1);
+    run_prefill_case(3, 2, 1, 1, 1);
 }
 
 static void test_sequence_prefill_pool_exhausted_reserves_up_front(void **state)

@@ -265,6 +265,72 @@ static void test_status_format_seed_cache_errors(void **state)
     kvpt_assert_error_text(&e, "appended value at flat index 17 must be finite, got -inf");
 }
 
+/*
+ * The grouped-query statuses, appended after every earlier one (no value
+ * moved), and the texts that name KV heads; multi-head details keep the
+ * texts they had before kv_heads existed.
+ */
+static void test_status_format_grouped_head_errors(void **state)
+{
+    (void)state;
+    assert_true(KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS > KVP_THREAD_FAILED);
+    assert_int_equal(KVP_CACHE_KV_HEAD_COUNT_MISMATCH, KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS + 1);
+    assert_string_equal(kvp_status_name(KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS),
+                        "KvHeadsDoNotDivideHeads");
+    assert_string_equal(kvp_status_name(KVP_CACHE_KV_HEAD_COUNT_MISMATCH),
+                        "CacheKvHeadCountMismatch");
+    assert_string_equal(kvp_status_message(KVP_CACHE_KV_HEAD_COUNT_MISMATCH),
+                        "KV cache KV head count differs from the layer's");
+
+    kvp_error e = error_of(KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS);
+    e.heads = 8;
+    e.kv_heads = 3;
+    kvpt_assert_error_text(&e, "attention head count 8 must be a nonzero multiple of 3 KV heads");
+
+    e = error_of(KVP_CACHE_KV_HEAD_COUNT_MISMATCH);
+    e.cache_size = 8;
+    e.layer_size = 2;
+    kvpt_assert_error_text(&e, "KV cache KV head count 8 must match attention layer KV head "
+                               "count 2");
+
+    e = error_of(KVP_PARAMETER_WIDTH_MISMATCH);
+    e.parameter = 1;
+    e.expected = (kvp_shape){2, {32, 8}};
+    e.actual = (kvp_shape){2, {32, 32}};
+    kvpt_assert_error_text(&e, "attention parameter 1 is 32x32, expected 32x8");
+    e.expected.rank = 0; /* no shapes: both square, from the sizes */
+    e.expected_size = 4;
+    e.actual_size = 3;
+    kvpt_assert_error_text(&e, "attention parameter 1 is 3x3, expected 4x4");
+
+    e = error_of(KVP_TICKET_GEOMETRY_MISMATCH);
+    e.batch_size = 1;
+    e.heads = 8;
+    e.head_width = 4;
+    e.capacity = 16;
+    kvpt_assert_error_text(&e, "attention ticket for batch 1, 8 heads, head width 4 and capacity "
+                               "16 does not fit this KV cache");
+    e.kv_heads = 8;
+    kvpt_assert_error_text(&e, "attention ticket for batch 1, 8 heads, head width 4 and capacity "
+                               "16 does not fit this KV cache");
+    e.kv_heads = 2;
+    kvpt_assert_error_text(&e, "attention ticket for batch 1, 8 heads (2 KV heads), head width 4 "
+                               "and capacity 16 does not fit this KV cache");
+
+    e = error_of(KVP_MODEL_GEOMETRY_MISMATCH);
+    e.layer = 1;
+    e.pool_geometry = (kvp_geometry){8, 4};
+    e.binding_geometry = (kvp_geometry){8, 4};
+    e.kv_heads = 8;
+    e.expected_kv_heads = 8;
+    kvpt_assert_error_text(&e, "model layer 1 geometry (8 heads, head width 4) differs from "
+                               "layer 0 geometry (8 heads, head width 4)");
+    e.kv_heads = 2;
+    kvpt_assert_error_text(&e, "model layer 1 geometry (8 heads, 2 KV heads, head width 4) "
+                               "differs from layer 0 geometry (8 heads, 8 KV heads, head width "
+                               "4)");
+}
+
 static void test_status_shapes_render_as_rust_vec_debug(void **state)
 {
     (void)state;
@@ -526,6 +592,7 @@ int main(void)
         cmocka_unit_test(test_status_out_of_range_is_unknown),
         cmocka_unit_test(test_status_format_caller_and_pool_errors),
         cmocka_unit_test(test_status_format_seed_cache_errors),
+        cmocka_unit_test(test_status_format_grouped_head_errors),
         cmocka_unit_test(test_status_shapes_render_as_rust_vec_debug),
         cmocka_unit_test(test_status_floats_render_as_rust_f64_debug),
         cmocka_unit_test(test_status_format_truncates_like_snprintf),

@@ -16,13 +16,13 @@
  *
  * Every prepare error leaves the cache's len, logical rows, page tables and
  * the pool exactly as they were: rank, tokens, batch, width, cache model
- * width, head count, head width, parameter identities, revisions, RoPE
- * configuration, capacity (FULL), ticket state and geometry, non-finite
- * projection, a rotated candidate key (then value) element that the pool's
- * dtype cannot hold (NONFINITE_KEY / NONFINITE_VALUE with err.what "f32" or
- * "bf16"; checked right after the projections, never for f64), non-finite
- * score or output, non-finite candidate key or value, and POOL_EXHAUSTED
- * when the new block's pages cannot all be reserved.
+ * width, head count, KV head count, head width, parameter identities,
+ * revisions, RoPE configuration, capacity (FULL), ticket state and geometry,
+ * non-finite projection, a rotated candidate key (then value) element that
+ * the pool's dtype cannot hold (NONFINITE_KEY / NONFINITE_VALUE with err.what
+ * "f32" or "bf16"; checked right after the projections, never for f64),
+ * non-finite score or output, non-finite candidate key or value, and
+ * POOL_EXHAUSTED when the new block's pages cannot all be reserved.
  *
  * Storage precision (kvp_dtype, kvpager/pool.h): right after the rotation,
  * the candidate key and value are rounded to the pool's dtype and widened
@@ -32,8 +32,10 @@
  * dtype, bit for bit; for f64 nothing is rounded.
  *
  * Math (f64 throughout, no reassociation): y = x W for every projection;
- * heads split the model width into H contiguous slices of d_h; Q and K are
- * rotated at position = old len; scores are (q . k) * (1 / sqrt(d_h)); the
+ * heads split Q's model width into H contiguous slices of d_h, and K's and V's
+ * H_kv * d_h features into H_kv slices (kvpager/layer.h); query head h uses
+ * KV head h / (H / H_kv); Q's H heads and K's H_kv heads are rotated at
+ * position = old len; scores are (q . k) * (1 / sqrt(d_h)); the
  * softmax subtracts the row maximum; head outputs sum weight * value over
  * positions in order; heads merge back in order; output = merged W_o.
  *
@@ -75,9 +77,9 @@ typedef struct kvp_attention_result {
 } kvp_attention_result;
 
 /*
- * A ticket sized for `cache`: its batch, heads, head width and capacity. It
- * serves any cache with the same batch, heads and head width and a capacity no
- * larger. Errors: NULL_ARGUMENT, ALLOCATION_FAILED.
+ * A ticket sized for `cache`: its batch, query heads, KV heads, head width and
+ * capacity. It serves any cache with the same batch, heads, KV heads and head
+ * width and a capacity no larger. Errors: NULL_ARGUMENT, ALLOCATION_FAILED.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out,
                                                    kvp_error *err);
@@ -123,8 +125,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
 /*
  * The full-prefix causal reference, independent of any cache: input
  * [B, T, D] -> output [B, T, D], position t attending to 0..t. Optionally also
- * writes the rotated keys and unrotated values, [B, H, T, d_h] each (pass NULL
- * to skip; kv_len is their capacity in doubles). Errors: NULL_ARGUMENT,
+ * writes the rotated keys and unrotated values, [B, H_kv, T, d_h] each, the
+ * layer's KV heads as a cache stores them (pass NULL to skip; kv_len is their
+ * capacity in doubles). Errors: NULL_ARGUMENT,
  * REFERENCE_INPUT_SHAPE, ROPE_POSITION_OUT_OF_RANGE (T > max positions),
  * INVALID_ARGUMENT (element count overflows), BUFFER_TOO_SMALL,
  * ALLOCATION_FAILED, and the incremental path's NONFINITE_PROJECTION,

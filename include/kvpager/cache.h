@@ -2,7 +2,8 @@
  * kvpager/cache.h: the layer-bound KV cache, paged.
  *
  * A cache keeps, for each of its B lanes, a logical prefix of `len` rotated
- * key rows and unrotated value rows of shape [H, d_h], bound to one attention
+ * key rows and unrotated value rows of shape [H_kv, d_h] (H_kv = the layer's
+ * KV heads, kvpager/layer.h), bound to one attention
  * layer by a kvp_binding captured at creation. Rows live in pages of the pool
  * the cache was created from; each lane has a page table of
  * ceil(capacity / block_tokens) entries, allocated once at creation. A lane
@@ -43,7 +44,8 @@ typedef struct kvp_param_binding {
  */
 typedef struct kvp_binding {
     size_t model_width;      /* D == heads * head_width */
-    size_t heads;            /* H */
+    size_t heads;            /* H, query heads */
+    size_t kv_heads;         /* H_kv, KV heads: divides H; the heads a page stores */
     size_t head_width;       /* d_h */
     kvp_param_binding params[KVP_PARAM_COUNT];
     size_t rope_feature_width;
@@ -64,11 +66,12 @@ typedef struct kvp_cache_info {
 
 /*
  * Creates an empty cache drawing pages from `pool`. Errors, in this order:
- * NULL_ARGUMENT; INVALID_ARGUMENT (a binding with zero heads or head width, or
- * model_width != heads * head_width); ZERO_BATCH_SIZE; ZERO_CAPACITY;
- * CAPACITY_EXCEEDS_POSITIONS (capacity > rope_max_positions);
- * ELEMENT_COUNT_OVERFLOW (batch * heads * capacity * head_width);
- * GEOMETRY_MISMATCH (binding (heads, head_width) differs from the pool's);
+ * NULL_ARGUMENT; INVALID_ARGUMENT (a binding with zero heads or head width,
+ * model_width != heads * head_width, or kv_heads 0 or not dividing heads);
+ * ZERO_BATCH_SIZE; ZERO_CAPACITY; CAPACITY_EXCEEDS_POSITIONS (capacity >
+ * rope_max_positions); ELEMENT_COUNT_OVERFLOW (batch * kv_heads * capacity *
+ * head_width); GEOMETRY_MISMATCH (binding (kv_heads, head_width) differs from
+ * the pool's (heads, head_width): a page stores the KV heads);
  * ALLOCATION_FAILED. No page is taken until the first append.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding,
@@ -89,9 +92,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_
                                                     kvp_error *err);
 
 /*
- * Logical snapshots: copy the [B, H, len, d_h] rotated keys (or unrotated
+ * Logical snapshots: copy the [B, H_kv, len, d_h] rotated keys (or unrotated
  * values) into `out`, which holds `out_len` doubles. BUFFER_TOO_SMALL when
- * out_len < B*H*len*d_h; nothing is written then.
+ * out_len < B*H_kv*len*d_h; nothing is written then.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_keys(const kvp_cache *cache, double *out,
                                                 size_t out_len, kvp_error *err);

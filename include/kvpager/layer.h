@@ -1,9 +1,14 @@
 /*
- * kvpager/layer.h: a multi-head attention layer.
+ * kvpager/layer.h: a multi-head attention layer, with grouped-query heads.
  *
- * A layer has model width D, H heads of width d_h = D / H, the four D x D
- * parameters W_q, W_k, W_v, W_o (stable indices KVP_PARAM_QUERY .. OUTPUT),
- * and a RoPE configuration over d_h features. It hands caches their binding:
+ * A layer has model width D, H query heads of width d_h = D / H, and
+ * kv_heads KV heads (dividing H): the query heads form kv_heads groups of
+ * H / kv_heads consecutive heads, and query head h attends with KV head
+ * h / (H / kv_heads). kv_heads == H is plain multi-head attention (MHA),
+ * kv_heads == 1 multi-query attention (MQA). The parameters (stable indices
+ * KVP_PARAM_QUERY .. OUTPUT) are W_q and W_o, D x D, and W_k and W_v,
+ * D x (kv_heads * d_h), so a cache stores kv_heads heads per position. The
+ * layer has a RoPE configuration over d_h features. It hands caches their binding:
  * geometry, the four parameters' identities and revisions, and the RoPE
  * configuration (kvp_layer_binding).
  *
@@ -26,17 +31,17 @@ typedef struct kvp_layer kvp_layer;
 
 typedef struct kvp_layer_info {
     size_t model_width;
-    size_t heads;
+    size_t heads;    /* query heads, H */
+    size_t kv_heads; /* KV heads, dividing H; == H for multi-head attention */
     size_t head_width;
     kvp_rope_config rope;
 } kvp_layer_info;
 
 /*
- * The seed's from_parameters: a layer over existing parameters, each of which
- * gains a reference, so layers built from the same parameters share their
- * identities. Errors, in order: NULL_ARGUMENT; PARAMETER_WIDTH_MISMATCH (the
- * four widths differ from W_q's); HEADS_DO_NOT_DIVIDE_WIDTH; ROPE_* (the
- * RoPE over d_h features); ALLOCATION_FAILED.
+ * The seed's from_parameters: a multi-head layer (kv_heads == heads) over
+ * existing parameters, each of which gains a reference, so layers built from
+ * the same parameters share their identities. It is
+ * kvp_layer_create_grouped(..., heads, heads, ...): see there for the errors.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key,
                                                   kvp_param *w_value, kvp_param *w_output,
@@ -45,14 +50,45 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create(kvp_param *w_query, kvp_param 
                                                   kvp_error *err);
 
 /*
+ * A layer with `heads` query heads and `kv_heads` KV heads over existing
+ * parameters (D is W_q's row count). Errors, in order: NULL_ARGUMENT;
+ * PARAMETER_WIDTH_MISMATCH (the first parameter, by index, whose row count
+ * differs from W_q's, or W_q or W_o not D x D; err.expected and err.actual
+ * are [rows, cols]); HEADS_DO_NOT_DIVIDE_WIDTH; KV_HEADS_DO_NOT_DIVIDE_HEADS
+ * (kv_heads is 0 or does not divide heads); PARAMETER_WIDTH_MISMATCH (W_k,
+ * then W_v, without kv_heads * d_h columns); ROPE_* (the RoPE over d_h
+ * features); ALLOCATION_FAILED. With kv_heads == heads and square
+ * parameters this is exactly the seed's order.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_layer_create_grouped(kvp_param *w_query, kvp_param *w_key,
+                                                          kvp_param *w_value, kvp_param *w_output,
+                                                          size_t heads, size_t kv_heads,
+                                                          size_t max_positions, double rope_base,
+                                                          kvp_layer **out, kvp_error *err);
+
+/*
  * A layer with fresh parameters drawn from SplitMix64(seed): each entry is
  * uniform in [-1/sqrt(D), 1/sqrt(D)), filled W_q, W_k, W_v, W_o in order, row
- * by row. The same seed gives the same weights on every machine.
+ * by row. The same seed gives the same weights on every machine. It is
+ * kvp_layer_create_random_grouped(..., heads, heads, ...).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random(size_t model_width, size_t heads,
                                                          size_t max_positions, double rope_base,
                                                          uint64_t seed, kvp_layer **out,
                                                          kvp_error *err);
+
+/*
+ * The same with kv_heads KV heads: W_k and W_v are D x (kv_heads * d_h) and
+ * take that many draws each, so kv_heads == heads gives kvp_layer_create_random's
+ * weights. Errors: NULL_ARGUMENT (out), INVALID_ARGUMENT (model_width 0 or
+ * D * D doubles do not fit), ALLOCATION_FAILED, then
+ * kvp_layer_create_grouped's.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random_grouped(size_t model_width, size_t heads,
+                                                                 size_t kv_heads,
+                                                                 size_t max_positions,
+                                                                 double rope_base, uint64_t seed,
+                                                                 kvp_layer **out, kvp_error *err);
 
 /* Drops the layer's parameter references and frees it. */
 KVP_API kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err);

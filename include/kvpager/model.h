@@ -1,8 +1,9 @@
 /*
  * kvpager/model.h: a stack of attention layers sharing one head geometry.
  *
- * A model is what a sequence runs: L layers with the same (heads,
- * head_width), so one pool can serve every layer's cache. A model built
+ * A model is what a sequence runs: L layers with the same (heads, kv_heads,
+ * head_width), so one pool (pages of kv_heads heads) can serve every layer's
+ * cache. A model built
  * from existing layers shares their parameters (same identities, as the
  * seed's from_parameters), so caches bound to those layers stay compatible.
  *
@@ -26,7 +27,8 @@ typedef struct kvp_model kvp_model;
 typedef struct kvp_model_info {
     size_t layers;
     size_t model_width;
-    size_t heads;
+    size_t heads;    /* query heads */
+    size_t kv_heads; /* KV heads, the heads a page stores (== heads for MHA) */
     size_t head_width;
 } kvp_model_info;
 
@@ -35,7 +37,8 @@ typedef struct kvp_model_info {
  * Errors, in order: NULL_ARGUMENT (layers, out); INVALID_ARGUMENT (more
  * layers than a model can address, before any entry is read; then count 0);
  * entry by entry, NULL_ARGUMENT (a NULL entry) or MODEL_GEOMETRY_MISMATCH
- * (layer i's heads or head width differ from layer 0's; err.layer = i);
+ * (layer i's heads, KV heads or head width differ from layer 0's; err.layer
+ * = i, err.kv_heads and err.expected_kv_heads the two KV head counts);
  * ALLOCATION_FAILED.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count,
@@ -46,6 +49,17 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_create_random(size_t layers, size_t m
                                                          size_t heads, size_t max_positions,
                                                          double rope_base, uint64_t seed,
                                                          kvp_model **out, kvp_error *err);
+
+/*
+ * L random grouped layers; layer l is kvp_layer_create_random_grouped(...,
+ * seed + l). kvp_model_create_random is this with kv_heads == heads.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_model_create_random_grouped(size_t layers,
+                                                                 size_t model_width, size_t heads,
+                                                                 size_t kv_heads,
+                                                                 size_t max_positions,
+                                                                 double rope_base, uint64_t seed,
+                                                                 kvp_model **out, kvp_error *err);
 
 KVP_API kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err);
 

@@ -1,8 +1,10 @@
 /*
  * kvpager/param.h: attention parameters with identity and revision.
  *
- * A parameter is a square width x width f64 matrix (row-major, applied to a
- * row vector x as y = x W). It has a node identity, unique in the process and
+ * A parameter is a rows x cols f64 matrix (row-major, applied to a row
+ * vector x of `rows` features as y = x W, giving `cols` features). Attention's
+ * W_q and W_o are square (D x D); a grouped layer's W_k and W_v are
+ * D x (kv_heads * d_h) (kvpager/layer.h). It has a node identity, unique in the process and
  * never reused, and a value revision that every in-place update advances, even
  * when the new values equal the old ones. Caches capture both (kvp_binding),
  * so a cache can tell a rebuilt layer (new identities) from one updated in
@@ -25,7 +27,11 @@ extern "C" {
 
 typedef struct kvp_param kvp_param;
 
-/* Called by kvp_param_update_with to change values[0 .. width*width) in place. */
+/*
+ * Called by kvp_param_update_with to change values[0 .. rows*cols) in place.
+ * `width` is kvp_param_width (the row count): for a square parameter that is
+ * all it needs; a callback for a rectangular one reads kvp_param_cols.
+ */
 typedef void (*kvp_param_update_fn)(void *ctx, double *values, size_t width);
 
 /*
@@ -36,13 +42,23 @@ typedef void (*kvp_param_update_fn)(void *ctx, double *values, size_t width);
 KVP_API KVP_NODISCARD kvp_status kvp_param_create(size_t width, const double *values,
                                                   kvp_param **out, kvp_error *err);
 
+/*
+ * The same for a rows x cols parameter holding a copy of rows*cols `values`;
+ * kvp_param_create(w, ...) is kvp_param_create_matrix(w, w, ...). Errors:
+ * NULL_ARGUMENT, INVALID_ARGUMENT (rows or cols 0, or rows*cols overflows),
+ * ALLOCATION_FAILED.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_param_create_matrix(size_t rows, size_t cols,
+                                                         const double *values, kvp_param **out,
+                                                         kvp_error *err);
+
 /* Adds a reference. */
 KVP_API kvp_status kvp_param_retain(kvp_param *param, kvp_error *err);
 
 /* Drops a reference; the last one frees the parameter. */
 KVP_API kvp_status kvp_param_release(kvp_param *param, kvp_error *err);
 
-/* Copies width*width new values in and advances the revision. */
+/* Copies rows*cols new values in and advances the revision. */
 KVP_API KVP_NODISCARD kvp_status kvp_param_update(kvp_param *param, const double *values,
                                                   kvp_error *err);
 
@@ -50,10 +66,16 @@ KVP_API KVP_NODISCARD kvp_status kvp_param_update(kvp_param *param, const double
 KVP_API KVP_NODISCARD kvp_status kvp_param_update_with(kvp_param *param, kvp_param_update_fn fn,
                                                        void *ctx, kvp_error *err);
 
-/* Plain queries; a NULL parameter reads as 0 / NULL. */
+/*
+ * Plain queries; a NULL parameter reads as 0 / NULL. kvp_param_width is the
+ * row count, the width of the rows it is applied to (for a square parameter,
+ * both dimensions).
+ */
 KVP_API uint64_t kvp_param_id(const kvp_param *param);
 KVP_API uint64_t kvp_param_revision(const kvp_param *param);
 KVP_API size_t kvp_param_width(const kvp_param *param);
+KVP_API size_t kvp_param_rows(const kvp_param *param);
+KVP_API size_t kvp_param_cols(const kvp_param *param);
 KVP_API const double *kvp_param_values(const kvp_param *param);
 
 #ifdef __cplusplus

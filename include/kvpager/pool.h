@@ -4,8 +4,10 @@
  * A pool owns a fixed budget of equal-size physical pages carved from one
  * slab. The slab is allocated once, at creation, from a jemalloc arena of the
  * pool's own, and is never moved, grown or shrunk. A page holds K and V for
- * `block_tokens` positions of every head of one cache lane, as elements of
- * the pool's storage type `dtype` (f64, f32 or bf16; kvp_dtype below):
+ * `block_tokens` positions of every stored head of one cache lane (the
+ * stored heads are a layer's KV heads, kv_heads, which grouped-query layers
+ * keep below their query heads), as elements of the pool's storage type
+ * `dtype` (f64, f32 or bf16; kvp_dtype below):
  *
  *     K[heads][block_tokens][head_width]  then  V[heads][block_tokens][head_width]
  *
@@ -61,7 +63,7 @@ typedef enum kvp_dtype {
 
 typedef struct kvp_pool_config {
     size_t block_tokens; /* positions per page */
-    size_t heads;        /* attention heads per lane */
+    size_t heads;        /* stored (KV) heads per lane: a layer's kv_heads */
     size_t head_width;   /* features per head (d_h) */
     size_t budget_bytes; /* memory budget for the page slab */
     kvp_dtype dtype;     /* element type of the pages; KVP_F64 (0) by default */

@@ -109,7 +109,12 @@ extern "C" {
     /* models, sequences and decoders */                                                    \
     X(MODEL_GEOMETRY_MISMATCH, "ModelGeometryMismatch",                                     \
       "a model layer's head geometry differs from layer 0's")                               \
-    X(THREAD_FAILED, "ThreadFailed", "a worker thread could not be started")
+    X(THREAD_FAILED, "ThreadFailed", "a worker thread could not be started")              \
+    /* grouped-query heads (appended so no earlier value moves) */                          \
+    X(KV_HEADS_DO_NOT_DIVIDE_HEADS, "KvHeadsDoNotDivideHeads",                              \
+      "the head count is not a nonzero multiple of the KV head count")                      \
+    X(CACHE_KV_HEAD_COUNT_MISMATCH, "CacheKvHeadCountMismatch",                             \
+      "KV cache KV head count differs from the layer's")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, name, message) KVP_##suffix,
@@ -162,7 +167,8 @@ typedef struct kvp_error {
     size_t limit;
     double value;
 
-    /* KEY_SHAPE_MISMATCH / VALUE_SHAPE_MISMATCH; REFERENCE_INPUT_SHAPE (actual). */
+    /* KEY_SHAPE_MISMATCH / VALUE_SHAPE_MISMATCH; REFERENCE_INPUT_SHAPE (actual);
+     * PARAMETER_WIDTH_MISMATCH: [rows, cols] of the parameter expected and found. */
     kvp_shape expected;
     kvp_shape actual;
 
@@ -203,10 +209,12 @@ typedef struct kvp_error {
     size_t rank;
     size_t tokens;
     /* INPUT_BATCH_MISMATCH: expected = cache batch, actual = input batch.
-     * INPUT_WIDTH_MISMATCH, PARAMETER_WIDTH_MISMATCH: expected = model width. */
+     * INPUT_WIDTH_MISMATCH: expected = model width. PARAMETER_WIDTH_MISMATCH:
+     * the first dimension of the parameter that differs (rows, else cols). */
     size_t expected_size;
     size_t actual_size;
-    /* CACHE_MODEL_WIDTH/HEAD_COUNT/HEAD_WIDTH_MISMATCH: the layer's and the cache's. */
+    /* CACHE_MODEL_WIDTH/HEAD_COUNT/KV_HEAD_COUNT/HEAD_WIDTH_MISMATCH: the layer's and
+     * the cache's. */
     size_t layer_size;
     size_t cache_size;
     /* CACHE_LAYER_REVISION_MISMATCH, PARAMETER_WIDTH_MISMATCH: parameter index. */
@@ -231,6 +239,11 @@ typedef struct kvp_error {
     /* Prefill: the prompt token whose step failed. kvp_attention_reference's
      * NONFINITE_*: the token (position) whose computation failed. */
     size_t token;
+    /* KV_HEADS_DO_NOT_DIVIDE_HEADS: the KV head count (the head count in `heads`).
+     * TICKET_GEOMETRY_MISMATCH: the ticket's KV heads (its query heads in `heads`).
+     * MODEL_GEOMETRY_MISMATCH: layer `layer`'s KV heads, and layer 0's. */
+    size_t kv_heads;
+    size_t expected_kv_heads;
 } kvp_error;
 
 /* "FULL" -> "Full"; unknown values give "Unknown". Never NULL. */

@@ -47,9 +47,13 @@ static kvp_status validate_request(const kvp_layer *layer, const kvp_tensor *inp
         e.status = KVP_CACHE_MODEL_WIDTH_MISMATCH;
         e.layer_size = layer->model_width;
         e.cache_size = cache->binding.model_width;
-    } else if (cache->heads != layer->heads) {
+    } else if (cache->binding.heads != layer->heads) {
         e.status = KVP_CACHE_HEAD_COUNT_MISMATCH;
         e.layer_size = layer->heads;
+        e.cache_size = cache->binding.heads;
+    } else if (cache->heads != layer->kv_heads) {
+        e.status = KVP_CACHE_KV_HEAD_COUNT_MISMATCH;
+        e.layer_size = layer->kv_heads;
         e.cache_size = cache->heads;
     } else if (cache->head_width != layer->head_width) {
         e.status = KVP_CACHE_HEAD_WIDTH_MISMATCH;
@@ -100,11 +104,13 @@ static kvp_status validate_ticket(const kvp_ticket *ticket, const kvp_cache *cac
     if (ticket->state == KVPI_TICKET_PREPARED) {
         return kvpi_error_emit(err, &(kvp_error){.status = KVP_TICKET_BUSY});
     }
-    if (ticket->batch_size != cache->batch_size || ticket->heads != cache->heads ||
-        ticket->head_width != cache->head_width || ticket->capacity < cache->capacity) {
+    if (ticket->batch_size != cache->batch_size || ticket->heads != cache->binding.heads ||
+        ticket->kv_heads != cache->heads || ticket->head_width != cache->head_width ||
+        ticket->capacity < cache->capacity) {
         kvp_error e = kvpi_error_begin(KVP_TICKET_GEOMETRY_MISMATCH);
         e.batch_size = ticket->batch_size;
         e.heads = ticket->heads;
+        e.kv_heads = ticket->kv_heads;
         e.head_width = ticket->head_width;
         e.capacity = ticket->capacity;
         return kvpi_error_emit(err, &e);
@@ -112,29 +118,35 @@ static kvp_status validate_ticket(const kvp_ticket *ticket, const kvp_cache *cac
     return KVP_OK;
 }
 
-/* Q, K, V of every lane, then Q and K rotated at `position`, head by head. */
+/*
+ * Q ([B, D]), K and V ([B, H_kv * d_h]) of every lane, then the H query heads
+ * of Q and the H_kv heads of K rotated at `position`.
+ */
 static kvp_status project(const kvp_layer *layer, const double *input, size_t batch,
                           size_t position, kvp_ticket *t, kvp_error *err)
 {
     size_t d = layer->model_width;
+    size_t kv_width = layer->kv_heads * layer->head_width;
     double *const outputs[3] = {t->query, t->key, t->value};
+    const size_t widths[3] = {d, kv_width, kv_width};
     static const char *const names[3] = {"query", "key", "value"};
     for (size_t which = 0; which < 3; which++) {
         const double *w = kvp_param_values(layer->params[which]);
         for (size_t lane = 0; lane < batch; lane++) {
-            kvpi_project_row(input + lane * d, w, d, outputs[which] + lane * d);
+            kvpi_project_rect(input + lane * d, w, d, widths[which],
+                              outputs[which] + lane * widths[which]);
         }
     }
     for (size_t which = 0; which < 3; which++) {
-        kvp_status status = kvpi_check_finite(outputs[which], batch * d,
+        kvp_status status = kvpi_check_finite(outputs[which], batch * widths[which],
                                               KVP_NONFINITE_PROJECTION, names[which], err);
         if (status != KVP_OK) {
             return status;
         }
     }
-    /* [B, D] rows are [B * H] head vectors of d_h, all at `position`. */
-    size_t vectors = batch * layer->heads;
-    kvpi_layer_rope(layer, t->query, t->key, vectors, position);
+    /* [B, D] rows are [B * H] head vectors of d_h, [B, H_kv * d_h] rows [B * H_kv]. */
+    kvpi_layer_rope_qk(layer, t->query, batch * layer->heads, t->key, batch * layer->kv_heads,
+                       position);
     return KVP_OK;
 }
 
@@ -166,10 +178,11 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
     size_t heads = layer->heads;
     size_t hd = layer->head_width;
     size_t d = layer->model_width;
+    size_t kv_width = layer->kv_heads * hd;
     size_t keys = cache->len + 1;
     double scale = 1.0 / sqrt((double)hd);
     for (size_t lane = 0; lane < batch; lane++) {
-        kvpi_gather_scores(cache, t->query + lane * d, t->key + lane * d, lane, scale,
+        kvpi_gather_scores(cache, t->query + lane * d, t->key + lane * kv_width, lane, scale,
                            t->weights + lane * heads * keys);
     }
     kvp_status status =
@@ -181,8 +194,8 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
         kvpi_softmax(t->weights + row * keys, keys);
     }
     for (size_t lane = 0; lane < batch; lane++) {
-        kvpi_gather_values(cache, t->weights + lane * heads * keys, t->value + lane * d, lane,
-                           t->head_outputs + lane * d);
+        kvpi_gather_values(cache, t->weights + lane * heads * keys, t->value + lane * kv_width,
+                           lane, t->head_outputs + lane * d);
     }
     /* [B, H, 1, d_h] is already the merged [B, 1, D] layout. */
     const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);

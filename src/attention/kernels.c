@@ -14,6 +14,12 @@ void kvpi_project_row(const double *x, const double *w, size_t width, double *y)
     kvpi_kernels_active()->axpy_rows(y, x, w, width, width, width);
 }
 
+void kvpi_project_rect(const double *x, const double *w, size_t rows, size_t cols, double *y)
+{
+    memset(y, 0, cols * sizeof *y);
+    kvpi_kernels_active()->axpy_rows(y, x, w, cols, rows, cols);
+}
+
 void kvpi_softmax(double *s, size_t n)
 {
     double max = s[0];

@@ -227,6 +227,13 @@ static inline void kvpi_axpy(double *acc, double weight, const double *v, size_t
 void kvpi_project_row(const double *x, const double *w, size_t width, double *y);
 
 /*
+ * y[0..cols) = x[0..rows) W, W row-major rows x cols; each y[j] summed over i
+ * in order, so a column gives the same bits whatever the other columns are
+ * (a grouped layer's K equals an MHA layer's with the columns repeated).
+ */
+void kvpi_project_rect(const double *x, const double *w, size_t rows, size_t cols, double *y);
+
+/*
  * In place: s[i] = kvpi_exp(s[i] - max) / sum, the sum in the dot product's
  * order (the active level's exp_sum). Requires finite input, n >= 1.
  */

@@ -17,9 +17,45 @@
 #include "pager/alloc.h"
 #include "pager/error.h"
 
+/*
+ * The columns W_k and W_v must have: kv_heads * d_h when heads and kv_heads
+ * are valid, else the model width (the heads checks then refuse the layer).
+ * With kv_heads == heads it is the model width, as for square parameters.
+ */
+static size_t kv_columns(size_t model_width, size_t heads, size_t kv_heads)
+{
+    if (heads == 0 || model_width % heads != 0 || kv_heads == 0 || heads % kv_heads != 0) {
+        return model_width;
+    }
+    return kv_heads * (model_width / heads);
+}
+
+/*
+ * PARAMETER_WIDTH_MISMATCH for parameter `index`: expected and actual are
+ * [rows, cols]; expected_size and actual_size are the first dimension that
+ * differs (rows, else cols), as they were when every parameter was square.
+ */
+static kvp_status fail_parameter_shape(const kvp_param *param, size_t index, size_t rows,
+                                       size_t cols, kvp_error *err)
+{
+    kvp_error e = kvpi_error_begin(KVP_PARAMETER_WIDTH_MISMATCH);
+    e.parameter = index;
+    e.expected = (kvp_shape){2, {rows, cols}};
+    e.actual = (kvp_shape){2, {kvp_param_rows(param), kvp_param_cols(param)}};
+    int rows_differ = kvp_param_rows(param) != rows;
+    e.expected_size = rows_differ ? rows : cols;
+    e.actual_size = rows_differ ? kvp_param_rows(param) : kvp_param_cols(param);
+    return kvpi_error_emit(err, &e);
+}
+
+/*
+ * The layer checks in their documented order (kvpager/layer.h): NULLs; every
+ * parameter has W_q's rows and W_q, W_o are square; heads divide the width;
+ * kv_heads divide heads; W_k and W_v have kv_heads * d_h columns; RoPE.
+ */
 static kvp_status validate_layer(kvp_param *const params[KVP_PARAM_COUNT], size_t heads,
-                                 const kvp_rope_config *rope_without_width, size_t *head_width,
-                                 kvp_error *err)
+                                 size_t kv_heads, const kvp_rope_config *rope_without_width,
+                                 size_t *head_width, kvp_error *err)
 {
     static const char *const names[] = {"w_query", "w_key", "w_value", "w_output"};
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
@@ -27,14 +63,14 @@ static kvp_status validate_layer(kvp_param *const params[KVP_PARAM_COUNT], size_
             return kvpi_fail_null(err, names[i]);
         }
     }
-    size_t width = kvp_param_width(params[0]);
-    for (size_t i = 1; i < KVP_PARAM_COUNT; i++) {
-        if (kvp_param_width(params[i]) != width) {
-            kvp_error e = kvpi_error_begin(KVP_PARAMETER_WIDTH_MISMATCH);
-            e.parameter = i;
-            e.expected_size = width;
-            e.actual_size = kvp_param_width(params[i]);
-            return kvpi_error_emit(err, &e);
+    size_t width = kvp_param_rows(params[0]);
+    size_t kv_cols = kv_columns(width, heads, kv_heads);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        int square = i == KVP_PARAM_QUERY || i == KVP_PARAM_OUTPUT;
+        /* Columns of W_k and W_v wait for the heads checks (below). */
+        size_t cols = square ? width : kvp_param_cols(params[i]);
+        if (kvp_param_rows(params[i]) != width || kvp_param_cols(params[i]) != cols) {
+            return fail_parameter_shape(params[i], i, width, square ? width : kv_cols, err);
         }
     }
     if (heads == 0 || width % heads != 0) {
@@ -42,6 +78,18 @@ static kvp_status validate_layer(kvp_param *const params[KVP_PARAM_COUNT], size_
         e.model_width = width;
         e.heads = heads;
         return kvpi_error_emit(err, &e);
+    }
+    if (kv_heads == 0 || heads % kv_heads != 0) {
+        kvp_error e = kvpi_error_begin(KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS);
+        e.heads = heads;
+        e.kv_heads = kv_heads;
+        return kvpi_error_emit(err, &e);
+    }
+    size_t kv_width = kv_heads * (width / heads);
+    for (size_t i = KVP_PARAM_KEY; i <= KVP_PARAM_VALUE; i++) {
+        if (kvp_param_cols(params[i]) != kv_width) {
+            return fail_parameter_shape(params[i], i, width, kv_width, err);
+        }
     }
     kvp_rope_config rope = *rope_without_width;
     rope.feature_width = width / heads;
@@ -82,9 +130,29 @@ void kvpi_layer_rope(const kvp_layer *layer, double *a, double *b, size_t count,
     }
 }
 
+void kvpi_layer_rope_qk(const kvp_layer *layer, double *q, size_t queries, double *k,
+                        size_t keys, size_t position)
+{
+    if (queries == keys) {
+        kvpi_layer_rope(layer, q, k, queries, position); /* one cos/sin pass for both */
+        return;
+    }
+    kvpi_layer_rope(layer, q, NULL, queries, position);
+    kvpi_layer_rope(layer, k, NULL, keys, position);
+}
+
 kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key, kvp_param *w_value,
                             kvp_param *w_output, size_t heads, size_t max_positions,
                             double rope_base, kvp_layer **out, kvp_error *err)
+{
+    return kvp_layer_create_grouped(w_query, w_key, w_value, w_output, heads, heads,
+                                    max_positions, rope_base, out, err);
+}
+
+kvp_status kvp_layer_create_grouped(kvp_param *w_query, kvp_param *w_key, kvp_param *w_value,
+                                    kvp_param *w_output, size_t heads, size_t kv_heads,
+                                    size_t max_positions, double rope_base, kvp_layer **out,
+                                    kvp_error *err)
 {
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
@@ -92,7 +160,7 @@ kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key, kvp_param *w_v
     kvp_param *params[KVP_PARAM_COUNT] = {w_query, w_key, w_value, w_output};
     kvp_rope_config rope = {0, max_positions, rope_base};
     size_t head_width = 0;
-    kvp_status status = validate_layer(params, heads, &rope, &head_width, err);
+    kvp_status status = validate_layer(params, heads, kv_heads, &rope, &head_width, err);
     if (status != KVP_OK) {
         return status;
     }
@@ -108,6 +176,7 @@ kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key, kvp_param *w_v
     }
     layer->model_width = kvp_param_width(w_query);
     layer->heads = heads;
+    layer->kv_heads = kv_heads;
     layer->head_width = head_width;
     layer->rope = (kvp_rope_config){head_width, max_positions, rope_base};
     size_t half = head_width / 2;
@@ -137,6 +206,14 @@ kvp_status kvp_layer_create_random(size_t model_width, size_t heads, size_t max_
                                    double rope_base, uint64_t seed, kvp_layer **out,
                                    kvp_error *err)
 {
+    return kvp_layer_create_random_grouped(model_width, heads, heads, max_positions, rope_base,
+                                           seed, out, err);
+}
+
+kvp_status kvp_layer_create_random_grouped(size_t model_width, size_t heads, size_t kv_heads,
+                                           size_t max_positions, double rope_base, uint64_t seed,
+                                           kvp_layer **out, kvp_error *err)
+{
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
@@ -151,20 +228,23 @@ kvp_status kvp_layer_create_random(size_t model_width, size_t heads, size_t max_
                                count * sizeof *values);
     }
     double scale = 1.0 / sqrt((double)model_width);
+    size_t kv_width = kv_columns(model_width, heads, kv_heads);
     uint64_t state = seed;
     kvp_param *params[KVP_PARAM_COUNT] = {NULL, NULL, NULL, NULL};
     kvp_status status = KVP_OK;
     for (size_t p = 0; p < KVP_PARAM_COUNT && status == KVP_OK; p++) {
-        for (size_t i = 0; i < count; i++) {
+        int square = p == KVP_PARAM_QUERY || p == KVP_PARAM_OUTPUT;
+        size_t cols = square ? model_width : kv_width;
+        for (size_t i = 0; i < model_width * cols; i++) {
             double unit = (double)(splitmix64(&state) >> 11) * 0x1.0p-53; /* [0, 1) */
             values[i] = (2.0 * unit - 1.0) * scale;
         }
-        status = kvp_param_create(model_width, values, &params[p], err);
+        status = kvp_param_create_matrix(model_width, cols, values, &params[p], err);
     }
     kvpi_free(values);
     if (status == KVP_OK) {
-        status = kvp_layer_create(params[0], params[1], params[2], params[3], heads,
-                                  max_positions, rope_base, out, err);
+        status = kvp_layer_create_grouped(params[0], params[1], params[2], params[3], heads,
+                                          kv_heads, max_positions, rope_base, out, err);
     }
     /* The layer holds its own references; drop the creation ones either way. */
     for (size_t p = 0; p < KVP_PARAM_COUNT; p++) {
@@ -195,7 +275,8 @@ kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out, kvp_e
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    kvp_layer_info info = {layer->model_width, layer->heads, layer->head_width, layer->rope};
+    kvp_layer_info info = {layer->model_width, layer->heads, layer->kv_heads,
+                           layer->head_width, layer->rope};
     *out = info;
     return KVP_OK;
 }
@@ -218,6 +299,7 @@ void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out)
     memset(&binding, 0, sizeof binding);
     binding.model_width = layer->model_width;
     binding.heads = layer->heads;
+    binding.kv_heads = layer->kv_heads;
     binding.head_width = layer->head_width;
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         binding.params[i].node_id = kvp_param_id(layer->params[i]);

@@ -1,8 +1,10 @@
 /*
  * layer_internal.h: struct kvp_layer, for the attention sources.
  *
- * Invariants: model_width == heads * head_width; every params[i] is a
- * model_width x model_width parameter the layer holds one reference to;
+ * Invariants: model_width == heads * head_width; kv_heads divides heads;
+ * the layer holds one reference to each params[i]; W_q and W_o are
+ * model_width x model_width, W_k and W_v model_width x (kv_heads *
+ * head_width); query head h reads KV head h / (heads / kv_heads);
  * rope.feature_width == head_width and rope is valid.
  *
  * The layer's RoPE angles live in the layer's own allocation, written once
@@ -24,6 +26,7 @@ struct kvp_layer {
     kvp_param *params[KVP_PARAM_COUNT];
     size_t model_width;
     size_t heads;
+    size_t kv_heads;
     size_t head_width;
     kvp_rope_config rope;
     const double *rope_theta; /* [d_h / 2], in rope_data */
@@ -50,5 +53,13 @@ void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out);
  */
 void kvpi_layer_rope(const kvp_layer *layer, double *a, double *b, size_t count,
                      size_t position);
+
+/*
+ * Rotates `queries` vectors of q and `keys` vectors of k (packed, d_h each)
+ * at `position`: with kv_heads < heads there are fewer key vectors than query
+ * vectors. The bits of kvpi_layer_rope on each.
+ */
+void kvpi_layer_rope_qk(const kvp_layer *layer, double *q, size_t queries, double *k,
+                        size_t keys, size_t position);
 
 #endif /* KVPAGER_ATTENTION_LAYER_INTERNAL_H */

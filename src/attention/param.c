@@ -3,7 +3,8 @@
  * (see kvpager/param.h).
  *
  * Invariants: id is unique in the process and never reused (taken from
- * `next_param_id`); revision only grows; refs >= 1 while the node exists.
+ * `next_param_id`); revision only grows; refs >= 1 while the node exists;
+ * rows, cols >= 1 and values holds rows * cols doubles.
  * Global state: `next_param_id`, the process-wide identity counter.
  */
 #include "kvpager/param.h"
@@ -18,11 +19,47 @@ struct kvp_param {
     atomic_size_t refs;
     uint64_t id;
     uint64_t revision;
-    size_t width;
+    size_t rows;
+    size_t cols;
     double values[];
 };
 
 static atomic_uint_fast64_t next_param_id = 1;
+
+kvp_status kvp_param_create_matrix(size_t rows, size_t cols, const double *values,
+                                  kvp_param **out, kvp_error *err)
+{
+    if (values == NULL) {
+        return kvpi_fail_null(err, "values");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    if (rows == 0) {
+        return kvpi_fail_invalid(err, "rows", "a parameter needs a nonzero row count");
+    }
+    if (cols == 0) {
+        return kvpi_fail_invalid(err, "cols", "a parameter needs a nonzero column count");
+    }
+    if (rows > SIZE_MAX / cols ||
+        rows * cols > (SIZE_MAX - sizeof(kvp_param)) / sizeof(double)) {
+        return kvpi_fail_invalid(err, "cols", "rows * cols overflows");
+    }
+    size_t count = rows * cols;
+    size_t bytes = sizeof(kvp_param) + count * sizeof(double);
+    kvp_param *param = kvpi_alloc(KVPI_SITE_PARAM, bytes);
+    if (param == NULL) {
+        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_PARAM), bytes);
+    }
+    atomic_init(&param->refs, 1);
+    param->id = atomic_fetch_add(&next_param_id, 1);
+    param->revision = 0;
+    param->rows = rows;
+    param->cols = cols;
+    memcpy(param->values, values, count * sizeof(double));
+    *out = param;
+    return KVP_OK;
+}
 
 kvp_status kvp_param_create(size_t width, const double *values, kvp_param **out, kvp_error *err)
 {
@@ -39,19 +76,7 @@ kvp_status kvp_param_create(size_t width, const double *values, kvp_param **out,
         width * width > (SIZE_MAX - sizeof(kvp_param)) / sizeof(double)) {
         return kvpi_fail_invalid(err, "width", "width * width overflows");
     }
-    size_t count = width * width;
-    size_t bytes = sizeof(kvp_param) + count * sizeof(double);
-    kvp_param *param = kvpi_alloc(KVPI_SITE_PARAM, bytes);
-    if (param == NULL) {
-        return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_PARAM), bytes);
-    }
-    atomic_init(&param->refs, 1);
-    param->id = atomic_fetch_add(&next_param_id, 1);
-    param->revision = 0;
-    param->width = width;
-    memcpy(param->values, values, count * sizeof(double));
-    *out = param;
-    return KVP_OK;
+    return kvp_param_create_matrix(width, width, values, out, err);
 }
 
 kvp_status kvp_param_retain(kvp_param *param, kvp_error *err)
@@ -82,7 +107,7 @@ kvp_status kvp_param_update(kvp_param *param, const double *values, kvp_error *e
     if (values == NULL) {
         return kvpi_fail_null(err, "values");
     }
-    memmove(param->values, values, param->width * param->width * sizeof(double));
+    memmove(param->values, values, param->rows * param->cols * sizeof(double));
     param->revision++;
     return KVP_OK;
 }
@@ -96,7 +121,7 @@ kvp_status kvp_param_update_with(kvp_param *param, kvp_param_update_fn fn, void 
     if (fn == NULL) {
         return kvpi_fail_null(err, "fn");
     }
-    fn(ctx, param->values, param->width);
+    fn(ctx, param->values, param->rows);
     param->revision++;
     return KVP_OK;
 }
@@ -113,7 +138,17 @@ uint64_t kvp_param_revision(const kvp_param *param)
 
 size_t kvp_param_width(const kvp_param *param)
 {
-    return param != NULL ? param->width : 0;
+    return param != NULL ? param->rows : 0;
+}
+
+size_t kvp_param_rows(const kvp_param *param)
+{
+    return param != NULL ? param->rows : 0;
+}
+
+size_t kvp_param_cols(const kvp_param *param)
+{
+    return param != NULL ? param->cols : 0;
 }
 
 const double *kvp_param_values(const kvp_param *param)

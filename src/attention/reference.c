@@ -54,23 +54,26 @@ static kvp_status validate_reference(const kvp_layer *layer, const kvp_tensor *i
     if (output_len < elements) {
         return kvpi_fail_buffer(err, "output", elements, output_len);
     }
-    if ((keys != NULL || values != NULL) && kv_len < elements) {
-        return kvpi_fail_buffer(err, keys != NULL ? "keys" : "values", elements, kv_len);
+    /* K and V hold H_kv of the H heads: elements / H * H_kv, exactly. */
+    size_t kv_elements = elements / layer->heads * layer->kv_heads;
+    if ((keys != NULL || values != NULL) && kv_len < kv_elements) {
+        return kvpi_fail_buffer(err, keys != NULL ? "keys" : "values", kv_elements, kv_len);
     }
     return KVP_OK;
 }
 
-/* Rotated K and unrotated V of [B, T, D] scratch, written as [B, H, T, d_h]. */
+/* Rotated K and unrotated V of [B, T, H_kv * d_h] scratch, written as [B, H_kv, T, d_h]. */
 static void export_heads(const kvp_layer *layer, const double *rows, size_t batch, size_t tokens,
                          double *out)
 {
-    size_t d = layer->model_width;
     size_t hd = layer->head_width;
+    size_t kv = layer->kv_heads;
+    size_t kv_width = kv * hd;
     for (size_t b = 0; b < batch; b++) {
-        for (size_t h = 0; h < layer->heads; h++) {
+        for (size_t h = 0; h < kv; h++) {
             for (size_t t = 0; t < tokens; t++) {
-                memcpy(out + ((b * layer->heads + h) * tokens + t) * hd,
-                       rows + (b * tokens + t) * d + h * hd, hd * sizeof *out);
+                memcpy(out + ((b * kv + h) * tokens + t) * hd,
+                       rows + (b * tokens + t) * kv_width + h * hd, hd * sizeof *out);
             }
         }
     }
@@ -102,8 +105,8 @@ static void gather_token(const double *rows, size_t batch, size_t tokens, size_t
 /* Scratch of the reference: projections, one token's rows, scores and outputs. */
 typedef struct reference_scratch {
     double *q;       /* [B, T, D], rotated */
-    double *k;       /* [B, T, D], rotated */
-    double *v;       /* [B, T, D] */
+    double *k;       /* [B, T, H_kv * d_h], rotated */
+    double *v;       /* [B, T, H_kv * d_h] */
     double *out;     /* [B, T, D], copied to the caller's output on success */
     double *row;     /* [B, D]: one token of every lane, in the incremental layout */
     double *scores;  /* [B, H, t + 1] for the current token t */
@@ -123,6 +126,8 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
     size_t d = layer->model_width;
     size_t hd = layer->head_width;
     size_t heads = layer->heads;
+    size_t group = heads / layer->kv_heads;
+    size_t kv_width = layer->kv_heads * hd;
     size_t keys = t + 1;
     double scale = 1.0 / sqrt((double)hd);
     kvp_status status = KVP_OK;
@@ -131,7 +136,8 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
             const double *query = s->q + (b * tokens + t) * d + h * hd;
             double *scores = s->scores + (b * heads + h) * keys;
             for (size_t p = 0; p <= t; p++) {
-                scores[p] = kvpi_dot(query, s->k + (b * tokens + p) * d + h * hd, hd) * scale;
+                const double *key = s->k + (b * tokens + p) * kv_width + (h / group) * hd;
+                scores[p] = kvpi_dot(query, key, hd) * scale;
             }
         }
     }
@@ -147,7 +153,8 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
             double *head = s->merged + h * hd;
             memset(head, 0, hd * sizeof *head);
             for (size_t p = 0; p <= t; p++) {
-                kvpi_axpy(head, weights[p], s->v + (b * tokens + p) * d + h * hd, hd);
+                kvpi_axpy(head, weights[p], s->v + (b * tokens + p) * kv_width + (h / group) * hd,
+                          hd);
             }
         }
         kvpi_project_row(s->merged, w_output, d, s->out + (b * tokens + t) * d);
@@ -155,23 +162,24 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
     gather_token(s->out, batch, tokens, d, t, s->row);
     status = check_finite(s->row, batch * d, KVP_NONFINITE_OUTPUT, "output", t, err);
     if (status == KVP_OK) {
-        gather_token(s->k, batch, tokens, d, t, s->row);
-        status = check_finite(s->row, batch * d, KVP_NONFINITE_KEY, NULL, t, err);
+        gather_token(s->k, batch, tokens, kv_width, t, s->row);
+        status = check_finite(s->row, batch * kv_width, KVP_NONFINITE_KEY, NULL, t, err);
     }
     if (status == KVP_OK) {
-        gather_token(s->v, batch, tokens, d, t, s->row);
-        status = check_finite(s->row, batch * d, KVP_NONFINITE_VALUE, NULL, t, err);
+        gather_token(s->v, batch, tokens, kv_width, t, s->row);
+        status = check_finite(s->row, batch * kv_width, KVP_NONFINITE_VALUE, NULL, t, err);
     }
     return status;
 }
 
 /*
- * Token t's rotated key, then value, rows as a `dtype` pool stores them: the
- * first finite element the dtype cannot hold is refused as prepare refuses it
- * (kvpi_cache_check_storable), else the rows are rounded in place.
+ * Token t's rotated key, then value, rows (`width` = H_kv * d_h per lane) as
+ * a `dtype` pool stores them: the first finite element the dtype cannot hold
+ * is refused as prepare refuses it (kvpi_cache_check_storable), else the rows
+ * are rounded in place.
  */
 static kvp_status store_token(const reference_scratch *s, kvp_dtype dtype, size_t batch,
-                              size_t tokens, size_t d, size_t t, kvp_error *err)
+                              size_t tokens, size_t width, size_t t, kvp_error *err)
 {
     if (dtype == KVP_F64) {
         return KVP_OK;
@@ -179,9 +187,9 @@ static kvp_status store_token(const reference_scratch *s, kvp_dtype dtype, size_
     static const kvp_status statuses[2] = {KVP_NONFINITE_KEY, KVP_NONFINITE_VALUE};
     double *const rows[2] = {s->k, s->v};
     for (size_t which = 0; which < 2; which++) {
-        gather_token(rows[which], batch, tokens, d, t, s->row);
-        size_t i = kvpi_dtype_first_overflow(dtype, s->row, batch * d);
-        if (i < batch * d) {
+        gather_token(rows[which], batch, tokens, width, t, s->row);
+        size_t i = kvpi_dtype_first_overflow(dtype, s->row, batch * width);
+        if (i < batch * width) {
             kvp_error e = kvpi_error_begin(statuses[which]);
             e.what = kvp_dtype_name(dtype);
             e.index = i;
@@ -192,22 +200,25 @@ static kvp_status store_token(const reference_scratch *s, kvp_dtype dtype, size_
     }
     for (size_t which = 0; which < 2; which++) {
         for (size_t b = 0; b < batch; b++) {
-            kvpi_dtype_round_rows(dtype, rows[which] + (b * tokens + t) * d, d);
+            kvpi_dtype_round_rows(dtype, rows[which] + (b * tokens + t) * width, width);
         }
     }
     return KVP_OK;
 }
 
-/* The unrotated projections of token t, checked query, key, value, as the incremental path. */
+/*
+ * The unrotated projections of token t, checked query, key, value, as the
+ * incremental path; widths[which] is D for the query, H_kv * d_h for K and V.
+ */
 static kvp_status check_projections(const reference_scratch *s, size_t batch, size_t tokens,
-                                    size_t d, size_t t, kvp_error *err)
+                                    const size_t widths[3], size_t t, kvp_error *err)
 {
     static const char *const names[3] = {"query", "key", "value"};
     const double *const projected[3] = {s->q, s->k, s->v};
     for (size_t which = 0; which < 3; which++) {
-        gather_token(projected[which], batch, tokens, d, t, s->row);
-        kvp_status status = check_finite(s->row, batch * d, KVP_NONFINITE_PROJECTION,
-                                         names[which], t, err);
+        gather_token(projected[which], batch, tokens, widths[which], t, s->row);
+        kvp_status status = check_finite(s->row, batch * widths[which],
+                                         KVP_NONFINITE_PROJECTION, names[which], t, err);
         if (status != KVP_OK) {
             return status;
         }
@@ -247,10 +258,12 @@ kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtyp
     size_t batch = input->shape.dims[0];
     size_t tokens = input->shape.dims[1];
     size_t d = layer->model_width;
+    size_t kv_width = layer->kv_heads * layer->head_width;
     size_t rows = batch * tokens * d;
+    size_t kv_rows = batch * tokens * kv_width;
     /* q, k, v and out rows, one token's row of every lane, scores, one merged row. */
     size_t score_doubles = batch * layer->heads * tokens;
-    size_t bytes = (4 * rows + batch * d + score_doubles + d) * sizeof(double);
+    size_t bytes = (2 * rows + 2 * kv_rows + batch * d + score_doubles + d) * sizeof(double);
     double *scratch = kvpi_alloc(KVPI_SITE_SCRATCH, bytes);
     if (scratch == NULL) {
         return kvpi_fail_alloc(err, "full-prefix attention scratch", bytes);
@@ -258,28 +271,30 @@ kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtyp
     reference_scratch s;
     s.q = scratch;
     s.k = s.q + rows;
-    s.v = s.k + rows;
-    s.out = s.v + rows;
+    s.v = s.k + kv_rows;
+    s.out = s.v + kv_rows;
     s.row = s.out + rows;
     s.scores = s.row + batch * d;
     s.merged = s.scores + score_doubles;
     double *const projected[3] = {s.q, s.k, s.v};
+    const size_t widths[3] = {d, kv_width, kv_width};
     for (size_t which = 0; which < 3; which++) {
         const double *w = kvp_param_values(layer->params[which]);
         for (size_t row = 0; row < batch * tokens; row++) {
-            kvpi_project_row(input->data + row * d, w, d, projected[which] + row * d);
+            kvpi_project_rect(input->data + row * d, w, d, widths[which],
+                              projected[which] + row * widths[which]);
         }
     }
     for (size_t t = 0; t < tokens && status == KVP_OK; t++) {
-        status = check_projections(&s, batch, tokens, d, t, err);
+        status = check_projections(&s, batch, tokens, widths, t, err);
         if (status != KVP_OK) {
             break;
         }
         for (size_t b = 0; b < batch; b++) {
-            size_t at = (b * tokens + t) * d;
-            kvpi_layer_rope(layer, s.q + at, s.k + at, layer->heads, t);
+            kvpi_layer_rope_qk(layer, s.q + (b * tokens + t) * d, layer->heads,
+                               s.k + (b * tokens + t) * kv_width, layer->kv_heads, t);
         }
-        status = store_token(&s, dtype, batch, tokens, d, t, err);
+        status = store_token(&s, dtype, batch, tokens, kv_width, t, err);
         if (status == KVP_OK) {
             status = reference_token(layer, &s, batch, tokens, t, err);
         }

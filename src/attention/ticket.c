@@ -19,16 +19,21 @@ kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out, kvp_error
         return kvpi_fail_null(err, "out");
     }
     size_t b = cache->batch_size;
-    size_t d = cache->heads * cache->head_width;
-    /* The cache bounded b * heads * capacity * head_width, so these fit. */
+    size_t heads = cache->binding.heads; /* query heads; the cache stores cache->heads */
+    size_t d = cache->binding.model_width;
+    /* query, head outputs and output rows of D each, the candidate key and
+     * value rows of kv_heads * d_h each, then [B, H, capacity] weights. */
     size_t row_doubles = b * d;
-    size_t weight_doubles = b * cache->heads * cache->capacity;
-    size_t doubles = 5 * row_doubles + weight_doubles;
+    size_t kv_doubles = b * cache->heads * cache->head_width; /* bounded by the cache */
+    size_t weight_doubles = b * heads * cache->capacity;
+    size_t doubles = 3 * row_doubles + 2 * kv_doubles + weight_doubles;
     /*
-     * Defensive: a cache whose tables (b * blocks entries) were allocated has
-     * a batch and row width far below these limits on any real machine.
+     * Defensive: the cache bounded b * kv_heads * capacity * d_h and allocated
+     * b * blocks table entries, so on any real machine batch and row width are
+     * far below these limits, even with many query heads per KV head.
      */
-    if (row_doubles > SIZE_MAX / 8 || doubles < weight_doubles || /* GCOVR_EXCL_BR_LINE */
+    if (d > SIZE_MAX / 8 / b || heads > SIZE_MAX / b / cache->capacity || /* GCOVR_EXCL_BR_LINE */
+        doubles < weight_doubles ||                                      /* GCOVR_EXCL_BR_LINE */
         doubles > (SIZE_MAX - b * sizeof(uint32_t)) / sizeof(double)) { /* GCOVR_EXCL_BR_LINE */
         /* GCOVR_EXCL_START: unreachable, see above */
         return kvpi_fail_invalid(err, "cache", "ticket buffers overflow size_t");
@@ -45,17 +50,18 @@ kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out, kvp_error
         return kvpi_fail_alloc(err, "attention ticket buffers", bytes);
     }
     ticket->batch_size = b;
-    ticket->heads = cache->heads;
+    ticket->heads = heads;
+    ticket->kv_heads = cache->heads;
     ticket->head_width = cache->head_width;
     ticket->model_width = d;
     ticket->capacity = cache->capacity;
     ticket->state = KVPI_TICKET_EMPTY;
     ticket->query = buffer;
     ticket->key = buffer + row_doubles;
-    ticket->value = buffer + 2 * row_doubles;
-    ticket->head_outputs = buffer + 3 * row_doubles;
-    ticket->output = buffer + 4 * row_doubles;
-    ticket->weights = buffer + 5 * row_doubles;
+    ticket->value = ticket->key + kv_doubles;
+    ticket->head_outputs = ticket->value + kv_doubles;
+    ticket->output = ticket->head_outputs + row_doubles;
+    ticket->weights = ticket->output + row_doubles;
     ticket->reserved = (uint32_t *)(void *)(buffer + doubles);
     kvpi_reservation_init(&ticket->reservation, cache->pool, ticket->reserved, b);
     *out = ticket;

@@ -28,7 +28,8 @@ typedef enum kvpi_ticket_state {
 
 struct kvp_ticket {
     size_t batch_size;
-    size_t heads;
+    size_t heads;              /* query heads */
+    size_t kv_heads;           /* KV heads: the heads of the cache's rows */
     size_t head_width;
     size_t model_width;
     size_t capacity;
@@ -38,8 +39,8 @@ struct kvp_ticket {
     size_t cache_len;          /* len at prepare */
     kvp_attention_work work;
     double *query;             /* [B, D]: rotated query, heads as contiguous slices */
-    double *key;               /* [B, H, 1, d_h]: the candidate rotated key */
-    double *value;             /* [B, H, 1, d_h]: the candidate value */
+    double *key;               /* [B, H_kv, 1, d_h]: the candidate rotated key */
+    double *value;             /* [B, H_kv, 1, d_h]: the candidate value */
     double *weights;           /* [B, H, 1, len + 1] within B * H * capacity */
     double *head_outputs;      /* [B, H, 1, d_h] == merged [B, 1, D] */
     double *output;            /* [B, 1, D] */

@@ -595,6 +595,7 @@ static int build_cache(const shape *s, size_t block, const gather_space *w, uint
     memset(&binding, 0, sizeof binding);
     binding.model_width = s->heads * s->width;
     binding.heads = s->heads;
+    binding.kv_heads = s->heads;
     binding.head_width = s->width;
     binding.rope_feature_width = s->width;
     binding.rope_max_positions = s->len;

@@ -37,6 +37,7 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->layers = 2;
     config->model_width = 64;
     config->heads = 4;
+    config->kv_heads = 0; /* = heads */
     config->block_tokens = 16;
     config->budget_bytes = (size_t)32 << 20;
     config->kv_dtype = KVP_F64;
@@ -133,9 +134,15 @@ static double now_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+size_t kvp_sim_kv_heads(const kvp_sim_config *config)
+{
+    return config->kv_heads != 0 ? config->kv_heads : config->heads;
+}
+
 static int setup(sim *s)
 {
     const kvp_sim_config *c = s->config;
+    size_t kv_heads = kvp_sim_kv_heads(c);
     /* simulate.c validated the shape; never divide by zero if a caller did not. */
     if (c->heads == 0 || c->model_width % c->heads != 0) {
         kvp_error e = {.status = KVP_HEADS_DO_NOT_DIVIDE_WIDTH, .model_width = c->model_width,
@@ -143,13 +150,21 @@ static int setup(sim *s)
         *s->err = e;
         return fail(s, "checking the model shape");
     }
-    kvp_pool_config pool_config = {c->block_tokens, c->heads, c->model_width / c->heads,
+    if (kv_heads == 0 || c->heads % kv_heads != 0) {
+        kvp_error e = {.status = KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS, .heads = c->heads,
+                       .kv_heads = kv_heads};
+        *s->err = e;
+        return fail(s, "checking the model shape");
+    }
+    /* Pages hold the KV heads only, in the --kv-dtype. */
+    kvp_pool_config pool_config = {c->block_tokens, kv_heads, c->model_width / c->heads,
                                    c->budget_bytes, c->kv_dtype};
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
-    if (kvp_model_create_random(c->layers, c->model_width, c->heads, c->capacity, 10000.0,
-                                c->seed, &s->model, s->err) != KVP_OK) {
+    if (kvp_model_create_random_grouped(c->layers, c->model_width, c->heads, kv_heads,
+                                        c->capacity, 10000.0, c->seed, &s->model,
+                                        s->err) != KVP_OK) {
         return fail(s, "creating the model");
     }
     if (c->compute && kvp_decoder_create(c->threads, &s->decoder, s->err) != KVP_OK) {
@@ -646,11 +661,13 @@ static void summarize(sim *s)
         res->tokens_per_second = (double)res->tokens_generated / res->seconds;
     }
     /*
-     * The seed's layout: every sequence reserves [B, H, C, d_h] keys and values
-     * per layer, here in the pool's dtype, so the ratio measures paging alone.
+     * The seed's layout: every sequence reserves [B, H_kv, C, d_h] keys and
+     * values per layer, here in the pool's dtype, so the ratio measures paging
+     * alone.
      */
-    double per_sequence = (double)c->layers * (double)c->capacity * 2.0 *
-                          (double)c->model_width * (double)kvp_dtype_bytes(c->kv_dtype);
+    double kv_width = (double)kvp_sim_kv_heads(c) * (double)(c->model_width / c->heads);
+    double per_sequence = (double)c->layers * (double)c->capacity * 2.0 * kv_width *
+                          (double)kvp_dtype_bytes(c->kv_dtype);
     res->contiguous_baseline = (size_t)floor((double)c->budget_bytes / per_sequence);
     res->concurrency_ratio = res->contiguous_baseline > 0
                                  ? (double)res->peak_concurrent / (double)res->contiguous_baseline

@@ -32,6 +32,7 @@ typedef struct kvp_sim_config {
     size_t layers;
     size_t model_width;
     size_t heads;
+    size_t kv_heads;        /* KV heads, dividing heads; 0 means heads (plain MHA) */
     size_t block_tokens;
     size_t budget_bytes;
     kvp_dtype kv_dtype;     /* pages' storage type (kvpager/pool.h); the model computes in f64 */
@@ -93,6 +94,13 @@ void kvp_sim_config_init(kvp_sim_config *config);
  * Runs the workload. Returns 0, or -1 with *err and *context describing a
  * library failure. The result's samples must be freed with kvp_sim_result_free.
  */
+/*
+ * The KV heads a run stores: config->kv_heads, or heads when it is 0. Pages
+ * hold this many heads, so K/V bytes per token are 2 x layers x kv_heads x
+ * (model_width / heads) x 8.
+ */
+size_t kvp_sim_kv_heads(const kvp_sim_config *config);
+
 int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
                 kvp_sim_progress_fn progress, void *progress_ctx, kvp_sim_result *out,
                 kvp_error *err, const char **context);

@@ -8,7 +8,8 @@
  *   1. parse: every argument is read (unknown options, missing values,
  *      duplicates and malformed numbers are found here);
  *   2. validate: each flag's range, then flags that depend on each other
- *      (heads divide the width, a page of the --kv-dtype within the budget, the mean request
+ *      (heads divide the width, KV heads divide the heads, a page of the
+ *      --kv-dtype within the budget, the mean request
  *      within the capacity, --trace against the generated-workload flags),
  *      the trace file's rows, and the memory every part of the run needs
  *      against physical memory (each product overflow-checked);
@@ -36,6 +37,7 @@
     X(LAYERS, "--layers")                                                                 \
     X(MODEL_WIDTH, "--model-width")                                                       \
     X(HEADS, "--heads")                                                                   \
+    X(KV_HEADS, "--kv-heads")                                                             \
     X(BLOCK_TOKENS, "--block-tokens")                                                     \
     X(BUDGET, "--budget")                                                                 \
     X(KV_DTYPE, "--kv-dtype")                                                             \
@@ -102,19 +104,25 @@ static void simulate_usage(FILE *out)
             "watermark free), every running sequence decodes one token per step with real\n"
             "attention, and when a step cannot get its pages the newest sequence is\n"
             "preempted by recompute. The report compares peak concurrency with the\n"
-            "contiguous layout that reserves [B,H,C,d_h] per layer up front.\n\n"
+            "contiguous layout that reserves [B,H_kv,C,d_h] per layer up front.\n\n"
             "Every value is checked before anything runs: a bad one prints one line naming\n"
             "the option and the value, and exits 2. N is a whole number, X a decimal.\n\n"
             "model and pool:\n"
             "  --layers N           decoder layers, >= 1 (default %zu)\n"
             "  --model-width N      model width D, >= 1 (default %zu)\n"
             "  --heads N            attention heads, >= 1, dividing D (default %zu)\n"
+            "  --kv-heads N         KV heads (grouped-query attention), >= 1, dividing\n"
+            "                       --heads: each KV head serves heads / kv-heads query heads\n"
+            "                       and pages store only the KV heads, so a token takes\n"
+            "                       kv-heads / heads of the memory; 1 is multi-query\n"
+            "                       (default: --heads, plain multi-head attention)\n"
             "  --block-tokens N     positions per page, >= 1 (default %zu)\n"
             "  --budget SIZE        pool budget: bytes, or a number with a unit B, KiB, MiB,\n"
             "                       GiB, TiB (1024-based) or KB, MB, GB, TB (1000-based),\n"
             "                       naming a whole byte count (1.5KiB yes, 1.5 no); at least\n"
-            "                       one page (2 x block-tokens x D x element bytes) and at\n"
-            "                       most physical memory (default %s)\n"
+            "                       one page (2 x block-tokens x D x element bytes, times\n"
+            "                       kv-heads / heads) and at most physical memory\n"
+            "                       (default %s)\n"
             "  --kv-dtype NAME      how pages store K and V: f64 (8 bytes), f32 (4) or bf16\n"
             "                       (2), rounded once to nearest even when appended; the\n"
             "                       model still computes in f64. f64 is the default because\n"
@@ -182,6 +190,7 @@ static size_t *size_field(options *o, flag f)
     case FLAG_LAYERS: return &o->sim.layers;
     case FLAG_MODEL_WIDTH: return &o->sim.model_width;
     case FLAG_HEADS: return &o->sim.heads;
+    case FLAG_KV_HEADS: return &o->sim.kv_heads;
     case FLAG_BLOCK_TOKENS: return &o->sim.block_tokens;
     case FLAG_CAPACITY: return &o->sim.capacity;
     case FLAG_REQUESTS: return &o->workload.requests;
@@ -357,6 +366,17 @@ static void check_ranges(options *o, kvp_cli_problems *p)
                     shown(o, FLAG_HEADS, other, sizeof other, c->heads));
         }
     }
+    /* After the width check, as the library orders them. */
+    if (o->value[FLAG_KV_HEADS] != NULL) {
+        char heads[32];
+        if (c->kv_heads == 0) {
+            invalid(p, FLAG_KV_HEADS, o->value[FLAG_KV_HEADS], "must be at least 1");
+        } else if (c->heads > 0 && c->heads % c->kv_heads != 0) {
+            kvp_cli_problem(p, "invalid value for --kv-heads: '%s': must divide --heads %s",
+                            o->value[FLAG_KV_HEADS],
+                            shown(o, FLAG_HEADS, heads, sizeof heads, c->heads));
+        }
+    }
     if (o->value[FLAG_RATE] != NULL && !(o->workload.rate >= MIN_RATE && o->workload.rate <= MAX_RATE)) {
         invalid(p, FLAG_RATE, o->value[FLAG_RATE], "must be from 0.001 to 1000000 arrivals per step");
     }
@@ -399,11 +419,16 @@ static void check_sizes(options *o, kvp_cli_problems *p, size_t *page_bytes)
 {
     const kvp_sim_config *c = &o->sim;
     char buf[3][32];
-    /* A page holds keys and values: 2 x block_tokens x D elements of the --kv-dtype. */
+    /*
+     * A page holds keys and values of the KV heads: 2 x block_tokens x
+     * kv_width elements of the --kv-dtype, kv_width = kv_heads x d_h (D
+     * itself without --kv-heads).
+     */
     size_t element = kvp_dtype_bytes(c->kv_dtype);
+    size_t kv_width = c->model_width / c->heads * kvp_sim_kv_heads(c);
     size_t bytes = 0;
     if (kvp_cli_mul(2 * element, c->block_tokens, &bytes) != 0 ||
-        kvp_cli_mul(bytes, c->model_width, &bytes) != 0) {
+        kvp_cli_mul(bytes, kv_width, &bytes) != 0) {
         kvp_cli_problem(p, "invalid value for --block-tokens: '%s': a page of 2 x %zu positions x "
                    "--model-width %s x %zu bytes overflows",
                 shown(o, FLAG_BLOCK_TOKENS, buf[0], sizeof buf[0], c->block_tokens),
@@ -412,7 +437,14 @@ static void check_sizes(options *o, kvp_cli_problems *p, size_t *page_bytes)
         return;
     }
     *page_bytes = bytes;
-    if (c->budget_bytes < bytes) {
+    if (c->budget_bytes < bytes && kv_width != c->model_width) {
+        kvp_cli_problem(p, "invalid value for --budget: '%s': below one page of %s (2 x --block-tokens "
+                   "%zu x --kv-heads %zu x head width %zu x %zu bytes of %s)",
+                o->value[FLAG_BUDGET] ? o->value[FLAG_BUDGET] : "32MiB",
+                kvp_cli_format_bytes(bytes, buf[0], sizeof buf[0]), c->block_tokens,
+                kvp_sim_kv_heads(c), c->model_width / c->heads, element,
+                kvp_dtype_name(c->kv_dtype));
+    } else if (c->budget_bytes < bytes) {
         kvp_cli_problem(p, "invalid value for --budget: '%s': below one page of %s (2 x --block-tokens "
                    "%zu x --model-width %zu x %zu bytes of %s)",
                 o->value[FLAG_BUDGET] ? o->value[FLAG_BUDGET] : "32MiB",
@@ -620,6 +652,13 @@ static double dtype_gain(const kvp_sim_result *r)
                : 1.0;
 }
 
+/* K and V of one position in every layer: 2 x layers x kv_heads x d_h elements of the dtype. */
+static size_t kv_bytes_per_token(const kvp_sim_config *c)
+{
+    return 2 * kvp_dtype_bytes(c->kv_dtype) * c->layers * kvp_sim_kv_heads(c) *
+           (c->model_width / c->heads);
+}
+
 static void print_report(const options *o, const kvp_workload *w, const kvp_sim_result *r)
 {
     const kvp_sim_config *c = &o->sim;
@@ -628,9 +667,12 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
     printf("kvpager simulate: %s, %zu requests (mean prompt %.1f, mean output %.1f tokens)\n",
            o->trace ? o->trace : kvp_profile_name(o->workload.profile), w->count,
            mean_of(w, 1), mean_of(w, 0));
-    printf("model: %zu layers, width %zu, %zu heads; pool: %s budget = %zu pages of %s "
+    char per_token[32];
+    printf("model: %zu layers, width %zu, %zu heads, %zu KV heads (%s of K/V per token); "
+           "pool: %s budget = %zu pages of %s "
            "(%zu positions, kv_dtype %s); capacity %zu; %zu thread%s%s\n\n",
-           c->layers, c->model_width, c->heads,
+           c->layers, c->model_width, c->heads, kvp_sim_kv_heads(c),
+           kvp_cli_format_bytes(kv_bytes_per_token(c), per_token, sizeof per_token),
            kvp_cli_format_bytes(c->budget_bytes, budget, sizeof budget), r->total_pages,
            kvp_cli_format_bytes(r->page_bytes, page, sizeof page), c->block_tokens,
            kvp_dtype_name(r->kv_dtype), c->capacity, r->threads, r->threads == 1 ? "" : "s",
@@ -720,6 +762,8 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_uint(&json, "layers", c->layers);
     kvp_json_uint(&json, "model_width", c->model_width);
     kvp_json_uint(&json, "heads", c->heads);
+    kvp_json_uint(&json, "kv_heads", kvp_sim_kv_heads(c));
+    kvp_json_uint(&json, "kv_bytes_per_token", kv_bytes_per_token(c));
     kvp_json_uint(&json, "block_tokens", c->block_tokens);
     kvp_json_uint(&json, "budget_bytes", c->budget_bytes);
     kvp_json_string(&json, "kv_dtype", kvp_dtype_name(c->kv_dtype));

@@ -78,6 +78,9 @@ static kvp_status validate_binding(const kvp_binding *binding, kvp_error *err)
         binding->model_width % binding->heads != 0) {
         return kvpi_fail_invalid(err, "binding", "model_width must equal heads * head_width");
     }
+    if (binding->kv_heads == 0 || binding->heads % binding->kv_heads != 0) {
+        return kvpi_fail_invalid(err, "binding", "kv_heads must be nonzero and divide heads");
+    }
     return KVP_OK;
 }
 
@@ -97,21 +100,21 @@ static kvp_status validate_create(const kvp_pool *pool, const kvp_binding *bindi
         e.max_positions = binding->rope_max_positions;
         return kvpi_error_emit(err, &e);
     }
-    kvp_shape full = kvpi_shape4(batch_size, binding->heads, capacity, binding->head_width);
+    kvp_shape full = kvpi_shape4(batch_size, binding->kv_heads, capacity, binding->head_width);
     int overflow = 0;
     (void)kvpi_shape_elements(&full, &overflow);
     if (overflow) {
         kvp_error e = kvpi_error_begin(KVP_ELEMENT_COUNT_OVERFLOW);
         e.batch_size = batch_size;
-        e.heads = binding->heads;
+        e.heads = binding->kv_heads;
         e.capacity = capacity;
         e.head_width = binding->head_width;
         return kvpi_error_emit(err, &e);
     }
-    if (binding->heads != pool->heads || binding->head_width != pool->head_width) {
+    if (binding->kv_heads != pool->heads || binding->head_width != pool->head_width) {
         kvp_error e = kvpi_error_begin(KVP_GEOMETRY_MISMATCH);
         e.pool_geometry = (kvp_geometry){pool->heads, pool->head_width};
-        e.binding_geometry = (kvp_geometry){binding->heads, binding->head_width};
+        e.binding_geometry = (kvp_geometry){binding->kv_heads, binding->head_width};
         return kvpi_error_emit(err, &e);
     }
     return KVP_OK;
@@ -166,7 +169,7 @@ kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t b
     cache->batch_size = batch_size;
     cache->capacity = capacity;
     cache->len = 0;
-    cache->heads = binding->heads;
+    cache->heads = binding->kv_heads;
     cache->head_width = binding->head_width;
     cache->block_tokens = pool->block_tokens;
     cache->blocks_per_lane = blocks;
@@ -304,7 +307,7 @@ static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, con
     kvpi_dtype_load(kvpi_cache_dtype(cache), src, dst, rows * d);
 }
 
-/* Copies the logical [B, H, len, d_h] prefix of keys (values == 0) or values. */
+/* Copies the logical [B, H_kv, len, d_h] prefix of keys (values == 0) or values. */
 static kvp_status cache_snapshot(const kvp_cache *cache, int values, double *out, size_t out_len,
                                  kvp_error *err)
 {

@@ -8,7 +8,9 @@
  *   - 0 <= len <= capacity <= binding.rope_max_positions;
  *   - for every lane, tables[lane][0..ceil(len/block_tokens)) name held
  *     pages and the rest are KVPI_NO_PAGE (I4);
- *   - position p of lane b, head h lives in page tables[b][p / block_tokens]
+ *   - heads == binding.kv_heads == the pool's heads: a cache stores KV heads
+ *     only; the query heads (binding.heads) never reach a page;
+ *   - position p of lane b, KV head h lives in page tables[b][p / block_tokens]
  *     at slot p % block_tokens: keys at page + (h*block_tokens + slot)*d_h,
  *     values at page + ((H + h)*block_tokens + slot)*d_h, in elements of the
  *     pool's dtype (kvpager/pool.h), rounded from f64 once, at commit;
@@ -34,7 +36,7 @@ struct kvp_cache {
     size_t batch_size;
     size_t capacity;
     size_t len;
-    size_t heads;
+    size_t heads;            /* stored heads: binding.kv_heads (the pool's heads) */
     size_t head_width;
     size_t block_tokens;
     size_t blocks_per_lane;

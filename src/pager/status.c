@@ -186,6 +186,15 @@ static int is_prompt(const kvp_error *e)
     return e->what != NULL && strcmp(e->what, "prompt") == 0;
 }
 
+/*
+ * Whether a detail names a grouped geometry: kv_heads recorded (nonzero) and
+ * below heads. Multi-head details keep their texts from before kv_heads.
+ */
+static int is_grouped(size_t heads, size_t kv_heads)
+{
+    return kv_heads != 0 && kv_heads != heads;
+}
+
 static void sink_error(text_sink *sink, const kvp_error *e)
 {
     switch (e->status) {
@@ -376,10 +385,12 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                     e->prepared_len, e->current_len);
         return;
     case KVP_TICKET_GEOMETRY_MISMATCH:
-        sink_printf(sink,
-                    "attention ticket for batch %zu, %zu heads, head width %zu and capacity %zu "
-                    "does not fit this KV cache",
-                    e->batch_size, e->heads, e->head_width, e->capacity);
+        sink_printf(sink, "attention ticket for batch %zu, %zu heads", e->batch_size, e->heads);
+        if (is_grouped(e->heads, e->kv_heads)) {
+            sink_printf(sink, " (%zu KV heads)", e->kv_heads);
+        }
+        sink_printf(sink, ", head width %zu and capacity %zu does not fit this KV cache",
+                    e->head_width, e->capacity);
         return;
     case KVP_ROPE_INVALID_WIDTH:
         sink_printf(sink, "RoPE feature width must be even and nonzero, got %zu",
@@ -405,6 +416,13 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                     e->layer_rope.max_positions);
         return;
     case KVP_PARAMETER_WIDTH_MISMATCH:
+        if (e->expected.rank == 2 && e->actual.rank == 2) {
+            sink_printf(sink, "attention parameter %zu is %zux%zu, expected %zux%zu", e->parameter,
+                        e->actual.dims[0], e->actual.dims[1], e->expected.dims[0],
+                        e->expected.dims[1]);
+            return;
+        }
+        /* A detail without shapes: both parameters square. */
         sink_printf(sink, "attention parameter %zu is %zux%zu, expected %zux%zu", e->parameter,
                     e->actual_size, e->actual_size, e->expected_size, e->expected_size);
         return;
@@ -420,6 +438,16 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         sink_shape(sink, &e->actual);
         return;
     case KVP_MODEL_GEOMETRY_MISMATCH:
+        if (is_grouped(e->binding_geometry.heads, e->kv_heads) ||
+            is_grouped(e->pool_geometry.heads, e->expected_kv_heads)) {
+            sink_printf(sink,
+                        "model layer %zu geometry (%zu heads, %zu KV heads, head width %zu) "
+                        "differs from layer 0 geometry (%zu heads, %zu KV heads, head width %zu)",
+                        e->layer, e->binding_geometry.heads, e->kv_heads,
+                        e->binding_geometry.head_width, e->pool_geometry.heads,
+                        e->expected_kv_heads, e->pool_geometry.head_width);
+            return;
+        }
         sink_printf(sink,
                     "model layer %zu geometry (%zu heads, head width %zu) differs from layer 0 "
                     "geometry (%zu heads, head width %zu)",
@@ -428,6 +456,15 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         return;
     case KVP_THREAD_FAILED:
         sink_printf(sink, "cannot start decoder worker thread %zu of %zu", e->index, e->limit);
+        return;
+    case KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS:
+        sink_printf(sink, "attention head count %zu must be a nonzero multiple of %zu KV heads",
+                    e->heads, e->kv_heads);
+        return;
+    case KVP_CACHE_KV_HEAD_COUNT_MISMATCH:
+        sink_printf(sink,
+                    "KV cache KV head count %zu must match attention layer KV head count %zu",
+                    e->cache_size, e->layer_size);
         return;
     case KVP_STATUS_COUNT_:
         break;

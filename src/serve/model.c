@@ -3,7 +3,8 @@
  * kvpager/model.h).
  *
  * Owns: its layer objects, each sharing the parameters of the layer it was
- * built from. Invariant: every layer has layer 0's (heads, head_width).
+ * built from. Invariant: every layer has layer 0's (heads, kv_heads,
+ * head_width), so one pool (whose pages hold kv_heads heads) serves them all.
  * Callers: the public API; sequence.c reads struct kvp_model through
  * model_internal.h.
  */
@@ -23,11 +24,14 @@ static kvp_status check_geometry(const kvp_layer *const *layers, size_t count, k
             return kvpi_fail_null(err, "layers[i]");
         }
         if (layers[i]->heads != layers[0]->heads ||
+            layers[i]->kv_heads != layers[0]->kv_heads ||
             layers[i]->head_width != layers[0]->head_width) {
             kvp_error e = kvpi_error_begin(KVP_MODEL_GEOMETRY_MISMATCH);
             e.layer = i;
             e.pool_geometry = (kvp_geometry){layers[0]->heads, layers[0]->head_width};
             e.binding_geometry = (kvp_geometry){layers[i]->heads, layers[i]->head_width};
+            e.kv_heads = layers[i]->kv_heads;
+            e.expected_kv_heads = layers[0]->kv_heads;
             return kvpi_error_emit(err, &e);
         }
     }
@@ -69,9 +73,10 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
     model->count = count;
     for (size_t i = 0; i < count; i++) {
         const kvp_layer *src = layers[i];
-        status = kvp_layer_create(src->params[0], src->params[1], src->params[2], src->params[3],
-                                  src->heads, src->rope.max_positions, src->rope.base,
-                                  &model->layers[i], err);
+        status = kvp_layer_create_grouped(src->params[0], src->params[1], src->params[2],
+                                          src->params[3], src->heads, src->kv_heads,
+                                          src->rope.max_positions, src->rope.base,
+                                          &model->layers[i], err);
         if (status != KVP_OK) {
             free_model(model);
             return status;
@@ -79,6 +84,7 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
     }
     model->model_width = layers[0]->model_width;
     model->heads = layers[0]->heads;
+    model->kv_heads = layers[0]->kv_heads;
     model->head_width = layers[0]->head_width;
     *out = model;
     return KVP_OK;
@@ -87,6 +93,15 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
 kvp_status kvp_model_create_random(size_t layers, size_t model_width, size_t heads,
                                    size_t max_positions, double rope_base, uint64_t seed,
                                    kvp_model **out, kvp_error *err)
+{
+    return kvp_model_create_random_grouped(layers, model_width, heads, heads, max_positions,
+                                           rope_base, seed, out, err);
+}
+
+kvp_status kvp_model_create_random_grouped(size_t layers, size_t model_width, size_t heads,
+                                           size_t kv_heads, size_t max_positions,
+                                           double rope_base, uint64_t seed, kvp_model **out,
+                                           kvp_error *err)
 {
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
@@ -104,8 +119,8 @@ kvp_status kvp_model_create_random(size_t layers, size_t model_width, size_t hea
     }
     kvp_status status = KVP_OK;
     for (size_t l = 0; l < layers && status == KVP_OK; l++) {
-        status = kvp_layer_create_random(model_width, heads, max_positions, rope_base, seed + l,
-                                         &made[l], err);
+        status = kvp_layer_create_random_grouped(model_width, heads, kv_heads, max_positions,
+                                                 rope_base, seed + l, &made[l], err);
     }
     if (status == KVP_OK) {
         status = kvp_model_create((const kvp_layer *const *)made, layers, out, err);
@@ -137,7 +152,8 @@ kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out, kvp_e
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    kvp_model_info info = {model->count, model->model_width, model->heads, model->head_width};
+    kvp_model_info info = {model->count, model->model_width, model->heads, model->kv_heads,
+                           model->head_width};
     *out = info;
     return KVP_OK;
 }

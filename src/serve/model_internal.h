@@ -1,6 +1,6 @@
 /*
  * model_internal.h: struct kvp_model, for the serving sources.
- * Invariant: layers[0..count) are owned and share one (heads, head_width).
+ * Invariant: layers[0..count) are owned and share one (heads, kv_heads, head_width).
  * Callers: src/serve only.
  */
 #ifndef KVPAGER_SERVE_MODEL_INTERNAL_H
@@ -12,6 +12,7 @@ struct kvp_model {
     size_t count;
     size_t model_width;
     size_t heads;
+    size_t kv_heads;
     size_t head_width;
     kvp_layer *layers[];
 };

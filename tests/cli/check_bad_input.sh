@@ -101,6 +101,12 @@ run budget_TiB_overflow --budget "'20000000TiB'" $S --budget 20000000TiB
 run budget_too_many_pages --budget "'70000GiB'" $S --budget 70000GiB --allow-overcommit
 run heads_not_dividing --heads "'4'" $S --model-width 10 --heads 4
 run width_not_multiple --model-width "'10'" $S --model-width 10
+run kv_heads_zero --kv-heads "'0'" $S --kv-heads 0
+run kv_heads_not_dividing --kv-heads "'3'" $S --kv-heads 3
+run kv_heads_above_heads --kv-heads "'8'" $S --heads 4 --kv-heads 8
+run kv_heads_fraction --kv-heads "'1.5'" $S --kv-heads 1.5
+run kv_heads_given_heads "--kv-heads: '4'" "--heads 2" $S --heads 2 --kv-heads 4
+run kv_heads_small_page "--budget: '1KiB'" "--kv-heads 1" $S --kv-heads 1 --budget 1KiB
 run block_tokens_overflow --block-tokens "'18446744073709551615'" \
     $S --block-tokens 18446744073709551615
 run layers_fraction --layers "'1.5'" $S --layers 1.5
@@ -170,7 +176,7 @@ grep -q 'concurrency ratio >= 3: no, fragmentation < 5%: no' "$work/none.txt" \
 
 # --help documents every option with its default, and exits 0.
 $S --help > "$work/help.txt" || fail "simulate --help failed"
-for option in --layers --model-width --heads --block-tokens --budget --allow-overcommit \
+for option in --layers --model-width --heads --kv-heads --block-tokens --budget --allow-overcommit \
     --capacity --requests --profile --prompt-mean --output-mean --sigma --arrival --rate \
     --trace --watermark --reserve-tokens --threads --seed --no-compute --audit-every --json \
     --plot --quiet --help; do

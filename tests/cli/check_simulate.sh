@@ -96,6 +96,33 @@ assert len({r["steps"] for r in runs.values()}) == 1
 assert runs["f32"]["output_checksum"] != runs["f64"]["output_checksum"]
 print("check_simulate: --kv-dtype f64, f32 and bf16 agree with their page geometry")
 PY
+# Grouped-query heads: pages hold the KV heads only, so the same budget holds
+# heads / kv-heads times the pages; the default is kv_heads = heads.
+grep -q -- '--kv-heads N' "$work/help.txt" || fail "--help does not describe --kv-heads"
+"$@" simulate $small --threads 2 --kv-heads 1 > "$work/mqa.json"
+"$@" simulate $small --threads 1 --kv-heads 1 > "$work/mqa1.json"
+"$@" simulate $small --threads 2 --kv-heads 2 > "$work/gqa.json"
+python3 - "$work/two.json" "$work/mqa.json" "$work/mqa1.json" "$work/gqa.json" <<'PY'
+import json, sys
+mha, mqa, mqa1, gqa = (json.load(open(p)) for p in sys.argv[1:5])
+c = mha["config"]
+assert c["kv_heads"] == c["heads"] == 4, c
+assert mqa["config"]["kv_heads"] == 1 and gqa["config"]["kv_heads"] == 2
+for r, kv in ((mha, 4), (gqa, 2), (mqa, 1)):
+    # 2 (K and V) x 2 layers x kv x d_h 16 x 8 bytes per token; pages of 16 positions.
+    assert r["config"]["kv_bytes_per_token"] == 2 * 2 * kv * 16 * 8, r["config"]
+    assert r["page_bytes"] == 2 * 16 * kv * 16 * 8, r["page_bytes"]
+    assert r["total_pages"] == (1 << 20) // r["page_bytes"], r["total_pages"]
+    assert r["requests_completed"] == 40, r["requests_completed"]
+    assert r["pages_leaked"] == 0 and r["audit_failures"] == 0
+assert mqa["contiguous_baseline_sequences"] >= 4 * mha["contiguous_baseline_sequences"]
+assert mqa["output_checksum"] == mqa1["output_checksum"], "threads changed grouped outputs"
+assert mqa["output_checksum"] != mha["output_checksum"], "kv_heads changed nothing"
+print("check_simulate: --kv-heads 1 and 2 run, pages and baseline scale with kv_heads")
+PY
+"$@" simulate --requests 6 --prompt-mean 12 --output-mean 10 --capacity 128 --budget 256KiB \
+    --kv-heads 2 --quiet > "$work/gqa.txt"
+grep -q '4 heads, 2 KV heads' "$work/gqa.txt" || fail "the report lacks the KV heads: $(head -2 "$work/gqa.txt")"
 
 # A good trace runs exactly its rows.
 printf 'arrival_step,prompt_tokens,output_tokens\n0,5,4\n0,7,3\n2,3,9\n' > "$work/good.csv"

@@ -794,6 +794,7 @@ static void op_cache_create(reader *r)
         want = KVP_INVALID_ARGUMENT;
     } else if (tamper == 7) {
         binding.heads = W.alien_heads;
+        binding.kv_heads = W.alien_heads; /* a valid MHA binding of another geometry */
         binding.head_width = W.d / W.alien_heads;
         want = want != KVP_OK ? want : KVP_GEOMETRY_MISMATCH;
     }
