@@ -529,7 +529,13 @@ static void test_dtype_prepare_and_reference_refuse_overflow(void **state)
 
 typedef struct geometry {
     size_t batch, heads, head_width, capacity;
+    size_t kv_heads; /* 0: heads (multi-head) */
 } geometry;
+
+static size_t kv_heads_of(const geometry *g)
+{
+    return g->kv_heads != 0 ? g->kv_heads : g->heads;
+}
 
 /*
  * Decodes a random [B, C, D] input one token at a time through a cache of a
@@ -540,9 +546,9 @@ static void decode(const geometry *g, kvp_dtype dtype, size_t bt, const kvp_laye
                    const double *input, double *out, double *keys, double *values)
 {
     size_t d = g->heads * g->head_width;
-    size_t kv = g->batch * g->capacity * d;
+    size_t kv = g->batch * g->capacity * kv_heads_of(g) * g->head_width;
     kvp_error err;
-    kvp_pool *pool = dtype_pool(bt, g->heads, g->head_width,
+    kvp_pool *pool = dtype_pool(bt, kv_heads_of(g), g->head_width,
                                 g->batch * KVPT_CEIL_DIV(g->capacity, bt), dtype);
     kvp_binding binding;
     kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
@@ -594,7 +600,9 @@ static int restore_level(void **state)
 static void test_dtype_incremental_equals_stored_reference(void **state)
 {
     (void)state;
-    static const geometry cases[] = {{2, 3, 14, 20}, {1, 2, 64, 19}, {3, 1, 8, 9}};
+    /* Multi-head, then multi-query (kv_heads 1) and a group of 4 (8 heads, 2 KV heads). */
+    static const geometry cases[] = {{2, 3, 14, 20, 0}, {1, 2, 64, 19, 0}, {3, 1, 8, 9, 0},
+                                     {2, 4, 8, 17, 1},  {1, 8, 16, 21, 2}};
     static const size_t blocks[] = {1, 3, 16};
     kvpi_isa levels[KVPI_ISA_COUNT];
     size_t nlevels = levels_to_test(levels);
@@ -602,16 +610,21 @@ static void test_dtype_incremental_equals_stored_reference(void **state)
         const geometry *g = &cases[c];
         size_t d = g->heads * g->head_width;
         size_t rows = g->batch * g->capacity * d;
-        kvp_layer *layer = kvpt_random_layer(d, g->heads, g->capacity, 10000.0, 40 + c);
+        size_t kv_rows = g->batch * g->capacity * kv_heads_of(g) * g->head_width;
+        kvp_layer *layer = NULL;
+        kvp_error made;
+        kvpt_assert_ok(kvp_layer_create_random_grouped(d, g->heads, kv_heads_of(g), g->capacity,
+                                                       10000.0, 40 + c, &layer, &made),
+                       &made);
         double *input = kvpt_doubles(rows);
         kvpt_fill_random(input, rows, 700 + c);
         kvp_tensor whole = kvp_tensor3(input, g->batch, g->capacity, d);
         double *ref = kvpt_doubles(rows);
-        double *ref_keys = kvpt_doubles(rows);
-        double *ref_values = kvpt_doubles(rows);
+        double *ref_keys = kvpt_doubles(kv_rows);
+        double *ref_values = kvpt_doubles(kv_rows);
         double *out = kvpt_doubles(rows);
-        double *keys = kvpt_doubles(rows);
-        double *values = kvpt_doubles(rows);
+        double *keys = kvpt_doubles(kv_rows);
+        double *values = kvpt_doubles(kv_rows);
         double *first = kvpt_doubles(rows);
         for (size_t t = 0; t < 3; t++) {
             kvp_dtype dtype = all_dtypes[t];
@@ -619,7 +632,8 @@ static void test_dtype_incremental_equals_stored_reference(void **state)
             for (size_t l = 0; l < nlevels; l++) {
                 assert_int_equal(kvpi_kernels_use(levels[l]), 0);
                 kvpt_assert_ok(kvp_attention_reference_stored(layer, dtype, &whole, ref, rows,
-                                                              ref_keys, ref_values, rows, &err),
+                                                              ref_keys, ref_values, kv_rows,
+                                                              &err),
                                &err);
                 if (dtype == KVP_F64) {
                     /* The f64 entry point is exactly the old one. */
@@ -630,15 +644,15 @@ static void test_dtype_incremental_equals_stored_reference(void **state)
                     assert_memory_equal(plain, ref, rows * sizeof(double));
                     free(plain);
                 }
-                for (size_t i = 0; i < rows; i++) {
+                for (size_t i = 0; i < kv_rows; i++) {
                     assert_true(same_bits(ref_keys[i], kvpi_dtype_round(dtype, ref_keys[i])));
                     assert_true(same_bits(ref_values[i], kvpi_dtype_round(dtype, ref_values[i])));
                 }
                 for (size_t b = 0; b < KVPT_COUNT_OF(blocks); b++) {
                     decode(g, dtype, blocks[b], layer, input, out, keys, values);
                     if (memcmp(out, ref, rows * sizeof(double)) != 0 ||
-                        memcmp(keys, ref_keys, rows * sizeof(double)) != 0 ||
-                        memcmp(values, ref_values, rows * sizeof(double)) != 0) {
+                        memcmp(keys, ref_keys, kv_rows * sizeof(double)) != 0 ||
+                        memcmp(values, ref_values, kv_rows * sizeof(double)) != 0) {
                         print_error("%s, level %s, block_tokens %zu, case %zu: incremental "
                                     "differs from the stored-dtype reference\n",
                                     kvp_dtype_name(dtype), kvpi_isa_name(levels[l]), blocks[b],
@@ -684,6 +698,7 @@ static void test_dtype_error_against_f64_is_bounded(void **state)
         g.heads = 1 + kvpt_rand_next(&seed) % 4;
         g.head_width = 2 * (1 + kvpt_rand_next(&seed) % 32);
         g.capacity = 1 + kvpt_rand_next(&seed) % 48;
+        g.kv_heads = 0;
         size_t d = g.heads * g.head_width;
         size_t rows = g.batch * g.capacity * d;
         kvp_layer *layer = kvpt_random_layer(d, g.heads, g.capacity, 10000.0, 900 + run);
