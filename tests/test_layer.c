@@ -1,7 +1,8 @@
 /*
  * test_layer.c: attention parameters, RoPE and layers — parameters copy their
  * values, have process-unique increasing ids and a revision that every update
- * advances by exactly one (even when the values do not change), and are
+ * advances by exactly one (even when the values do not change) and that
+ * other threads may read during updates (atomic; TSan), and are
  * reference counted so layers built over the same nodes share identities;
  * RoPE validation errors with exact texts, rotation values for d_h = 2 and 4,
  * the position range and norm preservation; layer creation errors in the
@@ -16,6 +17,9 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +161,65 @@ static void change_nothing(void *ctx, double *values, size_t width)
     (*calls)++;
     (void)values;
     (void)width;
+}
+
+/* The reader's side of the revision race test. */
+typedef struct revision_reader {
+    const kvp_param *param;
+    uint64_t target;       /* the revision the writer ends at */
+    atomic_int started;    /* set after the reader's first read */
+    int monotonic;
+    uint64_t last;
+} revision_reader;
+
+static void *read_revisions(void *arg)
+{
+    revision_reader *r = arg;
+    uint64_t last = kvp_param_revision(r->param);
+    atomic_store(&r->started, 1);
+    r->monotonic = 1;
+    while (last < r->target) {
+        uint64_t now = kvp_param_revision(r->param);
+        r->monotonic &= now >= last;
+        last = now;
+        sched_yield();
+    }
+    r->last = last;
+    return NULL;
+}
+
+/*
+ * The revision is atomic: a thread may read it while another updates the
+ * parameter (ThreadSanitizer checks this in the tsan preset; before, the
+ * update's plain increment raced with every read). The writer starts only
+ * once the reader is reading, so their accesses overlap under any
+ * scheduling; the reader sees a never-decreasing revision and ends at
+ * exactly the writer's count.
+ */
+static void test_layer_param_revision_reads_race_free_with_updates(void **state)
+{
+    (void)state;
+    enum { UPDATES = 200 };
+    kvp_param *param = make_param(2, 1.0, 0.0);
+    revision_reader r = {.param = param, .target = UPDATES};
+    atomic_init(&r.started, 0);
+    pthread_t reader;
+    assert_int_equal(pthread_create(&reader, NULL, read_revisions, &r), 0);
+    while (!atomic_load(&r.started)) {
+        sched_yield();
+    }
+    kvp_error err;
+    for (int i = 0; i < UPDATES; i++) {
+        double values[4] = {(double)i, 0.0, 0.0, 1.0};
+        kvpt_assert_ok(kvp_param_update(param, values, &err), &err);
+    }
+    assert_int_equal(pthread_join(reader, NULL), 0);
+    assert_true(r.monotonic);
+    assert_int_equal(r.last, UPDATES);
+    assert_int_equal(kvp_param_revision(param), UPDATES);
+    const double last[4] = {UPDATES - 1, 0.0, 0.0, 1.0};
+    assert_memory_equal(kvp_param_values(param), last, sizeof last);
+    kvpt_assert_ok(kvp_param_release(param, &err), &err);
 }
 
 static void test_layer_param_revision_advances_by_one_on_every_update(void **state)
@@ -1049,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_layer_param_create_copies_values),
         cmocka_unit_test(test_layer_param_ids_are_unique_and_increasing),
         cmocka_unit_test(test_layer_param_revision_advances_by_one_on_every_update),
+        cmocka_unit_test(test_layer_param_revision_reads_race_free_with_updates),
         cmocka_unit_test(test_layer_param_errors_and_null_queries),
         cmocka_unit_test(test_layer_shared_params_keep_identity_and_references),
         cmocka_unit_test(test_layer_rope_validate_errors),
