@@ -333,13 +333,22 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     }
     assert_null(kvp_layer_param(first, KVP_PARAM_COUNT));
     assert_null(kvp_layer_param(NULL, 0));
+    /* A const layer gives only const parameters; the mutable getter needs a mutable layer. */
+    _Static_assert(_Generic(kvp_layer_param((const kvp_layer *)NULL, 0),
+                            const kvp_param *: 1, default: 0),
+                   "kvp_layer_param returns a const parameter");
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_ptr_equal(kvp_layer_param_mut(first, i), kvp_layer_param(first, i));
+    }
+    assert_null(kvp_layer_param_mut(first, KVP_PARAM_COUNT));
+    assert_null(kvp_layer_param_mut(NULL, 0));
     double expected[4 * 3];
     reference_of(first, 4, 3, expected);
 
     /* The seed's from_parameters over another layer's nodes. */
     kvp_layer *second = NULL;
-    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(first, 0), kvp_layer_param(first, 1),
-                                    kvp_layer_param(first, 2), kvp_layer_param(first, 3), 2,
+    kvpt_assert_ok(kvp_layer_create(kvp_layer_param_mut(first, 0), kvp_layer_param_mut(first, 1),
+                                    kvp_layer_param_mut(first, 2), kvp_layer_param_mut(first, 3), 2,
                                     MAX_POSITIONS, ROPE_BASE, &second, &err),
                    &err);
     kvp_binding a;
@@ -358,7 +367,8 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     /* An in-place update through one layer is seen by the other: same node. */
     double values[16];
     memcpy(values, kvp_param_values(kvp_layer_param(second, KVP_PARAM_VALUE)), sizeof values);
-    kvpt_assert_ok(kvp_param_update(kvp_layer_param(second, KVP_PARAM_VALUE), values, &err), &err);
+    kvpt_assert_ok(kvp_param_update(kvp_layer_param_mut(second, KVP_PARAM_VALUE), values, &err),
+                   &err);
     kvpt_assert_ok(kvp_layer_binding(first, &a, &err), &err);
     assert_int_equal(a.params[KVP_PARAM_VALUE].revision, 1);
     assert_int_equal(a.params[KVP_PARAM_QUERY].revision, 0);
@@ -372,7 +382,7 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     assert_memory_equal(kvp_param_values(kvp_layer_param(second, KVP_PARAM_VALUE)), values,
                         sizeof values);
     /* A caller may keep a node past its last layer by retaining it. */
-    kvp_param *kept = kvp_layer_param(second, KVP_PARAM_OUTPUT);
+    kvp_param *kept = kvp_layer_param_mut(second, KVP_PARAM_OUTPUT);
     kvpt_assert_ok(kvp_param_retain(kept, &err), &err);
     uint64_t kept_id = kvp_param_id(kept);
     kvpt_destroy_layer(second);
@@ -799,8 +809,8 @@ static void test_layer_binding_and_info(void **state)
     kvpt_assert_layer_info(layer, 12, 3, 4, 20, 500.25);
 
     /* Updates show in the binding, per parameter; identities stay. */
-    kvp_param *w_key = kvp_layer_param(layer, KVP_PARAM_KEY);
-    kvp_param *w_output = kvp_layer_param(layer, KVP_PARAM_OUTPUT);
+    kvp_param *w_key = kvp_layer_param_mut(layer, KVP_PARAM_KEY);
+    kvp_param *w_output = kvp_layer_param_mut(layer, KVP_PARAM_OUTPUT);
     size_t calls = 0;
     kvpt_assert_ok(kvp_param_update_with(w_key, change_nothing, &calls, &err), &err);
     kvpt_assert_ok(kvp_param_update_with(w_output, change_nothing, &calls, &err), &err);

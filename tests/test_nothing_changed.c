@@ -55,7 +55,7 @@
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_layer_destroy    NULL
  *               kvp_layer_info_get, kvp_layer_binding     NULL x2
- *               kvp_layer_param      infallible (NULL out of range)
+ *               kvp_layer_param, kvp_layer_param_mut   infallible (NULL out of range)
  *   attention.h kvp_ticket_create    NULL x2, ALLOCATION_FAILED (sweep)
  *               kvp_ticket_destroy, kvp_ticket_discard    NULL
  *               kvp_ticket_commit    NULL x2, TICKET_EMPTY, TICKET_FOREIGN_CACHE,
@@ -77,7 +77,7 @@
  *               kvp_model_create_random  NULL, INVALID_ARGUMENT x2, layer errors,
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_model_destroy    NULL;  kvp_model_info_get  NULL x2
- *               kvp_model_layer      infallible (NULL out of range)
+ *               kvp_model_layer, kvp_model_param_mut   infallible (NULL out of range)
  *   sequence.h  kvp_sequence_create  NULL x3, ZERO_BATCH_SIZE, ZERO_CAPACITY,
  *                                    CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH,
  *                                    ALLOCATION_FAILED (sweep)
@@ -707,8 +707,10 @@ static void test_nothing_changed_attention_functions(void **state)
     const kvp_layer *layer1 = kvp_model_layer(w.model, 1);
     /* The same parameters under another RoPE base: only the RoPE check can tell. */
     kvp_layer *other_base = NULL;
-    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(w.layer, 0), kvp_layer_param(w.layer, 1),
-                                    kvp_layer_param(w.layer, 2), kvp_layer_param(w.layer, 3),
+    kvpt_assert_ok(kvp_layer_create(kvp_model_param_mut(w.model, 0, 0),
+                                    kvp_model_param_mut(w.model, 0, 1),
+                                    kvp_model_param_mut(w.model, 0, 2),
+                                    kvp_model_param_mut(w.model, 0, 3),
                                     HEADS, POSITIONS, 500.0, &other_base, &err),
                    &err);
     const kvp_tensor *inputs[] = {&rank2, &two, &batch2, &wide, &good, &nan_input};
@@ -992,7 +994,7 @@ static void test_nothing_changed_sequence_functions(void **state)
     kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
 
     /* A stale binding: layer 1's key updated in place; then restored by a second sequence. */
-    kvp_param *key1 = kvp_layer_param(kvp_model_layer(w.model, 1), KVP_PARAM_KEY);
+    kvp_param *key1 = kvp_model_param_mut(w.model, 1, KVP_PARAM_KEY);
     kvpt_assert_ok(kvp_param_update_with(key1, bump, NULL, &err), &err);
     EXPECT_FAIL(&w, KVP_CACHE_LAYER_REVISION_MISMATCH, 0,
                 kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, out, B * 4 * D, &e));

@@ -317,6 +317,7 @@ static void test_sequence_model_create_shares_parameters(void **state)
         /* ... over the same parameter nodes, revisions and RoPE. */
         for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
             assert_ptr_equal(kvp_layer_param(layer, i), kvp_layer_param(src[l], i));
+            assert_ptr_equal(kvp_model_param_mut(model, l, i), kvp_layer_param(layer, i));
             assert_int_equal(mine.params[i].node_id, src_bindings[l].params[i].node_id);
             assert_int_equal(mine.params[i].revision, src_bindings[l].params[i].revision);
         }
@@ -325,6 +326,9 @@ static void test_sequence_model_create_shares_parameters(void **state)
     assert_null(kvp_model_layer(model, L));
     assert_null(kvp_model_layer(model, SIZE_MAX));
     assert_null(kvp_model_layer(NULL, 0));
+    assert_null(kvp_model_param_mut(model, L, 0));
+    assert_null(kvp_model_param_mut(model, 0, KVP_PARAM_COUNT));
+    assert_null(kvp_model_param_mut(NULL, 0, 0));
 
     /* A cache bound to a source layer serves the model's layer: same identities. */
     kvp_pool *pool = make_pool(2, 4);
@@ -937,7 +941,7 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     promise(seq, pool, 3);
 
     /* An in-place update of layer 1's W_v (same values, newer revision). */
-    kvp_param *param = kvp_layer_param(kvp_model_layer(model, 1), KVP_PARAM_VALUE);
+    kvp_param *param = kvp_model_param_mut(model, 1, KVP_PARAM_VALUE);
     assert_int_equal(kvp_param_revision(param), 0);
     kvpt_assert_ok(kvp_param_update_with(param, keep_values, NULL, &err), &err);
     assert_int_equal(kvp_param_revision(param), 1);
@@ -987,7 +991,7 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     }
 
     /* Layer 0 is validated first: its own revision error names layer 0. */
-    kvp_param *query0 = kvp_layer_param(kvp_model_layer(model, 0), KVP_PARAM_QUERY);
+    kvp_param *query0 = kvp_model_param_mut(model, 0, KVP_PARAM_QUERY);
     kvpt_assert_ok(kvp_param_update_with(query0, keep_values, NULL, &err), &err);
     seq_state before;
     seq_state_capture(seq, pool, &before);

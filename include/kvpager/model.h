@@ -55,6 +55,13 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_info_get(const kvp_model *model, kvp_
 /* A borrowed pointer to layer `index`, or NULL when out of range. */
 KVP_API const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index);
 
+/*
+ * A borrowed, mutable pointer to parameter `index` (KVP_PARAM_*) of layer
+ * `layer`, for updating it in place; NULL when either is out of range. The
+ * layers themselves stay read-only (kvp_model_layer).
+ */
+KVP_API kvp_param *kvp_model_param_mut(kvp_model *model, size_t layer, size_t index);
+
 #ifdef __cplusplus
 }
 #endif

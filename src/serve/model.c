@@ -149,3 +149,11 @@ const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index)
     }
     return model->layers[index];
 }
+
+kvp_param *kvp_model_param_mut(kvp_model *model, size_t layer, size_t index)
+{
+    if (model == NULL || layer >= model->count) {
+        return NULL;
+    }
+    return kvp_layer_param_mut(model->layers[layer], index);
+}
