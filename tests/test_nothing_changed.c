@@ -76,7 +76,7 @@
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_model_create_random  NULL, INVALID_ARGUMENT x2, layer errors,
  *                                    ALLOCATION_FAILED (sweep)
- *               kvp_model_destroy    NULL;  kvp_model_info_get  NULL x2
+ *               kvp_model_destroy    NULL, MODEL_BUSY;  kvp_model_info_get  NULL x2
  *               kvp_model_layer, kvp_model_param_mut   infallible (NULL out of range)
  *   sequence.h  kvp_sequence_create  NULL x3, ZERO_BATCH_SIZE, ZERO_CAPACITY,
  *                                    CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH,
@@ -96,7 +96,8 @@
  *               kvp_decoder_create   NULL, INVALID_ARGUMENT, ALLOCATION_FAILED (sweep),
  *                                    THREAD_FAILED (test_sweep.c)
  *               kvp_decoder_destroy  NULL;  kvp_decoder_threads  infallible
- *               kvp_decoder_step     NULL x3, INVALID_ARGUMENT (shared sequence)
+ *               kvp_decoder_step     NULL x3, INVALID_ARGUMENT (shared sequence),
+ *                                    DECODER_BUSY (test_decoder.c)
  *
  * The one documented exception (sequence.h): a prefill that fails after its
  * first token has computed rows into pages and slots it then gave back. Every
@@ -878,6 +879,8 @@ static void test_nothing_changed_model_functions(void **state)
     assert_true(sweep(&w, &random_call, 12) >= 12);
 
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_destroy(NULL, &e));
+    /* The world's sequence still runs the model (world_free then destroys both). */
+    EXPECT_FAIL(&w, KVP_MODEL_BUSY, 0, kvp_model_destroy(w.model, &e));
     kvp_model_info info;
     memset(&info, 0x5A, sizeof info);
     kvp_model_info sentinel_info = info;

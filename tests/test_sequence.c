@@ -1,7 +1,8 @@
 /*
  * test_sequence.c: models and multi-layer sequences — models sharing their
  * source layers' parameters, geometry mismatches with exact details and texts,
- * deterministic random models; steps of 1 to 3 layers, 1 or 2 lanes and
+ * deterministic random models, a model refusing destruction while sequences
+ * live (ModelBusy); steps of 1 to 3 layers, 1 or 2 lanes and
  * blocks of 1, 3 and 16 positions matched within 1e-12 against a
  * layer-by-layer full-prefix reference (the residual stream and a custom
  * next-input function), with exact page counts; all-or-nothing steps (pool
@@ -660,6 +661,66 @@ static void expect_sequence_create_failure(const kvp_model *model, kvp_pool *poo
     kvpt_assert_pool_ok(pool);
     kvp_pool_stats after = kvpt_stats(pool);
     assert_memory_equal(&before, &after, sizeof before);
+}
+
+/*
+ * A model outlives its sequences: kvp_model_destroy refuses with ModelBusy,
+ * changing nothing, while any sequence created on it is alive (a failed
+ * creation does not count), and succeeds once the last one is destroyed.
+ */
+static void test_sequence_model_destroy_refuses_live_sequences(void **state)
+{
+    (void)state;
+    enum { L = 2, B = 1, BT = 2, C = 4 };
+    kvp_model *model = make_model(L, 5);
+    kvp_pool *pool = make_pool(BT, 8);
+    kvp_sequence *a = kvpt_sequence(model, pool, B, C);
+    kvp_sequence *b = kvpt_sequence(model, pool, B, C);
+    double x[B * MODEL_WIDTH];
+    double out[B * MODEL_WIDTH];
+    kvpt_fill_random(x, B * MODEL_WIDTH, 50);
+    kvp_tensor input = kvp_tensor3(x, B, 1, MODEL_WIDTH);
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_step(a, &input, NULL, NULL, out, B * MODEL_WIDTH, &err), &err);
+    kvp_binding before[L];
+    for (size_t l = 0; l < L; l++) {
+        kvpt_assert_ok(kvp_layer_binding(kvp_model_layer(model, l), &before[l], &err), &err);
+    }
+    kvp_pool_stats stats = kvpt_stats(pool);
+
+    assert_int_equal(kvp_model_destroy(model, &err), KVP_MODEL_BUSY);
+    assert_int_equal(err.status, KVP_MODEL_BUSY);
+    kvpt_assert_error_text(&err, "model still has live sequences; destroy them before the model");
+    kvpt_assert_ok(kvp_sequence_destroy(b, &err), &err);
+    assert_int_equal(kvp_model_destroy(model, NULL), KVP_MODEL_BUSY);
+    /* A creation that fails adds no live sequence. */
+    kvp_sequence *failed = (kvp_sequence *)0x1;
+    assert_int_equal(kvp_sequence_create(model, pool, 0, C, &failed, &err), KVP_ZERO_BATCH_SIZE);
+    assert_ptr_equal(failed, (kvp_sequence *)0x1);
+
+    /* Nothing changed: the model and the live sequence still work as before. */
+    for (size_t l = 0; l < L; l++) {
+        kvp_binding now;
+        kvpt_assert_ok(kvp_layer_binding(kvp_model_layer(model, l), &now, &err), &err);
+        assert_memory_equal(&now, &before[l], sizeof now);
+    }
+    kvp_model_info info;
+    kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
+    assert_int_equal(info.layers, L);
+    kvp_pool_stats after = kvpt_stats(pool);
+    /* b's destruction detached its empty caches; the refusals changed nothing. */
+    assert_int_equal(after.held_pages, stats.held_pages);
+    assert_int_equal(after.held_pages, L * B);
+    assert_int_equal(after.attached_caches, stats.attached_caches - L);
+    assert_int_equal(after.acquires, stats.acquires);
+    assert_int_equal(after.releases, stats.releases);
+    kvpt_assert_ok(kvp_sequence_step(a, &input, NULL, NULL, out, B * MODEL_WIDTH, &err), &err);
+    assert_int_equal(kvp_sequence_len(a), 2);
+    kvpt_assert_pool_ok(pool);
+
+    kvpt_destroy_sequence(a, pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_pool(pool);
 }
 
 static void test_sequence_create_errors_and_queries(void **state)
@@ -2002,6 +2063,7 @@ int main(void)
         cmocka_unit_test(test_sequence_model_geometry_mismatch_and_errors),
         cmocka_unit_test(test_sequence_model_create_random_is_deterministic),
         cmocka_unit_test_teardown(test_sequence_model_fault_sweeps, kvpt_disarm),
+        cmocka_unit_test(test_sequence_model_destroy_refuses_live_sequences),
         cmocka_unit_test_teardown(test_sequence_create_fault_sweep, kvpt_disarm),
         cmocka_unit_test(test_sequence_create_errors_and_queries),
         cmocka_unit_test(test_sequence_step_matches_layer_by_layer_reference),

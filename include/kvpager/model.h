@@ -8,7 +8,9 @@
  *
  * Threads: immutable after creation (except through parameter updates);
  * any number of sequences on any threads may run one model at once. A model
- * must outlive the sequences that run it.
+ * must outlive the sequences that run it: kvp_model_destroy refuses with
+ * MODEL_BUSY while any is alive. Destroying a model while another thread
+ * creates a sequence on it is the caller's race.
  */
 #ifndef KVPAGER_MODEL_H
 #define KVPAGER_MODEL_H
@@ -47,6 +49,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_create_random(size_t layers, size_t m
                                                          double rope_base, uint64_t seed,
                                                          kvp_model **out, kvp_error *err);
 
+/*
+ * Frees the model and its layers (the parameters lose a reference each).
+ * MODEL_BUSY, changing nothing, while sequences created on the model are
+ * still alive: destroy them first (as kvp_pool_destroy refuses with
+ * POOL_BUSY while caches are attached).
+ */
 KVP_API kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err);
 
 KVP_API KVP_NODISCARD kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out,
