@@ -21,7 +21,7 @@
  *   status.h    kvp_status_name, kvp_status_message, kvp_error_format,
  *               kvp_mismatch_format                      infallible (pure)
  *   types.h     kvp_tensor3, kvp_tensor4                 infallible (pure)
- *   kvpager.h   kvp_version                              infallible (pure)
+ *   kvpager.h   kvp_version, kvp_version_number        infallible (pure)
  *   pool.h      kvp_pool_config_init                     infallible (NULL ignored)
  *               kvp_pool_create      NULL x2, ZERO_SIZE x4, SIZE_OVERFLOW x2,
  *                                    BUDGET_TOO_SMALL, ALLOCATION_FAILED (sweep)
