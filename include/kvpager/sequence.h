@@ -48,7 +48,9 @@ typedef void (*kvp_next_input_fn)(void *ctx, size_t layer, const double *layer_i
  * A sequence of batch_size lanes and `capacity` positions per layer of
  * `model`, drawing pages from `pool`. Errors: NULL_ARGUMENT, the cache
  * creation errors (ZERO_BATCH_SIZE, ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS,
- * GEOMETRY_MISMATCH, ...), ALLOCATION_FAILED.
+ * GEOMETRY_MISMATCH, ...), ALLOCATION_FAILED. The model counts the sequence
+ * as live until kvp_sequence_destroy, and refuses kvp_model_destroy
+ * (MODEL_BUSY) until then.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool,
                                                      size_t batch_size, size_t capacity,
