@@ -820,8 +820,8 @@ static void test_decoder_step_refuses_a_concurrent_caller(void **state)
         assert_int_equal(o.nested_err.status, KVP_DECODER_BUSY);
         assert_int_equal(o.second, KVP_DECODER_BUSY);
         assert_int_equal(o.second_err.status, KVP_DECODER_BUSY);
-        kvpt_assert_error_text(&o.second_err, "decoder is busy: another thread is stepping it "
-                                              "(one caller at a time)");
+        kvpt_assert_error_text(&o.second_err, "decoder is busy: another kvp_decoder_step is "
+                                              "running on it (one caller at a time)");
         /* ... and changed nothing: the refused job never ran. */
         assert_int_equal(jobs[1].status, KVP_STATUS_COUNT_);
         kvpt_assert_filled(output[1], MODEL_WIDTH, 7.0);

@@ -517,7 +517,8 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_string_equal(kvp_status_name(KVP_MODEL_BUSY), "ModelBusy");
     kvp_error e = error_of(KVP_DECODER_BUSY);
     kvpt_assert_error_text(
-        &e, "decoder is busy: another thread is stepping it (one caller at a time)");
+        &e, "decoder is busy: another kvp_decoder_step is running on it (one caller at a "
+            "time)");
     e = error_of(KVP_MODEL_BUSY);
     kvpt_assert_error_text(&e, "model still has live sequences; destroy them before the model");
 }

@@ -118,7 +118,7 @@ extern "C" {
       "a model layer's head geometry differs from layer 0's")                                      \
     X(THREAD_FAILED, 48, "ThreadFailed", "a worker thread could not be started")                   \
     /* appended after 0.1.0 (the groups above are closed: new statuses go here) */                 \
-    X(DECODER_BUSY, 49, "DecoderBusy", "another thread is already stepping this decoder")          \
+    X(DECODER_BUSY, 49, "DecoderBusy", "the decoder is already running a step")                    \
     X(MODEL_BUSY, 50, "ModelBusy", "the model still has live sequences")
 
 typedef enum kvp_status {

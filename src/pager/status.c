@@ -426,7 +426,8 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         sink_printf(sink, "cannot start decoder worker thread %zu of %zu", e->index, e->limit);
         return;
     case KVP_DECODER_BUSY:
-        sink_printf(sink, "decoder is busy: another thread is stepping it (one caller at a time)");
+        sink_printf(sink, "decoder is busy: another kvp_decoder_step is running on it (one "
+                          "caller at a time)");
         return;
     case KVP_MODEL_BUSY:
         sink_printf(sink, "model still has live sequences; destroy them before the model");
