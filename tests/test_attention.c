@@ -101,12 +101,12 @@ static kvp_layer *fixture_layer(void)
 }
 
 /* The seed's from_parameters: a layer over `layer`'s own nodes. */
-static kvp_layer *layer_sharing(const kvp_layer *layer, size_t max_positions, double base)
+static kvp_layer *layer_sharing(kvp_layer *layer, size_t max_positions, double base)
 {
     kvp_layer *out = NULL;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(layer, 0), kvp_layer_param(layer, 1),
-                                    kvp_layer_param(layer, 2), kvp_layer_param(layer, 3), H,
+    kvpt_assert_ok(kvp_layer_create(kvp_layer_param_mut(layer, 0), kvp_layer_param_mut(layer, 1),
+                                    kvp_layer_param_mut(layer, 2), kvp_layer_param_mut(layer, 3), H,
                                     max_positions, base, &out, &err),
                    &err);
     return out;
@@ -774,8 +774,10 @@ static void test_attention_validation_errors_with_exact_details(void **state)
                    "KV cache parameter identity does not match this attention layer", &err);
     /* ... and one new node among four shared ones is enough. */
     kvp_layer *partly = NULL;
-    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(fx.layer, 0), kvp_layer_param(fx.layer, 1),
-                                    kvp_layer_param(fx.layer, 2), kvp_layer_param(rebuilt, 3), H,
+    kvpt_assert_ok(kvp_layer_create(kvp_layer_param_mut(fx.layer, 0),
+                                    kvp_layer_param_mut(fx.layer, 1),
+                                    kvp_layer_param_mut(fx.layer, 2),
+                                    kvp_layer_param_mut(rebuilt, 3), H,
                                     MAX_POSITIONS, ROPE_BASE, &partly, &err),
                    &err);
     expect_failure(partly, &next, fx.cache, fx.pool, fx.ticket, KVP_CACHE_LAYER_MISMATCH,
@@ -1025,7 +1027,7 @@ static void test_attention_in_place_update_makes_cache_stale_for_good(void **sta
     forward_ok(fx.layer, &x0, old_cache, fx.pool, fx.ticket);
 
     /* The same values written back: the revision still advances. */
-    kvp_param *w_value = kvp_layer_param(fx.layer, KVP_PARAM_VALUE);
+    kvp_param *w_value = kvp_layer_param_mut(fx.layer, KVP_PARAM_VALUE);
     double same[D * D];
     memcpy(same, kvp_param_values(w_value), sizeof same);
     kvpt_assert_ok(kvp_param_update_with(w_value, copy_values, same, &err), &err);
@@ -1053,8 +1055,8 @@ static void test_attention_in_place_update_makes_cache_stale_for_good(void **sta
     assert_memory_equal(result.output, seed_outputs[0], sizeof seed_outputs[0]);
 
     /* Two more updates: the lowest stale index is reported, with both revisions. */
-    kvp_param *w_key = kvp_layer_param(fx.layer, KVP_PARAM_KEY);
-    kvp_param *w_output = kvp_layer_param(fx.layer, KVP_PARAM_OUTPUT);
+    kvp_param *w_key = kvp_layer_param_mut(fx.layer, KVP_PARAM_KEY);
+    kvp_param *w_output = kvp_layer_param_mut(fx.layer, KVP_PARAM_OUTPUT);
     memcpy(same, kvp_param_values(w_output), sizeof same);
     kvpt_assert_ok(kvp_param_update(w_output, same, &err), &err);
     kvpt_assert_ok(kvp_param_update(w_output, same, &err), &err);

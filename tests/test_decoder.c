@@ -11,7 +11,10 @@
  * anything runs; an empty batch is fine; prefill jobs mixed with step jobs
  * match kvp_sequence_prefill / kvp_sequence_step run one by one (1 and 2
  * threads), and a failing prefill job (NaN at token 2) reports its error and
- * changes nothing while the others succeed; an allocation fault sweep over decoder creation. kvp_pool_check
+ * changes nothing while the others succeed; a second caller while a step
+ * runs (another thread, or the step's own next_input callback) is refused
+ * with DecoderBusy and changes nothing; an allocation fault sweep over
+ * decoder creation. kvp_pool_check
  * runs after every batch. Unit test: public API plus the allocator-only
  * append (serve/sequence_internal.h) and the fault injector
  * (pager/alloc.h).
@@ -19,6 +22,7 @@
 #include "support.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -703,6 +707,155 @@ static void test_decoder_step_refuses_unknown_kind(void **state)
     kvpt_destroy_model(model);
 }
 
+/*
+ * The overlap the DECODER_BUSY test forces: the running step's first
+ * next_input call (on whichever decoder thread runs the job) first calls the
+ * decoder back itself, then announces that it is inside the step and blocks
+ * until the second thread has made its call. So the second call lands while
+ * the first step is running, under any scheduling.
+ */
+typedef struct busy_overlap {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int inside;                 /* the first step is blocked in next_input */
+    int second_done;            /* the second thread's call has returned */
+    kvp_decoder *decoder;
+    kvp_decode_job *other_jobs; /* what the intruding calls try to run */
+    kvp_status nested;          /* the callback's own call back into the decoder */
+    kvp_error nested_err;
+    kvp_status second;          /* the second thread's call */
+    kvp_error second_err;
+} busy_overlap;
+
+static void busy_next_input(void *ctx, size_t layer, const double *input, const double *output,
+                            size_t elements, double *next)
+{
+    busy_overlap *o = ctx;
+    pthread_mutex_lock(&o->lock);
+    int first = !o->inside;
+    o->inside = 1;
+    pthread_mutex_unlock(&o->lock);
+    if (first) {
+        o->nested = kvp_decoder_step(o->decoder, o->other_jobs, 1, NULL, NULL, &o->nested_err);
+        pthread_mutex_lock(&o->lock);
+        pthread_cond_broadcast(&o->changed);
+        while (!o->second_done) {
+            pthread_cond_wait(&o->changed, &o->lock);
+        }
+        pthread_mutex_unlock(&o->lock);
+    }
+    half_residual(NULL, layer, input, output, elements, next);
+}
+
+static void *busy_second_caller(void *arg)
+{
+    busy_overlap *o = arg;
+    pthread_mutex_lock(&o->lock);
+    while (!o->inside) {
+        pthread_cond_wait(&o->changed, &o->lock);
+    }
+    pthread_mutex_unlock(&o->lock);
+    o->second = kvp_decoder_step(o->decoder, o->other_jobs, 1, NULL, NULL, &o->second_err);
+    pthread_mutex_lock(&o->lock);
+    o->second_done = 1;
+    pthread_cond_broadcast(&o->changed);
+    pthread_mutex_unlock(&o->lock);
+    return NULL;
+}
+
+/*
+ * One caller at a time: while a step runs, a second thread's step and a step
+ * called from the running step's own next_input callback are refused with
+ * DECODER_BUSY and change nothing (no job status written, no token, pool
+ * counters as they were); the running step completes exactly as a lone
+ * kvp_sequence_step would, and the decoder then serves the refused batch.
+ */
+static void test_decoder_step_refuses_a_concurrent_caller(void **state)
+{
+    (void)state;
+    for (size_t threads = 1; threads <= 2; threads++) {
+        kvp_model *model = make_model(33);
+        kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 16);
+        kvp_pool *twin_pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 16);
+        kvp_sequence *running = kvpt_sequence(model, pool, 1, CAPACITY);
+        kvp_sequence *refused = kvpt_sequence(model, pool, 1, CAPACITY);
+        kvp_sequence *twin = kvpt_sequence(model, twin_pool, 1, CAPACITY);
+        kvp_decoder *decoder = make_decoder(threads);
+        double input[2][MODEL_WIDTH];
+        double output[2][MODEL_WIDTH];
+        double twin_output[MODEL_WIDTH];
+        kvpt_fill_random(input[0], MODEL_WIDTH, 70);
+        kvpt_fill_random(input[1], MODEL_WIDTH, 71);
+        kvpt_fill(output[1], MODEL_WIDTH, 7.0);
+        kvp_decode_job jobs[2];
+        memset(jobs, 0, sizeof jobs);
+        kvp_sequence *seqs[2] = {running, refused};
+        for (size_t i = 0; i < 2; i++) {
+            jobs[i].sequence = seqs[i];
+            jobs[i].input = kvp_tensor3(input[i], 1, 1, MODEL_WIDTH);
+            jobs[i].output = output[i];
+            jobs[i].output_len = MODEL_WIDTH;
+            jobs[i].status = KVP_STATUS_COUNT_;
+        }
+
+        busy_overlap o;
+        memset(&o, 0, sizeof o);
+        pthread_mutex_init(&o.lock, NULL);
+        pthread_cond_init(&o.changed, NULL);
+        o.decoder = decoder;
+        o.other_jobs = &jobs[1];
+        o.nested = KVP_STATUS_COUNT_;
+        o.second = KVP_STATUS_COUNT_;
+        pthread_t second;
+        assert_int_equal(pthread_create(&second, NULL, busy_second_caller, &o), 0);
+        kvp_pool_stats before = kvpt_stats(pool);
+        kvp_error err;
+        kvpt_assert_ok(kvp_decoder_step(decoder, jobs, 1, busy_next_input, &o, &err), &err);
+        assert_int_equal(pthread_join(second, NULL), 0);
+        pthread_cond_destroy(&o.changed);
+        pthread_mutex_destroy(&o.lock);
+
+        /* Both intruders were refused, with the typed status and its text. */
+        assert_int_equal(o.nested, KVP_DECODER_BUSY);
+        assert_int_equal(o.nested_err.status, KVP_DECODER_BUSY);
+        assert_int_equal(o.second, KVP_DECODER_BUSY);
+        assert_int_equal(o.second_err.status, KVP_DECODER_BUSY);
+        kvpt_assert_error_text(&o.second_err, "decoder is busy: another kvp_decoder_step is "
+                                              "running on it (one caller at a time)");
+        /* ... and changed nothing: the refused job never ran. */
+        assert_int_equal(jobs[1].status, KVP_STATUS_COUNT_);
+        kvpt_assert_filled(output[1], MODEL_WIDTH, 7.0);
+        assert_int_equal(kvp_sequence_len(refused), 0);
+        /* The running step is a lone step: one token, its pages, twin's output. */
+        kvpt_assert_ok(jobs[0].status, &jobs[0].error);
+        assert_int_equal(kvp_sequence_len(running), 1);
+        kvp_tensor twin_input = kvp_tensor3(input[0], 1, 1, MODEL_WIDTH);
+        kvpt_assert_ok(kvp_sequence_step(twin, &twin_input, half_residual, NULL, twin_output,
+                                         MODEL_WIDTH, &err),
+                       &err);
+        assert_memory_equal(output[0], twin_output, sizeof twin_output);
+        kvpt_assert_same_rows(running, twin);
+        kvp_pool_stats after = kvpt_stats(pool);
+        assert_int_equal(after.held_pages, before.held_pages + LAYERS);
+        assert_int_equal(after.acquires, before.acquires + LAYERS);
+        kvpt_assert_pool_ok(pool);
+
+        /* The decoder is free again and runs the batch it refused. */
+        kvpt_assert_ok(kvp_decoder_step(decoder, &jobs[1], 1, NULL, NULL, &err), &err);
+        kvpt_assert_ok(jobs[1].status, &jobs[1].error);
+        assert_int_equal(kvp_sequence_len(refused), 1);
+        kvpt_assert_pool_ok(pool);
+
+        destroy_decoder(decoder);
+        kvpt_destroy_sequence(running, pool);
+        kvpt_destroy_sequence(refused, pool);
+        kvpt_destroy_sequence(twin, twin_pool);
+        kvpt_destroy_pool(pool);
+        kvpt_destroy_pool(twin_pool);
+        kvpt_destroy_model(model);
+    }
+}
+
 /* threads == 0 means one per online core, within [1, 4096]. */
 static void test_decoder_default_thread_count(void **state)
 {
@@ -735,6 +888,7 @@ int main(void)
         cmocka_unit_test(test_decoder_prefill_and_step_jobs_match_sequential_calls),
         cmocka_unit_test(test_decoder_failing_prefill_job_changes_nothing),
         cmocka_unit_test(test_decoder_step_refuses_unknown_kind),
+        cmocka_unit_test(test_decoder_step_refuses_a_concurrent_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

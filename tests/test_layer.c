@@ -1,7 +1,8 @@
 /*
  * test_layer.c: attention parameters, RoPE and layers — parameters copy their
  * values, have process-unique increasing ids and a revision that every update
- * advances by exactly one (even when the values do not change), and are
+ * advances by exactly one (even when the values do not change) and that
+ * other threads may read during updates (atomic; TSan), and are
  * reference counted so layers built over the same nodes share identities;
  * RoPE validation errors with exact texts, rotation values for d_h = 2 and 4,
  * the position range and norm preservation; layer creation errors in the
@@ -16,6 +17,9 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +163,65 @@ static void change_nothing(void *ctx, double *values, size_t width)
     (void)width;
 }
 
+/* The reader's side of the revision race test. */
+typedef struct revision_reader {
+    const kvp_param *param;
+    uint64_t target;       /* the revision the writer ends at */
+    atomic_int started;    /* set after the reader's first read */
+    int monotonic;
+    uint64_t last;
+} revision_reader;
+
+static void *read_revisions(void *arg)
+{
+    revision_reader *r = arg;
+    uint64_t last = kvp_param_revision(r->param);
+    atomic_store(&r->started, 1);
+    r->monotonic = 1;
+    while (last < r->target) {
+        uint64_t now = kvp_param_revision(r->param);
+        r->monotonic &= now >= last;
+        last = now;
+        sched_yield();
+    }
+    r->last = last;
+    return NULL;
+}
+
+/*
+ * The revision is atomic: a thread may read it while another updates the
+ * parameter (ThreadSanitizer checks this in the tsan preset; before, the
+ * update's plain increment raced with every read). The writer starts only
+ * once the reader is reading, so their accesses overlap under any
+ * scheduling; the reader sees a never-decreasing revision and ends at
+ * exactly the writer's count.
+ */
+static void test_layer_param_revision_reads_race_free_with_updates(void **state)
+{
+    (void)state;
+    enum { UPDATES = 200 };
+    kvp_param *param = make_param(2, 1.0, 0.0);
+    revision_reader r = {.param = param, .target = UPDATES};
+    atomic_init(&r.started, 0);
+    pthread_t reader;
+    assert_int_equal(pthread_create(&reader, NULL, read_revisions, &r), 0);
+    while (!atomic_load(&r.started)) {
+        sched_yield();
+    }
+    kvp_error err;
+    for (int i = 0; i < UPDATES; i++) {
+        double values[4] = {(double)i, 0.0, 0.0, 1.0};
+        kvpt_assert_ok(kvp_param_update(param, values, &err), &err);
+    }
+    assert_int_equal(pthread_join(reader, NULL), 0);
+    assert_true(r.monotonic);
+    assert_int_equal(r.last, UPDATES);
+    assert_int_equal(kvp_param_revision(param), UPDATES);
+    const double last[4] = {UPDATES - 1, 0.0, 0.0, 1.0};
+    assert_memory_equal(kvp_param_values(param), last, sizeof last);
+    kvpt_assert_ok(kvp_param_release(param, &err), &err);
+}
+
 static void test_layer_param_revision_advances_by_one_on_every_update(void **state)
 {
     (void)state;
@@ -270,13 +333,22 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     }
     assert_null(kvp_layer_param(first, KVP_PARAM_COUNT));
     assert_null(kvp_layer_param(NULL, 0));
+    /* A const layer gives only const parameters; the mutable getter needs a mutable layer. */
+    _Static_assert(_Generic(kvp_layer_param((const kvp_layer *)NULL, 0),
+                            const kvp_param *: 1, default: 0),
+                   "kvp_layer_param returns a const parameter");
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_ptr_equal(kvp_layer_param_mut(first, i), kvp_layer_param(first, i));
+    }
+    assert_null(kvp_layer_param_mut(first, KVP_PARAM_COUNT));
+    assert_null(kvp_layer_param_mut(NULL, 0));
     double expected[4 * 3];
     reference_of(first, 4, 3, expected);
 
     /* The seed's from_parameters over another layer's nodes. */
     kvp_layer *second = NULL;
-    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(first, 0), kvp_layer_param(first, 1),
-                                    kvp_layer_param(first, 2), kvp_layer_param(first, 3), 2,
+    kvpt_assert_ok(kvp_layer_create(kvp_layer_param_mut(first, 0), kvp_layer_param_mut(first, 1),
+                                    kvp_layer_param_mut(first, 2), kvp_layer_param_mut(first, 3), 2,
                                     MAX_POSITIONS, ROPE_BASE, &second, &err),
                    &err);
     kvp_binding a;
@@ -295,7 +367,8 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     /* An in-place update through one layer is seen by the other: same node. */
     double values[16];
     memcpy(values, kvp_param_values(kvp_layer_param(second, KVP_PARAM_VALUE)), sizeof values);
-    kvpt_assert_ok(kvp_param_update(kvp_layer_param(second, KVP_PARAM_VALUE), values, &err), &err);
+    kvpt_assert_ok(kvp_param_update(kvp_layer_param_mut(second, KVP_PARAM_VALUE), values, &err),
+                   &err);
     kvpt_assert_ok(kvp_layer_binding(first, &a, &err), &err);
     assert_int_equal(a.params[KVP_PARAM_VALUE].revision, 1);
     assert_int_equal(a.params[KVP_PARAM_QUERY].revision, 0);
@@ -309,7 +382,7 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     assert_memory_equal(kvp_param_values(kvp_layer_param(second, KVP_PARAM_VALUE)), values,
                         sizeof values);
     /* A caller may keep a node past its last layer by retaining it. */
-    kvp_param *kept = kvp_layer_param(second, KVP_PARAM_OUTPUT);
+    kvp_param *kept = kvp_layer_param_mut(second, KVP_PARAM_OUTPUT);
     kvpt_assert_ok(kvp_param_retain(kept, &err), &err);
     uint64_t kept_id = kvp_param_id(kept);
     kvpt_destroy_layer(second);
@@ -736,8 +809,8 @@ static void test_layer_binding_and_info(void **state)
     kvpt_assert_layer_info(layer, 12, 3, 4, 20, 500.25);
 
     /* Updates show in the binding, per parameter; identities stay. */
-    kvp_param *w_key = kvp_layer_param(layer, KVP_PARAM_KEY);
-    kvp_param *w_output = kvp_layer_param(layer, KVP_PARAM_OUTPUT);
+    kvp_param *w_key = kvp_layer_param_mut(layer, KVP_PARAM_KEY);
+    kvp_param *w_output = kvp_layer_param_mut(layer, KVP_PARAM_OUTPUT);
     size_t calls = 0;
     kvpt_assert_ok(kvp_param_update_with(w_key, change_nothing, &calls, &err), &err);
     kvpt_assert_ok(kvp_param_update_with(w_output, change_nothing, &calls, &err), &err);
@@ -1349,6 +1422,7 @@ int main(void)
         cmocka_unit_test(test_layer_param_create_copies_values),
         cmocka_unit_test(test_layer_param_ids_are_unique_and_increasing),
         cmocka_unit_test(test_layer_param_revision_advances_by_one_on_every_update),
+        cmocka_unit_test(test_layer_param_revision_reads_race_free_with_updates),
         cmocka_unit_test(test_layer_param_errors_and_null_queries),
         cmocka_unit_test(test_layer_shared_params_keep_identity_and_references),
         cmocka_unit_test(test_layer_rope_validate_errors),

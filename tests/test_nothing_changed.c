@@ -21,7 +21,7 @@
  *   status.h    kvp_status_name, kvp_status_message, kvp_error_format,
  *               kvp_mismatch_format                      infallible (pure)
  *   types.h     kvp_tensor3, kvp_tensor4                 infallible (pure)
- *   kvpager.h   kvp_version                              infallible (pure)
+ *   kvpager.h   kvp_version, kvp_version_number        infallible (pure)
  *   pool.h      kvp_pool_config_init                     infallible (NULL ignored)
  *               kvp_dtype_name, kvp_dtype_bytes          infallible (pure)
  *               kvp_pool_create INVALID_ARGUMENT (dtype): test_dtype.c
@@ -64,7 +64,7 @@
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_layer_destroy    NULL
  *               kvp_layer_info_get, kvp_layer_binding     NULL x2
- *               kvp_layer_param      infallible (NULL out of range)
+ *               kvp_layer_param, kvp_layer_param_mut   infallible (NULL out of range)
  *   attention.h kvp_ticket_create    NULL x2, ALLOCATION_FAILED (sweep)
  *               kvp_ticket_destroy, kvp_ticket_discard    NULL
  *               kvp_ticket_commit    NULL x2, TICKET_EMPTY, TICKET_FOREIGN_CACHE,
@@ -93,8 +93,8 @@
  *               kvp_model_create with KV heads differing: MODEL_GEOMETRY_MISMATCH
  *               kvp_model_create_random_grouped  KV_HEADS_DO_NOT_DIVIDE_HEADS,
  *                                    ALLOCATION_FAILED (sweep)
- *               kvp_model_destroy    NULL;  kvp_model_info_get  NULL x2
- *               kvp_model_layer      infallible (NULL out of range)
+ *               kvp_model_destroy    NULL, MODEL_BUSY;  kvp_model_info_get  NULL x2
+ *               kvp_model_layer, kvp_model_param_mut   infallible (NULL out of range)
  *   sequence.h  kvp_sequence_create  NULL x3, ZERO_BATCH_SIZE, ZERO_CAPACITY,
  *                                    CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH,
  *                                    ALLOCATION_FAILED (sweep)
@@ -113,7 +113,8 @@
  *               kvp_decoder_create   NULL, INVALID_ARGUMENT, ALLOCATION_FAILED (sweep),
  *                                    THREAD_FAILED (test_sweep.c)
  *               kvp_decoder_destroy  NULL;  kvp_decoder_threads  infallible
- *               kvp_decoder_step     NULL x3, INVALID_ARGUMENT (shared sequence)
+ *               kvp_decoder_step     NULL x3, INVALID_ARGUMENT (shared sequence),
+ *                                    DECODER_BUSY (test_decoder.c)
  *
  * The one documented exception (sequence.h): a prefill that fails after its
  * first token has computed rows into pages and slots it then gave back. Every
@@ -785,14 +786,16 @@ static void test_nothing_changed_attention_functions(void **state)
     const kvp_layer *layer1 = kvp_model_layer(w.model, 1);
     /* The same parameters under another RoPE base: only the RoPE check can tell. */
     kvp_layer *other_base = NULL;
-    kvpt_assert_ok(kvp_layer_create(kvp_layer_param(w.layer, 0), kvp_layer_param(w.layer, 1),
-                                    kvp_layer_param(w.layer, 2), kvp_layer_param(w.layer, 3),
+    kvpt_assert_ok(kvp_layer_create(kvp_model_param_mut(w.model, 0, 0),
+                                    kvp_model_param_mut(w.model, 0, 1),
+                                    kvp_model_param_mut(w.model, 0, 2),
+                                    kvp_model_param_mut(w.model, 0, 3),
                                     HEADS, POSITIONS, 500.0, &other_base, &err),
                    &err);
     /* An MQA layer of the same width and heads: only the KV head count differs. */
     kvp_layer *mqa = NULL;
-    kvpt_assert_ok(kvp_layer_create_grouped(kvp_layer_param(w.layer, 0), w.narrow, w.narrow,
-                                            kvp_layer_param(w.layer, 3), HEADS, 1, POSITIONS,
+    kvpt_assert_ok(kvp_layer_create_grouped(kvp_model_param_mut(w.model, 0, 0), w.narrow, w.narrow,
+                                            kvp_model_param_mut(w.model, 0, 3), HEADS, 1, POSITIONS,
                                             BASE, &mqa, &err),
                    &err);
     const kvp_tensor *inputs[] = {&rank2, &two, &batch2, &wide, &good, &nan_input};
@@ -984,6 +987,8 @@ static void test_nothing_changed_model_functions(void **state)
     assert_true(sweep(&w, &random_call, 12) >= 12);
 
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_destroy(NULL, &e));
+    /* The world's sequence still runs the model (world_free then destroys both). */
+    EXPECT_FAIL(&w, KVP_MODEL_BUSY, 0, kvp_model_destroy(w.model, &e));
     kvp_model_info info;
     memset(&info, 0x5A, sizeof info);
     kvp_model_info sentinel_info = info;
@@ -1100,7 +1105,7 @@ static void test_nothing_changed_sequence_functions(void **state)
     kvpt_assert_filled(out, KVPT_COUNT_OF(out), 7.0);
 
     /* A stale binding: layer 1's key updated in place; then restored by a second sequence. */
-    kvp_param *key1 = kvp_layer_param(kvp_model_layer(w.model, 1), KVP_PARAM_KEY);
+    kvp_param *key1 = kvp_model_param_mut(w.model, 1, KVP_PARAM_KEY);
     kvpt_assert_ok(kvp_param_update_with(key1, bump, NULL, &err), &err);
     EXPECT_FAIL(&w, KVP_CACHE_LAYER_REVISION_MISMATCH, 0,
                 kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, out, B * 4 * D, &e));

@@ -1,7 +1,9 @@
 /*
  * test_pool.c: the page pool — creation errors, acquire/release through
  * reservations, exhaustion, LIFO reuse, exact stats, the audit (and that it
- * catches each kind of corruption), busy destroy, and the memcheck view of
+ * catches each kind of corruption, calls back only after unlocking, so the
+ * callback may call the pool, and passes at most KVP_POOL_CHECK_REPORTS
+ * findings while counting all), busy destroy, and the memcheck view of
  * pages. Unit test: uses internal headers.
  */
 #include "support.h"
@@ -312,6 +314,120 @@ static void test_pool_check_reports_every_corruption(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/* A callback that calls back into the pool it is auditing. */
+typedef struct reentrant {
+    kvp_pool *pool;
+    size_t calls;
+    kvp_pool_stats stats[2];
+    kvp_status stats_status[2];
+    kvp_status nested_check;
+    size_t nested_mismatches;
+} reentrant;
+
+static void call_pool_back(void *ctx, const kvp_mismatch *m)
+{
+    (void)m;
+    reentrant *r = ctx;
+    if (r->calls < 2) {
+        kvp_error err;
+        r->stats_status[r->calls] = kvp_pool_stats_get(r->pool, &r->stats[r->calls], &err);
+        if (r->calls == 0) {
+            r->nested_check = kvp_pool_check(r->pool, NULL, NULL, &err);
+            r->nested_mismatches = err.mismatches;
+        }
+    }
+    r->calls++;
+}
+
+/*
+ * The callback runs after the audit has released the pool lock: one that
+ * calls kvp_pool_stats_get (and even kvp_pool_check) on the pool it audits
+ * gets its answers instead of deadlocking. The planted mismatch: a held page
+ * whose reference count says 2 (I3), with 3 pages held of 6.
+ */
+static void test_pool_check_callback_may_call_the_pool(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 6);
+    uint32_t storage[3];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 3);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 3, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats before = kvpt_stats(pool);
+
+    pool->refcount[storage[1]] = 2;
+    reentrant r = {.pool = pool, .nested_check = KVP_STATUS_COUNT_};
+    assert_int_equal(kvp_pool_check(pool, call_pool_back, &r, &err), KVP_AUDIT_FAILED);
+    assert_int_equal(err.mismatches, 1);
+    assert_int_equal(r.calls, 1);
+    kvpt_assert_ok(r.stats_status[0], NULL);
+    assert_int_equal(r.stats[0].total_pages, 6);
+    assert_int_equal(r.stats[0].held_pages, 3);
+    assert_int_equal(r.stats[0].free_pages, 3);
+    assert_memory_equal(&r.stats[0], &before, sizeof before);
+    assert_int_equal(r.nested_check, KVP_AUDIT_FAILED);
+    assert_int_equal(r.nested_mismatches, 1);
+    pool->refcount[storage[1]] = 1;
+    kvpt_assert_pool_ok(pool);
+
+    kvpi_reservation_release(&res);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+}
+
+/* Counts findings; keeps the first two. */
+static void count_findings(void *ctx, const kvp_mismatch *m)
+{
+    collected *c = ctx;
+    if (c->count < 2) {
+        c->items[c->count] = *m;
+    }
+    c->count++;
+}
+
+/*
+ * More findings than the audit's fixed array: the callback gets exactly the
+ * first KVP_POOL_CHECK_REPORTS, in order; err.mismatches counts all of them.
+ * Planted: every page of an idle 100-page pool says it has one reference.
+ * Findings, in audit order: 100 free pages with a reference count (I2), then
+ * free + held = 200 (I1), acquires - releases = 0 against 100 held, the
+ * high-water mark 0 below 100 (stats), and 100 reference counts that no
+ * table or reservation accounts for (I3): 203.
+ */
+static void test_pool_check_reports_the_first_findings_and_counts_all(void **state)
+{
+    (void)state;
+    enum { PAGES = 100 };
+    kvp_pool *pool = kvpt_pool(2, 1, 2, PAGES);
+    for (size_t p = 0; p < PAGES; p++) {
+        pool->refcount[p] = 1;
+    }
+    collected found = {0};
+    kvp_error err;
+    assert_int_equal(kvp_pool_check(pool, count_findings, &found, &err), KVP_AUDIT_FAILED);
+    assert_int_equal(KVP_POOL_CHECK_REPORTS, 64);
+    assert_int_equal(found.count, KVP_POOL_CHECK_REPORTS);
+    assert_int_equal(err.mismatches, 2 * PAGES + 3);
+    assert_int_equal(found.items[0].invariant, KVP_INVARIANT_NO_DUPLICATES);
+    assert_string_equal(found.items[0].what, "reference count of a free page");
+    assert_int_equal(found.items[0].page, pool->free_stack[0]);
+    assert_int_equal(found.items[1].page, pool->free_stack[1]);
+    /* Field by field: the struct has padding. */
+    assert_int_equal(err.first_mismatch.invariant, found.items[0].invariant);
+    assert_ptr_equal(err.first_mismatch.what, found.items[0].what);
+    assert_int_equal(err.first_mismatch.page, found.items[0].page);
+    assert_int_equal(err.first_mismatch.lane, SIZE_MAX);
+    assert_int_equal(err.first_mismatch.expected, 0);
+    assert_int_equal(err.first_mismatch.actual, 1);
+    for (size_t p = 0; p < PAGES; p++) {
+        pool->refcount[p] = 0;
+    }
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+}
+
 /* Plants one corruption, audits with and without a callback, expects `what`, repairs. */
 #define expect_corruption(pool, invariant, what) \
     expect_corruption_at((pool), (invariant), (what), __FILE__, __LINE__)
@@ -541,6 +657,8 @@ int main(void)
         cmocka_unit_test(test_pool_null_handles_are_typed_errors),
         cmocka_unit_test(test_pool_check_reports_every_corruption),
         cmocka_unit_test(test_pool_check_reports_each_check),
+        cmocka_unit_test(test_pool_check_callback_may_call_the_pool),
+        cmocka_unit_test(test_pool_check_reports_the_first_findings_and_counts_all),
         cmocka_unit_test(test_pool_primitive_edges),
         cmocka_unit_test(test_pool_pages_are_tracked_by_memcheck),
     };

@@ -1,7 +1,8 @@
 /*
  * test_sequence.c: models and multi-layer sequences — models sharing their
  * source layers' parameters, geometry mismatches with exact details and texts,
- * deterministic random models; steps of 1 to 3 layers, 1 or 2 lanes and
+ * deterministic random models, a model refusing destruction while sequences
+ * live (ModelBusy); steps of 1 to 3 layers, 1 or 2 lanes and
  * blocks of 1, 3 and 16 positions matched within 1e-12 against a
  * layer-by-layer full-prefix reference (the residual stream and a custom
  * next-input function), with exact page counts; all-or-nothing steps (pool
@@ -317,6 +318,7 @@ static void test_sequence_model_create_shares_parameters(void **state)
         /* ... over the same parameter nodes, revisions and RoPE. */
         for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
             assert_ptr_equal(kvp_layer_param(layer, i), kvp_layer_param(src[l], i));
+            assert_ptr_equal(kvp_model_param_mut(model, l, i), kvp_layer_param(layer, i));
             assert_int_equal(mine.params[i].node_id, src_bindings[l].params[i].node_id);
             assert_int_equal(mine.params[i].revision, src_bindings[l].params[i].revision);
         }
@@ -325,6 +327,9 @@ static void test_sequence_model_create_shares_parameters(void **state)
     assert_null(kvp_model_layer(model, L));
     assert_null(kvp_model_layer(model, SIZE_MAX));
     assert_null(kvp_model_layer(NULL, 0));
+    assert_null(kvp_model_param_mut(model, L, 0));
+    assert_null(kvp_model_param_mut(model, 0, KVP_PARAM_COUNT));
+    assert_null(kvp_model_param_mut(NULL, 0, 0));
 
     /* A cache bound to a source layer serves the model's layer: same identities. */
     kvp_pool *pool = make_pool(2, 4);
@@ -686,6 +691,66 @@ static void expect_sequence_create_failure(const kvp_model *model, kvp_pool *poo
     assert_memory_equal(&before, &after, sizeof before);
 }
 
+/*
+ * A model outlives its sequences: kvp_model_destroy refuses with ModelBusy,
+ * changing nothing, while any sequence created on it is alive (a failed
+ * creation does not count), and succeeds once the last one is destroyed.
+ */
+static void test_sequence_model_destroy_refuses_live_sequences(void **state)
+{
+    (void)state;
+    enum { L = 2, B = 1, BT = 2, C = 4 };
+    kvp_model *model = make_model(L, 5);
+    kvp_pool *pool = make_pool(BT, 8);
+    kvp_sequence *a = kvpt_sequence(model, pool, B, C);
+    kvp_sequence *b = kvpt_sequence(model, pool, B, C);
+    double x[B * MODEL_WIDTH];
+    double out[B * MODEL_WIDTH];
+    kvpt_fill_random(x, B * MODEL_WIDTH, 50);
+    kvp_tensor input = kvp_tensor3(x, B, 1, MODEL_WIDTH);
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_step(a, &input, NULL, NULL, out, B * MODEL_WIDTH, &err), &err);
+    kvp_binding before[L];
+    for (size_t l = 0; l < L; l++) {
+        kvpt_assert_ok(kvp_layer_binding(kvp_model_layer(model, l), &before[l], &err), &err);
+    }
+    kvp_pool_stats stats = kvpt_stats(pool);
+
+    assert_int_equal(kvp_model_destroy(model, &err), KVP_MODEL_BUSY);
+    assert_int_equal(err.status, KVP_MODEL_BUSY);
+    kvpt_assert_error_text(&err, "model still has live sequences; destroy them before the model");
+    kvpt_assert_ok(kvp_sequence_destroy(b, &err), &err);
+    assert_int_equal(kvp_model_destroy(model, NULL), KVP_MODEL_BUSY);
+    /* A creation that fails adds no live sequence. */
+    kvp_sequence *failed = (kvp_sequence *)0x1;
+    assert_int_equal(kvp_sequence_create(model, pool, 0, C, &failed, &err), KVP_ZERO_BATCH_SIZE);
+    assert_ptr_equal(failed, (kvp_sequence *)0x1);
+
+    /* Nothing changed: the model and the live sequence still work as before. */
+    for (size_t l = 0; l < L; l++) {
+        kvp_binding now;
+        kvpt_assert_ok(kvp_layer_binding(kvp_model_layer(model, l), &now, &err), &err);
+        assert_memory_equal(&now, &before[l], sizeof now);
+    }
+    kvp_model_info info;
+    kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
+    assert_int_equal(info.layers, L);
+    kvp_pool_stats after = kvpt_stats(pool);
+    /* b's destruction detached its empty caches; the refusals changed nothing. */
+    assert_int_equal(after.held_pages, stats.held_pages);
+    assert_int_equal(after.held_pages, L * B);
+    assert_int_equal(after.attached_caches, stats.attached_caches - L);
+    assert_int_equal(after.acquires, stats.acquires);
+    assert_int_equal(after.releases, stats.releases);
+    kvpt_assert_ok(kvp_sequence_step(a, &input, NULL, NULL, out, B * MODEL_WIDTH, &err), &err);
+    assert_int_equal(kvp_sequence_len(a), 2);
+    kvpt_assert_pool_ok(pool);
+
+    kvpt_destroy_sequence(a, pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_pool(pool);
+}
+
 static void test_sequence_create_errors_and_queries(void **state)
 {
     (void)state;
@@ -965,7 +1030,7 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     promise(seq, pool, 3);
 
     /* An in-place update of layer 1's W_v (same values, newer revision). */
-    kvp_param *param = kvp_layer_param(kvp_model_layer(model, 1), KVP_PARAM_VALUE);
+    kvp_param *param = kvp_model_param_mut(model, 1, KVP_PARAM_VALUE);
     assert_int_equal(kvp_param_revision(param), 0);
     kvpt_assert_ok(kvp_param_update_with(param, keep_values, NULL, &err), &err);
     assert_int_equal(kvp_param_revision(param), 1);
@@ -1015,7 +1080,7 @@ static void test_sequence_step_prepare_error_in_later_layer_changes_nothing(void
     }
 
     /* Layer 0 is validated first: its own revision error names layer 0. */
-    kvp_param *query0 = kvp_layer_param(kvp_model_layer(model, 0), KVP_PARAM_QUERY);
+    kvp_param *query0 = kvp_model_param_mut(model, 0, KVP_PARAM_QUERY);
     kvpt_assert_ok(kvp_param_update_with(query0, keep_values, NULL, &err), &err);
     seq_state before;
     seq_state_capture(seq, pool, &before);
@@ -2042,6 +2107,7 @@ int main(void)
         cmocka_unit_test(test_sequence_model_geometry_mismatch_and_errors),
         cmocka_unit_test(test_sequence_model_create_random_is_deterministic),
         cmocka_unit_test_teardown(test_sequence_model_fault_sweeps, kvpt_disarm),
+        cmocka_unit_test(test_sequence_model_destroy_refuses_live_sequences),
         cmocka_unit_test_teardown(test_sequence_create_fault_sweep, kvpt_disarm),
         cmocka_unit_test(test_sequence_create_errors_and_queries),
         cmocka_unit_test(test_sequence_step_matches_layer_by_layer_reference),

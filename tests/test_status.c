@@ -507,6 +507,11 @@ static void test_status_version_and_prompt_texts(void **state)
     (void)state;
     assert_string_equal(kvp_version(), KVP_VERSION_STRING);
     assert_string_equal(kvp_version(), "0.1.0");
+    assert_int_equal(KVP_VERSION_MAJOR, 0);
+    assert_int_equal(KVP_VERSION_MINOR, 1);
+    assert_int_equal(KVP_VERSION_PATCH, 0);
+    assert_int_equal(KVP_VERSION_NUMBER, 1000);
+    assert_int_equal(kvp_version_number(), KVP_VERSION_NUMBER);
     kvp_error e;
     memset(&e, 0, sizeof e);
     e.status = KVP_FULL;
@@ -544,6 +549,46 @@ static void test_status_version_and_prompt_texts(void **state)
     assert_int_equal(kvp_mismatch_format(&m, buf, 0), n);
     assert_int_equal(buf[0], 'x'); /* size 0 writes nothing */
     assert_int_equal(kvp_mismatch_format(NULL, buf, sizeof buf), strlen("no mismatch"));
+}
+
+/*
+ * Status values are ABI: pinned numbers (today's, computed when they were made
+ * explicit), and the list is dense and in order, so an appended status can
+ * only take the next number.
+ */
+static void test_status_values_are_pinned_and_append_only(void **state)
+{
+    (void)state;
+    assert_int_equal(KVP_OK, 0);
+    assert_int_equal(KVP_NULL_ARGUMENT, 1);
+    assert_int_equal(KVP_POOL_EXHAUSTED, 9);
+    assert_int_equal(KVP_POOL_BUSY, 10);
+    assert_int_equal(KVP_FULL, 17);
+    assert_int_equal(KVP_TICKET_STALE, 38);
+    assert_int_equal(KVP_THREAD_FAILED, 48);
+    assert_int_equal(KVP_DECODER_BUSY, 49);
+    assert_int_equal(KVP_MODEL_BUSY, 50);
+    assert_int_equal(KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS, 51);
+    assert_int_equal(KVP_CACHE_KV_HEAD_COUNT_MISMATCH, 52);
+    assert_int_equal(KVP_STATUS_COUNT_, 53);
+
+    static const int values[] = {
+#define KVPT_VALUE_(suffix, value, name, message) value,
+        KVP_STATUS_MAP(KVPT_VALUE_)
+#undef KVPT_VALUE_
+    };
+    assert_int_equal(KVPT_COUNT_OF(values), KVP_STATUS_COUNT_);
+    for (size_t i = 0; i < KVPT_COUNT_OF(values); i++) {
+        assert_int_equal(values[i], i);
+    }
+    assert_string_equal(kvp_status_name(KVP_DECODER_BUSY), "DecoderBusy");
+    assert_string_equal(kvp_status_name(KVP_MODEL_BUSY), "ModelBusy");
+    kvp_error e = error_of(KVP_DECODER_BUSY);
+    kvpt_assert_error_text(
+        &e, "decoder is busy: another kvp_decoder_step is running on it (one caller at a "
+            "time)");
+    e = error_of(KVP_MODEL_BUSY);
+    kvpt_assert_error_text(&e, "model still has live sequences; destroy them before the model");
 }
 
 /* The shape helpers every validation uses. */
@@ -588,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_status_version_and_prompt_texts),
         cmocka_unit_test(test_status_shape_helpers),
         cmocka_unit_test(test_status_names_are_seed_variant_names),
+        cmocka_unit_test(test_status_values_are_pinned_and_append_only),
         cmocka_unit_test(test_status_names_and_messages_are_nonempty_and_distinct),
         cmocka_unit_test(test_status_out_of_range_is_unknown),
         cmocka_unit_test(test_status_format_caller_and_pool_errors),

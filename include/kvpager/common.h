@@ -19,10 +19,8 @@
 #define KVP_NODISCARD
 #endif
 
-#define KVP_VERSION_MAJOR 0
-#define KVP_VERSION_MINOR 1
-#define KVP_VERSION_PATCH 0
-#define KVP_VERSION_STRING "0.1.0"
+/* KVP_VERSION_*: generated from the build's project(VERSION). */
+#include "kvpager/version.h"
 
 /* The largest tensor rank a kvp_shape can describe. */
 #define KVP_MAX_RANK 8

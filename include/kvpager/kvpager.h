@@ -9,6 +9,7 @@
 #define KVPAGER_KVPAGER_H
 
 #include "kvpager/common.h"
+#include "kvpager/version.h"
 #include "kvpager/types.h"
 #include "kvpager/status.h"
 #include "kvpager/pool.h"
@@ -24,8 +25,14 @@
 extern "C" {
 #endif
 
-/* The library's version, "MAJOR.MINOR.PATCH". */
+/*
+ * The version of the library running, "MAJOR.MINOR.PATCH", and as a number
+ * (MAJOR * 1000000 + MINOR * 1000 + PATCH). They may differ from the
+ * KVP_VERSION_* macros of kvpager/version.h, which give the headers a program
+ * was compiled against. Thread-safe; static storage.
+ */
 KVP_API const char *kvp_version(void);
+KVP_API long kvp_version_number(void);
 
 #ifdef __cplusplus
 }

@@ -100,8 +100,17 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_
 KVP_API KVP_NODISCARD kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out,
                                                    kvp_error *err);
 
-/* A borrowed pointer to parameter `index` (KVP_PARAM_*); NULL when out of range. */
-KVP_API kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index);
+/*
+ * A borrowed, read-only pointer to parameter `index` (KVP_PARAM_*); NULL when
+ * out of range. A const layer gives only const parameters.
+ */
+KVP_API const kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index);
+
+/*
+ * The same parameter, mutable, for updating it (kvp_param_update) or sharing
+ * it (kvp_param_retain, kvp_layer_create): needs a non-const layer.
+ */
+KVP_API kvp_param *kvp_layer_param_mut(kvp_layer *layer, size_t index);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,9 @@
  *
  * Threads: immutable after creation (except through parameter updates);
  * any number of sequences on any threads may run one model at once. A model
- * must outlive the sequences that run it.
+ * must outlive the sequences that run it: kvp_model_destroy refuses with
+ * MODEL_BUSY while any is alive. Destroying a model while another thread
+ * creates a sequence on it is the caller's race.
  */
 #ifndef KVPAGER_MODEL_H
 #define KVPAGER_MODEL_H
@@ -61,6 +63,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_create_random_grouped(size_t layers,
                                                                  double rope_base, uint64_t seed,
                                                                  kvp_model **out, kvp_error *err);
 
+/*
+ * Frees the model and its layers (the parameters lose a reference each).
+ * MODEL_BUSY, changing nothing, while sequences created on the model are
+ * still alive: destroy them first (as kvp_pool_destroy refuses with
+ * POOL_BUSY while caches are attached).
+ */
 KVP_API kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err);
 
 KVP_API KVP_NODISCARD kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out,
@@ -68,6 +76,13 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_info_get(const kvp_model *model, kvp_
 
 /* A borrowed pointer to layer `index`, or NULL when out of range. */
 KVP_API const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index);
+
+/*
+ * A borrowed, mutable pointer to parameter `index` (KVP_PARAM_*) of layer
+ * `layer`, for updating it in place; NULL when either is out of range. The
+ * layers themselves stay read-only (kvp_model_layer).
+ */
+KVP_API kvp_param *kvp_model_param_mut(kvp_model *model, size_t layer, size_t index);
 
 #ifdef __cplusplus
 }

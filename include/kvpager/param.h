@@ -12,8 +12,22 @@
  *
  * Parameters are reference counted: layers that share a parameter hold a
  * reference each, and the parameter is freed with its last reference.
- * Threads: retain/release are atomic; updating values while another thread
- * computes with them is the caller's race to avoid.
+ * Threads:
+ *   - retain and release are atomic: any thread, any time;
+ *   - the id and width never change; the revision is a C11 atomic, so
+ *     kvp_param_revision may be called from any thread at any time, also
+ *     while another thread updates the parameter (it reads the revision
+ *     before or after that update, never a torn value), and a binding or a
+ *     prepare that reads it races with nothing;
+ *   - the values are not atomic: an update (kvp_param_update,
+ *     kvp_param_update_with) needs exclusive access to them. While it runs,
+ *     no other thread may read them (kvp_param_values, or computing with a
+ *     layer that uses the parameter: prepares, steps, prefills, decoder
+ *     batches, kvp_attention_reference) or update the same parameter. The
+ *     caller provides that exclusion (for example, updates between decoder
+ *     batches). After the update returns, a thread that has synchronized
+ *     with the updater (a mutex, a join, or reading the new revision) sees
+ *     the new values.
  */
 #ifndef KVPAGER_PARAM_H
 #define KVPAGER_PARAM_H
@@ -58,18 +72,21 @@ KVP_API kvp_status kvp_param_retain(kvp_param *param, kvp_error *err);
 /* Drops a reference; the last one frees the parameter. */
 KVP_API kvp_status kvp_param_release(kvp_param *param, kvp_error *err);
 
-/* Copies rows*cols new values in and advances the revision. */
+/*
+ * Copies rows*cols new values in and advances the revision (by exactly one,
+ * atomically). Needs exclusive access to the values (see Threads).
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_param_update(kvp_param *param, const double *values,
                                                   kvp_error *err);
 
-/* Lets `fn` change the values in place, then advances the revision. */
+/* Lets `fn` change the values in place, then advances the revision; as kvp_param_update. */
 KVP_API KVP_NODISCARD kvp_status kvp_param_update_with(kvp_param *param, kvp_param_update_fn fn,
                                                        void *ctx, kvp_error *err);
 
 /*
  * Plain queries; a NULL parameter reads as 0 / NULL. kvp_param_width is the
  * row count, the width of the rows it is applied to (for a square parameter,
- * both dimensions).
+ * both dimensions). The revision is an atomic load.
  */
 KVP_API uint64_t kvp_param_id(const kvp_param *param);
 KVP_API uint64_t kvp_param_revision(const kvp_param *param);

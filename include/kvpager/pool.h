@@ -149,10 +149,17 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_sta
  *      reservation;
  *   I4 every lane of every attached cache maps exactly ceil(len/block_tokens)
  *      pages, contiguously from block 0.
- * Every mismatch is passed to `on_mismatch` (which may be NULL). Returns
- * KVP_OK, or AUDIT_FAILED with the count and the first mismatch in *err.
- * Allocates nothing and changes nothing.
+ * The findings are gathered under the lock into a fixed array (the audit
+ * allocates nothing); after the lock is released, each is passed, in the
+ * order found, to `on_mismatch` (which may be NULL), on the calling thread.
+ * So the callback may call the pool (kvp_pool_stats_get, even
+ * kvp_pool_check) without deadlock; what it reads there may be newer than
+ * the audited state when other threads work on the pool. Only the first
+ * KVP_POOL_CHECK_REPORTS findings reach the callback; err.mismatches counts
+ * them all. Returns KVP_OK, or AUDIT_FAILED with the count and the first
+ * mismatch in *err. Changes nothing.
  */
+#define KVP_POOL_CHECK_REPORTS 64 /* findings one kvp_pool_check passes to its callback */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn on_mismatch,
                                                 void *ctx, kvp_error *err);
 

@@ -17,7 +17,8 @@
  * out twice. Pages a step takes are drawn from the promise first.
  *
  * Threads: a sequence has one owner at a time; the decoder runs distinct
- * sequences on its worker threads.
+ * sequences on its worker threads. A decoder takes one kvp_decoder_step
+ * caller at a time (a concurrent second one gets DECODER_BUSY).
  */
 #ifndef KVPAGER_SEQUENCE_H
 #define KVPAGER_SEQUENCE_H
@@ -47,7 +48,9 @@ typedef void (*kvp_next_input_fn)(void *ctx, size_t layer, const double *layer_i
  * A sequence of batch_size lanes and `capacity` positions per layer of
  * `model`, drawing pages from `pool`. Errors: NULL_ARGUMENT, the cache
  * creation errors (ZERO_BATCH_SIZE, ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS,
- * GEOMETRY_MISMATCH, ...), ALLOCATION_FAILED.
+ * GEOMETRY_MISMATCH, ...), ALLOCATION_FAILED. The model counts the sequence
+ * as live until kvp_sequence_destroy, and refuses kvp_model_destroy
+ * (MODEL_BUSY) until then.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool,
                                                      size_t batch_size, size_t capacity,
@@ -167,8 +170,16 @@ KVP_API size_t kvp_decoder_threads(const kvp_decoder *decoder);
  * thread timing. Returns KVP_OK when every job ran (each job's own status
  * says whether it succeeded); running nothing: NULL_ARGUMENT for a NULL
  * sequence, INVALID_ARGUMENT when two jobs name the same sequence or a
- * job's kind is unknown. A next_input function must be safe to call from
- * several threads.
+ * job's kind is unknown, then DECODER_BUSY (below). A next_input function
+ * must be safe to call from several threads.
+ *
+ * One caller at a time: a decoder runs one batch at a time. A call made
+ * while another kvp_decoder_step on the same decoder is running (from
+ * another thread, or from a next_input callback of the running step) is
+ * refused with DECODER_BUSY and changes nothing: none of its jobs runs or
+ * has its status written, and the running step is not disturbed. Callers
+ * that share a decoder between threads serialize their steps themselves, or
+ * retry. Different decoders are independent.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs,
                                                   size_t count, kvp_next_input_fn next_input,

@@ -40,87 +40,96 @@ extern "C" {
 #endif
 
 /*
- * X(SUFFIX, "Name", "short message"). The Name is the seed's variant name
- * where one exists. Append new statuses at the end of their group; the
- * numeric values are not part of the ABI contract before 1.0.
+ * X(SUFFIX, value, "Name", "short message"). The Name is the seed's variant
+ * name where one exists.
+ *
+ * The values are part of the ABI: a status keeps its number forever. A new
+ * status is appended at the END of the list with the next number (the last
+ * value + 1), never inserted into a group, and no status is ever renumbered
+ * or reused, so a program compiled against an older kvpager reads every
+ * status it knows with its old meaning. The values are dense (0 .. count-1,
+ * in list order), which the name and message tables rely on; test_status
+ * pins them.
  */
-#define KVP_STATUS_MAP(X)                                                                   \
-    X(OK, "Ok", "success")                                                                  \
-    /* caller mistakes */                                                                   \
-    X(NULL_ARGUMENT, "NullArgument", "a required argument was NULL")                        \
-    X(INVALID_ARGUMENT, "InvalidArgument", "an argument is invalid")                        \
-    X(OUT_OF_RANGE, "OutOfRange", "an index argument is out of range")                      \
-    X(BUFFER_TOO_SMALL, "BufferTooSmall", "an output buffer is too small")                  \
-    /* pool */                                                                              \
-    X(ZERO_SIZE, "ZeroSize", "a pool size is zero")                                         \
-    X(SIZE_OVERFLOW, "SizeOverflow", "a pool size overflows")                               \
-    X(BUDGET_TOO_SMALL, "BudgetTooSmall", "the pool budget is below one page")              \
-    X(ALLOCATION_FAILED, "AllocationFailed", "a heap allocation failed")                    \
-    X(POOL_EXHAUSTED, "PoolExhausted", "the page pool has too few free pages")              \
-    X(POOL_BUSY, "PoolBusy", "the page pool still has attached caches or held pages")       \
-    X(GEOMETRY_MISMATCH, "GeometryMismatch", "cache geometry differs from the pool's")      \
-    X(AUDIT_FAILED, "AuditFailed", "the page pool audit found mismatches")                  \
-    /* layer cache (the seed's LayerKvCacheError) */                                        \
-    X(ZERO_BATCH_SIZE, "ZeroBatchSize", "KV cache batch size must be nonzero")              \
-    X(ZERO_CAPACITY, "ZeroCapacity", "KV cache capacity must be nonzero")                   \
-    X(CAPACITY_EXCEEDS_POSITIONS, "CapacityExceedsPositions",                               \
-      "KV cache capacity exceeds RoPE position capacity")                                   \
-    X(ELEMENT_COUNT_OVERFLOW, "ElementCountOverflow", "KV cache element count overflows")   \
-    X(FULL, "Full", "KV cache is full")                                                     \
-    X(KEY_SHAPE_MISMATCH, "KeyShapeMismatch", "appended key has the wrong shape")           \
-    X(VALUE_SHAPE_MISMATCH, "ValueShapeMismatch", "appended value has the wrong shape")     \
-    X(NONFINITE_KEY, "NonFiniteKey", "appended key is not finite")                          \
-    X(NONFINITE_VALUE, "NonFiniteValue", "appended value is not finite")                    \
-    /* incremental attention (the seed's IncrementalAttentionError, then tickets) */        \
-    X(INPUT_RANK, "InputRank", "incremental attention input must have rank three")          \
-    X(SINGLE_TOKEN_REQUIRED, "SingleTokenRequired",                                         \
-      "incremental attention needs exactly one new token")                                  \
-    X(INPUT_BATCH_MISMATCH, "InputBatchMismatch", "input batch differs from the cache's")   \
-    X(INPUT_WIDTH_MISMATCH, "InputWidthMismatch", "input width differs from the model's")   \
-    X(CACHE_MODEL_WIDTH_MISMATCH, "CacheModelWidthMismatch",                                \
-      "KV cache model width differs from the layer's")                                      \
-    X(CACHE_HEAD_COUNT_MISMATCH, "CacheHeadCountMismatch",                                  \
-      "KV cache head count differs from the layer's")                                       \
-    X(CACHE_HEAD_WIDTH_MISMATCH, "CacheHeadWidthMismatch",                                  \
-      "KV cache head width differs from the layer's")                                       \
-    X(CACHE_LAYER_MISMATCH, "CacheLayerMismatch",                                           \
-      "KV cache parameter identity does not match this attention layer")                    \
-    X(CACHE_LAYER_REVISION_MISMATCH, "CacheLayerRevisionMismatch",                          \
-      "KV cache parameter revision does not match the layer's")                             \
-    X(CACHE_ROPE_MISMATCH, "CacheRopeMismatch", "KV cache RoPE configuration differs")      \
-    X(NONFINITE_PROJECTION, "NonFiniteProjection", "a Q/K/V projection is not finite")      \
-    X(NONFINITE_SCORE, "NonFiniteScore", "an attention score is not finite")                \
-    X(NONFINITE_OUTPUT, "NonFiniteOutput", "the attention output is not finite")            \
-    X(TICKET_BUSY, "TicketBusy", "the ticket already holds a prepared row")                 \
-    X(TICKET_EMPTY, "TicketEmpty", "the ticket holds no prepared row")                      \
-    X(TICKET_FOREIGN_CACHE, "TicketForeignCache", "the ticket was prepared for another cache") \
-    X(TICKET_STALE, "TicketStale", "the cache changed since the ticket was prepared")       \
-    X(TICKET_GEOMETRY_MISMATCH, "TicketGeometryMismatch", "the ticket does not fit the cache") \
-    /* layers, parameters and RoPE */                                                       \
-    X(ROPE_INVALID_WIDTH, "RopeInvalidWidth", "RoPE feature width must be even and nonzero") \
-    X(ROPE_ZERO_POSITIONS, "RopeZeroPositions", "RoPE max positions must be nonzero")       \
-    X(ROPE_INVALID_BASE, "RopeInvalidBase", "RoPE base must be finite and positive")        \
-    X(ROPE_POSITION_OUT_OF_RANGE, "RopePositionOutOfRange", "a RoPE position is out of range") \
-    X(PARAMETER_WIDTH_MISMATCH, "ParameterWidthMismatch",                                   \
-      "an attention parameter has the wrong width")                                         \
-    X(HEADS_DO_NOT_DIVIDE_WIDTH, "HeadsDoNotDivideWidth",                                   \
-      "the model width is not a nonzero multiple of the head count")                        \
-    X(REFERENCE_INPUT_SHAPE, "ReferenceInputShape", "full-prefix input has the wrong shape") \
-    /* models, sequences and decoders */                                                    \
-    X(MODEL_GEOMETRY_MISMATCH, "ModelGeometryMismatch",                                     \
-      "a model layer's head geometry differs from layer 0's")                               \
-    X(THREAD_FAILED, "ThreadFailed", "a worker thread could not be started")              \
-    /* grouped-query heads (appended so no earlier value moves) */                          \
-    X(KV_HEADS_DO_NOT_DIVIDE_HEADS, "KvHeadsDoNotDivideHeads",                              \
-      "the head count is not a nonzero multiple of the KV head count")                      \
-    X(CACHE_KV_HEAD_COUNT_MISMATCH, "CacheKvHeadCountMismatch",                             \
+#define KVP_STATUS_MAP(X)                                                                          \
+    X(OK, 0, "Ok", "success")                                                                      \
+    /* caller mistakes */                                                                          \
+    X(NULL_ARGUMENT, 1, "NullArgument", "a required argument was NULL")                            \
+    X(INVALID_ARGUMENT, 2, "InvalidArgument", "an argument is invalid")                            \
+    X(OUT_OF_RANGE, 3, "OutOfRange", "an index argument is out of range")                          \
+    X(BUFFER_TOO_SMALL, 4, "BufferTooSmall", "an output buffer is too small")                      \
+    /* pool */                                                                                     \
+    X(ZERO_SIZE, 5, "ZeroSize", "a pool size is zero")                                             \
+    X(SIZE_OVERFLOW, 6, "SizeOverflow", "a pool size overflows")                                   \
+    X(BUDGET_TOO_SMALL, 7, "BudgetTooSmall", "the pool budget is below one page")                  \
+    X(ALLOCATION_FAILED, 8, "AllocationFailed", "a heap allocation failed")                        \
+    X(POOL_EXHAUSTED, 9, "PoolExhausted", "the page pool has too few free pages")                  \
+    X(POOL_BUSY, 10, "PoolBusy", "the page pool still has attached caches or held pages")          \
+    X(GEOMETRY_MISMATCH, 11, "GeometryMismatch", "cache geometry differs from the pool's")         \
+    X(AUDIT_FAILED, 12, "AuditFailed", "the page pool audit found mismatches")                     \
+    /* layer cache (the seed's LayerKvCacheError) */                                               \
+    X(ZERO_BATCH_SIZE, 13, "ZeroBatchSize", "KV cache batch size must be nonzero")                 \
+    X(ZERO_CAPACITY, 14, "ZeroCapacity", "KV cache capacity must be nonzero")                      \
+    X(CAPACITY_EXCEEDS_POSITIONS, 15, "CapacityExceedsPositions",                                  \
+      "KV cache capacity exceeds RoPE position capacity")                                          \
+    X(ELEMENT_COUNT_OVERFLOW, 16, "ElementCountOverflow", "KV cache element count overflows")      \
+    X(FULL, 17, "Full", "KV cache is full")                                                        \
+    X(KEY_SHAPE_MISMATCH, 18, "KeyShapeMismatch", "appended key has the wrong shape")              \
+    X(VALUE_SHAPE_MISMATCH, 19, "ValueShapeMismatch", "appended value has the wrong shape")        \
+    X(NONFINITE_KEY, 20, "NonFiniteKey", "appended key is not finite")                             \
+    X(NONFINITE_VALUE, 21, "NonFiniteValue", "appended value is not finite")                       \
+    /* incremental attention (the seed's IncrementalAttentionError, then tickets) */               \
+    X(INPUT_RANK, 22, "InputRank", "incremental attention input must have rank three")             \
+    X(SINGLE_TOKEN_REQUIRED, 23, "SingleTokenRequired",                                            \
+      "incremental attention needs exactly one new token")                                         \
+    X(INPUT_BATCH_MISMATCH, 24, "InputBatchMismatch", "input batch differs from the cache's")      \
+    X(INPUT_WIDTH_MISMATCH, 25, "InputWidthMismatch", "input width differs from the model's")      \
+    X(CACHE_MODEL_WIDTH_MISMATCH, 26, "CacheModelWidthMismatch",                                   \
+      "KV cache model width differs from the layer's")                                             \
+    X(CACHE_HEAD_COUNT_MISMATCH, 27, "CacheHeadCountMismatch",                                     \
+      "KV cache head count differs from the layer's")                                              \
+    X(CACHE_HEAD_WIDTH_MISMATCH, 28, "CacheHeadWidthMismatch",                                     \
+      "KV cache head width differs from the layer's")                                              \
+    X(CACHE_LAYER_MISMATCH, 29, "CacheLayerMismatch",                                              \
+      "KV cache parameter identity does not match this attention layer")                           \
+    X(CACHE_LAYER_REVISION_MISMATCH, 30, "CacheLayerRevisionMismatch",                             \
+      "KV cache parameter revision does not match the layer's")                                    \
+    X(CACHE_ROPE_MISMATCH, 31, "CacheRopeMismatch", "KV cache RoPE configuration differs")         \
+    X(NONFINITE_PROJECTION, 32, "NonFiniteProjection", "a Q/K/V projection is not finite")         \
+    X(NONFINITE_SCORE, 33, "NonFiniteScore", "an attention score is not finite")                   \
+    X(NONFINITE_OUTPUT, 34, "NonFiniteOutput", "the attention output is not finite")               \
+    X(TICKET_BUSY, 35, "TicketBusy", "the ticket already holds a prepared row")                    \
+    X(TICKET_EMPTY, 36, "TicketEmpty", "the ticket holds no prepared row")                         \
+    X(TICKET_FOREIGN_CACHE, 37, "TicketForeignCache", "the ticket was prepared for another cache") \
+    X(TICKET_STALE, 38, "TicketStale", "the cache changed since the ticket was prepared")          \
+    X(TICKET_GEOMETRY_MISMATCH, 39, "TicketGeometryMismatch", "the ticket does not fit the cache") \
+    /* layers, parameters and RoPE */                                                              \
+    X(ROPE_INVALID_WIDTH, 40, "RopeInvalidWidth", "RoPE feature width must be even and nonzero")   \
+    X(ROPE_ZERO_POSITIONS, 41, "RopeZeroPositions", "RoPE max positions must be nonzero")          \
+    X(ROPE_INVALID_BASE, 42, "RopeInvalidBase", "RoPE base must be finite and positive")           \
+    X(ROPE_POSITION_OUT_OF_RANGE, 43, "RopePositionOutOfRange", "a RoPE position is out of range") \
+    X(PARAMETER_WIDTH_MISMATCH, 44, "ParameterWidthMismatch",                                      \
+      "an attention parameter has the wrong width")                                                \
+    X(HEADS_DO_NOT_DIVIDE_WIDTH, 45, "HeadsDoNotDivideWidth",                                      \
+      "the model width is not a nonzero multiple of the head count")                               \
+    X(REFERENCE_INPUT_SHAPE, 46, "ReferenceInputShape", "full-prefix input has the wrong shape")   \
+    /* models, sequences and decoders */                                                           \
+    X(MODEL_GEOMETRY_MISMATCH, 47, "ModelGeometryMismatch",                                        \
+      "a model layer's head geometry differs from layer 0's")                                      \
+    X(THREAD_FAILED, 48, "ThreadFailed", "a worker thread could not be started")                   \
+    /* appended after 0.1.0 (the groups above are closed: new statuses go here) */                 \
+    X(DECODER_BUSY, 49, "DecoderBusy", "the decoder is already running a step")                    \
+    X(MODEL_BUSY, 50, "ModelBusy", "the model still has live sequences")                              \
+    X(KV_HEADS_DO_NOT_DIVIDE_HEADS, 51, "KvHeadsDoNotDivideHeads",                                 \
+      "the head count is not a nonzero multiple of the KV head count")                             \
+    X(CACHE_KV_HEAD_COUNT_MISMATCH, 52, "CacheKvHeadCountMismatch",                                \
       "KV cache KV head count differs from the layer's")
 
 typedef enum kvp_status {
-#define KVP_STATUS_ENUM_(suffix, name, message) KVP_##suffix,
+#define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
     KVP_STATUS_MAP(KVP_STATUS_ENUM_)
 #undef KVP_STATUS_ENUM_
-    KVP_STATUS_COUNT_
+    KVP_STATUS_COUNT_ /* one past the last status: grows with each appended status */
 } kvp_status;
 
 /* The invariants of DESIGN.md that kvp_pool_check recomputes. */
@@ -145,6 +154,13 @@ typedef struct kvp_mismatch {
 /*
  * Detail of a failure. Only the fields listed for the status are meaningful;
  * the rest are zero.
+ *
+ * Size and layout: callers allocate kvp_error (and kvp_decode_job embeds
+ * one), so its size and field offsets are part of the ABI. It may grow only
+ * behind a `struct_size` field that the caller sets, by which the library
+ * knows how much of the struct an older caller has; until that field exists,
+ * no field is added, removed or moved. A new status reports its detail
+ * through the fields already here (DECODER_BUSY and MODEL_BUSY need none).
  */
 typedef struct kvp_error {
     kvp_status status;

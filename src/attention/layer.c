@@ -311,7 +311,15 @@ void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out)
     *out = binding;
 }
 
-kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index)
+const kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index)
+{
+    if (layer == NULL || index >= KVP_PARAM_COUNT) {
+        return NULL;
+    }
+    return layer->params[index];
+}
+
+kvp_param *kvp_layer_param_mut(kvp_layer *layer, size_t index)
 {
     if (layer == NULL || index >= KVP_PARAM_COUNT) {
         return NULL;

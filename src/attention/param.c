@@ -5,6 +5,11 @@
  * Invariants: id is unique in the process and never reused (taken from
  * `next_param_id`); revision only grows; refs >= 1 while the node exists;
  * rows, cols >= 1 and values holds rows * cols doubles.
+ * Threads: refs and revision are C11 atomics. An update writes the values,
+ * then advances the revision with a release store, and readers load it with
+ * acquire, so a reader that sees revision r also sees the values of update r
+ * once the updater is done (the values themselves are not atomic: see
+ * kvpager/param.h for who may read them during an update).
  * Global state: `next_param_id`, the process-wide identity counter.
  */
 #include "kvpager/param.h"
@@ -18,7 +23,7 @@
 struct kvp_param {
     atomic_size_t refs;
     uint64_t id;
-    uint64_t revision;
+    atomic_uint_fast64_t revision;
     size_t rows;
     size_t cols;
     double values[];
@@ -53,7 +58,7 @@ kvp_status kvp_param_create_matrix(size_t rows, size_t cols, const double *value
     }
     atomic_init(&param->refs, 1);
     param->id = atomic_fetch_add(&next_param_id, 1);
-    param->revision = 0;
+    atomic_init(&param->revision, 0);
     param->rows = rows;
     param->cols = cols;
     memcpy(param->values, values, count * sizeof(double));
@@ -108,7 +113,7 @@ kvp_status kvp_param_update(kvp_param *param, const double *values, kvp_error *e
         return kvpi_fail_null(err, "values");
     }
     memmove(param->values, values, param->rows * param->cols * sizeof(double));
-    param->revision++;
+    atomic_fetch_add_explicit(&param->revision, 1, memory_order_acq_rel);
     return KVP_OK;
 }
 
@@ -122,7 +127,7 @@ kvp_status kvp_param_update_with(kvp_param *param, kvp_param_update_fn fn, void 
         return kvpi_fail_null(err, "fn");
     }
     fn(ctx, param->values, param->rows);
-    param->revision++;
+    atomic_fetch_add_explicit(&param->revision, 1, memory_order_acq_rel);
     return KVP_OK;
 }
 
@@ -133,7 +138,8 @@ uint64_t kvp_param_id(const kvp_param *param)
 
 uint64_t kvp_param_revision(const kvp_param *param)
 {
-    return param != NULL ? param->revision : 0;
+    return param != NULL ? (uint64_t)atomic_load_explicit(&param->revision, memory_order_acquire)
+                         : 0;
 }
 
 size_t kvp_param_width(const kvp_param *param)

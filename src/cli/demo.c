@@ -225,10 +225,10 @@ static kvp_layer *fixture_layer(demo *d, size_t max_positions, double base, kvp_
     return keep_layer(d, status, layer, "creating the fixture layer");
 }
 
-static kvp_param **layer_params(const kvp_layer *layer, kvp_param *out[KVP_PARAM_COUNT])
+static kvp_param **layer_params(kvp_layer *layer, kvp_param *out[KVP_PARAM_COUNT])
 {
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        out[i] = kvp_layer_param(layer, i);
+        out[i] = kvp_layer_param_mut(layer, i);
     }
     return out;
 }
@@ -535,7 +535,7 @@ static int update_evidence_run(demo *d, kvp_pool *pool, const step_evidence *fir
         d->failed_at = d->failed_at ? d->failed_at : "filling the cache to be made stale";
         return -1;
     }
-    kvp_param *w_value = kvp_layer_param(layer, KVP_PARAM_VALUE);
+    kvp_param *w_value = kvp_layer_param_mut(layer, KVP_PARAM_VALUE);
     double same[MODEL_WIDTH * MODEL_WIDTH];
     memcpy(same, kvp_param_values(w_value), sizeof same);
     ev->revision_before = kvp_param_revision(w_value);

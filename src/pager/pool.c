@@ -421,25 +421,27 @@ void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page)
 
 /* ---- audit ------------------------------------------------------------- */
 
+/*
+ * The findings of one audit, gathered under the pool lock and handed to the
+ * caller's callback only after the lock is released (so the callback may call
+ * back into the pool). A fixed array, on the auditor's stack: the audit
+ * allocates nothing. `mismatches` counts every finding; found[] keeps the
+ * first KVP_POOL_CHECK_REPORTS of them, in the order found.
+ */
 struct kvpi_audit {
     const kvp_pool *pool;
-    kvp_mismatch_fn on_mismatch;
-    void *ctx;
     size_t mismatches;
-    kvp_mismatch first;
+    kvp_mismatch found[KVP_POOL_CHECK_REPORTS];
 };
 
 void kvpi_audit_report(kvpi_audit *audit, kvp_invariant invariant, const char *what, size_t page,
                        size_t lane, size_t expected, size_t actual)
 {
-    kvp_mismatch m = {invariant, what, page, lane, expected, actual};
-    if (audit->mismatches == 0) {
-        audit->first = m;
+    if (audit->mismatches < KVP_POOL_CHECK_REPORTS) {
+        audit->found[audit->mismatches] =
+            (kvp_mismatch){invariant, what, page, lane, expected, actual};
     }
     audit->mismatches++;
-    if (audit->on_mismatch != NULL) {
-        audit->on_mismatch(audit->ctx, &m);
-    }
 }
 
 void kvpi_audit_reference(kvpi_audit *audit, uint32_t page)
@@ -555,18 +557,22 @@ kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn on_mismatch, void *ctx
         return kvpi_fail_null(err, "pool");
     }
     kvpi_audit audit;
-    memset(&audit, 0, sizeof audit);
     audit.pool = pool;
-    audit.on_mismatch = on_mismatch;
-    audit.ctx = ctx;
+    audit.mismatches = 0;
     kvpi_pool_lock(pool);
     audit_locked(pool, &audit);
     kvpi_pool_unlock(pool);
     if (audit.mismatches == 0) {
         return KVP_OK;
     }
+    /* Unlocked: the callback may call the pool (kvp_pool_stats_get, ...). */
+    size_t reported = audit.mismatches < KVP_POOL_CHECK_REPORTS ? audit.mismatches
+                                                                : KVP_POOL_CHECK_REPORTS;
+    for (size_t i = 0; on_mismatch != NULL && i < reported; i++) {
+        on_mismatch(ctx, &audit.found[i]);
+    }
     kvp_error e = kvpi_error_begin(KVP_AUDIT_FAILED);
     e.mismatches = audit.mismatches;
-    e.first_mismatch = audit.first;
+    e.first_mismatch = audit.found[0];
     return kvpi_error_emit(err, &e);
 }

@@ -16,13 +16,13 @@
 #include <string.h>
 
 static const char *const status_names[] = {
-#define KVPI_STATUS_NAME_(suffix, name, message) name,
+#define KVPI_STATUS_NAME_(suffix, value, name, message) [value] = name,
     KVP_STATUS_MAP(KVPI_STATUS_NAME_)
 #undef KVPI_STATUS_NAME_
 };
 
 static const char *const status_messages[] = {
-#define KVPI_STATUS_MESSAGE_(suffix, name, message) message,
+#define KVPI_STATUS_MESSAGE_(suffix, value, name, message) [value] = message,
     KVP_STATUS_MAP(KVPI_STATUS_MESSAGE_)
 #undef KVPI_STATUS_MESSAGE_
 };
@@ -456,6 +456,13 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         return;
     case KVP_THREAD_FAILED:
         sink_printf(sink, "cannot start decoder worker thread %zu of %zu", e->index, e->limit);
+        return;
+    case KVP_DECODER_BUSY:
+        sink_printf(sink, "decoder is busy: another kvp_decoder_step is running on it (one "
+                          "caller at a time)");
+        return;
+    case KVP_MODEL_BUSY:
+        sink_printf(sink, "model still has live sequences; destroy them before the model");
         return;
     case KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS:
         sink_printf(sink, "attention head count %zu must be a nonzero multiple of %zu KV heads",

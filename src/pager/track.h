@@ -6,12 +6,16 @@
  * allocation (addressable, undefined until written). So under memcheck a read
  * through a stale page id is an invalid read, and a page never returned shows
  * as a leak. Outside Valgrind each request is a few no-op instructions.
+ * Built with KVPI_VALGRIND (the KVP_VALGRIND option, on when
+ * valgrind/memcheck.h is found); without it every function here is empty.
  * Callers: pool.c only.
  */
 #ifndef KVPAGER_PAGER_TRACK_H
 #define KVPAGER_PAGER_TRACK_H
 
 #include <stddef.h>
+
+#ifdef KVPI_VALGRIND
 #include <valgrind/memcheck.h>
 
 static inline void kvpi_track_pool_create(void *slab, size_t bytes)
@@ -53,5 +57,49 @@ static inline void kvpi_track_pool_destroy(void *slab, size_t bytes)
     VALGRIND_DESTROY_MEMPOOL(slab);
     VALGRIND_MAKE_MEM_UNDEFINED(slab, bytes);
 }
+
+#else /* no Valgrind headers: the requests compile out */
+
+static inline void kvpi_track_pool_create(void *slab, size_t bytes)
+{
+    (void)slab;
+    (void)bytes;
+}
+
+static inline void kvpi_track_page_acquired(void *slab, void *page, size_t bytes)
+{
+    (void)slab;
+    (void)page;
+    (void)bytes;
+}
+
+static inline void kvpi_track_page_released(void *slab, void *page)
+{
+    (void)slab;
+    (void)page;
+}
+
+static inline void kvpi_track_audit_read_begin(void *slab, size_t bytes)
+{
+    (void)slab;
+    (void)bytes;
+}
+
+static inline void kvpi_track_audit_read_end(void *slab, size_t bytes, void *result,
+                                             size_t result_bytes)
+{
+    (void)slab;
+    (void)bytes;
+    (void)result;
+    (void)result_bytes;
+}
+
+static inline void kvpi_track_pool_destroy(void *slab, size_t bytes)
+{
+    (void)slab;
+    (void)bytes;
+}
+
+#endif /* KVPI_VALGRIND */
 
 #endif /* KVPAGER_PAGER_TRACK_H */

@@ -26,3 +26,8 @@ const char *kvp_version(void)
 {
     return KVP_VERSION_STRING;
 }
+
+long kvp_version_number(void)
+{
+    return KVP_VERSION_NUMBER;
+}

@@ -9,10 +9,14 @@
  *   kvp_decoder_step publishes the batch (jobs, count, next = 0), bumps
  *   `generation`, wakes the workers and works itself; each thread claims job
  *   indices under the lock until none are left and reports when it is done;
- *   the caller returns once `busy` reaches 0. Jobs are independent sequences,
- *   so each job's result equals a lone kvp_sequence_step (a step job) or
- *   kvp_sequence_prefill (a prefill job). Plain mutexes and
- *   condition variables only, so helgrind and DRD can follow every hand-off.
+ *   the caller returns once `busy` reaches 0. One step at a time: `stepping`
+ *   is set when a step takes the batch slot and cleared when it returns, and
+ *   a step that finds it set is refused with DECODER_BUSY before it writes
+ *   anything (a second thread, or a next_input callback calling back in).
+ *   Jobs are independent sequences, so each job's result equals a lone
+ *   kvp_sequence_step (a step job) or kvp_sequence_prefill (a prefill job).
+ *   Plain mutexes and condition variables only, so helgrind and DRD can
+ *   follow every hand-off.
  * Global state: the thread-start fault injector (decoder_internal.h).
  * Callers: the public API.
  */
@@ -40,6 +44,7 @@ struct kvp_decoder {
     size_t count;
     size_t next;                /* the next unclaimed job */
     size_t busy;                /* workers still on the current batch */
+    int stepping;               /* a kvp_decoder_step owns the batch slot */
     kvp_next_input_fn next_input;
     void *ctx;
 };
@@ -234,10 +239,20 @@ kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs, size_t c
         return kvpi_fail_null(err, "jobs");
     }
     kvp_status status = check_jobs(jobs, count, err);
-    if (status != KVP_OK || count == 0) {
+    if (status != KVP_OK) {
         return status;
     }
     pthread_mutex_lock(&decoder->lock);
+    if (decoder->stepping) {
+        pthread_mutex_unlock(&decoder->lock);
+        kvp_error e = kvpi_error_begin(KVP_DECODER_BUSY);
+        return kvpi_error_emit(err, &e);
+    }
+    if (count == 0) {
+        pthread_mutex_unlock(&decoder->lock);
+        return KVP_OK;
+    }
+    decoder->stepping = 1;
     decoder->jobs = jobs;
     decoder->count = count;
     decoder->next = 0;
@@ -256,6 +271,7 @@ kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs, size_t c
     }
     decoder->jobs = NULL;
     decoder->count = 0;
+    decoder->stepping = 0;
     pthread_mutex_unlock(&decoder->lock);
     return KVP_OK;
 }

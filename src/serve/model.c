@@ -6,7 +6,7 @@
  * built from. Invariant: every layer has layer 0's (heads, kv_heads,
  * head_width), so one pool (whose pages hold kv_heads heads) serves them all.
  * Callers: the public API; sequence.c reads struct kvp_model through
- * model_internal.h.
+ * model_internal.h and counts itself in and out of `sequences`.
  */
 #include "serve/model_internal.h"
 
@@ -70,6 +70,7 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
     if (model == NULL) {
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_MODEL), bytes);
     }
+    atomic_init(&model->sequences, 0);
     model->count = count;
     for (size_t i = 0; i < count; i++) {
         const kvp_layer *src = layers[i];
@@ -140,6 +141,10 @@ kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err)
     if (model == NULL) {
         return kvpi_fail_null(err, "model");
     }
+    if (atomic_load(&model->sequences) != 0) {
+        kvp_error e = kvpi_error_begin(KVP_MODEL_BUSY);
+        return kvpi_error_emit(err, &e);
+    }
     free_model(model);
     return KVP_OK;
 }
@@ -164,4 +169,26 @@ const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index)
         return NULL;
     }
     return model->layers[index];
+}
+
+kvp_param *kvp_model_param_mut(kvp_model *model, size_t layer, size_t index)
+{
+    if (model == NULL || layer >= model->count) {
+        return NULL;
+    }
+    return kvp_layer_param_mut(model->layers[layer], index);
+}
+
+/*
+ * The model was allocated non-const (kvp_model_create); only the sequence
+ * counter changes through these const views, as a reference count would.
+ */
+void kvpi_model_sequence_added(const kvp_model *model)
+{
+    atomic_fetch_add(&((kvp_model *)model)->sequences, 1);
+}
+
+void kvpi_model_sequence_removed(const kvp_model *model)
+{
+    atomic_fetch_sub(&((kvp_model *)model)->sequences, 1);
 }

@@ -134,6 +134,7 @@ kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t ba
         free_sequence(seq);
         return status;
     }
+    kvpi_model_sequence_added(model);
     *out = seq;
     return KVP_OK;
 }
@@ -146,6 +147,7 @@ kvp_status kvp_sequence_destroy(kvp_sequence *sequence, kvp_error *err)
     kvpi_reservation_release(&sequence->reservation);
     /* The same page order as reset, so a new sequence gets these pages back in turn. */
     kvpi_cache_truncate_many(sequence->caches, sequence->layers, 0);
+    kvpi_model_sequence_removed(sequence->model);
     free_sequence(sequence);
     return KVP_OK;
 }

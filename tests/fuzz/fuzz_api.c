@@ -1525,7 +1525,7 @@ static void op_param_update(reader *r)
     uint8_t kind = rd(r);
     uint8_t seed = rd(r);
     g_op_name = "param_update";
-    kvp_param *param = kvp_layer_param(W.layer[pset].layer, (size_t)index);
+    kvp_param *param = kvp_layer_param_mut(W.layer[pset].layer, (size_t)index);
     CHECK(param != NULL, "layer %d has no parameter %d", pset, index);
     sparams *p = &W.params[pset];
     size_t n = W.d * W.d;

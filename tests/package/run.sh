@@ -1,8 +1,13 @@
 #!/bin/sh
 # run.sh BUILD_DIR SOURCE_DIR
 # Installs the build into a scratch prefix, extracts the README's API tour,
-# and builds and runs it twice against the installed package: through
-# find_package(kvpager) and through pkg-config (kvpager.pc).
+# and builds and runs it against the installed package: through
+# find_package(kvpager) and through pkg-config (kvpager.pc). Checks that the
+# generated kvpager/version.h is installed and agrees with the package
+# version and the library (tests/package/version_check.c), and that the
+# soname is libkvpager.so.0.MINOR before 1.0. Then embeds the source tree
+# with add_subdirectory (tests/package/embed): kvpager's tests off, warnings
+# not fatal, Valgrind requests compiled out; the tour and the probe run.
 set -eu
 build_dir=$1
 source_dir=$2
@@ -10,6 +15,11 @@ work=$build_dir/package-test
 rm -rf "$work"
 mkdir -p "$work"
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
+version_h=$(find "$work/prefix" -path '*/include/kvpager/version.h' | head -n 1)
+if [ -z "$version_h" ]; then
+    echo "package test: kvpager/version.h is not installed" >&2
+    exit 1
+fi
 
 tour=$work/api_tour.c
 awk '/<!-- api-tour -->/ {armed = 1; next}
@@ -28,6 +38,9 @@ echo "== find_package(kvpager): kvpager::kvpager"
 "$work/cmake/api_tour_shared"
 echo "== find_package(kvpager): kvpager::kvpager_static"
 "$work/cmake/api_tour_static"
+echo "== find_package(kvpager): version.h, library and package version"
+"$work/cmake/version_check_shared"
+"$work/cmake/version_check_static"
 needs_so() { ldd "$1" | grep -q 'libkvpager\.so'; }
 needs_so "$work/cmake/api_tour_shared" || { echo "api_tour_shared does not use libkvpager.so" >&2; exit 1; }
 if needs_so "$work/cmake/api_tour_static"; then
@@ -56,3 +69,34 @@ if needs_so "$work/api_tour_pc_static"; then
 fi
 # The installed program runs from its prefix without LD_LIBRARY_PATH.
 "$work/prefix/bin/kvpager" --version
+
+# The soname follows the package's SameMinorVersion promise: 0.MINOR before 1.0.
+version=$(pc --modversion kvpager)
+major=${version%%.*}
+minor=${version#*.}
+minor=${minor%%.*}
+if [ "$major" = 0 ]; then
+    want_soname=libkvpager.so.$major.$minor
+else
+    want_soname=libkvpager.so.$major
+fi
+soname=$(objdump -p "$libdir/libkvpager.so" | sed -n 's/^ *SONAME *//p')
+echo "== soname $soname (version $version)"
+if [ "$soname" != "$want_soname" ]; then
+    echo "package test: soname $soname, expected $want_soname" >&2
+    exit 1
+fi
+
+# Embedded: add_subdirectory(kvpager) in a fresh project, as a vendoring
+# engine would, with the Valgrind requests compiled out.
+echo "== add_subdirectory(kvpager): tests off, KVP_WERROR off, KVP_VALGRIND=OFF"
+cmake -S "$source_dir/tests/package/embed" -B "$work/embed" -G Ninja \
+      -DKVPAGER_SOURCE_DIR="$source_dir" -DAPI_TOUR="$tour" -DEXPECT_VERSION="$version" \
+      -DKVP_VALGRIND=OFF >/dev/null
+if grep -q KVPI_VALGRIND "$work/embed/build.ninja"; then
+    echo "package test: KVP_VALGRIND=OFF still compiles the Valgrind requests" >&2
+    exit 1
+fi
+cmake --build "$work/embed" >/dev/null
+"$work/embed/api_tour_embedded"
+"$work/embed/version_check_embedded"
