@@ -76,6 +76,8 @@ extern void __libc_free(void *ptr);
     X(PLOT, "--plot")                                                                     \
     X(LENS, "--lens")                                                                     \
     X(BLOCKS, "--blocks")                                                                 \
+    X(DTYPES, "--dtypes")                                                                 \
+    X(GROUPS, "--groups")                                                                 \
     X(MAX_BYTES, "--max-bytes")                                                           \
     X(READ_BYTES, "--read-bytes")                                                         \
     X(REPETITIONS, "--repetitions")                                                       \
@@ -104,6 +106,8 @@ typedef struct options {
     const char *plot;
     size_list lens;
     size_list blocks;
+    size_list dtypes;     /* kvp_dtype values */
+    size_list groups;     /* query heads per KV head: kv_heads = heads / group */
     size_list batches;
     size_list heads;
     size_list widths;
@@ -123,14 +127,14 @@ static const size_list full_blocks = {{1, 4, 16, 64}, 4};
 static const size_list full_batches = {{1, 8}, 2};
 static const size_list full_heads = {{8, 32}, 2};
 static const size_list full_widths = {{64, 128}, 2};
+static const size_list all_dtypes = {{KVP_F64, KVP_F32, KVP_BF16}, 3};
+static const size_list full_groups = {{1, 4}, 2};
 static const size_list quick_lens = {{256, 2048, 65536}, 3};
-static const size_list quick_blocks = {{16, 64}, 2};
+static const size_list quick_blocks = {{16}, 1};
 static const size_list quick_heads = {{8}, 1};
 static const size_list quick_widths = {{64}, 1};
 
 static const char *const not_available[] = {
-    "dtype f32 and bf16: pages store f64 only",
-    "kv_heads = heads/4: grouped-query attention is not built (kv_heads = heads)",
     "2 threads against 1: attention over one cache runs on one thread",
 };
 #define NOT_AVAILABLE (sizeof not_available / sizeof not_available[0])
@@ -141,22 +145,24 @@ static void bench_usage(FILE *out)
             "usage: kvpager bench [options]\n\n"
             "Measures, in one run, on this machine: the read bandwidth of a large array\n"
             "(STREAM-like, 1 and 2 threads); the library's paged gather (scores and values\n"
-            "over the retained rows, every lane and head) against the same loops over a\n"
-            "contiguous cache, for each block_tokens, over a grid of batch B in {1, 8},\n"
-            "heads H in {8, 32}, head width d_h in {64, 128} and length L in {256, 2048,\n"
-            "8192, 65536}, with its GB/s and their percentage of the read figure; page\n"
+            "over the retained rows, every lane and query head) against the same loops over\n"
+            "a contiguous cache, for each block_tokens, over a grid of storage dtype in\n"
+            "{f64, f32, bf16}, batch B in {1, 8}, heads H in {8, 32}, KV heads in {H, H/4},\n"
+            "head width d_h in {64, 128} and length L in {256, 2048, 8192, 65536}, with its\n"
+            "GB/s (bytes of K+V as stored) and their percentage of the read figure; page\n"
             "acquire + release against jemalloc and glibc; and `kvpager simulate`'s\n"
             "tokens/s against the bound set by the bytes it reads per generated token.\n"
             "Figures are medians of alternating repetitions; ratios are within the run.\n"
-            "Storage is f64 with kv_heads = heads on one thread: the f32/bf16, grouped-query\n"
-            "and two-thread parts of the grid are listed as not available yet.\n\n"
+            "Attention over one cache runs on one thread: the two-thread part of the grid\n"
+            "is listed as not available yet.\n\n"
             "Every value is checked before anything runs: a bad one prints one line naming\n"
             "the option and the value, and exits 2. N is a whole number.\n\n"
             "options:\n"
-            "  --quick              a reduced grid (B in {1, 8}, H 8, d_h 64, L in {256, 2048,\n"
-            "                       65536}, block_tokens 16 and 64, 5 repetitions, 32\n"
-            "                       simulated requests): under a minute, and L = 65536 is\n"
-            "                       DRAM-resident (512 MiB of K+V)\n"
+            "  --quick              a reduced grid (every dtype, KV heads H and H/4, B in\n"
+            "                       {1, 8}, H 8, d_h 64, L in {256, 2048, 65536},\n"
+            "                       block_tokens 16, 5 repetitions, 32 simulated requests):\n"
+            "                       about a minute, and L = 65536 is DRAM-resident (512 MiB\n"
+            "                       of f64 K+V)\n"
             "  --json               print one JSON object instead of the tables\n"
             "  --plot FILE.svg      draw GB/s against L (one line per dtype, the read figure\n"
             "                       dashed); the file is opened before the run, so an\n"
@@ -166,7 +172,10 @@ static void bench_usage(FILE *out)
             "grid overrides (for tests and quick looks):\n"
             "  --lens N,N,...       lengths L, each 1 to %zu (default: the grid's)\n"
             "  --blocks N,N,...     block_tokens, each 1 to %zu (default 1,4,16,64; quick\n"
-            "                       16,64)\n"
+            "                       16)\n"
+            "  --dtypes D,D,...     storage dtypes, each f64, f32 or bf16 (default all three)\n"
+            "  --groups N,N,...     query heads per KV head (kv_heads = H / N), each 1, 2, 4\n"
+            "                       or 8, dividing every H of the grid (default 1,4)\n"
             "  --max-bytes SIZE     skip shapes whose K+V bytes exceed SIZE; the run holds\n"
             "                       two copies (paged, contiguous) (default 2GiB)\n"
             "  --read-bytes SIZE    the read figure's array, at least 64KiB (default 1GiB)\n"
@@ -211,6 +220,37 @@ static int parse_list(const char *text, size_t max, size_list *out)
     return 0;
 }
 
+/* "f64,f32,...": distinct storage dtype names, at most MAX_LIST. 0, or -1. */
+static int parse_dtypes(const char *text, size_list *out)
+{
+    static const kvp_dtype known[] = {KVP_F64, KVP_F32, KVP_BF16};
+    size_list list = {{0}, 0};
+    const char *p = text;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        int found = -1;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+            const char *name = kvp_dtype_name(known[k]);
+            if (strlen(name) == n && strncmp(p, name, n) == 0) {
+                found = (int)k;
+            }
+        }
+        for (size_t i = 0; found >= 0 && i < list.count; i++) {
+            found = list.value[i] == (size_t)known[found] ? -1 : found;
+        }
+        if (found < 0 || list.count == MAX_LIST) {
+            return -1;
+        }
+        list.value[list.count++] = (size_t)known[found];
+        if (p[n] == '\0') {
+            break;
+        }
+        p += n + 1;
+    }
+    *out = list;
+    return 0;
+}
+
 static void parse_value(options *o, flag f, const char *value, kvp_cli_problems *p)
 {
     char why[128];
@@ -226,6 +266,22 @@ static void parse_value(options *o, flag f, const char *value, kvp_cli_problems 
                  MAX_LIST, max);
         if (parse_list(value, max, f == FLAG_LENS ? &o->lens : &o->blocks) != 0) {
             invalid(p, f, value, why);
+        }
+        break;
+    }
+    case FLAG_DTYPES:
+        if (parse_dtypes(value, &o->dtypes) != 0) {
+            invalid(p, f, value, "not a comma-separated list of distinct dtypes f64, f32, bf16");
+        }
+        break;
+    case FLAG_GROUPS: {
+        int bad = parse_list(value, 8, &o->groups) != 0;
+        for (size_t i = 0; !bad && i < o->groups.count; i++) {
+            size_t g = o->groups.value[i];
+            bad = (g & (g - 1)) != 0;
+        }
+        if (bad) {
+            invalid(p, f, value, "not a comma-separated list of 1, 2, 4 or 8");
         }
         break;
     }
@@ -278,12 +334,46 @@ static void parse_options(int argc, char **argv, options *o, kvp_cli_problems *p
     }
 }
 
-/* K+V bytes of a B x H x L x d_h f64 cache, or SIZE_MAX on overflow. */
-static size_t kv_bytes(size_t batch, size_t heads, size_t width, size_t len)
+/* One cell of the grid. */
+typedef struct shape {
+    kvp_dtype dtype;
+    size_t batch;
+    size_t heads;    /* query heads H */
+    size_t kv_heads; /* stored heads: H / group */
+    size_t width;    /* d_h */
+    size_t len;
+} shape;
+
+static size_t grid_cells(const options *o)
 {
-    size_t bytes = 2 * sizeof(double);
-    if (kvp_cli_mul(bytes, batch, &bytes) != 0 || kvp_cli_mul(bytes, heads, &bytes) != 0 ||
-        kvp_cli_mul(bytes, width, &bytes) != 0 || kvp_cli_mul(bytes, len, &bytes) != 0) {
+    return o->dtypes.count * o->groups.count * o->batches.count * o->heads.count *
+           o->widths.count * o->lens.count;
+}
+
+/* Cell i of the grid: L varies fastest, then d_h, H, B, the group, the dtype. */
+static shape grid_shape(const options *o, size_t i)
+{
+    shape s;
+    s.len = o->lens.value[i % o->lens.count];
+    i /= o->lens.count;
+    s.width = o->widths.value[i % o->widths.count];
+    i /= o->widths.count;
+    s.heads = o->heads.value[i % o->heads.count];
+    i /= o->heads.count;
+    s.batch = o->batches.value[i % o->batches.count];
+    i /= o->batches.count;
+    s.kv_heads = s.heads / o->groups.value[i % o->groups.count];
+    i /= o->groups.count;
+    s.dtype = (kvp_dtype)o->dtypes.value[i];
+    return s;
+}
+
+/* K+V bytes of a B x H_kv x L x d_h cache as stored, or SIZE_MAX on overflow. */
+static size_t kv_bytes(const shape *s)
+{
+    size_t bytes = 2 * kvp_dtype_bytes(s->dtype);
+    if (kvp_cli_mul(bytes, s->batch, &bytes) != 0 || kvp_cli_mul(bytes, s->kv_heads, &bytes) != 0 ||
+        kvp_cli_mul(bytes, s->width, &bytes) != 0 || kvp_cli_mul(bytes, s->len, &bytes) != 0) {
         return SIZE_MAX;
     }
     return bytes;
@@ -297,6 +387,12 @@ static void check_options(options *o, kvp_cli_problems *p)
     }
     if (o->value[FLAG_BLOCKS] == NULL) {
         o->blocks = o->quick ? quick_blocks : full_blocks;
+    }
+    if (o->value[FLAG_DTYPES] == NULL) {
+        o->dtypes = all_dtypes;
+    }
+    if (o->value[FLAG_GROUPS] == NULL) {
+        o->groups = full_groups;
     }
     o->batches = full_batches;
     o->heads = o->quick ? quick_heads : full_heads;
@@ -324,20 +420,25 @@ static void check_options(options *o, kvp_cli_problems *p)
         invalid(p, FLAG_READ_BYTES, o->value[FLAG_READ_BYTES], why);
     }
     /* The smallest shape must fit the cap, and two copies of the largest run must fit memory. */
+    for (size_t g = 0; g < o->groups.count && o->value[FLAG_GROUPS] != NULL; g++) {
+        for (size_t h = 0; h < o->heads.count; h++) {
+            if (o->heads.value[h] % o->groups.value[g] != 0) {
+                char why[96];
+                snprintf(why, sizeof why, "%zu does not divide the grid's %zu heads",
+                         o->groups.value[g], o->heads.value[h]);
+                invalid(p, FLAG_GROUPS, o->value[FLAG_GROUPS], why);
+                return;
+            }
+        }
+    }
     size_t smallest = SIZE_MAX;
     size_t largest = 0;
-    for (size_t b = 0; b < o->batches.count; b++) {
-        for (size_t h = 0; h < o->heads.count; h++) {
-            for (size_t w = 0; w < o->widths.count; w++) {
-                for (size_t l = 0; l < o->lens.count; l++) {
-                    size_t bytes = kv_bytes(o->batches.value[b], o->heads.value[h],
-                                            o->widths.value[w], o->lens.value[l]);
-                    smallest = bytes < smallest ? bytes : smallest;
-                    if (bytes <= o->max_bytes && bytes > largest) {
-                        largest = bytes;
-                    }
-                }
-            }
+    for (size_t i = 0; i < grid_cells(o); i++) {
+        shape s = grid_shape(o, i);
+        size_t bytes = kv_bytes(&s);
+        smallest = bytes < smallest ? bytes : smallest;
+        if (bytes <= o->max_bytes && bytes > largest) {
+            largest = bytes;
         }
     }
     const char *cap = o->value[FLAG_MAX_BYTES] != NULL ? o->value[FLAG_MAX_BYTES] : "2GiB";
@@ -464,13 +565,6 @@ static int measure_read(const options *o, read_result *out)
 
 /* ---- gather ------------------------------------------------------------------ */
 
-typedef struct shape {
-    size_t batch;
-    size_t heads;
-    size_t width;
-    size_t len;
-} shape;
-
 typedef struct gather_row {
     shape s;
     size_t block_tokens;
@@ -485,7 +579,7 @@ typedef struct gather_ctx {
     const kvp_cache *cache;
     shape s;
     const double *queries;    /* [B][H][d_h] */
-    const double *candidates; /* [B][H][d_h] */
+    const double *candidates; /* [B][H_kv][d_h] */
     double *scores;           /* [B][H][L + 1] */
     double *outputs;          /* [B][H][d_h] */
 } gather_ctx;
@@ -494,12 +588,13 @@ typedef struct gather_ctx {
 static void gather_all(const gather_ctx *g)
 {
     size_t hd = g->s.heads * g->s.width;
+    size_t kvd = g->s.kv_heads * g->s.width;
     double scale = 1.0 / sqrt((double)g->s.width);
     for (size_t lane = 0; lane < g->s.batch; lane++) {
         double *scores = g->scores + lane * g->s.heads * (g->s.len + 1);
-        kvpi_gather_scores(g->cache, g->queries + lane * hd, g->candidates + lane * hd, lane,
+        kvpi_gather_scores(g->cache, g->queries + lane * hd, g->candidates + lane * kvd, lane,
                            scale, scores);
-        kvpi_gather_values(g->cache, scores, g->candidates + lane * hd, lane,
+        kvpi_gather_values(g->cache, scores, g->candidates + lane * kvd, lane,
                            g->outputs + lane * hd);
     }
 }
@@ -513,7 +608,7 @@ static void gather_run(void *arg, size_t iterations)
 
 /* Buffers shared by every cache of one shape. */
 typedef struct gather_space {
-    double *rows;          /* [ROW_VARIANTS][2][B][H][d_h]: key then value rows, cycled */
+    double *rows;          /* [ROW_VARIANTS][2][B][H_kv][d_h]: key then value rows, cycled */
     double *queries;
     double *candidates;
     double *scores[2];     /* paged, contiguous */
@@ -535,11 +630,12 @@ static void space_free(gather_space *w)
 static int space_alloc(const shape *s, gather_space *w, uint64_t *rng)
 {
     size_t bhd = s->batch * s->heads * s->width;
+    size_t bkd = s->batch * s->kv_heads * s->width;
     size_t nscores = s->batch * s->heads * (s->len + 1);
     memset(w, 0, sizeof *w);
-    w->rows = kvp_cli_alloc(ROW_VARIANTS * 2 * bhd, sizeof(double));
+    w->rows = kvp_cli_alloc(ROW_VARIANTS * 2 * bkd, sizeof(double));
     w->queries = kvp_cli_alloc(bhd, sizeof(double));
-    w->candidates = kvp_cli_alloc(bhd, sizeof(double));
+    w->candidates = kvp_cli_alloc(bkd, sizeof(double));
     for (int i = 0; i < 2; i++) {
         w->scores[i] = kvp_cli_alloc(nscores, sizeof(double));
         w->outputs[i] = kvp_cli_alloc(bhd, sizeof(double));
@@ -547,15 +643,17 @@ static int space_alloc(const shape *s, gather_space *w, uint64_t *rng)
     if (w->rows == NULL || w->queries == NULL || w->candidates == NULL || w->scores[0] == NULL ||
         w->scores[1] == NULL || w->outputs[0] == NULL || w->outputs[1] == NULL) {
         space_free(w);
-        kvp_cli_report_oom("bench", "the gather buffers", (ROW_VARIANTS * 2 + 4) * bhd * 8 +
-                                                              2 * nscores * 8);
+        kvp_cli_report_oom("bench", "the gather buffers",
+                           ((ROW_VARIANTS * 2 + 1) * bkd + 3 * bhd + 2 * nscores) * 8);
         return -1;
     }
-    for (size_t i = 0; i < ROW_VARIANTS * 2 * bhd; i++) {
+    for (size_t i = 0; i < ROW_VARIANTS * 2 * bkd; i++) {
         w->rows[i] = kvp_measure_unit(rng);
     }
     for (size_t i = 0; i < bhd; i++) {
         w->queries[i] = kvp_measure_unit(rng) * 0.1;
+    }
+    for (size_t i = 0; i < bkd; i++) {
         w->candidates[i] = kvp_measure_unit(rng);
     }
     return 0;
@@ -588,14 +686,19 @@ static int build_cache(const shape *s, size_t block, const gather_space *w, uint
     kvp_error err;
     const char *context = "creating a pool";
     size_t pages_per_lane = (s->len + block - 1) / block;
-    size_t page_bytes = 2 * s->heads * block * s->width * sizeof(double);
-    kvp_pool_config config = {block, s->heads, s->width,
-                              (s->batch * pages_per_lane + 8) * page_bytes, KVP_F64};
+    size_t page_bytes = 2 * s->kv_heads * block * s->width * kvp_dtype_bytes(s->dtype);
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = block;
+    config.heads = s->kv_heads;
+    config.head_width = s->width;
+    config.budget_bytes = (s->batch * pages_per_lane + 8) * page_bytes;
+    config.dtype = s->dtype;
     kvp_binding binding;
     memset(&binding, 0, sizeof binding);
     binding.model_width = s->heads * s->width;
     binding.heads = s->heads;
-    binding.kv_heads = s->heads;
+    binding.kv_heads = s->kv_heads;
     binding.head_width = s->width;
     binding.rope_feature_width = s->width;
     binding.rope_max_positions = s->len;
@@ -611,11 +714,11 @@ static int build_cache(const shape *s, size_t block, const gather_space *w, uint
         context = "creating a cache";
         status = kvp_cache_create(out->pool, &binding, s->batch, s->len, &out->cache, &err);
     }
-    size_t bhd = s->batch * s->heads * s->width;
+    size_t bkd = s->batch * s->kv_heads * s->width;
     for (size_t p = 0; status == KVP_OK && p < s->len; p++) {
-        const double *key = w->rows + (p % ROW_VARIANTS) * 2 * bhd;
-        kvp_tensor k = kvp_tensor4(key, s->batch, s->heads, 1, s->width);
-        kvp_tensor v = kvp_tensor4(key + bhd, s->batch, s->heads, 1, s->width);
+        const double *key = w->rows + (p % ROW_VARIANTS) * 2 * bkd;
+        kvp_tensor k = kvp_tensor4(key, s->batch, s->kv_heads, 1, s->width);
+        kvp_tensor v = kvp_tensor4(key + bkd, s->batch, s->kv_heads, 1, s->width);
         context = "appending rows";
         status = kvpi_cache_append(out->cache, &k, &v, &err);
     }
@@ -651,7 +754,8 @@ typedef struct results {
 static int measure_shape(const options *o, const shape *s, results *r, kvp_progress *progress,
                          size_t *done, size_t total)
 {
-    uint64_t rng = 20240601u + s->len * 31u + s->batch * 7u + s->heads * 3u + s->width;
+    uint64_t rng = 20240601u + s->len * 31u + s->batch * 7u + s->heads * 3u + s->width +
+                   s->kv_heads * 101u + (uint64_t)s->dtype * 1009u;
     gather_space w;
     if (space_alloc(s, &w, &rng) != 0) {
         return KVP_CLI_USAGE;
@@ -661,7 +765,7 @@ static int measure_shape(const options *o, const shape *s, results *r, kvp_progr
         space_free(&w);
         return KVP_CLI_USAGE;
     }
-    double bytes = (double)kv_bytes(s->batch, s->heads, s->width, s->len);
+    double bytes = (double)kv_bytes(s);
     size_t nscores = s->batch * s->heads * (s->len + 1);
     size_t bhd = s->batch * s->heads * s->width;
     int status = KVP_CLI_OK;
@@ -879,7 +983,8 @@ static int measure_pages(const options *o, results *r)
 /*
  * K+V bytes a run must read per generated token: each prompt row attends to
  * the rows before it, each generated token to every retained row (prompt and
- * tokens generated so far), in every layer; 2 x D doubles per row and layer.
+ * tokens generated so far), in every layer; 2 x H_kv x d_h elements of the
+ * pool's dtype per row and layer.
  * Recomputation after a preemption reads more, so the bound this gives is an
  * upper bound.
  */
@@ -893,7 +998,9 @@ static double bytes_per_token(const kvp_sim_config *c, const kvp_workload *w)
         rows += prompt * (prompt - 1.0) / 2.0 + output * prompt + output * (output - 1.0) / 2.0;
         generated += output;
     }
-    double row_bytes = 2.0 * (double)c->model_width * (double)sizeof(double) * (double)c->layers;
+    double kv_width = (double)kvp_sim_kv_heads(c) * (double)(c->model_width / c->heads);
+    double row_bytes =
+        2.0 * kv_width * (double)kvp_dtype_bytes(c->kv_dtype) * (double)c->layers;
     return generated > 0.0 ? rows * row_bytes / generated : 0.0;
 }
 
@@ -951,8 +1058,8 @@ static const char *isa_name(void)
 static void print_tables(const options *o, const results *r)
 {
     char buf[32];
-    printf("kvpager bench: f64 storage, kv_heads = heads, attention on 1 thread; kernels %s;\n"
-           "medians of %zu alternating repetitions%s\n\n",
+    printf("kvpager bench: attention on 1 thread; kernels %s; medians of %zu alternating\n"
+           "repetitions%s\n\n",
            isa_name(), o->repetitions, o->quick ? " (--quick grid)" : "");
     printf("read bandwidth (%s array, %d accumulators)   %.2f GB/s on 1 thread, %.2f GB/s on "
            "2 threads\n\n",
@@ -960,16 +1067,17 @@ static void print_tables(const options *o, const results *r)
            r->read.gbps_two);
     printf("gather: scores + values over every lane's retained rows, the loops\n"
            "kvp_attention_prepare runs; paged (pages shuffled) against one page per lane\n"
-           "(contiguous); ratio = contiguous / paged time; GB/s = K+V bytes / paged time\n\n");
+           "(contiguous); ratio = contiguous / paged time; GB/s = K+V bytes as stored /\n"
+           "paged time\n\n");
     printf("dtype  block   B   H  kv_H  d_h    len     K+V      paged ns  contig ns  ratio"
            "    GB/s  %% read\n");
     for (size_t i = 0; i < r->row_count; i++) {
         const gather_row *g = &r->rows[i];
-        printf("f64   %6zu  %2zu  %2zu  %4zu  %3zu  %5zu  %9s  %11.0f  %9.0f  %5.3f  %6.2f  "
+        printf("%-5s %6zu  %2zu  %2zu  %4zu  %3zu  %5zu  %9s  %11.0f  %9.0f  %5.3f  %6.2f  "
                "%6.1f%s\n",
-               g->block_tokens, g->s.batch, g->s.heads, g->s.heads, g->s.width, g->s.len,
-               kvp_cli_format_bytes(kv_bytes(g->s.batch, g->s.heads, g->s.width, g->s.len), buf,
-                                    sizeof buf),
+               kvp_dtype_name(g->s.dtype), g->block_tokens, g->s.batch, g->s.heads,
+               g->s.kv_heads, g->s.width, g->s.len,
+               kvp_cli_format_bytes(kv_bytes(&g->s), buf, sizeof buf),
                g->paged_ns, g->contiguous_ns, g->contiguous_ns / g->paged_ns, g->gbps,
                g->percent_of_read, g->identical ? "" : "  RESULTS DIFFER");
     }
@@ -978,9 +1086,9 @@ static void print_tables(const options *o, const results *r)
                kvp_cli_format_bytes(o->max_bytes, buf, sizeof buf));
         for (size_t i = 0; i < r->skip_count; i++) {
             const skipped *s = &r->skips[i];
-            printf("%s B=%zu H=%zu d_h=%zu L=%zu (%s)", i % 3 == 0 ? "\n " : ",", s->s.batch,
-                   s->s.heads, s->s.width, s->s.len,
-                   kvp_cli_format_bytes(s->bytes, buf, sizeof buf));
+            printf("%s %s B=%zu H=%zu kv_H=%zu d_h=%zu L=%zu (%s)", i % 3 == 0 ? "\n " : ",",
+                   kvp_dtype_name(s->s.dtype), s->s.batch, s->s.heads, s->s.kv_heads,
+                   s->s.width, s->s.len, kvp_cli_format_bytes(s->bytes, buf, sizeof buf));
         }
         printf("\n");
     }
@@ -1021,15 +1129,15 @@ static void print_json(const options *o, const results *r)
     for (size_t i = 0; i < r->row_count; i++) {
         const gather_row *g = &r->rows[i];
         kvp_json_object_begin(&json, NULL);
-        kvp_json_string(&json, "dtype", "f64");
+        kvp_json_string(&json, "dtype", kvp_dtype_name(g->s.dtype));
         kvp_json_uint(&json, "block_tokens", g->block_tokens);
         kvp_json_uint(&json, "batch", g->s.batch);
         kvp_json_uint(&json, "heads", g->s.heads);
-        kvp_json_uint(&json, "kv_heads", g->s.heads);
+        kvp_json_uint(&json, "kv_heads", g->s.kv_heads);
         kvp_json_uint(&json, "head_width", g->s.width);
         kvp_json_uint(&json, "len", g->s.len);
         kvp_json_uint(&json, "threads", 1);
-        kvp_json_uint(&json, "kv_bytes", kv_bytes(g->s.batch, g->s.heads, g->s.width, g->s.len));
+        kvp_json_uint(&json, "kv_bytes", kv_bytes(&g->s));
         kvp_json_double(&json, "paged_ns", g->paged_ns);
         kvp_json_double(&json, "contiguous_ns", g->contiguous_ns);
         kvp_json_double(&json, "gbps", g->gbps);
@@ -1042,8 +1150,10 @@ static void print_json(const options *o, const results *r)
     for (size_t i = 0; i < r->skip_count; i++) {
         const skipped *s = &r->skips[i];
         kvp_json_object_begin(&json, NULL);
+        kvp_json_string(&json, "dtype", kvp_dtype_name(s->s.dtype));
         kvp_json_uint(&json, "batch", s->s.batch);
         kvp_json_uint(&json, "heads", s->s.heads);
+        kvp_json_uint(&json, "kv_heads", s->s.kv_heads);
         kvp_json_uint(&json, "head_width", s->s.width);
         kvp_json_uint(&json, "len", s->s.len);
         kvp_json_uint(&json, "kv_bytes", s->bytes);
@@ -1105,35 +1215,41 @@ static int write_plot(const options *o, const results *r, kvp_plot *plot)
 {
     FILE *out = plot->out;
     size_t block = plot_block(r);
-    double lens[MAX_LIST];
-    double gbps[MAX_LIST];
-    size_t points = 0;
+    /* Per dtype of the grid (at most 3): the median GB/s at each measured L. */
+    double lens[3][MAX_LIST];
+    double gbps[3][MAX_LIST];
+    size_t points[3] = {0, 0, 0};
     double values[64];
-    for (size_t l = 0; l < o->lens.count; l++) {
-        size_t n = 0;
-        for (size_t i = 0; i < r->row_count && n < 64; i++) {
-            if (r->rows[i].s.len == o->lens.value[l] && r->rows[i].block_tokens == block) {
-                values[n++] = r->rows[i].gbps;
+    double top = r->read.gbps;
+    double lo = INFINITY;
+    double hi = -INFINITY;
+    for (size_t k = 0; k < o->dtypes.count && k < 3; k++) {
+        for (size_t l = 0; l < o->lens.count; l++) {
+            size_t n = 0;
+            for (size_t i = 0; i < r->row_count && n < 64; i++) {
+                const gather_row *g = &r->rows[i];
+                if (g->s.len == o->lens.value[l] && g->block_tokens == block &&
+                    g->s.dtype == (kvp_dtype)o->dtypes.value[k]) {
+                    values[n++] = g->gbps;
+                }
+            }
+            if (n > 0) {
+                double x = (double)o->lens.value[l];
+                double y = kvp_measure_median(values, n);
+                lens[k][points[k]] = x;
+                gbps[k][points[k]++] = y;
+                top = y > top ? y : top;
+                lo = log2(x) < lo ? log2(x) : lo;
+                hi = log2(x) > hi ? log2(x) : hi;
             }
         }
-        if (n > 0) {
-            lens[points] = (double)o->lens.value[l];
-            gbps[points] = kvp_measure_median(values, n);
-            points++;
-        }
     }
-    double top = r->read.gbps;
-    for (size_t i = 0; i < points; i++) {
-        top = gbps[i] > top ? gbps[i] : top;
+    if (!(lo <= hi)) { /* nothing measured: an empty frame around L = 1 */
+        lo = 0.0;
+        hi = 0.0;
     }
     double step = kvp_plot_tick_step(top);
     top = ceil(top / step) * step;
-    double lo = log2(lens[0]);
-    double hi = log2(lens[0]);
-    for (size_t i = 0; i < points; i++) {
-        lo = log2(lens[i]) < lo ? log2(lens[i]) : lo;
-        hi = log2(lens[i]) > hi ? log2(lens[i]) : hi;
-    }
     if (hi - lo < 1.0) {
         lo -= 0.5;
         hi += 0.5;
@@ -1153,11 +1269,14 @@ static int write_plot(const options *o, const results *r, kvp_plot *plot)
                 "y2=\"%.1f\" stroke=\"#ddd\"/>\n",
                 PL - 8.0, Y_OF(v) + 4.0, v, PL, Y_OF(v), PW - PR, Y_OF(v));
     }
-    for (size_t i = 0; i < points; i++) {
-        fprintf(out,
-                "<text class=\"tick-x\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
-                "text-anchor=\"middle\">%.0f</text>\n",
-                X_OF(lens[i]), PT + h + 20.0, lens[i]);
+    for (size_t l = 0; l < o->lens.count; l++) {
+        double x = (double)o->lens.value[l];
+        if (log2(x) >= lo && log2(x) <= hi) {
+            fprintf(out,
+                    "<text class=\"tick-x\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
+                    "text-anchor=\"middle\">%.0f</text>\n",
+                    X_OF(x), PT + h + 20.0, x);
+        }
     }
     fprintf(out,
             "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
@@ -1167,14 +1286,19 @@ static int write_plot(const options *o, const results *r, kvp_plot *plot)
             "(%.2f GB/s)</text>\n",
             PL, PT, w, h, PL, Y_OF(r->read.gbps), PW - PR, Y_OF(r->read.gbps), PW - PR - 4.0,
             Y_OF(r->read.gbps) - 6.0, r->read.gbps);
-    fprintf(out, "<polyline class=\"dtype-f64\" fill=\"none\" stroke=\"#1f77b4\" "
-                 "stroke-width=\"2\" points=\"");
-    for (size_t i = 0; i < points; i++) {
-        fprintf(out, "%.1f,%.1f ", X_OF(lens[i]), Y_OF(gbps[i]));
+    static const char *const colors[3] = {"#1f77b4", "#2ca02c", "#9467bd"};
+    for (size_t k = 0; k < o->dtypes.count && k < 3; k++) {
+        const char *name = kvp_dtype_name((kvp_dtype)o->dtypes.value[k]);
+        fprintf(out, "<polyline class=\"dtype-%s\" fill=\"none\" stroke=\"%s\" "
+                     "stroke-width=\"2\" points=\"",
+                name, colors[k]);
+        for (size_t i = 0; i < points[k]; i++) {
+            fprintf(out, "%.1f,%.1f ", X_OF(lens[k][i]), Y_OF(gbps[k][i]));
+        }
+        fprintf(out, "\"/>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"%s\">%s"
+                     "</text>\n",
+                PL + 8.0, PT + 16.0 + 16.0 * (double)k, colors[k], name);
     }
-    fprintf(out, "\"/>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"#1f77b4\">f64"
-                 "</text>\n",
-            PL + 8.0, PT + 16.0);
     fprintf(out,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">retained "
             "positions L (log scale)</text>\n<text x=\"18\" y=\"%.1f\" font-size=\"13\" "
@@ -1209,7 +1333,7 @@ static int prepare(int argc, char **argv, options *o)
 /* Fills r->rows and r->skips from the grid; the caller frees both. */
 static int plan(const options *o, results *r, size_t *shapes)
 {
-    size_t cells = o->batches.count * o->heads.count * o->widths.count * o->lens.count;
+    size_t cells = grid_cells(o);
     r->rows = kvp_cli_alloc(cells * o->blocks.count, sizeof *r->rows);
     r->skips = kvp_cli_alloc(cells, sizeof *r->skips);
     if (r->rows == NULL || r->skips == NULL) {
@@ -1217,21 +1341,14 @@ static int plan(const options *o, results *r, size_t *shapes)
         return -1;
     }
     *shapes = 0;
-    for (size_t b = 0; b < o->batches.count; b++) {
-        for (size_t h = 0; h < o->heads.count; h++) {
-            for (size_t w = 0; w < o->widths.count; w++) {
-                for (size_t l = 0; l < o->lens.count; l++) {
-                    shape s = {o->batches.value[b], o->heads.value[h], o->widths.value[w],
-                               o->lens.value[l]};
-                    size_t bytes = kv_bytes(s.batch, s.heads, s.width, s.len);
-                    if (bytes > o->max_bytes) {
-                        r->skips[r->skip_count].s = s;
-                        r->skips[r->skip_count++].bytes = bytes;
-                    } else {
-                        *shapes += 1;
-                    }
-                }
-            }
+    for (size_t i = 0; i < cells; i++) {
+        shape s = grid_shape(o, i);
+        size_t bytes = kv_bytes(&s);
+        if (bytes > o->max_bytes) {
+            r->skips[r->skip_count].s = s;
+            r->skips[r->skip_count++].bytes = bytes;
+        } else {
+            *shapes += 1;
         }
     }
     return 0;
@@ -1248,17 +1365,10 @@ static int run(const options *o, results *r, kvp_progress *progress)
     kvp_progress_note(progress, done, total, "measurements");
     int status = measure_read(o, &r->read);
     kvp_progress_note(progress, ++done, total, "measurements");
-    for (size_t b = 0; b < o->batches.count && status == KVP_CLI_OK; b++) {
-        for (size_t h = 0; h < o->heads.count && status == KVP_CLI_OK; h++) {
-            for (size_t w = 0; w < o->widths.count && status == KVP_CLI_OK; w++) {
-                for (size_t l = 0; l < o->lens.count && status == KVP_CLI_OK; l++) {
-                    shape s = {o->batches.value[b], o->heads.value[h], o->widths.value[w],
-                               o->lens.value[l]};
-                    if (kv_bytes(s.batch, s.heads, s.width, s.len) <= o->max_bytes) {
-                        status = measure_shape(o, &s, r, progress, &done, total);
-                    }
-                }
-            }
+    for (size_t i = 0; i < grid_cells(o) && status == KVP_CLI_OK; i++) {
+        shape s = grid_shape(o, i);
+        if (kv_bytes(&s) <= o->max_bytes) {
+            status = measure_shape(o, &s, r, progress, &done, total);
         }
     }
     if (status == KVP_CLI_OK) {

@@ -19,7 +19,7 @@ fail() { echo "check_bench: $*" >&2; exit 1; }
 
 small="--quick --lens 256 --read-bytes 16MiB --requests 4 --repetitions 3"
 # shellcheck disable=SC2086
-"$@" bench $small --max-bytes 8MiB --json --plot "$work/bench.svg" > "$work/bench.json" \
+"$@" bench $small --blocks 16,64 --max-bytes 8MiB --json --plot "$work/bench.svg" > "$work/bench.json" \
     2> "$work/err" || fail "bench --json failed: $(cat "$work/err")"
 [ ! -s "$work/err" ] || fail "stderr not empty: $(cat "$work/err")"
 python3 - "$work/bench.json" "$work/bench.svg" <<'PY' || fail "bad --json output"
@@ -41,16 +41,21 @@ def positive(x, what):
 for key in ("read_gbps", "read_gbps_2_threads"):
     positive(out[key], key)
 assert out["read_bytes"] == 16 << 20 and out["max_bytes"] == 8 << 20 and out["repetitions"] == 3
-# --quick at L = 256: B in {1, 8}, H 8, d_h 64, block_tokens 16 and 64. B = 8 holds
-# 16 MiB of K+V, over the 8 MiB cap: skipped and said so.
+# --quick at L = 256: every dtype, KV heads 8 and 2 (groups 1 and 4), B in {1, 8},
+# H 8, d_h 64, block_tokens 16 and 64 (given). Only f64 with B = 8 and 8 KV heads
+# holds 16 MiB of K+V, over the 8 MiB cap: skipped and said so.
 rows = out["gather"]
-assert len(rows) == 2, rows
-assert sorted(r["block_tokens"] for r in rows) == [16, 64]
+size = {"f64": 8, "f32": 4, "bf16": 2}
+cells = {(d, b, kv) for d in size for b in (1, 8) for kv in (8, 2)} - {("f64", 8, 8)}
+assert len(rows) == 2 * len(cells), len(rows)
+assert {(r["dtype"], r["batch"], r["kv_heads"]) for r in rows} == cells
+for cell in cells:
+    assert sorted(r["block_tokens"] for r in rows
+                  if (r["dtype"], r["batch"], r["kv_heads"]) == cell) == [16, 64], cell
 for r in rows:
     assert set(r) == row_keys, sorted(set(r) ^ row_keys)
-    assert (r["dtype"], r["batch"], r["heads"], r["kv_heads"], r["head_width"], r["len"],
-            r["threads"]) == ("f64", 1, 8, 8, 64, 256, 1), r
-    assert r["kv_bytes"] == 2 * 8 * 256 * 64 * 8, r
+    assert (r["heads"], r["head_width"], r["len"], r["threads"]) == (8, 64, 256, 1), r
+    assert r["kv_bytes"] == 2 * size[r["dtype"]] * r["batch"] * r["kv_heads"] * 256 * 64, r
     for key in ("paged_ns", "contiguous_ns", "gbps", "percent_of_read"):
         positive(r[key], key)
     assert abs(r["gbps"] - r["kv_bytes"] / r["paged_ns"]) <= 1e-9 * r["gbps"], r
@@ -58,7 +63,8 @@ for r in rows:
     assert abs(r["percent_of_read"] - expect) <= 1e-9 * expect, (r, expect)
     assert r["identical"] is True, r
 skipped = out["skipped"]
-assert [(s["batch"], s["len"], s["kv_bytes"]) for s in skipped] == [(8, 256, 16 << 20)], skipped
+assert [(s["dtype"], s["batch"], s["kv_heads"], s["len"], s["kv_bytes"]) for s in skipped] == \
+    [("f64", 8, 8, 256, 16 << 20)], skipped
 pages = out["page_ops"]
 assert set(pages) == page_keys, sorted(set(pages) ^ page_keys)
 assert pages["page_bytes"] == 2 * 16 * 64 * 8, pages
@@ -72,10 +78,12 @@ for key in sim_keys:
 read = out["read_gbps_2_threads"] if sim["threads"] >= 2 else out["read_gbps"]
 expect = read * 1e9 / sim["bytes_per_token"]
 assert abs(sim["bound_tokens_per_second"] - expect) <= 1e-9 * expect, (sim, expect)
-assert len(out["not_available"]) == 3 and all(isinstance(s, str) for s in out["not_available"])
+assert len(out["not_available"]) == 1 and all(isinstance(s, str) for s in out["not_available"])
 svg = open(sys.argv[2]).read()
 assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>"), "not a whole SVG"
-assert 'stroke-dasharray' in svg and 'class="dtype-f64"' in svg, "no read line or f64 line"
+assert 'stroke-dasharray' in svg, "no read line"
+for d in size:
+    assert 'class="dtype-%s"' % d in svg, "no %s line" % d
 assert '<text class="tick-x"' in svg and '>256</text>' in svg, "no L tick"
 print("check_bench: json ok: %d rows, read %.2f GB/s" % (len(rows), out["read_gbps"]))
 PY
@@ -84,11 +92,11 @@ PY
 # shellcheck disable=SC2086
 "$@" bench $small > "$work/table.txt" 2> "$work/err" || fail "bench (table) failed"
 for part in "read bandwidth" "paged ns" "page acquire + release" "simulate" \
-            "not available yet" "f32 and bf16" "kv_heads = heads/4" "2 threads against 1"; do
+            "not available yet" "2 threads against 1" "bf16 " "f32 "; do
     grep -qF -- "$part" "$work/table.txt" || fail "the table lacks '$part'"
 done
 "$@" bench --help > "$work/help.txt" || fail "bench --help failed"
-for option in --quick --json --plot --quiet --lens --blocks --max-bytes --read-bytes \
+for option in --quick --json --plot --quiet --lens --blocks --dtypes --groups --max-bytes --read-bytes \
               --repetitions --requests; do
     grep -q -- "^  $option" "$work/help.txt" || fail "bench --help lacks $option"
 done
@@ -112,6 +120,12 @@ bad lens_text --lens "'256,x'" $B --lens 256,x
 bad lens_empty_item --lens "'256,,2048'" $B --lens 256,,2048
 bad lens_big --lens "'99999999'" $B --lens 99999999
 bad blocks_zero --blocks "'0'" $B --blocks 0
+bad dtypes_unknown --dtypes "'f64,f16'" $B --dtypes f64,f16
+bad dtypes_twice --dtypes "'f32,f32'" $B --dtypes f32,f32
+bad dtypes_empty --dtypes "''" $B --dtypes ""
+bad groups_three --groups "'3'" $B --groups 3
+bad groups_zero --groups "'0'" $B --groups 0
+bad groups_big --groups "'16'" $B --groups 16
 bad max_bytes_unit --max-bytes "'2XB'" $B --max-bytes 2XB
 bad max_bytes_small --max-bytes "'1KiB'" $B --max-bytes 1KiB
 bad max_bytes_big --max-bytes "'1TiB'" $B --max-bytes 1TiB
