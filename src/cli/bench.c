@@ -589,8 +589,13 @@ static int build_cache(const shape *s, size_t block, const gather_space *w, uint
     const char *context = "creating a pool";
     size_t pages_per_lane = (s->len + block - 1) / block;
     size_t page_bytes = 2 * s->heads * block * s->width * sizeof(double);
-    kvp_pool_config config = {block, s->heads, s->width,
-                              (s->batch * pages_per_lane + 8) * page_bytes, KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = block;
+    config.heads = s->heads;
+    config.head_width = s->width;
+    config.budget_bytes = (s->batch * pages_per_lane + 8) * page_bytes;
+    config.dtype = KVP_F64;
     kvp_binding binding;
     memset(&binding, 0, sizeof binding);
     binding.model_width = s->heads * s->width;

@@ -16,7 +16,13 @@ static kvp_pool *reachable_pool;
 
 int main(void)
 {
-    kvp_pool_config config = {2, 1, 4, 4 * 2 * 2 * 4 * sizeof(double), KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 2;
+    config.heads = 1;
+    config.head_width = 4;
+    config.budget_bytes = 4 * 2 * 2 * 4 * sizeof(double);
+    config.dtype = KVP_F64;
     kvp_error err;
     if (kvp_pool_create(&config, &reachable_pool, &err) != KVP_OK) {
         return 2;

@@ -13,7 +13,13 @@
 
 int main(void)
 {
-    kvp_pool_config config = {2, 1, 4, 4 * 2 * 2 * 4 * sizeof(double), KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 2;
+    config.heads = 1;
+    config.head_width = 4;
+    config.budget_bytes = 4 * 2 * 2 * 4 * sizeof(double);
+    config.dtype = KVP_F64;
     kvp_pool *pool = NULL;
     kvp_error err;
     if (kvp_pool_create(&config, &pool, &err) != KVP_OK) {
