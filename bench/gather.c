@@ -187,7 +187,13 @@ static int make_cache(const bench_config *c, size_t block_tokens, workspace *w, 
     size_t d = c->head_width;
     size_t page_bytes = 2 * c->heads * block_tokens * d * sizeof(double);
     size_t pages = (c->len + block_tokens - 1) / block_tokens;
-    kvp_pool_config config = {block_tokens, c->heads, d, (pages + 8) * page_bytes, KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = block_tokens;
+    config.heads = c->heads;
+    config.head_width = d;
+    config.budget_bytes = (pages + 8) * page_bytes;
+    config.dtype = KVP_F64;
     kvp_binding binding;
     memset(&binding, 0, sizeof binding);
     binding.model_width = c->heads * d;

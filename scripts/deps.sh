@@ -2,8 +2,9 @@
 # kvpager needs when any is missing (as root, with apt-get install -y), and
 # otherwise says what is missing and stops. clang-14 and libclang-rt-14-dev
 # (libFuzzer and clang's sanitizer runtimes, only recommended by clang-14)
-# build the fuzz target (tests/fuzz/).
-kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev"
+# build the fuzz target (tests/fuzz/). abigail-tools (abidw, abidiff) checks
+# the ABI against its committed baseline (scripts/abi-update.sh).
+kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools"
 
 kvp_missing_packages() {
     for package in $kvp_packages; do

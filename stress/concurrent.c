@@ -236,6 +236,7 @@ static void storm_check(shared *sh, size_t storm)
         exhausted += sh->workers[t].storm_exhausted_now;
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     kvp_error err;
     const char *why = NULL;
     char text[384] = "";
@@ -337,6 +338,7 @@ static int start_workers(worker *workers, size_t threads, shared *sh)
     }
     /* The storms can prove exhaustion only if the sequences can outgrow the pool. */
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     kvp_error err;
     if (kvp_pool_stats_get(sh->pool, &stats, &err) != KVP_OK) {
         return stress_fail(PROGRAM, "reading stats", &err);
@@ -386,6 +388,7 @@ static int finish(worker *workers, size_t threads, shared *sh, double seconds)
         free(w->refused);
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     kvp_error err;
     if (kvp_pool_check(sh->pool, NULL, NULL, &err) != KVP_OK) {
         failed |= stress_fail(PROGRAM, "final audit", &err);
@@ -457,7 +460,13 @@ int main(int argc, char **argv)
     sh.seed = seed;
     sh.threads = threads;
     kvp_error err;
-    kvp_pool_config config = {4, 2, 8, pages * 2 * 2 * 4 * 8 * sizeof(double), KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 4;
+    config.heads = 2;
+    config.head_width = 8;
+    config.budget_bytes = pages * 2 * 2 * 4 * 8 * sizeof(double);
+    config.dtype = KVP_F64;
     if (kvp_pool_create(&config, &sh.pool, &err) != KVP_OK) {
         return stress_fail(PROGRAM, "creating the pool", &err);
     }

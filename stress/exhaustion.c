@@ -135,6 +135,7 @@ static void *racer_main(void *arg)
 static int check_spent(storm *st, racer *racers, size_t threads, size_t round)
 {
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     kvp_error err;
     if (kvp_pool_check(st->pool, NULL, NULL, &err) != KVP_OK ||
         kvp_pool_stats_get(st->pool, &stats, &err) != KVP_OK) {
@@ -189,7 +190,13 @@ int main(int argc, char **argv)
     st.seed = seed;
     kvp_error err;
     size_t page_bytes = 2 * HEADS * BLOCK * (WIDTH / HEADS) * sizeof(double);
-    kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS, pages * page_bytes, KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BLOCK;
+    config.heads = HEADS;
+    config.head_width = WIDTH / HEADS;
+    config.budget_bytes = pages * page_bytes;
+    config.dtype = KVP_F64;
     if (kvp_pool_create(&config, &st.pool, &err) != KVP_OK ||
         kvp_model_create_random(LAYERS, WIDTH, HEADS, CAPACITY, 10000.0, seed, &st.model,
                                 &err) != KVP_OK) {
@@ -258,6 +265,7 @@ int main(int argc, char **argv)
         free(racers[t].sequences);
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     if (kvp_pool_check(st.pool, NULL, NULL, &err) != KVP_OK ||
         kvp_pool_stats_get(st.pool, &stats, &err) != KVP_OK) {
         failed |= stress_fail(PROGRAM, "final audit", &err);

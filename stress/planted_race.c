@@ -41,7 +41,13 @@ static void *race(void *arg)
 
 int main(void)
 {
-    kvp_pool_config config = {4, 2, 8, 64 * 2 * 2 * 4 * 8 * sizeof(double), KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 4;
+    config.heads = 2;
+    config.head_width = 8;
+    config.budget_bytes = 64 * 2 * 2 * 4 * 8 * sizeof(double);
+    config.dtype = KVP_F64;
     kvp_pool *pool = NULL;
     kvp_model *model = NULL;
     kvp_error err;

@@ -140,8 +140,13 @@ static int memory_read(memory *out)
 static kvp_pool_config pool_config(size_t cycle)
 {
     size_t page_bytes = 2 * HEADS * BLOCK * (WIDTH / HEADS) * sizeof(double);
-    kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS,
-                              (cycle % 2 == 0 ? 16 : 1024) * page_bytes, KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BLOCK;
+    config.heads = HEADS;
+    config.head_width = WIDTH / HEADS;
+    config.budget_bytes = (cycle % 2 == 0 ? 16 : 1024) * page_bytes;
+    config.dtype = KVP_F64;
     return config;
 }
 
@@ -172,7 +177,9 @@ static void forward_tokens(cycler *c, kvp_layer *layer, kvp_cache *cache, kvp_ti
                            size_t count)
 {
     kvp_cache_info before;
+    kvp_cache_info_init(&before);
     kvp_cache_info after;
+    kvp_cache_info_init(&after);
     kvp_error err;
     if (kvp_cache_info_get(cache, &before, &err) != KVP_OK) {
         cycler_fail(c, "reading the cache", &err);
@@ -235,6 +242,7 @@ static void cycle_cache_once(cycler *c, size_t i)
         forward_tokens(c, layer, cache, ticket, FORWARDS);
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     kvp_ticket_destroy(ticket, NULL);
     kvp_cache_destroy(cache, NULL);
     if (!c->failed && pool != NULL &&

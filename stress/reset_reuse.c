@@ -137,8 +137,13 @@ int main(int argc, char **argv)
     kvp_pool *pool = NULL;
     kvp_model *model = NULL;
     size_t page_bytes = 2 * HEADS * BLOCK * (WIDTH / HEADS) * sizeof(double);
-    kvp_pool_config config = {BLOCK, HEADS, WIDTH / HEADS, sequences * p.pages_per_seq * page_bytes,
-                              KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BLOCK;
+    config.heads = HEADS;
+    config.head_width = WIDTH / HEADS;
+    config.budget_bytes = sequences * p.pages_per_seq * page_bytes;
+    config.dtype = KVP_F64;
     if (kvp_pool_create(&config, &pool, &err) != KVP_OK ||
         kvp_model_create_random(layers, WIDTH, HEADS, tokens, 10000.0, seed, &model, &err) !=
             KVP_OK) {
@@ -198,6 +203,7 @@ int main(int argc, char **argv)
         kvp_sequence_destroy(first.sequences[s], NULL);
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     if (kvp_pool_check(pool, NULL, NULL, &err) != KVP_OK ||
         kvp_pool_stats_get(pool, &stats, &err) != KVP_OK) {
         failed |= stress_fail(PROGRAM, "final audit", &err);

@@ -109,9 +109,13 @@ void kvpt_assert_filled_at(const double *out, size_t n, double value, const char
 
 kvp_pool *kvpt_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages)
 {
-    kvp_pool_config config = {block_tokens, heads, head_width,
-                              pages * 2 * heads * block_tokens * head_width * sizeof(double),
-                              KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = block_tokens;
+    config.heads = heads;
+    config.head_width = head_width;
+    config.budget_bytes = pages * 2 * heads * block_tokens * head_width * sizeof(double);
+    config.dtype = KVP_F64;
     kvp_pool *pool = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
@@ -154,6 +158,7 @@ kvp_binding kvpt_binding(size_t heads, size_t head_width, size_t max_positions)
 kvp_pool_stats kvpt_stats(kvp_pool *pool)
 {
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     kvp_error err;
     kvpt_assert_ok(kvp_pool_stats_get(pool, &stats, &err), &err);
     return stats;
@@ -263,6 +268,7 @@ void kvpt_assert_layer_info_at(const kvp_layer *layer, size_t model_width, size_
                                const char *file, int line)
 {
     kvp_layer_info info;
+    kvp_layer_info_init(&info);
     kvp_error err;
     kvpt_assert_ok_at(kvp_layer_info_get(layer, &info, &err), &err, file, line);
     INT_EQUAL_AT(info.model_width, model_width, file, line);
@@ -293,6 +299,7 @@ void kvpt_assert_same_rows_at(const kvp_sequence *a, const kvp_sequence *b, cons
         const kvp_cache *ca = kvp_sequence_cache(a, l);
         const kvp_cache *cb = kvp_sequence_cache(b, l);
         kvp_cache_info info;
+        kvp_cache_info_init(&info);
         kvpt_assert_ok_at(kvp_cache_info_get(ca, &info, &err), &err, file, line);
         size_t n = info.batch_size * info.binding.kv_heads * info.len * info.binding.head_width;
         double *ra = kvpt_doubles(n);
@@ -312,6 +319,7 @@ void kvpt_state_capture(kvp_cache *cache, kvp_pool *pool, kvpt_state *state)
 {
     memset(state, 0, sizeof *state);
     kvp_cache_info info;
+    kvp_cache_info_init(&info);
     kvp_error err;
     kvpt_assert_ok(kvp_cache_info_get(cache, &info, &err), &err);
     state->len = info.len;
@@ -422,10 +430,12 @@ void kvpt_snapshot_take_at(kvpt_snapshot *s, const char *file, int line)
     kvp_error err;
     if (s->pool != NULL) {
         kvpt_assert_pool_ok_at(s->pool, file, line);
+        kvp_pool_stats_init(&s->stats);
         kvpt_assert_ok_at(kvp_pool_stats_get(s->pool, &s->stats, &err), &err, file, line);
         kvpt_assert_ok_at(kvp_pool_digest(s->pool, &s->pool_digest, &err), &err, file, line);
     }
     for (size_t i = 0; i < s->ncaches; i++) {
+        kvp_cache_info_init(&s->cache_info[i]);
         kvpt_assert_ok_at(kvp_cache_info_get(s->caches[i], &s->cache_info[i], &err), &err, file,
                           line);
         kvpt_assert_ok_at(kvp_cache_digest(s->caches[i], &s->cache_digest[i], &err), &err, file,

@@ -1651,6 +1651,7 @@ static void test_attention_reset_and_replay_are_identical_and_allocation_free(vo
     kvpt_assert_ok(kvp_cache_keys(cache, keys_before, kv, &err), &err);
     kvp_pool_stats stats_before = kvpt_stats(pool);
     kvp_cache_info info_before;
+    kvp_cache_info_init(&info_before);
     kvpt_assert_ok(kvp_cache_info_get(cache, &info_before, &err), &err);
 
     kvp_status statuses[1 + 2 * C];
@@ -1684,6 +1685,7 @@ static void test_attention_reset_and_replay_are_identical_and_allocation_free(vo
     assert_int_equal(stats_after.acquires, stats_before.acquires + B * BLOCKS);
     assert_int_equal(stats_after.releases, stats_before.releases + B * BLOCKS);
     kvp_cache_info info_after;
+    kvp_cache_info_init(&info_after);
     kvpt_assert_ok(kvp_cache_info_get(cache, &info_after, &err), &err);
     assert_int_equal(info_after.tables_address, info_before.tables_address);
     assert_memory_equal(&info_after.binding, &info_before.binding, sizeof info_after.binding);
@@ -1861,6 +1863,7 @@ static kvp_status compare_paths(const kvp_layer *layer, const double *input, siz
                                 size_t tokens)
 {
     kvp_layer_info info;
+    kvp_layer_info_init(&info);
     kvp_binding binding;
     kvp_error err;
     kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
@@ -2132,6 +2135,7 @@ static double *grouped_sequence(void)
 static grouped_run grouped_decode(const kvp_layer *layer, size_t block_tokens)
 {
     kvp_layer_info info;
+    kvp_layer_info_init(&info);
     kvp_error err;
     kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
     size_t b_count = GQ_BATCH;
@@ -2220,6 +2224,7 @@ static kvp_layer *grouped_random_layer(size_t kv_heads, uint64_t seed)
                    &err);
     kvpt_assert_layer_info(layer, GQ_D, GQ_HEADS, GQ_HD, GQ_CAPACITY, 500.0);
     kvp_layer_info info;
+    kvp_layer_info_init(&info);
     kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
     assert_int_equal(info.kv_heads, kv_heads);
     kvp_binding binding;

@@ -147,6 +147,7 @@ static size_t model_check_mapping(const model *m, size_t block_tokens, size_t to
 {
     size_t mapped = KVPT_CEIL_DIV(m->len, block_tokens);
     kvp_cache_info info;
+    kvp_cache_info_init(&info);
     kvp_error err;
     kvpt_assert_ok(kvp_cache_info_get(m->cache, &info, &err), &err);
     assert_int_equal(info.len, m->len);
@@ -312,6 +313,7 @@ static void test_cache_create_errors_in_documented_order(void **state)
     assert_int_equal(created.free_pages, 4);
     assert_int_equal(created.acquires, 0);
     kvp_cache_info info;
+    kvp_cache_info_init(&info);
     kvpt_assert_ok(kvp_cache_info_get(cache, &info, &err), &err);
     assert_int_equal(info.batch_size, 3);
     assert_int_equal(info.capacity, 8);
@@ -737,10 +739,12 @@ static void test_cache_reset_keeps_binding_and_replays_onto_same_pages(void **st
     assert_int_equal(full.held_pages, 1 + B * 3);
 
     kvp_cache_info info_before;
+    kvp_cache_info_init(&info_before);
     kvpt_assert_ok(kvp_cache_info_get(m.cache, &info_before, &err), &err);
     kvpt_assert_ok(kvp_cache_reset(m.cache, &err), &err);
     kvpt_assert_pool_ok(pool);
     kvp_cache_info info;
+    kvp_cache_info_init(&info);
     kvpt_assert_ok(kvp_cache_info_get(m.cache, &info, &err), &err);
     assert_int_equal(info.len, 0);
     assert_int_equal(info.mapped_pages, 0);
@@ -977,6 +981,7 @@ static void test_cache_null_handles_and_bad_indices_are_typed_errors(void **stat
     double buf[4];
     uint32_t page = 0xDEADBEEF;
     kvp_cache_info info;
+    kvp_cache_info_init(&info);
 
     assert_int_equal(kvp_cache_reset(NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "cache");

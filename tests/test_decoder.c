@@ -97,6 +97,7 @@ static void assert_same_pages(const kvp_sequence *a, const kvp_sequence *b)
         const kvp_cache *ca = kvp_sequence_cache(a, l);
         const kvp_cache *cb = kvp_sequence_cache(b, l);
         kvp_cache_info info;
+        kvp_cache_info_init(&info);
         kvpt_assert_ok(kvp_cache_info_get(ca, &info, &err), &err);
         for (size_t lane = 0; lane < info.batch_size; lane++) {
             for (size_t block = 0; block < KVPT_CEIL_DIV(info.len, BLOCK_TOKENS); block++) {

@@ -44,8 +44,13 @@ static int same_bits(double a, double b)
 
 static kvp_pool *dtype_pool(size_t bt, size_t heads, size_t hd, size_t pages, kvp_dtype dtype)
 {
-    kvp_pool_config config = {bt, heads, hd, pages * 2 * heads * bt * hd * kvp_dtype_bytes(dtype),
-                              dtype};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = bt;
+    config.heads = heads;
+    config.head_width = hd;
+    config.budget_bytes = pages * 2 * heads * bt * hd * kvp_dtype_bytes(dtype);
+    config.dtype = dtype;
     kvp_pool *pool = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
@@ -234,7 +239,13 @@ static void test_dtype_pool_geometry_and_stats(void **state)
     size_t pages[3];
     for (size_t i = 0; i < 3; i++) {
         kvp_dtype dtype = all_dtypes[i];
-        kvp_pool_config config = {16, 4, 32, budget, dtype};
+        kvp_pool_config config;
+        kvp_pool_config_init(&config);
+        config.block_tokens = 16;
+        config.heads = 4;
+        config.head_width = 32;
+        config.budget_bytes = budget;
+        config.dtype = dtype;
         kvp_pool *pool = NULL;
         kvp_error err;
         kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
@@ -254,7 +265,13 @@ static void test_dtype_pool_geometry_and_stats(void **state)
     /* A bad dtype: INVALID_ARGUMENT "dtype", after ZERO_SIZE and before SIZE_OVERFLOW. */
     kvp_pool *untouched = (kvp_pool *)&budget;
     kvp_error err;
-    kvp_pool_config bad = {16, 4, 32, budget, (kvp_dtype)3};
+    kvp_pool_config bad;
+    kvp_pool_config_init(&bad);
+    bad.block_tokens = 16;
+    bad.heads = 4;
+    bad.head_width = 32;
+    bad.budget_bytes = budget;
+    bad.dtype = (kvp_dtype)3;
     assert_int_equal(kvp_pool_create(&bad, &untouched, &err), KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "dtype");
     kvpt_assert_error_text(&err,
@@ -262,12 +279,24 @@ static void test_dtype_pool_geometry_and_stats(void **state)
     bad.heads = 0;
     assert_int_equal(kvp_pool_create(&bad, &untouched, &err), KVP_ZERO_SIZE);
     assert_string_equal(err.argument, "heads");
-    kvp_pool_config huge = {SIZE_MAX / 4, 2, 2, 1 << 20, (kvp_dtype)7};
+    kvp_pool_config huge;
+    kvp_pool_config_init(&huge);
+    huge.block_tokens = SIZE_MAX / 4;
+    huge.heads = 2;
+    huge.head_width = 2;
+    huge.budget_bytes = 1 << 20;
+    huge.dtype = (kvp_dtype)7;
     assert_int_equal(kvp_pool_create(&huge, &untouched, &err), KVP_INVALID_ARGUMENT);
     huge.dtype = KVP_BF16;
     assert_int_equal(kvp_pool_create(&huge, &untouched, &err), KVP_SIZE_OVERFLOW);
     /* A budget of one bf16 page is below one f64 page. */
-    kvp_pool_config small = {4, 2, 8, 2 * 2 * 4 * 8 * 2, KVP_F64};
+    kvp_pool_config small;
+    kvp_pool_config_init(&small);
+    small.block_tokens = 4;
+    small.heads = 2;
+    small.head_width = 8;
+    small.budget_bytes = 2 * 2 * 4 * 8 * 2;
+    small.dtype = KVP_F64;
     assert_int_equal(kvp_pool_create(&small, &untouched, &err), KVP_BUDGET_TOO_SMALL);
     assert_int_equal(err.page_bytes, 2 * 2 * 4 * 8 * 8);
     small.dtype = KVP_BF16;

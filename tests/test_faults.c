@@ -22,8 +22,13 @@
 
 static kvp_pool_config sweep_config(void)
 {
-    kvp_pool_config config = {2, 2, 4, SWEEP_PAGES * SWEEP_PAGE_BYTES + SWEEP_PAGE_BYTES - 1,
-                              KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 2;
+    config.heads = 2;
+    config.head_width = 4;
+    config.budget_bytes = SWEEP_PAGES * SWEEP_PAGE_BYTES + SWEEP_PAGE_BYTES - 1;
+    config.dtype = KVP_F64;
     return config;
 }
 
@@ -131,6 +136,7 @@ static void test_faults_cache_create_sweep(void **state)
             assert_int_equal(stats.attached_caches, 1);
             assert_int_equal(stats.free_pages, before.free_pages);
             kvp_cache_info info;
+            kvp_cache_info_init(&info);
             kvp_error err;
             kvpt_assert_ok(kvp_cache_info_get(cache, &info, &err), &err);
             assert_int_equal(info.batch_size, BATCH);

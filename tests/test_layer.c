@@ -827,6 +827,7 @@ static void test_layer_binding_and_info(void **state)
 
     /* NULL handling; out untouched on failure. */
     kvp_layer_info info;
+    kvp_layer_info_init(&info);
     kvp_binding untouched;
     memcpy(&untouched, &updated, sizeof updated);
     assert_int_equal(kvp_layer_binding(NULL, &updated, &err), KVP_NULL_ARGUMENT);
@@ -1129,6 +1130,7 @@ static void test_layer_create_grouped_errors_in_documented_order(void **state)
                                             ROPE_BASE, &out, &err),
                    &err);
     kvp_layer_info info;
+    kvp_layer_info_init(&info);
     kvpt_assert_ok(kvp_layer_info_get(out, &info, &err), &err);
     assert_int_equal(info.model_width, 8);
     assert_int_equal(info.heads, 4);

@@ -302,7 +302,13 @@ static void count_mismatch(void *ctx, const kvp_mismatch *m)
 static kvp_status make_pool(world *w, void **out, kvp_error *err)
 {
     (void)w;
-    kvp_pool_config config = {BT, HEADS, HD, 4 * 2 * HEADS * BT * HD * sizeof(double), KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BT;
+    config.heads = HEADS;
+    config.head_width = HD;
+    config.budget_bytes = 4 * 2 * HEADS * BT * HD * sizeof(double);
+    config.dtype = KVP_F64;
     return kvp_pool_create(&config, (kvp_pool **)out, err);
 }
 
@@ -331,7 +337,13 @@ static void test_nothing_changed_pool_functions(void **state)
     kvp_pool_config huge = config;
     huge.heads = SIZE_MAX / 2;
     EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&huge, &out, &e));
-    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32, KVP_F64}; /* 2^32 pages of 16 bytes */
+    kvp_pool_config many;
+    kvp_pool_config_init(&many);
+    many.block_tokens = 1;
+    many.heads = 1;
+    many.head_width = 1;
+    many.budget_bytes = (size_t)16 << 32;
+    many.dtype = KVP_F64; /* 2^32 pages of 16 bytes */
     EXPECT_FAIL(&w, KVP_SIZE_OVERFLOW, 0, kvp_pool_create(&many, &out, &e));
     kvp_pool_config small = config;
     small.budget_bytes = 1;
@@ -345,6 +357,7 @@ static void test_nothing_changed_pool_functions(void **state)
 
     kvp_pool_stats stats;
     memset(&stats, 0x5A, sizeof stats);
+    stats.struct_size = sizeof stats;
     kvp_pool_stats sentinel_stats = stats;
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_stats_get(NULL, &stats, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_stats_get(w.pool, NULL, &e));
@@ -450,6 +463,7 @@ static void test_nothing_changed_cache_functions(void **state)
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_reset(NULL, &e));
     kvp_cache_info info;
     memset(&info, 0x5A, sizeof info);
+    info.struct_size = sizeof info;
     kvp_cache_info sentinel_info = info;
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_info_get(NULL, &info, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_info_get(w.cache, NULL, &e));
@@ -670,6 +684,7 @@ static void test_nothing_changed_param_rope_layer_functions(void **state)
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_destroy(NULL, &e));
     kvp_layer_info info;
     memset(&info, 0x5A, sizeof info);
+    info.struct_size = sizeof info;
     kvp_layer_info sentinel_info = info;
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_info_get(NULL, &info, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_info_get(w.layer, NULL, &e));
@@ -991,6 +1006,7 @@ static void test_nothing_changed_model_functions(void **state)
     EXPECT_FAIL(&w, KVP_MODEL_BUSY, 0, kvp_model_destroy(w.model, &e));
     kvp_model_info info;
     memset(&info, 0x5A, sizeof info);
+    info.struct_size = sizeof info;
     kvp_model_info sentinel_info = info;
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_info_get(NULL, &info, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_info_get(w.model, NULL, &e));

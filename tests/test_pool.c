@@ -22,7 +22,13 @@ static void test_pool_create_rejects_zero_sizes(void **state)
     (void)state;
     static const char *const fields[] = {"block_tokens", "heads", "head_width", "budget_bytes"};
     for (size_t field = 0; field < 4; field++) {
-        kvp_pool_config config = {4, 2, 8, 1 << 20, KVP_F64};
+        kvp_pool_config config;
+        kvp_pool_config_init(&config);
+        config.block_tokens = 4;
+        config.heads = 2;
+        config.head_width = 8;
+        config.budget_bytes = 1 << 20;
+        config.dtype = KVP_F64;
         size_t *sizes[] = {&config.block_tokens, &config.heads, &config.head_width,
                            &config.budget_bytes};
         *sizes[field] = 0;
@@ -43,16 +49,34 @@ static void test_pool_create_rejects_overflow_and_small_budget(void **state)
     (void)state;
     kvp_pool *pool = NULL;
     kvp_error err;
-    kvp_pool_config huge = {SIZE_MAX / 4, 2, 2, 1 << 20, KVP_F64};
+    kvp_pool_config huge;
+    kvp_pool_config_init(&huge);
+    huge.block_tokens = SIZE_MAX / 4;
+    huge.heads = 2;
+    huge.head_width = 2;
+    huge.budget_bytes = 1 << 20;
+    huge.dtype = KVP_F64;
     assert_int_equal(kvp_pool_create(&huge, &pool, &err), KVP_SIZE_OVERFLOW);
     assert_int_equal(err.block_tokens, SIZE_MAX / 4);
     assert_null(pool);
 
     /* More pages than a 32-bit page id can name. */
-    kvp_pool_config many = {1, 1, 1, (size_t)16 << 32, KVP_F64};
+    kvp_pool_config many;
+    kvp_pool_config_init(&many);
+    many.block_tokens = 1;
+    many.heads = 1;
+    many.head_width = 1;
+    many.budget_bytes = (size_t)16 << 32;
+    many.dtype = KVP_F64;
     assert_int_equal(kvp_pool_create(&many, &pool, &err), KVP_SIZE_OVERFLOW);
 
-    kvp_pool_config small = {4, 2, 8, PAGE_BYTES(4, 2, 8) - 1, KVP_F64};
+    kvp_pool_config small;
+    kvp_pool_config_init(&small);
+    small.block_tokens = 4;
+    small.heads = 2;
+    small.head_width = 8;
+    small.budget_bytes = PAGE_BYTES(4, 2, 8) - 1;
+    small.dtype = KVP_F64;
     assert_int_equal(kvp_pool_create(&small, &pool, &err), KVP_BUDGET_TOO_SMALL);
     assert_int_equal(err.page_bytes, PAGE_BYTES(4, 2, 8));
     assert_int_equal(err.budget_bytes, PAGE_BYTES(4, 2, 8) - 1);
@@ -69,7 +93,13 @@ static void test_pool_page_count_is_budget_over_page_bytes(void **state)
 {
     (void)state;
     size_t page = PAGE_BYTES(3, 2, 4); /* 384 */
-    kvp_pool_config config = {3, 2, 4, 10 * page + page - 1, KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 3;
+    config.heads = 2;
+    config.head_width = 4;
+    config.budget_bytes = 10 * page + page - 1;
+    config.dtype = KVP_F64;
     kvp_pool *pool = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
@@ -217,6 +247,7 @@ static void test_pool_null_handles_are_typed_errors(void **state)
     (void)state;
     kvp_error err;
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     assert_int_equal(kvp_pool_destroy(NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "pool");
     assert_int_equal(kvp_pool_stats_get(NULL, &stats, &err), KVP_NULL_ARGUMENT);
@@ -330,6 +361,7 @@ static void call_pool_back(void *ctx, const kvp_mismatch *m)
     reentrant *r = ctx;
     if (r->calls < 2) {
         kvp_error err;
+        kvp_pool_stats_init(&r->stats[r->calls]);
         r->stats_status[r->calls] = kvp_pool_stats_get(r->pool, &r->stats[r->calls], &err);
         if (r->calls == 0) {
             r->nested_check = kvp_pool_check(r->pool, NULL, NULL, &err);

@@ -157,6 +157,7 @@ static void sequence_reference(const kvp_model *model, const double *inputs, siz
                                size_t tokens, int half, double *out, double *keys, double *values)
 {
     kvp_model_info info;
+    kvp_model_info_init(&info);
     kvp_error err;
     kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
     size_t n = batch * tokens * info.model_width;
@@ -274,6 +275,7 @@ static size_t sequence_pages(const kvp_sequence *seq, uint32_t *out, size_t room
     for (size_t l = 0; l < kvpt_sequence_layers(seq); l++) {
         const kvp_cache *cache = kvp_sequence_cache(seq, l);
         kvp_cache_info info;
+        kvp_cache_info_init(&info);
         kvpt_assert_ok(kvp_cache_info_get(cache, &info, &err), &err);
         size_t mapped = KVPT_CEIL_DIV(info.len, info.block_tokens);
         for (size_t lane = 0; lane < info.batch_size; lane++) {
@@ -301,6 +303,7 @@ static void test_sequence_model_create_shares_parameters(void **state)
     kvp_error err;
     kvpt_assert_ok(kvp_model_create((const kvp_layer *const *)src, L, &model, &err), &err);
     kvp_model_info info;
+    kvp_model_info_init(&info);
     kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
     assert_int_equal(info.layers, L);
     assert_int_equal(info.model_width, MODEL_WIDTH);
@@ -417,6 +420,7 @@ static void test_sequence_model_geometry_mismatch_and_errors(void **state)
     const kvp_layer *all_mqa[] = {a_mqa, a_mqa};
     kvpt_assert_ok(kvp_model_create(all_mqa, 2, &out, &err), &err);
     kvp_model_info mqa_info;
+    kvp_model_info_init(&mqa_info);
     kvpt_assert_ok(kvp_model_info_get(out, &mqa_info, &err), &err);
     assert_int_equal(mqa_info.heads, 2);
     assert_int_equal(mqa_info.kv_heads, 1);
@@ -456,6 +460,7 @@ static void test_sequence_model_geometry_mismatch_and_errors(void **state)
     assert_ptr_equal(out, (kvp_model *)0x1);
 
     kvp_model_info info;
+    kvp_model_info_init(&info);
     assert_int_equal(kvp_model_info_get(NULL, &info, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "model");
     assert_int_equal(kvp_model_destroy(NULL, &err), KVP_NULL_ARGUMENT);
@@ -733,6 +738,7 @@ static void test_sequence_model_destroy_refuses_live_sequences(void **state)
         assert_memory_equal(&now, &before[l], sizeof now);
     }
     kvp_model_info info;
+    kvp_model_info_init(&info);
     kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
     assert_int_equal(info.layers, L);
     kvp_pool_stats after = kvpt_stats(pool);
@@ -809,6 +815,7 @@ static void test_sequence_create_errors_and_queries(void **state)
     assert_int_equal(kvpt_stats(pool).held_pages, 0);
     for (size_t l = 0; l < L; l++) {
         kvp_cache_info info;
+        kvp_cache_info_init(&info);
         kvpt_assert_ok(kvp_cache_info_get(kvp_sequence_cache(seq, l), &info, &err), &err);
         assert_int_equal(info.batch_size, B);
         assert_int_equal(info.capacity, C);
@@ -1221,6 +1228,7 @@ static void run_prefill_case(size_t layers, size_t batch, size_t block_tokens, i
                                                    300 + 10 * layers + batch, &model, &err),
                    &err);
     kvp_model_info info;
+    kvp_model_info_init(&info);
     kvpt_assert_ok(kvp_model_info_get(model, &info, &err), &err);
     assert_int_equal(info.heads, HEADS);
     assert_int_equal(info.kv_heads, kv_heads);

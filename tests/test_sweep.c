@@ -130,7 +130,13 @@ static kvp_status run(scenario *s, size_t threads, kvp_status expected)
         (out_field) = out_;                                                      \
     } while (0)
 
-    kvp_pool_config config = {BT, HEADS, HD, PAGES * 2 * HEADS * BT * HD * sizeof(double), KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BT;
+    config.heads = HEADS;
+    config.head_width = HD;
+    config.budget_bytes = PAGES * 2 * HEADS * BT * HD * sizeof(double);
+    config.dtype = KVP_F64;
     CREATE(kvp_pool, s->pool, kvp_pool_create(&config, &out_, &err));
     CREATE(kvp_layer, s->layer, kvp_layer_create_random(D, HEADS, C, BASE, 77, &out_, &err));
     const kvp_layer *layers[LAYERS] = {s->layer, s->layer};

@@ -53,7 +53,9 @@ typedef struct kvp_binding {
     uint64_t rope_base_bits; /* the bit pattern of the RoPE base (an f64) */
 } kvp_binding;
 
+/* A growing struct (pool.h): struct_size first, set by kvp_cache_info_init. */
 typedef struct kvp_cache_info {
+    size_t struct_size;
     size_t batch_size;
     size_t capacity;
     size_t len;
@@ -88,6 +90,13 @@ KVP_API kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err);
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_reset(kvp_cache *cache, kvp_error *err);
 
+/* Zeroes *info and sets struct_size to sizeof(kvp_cache_info). NULL is ignored. */
+KVP_API void kvp_cache_info_init(kvp_cache_info *info);
+
+/*
+ * Writes the fields out->struct_size covers. Errors: NULL_ARGUMENT;
+ * INVALID_ARGUMENT ("struct_size"; pool.h's "Growing structs"), writing nothing.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out,
                                                     kvp_error *err);
 

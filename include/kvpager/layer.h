@@ -29,7 +29,9 @@ extern "C" {
 
 typedef struct kvp_layer kvp_layer;
 
+/* A growing struct (pool.h): struct_size first, set by kvp_layer_info_init. */
 typedef struct kvp_layer_info {
+    size_t struct_size;
     size_t model_width;
     size_t heads;    /* query heads, H */
     size_t kv_heads; /* KV heads, dividing H; == H for multi-head attention */
@@ -93,6 +95,13 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random_grouped(size_t model_wi
 /* Drops the layer's parameter references and frees it. */
 KVP_API kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err);
 
+/* Zeroes *info and sets struct_size to sizeof(kvp_layer_info). NULL is ignored. */
+KVP_API void kvp_layer_info_init(kvp_layer_info *info);
+
+/*
+ * Writes the fields out->struct_size covers. Errors: NULL_ARGUMENT;
+ * INVALID_ARGUMENT ("struct_size"; pool.h's "Growing structs"), writing nothing.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out,
                                                     kvp_error *err);
 

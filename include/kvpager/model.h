@@ -26,7 +26,9 @@ extern "C" {
 
 typedef struct kvp_model kvp_model;
 
+/* A growing struct (pool.h): struct_size first, set by kvp_model_info_init. */
 typedef struct kvp_model_info {
+    size_t struct_size;
     size_t layers;
     size_t model_width;
     size_t heads;    /* query heads */
@@ -71,6 +73,13 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_create_random_grouped(size_t layers,
  */
 KVP_API kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err);
 
+/* Zeroes *info and sets struct_size to sizeof(kvp_model_info). NULL is ignored. */
+KVP_API void kvp_model_info_init(kvp_model_info *info);
+
+/*
+ * Writes the fields out->struct_size covers. Errors: NULL_ARGUMENT;
+ * INVALID_ARGUMENT ("struct_size"; pool.h's "Growing structs"), writing nothing.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out,
                                                     kvp_error *err);
 

@@ -2,8 +2,10 @@
  * kvpager/pool.h: the shared page pool.
  *
  * A pool owns a fixed budget of equal-size physical pages carved from one
- * slab. The slab is allocated once, at creation, from a jemalloc arena of the
- * pool's own, and is never moved, grown or shrunk. A page holds K and V for
+ * slab. The slab is allocated once, at creation, from the pool's slab source
+ * (kvp_slab_source below: by default a jemalloc arena of the pool's own when
+ * the process has jemalloc, else an anonymous mmap), and is never moved,
+ * grown or shrunk. A page holds K and V for
  * `block_tokens` positions of every stored head of one cache lane (the
  * stored heads are a layer's KV heads, kv_heads, which grouped-query layers
  * keep below their query heads), as elements of the pool's storage type
@@ -61,12 +63,84 @@ typedef enum kvp_dtype {
     KVP_BF16 = 2
 } kvp_dtype;
 
+/*
+ * Growing structs (ABI). Every struct a caller allocates and hands to
+ * kvpager to read (a config) or to fill (stats, info) starts with
+ * `struct_size`, the caller's sizeof, set by its *_init function. A newer
+ * library with a longer struct then serves an older caller: it reads only the
+ * fields the caller's struct_size covers (the others take their defaults)
+ * and writes only the fields it covers, never a byte past struct_size. A
+ * caller newer than the library may pass a longer struct: the library reads
+ * and writes only the fields it knows, and refuses an input whose unknown
+ * tail is not all zero (a setting it cannot honour). Fields are only ever
+ * appended, each at or past the previous release's sizeof (never into its
+ * tail padding, which an older caller's struct_size covers but does not
+ * set). A struct_size of zero, or below the struct's first release
+ * (every field up to the one marked "first release ends here"), is refused
+ * with INVALID_ARGUMENT, argument "struct_size", before anything else is read.
+ */
+
+/*
+ * Where a pool's slab comes from. Values are stable (ABI). Whatever the
+ * source, the slab is allocated once per kvp_pool_create and freed once by
+ * kvp_pool_destroy, never resized, and aligned to KVP_SLAB_ALIGNMENT.
+ *   KVP_SLAB_DEFAULT   KVP_SLAB_JEMALLOC when jemalloc is in the process
+ *                      (the program links it, preloads it or loaded it before
+ *                      kvpager), else KVP_SLAB_MMAP. libkvpager.so does not
+ *                      depend on jemalloc itself, so a host that dlopen()s it
+ *                      never loads jemalloc (whose initial-exec TLS can fail
+ *                      to load after start-up: "cannot allocate memory in
+ *                      static TLS block").
+ *   KVP_SLAB_JEMALLOC  an arena of the pool's own in the process's jemalloc;
+ *                      freed pages go back to the system at once. Refused
+ *                      with INVALID_ARGUMENT ("slab_source") when jemalloc is
+ *                      not in the process.
+ *   KVP_SLAB_MMAP      mmap(PROT_READ | PROT_WRITE, MAP_PRIVATE |
+ *                      MAP_ANONYMOUS | MAP_NORESERVE), munmap at destroy: the
+ *                      budget is address space, and memory is committed only
+ *                      as pages are first written.
+ *   KVP_SLAB_CUSTOM    the config's slab_alloc / slab_free hooks.
+ */
+typedef enum kvp_slab_source {
+    KVP_SLAB_DEFAULT = 0,
+    KVP_SLAB_JEMALLOC = 1,
+    KVP_SLAB_MMAP = 2,
+    KVP_SLAB_CUSTOM = 3
+} kvp_slab_source;
+
+/* The alignment every slab has, in bytes (a cache line). */
+#define KVP_SLAB_ALIGNMENT 64
+
+/*
+ * A slab allocator hook (KVP_SLAB_CUSTOM). kvp_pool_create calls slab_alloc
+ * once, after every argument check, with bytes = total_pages * page_bytes
+ * (nonzero, at most budget_bytes) and alignment = KVP_SLAB_ALIGNMENT; it
+ * returns at least `bytes` writable bytes aligned to `alignment`, or NULL
+ * (the create then fails with ALLOCATION_FAILED, what "page slab"). A
+ * pointer that is not aligned is handed straight back to slab_free and the
+ * create fails the same way. slab_free is called once with the same pointer
+ * and bytes: by kvp_pool_destroy, or by a create that fails after the slab
+ * was allocated. Neither is called with the pool's lock held, both run on
+ * the thread that calls create or destroy, and ctx is passed as given; the
+ * hooks must be safe to call from any thread that creates or destroys pools.
+ * The memory need not be zeroed; kvpager never reads a page before writing
+ * it (kvp_pool_digest excepted, which reads whatever is there).
+ */
+typedef void *(*kvp_slab_alloc_fn)(void *ctx, size_t bytes, size_t alignment);
+typedef void (*kvp_slab_free_fn)(void *ctx, void *slab, size_t bytes);
+
 typedef struct kvp_pool_config {
+    size_t struct_size;  /* sizeof(kvp_pool_config) of the caller: kvp_pool_config_init */
     size_t block_tokens; /* positions per page */
     size_t heads;        /* stored (KV) heads per lane: a layer's kv_heads */
     size_t head_width;   /* features per head (d_h) */
     size_t budget_bytes; /* memory budget for the page slab */
     kvp_dtype dtype;     /* element type of the pages; KVP_F64 (0) by default */
+    /* first release ends here; later fields default when struct_size does not cover them */
+    kvp_slab_alloc_fn slab_alloc; /* KVP_SLAB_CUSTOM only; NULL by default */
+    kvp_slab_free_fn slab_free;   /* KVP_SLAB_CUSTOM only; NULL by default */
+    void *slab_ctx;               /* passed to both hooks */
+    kvp_slab_source slab_source;  /* KVP_SLAB_DEFAULT by default */
 } kvp_pool_config;
 
 /*
@@ -79,6 +153,7 @@ typedef struct kvp_pool_config {
  * mark exactly as they were.
  */
 typedef struct kvp_pool_stats {
+    size_t struct_size;         /* sizeof(kvp_pool_stats) of the caller: kvp_pool_stats_init */
     size_t total_pages;
     size_t free_pages;
     size_t held_pages;          /* total - free, tentative pages included */
@@ -95,6 +170,8 @@ typedef struct kvp_pool_stats {
     size_t tentative_pages;     /* held by prefills still running (0 when quiescent) */
     kvp_dtype dtype;            /* the pages' element type */
     size_t element_bytes;       /* kvp_dtype_bytes(dtype) */
+    /* first release ends here */
+    kvp_slab_source slab_source; /* the source in use: JEMALLOC, MMAP or CUSTOM */
 } kvp_pool_stats;
 
 /* The answer of kvp_pool_admit, as vLLM's AllocStatus. */
@@ -108,10 +185,17 @@ typedef enum kvp_admission {
 typedef void (*kvp_mismatch_fn)(void *ctx, const kvp_mismatch *mismatch);
 
 /*
- * Defaults: block_tokens 16, 8 heads of width 64, a 64 MiB budget, KVP_F64.
- * A NULL config is ignored.
+ * Sets struct_size to sizeof(kvp_pool_config) and every field to its
+ * default: block_tokens 16, 8 heads of width 64, a 64 MiB budget, KVP_F64,
+ * KVP_SLAB_DEFAULT with no hooks. A NULL config is ignored.
  */
 KVP_API void kvp_pool_config_init(kvp_pool_config *config);
+
+/* Zeroes *stats and sets struct_size to sizeof(kvp_pool_stats). NULL is ignored. */
+KVP_API void kvp_pool_stats_init(kvp_pool_stats *stats);
+
+/* "default", "jemalloc", "mmap", "custom"; "unknown" for any other value. Never NULL. */
+KVP_API const char *kvp_slab_source_name(kvp_slab_source source);
 
 /* "f64", "f32", "bf16"; "unknown" for any other value. Never NULL. */
 KVP_API const char *kvp_dtype_name(kvp_dtype dtype);
@@ -120,9 +204,13 @@ KVP_API const char *kvp_dtype_name(kvp_dtype dtype);
 KVP_API size_t kvp_dtype_bytes(kvp_dtype dtype);
 
 /*
- * Creates a pool. Errors, in this order: NULL_ARGUMENT; ZERO_SIZE (any size
- * zero, `argument` names it); INVALID_ARGUMENT (`argument` "dtype": not a
- * kvp_dtype); SIZE_OVERFLOW (page_bytes overflows, or more pages than a
+ * Creates a pool. Errors, in this order: NULL_ARGUMENT (config, out);
+ * INVALID_ARGUMENT (`argument` "struct_size": see "Growing structs");
+ * ZERO_SIZE (any size zero, `argument` names it); INVALID_ARGUMENT
+ * (`argument` "dtype": not a kvp_dtype; "slab_source": not a
+ * kvp_slab_source, or KVP_SLAB_JEMALLOC without jemalloc in the process);
+ * NULL_ARGUMENT ("slab_alloc", then "slab_free": KVP_SLAB_CUSTOM without
+ * that hook); SIZE_OVERFLOW (page_bytes overflows, or more pages than a
  * 32-bit page id can name); BUDGET_TOO_SMALL; ALLOCATION_FAILED.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out,
@@ -134,7 +222,11 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_create(const kvp_pool_config *config, 
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err);
 
-/* A consistent snapshot of the pool's counters. */
+/*
+ * A consistent snapshot of the pool's counters, written to the fields
+ * out->struct_size covers (kvp_pool_stats_init). Errors: NULL_ARGUMENT;
+ * INVALID_ARGUMENT ("struct_size"), writing nothing.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out,
                                                     kvp_error *err);
 

@@ -14,6 +14,7 @@
 
 #include "kvpager/rope.h"
 #include "attention/kernels.h"
+#include "pager/abi.h"
 #include "pager/alloc.h"
 #include "pager/error.h"
 
@@ -267,6 +268,15 @@ kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err)
     return KVP_OK;
 }
 
+void kvp_layer_info_init(kvp_layer_info *info)
+{
+    if (info == NULL) {
+        return;
+    }
+    memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
+}
+
 kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out, kvp_error *err)
 {
     if (layer == NULL) {
@@ -275,10 +285,9 @@ kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out, kvp_e
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    kvp_layer_info info = {layer->model_width, layer->heads, layer->kv_heads,
+    kvp_layer_info info = {sizeof info, layer->model_width, layer->heads, layer->kv_heads,
                            layer->head_width, layer->rope};
-    *out = info;
-    return KVP_OK;
+    return kvpi_struct_out(out, &info, sizeof info, KVPI_LAYER_INFO_SIZE_FIRST, err);
 }
 
 kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out, kvp_error *err)

@@ -123,9 +123,13 @@ static int track_pool(demo *d, kvp_status status, kvp_pool *pool, const char *co
 
 static kvp_pool *make_pool(demo *d, size_t heads, size_t head_width, size_t pages)
 {
-    kvp_pool_config config = {BLOCK_TOKENS, heads, head_width,
-                              pages * 2 * heads * BLOCK_TOKENS * head_width * sizeof(double),
-                              KVP_F64};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BLOCK_TOKENS;
+    config.heads = heads;
+    config.head_width = head_width;
+    config.budget_bytes = pages * 2 * heads * BLOCK_TOKENS * head_width * sizeof(double);
+    config.dtype = KVP_F64;
     kvp_pool *pool = NULL;
     kvp_status status = kvp_pool_create(&config, &pool, &d->err);
     return track_pool(d, status, pool, "creating a pool") == 0 ? pool : NULL;
@@ -175,6 +179,7 @@ static void free_objects(demo_objects *o, demo_evidence *ev)
     }
     for (size_t i = 0; i < o->npools; i++) {
         kvp_pool_stats stats;
+        kvp_pool_stats_init(&stats);
         kvp_error err;
         if (ev != NULL) {
             ev->pools_checked++;
@@ -302,6 +307,7 @@ static size_t lane0_pages(const kvp_cache *cache, uint32_t pages[STEPS])
 static size_t free_pages(kvp_pool *pool)
 {
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     return kvp_pool_stats_get(pool, &stats, NULL) == KVP_OK ? stats.free_pages : 0;
 }
 
@@ -311,7 +317,9 @@ static kvp_status reset_and_replay(demo *d, const kvp_layer *layer, kvp_pool *po
                                    const step_evidence steps[STEPS], reset_evidence *ev)
 {
     kvp_pool_stats stats_before;
+    kvp_pool_stats_init(&stats_before);
     kvp_cache_info info_before;
+    kvp_cache_info_init(&info_before);
     uint64_t digest_before = 0;
     uint64_t digest_after = 0;
     if (kvp_pool_stats_get(pool, &stats_before, &d->err) != KVP_OK ||
@@ -345,7 +353,9 @@ static kvp_status reset_and_replay(demo *d, const kvp_layer *layer, kvp_pool *po
     uint32_t pages_after[STEPS];
     size_t blocks_after = lane0_pages(cache, pages_after);
     kvp_pool_stats stats_after;
+    kvp_pool_stats_init(&stats_after);
     kvp_cache_info info_after;
+    kvp_cache_info_init(&info_after);
     if (kvp_pool_stats_get(pool, &stats_after, &d->err) != KVP_OK ||
         kvp_cache_info_get(cache, &info_after, &d->err) != KVP_OK) {
         d->failed_at = "auditing after the replay";
@@ -372,7 +382,9 @@ static kvp_status forward_unchanged(const kvp_layer *layer, const kvp_tensor *in
     uint64_t before = 0;
     uint64_t after = 0;
     kvp_pool_stats stats_before;
+    kvp_pool_stats_init(&stats_before);
     kvp_pool_stats stats_after;
+    kvp_pool_stats_init(&stats_after);
     int audited = kvp_cache_digest(cache, &before, NULL) == KVP_OK &&
                   kvp_pool_stats_get(pool, &stats_before, NULL) == KVP_OK;
     kvp_status status = kvp_attention_forward(layer, input, cache, ticket, err);

@@ -157,8 +157,13 @@ static int setup(sim *s)
         return fail(s, "checking the model shape");
     }
     /* Pages hold the KV heads only, in the --kv-dtype. */
-    kvp_pool_config pool_config = {c->block_tokens, kv_heads, c->model_width / c->heads,
-                                   c->budget_bytes, c->kv_dtype};
+    kvp_pool_config pool_config;
+    kvp_pool_config_init(&pool_config);
+    pool_config.block_tokens = c->block_tokens;
+    pool_config.heads = kv_heads;
+    pool_config.head_width = c->model_width / c->heads;
+    pool_config.budget_bytes = c->budget_bytes;
+    pool_config.dtype = c->kv_dtype;
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
@@ -177,6 +182,7 @@ static int setup(sim *s)
         return out_of_memory(s, "the request queue", 2 * n * sizeof(size_t));
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
         return fail(s, "reading pool stats");
     }
@@ -429,6 +435,7 @@ static int admit(sim *s)
 static size_t free_pages(sim *s)
 {
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     return kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK ? stats.free_pages : 0;
 }
 
@@ -524,6 +531,7 @@ static int finish_step(sim *s)
         s->finished_this_step++;
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
         return fail(s, "reading pool stats");
     }
@@ -622,6 +630,7 @@ static void teardown(sim *s)
     }
     if (s->pool != NULL) {
         kvp_pool_stats stats;
+        kvp_pool_stats_init(&stats);
         audit(s);
         if (kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK) {
             s->result->pages_leaked = stats.held_pages;

@@ -1,6 +1,7 @@
 /*
- * alloc.c: the allocation hook, the fault injector and the recycled slab
- * arenas (see alloc.h).
+ * alloc.c: the allocation hook, the fault injector, the slab sources
+ * (jemalloc arenas, anonymous mappings, a caller's hooks) and the recycled
+ * slab arenas (see alloc.h).
  *
  * Invariant: every path that returns NULL has allocated nothing (a slab
  * arena it took is parked again), so callers only ever unwind what they
@@ -9,6 +10,8 @@
 /* jemalloc's MALLOCX_ALIGN expands to ffs: gcc knows it as a builtin, clang
  * needs <strings.h>, which declares it for XSI (POSIX alone hides it). */
 #define _XOPEN_SOURCE 700
+/* MAP_ANONYMOUS and MAP_NORESERVE are not POSIX. */
+#define _DEFAULT_SOURCE
 #include "pager/alloc.h"
 
 #include <jemalloc/jemalloc.h>
@@ -17,9 +20,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 
-#define KVPI_SLAB_ALIGN 64
+/*
+ * jemalloc is referred to weakly: libkvpager.so has no DT_NEEDED entry for
+ * it, so loading kvpager never loads jemalloc (whose initial-exec TLS makes
+ * a late dlopen fail with "cannot allocate memory in static TLS block").
+ * When the process has jemalloc, these resolve to it and the default slab
+ * source is a jemalloc arena; otherwise they are NULL and it is mmap.
+ */
+#pragma weak mallocx
+#pragma weak dallocx
+#pragma weak mallctl
 
 static atomic_uint_fast64_t fault_calls;  /* allocation calls since arm */
 static atomic_uint_fast64_t fault_target; /* 0: disarmed */
@@ -151,17 +164,19 @@ static void arena_give_back(unsigned arena)
     }
 }
 
-void *kvpi_slab_alloc(size_t bytes, unsigned *arena)
+int kvpi_slab_jemalloc_available(void)
 {
-    if (fault_should_fail(KVPI_SITE_POOL_SLAB)) {
-        return NULL;
-    }
+    return mallocx != NULL && dallocx != NULL && mallctl != NULL;
+}
+
+static void *slab_jemalloc(size_t bytes, unsigned *arena)
+{
     unsigned index = 0;
     if (arena_take(&index) != 0) {
         return NULL;
     }
     void *slab = mallocx(bytes, MALLOCX_ARENA(index) | MALLOCX_TCACHE_NONE |
-                                    MALLOCX_ALIGN(KVPI_SLAB_ALIGN));
+                                    MALLOCX_ALIGN(KVP_SLAB_ALIGNMENT));
     if (slab == NULL) {
         arena_give_back(index);
         return NULL;
@@ -170,13 +185,72 @@ void *kvpi_slab_alloc(size_t bytes, unsigned *arena)
     return slab;
 }
 
-void kvpi_slab_free(void *slab, unsigned arena)
+/* Page-aligned, so KVP_SLAB_ALIGNMENT-aligned; committed only when written. */
+static void *slab_mmap(size_t bytes)
 {
-    if (slab == NULL) {
+    void *slab = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return slab == MAP_FAILED ? NULL : slab;
+}
+
+int kvpi_slab_alloc(kvp_slab_source source, kvp_slab_alloc_fn alloc_fn, kvp_slab_free_fn free_fn,
+                    void *ctx, size_t bytes, kvpi_slab *out)
+{
+    if (fault_should_fail(KVPI_SITE_POOL_SLAB)) {
+        return -1;
+    }
+    kvpi_slab slab = {NULL, bytes, source, 0, NULL, NULL};
+    switch (source) {
+    case KVP_SLAB_JEMALLOC:
+        if (!kvpi_slab_jemalloc_available()) {
+            return -1;
+        }
+        slab.base = slab_jemalloc(bytes, &slab.arena);
+        break;
+    case KVP_SLAB_MMAP:
+        slab.base = slab_mmap(bytes);
+        break;
+    case KVP_SLAB_CUSTOM:
+        if (alloc_fn == NULL || free_fn == NULL) {
+            return -1;
+        }
+        slab.base = alloc_fn(ctx, bytes, KVP_SLAB_ALIGNMENT);
+        slab.free_fn = free_fn;
+        slab.ctx = ctx;
+        if (slab.base != NULL && (uintptr_t)slab.base % KVP_SLAB_ALIGNMENT != 0) {
+            free_fn(ctx, slab.base, bytes);
+            return -1;
+        }
+        break;
+    default:
+        return -1;
+    }
+    if (slab.base == NULL) {
+        return -1;
+    }
+    *out = slab;
+    return 0;
+}
+
+void kvpi_slab_free(const kvpi_slab *slab)
+{
+    if (slab == NULL || slab->base == NULL) {
         return;
     }
-    dallocx(slab, MALLOCX_TCACHE_NONE);
-    arena_give_back(arena);
+    switch (slab->source) {
+    case KVP_SLAB_JEMALLOC:
+        dallocx(slab->base, MALLOCX_TCACHE_NONE);
+        arena_give_back(slab->arena);
+        break;
+    case KVP_SLAB_MMAP:
+        (void)munmap(slab->base, slab->bytes);
+        break;
+    case KVP_SLAB_CUSTOM:
+        slab->free_fn(slab->ctx, slab->base, slab->bytes);
+        break;
+    default:
+        break;
+    }
 }
 
 void kvpi_fault_arm(uint64_t nth)

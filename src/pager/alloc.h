@@ -8,8 +8,9 @@
  *
  * General allocations go to the process's malloc (jemalloc's, in every
  * kvpager executable, because they link jemalloc ahead of libc; under
- * Valgrind, memcheck's, through --soname-synonyms). Each page slab has a
- * jemalloc arena of its own while it lives. Arenas are recycled, never
+ * Valgrind, memcheck's, through --soname-synonyms). A page slab comes from
+ * its pool's slab source (kvp_slab_source): a jemalloc slab has an arena of
+ * its own while it lives. Arenas are recycled, never
  * destroyed: jemalloc keeps about 4 KiB of every destroyed arena's metadata,
  * which made each pool create/destroy cycle leak. A freed slab's arena is
  * reset, purged (its pages go back to the system) and parked on a
@@ -29,6 +30,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvpager/pool.h"
 
 /* Stable ids of the library's allocation sites. */
 #define KVPI_FAULT_SITE_MAP(X)                                 \
@@ -61,16 +64,45 @@ void *kvpi_calloc(kvpi_fault_site site, size_t n, size_t size);
 void kvpi_free(void *ptr);
 
 /*
- * A 64-byte aligned slab from a jemalloc arena that serves nothing else while
- * the slab lives (a parked one, or a new one). *arena receives the arena
- * index for kvpi_slab_free, and is written only on success. Counts as one
- * allocation for the fault injector, however many jemalloc calls it makes;
- * a failure parks any arena it took, so it leaves nothing behind. Both calls
- * are thread-safe.
+ * A pool's slab, from one of the sources of kvp_slab_source (never DEFAULT:
+ * kvp_pool_create resolves it first). Filled by kvpi_slab_alloc on success.
  */
-void *kvpi_slab_alloc(size_t bytes, unsigned *arena);
-/* Frees the slab, returns its pages to the system and parks its arena. */
-void kvpi_slab_free(void *slab, unsigned arena);
+typedef struct kvpi_slab {
+    void *base;
+    size_t bytes;
+    kvp_slab_source source;   /* JEMALLOC, MMAP or CUSTOM */
+    unsigned arena;           /* JEMALLOC: the arena index */
+    kvp_slab_free_fn free_fn; /* CUSTOM: the hook and its context */
+    void *ctx;
+} kvpi_slab;
+
+/*
+ * 1 when jemalloc is in the process: the library refers to jemalloc's
+ * mallocx, dallocx and mallctl weakly, so libkvpager.so does not load
+ * jemalloc, and they resolve only when the program (or a library loaded
+ * before kvpager, or LD_PRELOAD) brought jemalloc in.
+ */
+int kvpi_slab_jemalloc_available(void);
+
+/*
+ * A KVP_SLAB_ALIGNMENT-aligned slab of `bytes` bytes from `source`:
+ *   JEMALLOC  an arena that serves nothing else while the slab lives (a
+ *             parked one, or a new one); needs kvpi_slab_jemalloc_available;
+ *   MMAP      an anonymous private MAP_NORESERVE mapping;
+ *   CUSTOM    alloc_fn(ctx, bytes, KVP_SLAB_ALIGNMENT), once; a pointer that
+ *             is not aligned goes straight back to free_fn and counts as a
+ *             failure.
+ * Returns 0 and fills *out, or -1 having allocated nothing (an arena it took
+ * is parked again). Counts as one allocation for the fault injector, however
+ * many calls it makes; an injected fault calls no hook. Thread-safe.
+ */
+int kvpi_slab_alloc(kvp_slab_source source, kvp_slab_alloc_fn alloc_fn, kvp_slab_free_fn free_fn,
+                    void *ctx, size_t bytes, kvpi_slab *out);
+/*
+ * Frees the slab to its source (once): the arena's pages go back to the
+ * system and the arena is parked; the mapping is unmapped; the hook is called.
+ */
+void kvpi_slab_free(const kvpi_slab *slab);
 
 /*
  * Fault injection. kvpi_fault_arm(n) makes the nth allocation call from now

@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "pager/abi.h"
 #include "pager/alloc.h"
 #include "pager/dtype.h"
 #include "pager/error.h"
@@ -245,6 +246,15 @@ kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err)
     return KVP_OK;
 }
 
+void kvp_cache_info_init(kvp_cache_info *info)
+{
+    if (info == NULL) {
+        return;
+    }
+    memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
+}
+
 kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_error *err)
 {
     if (cache == NULL) {
@@ -255,6 +265,7 @@ kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_e
     }
     kvp_cache_info info;
     memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
     info.batch_size = cache->batch_size;
     info.capacity = cache->capacity;
     info.len = cache->len;
@@ -263,8 +274,7 @@ kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_e
     info.mapped_pages = cache->batch_size * kvpi_cache_mapped_blocks(cache);
     info.tables_address = (uintptr_t)cache->tables;
     info.binding = cache->binding;
-    *out = info;
-    return KVP_OK;
+    return kvpi_struct_out(out, &info, sizeof info, KVPI_CACHE_INFO_SIZE_FIRST, err);
 }
 
 /*

@@ -30,6 +30,7 @@
 
 #include <string.h>
 
+#include "pager/abi.h"
 #include "pager/alloc.h"
 #include "pager/error.h"
 #include "pager/track.h"
@@ -39,11 +40,39 @@ void kvp_pool_config_init(kvp_pool_config *config)
     if (config == NULL) {
         return;
     }
+    memset(config, 0, sizeof *config);
+    config->struct_size = sizeof *config;
     config->block_tokens = 16;
     config->heads = 8;
     config->head_width = 64;
     config->budget_bytes = (size_t)64 << 20;
     config->dtype = KVP_F64;
+    config->slab_source = KVP_SLAB_DEFAULT;
+}
+
+void kvp_pool_stats_init(kvp_pool_stats *stats)
+{
+    if (stats == NULL) {
+        return;
+    }
+    memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+}
+
+const char *kvp_slab_source_name(kvp_slab_source source)
+{
+    switch (source) {
+    case KVP_SLAB_DEFAULT:
+        return "default";
+    case KVP_SLAB_JEMALLOC:
+        return "jemalloc";
+    case KVP_SLAB_MMAP:
+        return "mmap";
+    case KVP_SLAB_CUSTOM:
+        return "custom";
+    default:
+        return "unknown";
+    }
 }
 
 const char *kvp_dtype_name(kvp_dtype dtype)
@@ -74,9 +103,76 @@ size_t kvp_dtype_bytes(kvp_dtype dtype)
     }
 }
 
+/*
+ * The caller's config as this library's struct: the fields its struct_size
+ * covers, defaults (kvp_pool_config_init) for the rest. Reads no byte at or
+ * past the caller's struct_size.
+ */
+static kvp_status pool_config_read(const kvp_pool_config *caller, kvp_pool_config *config,
+                                   kvp_error *err)
+{
+    size_t size = caller->struct_size;
+    kvp_status status = kvpi_struct_size_check(size, KVPI_POOL_CONFIG_SIZE_FIRST, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    status = kvpi_struct_tail_check(caller, size, sizeof *config, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    kvp_pool_config_init(config);
+    memcpy(config, caller, KVPI_POOL_CONFIG_SIZE_FIRST); /* the first release's fields */
+#define KVPI_CONFIG_GROWN_(field)                                                        \
+    if (kvpi_struct_covers(size, offsetof(kvp_pool_config, field), sizeof config->field)) { \
+        config->field = caller->field;                                                   \
+    }
+    KVPI_CONFIG_GROWN_(slab_alloc)
+    KVPI_CONFIG_GROWN_(slab_free)
+    KVPI_CONFIG_GROWN_(slab_ctx)
+    KVPI_CONFIG_GROWN_(slab_source)
+#undef KVPI_CONFIG_GROWN_
+    config->struct_size = sizeof *config;
+    return KVP_OK;
+}
+
+/*
+ * The slab source a create uses (DEFAULT resolved), or the refusal:
+ * INVALID_ARGUMENT "slab_source", then NULL_ARGUMENT for a missing hook.
+ */
+static kvp_status pool_slab_source(const kvp_pool_config *config, kvp_slab_source *out,
+                                   kvp_error *err)
+{
+    int jemalloc = kvpi_slab_jemalloc_available();
+    switch (config->slab_source) {
+    case KVP_SLAB_DEFAULT:
+        *out = jemalloc ? KVP_SLAB_JEMALLOC : KVP_SLAB_MMAP;
+        return KVP_OK;
+    case KVP_SLAB_JEMALLOC:
+        if (!jemalloc) {
+            return kvpi_fail_invalid(err, "slab_source",
+                                     "KVP_SLAB_JEMALLOC, but jemalloc is not in the process");
+        }
+        break;
+    case KVP_SLAB_MMAP:
+        break;
+    case KVP_SLAB_CUSTOM:
+        if (config->slab_alloc == NULL) {
+            return kvpi_fail_null(err, "slab_alloc");
+        }
+        if (config->slab_free == NULL) {
+            return kvpi_fail_null(err, "slab_free");
+        }
+        break;
+    default:
+        return kvpi_fail_invalid(err, "slab_source", "must be a kvp_slab_source");
+    }
+    *out = config->slab_source;
+    return KVP_OK;
+}
+
 /* Validates sizes and derives the page geometry; see kvp_pool_create's order. */
-static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_bytes_out,
-                                size_t *total_pages, kvp_error *err)
+static kvp_status pool_geometry(const kvp_pool_config *config, kvp_slab_source *source,
+                                size_t *page_bytes_out, size_t *total_pages, kvp_error *err)
 {
     static const char *const names[] = {"block_tokens", "heads", "head_width", "budget_bytes"};
     const size_t sizes[] = {config->block_tokens, config->heads, config->head_width,
@@ -90,6 +186,10 @@ static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_byte
     }
     if (kvp_dtype_bytes(config->dtype) == 0) {
         return kvpi_fail_invalid(err, "dtype", "must be KVP_F64, KVP_F32 or KVP_BF16");
+    }
+    kvp_status status = pool_slab_source(config, source, err);
+    if (status != KVP_OK) {
+        return status;
     }
     kvp_error overflow = kvpi_error_begin(KVP_SIZE_OVERFLOW);
     overflow.block_tokens = config->block_tokens;
@@ -121,17 +221,24 @@ static kvp_status pool_geometry(const kvp_pool_config *config, size_t *page_byte
     return KVP_OK;
 }
 
-kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out, kvp_error *err)
+kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out, kvp_error *err)
 {
-    if (config == NULL) {
+    if (caller_config == NULL) {
         return kvpi_fail_null(err, "config");
     }
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
+    kvp_pool_config config_copy;
+    kvp_status status = pool_config_read(caller_config, &config_copy, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    const kvp_pool_config *config = &config_copy;
+    kvp_slab_source source = KVP_SLAB_DEFAULT;
     size_t page_bytes = 0;
     size_t total = 0;
-    kvp_status status = pool_geometry(config, &page_bytes, &total, err);
+    status = pool_geometry(config, &source, &page_bytes, &total, err);
     if (status != KVP_OK) {
         return status;
     }
@@ -149,16 +256,16 @@ kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out, kvp_er
                                metadata_bytes);
     }
     size_t slab_bytes = total * page_bytes; /* <= budget_bytes */
-    unsigned arena = 0;
-    void *slab = kvpi_slab_alloc(slab_bytes, &arena);
-    if (slab == NULL) {
+    kvpi_slab slab_from;
+    if (kvpi_slab_alloc(source, config->slab_alloc, config->slab_free, config->slab_ctx,
+                        slab_bytes, &slab_from) != 0) {
         kvpi_free(metadata);
         kvpi_free(pool);
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_SLAB), slab_bytes);
     }
     /* glibc's pthread_mutex_init with default attributes cannot fail; POSIX allows it. */
     if (pthread_mutex_init(&pool->lock, NULL) != 0) { /* GCOVR_EXCL_BR_LINE */
-        kvpi_slab_free(slab, arena);                   /* GCOVR_EXCL_LINE */
+        kvpi_slab_free(&slab_from);                    /* GCOVR_EXCL_LINE */
         kvpi_free(metadata);                           /* GCOVR_EXCL_LINE */
         kvpi_free(pool);                               /* GCOVR_EXCL_LINE */
         return kvpi_fail_alloc(err, "pool mutex", sizeof pool->lock); /* GCOVR_EXCL_LINE */
@@ -170,8 +277,9 @@ kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out, kvp_er
     pool->element_bytes = kvp_dtype_bytes(config->dtype);
     pool->page_bytes = page_bytes;
     pool->total_pages = total;
+    void *slab = slab_from.base;
     pool->slab = slab;
-    pool->arena = arena;
+    pool->slab_from = slab_from;
     pool->free_stack = metadata;
     pool->refcount = metadata + total;
     pool->audit_counts = metadata + 2 * total;
@@ -206,7 +314,7 @@ kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err)
     pthread_mutex_destroy(&pool->lock);
     size_t slab_bytes = pool->total_pages * pool->page_bytes;
     kvpi_track_pool_destroy(pool->slab, slab_bytes);
-    kvpi_slab_free(pool->slab, pool->arena);
+    kvpi_slab_free(&pool->slab_from);
     kvpi_free(pool->free_stack);
     kvpi_free(pool);
     return KVP_OK;
@@ -222,6 +330,7 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     }
     kvp_pool_stats stats;
     memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats;
     kvpi_pool_lock(pool);
     stats.total_pages = pool->total_pages;
     stats.free_pages = pool->free_count;
@@ -239,9 +348,9 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     stats.tentative_pages = pool->tentative;
     stats.dtype = pool->dtype;
     stats.element_bytes = pool->element_bytes;
+    stats.slab_source = pool->slab_from.source;
     kvpi_pool_unlock(pool);
-    *out = stats;
-    return KVP_OK;
+    return kvpi_struct_out(out, &stats, sizeof stats, KVPI_POOL_STATS_SIZE_FIRST, err);
 }
 
 kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages, size_t watermark_pages,

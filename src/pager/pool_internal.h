@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "kvpager/pool.h"
+#include "pager/alloc.h"
 
 /* A page-table slot that maps no page. Page ids are below it. */
 #define KVPI_NO_PAGE UINT32_MAX
@@ -56,7 +57,7 @@ struct kvp_pool {
     size_t page_bytes;     /* 2 * heads * block_tokens * head_width * element_bytes */
     size_t total_pages;
     void *slab;            /* total_pages * page_bytes, never moves */
-    unsigned arena;        /* the jemalloc arena that serves only the slab */
+    kvpi_slab slab_from;   /* the slab's source, for kvpi_slab_free; .base == slab */
     uint32_t *free_stack;  /* [total_pages]; the top is free_stack[free_count - 1] */
     size_t free_count;
     uint32_t *refcount;    /* [total_pages]; 0 exactly for free pages */

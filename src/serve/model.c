@@ -11,6 +11,7 @@
 #include "serve/model_internal.h"
 
 #include "attention/layer_internal.h"
+#include "pager/abi.h"
 #include "pager/alloc.h"
 #include "pager/error.h"
 
@@ -149,6 +150,15 @@ kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err)
     return KVP_OK;
 }
 
+void kvp_model_info_init(kvp_model_info *info)
+{
+    if (info == NULL) {
+        return;
+    }
+    memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
+}
+
 kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out, kvp_error *err)
 {
     if (model == NULL) {
@@ -157,10 +167,9 @@ kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out, kvp_e
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    kvp_model_info info = {model->count, model->model_width, model->heads, model->kv_heads,
-                           model->head_width};
-    *out = info;
-    return KVP_OK;
+    kvp_model_info info = {sizeof info, model->count, model->model_width, model->heads,
+                           model->kv_heads, model->head_width};
+    return kvpi_struct_out(out, &info, sizeof info, KVPI_MODEL_INFO_SIZE_FIRST, err);
 }
 
 const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index)

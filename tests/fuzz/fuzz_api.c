@@ -665,6 +665,7 @@ static void check_world(void)
         CHECK(kvp_cache_len(c->cache) == c->kv.len, "cache slot %d len %zu, expected %zu", i,
               kvp_cache_len(c->cache), c->kv.len);
         kvp_cache_info info;
+        kvp_cache_info_init(&info);
         kvp_error err;
         kvp_status status = kvp_cache_info_get(c->cache, &info, &err);
         check_status(status, KVP_OK, &err);
@@ -725,6 +726,7 @@ static void check_world(void)
         }
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     kvp_error err;
     kvp_status status = kvp_pool_stats_get(W.pool, &stats, &err);
     check_status(status, KVP_OK, &err);
@@ -1793,6 +1795,7 @@ static void teardown(void)
         }
     }
     kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
     check_status(kvp_pool_stats_get(W.pool, &stats, &err), KVP_OK, &err);
     CHECK(stats.held_pages == 0 && stats.promised_pages == 0 && stats.attached_caches == 0 &&
               stats.attached_reservations == 0,

@@ -8,6 +8,10 @@
 # soname is libkvpager.so.0.MINOR before 1.0. Then embeds the source tree
 # with add_subdirectory (tests/package/embed): kvpager's tests off, warnings
 # not fatal, Valgrind requests compiled out; the tour and the probe run.
+# Pulls it in with FetchContent (tests/package/fetch) and runs the tour.
+# Checks the static link flags (pkg-config --static: jemalloc, pthread, m),
+# and that libkvpager.so does not depend on jemalloc: a program that links
+# neither dlopen()s it and runs a pool through dlsym (dlopen_probe.c).
 set -eu
 build_dir=$1
 source_dir=$2
@@ -58,6 +62,17 @@ cc -std=c11 -Wall -Wextra -Werror $(pc --cflags kvpager) "$tour" $(pc --libs kvp
 echo "== pkg-config build"
 "$work/api_tour_pc"
 # Static: -Bstatic picks libkvpager.a; --static adds jemalloc, pthread and libm.
+static_libs=$(pc --static --libs kvpager)
+for flag in -lkvpager -ljemalloc -lpthread -lm; do
+    case " $static_libs " in
+        *" $flag "*) ;;
+        *) echo "package test: pkg-config --static --libs lacks $flag: $static_libs" >&2; exit 1 ;;
+    esac
+done
+case " $(pc --libs kvpager) " in
+    *jemalloc*) echo "package test: pkg-config --libs (shared) names jemalloc" >&2; exit 1 ;;
+esac
+echo "== pkg-config --static --libs: $static_libs"
 cc -std=c11 -Wall -Wextra -Werror $(pc --cflags kvpager) "$tour" \
    -L"$libdir" -Wl,-Bstatic -lkvpager -Wl,-Bdynamic \
    $(pc --static --libs kvpager | sed 's/-lkvpager//') -o "$work/api_tour_pc_static"
@@ -100,3 +115,26 @@ fi
 cmake --build "$work/embed" >/dev/null
 "$work/embed/api_tour_embedded"
 "$work/embed/version_check_embedded"
+
+# FetchContent from a local source tree (no network), tests off.
+echo "== FetchContent(kvpager): tests off, KVP_WERROR off"
+cmake -S "$source_dir/tests/package/fetch" -B "$work/fetch" -G Ninja \
+      -DKVPAGER_SOURCE_DIR="$source_dir" -DAPI_TOUR="$tour" -DKVP_VALGRIND=OFF >/dev/null
+cmake --build "$work/fetch" >/dev/null
+"$work/fetch/api_tour_fetched"
+
+# dlopen from a host that links neither kvpager nor jemalloc. libkvpager.so
+# must not need jemalloc: loading jemalloc late fails ("cannot allocate
+# memory in static TLS block", its initial-exec TLS).
+echo "== dlopen(libkvpager.so) from a program without jemalloc"
+if objdump -p "$libdir/libkvpager.so" | grep -q 'NEEDED.*jemalloc'; then
+    echo "package test: libkvpager.so depends on jemalloc" >&2
+    exit 1
+fi
+cc -std=c11 -Wall -Wextra -Werror $(pc --cflags kvpager) \
+   "$source_dir/tests/package/dlopen_probe.c" -ldl -lm -o "$work/dlopen_probe"
+if ldd "$work/dlopen_probe" | grep -q 'jemalloc\|libkvpager'; then
+    echo "package test: dlopen_probe links jemalloc or kvpager" >&2
+    exit 1
+fi
+"$work/dlopen_probe" "$libdir/libkvpager.so"

@@ -1,0 +1,334 @@
+/*
+ * test_abi.c: growing structs (kvpager/pool.h, "Growing structs"). An older
+ * caller is emulated by a struct cut to its first-release prefix: the
+ * library must read (config) or write (stats, info) exactly the bytes the
+ * caller's struct_size covers. Each emulated struct is checked twice: at the
+ * very end of a heap block of exactly struct_size bytes, so that ASan (debug
+ * preset) and memcheck (release preset) catch any access past it, and
+ * followed by guard bytes that must come back unchanged. A zero or too small
+ * struct_size is refused with INVALID_ARGUMENT naming it, changing nothing.
+ * Unit test: uses internal headers (pager/abi.h for the first-release sizes).
+ */
+#include "support.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "pager/abi.h"
+#include "pager/alloc.h"
+
+#define GUARD 0xA5
+#define GUARD_BYTES 64
+
+/* A heap block of exactly `size` bytes filled with `fill` (no slack for a stray access). */
+static unsigned char *exact_block(size_t size, int fill)
+{
+    unsigned char *block = malloc(size);
+    assert_non_null(block);
+    memset(block, fill, size);
+    return block;
+}
+
+static void assert_guard(const unsigned char *bytes, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        if (bytes[i] != GUARD) {
+            print_error("byte %zu (past struct_size %zu) was written: 0x%02x\n", i, from,
+                        bytes[i]);
+            fail();
+        }
+    }
+}
+
+static kvp_pool_config small_config(void)
+{
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 4;
+    config.heads = 2;
+    config.head_width = 8;
+    config.budget_bytes = 6 * 2 * 2 * 4 * 8 * sizeof(double);
+    return config;
+}
+
+static void assert_refused_struct_size(kvp_status status, const kvp_error *err)
+{
+    assert_int_equal(status, KVP_INVALID_ARGUMENT);
+    assert_int_equal(err->status, KVP_INVALID_ARGUMENT);
+    assert_string_equal(err->argument, "struct_size");
+}
+
+/* The first release of kvp_pool_config is every field up to dtype. */
+static void test_abi_first_release_sizes(void **state)
+{
+    (void)state;
+    /* The first release's sizeof (dtype padded to 8): an old caller's struct_size. */
+    assert_int_equal(KVPI_POOL_CONFIG_SIZE_FIRST, 6 * sizeof(size_t));
+    assert_int_equal(KVPI_POOL_STATS_SIZE_FIRST, offsetof(kvp_pool_stats, element_bytes) +
+                                                     sizeof(size_t));
+    kvp_pool_config config;
+    memset(&config, 0x5A, sizeof config);
+    kvp_pool_config_init(&config);
+    assert_int_equal(config.struct_size, sizeof config);
+    assert_int_equal(config.slab_source, KVP_SLAB_DEFAULT);
+    assert_null(config.slab_alloc);
+    assert_null(config.slab_free);
+    assert_null(config.slab_ctx);
+    kvp_pool_stats stats;
+    memset(&stats, 0x5A, sizeof stats);
+    kvp_pool_stats_init(&stats);
+    assert_int_equal(stats.struct_size, sizeof stats);
+    assert_int_equal(stats.total_pages, 0);
+    kvp_cache_info cache_info;
+    kvp_cache_info_init(&cache_info);
+    assert_int_equal(cache_info.struct_size, sizeof cache_info);
+    kvp_layer_info layer_info;
+    kvp_layer_info_init(&layer_info);
+    assert_int_equal(layer_info.struct_size, sizeof layer_info);
+    kvp_model_info model_info;
+    kvp_model_info_init(&model_info);
+    assert_int_equal(model_info.struct_size, sizeof model_info);
+    /* NULL is ignored. */
+    kvp_pool_config_init(NULL);
+    kvp_pool_stats_init(NULL);
+    kvp_cache_info_init(NULL);
+    kvp_layer_info_init(NULL);
+    kvp_model_info_init(NULL);
+}
+
+/*
+ * An old caller's config (first release: no slab fields) is read up to its
+ * struct_size only: the slab fields default, whatever lies past it.
+ */
+static void test_abi_pool_config_old_caller(void **state)
+{
+    (void)state;
+    kvp_pool_config full = small_config();
+    full.struct_size = KVPI_POOL_CONFIG_SIZE_FIRST;
+
+    /* At the end of an exact heap block: a read past it is a sanitizer or memcheck error. */
+    unsigned char *exact = exact_block(KVPI_POOL_CONFIG_SIZE_FIRST, 0);
+    memcpy(exact, &full, KVPI_POOL_CONFIG_SIZE_FIRST);
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create((const kvp_pool_config *)(void *)exact, &pool, &err), &err);
+    free(exact);
+    kvp_pool_stats stats = kvpt_stats(pool);
+    assert_int_equal(stats.total_pages, 6);
+    assert_int_equal(stats.slab_source, KVP_SLAB_JEMALLOC); /* the default: tests link jemalloc */
+    kvpt_destroy_pool(pool);
+
+    /* Followed by guard bytes that would be a custom source with garbage hooks if read. */
+    unsigned char guarded[sizeof(kvp_pool_config) + GUARD_BYTES];
+    memset(guarded, GUARD, sizeof guarded);
+    memcpy(guarded, &full, KVPI_POOL_CONFIG_SIZE_FIRST);
+    pool = NULL;
+    kvpt_assert_ok(kvp_pool_create((const kvp_pool_config *)(void *)guarded, &pool, &err), &err);
+    assert_guard(guarded, KVPI_POOL_CONFIG_SIZE_FIRST, sizeof guarded);
+    stats = kvpt_stats(pool);
+    assert_int_equal(stats.slab_source, KVP_SLAB_JEMALLOC);
+    kvpt_destroy_pool(pool);
+
+    /* A caller whose struct ends right after slab_source gets that source. */
+    full.slab_source = KVP_SLAB_MMAP;
+    full.struct_size = offsetof(kvp_pool_config, slab_source) + sizeof full.slab_source;
+    unsigned char *with_source = exact_block(full.struct_size, 0);
+    memcpy(with_source, &full, full.struct_size);
+    pool = NULL;
+    kvpt_assert_ok(kvp_pool_create((const kvp_pool_config *)(void *)with_source, &pool, &err),
+                   &err);
+    free(with_source);
+    stats = kvpt_stats(pool);
+    assert_int_equal(stats.slab_source, KVP_SLAB_MMAP);
+    kvpt_destroy_pool(pool);
+
+    /* A struct_size that ends inside a field does not cover it: the default holds. */
+    full.struct_size = offsetof(kvp_pool_config, slab_source) + 3;
+    pool = NULL;
+    kvpt_assert_ok(kvp_pool_create(&full, &pool, &err), &err);
+    stats = kvpt_stats(pool);
+    assert_int_equal(stats.slab_source, KVP_SLAB_JEMALLOC);
+    kvpt_destroy_pool(pool);
+}
+
+/* Zero, or below the first release: INVALID_ARGUMENT "struct_size", nothing allocated. */
+static void test_abi_pool_config_size_refused(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {0, sizeof(size_t), KVPI_POOL_CONFIG_SIZE_FIRST - 1};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        kvp_pool_config config = small_config();
+        config.struct_size = sizes[i];
+        kvp_pool *pool = (kvp_pool *)(void *)&config; /* a sentinel that must survive */
+        kvp_error err;
+        kvpi_fault_arm(0);
+        assert_refused_struct_size(kvp_pool_create(&config, &pool, &err), &err);
+        assert_ptr_equal(pool, (void *)&config);
+        assert_int_equal(kvpi_fault_calls(), 0);
+    }
+    /* The struct_size check comes before every field check. */
+    kvp_pool_config zero = small_config();
+    zero.struct_size = 0;
+    zero.heads = 0;
+    zero.dtype = (kvp_dtype)9;
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    assert_refused_struct_size(kvp_pool_create(&zero, &pool, &err), &err);
+    assert_null(pool);
+    /* NULL config still comes first. */
+    assert_int_equal(kvp_pool_create(NULL, &pool, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "config");
+}
+
+/*
+ * A newer caller's longer config: accepted when the bytes this library does
+ * not know are zero, refused when any is set (a setting it cannot honour).
+ */
+static void test_abi_pool_config_newer_caller(void **state)
+{
+    (void)state;
+    unsigned char longer[sizeof(kvp_pool_config) + 16];
+    memset(longer, 0, sizeof longer);
+    kvp_pool_config config = small_config();
+    config.struct_size = sizeof longer;
+    memcpy(longer, &config, sizeof config);
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create((const kvp_pool_config *)(void *)longer, &pool, &err), &err);
+    kvpt_destroy_pool(pool);
+
+    longer[sizeof longer - 1] = 1;
+    pool = NULL;
+    assert_refused_struct_size(
+        kvp_pool_create((const kvp_pool_config *)(void *)longer, &pool, &err), &err);
+    assert_null(pool);
+}
+
+/*
+ * An output struct: fills exactly [0, struct_size) past the struct_size
+ * member with the prefix of the full answer, keeps struct_size, and leaves
+ * every byte after it alone. `get` fills *out of the given struct size.
+ */
+typedef kvp_status (*get_fn)(void *ctx, void *out, kvp_error *err);
+
+static void check_output_struct(get_fn get, void *ctx, size_t full_size, size_t first_size)
+{
+    /* The full answer, from a caller of this library's size. */
+    unsigned char *full = exact_block(full_size, 0);
+    memcpy(full, &full_size, sizeof full_size);
+    kvp_error err;
+    kvpt_assert_ok(get(ctx, full, &err), &err);
+
+    /* The first release's caller, at the end of an exact heap block. */
+    unsigned char *exact = exact_block(first_size, 0);
+    memcpy(exact, &first_size, sizeof first_size);
+    kvpt_assert_ok(get(ctx, exact, &err), &err);
+    assert_memory_equal(exact + sizeof(size_t), full + sizeof(size_t),
+                        first_size - sizeof(size_t));
+    size_t kept;
+    memcpy(&kept, exact, sizeof kept);
+    assert_int_equal(kept, first_size);
+    free(exact);
+
+    /* Every prefix size from the first release up, followed by guard bytes. */
+    unsigned char guarded[1024];
+    assert_true(full_size + GUARD_BYTES <= sizeof guarded);
+    for (size_t size = first_size; size <= full_size + GUARD_BYTES; size++) {
+        memset(guarded, GUARD, sizeof guarded);
+        memcpy(guarded, &size, sizeof size);
+        kvpt_assert_ok(get(ctx, guarded, &err), &err);
+        size_t written = size < full_size ? size : full_size;
+        assert_memory_equal(guarded + sizeof(size_t), full + sizeof(size_t),
+                            written - sizeof(size_t));
+        assert_guard(guarded, written, sizeof guarded);
+        memcpy(&kept, guarded, sizeof kept);
+        assert_int_equal(kept, size);
+    }
+
+    /* Zero or too small: refused, nothing written. */
+    const size_t refused[] = {0, 1, first_size - 1};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        memset(guarded, GUARD, sizeof guarded);
+        memcpy(guarded, &refused[i], sizeof refused[i]);
+        assert_refused_struct_size(get(ctx, guarded, &err), &err);
+        assert_guard(guarded, sizeof(size_t), sizeof guarded);
+    }
+    free(full);
+}
+
+static kvp_status get_pool_stats(void *ctx, void *out, kvp_error *err)
+{
+    return kvp_pool_stats_get(ctx, out, err);
+}
+
+static kvp_status get_cache_info(void *ctx, void *out, kvp_error *err)
+{
+    return kvp_cache_info_get(ctx, out, err);
+}
+
+static kvp_status get_layer_info(void *ctx, void *out, kvp_error *err)
+{
+    return kvp_layer_info_get(ctx, out, err);
+}
+
+static kvp_status get_model_info(void *ctx, void *out, kvp_error *err)
+{
+    return kvp_model_info_get(ctx, out, err);
+}
+
+static void test_abi_pool_stats_old_caller(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(4, 2, 8, 6);
+    check_output_struct(get_pool_stats, pool, sizeof(kvp_pool_stats),
+                        KVPI_POOL_STATS_SIZE_FIRST);
+    /* The first release's caller gets the counters (not the slab source). */
+    unsigned char old[sizeof(kvp_pool_stats)];
+    memset(old, GUARD, sizeof old);
+    size_t first = KVPI_POOL_STATS_SIZE_FIRST;
+    memcpy(old, &first, sizeof first);
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_stats_get(pool, (kvp_pool_stats *)(void *)old, &err), &err);
+    kvp_pool_stats view;
+    memcpy(&view, old, first);
+    assert_int_equal(view.total_pages, 6);
+    assert_int_equal(view.free_pages, 6);
+    assert_int_equal(view.element_bytes, sizeof(double));
+    assert_guard(old, first, sizeof old);
+    kvpt_destroy_pool(pool);
+}
+
+static void test_abi_info_structs(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(4, 2, 8, 6);
+    kvp_binding binding = kvpt_binding(2, 8, 64);
+    kvp_cache *cache = kvpt_cache(pool, &binding, 1, 16);
+    check_output_struct(get_cache_info, cache, sizeof(kvp_cache_info),
+                        KVPI_CACHE_INFO_SIZE_FIRST);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
+
+    kvp_layer *layer = kvpt_random_layer(16, 2, 64, 10000.0, 7);
+    check_output_struct(get_layer_info, layer, sizeof(kvp_layer_info),
+                        KVPI_LAYER_INFO_SIZE_FIRST);
+    kvpt_destroy_layer(layer);
+
+    kvp_model *model = kvpt_random_model(2, 16, 2, 64, 10000.0, 7);
+    check_output_struct(get_model_info, model, sizeof(kvp_model_info),
+                        KVPI_MODEL_INFO_SIZE_FIRST);
+    kvpt_destroy_model(model);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_abi_first_release_sizes),
+        cmocka_unit_test(test_abi_pool_config_old_caller),
+        cmocka_unit_test(test_abi_pool_config_size_refused),
+        cmocka_unit_test(test_abi_pool_config_newer_caller),
+        cmocka_unit_test(test_abi_pool_stats_old_caller),
+        cmocka_unit_test(test_abi_info_structs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
