@@ -193,6 +193,23 @@ static void *slab_mmap(size_t bytes)
     return slab == MAP_FAILED ? NULL : slab;
 }
 
+/*
+ * Asks the kernel to back the 2 MiB-aligned interior of a slab with
+ * transparent huge pages (MADV_HUGEPAGE; only a hint: a kernel without THP,
+ * or one that refuses, changes nothing). A lane's pages are scattered over
+ * the slab, so with 4 KiB pages nearly every head run read by the gather is
+ * a TLB miss whose page walk misses the cache too.
+ */
+static void advise_huge(void *slab, size_t bytes)
+{
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t begin = ((uintptr_t)slab + huge - 1) & ~(huge - 1);
+    uintptr_t end = ((uintptr_t)slab + bytes) & ~(huge - 1);
+    if (end > begin) {
+        (void)madvise((void *)begin, end - begin, MADV_HUGEPAGE);
+    }
+}
+
 int kvpi_slab_alloc(kvp_slab_source source, kvp_slab_alloc_fn alloc_fn, kvp_slab_free_fn free_fn,
                     void *ctx, size_t bytes, kvpi_slab *out)
 {
@@ -227,6 +244,9 @@ int kvpi_slab_alloc(kvp_slab_source source, kvp_slab_alloc_fn alloc_fn, kvp_slab
     }
     if (slab.base == NULL) {
         return -1;
+    }
+    if (source != KVP_SLAB_CUSTOM) { /* a caller's memory is the caller's to advise */
+        advise_huge(slab.base, bytes);
     }
     *out = slab;
     return 0;
