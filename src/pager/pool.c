@@ -313,6 +313,54 @@ kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err)
     return KVP_OK;
 }
 
+kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
+                              const void **values, kvp_page_layout *layout, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (keys == NULL) {
+        return kvpi_fail_null(err, "keys");
+    }
+    if (values == NULL) {
+        return kvpi_fail_null(err, "values");
+    }
+    /* total_pages never changes after creation; a page's reference count does. */
+    if (page >= pool->total_pages) {
+        return kvpi_fail_out_of_range(err, "page", page, pool->total_pages);
+    }
+    kvpi_pool_lock(pool);
+    int held = pool->refcount[page] != 0;
+    kvpi_pool_unlock(pool);
+    if (!held) {
+        kvp_error e = kvpi_error_begin(KVP_PAGE_NOT_HELD);
+        e.index = page;
+        return kvpi_error_emit(err, &e);
+    }
+    size_t head_stride = pool->block_tokens * pool->head_width;
+    size_t half = pool->heads * head_stride * pool->element_bytes;
+    const unsigned char *base = kvpi_pool_page(pool, page);
+    if (layout != NULL) {
+        kvp_page_layout l;
+        memset(&l, 0, sizeof l);
+        l.dtype = pool->dtype;
+        l.element_bytes = pool->element_bytes;
+        l.heads = pool->heads;
+        l.block_tokens = pool->block_tokens;
+        l.head_width = pool->head_width;
+        l.head_stride = head_stride;
+        l.row_stride = pool->head_width;
+        l.head_stride_bytes = head_stride * pool->element_bytes;
+        l.row_stride_bytes = pool->head_width * pool->element_bytes;
+        l.values_offset_bytes = half;
+        l.page_bytes = pool->page_bytes;
+        *layout = l;
+    }
+    *keys = base;
+    *values = base + half;
+    return KVP_OK;
+}
+
 /* The high-water mark follows held pages that are not tentative. */
 static void raise_high_water_locked(kvp_pool *pool)
 {
