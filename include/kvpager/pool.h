@@ -214,6 +214,13 @@ typedef struct kvp_page_layout {
 } kvp_page_layout;
 
 /*
+ * The page format of `pool` (kvp_page_layout above), the same for every
+ * page, held or free. Errors: NULL_ARGUMENT (pool, out). Thread-safe.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_page_layout *out,
+                                                      kvp_error *err);
+
+/*
  * The address of a held page's keys and values (read-only) and, when
  * `layout` is not NULL, the page format above. A page id comes from
  * kvp_cache_block_table (or kvp_cache_page); the addresses stay valid as

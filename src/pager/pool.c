@@ -313,6 +313,26 @@ kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err)
     return KVP_OK;
 }
 
+/* The page format (kvpager/pool.h); geometry never changes after creation. */
+static kvp_page_layout page_layout(const kvp_pool *pool)
+{
+    kvp_page_layout l;
+    memset(&l, 0, sizeof l);
+    size_t head_stride = pool->block_tokens * pool->head_width;
+    l.dtype = pool->dtype;
+    l.element_bytes = pool->element_bytes;
+    l.heads = pool->heads;
+    l.block_tokens = pool->block_tokens;
+    l.head_width = pool->head_width;
+    l.head_stride = head_stride;
+    l.row_stride = pool->head_width;
+    l.head_stride_bytes = head_stride * pool->element_bytes;
+    l.row_stride_bytes = pool->head_width * pool->element_bytes;
+    l.values_offset_bytes = pool->heads * head_stride * pool->element_bytes;
+    l.page_bytes = pool->page_bytes;
+    return l;
+}
+
 kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
                               const void **values, kvp_page_layout *layout, kvp_error *err)
 {
@@ -337,27 +357,25 @@ kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
         e.index = page;
         return kvpi_error_emit(err, &e);
     }
-    size_t head_stride = pool->block_tokens * pool->head_width;
-    size_t half = pool->heads * head_stride * pool->element_bytes;
+    kvp_page_layout l = page_layout(pool);
     const unsigned char *base = kvpi_pool_page(pool, page);
     if (layout != NULL) {
-        kvp_page_layout l;
-        memset(&l, 0, sizeof l);
-        l.dtype = pool->dtype;
-        l.element_bytes = pool->element_bytes;
-        l.heads = pool->heads;
-        l.block_tokens = pool->block_tokens;
-        l.head_width = pool->head_width;
-        l.head_stride = head_stride;
-        l.row_stride = pool->head_width;
-        l.head_stride_bytes = head_stride * pool->element_bytes;
-        l.row_stride_bytes = pool->head_width * pool->element_bytes;
-        l.values_offset_bytes = half;
-        l.page_bytes = pool->page_bytes;
         *layout = l;
     }
     *keys = base;
-    *values = base + half;
+    *values = base + l.values_offset_bytes;
+    return KVP_OK;
+}
+
+kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_page_layout *out, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    *out = page_layout(pool);
     return KVP_OK;
 }
 
