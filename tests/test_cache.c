@@ -327,7 +327,8 @@ static void test_cache_create_errors_in_documented_order(void **state)
 }
 
 /*
- * Page tables hold B * (ceil(C / block) + 1) entries. The seed's element check
+ * Page tables hold B * (2 * ceil(C / block) + 1) entries (tables, spare
+ * entries, row-reservation entries). The seed's element check
  * bounds B * H * C * d_h only, so with H == d_h == 1 the table size itself can
  * overflow: it must fail as an allocation, never wrap into a tiny table.
  */
@@ -345,9 +346,9 @@ static void test_cache_create_page_table_size_cannot_overflow(void **state)
     expect_create_failure(pool, &binding, 1, SIZE_MAX, KVP_ALLOCATION_FAILED, text, &err);
     assert_string_equal(err.what, "KV cache page tables");
     assert_int_equal(err.bytes, SIZE_MAX);
-    /* B * (1 + 1) entries must not wrap to 0 entries. */
+    /* B * (2 + 1) entries must not wrap to 0 entries. */
     expect_create_failure(pool, &binding, SIZE_MAX / 2 + 1, 1, KVP_ALLOCATION_FAILED, text, &err);
-    /* B * (1 + 1) entries fit, but not their bytes. */
+    /* B * (2 + 1) entries fit, but not their bytes. */
     expect_create_failure(pool, &binding, SIZE_MAX / 4, 1, KVP_ALLOCATION_FAILED, text, &err);
 
     /* A large, representable capacity still works, and maps pages lazily. */

@@ -117,8 +117,9 @@ static void test_faults_cache_create_sweep(void **state)
     kvp_binding binding = kvpt_binding(2, 2, 8);
     kvp_pool_stats before = kvpt_stats(pool);
     static const kvpi_fault_site sites[] = {KVPI_SITE_CACHE_STRUCT, KVPI_SITE_CACHE_TABLES};
-    /* B page tables of ceil(C / block) entries plus B spare entries. */
-    const size_t table_bytes = (BATCH * ((CAPACITY + BLOCK - 1) / BLOCK) + BATCH) *
+    /* B page tables of ceil(C / block) entries, B spare entries, and as many
+     * row-reservation entries as table entries. */
+    const size_t table_bytes = (2 * BATCH * ((CAPACITY + BLOCK - 1) / BLOCK) + BATCH) *
                                sizeof(uint32_t);
     uint64_t failures = 0;
     for (uint64_t nth = 1;; nth++) {

@@ -43,6 +43,21 @@
  *               kvp_cache_keys, kvp_cache_values          NULL x2, BUFFER_TOO_SMALL
  *               kvp_cache_page       NULL x2, OUT_OF_RANGE x2
  *               kvp_cache_len, _capacity, _is_empty, _is_full   infallible
+ *               kvp_binding_init_external  NULL, ZERO_SIZE x3, INVALID_ARGUMENT
+ *               kvp_cache_append_rows NULL x3, CACHE_LAYER_BOUND, ROWS_RESERVED, FULL,
+ *                                    NONFINITE_KEY, NONFINITE_VALUE, POOL_EXHAUSTED
+ *               kvp_cache_reserve_rows NULL, CACHE_LAYER_BOUND, ROWS_RESERVED, FULL,
+ *                                    POOL_EXHAUSTED
+ *               kvp_cache_commit_rows NULL x3, CACHE_LAYER_BOUND, ROWS_NOT_RESERVED x2,
+ *                                    NONFINITE_KEY, NONFINITE_VALUE (reservation kept)
+ *               kvp_cache_discard_rows NULL;  kvp_cache_promise  NULL,
+ *                                    CACHE_LAYER_BOUND, OUT_OF_RANGE
+ *               kvp_cache_block_table NULL x3, OUT_OF_RANGE
+ *               kvp_binding_is_external, kvp_cache_reserved_rows, _promised_pages,
+ *               _pages_for                               infallible
+ *   (pool.h)    kvp_pool_page_data   NULL x3, OUT_OF_RANGE, PAGE_NOT_HELD
+ *               kvp_pool_page_layout NULL x2
+ *               (none of them allocates: no sweep)
  *   param.h     kvp_param_create     NULL x2, INVALID_ARGUMENT x2, ALLOCATION_FAILED
  *               kvp_param_create_matrix  NULL x2, INVALID_ARGUMENT x3, ALLOCATION_FAILED
  *               kvp_param_retain, kvp_param_release       NULL
@@ -526,6 +541,132 @@ static kvp_status make_param_matrix(world *w, void **out, kvp_error *err)
     (void)w;
     double values[6] = {1, 2, 3, 4, 5, 6};
     return kvp_param_create_matrix(3, 2, values, (kvp_param **)out, err);
+}
+
+/*
+ * External caches, block tables and page data (cache.h, pool.h): every
+ * failing call of the raw-row API, on an external cache holding 3 rows with
+ * a promise, and on the world's layer-bound cache; a pending reservation
+ * stays pending through a failed commit.
+ */
+static void test_nothing_changed_external_functions(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_error err;
+    kvp_binding eb;
+    kvpt_assert_ok(kvp_binding_init_external(&eb, HEADS, HD, 8, 1, 2, &err), &err);
+    kvp_cache *ext = kvpt_cache(w.pool, &eb, 1, 8);
+    double rows[4 * HEADS * 8 * HD];
+    kvpt_fill_random(rows, sizeof rows / sizeof *rows, 3);
+    kvpt_assert_ok(kvp_cache_append_rows(ext, rows, rows, 3, &err), &err);
+    kvpt_assert_ok(kvp_cache_promise(ext, 1, &err), &err);
+    kvpt_snapshot_add_cache(&w.snap, ext);
+    kvpt_snapshot_take(&w.snap);
+    kvp_binding untouched;
+    memset(&untouched, 0x5A, sizeof untouched);
+    kvp_binding out = untouched;
+
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_binding_init_external(NULL, 1, 1, 1, 0, 0, &e));
+    EXPECT_FAIL(&w, KVP_ZERO_SIZE, 0, kvp_binding_init_external(&out, 0, 1, 1, 0, 0, &e));
+    EXPECT_FAIL(&w, KVP_ZERO_SIZE, 0, kvp_binding_init_external(&out, 1, 0, 1, 0, 0, &e));
+    EXPECT_FAIL(&w, KVP_ZERO_SIZE, 0, kvp_binding_init_external(&out, 1, 1, 0, 0, 0, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_binding_init_external(&out, 2, SIZE_MAX, 1, 0, 0, &e));
+    assert_memory_equal(&out, &untouched, sizeof out);
+
+    /* append_rows, in its order. */
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_append_rows(NULL, rows, rows, 1, &e));
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_BOUND, 0, kvp_cache_append_rows(w.cache, rows, rows, 1, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_append_rows(ext, NULL, rows, 1, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_append_rows(ext, rows, NULL, 1, &e));
+    EXPECT_FAIL(&w, KVP_FULL, 0, kvp_cache_append_rows(ext, rows, rows, 6, &e));
+    double bad[HEADS * 2 * HD];
+    memcpy(bad, rows, sizeof bad);
+    bad[HEADS * 2 * HD - 1] = NAN; /* the last element of 2 rows: no page is taken before */
+    EXPECT_FAIL(&w, KVP_NONFINITE_KEY, 0, kvp_cache_append_rows(ext, bad, rows, 2, &e));
+    EXPECT_FAIL(&w, KVP_NONFINITE_VALUE, 0, kvp_cache_append_rows(ext, rows, bad, 2, &e));
+    /* 5 rows open block 2 (positions 4, 5, ...): more lanes than pages free. */
+    kvp_cache *wide = NULL;
+    kvpt_assert_ok(kvp_cache_create(w.pool, &eb, 64, 8, &wide, &err), &err);
+    kvpt_snapshot_add_cache(&w.snap, wide);
+    double *many = kvpt_doubles(64 * HEADS * 8 * HD);
+    kvpt_fill_random(many, 64 * HEADS * 8 * HD, 4);
+    EXPECT_FAIL(&w, KVP_POOL_EXHAUSTED, 1, kvp_cache_append_rows(wide, many, many, 1, &e));
+
+    /* reserve, commit, discard, promise, block table, page data. */
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_reserve_rows(NULL, 1, &e));
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_BOUND, 0, kvp_cache_reserve_rows(w.cache, 1, &e));
+    EXPECT_FAIL(&w, KVP_FULL, 0, kvp_cache_reserve_rows(ext, 6, &e));
+    EXPECT_FAIL(&w, KVP_POOL_EXHAUSTED, 1, kvp_cache_reserve_rows(wide, 1, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_commit_rows(NULL, rows, rows, 1, &e));
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_BOUND, 0, kvp_cache_commit_rows(w.cache, rows, rows, 0, &e));
+    EXPECT_FAIL(&w, KVP_ROWS_NOT_RESERVED, 0, kvp_cache_commit_rows(ext, rows, rows, 1, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_discard_rows(NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_promise(NULL, 1, &e));
+    EXPECT_FAIL(&w, KVP_CACHE_LAYER_BOUND, 0, kvp_cache_promise(w.cache, 1, &e));
+    EXPECT_FAIL(&w, KVP_OUT_OF_RANGE, 0, kvp_cache_promise(ext, 5, &e));
+    const uint32_t *table = SENTINEL;
+    size_t blocks = 77;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_block_table(NULL, 0, &table, &blocks, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_block_table(ext, 0, NULL, &blocks, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_block_table(ext, 0, &table, NULL, &e));
+    EXPECT_FAIL(&w, KVP_OUT_OF_RANGE, 0, kvp_cache_block_table(ext, 1, &table, &blocks, &e));
+    assert_ptr_equal(table, SENTINEL);
+    assert_int_equal(blocks, 77);
+    const void *k = SENTINEL;
+    const void *v = SENTINEL;
+    kvp_page_layout layout;
+    memset(&layout, 0x5A, sizeof layout);
+    layout.struct_size = sizeof layout;
+    kvp_page_layout layout_before = layout;
+    kvp_pool_stats stats = kvpt_stats(w.pool);
+    uint32_t free_page = 0;
+    while (kvp_pool_page_data(w.pool, free_page, &k, &v, NULL, &err) == KVP_OK) {
+        free_page++;
+    }
+    k = SENTINEL;
+    v = SENTINEL;
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_data(NULL, 0, &k, &v, &layout, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_data(w.pool, 0, NULL, &v, &layout, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_data(w.pool, 0, &k, NULL, &layout, &e));
+    EXPECT_FAIL(&w, KVP_OUT_OF_RANGE, 0,
+                kvp_pool_page_data(w.pool, (uint32_t)stats.total_pages, &k, &v, &layout, &e));
+    EXPECT_FAIL(&w, KVP_PAGE_NOT_HELD, 0,
+                kvp_pool_page_data(w.pool, free_page, &k, &v, &layout, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_layout(NULL, &layout, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_layout(w.pool, NULL, &e));
+    kvp_page_layout unsized = layout;
+    unsized.struct_size = 0; /* never initialized */
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_pool_page_data(w.pool, 0, &k, &v, &unsized, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_pool_page_layout(w.pool, &unsized, &e));
+    assert_int_equal(unsized.struct_size, 0);
+    unsized.struct_size = layout.struct_size;
+    assert_memory_equal(&unsized, &layout_before, sizeof unsized);
+    assert_ptr_equal(k, SENTINEL);
+    assert_ptr_equal(v, SENTINEL);
+    assert_memory_equal(&layout, &layout_before, sizeof layout);
+
+    /* With a reservation pending: refusals keep it, exactly. */
+    kvpt_assert_ok(kvp_cache_reserve_rows(ext, 3, &err), &err); /* positions 3..5: opens blocks 2 (4, 5) */
+    kvpt_snapshot_take(&w.snap);
+    assert_int_equal(w.snap.stats.tentative_pages, 1);
+    EXPECT_FAIL(&w, KVP_ROWS_RESERVED, 0, kvp_cache_append_rows(ext, rows, rows, 1, &e));
+    EXPECT_FAIL(&w, KVP_ROWS_RESERVED, 0, kvp_cache_reserve_rows(ext, 1, &e));
+    EXPECT_FAIL(&w, KVP_ROWS_NOT_RESERVED, 0, kvp_cache_commit_rows(ext, rows, rows, 4, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_commit_rows(ext, NULL, rows, 2, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_commit_rows(ext, rows, NULL, 2, &e));
+    EXPECT_FAIL(&w, KVP_NONFINITE_KEY, 0, kvp_cache_commit_rows(ext, bad, rows, 2, &e));
+    EXPECT_FAIL(&w, KVP_NONFINITE_VALUE, 0, kvp_cache_commit_rows(ext, rows, bad, 2, &e));
+    assert_int_equal(kvp_cache_reserved_rows(ext), 3);
+    kvpt_assert_ok(kvp_cache_commit_rows(ext, rows, rows, 3, &err), &err);
+    kvpt_assert_pool_ok(w.pool);
+
+    free(many);
+    kvpt_destroy_cache(wide, w.pool);
+    kvpt_destroy_cache(ext, w.pool);
+    world_free(&w);
 }
 
 /* A grouped layer over the world's square W_q, W_o and one D x d_h W_k, W_v (MQA). */
@@ -1288,6 +1429,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_nothing_changed_pool_functions, kvpt_disarm),
         cmocka_unit_test_teardown(test_nothing_changed_cache_functions, kvpt_disarm),
+        cmocka_unit_test_teardown(test_nothing_changed_external_functions, kvpt_disarm),
         cmocka_unit_test_teardown(test_nothing_changed_param_rope_layer_functions, kvpt_disarm),
         cmocka_unit_test_teardown(test_nothing_changed_attention_functions, kvpt_disarm),
         cmocka_unit_test_teardown(test_nothing_changed_model_functions, kvpt_disarm),

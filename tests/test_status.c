@@ -570,7 +570,11 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_MODEL_BUSY, 50);
     assert_int_equal(KVP_KV_HEADS_DO_NOT_DIVIDE_HEADS, 51);
     assert_int_equal(KVP_CACHE_KV_HEAD_COUNT_MISMATCH, 52);
-    assert_int_equal(KVP_STATUS_COUNT_, 53);
+    assert_int_equal(KVP_CACHE_LAYER_BOUND, 53);
+    assert_int_equal(KVP_ROWS_RESERVED, 54);
+    assert_int_equal(KVP_ROWS_NOT_RESERVED, 55);
+    assert_int_equal(KVP_PAGE_NOT_HELD, 56);
+    assert_int_equal(KVP_STATUS_COUNT_, 57);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -589,6 +593,39 @@ static void test_status_values_are_pinned_and_append_only(void **state)
             "time)");
     e = error_of(KVP_MODEL_BUSY);
     kvpt_assert_error_text(&e, "model still has live sequences; destroy them before the model");
+}
+
+/* The statuses of external caches and page data, with their details. */
+static void test_status_format_external_cache_errors(void **state)
+{
+    (void)state;
+    assert_string_equal(kvp_status_name(KVP_CACHE_LAYER_BOUND), "CacheLayerBound");
+    assert_string_equal(kvp_status_name(KVP_ROWS_RESERVED), "RowsReserved");
+    assert_string_equal(kvp_status_name(KVP_ROWS_NOT_RESERVED), "RowsNotReserved");
+    assert_string_equal(kvp_status_name(KVP_PAGE_NOT_HELD), "PageNotHeld");
+    assert_string_equal(kvp_status_message(KVP_PAGE_NOT_HELD),
+                        "the page is free: only held pages have data");
+    kvp_error e = error_of(KVP_CACHE_LAYER_BOUND);
+    kvpt_assert_error_text(&e, "KV cache is bound to an attention layer: its rows enter only "
+                               "through attention's prepare and commit (raw rows go to "
+                               "external caches)");
+    e = error_of(KVP_ROWS_RESERVED);
+    e.tokens = 3;
+    kvpt_assert_error_text(&e, "KV cache already holds a reservation of 3 rows; commit or "
+                               "discard it first");
+    e = error_of(KVP_ROWS_NOT_RESERVED);
+    e.tokens = 4;
+    e.available = 1;
+    kvpt_assert_error_text(&e, "cannot commit 4 rows: the KV cache has 1 rows reserved");
+    e = error_of(KVP_PAGE_NOT_HELD);
+    e.index = 7;
+    kvpt_assert_error_text(&e, "page 7 is free: only held pages have data");
+    e = error_of(KVP_FULL);
+    e.what = "rows";
+    e.tokens = 5;
+    e.available = 2;
+    e.capacity = 8;
+    kvpt_assert_error_text(&e, "5 rows do not fit: 2 of capacity 8 left");
 }
 
 /* The shape helpers every validation uses. */
@@ -634,6 +671,7 @@ int main(void)
         cmocka_unit_test(test_status_shape_helpers),
         cmocka_unit_test(test_status_names_are_seed_variant_names),
         cmocka_unit_test(test_status_values_are_pinned_and_append_only),
+        cmocka_unit_test(test_status_format_external_cache_errors),
         cmocka_unit_test(test_status_names_and_messages_are_nonempty_and_distinct),
         cmocka_unit_test(test_status_out_of_range_is_unknown),
         cmocka_unit_test(test_status_format_caller_and_pool_errors),

@@ -10,11 +10,23 @@
  * takes a page only when an append crosses into a new block, so memory follows
  * len, not capacity. All lanes advance together.
  *
- * Appends reach a cache only through attention's prepare/commit (the seed keeps
- * its raw append private); this header offers creation, inspection, reset and
- * destruction.
+ * Two kinds of cache, told apart by their binding (kvp_binding_is_external):
+ *   - layer-bound: the binding came from an attention layer
+ *     (kvp_layer_binding). Rows reach it only through attention's
+ *     prepare/commit, which checks the binding first: the seed keeps the raw
+ *     append private, so no caller can bypass that check. The raw-row calls
+ *     below refuse it with CACHE_LAYER_BOUND.
+ *   - external: the binding came from kvp_binding_init_external (an identity
+ *     and revision of the caller's choosing, no RoPE). The pager's rules
+ *     (pages, budget, audit, transactions) hold for it without any attention
+ *     code: the caller appends rows it computed itself (kvp_cache_append_rows,
+ *     or reserve / commit / discard) and reads them through the block table
+ *     (kvp_cache_block_table) and the page data (kvp_pool_page_data). Attention
+ *     refuses an external cache (its binding matches no layer).
  *
- * Threads: a cache has one owner at a time. Its pool may be shared.
+ * Threads: a cache has one owner at a time: every call on a cache, the
+ * queries included, comes from its owner (or is serialized by it). Its pool
+ * may be shared.
  */
 #ifndef KVPAGER_CACHE_H
 #define KVPAGER_CACHE_H
@@ -53,6 +65,28 @@ typedef struct kvp_binding {
     uint64_t rope_base_bits; /* the bit pattern of the RoPE base (an f64) */
 } kvp_binding;
 
+/*
+ * Fills *out with an external binding: heads = kv_heads, model_width =
+ * kv_heads * head_width, every parameter's (node_id, revision) =
+ * (identity, revision), rope_feature_width 0 (no RoPE: every attention layer
+ * has RoPE of nonzero width, so no layer binding is external), and
+ * rope_max_positions = max_positions, the largest capacity a cache of it may
+ * have. The pager never interprets identity and revision: they are the
+ * caller's record of what the cache's rows belong to (a model version, say),
+ * returned by kvp_cache_info_get. Errors, in this order: NULL_ARGUMENT;
+ * ZERO_SIZE (argument "kv_heads", "head_width" or "max_positions");
+ * INVALID_ARGUMENT (argument "head_width": kv_heads * head_width overflows).
+ * Thread-safe (touches only *out).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_binding_init_external(kvp_binding *out, size_t kv_heads,
+                                                           size_t head_width,
+                                                           size_t max_positions,
+                                                           uint64_t identity, uint64_t revision,
+                                                           kvp_error *err);
+
+/* 1 when `binding` is external (rope_feature_width 0), else 0; NULL gives 0. */
+KVP_API int kvp_binding_is_external(const kvp_binding *binding);
+
 /* A growing struct (pool.h): struct_size first, set by kvp_cache_info_init. */
 typedef struct kvp_cache_info {
     size_t struct_size;
@@ -80,11 +114,15 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_create(kvp_pool *pool, const kvp_bind
                                                   size_t batch_size, size_t capacity,
                                                   kvp_cache **out, kvp_error *err);
 
-/* Returns every page to the pool, detaches and frees the cache. */
+/*
+ * Returns every page to the pool (a pending row reservation's too), sets the
+ * promise to 0, detaches and frees the cache.
+ */
 KVP_API kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err);
 
 /*
- * len = 0 and every page back to the pool. Capacity and binding are kept;
+ * len = 0 and every page back to the pool, a pending row reservation
+ * discarded and the promise set to 0. Capacity and binding are kept;
  * nothing is allocated or freed on the heap, and a replay receives the same
  * physical pages (the pool's free list is LIFO).
  */
@@ -125,6 +163,111 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_page(const kvp_cache *cache, size_t l
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out,
                                                   kvp_error *err);
+
+/* ---- external caches: raw rows, block tables ---------------------------- */
+
+/*
+ * Appends `rows` rows per lane, computed by the caller, to an external cache,
+ * all or nothing. keys and values each hold [B, H_kv, rows, d_h] f64 (B the
+ * batch, H_kv the binding's kv_heads, d_h its head_width), row-major, the
+ * layout kvp_cache_keys exports: element (b, h, r, i) at
+ * ((b * H_kv + h) * rows + r) * d_h + i; row r lands at position len + r.
+ * Each element is rounded once to the pool's dtype (kvp_dtype, pool.h), as
+ * attention's commits round. `rows` may be anything up to the room left;
+ * rows == 0 succeeds and changes nothing (keys and values may then be NULL).
+ * Errors, in this order, all before any page is taken: NULL_ARGUMENT (cache);
+ * CACHE_LAYER_BOUND; ROWS_RESERVED (a reservation is pending, below);
+ * NULL_ARGUMENT (keys, values); FULL (err.what "rows", err.tokens = rows,
+ * err.available = capacity - len); NONFINITE_KEY, then NONFINITE_VALUE: the
+ * first element not finite as stored (err.index its flat index in keys or
+ * values, err.what NULL or the dtype's name, as status.h says); then
+ * POOL_EXHAUSTED when the pages of every lane cannot all be taken. On any
+ * error nothing changed. Pages are taken lane by lane within each new block,
+ * block by block, as attention takes them.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows(kvp_cache *cache, const double *keys,
+                                                       const double *values, size_t rows,
+                                                       kvp_error *err);
+
+/*
+ * The same transaction in two halves, for callers that compute rows after
+ * making sure they will fit: reserve takes now every page that `rows` more
+ * rows need (all lanes; all or none); commit writes rows into them later, and
+ * cannot run out of pages; discard gives back what is left. A cache holds at
+ * most one reservation, inside it (nothing is allocated). While it is
+ * pending, its pages are held by the cache's reservation (kvp_pool_check
+ * counts them, I3; attached_reservations counts it) and are tentative
+ * (kvp_pool_stats.tentative_pages): acquires and the high-water mark count a
+ * page only when a commit uses it, so reserve + discard leaves every counter
+ * as it was. Pages come from the cache's promise first (kvp_cache_promise);
+ * discard gives the promise back for the pages it returns.
+ *
+ * reserve: rows == 0 succeeds and reserves nothing. Errors, in this order:
+ * NULL_ARGUMENT; CACHE_LAYER_BOUND; ROWS_RESERVED (err.tokens = the rows
+ * already reserved); FULL (as append_rows); POOL_EXHAUSTED.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_reserve_rows(kvp_cache *cache, size_t rows,
+                                                        kvp_error *err);
+
+/*
+ * Commits the first `rows` of the reserved rows (keys and values laid out as
+ * for kvp_cache_append_rows with this `rows`); the rest stays reserved for
+ * later commits. rows == 0 succeeds and changes nothing. Errors, in this
+ * order: NULL_ARGUMENT (cache); CACHE_LAYER_BOUND; ROWS_NOT_RESERVED (rows >
+ * reserved rows: err.tokens = rows, err.available = the rows reserved);
+ * NULL_ARGUMENT (keys, values); NONFINITE_KEY; NONFINITE_VALUE. On error
+ * nothing changed and the reservation is still pending.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_rows(kvp_cache *cache, const double *keys,
+                                                       const double *values, size_t rows,
+                                                       kvp_error *err);
+
+/*
+ * Ends the reservation: its unused pages go back to the pool (newest first)
+ * with their promise, and the counters forget them. Without a reservation it
+ * does nothing. NULL_ARGUMENT only.
+ */
+KVP_API kvp_status kvp_cache_discard_rows(kvp_cache *cache, kvp_error *err);
+
+/* Rows reserved and not yet committed (0: no reservation). NULL gives 0. */
+KVP_API size_t kvp_cache_reserved_rows(const kvp_cache *cache);
+
+/*
+ * Sets an external cache's promise to `pages` pages it will take later
+ * (replacing the old one), as kvp_sequence_promise does for a sequence:
+ * kvp_pool_admit counts promised pages as used, and the cache's reserves and
+ * appends draw from its promise first. Reset and destroy set it back to 0.
+ * Errors: NULL_ARGUMENT; CACHE_LAYER_BOUND (a sequence promises for its
+ * layers); OUT_OF_RANGE (pages > B * ceil(capacity / block_tokens), the pages
+ * the cache can ever hold).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_promise(kvp_cache *cache, size_t pages,
+                                                   kvp_error *err);
+
+/* The cache's promise not yet taken. NULL gives 0. */
+KVP_API size_t kvp_cache_promised_pages(const kvp_cache *cache);
+
+/*
+ * Pages the cache needs to grow from its length to `tokens` positions:
+ * B * (ceil(tokens / block_tokens) - ceil(len / block_tokens)), 0 when tokens
+ * <= len. NULL gives 0.
+ */
+KVP_API size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens);
+
+/*
+ * The block table of `lane`: *table receives the page ids of blocks 0 ..
+ * *blocks - 1, in position order (position p lives in page (*table)[p /
+ * block_tokens] at slot p % block_tokens; kvp_pool_page_data gives its
+ * address), and *blocks = ceil(len / block_tokens). Any cache, layer-bound or
+ * external. The table is the cache's own, read-only, and valid until the next
+ * call that changes this cache (an append, commit, reserve, discard, reset,
+ * destroy, or a step, prefill or reset of the sequence that owns it); the
+ * page ids stay held, and their data valid, as long. Errors: NULL_ARGUMENT
+ * (cache, table, blocks); OUT_OF_RANGE (lane >= B). Allocates nothing.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_block_table(const kvp_cache *cache, size_t lane,
+                                                       const uint32_t **table, size_t *blocks,
+                                                       kvp_error *err);
 
 /* Plain queries. A NULL cache reads as 0 / false; they never fail. */
 KVP_API size_t kvp_cache_len(const kvp_cache *cache);

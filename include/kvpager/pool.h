@@ -25,8 +25,11 @@
  * f64, which is exact, and all arithmetic runs in f64 on the widened values.
  * Every cache of a pool stores in the pool's dtype: the pool decides.
  *
- * Pages are handed out to layer caches (kvpager/cache.h) and to the
- * reservations that attention tickets and steps hold; the pool tracks who
+ * (kvp_page_layout and kvp_pool_page_data below give a page's address and
+ * strides to kernels outside kvpager.)
+ *
+ * Pages are handed out to caches (kvpager/cache.h) and to the reservations
+ * that attention tickets, steps and caches' row reservations hold; the pool tracks who
  * holds what so that kvp_pool_check can recompute every invariant.
  *
  * Threads: every pool call is thread-safe. A pool must outlive its caches.
@@ -273,6 +276,61 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages,
  * pool gives 0.
  */
 KVP_API size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tokens);
+
+/*
+ * The format of a pool's pages, for kernels that read them directly (the
+ * same for every page of the pool). A page holds positions 0 ..
+ * block_tokens - 1 of one block of one cache lane: keys first, then values,
+ * each head-major, [heads][block_tokens][head_width] elements of `dtype`,
+ * row-major without padding. The key element (h, s, i) of a page is at
+ *     keys + h * head_stride + s * row_stride + i              (elements)
+ * and the value element at the same offset from values, where values =
+ * keys + values_offset_bytes. f64 elements are IEEE binary64, f32 binary32,
+ * bf16 the top 16 bits of a binary32 (uint16_t); all in the host's byte
+ * order. Slots at or past a block's rows (a lane of len positions fills
+ * len - block * block_tokens slots of its last block) hold nothing: never
+ * read them.
+ */
+typedef struct kvp_page_layout {
+    size_t struct_size;         /* a growing struct: set by kvp_page_layout_init */
+    kvp_dtype dtype;
+    size_t element_bytes;       /* kvp_dtype_bytes(dtype) */
+    size_t heads;               /* stored (KV) heads */
+    size_t block_tokens;
+    size_t head_width;
+    size_t head_stride;         /* elements from (h, s) to (h + 1, s): block_tokens * head_width */
+    size_t row_stride;          /* elements from (h, s) to (h, s + 1): head_width */
+    size_t head_stride_bytes;   /* head_stride * element_bytes */
+    size_t row_stride_bytes;    /* row_stride * element_bytes */
+    size_t values_offset_bytes; /* values - keys: heads * head_stride_bytes */
+    size_t page_bytes;          /* 2 * values_offset_bytes */
+} kvp_page_layout;
+
+/* Zeroes *layout and sets struct_size to sizeof(kvp_page_layout). NULL is ignored. */
+KVP_API void kvp_page_layout_init(kvp_page_layout *layout);
+
+/*
+ * The page format of `pool` (kvp_page_layout above), the same for every
+ * page, held or free. Errors: NULL_ARGUMENT (pool, out); INVALID_ARGUMENT
+ * (out's struct_size: call kvp_page_layout_init first). Thread-safe.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_page_layout *out,
+                                                      kvp_error *err);
+
+/*
+ * The address of a held page's keys and values (read-only) and, when
+ * `layout` is not NULL, the page format above. A page id comes from
+ * kvp_cache_block_table (or kvp_cache_page); the addresses stay valid as
+ * long as that page id does (until the next call that changes its cache),
+ * and the slab never moves. Errors, in this order: NULL_ARGUMENT (pool, keys,
+ * values); INVALID_ARGUMENT (layout's struct_size); OUT_OF_RANGE (argument "page", page >= total pages); PAGE_NOT_HELD
+ * (err.index = page: the page is on the free list; only held pages have
+ * data). Thread-safe; reading the rows is the cache owner's business (a
+ * cache has one owner at a time). Allocates nothing.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page,
+                                                    const void **keys, const void **values,
+                                                    kvp_page_layout *layout, kvp_error *err);
 
 /*
  * For audits: a 64-bit FNV-1a digest of every byte of the slab, held and free

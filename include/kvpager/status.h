@@ -123,7 +123,12 @@ extern "C" {
     X(KV_HEADS_DO_NOT_DIVIDE_HEADS, 51, "KvHeadsDoNotDivideHeads",                                 \
       "the head count is not a nonzero multiple of the KV head count")                             \
     X(CACHE_KV_HEAD_COUNT_MISMATCH, 52, "CacheKvHeadCountMismatch",                                \
-      "KV cache KV head count differs from the layer's")
+      "KV cache KV head count differs from the layer's")                                           \
+    X(CACHE_LAYER_BOUND, 53, "CacheLayerBound",                                                    \
+      "rows enter a layer-bound cache only through attention")                                     \
+    X(ROWS_RESERVED, 54, "RowsReserved", "the cache already holds a row reservation")              \
+    X(ROWS_NOT_RESERVED, 55, "RowsNotReserved", "more rows committed than the cache reserved")     \
+    X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is free: only held pages have data")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -170,13 +175,14 @@ typedef struct kvp_error {
     const char *argument;
     /* INVALID_ARGUMENT: why; ALLOCATION_FAILED: the object being allocated;
      * INPUT_RANK and FULL: "prompt" when the input was a prefill prompt (NULL
-     * for a decode input); NONFINITE_PROJECTION: "query", "key" or "value";
+     * for a decode input); FULL: "rows" for kvp_cache_append_rows and
+     * kvp_cache_reserve_rows; NONFINITE_PROJECTION: "query", "key" or "value";
      * NONFINITE_KEY and NONFINITE_VALUE: NULL when the element is not finite,
      * or the pool's storage type ("f32", "bf16") when it is a finite f64
      * that the type cannot hold (it would round to infinity; pool.h). */
     const char *what;
 
-    /* OUT_OF_RANGE: index must be below limit.
+    /* OUT_OF_RANGE: index must be below limit. PAGE_NOT_HELD: index is the page.
      * NONFINITE_*: flat index and the value found (NONFINITE_PROJECTION names
      * the projection, "query", "key" or "value", in `what`). */
     size_t index;
@@ -204,7 +210,9 @@ typedef struct kvp_error {
 
     /* POOL_EXHAUSTED: pages needed and pages free.
      * BUFFER_TOO_SMALL: elements needed and elements available.
-     * FULL for a prompt: `available` positions were left, `tokens` needed. */
+     * FULL for a prompt or rows: `available` positions were left, `tokens` needed.
+     * ROWS_RESERVED: `tokens` rows are reserved. ROWS_NOT_RESERVED: `tokens`
+     * rows were to be committed, `available` rows are reserved. */
     size_t needed;
     size_t available;
 

@@ -7,8 +7,7 @@
 #include <time.h>
 
 #include "alloc.h"
-#include "pager/pool_internal.h"
-#include "pager/reservation.h"
+#include "kvpager/cache.h"
 
 /* Calibration stops doubling here, whatever the case costs. */
 #define MAX_ITERATIONS ((size_t)1 << 26)
@@ -79,29 +78,65 @@ double kvp_measure_unit(uint64_t *state)
     return (double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
 }
 
+/* Destroys caches[count - 1] .. caches[0], in that order: each pushes its page. */
+static void destroy_backwards(kvp_cache **caches, size_t count)
+{
+    while (count-- > 0) {
+        kvp_cache_destroy(caches[count], NULL);
+    }
+}
+
 int kvp_measure_shuffle_pool(kvp_pool *pool, uint64_t *state)
 {
-    size_t total = pool->total_pages;
-    if (pool->free_count != total || total == 0) {
+    kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
+    kvp_page_layout layout;
+    kvp_page_layout_init(&layout);
+    kvp_binding binding;
+    if (kvp_pool_stats_get(pool, &stats, NULL) != KVP_OK || stats.held_pages != 0 ||
+        stats.total_pages == 0 || kvp_pool_page_layout(pool, &layout, NULL) != KVP_OK ||
+        kvp_binding_init_external(&binding, layout.heads, layout.head_width, 1, 0, 0, NULL) !=
+            KVP_OK) {
         return -1;
     }
-    uint32_t *entries = kvp_cli_alloc(total, sizeof *entries);
-    if (entries == NULL) {
+    /*
+     * Public API only: one single-lane external cache per page, caches[i]
+     * holding the i-th page the free list gave (its one zero row took it).
+     * Shuffled, then destroyed from the last to the first: each destroy
+     * pushes its page, so the free list ends up in the shuffled order, the
+     * first entry on top. On failure the caches made so far are destroyed
+     * newest first, which restores the free list's order.
+     */
+    size_t total = stats.total_pages;
+    kvp_cache **caches = kvp_cli_calloc(total, sizeof *caches);
+    double *row = kvp_cli_calloc(layout.heads * layout.head_width, sizeof *row);
+    if (caches == NULL || row == NULL) {
+        kvp_cli_free(row);
+        kvp_cli_free(caches);
         return -1;
     }
-    kvpi_reservation all;
-    kvpi_reservation_init(&all, pool, entries, total);
-    if (kvpi_reservation_fill(&all, total, NULL) != KVP_OK) {
-        kvp_cli_free(entries);
-        return -1;
+    for (size_t i = 0; i < total; i++) {
+        if (kvp_cache_create(pool, &binding, 1, 1, &caches[i], NULL) != KVP_OK) {
+            destroy_backwards(caches, i);
+            kvp_cli_free(row);
+            kvp_cli_free(caches);
+            return -1;
+        }
+        if (kvp_cache_append_rows(caches[i], row, row, 1, NULL) != KVP_OK) {
+            destroy_backwards(caches, i + 1);
+            kvp_cli_free(row);
+            kvp_cli_free(caches);
+            return -1;
+        }
     }
     for (size_t i = total - 1; i > 0; i--) {
         size_t j = (size_t)((kvp_measure_unit(state) + 1.0) / 2.0 * (double)(i + 1)) % (i + 1);
-        uint32_t t = entries[i];
-        entries[i] = entries[j];
-        entries[j] = t;
+        kvp_cache *t = caches[i];
+        caches[i] = caches[j];
+        caches[j] = t;
     }
-    kvpi_reservation_release(&all);
-    kvp_cli_free(entries);
+    destroy_backwards(caches, total);
+    kvp_cli_free(row);
+    kvp_cli_free(caches);
     return 0;
 }

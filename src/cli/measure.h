@@ -51,9 +51,10 @@ double kvp_measure_unit(uint64_t *state);
 /*
  * Takes every free page of `pool`, shuffles their order with `state`, and
  * gives them back: later acquisitions get scattered pages, as in a pool that
- * has served many sequences. Internal (src/pager/reservation.h): the public
- * API has no way to order the free list. Returns 0, or -1 when out of memory
- * or when the pool has pages held (nothing changed then).
+ * has served many sequences. Through the public API only: one external
+ * cache per page, destroyed in the shuffled order. Returns 0, or -1 when out
+ * of memory or when the pool has pages held (then the free list's order is
+ * as it was; acquires and releases have counted the pages taken back).
  */
 int kvp_measure_shuffle_pool(kvp_pool *pool, uint64_t *state);
 

@@ -30,7 +30,6 @@
 #include <time.h>
 
 #include "alloc.h"
-#include "serve/sequence_internal.h"
 
 void kvp_sim_config_init(kvp_sim_config *config)
 {
@@ -50,11 +49,17 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->audit_every = 64;
 }
 
-/* A sequence with its token buffers, reused from request to request. */
+/*
+ * A sequence with its token buffers, reused from request to request. With
+ * compute off there is no attention: the lease holds one external cache per
+ * layer instead (kvpager/cache.h), bound to the run's seed, and the rows it
+ * appends are zeros, through the public reserve / commit API.
+ */
 typedef struct lease {
-    kvp_sequence *sequence;
+    kvp_sequence *sequence; /* compute on */
     double *input;        /* [D] */
     double *output;       /* [D], in the same allocation as input */
+    kvp_cache **caches;   /* compute off: [layers] external caches */
 } lease;
 
 typedef struct slot {
@@ -98,6 +103,7 @@ typedef struct sim {
     double running_sum;
     size_t finished_this_step;  /* decoded in this step, then retired */
     size_t samples_room;
+    double *zeros;              /* compute off: one block of zero rows, [1, H_kv, block, d_h] */
 } sim;
 
 static int fail(sim *s, const char *context)
@@ -175,6 +181,13 @@ static int setup(sim *s)
     if (c->compute && kvp_decoder_create(c->threads, &s->decoder, s->err) != KVP_OK) {
         return fail(s, "starting the decoder threads");
     }
+    if (!c->compute) {
+        size_t zeros = c->block_tokens * kv_heads * (c->model_width / c->heads);
+        s->zeros = kvp_cli_calloc(zeros, sizeof *s->zeros);
+        if (s->zeros == NULL) {
+            return out_of_memory(s, "zero rows", zeros * sizeof *s->zeros);
+        }
+    }
     size_t n = s->workload->count;
     s->generated = kvp_cli_calloc(n, sizeof *s->generated);
     s->waiting = s->generated ? kvp_cli_calloc(n, sizeof *s->waiting) : NULL;
@@ -230,7 +243,111 @@ static void lease_free(lease *l)
     if (l->sequence != NULL) {
         kvp_sequence_destroy(l->sequence, NULL);
     }
+    for (size_t i = 0; l->caches != NULL && l->caches[i] != NULL; i++) {
+        kvp_cache_destroy(l->caches[i], NULL);
+    }
+    kvp_cli_free(l->caches);
     kvp_cli_free(l->input);
+}
+
+/*
+ * The layers' external caches of an allocator-only lease, NULL-terminated;
+ * each binds the run's seed as its identity. On failure nothing is left.
+ */
+static int make_caches(sim *s, lease *l)
+{
+    const kvp_sim_config *c = s->config;
+    l->caches = kvp_cli_calloc(c->layers + 1, sizeof *l->caches);
+    if (l->caches == NULL) {
+        return out_of_memory(s, "layer caches", (c->layers + 1) * sizeof *l->caches);
+    }
+    kvp_binding binding;
+    if (kvp_binding_init_external(&binding, kvp_sim_kv_heads(c), c->model_width / c->heads,
+                                  c->capacity, c->seed, 0, s->err) != KVP_OK) {
+        return fail(s, "creating a sequence");
+    }
+    for (size_t i = 0; i < c->layers; i++) {
+        if (kvp_cache_create(s->pool, &binding, 1, c->capacity, &l->caches[i], s->err) !=
+            KVP_OK) {
+            return fail(s, "creating a sequence");
+        }
+    }
+    return 0;
+}
+
+static size_t lease_len(const lease *l)
+{
+    return l->sequence != NULL ? kvp_sequence_len(l->sequence) : kvp_cache_len(l->caches[0]);
+}
+
+/* Pages the lease needs to grow to `tokens`: every layer alike. */
+static size_t lease_pages_for(const sim *s, const lease *l, size_t tokens)
+{
+    if (l->sequence != NULL) {
+        return kvp_sequence_pages_for(l->sequence, tokens);
+    }
+    size_t per_layer = kvp_cache_pages_for(l->caches[0], tokens);
+    return per_layer > SIZE_MAX / s->config->layers ? SIZE_MAX : per_layer * s->config->layers;
+}
+
+/* `pages` for the whole lease (lanes = layers, so it divides evenly among them). */
+static kvp_status lease_promise(const sim *s, lease *l, size_t pages)
+{
+    if (l->sequence != NULL) {
+        return kvp_sequence_promise(l->sequence, pages, s->err);
+    }
+    for (size_t i = 0; i < s->config->layers; i++) {
+        kvp_status status = kvp_cache_promise(l->caches[i], pages / s->config->layers, s->err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    return KVP_OK;
+}
+
+static kvp_status lease_reset(const sim *s, lease *l)
+{
+    if (l->sequence != NULL) {
+        return kvp_sequence_reset(l->sequence, s->err);
+    }
+    for (size_t i = 0; i < s->config->layers; i++) {
+        kvp_status status = kvp_cache_reset(l->caches[i], s->err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    return KVP_OK;
+}
+
+/*
+ * Allocator only: `tokens` zero rows in every layer, all or nothing. Every
+ * layer's pages are reserved first (a refusal discards the ones reserved);
+ * then the rows are committed a block at a time, which cannot fail.
+ */
+static kvp_status lease_append_zeros(const sim *s, lease *l, size_t tokens)
+{
+    size_t layers = s->config->layers;
+    for (size_t i = 0; i < layers; i++) {
+        kvp_status status = kvp_cache_reserve_rows(l->caches[i], tokens, s->err);
+        if (status != KVP_OK) {
+            while (i-- > 0) {
+                kvp_cache_discard_rows(l->caches[i], NULL);
+            }
+            return status;
+        }
+    }
+    size_t block = s->config->block_tokens;
+    for (size_t i = 0; i < layers; i++) {
+        for (size_t done = 0; done < tokens; done += block) {
+            size_t rows = tokens - done < block ? tokens - done : block;
+            kvp_status status = kvp_cache_commit_rows(l->caches[i], s->zeros, s->zeros, rows,
+                                                      s->err);
+            if (status != KVP_OK) {
+                return status;
+            }
+        }
+    }
+    return KVP_OK;
 }
 
 /* An idle lease, or a new one; on failure nothing is taken or left allocated. */
@@ -241,13 +358,18 @@ static int take_lease(sim *s, lease *out)
         return 0;
     }
     size_t width = s->config->model_width;
-    lease l = {NULL, kvp_cli_calloc(2 * width, sizeof(double)), NULL};
+    lease l = {NULL, kvp_cli_calloc(2 * width, sizeof(double)), NULL, NULL};
     if (l.input == NULL) {
         return out_of_memory(s, "token buffers", 2 * width * sizeof(double));
     }
     l.output = l.input + width;
-    if (kvp_sequence_create(s->model, s->pool, 1, s->config->capacity, &l.sequence, s->err) !=
-        KVP_OK) {
+    if (!s->config->compute) {
+        if (make_caches(s, &l) != 0) {
+            lease_free(&l);
+            return -1;
+        }
+    } else if (kvp_sequence_create(s->model, s->pool, 1, s->config->capacity, &l.sequence,
+                                   s->err) != KVP_OK) {
         lease_free(&l);
         return fail(s, "creating a sequence");
     }
@@ -269,7 +391,7 @@ static int retire_slot(sim *s, size_t i)
     lease l = s->running[i].lease;
     s->running[i] = s->running[--s->running_count];
     s->idle[s->idle_count++] = l;
-    if (kvp_sequence_reset(l.sequence, s->err) != KVP_OK) {
+    if (lease_reset(s, &l) != KVP_OK) {
         return fail(s, "resetting a sequence");
     }
     return 0;
@@ -389,13 +511,13 @@ static int admit_one(sim *s, size_t request)
     r->generated = s->generated[request];
     r->admitted = s->admissions++;
     size_t promise = kvp_pool_pages_for(s->pool, s->lanes, admission_tokens(s, request));
-    if (kvp_sequence_promise(l.sequence, promise, s->err) != KVP_OK) {
+    if (lease_promise(s, &l, promise) != KVP_OK) {
         return fail(s, "admitting a request");
     }
     if (s->config->compute) {
         return 0; /* prefill_admitted runs it with the others admitted in this step */
     }
-    if (kvpi_sequence_append_uncomputed(l.sequence, tokens, s->err) != KVP_OK) {
+    if (lease_append_zeros(s, &l, tokens) != KVP_OK) {
         return fail(s, "prefilling an admitted request");
     }
     s->result->prefill_tokens += tokens;
@@ -447,7 +569,7 @@ static int make_room(sim *s)
         size_t newest = 0;
         for (size_t i = 0; i < s->running_count; i++) {
             slot *r = &s->running[i];
-            needed += kvp_sequence_pages_for(r->lease.sequence, kvp_sequence_len(r->lease.sequence) + 1);
+            needed += lease_pages_for(s, &r->lease, lease_len(&r->lease) + 1);
             if (r->admitted > s->running[newest].admitted) {
                 newest = i;
             }
@@ -474,7 +596,7 @@ static int decode(sim *s)
     }
     if (!c->compute) {
         for (size_t i = 0; i < s->running_count; i++) {
-            if (kvpi_sequence_append_uncomputed(s->running[i].lease.sequence, 1, s->err) != KVP_OK) {
+            if (lease_append_zeros(s, &s->running[i].lease, 1) != KVP_OK) {
                 return fail(s, "decoding (allocator only)");
             }
         }
@@ -517,7 +639,7 @@ static int finish_step(sim *s)
         r->generated++;
         s->result->tokens_generated++;
         if (r->generated < s->workload->requests[r->request].output_tokens) {
-            used += (double)(s->lanes * kvp_sequence_len(r->lease.sequence));
+            used += (double)(s->lanes * lease_len(&r->lease));
             i++;
             continue;
         }
@@ -653,6 +775,7 @@ static void teardown(sim *s)
     kvp_cli_free(s->generated);
     kvp_cli_free(s->waiting);
     kvp_cli_free(s->prompts);
+    kvp_cli_free(s->zeros);
 }
 
 static void summarize(sim *s)

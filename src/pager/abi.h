@@ -28,6 +28,7 @@
 #define KVPI_CACHE_INFO_SIZE_FIRST sizeof(kvp_cache_info)
 #define KVPI_LAYER_INFO_SIZE_FIRST sizeof(kvp_layer_info)
 #define KVPI_MODEL_INFO_SIZE_FIRST sizeof(kvp_model_info)
+#define KVPI_PAGE_LAYOUT_SIZE_FIRST sizeof(kvp_page_layout)
 
 /*
  * A release's size is its sizeof, tail padding included: an older caller

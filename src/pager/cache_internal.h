@@ -16,7 +16,10 @@
  *     pool's dtype (kvpager/pool.h), rounded from f64 once, at commit;
  *   - epoch advances on every commit and reset, so a ticket can tell that
  *     the cache changed since it was prepared;
- *   - len and tables change only under the pool lock (pool_internal.h).
+ *   - len and tables change only under the pool lock (pool_internal.h);
+ *   - an external cache (binding.rope_feature_width == 0) takes rows from
+ *     its owner (kvp_cache_append_rows, reserve/commit/discard) and never
+ *     from attention; a layer-bound cache the other way round.
  *
  * Callers: src/pager, src/attention and src/serve. Not part of the public API: the raw
  * append stays private, as in the seed.
@@ -45,6 +48,19 @@ struct kvp_cache {
     kvpi_reservation spare_reservation; /* used by the private append only */
     uint64_t serial;         /* unique in the process, never reused */
     uint64_t epoch;
+    /*
+     * External caches only (kvp_binding_is_external): the pending row
+     * reservation of kvp_cache_reserve_rows. row_entries has batch_size *
+     * blocks_per_lane slots (in the tables allocation). While reserved_rows
+     * > 0, row_reservation holds exactly kvp_cache_pages_for(len +
+     * reserved_rows) tentative pages, block by block, lane by lane, of which
+     * promise_drawn came from `promise`. All four change under the pool lock.
+     */
+    uint32_t *row_entries;
+    kvpi_reservation row_reservation;
+    size_t reserved_rows;
+    size_t promise_drawn;
+    size_t promise;          /* this cache's share of pool->promised */
 };
 
 /* Blocks a lane maps at the current length. */

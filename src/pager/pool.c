@@ -422,6 +422,89 @@ kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err)
     return KVP_OK;
 }
 
+/* The page format (kvpager/pool.h); geometry never changes after creation. */
+static kvp_page_layout page_layout(const kvp_pool *pool)
+{
+    kvp_page_layout l;
+    memset(&l, 0, sizeof l);
+    l.struct_size = sizeof l;
+    size_t head_stride = pool->block_tokens * pool->head_width;
+    l.dtype = pool->dtype;
+    l.element_bytes = pool->element_bytes;
+    l.heads = pool->heads;
+    l.block_tokens = pool->block_tokens;
+    l.head_width = pool->head_width;
+    l.head_stride = head_stride;
+    l.row_stride = pool->head_width;
+    l.head_stride_bytes = head_stride * pool->element_bytes;
+    l.row_stride_bytes = pool->head_width * pool->element_bytes;
+    l.values_offset_bytes = pool->heads * head_stride * pool->element_bytes;
+    l.page_bytes = pool->page_bytes;
+    return l;
+}
+
+kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
+                              const void **values, kvp_page_layout *layout, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (keys == NULL) {
+        return kvpi_fail_null(err, "keys");
+    }
+    if (values == NULL) {
+        return kvpi_fail_null(err, "values");
+    }
+    if (layout != NULL) {
+        kvp_status status = kvpi_struct_size_check(layout->struct_size,
+                                                   KVPI_PAGE_LAYOUT_SIZE_FIRST, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    /* total_pages never changes after creation; a page's reference count does. */
+    if (page >= pool->total_pages) {
+        return kvpi_fail_out_of_range(err, "page", page, pool->total_pages);
+    }
+    kvpi_pool_lock(pool);
+    int held = pool->refcount[page] != 0;
+    kvpi_pool_unlock(pool);
+    if (!held) {
+        kvp_error e = kvpi_error_begin(KVP_PAGE_NOT_HELD);
+        e.index = page;
+        return kvpi_error_emit(err, &e);
+    }
+    kvp_page_layout l = page_layout(pool);
+    const unsigned char *base = kvpi_pool_page(pool, page);
+    if (layout != NULL) {
+        /* Cannot fail: the struct_size was checked above. */
+        (void)kvpi_struct_out(layout, &l, sizeof l, KVPI_PAGE_LAYOUT_SIZE_FIRST, NULL);
+    }
+    *keys = base;
+    *values = base + l.values_offset_bytes;
+    return KVP_OK;
+}
+
+kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_page_layout *out, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_page_layout l = page_layout(pool);
+    return kvpi_struct_out(out, &l, sizeof l, KVPI_PAGE_LAYOUT_SIZE_FIRST, err);
+}
+
+void kvp_page_layout_init(kvp_page_layout *layout)
+{
+    if (layout != NULL) {
+        memset(layout, 0, sizeof *layout);
+        layout->struct_size = sizeof *layout;
+    }
+}
+
 /* The high-water mark follows held pages that are not tentative. */
 static void raise_high_water_locked(kvp_pool *pool)
 {

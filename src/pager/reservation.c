@@ -51,20 +51,18 @@ kvp_status kvpi_reservation_fill(kvpi_reservation *r, size_t n, kvp_error *err)
     return kvpi_reservation_fill_promised(r, n, NULL, err);
 }
 
-static kvp_status fill(kvpi_reservation *r, size_t n, size_t *promise, int tentative,
-                       kvp_error *err)
+static kvp_status fill_locked(kvpi_reservation *r, size_t n, size_t *promise, int tentative,
+                              kvp_error *err)
 {
     if (n == 0) {
         return KVP_OK;
     }
-    kvpi_pool_lock(r->pool);
     if (r->next == r->count) {
         /* Empty: restart at the front of the storage. */
         r->next = 0;
         r->count = 0;
     }
     if (n > r->capacity - r->count) {
-        kvpi_pool_unlock(r->pool);
         return kvpi_fail_invalid(err, "pages", "more pages than the reservation can hold");
     }
     kvp_status status =
@@ -79,8 +77,25 @@ static kvp_status fill(kvpi_reservation *r, size_t n, size_t *promise, int tenta
             kvpi_pool_promise_consume_locked(r->pool, promise, n);
         }
     }
+    return status;
+}
+
+static kvp_status fill(kvpi_reservation *r, size_t n, size_t *promise, int tentative,
+                       kvp_error *err)
+{
+    if (n == 0) {
+        return KVP_OK;
+    }
+    kvpi_pool_lock(r->pool);
+    kvp_status status = fill_locked(r, n, promise, tentative, err);
     kvpi_pool_unlock(r->pool);
     return status;
+}
+
+kvp_status kvpi_reservation_fill_tentative_locked(kvpi_reservation *r, size_t n, size_t *promise,
+                                                  kvp_error *err)
+{
+    return fill_locked(r, n, promise, 1, err);
 }
 
 kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t *promise,

@@ -12,7 +12,8 @@
  *
  * Life: empty --fill--> holding --consume_locked (each page moves, reference
  * and all, into a page table)--> empty; release returns what is left.
- * Callers: cache.c (its private append), attention tickets and steps.
+ * Callers: cache.c (its private append and external caches' row
+ * reservations), attention tickets and steps.
  */
 #ifndef KVPAGER_PAGER_RESERVATION_H
 #define KVPAGER_PAGER_RESERVATION_H
@@ -54,6 +55,10 @@ kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t 
  */
 kvp_status kvpi_reservation_fill_tentative(kvpi_reservation *r, size_t n, size_t *promise,
                                            kvp_error *err);
+
+/* kvpi_reservation_fill_tentative with the pool lock already held. */
+kvp_status kvpi_reservation_fill_tentative_locked(kvpi_reservation *r, size_t n, size_t *promise,
+                                                  kvp_error *err);
 
 /*
  * Under the pool lock: hands the next reserved page, and its reference, to the

@@ -276,6 +276,11 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                         e->tokens, e->available, e->capacity);
             return;
         }
+        if (e->what != NULL && strcmp(e->what, "rows") == 0) {
+            sink_printf(sink, "%zu rows do not fit: %zu of capacity %zu left", e->tokens,
+                        e->available, e->capacity);
+            return;
+        }
         sink_printf(sink, "KV cache is full at capacity %zu", e->capacity);
         return;
     case KVP_KEY_SHAPE_MISMATCH:
@@ -472,6 +477,22 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         sink_printf(sink,
                     "KV cache KV head count %zu must match attention layer KV head count %zu",
                     e->cache_size, e->layer_size);
+        return;
+    case KVP_CACHE_LAYER_BOUND:
+        sink_printf(sink, "KV cache is bound to an attention layer: its rows enter only through "
+                          "attention's prepare and commit (raw rows go to external caches)");
+        return;
+    case KVP_ROWS_RESERVED:
+        sink_printf(sink, "KV cache already holds a reservation of %zu rows; commit or discard "
+                          "it first",
+                    e->tokens);
+        return;
+    case KVP_ROWS_NOT_RESERVED:
+        sink_printf(sink, "cannot commit %zu rows: the KV cache has %zu rows reserved", e->tokens,
+                    e->available);
+        return;
+    case KVP_PAGE_NOT_HELD:
+        sink_printf(sink, "page %zu is free: only held pages have data", e->index);
         return;
     case KVP_STATUS_COUNT_:
         break;

@@ -20,6 +20,7 @@
 #include "alloc.h"
 #include "cli.h"
 #include "json.h"
+#include "measure.h"
 #include "plot.h"
 #include "workload.h"
 
@@ -259,10 +260,61 @@ static void test_cli_workload_generate_keeps_its_invariants(void **state)
     assert_null(w.requests);
 }
 
+/*
+ * The bench's fragmented free list (measure.c, public API only): after a
+ * shuffle, pages are handed out in the Fisher-Yates order of the same
+ * stream, as they were when the shuffle released an internal reservation.
+ */
+static void test_cli_shuffle_pool_orders_the_free_list(void **state)
+{
+    (void)state;
+    enum { PAGES = 9 };
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = 2;
+    config.heads = 1;
+    config.head_width = 2;
+    config.budget_bytes = PAGES * 2 * 1 * 2 * 2 * sizeof(double);
+    kvp_pool *pool = NULL;
+    assert_int_equal(kvp_pool_create(&config, &pool, NULL), KVP_OK);
+    uint64_t rng = 42;
+    assert_int_equal(kvp_measure_shuffle_pool(pool, &rng), 0);
+    uint32_t expected[PAGES];
+    for (uint32_t i = 0; i < PAGES; i++) {
+        expected[i] = i;
+    }
+    uint64_t again = 42;
+    for (size_t i = PAGES - 1; i > 0; i--) {
+        size_t j = (size_t)((kvp_measure_unit(&again) + 1.0) / 2.0 * (double)(i + 1)) % (i + 1);
+        uint32_t t = expected[i];
+        expected[i] = expected[j];
+        expected[j] = t;
+    }
+    assert_int_equal(rng, again);
+    kvp_binding binding;
+    assert_int_equal(kvp_binding_init_external(&binding, 1, 2, 1, 0, 0, NULL), KVP_OK);
+    kvp_cache *cache = NULL;
+    assert_int_equal(kvp_cache_create(pool, &binding, PAGES, 1, &cache, NULL), KVP_OK);
+    double row[PAGES * 2] = {0};
+    assert_int_equal(kvp_cache_append_rows(cache, row, row, 1, NULL), KVP_OK);
+    for (size_t lane = 0; lane < PAGES; lane++) {
+        const uint32_t *table = NULL;
+        size_t blocks = 0;
+        assert_int_equal(kvp_cache_block_table(cache, lane, &table, &blocks, NULL), KVP_OK);
+        assert_int_equal(blocks, 1);
+        assert_int_equal(table[0], expected[lane]);
+    }
+    assert_int_equal(kvp_measure_shuffle_pool(pool, &rng), -1); /* pages held */
+    assert_int_equal(kvp_cache_destroy(cache, NULL), KVP_OK);
+    assert_int_equal(kvp_pool_check(pool, NULL, NULL, NULL), KVP_OK);
+    assert_int_equal(kvp_pool_destroy(pool, NULL), KVP_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cli_parse_size_is_digits_only),
+        cmocka_unit_test(test_cli_shuffle_pool_orders_the_free_list),
         cmocka_unit_test(test_cli_parse_bytes_units_and_whole_counts),
         cmocka_unit_test(test_cli_parse_double_finite_decimals_only),
         cmocka_unit_test(test_cli_checked_arithmetic_saturates),
