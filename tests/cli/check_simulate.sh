@@ -6,10 +6,9 @@
 #   full   help, JSON keys and values, that the schedule depends neither on
 #          threads nor on the attention arithmetic, one long request on 1
 #          and 2 threads (the second helps its attention) with the same
-#          outputs, trace files (good ones
-#          run; bad ones are refused with line, column and value, and run
-#          nothing), the SVG plot, and the sharegpt targets at the default
-#          budget.
+#          outputs, trace files (good ones run; bad ones are refused with
+#          line, column and value, and run nothing), the SVG plot, and the
+#          sharegpt targets at the default budget.
 #   quick  one small simulation with real attention on two threads.
 set -eu
 work=$1
