@@ -40,6 +40,8 @@ typedef struct split_config {
     size_t repetitions;
     size_t min_ns;
     int dtype;       /* one dtype, or -1 for f64 and f32 */
+    size_t value_units; /* 0: the library's grain; else kvpi_gather_grain.value_units */
+    size_t chunk_kib;   /* 0: the library's grain; else chunk_bytes / 1024 */
 } split_config;
 
 static uint64_t rng_state = 777;
@@ -79,13 +81,16 @@ static void threaded_run(void *ctx, size_t iterations)
 
 static int parse(int argc, char **argv, split_config *c)
 {
-    *c = (split_config){65536, 8, 0, 64, 16, 2, 9, 200000000, -1};
+    *c = (split_config){65536, 8, 0, 64, 16, 2, 9, 200000000, -1, 0, 0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             printf("usage: bench-split [--len N] [--heads N] [--kv-heads N] [--head-width N]\n"
                    "                   [--block N] [--threads N] [--dtype f64|f32|bf16]\n"
-                   "                   [--repetitions N] [--min-ns N]\n"
-                   "One lane's decode attention on 1 thread and on a decoder of N (default 2).\n");
+                   "                   [--repetitions N] [--min-ns N] [--value-units N]\n"
+                   "                   [--chunk-kib N]\n"
+                   "One lane's decode attention on 1 thread and on a decoder of N (default 2).\n"
+                   "--value-units and --chunk-kib override the partition's grain, for tuning\n"
+                   "(attention/gather.h); the results stay bit-identical.\n");
             return 1;
         }
         if (strcmp(argv[i], "--dtype") == 0) {
@@ -120,6 +125,10 @@ static int parse(int argc, char **argv, split_config *c)
             field = &c->repetitions;
         } else if (strcmp(argv[i], "--min-ns") == 0) {
             field = &c->min_ns;
+        } else if (strcmp(argv[i], "--value-units") == 0) {
+            field = &c->value_units;
+        } else if (strcmp(argv[i], "--chunk-kib") == 0) {
+            field = &c->chunk_kib;
         }
         char *end = NULL;
         if (field == NULL || i + 1 >= argc || (*field = strtoull(argv[++i], &end, 10)) == 0 ||
@@ -232,7 +241,11 @@ static int run_dtype(const split_config *c, kvp_dtype dtype, kvp_decoder *decode
                                 decoder, 0, 0};
     }
     serial_run(&cases[0], 1);
+    uint64_t helped = kvpi_decoder_assisted_parts(decoder);
     threaded_run(&cases[1], 1);
+    helped = kvpi_decoder_assisted_parts(decoder) - helped;
+    size_t parts = kvpi_gather_score_parts(cache) + kvpi_gather_softmax_parts(cache) +
+                   kvpi_gather_value_parts(cache);
     int identical = !cases[1].failed &&
                     memcmp(weights[0], weights[1], nweights * sizeof(double)) == 0 &&
                     memcmp(outputs[0], outputs[1], hd * sizeof(double)) == 0;
@@ -242,9 +255,9 @@ static int run_dtype(const split_config *c, kvp_dtype dtype, kvp_decoder *decode
                 !cases[1].failed;
     double bytes = 2.0 * (double)c->len * (double)(c->kv_heads * d) * kvp_dtype_bytes(dtype);
     if (timed) {
-        printf("%-5s %8zu %5zu %8zu %5zu %6zu %12.0f %12.0f %7.2f %7.2f %6.2fx  %s\n",
+        printf("%-5s %8zu %5zu %8zu %5zu %6zu %12.0f %12.0f %7.2f %7.2f %6.2fx %4zu/%-4zu  %s\n",
                kvp_dtype_name(dtype), c->len, c->heads, c->kv_heads, d, c->block, ns[0], ns[1],
-               bytes / ns[0], bytes / ns[1], ns[0] / ns[1],
+               bytes / ns[0], bytes / ns[1], ns[0] / ns[1], (size_t)helped, parts,
                identical ? "identical" : "DIFFERENT");
     } else {
         fprintf(stderr, "bench-split: timing failed\n");
@@ -261,6 +274,12 @@ int main(int argc, char **argv)
     if (parsed != 0) {
         return parsed == 1 ? 0 : 2;
     }
+    if (c.value_units != 0 || c.chunk_kib != 0) {
+        kvpi_gather_grain grain = kvpi_gather_grain_get();
+        grain.value_units = c.value_units != 0 ? c.value_units : grain.value_units;
+        grain.chunk_bytes = c.chunk_kib != 0 ? c.chunk_kib << 10 : grain.chunk_bytes;
+        kvpi_gather_grain_set(&grain);
+    }
     kvp_decoder *decoder = NULL;
     if (kvp_decoder_create(c.threads, &decoder, NULL) != KVP_OK) {
         fprintf(stderr, "bench-split: cannot start %zu threads\n", c.threads);
@@ -270,8 +289,8 @@ int main(int argc, char **argv)
            "decoder of %zu\n(median ns per step of %zu alternating repetitions; GB/s of K+V "
            "read)\n",
            c.threads, c.repetitions);
-    printf("%-5s %8s %5s %8s %5s %6s %12s %12s %7s %7s %7s\n", "dtype", "len", "heads",
-           "kv_heads", "d_h", "block", "ns_1", "ns_n", "GB/s_1", "GB/s_n", "speedup");
+    printf("%-5s %8s %5s %8s %5s %6s %12s %12s %7s %7s %7s %9s\n", "dtype", "len", "heads",
+           "kv_heads", "d_h", "block", "ns_1", "ns_n", "GB/s_1", "GB/s_n", "speedup", "helped");
     static const kvp_dtype both[] = {KVP_F64, KVP_F32};
     int status = 0;
     for (size_t i = 0; i < 2 && status != 2; i++) {

@@ -12,7 +12,8 @@
  *     threads) equal the serial whole-lane loops bit for bit, for f64, f32
  *     and bf16 pages, block_tokens 1, 3 and 16, kv_heads = heads, a group
  *     of 2 and 1, at the finest grain (a block per scores part, a row per
- *     softmax part, heads cut into slices of 8 features) and the default;
+ *     softmax part, one KV head per value part cut into slices of 8
+ *     features) and the default;
  *   - a decoder of 1, 2 and 3 threads prefilling and stepping one long
  *     sequence (B = 1), and two sequences on 3 threads, and three on 2,
  *     gives outputs, cached K/V and pool counters bit-identical to
@@ -445,11 +446,9 @@ static void run_sequences(kvp_model *model, kvp_dtype dtype, size_t bt, size_t k
         for (size_t l = 0; l < S_LAYERS; l++) {
             const kvp_cache *cache = kvp_sequence_cache(seqs[i], l);
             kvpt_assert_ok(kvp_cache_digest(cache, &r->digests[i][l], &err), &err);
-            kvpt_assert_ok(kvp_cache_keys(cache, r->keys[i][l], KVPT_COUNT_OF(r->keys[i][l]), &err),
-                           &err);
-            kvpt_assert_ok(
-                kvp_cache_values(cache, r->values[i][l], KVPT_COUNT_OF(r->values[i][l]), &err),
-                &err);
+            size_t n = KVPT_COUNT_OF(r->keys[i][l]);
+            kvpt_assert_ok(kvp_cache_keys(cache, r->keys[i][l], n, &err), &err);
+            kvpt_assert_ok(kvp_cache_values(cache, r->values[i][l], n, &err), &err);
             for (size_t b = 0; b < KVPT_CEIL_DIV(S_CAPACITY, bt); b++) {
                 kvpt_assert_ok(kvp_cache_page(cache, 0, b, &r->pages[i][l][b], &err), &err);
             }

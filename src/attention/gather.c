@@ -33,13 +33,18 @@
  *            the candidate.
  *   softmax  part = a run of (lane, head) rows, about softmax_elements
  *            (32768): each row is one kvpi_softmax call, as serially.
- *   values   part = (lane, KV head, feature slice): each output feature is
- *            summed over positions in order by one axpy chain, so splitting
- *            the features [f0, f0 + w) of a head changes no operation
- *            (axpy is elementwise and adds rows in order, kernels.h). A head
- *            is cut into S slices (a power of two), w = d_h / S a multiple
- *            of 8, only while B * H_kv * S is below value_units (8): one
- *            long sequence with few KV heads.
+ *   values   part = (lane, run of KV heads, feature slice): each output
+ *            feature is summed over positions in order by one axpy chain,
+ *            so splitting the heads, or the features [f0, f0 + w) of a head,
+ *            changes no operation (axpy is elementwise and adds rows in
+ *            order, kernels.h). About value_units (4) parts: a lane's KV
+ *            heads in up to that many runs, and only when a lane has fewer
+ *            KV heads than that, each head cut into S slices (a power of
+ *            two, w = d_h / S a multiple of 8): one long sequence with few
+ *            KV heads. Inside a part, blocks are outer and its heads inner,
+ *            so each page's value rows of the run are one stream; on one
+ *            thread a lane is one part (the whole page's values in one
+ *            stream: short runs per page would cost the prefetcher).
  * A cache with fewer than min_parallel_bytes (256 KiB) of keys in all its
  * lanes runs every phase on the calling thread: a hand-off costs more.
  * Callers: incremental.c, and bench/ and src/cli (to time the real loops).
@@ -59,18 +64,23 @@ static const kvpi_gather_grain default_grain = {
     .chunk_bytes = (size_t)256 << 10,        /* keys per scores part */
     .min_parallel_bytes = (size_t)256 << 10, /* keys in all lanes worth a hand-off */
     .softmax_elements = 32768,               /* softmax elements per part */
-    .value_units = 8,                        /* value parts wanted before slicing heads */
+    .value_units = 4,                        /* value parts wanted in all lanes */
 };
 static kvpi_gather_grain grain = {
     .chunk_bytes = (size_t)256 << 10,
     .min_parallel_bytes = (size_t)256 << 10,
     .softmax_elements = 32768,
-    .value_units = 8,
+    .value_units = 4,
 };
 
 void kvpi_gather_grain_set(const kvpi_gather_grain *g)
 {
     grain = g != NULL ? *g : default_grain;
+}
+
+kvpi_gather_grain kvpi_gather_grain_get(void)
+{
+    return grain;
 }
 
 /* dot_rows over `rows` stored rows of the cache's dtype at `keys`. */
@@ -151,38 +161,41 @@ static void scores_blocks(const kvp_cache *cache, const double *queries, const d
 }
 
 /*
- * Features [f0, f0 + w) of the head outputs of the query heads of KV head
- * `kv_head` in `lane`: zero, every retained position in order, then the
- * candidate. weights is the lane's [H][len + 1], candidates its [H_kv][d_h],
- * outputs its [H][d_h].
+ * Features [f0, f0 + w) of the head outputs of the query heads of KV heads
+ * [k0, k1) in `lane`: zero, every retained position in order, then the
+ * candidate. Blocks outer, heads inner, so a block's value rows of the range
+ * are read as one stream. weights is the lane's [H][len + 1], candidates
+ * its [H_kv][d_h], outputs its [H][d_h].
  */
-static void values_slice(const kvp_cache *cache, const double *weights, const double *candidates,
-                         size_t lane, size_t kv_head, size_t f0, size_t w, double *outputs)
+static void values_range(const kvp_cache *cache, const double *weights, const double *candidates,
+                         size_t lane, size_t k0, size_t k1, size_t f0, size_t w, double *outputs)
 {
     size_t d = cache->head_width;
     size_t bt = cache->block_tokens;
     size_t group = cache->binding.heads / cache->heads;
-    size_t q0 = kv_head * group;
     size_t keys_per_head = cache->len + 1;
     const uint32_t *table = kvpi_cache_lane_table(cache, lane);
     const kvpi_kernels *k = kvpi_kernels_active();
     kvp_dtype dtype = kvpi_cache_dtype(cache);
-    for (size_t head = q0; head < q0 + group; head++) {
+    for (size_t head = k0 * group; head < k1 * group; head++) {
         memset(outputs + head * d + f0, 0, w * sizeof *outputs);
     }
     size_t blocks = blocks_of(cache);
     for (size_t block = 0; block < blocks; block++) {
         size_t start = block * bt;
         size_t rows = cache->len - start < bt ? cache->len - start : bt;
-        const void *page_values = kvpi_cache_page_values(cache, table[block], kv_head);
-        for (size_t head = q0; head < q0 + group; head++) {
-            axpy_stored_rows(k, dtype, outputs + head * d + f0,
-                             weights + head * keys_per_head + start, page_values, rows, d, f0, w);
+        for (size_t kv_head = k0; kv_head < k1; kv_head++) {
+            const void *page_values = kvpi_cache_page_values(cache, table[block], kv_head);
+            for (size_t head = kv_head * group; head < (kv_head + 1) * group; head++) {
+                axpy_stored_rows(k, dtype, outputs + head * d + f0,
+                                 weights + head * keys_per_head + start, page_values, rows, d,
+                                 f0, w);
+            }
         }
     }
-    for (size_t head = q0; head < q0 + group; head++) {
+    for (size_t head = k0 * group; head < k1 * group; head++) {
         k->axpy(outputs + head * d + f0, weights[head * keys_per_head + cache->len],
-                candidates + kv_head * d + f0, w);
+                candidates + head / group * d + f0, w);
     }
 }
 
@@ -195,9 +208,8 @@ void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const dou
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
                         size_t lane, double *outputs)
 {
-    for (size_t kv_head = 0; kv_head < cache->heads; kv_head++) {
-        values_slice(cache, weights, candidates, lane, kv_head, 0, cache->head_width, outputs);
-    }
+    values_range(cache, weights, candidates, lane, 0, cache->heads, 0, cache->head_width,
+                 outputs);
 }
 
 /* ---- the partition ------------------------------------------------------------ */
@@ -219,15 +231,28 @@ static size_t lane_chunks(const kvp_cache *cache)
     return blocks == 0 ? 1 : blocks / per + (blocks % per != 0);
 }
 
-/* Slices per head in the values phase: a power of two, each a multiple of 8 features. */
-static size_t value_slices(const kvp_cache *cache)
+/*
+ * The values phase's parts per lane: `ranges` runs of KV heads, each cut
+ * into `slices` feature slices (a power of two, each a multiple of 8
+ * features), about value_units parts in all.
+ */
+typedef struct value_layout {
+    size_t ranges;
+    size_t slices;
+} value_layout;
+
+static value_layout value_layout_of(const kvp_cache *cache)
 {
-    size_t slices = 1;
-    while (cache->batch_size * cache->heads * slices < grain.value_units &&
-           (cache->head_width / slices) % 16 == 0) {
-        slices *= 2;
+    size_t want = grain.value_units / cache->batch_size +
+                  (grain.value_units % cache->batch_size != 0);
+    value_layout v = {want < cache->heads ? want : cache->heads, 1};
+    if (v.ranges == 0) {
+        v.ranges = 1;
     }
-    return slices;
+    while (v.ranges * v.slices < want && (cache->head_width / v.slices) % 16 == 0) {
+        v.slices *= 2;
+    }
+    return v;
 }
 
 /* (lane, head) rows per softmax part. */
@@ -251,7 +276,8 @@ size_t kvpi_gather_softmax_parts(const kvp_cache *cache)
 
 size_t kvpi_gather_value_parts(const kvp_cache *cache)
 {
-    return cache->batch_size * cache->heads * value_slices(cache);
+    value_layout v = value_layout_of(cache);
+    return cache->batch_size * v.ranges * v.slices;
 }
 
 /* par, unless the cache holds too few bytes of keys for a hand-off to pay. */
@@ -297,15 +323,26 @@ static void value_part(void *ctx, size_t part)
 {
     const kvpi_gather_job *job = ctx;
     const kvp_cache *cache = job->cache;
-    size_t slices = value_slices(cache);
-    size_t lane = part / (cache->heads * slices);
-    size_t kv_head = part / slices % cache->heads;
-    size_t width = cache->head_width / slices;
-    size_t d = cache->binding.model_width;
+    value_layout v = value_layout_of(cache);
+    size_t per_lane = v.ranges * v.slices;
+    size_t lane = part / per_lane;
+    size_t range = part % per_lane / v.slices;
+    size_t width = cache->head_width / v.slices;
     size_t kv_width = cache->heads * cache->head_width;
-    values_slice(cache, job->weights + lane * cache->binding.heads * (cache->len + 1),
-                 job->values + lane * kv_width, lane, kv_head, part % slices * width, width,
-                 job->outputs + lane * d);
+    values_range(cache, job->weights + lane * cache->binding.heads * (cache->len + 1),
+                 job->values + lane * kv_width, lane, range * cache->heads / v.ranges,
+                 (range + 1) * cache->heads / v.ranges, part % v.slices * width, width,
+                 job->outputs + lane * cache->binding.model_width);
+}
+
+/* The values of a whole lane in one stream: the phase on one thread. */
+static void value_lane(void *ctx, size_t lane)
+{
+    const kvpi_gather_job *job = ctx;
+    const kvp_cache *cache = job->cache;
+    kvpi_gather_values(cache, job->weights + lane * cache->binding.heads * (cache->len + 1),
+                       job->values + lane * cache->heads * cache->head_width, lane,
+                       job->outputs + lane * cache->binding.model_width);
 }
 
 void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par)
@@ -322,8 +359,12 @@ void kvpi_gather_softmax_on(const kvpi_gather_job *job, const kvpi_parallel *par
 
 void kvpi_gather_values_on(const kvpi_gather_job *job, const kvpi_parallel *par)
 {
-    kvpi_parallel_run(worth(job->cache, par), value_part, (void *)job,
-                      kvpi_gather_value_parts(job->cache));
+    par = worth(job->cache, par);
+    if (par == NULL) {
+        kvpi_parallel_run(NULL, value_lane, (void *)job, job->cache->batch_size);
+    } else {
+        kvpi_parallel_run(par, value_part, (void *)job, kvpi_gather_value_parts(job->cache));
+    }
 }
 
 void kvpi_gather_attend_on(const kvpi_gather_job *job, const kvpi_parallel *par)

@@ -32,7 +32,7 @@ void kvpi_gather_values(const kvp_cache *cache, const double *weights, const dou
 /*
  * One decode step's attention over every lane of a cache, as three phases of
  * independent parts (gather.c): scores by position chunks, the softmax by
- * rows, the value mixture by KV heads and feature slices. Every phase gives
+ * rows, the value mixture by runs of KV heads and feature slices. Every phase gives
  * the bits of the serial loops above (and of kvpi_softmax per row) whatever
  * executor runs it, with any number of threads.
  */
@@ -55,9 +55,10 @@ typedef struct kvpi_gather_grain {
     size_t chunk_bytes;        /* keys per scores part, in whole blocks (at least one) */
     size_t min_parallel_bytes; /* below this many bytes of keys, phases run serially */
     size_t softmax_elements;   /* softmax elements per part, in whole rows */
-    size_t value_units;        /* slice heads' features until there are this many value parts */
+    size_t value_units;        /* about this many value parts in all lanes (heads, then slices) */
 } kvpi_gather_grain;
 void kvpi_gather_grain_set(const kvpi_gather_grain *grain);
+kvpi_gather_grain kvpi_gather_grain_get(void);
 
 /* Each phase's number of parts: a function of the cache's shape only. */
 size_t kvpi_gather_score_parts(const kvp_cache *cache);
