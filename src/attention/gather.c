@@ -60,18 +60,15 @@
  * current values. Global state, written only by kvpi_gather_grain_set while
  * no attention runs.
  */
-static const kvpi_gather_grain default_grain = {
-    .chunk_bytes = (size_t)256 << 10,        /* keys per scores part */
-    .min_parallel_bytes = (size_t)256 << 10, /* keys in all lanes worth a hand-off */
-    .softmax_elements = 32768,               /* softmax elements per part */
-    .value_units = 4,                        /* value parts wanted in all lanes */
-};
-static kvpi_gather_grain grain = {
-    .chunk_bytes = (size_t)256 << 10,
-    .min_parallel_bytes = (size_t)256 << 10,
-    .softmax_elements = 32768,
-    .value_units = 4,
-};
+#define DEFAULT_GRAIN                                                                        \
+    {                                                                                        \
+        .chunk_bytes = (size_t)256 << 10,        /* keys per scores part */                  \
+        .min_parallel_bytes = (size_t)256 << 10, /* keys in all lanes worth a hand-off */    \
+        .softmax_elements = 32768,               /* softmax elements per part */             \
+        .value_units = 4,                        /* value parts wanted in all lanes */       \
+    }
+static const kvpi_gather_grain default_grain = DEFAULT_GRAIN;
+static kvpi_gather_grain grain = DEFAULT_GRAIN;
 
 void kvpi_gather_grain_set(const kvpi_gather_grain *g)
 {
