@@ -171,7 +171,9 @@ KVP_API size_t kvp_decoder_threads(const kvp_decoder *decoder);
  * says whether it succeeded); running nothing: NULL_ARGUMENT for a NULL
  * sequence, INVALID_ARGUMENT when two jobs name the same sequence or a
  * job's kind is unknown, then DECODER_BUSY (below). A next_input function
- * must be safe to call from several threads.
+ * must be safe to call from several threads. Threads left without a job
+ * help the running ones with their attention (one long sequence uses every
+ * thread); the results are the same bits as on one thread.
  *
  * One caller at a time: a decoder runs one batch at a time. A call made
  * while another kvp_decoder_step on the same decoder is running (from

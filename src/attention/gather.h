@@ -1,12 +1,14 @@
 /*
- * gather.h: the page-walking loops of incremental attention (see gather.c).
- * Callers: src/attention and bench/.
+ * gather.h: the page-walking loops of incremental attention, and their exact
+ * partition into parts that threads may run (see gather.c).
+ * Callers: src/attention, and bench/ and src/cli (to time the real loops).
  */
 #ifndef KVPAGER_ATTENTION_GATHER_H
 #define KVPAGER_ATTENTION_GATHER_H
 
 #include <stddef.h>
 
+#include "attention/parallel.h"
 #include "pager/cache_internal.h"
 
 /*
@@ -26,5 +28,56 @@ void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const dou
  */
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
                         size_t lane, double *outputs);
+
+/*
+ * One decode step's attention over every lane of a cache, as three phases of
+ * independent parts (gather.c): scores by position chunks, the softmax by
+ * rows, the value mixture by runs of KV heads and feature slices. Every phase gives
+ * the bits of the serial loops above (and of kvpi_softmax per row) whatever
+ * executor runs it, with any number of threads.
+ */
+typedef struct kvpi_gather_job {
+    const kvp_cache *cache;
+    const double *queries;    /* [B][H][d_h], rotated */
+    const double *keys;       /* [B][H_kv][d_h]: the candidate keys, rounded to the dtype */
+    const double *values;     /* [B][H_kv][d_h]: the candidate values, likewise */
+    double scale;             /* 1 / sqrt(d_h) */
+    double *weights;          /* [B][H][len + 1]: scores, then the softmax in place */
+    double *outputs;          /* [B][H][d_h]: the head outputs */
+} kvpi_gather_job;
+
+/*
+ * The grain of the partition; gather.c gives the defaults. A test hook: the
+ * parts change with it, the bits never do. set(NULL) restores the defaults.
+ * Global state: call only while no attention runs (before a decoder step).
+ */
+typedef struct kvpi_gather_grain {
+    size_t chunk_bytes;        /* keys per scores part, in whole blocks (at least one) */
+    size_t min_parallel_bytes; /* below this many bytes of keys, phases run serially */
+    size_t softmax_elements;   /* softmax elements per part, in whole rows */
+    size_t value_units;        /* about this many value parts in all lanes (heads, then slices) */
+} kvpi_gather_grain;
+void kvpi_gather_grain_set(const kvpi_gather_grain *grain);
+kvpi_gather_grain kvpi_gather_grain_get(void);
+
+/* Each phase's number of parts: a function of the cache's shape only. */
+size_t kvpi_gather_score_parts(const kvp_cache *cache);
+size_t kvpi_gather_softmax_parts(const kvp_cache *cache);
+size_t kvpi_gather_value_parts(const kvp_cache *cache);
+
+/*
+ * The phases, on `par` (NULL: this thread). A cache too small to be worth
+ * the hand-off runs on this thread whatever par is. The softmax needs finite
+ * scores (incremental.c checks them in between).
+ */
+void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par);
+void kvpi_gather_softmax_on(const kvpi_gather_job *job, const kvpi_parallel *par);
+void kvpi_gather_values_on(const kvpi_gather_job *job, const kvpi_parallel *par);
+
+/*
+ * The three phases in turn, without incremental.c's finite checks: what a
+ * step's attention reads and computes, for benchmarks (finite inputs).
+ */
+void kvpi_gather_attend_on(const kvpi_gather_job *job, const kvpi_parallel *par);
 
 #endif /* KVPAGER_ATTENTION_GATHER_H */

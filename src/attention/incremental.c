@@ -170,33 +170,36 @@ static kvp_status round_candidate(const kvp_cache *cache, kvp_ticket *t, kvp_err
     return status;
 }
 
-/* Scores, stable softmax, value mixture, merge and output projection. */
+/*
+ * Scores, stable softmax, value mixture, merge and output projection. The
+ * three gather phases run on `par` (NULL: this thread), with the same bits
+ * for any executor (gather.h); the finite check between scores and softmax
+ * and the projection run on this thread.
+ */
 static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_ticket *t,
-                         kvp_error *err)
+                         const kvpi_parallel *par, kvp_error *err)
 {
     size_t batch = cache->batch_size;
     size_t heads = layer->heads;
-    size_t hd = layer->head_width;
     size_t d = layer->model_width;
-    size_t kv_width = layer->kv_heads * hd;
     size_t keys = cache->len + 1;
-    double scale = 1.0 / sqrt((double)hd);
-    for (size_t lane = 0; lane < batch; lane++) {
-        kvpi_gather_scores(cache, t->query + lane * d, t->key + lane * kv_width, lane, scale,
-                           t->weights + lane * heads * keys);
-    }
+    kvpi_gather_job job = {
+        .cache = cache,
+        .queries = t->query,
+        .keys = t->key,
+        .values = t->value,
+        .scale = 1.0 / sqrt((double)layer->head_width),
+        .weights = t->weights,
+        .outputs = t->head_outputs,
+    };
+    kvpi_gather_scores_on(&job, par);
     kvp_status status =
         kvpi_check_finite(t->weights, batch * heads * keys, KVP_NONFINITE_SCORE, "score", err);
     if (status != KVP_OK) {
         return status;
     }
-    for (size_t row = 0; row < batch * heads; row++) {
-        kvpi_softmax(t->weights + row * keys, keys);
-    }
-    for (size_t lane = 0; lane < batch; lane++) {
-        kvpi_gather_values(cache, t->weights + lane * heads * keys, t->value + lane * kv_width,
-                           lane, t->head_outputs + lane * d);
-    }
+    kvpi_gather_softmax_on(&job, par);
+    kvpi_gather_values_on(&job, par);
     /* [B, H, 1, d_h] is already the merged [B, 1, D] layout. */
     const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
     for (size_t lane = 0; lane < batch; lane++) {
@@ -207,7 +210,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
 
 kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *input,
                                   const kvp_cache *cache, kvp_ticket *ticket, int reserve_pages,
-                                  kvp_error *err)
+                                  const kvpi_parallel *par, kvp_error *err)
 {
     if (layer == NULL) {
         return kvpi_fail_null(err, "layer");
@@ -242,7 +245,7 @@ kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *inpu
         status = round_candidate(cache, ticket, err);
     }
     if (status == KVP_OK) {
-        status = attend(layer, cache, ticket, err);
+        status = attend(layer, cache, ticket, par, err);
     }
     if (status == KVP_OK) {
         kvp_tensor key = kvp_tensor4(ticket->key, cache->batch_size, cache->heads, 1,
@@ -270,7 +273,7 @@ kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *inpu
 kvp_status kvp_attention_prepare(const kvp_layer *layer, const kvp_tensor *input,
                                  const kvp_cache *cache, kvp_ticket *ticket, kvp_error *err)
 {
-    return kvpi_attention_prepare(layer, input, cache, ticket, 1, err);
+    return kvpi_attention_prepare(layer, input, cache, ticket, 1, NULL, err);
 }
 
 kvp_status kvp_attention_forward(const kvp_layer *layer, const kvp_tensor *input,

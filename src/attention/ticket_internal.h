@@ -18,6 +18,7 @@
 #define KVPAGER_ATTENTION_TICKET_INTERNAL_H
 
 #include "kvpager/attention.h"
+#include "attention/parallel.h"
 #include "pager/reservation.h"
 
 typedef enum kvpi_ticket_state {
@@ -51,11 +52,12 @@ struct kvp_ticket {
 /*
  * Prepare, with the page reservation optional: a multi-layer step prepares
  * every layer with reserve_pages == 0, reserves all their pages at once, and
- * commits each ticket with kvpi_ticket_commit_with.
+ * commits each ticket with kvpi_ticket_commit_with. The attention's gather
+ * runs on `par` (NULL: the calling thread), with the same bits either way.
  */
 kvp_status kvpi_attention_prepare(const kvp_layer *layer, const kvp_tensor *input,
                                   const kvp_cache *cache, kvp_ticket *ticket, int reserve_pages,
-                                  kvp_error *err);
+                                  const kvpi_parallel *par, kvp_error *err);
 
 /* Commit taking the new block's pages, if any, from `pages`. `ticket` is not NULL. */
 kvp_status kvpi_ticket_commit_with(kvp_ticket *ticket, kvp_cache *cache,

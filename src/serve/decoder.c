@@ -3,22 +3,50 @@
  * (see kvp_decoder_* in kvpager/sequence.h).
  *
  * Owns: threads - 1 worker threads, started at creation and joined at
- * destruction, and the hand-off of one batch at a time.
+ * destruction, the hand-off of one batch at a time, and the "assist"
+ * executor (attention/parallel.h) through which threads without a job help
+ * the running jobs.
  *
  * Protocol (all shared fields under `lock`):
  *   kvp_decoder_step publishes the batch (jobs, count, next = 0), bumps
  *   `generation`, wakes the workers and works itself; each thread claims job
- *   indices under the lock until none are left and reports when it is done;
- *   the caller returns once `busy` reaches 0. One step at a time: `stepping`
- *   is set when a step takes the batch slot and cleared when it returns, and
- *   a step that finds it set is refused with DECODER_BUSY before it writes
- *   anything (a second thread, or a next_input callback calling back in).
+ *   indices under the lock until none are left, then assists (below) until
+ *   no job is left running, and reports when it is done; the caller returns
+ *   once `busy` reaches 0. One step at a time: `stepping` is set when a step
+ *   takes the batch slot and cleared when it returns, and a step that finds
+ *   it set is refused with DECODER_BUSY before it writes anything (a second
+ *   thread, or a next_input callback calling back in).
  *   Jobs are independent sequences, so each job's result equals a lone
  *   kvp_sequence_step (a step job) or kvp_sequence_prefill (a prefill job).
  *   Plain mutexes and condition variables only, so helgrind and DRD can
  *   follow every hand-off.
+ *
+ * Assist (one long sequence uses every thread):
+ *   A job runs its attention's phases on the decoder's executor. Running a
+ *   phase of n >= 2 parts posts a task (on the poster's stack) to `tasks`,
+ *   wakes the threads waiting in assist(), and claims parts itself, one at a
+ *   time under the lock, until none is left unclaimed (the task is then
+ *   unlinked, so no thread can claim from it again); then it waits on
+ *   `part_done` until every claimed part has finished, and returns. A thread
+ *   whose claim of a job finds none left calls assist(): it claims parts of
+ *   posted tasks while there are any, and sleeps on `assist_ready` while
+ *   there are none but some job is still running; it returns once no job
+ *   is left to claim or running.
+ *   - No deadlock: a poster never waits for a part that is not running (it
+ *     runs every part nobody else claimed), and parts never wait.
+ *   - No busy waiting: idle threads sleep on a condition variable, woken
+ *     when a task is posted or the last job ends.
+ *   - A helper touches a task only under the lock, and the poster leaves
+ *     only after every part's completion was counted under the lock, so the
+ *     stack task outlives every use.
+ *   - Bits: the parts of a phase are an exact partition (gather.h), so a
+ *     job's results do not depend on who ran which part.
+ *   Test hook (decoder_internal.h): held tasks make their poster wait until
+ *   another thread has claimed a part, so a test can force the assist under
+ *   any scheduling; only with fewer jobs than threads, where some thread
+ *   has no job and is bound to come and help.
  * Global state: the thread-start fault injector (decoder_internal.h).
- * Callers: the public API.
+ * Callers: the public API; kvpi_decoder_run for benchmarks and tests.
  */
 #include "kvpager/sequence.h"
 
@@ -29,8 +57,22 @@
 
 #include "serve/decoder_internal.h"
 
+#include "attention/parallel.h"
 #include "pager/alloc.h"
 #include "pager/error.h"
+#include "serve/sequence_internal.h"
+
+/* A phase posted for assist; lives on its poster's stack (see the protocol). */
+typedef struct assist_task {
+    kvpi_part_fn fn;
+    void *ctx;
+    size_t parts;
+    size_t next;               /* the next unclaimed part */
+    size_t done;               /* parts finished */
+    size_t helped;             /* parts claimed by other threads */
+    int held;                  /* test hook: the poster waits for a helper first */
+    struct assist_task *link;  /* the next posted task with unclaimed parts */
+} assist_task;
 
 struct kvp_decoder {
     size_t threads;             /* workers + the calling thread */
@@ -47,6 +89,16 @@ struct kvp_decoder {
     int stepping;               /* a kvp_decoder_step owns the batch slot */
     kvp_next_input_fn next_input;
     void *ctx;
+    kvpi_decoder_solo_fn solo;  /* kvpi_decoder_run's one job, or NULL */
+    void *solo_ctx;
+    /* Assist. */
+    pthread_cond_t assist_ready;
+    pthread_cond_t part_done;
+    assist_task *tasks;         /* posted tasks with unclaimed parts, oldest first */
+    size_t running;             /* jobs claimed and not finished */
+    size_t hold;                /* test hook: tasks still to hold */
+    uint64_t assisted;          /* test hook: parts run by a thread other than the poster */
+    kvpi_parallel executor;     /* {decoder_run_parts, this decoder} */
 };
 
 static atomic_uint_fast64_t thread_calls;  /* thread starts since arm */
@@ -90,28 +142,135 @@ size_t kvpi_decoder_default_threads(long cores)
     return cores > 4096 ? 4096 : (size_t)cores;
 }
 
+/* Removes `task` from the posted list. Under the lock. */
+static void unlink_task(kvp_decoder *d, assist_task *task)
+{
+    assist_task **at = &d->tasks;
+    while (*at != task) {
+        at = &(*at)->link;
+    }
+    *at = task->link;
+}
+
+/*
+ * Claims the next part of `task` for this thread. Under the lock; the task
+ * has an unclaimed part. Unlinks it once its last part is claimed.
+ */
+static size_t claim_part(kvp_decoder *d, assist_task *task)
+{
+    size_t part = task->next++;
+    if (task->next == task->parts) {
+        unlink_task(d, task);
+    }
+    return part;
+}
+
+/* The executor's run: posts the parts, runs what nobody else claims, waits for the rest. */
+static void decoder_run_parts(const kvpi_parallel *self, kvpi_part_fn fn, void *ctx,
+                              size_t parts)
+{
+    kvp_decoder *d = self->impl;
+    assist_task task = {.fn = fn, .ctx = ctx, .parts = parts};
+    pthread_mutex_lock(&d->lock);
+    if (d->hold > 0 && d->count < d->threads) {
+        d->hold--;
+        task.held = 1;
+    }
+    assist_task **tail = &d->tasks; /* first in, first helped: at most one task per thread */
+    while (*tail != NULL) {
+        tail = &(*tail)->link;
+    }
+    *tail = &task;
+    pthread_cond_broadcast(&d->assist_ready);
+    while (task.held && task.helped == 0) {
+        pthread_cond_wait(&d->part_done, &d->lock);
+    }
+    while (task.next < task.parts) {
+        size_t part = claim_part(d, &task);
+        pthread_mutex_unlock(&d->lock);
+        fn(ctx, part);
+        pthread_mutex_lock(&d->lock);
+        task.done++;
+    }
+    while (task.done < task.parts) {
+        pthread_cond_wait(&d->part_done, &d->lock);
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+/*
+ * Runs posted parts until no job is left to claim or running; sleeps while
+ * none is posted. Called without the lock held.
+ */
+static void assist(kvp_decoder *d)
+{
+    pthread_mutex_lock(&d->lock);
+    for (;;) {
+        assist_task *task = d->tasks;
+        if (task != NULL) {
+            size_t part = claim_part(d, task);
+            kvpi_part_fn fn = task->fn;
+            void *ctx = task->ctx;
+            task->helped++;
+            pthread_mutex_unlock(&d->lock);
+            fn(ctx, part);
+            pthread_mutex_lock(&d->lock);
+            task->done++; /* the task may end once the lock is released */
+            d->assisted++;
+            pthread_cond_broadcast(&d->part_done);
+            continue;
+        }
+        if (d->running == 0 && d->next >= d->count) {
+            break;
+        }
+        pthread_cond_wait(&d->assist_ready, &d->lock);
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* One job, its attention on `par` (NULL with one thread). */
+static void run_job(kvp_decode_job *job, kvp_next_input_fn next_input, void *ctx,
+                    const kvpi_parallel *par)
+{
+    if (job->kind == KVP_JOB_PREFILL) {
+        job->status = kvpi_sequence_prefill_on(job->sequence, &job->input, next_input, ctx,
+                                               job->output, job->output_len, par, &job->error);
+    } else {
+        job->status = kvpi_sequence_step_on(job->sequence, &job->input, next_input, ctx,
+                                            job->output, job->output_len, par, &job->error);
+    }
+}
+
 /* Claims and runs jobs until none are left. Called without the lock held. */
 static void run_jobs(kvp_decoder *d)
 {
+    const kvpi_parallel *par = d->threads > 1 ? &d->executor : NULL;
     for (;;) {
         pthread_mutex_lock(&d->lock);
         size_t index = d->next < d->count ? d->next++ : d->count;
         kvp_decode_job *jobs = d->jobs;
         kvp_next_input_fn next_input = d->next_input;
         void *ctx = d->ctx;
+        kvpi_decoder_solo_fn solo = d->solo;
+        void *solo_ctx = d->solo_ctx;
         size_t count = d->count;
+        if (index < count) {
+            d->running++;
+        }
         pthread_mutex_unlock(&d->lock);
         if (index >= count) {
             return;
         }
-        kvp_decode_job *job = &jobs[index];
-        if (job->kind == KVP_JOB_PREFILL) {
-            job->status = kvp_sequence_prefill(job->sequence, &job->input, next_input, ctx,
-                                               job->output, job->output_len, &job->error);
+        if (solo != NULL) {
+            solo(solo_ctx, par);
         } else {
-            job->status = kvp_sequence_step(job->sequence, &job->input, next_input, ctx,
-                                            job->output, job->output_len, &job->error);
+            run_job(&jobs[index], next_input, ctx, par);
         }
+        pthread_mutex_lock(&d->lock);
+        if (--d->running == 0 && d->next >= d->count) {
+            pthread_cond_broadcast(&d->assist_ready);
+        }
+        pthread_mutex_unlock(&d->lock);
     }
 }
 
@@ -131,6 +290,7 @@ static void *worker_main(void *arg)
         seen = d->generation;
         pthread_mutex_unlock(&d->lock);
         run_jobs(d);
+        assist(d);
         pthread_mutex_lock(&d->lock);
         if (--d->busy == 0) {
             pthread_cond_signal(&d->work_done);
@@ -149,6 +309,8 @@ static void decoder_free(kvp_decoder *d, size_t started)
     for (size_t i = 0; i < started; i++) {
         pthread_join(d->workers[i], NULL);
     }
+    pthread_cond_destroy(&d->part_done);
+    pthread_cond_destroy(&d->assist_ready);
     pthread_cond_destroy(&d->work_done);
     pthread_cond_destroy(&d->work_ready);
     pthread_mutex_destroy(&d->lock);
@@ -180,6 +342,9 @@ kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out, kvp_error *err)
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->work_ready, NULL);
     pthread_cond_init(&d->work_done, NULL);
+    pthread_cond_init(&d->assist_ready, NULL);
+    pthread_cond_init(&d->part_done, NULL);
+    d->executor = (kvpi_parallel){decoder_run_parts, d};
     for (size_t i = 0; i + 1 < threads; i++) {
         if (thread_start(&d->workers[i], worker_main, d) != 0) {
             decoder_free(d, i);
@@ -229,6 +394,43 @@ static kvp_status check_jobs(const kvp_decode_job *jobs, size_t count, kvp_error
     return KVP_OK;
 }
 
+/*
+ * Publishes a batch of `count` jobs (or solo's one), works on it with the
+ * workers, and returns when every job is done. Called with the lock held
+ * and `stepping` clear; returns with it released and `stepping` clear.
+ */
+static void run_batch_locked(kvp_decoder *d, kvp_decode_job *jobs, size_t count,
+                             kvpi_decoder_solo_fn solo, void *solo_ctx,
+                             kvp_next_input_fn next_input, void *ctx)
+{
+    d->stepping = 1;
+    d->jobs = jobs;
+    d->count = count;
+    d->next = 0;
+    d->solo = solo;
+    d->solo_ctx = solo_ctx;
+    d->next_input = next_input;
+    d->ctx = ctx;
+    d->busy = d->threads - 1;
+    d->generation++;
+    pthread_cond_broadcast(&d->work_ready);
+    pthread_mutex_unlock(&d->lock);
+
+    run_jobs(d);
+    assist(d);
+
+    pthread_mutex_lock(&d->lock);
+    while (d->busy > 0) {
+        pthread_cond_wait(&d->work_done, &d->lock);
+    }
+    d->jobs = NULL;
+    d->count = 0;
+    d->solo = NULL;
+    d->solo_ctx = NULL;
+    d->stepping = 0;
+    pthread_mutex_unlock(&d->lock);
+}
+
 kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs, size_t count,
                             kvp_next_input_fn next_input, void *ctx, kvp_error *err)
 {
@@ -252,26 +454,40 @@ kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs, size_t c
         pthread_mutex_unlock(&decoder->lock);
         return KVP_OK;
     }
-    decoder->stepping = 1;
-    decoder->jobs = jobs;
-    decoder->count = count;
-    decoder->next = 0;
-    decoder->next_input = next_input;
-    decoder->ctx = ctx;
-    decoder->busy = decoder->threads - 1;
-    decoder->generation++;
-    pthread_cond_broadcast(&decoder->work_ready);
-    pthread_mutex_unlock(&decoder->lock);
-
-    run_jobs(decoder);
-
-    pthread_mutex_lock(&decoder->lock);
-    while (decoder->busy > 0) {
-        pthread_cond_wait(&decoder->work_done, &decoder->lock);
-    }
-    decoder->jobs = NULL;
-    decoder->count = 0;
-    decoder->stepping = 0;
-    pthread_mutex_unlock(&decoder->lock);
+    run_batch_locked(decoder, jobs, count, NULL, NULL, next_input, ctx);
     return KVP_OK;
+}
+
+kvp_status kvpi_decoder_run(kvp_decoder *decoder, kvpi_decoder_solo_fn fn, void *ctx,
+                            kvp_error *err)
+{
+    if (decoder == NULL) {
+        return kvpi_fail_null(err, "decoder");
+    }
+    if (fn == NULL) {
+        return kvpi_fail_null(err, "fn");
+    }
+    pthread_mutex_lock(&decoder->lock);
+    if (decoder->stepping) {
+        pthread_mutex_unlock(&decoder->lock);
+        kvp_error e = kvpi_error_begin(KVP_DECODER_BUSY);
+        return kvpi_error_emit(err, &e);
+    }
+    run_batch_locked(decoder, NULL, 1, fn, ctx, NULL, NULL);
+    return KVP_OK;
+}
+
+void kvpi_decoder_hold_tasks(kvp_decoder *decoder, size_t tasks)
+{
+    pthread_mutex_lock(&decoder->lock);
+    decoder->hold = tasks;
+    pthread_mutex_unlock(&decoder->lock);
+}
+
+uint64_t kvpi_decoder_assisted_parts(kvp_decoder *decoder)
+{
+    pthread_mutex_lock(&decoder->lock);
+    uint64_t parts = decoder->assisted;
+    pthread_mutex_unlock(&decoder->lock);
+    return parts;
 }

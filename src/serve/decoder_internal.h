@@ -1,5 +1,7 @@
 /*
- * decoder_internal.h: the decoder's thread-start fault injector.
+ * decoder_internal.h: the decoder's thread-start fault injector, its
+ * assist hooks for tests, and a way for benchmarks to run code on its
+ * threads.
  *
  * Owns: the default thread count, the one door through which the decoder
  * starts worker threads, and a
@@ -18,6 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvpager/sequence.h"
+#include "attention/parallel.h"
+
 /* The thread count for threads == 0: `cores` (sysconf's answer) within [1, 4096]. */
 size_t kvpi_decoder_default_threads(long cores);
 
@@ -26,5 +31,27 @@ void kvpi_thread_fault_arm(uint64_t nth);
 uint64_t kvpi_thread_fault_calls(void);
 /* 1 once the armed fault has fired. */
 int kvpi_thread_fault_fired(void);
+
+/*
+ * A job that is a function: fn(ctx, par) runs as the one job of a decoder
+ * step, and par is the decoder's assist executor (NULL with one thread), so
+ * whatever fn runs on par is helped by the decoder's other threads exactly
+ * as a sequence's attention is. DECODER_BUSY (nothing run) while a step
+ * runs. For benchmarks (kvpager bench times kvpi_gather_attend_on with it)
+ * and tests.
+ */
+typedef void (*kvpi_decoder_solo_fn)(void *ctx, const kvpi_parallel *par);
+kvp_status kvpi_decoder_run(kvp_decoder *decoder, kvpi_decoder_solo_fn fn, void *ctx,
+                            kvp_error *err);
+
+/*
+ * Test hooks. hold_tasks(d, n): the next n tasks posted for assist while the
+ * step has fewer jobs than threads are held: their poster runs no part until
+ * another thread has claimed one, so the assist happens under any
+ * scheduling (some thread has no job and will come to help). 0 releases.
+ * assisted_parts: parts run so far by a thread other than their poster.
+ */
+void kvpi_decoder_hold_tasks(kvp_decoder *decoder, size_t tasks);
+uint64_t kvpi_decoder_assisted_parts(kvp_decoder *decoder);
 
 #endif /* KVPAGER_SERVE_DECODER_INTERNAL_H */

@@ -226,13 +226,14 @@ static void discard_tickets(kvp_sequence *seq, size_t count)
 
 /* Prepares every layer; on failure discards the earlier tickets and names the layer. */
 static kvp_status prepare_layers(kvp_sequence *seq, const kvp_tensor *input,
-                                 kvp_next_input_fn next_input, void *ctx, kvp_error *err)
+                                 kvp_next_input_fn next_input, void *ctx,
+                                 const kvpi_parallel *par, kvp_error *err)
 {
     size_t n = seq->batch_size * seq->model_width;
     kvp_tensor view = *input;
     for (size_t l = 0; l < seq->layers; l++) {
         kvp_status status = kvpi_attention_prepare(seq->model->layers[l], &view, seq->caches[l],
-                                                   seq->tickets[l], 0, err);
+                                                   seq->tickets[l], 0, par, err);
         if (status != KVP_OK) {
             discard_tickets(seq, l);
             if (err != NULL) {
@@ -282,6 +283,13 @@ kvp_status kvp_sequence_step(kvp_sequence *sequence, const kvp_tensor *input,
                              kvp_next_input_fn next_input, void *ctx, double *output,
                              size_t output_len, kvp_error *err)
 {
+    return kvpi_sequence_step_on(sequence, input, next_input, ctx, output, output_len, NULL, err);
+}
+
+kvp_status kvpi_sequence_step_on(kvp_sequence *sequence, const kvp_tensor *input,
+                                 kvp_next_input_fn next_input, void *ctx, double *output,
+                                 size_t output_len, const kvpi_parallel *par, kvp_error *err)
+{
     if (sequence == NULL) {
         return kvpi_fail_null(err, "sequence");
     }
@@ -295,7 +303,7 @@ kvp_status kvp_sequence_step(kvp_sequence *sequence, const kvp_tensor *input,
     if (output_len < n) {
         return kvpi_fail_buffer(err, "output", n, output_len);
     }
-    kvp_status status = prepare_layers(sequence, input, next_input, ctx, err);
+    kvp_status status = prepare_layers(sequence, input, next_input, ctx, par, err);
     if (status != KVP_OK) {
         return status;
     }
@@ -408,6 +416,14 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
                                 kvp_next_input_fn next_input, void *ctx, double *output,
                                 size_t output_len, kvp_error *err)
 {
+    return kvpi_sequence_prefill_on(sequence, prompt, next_input, ctx, output, output_len, NULL,
+                                    err);
+}
+
+kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *prompt,
+                                    kvp_next_input_fn next_input, void *ctx, double *output,
+                                    size_t output_len, const kvpi_parallel *par, kvp_error *err)
+{
     if (sequence == NULL) {
         return kvpi_fail_null(err, "sequence");
     }
@@ -430,7 +446,7 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
             memcpy(row + b * d, prompt->data + (b * tokens + t) * d, d * sizeof *row);
         }
         kvp_tensor input = kvp_tensor3(row, sequence->batch_size, 1, d);
-        status = prepare_layers(sequence, &input, next_input, ctx, err);
+        status = prepare_layers(sequence, &input, next_input, ctx, par, err);
         if (status != KVP_OK) {
             if (t > 0) {
                 roll_back(sequence, start, promise, pages);

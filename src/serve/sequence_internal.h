@@ -12,6 +12,7 @@
 
 #include "kvpager/attention.h"
 #include "kvpager/sequence.h"
+#include "attention/parallel.h"
 #include "pager/reservation.h"
 
 struct kvp_sequence {
@@ -38,5 +39,18 @@ struct kvp_sequence {
  */
 kvp_status kvpi_sequence_append_uncomputed(kvp_sequence *sequence, size_t tokens,
                                            kvp_error *err);
+
+/*
+ * kvp_sequence_step and kvp_sequence_prefill with every layer's attention
+ * gather on `par` (NULL: the calling thread, which is what the public calls
+ * do). Same validation, results, bits and pages as the public calls, for any
+ * executor. The decoder passes its assist executor (decoder.c).
+ */
+kvp_status kvpi_sequence_step_on(kvp_sequence *sequence, const kvp_tensor *input,
+                                 kvp_next_input_fn next_input, void *ctx, double *output,
+                                 size_t output_len, const kvpi_parallel *par, kvp_error *err);
+kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *prompt,
+                                    kvp_next_input_fn next_input, void *ctx, double *output,
+                                    size_t output_len, const kvpi_parallel *par, kvp_error *err);
 
 #endif /* KVPAGER_SERVE_SEQUENCE_INTERNAL_H */

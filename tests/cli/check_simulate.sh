@@ -4,10 +4,11 @@
 # possibly behind a wrapper such as Valgrind memcheck (whose error exit code
 # then fails the check).
 #   full   help, JSON keys and values, that the schedule depends neither on
-#          threads nor on the attention arithmetic, trace files (good ones
-#          run; bad ones are refused with line, column and value, and run
-#          nothing), the SVG plot, and the sharegpt targets at the default
-#          budget.
+#          threads nor on the attention arithmetic, one long request on 1
+#          and 2 threads (the second helps its attention) with the same
+#          outputs, trace files (good ones run; bad ones are refused with
+#          line, column and value, and run nothing), the SVG plot, and the
+#          sharegpt targets at the default budget.
 #   quick  one small simulation with real attention on two threads.
 set -eu
 work=$1
@@ -60,6 +61,27 @@ same = ["steps", "preemptions", "peak_concurrent_sequences", "tokens_generated",
 for k in same:
     assert two[k] == none[k], f"{k}: computed {two[k]} vs allocator-only {none[k]}"
 print("check_simulate: json, threads and allocator-only runs agree")
+PY
+
+# One long request: its prefill and decode run alone, and the second thread
+# helps with its attention (the decoder's assist: position chunks, rows and
+# feature slices of one sequence, an exact partition), so one thread and two
+# must give the same outputs bit for bit (f64, and f32 with a group of 2).
+long="--requests 1 --prompt-mean 1200 --output-mean 16 --sigma 0.05 --capacity 2048
+      --budget 64MiB --quiet --json"
+for dtype in f64 f32; do
+    "$@" simulate $long --kv-dtype $dtype --kv-heads 2 --threads 1 > "$work/long1-$dtype.json"
+    "$@" simulate $long --kv-dtype $dtype --kv-heads 2 --threads 2 > "$work/long2-$dtype.json"
+done
+python3 - "$work" <<'PY'
+import json, sys
+for dtype in ("f64", "f32"):
+    one, two = (json.load(open(f"{sys.argv[1]}/long{t}-{dtype}.json")) for t in (1, 2))
+    assert one["requests_completed"] == two["requests_completed"] == 1
+    assert one["prefill_tokens"] >= 1000, one["prefill_tokens"]
+    assert two["pages_leaked"] == 0 and two["audit_failures"] == 0
+    assert one["output_checksum"] == two["output_checksum"], f"{dtype}: threads changed one request"
+print("check_simulate: one long request gives the same outputs on 1 and 2 threads")
 PY
 
 # --kv-dtype: every dtype runs clean; the report names the dtype and, from
