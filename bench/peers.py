@@ -18,8 +18,10 @@ shuffled cache. The public API cannot time the gather alone (a forward step
 also projects, applies RoPE and appends), so the script runs the program
 rather than timing kvp_attention_forward; the small ctypes wrapper below loads
 libkvpager.so only to check that the library and the program are the same
-version (build both: `cmake --build build/release --target libkvpager.so`). kvpager's figure excludes the softmax (about H * L exps), which the
-peers' figures include. The kvpager run comes first, then the peers, in
+version (build both: `cmake --build build/release --target libkvpager.so`).
+kvpager's figure, like the peers', includes the softmax. kvpager bench
+measures each shape on 1 thread and on a decoder of 2; the script compares
+the rows of --threads (default 1) with the peers on as many threads. The kvpager run comes first, then the peers, in
 alternating repetitions among themselves; every figure is a median.
 
 Printed: peer time / kvpager time per shape (above 1: kvpager is faster).
@@ -60,7 +62,8 @@ def parse_args():
                    help="the full grid (default: --quick's, B 1 and 8, H 8, d_h 64)")
     p.add_argument("--lens", default=None, help="lengths, e.g. 256,2048 (default: the grid's)")
     p.add_argument("--repetitions", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1, help="peer threads (default 1)")
+    p.add_argument("--threads", type=int, default=1, choices=(1, 2),
+                   help="threads for the peers and kvpager's rows (default 1)")
     p.add_argument("--install", action="store_true",
                    help="apt-get install -y the missing Debian packages first")
     return p.parse_args()
@@ -194,6 +197,8 @@ def main():
     torch_types = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16}
     results = {}
     for row in bench["gather"]:
+        if row.get("threads", 1) != args.threads:
+            continue
         dtype = row.get("dtype", "f64")
         b, h, d, n = row["batch"], row["heads"], row["head_width"], row["len"]
         kv = row.get("kv_heads", h)

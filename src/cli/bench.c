@@ -5,15 +5,18 @@
  *   read      a STREAM-like read bandwidth figure: the sum of a large array
  *             (1 GiB by default) with eight independent accumulators, on one
  *             thread and on two (each summing half);
- *   gather    the library's own gather loops (kvpi_gather_scores and
- *             kvpi_gather_values, the ones kvp_attention_prepare runs, as
- *             bench/gather.c times them), every lane and head of a cache of
- *             B lanes x L retained rows, paged (pages shuffled over the slab)
- *             against the same loops over one page per lane holding all L
- *             positions (contiguous: one table lookup, [H,L,d_h] memory).
- *             Both caches hold the same rows; their results must be bit for
- *             bit equal (exit 1 otherwise). GB/s = K+V bytes / paged time;
- *             its percentage is of the same run's one-thread read figure;
+ *   gather    the library's own attention loops (kvpi_gather_attend_on:
+ *             scores, softmax and values, what kvp_attention_prepare runs
+ *             over the retained rows) for every lane and query head of a
+ *             cache of B lanes x L retained rows, paged (pages shuffled over
+ *             the slab) against the same loops over one page per lane
+ *             holding all L positions (contiguous: one table lookup,
+ *             [H_kv,L,d_h] memory), each on one thread and as the one job
+ *             of a 2-thread decoder step (the second thread assists,
+ *             src/serve/decoder.c). All four results must be bit for bit
+ *             equal (exit 1 otherwise). GB/s = K+V bytes as stored / paged
+ *             time; its percentage is of the same run's one-thread read
+ *             figure;
  *   page ops  one page acquire + release (the pool's locked take/put
  *             primitives) against jemalloc mallocx/sdallocx and glibc
  *             malloc/free of the same bytes, single and in batches of 64;
@@ -22,9 +25,8 @@
  *             K+V read per generated token.
  * Every figure is the median of alternating repetitions (measure.h); every
  * ratio is between figures of this run.
- * What issue 8's grid asks and the library does not have yet (f32/bf16
- * storage, kv_heads < heads, threaded attention) is listed as not available,
- * never faked.
+ * Anything issue 8's grid asks and the library does not have would be
+ * listed as not available, never faked (today the list is empty).
  * Order (nothing runs on bad input): parse every argument, validate every
  * value and the memory the grid needs, open the --plot file, then measure.
  * Exit status: 0, 1 when a paged and a contiguous gather disagree, 2 on bad
@@ -48,6 +50,7 @@
 #include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
 #include "plot.h"
+#include "serve/decoder_internal.h"
 #include "progress.h"
 #include "sim.h"
 #include "workload.h"
@@ -134,10 +137,6 @@ static const size_list quick_blocks = {{16}, 1};
 static const size_list quick_heads = {{8}, 1};
 static const size_list quick_widths = {{64}, 1};
 
-static const char *const not_available[] = {
-    "2 threads against 1: attention over one cache runs on one thread",
-};
-#define NOT_AVAILABLE (sizeof not_available / sizeof not_available[0])
 
 static void bench_usage(FILE *out)
 {
@@ -152,9 +151,10 @@ static void bench_usage(FILE *out)
             "GB/s (bytes of K+V as stored) and their percentage of the read figure; page\n"
             "acquire + release against jemalloc and glibc; and `kvpager simulate`'s\n"
             "tokens/s against the bound set by the bytes it reads per generated token.\n"
-            "Figures are medians of alternating repetitions; ratios are within the run.\n"
-            "Attention over one cache runs on one thread: the two-thread part of the grid\n"
-            "is listed as not available yet.\n\n"
+            "Each gather runs on 1 thread and as one job of a 2-thread decoder (the second\n"
+            "thread assists it; the results are bit-identical), and the run reports the\n"
+            "speedup. Figures are medians of alternating repetitions; ratios are within\n"
+            "the run.\n\n"
             "Every value is checked before anything runs: a bad one prints one line naming\n"
             "the option and the value, and exits 2. N is a whole number.\n\n"
             "options:\n"
@@ -568,6 +568,7 @@ static int measure_read(const options *o, read_result *out)
 typedef struct gather_row {
     shape s;
     size_t block_tokens;
+    size_t threads;       /* 1, or 2: a decoder of 2 threads, the second assisting */
     double paged_ns;
     double contiguous_ns;
     double gbps;
@@ -575,44 +576,53 @@ typedef struct gather_row {
     int identical;
 } gather_row;
 
+/*
+ * One timed case: what a decode step's attention computes for every lane
+ * (scores, softmax, values: kvpi_gather_attend_on, the loops
+ * kvp_attention_prepare runs, without its finite checks), on this thread
+ * (decoder NULL) or as the one job of a step of a 2-thread decoder, whose
+ * other thread helps through the assist (kvpi_decoder_run). The candidate
+ * rows are not rounded to the dtype: the case times, the identity check
+ * compares cases with the same inputs.
+ */
 typedef struct gather_ctx {
-    const kvp_cache *cache;
-    shape s;
-    const double *queries;    /* [B][H][d_h] */
-    const double *candidates; /* [B][H_kv][d_h] */
-    double *scores;           /* [B][H][L + 1] */
-    double *outputs;          /* [B][H][d_h] */
+    kvpi_gather_job job;
+    kvp_decoder *decoder;
+    int failed;               /* a decoder step was refused (cannot happen: one caller) */
 } gather_ctx;
 
-/* What incremental attention runs for every lane of a step: scores, then values. */
-static void gather_all(const gather_ctx *g)
+static void gather_solo(void *arg, const kvpi_parallel *par)
 {
-    size_t hd = g->s.heads * g->s.width;
-    size_t kvd = g->s.kv_heads * g->s.width;
-    double scale = 1.0 / sqrt((double)g->s.width);
-    for (size_t lane = 0; lane < g->s.batch; lane++) {
-        double *scores = g->scores + lane * g->s.heads * (g->s.len + 1);
-        kvpi_gather_scores(g->cache, g->queries + lane * hd, g->candidates + lane * kvd, lane,
-                           scale, scores);
-        kvpi_gather_values(g->cache, scores, g->candidates + lane * kvd, lane,
-                           g->outputs + lane * hd);
+    gather_ctx *g = arg;
+    kvpi_gather_attend_on(&g->job, par);
+}
+
+static void gather_once(gather_ctx *g)
+{
+    if (g->decoder == NULL) {
+        kvpi_gather_attend_on(&g->job, NULL);
+    } else if (kvpi_decoder_run(g->decoder, gather_solo, g, NULL) != KVP_OK) {
+        g->failed = 1;
     }
 }
 
 static void gather_run(void *arg, size_t iterations)
 {
     for (size_t i = 0; i < iterations; i++) {
-        gather_all(arg);
+        gather_once(arg);
     }
 }
+
+/* The cases of one (shape, block): paged and contiguous, on 1 thread and on 2. */
+enum { PAGED_1, CONTIGUOUS_1, PAGED_2, CONTIGUOUS_2, CASES };
 
 /* Buffers shared by every cache of one shape. */
 typedef struct gather_space {
     double *rows;          /* [ROW_VARIANTS][2][B][H_kv][d_h]: key then value rows, cycled */
     double *queries;
     double *candidates;
-    double *scores[2];     /* paged, contiguous */
-    double *outputs[2];
+    double *scores[CASES];
+    double *outputs[CASES];
 } gather_space;
 
 static void space_free(gather_space *w)
@@ -620,7 +630,7 @@ static void space_free(gather_space *w)
     kvp_cli_free(w->rows);
     kvp_cli_free(w->queries);
     kvp_cli_free(w->candidates);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < CASES; i++) {
         kvp_cli_free(w->scores[i]);
         kvp_cli_free(w->outputs[i]);
     }
@@ -636,15 +646,17 @@ static int space_alloc(const shape *s, gather_space *w, uint64_t *rng)
     w->rows = kvp_cli_alloc(ROW_VARIANTS * 2 * bkd, sizeof(double));
     w->queries = kvp_cli_alloc(bhd, sizeof(double));
     w->candidates = kvp_cli_alloc(bkd, sizeof(double));
-    for (int i = 0; i < 2; i++) {
+    int failed = w->rows == NULL || w->queries == NULL || w->candidates == NULL;
+    for (int i = 0; i < CASES; i++) {
         w->scores[i] = kvp_cli_alloc(nscores, sizeof(double));
         w->outputs[i] = kvp_cli_alloc(bhd, sizeof(double));
+        failed |= w->scores[i] == NULL || w->outputs[i] == NULL;
     }
-    if (w->rows == NULL || w->queries == NULL || w->candidates == NULL || w->scores[0] == NULL ||
-        w->scores[1] == NULL || w->outputs[0] == NULL || w->outputs[1] == NULL) {
+    if (failed) {
         space_free(w);
         kvp_cli_report_oom("bench", "the gather buffers",
-                           ((ROW_VARIANTS * 2 + 1) * bkd + 3 * bhd + 2 * nscores) * 8);
+                           ((ROW_VARIANTS * 2 + 1) * bkd + (CASES + 1) * bhd +
+                            CASES * nscores) * 8);
         return -1;
     }
     for (size_t i = 0; i < ROW_VARIANTS * 2 * bkd; i++) {
@@ -736,6 +748,7 @@ typedef struct skipped {
 } skipped;
 
 typedef struct results {
+    kvp_decoder *decoder;  /* 2 threads: the gather's second thread assists through it */
     read_result read;
     gather_row *rows;
     size_t row_count;
@@ -776,29 +789,44 @@ static int measure_shape(const options *o, const shape *s, results *r, kvp_progr
             status = KVP_CLI_USAGE;
             break;
         }
-        gather_ctx ctx[2] = {
-            {paged.cache, *s, w.queries, w.candidates, w.scores[0], w.outputs[0]},
-            {contiguous.cache, *s, w.queries, w.candidates, w.scores[1], w.outputs[1]},
-        };
-        gather_all(&ctx[0]);
-        gather_all(&ctx[1]);
-        gather_row *row = &r->rows[r->row_count];
-        row->s = *s;
-        row->block_tokens = block;
-        row->identical =
-            memcmp(w.scores[0], w.scores[1], nscores * sizeof(double)) == 0 &&
-            memcmp(w.outputs[0], w.outputs[1], bhd * sizeof(double)) == 0;
-        kvp_measure_case cases[2] = {{gather_run, &ctx[0]}, {gather_run, &ctx[1]}};
-        double ns[2];
-        if (kvp_measure_alternating(cases, 2, o->repetitions, MIN_NS, ns) != 0) {
-            kvp_cli_report_oom("bench", "the timing scratch", 2 * o->repetitions * 8);
+        double scale = 1.0 / sqrt((double)s->width);
+        gather_ctx ctx[CASES];
+        for (int c = 0; c < CASES; c++) {
+            const built *cache = c == PAGED_1 || c == PAGED_2 ? &paged : &contiguous;
+            ctx[c].job = (kvpi_gather_job){cache->cache, w.queries, w.candidates, w.candidates,
+                                           scale, w.scores[c], w.outputs[c]};
+            ctx[c].decoder = c == PAGED_2 || c == CONTIGUOUS_2 ? r->decoder : NULL;
+            ctx[c].failed = 0;
+            gather_once(&ctx[c]);
+        }
+        int identical = 1;
+        for (int c = 1; c < CASES; c++) {
+            identical &= memcmp(w.scores[0], w.scores[c], nscores * sizeof(double)) == 0 &&
+                         memcmp(w.outputs[0], w.outputs[c], bhd * sizeof(double)) == 0;
+        }
+        kvp_measure_case cases[CASES];
+        for (int c = 0; c < CASES; c++) {
+            cases[c] = (kvp_measure_case){gather_run, &ctx[c]};
+        }
+        double ns[CASES];
+        if (kvp_measure_alternating(cases, CASES, o->repetitions, MIN_NS, ns) != 0) {
+            kvp_cli_report_oom("bench", "the timing scratch", CASES * o->repetitions * 8);
+            status = KVP_CLI_USAGE;
+        } else if (ctx[PAGED_2].failed || ctx[CONTIGUOUS_2].failed) {
+            fprintf(stderr, "kvpager bench: the decoder refused a step\n");
             status = KVP_CLI_USAGE;
         } else {
-            row->paged_ns = ns[0];
-            row->contiguous_ns = ns[1];
-            row->gbps = bytes / ns[0];
-            row->percent_of_read = 100.0 * row->gbps / r->read.gbps;
-            r->row_count++;
+            for (size_t t = 1; t <= 2; t++) {
+                gather_row *row = &r->rows[r->row_count++];
+                row->s = *s;
+                row->block_tokens = block;
+                row->threads = t;
+                row->identical = identical;
+                row->paged_ns = ns[t == 1 ? PAGED_1 : PAGED_2];
+                row->contiguous_ns = ns[t == 1 ? CONTIGUOUS_1 : CONTIGUOUS_2];
+                row->gbps = bytes / row->paged_ns;
+                row->percent_of_read = 100.0 * row->gbps / r->read.gbps;
+            }
         }
         if (built_destroy(&paged) != 0 && status == KVP_CLI_OK) {
             fprintf(stderr, "kvpager bench: destroying a paged cache's pool failed\n");
@@ -1055,27 +1083,59 @@ static const char *isa_name(void)
     return kvpi_kernels_active()->name;
 }
 
+/*
+ * 2 threads against 1: the median over the grid's (shape, block) pairs of
+ * paged time on 1 thread / on 2, among the pairs `keep` accepts (NULL: all);
+ * *count gets how many. Rows come in pairs, threads 1 then 2.
+ */
+static double two_thread_speedup(const results *r, int (*keep)(const gather_row *),
+                                 size_t *count)
+{
+    double *ratios = kvp_cli_alloc(r->row_count / 2 + 1, sizeof *ratios);
+    size_t n = 0;
+    for (size_t i = 0; ratios != NULL && i + 1 < r->row_count; i += 2) {
+        const gather_row *one = &r->rows[i];
+        if (keep == NULL || keep(one)) {
+            ratios[n++] = one->paged_ns / r->rows[i + 1].paged_ns;
+        }
+    }
+    double median = n > 0 ? kvp_measure_median(ratios, n) : 0.0;
+    kvp_cli_free(ratios);
+    *count = n;
+    return median;
+}
+
+/* The issue's two-thread targets: B = 8, and B = 1 at L >= 2048. */
+static int batch8(const gather_row *g)
+{
+    return g->s.batch == 8;
+}
+
+static int batch1_long(const gather_row *g)
+{
+    return g->s.batch == 1 && g->s.len >= 2048;
+}
+
 static void print_tables(const options *o, const results *r)
 {
     char buf[32];
-    printf("kvpager bench: attention on 1 thread; kernels %s; medians of %zu alternating\n"
-           "repetitions%s\n\n",
+    printf("kvpager bench: kernels %s; medians of %zu alternating repetitions%s\n\n",
            isa_name(), o->repetitions, o->quick ? " (--quick grid)" : "");
     printf("read bandwidth (%s array, %d accumulators)   %.2f GB/s on 1 thread, %.2f GB/s on "
            "2 threads\n\n",
            kvp_cli_format_bytes(o->read_bytes, buf, sizeof buf), READERS, r->read.gbps,
            r->read.gbps_two);
-    printf("gather: scores + values over every lane's retained rows, the loops\n"
+    printf("gather: scores + softmax + values over every lane's retained rows, the loops\n"
            "kvp_attention_prepare runs; paged (pages shuffled) against one page per lane\n"
-           "(contiguous); ratio = contiguous / paged time; GB/s = K+V bytes as stored /\n"
-           "paged time\n\n");
-    printf("dtype  block   B   H  kv_H  d_h    len     K+V      paged ns  contig ns  ratio"
+           "(contiguous), on 1 thread and on a decoder of 2 (thr); ratio = contiguous /\n"
+           "paged time; GB/s = K+V bytes as stored / paged time\n\n");
+    printf("dtype  block thr   B   H  kv_H  d_h    len     K+V      paged ns  contig ns  ratio"
            "    GB/s  %% read\n");
     for (size_t i = 0; i < r->row_count; i++) {
         const gather_row *g = &r->rows[i];
-        printf("%-5s %6zu  %2zu  %2zu  %4zu  %3zu  %5zu  %9s  %11.0f  %9.0f  %5.3f  %6.2f  "
+        printf("%-5s %6zu %3zu  %2zu  %2zu  %4zu  %3zu  %5zu  %9s  %11.0f  %9.0f  %5.3f  %6.2f  "
                "%6.1f%s\n",
-               kvp_dtype_name(g->s.dtype), g->block_tokens, g->s.batch, g->s.heads,
+               kvp_dtype_name(g->s.dtype), g->block_tokens, g->threads, g->s.batch, g->s.heads,
                g->s.kv_heads, g->s.width, g->s.len,
                kvp_cli_format_bytes(kv_bytes(&g->s), buf, sizeof buf),
                g->paged_ns, g->contiguous_ns, g->contiguous_ns / g->paged_ns, g->gbps,
@@ -1092,6 +1152,25 @@ static void print_tables(const options *o, const results *r)
         }
         printf("\n");
     }
+    size_t all = 0;
+    size_t eight = 0;
+    size_t one_long = 0;
+    double median = two_thread_speedup(r, NULL, &all);
+    double median8 = two_thread_speedup(r, batch8, &eight);
+    double median1 = two_thread_speedup(r, batch1_long, &one_long);
+    char shown[3][32];
+    const double medians[3] = {median, median8, median1};
+    const size_t counts[3] = {all, eight, one_long};
+    for (int i = 0; i < 3; i++) {
+        if (counts[i] > 0) {
+            snprintf(shown[i], sizeof shown[i], "%.2fx over %zu", medians[i], counts[i]);
+        } else {
+            snprintf(shown[i], sizeof shown[i], "none measured");
+        }
+    }
+    printf("\n2 threads against 1 (paged time on 1 / on 2, median): %s rows;\n"
+           "  B = 8: %s; B = 1 at L >= 2048: %s\n",
+           shown[0], shown[1], shown[2]);
     const double *p = r->page_ns;
     printf("\npage acquire + release (%s pages)   kvpager  jemalloc     glibc\n",
            kvp_cli_format_bytes(r->page_bytes, buf, sizeof buf));
@@ -1108,10 +1187,6 @@ static void print_tables(const options *o, const results *r)
            r->sim_tokens_per_second, r->sim_bound,
            r->sim_threads >= 2 ? r->read.gbps_two : r->read.gbps, r->sim_bytes_per_token / 1024.0,
            100.0 * r->sim_tokens_per_second / r->sim_bound);
-    printf("\nnot available yet:\n");
-    for (size_t i = 0; i < NOT_AVAILABLE; i++) {
-        printf("  %s\n", not_available[i]);
-    }
 }
 
 static void print_json(const options *o, const results *r)
@@ -1136,7 +1211,7 @@ static void print_json(const options *o, const results *r)
         kvp_json_uint(&json, "kv_heads", g->s.kv_heads);
         kvp_json_uint(&json, "head_width", g->s.width);
         kvp_json_uint(&json, "len", g->s.len);
-        kvp_json_uint(&json, "threads", 1);
+        kvp_json_uint(&json, "threads", g->threads);
         kvp_json_uint(&json, "kv_bytes", kv_bytes(&g->s));
         kvp_json_double(&json, "paged_ns", g->paged_ns);
         kvp_json_double(&json, "contiguous_ns", g->contiguous_ns);
@@ -1176,10 +1251,16 @@ static void print_json(const options *o, const results *r)
     kvp_json_double(&json, "bytes_per_token", r->sim_bytes_per_token);
     kvp_json_double(&json, "bound_tokens_per_second", r->sim_bound);
     kvp_json_object_end(&json);
-    kvp_json_array_begin(&json, "not_available");
-    for (size_t i = 0; i < NOT_AVAILABLE; i++) {
-        kvp_json_string(&json, NULL, not_available[i]);
-    }
+    size_t n = 0;
+    kvp_json_object_begin(&json, "two_threads"); /* paged time on 1 thread / on 2, medians */
+    kvp_json_double(&json, "speedup", two_thread_speedup(r, NULL, &n));
+    kvp_json_uint(&json, "rows", n);
+    kvp_json_double(&json, "batch8_speedup", two_thread_speedup(r, batch8, &n));
+    kvp_json_uint(&json, "batch8_rows", n);
+    kvp_json_double(&json, "batch1_len2048_speedup", two_thread_speedup(r, batch1_long, &n));
+    kvp_json_uint(&json, "batch1_len2048_rows", n);
+    kvp_json_object_end(&json);
+    kvp_json_array_begin(&json, "not_available"); /* nothing of the grid is missing */
     kvp_json_array_end(&json);
     kvp_json_object_end(&json);
     fputc('\n', stdout);
@@ -1228,7 +1309,7 @@ static int write_plot(const options *o, const results *r, kvp_plot *plot)
             size_t n = 0;
             for (size_t i = 0; i < r->row_count && n < 64; i++) {
                 const gather_row *g = &r->rows[i];
-                if (g->s.len == o->lens.value[l] && g->block_tokens == block &&
+                if (g->s.len == o->lens.value[l] && g->block_tokens == block && g->threads == 1 &&
                     g->s.dtype == (kvp_dtype)o->dtypes.value[k]) {
                     values[n++] = g->gbps;
                 }
@@ -1334,10 +1415,11 @@ static int prepare(int argc, char **argv, options *o)
 static int plan(const options *o, results *r, size_t *shapes)
 {
     size_t cells = grid_cells(o);
-    r->rows = kvp_cli_alloc(cells * o->blocks.count, sizeof *r->rows);
+    r->rows = kvp_cli_alloc(cells * o->blocks.count * 2, sizeof *r->rows);
     r->skips = kvp_cli_alloc(cells, sizeof *r->skips);
     if (r->rows == NULL || r->skips == NULL) {
-        kvp_cli_report_oom("bench", "the result table", cells * o->blocks.count * sizeof *r->rows);
+        kvp_cli_report_oom("bench", "the result table",
+                           cells * o->blocks.count * 2 * sizeof *r->rows);
         return -1;
     }
     *shapes = 0;
@@ -1365,6 +1447,11 @@ static int run(const options *o, results *r, kvp_progress *progress)
     kvp_progress_note(progress, done, total, "measurements");
     int status = measure_read(o, &r->read);
     kvp_progress_note(progress, ++done, total, "measurements");
+    kvp_error err;
+    if (status == KVP_CLI_OK && kvp_decoder_create(2, &r->decoder, &err) != KVP_OK) {
+        kvp_cli_report("bench", "creating a decoder of 2 threads", &err);
+        status = KVP_CLI_USAGE;
+    }
     for (size_t i = 0; i < grid_cells(o) && status == KVP_CLI_OK; i++) {
         shape s = grid_shape(o, i);
         if (kv_bytes(&s) <= o->max_bytes) {
@@ -1432,5 +1519,9 @@ int kvp_cli_bench(int argc, char **argv)
     }
     kvp_cli_free(r.rows);
     kvp_cli_free(r.skips);
+    if (r.decoder != NULL) {
+        kvp_status destroyed = kvp_decoder_destroy(r.decoder, NULL); /* idle: cannot fail */
+        (void)destroyed;
+    }
     return status;
 }

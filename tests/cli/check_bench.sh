@@ -26,7 +26,7 @@ python3 - "$work/bench.json" "$work/bench.svg" <<'PY' || fail "bad --json output
 import json, math, sys
 out = json.load(open(sys.argv[1]))
 top = {"isa", "repetitions", "read_bytes", "read_gbps", "read_gbps_2_threads", "max_bytes",
-       "gather", "skipped", "page_ops", "simulate", "not_available"}
+       "gather", "skipped", "page_ops", "simulate", "two_threads", "not_available"}
 row_keys = {"dtype", "block_tokens", "batch", "heads", "kv_heads", "head_width", "len",
             "threads", "kv_bytes", "paged_ns", "contiguous_ns", "gbps", "percent_of_read",
             "identical"}
@@ -47,14 +47,22 @@ assert out["read_bytes"] == 16 << 20 and out["max_bytes"] == 8 << 20 and out["re
 rows = out["gather"]
 size = {"f64": 8, "f32": 4, "bf16": 2}
 cells = {(d, b, kv) for d in size for b in (1, 8) for kv in (8, 2)} - {("f64", 8, 8)}
-assert len(rows) == 2 * len(cells), len(rows)
+# Each (cell, block) twice: on 1 thread, then on a decoder of 2.
+assert len(rows) == 4 * len(cells), len(rows)
 assert {(r["dtype"], r["batch"], r["kv_heads"]) for r in rows} == cells
 for cell in cells:
-    assert sorted(r["block_tokens"] for r in rows
-                  if (r["dtype"], r["batch"], r["kv_heads"]) == cell) == [16, 64], cell
+    assert sorted((r["block_tokens"], r["threads"]) for r in rows
+                  if (r["dtype"], r["batch"], r["kv_heads"]) == cell) == \
+        [(16, 1), (16, 2), (64, 1), (64, 2)], cell
+for one, two in zip(rows[0::2], rows[1::2]):
+    assert (one["threads"], two["threads"]) == (1, 2), (one, two)
+    assert {k: v for k, v in one.items() if k not in ("threads", "paged_ns", "contiguous_ns",
+            "gbps", "percent_of_read")} == \
+        {k: v for k, v in two.items() if k not in ("threads", "paged_ns", "contiguous_ns",
+         "gbps", "percent_of_read")}, (one, two)
 for r in rows:
     assert set(r) == row_keys, sorted(set(r) ^ row_keys)
-    assert (r["heads"], r["head_width"], r["len"], r["threads"]) == (8, 64, 256, 1), r
+    assert (r["heads"], r["head_width"], r["len"]) == (8, 64, 256), r
     assert r["kv_bytes"] == 2 * size[r["dtype"]] * r["batch"] * r["kv_heads"] * 256 * 64, r
     for key in ("paged_ns", "contiguous_ns", "gbps", "percent_of_read"):
         positive(r[key], key)
@@ -78,7 +86,18 @@ for key in sim_keys:
 read = out["read_gbps_2_threads"] if sim["threads"] >= 2 else out["read_gbps"]
 expect = read * 1e9 / sim["bytes_per_token"]
 assert abs(sim["bound_tokens_per_second"] - expect) <= 1e-9 * expect, (sim, expect)
-assert len(out["not_available"]) == 1 and all(isinstance(s, str) for s in out["not_available"])
+assert out["not_available"] == [], out["not_available"]
+two = out["two_threads"]
+assert set(two) == {"speedup", "rows", "batch8_speedup", "batch8_rows",
+                    "batch1_len2048_speedup", "batch1_len2048_rows"}, sorted(two)
+# The median is the upper middle of the sorted ratios (src/cli/measure.c).
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
+ratios = [a["paged_ns"] / b["paged_ns"] for a, b in zip(rows[0::2], rows[1::2])]
+assert two["rows"] == len(ratios) and two["speedup"] == median(ratios), two
+eight = [a["paged_ns"] / b["paged_ns"] for a, b in zip(rows[0::2], rows[1::2]) if a["batch"] == 8]
+assert two["batch8_rows"] == len(eight) and two["batch8_speedup"] == median(eight), two
+assert two["batch1_len2048_rows"] == 0, two  # L = 256 only
 svg = open(sys.argv[2]).read()
 assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>"), "not a whole SVG"
 assert 'stroke-dasharray' in svg, "no read line"
@@ -92,7 +111,7 @@ PY
 # shellcheck disable=SC2086
 "$@" bench $small > "$work/table.txt" 2> "$work/err" || fail "bench (table) failed"
 for part in "read bandwidth" "paged ns" "page acquire + release" "simulate" \
-            "not available yet" "2 threads against 1" "bf16 " "f32 "; do
+            "2 threads against 1" "bf16 " "f32 "; do
     grep -qF -- "$part" "$work/table.txt" || fail "the table lacks '$part'"
 done
 "$@" bench --help > "$work/help.txt" || fail "bench --help failed"
