@@ -39,7 +39,11 @@
  * softmax subtracts the row maximum; head outputs sum weight * value over
  * positions in order; heads merge back in order; output = merged W_o.
  *
- * Threads: a ticket, like a cache, has one owner at a time.
+ * Threads: a ticket, like a cache, has one owner at a time. A prepare only
+ * reads its layer and cache, so prepares on different tickets may share
+ * them; a commit changes the cache, so it is the cache owner's call. A
+ * parameter update must not overlap any computation with a layer using the
+ * parameter (kvpager/param.h).
  */
 #ifndef KVPAGER_ATTENTION_H
 #define KVPAGER_ATTENTION_H
@@ -80,11 +84,15 @@ typedef struct kvp_attention_result {
  * A ticket sized for `cache`: its batch, query heads, KV heads, head width and
  * capacity. It serves any cache with the same batch, heads, KV heads and head
  * width and a capacity no larger. Errors: NULL_ARGUMENT, ALLOCATION_FAILED.
+ * Threads: thread-safe (reads only the cache's fixed geometry).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out,
                                                    kvp_error *err);
 
-/* Discards any prepared row (returning its pages) and frees the ticket. */
+/*
+ * Discards any prepared row (returning its pages) and frees the ticket.
+ * Threads: not safe while any other call uses this ticket.
+ */
 KVP_API kvp_status kvp_ticket_destroy(kvp_ticket *ticket, kvp_error *err);
 
 /*
@@ -93,14 +101,25 @@ KVP_API kvp_status kvp_ticket_destroy(kvp_ticket *ticket, kvp_error *err);
  * TICKET_FOREIGN_CACHE (prepared for another cache), TICKET_STALE (the cache
  * was committed to or reset since prepare). A refused ticket keeps its row
  * and pages until it is discarded.
+ * Threads: one caller at a time per ticket and per cache: the commit changes
+ * `cache`, so it is its owner's call, not while a read of the cache runs.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_ticket_commit(kvp_ticket *ticket, kvp_cache *cache,
                                                    kvp_error *err);
 
-/* Drops a prepared row and returns its reserved pages. Idempotent. */
+/*
+ * Drops a prepared row and returns its reserved pages. Idempotent.
+ * Threads: one caller at a time per ticket; the cache it was prepared for
+ * is not touched, and other tickets may be used concurrently.
+ */
 KVP_API kvp_status kvp_ticket_discard(kvp_ticket *ticket, kvp_error *err);
 
-/* The last prepare's result. TICKET_EMPTY when there is none. */
+/*
+ * The last prepare's result. TICKET_EMPTY when there is none.
+ * Threads: not safe while a call changes this ticket (prepare, commit,
+ * discard, destroy), and neither is reading the result's arrays; reads of
+ * one ticket may overlap.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_ticket_result(const kvp_ticket *ticket,
                                                    kvp_attention_result *out, kvp_error *err);
 
@@ -108,6 +127,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_ticket_result(const kvp_ticket *ticket,
  * input: [B, 1, D]. See the header comment for the order of checks. A failed
  * prepare leaves the ticket empty (no result, no pages), except that a ticket
  * already holding a prepared row keeps it.
+ * Threads: one caller at a time per ticket; not safe while another thread
+ * changes `cache` or updates a parameter of `layer`. Prepares on other
+ * tickets may read the same layer and cache at once.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_attention_prepare(const kvp_layer *layer,
                                                        const kvp_tensor *input,
@@ -117,6 +139,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_prepare(const kvp_layer *layer,
 /*
  * prepare + commit. On any error no cache or pool has changed, and the ticket
  * is empty unless it already held a prepared row (TICKET_BUSY), which it keeps.
+ * Threads: one caller at a time per ticket and per cache (it commits: the
+ * cache owner's call, not while a read of the cache runs); not safe while a
+ * parameter of `layer` is updated.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
                                                        const kvp_tensor *input, kvp_cache *cache,
@@ -137,6 +162,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
  * that token's [B, 1, D] rows or [B, H, 1, t + 1] scores) and `value` are
  * prepare's; err.token is t. Nothing is written on error. It is the oracle
  * the tests compare against; it allocates its own scratch.
+ * Threads: not safe while a parameter of `layer` is updated; otherwise any
+ * number of threads may run it on one layer at once (it touches no cache).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_attention_reference(const kvp_layer *layer,
                                                          const kvp_tensor *input, double *output,
@@ -154,6 +181,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_reference(const kvp_layer *layer,
  * at a time through a cache of a `dtype` pool, bit for bit. KVP_F64 is
  * kvp_attention_reference exactly. Errors: kvp_attention_reference's, with
  * INVALID_ARGUMENT ("dtype" not a kvp_dtype) right after the NULL checks.
+ * Threads: not safe while a parameter of `layer` is updated; otherwise any
+ * number of threads may run it on one layer at once (it touches no cache).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_attention_reference_stored(
     const kvp_layer *layer, kvp_dtype dtype, const kvp_tensor *input, double *output,

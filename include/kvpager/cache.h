@@ -24,9 +24,13 @@
  *     (kvp_cache_block_table) and the page data (kvp_pool_page_data). Attention
  *     refuses an external cache (its binding matches no layer).
  *
- * Threads: a cache has one owner at a time: every call on a cache, the
- * queries included, comes from its owner (or is serialized by it). Its pool
- * may be shared.
+ * Threads: a cache has one owner at a time. The calls that change it (reset,
+ * destroy, the raw-row calls, promise, and attention's or a sequence's
+ * commits) come from its owner, one at a time. The calls that only read it
+ * (those taking a const kvp_cache *: info, snapshots, page, digest, block
+ * table, plain queries) may run on several threads at once, but never while
+ * a change runs. Caches of one pool may be used on different threads at
+ * once: the pool's mutex guards what they share.
  */
 #ifndef KVPAGER_CACHE_H
 #define KVPAGER_CACHE_H
@@ -76,7 +80,7 @@ typedef struct kvp_binding {
  * returned by kvp_cache_info_get. Errors, in this order: NULL_ARGUMENT;
  * ZERO_SIZE (argument "kv_heads", "head_width" or "max_positions");
  * INVALID_ARGUMENT (argument "head_width": kv_heads * head_width overflows).
- * Thread-safe (touches only *out).
+ * Threads: thread-safe (touches only *out).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_binding_init_external(kvp_binding *out, size_t kv_heads,
                                                            size_t head_width,
@@ -84,7 +88,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_binding_init_external(kvp_binding *out, siz
                                                            uint64_t identity, uint64_t revision,
                                                            kvp_error *err);
 
-/* 1 when `binding` is external (rope_feature_width 0), else 0; NULL gives 0. */
+/*
+ * 1 when `binding` is external (rope_feature_width 0), else 0; NULL gives 0.
+ * Threads: thread-safe.
+ */
 KVP_API int kvp_binding_is_external(const kvp_binding *binding);
 
 /* A growing struct (pool.h): struct_size first, set by kvp_cache_info_init. */
@@ -109,6 +116,7 @@ typedef struct kvp_cache_info {
  * head_width); GEOMETRY_MISMATCH (binding (kv_heads, head_width) differs from
  * the pool's (heads, head_width): a page stores the KV heads);
  * ALLOCATION_FAILED. No page is taken until the first append.
+ * Threads: thread-safe (attaching to the pool takes its mutex).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding,
                                                   size_t batch_size, size_t capacity,
@@ -117,6 +125,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_create(kvp_pool *pool, const kvp_bind
 /*
  * Returns every page to the pool (a pending row reservation's too), sets the
  * promise to 0, detaches and frees the cache.
+ * Threads: not safe while any other call uses this cache (a ticket's
+ * prepare or commit included); other caches of the same pool may be used
+ * concurrently.
  */
 KVP_API kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err);
 
@@ -125,15 +136,22 @@ KVP_API kvp_status kvp_cache_destroy(kvp_cache *cache, kvp_error *err);
  * discarded and the promise set to 0. Capacity and binding are kept;
  * nothing is allocated or freed on the heap, and a replay receives the same
  * physical pages (the pool's free list is LIFO).
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_reset(kvp_cache *cache, kvp_error *err);
 
-/* Zeroes *info and sets struct_size to sizeof(kvp_cache_info). NULL is ignored. */
+/*
+ * Zeroes *info and sets struct_size to sizeof(kvp_cache_info). NULL is ignored.
+ * Threads: thread-safe (touches only *info).
+ */
 KVP_API void kvp_cache_info_init(kvp_cache_info *info);
 
 /*
  * Writes the fields out->struct_size covers. Errors: NULL_ARGUMENT;
  * INVALID_ARGUMENT ("struct_size"; pool.h's "Growing structs"), writing nothing.
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out,
                                                     kvp_error *err);
@@ -142,6 +160,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_
  * Logical snapshots: copy the [B, H_kv, len, d_h] rotated keys (or unrotated
  * values) into `out`, which holds `out_len` doubles. BUFFER_TOO_SMALL when
  * out_len < B*H_kv*len*d_h; nothing is written then.
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_keys(const kvp_cache *cache, double *out,
                                                 size_t out_len, kvp_error *err);
@@ -151,6 +171,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_values(const kvp_cache *cache, double
 /*
  * The physical page id of (lane, block), for audits. OUT_OF_RANGE when
  * lane >= batch or block >= ceil(len / block_tokens).
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_page(const kvp_cache *cache, size_t lane, size_t block,
                                                 uint32_t *out, kvp_error *err);
@@ -158,8 +180,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_page(const kvp_cache *cache, size_t l
 /*
  * For audits: a 64-bit FNV-1a digest of len, capacity, the logical keys and
  * values, and every mapped page-table entry. Two equal digests around a call
- * show that the call changed none of them. Allocates nothing. Like the
- * snapshots, call it from the cache's owner.
+ * show that the call changed none of them. Allocates nothing.
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out,
                                                   kvp_error *err);
@@ -184,6 +207,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_digest(const kvp_cache *cache, uint64
  * POOL_EXHAUSTED when the pages of every lane cannot all be taken. On any
  * error nothing changed. Pages are taken lane by lane within each new block,
  * block by block, as attention takes them.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows(kvp_cache *cache, const double *keys,
                                                        const double *values, size_t rows,
@@ -205,6 +230,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows(kvp_cache *cache, const d
  * reserve: rows == 0 succeeds and reserves nothing. Errors, in this order:
  * NULL_ARGUMENT; CACHE_LAYER_BOUND; ROWS_RESERVED (err.tokens = the rows
  * already reserved); FULL (as append_rows); POOL_EXHAUSTED.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_reserve_rows(kvp_cache *cache, size_t rows,
                                                         kvp_error *err);
@@ -217,6 +244,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_reserve_rows(kvp_cache *cache, size_t
  * reserved rows: err.tokens = rows, err.available = the rows reserved);
  * NULL_ARGUMENT (keys, values); NONFINITE_KEY; NONFINITE_VALUE. On error
  * nothing changed and the reservation is still pending.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_rows(kvp_cache *cache, const double *keys,
                                                        const double *values, size_t rows,
@@ -226,10 +255,16 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_rows(kvp_cache *cache, const d
  * Ends the reservation: its unused pages go back to the pool (newest first)
  * with their promise, and the counters forget them. Without a reservation it
  * does nothing. NULL_ARGUMENT only.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API kvp_status kvp_cache_discard_rows(kvp_cache *cache, kvp_error *err);
 
-/* Rows reserved and not yet committed (0: no reservation). NULL gives 0. */
+/*
+ * Rows reserved and not yet committed (0: no reservation). NULL gives 0.
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
+ */
 KVP_API size_t kvp_cache_reserved_rows(const kvp_cache *cache);
 
 /*
@@ -240,17 +275,25 @@ KVP_API size_t kvp_cache_reserved_rows(const kvp_cache *cache);
  * Errors: NULL_ARGUMENT; CACHE_LAYER_BOUND (a sequence promises for its
  * layers); OUT_OF_RANGE (pages > B * ceil(capacity / block_tokens), the pages
  * the cache can ever hold).
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_promise(kvp_cache *cache, size_t pages,
                                                    kvp_error *err);
 
-/* The cache's promise not yet taken. NULL gives 0. */
+/*
+ * The cache's promise not yet taken. NULL gives 0.
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
+ */
 KVP_API size_t kvp_cache_promised_pages(const kvp_cache *cache);
 
 /*
  * Pages the cache needs to grow from its length to `tokens` positions:
  * B * (ceil(tokens / block_tokens) - ceil(len / block_tokens)), 0 when tokens
  * <= len. NULL gives 0.
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
  */
 KVP_API size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens);
 
@@ -264,12 +307,20 @@ KVP_API size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens);
  * destroy, or a step, prefill or reset of the sequence that owns it); the
  * page ids stay held, and their data valid, as long. Errors: NULL_ARGUMENT
  * (cache, table, blocks); OUT_OF_RANGE (lane >= B). Allocates nothing.
+ * Threads: not safe while a call changes this cache, and neither is reading
+ * the table or its pages' rows; reads of one cache may overlap (an external
+ * kernel may gather on many threads), and other caches of the pool may
+ * change meanwhile.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_block_table(const kvp_cache *cache, size_t lane,
                                                        const uint32_t **table, size_t *blocks,
                                                        kvp_error *err);
 
-/* Plain queries. A NULL cache reads as 0 / false; they never fail. */
+/*
+ * Plain queries. A NULL cache reads as 0 / false; they never fail.
+ * Threads: not safe while a call changes this cache; reads of one cache may
+ * overlap, and other caches of the pool may change meanwhile.
+ */
 KVP_API size_t kvp_cache_len(const kvp_cache *cache);
 KVP_API size_t kvp_cache_capacity(const kvp_cache *cache);
 KVP_API int kvp_cache_is_empty(const kvp_cache *cache);

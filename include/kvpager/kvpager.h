@@ -4,6 +4,15 @@
  * kvpager manages transformer key/value caches in fixed-size pages drawn from
  * one shared pool under a memory budget. Names are kvp_<noun>_<verb>; every
  * fallible call returns a kvp_status and takes an optional kvp_error* last.
+ *
+ * Threads: every public function's comment has a "Threads:" line, in one of
+ * three forms: "thread-safe" (any thread, concurrently with any other call),
+ * "one caller at a time per <handle>" (calls on one handle must not overlap;
+ * other handles may be used concurrently), or "not safe while <X>". Two rules
+ * hold for every call and are not repeated: no call may overlap the destroy
+ * of a handle it uses (a destroy frees it), and concurrent calls must not
+ * share an out-parameter or a kvp_error. docs/DESIGN.md ("Locking") has the
+ * table; cmake/check_thread_lines.py keeps every declaration covered.
  */
 #ifndef KVPAGER_KVPAGER_H
 #define KVPAGER_KVPAGER_H
@@ -29,7 +38,8 @@ extern "C" {
  * The version of the library running, "MAJOR.MINOR.PATCH", and as a number
  * (MAJOR * 1000000 + MINOR * 1000 + PATCH). They may differ from the
  * KVP_VERSION_* macros of kvpager/version.h, which give the headers a program
- * was compiled against. Thread-safe; static storage.
+ * was compiled against. Static storage.
+ * Threads: thread-safe.
  */
 KVP_API const char *kvp_version(void);
 KVP_API long kvp_version_number(void);

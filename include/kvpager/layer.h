@@ -13,7 +13,8 @@
  * configuration (kvp_layer_binding).
  *
  * Threads: a layer is immutable after creation except through its
- * parameters' updates; any number of threads may compute with it at once.
+ * parameters' updates; any number of threads may compute with it at once,
+ * but not while one of its parameters is updated (kvpager/param.h).
  */
 #ifndef KVPAGER_LAYER_H
 #define KVPAGER_LAYER_H
@@ -44,6 +45,8 @@ typedef struct kvp_layer_info {
  * existing parameters, each of which gains a reference, so layers built from
  * the same parameters share their identities. It is
  * kvp_layer_create_grouped(..., heads, heads, ...): see there for the errors.
+ * Threads: thread-safe (retains the parameters atomically, reads only their
+ * shapes; an update may overlap it).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_create(kvp_param *w_query, kvp_param *w_key,
                                                   kvp_param *w_value, kvp_param *w_output,
@@ -61,6 +64,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create(kvp_param *w_query, kvp_param 
  * then W_v, without kv_heads * d_h columns); ROPE_* (the RoPE over d_h
  * features); ALLOCATION_FAILED. With kv_heads == heads and square
  * parameters this is exactly the seed's order.
+ * Threads: thread-safe (retains the parameters atomically, reads only their
+ * shapes; an update may overlap it).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_create_grouped(kvp_param *w_query, kvp_param *w_key,
                                                           kvp_param *w_value, kvp_param *w_output,
@@ -73,6 +78,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create_grouped(kvp_param *w_query, kv
  * uniform in [-1/sqrt(D), 1/sqrt(D)), filled W_q, W_k, W_v, W_o in order, row
  * by row. The same seed gives the same weights on every machine. It is
  * kvp_layer_create_random_grouped(..., heads, heads, ...).
+ * Threads: thread-safe (fresh parameters, shared with nobody).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random(size_t model_width, size_t heads,
                                                          size_t max_positions, double rope_base,
@@ -85,6 +91,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random(size_t model_width, siz
  * weights. Errors: NULL_ARGUMENT (out), INVALID_ARGUMENT (model_width 0 or
  * D * D doubles do not fit), ALLOCATION_FAILED, then
  * kvp_layer_create_grouped's.
+ * Threads: thread-safe (fresh parameters, shared with nobody).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random_grouped(size_t model_width, size_t heads,
                                                                  size_t kv_heads,
@@ -92,32 +99,48 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random_grouped(size_t model_wi
                                                                  double rope_base, uint64_t seed,
                                                                  kvp_layer **out, kvp_error *err);
 
-/* Drops the layer's parameter references and frees it. */
+/*
+ * Drops the layer's parameter references and frees it. Caches bound to it
+ * keep only its binding, and a model keeps its own layers, so neither
+ * depends on it.
+ * Threads: not safe while any other call uses this layer.
+ */
 KVP_API kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err);
 
-/* Zeroes *info and sets struct_size to sizeof(kvp_layer_info). NULL is ignored. */
+/*
+ * Zeroes *info and sets struct_size to sizeof(kvp_layer_info). NULL is ignored.
+ * Threads: thread-safe (touches only *info).
+ */
 KVP_API void kvp_layer_info_init(kvp_layer_info *info);
 
 /*
  * Writes the fields out->struct_size covers. Errors: NULL_ARGUMENT;
  * INVALID_ARGUMENT ("struct_size"; pool.h's "Growing structs"), writing nothing.
+ * Threads: thread-safe (the geometry never changes).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out,
                                                     kvp_error *err);
 
-/* The layer's current binding, as a cache created now would capture it. */
+/*
+ * The layer's current binding, as a cache created now would capture it.
+ * Threads: thread-safe, also while a parameter is updated (revisions are
+ * read atomically: the binding has each one's revision before or after).
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out,
                                                    kvp_error *err);
 
 /*
  * A borrowed, read-only pointer to parameter `index` (KVP_PARAM_*); NULL when
  * out of range. A const layer gives only const parameters.
+ * Threads: thread-safe (the pointers never change).
  */
 KVP_API const kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index);
 
 /*
  * The same parameter, mutable, for updating it (kvp_param_update) or sharing
  * it (kvp_param_retain, kvp_layer_create): needs a non-const layer.
+ * Threads: thread-safe (the pointers never change); updating the parameter
+ * has kvp_param_update's rules.
  */
 KVP_API kvp_param *kvp_layer_param_mut(kvp_layer *layer, size_t index);
 

@@ -44,11 +44,16 @@ typedef struct kvp_model_info {
  * (layer i's heads, KV heads or head width differ from layer 0's; err.layer
  * = i, err.kv_heads and err.expected_kv_heads the two KV head counts);
  * ALLOCATION_FAILED.
+ * Threads: thread-safe (the layers are only read, their parameters retained
+ * atomically).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count,
                                                   kvp_model **out, kvp_error *err);
 
-/* L random layers; layer l is kvp_layer_create_random(..., seed + l). */
+/*
+ * L random layers; layer l is kvp_layer_create_random(..., seed + l).
+ * Threads: thread-safe.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_model_create_random(size_t layers, size_t model_width,
                                                          size_t heads, size_t max_positions,
                                                          double rope_base, uint64_t seed,
@@ -57,6 +62,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_create_random(size_t layers, size_t m
 /*
  * L random grouped layers; layer l is kvp_layer_create_random_grouped(...,
  * seed + l). kvp_model_create_random is this with kv_heads == heads.
+ * Threads: thread-safe.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_model_create_random_grouped(size_t layers,
                                                                  size_t model_width, size_t heads,
@@ -70,26 +76,39 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_create_random_grouped(size_t layers,
  * MODEL_BUSY, changing nothing, while sequences created on the model are
  * still alive: destroy them first (as kvp_pool_destroy refuses with
  * POOL_BUSY while caches are attached).
+ * Threads: not safe while any other call uses the model, kvp_sequence_create
+ * on it included: MODEL_BUSY counts live sequences (atomically), not calls
+ * running on other threads.
  */
 KVP_API kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err);
 
-/* Zeroes *info and sets struct_size to sizeof(kvp_model_info). NULL is ignored. */
+/*
+ * Zeroes *info and sets struct_size to sizeof(kvp_model_info). NULL is ignored.
+ * Threads: thread-safe (touches only *info).
+ */
 KVP_API void kvp_model_info_init(kvp_model_info *info);
 
 /*
  * Writes the fields out->struct_size covers. Errors: NULL_ARGUMENT;
  * INVALID_ARGUMENT ("struct_size"; pool.h's "Growing structs"), writing nothing.
+ * Threads: thread-safe (the geometry never changes).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_model_info_get(const kvp_model *model, kvp_model_info *out,
                                                     kvp_error *err);
 
-/* A borrowed pointer to layer `index`, or NULL when out of range. */
+/*
+ * A borrowed pointer to layer `index`, or NULL when out of range.
+ * Threads: thread-safe (the layers never change).
+ */
 KVP_API const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index);
 
 /*
  * A borrowed, mutable pointer to parameter `index` (KVP_PARAM_*) of layer
  * `layer`, for updating it in place; NULL when either is out of range. The
  * layers themselves stay read-only (kvp_model_layer).
+ * Threads: thread-safe (the pointers never change); updating the parameter
+ * has kvp_param_update's rules (no computation with a layer using it
+ * meanwhile, this model's sequences' steps and prefills included).
  */
 KVP_API kvp_param *kvp_model_param_mut(kvp_model *model, size_t layer, size_t index);
 

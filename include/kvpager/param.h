@@ -52,6 +52,7 @@ typedef void (*kvp_param_update_fn)(void *ctx, double *values, size_t width);
  * A new parameter holding a copy of width*width `values`, with one reference
  * owned by the caller. Errors: NULL_ARGUMENT, INVALID_ARGUMENT (width 0 or
  * width*width overflows), ALLOCATION_FAILED.
+ * Threads: thread-safe (identities come from an atomic counter).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_param_create(size_t width, const double *values,
                                                   kvp_param **out, kvp_error *err);
@@ -61,25 +62,42 @@ KVP_API KVP_NODISCARD kvp_status kvp_param_create(size_t width, const double *va
  * kvp_param_create(w, ...) is kvp_param_create_matrix(w, w, ...). Errors:
  * NULL_ARGUMENT, INVALID_ARGUMENT (rows or cols 0, or rows*cols overflows),
  * ALLOCATION_FAILED.
+ * Threads: thread-safe (identities come from an atomic counter).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_param_create_matrix(size_t rows, size_t cols,
                                                          const double *values, kvp_param **out,
                                                          kvp_error *err);
 
-/* Adds a reference. */
+/*
+ * Adds a reference.
+ * Threads: thread-safe (atomic).
+ */
 KVP_API kvp_status kvp_param_retain(kvp_param *param, kvp_error *err);
 
-/* Drops a reference; the last one frees the parameter. */
+/*
+ * Drops a reference; the last one frees the parameter.
+ * Threads: thread-safe (atomic). The last release frees the parameter, so
+ * a thread uses it only while it holds a reference (its own, or one held by
+ * a layer it uses).
+ */
 KVP_API kvp_status kvp_param_release(kvp_param *param, kvp_error *err);
 
 /*
  * Copies rows*cols new values in and advances the revision (by exactly one,
  * atomically). Needs exclusive access to the values (see Threads).
+ * Threads: not safe while any thread reads the values (through
+ * kvp_param_values, or computing with a layer that uses the parameter:
+ * prepares, forwards, steps, prefills, decoder steps, references) or updates
+ * this parameter. The queries below and kvp_layer_binding may overlap it.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_param_update(kvp_param *param, const double *values,
                                                   kvp_error *err);
 
-/* Lets `fn` change the values in place, then advances the revision; as kvp_param_update. */
+/*
+ * Lets `fn` change the values in place, then advances the revision; as kvp_param_update.
+ * Threads: not safe while any thread reads the values or updates this
+ * parameter, as kvp_param_update (`fn` runs on the calling thread).
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_param_update_with(kvp_param *param, kvp_param_update_fn fn,
                                                        void *ctx, kvp_error *err);
 
@@ -87,6 +105,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_param_update_with(kvp_param *param, kvp_par
  * Plain queries; a NULL parameter reads as 0 / NULL. kvp_param_width is the
  * row count, the width of the rows it is applied to (for a square parameter,
  * both dimensions). The revision is an atomic load.
+ * Threads: thread-safe (the id and shape never change; the revision is read
+ * atomically, also during an update). Reading the values kvp_param_values
+ * points to is not safe while the parameter is updated.
  */
 KVP_API uint64_t kvp_param_id(const kvp_param *param);
 KVP_API uint64_t kvp_param_revision(const kvp_param *param);

@@ -32,7 +32,10 @@
  * that attention tickets, steps and caches' row reservations hold; the pool tracks who
  * holds what so that kvp_pool_check can recompute every invariant.
  *
- * Threads: every pool call is thread-safe. A pool must outlive its caches.
+ * Threads: every pool call is thread-safe (the pool's mutex), except
+ * kvp_pool_destroy (no other call on the pool may overlap it) and
+ * kvp_pool_digest (not while rows are written into the pool's pages). A pool
+ * must outlive its caches.
  */
 #ifndef KVPAGER_POOL_H
 #define KVPAGER_POOL_H
@@ -191,19 +194,32 @@ typedef void (*kvp_mismatch_fn)(void *ctx, const kvp_mismatch *mismatch);
  * Sets struct_size to sizeof(kvp_pool_config) and every field to its
  * default: block_tokens 16, 8 heads of width 64, a 64 MiB budget, KVP_F64,
  * KVP_SLAB_DEFAULT with no hooks. A NULL config is ignored.
+ * Threads: thread-safe (touches only *config).
  */
 KVP_API void kvp_pool_config_init(kvp_pool_config *config);
 
-/* Zeroes *stats and sets struct_size to sizeof(kvp_pool_stats). NULL is ignored. */
+/*
+ * Zeroes *stats and sets struct_size to sizeof(kvp_pool_stats). NULL is ignored.
+ * Threads: thread-safe (touches only *stats).
+ */
 KVP_API void kvp_pool_stats_init(kvp_pool_stats *stats);
 
-/* "default", "jemalloc", "mmap", "custom"; "unknown" for any other value. Never NULL. */
+/*
+ * "default", "jemalloc", "mmap", "custom"; "unknown" for any other value. Never NULL.
+ * Threads: thread-safe (static strings).
+ */
 KVP_API const char *kvp_slab_source_name(kvp_slab_source source);
 
-/* "f64", "f32", "bf16"; "unknown" for any other value. Never NULL. */
+/*
+ * "f64", "f32", "bf16"; "unknown" for any other value. Never NULL.
+ * Threads: thread-safe (static strings).
+ */
 KVP_API const char *kvp_dtype_name(kvp_dtype dtype);
 
-/* Bytes of one stored element: 8, 4, 2; 0 for any other value. */
+/*
+ * Bytes of one stored element: 8, 4, 2; 0 for any other value.
+ * Threads: thread-safe.
+ */
 KVP_API size_t kvp_dtype_bytes(kvp_dtype dtype);
 
 /*
@@ -215,6 +231,8 @@ KVP_API size_t kvp_dtype_bytes(kvp_dtype dtype);
  * NULL_ARGUMENT ("slab_alloc", then "slab_free": KVP_SLAB_CUSTOM without
  * that hook); SIZE_OVERFLOW (page_bytes overflows, or more pages than a
  * 32-bit page id can name); BUDGET_TOO_SMALL; ALLOCATION_FAILED.
+ * Threads: thread-safe (jemalloc arenas are taken under a process-wide
+ * mutex; KVP_SLAB_CUSTOM hooks must be safe to call from any thread).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_create(const kvp_pool_config *config, kvp_pool **out,
                                                  kvp_error *err);
@@ -222,6 +240,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_create(const kvp_pool_config *config, 
 /*
  * Destroys an idle pool. While caches are attached, reservations are held or
  * any page is held, it refuses with POOL_BUSY and changes nothing.
+ * Threads: not safe while any other call uses the pool: POOL_BUSY sees
+ * attached caches and held pages, not a call running on another thread
+ * (which would touch the freed pool).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err);
 
@@ -229,6 +250,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err
  * A consistent snapshot of the pool's counters, written to the fields
  * out->struct_size covers (kvp_pool_stats_init). Errors: NULL_ARGUMENT;
  * INVALID_ARGUMENT ("struct_size"), writing nothing.
+ * Threads: thread-safe (one snapshot under the pool's mutex).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out,
                                                     kvp_error *err);
@@ -253,6 +275,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_sta
  * KVP_POOL_CHECK_REPORTS findings reach the callback; err.mismatches counts
  * them all. Returns KVP_OK, or AUDIT_FAILED with the count and the first
  * mismatch in *err. Changes nothing.
+ * Threads: thread-safe: caches' owners change every reference state the
+ * audit reads (len, page tables, reservations) under the pool's mutex too,
+ * so it may run while they work; on_mismatch runs after the unlock.
  */
 #define KVP_POOL_CHECK_REPORTS 64 /* findings one kvp_pool_check passes to its callback */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn on_mismatch,
@@ -263,6 +288,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn 
  * NEVER when pages + watermark_pages > total pages; NOW when
  * free - promised >= pages + watermark_pages; LATER otherwise. Pages promised
  * to running sequences (kvp_sequence_promise) and not yet taken count as used.
+ * Threads: thread-safe (under the pool's mutex); the answer is a snapshot,
+ * which other threads' takes, returns and promises may change at once.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages,
                                                 size_t watermark_pages, kvp_admission *out,
@@ -274,6 +301,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages,
  * SIZE_MAX, which kvp_pool_admit answers KVP_ADMIT_NEVER (no pool has that
  * many pages), so an overflow can never pass for a small request. A NULL
  * pool gives 0.
+ * Threads: thread-safe (reads only the fixed geometry).
  */
 KVP_API size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tokens);
 
@@ -306,13 +334,17 @@ typedef struct kvp_page_layout {
     size_t page_bytes;          /* 2 * values_offset_bytes */
 } kvp_page_layout;
 
-/* Zeroes *layout and sets struct_size to sizeof(kvp_page_layout). NULL is ignored. */
+/*
+ * Zeroes *layout and sets struct_size to sizeof(kvp_page_layout). NULL is ignored.
+ * Threads: thread-safe (touches only *layout).
+ */
 KVP_API void kvp_page_layout_init(kvp_page_layout *layout);
 
 /*
  * The page format of `pool` (kvp_page_layout above), the same for every
  * page, held or free. Errors: NULL_ARGUMENT (pool, out); INVALID_ARGUMENT
- * (out's struct_size: call kvp_page_layout_init first). Thread-safe.
+ * (out's struct_size: call kvp_page_layout_init first).
+ * Threads: thread-safe (the geometry never changes).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_page_layout *out,
                                                       kvp_error *err);
@@ -325,8 +357,11 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_
  * and the slab never moves. Errors, in this order: NULL_ARGUMENT (pool, keys,
  * values); INVALID_ARGUMENT (layout's struct_size); OUT_OF_RANGE (argument "page", page >= total pages); PAGE_NOT_HELD
  * (err.index = page: the page is on the free list; only held pages have
- * data). Thread-safe; reading the rows is the cache owner's business (a
- * cache has one owner at a time). Allocates nothing.
+ * data). Allocates nothing.
+ * Threads: thread-safe (the held check is under the pool's mutex). Reading
+ * rows through the addresses is not safe while the page's cache is changed
+ * (an append, commit, reset or destroy may write or free the page): a
+ * cache has one owner at a time, who decides when its rows may be read.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page,
                                                     const void **keys, const void **values,
@@ -339,6 +374,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t pag
  * from memcheck's reports, and the digest is marked defined. Row data is
  * written by caches' owners without the pool lock, so take the digest only
  * while no thread appends to a cache of this pool.
+ * Threads: not safe while any thread writes rows into the pool's pages:
+ * kvp_cache_append_rows, kvp_cache_commit_rows, kvp_ticket_commit,
+ * kvp_attention_forward, kvp_sequence_step, kvp_sequence_prefill or
+ * kvp_decoder_step on a cache or sequence of this pool. Other pool calls,
+ * prepares, reserves, resets and reads may overlap it (the slab is hashed
+ * under the pool's mutex, and they write no row).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err);
 

@@ -23,6 +23,7 @@ extern "C" {
  * above zero, or so small that some rotation angle p * theta_i with
  * p < max_positions is not finite (e.g. base 5e-324, where theta overflows).
  * The rejected configuration is in err.layer_rope.
+ * Threads: thread-safe (pure).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_rope_validate(const kvp_rope_config *rope, kvp_error *err);
 
@@ -30,6 +31,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_rope_validate(const kvp_rope_config *rope, 
  * Rotates `features` (feature_width values) in place for `position`.
  * ROPE_POSITION_OUT_OF_RANGE when position >= max_positions; nothing changes
  * then.
+ * Threads: thread-safe (writes only `features`).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_rope_rotate(const kvp_rope_config *rope, double *features,
                                                  size_t position, kvp_error *err);

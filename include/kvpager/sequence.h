@@ -51,20 +51,35 @@ typedef void (*kvp_next_input_fn)(void *ctx, size_t layer, const double *layer_i
  * GEOMETRY_MISMATCH, ...), ALLOCATION_FAILED. The model counts the sequence
  * as live until kvp_sequence_destroy, and refuses kvp_model_destroy
  * (MODEL_BUSY) until then.
+ * Threads: thread-safe: sequences of one model and pool may be created on
+ * any threads at once (the model counts them atomically, caches attach
+ * under the pool's mutex).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool,
                                                      size_t batch_size, size_t capacity,
                                                      kvp_sequence **out, kvp_error *err);
 
-/* Returns every page and promise, and frees the sequence. */
+/*
+ * Returns every page and promise, and frees the sequence.
+ * Threads: not safe while any other call uses this sequence or its caches
+ * (a decoder step running a job for it included).
+ */
 KVP_API kvp_status kvp_sequence_destroy(kvp_sequence *sequence, kvp_error *err);
 
-/* Every layer back to length 0, every page and promise back; no heap traffic. */
+/*
+ * Every layer back to length 0, every page and promise back; no heap traffic.
+ * Threads: one caller at a time per sequence (its owner), and not while a
+ * read of it or its caches runs; other sequences may be used concurrently.
+ */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_reset(kvp_sequence *sequence, kvp_error *err);
 
 /*
  * One token for every layer. input and output are [B, 1, D]; output receives
  * the last layer's next input (the residual stream after the last layer).
+ * Threads: one caller at a time per sequence (its owner; a decoder job on it
+ * counts as one), not while a read of it or its caches runs, and not while a
+ * parameter of its model is updated. Sequences of the same model and pool
+ * may step on other threads at once; `next_input` runs on this thread.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
                                                    const kvp_tensor *input,
@@ -101,6 +116,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
  *     t > 0 stay in the pages and slots given back. Nothing can read them,
  *     but kvp_pool_digest, which hashes free bytes too, differs.
  * output, when not NULL, receives [B, T, D].
+ * Threads: one caller at a time per sequence, as kvp_sequence_step: not
+ * while a read of it or its caches runs, and not while a parameter of its
+ * model is updated; other sequences may prefill or step at once.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_prefill(kvp_sequence *sequence,
                                                       const kvp_tensor *prompt,
@@ -112,14 +130,25 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_prefill(kvp_sequence *sequence,
  * Sets the sequence's promise to `pages` future pages (replacing the old one).
  * OUT_OF_RANGE, changing nothing, when `pages` exceeds the pages the sequence
  * can ever hold (layers * batch * ceil(capacity / block_tokens)).
+ * Threads: one caller at a time per sequence (its owner), and not while a
+ * read of it runs; other sequences may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_sequence_promise(kvp_sequence *sequence, size_t pages,
                                                       kvp_error *err);
 
-/* Pages this sequence needs to grow from its current length to `tokens`. */
+/*
+ * Pages this sequence needs to grow from its current length to `tokens`.
+ * Threads: not safe while a call changes this sequence (reset, destroy,
+ * promise, step, prefill, a decoder job); reads of one sequence may overlap.
+ */
 KVP_API size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t tokens);
 
-/* Plain queries; NULL reads as 0 / NULL. */
+/*
+ * Plain queries; NULL reads as 0 / NULL. kvp_sequence_cache gives a layer's
+ * cache, for reading (cache.h's rules: its changes are this sequence's).
+ * Threads: not safe while a call changes this sequence (reset, destroy,
+ * promise, step, prefill, a decoder job); reads of one sequence may overlap.
+ */
 KVP_API size_t kvp_sequence_len(const kvp_sequence *sequence);
 KVP_API size_t kvp_sequence_capacity(const kvp_sequence *sequence);
 KVP_API size_t kvp_sequence_held_pages(const kvp_sequence *sequence);
@@ -153,10 +182,22 @@ typedef struct kvp_decode_job {
  * A pool of `threads` threads (0: one per online core, at most 4096), the
  * caller's included, started now. INVALID_ARGUMENT above 4096; THREAD_FAILED
  * when the system refuses a thread (the others are stopped again).
+ * Threads: thread-safe.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_decoder_create(size_t threads, kvp_decoder **out,
                                                     kvp_error *err);
+
+/*
+ * Stops and joins the decoder's threads and frees it.
+ * Threads: not safe while any other call uses the decoder (a running
+ * kvp_decoder_step included: its threads would be joined under it).
+ */
 KVP_API kvp_status kvp_decoder_destroy(kvp_decoder *decoder, kvp_error *err);
+
+/*
+ * The decoder's thread count, the caller's included; NULL gives 0.
+ * Threads: thread-safe (fixed at creation).
+ */
 KVP_API size_t kvp_decoder_threads(const kvp_decoder *decoder);
 
 /*
@@ -182,6 +223,11 @@ KVP_API size_t kvp_decoder_threads(const kvp_decoder *decoder);
  * has its status written, and the running step is not disturbed. Callers
  * that share a decoder between threads serialize their steps themselves, or
  * retry. Different decoders are independent.
+ * Threads: one caller at a time per decoder (a concurrent call gets
+ * DECODER_BUSY); other decoders may step concurrently, but never on the same
+ * sequence. While a step runs, each job's sequence is the step's: no other
+ * call may use it or its caches, and no parameter of its model may be
+ * updated. `next_input` may run on any of the decoder's threads at once.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_decoder_step(kvp_decoder *decoder, kvp_decode_job *jobs,
                                                   size_t count, kvp_next_input_fn next_input,

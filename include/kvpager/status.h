@@ -270,20 +270,30 @@ typedef struct kvp_error {
     size_t expected_kv_heads;
 } kvp_error;
 
-/* "FULL" -> "Full"; unknown values give "Unknown". Never NULL. */
+/*
+ * "FULL" -> "Full"; unknown values give "Unknown". Never NULL.
+ * Threads: thread-safe (static strings).
+ */
 KVP_API const char *kvp_status_name(kvp_status status);
 
-/* A short, static description of the status. Never NULL. */
+/*
+ * A short, static description of the status. Never NULL.
+ * Threads: thread-safe (static strings).
+ */
 KVP_API const char *kvp_status_message(kvp_status status);
 
 /*
  * Renders `err` like snprintf: writes at most `size` bytes including the
  * terminating NUL and returns the length the full text needs. A NULL `err`
  * renders "no error detail"; a NULL `buf` with size 0 only measures.
+ * Threads: thread-safe (reads *err, writes only buf).
  */
 KVP_API size_t kvp_error_format(const kvp_error *err, char *buf, size_t size);
 
-/* Renders one audit finding, with the same return convention. */
+/*
+ * Renders one audit finding, with the same return convention.
+ * Threads: thread-safe (reads *mismatch, writes only buf).
+ */
 KVP_API size_t kvp_mismatch_format(const kvp_mismatch *mismatch, char *buf, size_t size);
 
 #ifdef __cplusplus

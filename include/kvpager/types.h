@@ -46,10 +46,16 @@ typedef struct kvp_rope_config {
     double base;
 } kvp_rope_config;
 
-/* A rank-4 view, the shape of appended keys and values: [B, H, T, d_h]. */
+/*
+ * A rank-4 view, the shape of appended keys and values: [B, H, T, d_h].
+ * Threads: thread-safe (pure).
+ */
 KVP_API kvp_tensor kvp_tensor4(const double *data, size_t d0, size_t d1, size_t d2, size_t d3);
 
-/* A rank-3 view, the shape of attention inputs: [B, T, D]. */
+/*
+ * A rank-3 view, the shape of attention inputs: [B, T, D].
+ * Threads: thread-safe (pure).
+ */
 KVP_API kvp_tensor kvp_tensor3(const double *data, size_t d0, size_t d1, size_t d2);
 
 #ifdef __cplusplus
