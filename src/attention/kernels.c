@@ -33,7 +33,7 @@ void kvpi_project_rect(const double *x, const double *w, size_t rows, size_t col
  *   PACK_ROWS packing starts at this many input rows: below it a sliver
  *             would serve too few tiles to repay its copy.
  */
-#define STREAM_K 8
+#define STREAM_K 16
 #define PROJECT_KC 64
 #define PROJECT_MC 64
 #define PACK_ROWS 16
@@ -98,7 +98,9 @@ void kvpi_project_rows(const double *x, size_t x_stride, size_t rows, const doub
         return;
     }
     const kvpi_kernels *k = kvpi_kernels_active();
-    if (rows < PACK_ROWS) {
+    if (rows == 1) {
+        kvpi_project_rect(x, w, width, cols, y); /* the same sums; axpy_rows is tuned for it */
+    } else if (rows < PACK_ROWS) {
         project_stream(k, x, x_stride, rows, w, width, cols, y, y_stride);
     } else {
         project_packed(k, x, x_stride, rows, w, width, cols, y, y_stride);

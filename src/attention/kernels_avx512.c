@@ -381,7 +381,9 @@ avx512_tile(const double *x, size_t x_stride, const double *w, size_t w_stride, 
             double *y, size_t y_stride, int first, const size_t mr, const __mmask8 mask[4])
 {
     __m512d acc[AVX512_MR][4];
+    _Pragma("GCC unroll 8")
     for (size_t r = 0; r < mr; r++) {
+        _Pragma("GCC unroll 8")
         for (size_t v = 0; v < 4; v++) {
             acc[r][v] = first ? _mm512_setzero_pd()
                               : _mm512_maskz_loadu_pd(mask[v], y + r * y_stride + 8 * v);
@@ -390,17 +392,22 @@ avx512_tile(const double *x, size_t x_stride, const double *w, size_t w_stride, 
     for (size_t i = 0; i < k; i++) {
         const double *wi = w + i * w_stride;
         __m512d wv[4];
+        _Pragma("GCC unroll 8")
         for (size_t v = 0; v < 4; v++) {
             wv[v] = _mm512_maskz_loadu_pd(mask[v], wi + 8 * v);
         }
+        _Pragma("GCC unroll 8")
         for (size_t r = 0; r < mr; r++) {
             __m512d xi = _mm512_set1_pd(x[r * x_stride + i]);
+            _Pragma("GCC unroll 8")
             for (size_t v = 0; v < 4; v++) {
                 acc[r][v] = _mm512_add_pd(acc[r][v], _mm512_mul_pd(xi, wv[v]));
             }
         }
     }
+    _Pragma("GCC unroll 8")
     for (size_t r = 0; r < mr; r++) {
+        _Pragma("GCC unroll 8")
         for (size_t v = 0; v < 4; v++) {
             _mm512_mask_storeu_pd(y + r * y_stride + 8 * v, mask[v], acc[r][v]);
         }
