@@ -5,7 +5,8 @@
  * Proves: the portable level sums in the documented order (checked against
  * the formula written out here); every other level gives the portable
  * level's bits for lengths 0..257 at unaligned addresses; the multi-row
- * kernels equal one call per row; the f32 and bf16 row kernels equal the f64
+ * kernels equal one call per row; projecting many rows at once equals one
+ * projection per row; the f32 and bf16 row kernels equal the f64
  * kernel on the widened rows, bit for bit, at every level; the gather gives the same bits for
  * block_tokens 1, 3, 16 and 64 and the same bits at every level; incremental
  * attention equals the full-prefix reference bit for bit at every level; the
@@ -235,6 +236,96 @@ static void test_kernels_dot_and_axpy_match_scalar(void **state)
     free(expect);
     free(acc);
     free(start);
+}
+
+/* ---- projections of many rows at once ---------------------------------------------- */
+
+/*
+ * kvpi_project_rows equals kvpi_project_rect row by row, and the documented
+ * sum (+0.0, then + x[i] * w[i][j] for i in order) written out here, bit for
+ * bit, at every level: row counts below, at and past the tile and packing
+ * thresholds, widths past the packed slivers' 64 rows, column counts around
+ * every level's tile width, strided x and y whose gaps stay untouched, and
+ * inputs of mixed magnitudes and signed zeros (so order and the sign of a
+ * zero sum both show in the bits).
+ */
+static void test_kernels_project_rows_equal_project_row(void **state)
+{
+    (void)state;
+    const kvpi_kernels *levels[KVPI_ISA_COUNT];
+    size_t nlevels = test_levels(levels);
+    static const size_t row_counts[] = {1, 4, 5, 16, 17, 70};
+    static const size_t widths[] = {0, 1, 8, 63, 65, 129};
+    static const size_t col_counts[] = {1, 3, 7, 13, 32, 33, 70};
+    enum { P_ROWS = 70, P_WIDTH = 129, P_COLS = 70, GAP = 3 };
+    size_t x_stride = P_WIDTH + GAP;
+    size_t y_stride = P_COLS + GAP;
+    double *x = malloc(P_ROWS * x_stride * sizeof *x);
+    double *w = malloc(P_WIDTH * P_COLS * sizeof *w);
+    double *expect = malloc(P_ROWS * y_stride * sizeof *expect);
+    double *row = malloc(P_COLS * sizeof *row);
+    double *y = malloc(P_ROWS * y_stride * sizeof *y);
+    assert_non_null(x);
+    assert_non_null(w);
+    assert_non_null(expect);
+    assert_non_null(row);
+    assert_non_null(y);
+    fill(x, P_ROWS * x_stride);
+    fill(w, P_WIDTH * P_COLS);
+    /* Row 2's inputs are signed zeros: its sums must be +0.0 whatever W's signs. */
+    for (size_t i = 0; i < P_WIDTH; i++) {
+        x[2 * x_stride + i] = i % 2 ? -0.0 : 0.0;
+    }
+    size_t checked = 0;
+    for (size_t a = 0; a < sizeof row_counts / sizeof *row_counts; a++) {
+        for (size_t b = 0; b < sizeof widths / sizeof *widths; b++) {
+            for (size_t c = 0; c < sizeof col_counts / sizeof *col_counts; c++) {
+                size_t rows = row_counts[a];
+                size_t width = widths[b];
+                size_t cols = col_counts[c];
+                kvpt_fill(expect, P_ROWS * y_stride, 7.0);
+                for (size_t r = 0; r < rows; r++) {
+                    for (size_t j = 0; j < cols; j++) {
+                        double sum = 0.0;
+                        for (size_t i = 0; i < width; i++) {
+                            sum = sum + x[r * x_stride + i] * w[i * cols + j];
+                        }
+                        expect[r * y_stride + j] = sum;
+                    }
+                }
+                for (size_t j = 0; j < cols && rows > 2; j++) {
+                    assert_true(same_bits(expect[2 * y_stride + j], 0.0));
+                }
+                for (size_t l = 0; l < nlevels; l++) {
+                    assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
+                    kvpt_fill(y, P_ROWS * y_stride, 7.0);
+                    kvpi_project_rows(x, x_stride, rows, w, width, cols, y, y_stride);
+                    if (memcmp(y, expect, P_ROWS * y_stride * sizeof *y) != 0) {
+                        print_error("%s project_rows differs at rows=%zu width=%zu cols=%zu\n",
+                                    levels[l]->name, rows, width, cols);
+                        fail();
+                    }
+                    for (size_t r = 0; r < rows; r++) {
+                        kvpi_project_rect(x + r * x_stride, w, width, cols, row);
+                        assert_memory_equal(row, y + r * y_stride, cols * sizeof *row);
+                    }
+                    checked++;
+                }
+            }
+        }
+    }
+    assert_int_equal(checked, 6 * 6 * 7 * nlevels);
+    /* A square W through kvpi_project_row, the call the projections used to make. */
+    kvpi_project_rows(x, x_stride, 17, w, 65, 65, y, y_stride);
+    for (size_t r = 0; r < 17; r++) {
+        kvpi_project_row(x + r * x_stride, w, 65, row);
+        assert_memory_equal(row, y + r * y_stride, 65 * sizeof *row);
+    }
+    free(x);
+    free(w);
+    free(expect);
+    free(row);
+    free(y);
 }
 
 /* ---- rows stored as f32 and bf16 ------------------------------------------------ */
@@ -999,6 +1090,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_kernels_levels_and_refusals, restore_level),
         cmocka_unit_test_teardown(test_kernels_dot_and_axpy_match_scalar, restore_level),
+        cmocka_unit_test_teardown(test_kernels_project_rows_equal_project_row, restore_level),
         cmocka_unit_test_teardown(test_kernels_narrow_rows_match_f64_on_widened, restore_level),
         cmocka_unit_test_teardown(test_kernels_gather_same_bits_across_blocks_and_levels,
                                   restore_level),

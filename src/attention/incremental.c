@@ -132,10 +132,7 @@ static kvp_status project(const kvp_layer *layer, const double *input, size_t ba
     static const char *const names[3] = {"query", "key", "value"};
     for (size_t which = 0; which < 3; which++) {
         const double *w = kvp_param_values(layer->params[which]);
-        for (size_t lane = 0; lane < batch; lane++) {
-            kvpi_project_rect(input + lane * d, w, d, widths[which],
-                              outputs[which] + lane * widths[which]);
-        }
+        kvpi_project_rows(input, d, batch, w, d, widths[which], outputs[which], widths[which]);
     }
     for (size_t which = 0; which < 3; which++) {
         kvp_status status = kvpi_check_finite(outputs[which], batch * widths[which],
@@ -202,9 +199,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
     kvpi_gather_values_on(&job, par);
     /* [B, H, 1, d_h] is already the merged [B, 1, D] layout. */
     const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
-    for (size_t lane = 0; lane < batch; lane++) {
-        kvpi_project_row(t->head_outputs + lane * d, w_output, d, t->output + lane * d);
-    }
+    kvpi_project_rows(t->head_outputs, d, batch, w_output, d, d, t->output, d);
     return kvpi_check_finite(t->output, batch * d, KVP_NONFINITE_OUTPUT, "output", err);
 }
 

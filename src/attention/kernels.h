@@ -87,7 +87,23 @@ typedef struct kvpi_kernels {
                           size_t count, size_t n);
     void (*axpy_rows_bf16)(double *acc, const double *weights, const uint16_t *rows,
                            size_t stride, size_t count, size_t n);
+    /*
+     * The register tile of kvpi_project_rows, for mr <= project_mr rows and
+     * n <= project_nr columns: y[r][j] = (first ? +0.0 : y[r][j]) + x[r][i] *
+     * w[i][j], added for i = 0 .. k-1 in order (x[r][i] at x[r * x_stride +
+     * i], w[i][j] at w[i * w_stride + j], y[r][j] at y[r * y_stride + j]).
+     * Columns j >= n of w and y are never read or written.
+     */
+    void (*project_tile)(const double *x, size_t x_stride, size_t mr, const double *w,
+                         size_t w_stride, size_t k, size_t n, double *y, size_t y_stride,
+                         int first);
+    size_t project_mr; /* rows of the tile (at most KVPI_PROJECT_MAX_MR) */
+    size_t project_nr; /* columns of the tile (at most KVPI_PROJECT_MAX_NR) */
 } kvpi_kernels;
+
+/* Bounds of every level's projection tile (kvpi_project_rows packs W slivers this wide). */
+#define KVPI_PROJECT_MAX_MR 8
+#define KVPI_PROJECT_MAX_NR 32
 
 /* The active level: chosen once (thread-safe), from the CPU and KVP_ISA. Never NULL. */
 const kvpi_kernels *kvpi_kernels_active(void);
@@ -232,6 +248,20 @@ void kvpi_project_row(const double *x, const double *w, size_t width, double *y)
  * (a grouped layer's K equals an MHA layer's with the columns repeated).
  */
 void kvpi_project_rect(const double *x, const double *w, size_t rows, size_t cols, double *y);
+
+/*
+ * Y = X W for `rows` input rows at once: y[r * y_stride + j] for r < rows,
+ * j < cols is x[r * x_stride + 0 .. width) W with W row-major width x cols,
+ * summed over i in increasing order from +0.0, with every product rounded
+ * before its add: the bits of kvpi_project_rect on each row, at every level
+ * (tested). Blocked so W is read once per block of rows: a tile of
+ * project_mr x project_nr outputs stays in registers over a run of i; for
+ * more than a few rows, slivers of W (64 rows x project_nr) are
+ * packed contiguously on the stack first and shared by every tile of a block
+ * of rows. x and y must not overlap.
+ */
+void kvpi_project_rows(const double *x, size_t x_stride, size_t rows, const double *w,
+                       size_t width, size_t cols, double *y, size_t y_stride);
 
 /*
  * In place: s[i] = kvpi_exp(s[i] - max) / sum, the sum in the dot product's

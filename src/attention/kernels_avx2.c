@@ -382,8 +382,96 @@ static void avx2_axpy_rows_bf16(double *acc, const double *weights, const uint16
     narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_BF16);
 }
 
+/*
+ * kvpi_project_rows's tile: up to 4 rows x 8 columns of sums in eight
+ * registers (two per row), i outermost; each sum takes acc + x * w, as the
+ * portable C. A tile narrower than 8 columns loads and stores through lane
+ * masks, so columns past n are never touched.
+ */
+#define AVX2_MR 4
+#define AVX2_NR 8
+
+static inline __attribute__((always_inline)) void
+avx2_tile(const double *x, size_t x_stride, const double *w, size_t w_stride, size_t k,
+          double *y, size_t y_stride, int first, const size_t mr, const __m256i mask[2],
+          const int masked)
+{
+    __m256d acc[AVX2_MR][2];
+    _Pragma("GCC unroll 8")
+    for (size_t r = 0; r < mr; r++) {
+        _Pragma("GCC unroll 8")
+        for (size_t v = 0; v < 2; v++) {
+            const double *at = y + r * y_stride + 4 * v;
+            acc[r][v] = first    ? _mm256_setzero_pd()
+                        : masked ? _mm256_maskload_pd(at, mask[v])
+                                 : _mm256_loadu_pd(at);
+        }
+    }
+    for (size_t i = 0; i < k; i++) {
+        const double *wi = w + i * w_stride;
+        __m256d wv[2];
+        _Pragma("GCC unroll 8")
+        for (size_t v = 0; v < 2; v++) {
+            wv[v] = masked ? _mm256_maskload_pd(wi + 4 * v, mask[v]) : _mm256_loadu_pd(wi + 4 * v);
+        }
+        _Pragma("GCC unroll 8")
+        for (size_t r = 0; r < mr; r++) {
+            __m256d xi = _mm256_broadcast_sd(x + r * x_stride + i);
+            _Pragma("GCC unroll 8")
+            for (size_t v = 0; v < 2; v++) {
+                acc[r][v] = _mm256_add_pd(acc[r][v], _mm256_mul_pd(xi, wv[v]));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (size_t r = 0; r < mr; r++) {
+        _Pragma("GCC unroll 8")
+        for (size_t v = 0; v < 2; v++) {
+            double *at = y + r * y_stride + 4 * v;
+            if (masked) {
+                _mm256_maskstore_pd(at, mask[v], acc[r][v]);
+            } else {
+                _mm256_storeu_pd(at, acc[r][v]);
+            }
+        }
+    }
+}
+
+static void avx2_project_tile(const double *x, size_t x_stride, size_t mr, const double *w,
+                              size_t w_stride, size_t k, size_t n, double *y, size_t y_stride,
+                              int first)
+{
+    __m256i mask[2];
+    for (size_t v = 0; v < 2; v++) {
+        long long lane[4];
+        for (size_t l = 0; l < 4; l++) {
+            lane[l] = 4 * v + l < n ? -1 : 0;
+        }
+        mask[v] = _mm256_setr_epi64x(lane[0], lane[1], lane[2], lane[3]);
+    }
+    int masked = n < AVX2_NR;
+#define AVX2_TILE(rows)                                                                          \
+    (masked ? avx2_tile(x, x_stride, w, w_stride, k, y, y_stride, first, rows, mask, 1)         \
+            : avx2_tile(x, x_stride, w, w_stride, k, y, y_stride, first, rows, mask, 0))
+    switch (mr) {
+    case 4:
+        AVX2_TILE(4);
+        break;
+    case 3:
+        AVX2_TILE(3);
+        break;
+    case 2:
+        AVX2_TILE(2);
+        break;
+    default:
+        AVX2_TILE(1);
+        break;
+    }
+#undef AVX2_TILE
+}
+
 const kvpi_kernels kvpi_kernels_avx2 = {
     KVPI_ISA_AVX2,  "avx2",    avx2_dot, avx2_dot_rows, avx2_axpy, avx2_axpy_rows,
     avx2_exps, avx2_exp_sum, avx2_dot_rows_f32, avx2_dot_rows_bf16, avx2_axpy_rows_f32,
-    avx2_axpy_rows_bf16,
+    avx2_axpy_rows_bf16, avx2_project_tile, AVX2_MR, AVX2_NR,
 };

@@ -367,8 +367,81 @@ static void avx512_axpy_rows_bf16(double *acc, const double *weights, const uint
     narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_BF16);
 }
 
+/*
+ * kvpi_project_rows's tile: up to 4 rows x 32 columns of sums in sixteen
+ * registers (four per row), i outermost; each sum takes acc + x * w, as the
+ * portable C. A tile narrower than 32 columns loads and stores through lane
+ * masks, so columns past n are never touched.
+ */
+#define AVX512_MR 4
+#define AVX512_NR 32
+
+static inline __attribute__((always_inline)) void
+avx512_tile(const double *x, size_t x_stride, const double *w, size_t w_stride, size_t k,
+            double *y, size_t y_stride, int first, const size_t mr, const __mmask8 mask[4])
+{
+    __m512d acc[AVX512_MR][4];
+    _Pragma("GCC unroll 8")
+    for (size_t r = 0; r < mr; r++) {
+        _Pragma("GCC unroll 8")
+        for (size_t v = 0; v < 4; v++) {
+            acc[r][v] = first ? _mm512_setzero_pd()
+                              : _mm512_maskz_loadu_pd(mask[v], y + r * y_stride + 8 * v);
+        }
+    }
+    for (size_t i = 0; i < k; i++) {
+        const double *wi = w + i * w_stride;
+        __m512d wv[4];
+        _Pragma("GCC unroll 8")
+        for (size_t v = 0; v < 4; v++) {
+            wv[v] = _mm512_maskz_loadu_pd(mask[v], wi + 8 * v);
+        }
+        _Pragma("GCC unroll 8")
+        for (size_t r = 0; r < mr; r++) {
+            __m512d xi = _mm512_set1_pd(x[r * x_stride + i]);
+            _Pragma("GCC unroll 8")
+            for (size_t v = 0; v < 4; v++) {
+                acc[r][v] = _mm512_add_pd(acc[r][v], _mm512_mul_pd(xi, wv[v]));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (size_t r = 0; r < mr; r++) {
+        _Pragma("GCC unroll 8")
+        for (size_t v = 0; v < 4; v++) {
+            _mm512_mask_storeu_pd(y + r * y_stride + 8 * v, mask[v], acc[r][v]);
+        }
+    }
+}
+
+static void avx512_project_tile(const double *x, size_t x_stride, size_t mr, const double *w,
+                                size_t w_stride, size_t k, size_t n, double *y,
+                                size_t y_stride, int first)
+{
+    __mmask8 mask[4];
+    for (size_t v = 0; v < 4; v++) {
+        size_t lanes = n > 8 * v ? n - 8 * v : 0;
+        mask[v] = (__mmask8)(lanes >= 8 ? 0xFF : (1u << lanes) - 1);
+    }
+    switch (mr) {
+    case 4:
+        avx512_tile(x, x_stride, w, w_stride, k, y, y_stride, first, 4, mask);
+        break;
+    case 3:
+        avx512_tile(x, x_stride, w, w_stride, k, y, y_stride, first, 3, mask);
+        break;
+    case 2:
+        avx512_tile(x, x_stride, w, w_stride, k, y, y_stride, first, 2, mask);
+        break;
+    default:
+        avx512_tile(x, x_stride, w, w_stride, k, y, y_stride, first, 1, mask);
+        break;
+    }
+}
+
 const kvpi_kernels kvpi_kernels_avx512 = {
     KVPI_ISA_AVX512, "avx512",    avx512_dot, avx512_dot_rows, avx512_axpy, avx512_axpy_rows,
     avx512_exps,     avx512_exp_sum, avx512_dot_rows_f32, avx512_dot_rows_bf16,
-    avx512_axpy_rows_f32, avx512_axpy_rows_bf16,
+    avx512_axpy_rows_f32, avx512_axpy_rows_bf16, avx512_project_tile, AVX512_MR,
+    AVX512_NR,
 };

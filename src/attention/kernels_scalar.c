@@ -143,8 +143,41 @@ static void scalar_axpy_rows_bf16(double *acc, const double *weights, const uint
     narrow_axpy_rows(acc, weights, rows, stride, count, n, ROWS_BF16);
 }
 
+/*
+ * kvpi_project_rows's tile: 4 rows x 8 columns of sums, i outermost, each
+ * sum its own variable (the compiler may keep them in vector registers).
+ */
+#define SCALAR_MR 4
+#define SCALAR_NR 8
+
+static void scalar_project_tile(const double *x, size_t x_stride, size_t mr, const double *w,
+                                size_t w_stride, size_t k, size_t n, double *y, size_t y_stride,
+                                int first)
+{
+    double acc[SCALAR_MR][SCALAR_NR];
+    for (size_t r = 0; r < mr; r++) {
+        for (size_t j = 0; j < n; j++) {
+            acc[r][j] = first ? 0.0 : y[r * y_stride + j];
+        }
+    }
+    for (size_t i = 0; i < k; i++) {
+        const double *wi = w + i * w_stride;
+        for (size_t r = 0; r < mr; r++) {
+            double xi = x[r * x_stride + i];
+            for (size_t j = 0; j < n; j++) {
+                acc[r][j] = acc[r][j] + xi * wi[j];
+            }
+        }
+    }
+    for (size_t r = 0; r < mr; r++) {
+        for (size_t j = 0; j < n; j++) {
+            y[r * y_stride + j] = acc[r][j];
+        }
+    }
+}
+
 const kvpi_kernels kvpi_kernels_scalar = {
     KVPI_ISA_SCALAR, "scalar",       scalar_dot,     scalar_dot_rows, scalar_axpy,
     scalar_axpy_rows, scalar_exps, scalar_exp_sum, scalar_dot_rows_f32, scalar_dot_rows_bf16,
-    scalar_axpy_rows_f32, scalar_axpy_rows_bf16,
+    scalar_axpy_rows_f32, scalar_axpy_rows_bf16, scalar_project_tile, SCALAR_MR, SCALAR_NR,
 };

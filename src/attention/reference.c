@@ -110,7 +110,7 @@ typedef struct reference_scratch {
     double *out;     /* [B, T, D], copied to the caller's output on success */
     double *row;     /* [B, D]: one token of every lane, in the incremental layout */
     double *scores;  /* [B, H, t + 1] for the current token t */
-    double *merged;  /* [D] */
+    double *merged;  /* [B, D]: token t's heads merged, every lane */
 } reference_scratch;
 
 /*
@@ -150,15 +150,15 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
         for (size_t h = 0; h < heads; h++) {
             double *weights = s->scores + (b * heads + h) * keys;
             kvpi_softmax(weights, keys);
-            double *head = s->merged + h * hd;
+            double *head = s->merged + b * d + h * hd;
             memset(head, 0, hd * sizeof *head);
             for (size_t p = 0; p <= t; p++) {
                 kvpi_axpy(head, weights[p], s->v + (b * tokens + p) * kv_width + (h / group) * hd,
                           hd);
             }
         }
-        kvpi_project_row(s->merged, w_output, d, s->out + (b * tokens + t) * d);
     }
+    kvpi_project_rows(s->merged, d, batch, w_output, d, d, s->out + t * d, tokens * d);
     gather_token(s->out, batch, tokens, d, t, s->row);
     status = check_finite(s->row, batch * d, KVP_NONFINITE_OUTPUT, "output", t, err);
     if (status == KVP_OK) {
@@ -261,9 +261,9 @@ kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtyp
     size_t kv_width = layer->kv_heads * layer->head_width;
     size_t rows = batch * tokens * d;
     size_t kv_rows = batch * tokens * kv_width;
-    /* q, k, v and out rows, one token's row of every lane, scores, one merged row. */
+    /* q, k, v and out rows, one token's row of every lane, scores, one merged row per lane. */
     size_t score_doubles = batch * layer->heads * tokens;
-    size_t bytes = (2 * rows + 2 * kv_rows + batch * d + score_doubles + d) * sizeof(double);
+    size_t bytes = (2 * rows + 2 * kv_rows + 2 * batch * d + score_doubles) * sizeof(double);
     double *scratch = kvpi_alloc(KVPI_SITE_SCRATCH, bytes);
     if (scratch == NULL) {
         return kvpi_fail_alloc(err, "full-prefix attention scratch", bytes);
@@ -280,10 +280,8 @@ kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtyp
     const size_t widths[3] = {d, kv_width, kv_width};
     for (size_t which = 0; which < 3; which++) {
         const double *w = kvp_param_values(layer->params[which]);
-        for (size_t row = 0; row < batch * tokens; row++) {
-            kvpi_project_rect(input->data + row * d, w, d, widths[which],
-                              projected[which] + row * widths[which]);
-        }
+        kvpi_project_rows(input->data, d, batch * tokens, w, d, widths[which], projected[which],
+                          widths[which]);
     }
     for (size_t t = 0; t < tokens && status == KVP_OK; t++) {
         status = check_projections(&s, batch, tokens, widths, t, err);

@@ -341,9 +341,8 @@ static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *promp
         const double *w_query = kvp_param_values(kvp_layer_param(seq->model->layers[0],
                                                                  KVP_PARAM_QUERY));
         double *query = seq->tickets[0]->query;
-        for (size_t b = 0; b < seq->batch_size; b++) {
-            kvpi_project_row(prompt->data + (b * tokens + t) * d, w_query, d, query + b * d);
-        }
+        kvpi_project_rows(prompt->data + t * d, tokens * d, seq->batch_size, w_query, d, d, query,
+                          d);
         kvp_error e = kvpi_error_begin(KVP_NONFINITE_PROJECTION);
         e.what = "query";
         e.index = kvpi_first_nonfinite(query, n);
