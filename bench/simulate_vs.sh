@@ -8,7 +8,8 @@
 # The script builds REF's release `kvpager` in a temporary worktree (no
 # network: REF must be in this repository), builds this checkout's, then runs
 # the two programs alternately RUNS times (default 7) and prints each run's
-# tokens/s, the medians and their ratio, and both builds' output checksums
+# tokens/s, the medians and their ratio, the median of the pairs' own
+# ratios (robust when the machine's load drifts), and both builds' output checksums
 # (the workload is the same; the checksums differ only where the arithmetic
 # changed between the commits, e.g. the softmax's exp). Extra simulate flags go in
 # SIMULATE_FLAGS (e.g. SIMULATE_FLAGS="--threads 1").
@@ -47,7 +48,10 @@ new = [float(l[0]) for l in lines[1::2]]
 for i, (a, b) in enumerate(zip(old, new)):
     print("run %d: %s %.0f tokens/s, this checkout %.0f tokens/s" % (i + 1, ref, a, b))
 mo, mn = statistics.median(old), statistics.median(new)
-print("median: %s %.0f tokens/s, this checkout %.0f tokens/s: %.2fx" % (ref, mo, mn, mn / mo))
+ratios = [b / a for a, b in zip(old, new)]
+print("median: %s %.0f tokens/s, this checkout %.0f tokens/s: %.2fx; median of the runs' "
+      "own ratios (each pair run back to back): %.2fx" % (ref, mo, mn, mn / mo,
+                                                         statistics.median(ratios)))
 co, cn = {l[1] for l in lines[0::2]}, {l[1] for l in lines[1::2]}
 print("output checksum: %s %s, this checkout %s%s" % (
     ref, " ".join(sorted(co)), " ".join(sorted(cn)), " (equal)" if co == cn else ""))
