@@ -440,6 +440,18 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     assert_string_equal(err.argument, "jobs[i].sequence");
     assert_int_equal(kvp_decoder_step(decoder, NULL, 1, NULL, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "jobs");
+    /* Adjacent duplicates too: the last two jobs, and a batch of two. */
+    jobs[2].sequence = b;
+    assert_int_equal(kvp_decoder_step(decoder, jobs, JOBS, NULL, NULL, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "jobs");
+    jobs[1].sequence = a;
+    assert_int_equal(kvp_decoder_step(decoder, jobs, 2, NULL, NULL, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "jobs");
+    kvp_error_format(&err, text, sizeof text);
+    assert_string_equal(text, "argument `jobs` is invalid: two jobs name the same sequence");
+    jobs[1].sequence = b;
+    jobs[2].sequence = NULL;
     /* Nothing ran: no status written, no output, no token. */
     for (size_t i = 0; i < JOBS; i++) {
         assert_int_equal(jobs[i].status, KVP_STATUS_COUNT_);
