@@ -248,6 +248,31 @@ static void test_pool_high_water_stays_after_release(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/* A fill past the reservation's storage is refused, taking nothing, even when it is not empty. */
+static void test_pool_reservation_fill_respects_capacity(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 8);
+    uint32_t storage[3];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 3);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 2, &err), &err);
+    kvp_pool_stats before = kvpt_stats(pool);
+    assert_int_equal(kvpi_reservation_fill(&res, 2, &err), KVP_INVALID_ARGUMENT);
+    kvpt_assert_error_text(&err, "argument `pages` is invalid: more pages than the reservation "
+                                 "can hold");
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(kvpi_reservation_remaining(&res), 2);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err); /* exactly full is fine */
+    assert_int_equal(kvpi_reservation_remaining(&res), 3);
+    kvpt_assert_pool_ok(pool);
+    kvpi_reservation_release(&res);
+    kvpt_destroy_pool(pool);
+}
+
 static void test_pool_destroy_refuses_while_busy(void **state)
 {
     (void)state;
@@ -780,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_pool_exactly_n_pages_then_exhausted),
         cmocka_unit_test(test_pool_take_is_all_or_nothing),
         cmocka_unit_test(test_pool_high_water_stays_after_release),
+        cmocka_unit_test(test_pool_reservation_fill_respects_capacity),
         cmocka_unit_test(test_pool_release_acquire_cycles_return_same_page),
         cmocka_unit_test(test_pool_destroy_refuses_while_busy),
         cmocka_unit_test(test_pool_null_handles_are_typed_errors),
