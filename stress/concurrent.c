@@ -23,6 +23,17 @@
  * another step. The options must make that certain: the sequences together
  * must be able to hold more pages than the pool has (checked up front).
  *
+ * The decoder is forced the same way: at `--decoder-rounds` fixed points all
+ * threads stop (a barrier), and one thread, the round's owner, resets every
+ * thread's sequences (the pool is then certain to hold the batch) and runs
+ * them all as one batch of step and prefill jobs on the decoder all threads
+ * share. Its next_input callback, on its first call, holds the step open:
+ * it calls back into the decoder itself, then lets every other thread try a
+ * step of its own on the same decoder (a barrier), and waits until they
+ * have (another). Every one of those calls must be refused with
+ * DECODER_BUSY, writing nothing; every job of the batch must succeed and
+ * grow its sequence by exactly its tokens. None of it depends on scheduling.
+ *
  * Exit status 0 when all of that holds, 1 otherwise, 2 on usage errors.
  */
 #include <pthread.h>
@@ -35,6 +46,8 @@
 
 #define PROGRAM "stress-concurrent"
 #define MAX_PREFILL 8
+/* Prompt tokens of a decoder round's prefill jobs. */
+#define ROUND_PREFILL 3
 
 struct worker;
 
@@ -47,14 +60,24 @@ typedef struct shared {
     size_t audit_every;
     size_t sequences;
     size_t storms;
+    size_t rounds;
     uint64_t seed;
     size_t threads;
     struct worker *workers;
-    pthread_barrier_t barrier; /* every worker: storms start and end together */
+    pthread_barrier_t barrier; /* every worker: storms and rounds start and end together */
     /* Written only by the thread that checks a storm, between barriers. */
     size_t storms_checked;
     int storm_failed;
     char storm_failure[512];
+    /* Decoder rounds: the shared decoder, and the owner's batch (between barriers). */
+    kvp_decoder *decoder;
+    kvp_decode_job *jobs;  /* [threads * sequences] */
+    double *job_inputs;    /* [threads * sequences][ROUND_PREFILL][D] */
+    double *job_outputs;   /* [threads * sequences][ROUND_PREFILL][D] */
+    pthread_mutex_t round_lock;
+    int round_entered;     /* the callback held this round's step open */
+    size_t rounds_run;     /* written by each round's owner, between barriers */
+    size_t round_jobs;
 } shared;
 
 typedef struct counters {
@@ -69,6 +92,7 @@ typedef struct counters {
     size_t audits;
     size_t storm_steps;
     size_t storm_exhausted;
+    size_t busy_refusals; /* decoder steps refused with DECODER_BUSY, as they must be */
 } counters;
 
 typedef struct worker {
@@ -79,6 +103,7 @@ typedef struct worker {
     double *rows;      /* [MAX_PREFILL][D]: inputs */
     double *output;    /* [MAX_PREFILL][D] */
     unsigned char *refused; /* [sequences]: refused in the current storm */
+    kvp_sequence *probe;    /* never in a batch: the job of this thread's busy decoder call */
     size_t storm_exhausted_now; /* PoolExhausted refusals of the last storm */
     uint64_t rng;
     counters count;
@@ -282,6 +307,143 @@ static void storm(worker *w, size_t index)
     pthread_barrier_wait(&sh->barrier); /* checked: back to random operations */
 }
 
+/*
+ * A decoder step on the shared decoder while a step is open on it: must be
+ * refused with DECODER_BUSY and write nothing, neither the job nor the probe.
+ */
+static void busy_call(worker *w)
+{
+    kvp_decode_job job;
+    memset(&job, 0, sizeof job);
+    double input[64];
+    double output[64];
+    size_t width = w->sh->width;
+    stress_fill(input, width, &w->rng);
+    memset(output, 0, sizeof output);
+    job.sequence = w->probe;
+    job.input = kvp_tensor3(input, 1, 1, width);
+    job.output = output;
+    job.output_len = width;
+    job.status = KVP_STATUS_COUNT_;
+    kvp_error err;
+    kvp_status status = kvp_decoder_step(w->sh->decoder, &job, 1, NULL, NULL, &err);
+    if (status != KVP_DECODER_BUSY) {
+        record_failure(w, "a decoder step during another was not refused as busy",
+                       status == KVP_OK ? NULL : &err);
+        return;
+    }
+    if (job.status != KVP_STATUS_COUNT_ || kvp_sequence_len(w->probe) != 0 || output[0] != 0.0) {
+        record_failure(w, "a decoder step refused as busy wrote something", NULL);
+        return;
+    }
+    w->count.busy_refusals++;
+}
+
+typedef struct round_ctx {
+    worker *owner;
+    int reentered;  /* the callback's own call back in was refused */
+} round_ctx;
+
+/*
+ * The batch's next_input: the residual. Its first call holds the step open
+ * while the owner's own call back in and every other thread's call are made.
+ */
+static void round_next_input(void *ctx, size_t layer, const double *input, const double *output,
+                             size_t elements, double *next)
+{
+    (void)layer;
+    round_ctx *round = ctx;
+    shared *sh = round->owner->sh;
+    pthread_mutex_lock(&sh->round_lock);
+    int first = !sh->round_entered;
+    sh->round_entered = 1;
+    pthread_mutex_unlock(&sh->round_lock);
+    if (first) {
+        busy_call(round->owner); /* the callback calling back in */
+        round->reentered = 1;
+        pthread_barrier_wait(&sh->barrier); /* the others may call now */
+        pthread_barrier_wait(&sh->barrier); /* they have */
+    }
+    for (size_t i = 0; i < elements; i++) {
+        next[i] = input[i] + output[i];
+    }
+}
+
+/* The owner's part of a round: reset, one batch of every sequence, check each job. */
+static void round_run(worker *w)
+{
+    shared *sh = w->sh;
+    size_t count = sh->threads * sh->sequences;
+    size_t width = sh->width;
+    kvp_error err;
+    for (size_t j = 0; j < count; j++) {
+        kvp_sequence *sequence = sh->workers[j / sh->sequences].sequences[j % sh->sequences];
+        if (kvp_sequence_reset(sequence, &err) != KVP_OK) {
+            record_failure(w, "resetting a sequence for a decoder round", &err);
+        }
+        size_t tokens = j % 2 ? ROUND_PREFILL : 1;
+        double *input = sh->job_inputs + j * ROUND_PREFILL * width;
+        double *output = sh->job_outputs + j * ROUND_PREFILL * width;
+        stress_fill(input, tokens * width, &w->rng);
+        memset(output, 0, ROUND_PREFILL * width * sizeof *output);
+        kvp_decode_job *job = &sh->jobs[j];
+        memset(job, 0, sizeof *job);
+        job->kind = tokens > 1 ? KVP_JOB_PREFILL : KVP_JOB_STEP;
+        job->sequence = sequence;
+        job->input = kvp_tensor3(input, 1, tokens, width);
+        job->output = output;
+        job->output_len = tokens * width;
+        job->status = KVP_STATUS_COUNT_;
+    }
+    round_ctx round = {w, 0};
+    pthread_mutex_lock(&sh->round_lock);
+    sh->round_entered = 0;
+    pthread_mutex_unlock(&sh->round_lock);
+    if (kvp_decoder_step(sh->decoder, sh->jobs, count, round_next_input, &round, &err) != KVP_OK) {
+        record_failure(w, "a decoder round's step", &err);
+    }
+    if (!round.reentered) {
+        /* The callback never ran: keep the barrier count so no thread waits forever. */
+        record_failure(w, "a decoder round's callback never ran", NULL);
+        pthread_barrier_wait(&sh->barrier);
+        pthread_barrier_wait(&sh->barrier);
+    }
+    for (size_t j = 0; j < count && !w->failed; j++) {
+        const kvp_decode_job *job = &sh->jobs[j];
+        size_t tokens = job->kind == KVP_JOB_PREFILL ? ROUND_PREFILL : 1;
+        if (job->status != KVP_OK) {
+            record_failure(w, "a decoder round's job failed", &job->error);
+        } else if (kvp_sequence_len(job->sequence) != tokens) {
+            record_failure(w, "a decoder round's job grew its sequence wrongly", NULL);
+        } else if (job->output[tokens * width - 1] == 0.0) {
+            record_failure(w, "a decoder round's job wrote no output", NULL);
+        }
+    }
+    sh->rounds_run++;
+    sh->round_jobs += count;
+}
+
+/* A decoder round: all threads stop; the owner runs the batch, the others call in. */
+static void decoder_round(worker *w, size_t index)
+{
+    shared *sh = w->sh;
+    pthread_barrier_wait(&sh->barrier); /* every thread has stopped its random operations */
+    if (index % sh->threads == w->id) {
+        round_run(w);
+    } else {
+        pthread_barrier_wait(&sh->barrier); /* the owner's step is open */
+        busy_call(w);
+        pthread_barrier_wait(&sh->barrier); /* tried: the owner's step may finish */
+    }
+    pthread_barrier_wait(&sh->barrier); /* the batch is checked: back to random operations */
+}
+
+/* Round k comes before operation (2k + 1) * ops / (2 * (rounds + 1)) of every thread. */
+static size_t round_point(const shared *sh, size_t k)
+{
+    return (2 * k + 1) * sh->ops / (2 * (sh->rounds + 1));
+}
+
 /* Storm k comes before operation (k + 1) * ops / (storms + 1) of every thread. */
 static size_t storm_point(const shared *sh, size_t k)
 {
@@ -293,10 +455,15 @@ static void *worker_main(void *arg)
     worker *w = arg;
     shared *sh = w->sh;
     size_t next_storm = 0;
+    size_t next_round = 0;
     for (size_t op = 0; op <= sh->ops; op++) {
-        /* Every thread meets every storm, failed or not, or the others would wait forever. */
+        /* Every thread meets every storm and round, failed or not, or the others would
+         * wait forever. */
         while (next_storm < sh->storms && storm_point(sh, next_storm) == op) {
             storm(w, next_storm++);
+        }
+        while (next_round < sh->rounds && round_point(sh, next_round) == op) {
+            decoder_round(w, next_round++);
         }
         if (op == sh->ops || w->failed) {
             continue;
@@ -327,6 +494,11 @@ static int start_workers(worker *workers, size_t threads, shared *sh)
         if (w->sequences == NULL || w->rows == NULL || w->output == NULL || w->refused == NULL) {
             fprintf(stderr, PROGRAM ": out of memory\n");
             return 1;
+        }
+        kvp_error probe_err;
+        if (kvp_sequence_create(sh->model, sh->pool, 1, sh->capacity, &w->probe, &probe_err) !=
+            KVP_OK) {
+            return stress_fail(PROGRAM, "creating a probe sequence", &probe_err);
         }
         for (size_t s = 0; s < sh->sequences; s++) {
             kvp_error err;
@@ -377,6 +549,7 @@ static int finish(worker *workers, size_t threads, shared *sh, double seconds)
         for (size_t s = 0; s < sh->sequences; s++) {
             kvp_sequence_destroy(w->sequences[s], NULL);
         }
+        kvp_sequence_destroy(w->probe, NULL);
         size_t *sum = (size_t *)(void *)&total;
         const size_t *part = (const size_t *)(const void *)&w->count;
         for (size_t i = 0; i < sizeof total / sizeof(size_t); i++) {
@@ -407,13 +580,21 @@ static int finish(worker *workers, size_t threads, shared *sh, double seconds)
                 sh->storms);
         failed = 1;
     }
+    /* Each round: the owner's call back in and every other thread's call, all refused. */
+    if (!failed && (sh->rounds_run != sh->rounds || total.busy_refusals != sh->rounds * threads)) {
+        fprintf(stderr, PROGRAM ": %zu of %zu decoder rounds ran, %zu of %zu busy calls refused\n",
+                sh->rounds_run, sh->rounds, total.busy_refusals, sh->rounds * threads);
+        failed = 1;
+    }
     printf("%s: %zu threads x %zu ops: %zu steps, %zu prefills, %zu appends, %zu resets, "
            "%zu recreates, %zu promises; refused %zu exhausted, %zu full; %zu audits; "
            "%zu storms spent the pool (%zu steps, %zu refused exhausted); "
+           "%zu decoder rounds (%zu jobs, %zu busy calls refused); "
            "%llu acquires, %llu releases, %zu of %zu pages free; %.2f s: %s\n",
            PROGRAM, threads, sh->ops, total.steps, total.prefills, total.appends, total.resets,
            total.recreates, total.promises, total.exhausted, total.full, total.audits,
-           sh->storms_checked, total.storm_steps, total.storm_exhausted,
+           sh->storms_checked, total.storm_steps, total.storm_exhausted, sh->rounds_run,
+           sh->round_jobs, total.busy_refusals,
            (unsigned long long)stats.acquires, (unsigned long long)stats.releases,
            stats.free_pages, stats.total_pages, seconds, whole && !failed ? "ok" : "FAILED");
     return failed || !whole;
@@ -427,6 +608,7 @@ int main(int argc, char **argv)
     size_t audit_every = 100;
     size_t pages = 160;
     size_t storms = 2;
+    size_t rounds = 2;
     size_t seed = 1;
     stress_option options[] = {
         {"--threads", &threads, "worker threads"},
@@ -435,6 +617,7 @@ int main(int argc, char **argv)
         {"--audit-every", &audit_every, "operations between audits, per thread"},
         {"--pages", &pages, "pages in the shared pool"},
         {"--storms", &storms, "storms that grow every sequence until the pool is spent"},
+        {"--decoder-rounds", &rounds, "batches of every sequence on the shared decoder"},
         {"--seed", &seed, "seed of every random choice"},
     };
     int parsed = stress_parse(argc, argv,
@@ -457,6 +640,7 @@ int main(int argc, char **argv)
     sh.audit_every = audit_every;
     sh.sequences = sequences;
     sh.storms = storms;
+    sh.rounds = rounds;
     sh.seed = seed;
     sh.threads = threads;
     kvp_error err;
@@ -480,6 +664,19 @@ int main(int argc, char **argv)
         return 1;
     }
     sh.workers = workers;
+    /* The decoder rounds' shared decoder (one worker and the calling owner) and batch. */
+    size_t jobs = threads * sequences;
+    sh.jobs = calloc(jobs, sizeof *sh.jobs);
+    sh.job_inputs = calloc(jobs * ROUND_PREFILL * sh.width, sizeof *sh.job_inputs);
+    sh.job_outputs = calloc(jobs * ROUND_PREFILL * sh.width, sizeof *sh.job_outputs);
+    if (sh.jobs == NULL || sh.job_inputs == NULL || sh.job_outputs == NULL ||
+        pthread_mutex_init(&sh.round_lock, NULL) != 0) {
+        fprintf(stderr, PROGRAM ": out of memory\n");
+        return 1;
+    }
+    if (kvp_decoder_create(2, &sh.decoder, &err) != KVP_OK) {
+        return stress_fail(PROGRAM, "creating the decoder", &err);
+    }
     double start = stress_seconds();
     int failed = start_workers(workers, threads, &sh);
     if (failed) {
@@ -490,6 +687,13 @@ int main(int argc, char **argv)
     }
     failed = finish(workers, threads, &sh, stress_seconds() - start);
     pthread_barrier_destroy(&sh.barrier);
+    if (kvp_decoder_destroy(sh.decoder, &err) != KVP_OK) {
+        failed |= stress_fail(PROGRAM, "destroying the decoder", &err);
+    }
+    pthread_mutex_destroy(&sh.round_lock);
+    free(sh.jobs);
+    free(sh.job_inputs);
+    free(sh.job_outputs);
     free(workers);
     kvp_model_destroy(sh.model, NULL);
     if (kvp_pool_destroy(sh.pool, &err) != KVP_OK) {

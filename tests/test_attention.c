@@ -1290,6 +1290,87 @@ static void test_attention_nonfinite_score_and_output(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/* ---- RoPE against values computed by hand ---------------------------------------- */
+
+/*
+ * One head of d_h = 4 with identity W_q, W_k, W_v, W_o and base 100, so
+ * theta_0 = 1 and theta_1 = 100^(-2/4) = 0.1: at position p the pair
+ * (x0, x1) turns by p radians and (x2, x3) by p / 10. The stored keys, the
+ * weights and the outputs of three tokens are literals computed in closed
+ * form outside the library (k_p = R(p) x_p pair by pair; score_j = k_t . k_j
+ * / 2; softmax; output = sum_j w_j x_j), so a pairing or rotation mistake
+ * that reference and incremental attention share cannot hide here.
+ */
+static void test_attention_rope_by_hand(void **state)
+{
+    (void)state;
+    enum { W = 4, TOKENS = 3 };
+    static const double identity[W * W] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+    const double *const w[KVP_PARAM_COUNT] = {identity, identity, identity, identity};
+    kvp_layer *layer = kvpt_layer_from_matrices(W, w, 1, 8, 100.0);
+    kvp_pool *pool = kvpt_pool(2, 1, W, 4);
+    kvp_cache *cache = cache_for(pool, layer, 1, 4);
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    static const double x[TOKENS][W] = {{1, 0.5, -1, 2}, {0.5, 1, 2, -1}, {-1, 1, 0.5, 0.25}};
+    /* R(p) x_p: x1 turned by (1, 0.1), x2 by (2, 0.2). */
+    static const double keys[TOKENS][W] = {
+        {1, 0.5, -1, 2},
+        {-0.57131983187382662, 0.96103779827208802, 2.0898417472028799, -0.79533733198436951},
+        {-0.4931505902785393, -1.3254442633728241, 0.44036595622185548, 0.34435130985784101},
+    };
+    static const double weights[TOKENS][TOKENS] = {
+        {1},
+        {0.0066223627631103593, 0.99337763723688954},
+        {0.13647612182974675, 0.18074729372030277, 0.68277658444995049},
+    };
+    static const double outputs[TOKENS][W] = {
+        {1, 0.5, -1, 2},
+        {0.50331118138155517, 0.99668881861844472, 1.9801329117106687, -0.98013291171066885},
+        {-0.45592681576005234, 0.93176193908512661, 0.56640675783583405, 0.26289909605167838},
+    };
+    /* The closed form of one literal, spelled out: token 1's first key element. */
+    kvpt_assert_close(keys[1][0], 0.5 * cos(1.0) - 1.0 * sin(1.0), 1e-15);
+    kvpt_assert_close(keys[1][3], 2.0 * sin(0.1) - 1.0 * cos(0.1), 1e-15);
+    for (size_t t = 0; t < TOKENS; t++) {
+        kvp_tensor input = kvp_tensor3((double *)x[t], 1, 1, W);
+        forward_ok(layer, &input, cache, pool, ticket);
+        kvp_attention_result result = result_of(ticket);
+        assert_int_equal(result.keys, t + 1);
+        for (size_t j = 0; j <= t; j++) {
+            kvpt_assert_close(result.weights[j], weights[t][j], 1e-12);
+        }
+        for (size_t f = 0; f < W; f++) {
+            kvpt_assert_close(result.output[f], outputs[t][f], 1e-12);
+        }
+    }
+    double stored[TOKENS * W];
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_keys(cache, stored, KVPT_COUNT_OF(stored), &err), &err);
+    for (size_t t = 0; t < TOKENS; t++) {
+        for (size_t f = 0; f < W; f++) {
+            kvpt_assert_close(stored[t * W + f], keys[t][f], 1e-12);
+        }
+    }
+    /* The full-prefix reference agrees with the same literals. */
+    double all[TOKENS * W];
+    double out[TOKENS * W];
+    memcpy(all, x, sizeof all);
+    kvp_tensor prompt = kvp_tensor3(all, 1, TOKENS, W);
+    kvpt_assert_ok(kvp_attention_reference(layer, &prompt, out, KVPT_COUNT_OF(out), stored, NULL,
+                                           KVPT_COUNT_OF(stored), &err),
+                   &err);
+    for (size_t t = 0; t < TOKENS; t++) {
+        for (size_t f = 0; f < W; f++) {
+            kvpt_assert_close(out[t * W + f], outputs[t][f], 1e-12);
+            kvpt_assert_close(stored[t * W + f], keys[t][f], 1e-12);
+        }
+    }
+    kvpt_destroy_ticket(ticket, pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_layer(layer);
+    kvpt_destroy_pool(pool);
+}
+
 /* ---- the ticket's life -------------------------------------------------------------- */
 
 static void test_attention_ticket_stale_after_commit_or_reset(void **state)
@@ -1389,6 +1470,70 @@ static void test_attention_ticket_stale_after_commit_or_reset(void **state)
     kvpt_assert_pool_ok(fx.pool);
 
     kvpt_destroy_ticket(second, fx.pool);
+    fixture_close(&fx);
+}
+
+/*
+ * Staleness, checked independently of the test above: the cache changes
+ * through other doors (the internal append, a truncation as sequences undo
+ * a failed prefill, a reset followed by appends back to the same length),
+ * and a ticket prepared before is stale every time, even when the length it
+ * was prepared at is the length again. A fresh ticket then commits.
+ */
+static void test_attention_ticket_stale_through_every_door(void **state)
+{
+    (void)state;
+    fixture fx;
+    fixture_open(&fx, 8, 1, CAPACITY);
+    kvp_ticket *ticket = fx.ticket;
+    kvp_tensor x0 = kvp_tensor3(fx.x[0], 1, 1, D);
+    kvp_tensor x1 = kvp_tensor3(fx.x[1], 1, 1, D);
+    double key_row[H * HD] = {0.5, -0.25, 1.0, 2.0};
+    kvp_tensor row = kvp_tensor4(key_row, 1, H, 1, HD);
+    kvp_error err;
+    forward_ok(fx.layer, &x0, fx.cache, fx.pool, ticket); /* len 1 */
+
+    /* An append that is not a ticket's commit. */
+    kvpt_assert_ok(kvp_attention_prepare(fx.layer, &x1, fx.cache, ticket, &err), &err);
+    kvpt_assert_ok(kvpi_cache_append(fx.cache, &row, &row, &err), &err);
+    kvpt_assert_pool_ok(fx.pool);
+    expect_commit_failure(ticket, fx.cache, fx.pool, KVP_TICKET_STALE,
+                          "attention ticket is stale: it was prepared at cache length 1 and the "
+                          "cache has changed since (length 2 now)",
+                          &err);
+    kvpt_assert_ok(kvp_ticket_discard(ticket, &err), &err);
+
+    /* A truncation back to the length the ticket was prepared at. */
+    kvpt_assert_ok(kvp_attention_prepare(fx.layer, &x1, fx.cache, ticket, &err), &err);
+    kvpt_assert_ok(kvpi_cache_append(fx.cache, &row, &row, &err), &err);
+    kvpi_cache_truncate_many(&fx.cache, 1, 2);
+    kvpt_assert_pool_ok(fx.pool);
+    assert_int_equal(kvp_cache_len(fx.cache), 2);
+    expect_commit_failure(ticket, fx.cache, fx.pool, KVP_TICKET_STALE,
+                          "attention ticket is stale: it was prepared at cache length 2 and the "
+                          "cache has changed since (length 2 now)",
+                          &err);
+    kvpt_assert_ok(kvp_ticket_discard(ticket, &err), &err);
+
+    /* A reset, then appends back to the prepared length 2. */
+    kvpt_assert_ok(kvp_attention_prepare(fx.layer, &x1, fx.cache, ticket, &err), &err);
+    kvpt_assert_ok(kvp_cache_reset(fx.cache, &err), &err);
+    kvpt_assert_ok(kvpi_cache_append(fx.cache, &row, &row, &err), &err);
+    kvpt_assert_ok(kvpi_cache_append(fx.cache, &row, &row, &err), &err);
+    kvpt_assert_pool_ok(fx.pool);
+    expect_commit_failure(ticket, fx.cache, fx.pool, KVP_TICKET_STALE,
+                          "attention ticket is stale: it was prepared at cache length 2 and the "
+                          "cache has changed since (length 2 now)",
+                          &err);
+    assert_int_equal(err.prepared_len, 2);
+    assert_int_equal(err.current_len, 2);
+    kvpt_assert_ok(kvp_ticket_discard(ticket, &err), &err);
+
+    /* Prepared on the current state, the same ticket commits. */
+    kvpt_assert_ok(kvp_attention_prepare(fx.layer, &x1, fx.cache, ticket, &err), &err);
+    kvpt_assert_ok(kvp_ticket_commit(ticket, fx.cache, &err), &err);
+    kvpt_assert_pool_ok(fx.pool);
+    assert_int_equal(kvp_cache_len(fx.cache), 3);
     fixture_close(&fx);
 }
 
@@ -2467,7 +2612,9 @@ int main(void)
         cmocka_unit_test(test_attention_pool_exhausted_changes_nothing_but_the_counter),
         cmocka_unit_test(test_attention_nonfinite_projection_names_the_projection),
         cmocka_unit_test(test_attention_nonfinite_score_and_output),
+        cmocka_unit_test(test_attention_rope_by_hand),
         cmocka_unit_test(test_attention_ticket_stale_after_commit_or_reset),
+        cmocka_unit_test(test_attention_ticket_stale_through_every_door),
         cmocka_unit_test(test_attention_ticket_refuses_a_foreign_cache_and_keeps_its_row),
         cmocka_unit_test(test_attention_ticket_empty_and_busy),
         cmocka_unit_test(test_attention_ticket_geometry_must_fit_the_cache),

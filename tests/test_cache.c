@@ -1065,6 +1065,57 @@ static void test_cache_null_handles_and_bad_indices_are_typed_errors(void **stat
     kvpt_destroy_pool(pool);
 }
 
+/*
+ * kvp_cache_digest covers the page tables, not only the rows: two caches of
+ * the same binding, geometry and rows on different pages digest differently,
+ * and moving a lane's block to another page holding the same bytes changes
+ * the digest too. Equal digests around a call must mean the tables are equal.
+ */
+static void test_cache_digest_covers_page_tables(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 8);
+    kvp_binding binding = kvpt_binding(1, 2, 64);
+    kvp_cache *a = kvpt_cache(pool, &binding, 1, 8);
+    kvp_cache *b = kvpt_cache(pool, &binding, 1, 8);
+    double row[2] = {1.5, -2.0};
+    kvp_tensor key = kvp_tensor4(row, 1, 1, 1, 2);
+    kvp_error err;
+    for (int t = 0; t < 3; t++) {
+        kvpt_assert_ok(kvpi_cache_append(a, &key, &key, &err), &err);
+        kvpt_assert_ok(kvpi_cache_append(b, &key, &key, &err), &err);
+    }
+    kvpt_assert_pool_ok(pool);
+    uint64_t da = 0;
+    uint64_t db = 0;
+    kvpt_assert_ok(kvp_cache_digest(a, &da, &err), &err);
+    kvpt_assert_ok(kvp_cache_digest(b, &db, &err), &err);
+    assert_true(a->tables[0] != b->tables[0]);
+    assert_true(da != db); /* same rows, other pages */
+
+    /* a's block 1 moved to another page holding the same bytes: rows equal, table not.
+     * The page is held by a reservation, so memcheck sees it as allocated. */
+    uint32_t storage[1];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 1);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+    uint32_t old = a->tables[1];
+    uint32_t spare = storage[0];
+    memcpy(kvpi_pool_page(pool, spare), kvpi_pool_page(pool, old), pool->page_bytes);
+    a->tables[1] = spare;
+    uint64_t moved = 0;
+    kvpt_assert_ok(kvp_cache_digest(a, &moved, &err), &err);
+    assert_true(moved != da);
+    a->tables[1] = old;
+    kvpt_assert_ok(kvp_cache_digest(a, &moved, &err), &err);
+    assert_true(moved == da);
+    kvpi_reservation_release(&res);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_cache(a, pool);
+    kvpt_destroy_cache(b, pool);
+    kvpt_destroy_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1083,6 +1134,7 @@ int main(void)
         cmocka_unit_test(test_cache_many_caches_share_one_pool),
         cmocka_unit_test(test_cache_destroy_returns_every_page),
         cmocka_unit_test(test_cache_null_handles_and_bad_indices_are_typed_errors),
+        cmocka_unit_test(test_cache_digest_covers_page_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -440,6 +440,18 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     assert_string_equal(err.argument, "jobs[i].sequence");
     assert_int_equal(kvp_decoder_step(decoder, NULL, 1, NULL, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "jobs");
+    /* Adjacent duplicates too: the last two jobs, and a batch of two. */
+    jobs[2].sequence = b;
+    assert_int_equal(kvp_decoder_step(decoder, jobs, JOBS, NULL, NULL, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "jobs");
+    jobs[1].sequence = a;
+    assert_int_equal(kvp_decoder_step(decoder, jobs, 2, NULL, NULL, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "jobs");
+    kvp_error_format(&err, text, sizeof text);
+    assert_string_equal(text, "argument `jobs` is invalid: two jobs name the same sequence");
+    jobs[1].sequence = b;
+    jobs[2].sequence = NULL;
     /* Nothing ran: no status written, no output, no token. */
     for (size_t i = 0; i < JOBS; i++) {
         assert_int_equal(jobs[i].status, KVP_STATUS_COUNT_);
@@ -669,6 +681,113 @@ static void test_decoder_failing_prefill_job_changes_nothing(void **state)
 }
 
 /* An unknown job kind is refused before anything runs. */
+/* The page ids of every layer's lanes, layer-major then lane; returns how many. */
+static size_t pages_of(const kvp_sequence *seq, size_t batch, uint32_t *out, size_t room)
+{
+    size_t n = 0;
+    kvp_error err;
+    for (size_t l = 0; l < LAYERS; l++) {
+        for (size_t lane = 0; lane < batch; lane++) {
+            const uint32_t *table = NULL;
+            size_t blocks = 0;
+            kvpt_assert_ok(kvp_cache_block_table(kvp_sequence_cache(seq, l), lane, &table,
+                                                 &blocks, &err),
+                           &err);
+            assert_true(n + blocks <= room);
+            memcpy(out + n, table, blocks * sizeof *out);
+            n += blocks;
+        }
+    }
+    return n;
+}
+
+/*
+ * The prefill rollback, checked apart from test_sequence: a prefill job whose
+ * token 1 (the first token after the pages are taken) overflows its scores,
+ * run alone by a two-thread decoder. Every counter of the pool
+ * (acquires, releases, high water, tentative, promised), the sequence's
+ * length, pages and promise are as before, and the next prefill gets the same
+ * physical pages, in the same order, as a twin that never failed.
+ */
+static void test_decoder_prefill_rollback_at_token_one(void **state)
+{
+    (void)state;
+    enum { B = 2, START = 2, T = 5, PROMISE = 3 };
+    const size_t d = MODEL_WIDTH;
+    kvp_model *model = make_model(41);
+    kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 40);
+    kvp_pool *twin_pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 40);
+    kvp_sequence *seq = kvpt_sequence(model, pool, B, CAPACITY);
+    kvp_sequence *twin = kvpt_sequence(model, twin_pool, B, CAPACITY);
+    kvp_error err;
+    double start[B * START * MODEL_WIDTH];
+    kvpt_fill_random(start, KVPT_COUNT_OF(start), 410);
+    kvp_tensor start_view = kvp_tensor3(start, B, START, d);
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &start_view, NULL, NULL, NULL, 0, &err), &err);
+    kvpt_assert_ok(kvp_sequence_prefill(twin, &start_view, NULL, NULL, NULL, 0, &err), &err);
+    kvpt_assert_ok(kvp_sequence_promise(seq, PROMISE, &err), &err);
+    kvpt_assert_ok(kvp_sequence_promise(twin, PROMISE, &err), &err);
+
+    double prompt[B * T * MODEL_WIDTH];
+    kvpt_fill_random(prompt, KVPT_COUNT_OF(prompt), 411);
+    double bad[B * T * MODEL_WIDTH];
+    memcpy(bad, prompt, sizeof bad);
+    for (size_t j = 0; j < d; j++) { /* lane 0, token 1: |q . k| far past DBL_MAX */
+        bad[(0 * T + 1) * d + j] = (j % 2) ? -1e156 : 1e156;
+    }
+    kvp_decode_job jobs[1];
+    memset(jobs, 0, sizeof jobs);
+    jobs[0].kind = KVP_JOB_PREFILL;
+    jobs[0].sequence = seq;
+    jobs[0].input = kvp_tensor3(bad, B, T, d);
+
+    kvp_pool_stats before = kvpt_stats(pool);
+    uint32_t held_before[LAYERS * B * CAPACITY];
+    size_t count_before = pages_of(seq, B, held_before, KVPT_COUNT_OF(held_before));
+    kvp_decoder *decoder = make_decoder(2);
+    kvpt_assert_ok(kvp_decoder_step(decoder, jobs, 1, NULL, NULL, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(jobs[0].status, KVP_NONFINITE_SCORE);
+    assert_int_equal(jobs[0].error.token, 1);
+    assert_int_equal(jobs[0].error.layer, 0);
+    assert_int_equal(kvp_sequence_len(seq), START);
+    assert_int_equal(kvp_sequence_held_pages(seq), LAYERS * B * KVPT_CEIL_DIV(START, BLOCK_TOKENS));
+    assert_int_equal(kvp_sequence_promised_pages(seq), PROMISE);
+    uint32_t held_after[LAYERS * B * CAPACITY];
+    assert_int_equal(pages_of(seq, B, held_after, KVPT_COUNT_OF(held_after)), count_before);
+    assert_memory_equal(held_after, held_before, count_before * sizeof *held_after);
+    /* No counter remembers the failed prefill: the stats are as before, every field. */
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_int_equal(after.tentative_pages, 0);
+    assert_int_equal(after.promised_pages, PROMISE);
+    assert_int_equal(after.attached_reservations, 0);
+    assert_memory_equal(&after, &before, sizeof after);
+
+    /* The good prompt now: the same rows and physical pages as the twin's. */
+    jobs[0].input = kvp_tensor3(prompt, B, T, d);
+    jobs[0].status = KVP_STATUS_COUNT_;
+    kvpt_assert_ok(kvp_decoder_step(decoder, jobs, 1, NULL, NULL, &err), &err);
+    kvpt_assert_ok(jobs[0].status, &jobs[0].error);
+    kvp_tensor good = kvp_tensor3(prompt, B, T, d);
+    kvpt_assert_ok(kvp_sequence_prefill(twin, &good, NULL, NULL, NULL, 0, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_pool_ok(twin_pool);
+    kvpt_assert_same_rows(seq, twin);
+    uint32_t pages_seq[LAYERS * B * CAPACITY];
+    uint32_t pages_twin[LAYERS * B * CAPACITY];
+    size_t n = pages_of(seq, B, pages_seq, KVPT_COUNT_OF(pages_seq));
+    assert_int_equal(n, LAYERS * B * KVPT_CEIL_DIV(START + T, BLOCK_TOKENS));
+    assert_int_equal(pages_of(twin, B, pages_twin, KVPT_COUNT_OF(pages_twin)), n);
+    assert_memory_equal(pages_seq, pages_twin, n * sizeof *pages_seq);
+
+    destroy_decoder(decoder);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_sequence(twin, twin_pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_pool(twin_pool);
+    kvpt_destroy_model(model);
+}
+
 static void test_decoder_step_refuses_unknown_kind(void **state)
 {
     (void)state;
@@ -888,6 +1007,7 @@ int main(void)
         cmocka_unit_test(test_decoder_step_refuses_shared_sequence_and_runs_nothing),
         cmocka_unit_test(test_decoder_prefill_and_step_jobs_match_sequential_calls),
         cmocka_unit_test(test_decoder_failing_prefill_job_changes_nothing),
+        cmocka_unit_test(test_decoder_prefill_rollback_at_token_one),
         cmocka_unit_test(test_decoder_step_refuses_unknown_kind),
         cmocka_unit_test(test_decoder_step_refuses_a_concurrent_caller),
     };

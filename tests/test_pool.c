@@ -211,6 +211,68 @@ static void test_pool_release_acquire_cycles_return_same_page(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/*
+ * The high-water mark only rises: pages released and fewer taken again leave
+ * it at the earlier peak, and a take above the peak raises it exactly.
+ */
+static void test_pool_high_water_stays_after_release(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 6);
+    uint32_t storage[6];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 6);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 3, &err), &err);
+    assert_int_equal(kvpt_stats(pool).high_water_pages, 3);
+    kvpi_reservation_release(&res);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats released = kvpt_stats(pool);
+    assert_int_equal(released.held_pages, 0);
+    assert_int_equal(released.high_water_pages, 3);
+    /* Fewer pages than the peak: held 1, the mark stays 3. */
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats lower = kvpt_stats(pool);
+    assert_int_equal(lower.held_pages, 1);
+    assert_int_equal(lower.high_water_pages, 3);
+    /* Back up to 2, still under the peak; then past it to 5. */
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+    assert_int_equal(kvpt_stats(pool).high_water_pages, 3);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 3, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvpt_stats(pool).high_water_pages, 5);
+    kvpi_reservation_release(&res);
+    assert_int_equal(kvpt_stats(pool).high_water_pages, 5);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+}
+
+/* A fill past the reservation's storage is refused, taking nothing, even when it is not empty. */
+static void test_pool_reservation_fill_respects_capacity(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(2, 1, 2, 8);
+    uint32_t storage[3];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, 3);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 2, &err), &err);
+    kvp_pool_stats before = kvpt_stats(pool);
+    assert_int_equal(kvpi_reservation_fill(&res, 2, &err), KVP_INVALID_ARGUMENT);
+    kvpt_assert_error_text(&err, "argument `pages` is invalid: more pages than the reservation "
+                                 "can hold");
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(kvpi_reservation_remaining(&res), 2);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err); /* exactly full is fine */
+    assert_int_equal(kvpi_reservation_remaining(&res), 3);
+    kvpt_assert_pool_ok(pool);
+    kvpi_reservation_release(&res);
+    kvpt_destroy_pool(pool);
+}
+
 static void test_pool_destroy_refuses_while_busy(void **state)
 {
     (void)state;
@@ -562,6 +624,64 @@ static void test_pool_check_reports_each_check(void **state)
 }
 
 /*
+ * I4 contiguity, lane by lane: a lane whose page sits at the wrong block maps
+ * the right number of pages, yet not from block 0 on. Each lane of a
+ * two-lane cache, in a first block and in a later one, is reported with its
+ * lane number and the count of pages in place.
+ */
+static void test_pool_check_reports_a_page_at_the_wrong_block(void **state)
+{
+    (void)state;
+    enum { BT = 2, LANES = 2, CAPACITY = 8 };
+    kvp_pool *pool = kvpt_pool(BT, 1, 2, 8);
+    kvp_binding binding = kvpt_binding(1, 2, 64);
+    kvp_cache *cache = kvpt_cache(pool, &binding, LANES, CAPACITY);
+    double row[LANES * 2] = {1.0, 2.0, 3.0, 4.0};
+    kvp_tensor key = kvp_tensor4(row, LANES, 1, 1, 2);
+    kvp_error err;
+    kvpt_assert_ok(kvpi_cache_append(cache, &key, &key, &err), &err);
+    kvpt_assert_pool_ok(pool); /* len 1: block 0 of each lane mapped */
+    size_t blocks = cache->blocks_per_lane;
+    for (size_t lane = 0; lane < LANES; lane++) {
+        uint32_t *table = cache->tables + lane * blocks;
+        /* The lane's only page at block 1 instead of block 0. */
+        table[1] = table[0];
+        table[0] = KVPI_NO_PAGE;
+        collected found = {0};
+        assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+        assert_int_equal(found.count, 1);
+        assert_int_equal(found.items[0].invariant, KVP_INVARIANT_LANE_COVERAGE);
+        assert_string_equal(found.items[0].what, "pages mapped contiguously from block 0");
+        assert_int_equal(found.items[0].lane, lane);
+        assert_int_equal(found.items[0].expected, 1);
+        assert_int_equal(found.items[0].actual, 0);
+        table[0] = table[1];
+        table[1] = KVPI_NO_PAGE;
+        kvpt_assert_pool_ok(pool);
+    }
+    /* len 3: blocks 0 and 1; the second page moved to block 3 in lane 1 only. */
+    for (int t = 0; t < 2; t++) {
+        kvpt_assert_ok(kvpi_cache_append(cache, &key, &key, &err), &err);
+    }
+    kvpt_assert_pool_ok(pool);
+    uint32_t *table = cache->tables + 1 * blocks;
+    table[3] = table[1];
+    table[1] = KVPI_NO_PAGE;
+    collected found = {0};
+    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_int_equal(found.count, 1);
+    assert_string_equal(found.items[0].what, "pages mapped contiguously from block 0");
+    assert_int_equal(found.items[0].lane, 1);
+    assert_int_equal(found.items[0].expected, 2);
+    assert_int_equal(found.items[0].actual, 1);
+    table[1] = table[3];
+    table[3] = KVPI_NO_PAGE;
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
+}
+
+/*
  * The primitives' edges: a page with two references goes back only with its
  * last; a reservation refuses more pages than its storage; destroy refuses a
  * pool whose only holder is a reservation, or whose pages are held by no one.
@@ -684,11 +804,14 @@ int main(void)
         cmocka_unit_test(test_pool_page_count_is_budget_over_page_bytes),
         cmocka_unit_test(test_pool_exactly_n_pages_then_exhausted),
         cmocka_unit_test(test_pool_take_is_all_or_nothing),
+        cmocka_unit_test(test_pool_high_water_stays_after_release),
+        cmocka_unit_test(test_pool_reservation_fill_respects_capacity),
         cmocka_unit_test(test_pool_release_acquire_cycles_return_same_page),
         cmocka_unit_test(test_pool_destroy_refuses_while_busy),
         cmocka_unit_test(test_pool_null_handles_are_typed_errors),
         cmocka_unit_test(test_pool_check_reports_every_corruption),
         cmocka_unit_test(test_pool_check_reports_each_check),
+        cmocka_unit_test(test_pool_check_reports_a_page_at_the_wrong_block),
         cmocka_unit_test(test_pool_check_callback_may_call_the_pool),
         cmocka_unit_test(test_pool_check_reports_the_first_findings_and_counts_all),
         cmocka_unit_test(test_pool_primitive_edges),

@@ -7,8 +7,10 @@
 #          threads nor on the attention arithmetic, one long request on 1
 #          and 2 threads (the second helps its attention) with the same
 #          outputs, trace files (good ones run; bad ones are refused with
-#          line, column and value, and run nothing), the SVG plot, and the
-#          sharegpt targets at the default budget.
+#          line, column and value, and run nothing), a one-row trace's
+#          figures against values computed by hand, the exact --json key
+#          set, the targets line, the SVG plot, and the sharegpt targets at
+#          the default budget.
 #   quick  one small simulation with real attention on two threads.
 set -eu
 work=$1
@@ -152,6 +154,99 @@ printf 'arrival_step,prompt_tokens,output_tokens\n0,5,4\n0,7,3\n2,3,9\n' > "$wor
     > "$work/trace.json"
 [ "$(json_get "$work/trace.json" requests_completed)" = 3 ] || fail "trace run incomplete"
 [ "$(json_get "$work/trace.json" tokens_generated)" = 16 ] || fail "trace run generated wrong tokens"
+
+# One request, figures computed by hand. The trace row 0,20,5 with capacity
+# 64 and a 300 KiB budget on the default model (2 layers, width 64, 4 heads
+# of d_h 16, f64, 16 positions per page):
+#   page = 2 (K, V) x 4 heads x 16 positions x 16 x 8 bytes = 16 KiB, so 18
+#   pages. Step 0 prefills 20 tokens and decodes one; each step decodes one
+#   more, and the fifth token retires the request: 5 steps. After steps 1-4
+#   the sequence holds 21..24 positions in ceil(/16) = 2 blocks per layer,
+#   4 pages = 64 slots; after step 5 none.
+#   held slots = 4 x 64 = 256; used = 2 layers x (21 + 22 + 23 + 24) = 180;
+#   internal fragmentation = (256 - 180) / 256 = 0.296875.
+#   contiguous baseline: one sequence reserves 2 layers x 64 positions x 2
+#   (K, V) x 64 (4 x 16) x 8 bytes = 128 KiB; floor(300 / 128) = 2, ratio
+#   peak 1 / 2 = 0.5.
+#   utilization: peak 4 / 18, mean (4 x 4 / 18 + 0) / 5 steps.
+printf 'arrival_step,prompt_tokens,output_tokens\n0,20,5\n' > "$work/one.csv"
+for compute in "" --no-compute; do
+    "$@" simulate --trace "$work/one.csv" --capacity 64 --budget 300KiB $compute --quiet --json \
+        > "$work/one$compute.json"
+    "$@" simulate --trace "$work/one.csv" --capacity 64 --budget 300KiB $compute --quiet \
+        > "$work/one$compute.txt"
+    python3 - "$work/one$compute.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+def exact(key, want, tolerance=1e-12):
+    assert abs(r[key] - want) <= tolerance, f"{key}: {r[key]}, by hand {want}"
+exact("steps", 5); exact("tokens_generated", 5); exact("prefill_tokens", 20)
+exact("total_pages", 18); exact("page_bytes", 16384)
+exact("internal_fragmentation", (256 - 180) / 256)
+exact("contiguous_baseline_sequences", 2)
+exact("peak_concurrent_sequences", 1)
+exact("concurrency_ratio", 0.5)
+exact("peak_pool_utilization", 4 / 18)
+exact("mean_pool_utilization", 4 * 4 / 18 / 5)
+exact("mean_concurrent_sequences", 1)
+exact("page_acquires", 4); exact("page_releases", 4)
+exact("full_capacity_sequences", 2); exact("sequences_vs_f64", 1)
+assert r["targets_met"] is False  # fragmentation 30% and ratio 0.5 miss both targets
+PY
+    grep -qx 'internal fragmentation  29.69% of held slots' "$work/one$compute.txt" ||
+        fail "the report's fragmentation is not 29.69%: $(grep fragmentation "$work/one$compute.txt")"
+    grep -qx 'contiguous baseline     2 sequences fit when each reserves its full capacity;' \
+        "$work/one$compute.txt" || fail "the report's baseline is not 2 sequences"
+    grep -qx '                        paging held 1 at peak: 0.50x' "$work/one$compute.txt" ||
+        fail "the report's ratio is not 0.50x"
+    grep -qx 'pool utilization        peak 22.2%, mean 17.8%' "$work/one$compute.txt" ||
+        fail "the report's utilization is not peak 22.2%, mean 17.8%"
+done
+
+# The --json key set, exactly: every key, nothing more (a new key is added here too).
+python3 - "$work/one.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+top = {"requests", "requests_completed", "requests_rejected", "tokens_generated",
+       "prefill_tokens", "tokens_per_second", "seconds", "steps", "peak_concurrent_sequences",
+       "mean_concurrent_sequences", "contiguous_baseline_sequences", "concurrency_ratio",
+       "peak_pool_utilization", "mean_pool_utilization", "internal_fragmentation",
+       "preemptions", "pages_leaked", "audit_failures", "audits", "page_acquires",
+       "page_releases", "total_pages", "page_bytes", "kv_dtype", "kv_element_bytes",
+       "full_capacity_sequences", "f64_full_capacity_sequences", "sequences_vs_f64",
+       "output_checksum", "targets_met", "config"}
+config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
+          "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
+          "budget_bytes", "kv_dtype", "capacity", "threads", "seed", "watermark",
+          "reserve_tokens", "compute"}
+assert set(r) == top, f"keys: missing {sorted(top - set(r))}, unexpected {sorted(set(r) - top)}"
+assert set(r["config"]) == config, \
+    f"config keys: missing {sorted(config - set(r['config']))}, " \
+    f"unexpected {sorted(set(r['config']) - config)}"
+c = r["config"]
+assert c["workload"].endswith("one.csv") and c["arrival"] == "trace" and c["seed"] == 1
+assert c["capacity"] == 64 and c["budget_bytes"] == 300 * 1024 and c["block_tokens"] == 16
+assert r["audits"] >= 1 and r["seconds"] >= 0.0
+print("check_simulate: a one-row trace matches its hand-computed figures; the JSON keys are exact")
+PY
+
+# The sharegpt targets line says yes or no from the figures themselves: a run
+# with a ratio of 1.5 and 18% fragmentation misses both.
+tgt="--requests 12 --no-compute --quiet --block-tokens 256"
+"$@" simulate $tgt --json > "$work/targets.json"
+"$@" simulate $tgt > "$work/targets.txt"
+expected=$(python3 - "$work/targets.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert 0.5 < r["concurrency_ratio"] < 3.0 and 0.05 < r["internal_fragmentation"] < 0.5, r
+yes = lambda b: "yes" if b else "no"
+print(f"sharegpt targets        concurrency ratio >= 3: {yes(r['concurrency_ratio'] >= 3)}, "
+      f"fragmentation < 5%: {yes(r['internal_fragmentation'] < 0.05)}, "
+      f"no leaks: {yes(r['pages_leaked'] == 0)}, clean audits: {yes(r['audit_failures'] == 0)}")
+PY
+)
+grep -qxF "$expected" "$work/targets.txt" ||
+    fail "expected '$expected', got '$(grep 'sharegpt targets' "$work/targets.txt")'"
 
 # Bad traces: a clear error with line, column and value, and nothing runs.
 while IFS='|' read -r content expected; do
