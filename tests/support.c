@@ -107,20 +107,42 @@ void kvpt_assert_filled_at(const double *out, size_t n, double value, const char
     }
 }
 
-kvp_pool *kvpt_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages)
+kvp_pool *kvpt_dtype_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages,
+                          kvp_dtype dtype)
 {
     kvp_pool_config config;
     kvp_pool_config_init(&config);
     config.block_tokens = block_tokens;
     config.heads = heads;
     config.head_width = head_width;
-    config.budget_bytes = pages * 2 * heads * block_tokens * head_width * sizeof(double);
-    config.dtype = KVP_F64;
+    config.budget_bytes =
+        pages * 2 * heads * block_tokens * head_width * kvp_dtype_bytes(dtype);
+    config.dtype = dtype;
     kvp_pool *pool = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
     kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvpt_stats(pool).total_pages, pages);
     return pool;
+}
+
+kvp_pool *kvpt_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages)
+{
+    return kvpt_dtype_pool(block_tokens, heads, head_width, pages, KVP_F64);
+}
+
+kvp_decoder *kvpt_decoder(size_t threads)
+{
+    kvp_decoder *decoder = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_decoder_create(threads, &decoder, &err), &err);
+    return decoder;
+}
+
+void kvpt_destroy_decoder(kvp_decoder *decoder)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_decoder_destroy(decoder, &err), &err);
 }
 
 void kvpt_destroy_pool_at(kvp_pool *pool, const char *file, int line)

@@ -68,6 +68,17 @@ void kvpt_assert_filled_at(const double *out, size_t n, double value, const char
 kvp_pool *kvpt_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages);
 
 /*
+ * The same with pages of `dtype`; asserts the pool holds exactly `pages`
+ * pages. kvpt_pool is this with KVP_F64.
+ */
+kvp_pool *kvpt_dtype_pool(size_t block_tokens, size_t heads, size_t head_width, size_t pages,
+                          kvp_dtype dtype);
+
+/* A decoder of `threads` threads; destroyed with kvpt_destroy_decoder (asserting success). */
+kvp_decoder *kvpt_decoder(size_t threads);
+void kvpt_destroy_decoder(kvp_decoder *decoder);
+
+/*
  * Audits and destroys a pool that must be idle: no held or promised page, no
  * cache and no reservation attached, every page free.
  */

@@ -55,20 +55,6 @@ static kvp_model *make_model(uint64_t seed)
     return kvpt_random_model(LAYERS, MODEL_WIDTH, HEADS, MAX_POSITIONS, ROPE_BASE, seed);
 }
 
-static kvp_decoder *make_decoder(size_t threads)
-{
-    kvp_decoder *decoder = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_decoder_create(threads, &decoder, &err), &err);
-    return decoder;
-}
-
-static void destroy_decoder(kvp_decoder *decoder)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_decoder_destroy(decoder, &err), &err);
-}
-
 /* A custom stream, pure so that worker threads may share it: next = 0.5 * input + output. */
 static void half_residual(void *ctx, size_t layer, const double *input, const double *output,
                           size_t elements, double *next)
@@ -133,7 +119,7 @@ static void finish_twins(kvp_decoder *decoder, kvp_model *model, kvp_pool *pool,
     assert_int_equal(stats.acquires, twin_stats.acquires);
     assert_int_equal(stats.releases, twin_stats.releases);
 
-    destroy_decoder(decoder);
+    kvpt_destroy_decoder(decoder);
     for (size_t i = 0; i < count; i++) {
         kvpt_destroy_sequence(seqs[i], pool);
         kvpt_destroy_sequence(twins[i], twin_pool);
@@ -148,18 +134,18 @@ static void test_decoder_create_threads_and_errors(void **state)
     (void)state;
     static const size_t counts[] = {1, 2, 4};
     for (size_t i = 0; i < KVPT_COUNT_OF(counts); i++) {
-        kvp_decoder *decoder = make_decoder(counts[i]);
+        kvp_decoder *decoder = kvpt_decoder(counts[i]);
         assert_int_equal(kvp_decoder_threads(decoder), counts[i]);
-        destroy_decoder(decoder);
+        kvpt_destroy_decoder(decoder);
     }
     /* 0: one thread per online core. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    kvp_decoder *decoder = make_decoder(0);
+    kvp_decoder *decoder = kvpt_decoder(0);
     assert_true(kvp_decoder_threads(decoder) >= 1);
     if (cores > 0) {
         assert_int_equal(kvp_decoder_threads(decoder), (size_t)cores);
     }
-    destroy_decoder(decoder);
+    kvpt_destroy_decoder(decoder);
 
     kvp_error err;
     kvp_decoder *out = (kvp_decoder *)0x1;
@@ -195,7 +181,7 @@ static void test_decoder_create_fault_sweep(void **state)
             assert_int_equal(s.calls, failures);
             assert_int_equal(kvp_decoder_threads(decoder), THREADS);
             kvpt_assert_ok(kvp_decoder_step(decoder, NULL, 0, NULL, NULL, &s.err), &s.err);
-            destroy_decoder(decoder);
+            kvpt_destroy_decoder(decoder);
             break;
         }
         failures++;
@@ -240,7 +226,7 @@ static void run_matches_sequential(size_t threads, kvp_next_input_fn next_input)
         }
     }
 
-    kvp_decoder *decoder = make_decoder(threads);
+    kvp_decoder *decoder = kvpt_decoder(threads);
     double inputs[SEQUENCES][MAX_BATCH * MODEL_WIDTH];
     double outputs[SEQUENCES][MAX_BATCH * MODEL_WIDTH + 1];
     double expected[MAX_BATCH * MODEL_WIDTH];
@@ -348,7 +334,7 @@ static void test_decoder_step_reports_each_jobs_status(void **state)
         }
         kvp_pool_stats full_before = kvpt_stats(full);
 
-        kvp_decoder *decoder = make_decoder(threads[k]);
+        kvp_decoder *decoder = kvpt_decoder(threads[k]);
         kvpt_assert_ok(kvp_decoder_step(decoder, jobs, JOBS, NULL, NULL, &err), &err);
         kvpt_assert_pool_ok(pool);
         kvpt_assert_pool_ok(full);
@@ -387,7 +373,7 @@ static void test_decoder_step_reports_each_jobs_status(void **state)
         full_after.exhaustions = full_before.exhaustions;
         assert_memory_equal(&full_before, &full_after, sizeof full_before);
 
-        destroy_decoder(decoder);
+        kvpt_destroy_decoder(decoder);
         for (size_t i = 0; i < JOBS; i++) {
             kvpt_destroy_sequence(seqs[i], i == 4 ? full : pool);
         }
@@ -409,7 +395,7 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 16);
     kvp_sequence *a = kvpt_sequence(model, pool, B, CAPACITY);
     kvp_sequence *b = kvpt_sequence(model, pool, B, CAPACITY);
-    kvp_decoder *decoder = make_decoder(2);
+    kvp_decoder *decoder = kvpt_decoder(2);
     double inputs[JOBS][MODEL_WIDTH];
     double outputs[JOBS][MODEL_WIDTH];
     kvp_decode_job jobs[JOBS];
@@ -479,7 +465,7 @@ static void test_decoder_step_refuses_shared_sequence_and_runs_nothing(void **st
     assert_int_equal(kvp_sequence_len(a), 1);
     assert_int_equal(kvp_sequence_len(b), 1);
 
-    destroy_decoder(decoder);
+    kvpt_destroy_decoder(decoder);
     kvpt_destroy_sequence(a, pool);
     kvpt_destroy_sequence(b, pool);
     kvpt_destroy_pool(pool);
@@ -509,7 +495,7 @@ static void run_mixed_prefill_and_steps(size_t threads)
         seqs[i] = kvpt_sequence(model, pool, batch[i], CAPACITY);
         twins[i] = kvpt_sequence(model, twin_pool, batch[i], CAPACITY);
     }
-    kvp_decoder *decoder = make_decoder(threads);
+    kvp_decoder *decoder = kvpt_decoder(threads);
     double inputs[JOBS][MAX_BATCH * T_MAX * MODEL_WIDTH];
     double outputs[JOBS][MAX_BATCH * T_MAX * MODEL_WIDTH + 1];
     double expected[MAX_BATCH * T_MAX * MODEL_WIDTH];
@@ -630,9 +616,9 @@ static void test_decoder_failing_prefill_job_changes_nothing(void **state)
         /* Lane 1, token 2 of the bad prompt. */
         inputs[BAD][(1 * T + 2) * MODEL_WIDTH + 3] = NAN;
 
-        kvp_decoder *decoder = make_decoder(threads[k]);
+        kvp_decoder *decoder = kvpt_decoder(threads[k]);
         kvpt_assert_ok(kvp_decoder_step(decoder, jobs, JOBS, NULL, NULL, &err), &err);
-        destroy_decoder(decoder);
+        kvpt_destroy_decoder(decoder);
         kvpt_assert_pool_ok(pool);
         assert_int_equal(jobs[BAD].status, KVP_NONFINITE_PROJECTION);
         assert_int_equal(jobs[BAD].error.status, KVP_NONFINITE_PROJECTION);
@@ -744,7 +730,7 @@ static void test_decoder_prefill_rollback_at_token_one(void **state)
     kvp_pool_stats before = kvpt_stats(pool);
     uint32_t held_before[LAYERS * B * CAPACITY];
     size_t count_before = pages_of(seq, B, held_before, KVPT_COUNT_OF(held_before));
-    kvp_decoder *decoder = make_decoder(2);
+    kvp_decoder *decoder = kvpt_decoder(2);
     kvpt_assert_ok(kvp_decoder_step(decoder, jobs, 1, NULL, NULL, &err), &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(jobs[0].status, KVP_NONFINITE_SCORE);
@@ -780,7 +766,7 @@ static void test_decoder_prefill_rollback_at_token_one(void **state)
     assert_int_equal(pages_of(twin, B, pages_twin, KVPT_COUNT_OF(pages_twin)), n);
     assert_memory_equal(pages_seq, pages_twin, n * sizeof *pages_seq);
 
-    destroy_decoder(decoder);
+    kvpt_destroy_decoder(decoder);
     kvpt_destroy_sequence(seq, pool);
     kvpt_destroy_sequence(twin, twin_pool);
     kvpt_destroy_pool(pool);
@@ -795,7 +781,7 @@ static void test_decoder_step_refuses_unknown_kind(void **state)
     kvp_pool *pool = kvpt_pool(BLOCK_TOKENS, HEADS, HEAD_WIDTH, 16);
     kvp_sequence *a = kvpt_sequence(model, pool, 1, CAPACITY);
     kvp_sequence *b = kvpt_sequence(model, pool, 1, CAPACITY);
-    kvp_decoder *decoder = make_decoder(2);
+    kvp_decoder *decoder = kvpt_decoder(2);
     double input[2][MODEL_WIDTH];
     double output[2][MODEL_WIDTH];
     kvpt_fill_random(input[0], MODEL_WIDTH, 1);
@@ -820,7 +806,7 @@ static void test_decoder_step_refuses_unknown_kind(void **state)
     assert_int_equal(kvp_sequence_len(b), 0);
     assert_int_equal(kvpt_stats(pool).held_pages, 0);
 
-    destroy_decoder(decoder);
+    kvpt_destroy_decoder(decoder);
     kvpt_destroy_sequence(a, pool);
     kvpt_destroy_sequence(b, pool);
     kvpt_destroy_pool(pool);
@@ -900,7 +886,7 @@ static void test_decoder_step_refuses_a_concurrent_caller(void **state)
         kvp_sequence *running = kvpt_sequence(model, pool, 1, CAPACITY);
         kvp_sequence *refused = kvpt_sequence(model, pool, 1, CAPACITY);
         kvp_sequence *twin = kvpt_sequence(model, twin_pool, 1, CAPACITY);
-        kvp_decoder *decoder = make_decoder(threads);
+        kvp_decoder *decoder = kvpt_decoder(threads);
         double input[2][MODEL_WIDTH];
         double output[2][MODEL_WIDTH];
         double twin_output[MODEL_WIDTH];
@@ -966,7 +952,7 @@ static void test_decoder_step_refuses_a_concurrent_caller(void **state)
         assert_int_equal(kvp_sequence_len(refused), 1);
         kvpt_assert_pool_ok(pool);
 
-        destroy_decoder(decoder);
+        kvpt_destroy_decoder(decoder);
         kvpt_destroy_sequence(running, pool);
         kvpt_destroy_sequence(refused, pool);
         kvpt_destroy_sequence(twin, twin_pool);

@@ -42,23 +42,6 @@ static int same_bits(double a, double b)
     return memcmp(&a, &b, sizeof a) == 0;
 }
 
-static kvp_pool *dtype_pool(size_t bt, size_t heads, size_t hd, size_t pages, kvp_dtype dtype)
-{
-    kvp_pool_config config;
-    kvp_pool_config_init(&config);
-    config.block_tokens = bt;
-    config.heads = heads;
-    config.head_width = hd;
-    config.budget_bytes = pages * 2 * heads * bt * hd * kvp_dtype_bytes(dtype);
-    config.dtype = dtype;
-    kvp_pool *pool = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    assert_int_equal(kvpt_stats(pool).total_pages, pages);
-    return pool;
-}
-
 /* ---- conversions ------------------------------------------------------------ */
 
 /*
@@ -323,10 +306,10 @@ static void test_dtype_cache_stores_rounded_rows(void **state)
     kvp_binding binding = kvpt_binding(C_HEADS, C_HD, C_CAP);
     for (size_t i = 0; i < 3; i++) {
         kvp_dtype dtype = all_dtypes[i];
-        kvp_pool *pool = dtype_pool(C_BT, C_HEADS, C_HD, C_BATCH * 3, dtype);
+        kvp_pool *pool = kvpt_dtype_pool(C_BT, C_HEADS, C_HD, C_BATCH * 3, dtype);
         kvp_cache *cache = kvpt_cache(pool, &binding, C_BATCH, C_CAP);
         /* A twin cache in a pool of its own, fed rows that differ below the dtype's precision. */
-        kvp_pool *twin_pool = dtype_pool(C_BT, C_HEADS, C_HD, C_BATCH * 3, dtype);
+        kvp_pool *twin_pool = kvpt_dtype_pool(C_BT, C_HEADS, C_HD, C_BATCH * 3, dtype);
         kvp_cache *twin = kvpt_cache(twin_pool, &binding, C_BATCH, C_CAP);
         double key[ROW];
         double value[ROW];
@@ -395,7 +378,7 @@ static void test_dtype_append_refuses_overflow_changing_nothing(void **state)
     for (size_t i = 1; i < 3; i++) {
         kvp_dtype dtype = all_dtypes[i];
         double limit = dtype == KVP_F32 ? KVPI_F32_OVERFLOW : KVPI_BF16_OVERFLOW;
-        kvp_pool *pool = dtype_pool(C_BT, C_HEADS, C_HD, C_BATCH * 3, dtype);
+        kvp_pool *pool = kvpt_dtype_pool(C_BT, C_HEADS, C_HD, C_BATCH * 3, dtype);
         kvp_cache *cache = kvpt_cache(pool, &binding, C_BATCH, C_CAP);
         double key[ROW];
         double value[ROW];
@@ -488,7 +471,7 @@ static void test_dtype_prepare_and_reference_refuse_overflow(void **state)
         kvp_error err;
         kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
         kvp_status want = zero_key ? KVP_NONFINITE_VALUE : KVP_NONFINITE_KEY;
-        kvp_pool *pool = dtype_pool(2, P_HEADS, P_HD, 4, KVP_BF16);
+        kvp_pool *pool = kvpt_dtype_pool(2, P_HEADS, P_HD, 4, KVP_BF16);
         kvp_cache *cache = kvpt_cache(pool, &binding, 1, P_CAP);
         kvp_ticket *ticket = kvpt_ticket(cache);
         double x[2 * P_D];
@@ -577,7 +560,7 @@ static void decode(const geometry *g, kvp_dtype dtype, size_t bt, const kvp_laye
     size_t d = g->heads * g->head_width;
     size_t kv = g->batch * g->capacity * kv_heads_of(g) * g->head_width;
     kvp_error err;
-    kvp_pool *pool = dtype_pool(bt, kv_heads_of(g), g->head_width,
+    kvp_pool *pool = kvpt_dtype_pool(bt, kv_heads_of(g), g->head_width,
                                 g->batch * KVPT_CEIL_DIV(g->capacity, bt), dtype);
     kvp_binding binding;
     kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
@@ -791,7 +774,7 @@ static void test_dtype_sequences_store_in_the_pools_dtype(void **state)
                        &err);
         for (size_t b = 0; b < KVPT_COUNT_OF(blocks); b++) {
             size_t bt = blocks[b];
-            kvp_pool *pool = dtype_pool(bt, H, HD, B * KVPT_CEIL_DIV(T, bt), dtype);
+            kvp_pool *pool = kvpt_dtype_pool(bt, H, HD, B * KVPT_CEIL_DIV(T, bt), dtype);
             kvp_sequence *seq = kvpt_sequence(model, pool, B, T);
             double out[B * T * D];
             kvpt_assert_ok(kvp_sequence_prefill(seq, &view, NULL, NULL, out, B * T * D, &err),

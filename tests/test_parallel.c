@@ -49,37 +49,6 @@ static int teardown_grain(void **state)
     return 0;
 }
 
-static kvp_pool *dtype_pool(size_t bt, size_t kv_heads, size_t hd, size_t pages, kvp_dtype dtype)
-{
-    kvp_pool_config config;
-    kvp_pool_config_init(&config);
-    config.block_tokens = bt;
-    config.heads = kv_heads;
-    config.head_width = hd;
-    config.budget_bytes = pages * 2 * kv_heads * bt * hd * kvp_dtype_bytes(dtype);
-    config.dtype = dtype;
-    kvp_pool *pool = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
-    kvpt_assert_pool_ok(pool);
-    assert_int_equal(kvpt_stats(pool).total_pages, pages);
-    return pool;
-}
-
-static kvp_decoder *make_decoder(size_t threads)
-{
-    kvp_decoder *decoder = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_decoder_create(threads, &decoder, &err), &err);
-    return decoder;
-}
-
-static void destroy_decoder(kvp_decoder *decoder)
-{
-    kvp_error err;
-    kvpt_assert_ok(kvp_decoder_destroy(decoder, &err), &err);
-}
-
 /* ---- the executor ------------------------------------------------------------ */
 
 #define MAX_PARTS 100
@@ -106,7 +75,7 @@ static void test_parallel_executor_runs_every_part_once(void **state)
     (void)state;
     static const size_t part_counts[] = {1, 2, 3, 17, MAX_PARTS};
     for (size_t threads = 1; threads <= 3; threads++) {
-        kvp_decoder *decoder = make_decoder(threads);
+        kvp_decoder *decoder = kvpt_decoder(threads);
         for (size_t i = 0; i < KVPT_COUNT_OF(part_counts); i++) {
             count_ctx c;
             memset(&c, 0, sizeof c);
@@ -136,7 +105,7 @@ static void test_parallel_executor_runs_every_part_once(void **state)
         for (size_t p = 0; p < 5; p++) {
             assert_int_equal(c.runs[p], 1);
         }
-        destroy_decoder(decoder);
+        kvpt_destroy_decoder(decoder);
     }
 }
 
@@ -158,7 +127,7 @@ static void busy_solo(void *ctx, const kvpi_parallel *par)
 static void test_parallel_run_refused_while_stepping(void **state)
 {
     (void)state;
-    kvp_decoder *decoder = make_decoder(2);
+    kvp_decoder *decoder = kvpt_decoder(2);
     busy_ctx b = {.decoder = decoder};
     kvp_error err;
     kvpt_assert_ok(kvpi_decoder_run(decoder, busy_solo, &b, &err), &err);
@@ -168,7 +137,7 @@ static void test_parallel_run_refused_while_stepping(void **state)
     assert_string_equal(err.argument, "decoder");
     assert_int_equal(kvpi_decoder_run(decoder, NULL, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "fn");
-    destroy_decoder(decoder);
+    kvpt_destroy_decoder(decoder);
 }
 
 /* ---- the partition ------------------------------------------------------------ */
@@ -231,7 +200,7 @@ static void check_partition(kvp_dtype dtype, size_t bt, size_t kv_heads, kvp_dec
     size_t d = P_HEADS * P_WIDTH;
     size_t capacity = P_LEN + 1;
     size_t pages = P_BATCH * KVPT_CEIL_DIV(capacity, bt);
-    kvp_pool *pool = dtype_pool(bt, kv_heads, P_WIDTH, pages, dtype);
+    kvp_pool *pool = kvpt_dtype_pool(bt, kv_heads, P_WIDTH, pages, dtype);
     kvp_layer *layer = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_layer_create_random_grouped(d, P_HEADS, kv_heads, capacity, 10000.0,
@@ -337,7 +306,7 @@ static void test_parallel_partition_is_exact(void **state)
     (void)state;
     static const size_t block_sizes[] = {1, 3, 16};
     static const size_t kv_heads[] = {P_HEADS, 2, 1};
-    kvp_decoder *decoders[2] = {make_decoder(2), make_decoder(3)};
+    kvp_decoder *decoders[2] = {kvpt_decoder(2), kvpt_decoder(3)};
     for (size_t t = 0; t < KVPT_COUNT_OF(all_dtypes); t++) {
         for (size_t b = 0; b < KVPT_COUNT_OF(block_sizes); b++) {
             for (size_t k = 0; k < KVPT_COUNT_OF(kv_heads); k++) {
@@ -345,8 +314,8 @@ static void test_parallel_partition_is_exact(void **state)
             }
         }
     }
-    destroy_decoder(decoders[0]);
-    destroy_decoder(decoders[1]);
+    kvpt_destroy_decoder(decoders[0]);
+    kvpt_destroy_decoder(decoders[1]);
 }
 
 /* ---- the decoder: one long sequence ---------------------------------------------- */
@@ -385,12 +354,12 @@ static void run_sequences(kvp_model *model, kvp_dtype dtype, size_t bt, size_t k
                           size_t count, size_t threads, run_result *r)
 {
     size_t pages = S_LAYERS * count * KVPT_CEIL_DIV(S_CAPACITY, bt);
-    kvp_pool *pool = dtype_pool(bt, kv_heads, S_HEAD_WIDTH, pages, dtype);
+    kvp_pool *pool = kvpt_dtype_pool(bt, kv_heads, S_HEAD_WIDTH, pages, dtype);
     kvp_sequence *seqs[S_MAX_SEQS];
     for (size_t i = 0; i < count; i++) {
         seqs[i] = kvpt_sequence(model, pool, 1, S_CAPACITY);
     }
-    kvp_decoder *decoder = threads > 0 ? make_decoder(threads) : NULL;
+    kvp_decoder *decoder = threads > 0 ? kvpt_decoder(threads) : NULL;
     if (decoder != NULL) {
         kvpi_decoder_hold_tasks(decoder, SIZE_MAX);
     }
@@ -457,7 +426,7 @@ static void run_sequences(kvp_model *model, kvp_dtype dtype, size_t bt, size_t k
     r->stats = kvpt_stats(pool);
     r->assisted = decoder != NULL ? kvpi_decoder_assisted_parts(decoder) : 0;
     if (decoder != NULL) {
-        destroy_decoder(decoder);
+        kvpt_destroy_decoder(decoder);
     }
     for (size_t i = 0; i < count; i++) {
         kvpt_destroy_sequence(seqs[i], pool);
@@ -549,11 +518,11 @@ static void test_parallel_refused_step_changes_nothing(void **state)
                                                    &model, &err),
                    &err);
     /* Exactly the prompt's pages: the next token needs a new block in every layer. */
-    kvp_pool *pool = dtype_pool(BT, 2, S_HEAD_WIDTH, S_LAYERS * PROMPT / BT, KVP_F32);
+    kvp_pool *pool = kvpt_dtype_pool(BT, 2, S_HEAD_WIDTH, S_LAYERS * PROMPT / BT, KVP_F32);
     kvp_sequence *seq = kvpt_sequence(model, pool, 1, 16);
     double prompt[PROMPT * S_WIDTH];
     kvpt_fill_random(prompt, PROMPT * S_WIDTH, 3);
-    kvp_decoder *decoder = make_decoder(2);
+    kvp_decoder *decoder = kvpt_decoder(2);
     kvpi_decoder_hold_tasks(decoder, SIZE_MAX);
     kvp_decode_job job = {.sequence = seq,
                           .input = kvp_tensor3(prompt, 1, PROMPT, S_WIDTH),
@@ -584,7 +553,7 @@ static void test_parallel_refused_step_changes_nothing(void **state)
     kvpt_assert_unchanged(&before, 1);
     kvpt_assert_filled(out, S_WIDTH, 7.0);
 
-    destroy_decoder(decoder);
+    kvpt_destroy_decoder(decoder);
     kvpt_destroy_sequence(seq, pool);
     kvpt_destroy_pool(pool);
     kvpt_destroy_model(model);
