@@ -664,6 +664,25 @@ static kvp_status fail_rows_reserved(const kvp_cache *cache, kvp_error *err)
     return kvpi_error_emit(err, &e);
 }
 
+/*
+ * The first checks of every call on an external cache's rows, in order:
+ * NULL_ARGUMENT, CACHE_LAYER_BOUND (an attention cache), then, when
+ * `no_reservation`, ROWS_RESERVED (rows are reserved and not committed).
+ */
+static kvp_status check_row_cache(const kvp_cache *cache, int no_reservation, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (!cache_is_external(cache)) {
+        return fail_layer_bound(err);
+    }
+    if (no_reservation && cache->reserved_rows != 0) {
+        return fail_rows_reserved(cache, err);
+    }
+    return KVP_OK;
+}
+
 size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens)
 {
     if (cache == NULL || tokens <= cache->len) {
@@ -789,14 +808,9 @@ static void commit_rows(kvp_cache *cache, const double *keys, const double *valu
 kvp_status kvp_cache_append_rows(kvp_cache *cache, const double *keys, const double *values,
                                  size_t rows, kvp_error *err)
 {
-    if (cache == NULL) {
-        return kvpi_fail_null(err, "cache");
-    }
-    if (!cache_is_external(cache)) {
-        return fail_layer_bound(err);
-    }
-    if (cache->reserved_rows != 0) {
-        return fail_rows_reserved(cache, err);
+    kvp_status checked = check_row_cache(cache, 1, err);
+    if (checked != KVP_OK) {
+        return checked;
     }
     if (rows == 0) {
         return KVP_OK;
@@ -820,14 +834,9 @@ kvp_status kvp_cache_append_rows(kvp_cache *cache, const double *keys, const dou
 
 kvp_status kvp_cache_reserve_rows(kvp_cache *cache, size_t rows, kvp_error *err)
 {
-    if (cache == NULL) {
-        return kvpi_fail_null(err, "cache");
-    }
-    if (!cache_is_external(cache)) {
-        return fail_layer_bound(err);
-    }
-    if (cache->reserved_rows != 0) {
-        return fail_rows_reserved(cache, err);
+    kvp_status checked = check_row_cache(cache, 1, err);
+    if (checked != KVP_OK) {
+        return checked;
     }
     if (rows == 0) {
         return KVP_OK;
@@ -842,11 +851,9 @@ kvp_status kvp_cache_reserve_rows(kvp_cache *cache, size_t rows, kvp_error *err)
 kvp_status kvp_cache_commit_rows(kvp_cache *cache, const double *keys, const double *values,
                                  size_t rows, kvp_error *err)
 {
-    if (cache == NULL) {
-        return kvpi_fail_null(err, "cache");
-    }
-    if (!cache_is_external(cache)) {
-        return fail_layer_bound(err);
+    kvp_status checked = check_row_cache(cache, 0, err);
+    if (checked != KVP_OK) {
+        return checked;
     }
     if (rows > cache->reserved_rows) {
         kvp_error e = kvpi_error_begin(KVP_ROWS_NOT_RESERVED);
@@ -886,11 +893,9 @@ size_t kvp_cache_reserved_rows(const kvp_cache *cache)
 
 kvp_status kvp_cache_promise(kvp_cache *cache, size_t pages, kvp_error *err)
 {
-    if (cache == NULL) {
-        return kvpi_fail_null(err, "cache");
-    }
-    if (!cache_is_external(cache)) {
-        return fail_layer_bound(err);
+    kvp_status checked = check_row_cache(cache, 0, err);
+    if (checked != KVP_OK) {
+        return checked;
     }
     /* Bounded by the tables, so the pool's sum of promises cannot wrap. */
     size_t most = cache->batch_size * cache->blocks_per_lane;
