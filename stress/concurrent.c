@@ -480,6 +480,28 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/*
+ * Gives back what start_workers gave a worker: its sequences (a slot never
+ * filled is NULL and skipped) and buffers. Used by finish and by the early
+ * exits, so a usage error leaks nothing either.
+ */
+static void free_worker(worker *w, const shared *sh)
+{
+    for (size_t s = 0; w->sequences != NULL && s < sh->sequences; s++) {
+        if (w->sequences[s] != NULL) {
+            kvp_sequence_destroy(w->sequences[s], NULL);
+        }
+    }
+    if (w->probe != NULL) {
+        kvp_sequence_destroy(w->probe, NULL);
+    }
+    free(w->sequences);
+    free(w->rows);
+    free(w->output);
+    free(w->refused);
+    memset(w, 0, sizeof *w);
+}
+
 static int start_workers(worker *workers, size_t threads, shared *sh)
 {
     for (size_t t = 0; t < threads; t++) {
@@ -546,19 +568,12 @@ static int finish(worker *workers, size_t threads, shared *sh, double seconds)
             fprintf(stderr, PROGRAM ": %s\n", w->failure);
             failed = 1;
         }
-        for (size_t s = 0; s < sh->sequences; s++) {
-            kvp_sequence_destroy(w->sequences[s], NULL);
-        }
-        kvp_sequence_destroy(w->probe, NULL);
         size_t *sum = (size_t *)(void *)&total;
         const size_t *part = (const size_t *)(const void *)&w->count;
         for (size_t i = 0; i < sizeof total / sizeof(size_t); i++) {
             sum[i] += part[i];
         }
-        free(w->sequences);
-        free(w->rows);
-        free(w->output);
-        free(w->refused);
+        free_worker(w, sh);
     }
     kvp_pool_stats stats;
     kvp_pool_stats_init(&stats);
@@ -680,12 +695,15 @@ int main(int argc, char **argv)
     double start = stress_seconds();
     int failed = start_workers(workers, threads, &sh);
     if (failed) {
-        return failed;
+        for (size_t t = 0; t < threads; t++) {
+            free_worker(&workers[t], &sh);
+        }
+    } else {
+        for (size_t t = 0; t < threads; t++) {
+            pthread_join(workers[t].thread, NULL);
+        }
+        failed = finish(workers, threads, &sh, stress_seconds() - start);
     }
-    for (size_t t = 0; t < threads; t++) {
-        pthread_join(workers[t].thread, NULL);
-    }
-    failed = finish(workers, threads, &sh, stress_seconds() - start);
     pthread_barrier_destroy(&sh.barrier);
     if (kvp_decoder_destroy(sh.decoder, &err) != KVP_OK) {
         failed |= stress_fail(PROGRAM, "destroying the decoder", &err);
