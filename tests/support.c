@@ -5,9 +5,11 @@
 
 #include <jemalloc/jemalloc.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <valgrind/valgrind.h>
 
 #include "pager/cache_internal.h"
@@ -690,4 +692,32 @@ double *kvpt_doubles(size_t n)
     double *p = calloc(n + 1, sizeof(double));
     assert_non_null(p);
     return p;
+}
+
+typedef struct watchdog {
+    const char *program;
+    unsigned seconds;
+} watchdog;
+
+static void *watchdog_main(void *arg)
+{
+    const watchdog *w = arg;
+    struct timespec left = {.tv_sec = (time_t)w->seconds, .tv_nsec = 0};
+    while (nanosleep(&left, &left) != 0) {
+    }
+    fprintf(stderr, "%s: watchdog: still running after %u s, a hang; aborting\n", w->program,
+            w->seconds);
+    abort();
+}
+
+void kvpt_watchdog(const char *program, unsigned seconds)
+{
+    static watchdog w;
+    w.program = program;
+    w.seconds = RUNNING_ON_VALGRIND ? 20 * seconds : seconds;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, watchdog_main, &w) != 0 || pthread_detach(thread) != 0) {
+        fprintf(stderr, "%s: cannot start the watchdog\n", program);
+        abort();
+    }
 }

@@ -313,4 +313,12 @@ void kvpt_fill_random(double *out, size_t n, uint64_t seed);
 /* n + 1 zeroed doubles (never NULL; the spare one makes n == 0 fine). Free with free(). */
 double *kvpt_doubles(size_t n);
 
+/*
+ * Aborts the test program, naming `program`, if it is still running after
+ * `seconds` (20 times that under Valgrind): a hang in threaded code becomes a
+ * fast, explicit failure instead of a ctest or mutation-run timeout. Call
+ * once, first thing in main.
+ */
+void kvpt_watchdog(const char *program, unsigned seconds);
+
 #endif /* KVPAGER_TESTS_SUPPORT_H */

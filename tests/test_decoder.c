@@ -983,6 +983,8 @@ static void test_decoder_default_thread_count(void **state)
 
 int main(void)
 {
+    /* A decoder that never hands back (a lost wake-up, a refused refusal) hangs, not fails. */
+    kvpt_watchdog("test_decoder", 120);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_default_thread_count),
         cmocka_unit_test(test_decoder_create_threads_and_errors),
