@@ -639,9 +639,13 @@ static void test_sequence_create_fault_sweep(void **state)
         KVPI_SITE_CACHE_STRUCT, KVPI_SITE_CACHE_TABLES, KVPI_SITE_TICKET,
         KVPI_SITE_SCRATCH,      KVPI_SITE_CACHE_STRUCT, KVPI_SITE_CACHE_TABLES,
         KVPI_SITE_TICKET,       KVPI_SITE_SCRATCH};
-    /* Cache and ticket pointers, L + 2 activation rows, and every page id it can hold. */
+    /* Cache and ticket pointers, L + 2 activation rows, the blocked prefill's workspace
+     * (64 tokens: this one is far below its byte cap), and every page id it can hold. */
+    const size_t prefill_doubles = KVPI_PREFILL_BLOCK_DEFAULT *
+                                   (B * HEADS * C + (2 * L + 5) * B * MODEL_WIDTH);
     const size_t buffer_bytes = 2 * L * sizeof(void *) +
                                 (L + 2) * B * MODEL_WIDTH * sizeof(double) +
+                                prefill_doubles * sizeof(double) +
                                 L * B * KVPT_CEIL_DIV(C, BT) * sizeof(uint32_t);
     uint64_t failures = 0;
     for (uint64_t nth = 1;; nth++) {

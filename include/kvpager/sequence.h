@@ -102,7 +102,13 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
  * would have failed later in the computation. Then the pages of all T
  * tokens are taken at once, tentatively (POOL_EXHAUSTED, err.layer
  * SIZE_MAX, when they cannot all be); then token after token is computed
- * and committed.
+ * and committed. With next_input NULL (the residual stream), tokens 1..T-1
+ * are computed in blocks of up to 64 tokens, layer after layer, each page
+ * of the cache read once per block and layer: outputs, stored rows, pages
+ * and errors (status, err.token, err.layer: the first failing token, and
+ * its first failing layer) are those of token after token, bit for bit.
+ * With a next_input function the tokens are computed one by one, so it is
+ * called in token-major order: token 0 for layers 0..L-1, then token 1, ...
  * If token t > 0 fails, every layer is rolled back to its length before the
  * call, the pages go back in the reverse of the order taken, and the pool's
  * counters (acquires, releases, high-water mark) are exactly as before: the

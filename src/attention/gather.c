@@ -80,44 +80,6 @@ kvpi_gather_grain kvpi_gather_grain_get(void)
     return grain;
 }
 
-/* dot_rows over `rows` stored rows of the cache's dtype at `keys`. */
-static void dot_stored_rows(const kvpi_kernels *k, kvp_dtype dtype, const double *q,
-                            const void *keys, size_t rows, size_t d, double scale, double *out)
-{
-    switch (dtype) {
-    case KVP_F32:
-        k->dot_rows_f32(q, keys, d, rows, d, scale, out);
-        return;
-    case KVP_BF16:
-        k->dot_rows_bf16(q, keys, d, rows, d, scale, out);
-        return;
-    default:
-        k->dot_rows(q, keys, d, rows, d, scale, out);
-        return;
-    }
-}
-
-/*
- * axpy_rows over features [f0, f0 + n) of `rows` stored rows (d_h apart) of
- * the cache's dtype starting at `values`; acc points at feature f0.
- */
-static void axpy_stored_rows(const kvpi_kernels *k, kvp_dtype dtype, double *acc,
-                             const double *weights, const void *values, size_t rows, size_t d,
-                             size_t f0, size_t n)
-{
-    switch (dtype) {
-    case KVP_F32:
-        k->axpy_rows_f32(acc, weights, (const float *)values + f0, d, rows, n);
-        return;
-    case KVP_BF16:
-        k->axpy_rows_bf16(acc, weights, (const uint16_t *)values + f0, d, rows, n);
-        return;
-    default:
-        k->axpy_rows(acc, weights, (const double *)values + f0, d, rows, n);
-        return;
-    }
-}
-
 static size_t blocks_of(const kvp_cache *cache)
 {
     return cache->len / cache->block_tokens + (cache->len % cache->block_tokens != 0);
@@ -145,8 +107,9 @@ static void scores_blocks(const kvp_cache *cache, const double *queries, const d
         size_t rows = cache->len - start < bt ? cache->len - start : bt;
         const unsigned char *page_keys = kvpi_cache_page_keys(cache, table[block], 0);
         for (size_t head = 0; head < heads; head++) {
-            dot_stored_rows(k, dtype, queries + head * d, page_keys + (head / group) * head_bytes,
-                            rows, d, scale, scores + head * keys_per_head + start);
+            kvpi_dot_stored_rows(k, dtype, queries + head * d,
+                                 page_keys + (head / group) * head_bytes, rows, d, scale,
+                                 scores + head * keys_per_head + start);
         }
     }
     if (candidate) {
@@ -184,9 +147,9 @@ static void values_range(const kvp_cache *cache, const double *weights, const do
         for (size_t kv_head = k0; kv_head < k1; kv_head++) {
             const void *page_values = kvpi_cache_page_values(cache, table[block], kv_head);
             for (size_t head = kv_head * group; head < (kv_head + 1) * group; head++) {
-                axpy_stored_rows(k, dtype, outputs + head * d + f0,
-                                 weights + head * keys_per_head + start, page_values, rows, d,
-                                 f0, w);
+                kvpi_axpy_stored_rows(k, dtype, outputs + head * d + f0,
+                                      weights + head * keys_per_head + start, page_values, rows,
+                                      d, f0, w);
             }
         }
     }

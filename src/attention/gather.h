@@ -8,8 +8,48 @@
 
 #include <stddef.h>
 
+#include "attention/kernels.h"
 #include "attention/parallel.h"
 #include "pager/cache_internal.h"
+
+/* dot_rows over `rows` stored rows of `dtype` at `keys` (d_h apart). */
+static inline void kvpi_dot_stored_rows(const kvpi_kernels *k, kvp_dtype dtype, const double *q,
+                                        const void *keys, size_t rows, size_t d, double scale,
+                                        double *out)
+{
+    switch (dtype) {
+    case KVP_F32:
+        k->dot_rows_f32(q, keys, d, rows, d, scale, out);
+        return;
+    case KVP_BF16:
+        k->dot_rows_bf16(q, keys, d, rows, d, scale, out);
+        return;
+    default:
+        k->dot_rows(q, keys, d, rows, d, scale, out);
+        return;
+    }
+}
+
+/*
+ * axpy_rows over features [f0, f0 + n) of `rows` stored rows (d_h apart) of
+ * `dtype` starting at `values`; acc points at feature f0.
+ */
+static inline void kvpi_axpy_stored_rows(const kvpi_kernels *k, kvp_dtype dtype, double *acc,
+                                         const double *weights, const void *values, size_t rows,
+                                         size_t d, size_t f0, size_t n)
+{
+    switch (dtype) {
+    case KVP_F32:
+        k->axpy_rows_f32(acc, weights, (const float *)values + f0, d, rows, n);
+        return;
+    case KVP_BF16:
+        k->axpy_rows_bf16(acc, weights, (const uint16_t *)values + f0, d, rows, n);
+        return;
+    default:
+        k->axpy_rows(acc, weights, (const double *)values + f0, d, rows, n);
+        return;
+    }
+}
 
 /*
  * Scores of every query head of `lane`, [H][len + 1]: (query_h . key_p) *

@@ -2,8 +2,9 @@
  * layer.c: attention layers, their construction and their binding
  * (see kvpager/layer.h).
  *
- * Owns: one reference to each of the layer's four parameters, and the
- * layer's RoPE thetas and table (layer_internal.h), in the same allocation.
+ * Owns: one reference to each of the layer's four parameters, and either
+ * the RoPE thetas and table of its configuration, in the same allocation,
+ * or a reference to another layer's (layer_internal.h, Sharing).
  * Callers: the public API; attention sources read struct kvp_layer through
  * layer_internal.h.
  */
@@ -155,6 +156,45 @@ kvp_status kvp_layer_create_grouped(kvp_param *w_query, kvp_param *w_key, kvp_pa
                                     size_t max_positions, double rope_base, kvp_layer **out,
                                     kvp_error *err)
 {
+    return kvpi_layer_create_sharing(w_query, w_key, w_value, w_output, heads, kv_heads,
+                                     max_positions, rope_base, NULL, out, err);
+}
+
+static int same_rope(const kvp_rope_config *a, const kvp_rope_config *b)
+{
+    return a->feature_width == b->feature_width && a->max_positions == b->max_positions &&
+           memcmp(&a->base, &b->base, sizeof a->base) == 0;
+}
+
+int kvpi_layer_same_rope(const kvp_layer *a, const kvp_layer *b)
+{
+    return same_rope(&a->rope, &b->rope);
+}
+
+/* The layer's own angles, in its allocation (kvpi_layer_alloc_bytes). */
+static void compute_angles(kvp_layer *layer)
+{
+    size_t head_width = layer->head_width;
+    size_t half = head_width / 2;
+    double *theta = layer->rope_data;
+    for (size_t i = 0; i < half; i++) {
+        theta[i] = kvpi_rope_theta(layer->rope.base, head_width, i);
+    }
+    layer->rope_theta = theta;
+    if (table_fits(head_width, layer->rope.max_positions)) {
+        kvpi_rope_fill_table(theta, half, layer->rope.max_positions, theta + half);
+        layer->rope_table = theta + half;
+    }
+    layer->rope_owner = layer;
+    atomic_init(&layer->rope_refs, 1);
+}
+
+kvp_status kvpi_layer_create_sharing(kvp_param *w_query, kvp_param *w_key, kvp_param *w_value,
+                                     kvp_param *w_output, size_t heads, size_t kv_heads,
+                                     size_t max_positions, double rope_base,
+                                     const kvp_layer *rope_from, kvp_layer **out,
+                                     kvp_error *err)
+{
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
@@ -165,7 +205,9 @@ kvp_status kvp_layer_create_grouped(kvp_param *w_query, kvp_param *w_key, kvp_pa
     if (status != KVP_OK) {
         return status;
     }
-    size_t bytes = kvpi_layer_alloc_bytes(head_width, max_positions);
+    rope.feature_width = head_width;
+    int share = rope_from != NULL && same_rope(&rope_from->rope, &rope);
+    size_t bytes = share ? sizeof(kvp_layer) : kvpi_layer_alloc_bytes(head_width, max_positions);
     kvp_layer *layer = kvpi_alloc(KVPI_SITE_LAYER, bytes);
     if (layer == NULL) {
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_LAYER), bytes);
@@ -179,16 +221,17 @@ kvp_status kvp_layer_create_grouped(kvp_param *w_query, kvp_param *w_key, kvp_pa
     layer->heads = heads;
     layer->kv_heads = kv_heads;
     layer->head_width = head_width;
-    layer->rope = (kvp_rope_config){head_width, max_positions, rope_base};
-    size_t half = head_width / 2;
-    double *theta = layer->rope_data;
-    for (size_t i = 0; i < half; i++) {
-        theta[i] = kvpi_rope_theta(rope_base, head_width, i);
-    }
-    layer->rope_theta = theta;
-    if (table_fits(head_width, max_positions)) {
-        kvpi_rope_fill_table(theta, half, max_positions, theta + half);
-        layer->rope_table = theta + half;
+    layer->rope = rope;
+    if (share) {
+        /* The owner outlives this reference: only destroys drop references. */
+        kvp_layer *owner = rope_from->rope_owner;
+        atomic_fetch_add_explicit(&owner->rope_refs, 1, memory_order_relaxed);
+        layer->rope_owner = owner;
+        layer->rope_theta = owner->rope_theta;
+        layer->rope_table = owner->rope_table;
+        atomic_init(&layer->rope_refs, 0);
+    } else {
+        compute_angles(layer);
     }
     *out = layer;
     return KVP_OK;
@@ -214,6 +257,15 @@ kvp_status kvp_layer_create_random(size_t model_width, size_t heads, size_t max_
 kvp_status kvp_layer_create_random_grouped(size_t model_width, size_t heads, size_t kv_heads,
                                            size_t max_positions, double rope_base, uint64_t seed,
                                            kvp_layer **out, kvp_error *err)
+{
+    return kvpi_layer_create_random_sharing(model_width, heads, kv_heads, max_positions,
+                                            rope_base, seed, NULL, out, err);
+}
+
+kvp_status kvpi_layer_create_random_sharing(size_t model_width, size_t heads, size_t kv_heads,
+                                            size_t max_positions, double rope_base,
+                                            uint64_t seed, const kvp_layer *rope_from,
+                                            kvp_layer **out, kvp_error *err)
 {
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
@@ -244,8 +296,9 @@ kvp_status kvp_layer_create_random_grouped(size_t model_width, size_t heads, siz
     }
     kvpi_free(values);
     if (status == KVP_OK) {
-        status = kvp_layer_create_grouped(params[0], params[1], params[2], params[3], heads,
-                                          kv_heads, max_positions, rope_base, out, err);
+        status = kvpi_layer_create_sharing(params[0], params[1], params[2], params[3], heads,
+                                           kv_heads, max_positions, rope_base, rope_from, out,
+                                           err);
     }
     /* The layer holds its own references; drop the creation ones either way. */
     for (size_t p = 0; p < KVP_PARAM_COUNT; p++) {
@@ -264,7 +317,18 @@ kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err)
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         (void)kvp_param_release(layer->params[i], NULL);
     }
-    kvpi_free(layer);
+    /*
+     * The owner's allocation holds the angles: it goes with the last layer
+     * using them (acq_rel: every user's reads happen before the free).
+     */
+    kvp_layer *owner = layer->rope_owner;
+    int last = atomic_fetch_sub_explicit(&owner->rope_refs, 1, memory_order_acq_rel) == 1;
+    if (layer != owner) {
+        kvpi_free(layer);
+    }
+    if (last) {
+        kvpi_free(owner);
+    }
     return KVP_OK;
 }
 

@@ -7,18 +7,33 @@
  * head_width); query head h reads KV head h / (heads / kv_heads);
  * rope.feature_width == head_width and rope is valid.
  *
- * The layer's RoPE angles live in the layer's own allocation, written once
- * at creation and only read afterwards (so threads share them freely):
- * rope_theta[i] = base^(-2i / d_h) for i < d_h / 2, and, when it takes at
- * most KVPI_ROPE_TABLE_MAX_BYTES, rope_table[(p * d_h / 2 + i) * 2 + {0, 1}]
- * = cos, sin of (double)p * rope_theta[i] for every p < max_positions;
- * above that cap rope_table is NULL and each rotation computes cos and sin
- * once per call (per position, for every head and lane). Either way the
- * bits are those of kvpi_rope_apply_rows: the same formulas, the same libm.
+ * The layer's RoPE angles are written once, when the first layer of a RoPE
+ * configuration is made, and only read afterwards (so threads share them
+ * freely): rope_theta[i] = base^(-2i / d_h) for i < d_h / 2, and, when it
+ * takes at most KVPI_ROPE_TABLE_MAX_BYTES, rope_table[(p * d_h / 2 + i) * 2
+ * + {0, 1}] = cos, sin of (double)p * rope_theta[i] for every p <
+ * max_positions; above that cap rope_table is NULL and each rotation
+ * computes cos and sin once per call (per position, for every head and
+ * lane). Either way the bits are those of kvpi_rope_apply_rows: the same
+ * formulas, the same libm.
+ *
+ * Sharing: the angles live in the allocation of one layer, their owner
+ * (rope_owner == the layer itself); a layer made with the same RoPE
+ * configuration (head width, max_positions, base bits) as an existing
+ * layer, through kvpi_layer_create_sharing (models do this for all their
+ * layers), points at the owner's angles instead of computing its own, and
+ * its allocation is the struct alone. The owner's rope_refs counts the
+ * layers using its angles, itself included (atomically: layers of several
+ * models may be destroyed on several threads at once); the owner's
+ * allocation is freed when the last of them is destroyed, so destroying
+ * the owner first leaves its angles to the others. The angles are the same
+ * bits whether computed or shared.
  * Callers: src/attention and src/serve (models own layers).
  */
 #ifndef KVPAGER_ATTENTION_LAYER_INTERNAL_H
 #define KVPAGER_ATTENTION_LAYER_INTERNAL_H
+
+#include <stdatomic.h>
 
 #include "kvpager/layer.h"
 
@@ -29,19 +44,43 @@ struct kvp_layer {
     size_t kv_heads;
     size_t head_width;
     kvp_rope_config rope;
-    const double *rope_theta; /* [d_h / 2], in rope_data */
-    const double *rope_table; /* [max_positions][d_h / 2][cos, sin] in rope_data, or NULL */
-    double rope_data[];
+    const double *rope_theta; /* [d_h / 2], in the owner's rope_data */
+    const double *rope_table; /* [max_positions][d_h / 2][cos, sin] there too, or NULL */
+    struct kvp_layer *rope_owner; /* the layer whose allocation holds the angles */
+    atomic_size_t rope_refs;      /* on an owner: the layers using its angles */
+    double rope_data[];           /* an owner's angles; empty in a sharing layer */
 };
 
 /* The largest RoPE table a layer keeps: 4 MiB (8192 positions at d_h = 64). */
 #define KVPI_ROPE_TABLE_MAX_BYTES ((size_t)4 << 20)
 
 /*
- * The bytes of a layer's one allocation: the struct, its thetas and, within
- * the cap, its table. head_width is even and nonzero.
+ * The bytes of a layer's one allocation when it owns its angles: the struct,
+ * its thetas and, within the cap, its table. head_width is even and nonzero.
+ * A sharing layer allocates sizeof(struct kvp_layer).
  */
 size_t kvpi_layer_alloc_bytes(size_t head_width, size_t max_positions);
+
+/*
+ * kvp_layer_create_grouped, sharing the RoPE angles of `rope_from` when it
+ * is not NULL and has this layer's RoPE configuration (else the layer
+ * computes its own). Same checks, errors and results, bit for bit; one
+ * allocation (site LAYER) either way.
+ */
+kvp_status kvpi_layer_create_sharing(kvp_param *w_query, kvp_param *w_key, kvp_param *w_value,
+                                     kvp_param *w_output, size_t heads, size_t kv_heads,
+                                     size_t max_positions, double rope_base,
+                                     const kvp_layer *rope_from, kvp_layer **out,
+                                     kvp_error *err);
+
+/* kvp_layer_create_random_grouped, sharing `rope_from`'s angles as above. */
+kvp_status kvpi_layer_create_random_sharing(size_t model_width, size_t heads, size_t kv_heads,
+                                            size_t max_positions, double rope_base,
+                                            uint64_t seed, const kvp_layer *rope_from,
+                                            kvp_layer **out, kvp_error *err);
+
+/* Whether two layers' RoPE configurations are equal (the base bit for bit). */
+int kvpi_layer_same_rope(const kvp_layer *a, const kvp_layer *b);
 
 /* kvp_layer_binding for a layer known to exist: cannot fail. */
 void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out);

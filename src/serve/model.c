@@ -3,7 +3,9 @@
  * kvpager/model.h).
  *
  * Owns: its layer objects, each sharing the parameters of the layer it was
- * built from. Invariant: every layer has layer 0's (heads, kv_heads,
+ * built from, and the RoPE angles of the first layer (of this model, else
+ * the source layer) with the same RoPE configuration: one table per
+ * configuration, not one per layer (attention/layer_internal.h, Sharing). Invariant: every layer has layer 0's (heads, kv_heads,
  * head_width), so one pool (whose pages hold kv_heads heads) serves them all.
  * Callers: the public API; sequence.c reads struct kvp_model through
  * model_internal.h and counts itself in and out of `sequences`.
@@ -75,10 +77,17 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
     model->count = count;
     for (size_t i = 0; i < count; i++) {
         const kvp_layer *src = layers[i];
-        status = kvp_layer_create_grouped(src->params[0], src->params[1], src->params[2],
-                                          src->params[3], src->heads, src->kv_heads,
-                                          src->rope.max_positions, src->rope.base,
-                                          &model->layers[i], err);
+        const kvp_layer *rope_from = src;
+        for (size_t j = 0; j < i; j++) {
+            if (kvpi_layer_same_rope(model->layers[j], src)) {
+                rope_from = model->layers[j];
+                break;
+            }
+        }
+        status = kvpi_layer_create_sharing(src->params[0], src->params[1], src->params[2],
+                                           src->params[3], src->heads, src->kv_heads,
+                                           src->rope.max_positions, src->rope.base, rope_from,
+                                           &model->layers[i], err);
         if (status != KVP_OK) {
             free_model(model);
             return status;
@@ -121,8 +130,10 @@ kvp_status kvp_model_create_random_grouped(size_t layers, size_t model_width, si
     }
     kvp_status status = KVP_OK;
     for (size_t l = 0; l < layers && status == KVP_OK; l++) {
-        status = kvp_layer_create_random_grouped(model_width, heads, kv_heads, max_positions,
-                                                 rope_base, seed + l, &made[l], err);
+        /* Every layer shares layer 0's RoPE angles: one table for the model. */
+        status = kvpi_layer_create_random_sharing(model_width, heads, kv_heads, max_positions,
+                                                  rope_base, seed + l, l > 0 ? made[0] : NULL,
+                                                  &made[l], err);
     }
     if (status == KVP_OK) {
         status = kvp_model_create((const kvp_layer *const *)made, layers, out, err);

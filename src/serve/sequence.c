@@ -22,6 +22,7 @@
 #include "serve/model_internal.h"
 #include "attention/kernels.h"
 #include "attention/layer_internal.h"
+#include "attention/prefill.h"
 #include "attention/ticket_internal.h"
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"
@@ -57,11 +58,40 @@ static size_t mul_sat(size_t a, size_t b)
     return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r; /* GCOVR_EXCL_BR_LINE: see above */
 }
 
-/* One allocation for the pointer arrays, activations and reservation storage. */
+/*
+ * The blocked prefill's workspace: tokens per block (0: none) and doubles
+ * per token, for the model's widest layer and positions below capacity.
+ */
+static size_t prefill_block(const kvp_sequence *seq, size_t *per_token, size_t *max_heads,
+                            size_t *max_kv_width)
+{
+    size_t heads = 0;
+    size_t kv_width = 0;
+    for (size_t l = 0; l < seq->layers; l++) {
+        const kvp_layer *layer = seq->model->layers[l];
+        heads = layer->heads > heads ? layer->heads : heads;
+        size_t width = layer->kv_heads * layer->head_width;
+        kv_width = width > kv_width ? width : kv_width;
+    }
+    *per_token = kvpi_prefill_work_doubles(seq->batch_size, seq->model_width, heads, kv_width,
+                                           seq->capacity, seq->layers);
+    size_t fit = KVPI_PREFILL_WORK_BYTES / sizeof(double) / *per_token;
+    size_t tokens = fit < KVPI_PREFILL_BLOCK_DEFAULT ? fit : KVPI_PREFILL_BLOCK_DEFAULT;
+    *max_heads = heads;
+    *max_kv_width = kv_width;
+    return tokens >= 2 ? tokens : 0;
+}
+
+/* One allocation for the pointer arrays, activations, prefill workspace and reservation storage. */
 static kvp_status alloc_buffers(kvp_sequence *seq, size_t blocks_per_lane, kvp_error *err)
 {
+    size_t per_token = 0;
+    size_t heads = 0;
+    size_t kv_width = 0;
+    size_t block = prefill_block(seq, &per_token, &heads, &kv_width);
     size_t pages = mul_sat(mul_sat(seq->layers, seq->batch_size), blocks_per_lane);
-    size_t rows = mul_sat(seq->layers + 2, mul_sat(seq->batch_size, seq->model_width));
+    size_t activations = mul_sat(seq->layers + 2, mul_sat(seq->batch_size, seq->model_width));
+    size_t rows = activations + block * per_token; /* the workspace is below 8 MiB */
     size_t pointers = 2 * seq->layers; /* the model allocated `layers` pointers */
     size_t sizes[3] = {mul_sat(pointers, sizeof(void *)), mul_sat(rows, sizeof(double)),
                        mul_sat(pages, sizeof(uint32_t))};
@@ -70,14 +100,19 @@ static kvp_status alloc_buffers(kvp_sequence *seq, size_t blocks_per_lane, kvp_e
         sizes[2] > SIZE_MAX / 4) {                         /* GCOVR_EXCL_BR_LINE: see above */
         return kvpi_fail_alloc(err, "sequence buffers", SIZE_MAX); /* GCOVR_EXCL_LINE: above */
     }
-    void **block = kvpi_calloc(KVPI_SITE_SEQUENCE, 1, bytes);
-    if (block == NULL) {
+    void **memory = kvpi_calloc(KVPI_SITE_SEQUENCE, 1, bytes);
+    if (memory == NULL) {
         return kvpi_fail_alloc(err, "sequence buffers", bytes);
     }
-    seq->caches = (kvp_cache **)block;
-    seq->tickets = (kvp_ticket **)(block + seq->layers);
-    seq->activations = (double *)(void *)(block + pointers);
+    seq->caches = (kvp_cache **)memory;
+    seq->tickets = (kvp_ticket **)(memory + seq->layers);
+    seq->activations = (double *)(void *)(memory + pointers);
     seq->zero_row = seq->activations + (seq->layers + 1) * seq->batch_size * seq->model_width;
+    if (block > 0) {
+        kvpi_prefill_work_init(&seq->prefill, seq->activations + activations, block,
+                               seq->batch_size, seq->model_width, heads, kv_width, seq->capacity,
+                               seq->layers);
+    }
     seq->reserved = (uint32_t *)(void *)(seq->activations + rows);
     kvpi_reservation_init(&seq->reservation, seq->pool, seq->reserved, pages);
     return KVP_OK;
@@ -419,6 +454,104 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
                                     err);
 }
 
+/*
+ * Tokens per block of the blocked prefill (prefill_blocks); 0 computes
+ * every token alone, as steps. A test and benchmark hook
+ * (kvpi_sequence_prefill_block_set): the bits never depend on it.
+ */
+static size_t prefill_block_want = KVPI_PREFILL_BLOCK_DEFAULT;
+
+void kvpi_sequence_prefill_block_set(size_t tokens)
+{
+    prefill_block_want = tokens;
+}
+
+size_t kvpi_sequence_prefill_block_get(void)
+{
+    return prefill_block_want;
+}
+
+/*
+ * Tokens per block for tokens 1..T-1 of a prompt, or 0: compute them one by
+ * one. Blocks run the residual stream only: a next_input function is called
+ * in token-major order (kvp_sequence_prefill's contract), which a block,
+ * computed layer after layer, cannot keep.
+ */
+static size_t prefill_block_for(const kvp_sequence *seq, size_t tokens,
+                                kvp_next_input_fn next_input)
+{
+    if (tokens < 2 || next_input != NULL) {
+        return 0;
+    }
+    size_t block = seq->prefill.tokens < prefill_block_want ? seq->prefill.tokens
+                                                            : prefill_block_want;
+    return block >= 1 ? block : 0;
+}
+
+/*
+ * Tokens [t0, t0 + count) of the prompt through every layer, layer by layer
+ * (kvpi_prefill_layer, which reads each page once per layer for the whole
+ * block), then their rows committed token after token, layer by layer
+ * within a token, as single steps commit them: the same bits, rows and
+ * physical pages as computing them token by token. When a layer fails at
+ * row r, the later layers compute rows < r only (a token's errors depend on
+ * earlier tokens alone), and a later failure at a smaller row replaces it:
+ * the error reported is the first in token-major order, the one
+ * token-by-token computation meets, with err.token and err.layer set. The
+ * rows before it are committed and their outputs written, as token by token.
+ */
+static kvp_status prefill_rows(kvp_sequence *seq, const kvp_tensor *prompt, size_t t0,
+                               size_t count, double *output, const kvpi_parallel *par,
+                               kvp_error *err)
+{
+    kvpi_prefill_work *work = &seq->prefill;
+    size_t tokens = prompt->shape.dims[1];
+    size_t d = seq->model_width;
+    size_t n = seq->batch_size * d;
+    for (size_t t = 0; t < count; t++) {
+        for (size_t b = 0; b < seq->batch_size; b++) {
+            memcpy(work->input + t * n + b * d, prompt->data + (b * tokens + t0 + t) * d,
+                   d * sizeof(double));
+        }
+    }
+    kvp_error failure = kvpi_error_begin(KVP_OK);
+    size_t failed_layer = SIZE_MAX;
+    for (size_t l = 0; l < seq->layers && count > 0; l++) {
+        kvp_error e = kvpi_error_begin(KVP_OK);
+        size_t passed =
+            kvpi_prefill_layer(seq->model->layers[l], seq->caches[l], l, work, count, par, &e);
+        if (passed < count) {
+            failure = e;
+            failed_layer = l;
+            count = passed;
+        }
+        residual(work->input, work->output, count * n, work->next);
+        double *swap = work->input;
+        work->input = work->next;
+        work->next = swap;
+    }
+    for (size_t t = 0; t < count; t++) {
+        for (size_t l = 0; l < seq->layers; l++) {
+            kvp_cache *cache = seq->caches[l];
+            size_t kv_width = cache->heads * cache->head_width;
+            kvpi_cache_commit(cache, kvpi_prefill_work_key(work, l, t, kv_width),
+                              kvpi_prefill_work_value(work, l, t, kv_width), &seq->reservation);
+        }
+        if (output != NULL) {
+            for (size_t b = 0; b < seq->batch_size; b++) {
+                memcpy(output + (b * tokens + t0 + t) * d, work->input + t * n + b * d,
+                       d * sizeof *output);
+            }
+        }
+    }
+    if (failure.status == KVP_OK) {
+        return KVP_OK;
+    }
+    failure.layer = failed_layer;
+    failure.token = t0 + count;
+    return kvpi_error_emit(err, &failure);
+}
+
 kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *prompt,
                                     kvp_next_input_fn next_input, void *ctx, double *output,
                                     size_t output_len, const kvpi_parallel *par, kvp_error *err)
@@ -439,8 +572,20 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
     size_t start = sequence->caches[0]->len;
     size_t promise = sequence->promise;
     size_t pages = kvp_sequence_pages_for(sequence, start + tokens);
+    /* Tokens after the first go in blocks when the sequence has a workspace (else one by one). */
+    size_t block = prefill_block_for(sequence, tokens, next_input);
     double *row = sequence->activations; /* x_0 of each token, gathered from [B, T, D] */
     for (size_t t = 0; t < tokens; t++) {
+        if (t > 0 && block > 0) {
+            size_t count = tokens - t < block ? tokens - t : block;
+            status = prefill_rows(sequence, prompt, t, count, output, par, err);
+            if (status != KVP_OK) {
+                roll_back(sequence, start, promise, pages);
+                return status;
+            }
+            t += count - 1;
+            continue;
+        }
         for (size_t b = 0; b < sequence->batch_size; b++) {
             memcpy(row + b * d, prompt->data + (b * tokens + t) * d, d * sizeof *row);
         }
@@ -461,7 +606,9 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
              * checked) before any page is taken, and the other tokens'
              * inputs are checked; then the pages of every token are taken,
              * tentatively, so that a later failure leaves no trace in the
-             * pool's counters.
+             * pool's counters. The bindings cannot change during the call
+             * (kvp_sequence_prefill's contract), so the blocks of later
+             * tokens need not check them again.
              */
             status = check_prompt_finite(sequence, prompt, err);
             if (status == KVP_OK) {
@@ -473,7 +620,7 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
             }
             if (status != KVP_OK) {
                 discard_tickets(sequence, sequence->layers);
-                return status;
+                    return status;
             }
         }
         commit_layers(sequence);

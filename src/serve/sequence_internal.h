@@ -13,6 +13,7 @@
 #include "kvpager/attention.h"
 #include "kvpager/sequence.h"
 #include "attention/parallel.h"
+#include "attention/prefill.h"
 #include "pager/reservation.h"
 
 struct kvp_sequence {
@@ -29,6 +30,7 @@ struct kvp_sequence {
     uint32_t *reserved;     /* storage for every page the sequence can hold */
     kvpi_reservation reservation;
     size_t promise;
+    kvpi_prefill_work prefill; /* the blocked prefill's workspace; tokens 0: none */
 };
 
 /*
@@ -52,5 +54,23 @@ kvp_status kvpi_sequence_step_on(kvp_sequence *sequence, const kvp_tensor *input
 kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *prompt,
                                     kvp_next_input_fn next_input, void *ctx, double *output,
                                     size_t output_len, const kvpi_parallel *par, kvp_error *err);
+
+/*
+ * The prefill computes tokens 1..T-1 of a prompt in blocks of up to this
+ * many tokens, layer after layer, each page read once per block and layer
+ * (src/attention/prefill.h); token 0 is computed alone (it validates every
+ * layer before a page is taken). 0: every token alone, as steps. Results,
+ * errors and pages are the same bits either way. A test and benchmark hook:
+ * global state, set only while no prefill runs.
+ */
+#define KVPI_PREFILL_BLOCK_DEFAULT 64
+/*
+ * A sequence's prefill workspace (allocated with its buffers) holds at most
+ * KVPI_PREFILL_BLOCK_DEFAULT tokens and at most this many bytes; a sequence
+ * where fewer than 2 tokens fit has none and prefills token by token.
+ */
+#define KVPI_PREFILL_WORK_BYTES ((size_t)8 << 20)
+void kvpi_sequence_prefill_block_set(size_t tokens);
+size_t kvpi_sequence_prefill_block_get(void);
 
 #endif /* KVPAGER_SERVE_SEQUENCE_INTERNAL_H */
