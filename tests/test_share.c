@@ -9,6 +9,7 @@
  */
 #include "support.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -851,6 +852,145 @@ static void test_share_prefill_rollback_restores_shared_page(void **state)
     kvpt_destroy_model(model);
 }
 
+/* ---- threads: sharing while other sequences of the pool step ---------------- */
+
+#define ROUNDS 3
+
+typedef struct share_thread {
+    const kvp_model *model;
+    kvp_pool *pool;
+    kvp_sequence *parent;          /* this thread's own fork of the shared base */
+    const double *prompt;
+    double (*in)[SB * D];
+    const outputs *want;
+    pthread_barrier_t *barrier;
+    int adopter;                   /* adopt the published block instead of forking */
+    int failures;
+} share_thread;
+
+static int rows_match(const double *got, const outputs *want, size_t from, size_t to)
+{
+    for (size_t b = 0; b < SB; b++) {
+        if (memcmp(got + b * (to - from) * D, want->prompt + (b * PROMPT + from) * D,
+                   (to - from) * D * sizeof(double)) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Prefill tokens [from, PROMPT), then the steps; 1 when every output matches `want`. */
+static int finish_and_compare(share_thread *t, kvp_sequence *seq, size_t from)
+{
+    double part[SB * PROMPT * D];
+    double out[SB * PROMPT * D];
+    slice(t->prompt, from, PROMPT, part);
+    kvp_tensor rest = kvp_tensor3(part, SB, PROMPT - from, D);
+    if (kvp_sequence_prefill(seq, &rest, NULL, NULL, out, KVPT_COUNT_OF(out), NULL) != KVP_OK ||
+        !rows_match(out, t->want, from, PROMPT)) {
+        return 0;
+    }
+    for (size_t s = 0; s < STEPS; s++) {
+        double row[SB * D];
+        double got[SB * D];
+        memcpy(row, t->in[s], sizeof row);
+        kvp_tensor x = kvp_tensor3(row, SB, 1, D);
+        if (kvp_sequence_step(seq, &x, NULL, NULL, got, SB * D, NULL) != KVP_OK ||
+            memcmp(got, t->want->steps[s], sizeof got) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void *share_worker(void *arg)
+{
+    share_thread *t = arg;
+    kvp_tensor whole = kvp_tensor3((double *)(uintptr_t)t->prompt, SB, PROMPT, D);
+    for (size_t r = 0; r < ROUNDS; r++) {
+        pthread_barrier_wait(t->barrier);
+        kvp_sequence *seq = NULL;
+        size_t from = 0;
+        if (t->adopter) {
+            size_t adopted = 0;
+            if (kvp_sequence_create(t->model, t->pool, SB, SCAP, &seq, NULL) != KVP_OK ||
+                kvp_sequence_adopt_prefix(seq, &whole, &adopted, NULL) != KVP_OK ||
+                adopted != BT) {
+                t->failures++;
+                if (seq != NULL) {
+                    (void)kvp_sequence_destroy(seq, NULL);
+                }
+                continue;
+            }
+            from = adopted;
+        } else {
+            if (kvp_sequence_fork(t->parent, &seq, NULL) != KVP_OK) {
+                t->failures++;
+                continue;
+            }
+            from = kvp_sequence_len(seq);
+        }
+        t->failures += !finish_and_compare(t, seq, from);
+        /* Truncate into the prompt and replay: the same outputs again. */
+        if (kvp_sequence_truncate(seq, from + 1, NULL) != KVP_OK) {
+            t->failures++;
+        } else {
+            t->failures += !finish_and_compare(t, seq, from + 1);
+        }
+        (void)kvp_sequence_destroy(seq, NULL);
+    }
+    return NULL;
+}
+
+/* Two threads fork, adopt, step and truncate sequences that share pages; audit after. */
+static void test_share_threads_fork_adopt_truncate(void **state)
+{
+    (void)state;
+    kvp_model *model = kvpt_random_model(LAYERS, D, HEADS, SCAP, BASE, 10);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 512);
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    static outputs want;
+    fresh(model, pool, prompt, in, &want);
+    /* The base holds 6 tokens (block 0 published, block 1 partial); two forks of it. */
+    kvp_sequence *base = kvpt_sequence(model, pool, SB, SCAP);
+    static outputs o;
+    prefill(base, pool, prompt, 0, 6, o.prompt);
+    double head[SB * 6 * D];
+    slice(prompt, 0, 6, head);
+    kvp_tensor six = kvp_tensor3(head, SB, 6, D);
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_publish_prefix(base, &six, NULL, &err), &err);
+    kvp_sequence *mine[2];
+    for (size_t i = 0; i < 2; i++) {
+        kvpt_assert_ok(kvp_sequence_fork(base, &mine[i], &err), &err);
+    }
+    pthread_barrier_t barrier;
+    assert_int_equal(pthread_barrier_init(&barrier, NULL, 3), 0);
+    share_thread t[3];
+    pthread_t threads[3];
+    for (size_t i = 0; i < 3; i++) {
+        t[i] = (share_thread){model, pool, i < 2 ? mine[i] : NULL, prompt, in, &want,
+                              &barrier, i == 2, 0};
+        assert_int_equal(pthread_create(&threads[i], NULL, share_worker, &t[i]), 0);
+    }
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+        assert_int_equal(t[i].failures, 0);
+    }
+    pthread_barrier_destroy(&barrier);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_hits, ROUNDS * LAYERS * SB);
+    assert_int_equal(held(pool), LAYERS * SB * 2); /* base and its two forks share them all */
+    kvpt_destroy_sequence(mine[0], pool);
+    kvpt_destroy_sequence(mine[1], pool);
+    kvpt_destroy_sequence(base, pool);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -865,6 +1005,7 @@ int main(void)
         cmocka_unit_test(test_share_sequence_truncate_replay_bit_identical),
         cmocka_unit_test_teardown(test_share_sequence_failures_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_prefill_rollback_restores_shared_page),
+        cmocka_unit_test(test_share_threads_fork_adopt_truncate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
