@@ -476,6 +476,84 @@ static void test_share_exhausted_during_copy_changes_nothing(void **state)
     destroy_pool(pool);
 }
 
+/* Every failing call of the cache-level sharing API: typed status, nothing changed. */
+static void test_share_cache_errors_change_nothing(void **state)
+{
+    (void)state;
+    enum { B = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 32);
+    kvp_cache *cache = external_cache(pool, B, 1);
+    append(cache, pool, B, 6, 0.0);
+    kvp_block_key keys[2 * B];
+    chain_keys(cache, B, 2, 0.0, keys);
+    publish_all(cache, pool, B, 1, keys);
+    kvpt_state before;
+    kvpt_state_capture(cache, pool, &before);
+    kvp_error err;
+    kvp_cache *child = (kvp_cache *)0x1;
+    kvp_block_key out = {7, 7};
+    size_t adopted = 77;
+    assert_int_equal(kvp_cache_fork(NULL, &child, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "parent");
+    assert_int_equal(kvp_cache_fork(cache, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "child");
+    assert_int_equal(kvp_cache_binding_key(NULL, &out, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_cache_binding_key(cache, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_block_key_chain(NULL, NULL, keys, 1, NULL, &out, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "cache");
+    assert_int_equal(kvp_block_key_chain(NULL, cache, NULL, 1, NULL, &out, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "input");
+    assert_int_equal(kvp_block_key_chain(NULL, cache, NULL, 0, NULL, NULL, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "out");
+    assert_int_equal(kvp_cache_publish_block(NULL, 0, 0, keys, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_cache_publish_block(cache, 0, 0, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_cache_publish_block(cache, 0, 1, &keys[B], &err), KVP_OUT_OF_RANGE);
+    assert_int_equal(err.limit, 1);
+    assert_int_equal(kvp_cache_publish_block(cache, 1, 0, &keys[0], &err), KVP_PAGE_PUBLISHED);
+    assert_int_equal(kvp_cache_adopt_prefix(NULL, keys, 1, &adopted, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_cache_adopt_prefix(cache, NULL, 1, &adopted, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_cache_adopt_prefix(cache, keys, 1, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_cache_adopt_prefix(cache, keys, 1, &adopted, &err),
+                     KVP_NOT_AT_BLOCK_BOUNDARY);
+    kvpt_assert_state_unchanged(&before, cache, pool, 0);
+    /* With rows reserved: fork, truncate and adopt are refused. */
+    kvpt_assert_ok(kvp_cache_reserve_rows(cache, 2, &err), &err);
+    kvpt_state_free(&before);
+    kvpt_state_capture(cache, pool, &before);
+    assert_int_equal(kvp_cache_fork(cache, &child, &err), KVP_ROWS_RESERVED);
+    assert_int_equal(err.tokens, 2);
+    assert_int_equal(kvp_cache_truncate(cache, 1, &err), KVP_ROWS_RESERVED);
+    assert_int_equal(kvp_cache_adopt_prefix(cache, keys, 1, &adopted, &err), KVP_ROWS_RESERVED);
+    kvpt_assert_state_unchanged(&before, cache, pool, 0);
+    kvpt_state_free(&before);
+    assert_ptr_equal(child, (kvp_cache *)0x1);
+    assert_true(out.lo == 7 && out.hi == 7);
+    assert_int_equal(adopted, 77);
+    kvpt_assert_ok(kvp_cache_discard_rows(cache, &err), &err);
+    /* The fork's allocations fail: nothing changed, at every one. */
+    kvpt_state_capture(cache, pool, &before);
+    for (uint64_t nth = 1;; nth++) {
+        kvp_cache *made = (kvp_cache *)0x1;
+        kvpt_fault_step f;
+        kvpt_fault_step_arm(&f, nth);
+        kvpt_fault_step_finish(&f, kvp_cache_fork(cache, &made, &f.err));
+        if (!f.fired) {
+            kvpt_assert_ok(f.status, &f.err);
+            kvpt_destroy_cache(made, pool);
+            break;
+        }
+        kvpt_assert_fault_failed(&f, nth);
+        assert_ptr_equal(made, (kvp_cache *)0x1);
+        kvpt_assert_state_unchanged(&before, cache, pool, 0);
+    }
+    kvpt_state_free(&before);
+    kvpt_destroy_cache(cache, pool);
+    destroy_pool(pool);
+}
+
 /* ---- sequences ------------------------------------------------------------- */
 
 #define D 8
@@ -1000,6 +1078,7 @@ int main(void)
         cmocka_unit_test(test_share_prefix_hits_and_bindings),
         cmocka_unit_test(test_share_eviction_under_pressure),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
+        cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
         cmocka_unit_test(test_share_sequence_prefix_bit_identical),
         cmocka_unit_test(test_share_sequence_truncate_replay_bit_identical),
