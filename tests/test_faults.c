@@ -79,8 +79,11 @@ static void test_faults_pool_create_sites_in_order(void **state)
                                             KVPI_SITE_POOL_SLAB};
     static const char *const names[] = {"pool struct", "pool free list and reference counts",
                                         "page slab"};
-    /* Free stack, reference counts and audit scratch: 3 * pages * uint32_t. */
-    const size_t bytes[] = {0, 3 * SWEEP_PAGES * sizeof(uint32_t),
+    /* Page keys, six uint32 arrays of pages (free stack, reference counts, audit
+     * scratch, registered, LRU links) and the prefix index, a power of two of at
+     * least 2 * pages slots (16 for 5 pages). */
+    const size_t bytes[] = {0, SWEEP_PAGES * sizeof(kvp_block_key) +
+                                   (6 * SWEEP_PAGES + 16) * sizeof(uint32_t),
                             SWEEP_PAGES * SWEEP_PAGE_BYTES};
     for (uint64_t nth = 1; nth <= 3; nth++) {
         kvp_pool *pool = (kvp_pool *)0x1;
@@ -117,9 +120,9 @@ static void test_faults_cache_create_sweep(void **state)
     kvp_binding binding = kvpt_binding(2, 2, 8);
     kvp_pool_stats before = kvpt_stats(pool);
     static const kvpi_fault_site sites[] = {KVPI_SITE_CACHE_STRUCT, KVPI_SITE_CACHE_TABLES};
-    /* B page tables of ceil(C / block) entries, B spare entries, and as many
-     * row-reservation entries as table entries. */
-    const size_t table_bytes = (2 * BATCH * ((CAPACITY + BLOCK - 1) / BLOCK) + BATCH) *
+    /* B page tables of ceil(C / block) entries, B spare entries, as many
+     * row-reservation entries as table entries, and B copy-on-write entries. */
+    const size_t table_bytes = (2 * BATCH * ((CAPACITY + BLOCK - 1) / BLOCK) + 2 * BATCH) *
                                sizeof(uint32_t);
     uint64_t failures = 0;
     for (uint64_t nth = 1;; nth++) {

@@ -574,7 +574,9 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_ROWS_RESERVED, 54);
     assert_int_equal(KVP_ROWS_NOT_RESERVED, 55);
     assert_int_equal(KVP_PAGE_NOT_HELD, 56);
-    assert_int_equal(KVP_STATUS_COUNT_, 57);
+    assert_int_equal(KVP_NOT_AT_BLOCK_BOUNDARY, 57);
+    assert_int_equal(KVP_PAGE_PUBLISHED, 58);
+    assert_int_equal(KVP_STATUS_COUNT_, 59);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -626,6 +628,15 @@ static void test_status_format_external_cache_errors(void **state)
     e.available = 2;
     e.capacity = 8;
     kvpt_assert_error_text(&e, "5 rows do not fit: 2 of capacity 8 left");
+    assert_string_equal(kvp_status_name(KVP_NOT_AT_BLOCK_BOUNDARY), "NotAtBlockBoundary");
+    assert_string_equal(kvp_status_name(KVP_PAGE_PUBLISHED), "PagePublished");
+    e = error_of(KVP_NOT_AT_BLOCK_BOUNDARY);
+    e.current_len = 5;
+    e.block_tokens = 4;
+    kvpt_assert_error_text(&e, "KV cache length 5 is not a multiple of block_tokens 4");
+    e = error_of(KVP_PAGE_PUBLISHED);
+    e.index = 3;
+    kvpt_assert_error_text(&e, "page 3 is already published under another key");
 }
 
 /* The shape helpers every validation uses. */

@@ -290,8 +290,10 @@ KVP_API size_t kvp_cache_promised_pages(const kvp_cache *cache);
 
 /*
  * Pages the cache needs to grow from its length to `tokens` positions:
- * B * (ceil(tokens / block_tokens) - ceil(len / block_tokens)), 0 when tokens
- * <= len. NULL gives 0.
+ * B * (ceil(tokens / block_tokens) - ceil(len / block_tokens)), plus B when
+ * the partial last page is shared and the next append must copy it first
+ * (copy-on-write; see "Sharing" below); 0 when tokens <= len. Reserve,
+ * promise and admit with this count. NULL gives 0.
  * Threads: not safe while a call changes this cache; reads of one cache may
  * overlap, and other caches of the pool may change meanwhile.
  */
@@ -325,6 +327,118 @@ KVP_API size_t kvp_cache_len(const kvp_cache *cache);
 KVP_API size_t kvp_cache_capacity(const kvp_cache *cache);
 KVP_API int kvp_cache_is_empty(const kvp_cache *cache);
 KVP_API int kvp_cache_is_full(const kvp_cache *cache);
+
+/* ---- sharing: fork, truncate, the prefix index --------------------------- */
+
+/*
+ * Pages are reference counted: several caches' page tables may name one page
+ * (kvp_pool_check's I3 counts every name). A full page is never written
+ * again, so it is shared as is. A partial last page that is shared (after a
+ * fork) or published (after a truncate into a published block) is copied
+ * before the next append of EITHER side writes to it: copy-on-write. The
+ * copy is taken in the same transaction as the append (attention's prepare
+ * and a step or prefill reserve it, kvp_cache_append_rows and
+ * kvp_cache_reserve_rows reserve it; kvp_cache_pages_for counts it), so a
+ * POOL_EXHAUSTED append changes nothing, the copy included.
+ */
+
+/*
+ * Creates *child with the parent's binding, batch, capacity and length,
+ * sharing every page of the parent (each page's reference count + 1), the
+ * partial last page included; the child's promise is 0. When the length is
+ * mid-block both caches are marked copy-on-write and the parent's epoch
+ * advances (a ticket prepared on the parent before the fork must be
+ * prepared again: TICKET_STALE). Forks of forks work; destroying any of
+ * them, in any order, returns exactly the pages no other cache names.
+ * Errors, in this order: NULL_ARGUMENT ("parent", "child"); ROWS_RESERVED
+ * (the parent holds a row reservation); kvp_cache_create's
+ * ALLOCATION_FAILED. Nothing changes on failure.
+ * Threads: one caller at a time per parent (its owner), and not while a read
+ * of it runs; other caches of the pool, even those sharing its pages, may be
+ * used concurrently (the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_fork(kvp_cache *parent, kvp_cache **child,
+                                                kvp_error *err);
+
+/*
+ * Shortens the cache to new_len: the pages of blocks wholly past new_len
+ * lose this cache's reference (a page no table names goes back to the
+ * pool, or to the evictable list if published). A now-partial last page
+ * that is shared or published is not copied now: the next append copies it
+ * (copy-on-write). The epoch advances (prepared tickets become stale). The
+ * promise is unchanged. new_len == len succeeds and changes nothing.
+ * Errors, in this order: NULL_ARGUMENT; ROWS_RESERVED; OUT_OF_RANGE
+ * ("new_len", when new_len > len). Nothing changes on failure.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new_len,
+                                                    kvp_error *err);
+
+/*
+ * The binding digest of the cache: a kvp_block_key over every field of its
+ * kvp_binding (parameter identities and revisions, RoPE width, positions and
+ * base, heads, KV heads, widths) and of the pool's page format (dtype,
+ * block_tokens, heads, head_width). Callers chain several of them into the
+ * `context` of kvp_block_key_chain (a sequence digests all its layers).
+ * Errors: NULL_ARGUMENT.
+ * Threads: not safe while a call changes this cache (it reads the binding);
+ * reads of one cache may overlap.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_binding_key(const kvp_cache *cache,
+                                                       kvp_block_key *out, kvp_error *err);
+
+/*
+ * The chain key of one block of one lane: a 128-bit MurmurHash3 over the
+ * cache's binding digest (always: a key can only be made from a cache, so a
+ * revision bump or a RoPE change gives keys no older block can match),
+ * `parent` (the previous block's key; NULL for block 0), `context` (an
+ * optional digest of whatever else the rows depend on, NULL for none: a
+ * sequence passes the digest of all its layers' bindings) and the `bytes`
+ * bytes at `input` (the block's input rows, as the caller defines them).
+ * Never the all-zero key. Errors: NULL_ARGUMENT ("cache"; "input" when bytes
+ * > 0; "out").
+ * Threads: thread-safe with other reads of the cache (reads its binding).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_block_key_chain(const kvp_block_key *parent,
+                                                     const kvp_cache *cache, const void *input,
+                                                     size_t bytes,
+                                                     const kvp_block_key *context,
+                                                     kvp_block_key *out, kvp_error *err);
+
+/*
+ * Registers the page of (lane, block), a full block, in the pool's prefix
+ * index under `key`, so kvp_cache_adopt_prefix of any cache can share it.
+ * The page stays in the index until it is evicted: when no table names it,
+ * it waits on the pool's LRU list of evictable pages (not the free list),
+ * and a take that finds no free page reuses the least recently used one.
+ * Already registered under `key`, or `key` already naming another page:
+ * success, nothing changes. Errors, in this order: NULL_ARGUMENT ("cache",
+ * "key"); OUT_OF_RANGE ("lane"; "block" when block >= len / block_tokens,
+ * i.e. not full); PAGE_PUBLISHED (the page is registered under another key).
+ * Threads: one caller at a time per cache (its owner); other caches of the
+ * pool may be used concurrently (the index is under the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane,
+                                                         size_t block, const kvp_block_key *key,
+                                                         kvp_error *err);
+
+/*
+ * Shares published blocks: for b = 0, 1, .. n-1, looks up keys[b * B + lane]
+ * for every lane (block len / block_tokens + b of each lane); at the first
+ * block where a lane misses it stops (one prefix miss); every block before
+ * it is mapped (each page's reference count + 1, an evictable page held
+ * again, one prefix hit per page) and len grows by block_tokens per block.
+ * Blocks past the capacity are not looked up. *adopted = blocks adopted
+ * (0 is success). Errors, in this order: NULL_ARGUMENT ("cache", "keys"
+ * when n > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
+ * multiple of block_tokens). Nothing changes on failure.
+ * Threads: one caller at a time per cache (its owner); other caches of the
+ * pool may be used concurrently.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_adopt_prefix(kvp_cache *cache,
+                                                        const kvp_block_key *keys, size_t n,
+                                                        size_t *adopted, kvp_error *err);
 
 #ifdef __cplusplus
 }

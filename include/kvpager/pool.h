@@ -50,6 +50,17 @@ extern "C" {
 typedef struct kvp_pool kvp_pool;
 
 /*
+ * A 128-bit chain key naming the contents of one full page of one cache
+ * lane in the pool's prefix index (kvpager/cache.h: kvp_block_key_chain,
+ * kvp_cache_publish_block, kvp_cache_adopt_prefix). Opaque: compare both
+ * words. The all-zero key is never produced by kvp_block_key_chain.
+ */
+typedef struct kvp_block_key {
+    uint64_t lo;
+    uint64_t hi;
+} kvp_block_key;
+
+/*
  * The element type of a pool's pages. Values are stable (ABI).
  *   KVP_F64   IEEE binary64, 8 bytes: rows are stored exactly as appended.
  *   KVP_F32   IEEE binary32, 4 bytes: each element rounded to nearest, ties
@@ -161,8 +172,8 @@ typedef struct kvp_pool_config {
 typedef struct kvp_pool_stats {
     size_t struct_size;         /* sizeof(kvp_pool_stats) of the caller: kvp_pool_stats_init */
     size_t total_pages;
-    size_t free_pages;
-    size_t held_pages;          /* total - free, tentative pages included */
+    size_t free_pages;          /* on the free list (evictable pages are not counted) */
+    size_t held_pages;          /* total - free - evictable, tentative pages included */
     size_t high_water_pages;    /* the largest held_pages - tentative_pages ever observed */
     uint64_t acquires;          /* pages handed out by calls that succeeded, over the pool's life */
     uint64_t releases;          /* pages returned, over the pool's life */
@@ -178,6 +189,13 @@ typedef struct kvp_pool_stats {
     size_t element_bytes;       /* kvp_dtype_bytes(dtype) */
     /* first release ends here */
     kvp_slab_source slab_source; /* the source in use: JEMALLOC, MMAP or CUSTOM */
+    /* sharing (kvpager/cache.h: fork, truncate, prefix index) */
+    size_t cached_pages;        /* pages the prefix index names, held or evictable */
+    size_t evictable_pages;     /* cached pages no page table names: neither free nor held */
+    uint64_t prefix_hits;       /* pages shared by kvp_cache_adopt_prefix (per lane and block) */
+    uint64_t prefix_misses;     /* lookups that found no page (each ends an adopt) */
+    uint64_t evictions;         /* evictable pages a take reused, dropping their index entry */
+    uint64_t cow_copies;        /* shared partial pages copied before an append wrote them */
 } kvp_pool_stats;
 
 /* The answer of kvp_pool_admit, as vLLM's AllocStatus. */
@@ -259,13 +277,19 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_sta
  * The audit. Under the pool's lock, recomputes from scratch:
  *   the page geometry: page_bytes == 2 * heads * block_tokens * head_width *
  *      kvp_dtype_bytes(dtype) (a STATS finding otherwise);
- *   I1 free + held == total, and the cached counters;
+ *   I1 free + evictable + held == total, and the cached counters;
  *   I2 no page on the free list twice, free pages have reference count 0;
  *   I3 each page's reference count equals the page-table slots and
  *      reservation entries that name it, across every attached cache and
- *      reservation;
+ *      reservation (a page shared by forks or adopters counts each);
  *   I4 every lane of every attached cache maps exactly ceil(len/block_tokens)
- *      pages, contiguously from block 0.
+ *      pages, contiguously from block 0;
+ *   I5 the prefix index and the LRU list: every index entry names a
+ *      registered page whose stored key it is, reachable from the key's home
+ *      slot, once; the LRU list holds exactly the registered pages at
+ *      reference count 0, once each; free pages are not registered; and a
+ *      cache whose partial last page is shared or registered will copy it
+ *      before its next append writes (copy-on-write).
  * The findings are gathered under the lock into a fixed array (the audit
  * allocates nothing); after the lock is released, each is passed, in the
  * order found, to `on_mismatch` (which may be NULL), on the calling thread.
@@ -286,7 +310,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_check(kvp_pool *pool, kvp_mismatch_fn 
 /*
  * Admission control: may a new sequence needing `pages` pages start now?
  * NEVER when pages + watermark_pages > total pages; NOW when
- * free - promised >= pages + watermark_pages; LATER otherwise. Pages promised
+ * free + evictable - promised >= pages + watermark_pages (an evictable page
+ * is reused by the next take that finds no free one); LATER otherwise. Pages promised
  * to running sequences (kvp_sequence_promise) and not yet taken count as used.
  * Threads: thread-safe (under the pool's mutex); the answer is a snapshot,
  * which other threads' takes, returns and promises may change at once.

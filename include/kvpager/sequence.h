@@ -143,7 +143,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_promise(kvp_sequence *sequence, si
                                                       kvp_error *err);
 
 /*
- * Pages this sequence needs to grow from its current length to `tokens`.
+ * Pages this sequence needs to grow from its current length to `tokens`:
+ * the new blocks of every layer and lane, plus the copies of shared partial
+ * pages its next write must make (copy-on-write, after a fork or truncate).
  * Threads: not safe while a call changes this sequence (reset, destroy,
  * promise, step, prefill, a decoder job); reads of one sequence may overlap.
  */
@@ -160,6 +162,91 @@ KVP_API size_t kvp_sequence_capacity(const kvp_sequence *sequence);
 KVP_API size_t kvp_sequence_held_pages(const kvp_sequence *sequence);
 KVP_API size_t kvp_sequence_promised_pages(const kvp_sequence *sequence);
 KVP_API const kvp_cache *kvp_sequence_cache(const kvp_sequence *sequence, size_t layer);
+
+/* ---- sharing: fork, truncate, the prompt prefix cache ------------------- */
+
+/*
+ * Creates *child, a sequence of the same model, pool, batch and capacity
+ * whose every layer cache shares the parent's pages (kvp_cache_fork): the
+ * same length, rows and page ids, each page's reference count + 1, no page
+ * taken. A mid-block length marks both sides copy-on-write: the next step
+ * or prefill of either copies the shared partial pages, reserving them in
+ * its own transaction (kvp_sequence_pages_for counts them, so a promise
+ * covers only pages the sequence will newly take). Destroying parent and
+ * child in any order returns exactly the pages no other sequence names.
+ * Errors: NULL_ARGUMENT ("parent", "child"); kvp_sequence_create's
+ * (ALLOCATION_FAILED); nothing changes on failure (a partly built child is
+ * destroyed). A step or prefill of the child then gives bit for bit what the
+ * parent would give for the same input.
+ * Threads: one caller at a time per parent (its owner), and not while a read
+ * of it runs; other sequences of the pool, those sharing its pages included,
+ * may step, prefill, fork, truncate or adopt at once (the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_fork(kvp_sequence *parent, kvp_sequence **child,
+                                                   kvp_error *err);
+
+/*
+ * Shortens every layer to new_len (kvp_cache_truncate): for speculative
+ * decoding and beam pruning. Pages wholly past new_len lose this sequence's
+ * reference; a now-partial shared page is copied only when the next step
+ * writes it. A replay of the same inputs then gives bit for bit the outputs
+ * the sequence gave the first time. new_len == len succeeds and changes
+ * nothing. The promise is unchanged. Errors: NULL_ARGUMENT; OUT_OF_RANGE
+ * ("new_len" > len), changing nothing.
+ * Threads: one caller at a time per sequence (its owner), and not while a
+ * read of it runs; other sequences of the pool, those sharing its pages
+ * included, may be used at once (the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_truncate(kvp_sequence *sequence, size_t new_len,
+                                                       kvp_error *err);
+
+/*
+ * Prompt prefix cache. An EMPTY sequence looks up the full blocks of
+ * `prompt` ([B, T, D], the rows a prefill would take) in the pool's prefix
+ * index and shares every hit, in order, up to the first miss, for every
+ * layer and lane at once; *tokens_adopted (a multiple of block_tokens, at
+ * most T - 1, so at least the last token is left to compute) is the new
+ * length. Then kvp_sequence_prefill of the remaining tokens (prompt rows
+ * tokens_adopted .. T-1) computes only those, and its outputs, and every
+ * later step's, are bit for bit those of a fresh sequence prefilled with the
+ * whole prompt. Keys chain every block to the ones before it, the block's
+ * input rows, each layer's binding digest and the digest of all the
+ * model's layer bindings (kvp_block_key_chain), so a parameter update
+ * (a revision bump), another model, RoPE, geometry or dtype can never hit an
+ * old block. They do not cover a next_input callback: share a prefix only
+ * between sequences stepped with the same next_input (or none).
+ * Errors: NULL_ARGUMENT ("sequence", "prompt", "tokens_adopted");
+ * INPUT_RANK, INPUT_BATCH_MISMATCH, INPUT_WIDTH_MISMATCH (as prefill);
+ * INVALID_ARGUMENT ("sequence": not empty); ALLOCATION_FAILED (the keys).
+ * Nothing changes on failure.
+ * Threads: one caller at a time per sequence (its owner); other sequences of
+ * the pool may step, prefill, fork, publish or adopt at once (the lookup runs
+ * under the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence,
+                                                           const kvp_tensor *prompt,
+                                                           size_t *tokens_adopted,
+                                                           kvp_error *err);
+
+/*
+ * Publishes the full blocks of `prompt` that the sequence holds (the first
+ * min(T, len) / block_tokens blocks of every layer and lane) under the keys
+ * kvp_sequence_adopt_prefix computes, so later sequences can adopt them.
+ * Precondition (the caller's): the sequence's first tokens were prefilled
+ * (or adopted) from exactly these prompt rows. Blocks already published
+ * under the same key, or whose key names another page, are left as they
+ * are. *blocks_published (may be NULL) = the blocks covered. Errors:
+ * NULL_ARGUMENT; INPUT_RANK, INPUT_BATCH_MISMATCH, INPUT_WIDTH_MISMATCH;
+ * ALLOCATION_FAILED; PAGE_PUBLISHED (a page is published under another key;
+ * err.layer names its layer). Nothing changes on failure.
+ * Threads: one caller at a time per sequence (its owner); other sequences of
+ * the pool may step, prefill, fork, publish or adopt at once (the index is
+ * under the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_publish_prefix(kvp_sequence *sequence,
+                                                             const kvp_tensor *prompt,
+                                                             size_t *blocks_published,
+                                                             kvp_error *err);
 
 /* ---- batched decoding across threads ---------------------------------- */
 

@@ -128,7 +128,10 @@ extern "C" {
       "rows enter a layer-bound cache only through attention")                                     \
     X(ROWS_RESERVED, 54, "RowsReserved", "the cache already holds a row reservation")              \
     X(ROWS_NOT_RESERVED, 55, "RowsNotReserved", "more rows committed than the cache reserved")     \
-    X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is free: only held pages have data")
+    X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is free: only held pages have data")             \
+    X(NOT_AT_BLOCK_BOUNDARY, 57, "NotAtBlockBoundary",                                             \
+      "the cache length is not a multiple of block_tokens")                                        \
+    X(PAGE_PUBLISHED, 58, "PagePublished", "the page is already published under another key")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -140,10 +143,11 @@ typedef enum kvp_status {
 /* The invariants of DESIGN.md that kvp_pool_check recomputes. */
 typedef enum kvp_invariant {
     KVP_INVARIANT_STATS = 0,        /* cached counters agree with recomputed ones */
-    KVP_INVARIANT_CONSERVATION = 1, /* I1: free + held == total */
+    KVP_INVARIANT_CONSERVATION = 1, /* I1: free + evictable + held == total */
     KVP_INVARIANT_NO_DUPLICATES = 2,/* I2: no page on the free list twice */
     KVP_INVARIANT_REFERENCES = 3,   /* I3: refcount == references from tables and reservations */
-    KVP_INVARIANT_LANE_COVERAGE = 4 /* I4: a lane of length len maps ceil(len/block) pages */
+    KVP_INVARIANT_LANE_COVERAGE = 4, /* I4: a lane of length len maps ceil(len/block) pages */
+    KVP_INVARIANT_PREFIX = 5        /* I5: prefix index, LRU list and copy-on-write marks */
 } kvp_invariant;
 
 /* One audit finding. `page` or `lane` is SIZE_MAX where it does not apply. */

@@ -73,6 +73,25 @@ static void cache_audit(const kvpi_holder *holder, kvpi_audit *audit)
                               prefix);
         }
     }
+    /* I3: the originals a deferred copy-on-write still holds. */
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        if (cache->cow_saved[lane] != KVPI_NO_PAGE) {
+            kvpi_audit_reference(audit, cache->cow_saved[lane]);
+        }
+    }
+    /* I5: a shared or registered partial last page is copied before it is written. */
+    if (cache->len % cache->block_tokens != 0 && !cache->cow) {
+        size_t block = cache->len / cache->block_tokens;
+        for (size_t lane = 0; lane < cache->batch_size; lane++) {
+            uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
+            if (page < cache->pool->total_pages &&
+                (cache->pool->refcount[page] > 1 || cache->pool->registered[page])) {
+                kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
+                                  "a shared or registered partial page is marked copy-on-write",
+                                  page, lane, 1, 0);
+            }
+        }
+    }
     /* A pending row reservation holds exactly the pages its rows need. */
     size_t reserved = kvpi_reservation_remaining(&cache->row_reservation);
     size_t needed = cache->reserved_rows <= cache->capacity - cache->len
@@ -165,10 +184,10 @@ kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t b
      * overflow: such tables could never be allocated.
      */
     size_t lane_room = SIZE_MAX / sizeof(uint32_t) / batch_size; /* entries per lane that fit */
-    if (lane_room == 0 || blocks > (lane_room - 1) / 2) {
+    if (lane_room < 2 || blocks > (lane_room - 2) / 2) {
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_CACHE_TABLES), SIZE_MAX);
     }
-    size_t entries = batch_size * (2 * blocks + 1);
+    size_t entries = batch_size * (2 * blocks + 2);
     kvp_cache *cache = kvpi_calloc(KVPI_SITE_CACHE_STRUCT, 1, sizeof *cache);
     if (cache == NULL) {
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_CACHE_STRUCT), sizeof *cache);
@@ -197,6 +216,9 @@ kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t b
     kvpi_reservation_init(&cache->spare_reservation, pool, cache->spare_entries, batch_size);
     cache->row_entries = cache->spare_entries + batch_size;
     kvpi_reservation_init(&cache->row_reservation, pool, cache->row_entries, batch_size * blocks);
+    cache->cow_saved = cache->row_entries + batch_size * blocks;
+    cache->cow = 0;
+    cache->cow_defer = 0;
     cache->reserved_rows = 0;
     cache->promise_drawn = 0;
     cache->promise = 0;
@@ -232,6 +254,7 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
     for (size_t c = 0; c < count; c++) {
         caches[c]->len = len;
         caches[c]->epoch++;
+        kvpi_cache_cow_refresh_locked(caches[c]);
     }
 }
 
@@ -550,7 +573,28 @@ kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *
 
 size_t kvpi_cache_pages_needed(const kvp_cache *cache)
 {
-    return cache->len % cache->block_tokens != 0 ? 0 : cache->batch_size;
+    return cache->len % cache->block_tokens != 0 ? kvpi_cache_cow_pages(cache) : cache->batch_size;
+}
+
+/*
+ * Under the pool lock: maps the copies taken for a copy-on-write (the next
+ * batch_size pages of `reservation`, lane order) over `block`, and lets the
+ * originals go (or keeps them in cow_saved under cow_defer).
+ */
+static void cow_map_locked(kvp_cache *cache, size_t block, kvpi_reservation *reservation)
+{
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
+        uint32_t original = *slot;
+        *slot = kvpi_reservation_consume_locked(reservation);
+        if (cache->cow_defer) {
+            cache->cow_saved[lane] = original;
+        } else {
+            kvpi_pool_put_locked(cache->pool, original);
+        }
+    }
+    cache->pool->cow_copies += cache->batch_size;
+    cache->cow = 0;
 }
 
 void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
@@ -561,10 +605,15 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
     size_t block = cache->len / bt;
     size_t slot = cache->len % bt;
     int opens_block = slot == 0;
+    int copies = kvpi_cache_cow_pages(cache) != 0;
     kvp_dtype dtype = kvpi_cache_dtype(cache);
     for (size_t lane = 0; lane < cache->batch_size; lane++) {
-        uint32_t page = opens_block ? kvpi_reservation_peek(reservation, lane)
-                                    : kvpi_cache_lane_table(cache, lane)[block];
+        uint32_t page = opens_block || copies ? kvpi_reservation_peek(reservation, lane)
+                                              : kvpi_cache_lane_table(cache, lane)[block];
+        if (copies) {
+            /* The shared page keeps this cache's reference until the lock below: nobody writes it. */
+            kvpi_cache_copy_rows(cache, page, kvpi_cache_lane_table(cache, lane)[block], slot);
+        }
         unsigned char *base = kvpi_pool_page(cache->pool, page);
         size_t row_bytes = d * cache->pool->element_bytes;
         for (size_t head = 0; head < cache->heads; head++) {
@@ -580,6 +629,8 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
             cache->tables[lane * cache->blocks_per_lane + block] =
                 kvpi_reservation_consume_locked(reservation);
         }
+    } else if (copies) {
+        cow_map_locked(cache, block, reservation);
     }
     cache->len++;
     cache->epoch++;
@@ -690,10 +741,10 @@ size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens)
     }
     size_t bt = cache->block_tokens;
     size_t blocks = tokens / bt + (tokens % bt != 0) - kvpi_cache_mapped_blocks(cache);
-    if (blocks != 0 && cache->batch_size > SIZE_MAX / blocks) {
+    if (blocks != 0 && cache->batch_size > (SIZE_MAX - cache->batch_size) / blocks) {
         return SIZE_MAX; /* saturate, as kvp_pool_pages_for */
     }
-    return cache->batch_size * blocks;
+    return cache->batch_size * blocks + kvpi_cache_cow_pages(cache);
 }
 
 /* FULL for `rows` more rows, with the prompt-style detail ("rows"). */
@@ -768,16 +819,26 @@ static void commit_rows(kvp_cache *cache, const double *keys, const double *valu
     size_t mapped = kvpi_cache_mapped_blocks(cache);
     size_t row_bytes = d * cache->pool->element_bytes;
     kvp_dtype dtype = kvpi_cache_dtype(cache);
+    /* A copy-on-write takes the reservation's first batch pages, lane by lane. */
+    size_t copies = kvpi_cache_cow_pages(cache);
+    size_t partial = cache->len / bt; /* the partial block, when copies != 0 */
     for (size_t lane = 0; lane < batch; lane++) {
         const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+        if (copies != 0) {
+            kvpi_cache_copy_rows(cache, kvpi_reservation_peek(&cache->row_reservation, lane),
+                                 table[partial], cache->len % bt);
+        }
         for (size_t r = 0; r < rows; r++) {
             size_t position = cache->len + r;
             size_t block = position / bt;
             size_t slot = position % bt;
             uint32_t page =
-                block < mapped
+                copies != 0 && block == partial
+                    ? kvpi_reservation_peek(&cache->row_reservation, lane)
+                : block < mapped
                     ? table[block]
-                    : kvpi_reservation_peek(&cache->row_reservation, (block - mapped) * batch + lane);
+                    : kvpi_reservation_peek(&cache->row_reservation,
+                                            copies + (block - mapped) * batch + lane);
             unsigned char *base = kvpi_pool_page(cache->pool, page);
             for (size_t head = 0; head < heads; head++) {
                 size_t at = ((lane * heads + head) * rows + r) * d;
@@ -789,8 +850,11 @@ static void commit_rows(kvp_cache *cache, const double *keys, const double *valu
     }
     size_t len = cache->len + rows;
     size_t blocks = len / bt + (len % bt != 0);
-    size_t pages = (blocks - mapped) * batch;
+    size_t pages = (blocks - mapped) * batch + copies;
     kvpi_pool_lock(cache->pool);
+    if (copies != 0) {
+        cow_map_locked(cache, partial, &cache->row_reservation);
+    }
     for (size_t block = mapped; block < blocks; block++) {
         for (size_t lane = 0; lane < batch; lane++) {
             cache->tables[lane * cache->blocks_per_lane + block] =

@@ -17,6 +17,12 @@
  *   - epoch advances on every commit and reset, so a ticket can tell that
  *     the cache changed since it was prepared;
  *   - len and tables change only under the pool lock (pool_internal.h);
+ *   - sharing (share.c): a page may be named by several caches' tables
+ *     (forks, adopters of the prefix index). Full pages are never written
+ *     again. The partial last page is written in place only when `cow` is
+ *     0; cow is 1 whenever that page is shared or registered (I5), and the
+ *     next append first copies it, in every lane, to pages it reserved
+ *     with the append (kvpi_cache_pages_needed counts them);
  *   - an external cache (binding.rope_feature_width == 0) takes rows from
  *     its owner (kvp_cache_append_rows, reserve/commit/discard) and never
  *     from attention; a layer-bound cache the other way round.
@@ -61,7 +67,23 @@ struct kvp_cache {
     size_t reserved_rows;
     size_t promise_drawn;
     size_t promise;          /* this cache's share of pool->promised */
+    /*
+     * Copy-on-write (share.c). cow: the next append copies every lane's
+     * partial last page before writing. cow_defer: a transaction (a
+     * sequence's prefill) keeps the pages a copy replaced in cow_saved
+     * (each with its reference) until kvpi_cache_cow_settle_locked or
+     * kvpi_cache_cow_undo_locked; cow_saved[lane] is KVPI_NO_PAGE otherwise.
+     */
+    int cow;
+    int cow_defer;
+    uint32_t *cow_saved;     /* [batch_size], in the tables allocation */
 };
+
+/* The copy-on-write pages the next append takes: batch_size when cow, else 0. */
+static inline size_t kvpi_cache_cow_pages(const kvp_cache *cache)
+{
+    return cache->cow && cache->len % cache->block_tokens != 0 ? cache->batch_size : 0;
+}
 
 /* Blocks a lane maps at the current length. */
 static inline size_t kvpi_cache_mapped_blocks(const kvp_cache *cache)
@@ -110,7 +132,8 @@ kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *
                                       const kvp_tensor *value, kvp_error *err);
 
 /*
- * Pages the next append needs: batch_size when it opens a new block, else 0.
+ * Pages the next append needs: batch_size when it opens a new block or
+ * copies a shared partial page (cow), else 0.
  * Precondition: the cache is not full (every caller checked FULL first).
  */
 size_t kvpi_cache_pages_needed(const kvp_cache *cache);
@@ -118,8 +141,10 @@ size_t kvpi_cache_pages_needed(const kvp_cache *cache);
 /*
  * Makes one validated row per lane visible: stores key and value ([B,H,1,d_h]
  * flat) into their page slots, rounded to the pool's dtype (dtype.h), maps
- * pages taken from `reservation` when the row opens a block, then len += 1
- * and epoch += 1.
+ * pages taken from `reservation` when the row opens a block, or, when cow,
+ * first copies each lane's partial page to a page taken from `reservation`
+ * and maps the copy instead (the original loses this cache's reference, or
+ * goes to cow_saved under cow_defer), then len += 1 and epoch += 1.
  * Preconditions: kvpi_cache_validate_append succeeded for these rows, and
  * the reservation holds at least kvpi_cache_pages_needed pages.
  */
@@ -146,6 +171,36 @@ kvp_status kvpi_cache_check_storable(const kvp_cache *cache, const double *rows,
 void kvpi_cache_truncate_many(kvp_cache *const *caches, size_t count, size_t len);
 /* The same, with the pool lock already held; len must not exceed the caches' length. */
 void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, size_t len);
+
+/*
+ * Sharing (share.c), all under the pool lock.
+ * fork_into: `child` (empty, same pool, batch and capacity) shares every
+ *   page of `parent` (refcount + 1) and takes its length; both are marked
+ *   cow when the length is mid-block, and the parent's epoch advances then.
+ * adopt_locked: for blocks b = 0, 1, .. n-1 past the caches' common length
+ *   (a block boundary), looks up keys[(b * count + c) * batch + lane] for
+ *   every cache c and lane; stops at the first block with a miss (counted
+ *   once in prefix_misses); shares the pages of every block before it
+ *   (prefix_hits), advances len by block_tokens per block and the epochs.
+ *   Returns the blocks adopted.
+ * cow_set_defer / settle / undo: a transaction's copy-on-write. settle
+ *   drops the saved originals' references; undo maps the originals back,
+ *   returns the copies (newest first) and marks cow again. Both end defer.
+ */
+void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child);
+size_t kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count, const kvp_block_key *keys,
+                               size_t n);
+void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);
+void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count);
+void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);
+/* After len changed under the lock: cow = the partial last page is shared or registered. */
+void kvpi_cache_cow_refresh_locked(kvp_cache *cache);
+/* kvp_cache_binding_key and kvp_block_key_chain, which cannot fail here. */
+kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache);
+kvp_block_key kvpi_block_key_chain(const kvp_block_key *parent, const kvp_block_key *binding,
+                                   const void *input, size_t bytes, const kvp_block_key *context);
+/* Copies rows [0, rows) of every head's keys and values from page `from` to `to`. */
+void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows);
 
 /*
  * The private raw append: validate, reserve the lanes' pages (all or none),

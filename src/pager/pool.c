@@ -5,13 +5,17 @@
  * counters, the registry of holders (caches and reservations), and the audit.
  *
  * Invariants (DESIGN.md numbering; kvp_pool_check recomputes all of them):
- *   I1  free_count + |{p : refcount[p] > 0}| == total_pages
+ *   I1  free_count + evictable + |{p : refcount[p] > 0}| == total_pages
  *   I2  free_stack[0..free_count) has no duplicate, and each entry has
  *       refcount 0
  *   I3  refcount[p] == number of page-table slots and reservation entries
  *       naming p, over every attached holder
  *   I4  (checked by each cache holder) a lane of length len maps exactly
  *       ceil(len / block_tokens) pages, from block 0 on
+ *   I5  (prefix.c) the prefix index names registered pages under their own
+ *       keys; the LRU list is exactly the registered pages at refcount 0;
+ *       (each cache holder) a partial last page that is shared or registered
+ *       is marked copy-on-write
  *   and the counters: acquires - releases + tentative == held pages, and
  *   high water >= held - tentative.
  *
@@ -22,6 +26,10 @@
  *
  * Page life:
  *   free --take_locked--> held (refcount 1) --put_locked (refcount 0)--> free
+ *   held --ref_locked--> held (refcount + 1: a fork or an adopter shares it)
+ *   held, registered --put_locked (refcount 0)--> evictable (LRU, still indexed)
+ *   evictable --ref_locked--> held;  evictable --take_locked, no free page--> held
+ *   (evicted: its index entry dropped; acquire takes free pages first)
  * Every transition happens under `lock` (see pool_internal.h).
  *
  * Callers: the public API (kvpager/pool.h) and src/pager.
@@ -247,9 +255,15 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     if (pool == NULL) {
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_STRUCT), sizeof *pool);
     }
-    /* total < 2^32, so 3 * total * 4 bytes cannot overflow size_t on 64-bit. */
-    size_t metadata_bytes = 3 * total * sizeof(uint32_t);
-    uint32_t *metadata = kvpi_calloc(KVPI_SITE_POOL_METADATA, 3 * total, sizeof(uint32_t));
+    /*
+     * One allocation: the page keys, then six uint32 arrays of total entries
+     * (free stack, refcounts, audit scratch, registered, LRU links) and the
+     * index. total < 2^32, so this cannot overflow size_t on 64-bit.
+     */
+    size_t slots = kvpi_prefix_slots(total);
+    size_t metadata_bytes =
+        total * sizeof(kvp_block_key) + (6 * total + slots) * sizeof(uint32_t);
+    unsigned char *metadata = kvpi_calloc(KVPI_SITE_POOL_METADATA, 1, metadata_bytes);
     if (metadata == NULL) {
         kvpi_free(pool);
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_METADATA),
@@ -280,9 +294,18 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     void *slab = slab_from.base;
     pool->slab = slab;
     pool->slab_from = slab_from;
-    pool->free_stack = metadata;
-    pool->refcount = metadata + total;
-    pool->audit_counts = metadata + 2 * total;
+    pool->metadata = metadata;
+    pool->page_key = (kvp_block_key *)(void *)metadata;
+    uint32_t *words = (uint32_t *)(void *)(metadata + total * sizeof(kvp_block_key));
+    pool->free_stack = words;
+    pool->refcount = words + total;
+    pool->audit_counts = words + 2 * total;
+    pool->registered = words + 3 * total;
+    pool->lru_prev = words + 4 * total;
+    pool->lru_next = words + 5 * total;
+    pool->index = words + 6 * total;
+    pool->index_slots = slots;
+    kvpi_prefix_init(pool);
     /* The top of the stack is page 0, so pages are handed out 0, 1, 2, ... */
     for (size_t i = 0; i < total; i++) {
         pool->free_stack[i] = (uint32_t)(total - 1 - i);
@@ -301,7 +324,7 @@ kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err)
         return kvpi_fail_null(err, "pool");
     }
     kvpi_pool_lock(pool);
-    size_t held = pool->total_pages - pool->free_count;
+    size_t held = pool->total_pages - kvpi_pool_available_locked(pool);
     if (pool->attached_caches != 0 || pool->attached_reservations != 0 || held != 0) {
         kvp_error e = kvpi_error_begin(KVP_POOL_BUSY);
         e.attached_caches = pool->attached_caches;
@@ -315,7 +338,7 @@ kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err)
     size_t slab_bytes = pool->total_pages * pool->page_bytes;
     kvpi_track_pool_destroy(pool->slab, slab_bytes);
     kvpi_slab_free(&pool->slab_from);
-    kvpi_free(pool->free_stack);
+    kvpi_free(pool->metadata);
     kvpi_free(pool);
     return KVP_OK;
 }
@@ -334,7 +357,7 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     kvpi_pool_lock(pool);
     stats.total_pages = pool->total_pages;
     stats.free_pages = pool->free_count;
-    stats.held_pages = pool->total_pages - pool->free_count;
+    stats.held_pages = pool->total_pages - kvpi_pool_available_locked(pool);
     stats.high_water_pages = pool->high_water_pages;
     stats.acquires = pool->acquires;
     stats.releases = pool->releases;
@@ -349,6 +372,12 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     stats.dtype = pool->dtype;
     stats.element_bytes = pool->element_bytes;
     stats.slab_source = pool->slab_from.source;
+    stats.cached_pages = pool->cached;
+    stats.evictable_pages = pool->evictable;
+    stats.prefix_hits = pool->prefix_hits;
+    stats.prefix_misses = pool->prefix_misses;
+    stats.evictions = pool->evictions;
+    stats.cow_copies = pool->cow_copies;
     kvpi_pool_unlock(pool);
     return kvpi_struct_out(out, &stats, sizeof stats, KVPI_POOL_STATS_SIZE_FIRST, err);
 }
@@ -366,8 +395,8 @@ kvp_status kvp_pool_admit(kvp_pool *pool, size_t pages, size_t watermark_pages,
     kvpi_pool_lock(pool);
     if (pages > pool->total_pages || watermark_pages > pool->total_pages - pages) {
         admission = KVP_ADMIT_NEVER;
-    } else if (pool->free_count >= pool->promised &&
-               pool->free_count - pool->promised >= pages + watermark_pages) {
+    } else if (kvpi_pool_available_locked(pool) >= pool->promised &&
+               kvpi_pool_available_locked(pool) - pool->promised >= pages + watermark_pages) {
         admission = KVP_ADMIT_NOW;
     }
     kvpi_pool_unlock(pool);
@@ -508,7 +537,7 @@ void kvp_page_layout_init(kvp_page_layout *layout)
 /* The high-water mark follows held pages that are not tentative. */
 static void raise_high_water_locked(kvp_pool *pool)
 {
-    size_t held = pool->total_pages - pool->free_count - pool->tentative;
+    size_t held = pool->total_pages - kvpi_pool_available_locked(pool) - pool->tentative;
     if (held > pool->high_water_pages) {
         pool->high_water_pages = held;
     }
@@ -554,15 +583,29 @@ void kvpi_pool_detach_locked(kvp_pool *pool, kvpi_holder *holder)
 static kvp_status take_pages_locked(kvp_pool *pool, size_t n, uint32_t *out, int tentative,
                                     kvp_error *err)
 {
-    if (n > pool->free_count) {
+    if (n > kvpi_pool_available_locked(pool)) {
         pool->exhaustions++;
         kvp_error e = kvpi_error_begin(KVP_POOL_EXHAUSTED);
         e.needed = n;
-        e.available = pool->free_count;
+        e.available = kvpi_pool_available_locked(pool);
         return kvpi_error_emit(err, &e);
     }
     for (size_t i = 0; i < n; i++) {
-        uint32_t page = pool->free_stack[--pool->free_count];
+        uint32_t page;
+        if (pool->free_count != 0) {
+            page = pool->free_stack[--pool->free_count];
+        } else {
+            /* Evict the least recently used cached page: its key is forgotten. */
+            page = pool->lru_head;
+            kvpi_lru_unlink_locked(pool, page);
+            kvpi_prefix_remove_locked(pool, page);
+            pool->evictions++;
+            kvpi_track_page_released(pool->slab, kvpi_pool_page(pool, page));
+            kvpi_track_page_acquired(pool->slab, kvpi_pool_page(pool, page), pool->page_bytes);
+            pool->refcount[page] = 1;
+            out[i] = page;
+            continue;
+        }
         pool->refcount[page] = 1;
         kvpi_track_page_acquired(pool->slab, kvpi_pool_page(pool, page), pool->page_bytes);
         out[i] = page;
@@ -606,9 +649,25 @@ void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page)
     if (--pool->refcount[page] != 0) {
         return;
     }
+    pool->releases++;
+    if (pool->registered[page]) {
+        /* Its rows stay valid for a later adopter: no Valgrind release. */
+        kvpi_lru_push_locked(pool, page);
+        return;
+    }
     kvpi_track_page_released(pool->slab, kvpi_pool_page(pool, page));
     pool->free_stack[pool->free_count++] = page;
-    pool->releases++;
+}
+
+void kvpi_pool_ref_locked(kvp_pool *pool, uint32_t page)
+{
+    if (pool->refcount[page]++ != 0) {
+        return;
+    }
+    /* An evictable page comes back: it counts as acquired again. */
+    kvpi_lru_unlink_locked(pool, page);
+    pool->acquires++;
+    raise_high_water_locked(pool);
 }
 
 /* ---- audit ------------------------------------------------------------- */
@@ -703,10 +762,16 @@ static void audit_locked(const kvp_pool *pool, kvpi_audit *audit)
     for (size_t page = 0; page < pool->total_pages; page++) {
         held += pool->refcount[page] != 0;
     }
-    if (free_found + held != pool->total_pages) {
-        kvpi_audit_report(audit, KVP_INVARIANT_CONSERVATION, "free + held pages", SIZE_MAX,
-                          SIZE_MAX, pool->total_pages, free_found + held);
+    size_t evictable = 0;
+    for (uint32_t p = pool->lru_head; p < pool->total_pages && evictable < pool->total_pages;
+         p = pool->lru_next[p]) {
+        evictable++;
     }
+    if (free_found + evictable + held != pool->total_pages) {
+        kvpi_audit_report(audit, KVP_INVARIANT_CONSERVATION, "free + evictable + held pages",
+                          SIZE_MAX, SIZE_MAX, pool->total_pages, free_found + evictable + held);
+    }
+    kvpi_prefix_audit_locked(pool, audit, pool->audit_counts);
     size_t counted = (size_t)(pool->acquires - pool->releases) + pool->tentative;
     if (counted != held) {
         kvpi_audit_report(audit, KVP_INVARIANT_STATS, "acquires - releases + tentative pages",

@@ -71,6 +71,27 @@ struct kvp_pool {
     uint64_t exhaustions;
     size_t promised;       /* pages promised to sequences and not yet taken */
     size_t tentative;      /* held pages of transactions not yet confirmed (prefills) */
+    /*
+     * Sharing (prefix.c): the prefix index and the evictable LRU list. A
+     * page is `registered` while the index names it, under page_key[page].
+     * A registered page at refcount 0 is evictable: on the LRU list (oldest
+     * at lru_head), neither free nor held. All under `lock`.
+     */
+    void *metadata;        /* the one allocation every array below lives in */
+    kvp_block_key *page_key; /* [total_pages] */
+    uint32_t *registered;  /* [total_pages]; 1 while the index names the page */
+    uint32_t *lru_prev;    /* [total_pages]; KVPI_NO_PAGE ends the list */
+    uint32_t *lru_next;    /* [total_pages] */
+    uint32_t lru_head;     /* least recently used evictable page, or KVPI_NO_PAGE */
+    uint32_t lru_tail;     /* most recently used */
+    size_t evictable;      /* pages on the LRU list */
+    uint32_t *index;       /* [index_slots]: page ids (KVPI_NO_PAGE empty), linear probing */
+    size_t index_slots;    /* a power of two >= 2 * total_pages */
+    size_t cached;         /* registered pages (index entries) */
+    uint64_t prefix_hits;
+    uint64_t prefix_misses;
+    uint64_t evictions;
+    uint64_t cow_copies;
 };
 
 /* The first byte of `page`; its elements are of type pool->dtype. */
@@ -107,8 +128,43 @@ kvp_status kvpi_pool_take_tentative_locked(kvp_pool *pool, size_t n, uint32_t *o
 void kvpi_pool_tentative_confirm_locked(kvp_pool *pool, size_t n);
 void kvpi_pool_tentative_cancel_locked(kvp_pool *pool, size_t n);
 
-/* Drops one reference; at zero the page goes back on top of the free list. */
+/*
+ * Drops one reference; at zero the page goes back on top of the free list,
+ * or, when the prefix index names it, to the most recent end of the LRU list
+ * of evictable pages (it stays in the index).
+ */
 void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page);
+
+/*
+ * Adds one reference to a page that is held or evictable (a fork's or an
+ * adopter's share). An evictable page leaves the LRU list and counts as
+ * acquired again (acquires and the high-water mark), as a take would.
+ */
+void kvpi_pool_ref_locked(kvp_pool *pool, uint32_t page);
+
+/* Pages a take can get: free plus evictable. */
+static inline size_t kvpi_pool_available_locked(const kvp_pool *pool)
+{
+    return pool->free_count + pool->evictable;
+}
+
+/* ---- prefix index and LRU (prefix.c) ---------------------------------- */
+
+/* Slots of the index for `total` pages: the power of two >= 2 * total. */
+size_t kvpi_prefix_slots(size_t total);
+/* Empties the index and the LRU list (pool creation). */
+void kvpi_prefix_init(kvp_pool *pool);
+/* The page registered under `key`, or KVPI_NO_PAGE. */
+uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *key);
+/* Registers held `page` (not registered) under `key` (not in the index). */
+void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key);
+/* Removes registered `page` from the index. */
+void kvpi_prefix_remove_locked(kvp_pool *pool, uint32_t page);
+/* LRU list: append as most recent, unlink, and take the least recent. */
+void kvpi_lru_push_locked(kvp_pool *pool, uint32_t page);
+void kvpi_lru_unlink_locked(kvp_pool *pool, uint32_t page);
+/* I5 (see pool.c); `seen` is the audit's scratch, as the free-list pass left it. */
+void kvpi_prefix_audit_locked(const kvp_pool *pool, kvpi_audit *audit, uint32_t *seen);
 
 /*
  * Promise bookkeeping. A holder's promise (*promise) is pages it may take

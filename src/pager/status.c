@@ -159,6 +159,7 @@ static const char *invariant_label(kvp_invariant invariant)
     case KVP_INVARIANT_NO_DUPLICATES: return "I2 no duplicates";
     case KVP_INVARIANT_REFERENCES: return "I3 references";
     case KVP_INVARIANT_LANE_COVERAGE: return "I4 lane coverage";
+    case KVP_INVARIANT_PREFIX: return "I5 prefix index";
     }
     return "unknown invariant";
 }
@@ -493,6 +494,13 @@ static void sink_error(text_sink *sink, const kvp_error *e)
         return;
     case KVP_PAGE_NOT_HELD:
         sink_printf(sink, "page %zu is free: only held pages have data", e->index);
+        return;
+    case KVP_NOT_AT_BLOCK_BOUNDARY:
+        sink_printf(sink, "KV cache length %zu is not a multiple of block_tokens %zu",
+                    e->current_len, e->block_tokens);
+        return;
+    case KVP_PAGE_PUBLISHED:
+        sink_printf(sink, "page %zu is already published under another key", e->index);
         return;
     case KVP_STATUS_COUNT_:
         break;

@@ -242,7 +242,12 @@ size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t tokens)
     if (blocks != 0 && lanes > SIZE_MAX / blocks) {
         return SIZE_MAX; /* saturate, as kvp_pool_pages_for */
     }
-    return lanes * blocks;
+    /* Copy-on-write pages of shared partial pages (share.c): at most one per lane. */
+    size_t copies = 0;
+    for (size_t l = 0; l < sequence->layers; l++) {
+        copies += kvpi_cache_cow_pages(sequence->caches[l]);
+    }
+    return lanes * blocks > SIZE_MAX - copies ? SIZE_MAX : lanes * blocks + copies;
 }
 
 static void residual(const double *input, const double *output, size_t n, double *next)
@@ -441,6 +446,7 @@ static void roll_back(kvp_sequence *seq, size_t len, size_t promise, size_t page
     kvpi_pool_lock(seq->pool);
     kvpi_reservation_release_locked(&seq->reservation);
     kvpi_cache_truncate_many_locked(seq->caches, seq->layers, len);
+    kvpi_cache_cow_undo_many_locked(seq->caches, seq->layers);
     kvpi_pool_tentative_cancel_locked(seq->pool, pages);
     kvpi_pool_promise_set_locked(seq->pool, &seq->promise, promise);
     kvpi_pool_unlock(seq->pool);
@@ -620,8 +626,9 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
             }
             if (status != KVP_OK) {
                 discard_tickets(sequence, sequence->layers);
-                    return status;
+                return status;
             }
+            kvpi_cache_cow_defer_many(sequence->caches, sequence->layers);
         }
         commit_layers(sequence);
         if (output != NULL) {
@@ -632,6 +639,7 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
         }
     }
     kvpi_pool_lock(sequence->pool);
+    kvpi_cache_cow_settle_many_locked(sequence->caches, sequence->layers);
     kvpi_pool_tentative_confirm_locked(sequence->pool, pages);
     kvpi_pool_unlock(sequence->pool);
     return KVP_OK;

@@ -11,6 +11,10 @@
  * rotated keys and values, ticket states, promises, parameter revisions and
  * the pool's counters.
  *
+ * Sharing: truncate (caches and sequences) is modelled; fork, publish and
+ * adopt are not (the shadow assumes one table per page) and are covered by
+ * tests/test_share.c.
+ *
  * Invariants checked after EVERY operation (any mismatch prints a message
  * and calls abort(), which libFuzzer reports as a crash):
  *   - the status is exactly the one the shadow predicts, derived from the
@@ -851,6 +855,31 @@ static void op_cache_reset(reader *r)
     c->epoch++;
 }
 
+/* Truncate: to a shorter length (pages past it back, epoch on), the same (no-op), or past the end. */
+static void op_cache_truncate(reader *r)
+{
+    scache *c = &W.cache[rd(r) % N_CACHES];
+    size_t new_len = rd(r);
+    if (!c->live) {
+        return;
+    }
+    new_len %= c->kv.len + 2;
+    g_op_name = "cache_truncate";
+    kvp_error err;
+    poison(&err);
+    kvp_status status = kvp_cache_truncate(c->cache, new_len, &err);
+    check_status(status, new_len > c->kv.len ? KVP_OUT_OF_RANGE : KVP_OK, &err);
+    if (status != KVP_OK) {
+        return;
+    }
+    check_untouched(&err);
+    give_pages(c->batch * (blocks_for(c->kv.len) - blocks_for(new_len)));
+    if (new_len < c->kv.len) {
+        c->epoch++;
+    }
+    c->kv.len = new_len;
+}
+
 static void op_ticket_create(reader *r)
 {
     sticket *t = &W.ticket[rd(r) % N_TICKETS];
@@ -1177,6 +1206,30 @@ static void op_seq_reset(reader *r)
         s->kv[l].len = 0;
     }
     s->promise = 0;
+}
+
+static void op_seq_truncate(reader *r)
+{
+    sseq *s = &W.seq[rd(r) % N_SEQS];
+    size_t new_len = rd(r);
+    if (!s->live) {
+        return;
+    }
+    size_t len = s->kv[0].len;
+    new_len %= len + 2;
+    g_op_name = "sequence_truncate";
+    kvp_error err;
+    poison(&err);
+    kvp_status status = kvp_sequence_truncate(s->seq, new_len, &err);
+    check_status(status, new_len > len ? KVP_OUT_OF_RANGE : KVP_OK, &err);
+    if (status != KVP_OK) {
+        return;
+    }
+    check_untouched(&err);
+    give_pages(W.layers * s->batch * (blocks_for(len) - blocks_for(new_len)));
+    for (size_t l = 0; l < W.layers; l++) {
+        s->kv[l].len = new_len;
+    }
 }
 
 static void op_seq_promise(reader *r)
@@ -1688,7 +1741,7 @@ static const op_fn g_ops[] = {
     op_commit,       op_commit,       op_ticket_discard, op_forward,      op_forward,
     op_forward,      op_seq_create,   op_seq_destroy,    op_seq_reset,    op_seq_step,
     op_seq_step,     op_seq_prefill,  op_seq_promise,    op_admit,        op_param_update,
-    op_decoder_step, op_decoder_step, op_pool_destroy,
+    op_decoder_step, op_decoder_step, op_pool_destroy,  op_cache_truncate, op_seq_truncate,
 };
 
 static const size_t g_geometries[][2] = {{4, 1}, {4, 2}, {6, 1}, {8, 1}, {8, 2}};

@@ -1,0 +1,475 @@
+/*
+ * share.c: pages shared between caches (kvpager/cache.h "Sharing").
+ *
+ * Owns: fork, truncate, copy-on-write marks, the chain keys of the prefix
+ * index (a 128-bit MurmurHash3 x64 stream over the binding digest, the
+ * parent key, an optional context and the block's input bytes), publishing
+ * full blocks and adopting published prefixes.
+ *
+ * Invariants (with pool.c and prefix.c; I5 in DESIGN.md):
+ *   - a page's refcount counts every table slot naming it, across caches;
+ *     a full page is never written again, so sharing it needs no copy;
+ *   - a cache writes its partial last page in place only when cow == 0, and
+ *     cow == 1 whenever that page is shared (refcount > 1) or registered;
+ *     fork, truncate and a deferred undo set it; the append that copies
+ *     (cache.c) clears it, and a truncate recomputes it;
+ *   - a chain key covers the cache's binding digest (parameter identities
+ *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens)
+ *     by construction: no caller can build a key without one, so a revision
+ *     bump or a RoPE change makes every older key unreachable.
+ * Everything that changes reference state runs under the pool lock.
+ * Callers: the public API, src/serve (sequences fork, truncate and adopt
+ * every layer at once).
+ */
+#include "pager/cache_internal.h"
+
+#include <string.h>
+
+#include "pager/error.h"
+
+/* ---- copy-on-write ------------------------------------------------------ */
+
+void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows)
+{
+    size_t row_bytes = cache->head_width * cache->pool->element_bytes;
+    size_t slab_bytes = cache->block_tokens * row_bytes; /* one head's keys or values */
+    unsigned char *dst = kvpi_pool_page(cache->pool, to);
+    const unsigned char *src = kvpi_pool_page(cache->pool, from);
+    for (size_t s = 0; s < 2 * cache->heads; s++) {
+        memcpy(dst + s * slab_bytes, src + s * slab_bytes, rows * row_bytes);
+    }
+}
+
+void kvpi_cache_cow_refresh_locked(kvp_cache *cache)
+{
+    cache->cow = 0;
+    if (cache->len % cache->block_tokens == 0) {
+        return;
+    }
+    size_t block = cache->len / cache->block_tokens;
+    const kvp_pool *pool = cache->pool;
+    for (size_t lane = 0; lane < cache->batch_size; lane++) {
+        uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
+        if (pool->refcount[page] > 1 || pool->registered[page]) {
+            cache->cow = 1;
+        }
+    }
+}
+
+void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count)
+{
+    for (size_t c = 0; c < count; c++) {
+        caches[c]->cow_defer = 1;
+    }
+}
+
+void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count)
+{
+    for (size_t c = 0; c < count; c++) {
+        kvp_cache *cache = caches[c];
+        for (size_t lane = 0; lane < cache->batch_size; lane++) {
+            if (cache->cow_saved[lane] != KVPI_NO_PAGE) {
+                kvpi_pool_put_locked(cache->pool, cache->cow_saved[lane]);
+                cache->cow_saved[lane] = KVPI_NO_PAGE;
+            }
+        }
+        cache->cow_defer = 0;
+    }
+}
+
+void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count)
+{
+    for (size_t c = count; c-- > 0;) {
+        kvp_cache *cache = caches[c];
+        size_t block = cache->len / cache->block_tokens;
+        for (size_t lane = cache->batch_size; lane-- > 0;) {
+            if (cache->cow_saved[lane] == KVPI_NO_PAGE) {
+                continue;
+            }
+            uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
+            kvpi_pool_put_locked(cache->pool, *slot);
+            *slot = cache->cow_saved[lane];
+            cache->cow_saved[lane] = KVPI_NO_PAGE;
+            cache->pool->cow_copies--;
+            cache->cow = 1;
+        }
+        cache->cow_defer = 0;
+    }
+}
+
+/* ---- fork ---------------------------------------------------------------- */
+
+void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child)
+{
+    size_t mapped = kvpi_cache_mapped_blocks(parent);
+    for (size_t lane = 0; lane < parent->batch_size; lane++) {
+        const uint32_t *from = kvpi_cache_lane_table(parent, lane);
+        uint32_t *to = child->tables + lane * child->blocks_per_lane;
+        for (size_t block = 0; block < mapped; block++) {
+            kvpi_pool_ref_locked(parent->pool, from[block]);
+            to[block] = from[block];
+        }
+    }
+    child->len = parent->len;
+    child->epoch++;
+    if (parent->len % parent->block_tokens != 0) {
+        parent->cow = 1;
+        child->cow = 1;
+        parent->epoch++; /* a ticket prepared before the fork did not reserve the copy */
+    }
+}
+
+kvp_status kvp_cache_fork(kvp_cache *parent, kvp_cache **child, kvp_error *err)
+{
+    if (parent == NULL) {
+        return kvpi_fail_null(err, "parent");
+    }
+    if (child == NULL) {
+        return kvpi_fail_null(err, "child");
+    }
+    if (parent->reserved_rows != 0) {
+        kvp_error e = kvpi_error_begin(KVP_ROWS_RESERVED);
+        e.tokens = parent->reserved_rows;
+        return kvpi_error_emit(err, &e);
+    }
+    kvp_cache *made = NULL;
+    kvp_status status = kvp_cache_create(parent->pool, &parent->binding, parent->batch_size,
+                                         parent->capacity, &made, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    kvpi_pool_lock(parent->pool);
+    kvpi_cache_fork_into_locked(parent, made);
+    kvpi_pool_unlock(parent->pool);
+    *child = made;
+    return KVP_OK;
+}
+
+/* ---- truncate ------------------------------------------------------------ */
+
+kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new_len, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (cache->reserved_rows != 0) {
+        kvp_error e = kvpi_error_begin(KVP_ROWS_RESERVED);
+        e.tokens = cache->reserved_rows;
+        return kvpi_error_emit(err, &e);
+    }
+    if (new_len > cache->len) {
+        return kvpi_fail_out_of_range(err, "new_len", new_len, cache->len + 1);
+    }
+    if (new_len == cache->len) {
+        return KVP_OK;
+    }
+    kvpi_pool_lock(cache->pool);
+    kvpi_cache_truncate_many_locked(&cache, 1, new_len);
+    kvpi_pool_unlock(cache->pool);
+    return KVP_OK;
+}
+
+/* ---- chain keys ---------------------------------------------------------- */
+
+/* MurmurHash3 x64 128 (Austin Appleby, public domain), fed as a stream. */
+typedef struct hash128 {
+    uint64_t h1;
+    uint64_t h2;
+    unsigned char tail[16];
+    size_t tail_len;
+    uint64_t total;
+} hash128;
+
+static uint64_t rotl64(uint64_t x, int r)
+{
+    return (x << r) | (x >> (64 - r));
+}
+
+static uint64_t fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
+static const uint64_t murmur_c1 = 0x87c37b91114253d5ull;
+static const uint64_t murmur_c2 = 0x4cf5ad432745937full;
+
+static uint64_t load64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i]; /* little-endian, whatever the host */
+    }
+    return v;
+}
+
+static void hash_block(hash128 *h, const unsigned char *p)
+{
+    uint64_t k1 = load64(p);
+    uint64_t k2 = load64(p + 8);
+    k1 *= murmur_c1;
+    k1 = rotl64(k1, 31);
+    k1 *= murmur_c2;
+    h->h1 ^= k1;
+    h->h1 = rotl64(h->h1, 27);
+    h->h1 += h->h2;
+    h->h1 = h->h1 * 5 + 0x52dce729;
+    k2 *= murmur_c2;
+    k2 = rotl64(k2, 33);
+    k2 *= murmur_c1;
+    h->h2 ^= k2;
+    h->h2 = rotl64(h->h2, 31);
+    h->h2 += h->h1;
+    h->h2 = h->h2 * 5 + 0x38495ab5;
+}
+
+static void hash_init(hash128 *h)
+{
+    memset(h, 0, sizeof *h);
+    h->h1 = 0x6b7670616765722dull; /* "kvpager-" */
+    h->h2 = 0x626c6f636b2d7631ull; /* "block-v1" */
+}
+
+static void hash_bytes(hash128 *h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    h->total += n;
+    while (n > 0) {
+        size_t take = 16 - h->tail_len < n ? 16 - h->tail_len : n;
+        memcpy(h->tail + h->tail_len, p, take);
+        h->tail_len += take;
+        p += take;
+        n -= take;
+        if (h->tail_len == 16) {
+            hash_block(h, h->tail);
+            h->tail_len = 0;
+        }
+    }
+}
+
+static void hash_u64(hash128 *h, uint64_t v)
+{
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) {
+        b[i] = (unsigned char)(v >> (8 * i));
+    }
+    hash_bytes(h, b, sizeof b);
+}
+
+static kvp_block_key hash_final(hash128 *h)
+{
+    unsigned char last[16] = {0};
+    memcpy(last, h->tail, h->tail_len);
+    uint64_t k1 = load64(last);
+    uint64_t k2 = load64(last + 8);
+    k2 *= murmur_c2;
+    k2 = rotl64(k2, 33);
+    k2 *= murmur_c1;
+    h->h2 ^= k2;
+    k1 *= murmur_c1;
+    k1 = rotl64(k1, 31);
+    k1 *= murmur_c2;
+    h->h1 ^= k1;
+    h->h1 ^= h->total;
+    h->h2 ^= h->total;
+    h->h1 += h->h2;
+    h->h2 += h->h1;
+    h->h1 = fmix64(h->h1);
+    h->h2 = fmix64(h->h2);
+    h->h1 += h->h2;
+    h->h2 += h->h1;
+    kvp_block_key key = {h->h1, h->h2};
+    if (key.lo == 0 && key.hi == 0) {
+        key.lo = 1; /* the zero key is never produced */
+    }
+    return key;
+}
+
+static void hash_key(hash128 *h, const kvp_block_key *key)
+{
+    hash_u64(h, key->lo);
+    hash_u64(h, key->hi);
+}
+
+/* Every field of the binding and of the pool's page format, one by one (no padding). */
+kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache)
+{
+    const kvp_binding *b = &cache->binding;
+    hash128 h;
+    hash_init(&h);
+    hash_u64(&h, 0x62696e64696e67ull); /* "binding" */
+    hash_u64(&h, b->model_width);
+    hash_u64(&h, b->heads);
+    hash_u64(&h, b->kv_heads);
+    hash_u64(&h, b->head_width);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        hash_u64(&h, b->params[i].node_id);
+        hash_u64(&h, b->params[i].revision);
+    }
+    hash_u64(&h, b->rope_feature_width);
+    hash_u64(&h, b->rope_max_positions);
+    hash_u64(&h, b->rope_base_bits);
+    hash_u64(&h, (uint64_t)cache->pool->dtype);
+    hash_u64(&h, cache->pool->block_tokens);
+    hash_u64(&h, cache->pool->heads);
+    hash_u64(&h, cache->pool->head_width);
+    return hash_final(&h);
+}
+
+kvp_status kvp_cache_binding_key(const kvp_cache *cache, kvp_block_key *out, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    *out = kvpi_cache_binding_key(cache);
+    return KVP_OK;
+}
+
+kvp_status kvp_block_key_chain(const kvp_block_key *parent, const kvp_cache *cache,
+                               const void *input, size_t bytes, const kvp_block_key *context,
+                               kvp_block_key *out, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (input == NULL && bytes != 0) {
+        return kvpi_fail_null(err, "input");
+    }
+    if (out == NULL) {
+        return kvpi_fail_null(err, "out");
+    }
+    kvp_block_key binding = kvpi_cache_binding_key(cache);
+    *out = kvpi_block_key_chain(parent, &binding, input, bytes, context);
+    return KVP_OK;
+}
+
+kvp_block_key kvpi_block_key_chain(const kvp_block_key *parent, const kvp_block_key *binding,
+                                   const void *input, size_t bytes, const kvp_block_key *context)
+{
+    hash128 h;
+    hash_init(&h);
+    hash_key(&h, binding);
+    hash_u64(&h, parent != NULL);
+    if (parent != NULL) {
+        hash_key(&h, parent);
+    }
+    hash_u64(&h, context != NULL);
+    if (context != NULL) {
+        hash_key(&h, context);
+    }
+    hash_u64(&h, bytes);
+    if (bytes != 0) {
+        hash_bytes(&h, input, bytes);
+    }
+    return hash_final(&h);
+}
+
+/* ---- publish and adopt ------------------------------------------------------ */
+
+kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
+                                   const kvp_block_key *key, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (key == NULL) {
+        return kvpi_fail_null(err, "key");
+    }
+    if (lane >= cache->batch_size) {
+        return kvpi_fail_out_of_range(err, "lane", lane, cache->batch_size);
+    }
+    size_t full = cache->len / cache->block_tokens;
+    if (block >= full) {
+        return kvpi_fail_out_of_range(err, "block", block, full);
+    }
+    kvp_pool *pool = cache->pool;
+    uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
+    kvp_status status = KVP_OK;
+    kvpi_pool_lock(pool);
+    if (pool->registered[page]) {
+        const kvp_block_key *had = &pool->page_key[page];
+        if (had->lo != key->lo || had->hi != key->hi) {
+            kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
+            e.index = page;
+            status = kvpi_error_emit(err, &e);
+        }
+    } else if (kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
+        kvpi_prefix_insert_locked(pool, page, key);
+    }
+    kvpi_pool_unlock(pool);
+    return status;
+}
+
+size_t kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count, const kvp_block_key *keys,
+                               size_t n)
+{
+    kvp_pool *pool = caches[0]->pool;
+    size_t batch = caches[0]->batch_size;
+    size_t first = caches[0]->len / caches[0]->block_tokens;
+    size_t adopted = 0;
+    for (; adopted < n; adopted++) {
+        const kvp_block_key *row = keys + adopted * count * batch;
+        int hit = 1;
+        for (size_t i = 0; i < count * batch && hit; i++) {
+            hit = kvpi_prefix_lookup_locked(pool, &row[i]) != KVPI_NO_PAGE;
+        }
+        if (!hit) {
+            pool->prefix_misses++;
+            break;
+        }
+        for (size_t c = 0; c < count; c++) {
+            for (size_t lane = 0; lane < batch; lane++) {
+                uint32_t page = kvpi_prefix_lookup_locked(pool, &row[c * batch + lane]);
+                kvpi_pool_ref_locked(pool, page);
+                caches[c]->tables[lane * caches[c]->blocks_per_lane + first + adopted] = page;
+            }
+        }
+        pool->prefix_hits += count * batch;
+    }
+    if (adopted != 0) {
+        for (size_t c = 0; c < count; c++) {
+            caches[c]->len += adopted * caches[c]->block_tokens;
+            caches[c]->epoch++;
+        }
+    }
+    return adopted;
+}
+
+kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, size_t n,
+                                  size_t *adopted, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    if (keys == NULL && n != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    if (adopted == NULL) {
+        return kvpi_fail_null(err, "adopted");
+    }
+    if (cache->reserved_rows != 0) {
+        kvp_error e = kvpi_error_begin(KVP_ROWS_RESERVED);
+        e.tokens = cache->reserved_rows;
+        return kvpi_error_emit(err, &e);
+    }
+    if (cache->len % cache->block_tokens != 0) {
+        kvp_error e = kvpi_error_begin(KVP_NOT_AT_BLOCK_BOUNDARY);
+        e.current_len = cache->len;
+        e.block_tokens = cache->block_tokens;
+        return kvpi_error_emit(err, &e);
+    }
+    size_t room = (cache->capacity - cache->len) / cache->block_tokens;
+    size_t blocks = n < room ? n : room;
+    kvpi_pool_lock(cache->pool);
+    size_t got = kvpi_cache_adopt_locked(&cache, 1, keys, blocks);
+    kvpi_pool_unlock(cache->pool);
+    *adopted = got;
+    return KVP_OK;
+}
