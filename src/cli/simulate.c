@@ -569,7 +569,7 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
     size_t prompt_rows = mul(pages, c->block_tokens, &overflow) / c->layers;
     prompt_rows = prompt_rows > c->capacity ? prompt_rows : c->capacity;
     size_t prompt = mul(mul(prompt_rows, d, &overflow), sizeof(double), &overflow);
-    size_t list = mul(requests, sizeof(kvp_request) + 2 * sizeof(size_t), &overflow);
+    size_t list = mul(requests, sizeof(kvp_workload_request) + 2 * sizeof(size_t), &overflow);
     size_t metadata = mul(pages, 3 * sizeof(uint32_t), &overflow);
     memory_part parts[] = {
         {"the pool", FLAG_BUDGET, FLAG_COUNT_,
@@ -817,7 +817,7 @@ static int prepare(int argc, char **argv, options *o, kvp_workload *workload)
     }
     if (o->trace == NULL && kvp_workload_generate(&o->workload, workload) != 0) {
         kvp_cli_report_oom("simulate", "the request list",
-                           o->workload.requests * sizeof(kvp_request));
+                           o->workload.requests * sizeof(kvp_workload_request));
         return KVP_CLI_USAGE;
     }
     return KVP_CLI_OK;

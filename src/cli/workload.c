@@ -111,7 +111,7 @@ static size_t draw_length(const kvp_workload_spec *spec, double mean, size_t lim
 
 int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
 {
-    kvp_request *requests = kvp_cli_calloc(spec->requests, sizeof *requests);
+    kvp_workload_request *requests = kvp_cli_calloc(spec->requests, sizeof *requests);
     if (requests == NULL) {
         return -1;
     }
@@ -120,7 +120,8 @@ int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
     double clock = 0.0;
     size_t limit = spec->capacity > 1 ? spec->capacity - 1 : 1;
     for (size_t i = 0; i < spec->requests; i++) {
-        kvp_request *r = &requests[i];
+        kvp_workload_request *r = &requests[i];
+        r->stream = i;
         r->prompt_tokens = draw_length(spec, spec->prompt_mean, limit, &lengths);
         size_t room = spec->capacity - r->prompt_tokens;
         r->output_tokens = draw_length(spec, spec->output_mean, room, &lengths);
@@ -188,7 +189,7 @@ static int split_row(char *text, char *fields[3])
     return n == 3 ? 0 : -1;
 }
 
-static int parse_row(char *text, const char *path, size_t line, size_t capacity, kvp_request *r,
+static int parse_row(char *text, const char *path, size_t line, size_t capacity, kvp_workload_request *r,
                      char *message, size_t size)
 {
     static const char *const columns[3] = {"arrival_step", "prompt_tokens", "output_tokens"};
@@ -219,6 +220,7 @@ static int parse_row(char *text, const char *path, size_t line, size_t capacity,
                  path, line, values[2], values[1] + values[2], capacity);
         return -1;
     }
+    memset(r, 0, sizeof *r);
     r->arrival_step = values[0];
     r->prompt_tokens = values[1];
     r->output_tokens = values[2];
@@ -240,11 +242,11 @@ typedef struct trace_reader {
     size_t message_size;
 } trace_reader;
 
-static int add_request(trace_reader *t, const kvp_request *r)
+static int add_request(trace_reader *t, const kvp_workload_request *r)
 {
     if (t->list->count == t->room) {
         size_t room = t->room ? 2 * t->room : 64;
-        kvp_request *grown = kvp_cli_realloc(t->list->requests, room, sizeof *grown);
+        kvp_workload_request *grown = kvp_cli_realloc(t->list->requests, room, sizeof *grown);
         if (grown == NULL) {
             snprintf(t->message, t->message_size,
                      "out of memory: cannot allocate the trace's requests (%zu bytes) "
@@ -255,7 +257,9 @@ static int add_request(trace_reader *t, const kvp_request *r)
         t->list->requests = grown;
         t->room = room;
     }
-    t->list->requests[t->list->count++] = *r;
+    t->list->requests[t->list->count] = *r;
+    t->list->requests[t->list->count].stream = t->list->count;
+    t->list->count++;
     return 0;
 }
 
@@ -275,7 +279,7 @@ static int end_line(trace_reader *t)
     if (t->line == 1 && strcmp(text, "arrival_step,prompt_tokens,output_tokens") == 0) {
         return 0;
     }
-    kvp_request r;
+    kvp_workload_request r;
     if (parse_row(text, t->path, t->line, t->capacity, &r, t->message, t->message_size) != 0) {
         return -1;
     }

@@ -23,14 +23,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct kvp_request {
+typedef struct kvp_workload_request {
     size_t arrival_step;
-    size_t prompt_tokens;
+    size_t prompt_tokens;  /* shared_tokens included */
     size_t output_tokens;
-} kvp_request;
+    size_t shared_tokens;  /* leading prompt positions every request shares (--shared-prefix) */
+    uint64_t stream;       /* whose pseudo-embeddings the other positions are: the request's
+                              index, or its conversation's number (all of its turns share it) */
+} kvp_workload_request;
 
 typedef struct kvp_workload {
-    kvp_request *requests;
+    kvp_workload_request *requests;
     size_t count;
 } kvp_workload;
 

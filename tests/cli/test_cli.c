@@ -247,7 +247,7 @@ static void test_cli_workload_generate_keeps_its_invariants(void **state)
     assert_int_equal(kvp_workload_generate(&spec, &w), 0);
     assert_int_equal(w.count, 50);
     for (size_t i = 0; i < w.count; i++) {
-        const kvp_request *r = &w.requests[i];
+        const kvp_workload_request *r = &w.requests[i];
         assert_true(r->prompt_tokens >= 1 && r->output_tokens >= 1);
         assert_true(r->prompt_tokens + r->output_tokens <= spec.capacity);
         assert_int_equal(r->arrival_step, 2 * i);
