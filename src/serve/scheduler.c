@@ -585,7 +585,8 @@ static kvp_status request_read(const kvp_scheduler *s, const kvp_request *caller
                                  "is not supported yet: parallel sampling needs fork");
     }
     size_t capacity = s->config.capacity;
-    if (request->prompt_tokens > capacity || request->max_new_tokens > capacity - request->prompt_tokens) {
+    if (request->prompt_tokens > capacity ||
+        request->max_new_tokens > capacity - request->prompt_tokens) {
         if (err != NULL) {
             kvp_error e;
             memset(&e, 0, sizeof e);
