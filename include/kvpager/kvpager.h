@@ -29,6 +29,7 @@
 #include "kvpager/attention.h"
 #include "kvpager/model.h"
 #include "kvpager/sequence.h"
+#include "kvpager/scheduler.h"
 
 #ifdef __cplusplus
 extern "C" {

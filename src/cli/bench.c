@@ -1048,7 +1048,7 @@ static int measure_simulate(const options *o, results *r)
     kvp_workload_spec_defaults(&spec);
     kvp_workload workload = {NULL, 0};
     if (kvp_workload_generate(&spec, &workload) != 0) {
-        kvp_cli_report_oom("bench", "the request list", o->requests * sizeof(kvp_request));
+        kvp_cli_report_oom("bench", "the request list", o->requests * sizeof(kvp_workload_request));
         return KVP_CLI_USAGE;
     }
     double rates[SIM_REPETITIONS];

@@ -1,23 +1,16 @@
 /*
- * sim.h: the continuous-batching simulation behind `kvpager simulate`.
+ * sim.h: the run behind `kvpager simulate`: a workload served by the
+ * library's continuous-batching scheduler (kvpager/scheduler.h: admission,
+ * batched prefill, preemption by recompute, decode on the decoder's
+ * threads), and the numbers the report prints.
  *
- * Owns: one pool, one model, a reusable set of sequences, and the schedule.
- * Each scheduler step:
- *   1. arrivals join the back of the waiting queue;
- *   2. admission, first come first served: the head request is admitted when
- *      kvp_pool_admit says NOW for its prompt (plus any tokens it generated
- *      before a preemption) plus a decoding reserve, keeping a watermark of
- *      free pages, and promised its reserve. A request whose full length can
- *      never fit is rejected. The requests admitted in a step are then
- *      prefilled together, as one batch of jobs on the decoder's threads;
- *   3. preemption by recompute: while the running sequences need more new
- *      pages this step than are free, the most recently admitted one gives all
- *      its pages back and returns to the front of the queue;
- *   4. decode: every running sequence advances one token, with real attention
- *      on the decoder's threads (or, with compute off, the allocator-only
- *      append); finished sequences give their pages back.
- * Token inputs are pseudo-embeddings of (request, position) drawn from the
- * seed, so a recomputed request sees exactly the inputs it saw before.
+ * Owns: one pool, one model, one decoder and one scheduler per run. Each
+ * step, the requests that arrive by then are submitted (request i of the
+ * workload becomes scheduler request i), the scheduler steps once, and the
+ * step's pages and running sequences are recorded.
+ * Token inputs are pseudo-embeddings of (stream, position) drawn from the
+ * seed (workload.h: a request's stream, and its shared prefix), so a
+ * recomputed request sees exactly the inputs it saw before.
  */
 #ifndef KVPAGER_CLI_SIM_H
 #define KVPAGER_CLI_SIM_H
@@ -43,6 +36,7 @@ typedef struct kvp_sim_config {
     size_t reserve_tokens;  /* decoding reserve promised at admission */
     int compute;            /* 0: allocator-only */
     size_t audit_every;     /* steps between pool audits */
+    size_t samples;         /* continuations per request (kvp_request.samples) */
 } kvp_sim_config;
 
 /* One scheduler step, for the plot. */
@@ -91,16 +85,16 @@ typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t
 void kvp_sim_config_init(kvp_sim_config *config);
 
 /*
- * Runs the workload. Returns 0, or -1 with *err and *context describing a
- * library failure. The result's samples must be freed with kvp_sim_result_free.
- */
-/*
  * The KV heads a run stores: config->kv_heads, or heads when it is 0. Pages
  * hold this many heads, so K/V bytes per token are 2 x layers x kv_heads x
  * (model_width / heads) x 8.
  */
 size_t kvp_sim_kv_heads(const kvp_sim_config *config);
 
+/*
+ * Runs the workload. Returns 0, or -1 with *err and *context describing a
+ * library failure. The result's samples must be freed with kvp_sim_result_free.
+ */
 int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
                 kvp_sim_progress_fn progress, void *progress_ctx, kvp_sim_result *out,
                 kvp_error *err, const char **context);

@@ -50,6 +50,8 @@
     X(ARRIVAL, "--arrival")                                                               \
     X(RATE, "--rate")                                                                     \
     X(TRACE, "--trace")                                                                   \
+    X(SHARED_PREFIX, "--shared-prefix")                                                   \
+    X(SAMPLES, "--samples")                                                               \
     X(WATERMARK, "--watermark")                                                           \
     X(RESERVE_TOKENS, "--reserve-tokens")                                                 \
     X(THREADS, "--threads")                                                               \
@@ -78,6 +80,7 @@ static const char *const flag_names[FLAG_COUNT_] = {
 #define MIN_SIGMA 0.05
 #define MAX_SIGMA 4.0
 #define MAX_POOL_PAGES 4294967294u /* pages are named by 32-bit ids (kvpager/pool.h) */
+#define MAX_SAMPLES 256
 
 typedef struct options {
     kvp_sim_config sim;
@@ -135,8 +138,12 @@ static void simulate_usage(FILE *out)
             "workload (generated; none of these may be given with --trace):\n"
             "  --requests N         number of requests, >= 1 (default 128)\n"
             "  --profile NAME       sharegpt (prompt ~161, output ~338, sigma 1.0),\n"
-            "                       alpaca (~19, ~58, sigma 0.6) or uniform (lengths uniform\n"
-            "                       on [1, 2 x mean - 1]) (default sharegpt)\n"
+            "                       alpaca (~19, ~58, sigma 0.6), uniform (lengths uniform\n"
+            "                       on [1, 2 x mean - 1]) or conversation (multi-turn chats,\n"
+            "                       ShareGPT's 3.51 turns on average: each turn's prompt is\n"
+            "                       the whole earlier conversation plus a new message of\n"
+            "                       ~94 tokens, reply ~348, sigma 1.0; --requests counts\n"
+            "                       turns) (default sharegpt)\n"
             "  --prompt-mean X      mean prompt tokens, 1 to capacity - 1 (default: the\n"
             "                       profile's)\n"
             "  --output-mean X      mean output tokens, 1 to capacity - 1 (default: the\n"
@@ -150,7 +157,13 @@ static void simulate_usage(FILE *out)
             "                       optional header and UTF-8 byte order mark, rows sorted\n"
             "                       by arrival, prompt >= 1, output >= 1, prompt + output\n"
             "                       <= capacity\n"
+            "  --shared-prefix N    every prompt starts with the same N tokens (a system\n"
+            "                       prompt: the same inputs at those positions), 0 to\n"
+            "                       capacity - 2; generated workloads only (default 0)\n"
             "scheduling and run:\n"
+            "  --samples N          continuations per request (parallel sampling), 1 to 256;\n"
+            "                       N > 1 needs fork, which the scheduler does not have yet:\n"
+            "                       it refuses such requests (default %zu)\n"
             "  --watermark X        fraction of pages kept free at admission, >= 0 and < 1\n"
             "                       (default %.2f)\n"
             "  --reserve-tokens N   decoding reserve promised at admission, 0 to capacity\n"
@@ -175,7 +188,8 @@ static void simulate_usage(FILE *out)
             "error (out of memory included).\n",
             d.layers, d.model_width, d.heads, d.block_tokens,
             kvp_cli_format_bytes(d.budget_bytes, budget, sizeof budget), MIN_CAPACITY,
-            d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, d.watermark, d.reserve_tokens,
+            d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, d.samples, d.watermark,
+            d.reserve_tokens,
             MAX_THREADS, (unsigned long long)d.seed, d.audit_every);
 }
 
@@ -197,6 +211,8 @@ static size_t *size_field(options *o, flag f)
     case FLAG_RESERVE_TOKENS: return &o->sim.reserve_tokens;
     case FLAG_THREADS: return &o->sim.threads;
     case FLAG_AUDIT_EVERY: return &o->sim.audit_every;
+    case FLAG_SHARED_PREFIX: return &o->workload.shared_prefix;
+    case FLAG_SAMPLES: return &o->sim.samples;
     default: return NULL;
     }
 }
@@ -258,7 +274,7 @@ static void parse_value(options *o, flag f, const char *value, kvp_cli_problems 
         }
     } else if (f == FLAG_PROFILE) {
         if (kvp_profile_parse(value, &o->workload.profile) != 0) {
-            invalid(p, f, value, "not a profile (sharegpt, alpaca or uniform)");
+            invalid(p, f, value, "not a profile (sharegpt, alpaca, uniform or conversation)");
         }
     } else if (f == FLAG_ARRIVAL) {
         if (kvp_arrival_parse(value, &o->workload.arrival) != 0) {
@@ -332,7 +348,7 @@ static void check_ranges(options *o, kvp_cli_problems *p)
     const kvp_sim_config *c = &o->sim;
     static const flag generated_only[] = {FLAG_PROFILE, FLAG_REQUESTS, FLAG_PROMPT_MEAN,
                                           FLAG_OUTPUT_MEAN, FLAG_SIGMA, FLAG_ARRIVAL,
-                                          FLAG_RATE};
+                                          FLAG_RATE, FLAG_SHARED_PREFIX};
     if (o->trace != NULL) {
         for (size_t i = 0; i < sizeof generated_only / sizeof generated_only[0]; i++) {
             flag f = generated_only[i];
@@ -382,6 +398,18 @@ static void check_ranges(options *o, kvp_cli_problems *p)
     }
     if (!(c->watermark >= 0.0 && c->watermark < 1.0)) {
         invalid(p, FLAG_WATERMARK, o->value[FLAG_WATERMARK], "must be at least 0 and below 1");
+    }
+    if (c->samples < 1 || c->samples > MAX_SAMPLES) {
+        invalid(p, FLAG_SAMPLES, o->value[FLAG_SAMPLES], "must be from 1 to 256");
+    }
+    if (o->value[FLAG_SHARED_PREFIX] != NULL && c->capacity >= MIN_CAPACITY &&
+        o->workload.shared_prefix > c->capacity - MIN_CAPACITY) {
+        char capacity[32];
+        kvp_cli_problem(p,
+                        "invalid value for --shared-prefix: '%s': must be from 0 to %zu "
+                        "(--capacity %s less one prompt token and one generated token)",
+                        o->value[FLAG_SHARED_PREFIX], c->capacity - MIN_CAPACITY,
+                        shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
     }
     if (c->threads > MAX_THREADS) {
         invalid(p, FLAG_THREADS, o->value[FLAG_THREADS], "must be from 0 (one per core) to 4096");
@@ -467,7 +495,15 @@ static void check_workload(options *o, kvp_cli_problems *p)
     o->workload.capacity = o->sim.capacity;
     kvp_workload_spec_defaults(&o->workload);
     double mean = o->workload.prompt_mean + o->workload.output_mean;
-    if (mean > (double)o->sim.capacity) {
+    size_t shared = o->workload.shared_prefix;
+    if (shared > 0 && (double)shared + mean > (double)o->sim.capacity) {
+        char capacity[32];
+        kvp_cli_problem(p, "invalid value for --shared-prefix: '%s': with the mean request of %.0f "
+                        "tokens (prompt mean %g + output mean %g) it exceeds --capacity %s",
+                        o->value[FLAG_SHARED_PREFIX], mean, o->workload.prompt_mean,
+                        o->workload.output_mean,
+                        shown(o, FLAG_CAPACITY, capacity, sizeof capacity, o->sim.capacity));
+    } else if (mean > (double)o->sim.capacity) {
         char capacity[32];
         kvp_cli_problem(p, "invalid value for --capacity: '%s': below the mean request of %.0f tokens "
                    "(prompt mean %g + output mean %g)",
@@ -569,7 +605,7 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
     size_t prompt_rows = mul(pages, c->block_tokens, &overflow) / c->layers;
     prompt_rows = prompt_rows > c->capacity ? prompt_rows : c->capacity;
     size_t prompt = mul(mul(prompt_rows, d, &overflow), sizeof(double), &overflow);
-    size_t list = mul(requests, sizeof(kvp_request) + 2 * sizeof(size_t), &overflow);
+    size_t list = mul(requests, sizeof(kvp_workload_request) + 2 * sizeof(size_t), &overflow);
     size_t metadata = mul(pages, 3 * sizeof(uint32_t), &overflow);
     memory_part parts[] = {
         {"the pool", FLAG_BUDGET, FLAG_COUNT_,
@@ -817,7 +853,7 @@ static int prepare(int argc, char **argv, options *o, kvp_workload *workload)
     }
     if (o->trace == NULL && kvp_workload_generate(&o->workload, workload) != 0) {
         kvp_cli_report_oom("simulate", "the request list",
-                           o->workload.requests * sizeof(kvp_request));
+                           o->workload.requests * sizeof(kvp_workload_request));
         return KVP_CLI_USAGE;
     }
     return KVP_CLI_OK;

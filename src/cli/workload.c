@@ -14,7 +14,7 @@
 
 #include "alloc.h"
 
-static const char *const profile_names[] = {"sharegpt", "alpaca", "uniform"};
+static const char *const profile_names[] = {"sharegpt", "alpaca", "uniform", "conversation"};
 static const char *const arrival_names[] = {"poisson", "uniform", "burst"};
 
 const char *kvp_profile_name(kvp_profile profile)
@@ -29,7 +29,7 @@ const char *kvp_arrival_name(kvp_arrival arrival)
 
 int kvp_profile_parse(const char *text, kvp_profile *out)
 {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (strcmp(text, profile_names[i]) == 0) {
             *out = (kvp_profile)i;
             return 0;
@@ -51,9 +51,10 @@ int kvp_arrival_parse(const char *text, kvp_arrival *out)
 
 void kvp_workload_spec_defaults(kvp_workload_spec *spec)
 {
-    static const double prompt_means[] = {161.0, 19.0, 161.0};
-    static const double output_means[] = {338.0, 58.0, 338.0};
-    static const double sigmas[] = {1.0, 0.6, 0.0};
+    /* conversation: per turn, the new message's and the reply's means (workload.h) */
+    static const double prompt_means[] = {161.0, 19.0, 161.0, 94.0};
+    static const double output_means[] = {338.0, 58.0, 338.0, 348.0};
+    static const double sigmas[] = {1.0, 0.6, 0.0, 1.0};
     if (spec->prompt_mean <= 0.0) {
         spec->prompt_mean = prompt_means[spec->profile];
     }
@@ -62,6 +63,9 @@ void kvp_workload_spec_defaults(kvp_workload_spec *spec)
     }
     if (spec->sigma <= 0.0) {
         spec->sigma = sigmas[spec->profile];
+    }
+    if (spec->turns_mean <= 0.0) {
+        spec->turns_mean = KVP_CONVERSATION_TURNS_MEAN;
     }
 }
 
@@ -109,33 +113,119 @@ static size_t draw_length(const kvp_workload_spec *spec, double mean, size_t lim
     return clamp_length(exp(mu + spec->sigma * normal(state)), limit);
 }
 
+/* The arrival step of request i of a single-turn list, advancing the poisson clock. */
+static size_t draw_arrival(const kvp_workload_spec *spec, size_t i, double *clock,
+                           uint64_t *arrivals)
+{
+    size_t step = 0;
+    switch (spec->arrival) {
+    case KVP_ARRIVAL_BURST:
+        step = 0;
+        break;
+    case KVP_ARRIVAL_UNIFORM:
+        step = (size_t)floor((double)i / spec->rate);
+        break;
+    case KVP_ARRIVAL_POISSON:
+        step = (size_t)floor(*clock);
+        *clock += -log(unit_open(arrivals)) / spec->rate;
+        break;
+    }
+    return step;
+}
+
+/* Stable merge sort by arrival step (turns of conversations interleave). */
+static void sort_by_arrival(kvp_workload_request *items, kvp_workload_request *scratch, size_t n)
+{
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            size_t mid = lo + width < n ? lo + width : n;
+            size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t a = lo;
+            size_t b = mid;
+            size_t k = lo;
+            while (a < mid || b < hi) {
+                int take_a = b >= hi || (a < mid && items[a].arrival_step <= items[b].arrival_step);
+                scratch[k++] = take_a ? items[a++] : items[b++];
+            }
+        }
+        memcpy(items, scratch, n * sizeof *items);
+    }
+}
+
+/* Multi-turn chats (workload.h): conversations start by the arrival process. */
+static int generate_conversations(const kvp_workload_spec *spec, kvp_workload_request *requests)
+{
+    uint64_t lengths = spec->seed ^ 0x6C656E67746873ull; /* independent streams */
+    uint64_t arrivals = spec->seed ^ 0x617272697661ull;
+    uint64_t turns = spec->seed ^ 0x7475726E73ull;
+    double clock = 0.0;
+    size_t count = 0;
+    size_t shared = spec->shared_prefix;
+    /* Geometric on {1, 2, ...} with mean m: continue after each turn with 1 - 1/m. */
+    double next_turn = 1.0 - 1.0 / (spec->turns_mean > 1.0 ? spec->turns_mean : 1.0);
+    for (uint64_t conversation = 0; count < spec->requests; conversation++) {
+        size_t step = draw_arrival(spec, (size_t)conversation, &clock, &arrivals);
+        size_t context = shared;
+        for (;;) {
+            /* Room for at least one message token and one reply token. */
+            if (context + 2 > spec->capacity) {
+                break;
+            }
+            kvp_workload_request *r = &requests[count];
+            size_t message = draw_length(spec, spec->prompt_mean, spec->capacity - context - 1,
+                                         &lengths);
+            r->prompt_tokens = context + message;
+            r->output_tokens = draw_length(spec, spec->output_mean,
+                                           spec->capacity - r->prompt_tokens, &lengths);
+            r->arrival_step = step;
+            r->shared_tokens = shared;
+            r->stream = conversation;
+            count++;
+            context = r->prompt_tokens + r->output_tokens;
+            double think = -log(unit_open(&arrivals)) * KVP_CONVERSATION_THINK_STEPS;
+            step += r->output_tokens + (size_t)floor(think);
+            if (count == spec->requests || unit_open(&turns) >= next_turn) {
+                break;
+            }
+        }
+    }
+    kvp_workload_request *scratch = kvp_cli_alloc(spec->requests, sizeof *scratch);
+    if (scratch == NULL) {
+        return -1;
+    }
+    sort_by_arrival(requests, scratch, spec->requests);
+    kvp_cli_free(scratch);
+    return 0;
+}
+
 int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
 {
-    kvp_request *requests = kvp_cli_calloc(spec->requests, sizeof *requests);
+    kvp_workload_request *requests = kvp_cli_calloc(spec->requests, sizeof *requests);
     if (requests == NULL) {
         return -1;
+    }
+    if (spec->profile == KVP_PROFILE_CONVERSATION) {
+        if (generate_conversations(spec, requests) != 0) {
+            kvp_cli_free(requests);
+            return -1;
+        }
+        out->requests = requests;
+        out->count = spec->requests;
+        return 0;
     }
     uint64_t lengths = spec->seed ^ 0x6C656E67746873ull;  /* independent streams */
     uint64_t arrivals = spec->seed ^ 0x617272697661ull;
     double clock = 0.0;
-    size_t limit = spec->capacity > 1 ? spec->capacity - 1 : 1;
+    size_t shared = spec->shared_prefix;
+    size_t limit = spec->capacity > shared + 1 ? spec->capacity - shared - 1 : 1;
     for (size_t i = 0; i < spec->requests; i++) {
-        kvp_request *r = &requests[i];
-        r->prompt_tokens = draw_length(spec, spec->prompt_mean, limit, &lengths);
+        kvp_workload_request *r = &requests[i];
+        r->stream = i;
+        r->shared_tokens = shared;
+        r->prompt_tokens = shared + draw_length(spec, spec->prompt_mean, limit, &lengths);
         size_t room = spec->capacity - r->prompt_tokens;
         r->output_tokens = draw_length(spec, spec->output_mean, room, &lengths);
-        switch (spec->arrival) {
-        case KVP_ARRIVAL_BURST:
-            r->arrival_step = 0;
-            break;
-        case KVP_ARRIVAL_UNIFORM:
-            r->arrival_step = (size_t)floor((double)i / spec->rate);
-            break;
-        case KVP_ARRIVAL_POISSON:
-            r->arrival_step = (size_t)floor(clock);
-            clock += -log(unit_open(&arrivals)) / spec->rate;
-            break;
-        }
+        r->arrival_step = draw_arrival(spec, i, &clock, &arrivals);
     }
     out->requests = requests;
     out->count = spec->requests;
@@ -188,7 +278,7 @@ static int split_row(char *text, char *fields[3])
     return n == 3 ? 0 : -1;
 }
 
-static int parse_row(char *text, const char *path, size_t line, size_t capacity, kvp_request *r,
+static int parse_row(char *text, const char *path, size_t line, size_t capacity, kvp_workload_request *r,
                      char *message, size_t size)
 {
     static const char *const columns[3] = {"arrival_step", "prompt_tokens", "output_tokens"};
@@ -219,6 +309,7 @@ static int parse_row(char *text, const char *path, size_t line, size_t capacity,
                  path, line, values[2], values[1] + values[2], capacity);
         return -1;
     }
+    memset(r, 0, sizeof *r);
     r->arrival_step = values[0];
     r->prompt_tokens = values[1];
     r->output_tokens = values[2];
@@ -240,11 +331,11 @@ typedef struct trace_reader {
     size_t message_size;
 } trace_reader;
 
-static int add_request(trace_reader *t, const kvp_request *r)
+static int add_request(trace_reader *t, const kvp_workload_request *r)
 {
     if (t->list->count == t->room) {
         size_t room = t->room ? 2 * t->room : 64;
-        kvp_request *grown = kvp_cli_realloc(t->list->requests, room, sizeof *grown);
+        kvp_workload_request *grown = kvp_cli_realloc(t->list->requests, room, sizeof *grown);
         if (grown == NULL) {
             snprintf(t->message, t->message_size,
                      "out of memory: cannot allocate the trace's requests (%zu bytes) "
@@ -255,7 +346,9 @@ static int add_request(trace_reader *t, const kvp_request *r)
         t->list->requests = grown;
         t->room = room;
     }
-    t->list->requests[t->list->count++] = *r;
+    t->list->requests[t->list->count] = *r;
+    t->list->requests[t->list->count].stream = t->list->count;
+    t->list->count++;
     return 0;
 }
 
@@ -275,7 +368,7 @@ static int end_line(trace_reader *t)
     if (t->line == 1 && strcmp(text, "arrival_step,prompt_tokens,output_tokens") == 0) {
         return 0;
     }
-    kvp_request r;
+    kvp_workload_request r;
     if (parse_row(text, t->path, t->line, t->capacity, &r, t->message, t->message_size) != 0) {
         return -1;
     }

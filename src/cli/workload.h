@@ -8,9 +8,30 @@
  * prompt_tokens >= 1, output_tokens >= 1 and prompt + output <= capacity.
  *
  * Profiles (published dataset statistics, as in the vLLM paper):
- *   sharegpt  mean prompt 161, mean output 338; lognormal lengths, heavy-tailed
- *   alpaca    mean prompt 19, mean output 58; lognormal lengths
- *   uniform   uniform lengths with the given means
+ *   sharegpt      mean prompt 161, mean output 338; lognormal lengths, heavy-tailed
+ *   alpaca        mean prompt 19, mean output 58; lognormal lengths
+ *   uniform       uniform lengths with the given means
+ *   conversation  multi-turn chats (ShareGPT's multi-turn statistics, below):
+ *                 each turn's prompt is the whole earlier conversation (every
+ *                 earlier message and reply) plus a new message; prompt_mean
+ *                 and output_mean are the new message's and the reply's
+ *                 means (lognormal, sigma 1.0).
+ * ShareGPT multi-turn statistics: 94,145 conversations of 330,239 turns,
+ * 3.51 turns per conversation on average (LMSYS-Chat-1M, Zheng et al.,
+ * ICLR 2024, arXiv:2309.11998, Table 1, as reproduced in ShareChat,
+ * arXiv:2512.17843, Table 1). The same table gives 94.46 tokens per user
+ * message and 348.45 per reply; those two could not be confirmed from the
+ * sources at hand when this was written, so they are an assumption (the
+ * means used: 94 and 348). The shapes are assumptions too: turns per
+ * conversation geometric on {1, 2, ...} with mean 3.51, lengths lognormal
+ * with sigma 1.0 as the sharegpt profile's. A conversation's next turn
+ * arrives its reply's length in steps after the turn (the fastest the reply
+ * can be generated, one token per step) plus a think time, exponential with
+ * mean 16 steps; a conversation ends early when its next turn would not
+ * leave room for one message and one reply token in `capacity`.
+ * Shared prefix (shared_prefix > 0): every request's prompt starts with the
+ * same shared_prefix tokens (a system prompt), counted in prompt_tokens;
+ * the drawn prompt follows it, so prompt + output stays within capacity.
  * Lognormal lengths use sigma (default 1.0 for sharegpt, 0.6 for alpaca) and
  * mu = ln(mean) - sigma^2 / 2, so the untruncated mean is the target; lengths
  * are then clamped to [1, capacity - 1] and prompt + output to capacity.
@@ -23,18 +44,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct kvp_request {
+typedef struct kvp_workload_request {
     size_t arrival_step;
-    size_t prompt_tokens;
+    size_t prompt_tokens;  /* shared_tokens included */
     size_t output_tokens;
-} kvp_request;
+    size_t shared_tokens;  /* leading prompt positions every request shares (--shared-prefix) */
+    uint64_t stream;       /* whose pseudo-embeddings the other positions are: the request's
+                              index, or its conversation's number (all of its turns share it) */
+} kvp_workload_request;
 
 typedef struct kvp_workload {
-    kvp_request *requests;
+    kvp_workload_request *requests;
     size_t count;
 } kvp_workload;
 
-typedef enum kvp_profile { KVP_PROFILE_SHAREGPT, KVP_PROFILE_ALPACA, KVP_PROFILE_UNIFORM } kvp_profile;
+typedef enum kvp_profile {
+    KVP_PROFILE_SHAREGPT,
+    KVP_PROFILE_ALPACA,
+    KVP_PROFILE_UNIFORM,
+    KVP_PROFILE_CONVERSATION
+} kvp_profile;
 typedef enum kvp_arrival { KVP_ARRIVAL_POISSON, KVP_ARRIVAL_UNIFORM, KVP_ARRIVAL_BURST } kvp_arrival;
 
 typedef struct kvp_workload_spec {
@@ -47,12 +76,22 @@ typedef struct kvp_workload_spec {
     size_t requests;
     size_t capacity;     /* positions a sequence may hold */
     uint64_t seed;
+    size_t shared_prefix; /* tokens every prompt starts with; at most capacity - 2 */
+    double turns_mean;    /* conversation: 0: the profile's (3.51) */
 } kvp_workload_spec;
+
+/* conversation: mean turns per conversation, and the mean think time between turns. */
+#define KVP_CONVERSATION_TURNS_MEAN 3.51
+#define KVP_CONVERSATION_THINK_STEPS 16.0
 
 /* Fills the profile's defaults into zero fields. */
 void kvp_workload_spec_defaults(kvp_workload_spec *spec);
 
-/* Returns 0, or -1 when out of memory (through the program's allocation hook). */
+/*
+ * Returns 0, or -1 when out of memory (through the program's allocation
+ * hook). With shared_prefix 0 and a profile other than conversation, the
+ * list is exactly what it was before those existed (same seeds, same draws).
+ */
 int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out);
 
 /* kvp_workload_load_trace's result when the request list cannot grow. */

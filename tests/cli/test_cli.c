@@ -226,6 +226,10 @@ static void test_cli_workload_names_round_trip(void **state)
     assert_string_equal(kvp_profile_name(profile), "alpaca");
     assert_int_equal(kvp_profile_parse("Alpaca", &profile), -1);
     assert_int_equal(profile, KVP_PROFILE_ALPACA);
+    assert_int_equal(kvp_profile_parse("conversation", &profile), 0);
+    assert_string_equal(kvp_profile_name(profile), "conversation");
+    assert_int_equal(kvp_profile_parse("alpaca", &profile), 0);
+    assert_int_equal(profile, KVP_PROFILE_ALPACA);
     kvp_arrival arrival = KVP_ARRIVAL_POISSON;
     assert_int_equal(kvp_arrival_parse("burst", &arrival), 0);
     assert_string_equal(kvp_arrival_name(arrival), "burst");
@@ -247,7 +251,7 @@ static void test_cli_workload_generate_keeps_its_invariants(void **state)
     assert_int_equal(kvp_workload_generate(&spec, &w), 0);
     assert_int_equal(w.count, 50);
     for (size_t i = 0; i < w.count; i++) {
-        const kvp_request *r = &w.requests[i];
+        const kvp_workload_request *r = &w.requests[i];
         assert_true(r->prompt_tokens >= 1 && r->output_tokens >= 1);
         assert_true(r->prompt_tokens + r->output_tokens <= spec.capacity);
         assert_int_equal(r->arrival_step, 2 * i);
@@ -255,6 +259,103 @@ static void test_cli_workload_generate_keeps_its_invariants(void **state)
     kvp_workload_free(&w);
     assert_null(w.requests);
     kvp_cli_fault_arm(1);
+    assert_int_equal(kvp_workload_generate(&spec, &w), -1);
+    kvp_cli_fault_arm(0);
+    assert_null(w.requests);
+}
+
+/*
+ * --shared-prefix: every prompt starts with the same tokens, within
+ * capacity; with 0 the list is the one the profile always gave.
+ */
+static void test_cli_workload_shared_prefix_prepends_the_same_tokens(void **state)
+{
+    (void)state;
+    kvp_workload_spec spec = {.profile = KVP_PROFILE_SHAREGPT, .arrival = KVP_ARRIVAL_POISSON,
+                              .rate = 1.0, .requests = 200, .capacity = 2048, .seed = 5};
+    kvp_workload_spec_defaults(&spec);
+    kvp_workload plain = {NULL, 0};
+    assert_int_equal(kvp_workload_generate(&spec, &plain), 0);
+    spec.shared_prefix = 100;
+    kvp_workload shared = {NULL, 0};
+    assert_int_equal(kvp_workload_generate(&spec, &shared), 0);
+    int clamped = 0;
+    for (size_t i = 0; i < shared.count; i++) {
+        const kvp_workload_request *a = &plain.requests[i];
+        const kvp_workload_request *b = &shared.requests[i];
+        assert_int_equal(a->shared_tokens, 0);
+        assert_int_equal(a->stream, i);
+        assert_int_equal(b->shared_tokens, 100);
+        assert_int_equal(b->stream, i);
+        assert_int_equal(a->arrival_step, b->arrival_step); /* arrivals are their own stream */
+        assert_true(b->prompt_tokens > 100);
+        assert_true(b->prompt_tokens + b->output_tokens <= spec.capacity);
+        if (a->prompt_tokens + 100 == b->prompt_tokens) {
+            continue; /* the same draw, behind the prefix */
+        }
+        clamped++; /* a long draw clamped to the room the prefix leaves */
+        assert_int_equal(b->prompt_tokens, spec.capacity - 1);
+    }
+    /* P(a draw above 1947 | lognormal, mean 161, sigma 1) is 0.14%: a clamp is rare. */
+    assert_true(clamped < 5);
+    kvp_workload_free(&plain);
+    kvp_workload_free(&shared);
+}
+
+/*
+ * --profile conversation: sorted by arrival; each turn of a conversation
+ * (one stream) has the whole earlier conversation as its prompt's start, so
+ * its prompt is at least the previous turn's prompt + output + 1, and it
+ * arrives no earlier than the previous turn's reply could be done; the
+ * turns average near ShareGPT's 3.51 per conversation.
+ */
+static void test_cli_workload_conversation_grows_each_turn(void **state)
+{
+    (void)state;
+    kvp_workload_spec spec = {.profile = KVP_PROFILE_CONVERSATION, .arrival = KVP_ARRIVAL_POISSON,
+                              .rate = 0.05, .requests = 4000, .capacity = 1000000, .seed = 3,
+                              .shared_prefix = 7};
+    kvp_workload_spec_defaults(&spec);
+    assert_true(spec.turns_mean == 3.51 && spec.prompt_mean == 94.0 &&
+                spec.output_mean == 348.0 && spec.sigma == 1.0);
+    kvp_workload w = {NULL, 0};
+    assert_int_equal(kvp_workload_generate(&spec, &w), 0);
+    assert_int_equal(w.count, 4000);
+    enum { MAX_STREAMS = 4000 };
+    static size_t last_end[MAX_STREAMS];  /* prompt + output of the stream's last turn */
+    static size_t last_ready[MAX_STREAMS]; /* its arrival + output */
+    static int turns[MAX_STREAMS];
+    memset(turns, 0, sizeof turns);
+    size_t streams = 0;
+    for (size_t i = 0; i < w.count; i++) {
+        const kvp_workload_request *r = &w.requests[i];
+        if (i > 0) {
+            assert_true(r->arrival_step >= w.requests[i - 1].arrival_step);
+        }
+        assert_true(r->stream < MAX_STREAMS);
+        assert_int_equal(r->shared_tokens, 7);
+        assert_true(r->output_tokens >= 1 && r->prompt_tokens + r->output_tokens <= spec.capacity);
+        size_t s = (size_t)r->stream;
+        if (turns[s] == 0) {
+            assert_true(r->prompt_tokens >= 8); /* the prefix and a message */
+            streams = s + 1 > streams ? s + 1 : streams;
+        } else {
+            assert_true(r->prompt_tokens >= last_end[s] + 1);
+            assert_true(r->arrival_step >= last_ready[s]);
+        }
+        turns[s]++;
+        last_end[s] = r->prompt_tokens + r->output_tokens;
+        last_ready[s] = r->arrival_step + r->output_tokens;
+    }
+    for (size_t s = 0; s < streams; s++) {
+        assert_true(turns[s] >= 1); /* streams are numbered without gaps */
+    }
+    double mean = (double)w.count / (double)streams;
+    assert_true(mean > 3.0 && mean < 4.0);
+    kvp_workload_free(&w);
+    /* The sort's scratch failing is out of memory too, with nothing left allocated. */
+    spec.requests = 10;
+    kvp_cli_fault_arm(2);
     assert_int_equal(kvp_workload_generate(&spec, &w), -1);
     kvp_cli_fault_arm(0);
     assert_null(w.requests);
@@ -324,6 +425,8 @@ int main(void)
         cmocka_unit_test(test_cli_plot_tick_steps_are_round),
         cmocka_unit_test(test_cli_workload_names_round_trip),
         cmocka_unit_test(test_cli_workload_generate_keeps_its_invariants),
+        cmocka_unit_test(test_cli_workload_shared_prefix_prepends_the_same_tokens),
+        cmocka_unit_test(test_cli_workload_conversation_grows_each_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

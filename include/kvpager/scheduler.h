@@ -1,0 +1,254 @@
+/*
+ * kvpager/scheduler.h: continuous batching of many requests over one model,
+ * one pool and one decoder, under the pool's budget.
+ *
+ * A request brings a prompt and an output budget. kvp_scheduler_step runs
+ * one scheduler step:
+ *   1. admission, first come first served: the head of the waiting queue is
+ *      admitted when kvp_pool_admit says NOW for its prompt (plus the tokens
+ *      it generated before a preemption) plus a decoding reserve, keeping a
+ *      watermark of free pages; its sequence is promised those pages. A
+ *      request whose whole length (prompt + max_new_tokens) can never fit
+ *      the pool is rejected. The requests admitted in a step are prefilled
+ *      together, as one batch of jobs on the decoder's threads;
+ *   2. (prefix lookup and fork will hook in here: not yet);
+ *   3. preemption by recompute: while the running sequences need more new
+ *      pages this step than are free, the most recently admitted one gives
+ *      all its pages back and returns to the front of the queue; when it is
+ *      admitted again, its prompt and the tokens it generated are prefilled
+ *      again from the same input rows;
+ *   4. decode: every running sequence advances one token on the decoder's
+ *      threads (or, with compute off, appends one row of zeros to external
+ *      caches: the allocator alone); a request that has generated
+ *      max_new_tokens finishes and gives its pages back.
+ * Finished requests wait for kvp_scheduler_collect.
+ *
+ * Inputs: a request's rows come from its `prompt` array, or from its `input`
+ * callback, called with (request id, position) for every position it needs,
+ * again when a preempted request is recomputed; it must give the same row
+ * for the same (id, position) every time. The outputs of decoded tokens go
+ * to the request's optional `on_token` callback. Both run on the thread
+ * that calls kvp_scheduler_step, never on the decoder's threads.
+ *
+ * Memory: the scheduler keeps a small record (tens of bytes) of every
+ * request submitted, until it is destroyed; sequences and token buffers are
+ * reused from request to request, so a steady state allocates nothing per
+ * step.
+ *
+ * Threads: a scheduler has one owner at a time: its calls must not overlap
+ * (one caller at a time per scheduler). Its model, pool and decoder may be
+ * shared with other users, as their own headers allow; the scheduler
+ * counts only the pages kvp_pool_admit and kvp_pool_stats_get report.
+ */
+#ifndef KVPAGER_SCHEDULER_H
+#define KVPAGER_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpager/common.h"
+#include "kvpager/model.h"
+#include "kvpager/pool.h"
+#include "kvpager/sequence.h"
+#include "kvpager/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_scheduler kvp_scheduler;
+
+/* A growing struct (pool.h): struct_size first, set by kvp_scheduler_config_init. */
+typedef struct kvp_scheduler_config {
+    size_t struct_size;
+    size_t capacity;       /* positions each sequence may hold; 0 is refused (ZERO_CAPACITY) */
+    double watermark;      /* fraction of the pool's pages kept free at admission, in [0, 1) */
+    size_t reserve_tokens; /* decoding reserve promised at admission */
+    size_t max_running;    /* most sequences running at once; 0: no limit but the pool */
+    int compute;           /* 1: real attention on the decoder; 0: the allocator alone */
+    uint64_t identity;     /* compute 0: the identity the external caches bind (cache.h) */
+} kvp_scheduler_config;
+
+/*
+ * Sets struct_size and the defaults: capacity 0 (the caller must set it),
+ * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0.
+ * NULL is ignored.
+ * Threads: thread-safe (touches only *config).
+ */
+KVP_API void kvp_scheduler_config_init(kvp_scheduler_config *config);
+
+/*
+ * The input row of token `position` of request `request_id`: `width`
+ * doubles (the model's width) into `row`. Must be deterministic in
+ * (request_id, position) and give finite values.
+ */
+typedef void (*kvp_scheduler_input_fn)(void *ctx, uint64_t request_id, size_t position,
+                                       double *row, size_t width);
+
+/* The output of the decoded token at `position` ([1, 1, width], the residual stream). */
+typedef void (*kvp_scheduler_token_fn)(void *ctx, uint64_t request_id, size_t position,
+                                       const double *output, size_t width);
+
+/* A growing struct (pool.h): struct_size first, set by kvp_request_init. */
+typedef struct kvp_request {
+    size_t struct_size;
+    size_t prompt_tokens;           /* >= 1 */
+    const double *prompt;           /* [prompt_tokens][width], or NULL: `input` gives them */
+    kvp_scheduler_input_fn input;   /* rows past the prompt (all rows when prompt is NULL);
+                                       required with compute 1 */
+    void *ctx;                      /* passed to input and on_token */
+    kvp_scheduler_token_fn on_token;/* optional */
+    size_t max_new_tokens;          /* the output budget, >= 1 */
+    size_t samples;                 /* continuations; only 1 for now (fork is not wired yet) */
+} kvp_request;
+
+/* Sets struct_size, samples 1 and every other field 0 / NULL. NULL is ignored.
+ * Threads: thread-safe (touches only *request). */
+KVP_API void kvp_request_init(kvp_request *request);
+
+/* One finished request, as kvp_scheduler_collect hands it back. */
+typedef struct kvp_request_result {
+    size_t struct_size;
+    uint64_t id;
+    size_t tokens_generated;
+    size_t preemptions;  /* times it was preempted and recomputed */
+    int rejected;        /* 1: its whole length can never fit the pool; nothing was run */
+    kvp_status status;   /* KVP_OK, or why its prefill or a decode step failed */
+    kvp_error error;     /* the failure's detail when status is not KVP_OK */
+} kvp_request_result;
+
+/* Sets struct_size and zeroes the rest. NULL is ignored.
+ * Threads: thread-safe (touches only *result). */
+KVP_API void kvp_request_result_init(kvp_request_result *result);
+
+/* What one kvp_scheduler_step did, and the pool after it. */
+typedef struct kvp_step_stats {
+    size_t struct_size;
+    size_t admitted;        /* requests admitted (and prefilled) */
+    size_t rejected;        /* requests rejected */
+    size_t preempted;       /* sequences preempted by recompute */
+    size_t decoded;         /* sequences that decoded a token */
+    size_t finished;        /* requests that finished (rejected ones not counted) */
+    size_t failed;          /* requests whose prefill or decode failed (finished with a status) */
+    size_t running;         /* sequences running after the step */
+    size_t waiting;         /* requests waiting after the step */
+    size_t prefill_tokens;  /* prompt tokens prefilled, recomputation included */
+    size_t used_slots;      /* token slots (positions x layers) of the sequences still running */
+    size_t held_pages;      /* the pool's, after the step */
+    size_t total_pages;
+} kvp_step_stats;
+
+/* Sets struct_size and zeroes the rest. NULL is ignored.
+ * Threads: thread-safe (touches only *stats). */
+KVP_API void kvp_step_stats_init(kvp_step_stats *stats);
+
+/* Counters since creation. */
+typedef struct kvp_scheduler_stats {
+    size_t struct_size;
+    uint64_t submitted;
+    uint64_t completed;         /* finished with every token generated */
+    uint64_t rejected;
+    uint64_t failed;            /* finished with a failure status */
+    uint64_t preemptions;
+    uint64_t tokens_generated;  /* decoded tokens */
+    uint64_t prefill_tokens;    /* prompt tokens prefilled, recomputation included */
+    uint64_t steps;             /* successful kvp_scheduler_step calls */
+    size_t running;             /* sequences running now (one per sample) */
+    size_t waiting;             /* requests waiting now */
+    size_t uncollected;         /* finished requests not yet collected */
+    size_t peak_running;        /* most sequences decoded in one step */
+    size_t held_samples;        /* sequences (leases) the scheduler holds, running or idle */
+} kvp_scheduler_stats;
+
+/* Sets struct_size and zeroes the rest. NULL is ignored.
+ * Threads: thread-safe (touches only *stats). */
+KVP_API void kvp_scheduler_stats_init(kvp_scheduler_stats *stats);
+
+/*
+ * A scheduler over `model`'s layers, drawing pages from `pool`, decoding on
+ * `decoder` (NULL allowed only with compute 0). It holds the three without
+ * owning them: they must outlive it. Errors, in order: NULL_ARGUMENT (model,
+ * pool, cfg, out; decoder when compute is 1); INVALID_ARGUMENT (cfg's
+ * struct_size; "watermark" not in [0, 1)); then the errors of creating its
+ * first sequence, which checks the model and pool against each other
+ * (ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH, ...: see
+ * kvp_sequence_create, or kvp_cache_create with compute 0);
+ * ALLOCATION_FAILED. *out is written only on success; a failure leaves
+ * nothing allocated.
+ * Threads: thread-safe (creates a new handle; reads the model and pool).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool,
+                                                      kvp_decoder *decoder,
+                                                      const kvp_scheduler_config *cfg,
+                                                      kvp_scheduler **out, kvp_error *err);
+
+/*
+ * Destroys every sequence the scheduler holds (their pages and promises go
+ * back to the pool) and frees it; requests not collected are dropped. NULL
+ * is ignored.
+ * Threads: one caller at a time per scheduler; not while another call uses it.
+ */
+KVP_API kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *err);
+
+/*
+ * Queues a request at the back of the waiting queue and gives its id
+ * (0, 1, 2, ... in submit order). The request is copied; `prompt` and `ctx`
+ * are the caller's and must stay valid until the request is collected
+ * (a preempted request reads its rows again). Errors, in order, each
+ * changing nothing (no id is used): NULL_ARGUMENT (scheduler, request, id;
+ * `input` when compute is 1: the decoded tokens' rows come from it);
+ * INVALID_ARGUMENT (struct_size; "prompt_tokens" 0; "max_new_tokens" 0;
+ * "samples" 0; "samples" above 1, why "is not supported yet: parallel
+ * sampling needs fork", until kvp_sequence_fork is wired in);
+ * FULL when prompt_tokens + max_new_tokens exceeds the capacity (err.what
+ * "request", err.tokens the length, err.available the capacity);
+ * ALLOCATION_FAILED.
+ * Threads: one caller at a time per scheduler.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler,
+                                                      const kvp_request *request, uint64_t *id,
+                                                      kvp_error *err);
+
+/*
+ * One step (admission and prefill, preemption, decode: the top of this
+ * file). A request whose prefill or decode job fails (a non-finite input
+ * row, or POOL_EXHAUSTED when another user of the pool took the pages)
+ * finishes with that status and its pages go back; the step goes on.
+ * `stats` (optional) receives what the step did.
+ * Errors: NULL_ARGUMENT; INVALID_ARGUMENT (stats' struct_size);
+ * ALLOCATION_FAILED, found before anything changes; the decoder's refusals
+ * (DECODER_BUSY when another caller is stepping it): from the prefill
+ * batch, the step's admissions are undone and nothing changed; from the
+ * decode batch, the step's admissions, prefills and preemptions stand and
+ * no token was decoded (the next step decodes them).
+ * Threads: one caller at a time per scheduler; the decoder runs the jobs on
+ * its threads; `input` and `on_token` run on the calling thread.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_scheduler_step(kvp_scheduler *scheduler,
+                                                    kvp_step_stats *stats, kvp_error *err);
+
+/*
+ * Moves up to `cap` finished requests, oldest first, into finished[0..n),
+ * and writes n. Each entry is written whole (the library's
+ * sizeof(kvp_request_result)); finished[0].struct_size must say that much:
+ * INVALID_ARGUMENT otherwise, as for NULL_ARGUMENT (scheduler, n; finished
+ * when cap > 0), changing nothing.
+ * Threads: one caller at a time per scheduler.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_scheduler_collect(kvp_scheduler *scheduler,
+                                                       kvp_request_result *finished, size_t cap,
+                                                       size_t *n, kvp_error *err);
+
+/*
+ * The counters. NULL_ARGUMENT; INVALID_ARGUMENT (struct_size); changes nothing.
+ * Threads: one caller at a time per scheduler.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_scheduler_stats_get(const kvp_scheduler *scheduler,
+                                                         kvp_scheduler_stats *out,
+                                                         kvp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGER_SCHEDULER_H */
