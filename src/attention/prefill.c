@@ -122,52 +122,62 @@ static double *row_scores(const block_job *job, size_t t, size_t lane, size_t he
     return row + (lane * job->cache->binding.heads + head) * (job->first + t + 1);
 }
 
-/* The part's lane, KV head and rows [*t0, *t1). */
-static void part_of(const block_job *job, size_t part, size_t *lane, size_t *kv_head,
-                    size_t *t0, size_t *t1)
+/* What one part (a lane, a KV head, rows [t0, t1) of the block) reads, and where. */
+typedef struct part_view {
+    size_t lane, g, t0, t1;
+    size_t d, bt, group, kv_width;
+    size_t row_stride; /* from one block row to the next */
+    size_t blocks;     /* the cache's mapped pages */
+    const uint32_t *table;
+    const kvpi_kernels *k;
+    kvp_dtype dtype;
+} part_view;
+
+static part_view view_of(const block_job *job, size_t part)
 {
+    const kvp_cache *cache = job->cache;
+    part_view v;
     size_t run = part % job->runs;
     size_t rest = part / job->runs;
-    *kv_head = rest % job->cache->heads;
-    *lane = rest / job->cache->heads;
-    *t0 = run * job->tokens / job->runs;
-    *t1 = (run + 1) * job->tokens / job->runs;
+    v.g = rest % cache->heads;
+    v.lane = rest / cache->heads;
+    v.t0 = run * job->tokens / job->runs;
+    v.t1 = (run + 1) * job->tokens / job->runs;
+    v.d = cache->head_width;
+    v.bt = cache->block_tokens;
+    v.group = cache->binding.heads / cache->heads;
+    v.kv_width = cache->heads * v.d;
+    v.row_stride = job->w->batch * v.kv_width;
+    v.blocks = kvpi_cache_mapped_blocks(cache);
+    v.table = kvpi_cache_lane_table(cache, v.lane);
+    v.k = kvpi_kernels_active();
+    v.dtype = kvpi_cache_dtype(cache);
+    return v;
 }
 
 static void score_part(void *ctx, size_t part)
 {
     const block_job *job = ctx;
-    const kvp_cache *cache = job->cache;
     const kvpi_prefill_work *w = job->w;
-    size_t lane, g, t0, t1;
-    part_of(job, part, &lane, &g, &t0, &t1);
-    size_t d = cache->head_width;
-    size_t bt = cache->block_tokens;
-    size_t group = cache->binding.heads / cache->heads;
-    size_t kv_width = cache->heads * d;
-    size_t row_stride = w->batch * kv_width; /* from one block row to the next */
-    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-    const kvpi_kernels *k = kvpi_kernels_active();
-    kvp_dtype dtype = kvpi_cache_dtype(cache);
-    size_t blocks = kvpi_cache_mapped_blocks(cache);
-    for (size_t block = 0; block < blocks && t0 < t1; block++) {
-        size_t start = block * bt;
-        size_t rows = job->first - start < bt ? job->first - start : bt;
-        const void *page_keys = kvpi_cache_page_keys(cache, table[block], g);
-        for (size_t t = t0; t < t1; t++) {
-            const double *q = w->query + (t * w->batch + lane) * w->model_width;
-            for (size_t head = g * group; head < (g + 1) * group; head++) {
-                kvpi_dot_stored_rows(k, dtype, q + head * d, page_keys, rows, d, job->scale,
-                                     row_scores(job, t, lane, head) + start);
+    part_view v = view_of(job, part);
+    for (size_t block = 0; block < v.blocks && v.t0 < v.t1; block++) {
+        size_t start = block * v.bt;
+        size_t rows = job->first - start < v.bt ? job->first - start : v.bt;
+        const void *page_keys = kvpi_cache_page_keys(job->cache, v.table[block], v.g);
+        for (size_t t = v.t0; t < v.t1; t++) {
+            const double *q = w->query + (t * w->batch + v.lane) * w->model_width;
+            for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
+                kvpi_dot_stored_rows(v.k, v.dtype, q + head * v.d, page_keys, rows, v.d,
+                                     job->scale, row_scores(job, t, v.lane, head) + start);
             }
         }
     }
-    const double *block_keys = job->keys + lane * kv_width + g * d;
-    for (size_t t = t0; t < t1; t++) {
-        const double *q = w->query + (t * w->batch + lane) * w->model_width;
-        for (size_t head = g * group; head < (g + 1) * group; head++) {
-            k->dot_rows(q + head * d, block_keys, row_stride, t + 1, d, job->scale,
-                        row_scores(job, t, lane, head) + job->first);
+    const double *block_keys = job->keys + v.lane * v.kv_width + v.g * v.d;
+    for (size_t t = v.t0; t < v.t1; t++) {
+        const double *q = w->query + (t * w->batch + v.lane) * w->model_width;
+        for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
+            v.k->dot_rows(q + head * v.d, block_keys, v.row_stride, t + 1, v.d, job->scale,
+                          row_scores(job, t, v.lane, head) + job->first);
         }
     }
 }
@@ -175,45 +185,34 @@ static void score_part(void *ctx, size_t part)
 static void value_part(void *ctx, size_t part)
 {
     const block_job *job = ctx;
-    const kvp_cache *cache = job->cache;
     const kvpi_prefill_work *w = job->w;
-    size_t lane, g, t0, t1;
-    part_of(job, part, &lane, &g, &t0, &t1);
-    size_t d = cache->head_width;
-    size_t bt = cache->block_tokens;
-    size_t group = cache->binding.heads / cache->heads;
-    size_t kv_width = cache->heads * d;
-    size_t row_stride = w->batch * kv_width;
-    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-    const kvpi_kernels *k = kvpi_kernels_active();
-    kvp_dtype dtype = kvpi_cache_dtype(cache);
-    for (size_t t = t0; t < t1; t++) {
-        for (size_t head = g * group; head < (g + 1) * group; head++) {
-            kvpi_softmax(row_scores(job, t, lane, head), job->first + t + 1);
-            memset(w->head_outputs + (t * w->batch + lane) * w->model_width + head * d, 0,
-                   d * sizeof(double));
+    part_view v = view_of(job, part);
+    for (size_t t = v.t0; t < v.t1; t++) {
+        for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
+            kvpi_softmax(row_scores(job, t, v.lane, head), job->first + t + 1);
+            memset(w->head_outputs + (t * w->batch + v.lane) * w->model_width + head * v.d, 0,
+                   v.d * sizeof(double));
         }
     }
-    size_t blocks = kvpi_cache_mapped_blocks(cache);
-    for (size_t block = 0; block < blocks && t0 < t1; block++) {
-        size_t start = block * bt;
-        size_t rows = job->first - start < bt ? job->first - start : bt;
-        const void *page_values = kvpi_cache_page_values(cache, table[block], g);
-        for (size_t t = t0; t < t1; t++) {
-            double *acc = w->head_outputs + (t * w->batch + lane) * w->model_width;
-            for (size_t head = g * group; head < (g + 1) * group; head++) {
-                kvpi_axpy_stored_rows(k, dtype, acc + head * d,
-                                      row_scores(job, t, lane, head) + start, page_values, rows,
-                                      d, 0, d);
+    for (size_t block = 0; block < v.blocks && v.t0 < v.t1; block++) {
+        size_t start = block * v.bt;
+        size_t rows = job->first - start < v.bt ? job->first - start : v.bt;
+        const void *page_values = kvpi_cache_page_values(job->cache, v.table[block], v.g);
+        for (size_t t = v.t0; t < v.t1; t++) {
+            double *acc = w->head_outputs + (t * w->batch + v.lane) * w->model_width;
+            for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
+                kvpi_axpy_stored_rows(v.k, v.dtype, acc + head * v.d,
+                                      row_scores(job, t, v.lane, head) + start, page_values,
+                                      rows, v.d, 0, v.d);
             }
         }
     }
-    const double *block_values = job->values + lane * kv_width + g * d;
-    for (size_t t = t0; t < t1; t++) {
-        double *acc = w->head_outputs + (t * w->batch + lane) * w->model_width;
-        for (size_t head = g * group; head < (g + 1) * group; head++) {
-            k->axpy_rows(acc + head * d, row_scores(job, t, lane, head) + job->first,
-                         block_values, row_stride, t + 1, d);
+    const double *block_values = job->values + v.lane * v.kv_width + v.g * v.d;
+    for (size_t t = v.t0; t < v.t1; t++) {
+        double *acc = w->head_outputs + (t * w->batch + v.lane) * w->model_width;
+        for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
+            v.k->axpy_rows(acc + head * v.d, row_scores(job, t, v.lane, head) + job->first,
+                           block_values, v.row_stride, t + 1, v.d);
         }
     }
 }
