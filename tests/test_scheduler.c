@@ -51,14 +51,18 @@ static void row_of(uint64_t id, size_t position, double *row, size_t width)
     }
 }
 
-static void input_cb(void *ctx, uint64_t id, size_t position, double *row, size_t width)
+static void input_cb(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                     size_t width)
 {
     (void)ctx;
+    assert_int_equal(sample, 0);
     row_of(id, position, row, width);
 }
 
-static void token_cb(void *ctx, uint64_t id, size_t position, const double *output, size_t width)
+static void token_cb(void *ctx, uint64_t id, size_t sample, size_t position,
+                     const double *output, size_t width)
 {
+    assert_int_equal(sample, 0);
     book *b = ctx;
     assert_true(id < MAX_REQUESTS);
     assert_true(position < CAPACITY);

@@ -392,6 +392,7 @@ void kvp_scheduler_config_init(kvp_scheduler_config *config)
     config->watermark = 0.01;
     config->reserve_tokens = 16;
     config->compute = 1;
+    config->sharing = 1;
 }
 
 void kvp_request_init(kvp_request *request)
@@ -766,7 +767,7 @@ static void fill_rows(kvp_scheduler *s, uint64_t id, size_t tokens, double *rows
         memcpy(rows, q->prompt, from_prompt * s->width * sizeof *rows);
     }
     for (size_t t = from_prompt; t < tokens; t++) {
-        q->input(q->ctx, id, t, rows + t * s->width, s->width);
+        q->input(q->ctx, id, 0, t, rows + t * s->width, s->width);
     }
 }
 
@@ -918,7 +919,7 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
             slot *r = &s->running[i];
             const kvp_request *q = &record_of(s, r->id)->request;
             size_t position = kvp_sequence_len(r->lease.sequence);
-            q->input(q->ctx, r->id, position, r->lease.input, s->width);
+            q->input(q->ctx, r->id, 0, position, r->lease.input, s->width);
             kvp_decode_job *job = &s->jobs[i];
             job->sequence = r->lease.sequence;
             job->input = kvp_tensor3(r->lease.input, 1, 1, s->width);
@@ -933,7 +934,7 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
             slot *r = &s->running[i];
             const kvp_request *q = &record_of(s, r->id)->request;
             if (s->jobs[i].status == KVP_OK && q->on_token != NULL) {
-                q->on_token(q->ctx, r->id, kvp_sequence_len(r->lease.sequence) - 1,
+                q->on_token(q->ctx, r->id, 0, kvp_sequence_len(r->lease.sequence) - 1,
                             r->lease.output, s->width);
             }
         }
