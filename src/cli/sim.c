@@ -92,8 +92,10 @@ static void embed(uint64_t seed, uint64_t stream, size_t position, double *row, 
 }
 
 /* The scheduler's input callback: request `id` is workload request `id`. */
-static void input_row(void *ctx, uint64_t id, size_t position, double *row, size_t width)
+static void input_row(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                      size_t width)
 {
+    (void)sample;
     const sim *s = ctx;
     const kvp_workload_request *r = &s->workload->requests[id];
     uint64_t stream = position < r->shared_tokens ? SHARED_STREAM : r->stream;
@@ -101,8 +103,10 @@ static void input_row(void *ctx, uint64_t id, size_t position, double *row, size
 }
 
 /* The scheduler's token callback: the checksum sums every decode output's first value. */
-static void on_token(void *ctx, uint64_t id, size_t position, const double *output, size_t width)
+static void on_token(void *ctx, uint64_t id, size_t sample, size_t position,
+                     const double *output, size_t width)
 {
+    (void)sample;
     (void)id;
     (void)position;
     (void)width;
