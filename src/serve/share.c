@@ -8,9 +8,8 @@
  * invariant) and other threads see either all of a change or none of it.
  *
  * Prompt keys: block j of lane b of layer l is keyed by the chain
- *   key[j][l][b] = kvp_block_key_chain(key[j-1][l][b], cache l,
- *                                      prompt rows of lane b, block j,
- *                                      context)
+ *   key[j][l][b] = chain(key[j-1][l][b], digest of layer l and its index l,
+ *                        prompt rows of lane b, block j, context)
  * where context digests every layer's binding (kvp_cache_binding_key), so a
  * layer's K/V are found only under the exact model (identities, revisions,
  * RoPE, geometry, dtype) and prompt prefix that produced them.
@@ -122,6 +121,15 @@ void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *row
     }
     kvp_block_key context =
         kvpi_block_key_chain(NULL, &bindings[0], bindings, layers * sizeof *bindings, NULL);
+    /*
+     * Each layer's digest with its index: layers may share parameters (and
+     * external caches one identity), so equal digests must still give
+     * each layer its own keys, or one layer would adopt another's K/V.
+     */
+    for (size_t l = 0; l < layers; l++) {
+        uint64_t index = l;
+        bindings[l] = kvpi_block_key_chain(NULL, &bindings[l], &index, sizeof index, NULL);
+    }
     size_t bt = caches[0]->block_tokens;
     for (size_t j = 0; j < blocks; j++) {
         for (size_t l = 0; l < layers; l++) {
