@@ -81,9 +81,8 @@ static void run_sgemm(void *ctx, size_t iterations)
                     n, s->wf, n, 0.0f, s->yf, n);
     }
 }
-#endif
 
-/* max |got - exact| / max |exact| over n outputs. */
+/* max |got - exact| / max |exact| over n outputs (gemm against our rows). */
 static double normwise_difference(const double *got, const double *exact, size_t n)
 {
     double diff = 0.0;
@@ -94,6 +93,7 @@ static double normwise_difference(const double *got, const double *exact, size_t
     }
     return scale > 0.0 ? diff / scale : diff;
 }
+#endif
 
 static int parse_size(const char *text, size_t *out)
 {
