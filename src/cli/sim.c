@@ -87,7 +87,8 @@ typedef struct sim {
     double **outputs;      /* [requests]: the decoded outputs of a chosen request,
                               [samples][output_tokens][width], until verified */
     kvp_pool *verify_pool; /* one full-capacity sequence's pages, shared with nothing */
-    kvp_sequence *verify_sequence;
+    kvp_sequence *verify_sequence; /* bound to the weights of verify_epoch */
+    size_t verify_epoch;
     double *verify_rows;   /* [capacity][width] */
     double *verify_out;    /* [capacity][width] */
     size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
@@ -366,6 +367,16 @@ static int verify(sim *s, uint64_t id)
     const kvp_workload_request *r = &s->workload->requests[id];
     size_t width = c->model_width;
     size_t tokens = r->prompt_tokens + r->output_tokens;
+    if (s->verify_epoch != s->epoch) {
+        /* Its caches are bound to older revisions: a fresh sequence binds the current ones. */
+        kvp_sequence_destroy(s->verify_sequence, NULL);
+        s->verify_sequence = NULL;
+        if (kvp_sequence_create(s->model, s->verify_pool, 1, c->capacity, &s->verify_sequence,
+                                s->err) != KVP_OK) {
+            return fail(s, "creating the verification sequence");
+        }
+        s->verify_epoch = s->epoch;
+    }
     for (size_t sample = 0; sample < c->samples; sample++) {
         for (size_t t = 0; t < tokens; t++) {
             request_row(c->seed, r, sample, t, s->verify_rows + t * width, width);
@@ -511,7 +522,13 @@ static int record_step(sim *s, const kvp_step_stats *st)
     res->peak_held_pages = st->held_pages > res->peak_held_pages ? st->held_pages
                                                                  : res->peak_held_pages;
     res->steps++;
-    s->held_slots += held * (double)s->config->block_tokens;
+    /*
+     * Fragmentation is each sequence's own: the slots of the pages its page
+     * tables name against the positions it holds, a shared page counted by
+     * every sequence naming it (as used_slots counts its positions). Without
+     * sharing these are exactly the pages held.
+     */
+    s->held_slots += (double)st->unshared_pages * (double)s->config->block_tokens;
     s->used_slots += (double)st->used_slots;
     double utilization = held / (double)st->total_pages;
     s->utilization_sum += utilization;
@@ -569,8 +586,12 @@ static int step_once(sim *s, size_t step)
     if (collect(s) != 0) {
         return -1;
     }
-    if (st.decoded == 0 && st.running == 0 && st.waiting > 0) {
-        /* Cannot happen (a request that fits an empty pool is admitted); refuse to spin. */
+    if (st.decoded == 0 && st.running == 0 && st.waiting > 0 && st.preempted == 0) {
+        /*
+         * Cannot happen (a request that fits an empty pool is admitted); refuse
+         * to spin. A step that preempted every running request (stale weights)
+         * emptied the pool: the next one admits.
+         */
         kvp_pool_stats stats;
         kvp_pool_stats_init(&stats);
         size_t free_pages = kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK

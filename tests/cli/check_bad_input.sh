@@ -197,12 +197,10 @@ $S --profile conversation --requests 16 --capacity 4096 --quiet --json --no-comp
 [ "$(json_get "$work/conv.json" config.workload)" = conversation ] || fail "the workload is not conversation"
 $S --samples 1 --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet --json \
     --no-compute > "$work/one.json" || fail "--samples 1 was refused"
-# --samples 2 is valid input, and the scheduler refuses it (no fork yet): exit 2, one line.
-code=0
-$S --samples 2 --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet --no-compute \
-    > "$work/out" 2> "$work/err" || code=$?
-rm -f "$work/ran.svg"
-expect_refusal samples_two_needs_fork samples "not supported yet"
+# --samples 4 forks every prompt: each request completes all four continuations.
+$S --samples 4 --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet --json \
+    --no-compute > "$work/four.json" || fail "--samples 4 was refused"
+[ "$(json_get "$work/four.json" requests_completed)" = 4 ] || fail "--samples 4 did not complete"
 
 # A run that completes nothing meets no target.
 $S --layers 1000 --no-compute --quiet --json > "$work/none.json" || fail "--layers 1000 failed"
