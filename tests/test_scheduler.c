@@ -34,39 +34,76 @@
 #define CAPACITY 64
 #define MAX_REQUESTS 16
 #define SEED 7
+#define SAMPLES 4
 
-/* The rows and the recorded outputs of one test's requests. */
+/*
+ * The rows and the recorded outputs of one test's requests. Request id's
+ * first shared[id] positions take the rows of prefix group group[id] (so
+ * requests can share a prompt prefix); its other prompt rows are its own,
+ * and from prompt[id] on every sample has its own rows.
+ */
 typedef struct book {
-    double outputs[MAX_REQUESTS][CAPACITY][WIDTH];
-    int seen[MAX_REQUESTS][CAPACITY];
-    size_t tokens[MAX_REQUESTS];
+    double outputs[MAX_REQUESTS][SAMPLES][CAPACITY][WIDTH];
+    int seen[MAX_REQUESTS][SAMPLES][CAPACITY];
+    size_t tokens[MAX_REQUESTS][SAMPLES];
+    size_t prompt[MAX_REQUESTS];
+    size_t shared[MAX_REQUESTS];
+    uint64_t group[MAX_REQUESTS];
 } book;
 
-static void row_of(uint64_t id, size_t position, double *row, size_t width)
+static void row_mix(uint64_t key, size_t position, double *row, size_t width)
 {
     for (size_t i = 0; i < width; i++) {
-        /* Deterministic, distinct per (id, position, i), within [-1, 1]. */
-        unsigned v = (unsigned)((id * 131u + position * 31u + i * 7u) % 97u);
+        /* Deterministic, distinct per (key, position, i), within [-1, 1]. */
+        unsigned v = (unsigned)((key * 131u + position * 31u + i * 7u) % 97u);
         row[i] = (double)v / 48.5 - 1.0;
     }
 }
 
-static void input_cb(void *ctx, uint64_t id, size_t position, double *row, size_t width)
+/* The row of (id, sample, position); prompt rows do not depend on the sample. */
+static void row_at(const book *b, uint64_t id, size_t sample, size_t position, double *row)
 {
-    (void)ctx;
-    row_of(id, position, row, width);
+    if (position < b->shared[id]) {
+        row_mix(1000 + b->group[id], position, row, WIDTH);
+    } else if (position < b->prompt[id] || sample == 0) {
+        row_mix(id, position, row, WIDTH);
+    } else {
+        row_mix(id + 7919u * sample, position, row, WIDTH);
+    }
 }
 
-static void token_cb(void *ctx, uint64_t id, size_t position, const double *output, size_t width)
+static void row_of(uint64_t id, size_t position, double *row, size_t width)
+{
+    (void)width;
+    static const book plain; /* no shared prefix: sample 0's rows */
+    row_at(&plain, id, 0, position, row);
+}
+
+static void input_cb(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                     size_t width)
+{
+    const book *b = ctx;
+    assert_int_equal(width, WIDTH);
+    assert_true(sample < SAMPLES);
+    if (position < b->prompt[id]) {
+        assert_int_equal(sample, 0); /* the prompt is every sample's */
+    }
+    row_at(b, id, sample, position, row);
+}
+
+static void token_cb(void *ctx, uint64_t id, size_t sample, size_t position,
+                     const double *output, size_t width)
 {
     book *b = ctx;
     assert_true(id < MAX_REQUESTS);
+    assert_true(sample < SAMPLES);
     assert_true(position < CAPACITY);
+    assert_true(position >= b->prompt[id]);
     assert_int_equal(width, WIDTH);
-    assert_false(b->seen[id][position]); /* each token once, recomputation included */
-    b->seen[id][position] = 1;
-    memcpy(b->outputs[id][position], output, sizeof b->outputs[id][position]);
-    b->tokens[id]++;
+    assert_false(b->seen[id][sample][position]); /* each token once, recomputation included */
+    b->seen[id][sample][position] = 1;
+    memcpy(b->outputs[id][sample][position], output, sizeof b->outputs[id][sample][position]);
+    b->tokens[id][sample]++;
 }
 
 typedef struct fixture {
@@ -86,8 +123,8 @@ static kvp_model *make_model(void)
     return model;
 }
 
-static void setup_fixture(fixture *f, size_t pages, size_t threads, int compute,
-                          size_t max_running)
+static void setup_fixture_sharing(fixture *f, size_t pages, size_t threads, int compute,
+                                  size_t max_running, int sharing)
 {
     memset(f, 0, sizeof *f);
     f->model = make_model();
@@ -101,10 +138,17 @@ static void setup_fixture(fixture *f, size_t pages, size_t threads, int compute,
     config.compute = compute;
     config.max_running = max_running;
     config.identity = SEED;
+    config.sharing = sharing;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
                                         &err),
                    &err);
+}
+
+static void setup_fixture(fixture *f, size_t pages, size_t threads, int compute,
+                          size_t max_running)
+{
+    setup_fixture_sharing(f, pages, threads, compute, max_running, 1);
 }
 
 static void teardown_fixture(fixture *f)
@@ -122,9 +166,13 @@ static void teardown_fixture(fixture *f)
     kvpt_assert_ok(kvp_model_destroy(f->model, NULL), NULL);
 }
 
-static uint64_t submit(fixture *f, book *b, size_t prompt, size_t new_tokens,
-                       const double *rows)
+static uint64_t submit_samples(fixture *f, book *b, size_t prompt, size_t new_tokens,
+                               const double *rows, size_t samples)
 {
+    kvp_scheduler_stats before;
+    kvp_scheduler_stats_init(&before);
+    kvpt_assert_ok(kvp_scheduler_stats_get(f->scheduler, &before, NULL), NULL);
+    b->prompt[before.submitted] = prompt; /* the id it will get */
     kvp_request request;
     kvp_request_init(&request);
     request.prompt_tokens = prompt;
@@ -133,10 +181,18 @@ static uint64_t submit(fixture *f, book *b, size_t prompt, size_t new_tokens,
     request.on_token = token_cb;
     request.ctx = b;
     request.max_new_tokens = new_tokens;
+    request.samples = samples;
     uint64_t id = UINT64_MAX;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &id, &err), &err);
+    assert_int_equal(id, before.submitted);
     return id;
+}
+
+static uint64_t submit(fixture *f, book *b, size_t prompt, size_t new_tokens,
+                       const double *rows)
+{
+    return submit_samples(f, b, prompt, new_tokens, rows, 1);
 }
 
 static kvp_scheduler_stats stats_of(const fixture *f)
@@ -174,32 +230,79 @@ static size_t run(fixture *f, size_t max_running)
     }
 }
 
-/* Each decoded token's output against a fresh sequence fed the same rows, alone. */
-static void assert_outputs_exact(const book *b, size_t id, size_t prompt, size_t new_tokens)
+/* Changes a parameter's values in place, deterministically (a weight update). */
+static void scale_values(void *ctx, double *values, size_t width)
+{
+    (void)ctx;
+    (void)width;
+    values[0] = values[0] * 0.5 + 0.25;
+    values[1] = -values[1];
+}
+
+/* Updates every parameter of every layer once (each revision + 1). */
+static void update_weights(kvp_model *model)
+{
+    for (size_t l = 0; l < LAYERS; l++) {
+        for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+            kvp_error err;
+            kvpt_assert_ok(kvp_param_update_with(kvp_model_param_mut(model, l, i), scale_values,
+                                                 NULL, &err),
+                           &err);
+        }
+    }
+}
+
+/*
+ * Sample `sample`'s decoded outputs at positions in [from, to) against a
+ * fresh sequence fed the same rows alone, under `updates` weight updates.
+ */
+static void assert_sample_exact_range(const book *b, size_t id, size_t sample, size_t prompt,
+                                      size_t new_tokens, size_t from, size_t to, size_t updates)
 {
     kvp_model *model = make_model();
+    for (size_t u = 0; u < updates; u++) {
+        update_weights(model);
+    }
     kvp_pool *pool = kvpt_pool(BLOCK, KV_HEADS, HEAD_WIDTH, 64);
     kvp_sequence *seq = NULL;
     kvp_error err;
     kvpt_assert_ok(kvp_sequence_create(model, pool, 1, CAPACITY, &seq, &err), &err);
     double rows[CAPACITY][WIDTH];
     for (size_t t = 0; t < prompt + new_tokens; t++) {
-        row_of(id, t, rows[t], WIDTH);
+        row_at(b, id, sample, t, rows[t]);
     }
     kvp_tensor input = kvp_tensor3(&rows[0][0], 1, prompt, WIDTH);
     kvpt_assert_ok(kvp_sequence_prefill(seq, &input, NULL, NULL, NULL, 0, &err), &err);
-    assert_int_equal(b->tokens[id], new_tokens);
+    assert_int_equal(b->tokens[id][sample], new_tokens);
     for (size_t k = 0; k < new_tokens; k++) {
         size_t position = prompt + k;
         double out[WIDTH];
         kvp_tensor one = kvp_tensor3(rows[position], 1, 1, WIDTH);
         kvpt_assert_ok(kvp_sequence_step(seq, &one, NULL, NULL, out, WIDTH, &err), &err);
-        assert_true(b->seen[id][position]);
-        assert_memory_equal(out, b->outputs[id][position], sizeof out); /* bit for bit */
+        assert_true(b->seen[id][sample][position]);
+        if (position >= from && position < to) {
+            /* bit for bit */
+            assert_memory_equal(out, b->outputs[id][sample][position], sizeof out);
+        }
     }
     kvpt_assert_ok(kvp_sequence_destroy(seq, NULL), NULL);
     kvpt_assert_ok(kvp_pool_destroy(pool, NULL), NULL);
     kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
+}
+
+/* Every sample's decoded outputs against a fresh sequence fed the same rows, alone. */
+static void assert_samples_exact(const book *b, size_t id, size_t samples, size_t prompt,
+                                 size_t new_tokens)
+{
+    for (size_t k = 0; k < samples; k++) {
+        assert_sample_exact_range(b, id, k, prompt, new_tokens, 0, CAPACITY, 0);
+    }
+}
+
+/* Each decoded token's output against a fresh sequence fed the same rows, alone. */
+static void assert_outputs_exact(const book *b, size_t id, size_t prompt, size_t new_tokens)
+{
+    assert_samples_exact(b, id, 1, prompt, new_tokens);
 }
 
 static size_t collect_all(fixture *f, kvp_request_result *out, size_t cap)
@@ -316,7 +419,7 @@ static void test_scheduler_rejects_what_never_fits(void **state)
         }
     }
     assert_true(found);
-    assert_int_equal(b.tokens[huge], 0);
+    assert_int_equal(b.tokens[huge][0], 0);
     assert_outputs_exact(&b, small, 4, 4);
     assert_outputs_exact(&b, after, 2, 3);
     kvp_scheduler_stats s = stats_of(&f);
@@ -484,7 +587,7 @@ static void test_scheduler_submit_refusals_change_nothing(void **state)
         {0, 2, 1, sizeof good, 0, KVP_INVALID_ARGUMENT, "prompt_tokens"},
         {3, 0, 1, sizeof good, 0, KVP_INVALID_ARGUMENT, "max_new_tokens"},
         {3, 2, 0, sizeof good, 0, KVP_INVALID_ARGUMENT, "samples"},
-        {3, 2, 2, sizeof good, 0, KVP_INVALID_ARGUMENT, "samples"},
+        {3, 2, 257, sizeof good, 0, KVP_INVALID_ARGUMENT, "samples"},
         {3, 2, 1, 0, 0, KVP_INVALID_ARGUMENT, "struct_size"},
         {3, 2, 1, sizeof good, 1, KVP_NULL_ARGUMENT, "input"},
         {CAPACITY - 1, 2, 1, sizeof good, 0, KVP_FULL, NULL},
@@ -510,11 +613,6 @@ static void test_scheduler_submit_refusals_change_nothing(void **state)
         kvp_scheduler_stats now = stats_of(&f);
         assert_stats_equal(&now, &before);
     }
-    memset(&err, 0, sizeof err);
-    good.samples = 2;
-    assert_int_equal(kvp_scheduler_submit(f.scheduler, &good, &id, &err), KVP_INVALID_ARGUMENT);
-    assert_non_null(strstr(err.what, "not supported yet"));
-    good.samples = 1;
     assert_int_equal(kvp_scheduler_submit(NULL, &good, &id, &err), KVP_NULL_ARGUMENT);
     assert_int_equal(kvp_scheduler_submit(f.scheduler, NULL, &id, &err), KVP_NULL_ARGUMENT);
     assert_int_equal(kvp_scheduler_submit(f.scheduler, &good, NULL, &err), KVP_NULL_ARGUMENT);
@@ -590,15 +688,15 @@ static void test_scheduler_step_and_collect_refusals_change_nothing(void **state
  * preempts: each failed step changes nothing (scheduler and pool counters),
  * the retried step goes on, and the outputs are those of a run without faults.
  */
-static void test_scheduler_step_allocation_faults_change_nothing(void **state)
+static void fault_sweep(size_t samples, size_t pages)
 {
-    (void)state;
     fixture f;
-    setup_fixture(&f, 12, 1, 1, 0);
+    setup_fixture(&f, pages, 1, 1, 0);
     static book b;
     memset(&b, 0, sizeof b);
     for (size_t i = 0; i < 5; i++) {
-        submit(&f, &b, lengths[i][0], lengths[i][1], NULL);
+        b.shared[i] = samples > 1 ? 4 : 0; /* a shared first block: the index is used */
+        submit_samples(&f, &b, lengths[i][0], lengths[i][1], NULL, samples);
     }
     size_t faults = 0;
     for (size_t steps = 0; steps < 10000; steps++) {
@@ -637,12 +735,339 @@ static void test_scheduler_step_allocation_faults_change_nothing(void **state)
     kvp_scheduler_stats s = stats_of(&f);
     assert_int_equal(s.completed, 5);
     assert_true(s.preemptions > 0);
+    if (samples > 1) {
+        assert_true(s.prefix_hit_tokens > 0);
+        assert_true(s.forks > 0);
+    }
     for (size_t i = 0; i < 5; i++) {
-        assert_outputs_exact(&b, i, lengths[i][0], lengths[i][1]);
+        assert_samples_exact(&b, i, samples, lengths[i][0], lengths[i][1]);
     }
     kvp_request_result done[8];
     assert_int_equal(collect_all(&f, done, 8), 5);
     teardown_fixture(&f);
+}
+
+static void test_scheduler_step_allocation_faults_change_nothing(void **state)
+{
+    (void)state;
+    fault_sweep(1, 12);
+    fault_sweep(3, 30); /* samples forked, prefixes shared */
+}
+
+/* ---- sharing: samples, the prefix index, weight updates ---------------- */
+
+/* The requests of the sample runs: (prompt, new tokens); prompts end mid-block and on one. */
+static const size_t sample_lengths[3][2] = {{5, 9}, {8, 6}, {3, 5}};
+
+typedef struct sample_run {
+    kvp_scheduler_stats stats;
+    size_t max_held;
+    size_t request_preemptions; /* summed over the requests' results */
+} sample_run;
+
+/*
+ * The three requests with `samples` samples each, under sharing on or off,
+ * over `pages` pages; every sample's outputs checked against a fresh sequence.
+ */
+static sample_run run_samples(size_t samples, int sharing, size_t pages, size_t threads)
+{
+    fixture f;
+    setup_fixture_sharing(&f, pages, threads, 1, 0, sharing);
+    static book b;
+    memset(&b, 0, sizeof b);
+    for (size_t i = 0; i < 3; i++) {
+        submit_samples(&f, &b, sample_lengths[i][0], sample_lengths[i][1], NULL, samples);
+    }
+    sample_run out;
+    memset(&out, 0, sizeof out);
+    for (size_t steps = 0;; steps++) {
+        kvp_scheduler_stats s = stats_of(&f);
+        if (s.running == 0 && s.waiting == 0) {
+            break;
+        }
+        assert_true(steps < 10000);
+        kvp_step_stats st;
+        kvp_step_stats_init(&st);
+        kvp_error err;
+        kvpt_assert_ok(kvp_scheduler_step(f.scheduler, &st, &err), &err);
+        kvpt_assert_pool_ok(f.pool);
+        assert_int_equal(st.running % samples, 0); /* samples run together */
+        assert_int_equal(st.preempted % samples, 0);
+        assert_true(st.held_pages <= st.unshared_pages);
+        if (!sharing) {
+            assert_int_equal(st.held_pages, st.unshared_pages); /* nothing shared */
+            assert_int_equal(st.prefix_hit_tokens, 0);
+            assert_int_equal(st.cached_pages, 0);
+        }
+        if (st.held_pages > out.max_held) {
+            out.max_held = st.held_pages;
+        }
+    }
+    kvp_request_result done[4];
+    assert_int_equal(collect_all(&f, done, 4), 3);
+    size_t prompt_tokens = 0;
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(done[i].status, KVP_OK);
+        assert_int_equal(done[i].tokens_generated, samples * sample_lengths[done[i].id][1]);
+        out.request_preemptions += done[i].preemptions;
+        /* every admission's prompt, recomputation included */
+        prompt_tokens += sample_lengths[done[i].id][0] * (1 + done[i].preemptions);
+    }
+    for (size_t i = 0; i < 3; i++) {
+        assert_samples_exact(&b, i, samples, sample_lengths[i][0], sample_lengths[i][1]);
+    }
+    out.stats = stats_of(&f);
+    assert_int_equal(out.stats.completed, 3);
+    /* A fork per extra sample at every admission, recomputation included. */
+    assert_int_equal(out.stats.forks,
+                     sharing ? (samples - 1) * (3 + out.request_preemptions) : 0);
+    assert_int_equal(out.stats.preemptions, samples * out.request_preemptions);
+    assert_int_equal(out.stats.prompt_tokens, prompt_tokens);
+    teardown_fixture(&f);
+    return out;
+}
+
+static void test_scheduler_samples_exact_with_and_without_sharing(void **state)
+{
+    (void)state;
+    for (size_t n = 1; n <= SAMPLES; n++) {
+        for (int sharing = 0; sharing <= 1; sharing++) {
+            /* Room for everything: no preemption. */
+            sample_run roomy = run_samples(n, sharing, 128, 1 + (n % 2));
+            assert_int_equal(roomy.request_preemptions, 0);
+            assert_int_equal(roomy.stats.prompt_tokens, 5 + 8 + 3);
+            assert_int_equal(roomy.stats.prefill_tokens,
+                             sharing ? 5 + 8 + 3 : n * (5 + 8 + 3));
+            /*
+             * Tight: the first two requests are admitted together (with a
+             * 4-token reserve, sharing: 4 + 4n and 4 + 2n pages; without:
+             * 6n each) but cannot both grow to their whole length (sharing:
+             * 8 + 10n; without: 16n), so growth preempts. One sample: 12
+             * pages, as the preemption test above.
+             */
+            size_t pages = n == 1 ? 12 : sharing ? 6 * n + 9 : 12 * n + 2;
+            sample_run tight = run_samples(n, sharing, pages, 2);
+            assert_true(tight.request_preemptions > 0);
+            assert_true(tight.max_held <= pages);
+        }
+    }
+}
+
+/*
+ * Pages held with 4 samples of a 9-token prompt after the first step:
+ * sharing holds the prompt's 2 full blocks once (x 2 layers) plus each
+ * sample's own copy of the partial block (4 x 2): 12; without sharing
+ * every sample holds 3 blocks x 2 layers: 24. After the run the published
+ * blocks stay cached and evictable.
+ */
+static void test_scheduler_sharing_holds_fewer_pages(void **state)
+{
+    (void)state;
+    for (int sharing = 0; sharing <= 1; sharing++) {
+        fixture f;
+        setup_fixture_sharing(&f, 64, 1, 1, 0, sharing);
+        static book b;
+        memset(&b, 0, sizeof b);
+        submit_samples(&f, &b, 9, 3, NULL, 4);
+        kvp_step_stats st;
+        kvp_step_stats_init(&st);
+        kvp_error err;
+        kvpt_assert_ok(kvp_scheduler_step(f.scheduler, &st, &err), &err);
+        kvpt_assert_pool_ok(f.pool);
+        assert_int_equal(st.admitted, 1);
+        assert_int_equal(st.running, 4);
+        assert_int_equal(st.decoded, 4);
+        assert_int_equal(st.prompt_tokens, 9);
+        assert_int_equal(st.prefill_tokens, sharing ? 9 : 36);
+        assert_int_equal(st.unshared_pages, 24);
+        assert_int_equal(st.held_pages, sharing ? 12 : 24);
+        assert_int_equal(st.cached_pages, sharing ? 4 : 0);
+        assert_int_equal(st.evictable_pages, 0);
+        assert_int_equal(stats_of(&f).forks, sharing ? 3 : 0);
+        run(&f, 0);
+        kvp_pool_stats pool;
+        kvp_pool_stats_init(&pool);
+        kvpt_assert_ok(kvp_pool_stats_get(f.pool, &pool, NULL), NULL);
+        assert_int_equal(pool.held_pages, 0);
+        assert_int_equal(pool.evictable_pages, sharing ? 4 : 0);
+        assert_int_equal(pool.cow_copies, sharing ? 8 : 0); /* 4 samples x 2 layers */
+        assert_samples_exact(&b, 0, 4, 9, 3);
+        kvp_request_result done[2];
+        assert_int_equal(collect_all(&f, done, 2), 1);
+        teardown_fixture(&f);
+    }
+}
+
+/* One step that admits the waiting head: its step stats. */
+static kvp_step_stats step_once(fixture *f)
+{
+    kvp_step_stats st;
+    kvp_step_stats_init(&st);
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_step(f->scheduler, &st, &err), &err);
+    kvpt_assert_pool_ok(f->pool);
+    return st;
+}
+
+/*
+ * Prompts sharing a prefix hit the prefix index: request 0 (10 tokens of
+ * group 0) publishes 2 full blocks; a later request with 13 tokens, the
+ * first 10 of group 0, adopts both (8 tokens; at most (13 - 1) / 4 blocks);
+ * one with the same 10 tokens adopts 8 (at most (10 - 1) / 4 = 2 blocks);
+ * one with 8 tokens of the group adopts 4 (its last token is computed);
+ * one of another group adopts nothing. Outputs stay exact, samples too;
+ * sharing off never hits.
+ */
+static void test_scheduler_shared_prefixes_hit_the_index(void **state)
+{
+    (void)state;
+    static const size_t prompts[5] = {10, 13, 10, 8, 10};
+    static const size_t shared[5] = {10, 10, 10, 8, 10};
+    static const uint64_t groups[5] = {0, 0, 0, 0, 1};
+    static const size_t hits[5] = {0, 8, 8, 4, 0};
+    for (int sharing = 0; sharing <= 1; sharing++) {
+        fixture f;
+        setup_fixture_sharing(&f, 64, 2, 1, 0, sharing);
+        static book b;
+        memset(&b, 0, sizeof b);
+        size_t total_hits = 0;
+        for (size_t i = 0; i < 5; i++) {
+            b.shared[i] = shared[i];
+            b.group[i] = groups[i];
+            submit_samples(&f, &b, prompts[i], 3, NULL, 1 + i % 2);
+            kvp_step_stats st = step_once(&f);
+            assert_int_equal(st.admitted, 1);
+            assert_int_equal(st.prompt_tokens, prompts[i]);
+            assert_int_equal(st.prefix_hit_tokens, sharing ? hits[i] : 0);
+            total_hits += sharing ? hits[i] : 0;
+        }
+        run(&f, 0);
+        kvp_scheduler_stats s = stats_of(&f);
+        assert_int_equal(s.prefix_hit_tokens, total_hits);
+        assert_int_equal(s.prompt_tokens, 10 + 13 + 10 + 8 + 10);
+        for (size_t i = 0; i < 5; i++) {
+            assert_samples_exact(&b, i, 1 + i % 2, prompts[i], 3);
+        }
+        kvp_request_result done[8];
+        assert_int_equal(collect_all(&f, done, 8), 5);
+        teardown_fixture(&f);
+    }
+}
+
+/*
+ * A weight update between steps: the running requests (2 samples each) are
+ * preempted as stale and recomputed under the new weights; a new request
+ * with the same prefix gets no hit of the old blocks, then later ones hit
+ * the new blocks; every token decoded after the update equals a fresh
+ * sequence under the new weights, bit for bit.
+ */
+static void test_scheduler_weight_update_recomputes(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 64, 2, 1, 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    for (size_t i = 0; i < 4; i++) {
+        b.shared[i] = 9;
+        b.group[i] = 0;
+    }
+    submit_samples(&f, &b, 9, 10, NULL, 2);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.prefix_hit_tokens, 0);
+    submit_samples(&f, &b, 11, 10, NULL, 2);
+    st = step_once(&f);
+    assert_int_equal(st.prefix_hit_tokens, 8); /* request 0's 2 blocks */
+    st = step_once(&f);
+    assert_int_equal(st.running, 4);
+    size_t before_update[2] = {b.tokens[0][0], b.tokens[1][0]};
+    assert_int_equal(before_update[0], 3);
+    assert_int_equal(before_update[1], 2);
+    update_weights(f.model);
+    st = step_once(&f); /* the two stale requests go back to the queue, nothing decodes */
+    assert_int_equal(st.stale_preempted, 4);
+    assert_int_equal(st.preempted, 4);
+    assert_int_equal(st.decoded, 0);
+    assert_int_equal(st.running, 0);
+    assert_int_equal(st.waiting, 2);
+    submit_samples(&f, &b, 10, 4, NULL, 1); /* request 2: the same prefix */
+    st = step_once(&f); /* all three admitted together: no block of the new weights yet */
+    assert_int_equal(st.admitted, 3);
+    assert_int_equal(st.prefix_hit_tokens, 0);
+    assert_int_equal(st.prompt_tokens, 9 + 11 + 10);
+    assert_int_equal(st.prefill_tokens, 9 + 2 * 3 + 11 + 2 * 2 + 10);
+    assert_int_equal(st.stale_preempted, 0);
+    submit_samples(&f, &b, 12, 2, NULL, 1); /* request 3: hits the new blocks */
+    st = step_once(&f);
+    assert_int_equal(st.prefix_hit_tokens, 8);
+    run(&f, 0);
+    kvp_scheduler_stats s = stats_of(&f);
+    assert_int_equal(s.stale_preemptions, 4);
+    assert_int_equal(s.preemptions, 4);
+    assert_int_equal(s.prefix_hit_tokens, 16);
+    assert_int_equal(s.completed, 4);
+    for (size_t k = 0; k < 2; k++) {
+        assert_sample_exact_range(&b, 0, k, 9, 10, 9 + before_update[0], CAPACITY, 1);
+        assert_sample_exact_range(&b, 1, k, 11, 10, 11 + before_update[1], CAPACITY, 1);
+        /* Before the update, the outputs were the old weights'. */
+        assert_sample_exact_range(&b, 0, k, 9, 10, 0, 9 + before_update[0], 0);
+        assert_sample_exact_range(&b, 1, k, 11, 10, 0, 11 + before_update[1], 0);
+    }
+    assert_sample_exact_range(&b, 2, 0, 10, 4, 0, CAPACITY, 1);
+    assert_sample_exact_range(&b, 3, 0, 12, 2, 0, CAPACITY, 1);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 4);
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(done[i].status, KVP_OK);
+    }
+    teardown_fixture(&f);
+}
+
+/* The schedule of shared-prefix requests with samples: compute on and off alike. */
+static void schedule_shared(int compute, size_t pages, kvp_step_stats *steps, size_t *count)
+{
+    fixture f;
+    setup_fixture(&f, pages, 1, compute, 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    *count = 0;
+    for (size_t i = 0;; i++) {
+        if (i < 6) { /* one request a step, so later ones find earlier ones' blocks */
+            b.shared[i] = 8;
+            b.group[i] = i % 2;
+            submit_samples(&f, &b, 9 + i, 3 + i % 3, NULL, 1 + i % 3);
+        }
+        kvp_scheduler_stats s = stats_of(&f);
+        if (s.running == 0 && s.waiting == 0) {
+            break;
+        }
+        assert_true(*count < 256);
+        steps[(*count)++] = step_once(&f);
+    }
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 6);
+    teardown_fixture(&f);
+}
+
+static void test_scheduler_compute_off_shares_alike(void **state)
+{
+    (void)state;
+    static kvp_step_stats on[256];
+    static kvp_step_stats off[256];
+    size_t pages[] = {96, 20};
+    for (size_t i = 0; i < 2; i++) {
+        size_t n_on = 0;
+        size_t n_off = 0;
+        schedule_shared(1, pages[i], on, &n_on);
+        schedule_shared(0, pages[i], off, &n_off);
+        assert_int_equal(n_on, n_off);
+        size_t hit = 0;
+        for (size_t k = 0; k < n_on; k++) {
+            assert_memory_equal(&on[k], &off[k], sizeof on[k]);
+            hit += on[k].prefix_hit_tokens;
+        }
+        assert_true(hit > 0);
+    }
 }
 
 int main(void)
@@ -657,6 +1082,11 @@ int main(void)
         cmocka_unit_test(test_scheduler_submit_refusals_change_nothing),
         cmocka_unit_test(test_scheduler_step_and_collect_refusals_change_nothing),
         cmocka_unit_test(test_scheduler_step_allocation_faults_change_nothing),
+        cmocka_unit_test(test_scheduler_samples_exact_with_and_without_sharing),
+        cmocka_unit_test(test_scheduler_sharing_holds_fewer_pages),
+        cmocka_unit_test(test_scheduler_shared_prefixes_hit_the_index),
+        cmocka_unit_test(test_scheduler_weight_update_recomputes),
+        cmocka_unit_test(test_scheduler_compute_off_shares_alike),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,33 +2,56 @@
  * kvpager/scheduler.h: continuous batching of many requests over one model,
  * one pool and one decoder, under the pool's budget.
  *
- * A request brings a prompt and an output budget. kvp_scheduler_step runs
+ * A request brings a prompt, an output budget and a sample count (parallel
+ * sampling: `samples` continuations of one prompt). kvp_scheduler_step runs
  * one scheduler step:
+ *   0. stale parameters: every running request one of whose sequences is
+ *      bound to a parameter revision that is no longer current (the caller
+ *      ran kvp_param_update between steps) is preempted for recompute, all
+ *      its samples at once; its recompute runs under the new weights;
  *   1. admission, first come first served: the head of the waiting queue is
- *      admitted when kvp_pool_admit says NOW for its prompt (plus the tokens
- *      it generated before a preemption) plus a decoding reserve, keeping a
- *      watermark of free pages; its sequence is promised those pages. A
- *      request whose whole length (prompt + max_new_tokens) can never fit
- *      the pool is rejected. The requests admitted in a step are prefilled
- *      together, as one batch of jobs on the decoder's threads;
- *   2. (prefix lookup and fork will hook in here: not yet);
+ *      admitted when kvp_pool_admit says NOW for the pages it will newly
+ *      take (below), keeping a watermark of free pages; its sequences are
+ *      promised those pages. A request whose whole length (prompt +
+ *      max_new_tokens, per sample) can never fit the pool is rejected. The
+ *      requests admitted in a step are prefilled together, as one batch of
+ *      jobs on the decoder's threads;
+ *   2. sharing (config.sharing 1, the default): before prefilling, an
+ *      admitted request adopts the longest prefix of its prompt that the
+ *      pool's prefix index holds (its keys include every layer's binding
+ *      digest, so blocks computed under older parameters never match) and
+ *      prefills only the rest; after prefilling, it publishes the prompt's
+ *      full blocks, and its first sequence is forked samples - 1 times
+ *      (kvp_sequence_fork; copy-on-write copies the shared partial last
+ *      page on the first append). Admission counts shared pages once: a
+ *      request needs only the prompt pages its adoptable prefix does not
+ *      cover, plus each sample's decoding reserve and copy-on-write copy.
+ *      With sharing 0 every sample is its own sequence that prefills the
+ *      whole prompt, and nothing is published or adopted;
  *   3. preemption by recompute: while the running sequences need more new
- *      pages this step than are free, the most recently admitted one gives
- *      all its pages back and returns to the front of the queue; when it is
- *      admitted again, its prompt and the tokens it generated are prefilled
- *      again from the same input rows;
- *   4. decode: every running sequence advances one token on the decoder's
- *      threads (or, with compute off, appends one row of zeros to external
- *      caches: the allocator alone); a request that has generated
+ *      pages this step than are free, the most recently admitted request
+ *      gives all its samples' pages back and returns to the front of the
+ *      queue; when it is admitted again, its prompt and each sample's
+ *      generated tokens are prefilled again from the same input rows, so
+ *      its outputs are bit-identical to a run without preemption;
+ *   4. decode: every running sequence (one per sample) advances one token on
+ *      the decoder's threads (or, with compute off, appends one row of zeros
+ *      to external caches: the allocator alone; sharing then works at cache
+ *      level, kvp_cache_fork and prefix keys over the input rows the `input`
+ *      callback gives); a request whose every sample has generated
  *      max_new_tokens finishes and gives its pages back.
  * Finished requests wait for kvp_scheduler_collect.
  *
  * Inputs: a request's rows come from its `prompt` array, or from its `input`
- * callback, called with (request id, position) for every position it needs,
- * again when a preempted request is recomputed; it must give the same row
- * for the same (id, position) every time. The outputs of decoded tokens go
- * to the request's optional `on_token` callback. Both run on the thread
- * that calls kvp_scheduler_step, never on the decoder's threads.
+ * callback, called with (request id, sample, position) for every position it
+ * needs, again when a preempted request is recomputed; it must give the same
+ * row for the same (id, sample, position) every time. Positions below
+ * prompt_tokens are the prompt: the scheduler asks for them with sample 0
+ * and every sample shares that row; positions from prompt_tokens on are
+ * each sample's own. The outputs of decoded tokens go to the request's
+ * optional `on_token` callback, with the sample that decoded them. Both run
+ * on the thread that calls kvp_scheduler_step, never on the decoder's
+ * threads.
  *
  * Memory: the scheduler keeps a small record (tens of bytes) of every
  * request submitted, until it is destroyed; sequences and token buffers are
@@ -67,27 +90,35 @@ typedef struct kvp_scheduler_config {
     size_t max_running;    /* most sequences running at once; 0: no limit but the pool */
     int compute;           /* 1: real attention on the decoder; 0: the allocator alone */
     uint64_t identity;     /* compute 0: the identity the external caches bind (cache.h) */
+    int sharing;           /* 1: fork samples, adopt and publish prompt prefixes in the
+                              pool's prefix index; 0: every sample prefills its own copy
+                              of the prompt and the index is neither read nor written */
 } kvp_scheduler_config;
 
 /*
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),
- * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0.
+ * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0,
+ * sharing 1.
  * NULL is ignored.
  * Threads: thread-safe (touches only *config).
  */
 KVP_API void kvp_scheduler_config_init(kvp_scheduler_config *config);
 
 /*
- * The input row of token `position` of request `request_id`: `width`
- * doubles (the model's width) into `row`. Must be deterministic in
- * (request_id, position) and give finite values.
+ * The input row of token `position` of sample `sample` of request
+ * `request_id`: `width` doubles (the model's width) into `row`. For
+ * positions below the request's prompt_tokens the scheduler passes sample 0
+ * and the row is every sample's; from prompt_tokens on, each sample
+ * (0 .. samples - 1) has its own rows. Must be deterministic in
+ * (request_id, sample, position) and give finite values.
  */
-typedef void (*kvp_scheduler_input_fn)(void *ctx, uint64_t request_id, size_t position,
-                                       double *row, size_t width);
+typedef void (*kvp_scheduler_input_fn)(void *ctx, uint64_t request_id, size_t sample,
+                                       size_t position, double *row, size_t width);
 
-/* The output of the decoded token at `position` ([1, 1, width], the residual stream). */
-typedef void (*kvp_scheduler_token_fn)(void *ctx, uint64_t request_id, size_t position,
-                                       const double *output, size_t width);
+/* The output of sample `sample`'s decoded token at `position` ([1, 1, width],
+ * the residual stream). */
+typedef void (*kvp_scheduler_token_fn)(void *ctx, uint64_t request_id, size_t sample,
+                                       size_t position, const double *output, size_t width);
 
 /* A growing struct (pool.h): struct_size first, set by kvp_request_init. */
 typedef struct kvp_request {
@@ -99,7 +130,8 @@ typedef struct kvp_request {
     void *ctx;                      /* passed to input and on_token */
     kvp_scheduler_token_fn on_token;/* optional */
     size_t max_new_tokens;          /* the output budget, >= 1 */
-    size_t samples;                 /* continuations; only 1 for now (fork is not wired yet) */
+    size_t samples;                 /* continuations of the prompt, 1 .. 256; each decodes
+                                       max_new_tokens tokens */
 } kvp_request;
 
 /* Sets struct_size, samples 1 and every other field 0 / NULL. NULL is ignored.
@@ -110,8 +142,8 @@ KVP_API void kvp_request_init(kvp_request *request);
 typedef struct kvp_request_result {
     size_t struct_size;
     uint64_t id;
-    size_t tokens_generated;
-    size_t preemptions;  /* times it was preempted and recomputed */
+    size_t tokens_generated; /* over all samples (samples x max_new_tokens when complete) */
+    size_t preemptions;  /* times it was preempted and recomputed (stale parameters included) */
     int rejected;        /* 1: its whole length can never fit the pool; nothing was run */
     kvp_status status;   /* KVP_OK, or why its prefill or a decode step failed */
     kvp_error error;     /* the failure's detail when status is not KVP_OK */
@@ -136,6 +168,15 @@ typedef struct kvp_step_stats {
     size_t used_slots;      /* token slots (positions x layers) of the sequences still running */
     size_t held_pages;      /* the pool's, after the step */
     size_t total_pages;
+    size_t prompt_tokens;     /* prompt tokens of the requests admitted this step,
+                                 recomputation included (each request's prompt once) */
+    size_t prefix_hit_tokens; /* of those, adopted from the prefix index, not computed */
+    size_t unshared_pages;    /* pages the running sequences would hold if nothing were
+                                 shared: the sum of each one's own page count */
+    size_t cached_pages;      /* the pool's, after the step (kvp_pool_stats) */
+    size_t evictable_pages;   /* the pool's, after the step (kvp_pool_stats) */
+    size_t stale_preempted;   /* sequences preempted because their parameters changed
+                                 (also counted in `preempted`) */
 } kvp_step_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.
@@ -158,6 +199,10 @@ typedef struct kvp_scheduler_stats {
     size_t uncollected;         /* finished requests not yet collected */
     size_t peak_running;        /* most sequences decoded in one step */
     size_t held_samples;        /* sequences (leases) the scheduler holds, running or idle */
+    uint64_t prompt_tokens;     /* prompt tokens of admitted requests, recomputation included */
+    uint64_t prefix_hit_tokens; /* of those, adopted from the prefix index */
+    uint64_t stale_preemptions; /* sequences preempted because their parameters changed */
+    uint64_t forks;             /* sequences (or caches) forked for samples 2 .. n */
 } kvp_scheduler_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.
@@ -198,8 +243,7 @@ KVP_API kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *er
  * changing nothing (no id is used): NULL_ARGUMENT (scheduler, request, id;
  * `input` when compute is 1: the decoded tokens' rows come from it);
  * INVALID_ARGUMENT (struct_size; "prompt_tokens" 0; "max_new_tokens" 0;
- * "samples" 0; "samples" above 1, why "is not supported yet: parallel
- * sampling needs fork", until kvp_sequence_fork is wired in);
+ * "samples" 0 or above 256);
  * FULL when prompt_tokens + max_new_tokens exceeds the capacity (err.what
  * "request", err.tokens the length, err.available the capacity);
  * ALLOCATION_FAILED.

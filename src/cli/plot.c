@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,12 +57,21 @@ static axis axis_for(double max)
     return a;
 }
 
-static double sample_value(const kvp_sim_result *r, size_t i, int pages)
+/* What a series draws: each one a field of kvp_sim_sample. */
+enum { SERIES_HELD, SERIES_RUNNING, SERIES_CACHED, SERIES_EVICTABLE };
+
+static double sample_value(const kvp_sim_result *r, size_t i, int which)
 {
-    return pages ? (double)r->samples[i].held_pages : (double)r->samples[i].running;
+    const kvp_sim_sample *s = &r->samples[i];
+    switch (which) {
+    case SERIES_HELD: return (double)s->held_pages;
+    case SERIES_CACHED: return (double)s->cached_pages;
+    case SERIES_EVICTABLE: return (double)s->evictable_pages;
+    default: return (double)s->running;
+    }
 }
 
-static void series(FILE *out, const kvp_sim_result *r, int pages, axis x, axis y,
+static void series(FILE *out, const kvp_sim_result *r, int which, axis x, axis y,
                    const char *color)
 {
     size_t steps = r->steps;
@@ -72,7 +82,7 @@ static void series(FILE *out, const kvp_sim_result *r, int pages, axis x, axis y
         size_t last = (b + 1) * steps / buckets;
         double value = 0.0;
         for (size_t i = first; i < last; i++) {
-            double v = sample_value(r, i, pages);
+            double v = sample_value(r, i, which);
             value = v > value ? v : value;
         }
         double px = LEFT + (double)first / x.top * PLOT_W;
@@ -184,6 +194,8 @@ int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const char *title)
     double max_running = 1.0;
     for (size_t i = 0; i < r->steps; i++) {
         max_pages = r->samples[i].held_pages > max_pages ? r->samples[i].held_pages : max_pages;
+        max_pages = r->samples[i].cached_pages > max_pages ? r->samples[i].cached_pages
+                                                           : max_pages;
         max_running = r->samples[i].running > max_running ? r->samples[i].running : max_running;
     }
     axis x = axis_for(r->steps > 1 ? (double)(r->steps - 1) : 1.0);
@@ -205,8 +217,23 @@ int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const char *title)
                 LEFT, y, WIDTH - RIGHT, y);
     }
     if (r->steps > 0) {
-        series(out, r, 1, x, pages, "#1f77b4");
-        series(out, r, 0, x, running, "#d62728");
+        series(out, r, SERIES_HELD, x, pages, "#1f77b4");
+        series(out, r, SERIES_CACHED, x, pages, "#2ca02c");
+        series(out, r, SERIES_EVICTABLE, x, pages, "#ff7f0e");
+        series(out, r, SERIES_RUNNING, x, running, "#d62728");
+    }
+    /* The legend of the pages series, above the plot's top right corner. */
+    static const char *const names[] = {"held", "cached (held or evictable)", "evictable"};
+    static const char *const colors[] = {"#1f77b4", "#2ca02c", "#ff7f0e"};
+    double lx = LEFT;
+    for (size_t i = 0; i < 3; i++) {
+        fprintf(out,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                "stroke-width=\"2\"/>\n"
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"%s\">%s</text>\n",
+                lx, TOP - 8.0, lx + 16.0, TOP - 8.0, colors[i], lx + 20.0, TOP - 4.0, colors[i],
+                names[i]);
+        lx += 44.0 + 7.0 * (double)strlen(names[i]);
     }
     fprintf(out,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">scheduler step "
@@ -214,7 +241,7 @@ int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const char *title)
             LEFT + PLOT_W / 2.0, HEIGHT - 18.0, r->steps);
     fprintf(out,
             "<text x=\"18\" y=\"%.1f\" font-size=\"13\" fill=\"#1f77b4\" "
-            "transform=\"rotate(-90 18 %.1f)\" text-anchor=\"middle\">pages in use (dashed: "
+            "transform=\"rotate(-90 18 %.1f)\" text-anchor=\"middle\">pages (dashed: "
             "all %zu)</text>\n",
             TOP + PLOT_H / 2.0, TOP + PLOT_H / 2.0, r->total_pages);
     fprintf(out,

@@ -1,7 +1,8 @@
 /*
  * plot.h: an SVG chart of a simulation, drawn by the program itself: pages
- * in use (left axis) and running sequences (right axis) over the scheduler
- * steps (x axis). Every axis is labelled at round steps (1, 2 or 5 x 10^k,
+ * in use, cached pages (the prefix index's, held or evictable) and evictable
+ * pages (left axis, with a legend) and running sequences (right axis) over
+ * the scheduler steps (x axis). Every axis is labelled at round steps (1, 2 or 5 x 10^k,
  * never below 1, since all three count whole things), from 0 to the first
  * such multiple at or above the axis's largest value. Tick labels carry
  * class="tick-x", "tick-left" or "tick-right" so tests can read them.

@@ -6,12 +6,26 @@
  * arrival of the workload's requests (each submitted at its arrival step,
  * in list order, so request i has scheduler id i), and the per-step record
  * the report and the plot read.
- * Token inputs are pseudo-embeddings of (stream, position) drawn from the
- * seed: a request's own stream is its index, positions below its
+ * Token inputs are pseudo-embeddings of (stream, sample, position) drawn
+ * from the seed: a request's own stream is its index, positions below its
  * shared_tokens use one stream common to every request (a system prompt),
- * and the turns of one conversation share the conversation's stream. So a
- * recomputed request sees exactly the inputs it saw before, and two requests
- * that share a prefix see the same rows for it.
+ * and the turns of one conversation share the conversation's stream. The
+ * prompt is every sample's; a generated position of sample 0 is the
+ * stream's own row (so a conversation's next turn, whose prompt holds this
+ * turn's reply, sees the rows sample 0 decoded), and sample s > 0 draws its
+ * generated positions from a stream of its own. So a recomputed request sees
+ * exactly the inputs it saw before, and two requests that share a prefix see
+ * the same rows for it.
+ * Weight updates (update_every): between two steps, every parameter of
+ * every layer gets a small seeded perturbation through kvp_param_update_with,
+ * which bumps its revision; the scheduler then preempts the running requests
+ * for recompute, and the prefix index can match no block of the old weights.
+ * Verification (verify_every): the decoded outputs of requests 0, N, 2N, ...
+ * are kept, and when such a request is collected (between two steps, so
+ * under the weights it ran with) each sample is prefilled from scratch, all
+ * its rows at once, on a fresh sequence of a private pool (no sharing) and
+ * the outputs compared bit for bit. A request whose run saw a weight update
+ * is not verified (counted as skipped): its tokens span two weight versions.
  * Callers: simulate.c and bench.c, through sim.h. Public headers only.
  */
 #include "sim.h"
@@ -40,6 +54,9 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->compute = 1;
     config->audit_every = 64;
     config->samples = 1;
+    config->sharing = 1;
+    config->update_every = 0;
+    config->verify_every = 0;
 }
 
 /* The stream every request's shared prefix is drawn from (no request index reaches it). */
@@ -62,6 +79,19 @@ typedef struct sim {
     double utilization_sum;
     double running_sum;
     size_t samples_room;
+    size_t windows_room;
+    size_t epoch;          /* weight updates so far */
+    /* verification (verify_every > 0) */
+    size_t *first_epoch;   /* [requests]: the epoch of each request's first input row;
+                              SIZE_MAX until then */
+    double **outputs;      /* [requests]: the decoded outputs of a chosen request,
+                              [samples][output_tokens][width], until verified */
+    kvp_pool *verify_pool; /* one full-capacity sequence's pages, shared with nothing */
+    kvp_sequence *verify_sequence; /* bound to the weights of verify_epoch */
+    size_t verify_epoch;
+    double *verify_rows;   /* [capacity][width] */
+    double *verify_out;    /* [capacity][width] */
+    size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
 } sim;
 
 static int fail(sim *s, const char *context)
@@ -91,23 +121,62 @@ static void embed(uint64_t seed, uint64_t stream, size_t position, double *row, 
     }
 }
 
-/* The scheduler's input callback: request `id` is workload request `id`. */
-static void input_row(void *ctx, uint64_t id, size_t position, double *row, size_t width)
+/*
+ * The row of `position` of `sample` of workload request `r` (the top of this
+ * file): the prompt is every sample's, and a generated position of sample
+ * s > 0 is drawn with the seed mixed with s.
+ */
+static void request_row(uint64_t seed, const kvp_workload_request *r, size_t sample,
+                        size_t position, double *row, size_t width)
 {
-    const sim *s = ctx;
-    const kvp_workload_request *r = &s->workload->requests[id];
     uint64_t stream = position < r->shared_tokens ? SHARED_STREAM : r->stream;
-    embed(s->config->seed, stream, position, row, width);
+    if (position >= r->prompt_tokens && sample > 0) {
+        seed ^= 0xD6E8FEB86659FD93ull * (uint64_t)sample;
+    }
+    embed(seed, stream, position, row, width);
 }
 
-/* The scheduler's token callback: the checksum sums every decode output's first value. */
-static void on_token(void *ctx, uint64_t id, size_t position, const double *output, size_t width)
+/* Whether request `id`'s outputs are verified: ids 0, N, 2N, ... */
+static int chosen(const sim *s, uint64_t id)
 {
-    (void)id;
-    (void)position;
-    (void)width;
+    return s->config->verify_every != 0 && id % s->config->verify_every == 0;
+}
+
+/* The scheduler's input callback: request `id` is workload request `id`. */
+static void input_row(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                      size_t width)
+{
+    sim *s = ctx;
+    if (s->first_epoch != NULL && s->first_epoch[id] == SIZE_MAX) {
+        s->first_epoch[id] = s->epoch;
+    }
+    request_row(s->config->seed, &s->workload->requests[id], sample, position, row, width);
+}
+
+/*
+ * The scheduler's token callback: the checksum sums every decode output's
+ * first value; a chosen request's outputs are kept for verification.
+ */
+static void on_token(void *ctx, uint64_t id, size_t sample, size_t position,
+                     const double *output, size_t width)
+{
     sim *s = ctx;
     s->result->output_checksum += output[0];
+    if (!chosen(s, id) || s->outputs == NULL) {
+        return;
+    }
+    const kvp_workload_request *r = &s->workload->requests[id];
+    if (s->outputs[id] == NULL) {
+        size_t count = s->config->samples * r->output_tokens * width;
+        s->outputs[id] = kvp_cli_calloc(count, sizeof(double));
+        if (s->outputs[id] == NULL) {
+            s->callback_bytes = count * sizeof(double);
+            return;
+        }
+    }
+    size_t token = position - r->prompt_tokens;
+    memcpy(s->outputs[id] + (sample * r->output_tokens + token) * width, output,
+           width * sizeof(double));
 }
 
 static double now_seconds(void)
@@ -120,6 +189,50 @@ static double now_seconds(void)
 size_t kvp_sim_kv_heads(const kvp_sim_config *config)
 {
     return config->kv_heads != 0 ? config->kv_heads : config->heads;
+}
+
+/*
+ * What verification needs: a private pool of one full-capacity sequence's
+ * pages (nothing there is shared or cached), that sequence, its row and
+ * output buffers, and per request its first epoch and kept outputs.
+ */
+static int setup_verify(sim *s, size_t page_bytes)
+{
+    const kvp_sim_config *c = s->config;
+    size_t n = s->workload->count;
+    s->first_epoch = kvp_cli_alloc(n, sizeof *s->first_epoch);
+    if (s->first_epoch == NULL) {
+        return out_of_memory(s, "the verified requests", n * sizeof *s->first_epoch);
+    }
+    for (size_t i = 0; i < n; i++) {
+        s->first_epoch[i] = SIZE_MAX;
+    }
+    s->outputs = kvp_cli_calloc(n, sizeof *s->outputs);
+    if (s->outputs == NULL) {
+        return out_of_memory(s, "the verified requests", n * sizeof *s->outputs);
+    }
+    size_t rows = c->capacity * c->model_width;
+    s->verify_rows = kvp_cli_alloc(rows, sizeof(double));
+    s->verify_out = kvp_cli_alloc(rows, sizeof(double));
+    if (s->verify_rows == NULL || s->verify_out == NULL) {
+        return out_of_memory(s, "the verification buffers", 2 * rows * sizeof(double));
+    }
+    kvp_pool_config pool_config;
+    kvp_pool_config_init(&pool_config);
+    pool_config.block_tokens = c->block_tokens;
+    pool_config.heads = kvp_sim_kv_heads(c);
+    pool_config.head_width = c->model_width / c->heads;
+    pool_config.dtype = c->kv_dtype;
+    size_t blocks = c->capacity / c->block_tokens + (c->capacity % c->block_tokens != 0);
+    pool_config.budget_bytes = c->layers * blocks * page_bytes;
+    if (kvp_pool_create(&pool_config, &s->verify_pool, s->err) != KVP_OK) {
+        return fail(s, "creating the verification pool");
+    }
+    if (kvp_sequence_create(s->model, s->verify_pool, 1, c->capacity, &s->verify_sequence,
+                            s->err) != KVP_OK) {
+        return fail(s, "creating the verification sequence");
+    }
+    return 0;
 }
 
 static int setup(sim *s)
@@ -165,6 +278,7 @@ static int setup(sim *s)
     scheduler_config.reserve_tokens = c->reserve_tokens;
     scheduler_config.compute = c->compute;
     scheduler_config.identity = c->seed; /* compute off: the external caches' identity */
+    scheduler_config.sharing = c->sharing;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
                              s->err) != KVP_OK) {
         return fail(s, "creating the scheduler");
@@ -194,7 +308,14 @@ static int setup(sim *s)
     s->result->full_sequences = stats.total_pages / per_sequence;
     s->result->f64_full_sequences = c->budget_bytes / f64_page_bytes / per_sequence;
     s->result->threads = s->decoder != NULL ? kvp_decoder_threads(s->decoder) : 1;
-    return 0;
+    s->result->windows = kvp_cli_calloc(1, sizeof *s->result->windows);
+    if (s->result->windows == NULL) {
+        return out_of_memory(s, "the update windows", sizeof *s->result->windows);
+    }
+    s->windows_room = 1;
+    s->result->window_count = 1;
+    s->result->windows[0].first_step = SIZE_MAX;
+    return c->verify_every != 0 && c->compute ? setup_verify(s, stats.page_bytes) : 0;
 }
 
 /* Grows a heap array of `size`-byte items to hold `need` items. */
@@ -235,6 +356,67 @@ static int submit(sim *s, size_t i)
     return 0;
 }
 
+/*
+ * Recomputes every sample of finished request `id` from scratch (the top of
+ * this file) and compares its decoded outputs with the kept ones, bit for
+ * bit: one mismatch per differing token.
+ */
+static int verify(sim *s, uint64_t id)
+{
+    const kvp_sim_config *c = s->config;
+    const kvp_workload_request *r = &s->workload->requests[id];
+    size_t width = c->model_width;
+    size_t tokens = r->prompt_tokens + r->output_tokens;
+    if (s->verify_epoch != s->epoch) {
+        /* Its caches are bound to older revisions: a fresh sequence binds the current ones. */
+        kvp_sequence_destroy(s->verify_sequence, NULL);
+        s->verify_sequence = NULL;
+        if (kvp_sequence_create(s->model, s->verify_pool, 1, c->capacity, &s->verify_sequence,
+                                s->err) != KVP_OK) {
+            return fail(s, "creating the verification sequence");
+        }
+        s->verify_epoch = s->epoch;
+    }
+    for (size_t sample = 0; sample < c->samples; sample++) {
+        for (size_t t = 0; t < tokens; t++) {
+            request_row(c->seed, r, sample, t, s->verify_rows + t * width, width);
+        }
+        kvp_tensor rows = kvp_tensor3(s->verify_rows, 1, tokens, width);
+        if (kvp_sequence_reset(s->verify_sequence, s->err) != KVP_OK ||
+            kvp_sequence_prefill(s->verify_sequence, &rows, NULL, NULL, s->verify_out,
+                                 tokens * width, s->err) != KVP_OK) {
+            return fail(s, "verifying a request");
+        }
+        const double *kept = s->outputs[id] + sample * r->output_tokens * width;
+        for (size_t k = 0; k < r->output_tokens; k++) {
+            const double *fresh = s->verify_out + (r->prompt_tokens + k) * width;
+            if (memcmp(fresh, kept + k * width, width * sizeof(double)) != 0) {
+                s->result->verify_mismatches++;
+            }
+        }
+        s->result->verified++;
+    }
+    return 0;
+}
+
+/* A finished request: verified when chosen, unless a weight update fell in its run. */
+static int check_finished(sim *s, const kvp_request_result *done)
+{
+    uint64_t id = done->id;
+    if (s->outputs == NULL || !chosen(s, id) || done->rejected) {
+        return 0;
+    }
+    int status = 0;
+    if (s->first_epoch[id] != s->epoch) {
+        s->result->verify_skipped++;
+    } else if (s->outputs[id] != NULL) {
+        status = verify(s, id);
+    }
+    kvp_cli_free(s->outputs[id]);
+    s->outputs[id] = NULL;
+    return status;
+}
+
 /* Takes the finished requests; one that failed fails the run with its error. */
 static int collect(sim *s)
 {
@@ -251,7 +433,63 @@ static int collect(sim *s)
             *s->err = s->finished[i].error;
             return fail(s, "serving a request");
         }
+        if (check_finished(s, &s->finished[i]) != 0) {
+            return -1;
+        }
     }
+    return 0;
+}
+
+/* What one weight update adds to a parameter: a seeded perturbation in [-1e-3, 1e-3). */
+typedef struct perturbation {
+    uint64_t seed;
+    size_t count; /* rows x cols */
+} perturbation;
+
+static void perturb(void *ctx, double *values, size_t width)
+{
+    (void)width;
+    const perturbation *p = ctx;
+    uint64_t state = p->seed;
+    for (size_t i = 0; i < p->count; i++) {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        values[i] += ((double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0) * 1e-3;
+    }
+}
+
+/*
+ * A weight update between two steps: every parameter of every layer moves
+ * by a perturbation seeded by (seed, update, layer, parameter) and its
+ * revision advances; a new update window opens.
+ */
+static int update_weights(sim *s)
+{
+    const kvp_sim_config *c = s->config;
+    kvp_sim_result *res = s->result;
+    if (grow((void **)&res->windows, &s->windows_room, res->window_count + 1,
+             sizeof *res->windows) != 0) {
+        return out_of_memory(s, "the update windows",
+                             (res->window_count + 1) * sizeof *res->windows);
+    }
+    s->epoch++;
+    for (size_t layer = 0; layer < c->layers; layer++) {
+        for (size_t index = 0; index < KVP_PARAM_COUNT; index++) {
+            kvp_param *param = kvp_model_param_mut(s->model, layer, index);
+            perturbation p = {
+                .seed = c->seed ^ (0xA0761D6478BD642Full * s->epoch) ^
+                        (0xE7037ED1A0B428DBull * (layer * KVP_PARAM_COUNT + index + 1)),
+                .count = kvp_param_rows(param) * kvp_param_cols(param)};
+            if (kvp_param_update_with(param, perturb, &p, s->err) != KVP_OK) {
+                return fail(s, "updating the weights");
+            }
+        }
+    }
+    res->weight_updates++;
+    res->windows[res->window_count++] = (kvp_sim_window){.step = res->steps,
+                                                         .first_step = SIZE_MAX};
     return 0;
 }
 
@@ -268,9 +506,29 @@ static int record_step(sim *s, const kvp_step_stats *st)
     }
     /* Pages held at the end of the step are the running sequences' pages. */
     double held = (double)st->held_pages;
-    res->samples[res->steps] = (kvp_sim_sample){(uint32_t)st->held_pages, (uint32_t)st->running};
+    res->samples[res->steps] = (kvp_sim_sample){(uint32_t)st->held_pages, (uint32_t)st->running,
+                                                (uint32_t)st->cached_pages,
+                                                (uint32_t)st->evictable_pages};
+    kvp_sim_window *window = &res->windows[res->window_count - 1];
+    window->prompt_tokens += st->prompt_tokens;
+    window->prefix_hit_tokens += st->prefix_hit_tokens;
+    if (window->first_step == SIZE_MAX && st->prompt_tokens > 0) {
+        window->first_step = res->steps;
+        window->first_prompt_tokens = st->prompt_tokens;
+        window->first_hit_tokens = st->prefix_hit_tokens;
+    }
+    res->held_page_steps += held;
+    res->unshared_page_steps += (double)st->unshared_pages;
+    res->peak_held_pages = st->held_pages > res->peak_held_pages ? st->held_pages
+                                                                 : res->peak_held_pages;
     res->steps++;
-    s->held_slots += held * (double)s->config->block_tokens;
+    /*
+     * Fragmentation is each sequence's own: the slots of the pages its page
+     * tables name against the positions it holds, a shared page counted by
+     * every sequence naming it (as used_slots counts its positions). Without
+     * sharing these are exactly the pages held.
+     */
+    s->held_slots += (double)st->unshared_pages * (double)s->config->block_tokens;
     s->used_slots += (double)st->used_slots;
     double utilization = held / (double)st->total_pages;
     s->utilization_sum += utilization;
@@ -303,6 +561,10 @@ static void read_counters(sim *s)
     s->result->preemptions = (size_t)stats.preemptions;
     s->result->tokens_generated = stats.tokens_generated;
     s->result->prefill_tokens = stats.prefill_tokens;
+    s->result->prompt_tokens = stats.prompt_tokens;
+    s->result->prefix_hit_tokens = stats.prefix_hit_tokens;
+    s->result->stale_preemptions = stats.stale_preemptions;
+    s->result->forks = stats.forks;
 }
 
 static int step_once(sim *s, size_t step)
@@ -318,11 +580,18 @@ static int step_once(sim *s, size_t step)
     if (kvp_scheduler_step(s->scheduler, &st, s->err) != KVP_OK) {
         return fail(s, "running a scheduler step");
     }
+    if (s->callback_bytes != 0) {
+        return out_of_memory(s, "a verified request's outputs", s->callback_bytes);
+    }
     if (collect(s) != 0) {
         return -1;
     }
-    if (st.decoded == 0 && st.running == 0 && st.waiting > 0) {
-        /* Cannot happen (a request that fits an empty pool is admitted); refuse to spin. */
+    if (st.decoded == 0 && st.running == 0 && st.waiting > 0 && st.preempted == 0) {
+        /*
+         * Cannot happen (a request that fits an empty pool is admitted); refuse
+         * to spin. A step that preempted every running request (stale weights)
+         * emptied the pool: the next one admits.
+         */
         kvp_pool_stats stats;
         kvp_pool_stats_init(&stats);
         size_t free_pages = kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK
@@ -356,6 +625,11 @@ static int run_loop(sim *s, kvp_sim_progress_fn progress, void *ctx)
             w->requests[s->next_arrival].arrival_step > step) {
             step = w->requests[s->next_arrival].arrival_step; /* skip idle steps */
         }
+        size_t every = s->config->update_every;
+        if (every != 0 && s->result->steps > 0 && s->result->steps % every == 0 &&
+            update_weights(s) != 0) {
+            return -1;
+        }
         if (step_once(s, step) != 0) {
             return -1;
         }
@@ -384,6 +658,8 @@ static void teardown(sim *s)
             s->result->pages_leaked = stats.held_pages;
             s->result->acquires = stats.acquires;
             s->result->releases = stats.releases;
+            s->result->evictions = stats.evictions;
+            s->result->cow_copies = stats.cow_copies;
         }
         if (kvp_pool_destroy(s->pool, NULL) != KVP_OK) {
             s->result->audit_failures++;
@@ -392,10 +668,25 @@ static void teardown(sim *s)
     if (s->decoder != NULL) {
         kvp_decoder_destroy(s->decoder, NULL);
     }
+    if (s->verify_sequence != NULL) {
+        kvp_sequence_destroy(s->verify_sequence, NULL);
+    }
+    if (s->verify_pool != NULL && kvp_pool_destroy(s->verify_pool, NULL) != KVP_OK) {
+        s->result->audit_failures++;
+    }
     if (s->model != NULL) {
         kvp_model_destroy(s->model, NULL);
     }
     kvp_cli_free(s->finished);
+    if (s->outputs != NULL) {
+        for (size_t i = 0; i < s->workload->count; i++) {
+            kvp_cli_free(s->outputs[i]);
+        }
+    }
+    kvp_cli_free(s->outputs);
+    kvp_cli_free(s->first_epoch);
+    kvp_cli_free(s->verify_rows);
+    kvp_cli_free(s->verify_out);
 }
 
 static void summarize(sim *s)
@@ -405,7 +696,14 @@ static void summarize(sim *s)
     if (res->steps > 0) {
         res->mean_concurrent = s->running_sum / (double)res->steps;
         res->mean_utilization = s->utilization_sum / (double)res->steps;
+        res->mean_held_pages = res->held_page_steps / (double)res->steps;
     }
+    if (res->prompt_tokens > 0) {
+        res->prefix_hit_rate = (double)res->prefix_hit_tokens / (double)res->prompt_tokens;
+    }
+    res->pages_saved_ratio = res->held_page_steps > 0.0
+                                 ? res->unshared_page_steps / res->held_page_steps
+                                 : 1.0;
     if (s->held_slots > 0.0) {
         res->internal_fragmentation = (s->held_slots - s->used_slots) / s->held_slots;
     }
@@ -452,4 +750,7 @@ void kvp_sim_result_free(kvp_sim_result *result)
 {
     kvp_cli_free(result->samples);
     result->samples = NULL;
+    kvp_cli_free(result->windows);
+    result->windows = NULL;
+    result->window_count = 0;
 }

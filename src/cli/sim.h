@@ -8,9 +8,13 @@
  * step, the requests that arrive by then are submitted (request i of the
  * workload becomes scheduler request i), the scheduler steps once, and the
  * step's pages and running sequences are recorded.
- * Token inputs are pseudo-embeddings of (stream, position) drawn from the
- * seed (workload.h: a request's stream, and its shared prefix), so a
+ * Token inputs are pseudo-embeddings of (stream, sample, position) drawn
+ * from the seed (workload.h: a request's stream, and its shared prefix), so a
  * recomputed request sees exactly the inputs it saw before.
+ * Optionally, between steps, every layer's parameters are updated in place
+ * (a revision bump with a small seeded perturbation: update_every), and
+ * finished requests are recomputed from scratch on a fresh sequence of a
+ * private pool and compared bit for bit (verify_every).
  */
 #ifndef KVPAGER_CLI_SIM_H
 #define KVPAGER_CLI_SIM_H
@@ -37,13 +41,32 @@ typedef struct kvp_sim_config {
     int compute;            /* 0: allocator-only */
     size_t audit_every;     /* steps between pool audits */
     size_t samples;         /* continuations per request (kvp_request.samples) */
+    int sharing;            /* kvp_scheduler_config.sharing: fork, prefix index (default 1) */
+    size_t update_every;    /* scheduler steps between weight updates; 0: never */
+    size_t verify_every;    /* verify requests 0, N, 2N, ... (by id); 0: none */
 } kvp_sim_config;
 
 /* One scheduler step, for the plot. */
 typedef struct kvp_sim_sample {
     uint32_t held_pages;
     uint32_t running;
+    uint32_t cached_pages;    /* pages the prefix index names, held or evictable */
+    uint32_t evictable_pages; /* cached pages no sequence holds */
 } kvp_sim_sample;
+
+/*
+ * The steps from one weight update to the next (the first window starts at
+ * step 0): the prompt tokens admitted in them and how many were prefix hits,
+ * overall and in the window's first step that admitted any prompt tokens.
+ */
+typedef struct kvp_sim_window {
+    size_t step;                  /* first step of the window (steps counted from 0) */
+    uint64_t prompt_tokens;
+    uint64_t prefix_hit_tokens;
+    size_t first_step;            /* the first step admitting prompt tokens; SIZE_MAX: none */
+    uint64_t first_prompt_tokens; /* that step's */
+    uint64_t first_hit_tokens;
+} kvp_sim_window;
 
 typedef struct kvp_sim_result {
     size_t requests;
@@ -77,6 +100,27 @@ typedef struct kvp_sim_result {
     size_t threads;
     double output_checksum;        /* sum of every decode output's first value */
     kvp_sim_sample *samples;       /* [steps] */
+    /* sharing (kvpager/scheduler.h) */
+    uint64_t prompt_tokens;        /* prompt tokens of admissions, recomputation included */
+    uint64_t prefix_hit_tokens;    /* of those, adopted from the prefix index */
+    double prefix_hit_rate;        /* prefix_hit_tokens / prompt_tokens (0 when none) */
+    double unshared_page_steps;    /* sum over steps of the pages the running sequences
+                                      would hold if nothing were shared */
+    double held_page_steps;        /* sum over steps of the pages held */
+    double pages_saved_ratio;      /* unshared_page_steps / held_page_steps (1: none saved) */
+    size_t peak_held_pages;
+    double mean_held_pages;
+    uint64_t forks;
+    uint64_t evictions;            /* the pool's, at the end of the run */
+    uint64_t cow_copies;           /* the pool's, at the end of the run */
+    uint64_t stale_preemptions;    /* sequences preempted because the weights changed */
+    size_t weight_updates;
+    kvp_sim_window *windows;       /* [window_count]: one, plus one per weight update */
+    size_t window_count;
+    size_t verified;               /* sample sequences recomputed and compared */
+    size_t verify_mismatches;      /* decoded tokens whose outputs differed from the recompute */
+    size_t verify_skipped;         /* chosen requests not verified: a weight update fell in
+                                      their run (their tokens span two weight versions) */
 } kvp_sim_result;
 
 typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t step);
@@ -93,7 +137,8 @@ size_t kvp_sim_kv_heads(const kvp_sim_config *config);
 
 /*
  * Runs the workload. Returns 0, or -1 with *err and *context describing a
- * library failure. The result's samples must be freed with kvp_sim_result_free.
+ * library failure. The result's samples and windows must be freed with
+ * kvp_sim_result_free.
  */
 int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
                 kvp_sim_progress_fn progress, void *progress_ctx, kvp_sim_result *out,

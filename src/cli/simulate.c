@@ -52,6 +52,8 @@
     X(TRACE, "--trace")                                                                   \
     X(SHARED_PREFIX, "--shared-prefix")                                                   \
     X(SAMPLES, "--samples")                                                               \
+    X(UPDATE_WEIGHTS_EVERY, "--update-weights-every")                                     \
+    X(VERIFY, "--verify")                                                                 \
     X(WATERMARK, "--watermark")                                                           \
     X(RESERVE_TOKENS, "--reserve-tokens")                                                 \
     X(THREADS, "--threads")                                                               \
@@ -92,6 +94,7 @@ typedef struct options {
     int quiet;
     int help;
     int allow_overcommit;
+    int no_sharing;
 } options;
 
 static void simulate_usage(FILE *out)
@@ -161,9 +164,35 @@ static void simulate_usage(FILE *out)
             "                       prompt: the same inputs at those positions), 0 to\n"
             "                       capacity - 2; generated workloads only (default 0)\n"
             "scheduling and run:\n"
-            "  --samples N          continuations per request (parallel sampling), 1 to 256;\n"
-            "                       N > 1 needs fork, which the scheduler does not have yet:\n"
-            "                       it refuses such requests (default %zu)\n"
+            "  --samples N          continuations per request (parallel sampling), 1 to 256:\n"
+            "                       one prompt, forked into N sequences that share its pages;\n"
+            "                       each decodes the request's output tokens (default %zu)\n"
+            "  --no-sharing         no fork and no prefix cache: every sample prefills its\n"
+            "                       own copy of the prompt and nothing is looked up. When a\n"
+            "                       sharing workload is given (--samples above 1,\n"
+            "                       --shared-prefix above 0 or --profile conversation),\n"
+            "                       the run is done twice, with sharing and then without,\n"
+            "                       and the report puts concurrency, throughput and held\n"
+            "                       pages side by side; with --no-sharing only the run\n"
+            "                       without sharing is done\n"
+            "  --update-weights-every N\n"
+            "                       between steps, every N steps, update every layer's\n"
+            "                       parameters in place (a small seeded perturbation: a\n"
+            "                       new revision). The scheduler recomputes the running\n"
+            "                       requests and no cached block of the old weights can\n"
+            "                       match: the report gives the prefix hit rate of each\n"
+            "                       window between updates, and of its first step that\n"
+            "                       admits prompt tokens (0%%). N >= 1; not with\n"
+            "                       --no-compute (default: no updates)\n"
+            "  --verify N           recompute requests 0, N, 2N, ... (each sample) from\n"
+            "                       scratch when they finish, on a fresh sequence of a\n"
+            "                       private pool with nothing shared, under the weights\n"
+            "                       they ran with, and compare every decoded output bit\n"
+            "                       for bit (verified, verify_mismatches). A request whose\n"
+            "                       run saw a weight update spans two weight versions: it\n"
+            "                       is skipped and counted (verify_skipped). The run\n"
+            "                       without sharing is not verified. N >= 1; not with\n"
+            "                       --no-compute (default: no verification)\n"
             "  --watermark X        fraction of pages kept free at admission, >= 0 and < 1\n"
             "                       (default %.2f)\n"
             "  --reserve-tokens N   decoding reserve promised at admission, 0 to capacity\n"
@@ -176,12 +205,18 @@ static void simulate_usage(FILE *out)
             "                       (default %zu)\n"
             "output:\n"
             "  --json               print one JSON object instead of the report\n"
-            "  --plot FILE.svg      draw pages in use and running sequences per step; the\n"
+            "  --plot FILE.svg      draw pages in use, cached pages (held or evictable),\n"
+            "                       evictable pages and running sequences per step; the\n"
             "                       file is opened and its first bytes written before the\n"
             "                       run, so an unwritable path is refused up front (exit 2;\n"
             "                       a write error after the run also exits 2)\n"
             "  --quiet              no progress line (it shows only on a terminal anyway)\n"
             "  --help, -h           show this help\n\n"
+            "Sharing figures: prefix hit rate = prompt tokens adopted from the prefix cache\n"
+            "over all prompt tokens admitted (recomputation included); pages saved = the sum\n"
+            "over steps of the pages the running sequences would hold if nothing were\n"
+            "shared, over the sum over steps of the pages held (1.00x: nothing saved);\n"
+            "evictions and copy-on-write copies are the pool's counters.\n\n"
             "Sizes whose memory (pool, model, sequences) would exceed physical memory are\n"
             "refused with the size. A run that completes no request meets no target.\n"
             "exit status: 0 clean run, 1 audit failure or leaked pages, 2 bad input or an\n"
@@ -213,6 +248,8 @@ static size_t *size_field(options *o, flag f)
     case FLAG_AUDIT_EVERY: return &o->sim.audit_every;
     case FLAG_SHARED_PREFIX: return &o->workload.shared_prefix;
     case FLAG_SAMPLES: return &o->sim.samples;
+    case FLAG_UPDATE_WEIGHTS_EVERY: return &o->sim.update_every;
+    case FLAG_VERIFY: return &o->sim.verify_every;
     default: return NULL;
     }
 }
@@ -324,6 +361,11 @@ static void parse_options(int argc, char **argv, options *o, kvp_cli_problems *p
             o->allow_overcommit = 1;
             continue;
         }
+        if (strcmp(arg, "--no-sharing") == 0) {
+            o->no_sharing = 1;
+            o->sim.sharing = 0;
+            continue;
+        }
         int f = kvp_cli_take_flag(argc, argv, &i, "simulate", flag_names, FLAG_COUNT_, o->value,
                                   p);
         if (f >= 0) {
@@ -401,6 +443,19 @@ static void check_ranges(options *o, kvp_cli_problems *p)
     }
     if (c->samples < 1 || c->samples > MAX_SAMPLES) {
         invalid(p, FLAG_SAMPLES, o->value[FLAG_SAMPLES], "must be from 1 to 256");
+    }
+    static const flag computed_only[] = {FLAG_UPDATE_WEIGHTS_EVERY, FLAG_VERIFY};
+    for (size_t i = 0; i < 2; i++) {
+        flag f = computed_only[i];
+        if (o->value[f] == NULL) {
+            continue;
+        }
+        if (*size_field(o, f) == 0) {
+            invalid(p, f, o->value[f], "must be at least 1 (leave it out for none)");
+        } else if (!c->compute) {
+            kvp_cli_problem(p, "%s %s needs real attention: it cannot be given with --no-compute",
+                            flag_names[f], o->value[f]);
+        }
     }
     if (o->value[FLAG_SHARED_PREFIX] != NULL && c->capacity >= MIN_CAPACITY &&
         o->workload.shared_prefix > c->capacity - MIN_CAPACITY) {
@@ -695,7 +750,95 @@ static size_t kv_bytes_per_token(const kvp_sim_config *c)
            (c->model_width / c->heads);
 }
 
-static void print_report(const options *o, const kvp_workload *w, const kvp_sim_result *r)
+/* --samples above 1, --shared-prefix above 0 or --profile conversation. */
+static int sharing_workload(const options *o)
+{
+    return o->sim.samples > 1 ||
+           (o->trace == NULL && (o->workload.shared_prefix > 0 ||
+                                 o->workload.profile == KVP_PROFILE_CONVERSATION));
+}
+
+/* a / b as a ratio, NaN (JSON null, "-" in the report) when b is 0. */
+static double ratio(double a, double b)
+{
+    return b > 0.0 ? a / b : NAN;
+}
+
+static double window_rate(uint64_t hits, uint64_t prompt)
+{
+    return ratio((double)hits, (double)prompt);
+}
+
+static void print_ratio(const char *label, double on, double off, int decimals)
+{
+    char a[32];
+    char b[32];
+    snprintf(a, sizeof a, "%.*f", decimals, on);
+    snprintf(b, sizeof b, "%.*f", decimals, off);
+    double x = ratio(on, off);
+    if (isnan(x)) {
+        printf("  %-22s%-14s%-14s-\n", label, a, b);
+    } else {
+        printf("  %-22s%-14s%-14s%.2fx\n", label, a, b, x);
+    }
+}
+
+/* The sharing figures, the weight updates, verification and the run without sharing. */
+static void print_sharing(const options *o, const kvp_sim_result *r, const kvp_sim_result *off)
+{
+    const kvp_sim_config *c = &o->sim;
+    printf("sharing                 %s: prefix hits %llu of %llu prompt tokens (%.1f%%), "
+           "%llu forks\n",
+           c->sharing ? "on" : "off (--no-sharing)", (unsigned long long)r->prefix_hit_tokens,
+           (unsigned long long)r->prompt_tokens, 100.0 * r->prefix_hit_rate,
+           (unsigned long long)r->forks);
+    printf("pages saved             %.2fx (pages the sequences would hold unshared, over pages "
+           "held);\n"
+           "                        evictions %llu, copy-on-write copies %llu\n",
+           r->pages_saved_ratio, (unsigned long long)r->evictions,
+           (unsigned long long)r->cow_copies);
+    if (c->update_every != 0) {
+        printf("weight updates          %zu (every %zu steps), %llu sequences preempted as stale\n",
+               r->weight_updates, c->update_every, (unsigned long long)r->stale_preemptions);
+        for (size_t i = 0; i < r->window_count; i++) {
+            const kvp_sim_window *w = &r->windows[i];
+            double rate = window_rate(w->prefix_hit_tokens, w->prompt_tokens);
+            printf("  from step %-8zu hit rate %5.1f%% of %llu prompt tokens", w->step,
+                   100.0 * (isnan(rate) ? 0.0 : rate), (unsigned long long)w->prompt_tokens);
+            if (w->first_step != SIZE_MAX) {
+                printf("; its first admitting step %zu: %.1f%%", w->first_step,
+                       100.0 * window_rate(w->first_hit_tokens, w->first_prompt_tokens));
+            }
+            printf("\n");
+        }
+    }
+    if (c->verify_every != 0) {
+        printf("verify                  %zu sample sequences recomputed from scratch (requests "
+               "0, %zu, %zu, ...): %zu mismatches;\n"
+               "                        %zu requests skipped (a weight update fell in their "
+               "run)\n",
+               r->verified, c->verify_every, 2 * c->verify_every, r->verify_mismatches,
+               r->verify_skipped);
+    }
+    if (off != NULL) {
+        printf("side by side            %-14s%-14sratio\n", "sharing", "--no-sharing");
+        print_ratio("concurrent peak", (double)r->peak_concurrent,
+                    (double)off->peak_concurrent, 0);
+        print_ratio("concurrent mean", r->mean_concurrent, off->mean_concurrent, 1);
+        print_ratio("throughput (tok/s)", r->tokens_per_second, off->tokens_per_second,
+                    1);
+        print_ratio("held pages peak", (double)r->peak_held_pages,
+                    (double)off->peak_held_pages, 0);
+        print_ratio("held pages mean", r->mean_held_pages, off->mean_held_pages, 1);
+        print_ratio("prefill tokens", (double)r->prefill_tokens, (double)off->prefill_tokens,
+                    0);
+        print_ratio("steps", (double)r->steps, (double)off->steps, 0);
+        print_ratio("preemptions", (double)r->preemptions, (double)off->preemptions, 0);
+    }
+}
+
+static void print_report(const options *o, const kvp_workload *w, const kvp_sim_result *r,
+                         const kvp_sim_result *off)
 {
     const kvp_sim_config *c = &o->sim;
     char budget[32];
@@ -726,6 +869,7 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
            100.0 * r->mean_utilization);
     printf("internal fragmentation  %.2f%% of held slots\n", 100.0 * r->internal_fragmentation);
     printf("preemptions             %zu\n", r->preemptions);
+    print_sharing(o, r, off);
     if (r->contiguous_baseline > 0) {
         printf("contiguous baseline     %zu sequences fit when each reserves its full capacity;\n"
                "                        paging held %zu at peak: %.2fx\n",
@@ -753,7 +897,63 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
     }
 }
 
-static void print_json(const options *o, const kvp_workload *w, const kvp_sim_result *r)
+/* The sharing keys of --json (print_sharing's figures). */
+static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_result *off)
+{
+    kvp_json_uint(json, "prompt_tokens", r->prompt_tokens);
+    kvp_json_uint(json, "prefix_hit_tokens", r->prefix_hit_tokens);
+    kvp_json_double(json, "prefix_hit_rate", r->prefix_hit_rate);
+    kvp_json_double(json, "pages_saved_ratio", r->pages_saved_ratio);
+    kvp_json_uint(json, "peak_held_pages", r->peak_held_pages);
+    kvp_json_double(json, "mean_held_pages", r->mean_held_pages);
+    kvp_json_uint(json, "forks", r->forks);
+    kvp_json_uint(json, "evictions", r->evictions);
+    kvp_json_uint(json, "cow_copies", r->cow_copies);
+    kvp_json_uint(json, "weight_updates", r->weight_updates);
+    kvp_json_uint(json, "stale_preemptions", r->stale_preemptions);
+    kvp_json_array_begin(json, "update_windows");
+    for (size_t i = 0; i < r->window_count; i++) {
+        const kvp_sim_window *w = &r->windows[i];
+        kvp_json_object_begin(json, NULL);
+        kvp_json_uint(json, "step", w->step);
+        kvp_json_uint(json, "prompt_tokens", w->prompt_tokens);
+        kvp_json_uint(json, "prefix_hit_tokens", w->prefix_hit_tokens);
+        kvp_json_double(json, "hit_rate", window_rate(w->prefix_hit_tokens, w->prompt_tokens));
+        kvp_json_double(json, "first_step", w->first_step == SIZE_MAX ? NAN
+                                                                     : (double)w->first_step);
+        kvp_json_double(json, "first_step_hit_rate",
+                        window_rate(w->first_hit_tokens, w->first_prompt_tokens));
+        kvp_json_object_end(json);
+    }
+    kvp_json_array_end(json);
+    kvp_json_uint(json, "verified", r->verified);
+    kvp_json_uint(json, "verify_mismatches", r->verify_mismatches);
+    kvp_json_uint(json, "verify_skipped", r->verify_skipped);
+    if (off == NULL) {
+        kvp_json_double(json, "sharing_concurrency_ratio", NAN);
+        kvp_json_double(json, "no_sharing", NAN);
+        return;
+    }
+    kvp_json_double(json, "sharing_concurrency_ratio",
+                    ratio((double)r->peak_concurrent, (double)off->peak_concurrent));
+    kvp_json_object_begin(json, "no_sharing");
+    kvp_json_uint(json, "requests_completed", off->requests_completed);
+    kvp_json_uint(json, "tokens_generated", off->tokens_generated);
+    kvp_json_uint(json, "prefill_tokens", off->prefill_tokens);
+    kvp_json_double(json, "tokens_per_second", off->tokens_per_second);
+    kvp_json_uint(json, "steps", off->steps);
+    kvp_json_uint(json, "peak_concurrent_sequences", off->peak_concurrent);
+    kvp_json_double(json, "mean_concurrent_sequences", off->mean_concurrent);
+    kvp_json_uint(json, "peak_held_pages", off->peak_held_pages);
+    kvp_json_double(json, "mean_held_pages", off->mean_held_pages);
+    kvp_json_uint(json, "preemptions", off->preemptions);
+    kvp_json_uint(json, "pages_leaked", off->pages_leaked);
+    kvp_json_uint(json, "audit_failures", off->audit_failures);
+    kvp_json_object_end(json);
+}
+
+static void print_json(const options *o, const kvp_workload *w, const kvp_sim_result *r,
+                       const kvp_sim_result *off)
 {
     const kvp_sim_config *c = &o->sim;
     kvp_json json;
@@ -789,6 +989,7 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_double(&json, "sequences_vs_f64", dtype_gain(r));
     kvp_json_double(&json, "output_checksum", r->output_checksum);
     kvp_json_bool(&json, "targets_met", targets_met(r));
+    json_sharing(&json, r, off);
     kvp_json_object_begin(&json, "config");
     kvp_json_string(&json, "workload", o->trace ? o->trace : kvp_profile_name(o->workload.profile));
     kvp_json_string(&json, "arrival", o->trace ? "trace" : kvp_arrival_name(o->workload.arrival));
@@ -809,6 +1010,11 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_double(&json, "watermark", c->watermark);
     kvp_json_uint(&json, "reserve_tokens", c->reserve_tokens);
     kvp_json_bool(&json, "compute", c->compute);
+    kvp_json_uint(&json, "samples", c->samples);
+    kvp_json_uint(&json, "shared_prefix", o->trace ? 0 : o->workload.shared_prefix);
+    kvp_json_bool(&json, "sharing", c->sharing);
+    kvp_json_uint(&json, "update_weights_every", c->update_every);
+    kvp_json_uint(&json, "verify_every", c->verify_every);
     kvp_json_object_end(&json);
     kvp_json_object_end(&json);
 }
@@ -891,30 +1097,48 @@ int kvp_cli_simulate(int argc, char **argv)
         kvp_workload_free(&workload);
         return status;
     }
-    kvp_progress progress;
-    kvp_progress_init(&progress, "simulate", o.quiet);
+    /*
+     * The run, and for a sharing workload (unless --no-sharing) the same
+     * workload without sharing, not verified, for the side-by-side figures.
+     */
+    int compare = sharing_workload(&o) && !o.no_sharing;
     kvp_sim_result result;
+    kvp_sim_result off;
+    memset(&off, 0, sizeof off);
     kvp_error err;
     const char *context = NULL;
-    int failed = kvp_sim_run(&o.sim, &workload, kvp_progress_update, &progress, &result, &err,
-                             &context);
-    kvp_progress_finish(&progress);
+    int failed = 0;
+    for (int run = 0; run < 1 + compare && failed == 0; run++) {
+        kvp_sim_config config = o.sim;
+        if (run == 1) {
+            config.sharing = 0;
+            config.verify_every = 0;
+        }
+        kvp_progress progress;
+        kvp_progress_init(&progress, run == 0 ? "simulate" : "simulate --no-sharing", o.quiet);
+        failed = kvp_sim_run(&config, &workload, kvp_progress_update, &progress,
+                             run == 0 ? &result : &off, &err, &context);
+        kvp_progress_finish(&progress);
+    }
     if (failed != 0) {
         kvp_cli_report("simulate", context != NULL ? context : "running", &err);
         if (o.plot != NULL) {
             kvp_plot_abandon(&plot);
         }
         kvp_sim_result_free(&result);
+        kvp_sim_result_free(&off);
         kvp_workload_free(&workload);
         return KVP_CLI_USAGE;
     }
     if (o.json) {
-        print_json(&o, &workload, &result);
+        print_json(&o, &workload, &result, compare ? &off : NULL);
     } else {
-        print_report(&o, &workload, &result);
+        print_report(&o, &workload, &result, compare ? &off : NULL);
     }
-    int exit_code = result.audit_failures == 0 && result.pages_leaked == 0 ? KVP_CLI_OK
-                                                                            : KVP_CLI_FAILED;
+    int exit_code = result.audit_failures == 0 && result.pages_leaked == 0 &&
+                            off.audit_failures == 0 && off.pages_leaked == 0
+                        ? KVP_CLI_OK
+                        : KVP_CLI_FAILED;
     if (o.plot != NULL) {
         char title[160];
         snprintf(title, sizeof title, "kvpager simulate: %s, %zu requests, %zu pages",
@@ -929,6 +1153,7 @@ int kvp_cli_simulate(int argc, char **argv)
         }
     }
     kvp_sim_result_free(&result);
+    kvp_sim_result_free(&off);
     kvp_workload_free(&workload);
     return exit_code;
 }

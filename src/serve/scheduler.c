@@ -41,15 +41,21 @@
 #include "pager/abi.h"
 #include "pager/alloc.h"
 #include "pager/error.h"
+#include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
+#include "serve/sequence_internal.h"
+#include "serve/share_internal.h"
 
 enum { STATE_WAITING, STATE_RUNNING, STATE_FINISHED, STATE_COLLECTED };
 
 typedef struct record {
     kvp_request request;  /* the caller's, copied (struct_size the library's) */
-    size_t generated;     /* tokens generated so far, kept across preemption */
+    size_t generated;     /* tokens each sample generated so far, kept across preemption */
     size_t preemptions;
+    size_t slots;         /* running slots (samples) it holds: samples while running, else 0 */
     int state;
+    int failed;           /* a job of this step failed; `error` says why */
+    kvp_error error;
 } record;
 
 /* A sequence (or external caches) with its token buffers, reused between requests. */
@@ -64,14 +70,22 @@ typedef struct lease {
 typedef struct planned {
     uint64_t id;
     int admit;
+    size_t rows;       /* its rows start at s->rows + rows * width (layout: rows_needed) */
+    size_t keys;       /* its prefix keys start at s->keys + keys */
+    size_t key_blocks; /* prompt blocks keyed: the full ones within the capacity; 0: no keys */
+    size_t adopted;    /* tokens adopted from the prefix index (set when it is prefilled) */
 } planned;
 
 typedef struct slot {
     lease lease;
     uint64_t id;
-    uint64_t admitted; /* admission order; the largest is preempted first */
-    size_t job;        /* its decode job in this step */
+    size_t sample;     /* 0 .. samples - 1 */
+    uint64_t admitted; /* admission order, one per request; the largest is preempted first */
+    size_t job;        /* its job in this step, or NO_JOB */
 } slot;
+
+#define NO_JOB SIZE_MAX
+#define MAX_SAMPLES 256
 
 struct kvp_scheduler {
     const kvp_model *model;
@@ -108,6 +122,8 @@ struct kvp_scheduler {
     double *zeros;      /* compute off: one block of zero rows */
     planned *plan;      /* the step's plan: queue entries taken, in queue order */
     size_t plan_room;
+    kvp_block_key *keys; /* the step's prefix keys, back to back (share_internal.h layout) */
+    size_t keys_room;
     uint64_t admissions;
     kvp_scheduler_stats stats;
 };
@@ -248,15 +264,41 @@ static size_t lease_len(const lease *l)
     return l->sequence != NULL ? kvp_sequence_len(l->sequence) : kvp_cache_len(l->caches[0]);
 }
 
+/* The lease's layer caches, one per layer. */
+static kvp_cache *const *lease_caches(const lease *l)
+{
+    return l->sequence != NULL ? l->sequence->caches : l->caches;
+}
+
+/* New pages to grow to `tokens`, copy-on-write copies included. */
 static size_t lease_pages_for(const kvp_scheduler *s, const lease *l, size_t tokens)
 {
     if (l->sequence != NULL) {
         return kvp_sequence_pages_for(l->sequence, tokens);
     }
-    size_t have = lease_len(l);
-    size_t blocks = tokens / s->block_tokens + (tokens % s->block_tokens != 0);
-    size_t held = have / s->block_tokens + (have % s->block_tokens != 0);
-    return blocks > held ? s->layers * (blocks - held) : 0;
+    size_t pages = 0;
+    for (size_t i = 0; i < s->layers; i++) {
+        pages += kvp_cache_pages_for(l->caches[i], tokens);
+    }
+    return pages;
+}
+
+/* 1 when a layer's cache is bound to a parameter revision that is no longer current. */
+static int lease_stale(const kvp_scheduler *s, const lease *l)
+{
+    if (l->sequence == NULL) {
+        return 0; /* external caches bind the configured identity: never stale */
+    }
+    for (size_t i = 0; i < s->layers; i++) {
+        const kvp_binding *b = &l->sequence->caches[i]->binding;
+        const kvp_layer *layer = kvp_model_layer(s->model, i);
+        for (size_t k = 0; k < KVP_PARAM_COUNT; k++) {
+            if (b->params[k].revision != kvp_param_revision(kvp_layer_param(layer, k))) {
+                return 1;
+            }
+        }
+    }
+    return 0;
 }
 
 static kvp_status lease_promise(const kvp_scheduler *s, lease *l, size_t pages, kvp_error *err)
@@ -280,9 +322,18 @@ static void lease_reset(const kvp_scheduler *s, lease *l)
     if (l->sequence != NULL) {
         status = kvp_sequence_reset(l->sequence, NULL);
     }
+    /*
+     * External caches: promises to 0, then every layer at once, so pages go
+     * back (to the free or evictable list) in the order a sequence's reset
+     * gives them back: both runs see the same LRU order. No rows are
+     * reserved between steps (lease_append_zeros commits or discards).
+     */
     for (size_t i = 0; l->sequence == NULL && i < s->layers; i++) {
-        kvp_status layer = kvp_cache_reset(l->caches[i], NULL);
+        kvp_status layer = kvp_cache_promise(l->caches[i], 0, NULL);
         status = status != KVP_OK ? status : layer;
+    }
+    if (l->sequence == NULL) {
+        kvpi_cache_truncate_many(l->caches, s->layers, 0);
     }
     assert(status == KVP_OK);
     (void)status;
@@ -320,30 +371,109 @@ static kvp_status lease_append_zeros(const kvp_scheduler *s, lease *l, size_t to
 
 /* ---- requests ----------------------------------------------------------- */
 
-/* The prompt plus what it generated before a preemption: the tokens a prefill computes. */
-static size_t prefill_tokens(const kvp_scheduler *s, uint64_t id)
+static size_t blocks_of(const kvp_scheduler *s, size_t tokens)
 {
-    const record *r = &s->records[id];
-    return r->request.prompt_tokens + r->generated;
+    return tokens / s->block_tokens + (tokens % s->block_tokens != 0);
 }
 
 /*
- * Tokens a request is admitted for: prefill_tokens and the decoding
- * reserve, but never more than its whole length. So a request whose whole
- * length fits an empty pool is always admitted once the pool empties.
+ * Tokens each sample is admitted for past the prompt: what it generated
+ * before a preemption plus the decoding reserve, but never more than its
+ * budget. So a request whose whole length fits an empty pool is always
+ * admitted once the pool empties.
  */
-static size_t admission_tokens(const kvp_scheduler *s, uint64_t id)
+static size_t sample_tokens(const kvp_scheduler *s, const record *r)
 {
-    const record *r = &s->records[id];
-    size_t tokens = prefill_tokens(s, id) + s->config.reserve_tokens;
-    size_t whole = r->request.prompt_tokens + r->request.max_new_tokens;
-    return tokens < whole ? tokens : whole;
+    size_t tokens = r->generated + s->config.reserve_tokens;
+    return tokens < r->request.max_new_tokens ? tokens : r->request.max_new_tokens;
 }
 
-static size_t whole_tokens(const kvp_scheduler *s, uint64_t id)
+/* Pages one forked sample takes past the prompt's full blocks (its copy of a partial one too). */
+static size_t sample_pages(const kvp_scheduler *s, const record *r, size_t past_prompt)
 {
-    const record *r = &s->records[id];
-    return r->request.prompt_tokens + r->request.max_new_tokens;
+    size_t prompt = r->request.prompt_tokens;
+    return s->layers * (blocks_of(s, prompt + past_prompt) - prompt / s->block_tokens);
+}
+
+/*
+ * Pages a request newly takes to hold `past_prompt` tokens per sample when
+ * `hits` prompt blocks are adopted: shared pages counted once. One sample:
+ * its own blocks. Forked samples: the prompt once, plus each sample's
+ * blocks past the prompt's full ones. Sharing off: every sample its own.
+ */
+static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
+                            size_t hits)
+{
+    size_t prompt = r->request.prompt_tokens;
+    size_t n = r->request.samples;
+    size_t own = s->layers * blocks_of(s, prompt + past_prompt);
+    if (n == 1) {
+        return own - s->layers * hits;
+    }
+    if (s->config.sharing) {
+        return s->layers * (blocks_of(s, prompt) - hits) + n * sample_pages(s, r, past_prompt);
+    }
+    return n * own;
+}
+
+/* 1 when the request's prompt rows can be keyed (sharing on, and rows to read). */
+static int keyed(const kvp_scheduler *s, const kvp_request *q)
+{
+    return s->config.sharing && (s->config.compute || q->prompt != NULL || q->input != NULL);
+}
+
+/*
+ * The rows a request's admission reads, back to back:
+ *   compute, sharing on: the prompt, then each sample's generated tokens;
+ *   compute, sharing off: each sample's prompt and generated tokens;
+ *   compute off: the prompt when it is keyed (its keys), else nothing.
+ */
+static size_t rows_needed(const kvp_scheduler *s, const record *r)
+{
+    const kvp_request *q = &r->request;
+    if (!s->config.compute) {
+        return keyed(s, q) ? q->prompt_tokens : 0;
+    }
+    if (s->config.sharing) {
+        return q->prompt_tokens + q->samples * r->generated;
+    }
+    return q->samples * (q->prompt_tokens + r->generated);
+}
+
+/* Request `id`'s rows [from, to) of sample `sample` into `rows` (prompt rows are sample 0's). */
+static void fill_rows(kvp_scheduler *s, uint64_t id, size_t sample, size_t from, size_t to,
+                      double *rows)
+{
+    const kvp_request *q = &record_of(s, id)->request;
+    for (size_t t = from; t < to; t++) {
+        double *row = rows + (t - from) * s->width;
+        if (t < q->prompt_tokens && q->prompt != NULL) {
+            memcpy(row, q->prompt + t * s->width, s->width * sizeof *row);
+        } else {
+            q->input(q->ctx, id, t < q->prompt_tokens ? 0 : sample, t, row, s->width);
+        }
+    }
+}
+
+/* Fills request `id`'s rows in the rows_needed layout. */
+static void fill_request(kvp_scheduler *s, uint64_t id, double *rows)
+{
+    const record *r = record_of(s, id);
+    size_t prompt = r->request.prompt_tokens;
+    size_t g = r->generated;
+    if (!s->config.compute || s->config.sharing) {
+        if (rows_needed(s, r) == 0) {
+            return;
+        }
+        fill_rows(s, id, 0, 0, prompt, rows);
+        for (size_t k = 0; s->config.compute && k < r->request.samples; k++) {
+            fill_rows(s, id, k, prompt, prompt + g, rows + (prompt + k * g) * s->width);
+        }
+        return;
+    }
+    for (size_t k = 0; k < r->request.samples; k++) {
+        fill_rows(s, id, k, 0, prompt + g, rows + k * (prompt + g) * s->width);
+    }
 }
 
 /* Appends a finished request's result (room was made at the start of the step). */
@@ -354,7 +484,7 @@ static void finish(kvp_scheduler *s, uint64_t id, int rejected, kvp_status statu
     kvp_request_result *out = &s->done[s->done_count++];
     kvp_request_result_init(out);
     out->id = id;
-    out->tokens_generated = r->generated;
+    out->tokens_generated = r->generated * r->request.samples;
     out->preemptions = r->preemptions;
     out->rejected = rejected;
     out->status = status;
@@ -375,9 +505,20 @@ static void finish(kvp_scheduler *s, uint64_t id, int rejected, kvp_status statu
 static void retire_slot(kvp_scheduler *s, size_t i)
 {
     lease l = s->running[i].lease;
+    record_of(s, s->running[i].id)->slots--;
     s->running[i] = s->running[--s->running_count];
     lease_reset(s, &l);
     s->idle[s->idle_count++] = l;
+}
+
+/* Retires every running slot of request `id`, from the back. */
+static void retire_request(kvp_scheduler *s, uint64_t id)
+{
+    for (size_t i = s->running_count; i-- > 0;) {
+        if (s->running[i].id == id) {
+            retire_slot(s, i);
+        }
+    }
 }
 
 /* ---- public: setup ------------------------------------------------------ */
@@ -392,6 +533,7 @@ void kvp_scheduler_config_init(kvp_scheduler_config *config)
     config->watermark = 0.01;
     config->reserve_tokens = 16;
     config->compute = 1;
+    config->sharing = 1;
 }
 
 void kvp_request_init(kvp_request *request)
@@ -448,6 +590,7 @@ static kvp_status config_read(const kvp_scheduler_config *caller, kvp_scheduler_
         return kvpi_fail_invalid(err, "watermark", "must be in [0, 1)");
     }
     config->compute = config->compute != 0;
+    config->sharing = config->sharing != 0;
     return KVP_OK;
 }
 
@@ -468,6 +611,7 @@ static void scheduler_free(kvp_scheduler *s)
     kvpi_free(s->rows);
     kvpi_free(s->zeros);
     kvpi_free(s->plan);
+    kvpi_free(s->keys);
     kvpi_free(s);
 }
 
@@ -580,9 +724,8 @@ static kvp_status request_read(const kvp_scheduler *s, const kvp_request *caller
     if (request->samples == 0) {
         return kvpi_fail_invalid(err, "samples", "must be at least 1");
     }
-    if (request->samples > 1) {
-        return kvpi_fail_invalid(err, "samples",
-                                 "is not supported yet: parallel sampling needs fork");
+    if (request->samples > MAX_SAMPLES) {
+        return kvpi_fail_invalid(err, "samples", "must be at most 256");
     }
     size_t capacity = s->config.capacity;
     if (request->prompt_tokens > capacity ||
@@ -645,26 +788,43 @@ kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler, const kvp_request *req
 typedef struct plan {
     size_t popped;    /* queue entries the step takes */
     size_t admitted;  /* of which admitted (the rest rejected) */
-    size_t rows;      /* prompt rows the admitted need (compute on) */
+    size_t slots;     /* sequences the admitted take: their samples */
 } plan;
+
+static size_t add_sat(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
 
 /*
  * FCFS admission while the head of the queue fits now, decided without
- * changing anything: each request asks kvp_pool_admit for its pages plus
- * the pages promised to the ones planned before it.
+ * changing anything: each request asks kvp_pool_admit for the pages it
+ * will newly take (its prompt pages not covered by the prefix the index
+ * holds now, plus the evictable pages adopting that prefix takes from the
+ * available ones, plus its samples' pages) plus what the requests planned
+ * before it in this step asked. The rows each admitted request's prefill
+ * reads, and its prompt keys, are made here (the scratch grows: an
+ * ALLOCATION_FAILED still changes nothing). Needs a lease with current
+ * bindings in idle[0] when a request is keyed (kvp_scheduler_step makes one).
  */
 static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
 {
     memset(p, 0, sizeof *p);
-    size_t promised = 0;
+    size_t asked = 0;
+    size_t rows = 0;
+    size_t keys = 0;
+    size_t bt = s->block_tokens;
     for (size_t i = 0; i < s->waiting_count; i++) {
         uint64_t id = s->waiting[queue_at(s, i)];
-        if (s->config.max_running != 0 &&
-            s->running_count + p->admitted >= s->config.max_running) {
+        const record *r = record_of(s, id);
+        const kvp_request *q = &r->request;
+        size_t busy = s->running_count + p->slots;
+        /* A request with more samples than max_running runs alone. */
+        if (s->config.max_running != 0 && busy + q->samples > s->config.max_running &&
+            busy > 0) {
             break;
         }
-        size_t full = kvp_pool_pages_for(s->pool, s->layers, whole_tokens(s, id));
-        size_t need = kvp_pool_pages_for(s->pool, s->layers, admission_tokens(s, id));
+        size_t full = request_pages(s, r, q->max_new_tokens, 0);
         kvp_admission whole;
         kvp_admission now;
         kvp_status status = kvp_pool_admit(s->pool, full, s->watermark_pages, &whole, err);
@@ -672,47 +832,76 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             return status;
         }
         if (whole == KVP_ADMIT_NEVER) {
-            s->plan[p->popped++] = (planned){id, 0};
+            s->plan[p->popped++] = (planned){id, 0, 0, 0, 0, 0};
             continue;
         }
-        size_t ask = need > SIZE_MAX - promised ? SIZE_MAX : need + promised;
-        status = kvp_pool_admit(s->pool, ask, s->watermark_pages, &now, err);
+        size_t need_rows = rows_needed(s, r);
+        if (grow((void **)&s->rows, &s->rows_room, rows + need_rows,
+                 s->width * sizeof *s->rows) != 0) {
+            return kvpi_fail_alloc(err, "scheduler prompt rows",
+                                   (rows + need_rows) * s->width * sizeof(double));
+        }
+        double *at = s->rows + rows * s->width;
+        fill_request(s, id, at);
+        size_t key_blocks = 0;
+        size_t key_count = 0;
+        size_t hits = 0;
+        size_t evictable = 0;
+        if (keyed(s, q)) {
+            key_blocks = q->prompt_tokens / bt;
+            if (key_blocks > s->config.capacity / bt) {
+                key_blocks = s->config.capacity / bt;
+            }
+            key_count = kvpi_prompt_keys_count(s->layers, 1, key_blocks);
+            if (grow((void **)&s->keys, &s->keys_room, keys + key_count, sizeof *s->keys) != 0) {
+                return kvpi_fail_alloc(err, "scheduler prefix keys",
+                                       (keys + key_count) * sizeof *s->keys);
+            }
+            kvp_block_key *k = s->keys + keys;
+            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, at, q->prompt_tokens,
+                             s->width, key_blocks, k);
+            size_t adoptable = (q->prompt_tokens - 1) / bt; /* the last token is computed */
+            hits = kvpi_prefix_probe(s->pool, k, s->layers,
+                                     adoptable < key_blocks ? adoptable : key_blocks, &evictable);
+        }
+        size_t need = add_sat(request_pages(s, r, sample_tokens(s, r), hits), evictable);
+        status = kvp_pool_admit(s->pool, add_sat(need, asked), s->watermark_pages, &now, err);
         if (status != KVP_OK) {
             return status;
         }
         if (now != KVP_ADMIT_NOW) {
             break;
         }
-        promised += need;
-        s->plan[p->popped++] = (planned){id, 1};
+        asked = add_sat(asked, need);
+        s->plan[p->popped++] = (planned){id, 1, rows, keys, key_blocks, 0};
+        rows += need_rows;
+        keys += key_count;
         p->admitted++;
-        p->rows += prefill_tokens(s, id);
+        p->slots += q->samples;
     }
     return KVP_OK;
 }
 
 /*
- * Makes room for the worst case of this step and the leases and rows the
- * plan needs. New leases go to the idle list; on failure they are destroyed
+ * Makes room for the worst case of this step and the leases the plan
+ * needs. New leases go to the idle list; on failure they are destroyed
  * again, so nothing changed.
  */
 static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
 {
-    size_t live = s->running_count + s->waiting_count;
+    size_t slots = s->running_count + p->slots;
     size_t leases = s->running_count + s->idle_count +
-                    (p->admitted > s->idle_count ? p->admitted - s->idle_count : 0);
-    if (grow((void **)&s->running, &s->running_room, live, sizeof *s->running) != 0 ||
+                    (p->slots > s->idle_count ? p->slots - s->idle_count : 0);
+    /* Each request finishes once: the ones taken now and the running ones. */
+    size_t finishing = s->done_count + p->popped + s->running_count;
+    if (grow((void **)&s->running, &s->running_room, slots, sizeof *s->running) != 0 ||
         grow((void **)&s->idle, &s->idle_room, leases, sizeof *s->idle) != 0 ||
-        grow((void **)&s->done, &s->done_room, s->done_count + live, sizeof *s->done) != 0 ||
-        grow((void **)&s->jobs, &s->jobs_room, live, sizeof *s->jobs) != 0) {
-        return kvpi_fail_alloc(err, "scheduler step arrays", live * sizeof(slot));
-    }
-    if (s->config.compute &&
-        grow((void **)&s->rows, &s->rows_room, p->rows, s->width * sizeof *s->rows) != 0) {
-        return kvpi_fail_alloc(err, "scheduler prompt rows", p->rows * s->width * sizeof(double));
+        grow((void **)&s->done, &s->done_room, finishing, sizeof *s->done) != 0 ||
+        grow((void **)&s->jobs, &s->jobs_room, slots, sizeof *s->jobs) != 0) {
+        return kvpi_fail_alloc(err, "scheduler step arrays", slots * sizeof(slot));
     }
     size_t made = 0;
-    while (s->idle_count < p->admitted) {
+    while (s->idle_count < p->slots) {
         kvp_status status = lease_make(s, &s->idle[s->idle_count], err);
         if (status != KVP_OK) {
             while (made-- > 0) {
@@ -726,7 +915,7 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
     return KVP_OK;
 }
 
-/* Pops the plan's prefix: rejected ones finish, admitted ones take a lease and a promise. */
+/* Pops the plan's prefix: rejected ones finish, admitted ones take a lease per sample. */
 static void admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
 {
     for (size_t i = 0; i < p->popped; i++) {
@@ -736,111 +925,301 @@ static void admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
             st->rejected++;
             continue;
         }
-        slot *r = &s->running[s->running_count++];
-        r->lease = s->idle[--s->idle_count];
-        r->id = id;
-        r->admitted = s->admissions++;
-        record_of(s, id)->state = STATE_RUNNING;
+        record *rec = record_of(s, id);
+        for (size_t k = 0; k < rec->request.samples; k++) {
+            slot *r = &s->running[s->running_count++];
+            r->lease = s->idle[--s->idle_count];
+            r->id = id;
+            r->sample = k;
+            r->admitted = s->admissions;
+            r->job = NO_JOB;
+        }
+        s->admissions++;
+        rec->slots = rec->request.samples;
+        rec->state = STATE_RUNNING;
+        rec->failed = 0;
         st->admitted++;
     }
 }
 
-/* A running request failed: it finishes with the status, its pages go back. */
-static void fail_slot(kvp_scheduler *s, size_t i, const kvp_error *error, kvp_step_stats *st)
+/* A job of request `id` failed: the first failure is kept; the request fails after the phase. */
+static void mark_failed(kvp_scheduler *s, uint64_t id, const kvp_error *error)
 {
-    uint64_t id = s->running[i].id;
-    retire_slot(s, i);
-    finish(s, id, 0, error->status, error);
-    st->failed++;
+    record *rec = record_of(s, id);
+    if (!rec->failed) {
+        rec->failed = 1;
+        rec->error = *error;
+    }
 }
 
-/* Fills request `id`'s rows [0, tokens) into `rows`. */
-static void fill_rows(kvp_scheduler *s, uint64_t id, size_t tokens, double *rows)
+/* Every request of slots [first, running_count) marked failed finishes with its status. */
+static void fail_marked(kvp_scheduler *s, size_t first, kvp_step_stats *st)
 {
-    const kvp_request *q = &record_of(s, id)->request;
-    size_t from_prompt = q->prompt != NULL ? q->prompt_tokens : 0;
-    if (from_prompt > tokens) {
-        from_prompt = tokens;
-    }
-    if (from_prompt > 0) {
-        memcpy(rows, q->prompt, from_prompt * s->width * sizeof *rows);
-    }
-    for (size_t t = from_prompt; t < tokens; t++) {
-        q->input(q->ctx, id, t, rows + t * s->width, s->width);
+    for (size_t i = s->running_count; i-- > first;) {
+        if (i >= s->running_count) {
+            continue; /* a retire moved the last slot into a place already visited */
+        }
+        uint64_t id = s->running[i].id;
+        record *rec = record_of(s, id);
+        if (!rec->failed) {
+            continue;
+        }
+        retire_request(s, id);
+        kvp_error error = rec->error;
+        rec->failed = 0;
+        finish(s, id, 0, error.status, &error);
+        st->failed++;
+        i = s->running_count; /* retiring moved slots: scan again from the back */
     }
 }
 
 /*
- * Promises and prefills the running slots [first, running_count): with
- * compute, as one batch of decoder jobs. A job's failure fails its request.
- * A decoder refusal is returned, every slot still in place.
+ * Runs the jobs [0, count) on the decoder, whose job j belongs to the slot
+ * whose `job` is j. `inline_on_refusal`: a refusal (DECODER_BUSY) runs them
+ * on this thread instead, one after another (the same results, bit for bit);
+ * otherwise the refusal is returned and no job ran.
  */
-static kvp_status prefill(kvp_scheduler *s, size_t first, kvp_step_stats *st, kvp_error *err)
+static kvp_status run_jobs(kvp_scheduler *s, size_t count, int inline_on_refusal,
+                           kvp_error *err)
 {
-    size_t count = s->running_count - first;
     if (count == 0) {
         return KVP_OK;
     }
-    for (size_t i = first; i < s->running_count; i++) {
-        slot *r = &s->running[i];
-        size_t promise = kvp_pool_pages_for(s->pool, s->layers, admission_tokens(s, r->id));
-        kvp_error e;
-        memset(&e, 0, sizeof e);
-        if (lease_promise(s, &r->lease, promise, &e) != KVP_OK) {
-            /* Cannot happen: submit checked the length against the capacity. */
-            if (err != NULL) {
-                *err = e;
-            }
-            return e.status;
-        }
-    }
-    if (!s->config.compute) {
-        for (size_t i = first; i < s->running_count;) {
-            slot *r = &s->running[i];
-            size_t tokens = prefill_tokens(s, r->id);
-            kvp_error e;
-            memset(&e, 0, sizeof e);
-            if (lease_append_zeros(s, &r->lease, tokens, &e) != KVP_OK) {
-                fail_slot(s, i, &e, st);
-                continue;
-            }
-            st->prefill_tokens += tokens;
-            i++;
-        }
+    kvp_error e;
+    memset(&e, 0, sizeof e);
+    kvp_status status = kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, &e);
+    if (status == KVP_OK) {
         return KVP_OK;
     }
-    double *row = s->rows;
-    for (size_t i = first; i < s->running_count; i++) {
-        slot *r = &s->running[i];
-        size_t tokens = prefill_tokens(s, r->id);
-        fill_rows(s, r->id, tokens, row);
-        kvp_decode_job *job = &s->jobs[i - first];
-        memset(job, 0, sizeof *job);
-        job->kind = KVP_JOB_PREFILL;
-        job->sequence = r->lease.sequence;
-        job->input = kvp_tensor3(row, 1, tokens, s->width);
-        row += tokens * s->width;
-    }
-    kvp_status status = kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, err);
-    if (status != KVP_OK) {
+    if (!inline_on_refusal) {
+        if (err != NULL) {
+            *err = e;
+        }
         return status;
     }
-    /* Failed jobs retire from the back, so the slots of the jobs before stay put. */
-    for (size_t j = count; j-- > 0;) {
-        if (s->jobs[j].status != KVP_OK) {
-            fail_slot(s, first + j, &s->jobs[j].error, st);
-        } else {
-            st->prefill_tokens += prefill_tokens(s, s->running[first + j].id);
-        }
+    for (size_t j = 0; j < count; j++) {
+        kvp_decode_job *job = &s->jobs[j];
+        memset(&job->error, 0, sizeof job->error);
+        job->status = kvp_sequence_prefill(job->sequence, &job->input, NULL, NULL, NULL, 0,
+                                           &job->error);
     }
     return KVP_OK;
 }
 
+/* A prefill job of `tokens` rows at `rows` for slot i. */
+static void prefill_job(kvp_scheduler *s, size_t *count, size_t i, const double *rows,
+                        size_t tokens)
+{
+    kvp_decode_job *job = &s->jobs[*count];
+    memset(job, 0, sizeof *job);
+    job->kind = KVP_JOB_PREFILL;
+    job->sequence = s->running[i].lease.sequence;
+    job->input = kvp_tensor3(rows, 1, tokens, s->width);
+    s->running[i].job = (*count)++;
+}
+
+/* After run_jobs: marks the requests whose jobs failed, and forgets the jobs. */
+static void collect_jobs(kvp_scheduler *s, size_t first)
+{
+    for (size_t i = first; i < s->running_count; i++) {
+        slot *r = &s->running[i];
+        if (r->job != NO_JOB && s->jobs[r->job].status != KVP_OK) {
+            mark_failed(s, r->id, &s->jobs[r->job].error);
+        }
+        r->job = NO_JOB;
+    }
+}
+
+/* Compute off: `tokens` zero rows for slot i, a failure marking its request. */
+static void append_zeros(kvp_scheduler *s, size_t i, size_t tokens)
+{
+    kvp_error e;
+    memset(&e, 0, sizeof e);
+    if (tokens > 0 && lease_append_zeros(s, &s->running[i].lease, tokens, &e) != KVP_OK) {
+        mark_failed(s, s->running[i].id, &e);
+    }
+}
+
 /*
- * Undoes this step's admissions after the decoder refused the prefill batch
- * (nothing was prefilled): the admitted slots' leases go back to the idle
- * list, the rejections are withdrawn, and the popped ids return to the front
- * of the queue in their order.
+ * Phase 1 of the admitted requests' prefill (slots [first, running_count),
+ * in plan order, each request's samples together): adopt the indexed
+ * prefix (sharing), promise, and compute the prompt (sharing: once, in
+ * sample 0; off: every sample its prompt and continuation) as one batch of
+ * decoder jobs. A decoder refusal is returned, every slot still in place.
+ */
+static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first, kvp_error *err)
+{
+    size_t count = 0;
+    size_t at = first;
+    size_t bt = s->block_tokens;
+    for (size_t i = 0; i < p->popped; i++) {
+        planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        const record *rec = record_of(s, pl->id);
+        const kvp_request *q = &rec->request;
+        size_t n = q->samples;
+        size_t prompt = q->prompt_tokens;
+        size_t g = rec->generated;
+        size_t x = sample_tokens(s, rec);
+        const double *rows = s->rows + pl->rows * s->width;
+        lease *l0 = &s->running[at].lease;
+        pl->adopted = 0;
+        if (pl->key_blocks != 0) {
+            size_t adoptable = (prompt - 1) / bt;
+            kvpi_pool_lock(s->pool);
+            size_t blocks = kvpi_cache_adopt_locked(
+                lease_caches(l0), s->layers, s->keys + pl->keys,
+                adoptable < pl->key_blocks ? adoptable : pl->key_blocks);
+            kvpi_pool_unlock(s->pool);
+            pl->adopted = blocks * bt;
+        }
+        /*
+         * Promises: what each lease will newly take; forked samples' pages
+         * past the prompt are promised to their own (still empty) leases.
+         * A lease's promise is capped at what one sequence can hold; the
+         * promises are set exactly after the fork (prefill_forks).
+         */
+        size_t cap = s->layers * blocks_of(s, s->config.capacity);
+        for (size_t k = 0; k < n; k++) {
+            lease *l = &s->running[at + k].lease;
+            size_t want;
+            if (n == 1 || !s->config.sharing) {
+                want = lease_pages_for(s, l, prompt + x);
+            } else if (k == 0) {
+                want = lease_pages_for(s, l, prompt) + sample_pages(s, rec, x);
+            } else {
+                want = sample_pages(s, rec, x);
+            }
+            kvp_status status = lease_promise(s, l, want < cap ? want : cap, NULL);
+            assert(status == KVP_OK); /* within the cap */
+            (void)status;
+        }
+        if (s->config.sharing) {
+            size_t tokens = prompt - pl->adopted + (n == 1 ? g : 0);
+            if (s->config.compute) {
+                prefill_job(s, &count, at, rows + pl->adopted * s->width, tokens);
+            } else {
+                append_zeros(s, at, tokens);
+            }
+        } else {
+            for (size_t k = 0; k < n; k++) {
+                if (s->config.compute) {
+                    prefill_job(s, &count, at + k, rows + k * (prompt + g) * s->width,
+                                prompt + g);
+                } else {
+                    append_zeros(s, at + k, prompt + g);
+                }
+            }
+        }
+        at += n;
+    }
+    if (!s->config.compute) {
+        return KVP_OK;
+    }
+    kvp_status status = run_jobs(s, count, 0, err);
+    if (status == KVP_OK) {
+        collect_jobs(s, first);
+    }
+    return status;
+}
+
+/*
+ * Phase 2 (sharing on): every admitted request that prefilled its prompt
+ * publishes the prompt's full blocks, forks sample 0 into its other
+ * samples' leases, and promises each lease exactly its pages to come; then
+ * each forked sample computes the tokens it generated before a preemption
+ * (a second batch of decoder jobs; a refusal runs them on this thread).
+ * Then the requests whose jobs failed finish, and the statistics count.
+ */
+static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_step_stats *st)
+{
+    size_t count = 0;
+    size_t at = first;
+    for (size_t i = 0; i < p->popped; i++) {
+        const planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        record *rec = record_of(s, pl->id);
+        const kvp_request *q = &rec->request;
+        size_t n = q->samples;
+        size_t prompt = q->prompt_tokens;
+        size_t g = rec->generated;
+        size_t here = at;
+        at += n;
+        if (!s->config.sharing || rec->failed) {
+            continue;
+        }
+        kvp_cache *const *parent = lease_caches(&s->running[here].lease);
+        kvpi_pool_lock(s->pool);
+        if (pl->key_blocks != 0) {
+            /* Fresh pages, or pages registered under these very keys: cannot be refused. */
+            kvp_status status =
+                kvpi_prefix_publish_locked(parent, s->layers, s->keys + pl->keys, pl->key_blocks,
+                                           NULL);
+            assert(status == KVP_OK);
+            (void)status;
+        }
+        for (size_t k = 1; k < n; k++) {
+            kvp_cache *const *child = lease_caches(&s->running[here + k].lease);
+            for (size_t l = 0; l < s->layers; l++) {
+                kvpi_cache_fork_into_locked(parent[l], child[l]);
+            }
+        }
+        kvpi_pool_unlock(s->pool);
+        s->stats.forks += n - 1;
+        if (n == 1) {
+            continue;
+        }
+        size_t x = sample_tokens(s, rec);
+        for (size_t k = 0; k < n; k++) {
+            lease *l = &s->running[here + k].lease;
+            kvp_status status = lease_promise(s, l, lease_pages_for(s, l, prompt + x), NULL);
+            assert(status == KVP_OK);
+            (void)status;
+            if (g == 0) {
+                continue;
+            }
+            if (s->config.compute) {
+                const double *rows = s->rows + (pl->rows + prompt + k * g) * s->width;
+                prefill_job(s, &count, here + k, rows, g);
+            } else {
+                append_zeros(s, here + k, g);
+            }
+        }
+    }
+    if (s->config.compute) {
+        (void)run_jobs(s, count, 1, NULL); /* a refusal runs them here: cannot fail */
+        collect_jobs(s, first);
+    }
+    at = first;
+    for (size_t i = 0; i < p->popped; i++) {
+        const planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        const record *rec = record_of(s, pl->id);
+        size_t n = rec->request.samples;
+        size_t prompt = rec->request.prompt_tokens;
+        size_t g = rec->generated;
+        at += n;
+        if (rec->failed) {
+            continue;
+        }
+        st->prompt_tokens += prompt;
+        st->prefix_hit_tokens += pl->adopted;
+        st->prefill_tokens += s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
+    }
+    fail_marked(s, first, st);
+}
+
+/*
+ * Undoes this step's admissions after the decoder refused the prompt batch
+ * (nothing was computed): the admitted slots' leases go back to the idle
+ * list (adopted pages included), the rejections are withdrawn, and the
+ * popped ids return to the front of the queue in their order.
  */
 static void undo_admission(kvp_scheduler *s, const plan *p, size_t first, size_t done_before,
                            uint64_t admissions_before, kvp_step_stats *st)
@@ -851,7 +1230,9 @@ static void undo_admission(kvp_scheduler *s, const plan *p, size_t first, size_t
     s->stats.rejected -= s->done_count - done_before;
     s->done_count = done_before;
     for (size_t i = p->popped; i-- > 0;) {
-        record_of(s, s->plan[i].id)->state = STATE_WAITING;
+        record *rec = record_of(s, s->plan[i].id);
+        rec->state = STATE_WAITING;
+        rec->failed = 0;
         queue_push_front(s, s->plan[i].id);
     }
     s->admissions = admissions_before;
@@ -859,44 +1240,78 @@ static void undo_admission(kvp_scheduler *s, const plan *p, size_t first, size_t
     st->rejected = 0;
 }
 
-static size_t free_pages(const kvp_scheduler *s)
+/* Pages a take can get: free plus evictable (a take evicts the least recently used). */
+static size_t available_pages(const kvp_scheduler *s)
 {
     kvp_pool_stats stats;
     kvp_pool_stats_init(&stats);
-    return kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK ? stats.free_pages : 0;
+    if (kvp_pool_stats_get(s->pool, &stats, NULL) != KVP_OK) {
+        return 0;
+    }
+    return stats.free_pages + stats.evictable_pages;
 }
 
-/* Preempts the most recently admitted sequences until this step's pages fit. */
+/* Request `id` (all its samples) gives its pages back and returns to the front of the queue. */
+static void preempt_request(kvp_scheduler *s, uint64_t id, int stale, kvp_step_stats *st)
+{
+    record *r = record_of(s, id);
+    size_t n = r->slots;
+    retire_request(s, id);
+    r->state = STATE_WAITING;
+    r->preemptions++;
+    queue_push_front(s, id);
+    s->stats.preemptions += n;
+    st->preempted += n;
+    if (stale) {
+        s->stats.stale_preemptions += n;
+        st->stale_preempted += n;
+    }
+}
+
+/* The running slot of the most recently admitted request that `stale_only` allows, or SIZE_MAX. */
+static size_t newest_slot(const kvp_scheduler *s, int stale_only)
+{
+    size_t newest = SIZE_MAX;
+    for (size_t i = 0; i < s->running_count; i++) {
+        const slot *r = &s->running[i];
+        if (stale_only && !lease_stale(s, &r->lease)) {
+            continue;
+        }
+        if (newest == SIZE_MAX || r->admitted > s->running[newest].admitted) {
+            newest = i;
+        }
+    }
+    return newest;
+}
+
+/*
+ * Preempts, newest first (so the queue keeps admission order): every
+ * request with a sequence bound to parameters that changed, then requests
+ * until this step's pages fit what a take can get.
+ */
 static void make_room(kvp_scheduler *s, kvp_step_stats *st)
 {
+    for (size_t i; (i = newest_slot(s, 1)) != SIZE_MAX;) {
+        preempt_request(s, s->running[i].id, 1, st);
+    }
     for (;;) {
         size_t needed = 0;
-        size_t newest = 0;
         for (size_t i = 0; i < s->running_count; i++) {
-            slot *r = &s->running[i];
-            needed += lease_pages_for(s, &r->lease, lease_len(&r->lease) + 1);
-            if (r->admitted > s->running[newest].admitted) {
-                newest = i;
-            }
+            const lease *l = &s->running[i].lease;
+            needed += lease_pages_for(s, l, lease_len(l) + 1);
         }
-        if (s->running_count == 0 || needed <= free_pages(s)) {
+        if (s->running_count == 0 || needed <= available_pages(s)) {
             return;
         }
-        uint64_t id = s->running[newest].id;
-        retire_slot(s, newest);
-        record *r = record_of(s, id);
-        r->state = STATE_WAITING;
-        r->preemptions++;
-        queue_push_front(s, id);
-        s->stats.preemptions++;
-        st->preempted++;
+        preempt_request(s, s->running[newest_slot(s, 0)].id, 0, st);
     }
 }
 
 /*
- * One token for every running sequence. A job's failure fails its request;
- * a decoder refusal is returned with nothing decoded. Then every decoded
- * token counts, its output goes to on_token, and finished requests retire.
+ * One token for every running sequence. A job's failure fails its request
+ * (all its samples); a decoder refusal is returned with nothing decoded.
+ * Then every decoded token counts, its output goes to on_token, and the
+ * requests whose every sample has its budget retire.
  */
 static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
 {
@@ -918,7 +1333,7 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
             slot *r = &s->running[i];
             const kvp_request *q = &record_of(s, r->id)->request;
             size_t position = kvp_sequence_len(r->lease.sequence);
-            q->input(q->ctx, r->id, position, r->lease.input, s->width);
+            q->input(q->ctx, r->id, r->sample, position, r->lease.input, s->width);
             kvp_decode_job *job = &s->jobs[i];
             job->sequence = r->lease.sequence;
             job->input = kvp_tensor3(r->lease.input, 1, 1, s->width);
@@ -933,38 +1348,55 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
             slot *r = &s->running[i];
             const kvp_request *q = &record_of(s, r->id)->request;
             if (s->jobs[i].status == KVP_OK && q->on_token != NULL) {
-                q->on_token(q->ctx, r->id, kvp_sequence_len(r->lease.sequence) - 1,
+                q->on_token(q->ctx, r->id, r->sample, kvp_sequence_len(r->lease.sequence) - 1,
                             r->lease.output, s->width);
             }
         }
     }
-    /* Jobs follow the slots' order now; retiring moves slots, so each remembers its job. */
     for (size_t i = 0; i < count; i++) {
         s->running[i].job = i;
+        if (s->jobs[i].status != KVP_OK) {
+            mark_failed(s, s->running[i].id, &s->jobs[i].error);
+        }
     }
-    /* The last slot moves into a retired one's place and is visited next. */
-    for (size_t i = 0; i < s->running_count;) {
+    for (size_t i = 0; i < count; i++) {
         slot *r = &s->running[i];
-        const kvp_decode_job *job = &s->jobs[r->job];
-        if (job->status != KVP_OK) {
-            fail_slot(s, i, &job->error, st);
-            continue;
-        }
         record *rec = record_of(s, r->id);
-        rec->generated++;
-        s->stats.tokens_generated++;
-        st->decoded++;
-        if (rec->generated < rec->request.max_new_tokens) {
-            st->used_slots += s->layers * lease_len(&r->lease);
-            i++;
+        if (!rec->failed) {
+            s->stats.tokens_generated++;
+            st->decoded++;
+            rec->generated += r->sample == 0; /* the samples advance together */
+        }
+        r->job = NO_JOB;
+    }
+    fail_marked(s, 0, st);
+    /* The requests whose samples all have their budget finish. */
+    for (size_t i = s->running_count; i-- > 0;) {
+        if (i >= s->running_count) {
             continue;
         }
-        uint64_t id = r->id;
-        retire_slot(s, i);
+        uint64_t id = s->running[i].id;
+        record *rec = record_of(s, id);
+        if (rec->generated < rec->request.max_new_tokens) {
+            continue;
+        }
+        retire_request(s, id);
         finish(s, id, 0, KVP_OK, NULL);
         st->finished++;
+        i = s->running_count;
     }
     return KVP_OK;
+}
+
+/* Frees the idle leases bound to parameters that changed; they cannot serve a request again. */
+static void drop_stale_idle(kvp_scheduler *s)
+{
+    for (size_t i = s->idle_count; i-- > 0;) {
+        if (lease_stale(s, &s->idle[i])) {
+            lease_free(&s->idle[i]);
+            s->idle[i] = s->idle[--s->idle_count];
+        }
+    }
 }
 
 kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, kvp_error *err)
@@ -980,9 +1412,24 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         }
     }
     kvp_scheduler *s = scheduler;
-    if (grow((void **)&s->plan, &s->plan_room, s->waiting_count, sizeof *s->plan) != 0) {
+    /* Unobservable: idle leases hold no page or promise. */
+    drop_stale_idle(s);
+    /* Preempted requests return to the queue: room for every running one. */
+    if (grow((void **)&s->plan, &s->plan_room, s->waiting_count, sizeof *s->plan) != 0 ||
+        queue_grow(s, s->waiting_count + s->running_count) != 0) {
         return kvpi_fail_alloc(err, "scheduler admission plan",
                                s->waiting_count * sizeof *s->plan);
+    }
+    if (s->idle_count == 0 && s->waiting_count > 0 && s->config.sharing) {
+        /* The plan keys prompts with a current lease's bindings. */
+        if (grow((void **)&s->idle, &s->idle_room, s->running_count + 1, sizeof *s->idle) != 0) {
+            return kvpi_fail_alloc(err, "scheduler idle list", sizeof *s->idle);
+        }
+        status = lease_make(s, &s->idle[0], err);
+        if (status != KVP_OK) {
+            return status;
+        }
+        s->idle_count = 1;
     }
     plan p;
     status = plan_admission(s, &p, err);
@@ -998,12 +1445,15 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
     size_t done_before = s->done_count;
     uint64_t admissions_before = s->admissions;
     admit(s, &p, &st);
-    status = prefill(s, first, &st, err);
+    status = prefill_prompts(s, &p, first, err);
     if (status != KVP_OK) {
         undo_admission(s, &p, first, done_before, admissions_before, &st);
         return status;
     }
+    prefill_forks(s, &p, first, &st);
     s->stats.prefill_tokens += st.prefill_tokens;
+    s->stats.prompt_tokens += st.prompt_tokens;
+    s->stats.prefix_hit_tokens += st.prefix_hit_tokens;
     make_room(s, &st);
     size_t decoding = s->running_count;
     status = decode(s, &st, err);
@@ -1019,6 +1469,13 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
     if (kvp_pool_stats_get(s->pool, &pool, NULL) == KVP_OK) {
         st.held_pages = pool.held_pages;
         st.total_pages = pool.total_pages;
+        st.cached_pages = pool.cached_pages;
+        st.evictable_pages = pool.evictable_pages;
+    }
+    for (size_t i = 0; i < s->running_count; i++) {
+        size_t len = lease_len(&s->running[i].lease);
+        st.used_slots += s->layers * len;
+        st.unshared_pages += s->layers * blocks_of(s, len);
     }
     st.running = s->running_count;
     st.waiting = s->waiting_count;

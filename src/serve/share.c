@@ -8,15 +8,17 @@
  * invariant) and other threads see either all of a change or none of it.
  *
  * Prompt keys: block j of lane b of layer l is keyed by the chain
- *   key[j][l][b] = kvp_block_key_chain(key[j-1][l][b], cache l,
- *                                      prompt rows of lane b, block j,
- *                                      context)
+ *   key[j][l][b] = chain(key[j-1][l][b], digest of layer l and its index l,
+ *                        prompt rows of lane b, block j, context)
  * where context digests every layer's binding (kvp_cache_binding_key), so a
  * layer's K/V are found only under the exact model (identities, revisions,
  * RoPE, geometry, dtype) and prompt prefix that produced them.
- * Callers: the public API.
+ * The key, probe and publish helpers (share_internal.h) serve the
+ * scheduler too, so the blocks it publishes are the ones sequences adopt.
+ * Callers: the public API; src/serve (share_internal.h).
  */
 #include "serve/sequence_internal.h"
+#include "serve/share_internal.h"
 
 #include <string.h>
 
@@ -96,40 +98,90 @@ static kvp_status check_prompt(const kvp_sequence *seq, const kvp_tensor *prompt
     return KVP_OK;
 }
 
-/*
- * The keys of the first `blocks` blocks of the prompt, [blocks][layers][batch],
- * in a new allocation (kvpi_free) at *out, or ALLOCATION_FAILED.
- */
+size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks)
+{
+    if (batch != 0 && layers > SIZE_MAX / batch) {
+        return SIZE_MAX;
+    }
+    size_t per_block = layers * batch;
+    if (per_block != 0 && blocks > (SIZE_MAX - layers) / per_block) {
+        return SIZE_MAX;
+    }
+    return blocks * per_block + layers;
+}
+
+void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *rows,
+                      size_t tokens, size_t width, size_t blocks, kvp_block_key *keys)
+{
+    size_t batch = caches[0]->batch_size;
+    size_t count = blocks * layers * batch;
+    kvp_block_key *bindings = keys + count; /* each layer's binding digest */
+    for (size_t l = 0; l < layers; l++) {
+        bindings[l] = kvpi_cache_binding_key(caches[l]);
+    }
+    kvp_block_key context =
+        kvpi_block_key_chain(NULL, &bindings[0], bindings, layers * sizeof *bindings, NULL);
+    /*
+     * Each layer's digest with its index: layers may share parameters (and
+     * external caches one identity), so equal digests must still give
+     * each layer its own keys, or one layer would adopt another's K/V.
+     */
+    for (size_t l = 0; l < layers; l++) {
+        uint64_t index = l;
+        bindings[l] = kvpi_block_key_chain(NULL, &bindings[l], &index, sizeof index, NULL);
+    }
+    size_t bt = caches[0]->block_tokens;
+    for (size_t j = 0; j < blocks; j++) {
+        for (size_t l = 0; l < layers; l++) {
+            for (size_t b = 0; b < batch; b++) {
+                const double *block = rows + (b * tokens + j * bt) * width;
+                const kvp_block_key *parent =
+                    j == 0 ? NULL : &keys[((j - 1) * layers + l) * batch + b];
+                keys[(j * layers + l) * batch + b] = kvpi_block_key_chain(
+                    parent, &bindings[l], block, bt * width * sizeof *block, &context);
+            }
+        }
+    }
+}
+
+size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
+                         size_t blocks, size_t *evictable_pages)
+{
+    size_t found = 0;
+    size_t evictable = 0;
+    kvpi_pool_lock(pool);
+    for (; found < blocks; found++) {
+        const kvp_block_key *row = keys + found * per_block;
+        size_t idle = 0;
+        int hit = 1;
+        for (size_t i = 0; i < per_block && hit; i++) {
+            uint32_t page = kvpi_prefix_lookup_locked(pool, &row[i]);
+            hit = page != KVPI_NO_PAGE;
+            idle += hit && pool->refcount[page] == 0;
+        }
+        if (!hit) {
+            break;
+        }
+        evictable += idle;
+    }
+    kvpi_pool_unlock(pool);
+    *evictable_pages = evictable;
+    return found;
+}
+
+/* The keys of the first `blocks` blocks of the prompt, in a new allocation (kvpi_free). */
 static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt, size_t blocks,
                               kvp_block_key **out, kvp_error *err)
 {
-    size_t per_block = seq->layers * seq->batch_size;
-    size_t count = blocks * per_block; /* bounded by the reservation's page count */
-    size_t bytes = (count + seq->layers) * sizeof(kvp_block_key);
+    /* bounded by the reservation's page count: cannot saturate */
+    size_t bytes = kvpi_prompt_keys_count(seq->layers, seq->batch_size, blocks) *
+                   sizeof(kvp_block_key);
     kvp_block_key *keys = kvpi_alloc(KVPI_SITE_SCRATCH, bytes);
     if (keys == NULL) {
         return kvpi_fail_alloc(err, "prefix keys", bytes);
     }
-    kvp_block_key *bindings = keys + count; /* each layer's binding digest */
-    for (size_t l = 0; l < seq->layers; l++) {
-        bindings[l] = kvpi_cache_binding_key(seq->caches[l]);
-    }
-    kvp_block_key context = kvpi_block_key_chain(NULL, &bindings[0], bindings,
-                                                 seq->layers * sizeof *bindings, NULL);
-    size_t bt = seq->caches[0]->block_tokens;
-    size_t d = seq->model_width;
-    size_t tokens = prompt->shape.dims[1];
-    for (size_t j = 0; j < blocks; j++) {
-        for (size_t l = 0; l < seq->layers; l++) {
-            for (size_t b = 0; b < seq->batch_size; b++) {
-                const double *rows = prompt->data + (b * tokens + j * bt) * d;
-                const kvp_block_key *parent =
-                    j == 0 ? NULL : &keys[((j - 1) * seq->layers + l) * seq->batch_size + b];
-                keys[(j * seq->layers + l) * seq->batch_size + b] = kvpi_block_key_chain(
-                    parent, &bindings[l], rows, bt * d * sizeof *rows, &context);
-            }
-        }
-    }
+    kvpi_prompt_keys(seq->caches, seq->layers, prompt->data, prompt->shape.dims[1],
+                     seq->model_width, blocks, keys);
     *out = keys;
     return KVP_OK;
 }
@@ -200,34 +252,42 @@ kvp_status kvp_sequence_publish_prefix(kvp_sequence *sequence, const kvp_tensor 
     if (status != KVP_OK) {
         return status;
     }
-    kvp_pool *pool = sequence->pool;
-    size_t batch = sequence->batch_size;
-    kvpi_pool_lock(pool);
+    kvpi_pool_lock(sequence->pool);
+    status = kvpi_prefix_publish_locked(sequence->caches, sequence->layers, keys, blocks, err);
+    kvpi_pool_unlock(sequence->pool);
+    kvpi_free(keys);
+    if (status == KVP_OK && blocks_published != NULL) {
+        *blocks_published = blocks;
+    }
+    return status;
+}
+
+kvp_status kvpi_prefix_publish_locked(kvp_cache *const *caches, size_t layers,
+                                      const kvp_block_key *keys, size_t blocks, kvp_error *err)
+{
+    kvp_pool *pool = caches[0]->pool;
+    size_t batch = caches[0]->batch_size;
+    kvp_status status = KVP_OK;
     /* First pass: refuse before registering anything. */
-    for (size_t i = 0; i < blocks * sequence->layers * batch && status == KVP_OK; i++) {
-        size_t j = i / (sequence->layers * batch);
-        const kvp_cache *cache = sequence->caches[(i / batch) % sequence->layers];
+    for (size_t i = 0; i < blocks * layers * batch && status == KVP_OK; i++) {
+        size_t j = i / (layers * batch);
+        const kvp_cache *cache = caches[(i / batch) % layers];
         uint32_t page = kvpi_cache_lane_table(cache, i % batch)[j];
         const kvp_block_key *had = &pool->page_key[page];
         if (pool->registered[page] && (had->lo != keys[i].lo || had->hi != keys[i].hi)) {
             kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
             e.index = page;
-            e.layer = (i / batch) % sequence->layers;
+            e.layer = (i / batch) % layers;
             status = kvpi_error_emit(err, &e);
         }
     }
-    for (size_t i = 0; i < blocks * sequence->layers * batch && status == KVP_OK; i++) {
-        size_t j = i / (sequence->layers * batch);
-        const kvp_cache *cache = sequence->caches[(i / batch) % sequence->layers];
+    for (size_t i = 0; i < blocks * layers * batch && status == KVP_OK; i++) {
+        size_t j = i / (layers * batch);
+        const kvp_cache *cache = caches[(i / batch) % layers];
         uint32_t page = kvpi_cache_lane_table(cache, i % batch)[j];
         if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, &keys[i]) == KVPI_NO_PAGE) {
             kvpi_prefix_insert_locked(pool, page, &keys[i]);
         }
-    }
-    kvpi_pool_unlock(pool);
-    kvpi_free(keys);
-    if (status == KVP_OK && blocks_published != NULL) {
-        *blocks_published = blocks;
     }
     return status;
 }

@@ -138,6 +138,17 @@ run shared_prefix_with_trace "--shared-prefix 4" "--trace" $S --trace "$work/goo
 run samples_zero --samples "'0'" $S --samples 0
 run samples_huge --samples "'257'" $S --samples 257
 run samples_fraction --samples "'1.5'" $S --samples 1.5
+run update_weights_zero --update-weights-every "'0'" $S --update-weights-every 0
+run update_weights_word --update-weights-every "'often'" $S --update-weights-every often
+run update_weights_negative --update-weights-every "'-5'" $S --update-weights-every -5
+run update_weights_no_compute --update-weights-every "--no-compute" $S --update-weights-every 10 \
+    --no-compute
+run verify_zero --verify "'0'" $S --verify 0
+run verify_fraction --verify "'0.5'" $S --verify 0.5
+run verify_no_compute --verify "--no-compute" $S --no-compute --verify 4
+run verify_missing_value --verify "needs a value" $S --verify
+run verify_twice --verify "'1' and '2'" $S --verify 1 --verify 2
+run no_sharing_value "unexpected argument" "'yes'" $S --no-sharing yes
 run layers_wrapping_4L --layers "'4611686018427387904'" $S --layers 4611686018427387904
 run layers_huge_memory "--layers 100000000" "'1024'" $S --layers 100000000 --model-width 1024 --heads 1
 run trace_missing "--trace $work/none.csv" "No such file or directory" $S --trace "$work/none.csv"
@@ -186,12 +197,10 @@ $S --profile conversation --requests 16 --capacity 4096 --quiet --json --no-comp
 [ "$(json_get "$work/conv.json" config.workload)" = conversation ] || fail "the workload is not conversation"
 $S --samples 1 --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet --json \
     --no-compute > "$work/one.json" || fail "--samples 1 was refused"
-# --samples 2 is valid input, and the scheduler refuses it (no fork yet): exit 2, one line.
-code=0
-$S --samples 2 --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet --no-compute \
-    > "$work/out" 2> "$work/err" || code=$?
-rm -f "$work/ran.svg"
-expect_refusal samples_two_needs_fork samples "not supported yet"
+# --samples 4 forks every prompt: each request completes all four continuations.
+$S --samples 4 --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet --json \
+    --no-compute > "$work/four.json" || fail "--samples 4 was refused"
+[ "$(json_get "$work/four.json" requests_completed)" = 4 ] || fail "--samples 4 did not complete"
 
 # A run that completes nothing meets no target.
 $S --layers 1000 --no-compute --quiet --json > "$work/none.json" || fail "--layers 1000 failed"
@@ -205,8 +214,8 @@ grep -q 'concurrency ratio >= 3: no, fragmentation < 5%: no' "$work/none.txt" \
 $S --help > "$work/help.txt" || fail "simulate --help failed"
 for option in --layers --model-width --heads --kv-heads --block-tokens --budget --allow-overcommit \
     --capacity --requests --profile --prompt-mean --output-mean --sigma --arrival --rate \
-    --trace --shared-prefix --samples --watermark --reserve-tokens --threads --seed --no-compute \
-    --audit-every --json --plot --quiet --help; do
+    --trace --shared-prefix --samples --no-sharing --update-weights-every --verify --watermark \
+    --reserve-tokens --threads --seed --no-compute --audit-every --json --plot --quiet --help; do
     grep -q -- "^  $option" "$work/help.txt" || fail "simulate --help lacks $option"
 done
 [ "$(grep -c 'default' "$work/help.txt")" -ge 20 ] || fail "simulate --help lacks defaults"

@@ -214,11 +214,16 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "preemptions", "pages_leaked", "audit_failures", "audits", "page_acquires",
        "page_releases", "total_pages", "page_bytes", "kv_dtype", "kv_element_bytes",
        "full_capacity_sequences", "f64_full_capacity_sequences", "sequences_vs_f64",
-       "output_checksum", "targets_met", "config"}
+       "output_checksum", "targets_met", "config",
+       "prompt_tokens", "prefix_hit_tokens", "prefix_hit_rate", "pages_saved_ratio",
+       "peak_held_pages", "mean_held_pages", "forks", "evictions", "cow_copies",
+       "weight_updates", "stale_preemptions", "update_windows", "verified",
+       "verify_mismatches", "verify_skipped", "sharing_concurrency_ratio", "no_sharing"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
           "budget_bytes", "kv_dtype", "capacity", "threads", "seed", "watermark",
-          "reserve_tokens", "compute"}
+          "reserve_tokens", "compute", "samples", "shared_prefix", "sharing",
+          "update_weights_every", "verify_every"}
 assert set(r) == top, f"keys: missing {sorted(top - set(r))}, unexpected {sorted(set(r) - top)}"
 assert set(r["config"]) == config, \
     f"config keys: missing {sorted(config - set(r['config']))}, " \
@@ -275,7 +280,8 @@ status=0
 "$@" simulate --requests 12 --prompt-mean 20 --output-mean 20 --capacity 128 \
     --budget 256KiB --no-compute --quiet --plot "$work/plot.svg" > "$work/plot.txt"
 grep -q '<svg' "$work/plot.svg" || fail "no SVG written"
-[ "$(grep -c '<polyline' "$work/plot.svg")" = 2 ] || fail "the SVG lacks its two series"
+[ "$(grep -c '<polyline' "$work/plot.svg")" = 4 ] ||
+    fail "the SVG lacks its four series (held, cached, evictable pages; running sequences)"
 
 # The sharegpt targets at the default budget. The schedule does not depend on
 # the attention arithmetic (checked above), so the allocator-only run shows

@@ -1,0 +1,53 @@
+/*
+ * share_internal.h: the prompt prefix keys, lookup and publication of
+ * src/serve/share.c, without allocation, for callers that keep their own
+ * key buffers (the scheduler: sequences and, with compute off, a set of
+ * external layer caches).
+ *
+ * Key layout: keys[(j * layers + l) * batch + b] is block j of lane b of
+ * layer l, followed by `layers` scratch entries (each layer's binding
+ * digest), so a buffer holds kvpi_prompt_keys_count(layers, batch, blocks).
+ * Keys are exactly those kvp_sequence_adopt_prefix and
+ * kvp_sequence_publish_prefix compute, so blocks one publishes the other
+ * adopts.
+ * Callers: src/serve.
+ */
+#ifndef KVPAGER_SERVE_SHARE_INTERNAL_H
+#define KVPAGER_SERVE_SHARE_INTERNAL_H
+
+#include <stddef.h>
+
+#include "kvpager/cache.h"
+#include "kvpager/pool.h"
+
+/* Entries a key buffer for `blocks` blocks needs (saturating). */
+size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks);
+
+/*
+ * The keys of the first `blocks` blocks of `rows` ([batch][tokens][width]
+ * doubles) for the `layers` caches (one per model layer, in order; their
+ * bindings and pool format give the digests). blocks * block_tokens <= tokens.
+ */
+void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *rows,
+                      size_t tokens, size_t width, size_t blocks, kvp_block_key *keys);
+
+/*
+ * How many leading blocks of `keys` (each block `per_block` = layers *
+ * batch keys) the pool's index holds now, as kvpi_cache_adopt_locked would
+ * adopt them, and of their pages how many are evictable (no table names
+ * them: adopting takes them from the available pages). Changes nothing,
+ * not even the hit and miss counters. Takes the pool lock.
+ */
+size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
+                         size_t blocks, size_t *evictable_pages);
+
+/*
+ * Publishes the first `blocks` full blocks of the `layers` caches under
+ * `keys` (the layout above), with the pool lock held: PAGE_PUBLISHED,
+ * registering nothing, when a page is published under another key; pages
+ * already registered, or whose key names another page, are left as they are.
+ */
+kvp_status kvpi_prefix_publish_locked(kvp_cache *const *caches, size_t layers,
+                                      const kvp_block_key *keys, size_t blocks, kvp_error *err);
+
+#endif /* KVPAGER_SERVE_SHARE_INTERNAL_H */
