@@ -11,9 +11,17 @@
  * rotated keys and values, ticket states, promises, parameter revisions and
  * the pool's counters.
  *
- * Sharing: truncate (caches and sequences) is modelled; fork, publish and
- * adopt are not (the shadow assumes one table per page) and are covered by
- * tests/test_share.c.
+ * Sharing, for sequences: truncate, fork (the child shares every page; the
+ * next write of either side copies a shared partial page), publish and
+ * adopt (prefix hits). The shadow keeps its own pages (spage): reference
+ * counts, the prefix index (the shadow key: layer, every layer's captured
+ * revisions, the lane's input rows of the chain) and the LRU list of
+ * evictable pages in the library's order, and predicts every take (free
+ * first, then the least recently used), hit, miss, eviction and copy.
+ * Standalone caches and tickets hold pages no one shares (counted only).
+ * Two library bugs are reported rather than modelled, and their inputs are
+ * skipped: models whose two layers have one binding (no publish/adopt), and
+ * forks of a stale sequence (tests/fuzz/README.md).
  *
  * Invariants checked after EVERY operation (any mismatch prints a message
  * and calls abort(), which libFuzzer reports as a crash):
@@ -25,7 +33,10 @@
  *   - every cache's and sequence's length, mapped, held and promised pages,
  *     and the pool's statistics (total, free, held, promised, attached
  *     caches and reservations, acquires, releases, exhaustions, high water);
- *   - kvp_pool_check passes, and every mapped page is named by one table;
+ *   - kvp_pool_check passes (I1..I5); a standalone cache's page is named by
+ *     one table; sequences' pages are shared exactly as the shadow says (its
+ *     page ids map one to one onto the library's); cached, evictable, prefix
+ *     hits and misses, evictions and copy-on-write copies equal the shadow's;
  *   - a failed call leaves every cache's digest and its outputs unchanged
  *     (prefill: the documented exception for tokens before the failure);
  *   - each cache's logical keys and values equal the shadow's;
@@ -101,9 +112,14 @@ static const char *g_tally_names[N_OP_NAMES];
 static unsigned long g_tally[N_OP_NAMES][KVP_STATUS_COUNT_];
 static int g_tally_on = -1;
 static int g_auditing; /* check_world's own calls are not the operation's */
+/* Sharing events over every input (pool counters, summed as each pool goes). */
+static unsigned long long g_shared[4]; /* hits, misses, evictions, cow copies */
 
 static void print_tally(void)
 {
+    fprintf(stderr, "kvpager fuzz: sharing: %llu prefix hits, %llu misses, %llu evictions, "
+                    "%llu cow copies\n",
+            g_shared[0], g_shared[1], g_shared[2], g_shared[3]);
     for (int i = 0; i < N_OP_NAMES && g_tally_names[i] != NULL; i++) {
         for (int s = 0; s < KVP_STATUS_COUNT_; s++) {
             if (g_tally[i][s] != 0) {
@@ -249,7 +265,40 @@ typedef struct sseq {
     size_t promise;
     uint64_t version[MAX_MODEL][KVP_PARAM_COUNT];
     skv kv[MAX_MODEL];
+    /* Sharing: the shadow page of every (layer, lane, block), each layer's
+     * copy-on-write mark, and layer 0's input row of every position. */
+    uint8_t table[MAX_MODEL][MAX_B][MAX_CAP];
+    int cow[MAX_MODEL];
+    double x[MAX_CAP][MAX_B * MAX_D];
 } sseq;
+
+/*
+ * A prefix key as the shadow sees it: the layer, the revisions every layer's
+ * binding captured, and the lane's input rows of blocks 0..j (the chain).
+ */
+typedef struct skey {
+    size_t layer;
+    uint64_t version[MAX_MODEL][KVP_PARAM_COUNT];
+    size_t tokens;
+    double rows[MAX_CAP * MAX_D];
+} skey;
+
+/*
+ * A page that sequences name (held, refs > 0) or the prefix index keeps
+ * (evictable: registered, refs 0, on the LRU list by stamp). Its id is the
+ * shadow's own; check_world maps ids to the library's page ids one to one.
+ */
+typedef struct spage {
+    int used;
+    unsigned refs;
+    int registered;
+    uint64_t stamp;
+    skey key;
+    double k[MAX_H][3][MAX_D]; /* the block's rows, for adopters (block_tokens <= 3) */
+    double v[MAX_H][3][MAX_D];
+} spage;
+
+#define MAX_SPAGES 32
 
 typedef struct world {
     /* geometry */
@@ -272,9 +321,14 @@ typedef struct world {
     sseq seq[N_SEQS];
     uint64_t next_uid;
     /* the pool's counters as the shadow predicts them */
-    size_t held;
+    size_t anon; /* pages held by standalone caches and tickets (never shared) */
     uint64_t acquires, releases, exhaustions;
     size_t high_water;
+    /* sharing: pages of sequences and the prefix index */
+    spage page[MAX_SPAGES];
+    uint64_t clock; /* LRU stamps */
+    uint64_t hits, misses, evictions, cow_copies;
+    int keys_distinct; /* the model's layers have distinct bindings (see op_seq_publish) */
 } world;
 
 static world W;
@@ -284,24 +338,118 @@ static size_t blocks_for(size_t tokens)
     return tokens / W.bt + (tokens % W.bt != 0);
 }
 
+/* Pages some table or reservation names. */
+static size_t held_pages(void)
+{
+    size_t held = W.anon;
+    for (int i = 0; i < MAX_SPAGES; i++) {
+        held += W.page[i].used && W.page[i].refs > 0;
+    }
+    return held;
+}
+
+static size_t evictable_pages(void)
+{
+    size_t n = 0;
+    for (int i = 0; i < MAX_SPAGES; i++) {
+        n += W.page[i].used && W.page[i].refs == 0;
+    }
+    return n;
+}
+
+static size_t cached_pages(void)
+{
+    size_t n = 0;
+    for (int i = 0; i < MAX_SPAGES; i++) {
+        n += W.page[i].used && W.page[i].registered;
+    }
+    return n;
+}
+
+/* What a take can have: free and evictable pages (the pool's "available"). */
 static size_t free_pages(void)
 {
-    return W.total - W.held;
+    return W.total - held_pages();
+}
+
+static void raise_high_water(void)
+{
+    if (held_pages() > W.high_water) {
+        W.high_water = held_pages();
+    }
+}
+
+/* One page for a take: a free one if any, else the least recently used evictable one. */
+static void take_one(void)
+{
+    if (W.total - held_pages() - evictable_pages() > 0) {
+        return;
+    }
+    int lru = -1;
+    for (int i = 0; i < MAX_SPAGES; i++) {
+        if (W.page[i].used && W.page[i].refs == 0 &&
+            (lru < 0 || W.page[i].stamp < W.page[lru].stamp)) {
+            lru = i;
+        }
+    }
+    CHECK(lru >= 0, "the shadow took a page from an empty pool");
+    W.page[lru].used = 0;
+    W.page[lru].registered = 0;
+    W.evictions++;
 }
 
 static void take_pages(size_t n)
 {
-    W.held += n;
-    W.acquires += n;
-    if (W.held > W.high_water) {
-        W.high_water = W.held;
+    for (size_t i = 0; i < n; i++) {
+        take_one();
+        W.anon++;
     }
+    W.acquires += n;
+    raise_high_water();
 }
 
 static void give_pages(size_t n)
 {
-    W.held -= n;
+    W.anon -= n;
     W.releases += n;
+}
+
+/* A new page for a sequence (refs 1); counted by the caller (acquires). */
+static uint8_t spage_new(void)
+{
+    take_one();
+    for (int i = 0; i < MAX_SPAGES; i++) {
+        if (!W.page[i].used) {
+            memset(&W.page[i], 0, sizeof W.page[i]);
+            W.page[i].used = 1;
+            W.page[i].refs = 1;
+            return (uint8_t)i;
+        }
+    }
+    fail("the shadow ran out of page ids");
+}
+
+static void spage_ref(uint8_t id)
+{
+    if (W.page[id].refs++ == 0) {
+        W.acquires++; /* an evictable page held again counts as acquired */
+        raise_high_water();
+    }
+}
+
+static void spage_put(uint8_t id)
+{
+    spage *p = &W.page[id];
+    CHECK(p->used && p->refs > 0, "the shadow put page id %u twice", id);
+    if (--p->refs != 0) {
+        return;
+    }
+    W.releases++;
+    if (p->registered) {
+        p->stamp = ++W.clock; /* the LRU list's tail */
+    } else {
+        p->used = 0;
+    }
 }
 
 static size_t promised_total(void)
@@ -311,6 +459,102 @@ static size_t promised_total(void)
         sum += W.seq[i].live ? W.seq[i].promise : 0;
     }
     return sum;
+}
+
+/* ---- sequences' pages: sharing and copy-on-write ------------------------- */
+
+/* A truncate recomputes the marks: a partial last page shared or registered. */
+static void seq_cow_refresh(sseq *s)
+{
+    size_t len = s->kv[0].len;
+    for (size_t l = 0; l < W.layers; l++) {
+        s->cow[l] = 0;
+        for (size_t b = 0; b < s->batch && len % W.bt != 0; b++) {
+            const spage *p = &W.page[s->table[l][b][len / W.bt]];
+            s->cow[l] |= p->refs > 1 || p->registered;
+        }
+    }
+}
+
+/* The library's order: blocks from the last, layers from the last, lanes from the last. */
+static void seq_truncate_to(sseq *s, size_t new_len)
+{
+    size_t keep = blocks_for(new_len);
+    for (size_t block = blocks_for(s->kv[0].len); block-- > keep;) {
+        for (size_t l = W.layers; l-- > 0;) {
+            for (size_t b = s->batch; b-- > 0;) {
+                spage_put(s->table[l][b][block]);
+            }
+        }
+    }
+    for (size_t l = 0; l < W.layers; l++) {
+        s->kv[l].len = new_len;
+    }
+    seq_cow_refresh(s);
+}
+
+/* The copies the next write makes: B per marked layer (mid-block only). */
+static size_t seq_copies(const sseq *s)
+{
+    size_t copies = 0;
+    for (size_t l = 0; l < W.layers; l++) {
+        copies += s->cow[l] && s->kv[0].len % W.bt != 0 ? s->batch : 0;
+    }
+    return copies;
+}
+
+/* kvp_sequence_pages_for: new blocks of every layer and lane, plus the copies. */
+static size_t seq_pages_for(const sseq *s, size_t tokens)
+{
+    size_t len = s->kv[0].len;
+    if (tokens <= len) {
+        return 0;
+    }
+    return W.layers * s->batch * (blocks_for(tokens) - blocks_for(len)) + seq_copies(s);
+}
+
+/*
+ * Maps the pages of the token at the current length from ids[*next ..]: a
+ * new block, or the copies of marked layers (the originals put now, or kept
+ * in saved[][] for a prefill, which puts them when it succeeds).
+ */
+static void seq_map_token(sseq *s, const uint8_t *ids, size_t *next,
+                          uint8_t saved[MAX_MODEL][MAX_B], int defer)
+{
+    size_t len = s->kv[0].len;
+    for (size_t l = 0; l < W.layers; l++) {
+        if (len % W.bt == 0) {
+            for (size_t b = 0; b < s->batch; b++) {
+                s->table[l][b][len / W.bt] = ids[(*next)++];
+            }
+        } else if (s->cow[l]) {
+            for (size_t b = 0; b < s->batch; b++) {
+                uint8_t original = s->table[l][b][len / W.bt];
+                s->table[l][b][len / W.bt] = ids[(*next)++];
+                if (defer) {
+                    saved[l][b] = original;
+                } else {
+                    spage_put(original);
+                }
+            }
+            W.cow_copies += s->batch;
+            s->cow[l] = 0;
+        }
+    }
+}
+
+/* A step's pages: taken (and counted) at once, then mapped, originals put. */
+static void seq_step_pages(sseq *s, size_t pages)
+{
+    uint8_t ids[MAX_MODEL * MAX_B * 2];
+    for (size_t i = 0; i < pages; i++) {
+        ids[i] = spage_new();
+    }
+    W.acquires += pages;
+    raise_high_water();
+    size_t next = 0;
+    seq_map_token(s, ids, &next, NULL, 0);
+    CHECK(next == pages, "a step mapped %zu of its %zu pages", next, pages);
 }
 
 /* ---- the shadow's copy of the documented math -------------------------- */
@@ -653,6 +897,41 @@ static void check_tables(const kvp_cache *cache, size_t batch, size_t len, unsig
     check_status(status, KVP_OUT_OF_RANGE, &err);
 }
 
+/*
+ * A sequence layer's tables: every shadow page id stands for one library page
+ * and back (ids[] and pages[] fill as they are met), sharing exactly as the
+ * shadow says; no standalone cache's page (`seen`) among them.
+ */
+static void check_seq_tables(const sseq *s, size_t l, int *ids, int *pages,
+                             const unsigned char *seen)
+{
+    const kvp_cache *cache = kvp_sequence_cache(s->seq, l);
+    size_t blocks = blocks_for(s->kv[0].len);
+    kvp_error err;
+    for (size_t b = 0; b < s->batch; b++) {
+        for (size_t block = 0; block < blocks; block++) {
+            uint32_t page = UINT32_MAX;
+            kvp_status status = kvp_cache_page(cache, b, block, &page, &err);
+            check_status(status, KVP_OK, &err);
+            CHECK(page < W.total && !seen[page], "layer %zu lane %zu block %zu maps page %u", l,
+                  b, block, (unsigned)page);
+            int id = s->table[l][b][block];
+            CHECK(W.page[id].used && W.page[id].refs > 0, "the shadow maps a dead page id %d", id);
+            if (ids[page] < 0 && pages[id] < 0) {
+                ids[page] = id;
+                pages[id] = (int)page;
+            }
+            CHECK(ids[page] == id && pages[id] == (int)page,
+                  "layer %zu lane %zu block %zu: page %u, shadow id %d (pages shared otherwise "
+                  "than the shadow says)",
+                  l, b, block, (unsigned)page, id);
+        }
+        uint32_t page = UINT32_MAX;
+        kvp_status status = kvp_cache_page(cache, b, blocks, &page, &err);
+        check_status(status, KVP_OUT_OF_RANGE, &err);
+    }
+}
+
 /* Everything the shadow knows about, against the library, after every operation. */
 static void check_world(void)
 {
@@ -700,6 +979,10 @@ static void check_world(void)
                   result.keys, t->len_at + 1);
         }
     }
+    int ids[64];
+    int pages[MAX_SPAGES];
+    memset(ids, 0xff, sizeof ids);
+    memset(pages, 0xff, sizeof pages);
     for (int i = 0; i < N_SEQS; i++) {
         const sseq *s = &W.seq[i];
         if (!s->live) {
@@ -718,12 +1001,12 @@ static void check_world(void)
         for (size_t l = 0; l < W.layers; l++) {
             CHECK(kvp_cache_len(kvp_sequence_cache(s->seq, l)) == len,
                   "sequence slot %d layer %zu len differs", i, l);
-            check_tables(kvp_sequence_cache(s->seq, l), s->batch, len, seen);
+            check_seq_tables(s, l, ids, pages, seen);
         }
         CHECK(kvp_sequence_cache(s->seq, W.layers) == NULL, "sequence slot %d has a layer %zu",
               i, W.layers);
         for (size_t more = 0; more <= 3; more++) {
-            size_t want = W.layers * s->batch * (blocks_for(len + more) - blocks_for(len));
+            size_t want = seq_pages_for(s, len + more);
             CHECK(kvp_sequence_pages_for(s->seq, len + more) == want,
                   "sequence slot %d pages_for(%zu) = %zu, expected %zu", i, len + more,
                   kvp_sequence_pages_for(s->seq, len + more), want);
@@ -736,9 +1019,22 @@ static void check_world(void)
     check_status(status, KVP_OK, &err);
     CHECK(stats.total_pages == W.total, "total pages %zu, expected %zu", stats.total_pages,
           W.total);
-    CHECK(stats.held_pages == W.held, "held pages %zu, expected %zu", stats.held_pages, W.held);
-    CHECK(stats.free_pages == W.total - W.held, "free pages %zu, expected %zu", stats.free_pages,
-          W.total - W.held);
+    size_t held = held_pages(), evictable = evictable_pages();
+    CHECK(stats.held_pages == held, "held pages %zu, expected %zu", stats.held_pages, held);
+    CHECK(stats.free_pages == W.total - held - evictable, "free pages %zu, expected %zu",
+          stats.free_pages, W.total - held - evictable);
+    CHECK(stats.evictable_pages == evictable, "evictable pages %zu, expected %zu",
+          stats.evictable_pages, evictable);
+    CHECK(stats.cached_pages == cached_pages(), "cached pages %zu, expected %zu",
+          stats.cached_pages, cached_pages());
+    CHECK(stats.prefix_hits == W.hits && stats.prefix_misses == W.misses,
+          "prefix hits %llu misses %llu, expected %llu %llu",
+          (unsigned long long)stats.prefix_hits, (unsigned long long)stats.prefix_misses,
+          (unsigned long long)W.hits, (unsigned long long)W.misses);
+    CHECK(stats.evictions == W.evictions, "evictions %llu, expected %llu",
+          (unsigned long long)stats.evictions, (unsigned long long)W.evictions);
+    CHECK(stats.cow_copies == W.cow_copies, "cow copies %llu, expected %llu",
+          (unsigned long long)stats.cow_copies, (unsigned long long)W.cow_copies);
     CHECK(stats.promised_pages == promised_total(), "promised pages %zu, expected %zu",
           stats.promised_pages, promised_total());
     CHECK(stats.attached_caches == caches, "attached caches %zu, expected %zu",
@@ -1142,6 +1438,7 @@ static void op_forward(reader *r)
 
 /* ---- sequences ------------------------------------------------------------ */
 
+
 static void op_seq_create(reader *r)
 {
     sseq *s = &W.seq[rd(r) % N_SEQS];
@@ -1187,7 +1484,7 @@ static void op_seq_destroy(reader *r)
     kvp_error err;
     kvp_status status = kvp_sequence_destroy(s->seq, &err);
     check_status(status, KVP_OK, &err);
-    give_pages(W.layers * s->batch * blocks_for(s->kv[0].len));
+    seq_truncate_to(s, 0);
     s->live = 0;
 }
 
@@ -1201,10 +1498,7 @@ static void op_seq_reset(reader *r)
     kvp_error err;
     kvp_status status = kvp_sequence_reset(s->seq, &err);
     check_status(status, KVP_OK, &err);
-    give_pages(W.layers * s->batch * blocks_for(s->kv[0].len));
-    for (size_t l = 0; l < W.layers; l++) {
-        s->kv[l].len = 0;
-    }
+    seq_truncate_to(s, 0);
     s->promise = 0;
 }
 
@@ -1226,9 +1520,8 @@ static void op_seq_truncate(reader *r)
         return;
     }
     check_untouched(&err);
-    give_pages(W.layers * s->batch * (blocks_for(len) - blocks_for(new_len)));
-    for (size_t l = 0; l < W.layers; l++) {
-        s->kv[l].len = new_len;
+    if (new_len != len) { /* the same length changes nothing, the marks included */
+        seq_truncate_to(s, new_len);
     }
 }
 
@@ -1311,7 +1604,7 @@ static kvp_status expect_token(const sseq *s, const skv *kv, const double *x0, s
 
 static size_t step_pages(const sseq *s)
 {
-    return s->kv[0].len % W.bt == 0 ? W.layers * s->batch : 0;
+    return seq_pages_for(s, s->kv[0].len + 1);
 }
 
 static void apply_token(skv *kv, size_t batch, const seq_expect *se)
@@ -1387,8 +1680,9 @@ static void op_seq_step(reader *r)
     }
     check_untouched(&err);
     compare_rows("sequence step output", out, se.out, s->batch * W.d);
-    take_pages(pages);
+    seq_step_pages(s, pages);
     consume_promise(s, pages);
+    memcpy(s->x[s->kv[0].len], x, sizeof s->x[0]);
     apply_token(s->kv, s->batch, &se);
 }
 
@@ -1447,8 +1741,7 @@ static void op_seq_prefill(reader *r)
     se.layer = SIZE_MAX;
     size_t len = s->kv[0].len, token = 0;
     int computing = 0; /* the failure came while computing token `token` > 0 */
-    size_t pages = tokens > 0 ? W.layers * s->batch * (blocks_for(len + tokens) - blocks_for(len))
-                              : 0;
+    size_t pages = tokens > 0 ? seq_pages_for(s, len + tokens) : 0;
     kvp_status want = KVP_OK;
     skv *work = malloc(sizeof s->kv);
     CHECK(work != NULL, "out of memory in the fuzz target");
@@ -1519,7 +1812,13 @@ static void op_seq_prefill(reader *r)
         if (computing) {
             /* The documented exception: rows before the failing token hold
              * outputs. Its pages went back uncounted: check_world sees every
-             * counter as it was. */
+             * counter as it was, but for the evictions its takes made (the
+             * evicted pages' index entries are lost; they went back free). */
+            for (size_t i = 0; i < pages; i++) {
+                take_one();
+                W.anon++;
+            }
+            W.anon -= pages;
             for (size_t b = 0; b < s->batch; b++) {
                 size_t row = b * tokens * W.d;
                 compare_rows("rows before the failing token", out + row, outputs + row,
@@ -1536,10 +1835,288 @@ static void op_seq_prefill(reader *r)
     }
     check_untouched(&err);
     compare_rows("prefill output", out, outputs, s->batch * tokens * W.d);
-    take_pages(pages);
+    /* Every page taken at once (tentatively), mapped token by token, the
+     * copied originals put at the end, then counted. */
+    uint8_t ids[MAX_MODEL * MAX_B * (MAX_CAP + 1)];
+    uint8_t saved[MAX_MODEL][MAX_B];
+    for (size_t i = 0; i < pages; i++) {
+        ids[i] = spage_new();
+    }
+    size_t next = 0;
+    int copied[MAX_MODEL];
+    for (size_t l = 0; l < W.layers; l++) {
+        copied[l] = s->cow[l] && len % W.bt != 0;
+    }
+    for (size_t t = 0; t < tokens; t++) {
+        seq_map_token(s, ids, &next, saved, 1);
+        prompt_token(prompt, s->batch, tokens, t, s->x[len + t]);
+        for (size_t l = 0; l < W.layers; l++) {
+            s->kv[l].len++;
+        }
+    }
+    CHECK(next == pages, "a prefill mapped %zu of its %zu pages", next, pages);
+    for (size_t l = 0; l < W.layers; l++) {
+        for (size_t b = 0; b < s->batch && copied[l]; b++) {
+            spage_put(saved[l][b]);
+        }
+    }
+    W.acquires += pages;
+    raise_high_water();
     consume_promise(s, pages);
     memcpy(s->kv, work, sizeof s->kv);
     free(work);
+}
+
+/* ---- sharing: fork, publish, adopt ---------------------------------------- */
+
+static void op_seq_fork(reader *r)
+{
+    sseq *parent = &W.seq[rd(r) % N_SEQS];
+    sseq *child = &W.seq[rd(r) % N_SEQS];
+    if (!parent->live || child->live) {
+        return;
+    }
+    for (size_t l = 0; l < W.layers; l++) {
+        /* A stale parent is not forked: kvp_sequence_fork gives the child the
+         * model's CURRENT bindings over the parent's old K/V, so the child
+         * steps on rows computed under the old weights -- a library bug this
+         * target reports rather than models (see tests/fuzz/README.md). */
+        if (stale_parameter(parent->version[l], W.layer[W.model_layer[l]].pset) >= 0) {
+            return;
+        }
+    }
+    g_op_name = "sequence_fork";
+    kvp_sequence *made = NULL;
+    kvp_error err;
+    poison(&err);
+    kvp_status status = kvp_sequence_fork(parent->seq, &made, &err);
+    check_status(status, KVP_OK, &err);
+    check_untouched(&err);
+    memcpy(child, parent, sizeof *child);
+    child->seq = made;
+    child->promise = 0;
+    size_t len = parent->kv[0].len;
+    for (size_t l = 0; l < W.layers; l++) {
+        for (size_t b = 0; b < parent->batch; b++) {
+            for (size_t block = 0; block < blocks_for(len); block++) {
+                spage_ref(parent->table[l][b][block]);
+            }
+        }
+        if (len % W.bt != 0) {
+            parent->cow[l] = 1;
+            child->cow[l] = 1;
+        }
+    }
+}
+
+/* The shadow key of block j of lane b of layer l, for a [B, T, D] prompt. */
+static void make_key(const uint64_t version[MAX_MODEL][KVP_PARAM_COUNT], size_t l,
+                     const double *prompt, size_t tokens, size_t b, size_t j, skey *out)
+{
+    memset(out, 0, sizeof *out);
+    out->layer = l;
+    memcpy(out->version, version, sizeof out->version);
+    out->tokens = (j + 1) * W.bt;
+    memcpy(out->rows, prompt + b * tokens * W.d, out->tokens * W.d * sizeof(double));
+}
+
+static int key_eq(const skey *a, const skey *b)
+{
+    return a->layer == b->layer && a->tokens == b->tokens &&
+           memcmp(a->version, b->version, sizeof a->version) == 0 &&
+           memcmp(a->rows, b->rows, a->tokens * W.d * sizeof(double)) == 0;
+}
+
+/* The registered page under `key`, or -1. */
+static int index_find(const skey *key)
+{
+    for (int i = 0; i < MAX_SPAGES; i++) {
+        if (W.page[i].used && W.page[i].registered && key_eq(&W.page[i].key, key)) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The sequence's own input rows [0, tokens) as a [B, T, D] prompt. */
+static void own_prompt(const sseq *s, size_t tokens, double *prompt)
+{
+    for (size_t b = 0; b < s->batch; b++) {
+        for (size_t t = 0; t < tokens; t++) {
+            memcpy(prompt + (b * tokens + t) * W.d, s->x[t] + b * W.d, W.d * sizeof *prompt);
+        }
+    }
+}
+
+/*
+ * Publish the sequence's own first T rows (the caller's precondition holds by
+ * construction). Only for models whose layers have distinct bindings: a
+ * model of one layer twice gives both layers the same keys (the key chain
+ * has no layer index), so layer 1 would adopt layer 0's K/V -- a library bug
+ * this target reports rather than models (see tests/fuzz/README.md).
+ */
+static void op_seq_publish(reader *r)
+{
+    sseq *s = &W.seq[rd(r) % N_SEQS];
+    uint8_t t_byte = rd(r);
+    if (!s->live || !W.keys_distinct || s->kv[0].len == 0) {
+        return;
+    }
+    g_op_name = "sequence_publish";
+    size_t len = s->kv[0].len;
+    size_t tokens = 1 + t_byte % len;
+    double prompt[MAX_B * MAX_CAP * MAX_D];
+    own_prompt(s, tokens, prompt);
+    size_t blocks = tokens / W.bt;
+    kvp_status want = KVP_OK;
+    size_t bad_layer = SIZE_MAX;
+    for (size_t j = 0; j < blocks && want == KVP_OK; j++) {
+        for (size_t l = 0; l < W.layers && want == KVP_OK; l++) {
+            for (size_t b = 0; b < s->batch && want == KVP_OK; b++) {
+                skey key;
+                make_key(s->version, l, prompt, tokens, b, j, &key);
+                const spage *p = &W.page[s->table[l][b][j]];
+                if (p->registered && !key_eq(&p->key, &key)) {
+                    want = KVP_PAGE_PUBLISHED;
+                    bad_layer = l;
+                }
+            }
+        }
+    }
+    digests before;
+    take_digests(&before);
+    kvp_tensor input = kvp_tensor3(prompt, s->batch, tokens, W.d);
+    size_t published = 777;
+    kvp_error err;
+    poison(&err);
+    kvp_status status = kvp_sequence_publish_prefix(s->seq, &input, &published, &err);
+    check_status(status, want, &err);
+    if (status != KVP_OK) {
+        CHECK(err.layer == bad_layer, "PagePublished names layer %zu, expected %zu", err.layer,
+              bad_layer);
+        CHECK(published == 777, "a failed publish wrote *blocks_published");
+        check_unchanged(&before);
+        return;
+    }
+    check_untouched(&err);
+    CHECK(published == blocks, "published %zu blocks, expected %zu", published, blocks);
+    for (size_t j = 0; j < blocks; j++) {
+        for (size_t l = 0; l < W.layers; l++) {
+            for (size_t b = 0; b < s->batch; b++) {
+                skey key;
+                make_key(s->version, l, prompt, tokens, b, j, &key);
+                spage *p = &W.page[s->table[l][b][j]];
+                if (p->registered || index_find(&key) >= 0) {
+                    continue;
+                }
+                p->registered = 1;
+                p->key = key;
+                for (size_t h = 0; h < W.heads; h++) {
+                    for (size_t row = 0; row < W.bt; row++) {
+                        memcpy(p->k[h][row], s->kv[l].k[b][h][j * W.bt + row], sizeof p->k[h][row]);
+                        memcpy(p->v[h][row], s->kv[l].v[b][h][j * W.bt + row], sizeof p->v[h][row]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Adopt: another sequence's rows (hits), with one more row or not, or random rows. */
+static void op_seq_adopt(reader *r)
+{
+    sseq *s = &W.seq[rd(r) % N_SEQS];
+    uint8_t how = rd(r);
+    uint8_t t_byte = rd(r);
+    const sseq *src = &W.seq[how % N_SEQS];
+    if (!s->live || !W.keys_distinct) {
+        return;
+    }
+    double prompt[MAX_B * (MAX_CAP + 1) * MAX_D];
+    size_t tokens;
+    if ((how & 8) && src->live && src->kv[0].len > 0) {
+        size_t len = src->kv[0].len;
+        tokens = len + (how >> 4) % 2;
+        for (size_t b = 0; b < s->batch; b++) {
+            for (size_t t = 0; t < tokens; t++) {
+                double *row = prompt + (b * tokens + t) * W.d;
+                if (t < len) {
+                    memcpy(row, src->x[t] + (b % src->batch) * W.d, W.d * sizeof *row);
+                } else {
+                    read_values(r, row, W.d);
+                }
+            }
+        }
+    } else {
+        tokens = 1 + t_byte % MAX_CAP;
+        read_values(r, prompt, s->batch * tokens * W.d);
+    }
+    g_op_name = "sequence_adopt";
+    kvp_status want = s->kv[0].len != 0 ? KVP_INVALID_ARGUMENT : KVP_OK;
+    size_t blocks = (tokens - 1) / W.bt;
+    if (blocks > s->capacity / W.bt) {
+        blocks = s->capacity / W.bt;
+    }
+    size_t hit_blocks = 0;
+    int missed = 0;
+    for (; want == KVP_OK && hit_blocks < blocks; hit_blocks++) {
+        int hit = 1;
+        for (size_t l = 0; l < W.layers && hit; l++) {
+            for (size_t b = 0; b < s->batch && hit; b++) {
+                skey key;
+                make_key(s->version, l, prompt, tokens, b, hit_blocks, &key);
+                hit = index_find(&key) >= 0;
+            }
+        }
+        if (!hit) {
+            missed = 1;
+            break;
+        }
+    }
+    digests before;
+    take_digests(&before);
+    kvp_tensor input = kvp_tensor3(prompt, s->batch, tokens, W.d);
+    size_t adopted = 777;
+    kvp_error err;
+    poison(&err);
+    kvp_status status = kvp_sequence_adopt_prefix(s->seq, &input, &adopted, &err);
+    check_status(status, want, &err);
+    if (status != KVP_OK) {
+        CHECK(adopted == 777, "a failed adopt wrote *tokens_adopted");
+        check_unchanged(&before);
+        return;
+    }
+    check_untouched(&err);
+    CHECK(adopted == hit_blocks * W.bt, "adopted %zu tokens, expected %zu", adopted,
+          hit_blocks * W.bt);
+    W.misses += missed;
+    for (size_t j = 0; j < hit_blocks; j++) {
+        for (size_t l = 0; l < W.layers; l++) {
+            for (size_t b = 0; b < s->batch; b++) {
+                skey key;
+                make_key(s->version, l, prompt, tokens, b, j, &key);
+                int id = index_find(&key);
+                spage_ref((uint8_t)id);
+                s->table[l][b][j] = (uint8_t)id;
+                const spage *p = &W.page[id];
+                for (size_t h = 0; h < W.heads; h++) {
+                    for (size_t row = 0; row < W.bt; row++) {
+                        memcpy(s->kv[l].k[b][h][j * W.bt + row], p->k[h][row], sizeof p->k[h][row]);
+                        memcpy(s->kv[l].v[b][h][j * W.bt + row], p->v[h][row], sizeof p->v[h][row]);
+                    }
+                }
+            }
+        }
+        W.hits += W.layers * s->batch;
+    }
+    for (size_t t = 0; t < adopted; t++) {
+        for (size_t b = 0; b < s->batch; b++) {
+            memcpy(s->x[t] + b * W.d, prompt + (b * tokens + t) * W.d, W.d * sizeof(double));
+        }
+    }
+    for (size_t l = 0; l < W.layers; l++) {
+        s->kv[l].len = adopted;
+    }
 }
 
 static void op_admit(reader *r)
@@ -1622,6 +2199,13 @@ static void op_decoder_step(reader *r)
     if (count == 0) {
         return;
     }
+    for (size_t j = 0; j < count; j++) {
+        /* A job's copy puts an original while another job takes: which page an
+         * eviction then finds would depend on timing. Only jobs that take. */
+        if (seq_copies(&W.seq[slots[j]]) != 0) {
+            return;
+        }
+    }
     g_op_name = "decoder_step";
     if (dup) {
         slots[count] = slots[0];
@@ -1690,11 +2274,20 @@ static void op_decoder_step(reader *r)
             continue;
         }
         compare_rows("decoder output", outputs[j], se[j].out, s->batch * W.d);
-        take_pages(pages);
+        seq_step_pages(s, pages);
         consume_promise(s, pages);
+        memcpy(s->x[s->kv[0].len], inputs[j], sizeof s->x[0]);
         apply_token(s->kv, s->batch, &se[j]);
     }
     free(se);
+}
+
+static void add_shared_events(void)
+{
+    g_shared[0] += W.hits;
+    g_shared[1] += W.misses;
+    g_shared[2] += W.evictions;
+    g_shared[3] += W.cow_copies;
 }
 
 /* Destroying the pool: refused while anything is attached or held, else rebuilt. */
@@ -1712,22 +2305,25 @@ static void op_pool_destroy(reader *r)
     for (int i = 0; i < N_TICKETS; i++) {
         reservations += W.ticket[i].live && W.ticket[i].reserved != 0;
     }
-    int busy = caches != 0 || reservations != 0 || W.held != 0;
+    int busy = caches != 0 || reservations != 0 || held_pages() != 0;
     kvp_error err;
     kvp_status status = kvp_pool_destroy(W.pool, &err);
     check_status(status, busy ? KVP_POOL_BUSY : KVP_OK, &err);
     if (busy) {
         CHECK(err.attached_caches == caches && err.attached_reservations == reservations &&
-                  err.held_pages == W.held,
+                  err.held_pages == held_pages(),
               "pool busy: %zu caches %zu reservations %zu held, expected %zu %zu %zu",
               err.attached_caches, err.attached_reservations, err.held_pages, caches,
-              reservations, W.held);
+              reservations, held_pages());
         return;
     }
     status = kvp_pool_create(&W.pool_config, &W.pool, &err);
     check_status(status, KVP_OK, &err);
     W.acquires = W.releases = W.exhaustions = 0;
     W.high_water = 0;
+    memset(W.page, 0, sizeof W.page); /* the index went with the pool */
+    add_shared_events();
+    W.hits = W.misses = W.evictions = W.cow_copies = 0;
 }
 
 /* ---- one input ------------------------------------------------------------ */
@@ -1742,6 +2338,7 @@ static const op_fn g_ops[] = {
     op_forward,      op_seq_create,   op_seq_destroy,    op_seq_reset,    op_seq_step,
     op_seq_step,     op_seq_prefill,  op_seq_promise,    op_admit,        op_param_update,
     op_decoder_step, op_decoder_step, op_pool_destroy,  op_cache_truncate, op_seq_truncate,
+    op_seq_fork,     op_seq_fork,     op_seq_publish,    op_seq_adopt,    op_seq_adopt,
 };
 
 static const size_t g_geometries[][2] = {{4, 1}, {4, 2}, {6, 1}, {8, 1}, {8, 2}};
@@ -1762,6 +2359,7 @@ static void setup(reader *r)
     W.model_layer[0] = (m >> 1) % N_LAYERS;
     W.model_layer[1] = (m >> 3) % N_LAYERS;
     W.threads = 1 + (m >> 5) % 2;
+    W.keys_distinct = W.layers == 1 || W.model_layer[0] != W.model_layer[1];
     uint8_t weights_seed = rd(r);
     uint8_t base_byte = rd(r);
     double base = g_bases[base_byte % 4];
@@ -1831,6 +2429,7 @@ static void setup(reader *r)
 static void teardown(void)
 {
     g_op_name = "teardown";
+    add_shared_events();
     kvp_error err;
     for (int i = 0; i < N_TICKETS; i++) {
         if (W.ticket[i].live) {

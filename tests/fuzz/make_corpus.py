@@ -15,6 +15,7 @@ OPS = {
     "ticket_destroy": 6, "prepare": 7, "commit": 10, "discard": 12, "forward": 13,
     "seq_create": 16, "seq_destroy": 17, "seq_reset": 18, "step": 19, "prefill": 21,
     "promise": 22, "admit": 23, "param_update": 24, "decoder": 25, "pool_destroy": 27,
+    "cache_truncate": 28, "seq_truncate": 29, "fork": 30, "publish": 32, "adopt": 33,
 }
 SPECIAL = {"nan": 0, "inf": 1, "-inf": 2, "1e308": 3, "-1e308": 4, "1e154": 5,
            "1e300": 6, "-1e200": 7}
@@ -103,6 +104,19 @@ SCRIPTS = {
     + b"".join(op("decoder", 3, 0, values(i), values(i + 1)) for i in range(4))
     + op("decoder", 1, 0xF0, values(3)) + op("seq_destroy", 1)
     + op("decoder", 1, 0, values(8)),
+    # Sharing: publish a prefix, fork mid-block (copy-on-write on both
+    # sides), truncate, adopt the published blocks into a new sequence, let
+    # them go evictable, evict them under pressure, and miss after an update.
+    "sharing.bin": setup(geometry=1, block=2, pages=12, layers=2, model=(2, 1))
+    + op("seq_create", 0, 8, 12) + op("prefill", 0, 4, values(2)) + op("step", 0, values(3))
+    + op("publish", 0, 4) + op("fork", 0, 1) + op("step", 1, values(4))
+    + op("step", 0, values(5)) + op("seq_truncate", 1, 3)
+    + op("seq_create", 2, 8, 12) + op("adopt", 2, 9, 0) + op("step", 2, values(6))
+    + op("seq_destroy", 0) + op("seq_destroy", 1) + op("publish", 2, 5) + op("seq_destroy", 2)
+    + op("seq_create", 0, 8, 12) + op("prefill", 0, 4, values(7))
+    + op("prefill", 0, 4, values(8)) + op("prefill", 0, 4, values(9))
+    + op("seq_create", 1, 8, 12) + op("publish", 0, 11) + op("adopt", 1, 9, 0) + op("seq_destroy", 0)
+    + op("param_update", 0, 1, 1, 5) + op("seq_create", 2, 8, 12) + op("adopt", 2, 10, 0),
 }
 
 
