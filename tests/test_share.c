@@ -701,6 +701,51 @@ static void test_share_sequence_fork_bit_identical(void **state)
     kvpt_destroy_model(model);
 }
 
+/*
+ * A fork of a stale sequence keeps the parent's captured revisions: parent
+ * and child are refused the same way, and neither steps on K/V of the old
+ * weights under the new ones.
+ */
+static void test_share_fork_of_stale_sequence_is_stale(void **state)
+{
+    (void)state;
+    kvp_model *model = kvpt_random_model(LAYERS, D, HEADS, SCAP, BASE, 9);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 256);
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    static outputs o;
+    kvp_sequence *parent = kvpt_sequence(model, pool, SB, SCAP);
+    prefill(parent, pool, prompt, 0, 6, o.prompt);
+    kvp_param *w = kvp_model_param_mut(model, 1, KVP_PARAM_VALUE);
+    double values[D * D];
+    memcpy(values, kvp_param_values(w), sizeof values);
+    values[3] -= 0.5;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_update(w, values, &err), &err);
+    kvp_sequence *child = NULL;
+    kvpt_assert_ok(kvp_sequence_fork(parent, &child, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    size_t held_before = held(pool);
+    kvp_tensor t = kvp_tensor3(in[0], SB, 1, D);
+    double out[SB * D];
+    kvp_sequence *both[] = {parent, child};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(kvp_sequence_step(both[i], &t, NULL, NULL, out, SB * D, &err),
+                         KVP_CACHE_LAYER_REVISION_MISMATCH);
+        assert_int_equal(err.layer, 1);
+        assert_int_equal(err.parameter, KVP_PARAM_VALUE);
+        assert_int_equal(kvp_sequence_len(both[i]), 6);
+    }
+    assert_int_equal(held(pool), held_before);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_sequence(child, pool);
+    kvpt_destroy_sequence(parent, pool);
+    assert_int_equal(held(pool), 0);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 /* A prompt prefix adopted from the index: the rest computed, bit for bit as fresh. */
 static void test_share_sequence_prefix_bit_identical(void **state)
 {
@@ -1080,6 +1125,7 @@ int main(void)
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
         cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
+        cmocka_unit_test(test_share_fork_of_stale_sequence_is_stale),
         cmocka_unit_test(test_share_sequence_prefix_bit_identical),
         cmocka_unit_test(test_share_sequence_truncate_replay_bit_identical),
         cmocka_unit_test_teardown(test_share_sequence_failures_change_nothing, kvpt_disarm),

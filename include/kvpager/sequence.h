@@ -177,7 +177,9 @@ KVP_API const kvp_cache *kvp_sequence_cache(const kvp_sequence *sequence, size_t
  * Errors: NULL_ARGUMENT ("parent", "child"); kvp_sequence_create's
  * (ALLOCATION_FAILED); nothing changes on failure (a partly built child is
  * destroyed). A step or prefill of the child then gives bit for bit what the
- * parent would give for the same input.
+ * parent would give for the same input. The child keeps the parent's captured
+ * bindings: a fork of a stale sequence (a parameter updated since its caches
+ * were bound) is stale too, and its steps are refused as the parent's are.
  * Threads: one caller at a time per parent (its owner), and not while a read
  * of it runs; other sequences of the pool, those sharing its pages included,
  * may step, prefill, fork, truncate or adopt at once (the pool's mutex).

@@ -99,8 +99,15 @@ void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count)
 
 /* ---- fork ---------------------------------------------------------------- */
 
+/*
+ * The child takes the parent's captured binding too, not the one it was
+ * created with: K/V computed under older revisions stay bound to them, so a
+ * fork of a stale cache is as stale as its parent (its steps are refused the
+ * same way) instead of binding the new weights over old rows.
+ */
 void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child)
 {
+    child->binding = parent->binding;
     size_t mapped = kvpi_cache_mapped_blocks(parent);
     for (size_t lane = 0; lane < parent->batch_size; lane++) {
         const uint32_t *from = kvpi_cache_lane_table(parent, lane);

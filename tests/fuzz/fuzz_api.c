@@ -19,9 +19,9 @@
  * evictable pages in the library's order, and predicts every take (free
  * first, then the least recently used), hit, miss, eviction and copy.
  * Standalone caches and tickets hold pages no one shares (counted only).
- * Two library bugs are reported rather than modelled, and their inputs are
- * skipped: models whose two layers have one binding (no publish/adopt), and
- * forks of a stale sequence (tests/fuzz/README.md).
+ * The two library bugs the model found are fixed and modelled: prompt keys
+ * carry the layer index (a layer used twice no longer shares keys), and a
+ * fork keeps its parent's captured revisions (tests/fuzz/README.md).
  *
  * Invariants checked after EVERY operation (any mismatch prints a message
  * and calls abort(), which libFuzzer reports as a crash):
@@ -328,7 +328,6 @@ typedef struct world {
     spage page[MAX_SPAGES];
     uint64_t clock; /* LRU stamps */
     uint64_t hits, misses, evictions, cow_copies;
-    int keys_distinct; /* the model's layers have distinct bindings (see op_seq_publish) */
 } world;
 
 static world W;
@@ -1876,15 +1875,6 @@ static void op_seq_fork(reader *r)
     if (!parent->live || child->live) {
         return;
     }
-    for (size_t l = 0; l < W.layers; l++) {
-        /* A stale parent is not forked: kvp_sequence_fork gives the child the
-         * model's CURRENT bindings over the parent's old K/V, so the child
-         * steps on rows computed under the old weights -- a library bug this
-         * target reports rather than models (see tests/fuzz/README.md). */
-        if (stale_parameter(parent->version[l], W.layer[W.model_layer[l]].pset) >= 0) {
-            return;
-        }
-    }
     g_op_name = "sequence_fork";
     kvp_sequence *made = NULL;
     kvp_error err;
@@ -1950,16 +1940,14 @@ static void own_prompt(const sseq *s, size_t tokens, double *prompt)
 
 /*
  * Publish the sequence's own first T rows (the caller's precondition holds by
- * construction). Only for models whose layers have distinct bindings: a
- * model of one layer twice gives both layers the same keys (the key chain
- * has no layer index), so layer 1 would adopt layer 0's K/V -- a library bug
- * this target reports rather than models (see tests/fuzz/README.md).
+ * construction). A model of one layer twice publishes both layers: the keys
+ * carry the layer index.
  */
 static void op_seq_publish(reader *r)
 {
     sseq *s = &W.seq[rd(r) % N_SEQS];
     uint8_t t_byte = rd(r);
-    if (!s->live || !W.keys_distinct || s->kv[0].len == 0) {
+    if (!s->live || s->kv[0].len == 0) {
         return;
     }
     g_op_name = "sequence_publish";
@@ -2029,7 +2017,7 @@ static void op_seq_adopt(reader *r)
     uint8_t how = rd(r);
     uint8_t t_byte = rd(r);
     const sseq *src = &W.seq[how % N_SEQS];
-    if (!s->live || !W.keys_distinct) {
+    if (!s->live) {
         return;
     }
     double prompt[MAX_B * (MAX_CAP + 1) * MAX_D];
@@ -2359,7 +2347,6 @@ static void setup(reader *r)
     W.model_layer[0] = (m >> 1) % N_LAYERS;
     W.model_layer[1] = (m >> 3) % N_LAYERS;
     W.threads = 1 + (m >> 5) % 2;
-    W.keys_distinct = W.layers == 1 || W.model_layer[0] != W.model_layer[1];
     uint8_t weights_seed = rd(r);
     uint8_t base_byte = rd(r);
     double base = g_bases[base_byte % 4];
