@@ -205,12 +205,17 @@ static uint64_t fmix64(uint64_t k)
 static const uint64_t murmur_c1 = 0x87c37b91114253d5ull;
 static const uint64_t murmur_c2 = 0x4cf5ad432745937full;
 
+/* Eight bytes read little-endian, whatever the host (one load on x86-64). */
 static uint64_t load64(const unsigned char *p)
 {
     uint64_t v = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&v, p, sizeof v);
+#else
     for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i]; /* little-endian, whatever the host */
+        v = (v << 8) | p[i];
     }
+#endif
     return v;
 }
 
@@ -245,17 +250,24 @@ static void hash_bytes(hash128 *h, const void *data, size_t n)
 {
     const unsigned char *p = data;
     h->total += n;
-    while (n > 0) {
+    if (h->tail_len != 0) {
+        /* Complete the pending block first: blocks are cut by the total so far. */
         size_t take = 16 - h->tail_len < n ? 16 - h->tail_len : n;
         memcpy(h->tail + h->tail_len, p, take);
         h->tail_len += take;
         p += take;
         n -= take;
-        if (h->tail_len == 16) {
-            hash_block(h, h->tail);
-            h->tail_len = 0;
+        if (h->tail_len < 16) {
+            return;
         }
+        hash_block(h, h->tail);
+        h->tail_len = 0;
     }
+    for (; n >= 16; p += 16, n -= 16) {
+        hash_block(h, p); /* straight from the input: no copy through the tail */
+    }
+    memcpy(h->tail, p, n);
+    h->tail_len = n;
 }
 
 static void hash_u64(hash128 *h, uint64_t v)
