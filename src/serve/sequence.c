@@ -395,11 +395,9 @@ static kvp_status check_prompt_finite(kvp_sequence *seq, const kvp_tensor *promp
 }
 
 /* Prompt shape, room and output buffer, before anything is computed. */
-static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *prompt,
-                                  size_t output_len, const double *output, kvp_error *err)
+kvp_status kvpi_sequence_check_prompt_shape(const kvp_sequence *seq, const kvp_shape *shape,
+                                            kvp_error *err)
 {
-    const kvp_shape *shape = &prompt->shape;
-    size_t room = seq->capacity - seq->caches[0]->len;
     kvp_error e = kvpi_error_begin(KVP_OK);
     if (shape->rank != 3) {
         e.status = KVP_INPUT_RANK;
@@ -413,16 +411,32 @@ static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *pro
         e.status = KVP_INPUT_WIDTH_MISMATCH;
         e.expected_size = seq->model_width;
         e.actual_size = shape->dims[2];
-    } else if (shape->dims[1] == 0) {
+    }
+    if (e.status != KVP_OK) {
+        e.layer = SIZE_MAX;
+        return kvpi_error_emit(err, &e);
+    }
+    return KVP_OK;
+}
+
+static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *prompt,
+                                  size_t output_len, const double *output, kvp_error *err)
+{
+    const kvp_shape *shape = &prompt->shape;
+    size_t room = seq->capacity - seq->caches[0]->len;
+    kvp_status status = kvpi_sequence_check_prompt_shape(seq, shape, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (shape->dims[1] == 0) {
         return kvpi_fail_invalid(err, "prompt", "a prompt needs at least one token");
-    } else if (shape->dims[1] > room) {
-        e.status = KVP_FULL;
+    }
+    if (shape->dims[1] > room) {
+        kvp_error e = kvpi_error_begin(KVP_FULL);
         e.what = "prompt";
         e.capacity = seq->capacity;
         e.tokens = shape->dims[1];
         e.available = room;
-    }
-    if (e.status != KVP_OK) {
         e.layer = SIZE_MAX;
         return kvpi_error_emit(err, &e);
     }

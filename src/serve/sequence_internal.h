@@ -34,6 +34,14 @@ struct kvp_sequence {
 };
 
 /*
+ * A [B, T, D] prompt's rank, batch and width, in prefill's order
+ * (INPUT_RANK, INPUT_BATCH_MISMATCH, INPUT_WIDTH_MISMATCH, layer SIZE_MAX):
+ * shared by prefill and the prefix-cache calls (share.c).
+ */
+kvp_status kvpi_sequence_check_prompt_shape(const kvp_sequence *seq, const kvp_shape *shape,
+                                            kvp_error *err);
+
+/*
  * Appends `tokens` rows of zeros to every layer without attention: the same
  * all-or-nothing page transaction as a step (FULL, POOL_EXHAUSTED), for
  * allocator-only runs. Never part of the public API: it bypasses the binding

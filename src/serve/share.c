@@ -76,26 +76,7 @@ static kvp_status check_prompt(const kvp_sequence *seq, const kvp_tensor *prompt
     if (prompt == NULL || prompt->data == NULL) {
         return kvpi_fail_null(err, "prompt");
     }
-    const kvp_shape *shape = &prompt->shape;
-    kvp_error e = kvpi_error_begin(KVP_OK);
-    if (shape->rank != 3) {
-        e.status = KVP_INPUT_RANK;
-        e.rank = shape->rank;
-        e.what = "prompt";
-    } else if (shape->dims[0] != seq->batch_size) {
-        e.status = KVP_INPUT_BATCH_MISMATCH;
-        e.expected_size = seq->batch_size;
-        e.actual_size = shape->dims[0];
-    } else if (shape->dims[2] != seq->model_width) {
-        e.status = KVP_INPUT_WIDTH_MISMATCH;
-        e.expected_size = seq->model_width;
-        e.actual_size = shape->dims[2];
-    }
-    if (e.status != KVP_OK) {
-        e.layer = SIZE_MAX;
-        return kvpi_error_emit(err, &e);
-    }
-    return KVP_OK;
+    return kvpi_sequence_check_prompt_shape(seq, &prompt->shape, err);
 }
 
 size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks)
