@@ -17,7 +17,8 @@
  *     exactly one place, a running slot or the idle list;
  *   - a step allocates only before it changes anything: it first grows every
  *     array to what the worst case of this step needs (every waiting request
- *     admitted or rejected, every running one retired), plans the admissions
+ *     admitted or rejected, every running one retired, the longest request
+ *     that may complete keying its decoded blocks), plans the admissions
  *     without side effects (but parking the prompt keys of the request it
  *     stopped at: a cache that changes no decision), and makes the leases
  *     and prompt rows the plan needs. A failure there changes nothing;
@@ -438,6 +439,12 @@ static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past
 static int keyed(const kvp_scheduler *s, const kvp_request *q)
 {
     return s->config.sharing && (s->config.compute || q->prompt != NULL || q->input != NULL);
+}
+
+/* 1 when a completed request publishes its decoded blocks (sharing on, and their rows to key). */
+static int publishes(const kvp_scheduler *s, const kvp_request *q)
+{
+    return s->config.sharing && q->input != NULL;
 }
 
 /*
@@ -981,6 +988,33 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
 }
 
 /*
+ * The longest request that may complete in this step's decode and publish
+ * its decoded blocks (publish_decoded): the running and newly admitted
+ * requests one token short of their budget. 0: none.
+ */
+static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
+{
+    size_t longest = 0;
+    for (size_t i = 0; i < s->running_count + p->popped; i++) {
+        uint64_t id;
+        if (i < s->running_count) {
+            id = s->running[i].id;
+        } else if (s->plan[i - s->running_count].admit) {
+            id = s->plan[i - s->running_count].id;
+        } else {
+            continue;
+        }
+        const record *r = &s->records[id];
+        const kvp_request *q = &r->request;
+        size_t len = q->prompt_tokens + q->max_new_tokens; /* within the capacity */
+        if (publishes(s, q) && r->generated + 1 >= q->max_new_tokens && len > longest) {
+            longest = len;
+        }
+    }
+    return longest;
+}
+
+/*
  * Makes room for the worst case of this step and the leases the plan
  * needs. New leases go to the idle list; on failure they are destroyed
  * again, so nothing changed.
@@ -992,6 +1026,13 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
                     (p->slots > s->idle_count ? p->slots - s->idle_count : 0);
     /* Each request finishes once: the ones taken now and the running ones. */
     size_t finishing = s->done_count + p->popped + s->running_count;
+    size_t publish = publish_tokens(s, p);
+    size_t publish_keys = kvpi_prompt_keys_count(s->layers, 1, publish / s->block_tokens);
+    if (grow((void **)&s->rows, &s->rows_room, publish, s->width * sizeof *s->rows) != 0 ||
+        grow((void **)&s->keys, &s->keys_room, publish_keys, sizeof *s->keys) != 0) {
+        return kvpi_fail_alloc(err, "scheduler publication scratch",
+                               publish * s->width * sizeof(double));
+    }
     if (grow((void **)&s->running, &s->running_room, slots, sizeof *s->running) != 0 ||
         grow((void **)&s->idle, &s->idle_room, leases, sizeof *s->idle) != 0 ||
         grow((void **)&s->done, &s->done_room, finishing, sizeof *s->done) != 0 ||
@@ -1406,6 +1447,51 @@ static void make_room(kvp_scheduler *s, kvp_step_stats *st)
 }
 
 /*
+ * Sharing: request `id` completed. Before its pages go back, each sample
+ * publishes the full blocks of its whole sequence, prompt and decoded
+ * tokens, under the chain keys the plan computes for a prompt of the same
+ * rows (kvpi_prompt_keys): a later prompt holding this prompt and a
+ * sample's reply (a conversation's next turn) adopts them. The prompt's
+ * blocks are keyed once (they are published already: publishing them again
+ * changes nothing); each sample continues the chain over its own rows, as
+ * any sample's reply may be the one a later prompt holds. A stale lease
+ * publishes nothing. The rows and keys are the step's scratch, free once
+ * the prefills ran (prepare made the room: publish_tokens).
+ */
+static void publish_decoded(kvp_scheduler *s, uint64_t id)
+{
+    const record *rec = record_of(s, id);
+    const kvp_request *q = &rec->request;
+    size_t prompt = q->prompt_tokens;
+    size_t len = prompt + rec->generated;
+    size_t from = prompt / s->block_tokens;
+    size_t blocks = len / s->block_tokens;
+    if (!publishes(s, q) || blocks == from) {
+        return; /* nothing to key, or no full block holds a decoded token */
+    }
+    fill_rows(s, id, 0, 0, prompt, s->rows);
+    int prompt_keyed = 0;
+    for (size_t i = 0; i < s->running_count; i++) {
+        const slot *r = &s->running[i];
+        if (r->id != id || lease_stale(s, &r->lease)) {
+            continue;
+        }
+        assert(lease_len(&r->lease) == len);
+        kvp_cache *const *caches = lease_caches(&r->lease);
+        fill_rows(s, id, r->sample, prompt, len, s->rows + prompt * s->width);
+        kvpi_prompt_keys_from(caches, s->layers, s->rows, len, s->width,
+                              prompt_keyed ? from : 0, blocks, s->keys);
+        prompt_keyed = 1;
+        kvpi_pool_lock(s->pool);
+        /* The prompt's pages are registered under these very keys, the rest are fresh. */
+        kvp_status status = kvpi_prefix_publish_locked(caches, s->layers, s->keys, blocks, NULL);
+        kvpi_pool_unlock(s->pool);
+        assert(status == KVP_OK);
+        (void)status;
+    }
+}
+
+/*
  * One token for every running sequence. A job's failure fails its request
  * (all its samples); a decoder refusal is returned with nothing decoded.
  * Then every decoded token counts, its output goes to on_token, and the
@@ -1478,6 +1564,7 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
         if (rec->generated < rec->request.max_new_tokens) {
             continue;
         }
+        publish_decoded(s, id);
         retire_request(s, id);
         finish(s, id, 0, KVP_OK, NULL);
         st->finished++;
