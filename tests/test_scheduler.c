@@ -13,6 +13,8 @@
  *   - create, submit, step and collect refuse bad input with typed errors
  *     and change nothing (stats, ids, pool); samples > 1 is refused until
  *     fork is wired in;
+ *   - sharing: prompt prefixes and a completed request's decoded blocks
+ *     are adopted by later prompts holding them, outputs unchanged;
  *   - an allocation fault at every allocation of a step changes nothing
  *     (the scheduler's counters and the pool's), and the run then finishes
  *     with the same outputs.
@@ -858,7 +860,8 @@ static void test_scheduler_samples_exact_with_and_without_sharing(void **state)
  * sharing holds the prompt's 2 full blocks once (x 2 layers) plus each
  * sample's own copy of the partial block (4 x 2): 12; without sharing
  * every sample holds 3 blocks x 2 layers: 24. After the run the published
- * blocks stay cached and evictable.
+ * blocks stay cached and evictable: the prompt's, and each sample's full
+ * third block (9 + 3 tokens), published when it completes.
  */
 static void test_scheduler_sharing_holds_fewer_pages(void **state)
 {
@@ -889,7 +892,8 @@ static void test_scheduler_sharing_holds_fewer_pages(void **state)
         kvp_pool_stats_init(&pool);
         kvpt_assert_ok(kvp_pool_stats_get(f.pool, &pool, NULL), NULL);
         assert_int_equal(pool.held_pages, 0);
-        assert_int_equal(pool.evictable_pages, sharing ? 4 : 0);
+        /* the prompt's 2 blocks, and each sample's third, full at completion */
+        assert_int_equal(pool.evictable_pages, sharing ? 4 + 4 * 2 : 0);
         assert_int_equal(pool.cow_copies, sharing ? 8 : 0); /* 4 samples x 2 layers */
         assert_samples_exact(&b, 0, 4, 9, 3);
         kvp_request_result done[2];
@@ -1070,6 +1074,65 @@ static void test_scheduler_compute_off_shares_alike(void **state)
     }
 }
 
+/*
+ * A completed request publishes its decoded blocks too: request 0 (6 prompt
+ * tokens, 10 decoded: 4 full blocks, the last 3 holding decoded tokens)
+ * runs to completion; request 1, whose prompt is request 0's 16 rows and 3
+ * more (a conversation's next turn), adopts all 4 blocks ((19 - 1) / 4 = 4:
+ * 16 tokens), not only the prompt's first. With 2 samples each sample
+ * publishes its own blocks (here their rows are the same: the second finds
+ * the keys taken and leaves them). Outputs equal a fresh sequence's, and
+ * sharing off's, bit for bit; compute off hits alike; after a weight update
+ * nothing of the old blocks is adopted.
+ */
+static void test_scheduler_publishes_decoded_blocks(void **state)
+{
+    (void)state;
+    static double off_outputs[3][2][CAPACITY][WIDTH]; /* request 1's, sharing off, by samples */
+    for (int compute = 1; compute >= 0; compute--) {
+        for (size_t samples = 1; samples <= 2; samples++) {
+            for (int sharing = 0; sharing <= 1; sharing++) {
+                /* compute off binds the configured identity: no update to make */
+                for (int update = 0; update <= (sharing && compute); update++) {
+                    fixture f;
+                    setup_fixture_sharing(&f, 64, 2, compute, 0, sharing);
+                    static book b;
+                    memset(&b, 0, sizeof b);
+                    for (size_t i = 0; i < 2; i++) {
+                        b.shared[i] = CAPACITY; /* every row of both is group 0's */
+                        b.group[i] = 0;
+                    }
+                    submit_samples(&f, &b, 6, 10, NULL, samples);
+                    run(&f, 0);
+                    assert_int_equal(stats_of(&f).completed, 1);
+                    if (update) {
+                        update_weights(f.model);
+                    }
+                    submit_samples(&f, &b, 19, 2, NULL, 1);
+                    kvp_step_stats st = step_once(&f);
+                    assert_int_equal(st.admitted, 1);
+                    assert_int_equal(st.prompt_tokens, 19);
+                    assert_int_equal(st.prefix_hit_tokens, sharing && !update ? 16 : 0);
+                    run(&f, 0);
+                    if (compute) {
+                        assert_samples_exact(&b, 0, samples, 6, 10);
+                        assert_sample_exact_range(&b, 1, 0, 19, 2, 0, CAPACITY, (size_t)update);
+                        if (!sharing) {
+                            memcpy(off_outputs[samples], b.outputs[1], sizeof off_outputs[0]);
+                        } else if (!update) {
+                            assert_memory_equal(off_outputs[samples], b.outputs[1],
+                                                sizeof off_outputs[0]);
+                        }
+                    }
+                    kvp_request_result done[2];
+                    assert_int_equal(collect_all(&f, done, 2), 2);
+                    teardown_fixture(&f);
+                }
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1087,6 +1150,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_shared_prefixes_hit_the_index),
         cmocka_unit_test(test_scheduler_weight_update_recomputes),
         cmocka_unit_test(test_scheduler_compute_off_shares_alike),
+        cmocka_unit_test(test_scheduler_publishes_decoded_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,8 @@
  *      pool's prefix index holds (its keys include every layer's binding
  *      digest, so blocks computed under older parameters never match) and
  *      prefills only the rest; after prefilling, it publishes the prompt's
- *      full blocks, and its first sequence is forked samples - 1 times
+ *      full blocks (and its decoded ones when it finishes: 4.), and its
+ *      first sequence is forked samples - 1 times
  *      (kvp_sequence_fork; copy-on-write copies the shared partial last
  *      page on the first append). Admission counts shared pages once: a
  *      request needs only the prompt pages its adoptable prefix does not
@@ -39,13 +40,24 @@
  *      to external caches: the allocator alone; sharing then works at cache
  *      level, kvp_cache_fork and prefix keys over the input rows the `input`
  *      callback gives); a request whose every sample has generated
- *      max_new_tokens finishes and gives its pages back.
+ *      max_new_tokens finishes and gives its pages back. With sharing, just
+ *      before that, each sample publishes the full blocks of its whole
+ *      sequence, prompt and decoded tokens, keyed by the same chain over
+ *      its input rows as a prompt's (the `input` callback gives the decoded
+ *      tokens' rows again; a request without one publishes only its
+ *      prompt), so a later prompt that holds this prompt and one sample's
+ *      reply (a conversation's next turn) adopts them. Every sample
+ *      publishes its own blocks: any continuation may be the one a later
+ *      prompt holds, and its keys match only its own rows.
  * Finished requests wait for kvp_scheduler_collect.
  *
  * Inputs: a request's rows come from its `prompt` array, or from its `input`
  * callback, called with (request id, sample, position) for every position it
- * needs, again when a preempted request is recomputed; it must give the same
- * row for the same (id, sample, position) every time. Positions below
+ * needs, again when a preempted request is recomputed and when a finished
+ * one keys its decoded blocks (sharing); it must give the same row for the
+ * same (id, sample, position) every time, and a decoded position's row must
+ * be the one that was decoded there, since a later prompt with the same
+ * rows adopts that block instead of computing it. Positions below
  * prompt_tokens are the prompt: the scheduler asks for them with sample 0
  * and every sample shares that row; positions from prompt_tokens on are
  * each sample's own. The outputs of decoded tokens go to the request's
@@ -90,9 +102,10 @@ typedef struct kvp_scheduler_config {
     size_t max_running;    /* most sequences running at once; 0: no limit but the pool */
     int compute;           /* 1: real attention on the decoder; 0: the allocator alone */
     uint64_t identity;     /* compute 0: the identity the external caches bind (cache.h) */
-    int sharing;           /* 1: fork samples, adopt and publish prompt prefixes in the
-                              pool's prefix index; 0: every sample prefills its own copy
-                              of the prompt and the index is neither read nor written */
+    int sharing;           /* 1: fork samples, adopt prompt prefixes from the pool's
+                              prefix index, publish prompt and decoded blocks in it;
+                              0: every sample prefills its own copy of the prompt and
+                              the index is neither read nor written */
 } kvp_scheduler_config;
 
 /*

@@ -3,8 +3,9 @@
  * (kvpager/scheduler.h has the schedule and the contracts).
  *
  * Owns: the request records, the waiting queue (a ring of ids), the running
- * slots, the idle leases kept for reuse, and the finished results awaiting
- * collection. The model, pool and decoder are the caller's.
+ * slots, the idle leases kept for reuse, the finished results awaiting
+ * collection, and the parked prompt keys of the request the last plan
+ * stopped at. The model, pool and decoder are the caller's.
  *
  * Invariants:
  *   - a request is in exactly one of: waiting, running, finished (in `done`,
@@ -16,9 +17,15 @@
  *     exactly one place, a running slot or the idle list;
  *   - a step allocates only before it changes anything: it first grows every
  *     array to what the worst case of this step needs (every waiting request
- *     admitted or rejected, every running one retired), plans the admissions
- *     without side effects, and makes the leases and prompt rows the plan
- *     needs. A failure there changes nothing;
+ *     admitted or rejected, every running one retired, the longest request
+ *     that may complete keying its decoded blocks), plans the admissions
+ *     without side effects (but parking the prompt keys of the request it
+ *     stopped at: a cache that changes no decision), and makes the leases
+ *     and prompt rows the plan needs. A failure there changes nothing;
+ *   - a request waiting at the head of the queue costs a step no rows and
+ *     no hashing: the plan stops before them when even every adoptable
+ *     block a hit would not be admitted now, and reuses its parked keys
+ *     while the bindings they were made with are current;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode fails for
  *     want of pages only when another user of the pool takes them;
@@ -85,6 +92,7 @@ typedef struct slot {
 } slot;
 
 #define NO_JOB SIZE_MAX
+#define NO_REQUEST UINT64_MAX
 #define MAX_SAMPLES 256
 
 struct kvp_scheduler {
@@ -124,6 +132,17 @@ struct kvp_scheduler {
     size_t plan_room;
     kvp_block_key *keys; /* the step's prefix keys, back to back (share_internal.h layout) */
     size_t keys_room;
+    /*
+     * The prompt keys of the request the last plan stopped at (it waits at
+     * the head of the queue, usually for several steps): parked_count keys,
+     * then the `layers` binding digests of the lease that made them. Valid
+     * for request parked_id while idle[0]'s digests are the same (the rows
+     * are the same: the input callback is deterministic).
+     */
+    uint64_t parked_id; /* NO_REQUEST: none */
+    kvp_block_key *parked;
+    size_t parked_count;
+    size_t parked_room;
     uint64_t admissions;
     kvp_scheduler_stats stats;
 };
@@ -422,6 +441,12 @@ static int keyed(const kvp_scheduler *s, const kvp_request *q)
     return s->config.sharing && (s->config.compute || q->prompt != NULL || q->input != NULL);
 }
 
+/* 1 when a completed request publishes its decoded blocks (sharing on, and their rows to key). */
+static int publishes(const kvp_scheduler *s, const kvp_request *q)
+{
+    return s->config.sharing && q->input != NULL;
+}
+
 /*
  * The rows a request's admission reads, back to back:
  *   compute, sharing on: the prompt, then each sample's generated tokens;
@@ -612,6 +637,7 @@ static void scheduler_free(kvp_scheduler *s)
     kvpi_free(s->zeros);
     kvpi_free(s->plan);
     kvpi_free(s->keys);
+    kvpi_free(s->parked);
     kvpi_free(s);
 }
 
@@ -666,6 +692,7 @@ kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_deco
     s->block_tokens = pool->block_tokens; /* fixed at the pool's creation */
     s->watermark_pages = (size_t)ceil(config.watermark * (double)pool_stats.total_pages);
     kvp_scheduler_stats_init(&s->stats);
+    s->parked_id = NO_REQUEST;
     if (!config.compute) {
         size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
         s->zeros = kvpi_calloc(KVPI_SITE_SCRATCH, zeros, sizeof *s->zeros);
@@ -796,6 +823,55 @@ static size_t add_sat(size_t a, size_t b)
     return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }
 
+/* idle[0]'s binding digest of layer l: what a request's prompt keys depend on besides its rows. */
+static kvp_block_key binding_digest(const kvp_scheduler *s, size_t l)
+{
+    return kvpi_cache_binding_key(lease_caches(&s->idle[0])[l]);
+}
+
+/*
+ * Keeps the `count` prompt keys of request `id`, the one the plan stops at,
+ * for the next plans. Best effort: when the room cannot grow, nothing is kept.
+ */
+static void park_keys(kvp_scheduler *s, uint64_t id, const kvp_block_key *keys, size_t count)
+{
+    if (count == 0 || s->parked_id == id) {
+        return; /* nothing keyed, or parked already (unpark_keys checked the digests) */
+    }
+    s->parked_id = NO_REQUEST;
+    if (grow((void **)&s->parked, &s->parked_room, count + s->layers, sizeof *s->parked) != 0) {
+        return;
+    }
+    memcpy(s->parked, keys, count * sizeof *keys);
+    for (size_t l = 0; l < s->layers; l++) {
+        s->parked[count + l] = binding_digest(s, l);
+    }
+    s->parked_id = id;
+    s->parked_count = count;
+}
+
+/*
+ * 1 when request `id`'s prompt keys are parked, made under the bindings
+ * idle[0] has now, and copied to `keys`; 0 when they must be computed. The
+ * same id, rows and bindings give the same keys (kvpi_prompt_keys reads
+ * nothing else), so no admission changes: the plan only skips the rows and
+ * the hashing a request waiting at the head of the queue would redo.
+ */
+static int unpark_keys(const kvp_scheduler *s, uint64_t id, kvp_block_key *keys, size_t count)
+{
+    if (s->parked_id != id || s->parked_count != count) {
+        return 0;
+    }
+    for (size_t l = 0; l < s->layers; l++) {
+        kvp_block_key now = binding_digest(s, l);
+        if (now.lo != s->parked[count + l].lo || now.hi != s->parked[count + l].hi) {
+            return 0; /* a weight update since: the keys would differ */
+        }
+    }
+    memcpy(keys, s->parked, count * sizeof *keys);
+    return 1;
+}
+
 /*
  * FCFS admission while the head of the queue fits now, decided without
  * changing anything: each request asks kvp_pool_admit for the pages it
@@ -804,7 +880,8 @@ static size_t add_sat(size_t a, size_t b)
  * available ones, plus its samples' pages) plus what the requests planned
  * before it in this step asked. The rows each admitted request's prefill
  * reads, and its prompt keys, are made here (the scratch grows: an
- * ALLOCATION_FAILED still changes nothing). Needs a lease with current
+ * ALLOCATION_FAILED still changes nothing); the keys of the request it
+ * stops at are parked for the next plans (park_keys). Needs a lease with current
  * bindings in idle[0] when a request is keyed (kvp_scheduler_step makes one).
  */
 static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
@@ -835,6 +912,33 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             s->plan[p->popped++] = (planned){id, 0, 0, 0, 0, 0};
             continue;
         }
+        size_t key_blocks = 0;
+        size_t adoptable = 0; /* the prompt blocks it may adopt: the last token is computed */
+        if (keyed(s, q)) {
+            key_blocks = q->prompt_tokens / bt;
+            if (key_blocks > s->config.capacity / bt) {
+                key_blocks = s->config.capacity / bt;
+            }
+            adoptable = (q->prompt_tokens - 1) / bt;
+            adoptable = adoptable < key_blocks ? adoptable : key_blocks;
+        }
+        /*
+         * The best case first: every adoptable block a hit, no evictable
+         * page taken. The pages asked below are at least these (fewer hits
+         * ask more, evictable ones add), and kvp_pool_admit is monotone in
+         * the pages asked, so when even the best case is not NOW the request
+         * is not admitted now: stop before reading and hashing its rows.
+         */
+        status = kvp_pool_admit(s->pool,
+                                add_sat(request_pages(s, r, sample_tokens(s, r), adoptable),
+                                        asked),
+                                s->watermark_pages, &now, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+        if (now != KVP_ADMIT_NOW) {
+            break;
+        }
         size_t need_rows = rows_needed(s, r);
         if (grow((void **)&s->rows, &s->rows_room, rows + need_rows,
                  s->width * sizeof *s->rows) != 0) {
@@ -842,27 +946,24 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
                                    (rows + need_rows) * s->width * sizeof(double));
         }
         double *at = s->rows + rows * s->width;
-        fill_request(s, id, at);
-        size_t key_blocks = 0;
+        int filled = 0;
         size_t key_count = 0;
         size_t hits = 0;
         size_t evictable = 0;
-        if (keyed(s, q)) {
-            key_blocks = q->prompt_tokens / bt;
-            if (key_blocks > s->config.capacity / bt) {
-                key_blocks = s->config.capacity / bt;
-            }
+        if (key_blocks != 0) {
             key_count = kvpi_prompt_keys_count(s->layers, 1, key_blocks);
             if (grow((void **)&s->keys, &s->keys_room, keys + key_count, sizeof *s->keys) != 0) {
                 return kvpi_fail_alloc(err, "scheduler prefix keys",
                                        (keys + key_count) * sizeof *s->keys);
             }
             kvp_block_key *k = s->keys + keys;
-            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, at, q->prompt_tokens,
-                             s->width, key_blocks, k);
-            size_t adoptable = (q->prompt_tokens - 1) / bt; /* the last token is computed */
-            hits = kvpi_prefix_probe(s->pool, k, s->layers,
-                                     adoptable < key_blocks ? adoptable : key_blocks, &evictable);
+            if (!unpark_keys(s, id, k, key_count)) {
+                fill_request(s, id, at);
+                filled = 1;
+                kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, at, q->prompt_tokens,
+                                 s->width, key_blocks, k);
+            }
+            hits = kvpi_prefix_probe(s->pool, k, s->layers, adoptable, &evictable);
         }
         size_t need = add_sat(request_pages(s, r, sample_tokens(s, r), hits), evictable);
         status = kvp_pool_admit(s->pool, add_sat(need, asked), s->watermark_pages, &now, err);
@@ -870,7 +971,11 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             return status;
         }
         if (now != KVP_ADMIT_NOW) {
+            park_keys(s, id, s->keys + keys, key_count);
             break;
+        }
+        if (!filled) {
+            fill_request(s, id, at);
         }
         asked = add_sat(asked, need);
         s->plan[p->popped++] = (planned){id, 1, rows, keys, key_blocks, 0};
@@ -880,6 +985,33 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
         p->slots += q->samples;
     }
     return KVP_OK;
+}
+
+/*
+ * The longest request that may complete in this step's decode and publish
+ * its decoded blocks (publish_decoded): the running and newly admitted
+ * requests one token short of their budget. 0: none.
+ */
+static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
+{
+    size_t longest = 0;
+    for (size_t i = 0; i < s->running_count + p->popped; i++) {
+        uint64_t id;
+        if (i < s->running_count) {
+            id = s->running[i].id;
+        } else if (s->plan[i - s->running_count].admit) {
+            id = s->plan[i - s->running_count].id;
+        } else {
+            continue;
+        }
+        const record *r = &s->records[id];
+        const kvp_request *q = &r->request;
+        size_t len = q->prompt_tokens + q->max_new_tokens; /* within the capacity */
+        if (publishes(s, q) && r->generated + 1 >= q->max_new_tokens && len > longest) {
+            longest = len;
+        }
+    }
+    return longest;
 }
 
 /*
@@ -894,6 +1026,13 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
                     (p->slots > s->idle_count ? p->slots - s->idle_count : 0);
     /* Each request finishes once: the ones taken now and the running ones. */
     size_t finishing = s->done_count + p->popped + s->running_count;
+    size_t publish = publish_tokens(s, p);
+    size_t publish_keys = kvpi_prompt_keys_count(s->layers, 1, publish / s->block_tokens);
+    if (grow((void **)&s->rows, &s->rows_room, publish, s->width * sizeof *s->rows) != 0 ||
+        grow((void **)&s->keys, &s->keys_room, publish_keys, sizeof *s->keys) != 0) {
+        return kvpi_fail_alloc(err, "scheduler publication scratch",
+                               publish * s->width * sizeof(double));
+    }
     if (grow((void **)&s->running, &s->running_room, slots, sizeof *s->running) != 0 ||
         grow((void **)&s->idle, &s->idle_room, leases, sizeof *s->idle) != 0 ||
         grow((void **)&s->done, &s->done_room, finishing, sizeof *s->done) != 0 ||
@@ -1308,6 +1447,51 @@ static void make_room(kvp_scheduler *s, kvp_step_stats *st)
 }
 
 /*
+ * Sharing: request `id` completed. Before its pages go back, each sample
+ * publishes the full blocks of its whole sequence, prompt and decoded
+ * tokens, under the chain keys the plan computes for a prompt of the same
+ * rows (kvpi_prompt_keys): a later prompt holding this prompt and a
+ * sample's reply (a conversation's next turn) adopts them. The prompt's
+ * blocks are keyed once (they are published already: publishing them again
+ * changes nothing); each sample continues the chain over its own rows, as
+ * any sample's reply may be the one a later prompt holds. A stale lease
+ * publishes nothing. The rows and keys are the step's scratch, free once
+ * the prefills ran (prepare made the room: publish_tokens).
+ */
+static void publish_decoded(kvp_scheduler *s, uint64_t id)
+{
+    const record *rec = record_of(s, id);
+    const kvp_request *q = &rec->request;
+    size_t prompt = q->prompt_tokens;
+    size_t len = prompt + rec->generated;
+    size_t from = prompt / s->block_tokens;
+    size_t blocks = len / s->block_tokens;
+    if (!publishes(s, q) || blocks == from) {
+        return; /* nothing to key, or no full block holds a decoded token */
+    }
+    fill_rows(s, id, 0, 0, prompt, s->rows);
+    int prompt_keyed = 0;
+    for (size_t i = 0; i < s->running_count; i++) {
+        const slot *r = &s->running[i];
+        if (r->id != id || lease_stale(s, &r->lease)) {
+            continue;
+        }
+        assert(lease_len(&r->lease) == len);
+        kvp_cache *const *caches = lease_caches(&r->lease);
+        fill_rows(s, id, r->sample, prompt, len, s->rows + prompt * s->width);
+        kvpi_prompt_keys_from(caches, s->layers, s->rows, len, s->width,
+                              prompt_keyed ? from : 0, blocks, s->keys);
+        prompt_keyed = 1;
+        kvpi_pool_lock(s->pool);
+        /* The prompt's pages are registered under these very keys, the rest are fresh. */
+        kvp_status status = kvpi_prefix_publish_locked(caches, s->layers, s->keys, blocks, NULL);
+        kvpi_pool_unlock(s->pool);
+        assert(status == KVP_OK);
+        (void)status;
+    }
+}
+
+/*
  * One token for every running sequence. A job's failure fails its request
  * (all its samples); a decoder refusal is returned with nothing decoded.
  * Then every decoded token counts, its output goes to on_token, and the
@@ -1380,6 +1564,7 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
         if (rec->generated < rec->request.max_new_tokens) {
             continue;
         }
+        publish_decoded(s, id);
         retire_request(s, id);
         finish(s, id, 0, KVP_OK, NULL);
         st->finished++;

@@ -14,7 +14,9 @@
  * layer's K/V are found only under the exact model (identities, revisions,
  * RoPE, geometry, dtype) and prompt prefix that produced them.
  * The key, probe and publish helpers (share_internal.h) serve the
- * scheduler too, so the blocks it publishes are the ones sequences adopt.
+ * scheduler too, so the blocks it publishes are the ones sequences adopt;
+ * it also keys the blocks a request decoded, by the same chain over their
+ * input rows, so a later prompt holding prompt and reply adopts them.
  * Callers: the public API; src/serve (share_internal.h).
  */
 #include "serve/sequence_internal.h"
@@ -94,6 +96,13 @@ size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks)
 void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *rows,
                       size_t tokens, size_t width, size_t blocks, kvp_block_key *keys)
 {
+    kvpi_prompt_keys_from(caches, layers, rows, tokens, width, 0, blocks, keys);
+}
+
+void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double *rows,
+                           size_t tokens, size_t width, size_t from, size_t blocks,
+                           kvp_block_key *keys)
+{
     size_t batch = caches[0]->batch_size;
     size_t count = blocks * layers * batch;
     kvp_block_key *bindings = keys + count; /* each layer's binding digest */
@@ -112,7 +121,7 @@ void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *row
         bindings[l] = kvpi_block_key_chain(NULL, &bindings[l], &index, sizeof index, NULL);
     }
     size_t bt = caches[0]->block_tokens;
-    for (size_t j = 0; j < blocks; j++) {
+    for (size_t j = from; j < blocks; j++) {
         for (size_t l = 0; l < layers; l++) {
             for (size_t b = 0; b < batch; b++) {
                 const double *block = rows + (b * tokens + j * bt) * width;

@@ -32,6 +32,17 @@ void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *row
                       size_t tokens, size_t width, size_t blocks, kvp_block_key *keys);
 
 /*
+ * kvpi_prompt_keys for blocks [from, blocks) only, `keys` holding those of
+ * blocks [0, from) already (made from the same first from * block_tokens
+ * rows and the same bindings; the chain continues from them). The
+ * scheduler keys each sample's decoded blocks this way, after the prompt's
+ * blocks they all share.
+ */
+void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double *rows,
+                           size_t tokens, size_t width, size_t from, size_t blocks,
+                           kvp_block_key *keys);
+
+/*
  * How many leading blocks of `keys` (each block `per_block` = layers *
  * batch keys) the pool's index holds now, as kvpi_cache_adopt_locked would
  * adopt them, and of their pages how many are evictable (no table names
