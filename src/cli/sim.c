@@ -3,9 +3,16 @@
  * the library's scheduler (kvpager/scheduler.h has the schedule).
  *
  * Owns: the pool, model and decoder of a run, the scheduler over them, the
- * arrival of the workload's requests (each submitted at its arrival step,
- * in list order, so request i has scheduler id i), and the per-step record
- * the report and the plot read.
+ * arrival of the workload's requests, and the per-step record the report
+ * and the plot read. A request of turn 0 is submitted at its arrival step; a
+ * conversation's later turn (workload.h) is closed-loop: submitted at the
+ * step after the turn before it finished (completed or rejected: the user
+ * sends the next message anyway) plus its think steps, so its prompt, which
+ * holds that turn's reply, can adopt the reply's published blocks. The
+ * requests a step submits go in list order; scheduler ids follow submit
+ * order (index_of maps them back to the list), so without conversations
+ * request i has id i. Finishing steps are the scheduler's, deterministic,
+ * so the schedule does not depend on threads or timing.
  * Token inputs are pseudo-embeddings of (stream, sample, position) drawn
  * from the seed: a request's own stream is its index, positions below its
  * shared_tokens use one stream common to every request (a system prompt),
@@ -21,11 +28,12 @@
  * which bumps its revision; the scheduler then preempts the running requests
  * for recompute, and the prefix index can match no block of the old weights.
  * Verification (verify_every): the decoded outputs of requests 0, N, 2N, ...
- * are kept, and when such a request is collected (between two steps, so
- * under the weights it ran with) each sample is prefilled from scratch, all
- * its rows at once, on a fresh sequence of a private pool (no sharing) and
- * the outputs compared bit for bit. A request whose run saw a weight update
- * is not verified (counted as skipped): its tokens span two weight versions.
+ * of the workload list are kept, and when such a request is collected
+ * (between two steps, so under the weights it ran with) each sample is
+ * prefilled from scratch, all its rows at once, on a fresh sequence of a
+ * private pool (no sharing) and the outputs compared bit for bit. A request
+ * whose run saw a weight update is not verified (counted as skipped): its
+ * tokens span two weight versions.
  * Callers: simulate.c and bench.c, through sim.h. Public headers only.
  */
 #include "sim.h"
@@ -73,7 +81,14 @@ typedef struct sim {
     kvp_decoder *decoder;
     kvp_scheduler *scheduler;
     kvp_request_result *finished; /* [requests]: one collect's room */
-    size_t next_arrival;
+    size_t next_arrival;   /* list index of the next turn-0 request to submit */
+    size_t submitted;      /* requests submitted: the next scheduler id */
+    size_t *index_of;      /* [requests]: scheduler id -> list index */
+    size_t *finish_step;   /* [requests]: the step each finished in; SIZE_MAX until then */
+    size_t *pending;       /* [requests]: later turns whose previous turn finished, unsent */
+    size_t *due;           /* [requests]: pending[k]'s submit step is due[pending[k]] */
+    size_t pending_count;
+    size_t *batch;         /* [requests]: one step's due later turns, in list order */
     double held_slots;
     double used_slots;
     double utilization_sum;
@@ -136,21 +151,22 @@ static void request_row(uint64_t seed, const kvp_workload_request *r, size_t sam
     embed(seed, stream, position, row, width);
 }
 
-/* Whether request `id`'s outputs are verified: ids 0, N, 2N, ... */
-static int chosen(const sim *s, uint64_t id)
+/* Whether list request `i`'s outputs are verified: 0, N, 2N, ... */
+static int chosen(const sim *s, size_t i)
 {
-    return s->config->verify_every != 0 && id % s->config->verify_every == 0;
+    return s->config->verify_every != 0 && i % s->config->verify_every == 0;
 }
 
-/* The scheduler's input callback: request `id` is workload request `id`. */
+/* The scheduler's input callback: request `id` is workload request index_of[id]. */
 static void input_row(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
                       size_t width)
 {
     sim *s = ctx;
-    if (s->first_epoch != NULL && s->first_epoch[id] == SIZE_MAX) {
-        s->first_epoch[id] = s->epoch;
+    size_t i = s->index_of[id];
+    if (s->first_epoch != NULL && s->first_epoch[i] == SIZE_MAX) {
+        s->first_epoch[i] = s->epoch;
     }
-    request_row(s->config->seed, &s->workload->requests[id], sample, position, row, width);
+    request_row(s->config->seed, &s->workload->requests[i], sample, position, row, width);
 }
 
 /*
@@ -162,20 +178,21 @@ static void on_token(void *ctx, uint64_t id, size_t sample, size_t position,
 {
     sim *s = ctx;
     s->result->output_checksum += output[0];
-    if (!chosen(s, id) || s->outputs == NULL) {
+    size_t i = s->index_of[id];
+    if (!chosen(s, i) || s->outputs == NULL) {
         return;
     }
-    const kvp_workload_request *r = &s->workload->requests[id];
-    if (s->outputs[id] == NULL) {
+    const kvp_workload_request *r = &s->workload->requests[i];
+    if (s->outputs[i] == NULL) {
         size_t count = s->config->samples * r->output_tokens * width;
-        s->outputs[id] = kvp_cli_calloc(count, sizeof(double));
-        if (s->outputs[id] == NULL) {
+        s->outputs[i] = kvp_cli_calloc(count, sizeof(double));
+        if (s->outputs[i] == NULL) {
             s->callback_bytes = count * sizeof(double);
             return;
         }
     }
     size_t token = position - r->prompt_tokens;
-    memcpy(s->outputs[id] + (sample * r->output_tokens + token) * width, output,
+    memcpy(s->outputs[i] + (sample * r->output_tokens + token) * width, output,
            width * sizeof(double));
 }
 
@@ -288,6 +305,16 @@ static int setup(sim *s)
     if (s->finished == NULL) {
         return out_of_memory(s, "the finished requests", n * sizeof *s->finished);
     }
+    size_t **lists[] = {&s->index_of, &s->finish_step, &s->pending, &s->due, &s->batch};
+    for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
+        *lists[k] = kvp_cli_alloc(n, sizeof(size_t));
+        if (*lists[k] == NULL) {
+            return out_of_memory(s, "the request schedule", n * sizeof(size_t));
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        s->finish_step[i] = SIZE_MAX;
+    }
     kvp_pool_stats stats;
     kvp_pool_stats_init(&stats);
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
@@ -337,10 +364,24 @@ static int grow(void **items, size_t *room, size_t need, size_t size)
     return 0;
 }
 
-/* Submits request i of the workload; its scheduler id is i. */
-static int submit(sim *s, size_t i)
+/*
+ * Submits request i of the workload at `step`; its scheduler id is the
+ * count submitted before it. A later turn's gap after its previous turn
+ * finished goes into the figures (0: that turn had not finished).
+ */
+static int submit(sim *s, size_t i, size_t step)
 {
     const kvp_workload_request *w = &s->workload->requests[i];
+    kvp_sim_result *res = s->result;
+    if (w->turn > 0) {
+        size_t finished = s->finish_step[i - 1];
+        size_t gap = finished < step ? step - finished : 0;
+        if (res->later_turns == 0 || gap < res->turn_gap_min) {
+            res->turn_gap_min = gap;
+        }
+        res->later_turns++;
+    }
+    s->index_of[s->submitted] = i; /* before submitting: the callbacks may look it up */
     kvp_request request;
     kvp_request_init(&request);
     request.prompt_tokens = w->prompt_tokens;
@@ -353,7 +394,89 @@ static int submit(sim *s, size_t i)
     if (kvp_scheduler_submit(s->scheduler, &request, &id, s->err) != KVP_OK) {
         return fail(s, "submitting a request");
     }
+    s->submitted++;
     return 0;
+}
+
+/* Moves next_arrival past later turns: they are submitted when their previous turn finishes. */
+static void skip_later_turns(sim *s)
+{
+    const kvp_workload *w = s->workload;
+    while (s->next_arrival < w->count && w->requests[s->next_arrival].turn > 0) {
+        s->next_arrival++;
+    }
+}
+
+/* The next step something is due to be submitted at; SIZE_MAX when nothing is. */
+static size_t next_due(const sim *s)
+{
+    const kvp_workload *w = s->workload;
+    size_t next = s->next_arrival < w->count ? w->requests[s->next_arrival].arrival_step
+                                             : SIZE_MAX;
+    for (size_t k = 0; k < s->pending_count; k++) {
+        next = s->due[s->pending[k]] < next ? s->due[s->pending[k]] : next;
+    }
+    return next;
+}
+
+/*
+ * Submits what is due at `step`, in list order: the turn-0 requests that
+ * have arrived and the later turns whose think time after their previous
+ * turn is over.
+ */
+static int submit_due(sim *s, size_t step)
+{
+    const kvp_workload *w = s->workload;
+    size_t ready = 0;
+    size_t kept = 0;
+    for (size_t k = 0; k < s->pending_count; k++) {
+        size_t i = s->pending[k];
+        if (s->due[i] <= step) {
+            size_t j = ready++;
+            for (; j > 0 && s->batch[j - 1] > i; j--) {
+                s->batch[j] = s->batch[j - 1];
+            }
+            s->batch[j] = i;
+        } else {
+            s->pending[kept++] = i;
+        }
+    }
+    s->pending_count = kept;
+    size_t b = 0;
+    skip_later_turns(s);
+    for (;;) {
+        size_t arrived = s->next_arrival < w->count &&
+                                 w->requests[s->next_arrival].arrival_step <= step
+                             ? s->next_arrival
+                             : SIZE_MAX;
+        size_t later = b < ready ? s->batch[b] : SIZE_MAX;
+        if (arrived == SIZE_MAX && later == SIZE_MAX) {
+            return 0;
+        }
+        if (arrived < later) {
+            s->next_arrival++;
+            skip_later_turns(s);
+        } else {
+            b++;
+        }
+        if (submit(s, arrived < later ? arrived : later, step) != 0) {
+            return -1;
+        }
+    }
+}
+
+/*
+ * Request i finished (completed or rejected) in `step`: its conversation's
+ * next turn, if any, is due at the next step plus its think time.
+ */
+static void finished_at(sim *s, size_t i, size_t step)
+{
+    const kvp_workload *w = s->workload;
+    s->finish_step[i] = step;
+    if (i + 1 < w->count && w->requests[i + 1].turn > 0) {
+        s->due[i + 1] = step + 1 + w->requests[i + 1].think_steps;
+        s->pending[s->pending_count++] = i + 1;
+    }
 }
 
 /*
@@ -361,10 +484,10 @@ static int submit(sim *s, size_t i)
  * this file) and compares its decoded outputs with the kept ones, bit for
  * bit: one mismatch per differing token.
  */
-static int verify(sim *s, uint64_t id)
+static int verify(sim *s, size_t i)
 {
     const kvp_sim_config *c = s->config;
-    const kvp_workload_request *r = &s->workload->requests[id];
+    const kvp_workload_request *r = &s->workload->requests[i];
     size_t width = c->model_width;
     size_t tokens = r->prompt_tokens + r->output_tokens;
     if (s->verify_epoch != s->epoch) {
@@ -387,7 +510,7 @@ static int verify(sim *s, uint64_t id)
                                  tokens * width, s->err) != KVP_OK) {
             return fail(s, "verifying a request");
         }
-        const double *kept = s->outputs[id] + sample * r->output_tokens * width;
+        const double *kept = s->outputs[i] + sample * r->output_tokens * width;
         for (size_t k = 0; k < r->output_tokens; k++) {
             const double *fresh = s->verify_out + (r->prompt_tokens + k) * width;
             if (memcmp(fresh, kept + k * width, width * sizeof(double)) != 0) {
@@ -402,23 +525,26 @@ static int verify(sim *s, uint64_t id)
 /* A finished request: verified when chosen, unless a weight update fell in its run. */
 static int check_finished(sim *s, const kvp_request_result *done)
 {
-    uint64_t id = done->id;
-    if (s->outputs == NULL || !chosen(s, id) || done->rejected) {
+    size_t i = s->index_of[done->id];
+    if (s->outputs == NULL || !chosen(s, i) || done->rejected) {
         return 0;
     }
     int status = 0;
-    if (s->first_epoch[id] != s->epoch) {
+    if (s->first_epoch[i] != s->epoch) {
         s->result->verify_skipped++;
-    } else if (s->outputs[id] != NULL) {
-        status = verify(s, id);
+    } else if (s->outputs[i] != NULL) {
+        status = verify(s, i);
     }
-    kvp_cli_free(s->outputs[id]);
-    s->outputs[id] = NULL;
+    kvp_cli_free(s->outputs[i]);
+    s->outputs[i] = NULL;
     return status;
 }
 
-/* Takes the finished requests; one that failed fails the run with its error. */
-static int collect(sim *s)
+/*
+ * Takes the requests that finished in `step`; one that failed fails the run
+ * with its error.
+ */
+static int collect(sim *s, size_t step)
 {
     size_t n = 0;
     if (s->workload->count > 0) {
@@ -433,6 +559,7 @@ static int collect(sim *s)
             *s->err = s->finished[i].error;
             return fail(s, "serving a request");
         }
+        finished_at(s, s->index_of[s->finished[i].id], step);
         if (check_finished(s, &s->finished[i]) != 0) {
             return -1;
         }
@@ -569,11 +696,8 @@ static void read_counters(sim *s)
 
 static int step_once(sim *s, size_t step)
 {
-    const kvp_workload *w = s->workload;
-    while (s->next_arrival < w->count && w->requests[s->next_arrival].arrival_step <= step) {
-        if (submit(s, s->next_arrival++) != 0) {
-            return -1;
-        }
+    if (submit_due(s, step) != 0) {
+        return -1;
     }
     kvp_step_stats st;
     kvp_step_stats_init(&st);
@@ -583,7 +707,7 @@ static int step_once(sim *s, size_t step)
     if (s->callback_bytes != 0) {
         return out_of_memory(s, "a verified request's outputs", s->callback_bytes);
     }
-    if (collect(s) != 0) {
+    if (collect(s, step) != 0) {
         return -1;
     }
     if (st.decoded == 0 && st.running == 0 && st.waiting > 0 && st.preempted == 0) {
@@ -621,9 +745,12 @@ static int run_loop(sim *s, kvp_sim_progress_fn progress, void *ctx)
         if (kvp_scheduler_stats_get(s->scheduler, &stats, s->err) != KVP_OK) {
             return fail(s, "reading scheduler stats");
         }
-        if (stats.running == 0 && stats.waiting == 0 && s->next_arrival < w->count &&
-            w->requests[s->next_arrival].arrival_step > step) {
-            step = w->requests[s->next_arrival].arrival_step; /* skip idle steps */
+        if (stats.running == 0 && stats.waiting == 0) {
+            skip_later_turns(s);
+            size_t next = next_due(s);
+            if (next != SIZE_MAX && next > step) {
+                step = next; /* skip idle steps */
+            }
         }
         size_t every = s->config->update_every;
         if (every != 0 && s->result->steps > 0 && s->result->steps % every == 0 &&
@@ -678,6 +805,11 @@ static void teardown(sim *s)
         kvp_model_destroy(s->model, NULL);
     }
     kvp_cli_free(s->finished);
+    kvp_cli_free(s->index_of);
+    kvp_cli_free(s->finish_step);
+    kvp_cli_free(s->pending);
+    kvp_cli_free(s->due);
+    kvp_cli_free(s->batch);
     if (s->outputs != NULL) {
         for (size_t i = 0; i < s->workload->count; i++) {
             kvp_cli_free(s->outputs[i]);

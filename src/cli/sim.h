@@ -5,9 +5,13 @@
  * threads), and the numbers the report prints.
  *
  * Owns: one pool, one model, one decoder and one scheduler per run. Each
- * step, the requests that arrive by then are submitted (request i of the
- * workload becomes scheduler request i), the scheduler steps once, and the
- * step's pages and running sequences are recorded.
+ * step, the requests due by then are submitted, the scheduler steps once,
+ * and the step's pages and running sequences are recorded. A request of
+ * turn 0 (workload.h) is due at its arrival step; a conversation's later
+ * turn is closed-loop: due at the step after the turn before it finished
+ * (completed, or rejected: the user sends the next message anyway) plus its
+ * think_steps. Scheduler ids go in submit order (request i of the workload
+ * is id i when there are no later turns).
  * Token inputs are pseudo-embeddings of (stream, sample, position) drawn
  * from the seed (workload.h: a request's stream, and its shared prefix), so a
  * recomputed request sees exactly the inputs it saw before.
@@ -43,7 +47,7 @@ typedef struct kvp_sim_config {
     size_t samples;         /* continuations per request (kvp_request.samples) */
     int sharing;            /* kvp_scheduler_config.sharing: fork, prefix index (default 1) */
     size_t update_every;    /* scheduler steps between weight updates; 0: never */
-    size_t verify_every;    /* verify requests 0, N, 2N, ... (by id); 0: none */
+    size_t verify_every;    /* verify requests 0, N, 2N, ... (by workload index); 0: none */
 } kvp_sim_config;
 
 /* One scheduler step, for the plot. */
@@ -121,6 +125,11 @@ typedef struct kvp_sim_result {
     size_t verify_mismatches;      /* decoded tokens whose outputs differed from the recompute */
     size_t verify_skipped;         /* chosen requests not verified: a weight update fell in
                                       their run (their tokens span two weight versions) */
+    /* conversations (workload.h: turns above 0) */
+    size_t later_turns;            /* turns submitted after the turn before them finished */
+    size_t turn_gap_min;           /* the fewest steps from a turn finishing to its next turn's
+                                      submission; 0 would be a turn submitted before the one
+                                      before it finished (open loop). 0 when later_turns is 0 */
 } kvp_sim_result;
 
 typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t step);

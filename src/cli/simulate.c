@@ -146,7 +146,11 @@ static void simulate_usage(FILE *out)
             "                       ShareGPT's 3.51 turns on average: each turn's prompt is\n"
             "                       the whole earlier conversation plus a new message of\n"
             "                       ~94 tokens, reply ~348, sigma 1.0; --requests counts\n"
-            "                       turns) (default sharegpt)\n"
+            "                       turns; a first turn arrives by --arrival, each later\n"
+            "                       turn is closed-loop: sent an exponential think time\n"
+            "                       (mean 16 steps) after the turn before it finished, as a\n"
+            "                       user reads the reply first, so it can reuse the reply's\n"
+            "                       cached K/V) (default sharegpt)\n"
             "  --prompt-mean X      mean prompt tokens, 1 to capacity - 1 (default: the\n"
             "                       profile's)\n"
             "  --output-mean X      mean output tokens, 1 to capacity - 1 (default: the\n"
@@ -660,7 +664,7 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
     size_t prompt_rows = mul(pages, c->block_tokens, &overflow) / c->layers;
     prompt_rows = prompt_rows > c->capacity ? prompt_rows : c->capacity;
     size_t prompt = mul(mul(prompt_rows, d, &overflow), sizeof(double), &overflow);
-    size_t list = mul(requests, sizeof(kvp_workload_request) + 2 * sizeof(size_t), &overflow);
+    size_t list = mul(requests, sizeof(kvp_workload_request) + 7 * sizeof(size_t), &overflow);
     size_t metadata = mul(pages, 3 * sizeof(uint32_t), &overflow);
     memory_part parts[] = {
         {"the pool", FLAG_BUDGET, FLAG_COUNT_,
@@ -812,6 +816,12 @@ static void print_sharing(const options *o, const kvp_sim_result *r, const kvp_s
             printf("\n");
         }
     }
+    if (r->later_turns > 0) {
+        printf("conversation turns      %zu later turns, each sent after the turn before it "
+               "finished\n"
+               "                        (closed loop): at least %zu steps after it\n",
+               r->later_turns, r->turn_gap_min);
+    }
     if (c->verify_every != 0) {
         printf("verify                  %zu sample sequences recomputed from scratch (requests "
                "0, %zu, %zu, ...): %zu mismatches;\n"
@@ -929,6 +939,8 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_uint(json, "verified", r->verified);
     kvp_json_uint(json, "verify_mismatches", r->verify_mismatches);
     kvp_json_uint(json, "verify_skipped", r->verify_skipped);
+    kvp_json_uint(json, "later_turns", r->later_turns);
+    kvp_json_double(json, "turn_gap_min", r->later_turns > 0 ? (double)r->turn_gap_min : NAN);
     if (off == NULL) {
         kvp_json_double(json, "sharing_concurrency_ratio", NAN);
         kvp_json_double(json, "no_sharing", NAN);
@@ -947,6 +959,9 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_uint(json, "peak_held_pages", off->peak_held_pages);
     kvp_json_double(json, "mean_held_pages", off->mean_held_pages);
     kvp_json_uint(json, "preemptions", off->preemptions);
+    kvp_json_uint(json, "later_turns", off->later_turns);
+    kvp_json_double(json, "turn_gap_min",
+                    off->later_turns > 0 ? (double)off->turn_gap_min : NAN);
     kvp_json_uint(json, "pages_leaked", off->pages_leaked);
     kvp_json_uint(json, "audit_failures", off->audit_failures);
     kvp_json_object_end(json);

@@ -133,27 +133,14 @@ static size_t draw_arrival(const kvp_workload_spec *spec, size_t i, double *cloc
     return step;
 }
 
-/* Stable merge sort by arrival step (turns of conversations interleave). */
-static void sort_by_arrival(kvp_workload_request *items, kvp_workload_request *scratch, size_t n)
-{
-    for (size_t width = 1; width < n; width *= 2) {
-        for (size_t lo = 0; lo < n; lo += 2 * width) {
-            size_t mid = lo + width < n ? lo + width : n;
-            size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
-            size_t a = lo;
-            size_t b = mid;
-            size_t k = lo;
-            while (a < mid || b < hi) {
-                int take_a = b >= hi || (a < mid && items[a].arrival_step <= items[b].arrival_step);
-                scratch[k++] = take_a ? items[a++] : items[b++];
-            }
-        }
-        memcpy(items, scratch, n * sizeof *items);
-    }
-}
-
-/* Multi-turn chats (workload.h): conversations start by the arrival process. */
-static int generate_conversations(const kvp_workload_spec *spec, kvp_workload_request *requests)
+/*
+ * Multi-turn chats (workload.h): conversations start by the arrival process;
+ * a later turn's think time is drawn where the open-loop generator drew it
+ * (the arrivals stream, after the turn before it), so lengths and think
+ * times are what they were when turns arrived at fixed steps.
+ */
+static void generate_conversations(const kvp_workload_spec *spec,
+                                   kvp_workload_request *requests)
 {
     uint64_t lengths = spec->seed ^ 0x6C656E67746873ull; /* independent streams */
     uint64_t arrivals = spec->seed ^ 0x617272697661ull;
@@ -166,7 +153,8 @@ static int generate_conversations(const kvp_workload_spec *spec, kvp_workload_re
     for (uint64_t conversation = 0; count < spec->requests; conversation++) {
         size_t step = draw_arrival(spec, (size_t)conversation, &clock, &arrivals);
         size_t context = shared;
-        for (;;) {
+        size_t think = 0;
+        for (size_t turn = 0;; turn++) {
             /* Room for at least one message token and one reply token. */
             if (context + 2 > spec->capacity) {
                 break;
@@ -177,25 +165,19 @@ static int generate_conversations(const kvp_workload_spec *spec, kvp_workload_re
             r->prompt_tokens = context + message;
             r->output_tokens = draw_length(spec, spec->output_mean,
                                            spec->capacity - r->prompt_tokens, &lengths);
-            r->arrival_step = step;
+            r->arrival_step = turn == 0 ? step : 0;
             r->shared_tokens = shared;
             r->stream = conversation;
+            r->turn = turn;
+            r->think_steps = think;
             count++;
             context = r->prompt_tokens + r->output_tokens;
-            double think = -log(unit_open(&arrivals)) * KVP_CONVERSATION_THINK_STEPS;
-            step += r->output_tokens + (size_t)floor(think);
+            think = (size_t)floor(-log(unit_open(&arrivals)) * KVP_CONVERSATION_THINK_STEPS);
             if (count == spec->requests || unit_open(&turns) >= next_turn) {
                 break;
             }
         }
     }
-    kvp_workload_request *scratch = kvp_cli_alloc(spec->requests, sizeof *scratch);
-    if (scratch == NULL) {
-        return -1;
-    }
-    sort_by_arrival(requests, scratch, spec->requests);
-    kvp_cli_free(scratch);
-    return 0;
 }
 
 int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
@@ -205,10 +187,7 @@ int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
         return -1;
     }
     if (spec->profile == KVP_PROFILE_CONVERSATION) {
-        if (generate_conversations(spec, requests) != 0) {
-            kvp_cli_free(requests);
-            return -1;
-        }
+        generate_conversations(spec, requests);
         out->requests = requests;
         out->count = spec->requests;
         return 0;

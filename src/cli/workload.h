@@ -2,10 +2,14 @@
  * workload.h: the requests a simulation serves.
  *
  * Owns: request lists, generated from a named profile with fixed seeds or
- * read from a trace file. A request arrives at a scheduler step, brings a
- * prompt of prompt_tokens and wants output_tokens generated. Invariant of
- * every list: sorted by arrival (stable), every request has
- * prompt_tokens >= 1, output_tokens >= 1 and prompt + output <= capacity.
+ * read from a trace file. A request arrives at a scheduler step (turn 0),
+ * or, a conversation's later turn, think_steps after the turn before it
+ * finishes (closed loop, below); it brings a prompt of prompt_tokens and
+ * wants output_tokens generated. Invariants of every list: the requests of
+ * turn 0 are sorted by arrival (stable), a request of turn k > 0 comes
+ * right after the one of turn k - 1 of its conversation (same stream),
+ * every request has prompt_tokens >= 1, output_tokens >= 1 and
+ * prompt + output <= capacity. Only conversation makes turns above 0.
  *
  * Profiles (published dataset statistics, as in the vLLM paper):
  *   sharegpt      mean prompt 161, mean output 338; lognormal lengths, heavy-tailed
@@ -24,11 +28,14 @@
  * sources at hand when this was written, so they are an assumption (the
  * means used: 94 and 348). The shapes are assumptions too: turns per
  * conversation geometric on {1, 2, ...} with mean 3.51, lengths lognormal
- * with sigma 1.0 as the sharegpt profile's. A conversation's next turn
- * arrives its reply's length in steps after the turn (the fastest the reply
- * can be generated, one token per step) plus a think time, exponential with
- * mean 16 steps; a conversation ends early when its next turn would not
- * leave room for one message and one reply token in `capacity`.
+ * with sigma 1.0 as the sharegpt profile's. A conversation's first turn
+ * arrives by the arrival process; each later turn is closed-loop, as a user
+ * sends the next message only after reading the reply: it is submitted a
+ * think time after the turn before it finishes (sim.h), exponential with
+ * mean 16 steps (think_steps, drawn here). A conversation ends early when
+ * its next turn would not leave room for one message and one reply token in
+ * `capacity`. The list holds each conversation's turns in a row, the
+ * conversations in the order they start.
  * Shared prefix (shared_prefix > 0): every request's prompt starts with the
  * same shared_prefix tokens (a system prompt), counted in prompt_tokens;
  * the drawn prompt follows it, so prompt + output stays within capacity.
@@ -51,6 +58,10 @@ typedef struct kvp_workload_request {
     size_t shared_tokens;  /* leading prompt positions every request shares (--shared-prefix) */
     uint64_t stream;       /* whose pseudo-embeddings the other positions are: the request's
                               index, or its conversation's number (all of its turns share it) */
+    size_t turn;           /* 0: arrives at arrival_step; k > 0: turn k of a conversation,
+                              submitted think_steps after the request before it in the list
+                              (turn k - 1) finishes; arrival_step is then unused (0) */
+    size_t think_steps;    /* turn > 0: the user's think time, in steps */
 } kvp_workload_request;
 
 typedef struct kvp_workload {

@@ -10,7 +10,7 @@
 #          line, column and value, and run nothing), a one-row trace's
 #          figures against values computed by hand, the exact --json key
 #          set, the targets line, the SVG plot, and the sharegpt targets at
-#          the default budget.
+#          the default budget, and conversations' closed-loop turns.
 #   quick  one small simulation with real attention on two threads.
 set -eu
 work=$1
@@ -218,7 +218,8 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "prompt_tokens", "prefix_hit_tokens", "prefix_hit_rate", "pages_saved_ratio",
        "peak_held_pages", "mean_held_pages", "forks", "evictions", "cow_copies",
        "weight_updates", "stale_preemptions", "update_windows", "verified",
-       "verify_mismatches", "verify_skipped", "sharing_concurrency_ratio", "no_sharing"}
+       "verify_mismatches", "verify_skipped", "later_turns", "turn_gap_min",
+       "sharing_concurrency_ratio", "no_sharing"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
           "budget_bytes", "kv_dtype", "capacity", "threads", "seed", "watermark",
@@ -282,6 +283,36 @@ status=0
 grep -q '<svg' "$work/plot.svg" || fail "no SVG written"
 [ "$(grep -c '<polyline' "$work/plot.svg")" = 4 ] ||
     fail "the SVG lacks its four series (held, cached, evictable pages; running sequences)"
+
+# Conversations are closed-loop: every later turn is sent after the turn
+# before it finished (turn_gap_min >= 1), in the run with sharing and in the
+# one without, and its prompt adopts the earlier turns' blocks. The schedule
+# is the same on 1 and 2 threads and without attention; a small budget
+# rejects turns, and the next turn is sent anyway (the run still ends).
+conv="--profile conversation --requests 24 --prompt-mean 16 --output-mean 24 --capacity 512
+      --quiet --json"
+"$@" simulate $conv --budget 1MiB --threads 2 --verify 5 > "$work/conv2.json"
+"$@" simulate $conv --budget 1MiB --threads 1 > "$work/conv1.json"
+"$@" simulate $conv --budget 1MiB --no-compute > "$work/conv0.json"
+"$@" simulate $conv --budget 256KiB --no-compute > "$work/convr.json"
+python3 - "$work" <<'PY'
+import json, sys
+two, one, none, rejecting = (json.load(open(f"{sys.argv[1]}/conv{n}.json"))
+                             for n in ("2", "1", "0", "r"))
+for r in (two, none, rejecting):
+    for run in (r, r["no_sharing"]):
+        assert run["later_turns"] > 0 and run["turn_gap_min"] >= 1, run
+    assert r["requests_completed"] + r["requests_rejected"] == 24, r
+assert two["requests_completed"] == 24 and two["prefix_hit_rate"] > 0.3, two
+assert rejecting["requests_rejected"] > 0 and rejecting["later_turns"] == 16, rejecting
+assert two["verified"] > 0 and two["verify_mismatches"] == 0, two
+same = ["steps", "preemptions", "prompt_tokens", "prefix_hit_tokens", "later_turns",
+        "turn_gap_min", "prefill_tokens", "page_acquires", "evictions"]
+for k in same:
+    assert two[k] == one[k] == none[k], f"{k}: {two[k]}, {one[k]}, {none[k]}"
+assert two["output_checksum"] == one["output_checksum"], "threads changed the outputs"
+print(f"check_simulate: conversation turns closed-loop, hit rate {two['prefix_hit_rate']:.2f}")
+PY
 
 # The sharegpt targets at the default budget. The schedule does not depend on
 # the attention arithmetic (checked above), so the allocator-only run shows

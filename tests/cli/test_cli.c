@@ -303,11 +303,12 @@ static void test_cli_workload_shared_prefix_prepends_the_same_tokens(void **stat
 }
 
 /*
- * --profile conversation: sorted by arrival; each turn of a conversation
- * (one stream) has the whole earlier conversation as its prompt's start, so
- * its prompt is at least the previous turn's prompt + output + 1, and it
- * arrives no earlier than the previous turn's reply could be done; the
- * turns average near ShareGPT's 3.51 per conversation.
+ * --profile conversation: each conversation's turns in a row, the first
+ * turns sorted by arrival; a later turn has no arrival step of its own (it
+ * is sent think_steps after the turn before it finishes: closed loop) and
+ * has the whole earlier conversation as its prompt's start, so its prompt is
+ * at least the previous turn's prompt + output + 1; the turns average near
+ * ShareGPT's 3.51 per conversation and the think times near 16 steps.
  */
 static void test_cli_workload_conversation_grows_each_turn(void **state)
 {
@@ -321,41 +322,37 @@ static void test_cli_workload_conversation_grows_each_turn(void **state)
     kvp_workload w = {NULL, 0};
     assert_int_equal(kvp_workload_generate(&spec, &w), 0);
     assert_int_equal(w.count, 4000);
-    enum { MAX_STREAMS = 4000 };
-    static size_t last_end[MAX_STREAMS];  /* prompt + output of the stream's last turn */
-    static size_t last_ready[MAX_STREAMS]; /* its arrival + output */
-    static int turns[MAX_STREAMS];
-    memset(turns, 0, sizeof turns);
     size_t streams = 0;
+    size_t last_arrival = 0;
+    double think = 0.0;
     for (size_t i = 0; i < w.count; i++) {
         const kvp_workload_request *r = &w.requests[i];
-        if (i > 0) {
-            assert_true(r->arrival_step >= w.requests[i - 1].arrival_step);
-        }
-        assert_true(r->stream < MAX_STREAMS);
         assert_int_equal(r->shared_tokens, 7);
         assert_true(r->output_tokens >= 1 && r->prompt_tokens + r->output_tokens <= spec.capacity);
-        size_t s = (size_t)r->stream;
-        if (turns[s] == 0) {
+        if (r->turn == 0) {
+            assert_int_equal(r->stream, streams); /* numbered without gaps, in order */
+            assert_true(r->arrival_step >= last_arrival);
+            assert_int_equal(r->think_steps, 0);
             assert_true(r->prompt_tokens >= 8); /* the prefix and a message */
-            streams = s + 1 > streams ? s + 1 : streams;
+            last_arrival = r->arrival_step;
+            streams++;
         } else {
-            assert_true(r->prompt_tokens >= last_end[s] + 1);
-            assert_true(r->arrival_step >= last_ready[s]);
+            const kvp_workload_request *before = &w.requests[i - 1];
+            assert_true(i > 0 && before->stream == r->stream && before->turn + 1 == r->turn);
+            assert_int_equal(r->arrival_step, 0);
+            assert_true(r->prompt_tokens >= before->prompt_tokens + before->output_tokens + 1);
+            think += (double)r->think_steps;
         }
-        turns[s]++;
-        last_end[s] = r->prompt_tokens + r->output_tokens;
-        last_ready[s] = r->arrival_step + r->output_tokens;
-    }
-    for (size_t s = 0; s < streams; s++) {
-        assert_true(turns[s] >= 1); /* streams are numbered without gaps */
     }
     double mean = (double)w.count / (double)streams;
     assert_true(mean > 3.0 && mean < 4.0);
+    /* floor of an exponential of mean 16: mean near 15.5 */
+    think /= (double)(w.count - streams);
+    assert_true(think > 14.0 && think < 17.0);
     kvp_workload_free(&w);
-    /* The sort's scratch failing is out of memory too, with nothing left allocated. */
+    /* The list failing is out of memory, with nothing left allocated. */
     spec.requests = 10;
-    kvp_cli_fault_arm(2);
+    kvp_cli_fault_arm(1);
     assert_int_equal(kvp_workload_generate(&spec, &w), -1);
     kvp_cli_fault_arm(0);
     assert_null(w.requests);
