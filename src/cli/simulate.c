@@ -817,10 +817,10 @@ static void print_sharing(const options *o, const kvp_sim_result *r, const kvp_s
         }
     }
     if (r->later_turns > 0) {
-        printf("conversation turns      %zu later turns, each sent after the turn before it "
-               "finished\n"
-               "                        (closed loop): at least %zu steps after it\n",
-               r->later_turns, r->turn_gap_min);
+        printf("conversation turns      %zu later turns sent closed-loop: each at least %zu "
+               "step%s after\n"
+               "                        the turn before it finished\n",
+               r->later_turns, r->turn_gap_min, r->turn_gap_min == 1 ? "" : "s");
     }
     if (c->verify_every != 0) {
         printf("verify                  %zu sample sequences recomputed from scratch (requests "
