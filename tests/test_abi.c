@@ -320,6 +320,53 @@ static void test_abi_info_structs(void **state)
     kvpt_destroy_model(model);
 }
 
+/*
+ * An old caller's scheduler config (first release: no schedule) is read up
+ * to its struct_size only: the schedule defaults to FCFS, whatever lies past
+ * it (guard bytes there would be an invalid schedule, refused, if read).
+ */
+static void test_abi_scheduler_config_old_caller(void **state)
+{
+    (void)state;
+    assert_int_equal(KVPI_SCHEDULER_CONFIG_SIZE_FIRST, 8 * sizeof(uint64_t));
+    kvp_pool_config pool_config = small_config();
+    kvp_pool *pool = NULL;
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&pool_config, &pool, &err), &err);
+    kvpt_assert_ok(kvp_model_create_random_grouped(1, 16, 2, 2, 8, 10000.0, 1, &model, &err),
+                   &err);
+    kvp_scheduler_config full;
+    kvp_scheduler_config_init(&full);
+    assert_int_equal(full.schedule, KVP_SCHEDULE_FCFS);
+    full.struct_size = KVPI_SCHEDULER_CONFIG_SIZE_FIRST;
+    full.capacity = 8;
+    full.compute = 0;
+
+    unsigned char *exact = exact_block(KVPI_SCHEDULER_CONFIG_SIZE_FIRST, 0);
+    memcpy(exact, &full, KVPI_SCHEDULER_CONFIG_SIZE_FIRST);
+    kvp_scheduler *scheduler = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, NULL,
+                                        (const kvp_scheduler_config *)(void *)exact,
+                                        &scheduler, &err),
+                   &err);
+    free(exact);
+    kvpt_assert_ok(kvp_scheduler_destroy(scheduler, NULL), NULL);
+
+    unsigned char guarded[sizeof(kvp_scheduler_config) + GUARD_BYTES];
+    memset(guarded, GUARD, sizeof guarded);
+    memcpy(guarded, &full, KVPI_SCHEDULER_CONFIG_SIZE_FIRST);
+    scheduler = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, NULL,
+                                        (const kvp_scheduler_config *)(void *)guarded,
+                                        &scheduler, &err),
+                   &err);
+    assert_guard(guarded, KVPI_SCHEDULER_CONFIG_SIZE_FIRST, sizeof guarded);
+    kvpt_assert_ok(kvp_scheduler_destroy(scheduler, NULL), NULL);
+    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
+    kvpt_destroy_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +376,7 @@ int main(void)
         cmocka_unit_test(test_abi_pool_config_newer_caller),
         cmocka_unit_test(test_abi_pool_stats_old_caller),
         cmocka_unit_test(test_abi_info_structs),
+        cmocka_unit_test(test_abi_scheduler_config_old_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,9 @@
  *     fork is wired in;
  *   - sharing: prompt prefixes and a completed request's decoded blocks
  *     are adopted by later prompts holding them, outputs unchanged;
+ *   - the cache-aware schedule admits a cached-prefix request ahead of an
+ *     uncached head that does not fit, within its starvation bound, with
+ *     every output as under FCFS;
  *   - an allocation fault at every allocation of a step changes nothing
  *     (the scheduler's counters and the pool's), and the run then finishes
  *     with the same outputs.
@@ -125,8 +128,8 @@ static kvp_model *make_model(void)
     return model;
 }
 
-static void setup_fixture_sharing(fixture *f, size_t pages, size_t threads, int compute,
-                                  size_t max_running, int sharing)
+static void setup_fixture_schedule(fixture *f, size_t pages, size_t threads, int compute,
+                                   size_t max_running, int sharing, kvp_schedule schedule)
 {
     memset(f, 0, sizeof *f);
     f->model = make_model();
@@ -141,10 +144,18 @@ static void setup_fixture_sharing(fixture *f, size_t pages, size_t threads, int 
     config.max_running = max_running;
     config.identity = SEED;
     config.sharing = sharing;
+    config.schedule = schedule;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
                                         &err),
                    &err);
+}
+
+static void setup_fixture_sharing(fixture *f, size_t pages, size_t threads, int compute,
+                                  size_t max_running, int sharing)
+{
+    setup_fixture_schedule(f, pages, threads, compute, max_running, sharing,
+                           KVP_SCHEDULE_FCFS);
 }
 
 static void setup_fixture(fixture *f, size_t pages, size_t threads, int compute,
@@ -515,6 +526,11 @@ static void test_scheduler_create_refuses_bad_input(void **state)
                      KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "watermark");
     config.watermark = 0.0;
+    config.schedule = KVP_SCHEDULE_CACHE_AWARE + 1;
+    assert_int_equal(kvp_scheduler_create(model, pool, decoder, &config, &out, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "schedule");
+    config.schedule = KVP_SCHEDULE_FCFS;
     config.capacity = 0;
     assert_int_equal(kvp_scheduler_create(model, pool, decoder, &config, &out, &err),
                      KVP_ZERO_CAPACITY);
@@ -1133,6 +1149,95 @@ static void test_scheduler_publishes_decoded_blocks(void **state)
     }
 }
 
+/*
+ * One run of the overtaking scenario under `schedule`: request 0 (33
+ * tokens of group 0, 30 new) runs and holds most of a 32-page pool; request
+ * 1 (25 tokens of its own) waits at the head, never fitting beside it (14
+ * pages asked, at most 12 available); requests 2 .. 13 (33 tokens of group
+ * 0, 1 new), one submitted before each step, adopt request 0's 8 prompt
+ * blocks and fit in 2 pages. Writes the step each request was admitted at
+ * (its first decoded token) and the steps that admitted a request behind
+ * request 1 while it waited.
+ */
+#define OVERTAKERS 12
+static void run_overtaking(kvp_schedule schedule, book *b, size_t *admitted_at,
+                           size_t *overtaking_steps)
+{
+    fixture f;
+    setup_fixture_schedule(&f, 32, 2, 1, 0, 1, schedule);
+    memset(b, 0, sizeof *b);
+    for (size_t i = 0; i < 2 + OVERTAKERS; i++) {
+        b->shared[i] = i == 1 ? 0 : 33;
+        b->group[i] = 0;
+        admitted_at[i] = SIZE_MAX;
+    }
+    submit_samples(&f, b, 33, 30, NULL, 1);
+    assert_int_equal(step_once(&f).admitted, 1);
+    submit_samples(&f, b, 25, 3, NULL, 1);
+    *overtaking_steps = 0;
+    for (size_t step = 1; stats_of(&f).running + stats_of(&f).waiting > 0; step++) {
+        assert_true(step < 1000);
+        if (step <= OVERTAKERS) {
+            submit_samples(&f, b, 33, 1, NULL, 1);
+        }
+        kvp_step_stats st = step_once(&f);
+        if (step == 1) {
+            /* Only the cached request fits: cache-aware admits it ahead of the head. */
+            assert_int_equal(st.admitted, schedule == KVP_SCHEDULE_CACHE_AWARE);
+            assert_int_equal(st.prefix_hit_tokens, 32 * st.admitted);
+        }
+        int overtaken = 0;
+        for (size_t i = 0; i < 2 + OVERTAKERS; i++) {
+            if (admitted_at[i] == SIZE_MAX && b->tokens[i][0] > 0) {
+                admitted_at[i] = step;
+                overtaken |= i > 1 && admitted_at[1] == SIZE_MAX;
+            }
+        }
+        *overtaking_steps += (size_t)overtaken;
+    }
+    for (size_t i = 0; i < 2 + OVERTAKERS; i++) {
+        assert_true(admitted_at[i] != SIZE_MAX);
+        assert_sample_exact_range(b, i, 0, i == 1 ? 25 : 33, i == 0 ? 30 : i == 1 ? 3 : 1, 0,
+                                  CAPACITY, 0);
+    }
+    kvp_request_result done[2 + OVERTAKERS];
+    assert_int_equal(collect_all(&f, done, 2 + OVERTAKERS), 2 + OVERTAKERS);
+    teardown_fixture(&f);
+}
+
+/*
+ * Cache-aware admission: a request whose prompt prefix the index holds is
+ * admitted ahead of an uncached head that does not fit; the head is
+ * overtaken in at most KVP_SCHEDULE_MAX_SKIPS steps, after which nothing
+ * behind it goes first; every request's outputs are bit-identical to FCFS's
+ * (and to a fresh sequence's).
+ */
+static void test_scheduler_cache_aware_admits_cached_prefix_first(void **state)
+{
+    (void)state;
+    static book fcfs;
+    static book aware;
+    size_t fcfs_at[2 + OVERTAKERS];
+    size_t aware_at[2 + OVERTAKERS];
+    size_t fcfs_overtakes;
+    size_t aware_overtakes;
+    run_overtaking(KVP_SCHEDULE_FCFS, &fcfs, fcfs_at, &fcfs_overtakes);
+    run_overtaking(KVP_SCHEDULE_CACHE_AWARE, &aware, aware_at, &aware_overtakes);
+    assert_int_equal(fcfs_overtakes, 0);
+    assert_int_equal(aware_overtakes, KVP_SCHEDULE_MAX_SKIPS); /* reached, and held */
+    for (size_t i = 2; i < 2 + OVERTAKERS; i++) {
+        assert_true(fcfs_at[i] >= fcfs_at[1]);
+        /* The first MAX_SKIPS overtakers went first; the rest waited behind request 1. */
+        if (i < 2 + KVP_SCHEDULE_MAX_SKIPS) {
+            assert_true(aware_at[i] < aware_at[1]);
+        } else {
+            assert_true(aware_at[i] >= aware_at[1]);
+        }
+    }
+    assert_memory_equal(fcfs.outputs, aware.outputs, sizeof fcfs.outputs);
+    assert_memory_equal(fcfs.tokens, aware.tokens, sizeof fcfs.tokens);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1151,6 +1256,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_weight_update_recomputes),
         cmocka_unit_test(test_scheduler_compute_off_shares_alike),
         cmocka_unit_test(test_scheduler_publishes_decoded_blocks),
+        cmocka_unit_test(test_scheduler_cache_aware_admits_cached_prefix_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

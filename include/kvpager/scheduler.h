@@ -15,7 +15,21 @@
  *      promised those pages. A request whose whole length (prompt +
  *      max_new_tokens, per sample) can never fit the pool is rejected. The
  *      requests admitted in a step are prefilled together, as one batch of
- *      jobs on the decoder's threads;
+ *      jobs on the decoder's threads. With config.schedule
+ *      KVP_SCHEDULE_CACHE_AWARE (longest prefix match first, SGLang's
+ *      policy) the first KVP_SCHEDULE_WINDOW waiting requests are
+ *      considered in another order: those preempted (back at the front of
+ *      the queue), rejected or already overtaken KVP_SCHEDULE_MAX_SKIPS
+ *      times first, in queue order; then the rest by the prompt blocks the
+ *      prefix index holds now (2.), most first, ties in queue order; the
+ *      requests past the window follow in queue order. Admission goes down
+ *      that order and stops at the first request that does not fit, as FCFS
+ *      stops at the head, all or nothing, shared pages counted once. A
+ *      request is overtaken (a request behind it in the queue admitted
+ *      while it waits in the window) at most KVP_SCHEDULE_MAX_SKIPS times
+ *      in all; then only requests ahead of it in that order, which are
+ *      ahead of it in the queue too, go before it. Outputs do not depend on
+ *      the order: each request's are bit-identical under either schedule;
  *   2. sharing (config.sharing 1, the default): before prefilling, an
  *      admitted request adopts the longest prefix of its prompt that the
  *      pool's prefix index holds (its keys include every layer's binding
@@ -106,12 +120,26 @@ typedef struct kvp_scheduler_config {
                               prefix index, publish prompt and decoded blocks in it;
                               0: every sample prefills its own copy of the prompt and
                               the index is neither read nor written */
+    /* first release ends here; later fields default when struct_size does not cover
+       them (8-aligned, so none lies in the first release's tail padding) */
+    uint64_t schedule;     /* the admission order: a kvp_schedule (1. above) */
 } kvp_scheduler_config;
+
+/* kvp_scheduler_config.schedule: the order admission considers waiting requests in. */
+typedef enum kvp_schedule {
+    KVP_SCHEDULE_FCFS = 0,       /* the queue's order (the default) */
+    KVP_SCHEDULE_CACHE_AWARE = 1 /* the first KVP_SCHEDULE_WINDOW of the queue by prompt
+                                    blocks the prefix index holds, most first (1. above) */
+} kvp_schedule;
+
+/* Cache-aware: waiting requests ranked per step, and overtakings a request bears. */
+#define KVP_SCHEDULE_WINDOW 8
+#define KVP_SCHEDULE_MAX_SKIPS 8
 
 /*
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),
  * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0,
- * sharing 1.
+ * sharing 1, schedule KVP_SCHEDULE_FCFS.
  * NULL is ignored.
  * Threads: thread-safe (touches only *config).
  */
@@ -227,8 +255,9 @@ KVP_API void kvp_scheduler_stats_init(kvp_scheduler_stats *stats);
  * `decoder` (NULL allowed only with compute 0). It holds the three without
  * owning them: they must outlive it. Errors, in order: NULL_ARGUMENT (model,
  * pool, cfg, out; decoder when compute is 1); INVALID_ARGUMENT (cfg's
- * struct_size; "watermark" not in [0, 1)); then the errors of creating its
- * first sequence, which checks the model and pool against each other
+ * struct_size; "watermark" not in [0, 1); "schedule" not a kvp_schedule);
+ * then the errors of creating its first sequence, which checks the model
+ * and pool against each other
  * (ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH, ...: see
  * kvp_sequence_create, or kvp_cache_create with compute 0);
  * ALLOCATION_FAILED. *out is written only on success; a failure leaves

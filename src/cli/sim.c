@@ -296,6 +296,7 @@ static int setup(sim *s)
     scheduler_config.compute = c->compute;
     scheduler_config.identity = c->seed; /* compute off: the external caches' identity */
     scheduler_config.sharing = c->sharing;
+    scheduler_config.schedule = (uint64_t)c->schedule;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
                              s->err) != KVP_OK) {
         return fail(s, "creating the scheduler");

@@ -46,6 +46,7 @@ typedef struct kvp_sim_config {
     size_t audit_every;     /* steps between pool audits */
     size_t samples;         /* continuations per request (kvp_request.samples) */
     int sharing;            /* kvp_scheduler_config.sharing: fork, prefix index (default 1) */
+    int schedule;           /* kvp_scheduler_config.schedule: a kvp_schedule (default FCFS) */
     size_t update_every;    /* scheduler steps between weight updates; 0: never */
     size_t verify_every;    /* verify requests 0, N, 2N, ... (by workload index); 0: none */
 } kvp_sim_config;

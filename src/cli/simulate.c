@@ -52,6 +52,7 @@
     X(TRACE, "--trace")                                                                   \
     X(SHARED_PREFIX, "--shared-prefix")                                                   \
     X(SAMPLES, "--samples")                                                               \
+    X(SCHEDULE, "--schedule")                                                             \
     X(UPDATE_WEIGHTS_EVERY, "--update-weights-every")                                     \
     X(VERIFY, "--verify")                                                                 \
     X(WATERMARK, "--watermark")                                                           \
@@ -179,6 +180,11 @@ static void simulate_usage(FILE *out)
             "                       and the report puts concurrency, throughput and held\n"
             "                       pages side by side; with --no-sharing only the run\n"
             "                       without sharing is done\n"
+            "  --schedule NAME      the order waiting requests are admitted in: fcfs (the\n"
+            "                       queue's) or cache-aware (of the first 8 waiting, those\n"
+            "                       with the most prompt blocks in the prefix cache first;\n"
+            "                       preempted ones, and any overtaken in 8 steps, keep\n"
+            "                       their place) (default fcfs)\n"
             "  --update-weights-every N\n"
             "                       between steps, every N steps, update every layer's\n"
             "                       parameters in place (a small seeded perturbation: a\n"
@@ -320,6 +326,14 @@ static void parse_value(options *o, flag f, const char *value, kvp_cli_problems 
     } else if (f == FLAG_ARRIVAL) {
         if (kvp_arrival_parse(value, &o->workload.arrival) != 0) {
             invalid(p, f, value, "not an arrival process (poisson, uniform or burst)");
+        }
+    } else if (f == FLAG_SCHEDULE) {
+        if (strcmp(value, "fcfs") == 0) {
+            o->sim.schedule = KVP_SCHEDULE_FCFS;
+        } else if (strcmp(value, "cache-aware") == 0) {
+            o->sim.schedule = KVP_SCHEDULE_CACHE_AWARE;
+        } else {
+            invalid(p, f, value, "not a schedule (fcfs or cache-aware)");
         }
     } else if (f == FLAG_TRACE) {
         o->trace = value;
@@ -1028,6 +1042,8 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_uint(&json, "samples", c->samples);
     kvp_json_uint(&json, "shared_prefix", o->trace ? 0 : o->workload.shared_prefix);
     kvp_json_bool(&json, "sharing", c->sharing);
+    kvp_json_string(&json, "schedule",
+                    c->schedule == KVP_SCHEDULE_CACHE_AWARE ? "cache-aware" : "fcfs");
     kvp_json_uint(&json, "update_weights_every", c->update_every);
     kvp_json_uint(&json, "verify_every", c->verify_every);
     kvp_json_object_end(&json);

@@ -21,6 +21,7 @@
 #include "kvpager/layer.h"
 #include "kvpager/model.h"
 #include "kvpager/pool.h"
+#include "kvpager/scheduler.h"
 #include "pager/error.h"
 
 #define KVPI_POOL_CONFIG_SIZE_FIRST offsetof(kvp_pool_config, slab_alloc)
@@ -29,6 +30,7 @@
 #define KVPI_LAYER_INFO_SIZE_FIRST sizeof(kvp_layer_info)
 #define KVPI_MODEL_INFO_SIZE_FIRST sizeof(kvp_model_info)
 #define KVPI_PAGE_LAYOUT_SIZE_FIRST sizeof(kvp_page_layout)
+#define KVPI_SCHEDULER_CONFIG_SIZE_FIRST offsetof(kvp_scheduler_config, schedule)
 
 /*
  * A release's size is its sizeof, tail padding included: an older caller
@@ -41,6 +43,9 @@ _Static_assert(KVPI_POOL_CONFIG_SIZE_FIRST % _Alignof(kvp_pool_config) == 0,
                "kvp_pool_config: a new field starts inside the first release's tail padding");
 _Static_assert(KVPI_POOL_STATS_SIZE_FIRST % _Alignof(kvp_pool_stats) == 0,
                "kvp_pool_stats: a new field starts inside the first release's tail padding");
+_Static_assert(KVPI_SCHEDULER_CONFIG_SIZE_FIRST % _Alignof(kvp_scheduler_config) == 0,
+               "kvp_scheduler_config: a new field starts inside the first release's tail "
+               "padding");
 
 /* 1 when a struct of `struct_size` bytes holds all of the member at [offset, offset + size). */
 static inline int kvpi_struct_covers(size_t struct_size, size_t offset, size_t size)

@@ -4,8 +4,9 @@
  *
  * Owns: the request records, the waiting queue (a ring of ids), the running
  * slots, the idle leases kept for reuse, the finished results awaiting
- * collection, and the parked prompt keys of the request the last plan
- * stopped at. The model, pool and decoder are the caller's.
+ * collection, the parked prompt keys of the request the last plan
+ * stopped at, and (cache-aware schedule) those of the requests the last
+ * ranks keyed. The model, pool and decoder are the caller's.
  *
  * Invariants:
  *   - a request is in exactly one of: waiting, running, finished (in `done`,
@@ -25,7 +26,11 @@
  *   - a request waiting at the head of the queue costs a step no rows and
  *     no hashing: the plan stops before them when even every adoptable
  *     block a hit would not be admitted now, and reuses its parked keys
- *     while the bindings they were made with are current;
+ *     while the bindings they were made with are current; so does one in
+ *     the cache-aware window (rank_window), whose keys stay in `ranked`;
+ *   - the plan takes queue entries in its order (the queue's, or with the
+ *     cache-aware schedule the window's rank, then the queue's), and
+ *     admission removes them from the queue keeping the order of the rest;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode fails for
  *     want of pages only when another user of the pool takes them;
@@ -59,6 +64,8 @@ typedef struct record {
     kvp_request request;  /* the caller's, copied (struct_size the library's) */
     size_t generated;     /* tokens each sample generated so far, kept across preemption */
     size_t preemptions;
+    size_t skips;         /* cache-aware: steps that admitted a request behind it in the queue
+                             while it waited in the window */
     size_t slots;         /* running slots (samples) it holds: samples while running, else 0 */
     int state;
     int failed;           /* a job of this step failed; `error` says why */
@@ -76,6 +83,7 @@ typedef struct lease {
 /* One queue entry a step takes: admitted, or rejected (it can never fit). */
 typedef struct planned {
     uint64_t id;
+    size_t pos;        /* its position in the queue at the plan */
     int admit;
     size_t rows;       /* its rows start at s->rows + rows * width (layout: rows_needed) */
     size_t keys;       /* its prefix keys start at s->keys + keys */
@@ -94,6 +102,20 @@ typedef struct slot {
 #define NO_JOB SIZE_MAX
 #define NO_REQUEST UINT64_MAX
 #define MAX_SAMPLES 256
+#define WINDOW KVP_SCHEDULE_WINDOW
+
+/*
+ * The prompt keys of one request, kept across steps: `count` keys, then the
+ * `layers` binding digests of the lease that made them. Valid for request
+ * `id` while idle[0]'s digests are the same (the rows are the same: the
+ * input callback is deterministic).
+ */
+typedef struct keyset {
+    uint64_t id; /* NO_REQUEST: none */
+    kvp_block_key *keys;
+    size_t count;
+    size_t room;
+} keyset;
 
 struct kvp_scheduler {
     const kvp_model *model;
@@ -132,17 +154,11 @@ struct kvp_scheduler {
     size_t plan_room;
     kvp_block_key *keys; /* the step's prefix keys, back to back (share_internal.h layout) */
     size_t keys_room;
-    /*
-     * The prompt keys of the request the last plan stopped at (it waits at
-     * the head of the queue, usually for several steps): parked_count keys,
-     * then the `layers` binding digests of the lease that made them. Valid
-     * for request parked_id while idle[0]'s digests are the same (the rows
-     * are the same: the input callback is deterministic).
-     */
-    uint64_t parked_id; /* NO_REQUEST: none */
-    kvp_block_key *parked;
-    size_t parked_count;
-    size_t parked_room;
+    /* The prompt keys of the request the last plan stopped at (it waits at
+       the head of the queue, usually for several steps). */
+    keyset parked;
+    /* Cache-aware: those of the requests the last ranks keyed (rank_window). */
+    keyset ranked[WINDOW];
     uint64_t admissions;
     kvp_scheduler_stats stats;
 };
@@ -598,21 +614,30 @@ void kvp_scheduler_stats_init(kvp_scheduler_stats *stats)
     stats->struct_size = sizeof *stats;
 }
 
-/* The caller's config, checked: struct_size, then the watermark. */
+/*
+ * The caller's config, checked: struct_size, then the watermark and the
+ * schedule. Only the bytes its struct_size covers are read (an older
+ * caller's shorter struct: defaults for the rest).
+ */
 static kvp_status config_read(const kvp_scheduler_config *caller, kvp_scheduler_config *config,
                               kvp_error *err)
 {
-    kvp_status status = kvpi_struct_size_check(caller->struct_size, sizeof *config, err);
+    size_t size = caller->struct_size;
+    kvp_status status = kvpi_struct_size_check(size, KVPI_SCHEDULER_CONFIG_SIZE_FIRST, err);
     if (status == KVP_OK) {
-        status = kvpi_struct_tail_check(caller, caller->struct_size, sizeof *config, err);
+        status = kvpi_struct_tail_check(caller, size, sizeof *config, err);
     }
     if (status != KVP_OK) {
         return status;
     }
-    *config = *caller;
+    kvp_scheduler_config_init(config);
+    memcpy(config, caller, size < sizeof *config ? size : sizeof *config);
     config->struct_size = sizeof *config;
     if (!(config->watermark >= 0.0 && config->watermark < 1.0)) {
         return kvpi_fail_invalid(err, "watermark", "must be in [0, 1)");
+    }
+    if (config->schedule != KVP_SCHEDULE_FCFS && config->schedule != KVP_SCHEDULE_CACHE_AWARE) {
+        return kvpi_fail_invalid(err, "schedule", "must be KVP_SCHEDULE_FCFS or _CACHE_AWARE");
     }
     config->compute = config->compute != 0;
     config->sharing = config->sharing != 0;
@@ -637,7 +662,10 @@ static void scheduler_free(kvp_scheduler *s)
     kvpi_free(s->zeros);
     kvpi_free(s->plan);
     kvpi_free(s->keys);
-    kvpi_free(s->parked);
+    kvpi_free(s->parked.keys);
+    for (size_t i = 0; i < WINDOW; i++) {
+        kvpi_free(s->ranked[i].keys);
+    }
     kvpi_free(s);
 }
 
@@ -692,7 +720,10 @@ kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_deco
     s->block_tokens = pool->block_tokens; /* fixed at the pool's creation */
     s->watermark_pages = (size_t)ceil(config.watermark * (double)pool_stats.total_pages);
     kvp_scheduler_stats_init(&s->stats);
-    s->parked_id = NO_REQUEST;
+    s->parked.id = NO_REQUEST;
+    for (size_t i = 0; i < WINDOW; i++) {
+        s->ranked[i].id = NO_REQUEST;
+    }
     if (!config.compute) {
         size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
         s->zeros = kvpi_calloc(KVPI_SITE_SCRATCH, zeros, sizeof *s->zeros);
@@ -816,6 +847,10 @@ typedef struct plan {
     size_t popped;    /* queue entries the step takes */
     size_t admitted;  /* of which admitted (the rest rejected) */
     size_t slots;     /* sequences the admitted take: their samples */
+    size_t span;      /* the entries taken lie in queue positions [0, span) */
+    size_t window;    /* cache-aware: queue positions ranked (0: FCFS, the queue's order) */
+    size_t order[WINDOW]; /* the window's positions in the order the plan considers them */
+    uint64_t ids[WINDOW]; /* the window's ids, by queue position */
 } plan;
 
 static size_t add_sat(size_t a, size_t b)
@@ -830,51 +865,194 @@ static kvp_block_key binding_digest(const kvp_scheduler *s, size_t l)
 }
 
 /*
- * Keeps the `count` prompt keys of request `id`, the one the plan stops at,
- * for the next plans. Best effort: when the room cannot grow, nothing is kept.
+ * Keeps the `count` prompt keys of request `id` in `set` for the next plans
+ * (the request the plan stops at: s->parked; one the cache-aware rank keyed:
+ * a slot of s->ranked). Best effort: when the room cannot grow, nothing is
+ * kept.
  */
-static void park_keys(kvp_scheduler *s, uint64_t id, const kvp_block_key *keys, size_t count)
+static void park_keys(kvp_scheduler *s, keyset *set, uint64_t id, const kvp_block_key *keys,
+                      size_t count)
 {
-    if (count == 0 || s->parked_id == id) {
+    if (count == 0 || set->id == id) {
         return; /* nothing keyed, or parked already (unpark_keys checked the digests) */
     }
-    s->parked_id = NO_REQUEST;
-    if (grow((void **)&s->parked, &s->parked_room, count + s->layers, sizeof *s->parked) != 0) {
+    set->id = NO_REQUEST;
+    if (grow((void **)&set->keys, &set->room, count + s->layers, sizeof *set->keys) != 0) {
         return;
     }
-    memcpy(s->parked, keys, count * sizeof *keys);
+    memcpy(set->keys, keys, count * sizeof *keys);
     for (size_t l = 0; l < s->layers; l++) {
-        s->parked[count + l] = binding_digest(s, l);
+        set->keys[count + l] = binding_digest(s, l);
     }
-    s->parked_id = id;
-    s->parked_count = count;
+    set->id = id;
+    set->count = count;
 }
 
-/*
- * 1 when request `id`'s prompt keys are parked, made under the bindings
- * idle[0] has now, and copied to `keys`; 0 when they must be computed. The
- * same id, rows and bindings give the same keys (kvpi_prompt_keys reads
- * nothing else), so no admission changes: the plan only skips the rows and
- * the hashing a request waiting at the head of the queue would redo.
- */
-static int unpark_keys(const kvp_scheduler *s, uint64_t id, kvp_block_key *keys, size_t count)
+/* 1 when `set` holds request `id`'s `count` keys, made under the bindings idle[0] has now. */
+static int keyset_valid(const kvp_scheduler *s, const keyset *set, uint64_t id, size_t count)
 {
-    if (s->parked_id != id || s->parked_count != count) {
+    if (set->id != id || set->count != count) {
         return 0;
     }
     for (size_t l = 0; l < s->layers; l++) {
         kvp_block_key now = binding_digest(s, l);
-        if (now.lo != s->parked[count + l].lo || now.hi != s->parked[count + l].hi) {
+        if (now.lo != set->keys[count + l].lo || now.hi != set->keys[count + l].hi) {
             return 0; /* a weight update since: the keys would differ */
         }
     }
-    memcpy(keys, s->parked, count * sizeof *keys);
     return 1;
 }
 
 /*
- * FCFS admission while the head of the queue fits now, decided without
- * changing anything: each request asks kvp_pool_admit for the pages it
+ * 1 when request `id`'s prompt keys are parked (s->parked, or a slot of
+ * s->ranked), made under the bindings idle[0] has now, and copied to
+ * `keys`; 0 when they must be computed. The same id, rows and bindings give
+ * the same keys (kvpi_prompt_keys reads nothing else), so no admission
+ * changes: the plan only skips the rows and the hashing a waiting request
+ * would redo.
+ */
+static int unpark_keys(const kvp_scheduler *s, uint64_t id, kvp_block_key *keys, size_t count)
+{
+    const keyset *set = keyset_valid(s, &s->parked, id, count) ? &s->parked : NULL;
+    for (size_t i = 0; set == NULL && i < WINDOW; i++) {
+        set = keyset_valid(s, &s->ranked[i], id, count) ? &s->ranked[i] : NULL;
+    }
+    if (set == NULL) {
+        return 0;
+    }
+    memcpy(keys, set->keys, count * sizeof *keys);
+    return 1;
+}
+
+/*
+ * The prompt blocks request `q`'s keys cover (0: not keyed), and in
+ * *adoptable those it may adopt (the last prompt token is always computed).
+ */
+static size_t key_blocks_of(const kvp_scheduler *s, const kvp_request *q, size_t *adoptable)
+{
+    size_t bt = s->block_tokens;
+    *adoptable = 0;
+    if (!keyed(s, q)) {
+        return 0;
+    }
+    size_t key_blocks = q->prompt_tokens / bt;
+    if (key_blocks > s->config.capacity / bt) {
+        key_blocks = s->config.capacity / bt;
+    }
+    size_t a = (q->prompt_tokens - 1) / bt;
+    *adoptable = a < key_blocks ? a : key_blocks;
+    return key_blocks;
+}
+
+/*
+ * The slot of s->ranked for request `id`: its own, else one no request of
+ * the window `ids` ([n], n <= WINDOW) holds (there is one: the window's
+ * other requests hold at most n - 1).
+ */
+static keyset *ranked_slot(kvp_scheduler *s, uint64_t id, const uint64_t *ids, size_t n)
+{
+    for (size_t i = 0; i < WINDOW; i++) {
+        if (s->ranked[i].id == id) {
+            return &s->ranked[i];
+        }
+    }
+    for (size_t i = 0; i < WINDOW; i++) {
+        int held = 0;
+        for (size_t j = 0; j < n && !held; j++) {
+            held = s->ranked[i].id == ids[j];
+        }
+        if (!held) {
+            return &s->ranked[i];
+        }
+    }
+    return &s->ranked[0]; /* not reached */
+}
+
+/*
+ * Cache-aware: the order the plan considers the first WINDOW queue
+ * positions in (p->order, p->window). First those preempted (they wait at
+ * the front of the queue), never fitting (rejected at once) or overtaken in
+ * KVP_SCHEDULE_MAX_SKIPS steps, in queue order; then the others by the
+ * prompt blocks the prefix index holds now, most first, in queue order on
+ * ties. A request whose best case (every adoptable block a hit) is not
+ * admitted now counts 0 hits and costs no rows or hashing, as at the head
+ * under FCFS; the keys computed go to s->ranked for the next steps. Changes
+ * nothing else (the scratch grows: ALLOCATION_FAILED changes nothing).
+ */
+static kvp_status rank_window(kvp_scheduler *s, plan *p, kvp_error *err)
+{
+    size_t n = s->waiting_count < WINDOW ? s->waiting_count : WINDOW;
+    int first[WINDOW]; /* 1: goes first, in queue order; 0: ranked by hits */
+    size_t hits[WINDOW];
+    for (size_t i = 0; i < n; i++) {
+        p->ids[i] = s->waiting[queue_at(s, i)];
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t id = p->ids[i];
+        const record *r = record_of(s, id);
+        const kvp_request *q = &r->request;
+        kvp_admission whole;
+        kvp_status status = kvp_pool_admit(s->pool, request_pages(s, r, q->max_new_tokens, 0),
+                                           s->watermark_pages, &whole, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+        first[i] = r->preemptions > 0 || r->skips >= KVP_SCHEDULE_MAX_SKIPS ||
+                   whole == KVP_ADMIT_NEVER;
+        hits[i] = 0;
+        size_t adoptable;
+        size_t key_blocks = key_blocks_of(s, q, &adoptable);
+        if (first[i] || key_blocks == 0) {
+            continue;
+        }
+        kvp_admission best;
+        status = kvp_pool_admit(s->pool, request_pages(s, r, sample_tokens(s, r), adoptable),
+                                s->watermark_pages, &best, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+        if (best != KVP_ADMIT_NOW) {
+            continue;
+        }
+        size_t key_count = kvpi_prompt_keys_count(s->layers, 1, key_blocks);
+        if (grow((void **)&s->keys, &s->keys_room, key_count, sizeof *s->keys) != 0 ||
+            grow((void **)&s->rows, &s->rows_room, rows_needed(s, r),
+                 s->width * sizeof *s->rows) != 0) {
+            return kvpi_fail_alloc(err, "scheduler prefix keys", key_count * sizeof *s->keys);
+        }
+        if (!unpark_keys(s, id, s->keys, key_count)) {
+            fill_request(s, id, s->rows);
+            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, s->rows, q->prompt_tokens,
+                             s->width, key_blocks, s->keys);
+            park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
+        }
+        size_t evictable;
+        hits[i] = kvpi_prefix_probe(s->pool, s->keys, s->layers, adoptable, &evictable);
+    }
+    /* Insertion sort by (first desc, hits desc, position asc): stable, n <= WINDOW. */
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i;
+        while (j > 0) {
+            size_t b = p->order[j - 1];
+            int ahead = first[i] != first[b] ? first[i] > first[b]
+                                             : !first[i] && hits[i] > hits[b];
+            if (!ahead) {
+                break;
+            }
+            p->order[j] = b;
+            j--;
+        }
+        p->order[j] = i;
+    }
+    p->window = n;
+    return KVP_OK;
+}
+
+/*
+ * Admission while the next request fits now, decided without changing
+ * anything. The order: the queue's (FCFS), or with the cache-aware schedule
+ * the window's rank (rank_window), then the queue's past the window. Each
+ * request each request asks kvp_pool_admit for the pages it
  * will newly take (its prompt pages not covered by the prefix the index
  * holds now, plus the evictable pages adopting that prefix takes from the
  * available ones, plus its samples' pages) plus what the requests planned
@@ -887,12 +1065,18 @@ static int unpark_keys(const kvp_scheduler *s, uint64_t id, kvp_block_key *keys,
 static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
 {
     memset(p, 0, sizeof *p);
+    if (s->config.schedule == KVP_SCHEDULE_CACHE_AWARE) {
+        kvp_status status = rank_window(s, p, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
     size_t asked = 0;
     size_t rows = 0;
     size_t keys = 0;
-    size_t bt = s->block_tokens;
     for (size_t i = 0; i < s->waiting_count; i++) {
-        uint64_t id = s->waiting[queue_at(s, i)];
+        size_t pos = i < p->window ? p->order[i] : i;
+        uint64_t id = s->waiting[queue_at(s, pos)];
         const record *r = record_of(s, id);
         const kvp_request *q = &r->request;
         size_t busy = s->running_count + p->slots;
@@ -909,19 +1093,12 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             return status;
         }
         if (whole == KVP_ADMIT_NEVER) {
-            s->plan[p->popped++] = (planned){id, 0, 0, 0, 0, 0};
+            s->plan[p->popped++] = (planned){id, pos, 0, 0, 0, 0, 0};
+            p->span = pos + 1 > p->span ? pos + 1 : p->span;
             continue;
         }
-        size_t key_blocks = 0;
-        size_t adoptable = 0; /* the prompt blocks it may adopt: the last token is computed */
-        if (keyed(s, q)) {
-            key_blocks = q->prompt_tokens / bt;
-            if (key_blocks > s->config.capacity / bt) {
-                key_blocks = s->config.capacity / bt;
-            }
-            adoptable = (q->prompt_tokens - 1) / bt;
-            adoptable = adoptable < key_blocks ? adoptable : key_blocks;
-        }
+        size_t adoptable; /* the prompt blocks it may adopt */
+        size_t key_blocks = key_blocks_of(s, q, &adoptable);
         /*
          * The best case first: every adoptable block a hit, no evictable
          * page taken. The pages asked below are at least these (fewer hits
@@ -971,14 +1148,15 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             return status;
         }
         if (now != KVP_ADMIT_NOW) {
-            park_keys(s, id, s->keys + keys, key_count);
+            park_keys(s, &s->parked, id, s->keys + keys, key_count);
             break;
         }
         if (!filled) {
             fill_request(s, id, at);
         }
         asked = add_sat(asked, need);
-        s->plan[p->popped++] = (planned){id, 1, rows, keys, key_blocks, 0};
+        s->plan[p->popped++] = (planned){id, pos, 1, rows, keys, key_blocks, 0};
+        p->span = pos + 1 > p->span ? pos + 1 : p->span;
         rows += need_rows;
         keys += key_count;
         p->admitted++;
@@ -1054,11 +1232,30 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
     return KVP_OK;
 }
 
-/* Pops the plan's prefix: rejected ones finish, admitted ones take a lease per sample. */
+/*
+ * Removes the entries the plan took from queue positions [0, span), keeping
+ * the order of the others (FCFS: the plan took exactly those, a prefix).
+ * Taken entries are no longer STATE_WAITING.
+ */
+static void queue_remove_taken(kvp_scheduler *s, size_t span)
+{
+    size_t kept = span;
+    for (size_t i = span; i-- > 0;) {
+        uint64_t id = s->waiting[queue_at(s, i)];
+        if (record_of(s, id)->state == STATE_WAITING) {
+            s->waiting[queue_at(s, --kept)] = id;
+        }
+    }
+    while (kept-- > 0) {
+        (void)queue_pop_front(s);
+    }
+}
+
+/* Takes the plan's entries: rejected ones finish, admitted ones take a lease per sample. */
 static void admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
 {
     for (size_t i = 0; i < p->popped; i++) {
-        uint64_t id = queue_pop_front(s);
+        uint64_t id = s->plan[i].id;
         if (!s->plan[i].admit) {
             finish(s, id, 1, KVP_OK, NULL);
             st->rejected++;
@@ -1078,6 +1275,27 @@ static void admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
         rec->state = STATE_RUNNING;
         rec->failed = 0;
         st->admitted++;
+    }
+    queue_remove_taken(s, p->span);
+}
+
+/*
+ * Cache-aware, once the step's admissions stand: every request of the
+ * window still waiting that a request behind it in the queue overtook this
+ * step counts one more skip (rank_window puts it first from
+ * KVP_SCHEDULE_MAX_SKIPS on).
+ */
+static void count_skips(kvp_scheduler *s, const plan *p)
+{
+    for (size_t j = 0; j < p->window; j++) {
+        record *r = record_of(s, p->ids[j]);
+        int overtaken = 0;
+        for (size_t i = 0; i < p->popped && !overtaken; i++) {
+            overtaken = s->plan[i].admit && s->plan[i].pos > j;
+        }
+        if (r->state == STATE_WAITING && overtaken) {
+            r->skips++;
+        }
     }
 }
 
@@ -1358,7 +1576,7 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
  * Undoes this step's admissions after the decoder refused the prompt batch
  * (nothing was computed): the admitted slots' leases go back to the idle
  * list (adopted pages included), the rejections are withdrawn, and the
- * popped ids return to the front of the queue in their order.
+ * taken ids return to the queue positions they had.
  */
 static void undo_admission(kvp_scheduler *s, const plan *p, size_t first, size_t done_before,
                            uint64_t admissions_before, kvp_step_stats *st)
@@ -1368,11 +1586,23 @@ static void undo_admission(kvp_scheduler *s, const plan *p, size_t first, size_t
     }
     s->stats.rejected -= s->done_count - done_before;
     s->done_count = done_before;
-    for (size_t i = p->popped; i-- > 0;) {
+    /* The span - popped entries kept are at the front: open popped places before them. */
+    for (size_t i = 0; i < p->popped; i++) {
         record *rec = record_of(s, s->plan[i].id);
         rec->state = STATE_WAITING;
         rec->failed = 0;
-        queue_push_front(s, s->plan[i].id);
+        queue_push_front(s, NO_REQUEST);
+    }
+    size_t from = p->popped; /* the next kept entry; never behind position j */
+    for (size_t j = 0; j < p->span; j++) {
+        uint64_t id = NO_REQUEST;
+        for (size_t i = 0; i < p->popped && id == NO_REQUEST; i++) {
+            id = s->plan[i].pos == j ? s->plan[i].id : NO_REQUEST;
+        }
+        if (id == NO_REQUEST) {
+            id = s->waiting[queue_at(s, from++)];
+        }
+        s->waiting[queue_at(s, j)] = id;
     }
     s->admissions = admissions_before;
     st->admitted = 0;
@@ -1636,6 +1866,7 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         return status;
     }
     prefill_forks(s, &p, first, &st);
+    count_skips(s, &p);
     s->stats.prefill_tokens += st.prefill_tokens;
     s->stats.prompt_tokens += st.prompt_tokens;
     s->stats.prefix_hit_tokens += st.prefix_hit_tokens;

@@ -36,6 +36,7 @@ fi
 "$@" simulate --help > "$work/help.txt"
 grep -q -- '--trace FILE' "$work/help.txt" || fail "--help does not describe --trace"
 grep -q -- '--kv-dtype NAME' "$work/help.txt" || fail "--help does not describe --kv-dtype"
+grep -q -- '--schedule NAME' "$work/help.txt" || fail "--help does not describe --schedule"
 
 small="--requests 40 --prompt-mean 40 --output-mean 60 --capacity 512 --budget 1MiB --quiet --json"
 "$@" simulate $small --threads 2 > "$work/two.json"
@@ -223,7 +224,7 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
           "budget_bytes", "kv_dtype", "capacity", "threads", "seed", "watermark",
-          "reserve_tokens", "compute", "samples", "shared_prefix", "sharing",
+          "reserve_tokens", "compute", "samples", "shared_prefix", "sharing", "schedule",
           "update_weights_every", "verify_every"}
 assert set(r) == top, f"keys: missing {sorted(top - set(r))}, unexpected {sorted(set(r) - top)}"
 assert set(r["config"]) == config, \
@@ -231,6 +232,7 @@ assert set(r["config"]) == config, \
     f"unexpected {sorted(set(r['config']) - config)}"
 c = r["config"]
 assert c["workload"].endswith("one.csv") and c["arrival"] == "trace" and c["seed"] == 1
+assert c["schedule"] == "fcfs"
 assert c["capacity"] == 64 and c["budget_bytes"] == 300 * 1024 and c["block_tokens"] == 16
 assert r["audits"] >= 1 and r["seconds"] >= 0.0
 print("check_simulate: a one-row trace matches its hand-computed figures; the JSON keys are exact")
@@ -276,6 +278,11 @@ TRACES
 status=0
 "$@" simulate --budget lots > /dev/null 2>&1 || status=$?
 [ "$status" = 2 ] || fail "a bad --budget exited $status, not 2"
+status=0
+"$@" simulate --schedule lifo > /dev/null 2> "$work/schedule.err" || status=$?
+[ "$status" = 2 ] || fail "a bad --schedule exited $status, not 2"
+[ "$(wc -l < "$work/schedule.err")" = 1 ] && grep -q -- "--schedule: 'lifo'" "$work/schedule.err" ||
+    fail "a bad --schedule is not one line naming the flag and value"
 
 # The plot is an SVG with both series.
 "$@" simulate --requests 12 --prompt-mean 20 --output-mean 20 --capacity 128 \
@@ -295,10 +302,16 @@ conv="--profile conversation --requests 24 --prompt-mean 16 --output-mean 24 --c
 "$@" simulate $conv --budget 1MiB --threads 1 > "$work/conv1.json"
 "$@" simulate $conv --budget 1MiB --no-compute > "$work/conv0.json"
 "$@" simulate $conv --budget 256KiB --no-compute > "$work/convr.json"
+"$@" simulate $conv --budget 1MiB --threads 2 --verify 5 --schedule cache-aware \
+    > "$work/conva.json"
 python3 - "$work" <<'PY'
 import json, sys
-two, one, none, rejecting = (json.load(open(f"{sys.argv[1]}/conv{n}.json"))
-                             for n in ("2", "1", "0", "r"))
+two, one, none, rejecting, aware = (json.load(open(f"{sys.argv[1]}/conv{n}.json"))
+                                    for n in ("2", "1", "0", "r", "a"))
+# Cache-aware admission changes the order, not the outputs (verified bit for bit).
+assert aware["config"]["schedule"] == "cache-aware", aware["config"]
+assert aware["requests_completed"] == 24 and aware["verify_mismatches"] == 0, aware
+assert aware["verified"] > 0, aware
 for r in (two, none, rejecting):
     for run in (r, r["no_sharing"]):
         assert run["later_turns"] > 0 and run["turn_gap_min"] >= 1, run
