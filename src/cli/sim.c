@@ -47,6 +47,7 @@
 
 void kvp_sim_config_init(kvp_sim_config *config)
 {
+    memset(config, 0, sizeof *config); /* a field added later starts at 0, never garbage */
     config->layers = 2;
     config->model_width = 64;
     config->heads = 4;
@@ -63,6 +64,7 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->audit_every = 64;
     config->samples = 1;
     config->sharing = 1;
+    config->schedule = KVP_SCHEDULE_FCFS;
     config->update_every = 0;
     config->verify_every = 0;
 }
