@@ -701,6 +701,17 @@ static void test_share_sequence_fork_bit_identical(void **state)
     kvpt_destroy_model(model);
 }
 
+/* Layer 1's parameter `which` gets value[index] += delta: a new revision. */
+static void bump_revision(kvp_model *model, size_t which, size_t index, double delta)
+{
+    kvp_param *w = kvp_model_param_mut(model, 1, which);
+    double values[D * D];
+    memcpy(values, kvp_param_values(w), sizeof values);
+    values[index] += delta;
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_update(w, values, &err), &err);
+}
+
 /*
  * A fork of a stale sequence keeps the parent's captured revisions: parent
  * and child are refused the same way, and neither steps on K/V of the old
@@ -717,12 +728,8 @@ static void test_share_fork_of_stale_sequence_is_stale(void **state)
     static outputs o;
     kvp_sequence *parent = kvpt_sequence(model, pool, SB, SCAP);
     prefill(parent, pool, prompt, 0, 6, o.prompt);
-    kvp_param *w = kvp_model_param_mut(model, 1, KVP_PARAM_VALUE);
-    double values[D * D];
-    memcpy(values, kvp_param_values(w), sizeof values);
-    values[3] -= 0.5;
+    bump_revision(model, KVP_PARAM_VALUE, 3, -0.5);
     kvp_error err;
-    kvpt_assert_ok(kvp_param_update(w, values, &err), &err);
     kvp_sequence *child = NULL;
     kvpt_assert_ok(kvp_sequence_fork(parent, &child, &err), &err);
     kvpt_assert_pool_ok(pool);
@@ -787,11 +794,7 @@ static void test_share_sequence_prefix_bit_identical(void **state)
     kvpt_destroy_sequence(b, pool);
 
     /* A revision bump: the same prompt finds nothing, and the recomputed rows differ. */
-    kvp_param *w = kvp_model_param_mut(model, 1, KVP_PARAM_KEY);
-    double values[D * D];
-    memcpy(values, kvp_param_values(w), sizeof values);
-    values[0] += 0.25;
-    kvpt_assert_ok(kvp_param_update(w, values, &err), &err);
+    bump_revision(model, KVP_PARAM_KEY, 0, 0.25);
     kvp_sequence *c = kvpt_sequence(model, pool, SB, SCAP);
     uint64_t misses = kvpt_stats(pool).prefix_misses;
     kvpt_assert_ok(kvp_sequence_adopt_prefix(c, &whole, &adopted, &err), &err);
