@@ -438,6 +438,82 @@ static void test_share_eviction_under_pressure(void **state)
     destroy_pool(pool);
 }
 
+/*
+ * A published page is never written again, even by the only cache that
+ * holds it: truncated into it, its owner copies before appending, so a later
+ * adopter reads the rows that were published.
+ */
+static void test_share_truncate_into_published_page_copies(void **state)
+{
+    (void)state;
+    enum { B = 1, BLOCKS = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 16);
+    kvp_cache *a = external_cache(pool, B, 1);
+    append(a, pool, B, BLOCKS * BT, 0.0);
+    double published[B * CAPACITY * HEAD_WIDTH];
+    cache_keys(a, published, KVPT_COUNT_OF(published));
+    kvp_block_key keys[BLOCKS * B];
+    chain_keys(a, B, BLOCKS, 0.0, keys);
+    publish_all(a, pool, B, BLOCKS, keys);
+    uint32_t page = page_of(a, 0, 1);
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_truncate(a, BT + 2, &err), &err); /* into block 1, held once */
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvp_cache_pages_for(a, BT + 3), 1); /* the copy */
+    append(a, pool, B, 2, 0.5);
+    assert_int_equal(kvpt_stats(pool).cow_copies, 1);
+    assert_true(page_of(a, 0, 1) != page);
+
+    kvp_cache *b = external_cache(pool, B, 1);
+    size_t adopted = 0;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(b, keys, BLOCKS, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, BLOCKS);
+    assert_int_equal(page_of(b, 0, 1), page);
+    double now[B * CAPACITY * HEAD_WIDTH];
+    cache_keys(b, now, KVPT_COUNT_OF(now));
+    assert_memory_equal(now, published, B * BLOCKS * BT * HEAD_WIDTH * sizeof(double));
+    kvpt_destroy_cache(b, pool);
+    kvpt_destroy_cache(a, pool);
+    destroy_pool(pool);
+}
+
+/* A key already indexed under another page: publishing it again registers nothing. */
+static void test_share_publish_under_indexed_key_keeps_one_entry(void **state)
+{
+    (void)state;
+    enum { B = 2, BLOCKS = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 32);
+    kvp_cache *a = external_cache(pool, B, 1);
+    kvp_cache *b = external_cache(pool, B, 1);
+    append(a, pool, B, BLOCKS * BT, 0.0);
+    append(b, pool, B, BLOCKS * BT, 0.0); /* the same rows, in other pages */
+    kvp_block_key keys[BLOCKS * B];
+    chain_keys(a, B, BLOCKS, 0.0, keys);
+    publish_all(a, pool, B, BLOCKS, keys);
+    publish_all(b, pool, B, BLOCKS, keys);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.cached_pages, BLOCKS * B);
+    /* b's pages stay unregistered: destroying b frees them, a's wait evictable. */
+    kvpt_destroy_cache(b, pool);
+    s = kvpt_stats(pool);
+    assert_int_equal(s.held_pages, BLOCKS * B);
+    assert_int_equal(s.evictable_pages, 0);
+    kvp_cache *c = external_cache(pool, B, 1);
+    size_t adopted = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(c, keys, BLOCKS, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, BLOCKS);
+    for (size_t j = 0; j < BLOCKS; j++) {
+        assert_int_equal(page_of(c, 1, j), page_of(a, 1, j));
+    }
+    kvpt_destroy_cache(c, pool);
+    kvpt_destroy_cache(a, pool);
+    assert_int_equal(kvpt_stats(pool).evictable_pages, BLOCKS * B);
+    destroy_pool(pool);
+}
+
 /* A fork whose copy cannot be had: POOL_EXHAUSTED, and both sides as before. */
 static void test_share_exhausted_during_copy_changes_nothing(void **state)
 {
@@ -1125,6 +1201,8 @@ int main(void)
         cmocka_unit_test(test_share_truncate),
         cmocka_unit_test(test_share_prefix_hits_and_bindings),
         cmocka_unit_test(test_share_eviction_under_pressure),
+        cmocka_unit_test(test_share_truncate_into_published_page_copies),
+        cmocka_unit_test(test_share_publish_under_indexed_key_keeps_one_entry),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
         cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
