@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pager/pool_internal.h"
+
 #define BT 4          /* block tokens */
 #define KV_HEADS 1
 #define HEAD_WIDTH 2
@@ -511,6 +513,69 @@ static void test_share_publish_under_indexed_key_keeps_one_entry(void **state)
     kvpt_destroy_cache(c, pool);
     kvpt_destroy_cache(a, pool);
     assert_int_equal(kvpt_stats(pool).evictable_pages, BLOCKS * B);
+    destroy_pool(pool);
+}
+
+/* ---- the audit of evictable pages (I1, I5) --------------------------------- */
+
+typedef struct collected {
+    size_t count;
+    kvp_mismatch items[16];
+} collected;
+
+static void collect(void *ctx, const kvp_mismatch *m)
+{
+    collected *c = ctx;
+    if (c->count < 16) {
+        c->items[c->count] = *m;
+    }
+    c->count++;
+}
+
+/* The audit fails, and among its findings is `what` under `invariant`. */
+static void expect_finding(kvp_pool *pool, kvp_invariant invariant, const char *what)
+{
+    collected found = {0};
+    kvp_error err;
+    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    int seen = 0;
+    for (size_t i = 0; i < found.count && i < 16; i++) {
+        seen |= found.items[i].invariant == invariant && strcmp(found.items[i].what, what) == 0;
+    }
+    if (!seen) {
+        print_error("no \"%s\" among %zu findings\n", what, found.count);
+        fail();
+    }
+}
+
+/* An evictable page held again behind the LRU's back, or lost from it: both reported. */
+static void test_share_audit_reports_evictable_corruption(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 4);
+    kvp_cache *a = external_cache(pool, 1, 1);
+    append(a, pool, 1, BT, 0.0);
+    kvp_block_key key;
+    chain_keys(a, 1, 1, 0.0, &key);
+    publish_all(a, pool, 1, 1, &key);
+    uint32_t page = page_of(a, 0, 0);
+    kvpt_destroy_cache(a, pool);
+    assert_int_equal(kvpt_stats(pool).evictable_pages, 1);
+
+    /* On the LRU list with a reference count: I5. */
+    pool->refcount[page] = 1;
+    expect_finding(pool, KVP_INVARIANT_PREFIX,
+                   "an evictable page is registered with reference count 0");
+    pool->refcount[page] = 0;
+    kvpt_assert_pool_ok(pool);
+
+    /* Off the LRU list at reference count 0: a page short of the total (I1). */
+    pool->lru_head = KVPI_NO_PAGE;
+    pool->lru_tail = KVPI_NO_PAGE;
+    expect_finding(pool, KVP_INVARIANT_CONSERVATION, "free + evictable + held pages");
+    pool->lru_head = page;
+    pool->lru_tail = page;
+    kvpt_assert_pool_ok(pool);
     destroy_pool(pool);
 }
 
@@ -1203,6 +1268,7 @@ int main(void)
         cmocka_unit_test(test_share_eviction_under_pressure),
         cmocka_unit_test(test_share_truncate_into_published_page_copies),
         cmocka_unit_test(test_share_publish_under_indexed_key_keeps_one_entry),
+        cmocka_unit_test(test_share_audit_reports_evictable_corruption),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
         cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
