@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "pager/pool_internal.h"
+#include "pager/reservation.h"
+#include "serve/sequence_internal.h"
 
 #define BT 4          /* block tokens */
 #define KV_HEADS 1
@@ -948,6 +950,67 @@ static void test_share_sequence_prefix_bit_identical(void **state)
     kvpt_destroy_model(model);
 }
 
+/*
+ * A block is adopted only when every layer's page of it hits: with the last
+ * layer's page of block 1 (its last lane) evicted and layer 0's still
+ * indexed, the prefix stops after block 0, and the rest recomputes alike.
+ */
+static void test_share_sequence_adopt_stops_at_one_layers_miss(void **state)
+{
+    (void)state;
+    kvp_model *model = kvpt_random_model(LAYERS, D, HEADS, SCAP, BASE, 6);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, LAYERS * SB * 3);
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    kvp_tensor whole = kvp_tensor3(prompt, SB, PROMPT, D);
+    kvp_sequence *a = kvpt_sequence(model, pool, SB, SCAP);
+    static outputs want;
+    prefill(a, pool, prompt, 0, PROMPT, want.prompt);
+    size_t published = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_publish_prefix(a, &whole, &published, &err), &err);
+    assert_int_equal(published, 2);
+    uint32_t evicted = page_of(a->caches[LAYERS - 1], SB - 1, 1);
+    uint32_t kept = page_of(a->caches[0], SB - 1, 1);
+    /* Layer 0 outlives a in a fork of its cache: the other layers' pages go evictable first. */
+    kvp_cache *layer0 = NULL;
+    kvpt_assert_ok(kvp_cache_fork(a->caches[0], &layer0, &err), &err);
+    kvpt_destroy_sequence(a, pool);
+    kvpt_destroy_cache(layer0, pool);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.evictable_pages, LAYERS * SB * 2);
+
+    /* Every free page and one more: the least recently used, the last layer's. */
+    uint32_t storage[LAYERS * SB * 3];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, s.free_pages + 1);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, s.free_pages + 1, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvpt_stats(pool).evictions, 1);
+    assert_false(pool->registered[evicted]);
+    assert_true(pool->registered[kept]);
+
+    kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
+    uint64_t misses = kvpt_stats(pool).prefix_misses;
+    size_t adopted = 0;
+    kvpt_assert_ok(kvp_sequence_adopt_prefix(b, &whole, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, BT);
+    assert_int_equal(kvp_sequence_len(b), BT);
+    s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_misses, misses + 1);
+    assert_int_equal(s.prefix_hits, LAYERS * SB);
+    kvpi_reservation_release(&res);
+    kvpt_assert_pool_ok(pool);
+    static outputs got;
+    prefill(b, pool, prompt, adopted, PROMPT, got.prompt);
+    assert_rows_equal(&got, &want, adopted, PROMPT);
+    kvpt_destroy_sequence(b, pool);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 /* Truncate and replay the same inputs by steps: bit for bit the first outputs. */
 static void test_share_sequence_truncate_replay_bit_identical(void **state)
 {
@@ -1274,6 +1337,7 @@ int main(void)
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
         cmocka_unit_test(test_share_fork_of_stale_sequence_is_stale),
         cmocka_unit_test(test_share_sequence_prefix_bit_identical),
+        cmocka_unit_test(test_share_sequence_adopt_stops_at_one_layers_miss),
         cmocka_unit_test(test_share_sequence_truncate_replay_bit_identical),
         cmocka_unit_test_teardown(test_share_sequence_failures_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_prefill_rollback_restores_shared_page),
