@@ -1011,6 +1011,54 @@ static void test_share_sequence_adopt_stops_at_one_layers_miss(void **state)
     kvpt_destroy_model(model);
 }
 
+/*
+ * Layers over the same parameters have equal binding digests: each layer's
+ * index still gives it its own keys, so every layer publishes its own pages
+ * and an adopter reads each layer's own K/V (bit for bit the same outputs).
+ */
+static void test_share_layers_sharing_parameters_keep_their_own_keys(void **state)
+{
+    (void)state;
+    kvp_layer *layer = kvpt_random_layer(D, HEADS, SCAP, BASE, 21);
+    const kvp_layer *layers[LAYERS];
+    for (size_t l = 0; l < LAYERS; l++) {
+        layers[l] = layer;
+    }
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_model_create(layers, LAYERS, &model, &err), &err);
+    kvpt_destroy_layer(layer);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 64);
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    kvp_tensor whole = kvp_tensor3(prompt, SB, PROMPT, D);
+    kvp_sequence *a = kvpt_sequence(model, pool, SB, SCAP);
+    static outputs want;
+    prefill(a, pool, prompt, 0, PROMPT, want.prompt);
+    size_t published = 0;
+    kvpt_assert_ok(kvp_sequence_publish_prefix(a, &whole, &published, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(published, 2);
+    assert_int_equal(kvpt_stats(pool).cached_pages, LAYERS * SB * 2);
+    kvpt_destroy_sequence(a, pool);
+
+    kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
+    size_t adopted = 0;
+    kvpt_assert_ok(kvp_sequence_adopt_prefix(b, &whole, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, 2 * BT);
+    for (size_t j = 0; j < 2; j++) {
+        assert_true(page_of(b->caches[0], 0, j) != page_of(b->caches[1], 0, j));
+    }
+    static outputs got;
+    prefill(b, pool, prompt, adopted, PROMPT, got.prompt);
+    assert_rows_equal(&got, &want, adopted, PROMPT);
+    kvpt_destroy_sequence(b, pool);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 /* Truncate and replay the same inputs by steps: bit for bit the first outputs. */
 static void test_share_sequence_truncate_replay_bit_identical(void **state)
 {
@@ -1338,6 +1386,7 @@ int main(void)
         cmocka_unit_test(test_share_fork_of_stale_sequence_is_stale),
         cmocka_unit_test(test_share_sequence_prefix_bit_identical),
         cmocka_unit_test(test_share_sequence_adopt_stops_at_one_layers_miss),
+        cmocka_unit_test(test_share_layers_sharing_parameters_keep_their_own_keys),
         cmocka_unit_test(test_share_sequence_truncate_replay_bit_identical),
         cmocka_unit_test_teardown(test_share_sequence_failures_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_prefill_rollback_restores_shared_page),
