@@ -581,6 +581,52 @@ static void test_share_audit_reports_evictable_corruption(void **state)
     destroy_pool(pool);
 }
 
+/*
+ * Evictions one by one from a full index (16 keys in 32 slots, so probe runs
+ * collide), published in one order and evicted first in that order, then in
+ * the reverse one: after each eviction, every key still indexed is found
+ * under its page (the audit's I5 lookup), however the runs were shifted.
+ */
+static void test_share_evictions_keep_every_key_reachable(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, N);
+    kvp_block_key keys[N];
+    kvp_error err;
+    for (int round = 0; round < 2; round++) {
+        kvp_cache *caches[N];
+        for (size_t i = 0; i < N; i++) {
+            caches[i] = external_cache(pool, 1, 1);
+            append(caches[i], pool, 1, BT, (double)i);
+            chain_keys(caches[i], 1, 1, (double)i, &keys[i]);
+            publish_all(caches[i], pool, 1, 1, &keys[i]);
+        }
+        for (size_t i = 0; i < N; i++) { /* the LRU order */
+            kvpt_destroy_cache(caches[round == 0 ? i : N - 1 - i], pool);
+        }
+        assert_int_equal(kvpt_stats(pool).cached_pages, N);
+        uint32_t storage[N];
+        kvpi_reservation res;
+        kvpi_reservation_init(&res, pool, storage, N);
+        for (size_t n = 1; n <= N; n++) {
+            kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+            kvpt_assert_pool_ok(pool);
+            assert_int_equal(kvpt_stats(pool).cached_pages, N - n);
+            size_t found = 0;
+            kvpi_pool_lock(pool);
+            for (size_t i = 0; i < N; i++) {
+                found += kvpi_prefix_lookup_locked(pool, &keys[i]) != KVPI_NO_PAGE;
+            }
+            kvpi_pool_unlock(pool);
+            assert_int_equal(found, N - n);
+        }
+        kvpi_reservation_release(&res);
+        kvpt_assert_pool_ok(pool);
+    }
+    destroy_pool(pool);
+}
+
 /* A fork whose copy cannot be had: POOL_EXHAUSTED, and both sides as before. */
 static void test_share_exhausted_during_copy_changes_nothing(void **state)
 {
@@ -1380,6 +1426,7 @@ int main(void)
         cmocka_unit_test(test_share_truncate_into_published_page_copies),
         cmocka_unit_test(test_share_publish_under_indexed_key_keeps_one_entry),
         cmocka_unit_test(test_share_audit_reports_evictable_corruption),
+        cmocka_unit_test(test_share_evictions_keep_every_key_reachable),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
         cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
