@@ -627,6 +627,40 @@ static void test_share_evictions_keep_every_key_reachable(void **state)
     destroy_pool(pool);
 }
 
+/* Adoption stops at the cache's capacity: the blocks past it stay the index's. */
+static void test_share_adopt_stops_at_capacity(void **state)
+{
+    (void)state;
+    enum { B = 2, BLOCKS = 3, ROOM = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 32);
+    kvp_cache *a = external_cache(pool, B, 1);
+    append(a, pool, B, BLOCKS * BT, 0.0);
+    kvp_block_key keys[BLOCKS * B];
+    chain_keys(a, B, BLOCKS, 0.0, keys);
+    publish_all(a, pool, B, BLOCKS, keys);
+    kvp_binding binding;
+    kvp_error err;
+    kvpt_assert_ok(kvp_binding_init_external(&binding, KV_HEADS, HEAD_WIDTH, 64, 7, 1, &err),
+                   &err);
+    kvp_cache *small = kvpt_cache(pool, &binding, B, ROOM * BT + 1);
+    size_t adopted = 99;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(small, keys, BLOCKS, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, ROOM);
+    assert_int_equal(kvp_cache_len(small), ROOM * BT);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_hits, ROOM * B);
+    assert_int_equal(s.prefix_misses, 0);
+    for (size_t lane = 0; lane < B; lane++) {
+        for (size_t j = 0; j < ROOM; j++) {
+            assert_int_equal(page_of(small, lane, j), page_of(a, lane, j));
+        }
+    }
+    kvpt_destroy_cache(small, pool);
+    kvpt_destroy_cache(a, pool);
+    destroy_pool(pool);
+}
+
 /* A fork whose copy cannot be had: POOL_EXHAUSTED, and both sides as before. */
 static void test_share_exhausted_during_copy_changes_nothing(void **state)
 {
@@ -1427,6 +1461,7 @@ int main(void)
         cmocka_unit_test(test_share_publish_under_indexed_key_keeps_one_entry),
         cmocka_unit_test(test_share_audit_reports_evictable_corruption),
         cmocka_unit_test(test_share_evictions_keep_every_key_reachable),
+        cmocka_unit_test(test_share_adopt_stops_at_capacity),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
         cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
