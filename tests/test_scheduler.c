@@ -930,6 +930,42 @@ static kvp_step_stats step_once(fixture *f)
 }
 
 /*
+ * Admission counts an adopted prefix's pages once: request 0 (12 tokens of
+ * group 0, still running) holds its prompt's 3 full blocks, published; request
+ * 1 (13 tokens, the first 12 of group 0) adopts them and needs only its own
+ * pages past them (13 + 2 tokens: 4 blocks, 3 adopted) x 2 layers, which a
+ * pool of 10 pages has beside request 0's 8 (12 + 4 reserve tokens: 4 blocks
+ * x 2 layers). Counted as its own, the prompt would not fit until request 0
+ * completes.
+ */
+static void test_scheduler_admission_counts_adopted_pages_once(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sharing(&f, 10, 1, 1, 0, 1);
+    static book b;
+    memset(&b, 0, sizeof b);
+    b.shared[0] = 12;
+    b.shared[1] = 12;
+    submit_samples(&f, &b, 12, 8, NULL, 1);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.held_pages, 8); /* 12 prompt + 4 reserve tokens: 4 blocks x 2 layers */
+    submit_samples(&f, &b, 13, 2, NULL, 1);
+    st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.prefix_hit_tokens, 12);
+    assert_int_equal(st.held_pages, 10);
+    assert_int_equal(st.running, 2);
+    run(&f, 0);
+    assert_samples_exact(&b, 0, 1, 12, 8);
+    assert_samples_exact(&b, 1, 1, 13, 2);
+    kvp_request_result done[4];
+    assert_int_equal(collect_all(&f, done, 4), 2);
+    teardown_fixture(&f);
+}
+
+/*
  * Prompts sharing a prefix hit the prefix index: request 0 (10 tokens of
  * group 0) publishes 2 full blocks; a later request with 13 tokens, the
  * first 10 of group 0, adopts both (8 tokens; at most (13 - 1) / 4 blocks);
@@ -1252,6 +1288,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_step_allocation_faults_change_nothing),
         cmocka_unit_test(test_scheduler_samples_exact_with_and_without_sharing),
         cmocka_unit_test(test_scheduler_sharing_holds_fewer_pages),
+        cmocka_unit_test(test_scheduler_admission_counts_adopted_pages_once),
         cmocka_unit_test(test_scheduler_shared_prefixes_hit_the_index),
         cmocka_unit_test(test_scheduler_weight_update_recomputes),
         cmocka_unit_test(test_scheduler_compute_off_shares_alike),

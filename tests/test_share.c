@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pager/pool_internal.h"
+#include "pager/reservation.h"
+#include "serve/sequence_internal.h"
+
 #define BT 4          /* block tokens */
 #define KV_HEADS 1
 #define HEAD_WIDTH 2
@@ -438,6 +442,225 @@ static void test_share_eviction_under_pressure(void **state)
     destroy_pool(pool);
 }
 
+/*
+ * A published page is never written again, even by the only cache that
+ * holds it: truncated into it, its owner copies before appending, so a later
+ * adopter reads the rows that were published.
+ */
+static void test_share_truncate_into_published_page_copies(void **state)
+{
+    (void)state;
+    enum { B = 1, BLOCKS = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 16);
+    kvp_cache *a = external_cache(pool, B, 1);
+    append(a, pool, B, BLOCKS * BT, 0.0);
+    double published[B * CAPACITY * HEAD_WIDTH];
+    cache_keys(a, published, KVPT_COUNT_OF(published));
+    kvp_block_key keys[BLOCKS * B];
+    chain_keys(a, B, BLOCKS, 0.0, keys);
+    publish_all(a, pool, B, BLOCKS, keys);
+    uint32_t page = page_of(a, 0, 1);
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_truncate(a, BT + 2, &err), &err); /* into block 1, held once */
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvp_cache_pages_for(a, BT + 3), 1); /* the copy */
+    append(a, pool, B, 2, 0.5);
+    assert_int_equal(kvpt_stats(pool).cow_copies, 1);
+    assert_true(page_of(a, 0, 1) != page);
+
+    kvp_cache *b = external_cache(pool, B, 1);
+    size_t adopted = 0;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(b, keys, BLOCKS, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, BLOCKS);
+    assert_int_equal(page_of(b, 0, 1), page);
+    double now[B * CAPACITY * HEAD_WIDTH];
+    cache_keys(b, now, KVPT_COUNT_OF(now));
+    assert_memory_equal(now, published, B * BLOCKS * BT * HEAD_WIDTH * sizeof(double));
+    kvpt_destroy_cache(b, pool);
+    kvpt_destroy_cache(a, pool);
+    destroy_pool(pool);
+}
+
+/* A key already indexed under another page: publishing it again registers nothing. */
+static void test_share_publish_under_indexed_key_keeps_one_entry(void **state)
+{
+    (void)state;
+    enum { B = 2, BLOCKS = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 32);
+    kvp_cache *a = external_cache(pool, B, 1);
+    kvp_cache *b = external_cache(pool, B, 1);
+    append(a, pool, B, BLOCKS * BT, 0.0);
+    append(b, pool, B, BLOCKS * BT, 0.0); /* the same rows, in other pages */
+    kvp_block_key keys[BLOCKS * B];
+    chain_keys(a, B, BLOCKS, 0.0, keys);
+    publish_all(a, pool, B, BLOCKS, keys);
+    publish_all(b, pool, B, BLOCKS, keys);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.cached_pages, BLOCKS * B);
+    /* b's pages stay unregistered: destroying b frees them, a's wait evictable. */
+    kvpt_destroy_cache(b, pool);
+    s = kvpt_stats(pool);
+    assert_int_equal(s.held_pages, BLOCKS * B);
+    assert_int_equal(s.evictable_pages, 0);
+    kvp_cache *c = external_cache(pool, B, 1);
+    size_t adopted = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(c, keys, BLOCKS, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, BLOCKS);
+    for (size_t j = 0; j < BLOCKS; j++) {
+        assert_int_equal(page_of(c, 1, j), page_of(a, 1, j));
+    }
+    kvpt_destroy_cache(c, pool);
+    kvpt_destroy_cache(a, pool);
+    assert_int_equal(kvpt_stats(pool).evictable_pages, BLOCKS * B);
+    destroy_pool(pool);
+}
+
+/* ---- the audit of evictable pages (I1, I5) --------------------------------- */
+
+typedef struct collected {
+    size_t count;
+    kvp_mismatch items[16];
+} collected;
+
+static void collect(void *ctx, const kvp_mismatch *m)
+{
+    collected *c = ctx;
+    if (c->count < 16) {
+        c->items[c->count] = *m;
+    }
+    c->count++;
+}
+
+/* The audit fails, and among its findings is `what` under `invariant`. */
+static void expect_finding(kvp_pool *pool, kvp_invariant invariant, const char *what)
+{
+    collected found = {0};
+    kvp_error err;
+    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    int seen = 0;
+    for (size_t i = 0; i < found.count && i < 16; i++) {
+        seen |= found.items[i].invariant == invariant && strcmp(found.items[i].what, what) == 0;
+    }
+    if (!seen) {
+        print_error("no \"%s\" among %zu findings\n", what, found.count);
+        fail();
+    }
+}
+
+/* An evictable page held again behind the LRU's back, or lost from it: both reported. */
+static void test_share_audit_reports_evictable_corruption(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 4);
+    kvp_cache *a = external_cache(pool, 1, 1);
+    append(a, pool, 1, BT, 0.0);
+    kvp_block_key key;
+    chain_keys(a, 1, 1, 0.0, &key);
+    publish_all(a, pool, 1, 1, &key);
+    uint32_t page = page_of(a, 0, 0);
+    kvpt_destroy_cache(a, pool);
+    assert_int_equal(kvpt_stats(pool).evictable_pages, 1);
+
+    /* On the LRU list with a reference count: I5. */
+    pool->refcount[page] = 1;
+    expect_finding(pool, KVP_INVARIANT_PREFIX,
+                   "an evictable page is registered with reference count 0");
+    pool->refcount[page] = 0;
+    kvpt_assert_pool_ok(pool);
+
+    /* Off the LRU list at reference count 0: a page short of the total (I1). */
+    pool->lru_head = KVPI_NO_PAGE;
+    pool->lru_tail = KVPI_NO_PAGE;
+    expect_finding(pool, KVP_INVARIANT_CONSERVATION, "free + evictable + held pages");
+    pool->lru_head = page;
+    pool->lru_tail = page;
+    kvpt_assert_pool_ok(pool);
+    destroy_pool(pool);
+}
+
+/*
+ * Evictions one by one from a full index (16 keys in 32 slots, so probe runs
+ * collide), published in one order and evicted first in that order, then in
+ * the reverse one: after each eviction, every key still indexed is found
+ * under its page (the audit's I5 lookup), however the runs were shifted.
+ */
+static void test_share_evictions_keep_every_key_reachable(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, N);
+    kvp_block_key keys[N];
+    kvp_error err;
+    for (int round = 0; round < 2; round++) {
+        kvp_cache *caches[N];
+        for (size_t i = 0; i < N; i++) {
+            caches[i] = external_cache(pool, 1, 1);
+            append(caches[i], pool, 1, BT, (double)i);
+            chain_keys(caches[i], 1, 1, (double)i, &keys[i]);
+            publish_all(caches[i], pool, 1, 1, &keys[i]);
+        }
+        for (size_t i = 0; i < N; i++) { /* the LRU order */
+            kvpt_destroy_cache(caches[round == 0 ? i : N - 1 - i], pool);
+        }
+        assert_int_equal(kvpt_stats(pool).cached_pages, N);
+        uint32_t storage[N];
+        kvpi_reservation res;
+        kvpi_reservation_init(&res, pool, storage, N);
+        for (size_t n = 1; n <= N; n++) {
+            kvpt_assert_ok(kvpi_reservation_fill(&res, 1, &err), &err);
+            kvpt_assert_pool_ok(pool);
+            assert_int_equal(kvpt_stats(pool).cached_pages, N - n);
+            size_t found = 0;
+            kvpi_pool_lock(pool);
+            for (size_t i = 0; i < N; i++) {
+                found += kvpi_prefix_lookup_locked(pool, &keys[i]) != KVPI_NO_PAGE;
+            }
+            kvpi_pool_unlock(pool);
+            assert_int_equal(found, N - n);
+        }
+        kvpi_reservation_release(&res);
+        kvpt_assert_pool_ok(pool);
+    }
+    destroy_pool(pool);
+}
+
+/* Adoption stops at the cache's capacity: the blocks past it stay the index's. */
+static void test_share_adopt_stops_at_capacity(void **state)
+{
+    (void)state;
+    enum { B = 2, BLOCKS = 3, ROOM = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 32);
+    kvp_cache *a = external_cache(pool, B, 1);
+    append(a, pool, B, BLOCKS * BT, 0.0);
+    kvp_block_key keys[BLOCKS * B];
+    chain_keys(a, B, BLOCKS, 0.0, keys);
+    publish_all(a, pool, B, BLOCKS, keys);
+    kvp_binding binding;
+    kvp_error err;
+    kvpt_assert_ok(kvp_binding_init_external(&binding, KV_HEADS, HEAD_WIDTH, 64, 7, 1, &err),
+                   &err);
+    kvp_cache *small = kvpt_cache(pool, &binding, B, ROOM * BT + 1);
+    size_t adopted = 99;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(small, keys, BLOCKS, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, ROOM);
+    assert_int_equal(kvp_cache_len(small), ROOM * BT);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_hits, ROOM * B);
+    assert_int_equal(s.prefix_misses, 0);
+    for (size_t lane = 0; lane < B; lane++) {
+        for (size_t j = 0; j < ROOM; j++) {
+            assert_int_equal(page_of(small, lane, j), page_of(a, lane, j));
+        }
+    }
+    kvpt_destroy_cache(small, pool);
+    kvpt_destroy_cache(a, pool);
+    destroy_pool(pool);
+}
+
 /* A fork whose copy cannot be had: POOL_EXHAUSTED, and both sides as before. */
 static void test_share_exhausted_during_copy_changes_nothing(void **state)
 {
@@ -807,6 +1030,115 @@ static void test_share_sequence_prefix_bit_identical(void **state)
     kvpt_destroy_model(model);
 }
 
+/*
+ * A block is adopted only when every layer's page of it hits: with the last
+ * layer's page of block 1 (its last lane) evicted and layer 0's still
+ * indexed, the prefix stops after block 0, and the rest recomputes alike.
+ */
+static void test_share_sequence_adopt_stops_at_one_layers_miss(void **state)
+{
+    (void)state;
+    kvp_model *model = kvpt_random_model(LAYERS, D, HEADS, SCAP, BASE, 6);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, LAYERS * SB * 3);
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    kvp_tensor whole = kvp_tensor3(prompt, SB, PROMPT, D);
+    kvp_sequence *a = kvpt_sequence(model, pool, SB, SCAP);
+    static outputs want;
+    prefill(a, pool, prompt, 0, PROMPT, want.prompt);
+    size_t published = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_publish_prefix(a, &whole, &published, &err), &err);
+    assert_int_equal(published, 2);
+    uint32_t evicted = page_of(a->caches[LAYERS - 1], SB - 1, 1);
+    uint32_t kept = page_of(a->caches[0], SB - 1, 1);
+    /* Layer 0 outlives a in a fork of its cache: the other layers' pages go evictable first. */
+    kvp_cache *layer0 = NULL;
+    kvpt_assert_ok(kvp_cache_fork(a->caches[0], &layer0, &err), &err);
+    kvpt_destroy_sequence(a, pool);
+    kvpt_destroy_cache(layer0, pool);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.evictable_pages, LAYERS * SB * 2);
+
+    /* Every free page and one more: the least recently used, the last layer's. */
+    uint32_t storage[LAYERS * SB * 3];
+    kvpi_reservation res;
+    kvpi_reservation_init(&res, pool, storage, s.free_pages + 1);
+    kvpt_assert_ok(kvpi_reservation_fill(&res, s.free_pages + 1, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvpt_stats(pool).evictions, 1);
+    assert_false(pool->registered[evicted]);
+    assert_true(pool->registered[kept]);
+
+    kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
+    uint64_t misses = kvpt_stats(pool).prefix_misses;
+    size_t adopted = 0;
+    kvpt_assert_ok(kvp_sequence_adopt_prefix(b, &whole, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, BT);
+    assert_int_equal(kvp_sequence_len(b), BT);
+    s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_misses, misses + 1);
+    assert_int_equal(s.prefix_hits, LAYERS * SB);
+    kvpi_reservation_release(&res);
+    kvpt_assert_pool_ok(pool);
+    static outputs got;
+    prefill(b, pool, prompt, adopted, PROMPT, got.prompt);
+    assert_rows_equal(&got, &want, adopted, PROMPT);
+    kvpt_destroy_sequence(b, pool);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
+/*
+ * Layers over the same parameters have equal binding digests: each layer's
+ * index still gives it its own keys, so every layer publishes its own pages
+ * and an adopter reads each layer's own K/V (bit for bit the same outputs).
+ */
+static void test_share_layers_sharing_parameters_keep_their_own_keys(void **state)
+{
+    (void)state;
+    kvp_layer *layer = kvpt_random_layer(D, HEADS, SCAP, BASE, 21);
+    const kvp_layer *layers[LAYERS];
+    for (size_t l = 0; l < LAYERS; l++) {
+        layers[l] = layer;
+    }
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_model_create(layers, LAYERS, &model, &err), &err);
+    kvpt_destroy_layer(layer);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 64);
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    kvp_tensor whole = kvp_tensor3(prompt, SB, PROMPT, D);
+    kvp_sequence *a = kvpt_sequence(model, pool, SB, SCAP);
+    static outputs want;
+    prefill(a, pool, prompt, 0, PROMPT, want.prompt);
+    size_t published = 0;
+    kvpt_assert_ok(kvp_sequence_publish_prefix(a, &whole, &published, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(published, 2);
+    assert_int_equal(kvpt_stats(pool).cached_pages, LAYERS * SB * 2);
+    kvpt_destroy_sequence(a, pool);
+
+    kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
+    size_t adopted = 0;
+    kvpt_assert_ok(kvp_sequence_adopt_prefix(b, &whole, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, 2 * BT);
+    for (size_t j = 0; j < 2; j++) {
+        assert_true(page_of(b->caches[0], 0, j) != page_of(b->caches[1], 0, j));
+    }
+    static outputs got;
+    prefill(b, pool, prompt, adopted, PROMPT, got.prompt);
+    assert_rows_equal(&got, &want, adopted, PROMPT);
+    kvpt_destroy_sequence(b, pool);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 /* Truncate and replay the same inputs by steps: bit for bit the first outputs. */
 static void test_share_sequence_truncate_replay_bit_identical(void **state)
 {
@@ -1125,11 +1457,18 @@ int main(void)
         cmocka_unit_test(test_share_truncate),
         cmocka_unit_test(test_share_prefix_hits_and_bindings),
         cmocka_unit_test(test_share_eviction_under_pressure),
+        cmocka_unit_test(test_share_truncate_into_published_page_copies),
+        cmocka_unit_test(test_share_publish_under_indexed_key_keeps_one_entry),
+        cmocka_unit_test(test_share_audit_reports_evictable_corruption),
+        cmocka_unit_test(test_share_evictions_keep_every_key_reachable),
+        cmocka_unit_test(test_share_adopt_stops_at_capacity),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
         cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),
         cmocka_unit_test(test_share_fork_of_stale_sequence_is_stale),
         cmocka_unit_test(test_share_sequence_prefix_bit_identical),
+        cmocka_unit_test(test_share_sequence_adopt_stops_at_one_layers_miss),
+        cmocka_unit_test(test_share_layers_sharing_parameters_keep_their_own_keys),
         cmocka_unit_test(test_share_sequence_truncate_replay_bit_identical),
         cmocka_unit_test_teardown(test_share_sequence_failures_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_prefill_rollback_restores_shared_page),
