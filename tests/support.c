@@ -721,3 +721,12 @@ void kvpt_watchdog(const char *program, unsigned seconds)
         abort();
     }
 }
+
+void kvpt_collect_finding(void *ctx, const kvp_mismatch *m)
+{
+    kvpt_findings *c = ctx;
+    if (c->count < KVPT_FINDINGS_KEPT) {
+        c->items[c->count] = *m;
+    }
+    c->count++;
+}

@@ -177,6 +177,19 @@ void kvpt_assert_state_unchanged_at(const kvpt_state *before, kvp_cache *cache, 
                                     uint64_t exhaustions, const char *file, int line);
 void kvpt_state_free(kvpt_state *state);
 
+/* ---- audit findings ------------------------------------------------------------ */
+
+#define KVPT_FINDINGS_KEPT 16
+
+/* What kvp_pool_check reported: every finding counted, the first 16 kept. */
+typedef struct kvpt_findings {
+    size_t count;
+    kvp_mismatch items[KVPT_FINDINGS_KEPT];
+} kvpt_findings;
+
+/* kvp_pool_check's on_mismatch: ctx is a zeroed kvpt_findings. */
+void kvpt_collect_finding(void *ctx, const kvp_mismatch *m);
+
 /* ---- snapshots of everything a failed call must leave unchanged --------------- */
 
 #define KVPT_SNAPSHOT_MAX 8

@@ -322,23 +322,9 @@ static void test_pool_null_handles_are_typed_errors(void **state)
     kvpt_destroy_pool(pool);
 }
 
-typedef struct collected {
-    size_t count;
-    kvp_mismatch items[16];
-} collected;
-
-static void collect(void *ctx, const kvp_mismatch *m)
+static int has_invariant(const kvpt_findings *c, kvp_invariant invariant)
 {
-    collected *c = ctx;
-    if (c->count < 16) {
-        c->items[c->count] = *m;
-    }
-    c->count++;
-}
-
-static int has_invariant(const collected *c, kvp_invariant invariant)
-{
-    for (size_t i = 0; i < c->count && i < 16; i++) {
+    for (size_t i = 0; i < c->count && i < KVPT_FINDINGS_KEPT; i++) {
         if (c->items[i].invariant == invariant) {
             return 1;
         }
@@ -363,8 +349,8 @@ static void test_pool_check_reports_every_corruption(void **state)
     /* I2: a page on the free list twice (and I1 then fails too). */
     uint32_t saved_entry = pool->free_stack[0];
     pool->free_stack[0] = pool->free_stack[1];
-    collected found = {0};
-    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    kvpt_findings found = {0};
+    assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
     assert_true(has_invariant(&found, KVP_INVARIANT_NO_DUPLICATES));
     assert_true(has_invariant(&found, KVP_INVARIANT_CONSERVATION));
     assert_int_equal(err.mismatches, found.count);
@@ -374,7 +360,7 @@ static void test_pool_check_reports_every_corruption(void **state)
     /* I3: a held page whose count disagrees with the references to it. */
     pool->refcount[storage[0]] = 2;
     memset(&found, 0, sizeof found);
-    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
     assert_true(has_invariant(&found, KVP_INVARIANT_REFERENCES));
     assert_int_equal(err.first_mismatch.page, storage[0]);
     assert_int_equal(err.first_mismatch.expected, 1);
@@ -388,14 +374,14 @@ static void test_pool_check_reports_every_corruption(void **state)
     /* I1 / stats: a counter that disagrees with the pages. */
     pool->acquires++;
     memset(&found, 0, sizeof found);
-    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
     assert_true(has_invariant(&found, KVP_INVARIANT_STATS));
     pool->acquires--;
 
     /* I4: a lane whose length says one page but maps none. */
     cache->len = 1;
     memset(&found, 0, sizeof found);
-    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
     assert_true(has_invariant(&found, KVP_INVARIANT_LANE_COVERAGE));
     assert_int_equal(found.count, 2); /* both lanes */
     assert_int_equal(found.items[1].lane, 1);
@@ -474,7 +460,7 @@ static void test_pool_check_callback_may_call_the_pool(void **state)
 /* Counts findings; keeps the first two. */
 static void count_findings(void *ctx, const kvp_mismatch *m)
 {
-    collected *c = ctx;
+    kvpt_findings *c = ctx;
     if (c->count < 2) {
         c->items[c->count] = *m;
     }
@@ -498,7 +484,7 @@ static void test_pool_check_reports_the_first_findings_and_counts_all(void **sta
     for (size_t p = 0; p < PAGES; p++) {
         pool->refcount[p] = 1;
     }
-    collected found = {0};
+    kvpt_findings found = {0};
     kvp_error err;
     assert_int_equal(kvp_pool_check(pool, count_findings, &found, &err), KVP_AUDIT_FAILED);
     assert_int_equal(KVP_POOL_CHECK_REPORTS, 64);
@@ -528,16 +514,16 @@ static void test_pool_check_reports_the_first_findings_and_counts_all(void **sta
 static void expect_corruption_at(kvp_pool *pool, kvp_invariant invariant, const char *what,
                                  const char *file, int line)
 {
-    collected found = {0};
+    kvpt_findings found = {0};
     kvp_error err;
     kvp_pool_stats before = kvpt_stats(pool);
-    if (kvp_pool_check(pool, collect, &found, &err) != KVP_AUDIT_FAILED ||
+    if (kvp_pool_check(pool, kvpt_collect_finding, &found, &err) != KVP_AUDIT_FAILED ||
         kvp_pool_check(pool, NULL, NULL, &err) != KVP_AUDIT_FAILED) {
         print_error("%s:%d: the audit missed a planted corruption\n", file, line);
         fail();
     }
     int seen = 0;
-    for (size_t i = 0; i < found.count && i < 16; i++) {
+    for (size_t i = 0; i < found.count && i < KVPT_FINDINGS_KEPT; i++) {
         seen |= found.items[i].invariant == invariant && strcmp(found.items[i].what, what) == 0;
     }
     if (!seen || err.mismatches != found.count) {
@@ -647,8 +633,8 @@ static void test_pool_check_reports_a_page_at_the_wrong_block(void **state)
         /* The lane's only page at block 1 instead of block 0. */
         table[1] = table[0];
         table[0] = KVPI_NO_PAGE;
-        collected found = {0};
-        assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+        kvpt_findings found = {0};
+        assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
         assert_int_equal(found.count, 1);
         assert_int_equal(found.items[0].invariant, KVP_INVARIANT_LANE_COVERAGE);
         assert_string_equal(found.items[0].what, "pages mapped contiguously from block 0");
@@ -667,8 +653,8 @@ static void test_pool_check_reports_a_page_at_the_wrong_block(void **state)
     uint32_t *table = cache->tables + 1 * blocks;
     table[3] = table[1];
     table[1] = KVPI_NO_PAGE;
-    collected found = {0};
-    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    kvpt_findings found = {0};
+    assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
     assert_int_equal(found.count, 1);
     assert_string_equal(found.items[0].what, "pages mapped contiguously from block 0");
     assert_int_equal(found.items[0].lane, 1);

@@ -520,28 +520,14 @@ static void test_share_publish_under_indexed_key_keeps_one_entry(void **state)
 
 /* ---- the audit of evictable pages (I1, I5) --------------------------------- */
 
-typedef struct collected {
-    size_t count;
-    kvp_mismatch items[16];
-} collected;
-
-static void collect(void *ctx, const kvp_mismatch *m)
-{
-    collected *c = ctx;
-    if (c->count < 16) {
-        c->items[c->count] = *m;
-    }
-    c->count++;
-}
-
 /* The audit fails, and among its findings is `what` under `invariant`. */
 static void expect_finding(kvp_pool *pool, kvp_invariant invariant, const char *what)
 {
-    collected found = {0};
+    kvpt_findings found = {0};
     kvp_error err;
-    assert_int_equal(kvp_pool_check(pool, collect, &found, &err), KVP_AUDIT_FAILED);
+    assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
     int seen = 0;
-    for (size_t i = 0; i < found.count && i < 16; i++) {
+    for (size_t i = 0; i < found.count && i < KVPT_FINDINGS_KEPT; i++) {
         seen |= found.items[i].invariant == invariant && strcmp(found.items[i].what, what) == 0;
     }
     if (!seen) {
