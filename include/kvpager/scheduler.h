@@ -63,6 +63,30 @@
  *      reply (a conversation's next turn) adopts them. Every sample
  *      publishes its own blocks: any continuation may be the one a later
  *      prompt holds, and its keys match only its own rows.
+ *   5. sessions (config.session_ttl > 0, sharing on): a request with a
+ *      nonzero `session` that completes keeps its sample 0 sequence, its
+ *      pages held, for up to session_ttl steps, so its published blocks
+ *      (4.) cannot be evicted before the session's next request (a
+ *      conversation's next turn, whose prompt holds this turn's reply)
+ *      adopts them (2.); an LRU pool under load otherwise evicts them while
+ *      that request waits for a think time and then in the queue. A
+ *      request submitted while its session's sequence is kept goes to the
+ *      front of the queue, ahead of preempted ones: its prefix is held, so
+ *      it needs only the pages of its new tokens. The kept
+ *      sequence is given back (its pages become evictable, still indexed)
+ *      when a request of its session is admitted, once that request
+ *      adopted its prefix; when it expires; when another request of the
+ *      session completes and is kept instead; when its parameters change;
+ *      oldest first, when keeping one would hold more than
+ *      session_fraction of the pool's pages, and before any running
+ *      request is preempted for pages (3.); and all of them when a step
+ *      admitted nothing and nothing runs while requests wait, so kept
+ *      sequences never stall the queue. Expiry, changed parameters and
+ *      stalls are seen at the end of a step. Kept pages are held pages: admission counts them as
+ *      taken, the cost of sessions. Outputs do not change; admission order
+ *      does. A session's requests should come one at a time, each after the
+ *      one before it finished (a conversation's turns): only a finished
+ *      request's sequence is kept, one per session.
  * Finished requests wait for kvp_scheduler_collect.
  *
  * Inputs: a request's rows come from its `prompt` array, or from its `input`
@@ -123,6 +147,10 @@ typedef struct kvp_scheduler_config {
     /* first release ends here; later fields default when struct_size does not cover
        them (8-aligned, so none lies in the first release's tail padding) */
     uint64_t schedule;     /* the admission order: a kvp_schedule (1. above) */
+    size_t session_ttl;    /* sessions (5. above): steps a finished request's sequence is
+                              kept for its session's next request; 0: none are kept */
+    double session_fraction; /* sessions: most of the pool's pages kept sequences may hold,
+                                in [0, 1] */
 } kvp_scheduler_config;
 
 /* kvp_scheduler_config.schedule: the order admission considers waiting requests in. */
@@ -139,7 +167,8 @@ typedef enum kvp_schedule {
 /*
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),
  * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0,
- * sharing 1, schedule KVP_SCHEDULE_FCFS.
+ * sharing 1, schedule KVP_SCHEDULE_FCFS, session_ttl 0 (no session keeps
+ * a sequence), session_fraction 0.5.
  * NULL is ignored.
  * Threads: thread-safe (touches only *config).
  */
@@ -173,6 +202,10 @@ typedef struct kvp_request {
     size_t max_new_tokens;          /* the output budget, >= 1 */
     size_t samples;                 /* continuations of the prompt, 1 .. 256; each decodes
                                        max_new_tokens tokens */
+    /* first release ends here; later fields default (0) when struct_size does not cover them */
+    uint64_t session;               /* 0: none; else the conversation this request is a turn
+                                       of (5. above): with config.session_ttl its finished
+                                       sequence is kept for the session's next request */
 } kvp_request;
 
 /* Sets struct_size, samples 1 and every other field 0 / NULL. NULL is ignored.
@@ -218,6 +251,8 @@ typedef struct kvp_step_stats {
     size_t evictable_pages;   /* the pool's, after the step (kvp_pool_stats) */
     size_t stale_preempted;   /* sequences preempted because their parameters changed
                                  (also counted in `preempted`) */
+    /* first release ends here */
+    size_t retained_pages;    /* pages the kept session sequences hold after the step (5.) */
 } kvp_step_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.
@@ -244,6 +279,15 @@ typedef struct kvp_scheduler_stats {
     uint64_t prefix_hit_tokens; /* of those, adopted from the prefix index */
     uint64_t stale_preemptions; /* sequences preempted because their parameters changed */
     uint64_t forks;             /* sequences (or caches) forked for samples 2 .. n */
+    /* first release ends here */
+    size_t retained;            /* sessions whose finished sequence is kept now (5.) */
+    size_t retained_pages;      /* pages those sequences hold now */
+    uint64_t session_keeps;     /* finished sequences kept for their session */
+    uint64_t session_hits;      /* requests admitted while their session's sequence was kept */
+    uint64_t session_drops;     /* kept sequences given back before their session's next
+                                   request was admitted: expired, replaced, over
+                                   session_fraction, for running sequences' pages, stale,
+                                   or in a stall (5.) */
 } kvp_scheduler_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.
@@ -255,7 +299,8 @@ KVP_API void kvp_scheduler_stats_init(kvp_scheduler_stats *stats);
  * `decoder` (NULL allowed only with compute 0). It holds the three without
  * owning them: they must outlive it. Errors, in order: NULL_ARGUMENT (model,
  * pool, cfg, out; decoder when compute is 1); INVALID_ARGUMENT (cfg's
- * struct_size; "watermark" not in [0, 1); "schedule" not a kvp_schedule);
+ * struct_size; "watermark" not in [0, 1); "schedule" not a kvp_schedule;
+ * "session_fraction" not in [0, 1]);
  * then the errors of creating its first sequence, which checks the model
  * and pool against each other
  * (ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH, ...: see
@@ -305,8 +350,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler,
  * ALLOCATION_FAILED, found before anything changes; the decoder's refusals
  * (DECODER_BUSY when another caller is stepping it): from the prefill
  * batch, the step's admissions are undone and nothing changed; from the
- * decode batch, the step's admissions, prefills and preemptions stand and
- * no token was decoded (the next step decodes them).
+ * decode batch, the step's admissions, prefills and preemptions (and the
+ * session sequences given back for them) stand and no token was decoded
+ * (the next step decodes them).
  * Threads: one caller at a time per scheduler; the decoder runs the jobs on
  * its threads; `input` and `on_token` run on the calling thread.
  */

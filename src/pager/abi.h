@@ -31,6 +31,9 @@
 #define KVPI_MODEL_INFO_SIZE_FIRST sizeof(kvp_model_info)
 #define KVPI_PAGE_LAYOUT_SIZE_FIRST sizeof(kvp_page_layout)
 #define KVPI_SCHEDULER_CONFIG_SIZE_FIRST offsetof(kvp_scheduler_config, schedule)
+#define KVPI_REQUEST_SIZE_FIRST offsetof(kvp_request, session)
+#define KVPI_STEP_STATS_SIZE_FIRST offsetof(kvp_step_stats, retained_pages)
+#define KVPI_SCHEDULER_STATS_SIZE_FIRST offsetof(kvp_scheduler_stats, retained)
 
 /*
  * A release's size is its sizeof, tail padding included: an older caller
@@ -45,6 +48,14 @@ _Static_assert(KVPI_POOL_STATS_SIZE_FIRST % _Alignof(kvp_pool_stats) == 0,
                "kvp_pool_stats: a new field starts inside the first release's tail padding");
 _Static_assert(KVPI_SCHEDULER_CONFIG_SIZE_FIRST % _Alignof(kvp_scheduler_config) == 0,
                "kvp_scheduler_config: a new field starts inside the first release's tail "
+               "padding");
+
+_Static_assert(KVPI_REQUEST_SIZE_FIRST % _Alignof(kvp_request) == 0,
+               "kvp_request: a new field starts inside the first release's tail padding");
+_Static_assert(KVPI_STEP_STATS_SIZE_FIRST % _Alignof(kvp_step_stats) == 0,
+               "kvp_step_stats: a new field starts inside the first release's tail padding");
+_Static_assert(KVPI_SCHEDULER_STATS_SIZE_FIRST % _Alignof(kvp_scheduler_stats) == 0,
+               "kvp_scheduler_stats: a new field starts inside the first release's tail "
                "padding");
 
 /* 1 when a struct of `struct_size` bytes holds all of the member at [offset, offset + size). */

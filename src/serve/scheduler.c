@@ -91,6 +91,14 @@ typedef struct planned {
     size_t adopted;    /* tokens adopted from the prefix index (set when it is prefilled) */
 } planned;
 
+/* A finished request's sample 0 lease, its pages held for its session's next request (5.). */
+typedef struct kept_lease {
+    uint64_t session;
+    uint64_t expires; /* the step count (stats.steps) from which it is given back */
+    size_t pages;     /* the pages its page tables name (shared ones included) */
+    lease lease;
+} kept_lease;
+
 typedef struct slot {
     lease lease;
     uint64_t id;
@@ -142,6 +150,11 @@ struct kvp_scheduler {
     lease *idle;
     size_t idle_count;
     size_t idle_room;
+    kept_lease *kept;  /* sessions' kept leases, oldest first */
+    size_t kept_count;
+    size_t kept_room;
+    size_t kept_pages; /* the sum of their `pages` */
+    size_t kept_cap;   /* config.session_fraction of the pool's pages */
     kvp_request_result *done;
     size_t done_count;
     size_t done_room;
@@ -562,6 +575,96 @@ static void retire_request(kvp_scheduler *s, uint64_t id)
     }
 }
 
+/* ---- sessions (5.) ------------------------------------------------------ */
+
+/*
+ * Gives kept lease i back: reset (its pages become evictable, still
+ * indexed), to the idle list (room was made first). `used`: a request of
+ * its session was admitted and adopted what it holds.
+ */
+static void drop_kept(kvp_scheduler *s, size_t i, int used)
+{
+    kept_lease *k = &s->kept[i];
+    lease_reset(s, &k->lease);
+    s->idle[s->idle_count++] = k->lease;
+    s->kept_pages -= k->pages;
+    if (used) {
+        s->stats.session_hits++;
+    } else {
+        s->stats.session_drops++;
+    }
+    memmove(k, k + 1, (s->kept_count - i - 1) * sizeof *k);
+    s->kept_count--;
+}
+
+/* The kept lease of `session`, or SIZE_MAX. */
+static size_t kept_of(const kvp_scheduler *s, uint64_t session)
+{
+    for (size_t i = 0; i < s->kept_count; i++) {
+        if (s->kept[i].session == session) {
+            return i;
+        }
+    }
+    return SIZE_MAX;
+}
+
+/*
+ * Request `id` completed (and published): its sample 0 lease leaves the
+ * running slots for the kept list when its request names a session and
+ * sessions are on, replacing the session's older one and giving back the
+ * oldest while the kept pages would pass kept_cap (room was made first).
+ */
+static void keep_session(kvp_scheduler *s, uint64_t id)
+{
+    record *rec = record_of(s, id);
+    const kvp_request *q = &rec->request;
+    if (q->session == 0 || s->config.session_ttl == 0 || !publishes(s, q)) {
+        return;
+    }
+    size_t i = 0;
+    while (s->running[i].id != id || s->running[i].sample != 0) {
+        i++; /* a completed request holds its sample 0 slot */
+    }
+    const lease *l = &s->running[i].lease;
+    size_t pages = s->layers * blocks_of(s, lease_len(l));
+    if (lease_stale(s, l) || pages > s->kept_cap) {
+        return;
+    }
+    size_t old = kept_of(s, q->session);
+    if (old != SIZE_MAX) {
+        drop_kept(s, old, 0);
+    }
+    while (s->kept_pages + pages > s->kept_cap) {
+        drop_kept(s, 0, 0);
+    }
+    kept_lease *k = &s->kept[s->kept_count++];
+    k->session = q->session;
+    k->expires = s->stats.steps + 1 + s->config.session_ttl;
+    k->pages = pages;
+    k->lease = *l;
+    s->kept_pages += pages;
+    s->stats.session_keeps++;
+    rec->slots--;
+    s->running[i] = s->running[--s->running_count];
+}
+
+/*
+ * At the end of a step that admitted `admitted` requests: the kept leases
+ * whose time is up at the next step or whose parameters changed go back;
+ * and all of them when the step admitted nothing and nothing runs while
+ * requests wait, so kept pages never stall the queue.
+ */
+static void drop_sessions(kvp_scheduler *s, size_t admitted)
+{
+    int stalled = admitted == 0 && s->running_count == 0 && s->waiting_count > 0;
+    for (size_t i = s->kept_count; i-- > 0;) {
+        const kept_lease *k = &s->kept[i];
+        if (stalled || k->expires <= s->stats.steps || lease_stale(s, &k->lease)) {
+            drop_kept(s, i, 0);
+        }
+    }
+}
+
 /* ---- public: setup ------------------------------------------------------ */
 
 void kvp_scheduler_config_init(kvp_scheduler_config *config)
@@ -575,6 +678,7 @@ void kvp_scheduler_config_init(kvp_scheduler_config *config)
     config->reserve_tokens = 16;
     config->compute = 1;
     config->sharing = 1;
+    config->session_fraction = 0.5;
 }
 
 void kvp_request_init(kvp_request *request)
@@ -639,6 +743,9 @@ static kvp_status config_read(const kvp_scheduler_config *caller, kvp_scheduler_
     if (config->schedule != KVP_SCHEDULE_FCFS && config->schedule != KVP_SCHEDULE_CACHE_AWARE) {
         return kvpi_fail_invalid(err, "schedule", "must be KVP_SCHEDULE_FCFS or _CACHE_AWARE");
     }
+    if (!(config->session_fraction >= 0.0 && config->session_fraction <= 1.0)) {
+        return kvpi_fail_invalid(err, "session_fraction", "must be in [0, 1]");
+    }
     config->compute = config->compute != 0;
     config->sharing = config->sharing != 0;
     return KVP_OK;
@@ -652,6 +759,10 @@ static void scheduler_free(kvp_scheduler *s)
     for (size_t i = 0; i < s->idle_count; i++) {
         lease_free(&s->idle[i]);
     }
+    for (size_t i = 0; i < s->kept_count; i++) {
+        lease_free(&s->kept[i].lease);
+    }
+    kvpi_free(s->kept);
     kvpi_free(s->records);
     kvpi_free(s->waiting);
     kvpi_free(s->running);
@@ -719,6 +830,7 @@ kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_deco
     s->head_width = info.head_width;
     s->block_tokens = pool->block_tokens; /* fixed at the pool's creation */
     s->watermark_pages = (size_t)ceil(config.watermark * (double)pool_stats.total_pages);
+    s->kept_cap = (size_t)floor(config.session_fraction * (double)pool_stats.total_pages);
     kvp_scheduler_stats_init(&s->stats);
     s->parked.id = NO_REQUEST;
     for (size_t i = 0; i < WINDOW; i++) {
@@ -761,14 +873,17 @@ kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *err)
 static kvp_status request_read(const kvp_scheduler *s, const kvp_request *caller,
                                kvp_request *request, kvp_error *err)
 {
-    kvp_status status = kvpi_struct_size_check(caller->struct_size, sizeof *request, err);
+    size_t size = caller->struct_size;
+    kvp_status status = kvpi_struct_size_check(size, KVPI_REQUEST_SIZE_FIRST, err);
     if (status == KVP_OK) {
-        status = kvpi_struct_tail_check(caller, caller->struct_size, sizeof *request, err);
+        status = kvpi_struct_tail_check(caller, size, sizeof *request, err);
     }
     if (status != KVP_OK) {
         return status;
     }
-    *request = *caller;
+    /* Only the bytes struct_size covers: an older caller's later fields default. */
+    kvp_request_init(request);
+    memcpy(request, caller, size < sizeof *request ? size : sizeof *request);
     request->struct_size = sizeof *request;
     if (s->config.compute && request->input == NULL) {
         return kvpi_fail_null(err, "input");
@@ -834,7 +949,12 @@ kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler, const kvp_request *req
     memset(r, 0, sizeof *r);
     r->request = copy;
     r->state = STATE_WAITING;
-    queue_push_back(s, next);
+    /* A session's next request goes first while its sequence is kept (5.). */
+    if (copy.session != 0 && kept_of(s, copy.session) != SIZE_MAX) {
+        queue_push_front(s, next);
+    } else {
+        queue_push_back(s, next);
+    }
     s->stats.submitted++;
     *id = next;
     return KVP_OK;
@@ -1200,7 +1320,8 @@ static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
 static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
 {
     size_t slots = s->running_count + p->slots;
-    size_t leases = s->running_count + s->idle_count +
+    /* Every lease may end up idle: the running ones, the kept ones, the new ones. */
+    size_t leases = s->running_count + s->idle_count + s->kept_count +
                     (p->slots > s->idle_count ? p->slots - s->idle_count : 0);
     /* Each request finishes once: the ones taken now and the running ones. */
     size_t finishing = s->done_count + p->popped + s->running_count;
@@ -1214,7 +1335,8 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
     if (grow((void **)&s->running, &s->running_room, slots, sizeof *s->running) != 0 ||
         grow((void **)&s->idle, &s->idle_room, leases, sizeof *s->idle) != 0 ||
         grow((void **)&s->done, &s->done_room, finishing, sizeof *s->done) != 0 ||
-        grow((void **)&s->jobs, &s->jobs_room, slots, sizeof *s->jobs) != 0) {
+        grow((void **)&s->jobs, &s->jobs_room, slots, sizeof *s->jobs) != 0 ||
+        grow((void **)&s->kept, &s->kept_room, s->kept_count + slots, sizeof *s->kept) != 0) {
         return kvpi_fail_alloc(err, "scheduler step arrays", slots * sizeof(slot));
     }
     size_t made = 0;
@@ -1483,6 +1605,23 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
 }
 
 /*
+ * After the step's prefills: the kept lease of every admitted request's
+ * session is given back. The request adopted what the index held of its
+ * prompt, so the kept pages it shares stay held by it.
+ */
+static void use_sessions(kvp_scheduler *s, const plan *p)
+{
+    for (size_t i = 0; i < p->popped && s->kept_count > 0; i++) {
+        const planned *pl = &s->plan[i];
+        uint64_t session = record_of(s, pl->id)->request.session;
+        size_t k = pl->admit && session != 0 ? kept_of(s, session) : SIZE_MAX;
+        if (k != SIZE_MAX) {
+            drop_kept(s, k, 1);
+        }
+    }
+}
+
+/*
  * Phase 2 (sharing on): every admitted request that prefilled its prompt
  * publishes the prompt's full blocks, forks sample 0 into its other
  * samples' leases, and promises each lease exactly its pages to come; then
@@ -1672,6 +1811,10 @@ static void make_room(kvp_scheduler *s, kvp_step_stats *st)
         if (s->running_count == 0 || needed <= available_pages(s)) {
             return;
         }
+        if (s->kept_count > 0) {
+            drop_kept(s, 0, 0); /* kept sessions go before running requests */
+            continue;
+        }
         preempt_request(s, s->running[newest_slot(s, 0)].id, 0, st);
     }
 }
@@ -1795,6 +1938,7 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
             continue;
         }
         publish_decoded(s, id);
+        keep_session(s, id);
         retire_request(s, id);
         finish(s, id, 0, KVP_OK, NULL);
         st->finished++;
@@ -1821,7 +1965,7 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
     }
     kvp_status status = KVP_OK;
     if (stats != NULL) {
-        status = kvpi_struct_size_check(stats->struct_size, sizeof *stats, err);
+        status = kvpi_struct_size_check(stats->struct_size, KVPI_STEP_STATS_SIZE_FIRST, err);
         if (status != KVP_OK) {
             return status;
         }
@@ -1866,6 +2010,7 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         return status;
     }
     prefill_forks(s, &p, first, &st);
+    use_sessions(s, &p);
     count_skips(s, &p);
     s->stats.prefill_tokens += st.prefill_tokens;
     s->stats.prompt_tokens += st.prompt_tokens;
@@ -1880,6 +2025,8 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         s->stats.peak_running = decoding;
     }
     s->stats.steps++;
+    drop_sessions(s, st.admitted);
+    st.retained_pages = s->kept_pages;
     kvp_pool_stats pool;
     kvp_pool_stats_init(&pool);
     if (kvp_pool_stats_get(s->pool, &pool, NULL) == KVP_OK) {
@@ -1896,7 +2043,7 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
     st.running = s->running_count;
     st.waiting = s->waiting_count;
     if (stats != NULL) {
-        (void)kvpi_struct_out(stats, &st, sizeof st, sizeof st, NULL); /* checked above */
+        (void)kvpi_struct_out(stats, &st, sizeof st, KVPI_STEP_STATS_SIZE_FIRST, NULL);
     }
     return KVP_OK;
 }
@@ -1945,6 +2092,8 @@ kvp_status kvp_scheduler_stats_get(const kvp_scheduler *scheduler, kvp_scheduler
     stats.running = scheduler->running_count;
     stats.waiting = scheduler->waiting_count;
     stats.uncollected = scheduler->done_count;
-    stats.held_samples = scheduler->running_count + scheduler->idle_count;
-    return kvpi_struct_out(out, &stats, sizeof stats, sizeof stats, err);
+    stats.held_samples = scheduler->running_count + scheduler->idle_count + scheduler->kept_count;
+    stats.retained = scheduler->kept_count;
+    stats.retained_pages = scheduler->kept_pages;
+    return kvpi_struct_out(out, &stats, sizeof stats, KVPI_SCHEDULER_STATS_SIZE_FIRST, err);
 }
