@@ -67,6 +67,7 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->schedule = KVP_SCHEDULE_FCFS;
     config->update_every = 0;
     config->verify_every = 0;
+    config->session_ttl = 128;
 }
 
 /* The stream every request's shared prefix is drawn from (no request index reaches it). */
@@ -299,6 +300,7 @@ static int setup(sim *s)
     scheduler_config.identity = c->seed; /* compute off: the external caches' identity */
     scheduler_config.sharing = c->sharing;
     scheduler_config.schedule = (uint64_t)c->schedule;
+    scheduler_config.session_ttl = c->session_ttl;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
                              s->err) != KVP_OK) {
         return fail(s, "creating the scheduler");
@@ -393,6 +395,7 @@ static int submit(sim *s, size_t i, size_t step)
     request.ctx = s;
     request.max_new_tokens = w->output_tokens;
     request.samples = s->config->samples;
+    request.session = w->session;
     uint64_t id;
     if (kvp_scheduler_submit(s->scheduler, &request, &id, s->err) != KVP_OK) {
         return fail(s, "submitting a request");
@@ -634,7 +637,7 @@ static int record_step(sim *s, const kvp_step_stats *st)
     if (st->decoded > res->peak_concurrent) {
         res->peak_concurrent = st->decoded;
     }
-    /* Pages held at the end of the step are the running sequences' pages. */
+    /* Pages held at the end of the step are the running and kept sequences' pages. */
     double held = (double)st->held_pages;
     res->samples[res->steps] = (kvp_sim_sample){(uint32_t)st->held_pages, (uint32_t)st->running,
                                                 (uint32_t)st->cached_pages,
@@ -695,6 +698,9 @@ static void read_counters(sim *s)
     s->result->prefix_hit_tokens = stats.prefix_hit_tokens;
     s->result->stale_preemptions = stats.stale_preemptions;
     s->result->forks = stats.forks;
+    s->result->session_keeps = stats.session_keeps;
+    s->result->session_hits = stats.session_hits;
+    s->result->session_drops = stats.session_drops;
 }
 
 static int step_once(sim *s, size_t step)

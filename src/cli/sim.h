@@ -49,6 +49,9 @@ typedef struct kvp_sim_config {
     int schedule;           /* kvp_scheduler_config.schedule: a kvp_schedule (default FCFS) */
     size_t update_every;    /* scheduler steps between weight updates; 0: never */
     size_t verify_every;    /* verify requests 0, N, 2N, ... (by workload index); 0: none */
+    size_t session_ttl;     /* kvp_scheduler_config.session_ttl: steps a finished turn's
+                               sequence is kept for its conversation (default 128; only
+                               requests with a session, conversation turns, use it) */
 } kvp_sim_config;
 
 /* One scheduler step, for the plot. */
@@ -128,6 +131,9 @@ typedef struct kvp_sim_result {
                                       their run (their tokens span two weight versions) */
     /* conversations (workload.h: turns above 0) */
     size_t later_turns;            /* turns submitted after the turn before them finished */
+    uint64_t session_keeps;        /* finished turns whose sequence was kept (scheduler stats) */
+    uint64_t session_hits;         /* next turns admitted while their conversation's was kept */
+    uint64_t session_drops;        /* kept sequences given back before their next turn came */
     size_t turn_gap_min;           /* the fewest steps from a turn finishing to its next turn's
                                       submission; 0 would be a turn submitted before the one
                                       before it finished (open loop). 0 when later_turns is 0 */

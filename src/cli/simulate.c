@@ -53,6 +53,7 @@
     X(SHARED_PREFIX, "--shared-prefix")                                                   \
     X(SAMPLES, "--samples")                                                               \
     X(SCHEDULE, "--schedule")                                                             \
+    X(SESSION_TTL, "--session-ttl")                                                       \
     X(UPDATE_WEIGHTS_EVERY, "--update-weights-every")                                     \
     X(VERIFY, "--verify")                                                                 \
     X(WATERMARK, "--watermark")                                                           \
@@ -185,6 +186,13 @@ static void simulate_usage(FILE *out)
             "                       with the most prompt blocks in the prefix cache first;\n"
             "                       preempted ones, and any overtaken in 8 steps, keep\n"
             "                       their place) (default fcfs)\n"
+            "  --session-ttl N      conversation turns: steps a finished turn's sequence\n"
+            "                       (its pages) is kept for the conversation's next turn,\n"
+            "                       which goes to the front of the queue and adopts its\n"
+            "                       blocks instead of finding them evicted. Kept pages\n"
+            "                       count as held (at most half the pool) and go back\n"
+            "                       first when running sequences need pages; 0 keeps\n"
+            "                       none (default %zu)\n"
             "  --update-weights-every N\n"
             "                       between steps, every N steps, update every layer's\n"
             "                       parameters in place (a small seeded perturbation: a\n"
@@ -233,7 +241,8 @@ static void simulate_usage(FILE *out)
             "error (out of memory included).\n",
             d.layers, d.model_width, d.heads, d.block_tokens,
             kvp_cli_format_bytes(d.budget_bytes, budget, sizeof budget), MIN_CAPACITY,
-            d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, d.samples, d.watermark,
+            d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, d.samples, d.session_ttl,
+            d.watermark,
             d.reserve_tokens,
             MAX_THREADS, (unsigned long long)d.seed, d.audit_every);
 }
@@ -260,6 +269,7 @@ static size_t *size_field(options *o, flag f)
     case FLAG_SAMPLES: return &o->sim.samples;
     case FLAG_UPDATE_WEIGHTS_EVERY: return &o->sim.update_every;
     case FLAG_VERIFY: return &o->sim.verify_every;
+    case FLAG_SESSION_TTL: return &o->sim.session_ttl;
     default: return NULL;
     }
 }
@@ -835,6 +845,12 @@ static void print_sharing(const options *o, const kvp_sim_result *r, const kvp_s
                "step%s after\n"
                "                        the turn before it finished\n",
                r->later_turns, r->turn_gap_min, r->turn_gap_min == 1 ? "" : "s");
+        printf("sessions                %llu finished turns kept up to %zu steps "
+               "(--session-ttl): %llu next turns\n"
+               "                        admitted while kept, %llu given back before "
+               "(expired, or for pages)\n",
+               (unsigned long long)r->session_keeps, c->session_ttl,
+               (unsigned long long)r->session_hits, (unsigned long long)r->session_drops);
     }
     if (c->verify_every != 0) {
         printf("verify                  %zu sample sequences recomputed from scratch (requests "
@@ -955,6 +971,9 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_uint(json, "verify_skipped", r->verify_skipped);
     kvp_json_uint(json, "later_turns", r->later_turns);
     kvp_json_double(json, "turn_gap_min", r->later_turns > 0 ? (double)r->turn_gap_min : NAN);
+    kvp_json_uint(json, "session_keeps", r->session_keeps);
+    kvp_json_uint(json, "session_hits", r->session_hits);
+    kvp_json_uint(json, "session_drops", r->session_drops);
     if (off == NULL) {
         kvp_json_double(json, "sharing_concurrency_ratio", NAN);
         kvp_json_double(json, "no_sharing", NAN);
@@ -1046,6 +1065,7 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
                     c->schedule == KVP_SCHEDULE_CACHE_AWARE ? "cache-aware" : "fcfs");
     kvp_json_uint(&json, "update_weights_every", c->update_every);
     kvp_json_uint(&json, "verify_every", c->verify_every);
+    kvp_json_uint(&json, "session_ttl", c->session_ttl);
     kvp_json_object_end(&json);
     kvp_json_object_end(&json);
 }

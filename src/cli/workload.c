@@ -168,6 +168,7 @@ static void generate_conversations(const kvp_workload_spec *spec,
             r->arrival_step = turn == 0 ? step : 0;
             r->shared_tokens = shared;
             r->stream = conversation;
+            r->session = conversation + 1;
             r->turn = turn;
             r->think_steps = think;
             count++;

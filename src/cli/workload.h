@@ -62,6 +62,8 @@ typedef struct kvp_workload_request {
                               submitted think_steps after the request before it in the list
                               (turn k - 1) finishes; arrival_step is then unused (0) */
     size_t think_steps;    /* turn > 0: the user's think time, in steps */
+    uint64_t session;      /* conversation: its number + 1, on every turn (kvp_request.session);
+                              0: not a conversation's */
 } kvp_workload_request;
 
 typedef struct kvp_workload {

@@ -2040,6 +2040,10 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         st.used_slots += s->layers * len;
         st.unshared_pages += s->layers * blocks_of(s, len);
     }
+    for (size_t i = 0; i < s->kept_count; i++) {
+        st.used_slots += s->layers * lease_len(&s->kept[i].lease);
+        st.unshared_pages += s->kept[i].pages;
+    }
     st.running = s->running_count;
     st.waiting = s->waiting_count;
     if (stats != NULL) {
