@@ -1740,6 +1740,35 @@ static void test_scheduler_session_stall_gives_back(void **state)
     teardown_fixture(&f);
 }
 
+/*
+ * The largest ttl never expires: turn 1 kept with session_ttl SIZE_MAX
+ * (its expiry step saturates) is still kept after 5 more steps and adopted
+ * by the next turn (a session hit, no drop).
+ */
+static void test_scheduler_session_largest_ttl_never_expires(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sessions(&f, 24, SIZE_MAX, 0.5);
+    static book b;
+    kvp_step_stats st = run_turn1(&f, &b);
+    assert_int_equal(st.retained_pages, TURN1_PAGES);
+    for (size_t j = 0; j < 5; j++) {
+        assert_int_equal(step_once(&f).retained_pages, TURN1_PAGES);
+    }
+    assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
+    submit_session(&f, &b, TURN2_PROMPT, TURN2_NEW, NULL, 1, 1);
+    st = step_once(&f);
+    assert_int_equal(st.prefix_hit_tokens, 16);
+    assert_sessions(&f, 1, 1, 0, 0, 0);
+    run(&f, 0);
+    assert_sessions(&f, 2, 1, 0, 1, TURN2_PAGES);
+    assert_samples_exact(&b, 1, 1, TURN2_PROMPT, TURN2_NEW);
+    kvp_request_result done[2];
+    assert_int_equal(collect_all(&f, done, 2), 2);
+    teardown_fixture(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1763,6 +1792,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_session_keeps_turn_across_pressure),
         cmocka_unit_test(test_scheduler_session_request_goes_first),
         cmocka_unit_test(test_scheduler_session_expires_after_ttl),
+        cmocka_unit_test(test_scheduler_session_largest_ttl_never_expires),
         cmocka_unit_test(test_scheduler_session_replaced_by_same_session),
         cmocka_unit_test(test_scheduler_session_fraction_caps_kept_pages),
         cmocka_unit_test(test_scheduler_session_given_back_before_preemption),
