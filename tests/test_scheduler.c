@@ -759,15 +759,17 @@ static void test_scheduler_step_and_collect_refusals_change_nothing(void **state
  * preempts: each failed step changes nothing (scheduler and pool counters),
  * the retried step goes on, and the outputs are those of a run without faults.
  */
-static void fault_sweep(size_t samples, size_t pages)
+static void fault_sweep(size_t samples, size_t pages, size_t session_ttl)
 {
     fixture f;
-    setup_fixture(&f, pages, 1, 1, 0);
+    setup_fixture_full(&f, pages, 1, 1, 0, 1, KVP_SCHEDULE_FCFS, session_ttl, 0.5);
     static book b;
     memset(&b, 0, sizeof b);
     for (size_t i = 0; i < 5; i++) {
         b.shared[i] = samples > 1 ? 4 : 0; /* a shared first block: the index is used */
-        submit_samples(&f, &b, lengths[i][0], lengths[i][1], NULL, samples);
+        /* With sessions: two conversations, kept sequences replaced, used, given back. */
+        submit_session(&f, &b, lengths[i][0], lengths[i][1], NULL, samples,
+                       session_ttl != 0 ? 1 + i % 2 : 0);
     }
     size_t faults = 0;
     for (size_t steps = 0; steps < 10000; steps++) {
@@ -810,6 +812,10 @@ static void fault_sweep(size_t samples, size_t pages)
         assert_true(s.prefix_hit_tokens > 0);
         assert_true(s.forks > 0);
     }
+    if (session_ttl != 0) {
+        assert_true(s.session_keeps > 0);
+        assert_true(s.session_drops + s.session_hits > 0);
+    }
     for (size_t i = 0; i < 5; i++) {
         assert_samples_exact(&b, i, samples, lengths[i][0], lengths[i][1]);
     }
@@ -821,8 +827,10 @@ static void fault_sweep(size_t samples, size_t pages)
 static void test_scheduler_step_allocation_faults_change_nothing(void **state)
 {
     (void)state;
-    fault_sweep(1, 12);
-    fault_sweep(3, 30); /* samples forked, prefixes shared */
+    fault_sweep(1, 12, 0);
+    fault_sweep(3, 30, 0); /* samples forked, prefixes shared */
+    fault_sweep(1, 12, 4); /* sessions kept between steps */
+    fault_sweep(3, 30, 4);
 }
 
 /* ---- sharing: samples, the prefix index, weight updates ---------------- */
