@@ -1,7 +1,7 @@
 /*
  * test_abi.c: growing structs (kvpager/pool.h, "Growing structs"). An older
  * caller is emulated by a struct cut to its first-release prefix: the
- * library must read (config) or write (stats, info) exactly the bytes the
+ * library must read (config, request) or write (stats, info) exactly the bytes the
  * caller's struct_size covers. Each emulated struct is checked twice: at the
  * very end of a heap block of exactly struct_size bytes, so that ASan (debug
  * preset) and memcheck (release preset) catch any access past it, and
@@ -367,6 +367,190 @@ static void test_abi_scheduler_config_old_caller(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/* After the scheduler: nothing held (published blocks stay evictable), then the pool goes. */
+static void destroy_shared_pool(kvp_pool *pool)
+{
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
+    kvpt_assert_ok(kvp_pool_stats_get(pool, &stats, NULL), NULL);
+    assert_int_equal(stats.held_pages, 0);
+    assert_int_equal(stats.attached_caches, 0);
+    assert_int_equal(stats.free_pages + stats.evictable_pages, stats.total_pages);
+    kvpt_assert_ok(kvp_pool_destroy(pool, NULL), NULL);
+}
+
+/* Compute off: the rows key the prompt and the decoded blocks only. */
+static void abi_rows(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                     size_t width)
+{
+    (void)ctx;
+    for (size_t i = 0; i < width; i++) {
+        row[i] = (double)(id * 100 + sample * 10 + position) + (double)i / 16.0;
+    }
+}
+
+static kvp_status get_scheduler_stats(void *ctx, void *out, kvp_error *err)
+{
+    return kvp_scheduler_stats_get(ctx, out, err);
+}
+
+/* An idle scheduler's step (nothing runs or waits, a session kept for long): the same each time. */
+static kvp_status get_step_stats(void *ctx, void *out, kvp_error *err)
+{
+    return kvp_scheduler_step(ctx, out, err);
+}
+
+/* A scheduler (compute off, sharing on) that keeps finished sessions for 100000 steps. */
+static kvp_scheduler *session_scheduler(kvp_model *model, kvp_pool *pool)
+{
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    config.capacity = 8;
+    config.compute = 0;
+    config.watermark = 0.0;
+    config.reserve_tokens = 2;
+    config.session_ttl = 100000;
+    config.session_fraction = 1.0;
+    kvp_scheduler *scheduler = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, NULL, &config, &scheduler, &err), &err);
+    return scheduler;
+}
+
+/* Submits `request` (of any struct_size) and steps until nothing runs or waits. */
+static void run_request(kvp_scheduler *scheduler, const kvp_request *request, uint64_t want_id)
+{
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(scheduler, request, &id, &err), &err);
+    assert_int_equal(id, want_id);
+    for (size_t i = 0; i < 16; i++) {
+        kvpt_assert_ok(kvp_scheduler_step(scheduler, NULL, &err), &err);
+        kvp_scheduler_stats stats;
+        kvp_scheduler_stats_init(&stats);
+        kvpt_assert_ok(kvp_scheduler_stats_get(scheduler, &stats, &err), &err);
+        if (stats.running == 0 && stats.waiting == 0) {
+            return;
+        }
+    }
+    fail();
+}
+
+static kvp_scheduler_stats scheduler_stats(const kvp_scheduler *scheduler)
+{
+    kvp_scheduler_stats stats;
+    kvp_scheduler_stats_init(&stats);
+    kvpt_assert_ok(kvp_scheduler_stats_get(scheduler, &stats, NULL), NULL);
+    return stats;
+}
+
+/*
+ * An old caller's kvp_request (first release: no session) is read up to its
+ * struct_size only: at the end of an exact heap block it is accepted, and
+ * followed by guard bytes (a nonzero session, if read) its request keeps
+ * nothing for a session, where a full request naming that session does.
+ * Too small a struct_size is refused, nothing submitted.
+ */
+static void test_abi_request_old_caller(void **state)
+{
+    (void)state;
+    const size_t first = KVPI_REQUEST_SIZE_FIRST;
+    assert_int_equal(first, offsetof(kvp_request, session));
+    kvp_pool_config pool_config = small_config();
+    kvp_pool *pool = NULL;
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&pool_config, &pool, &err), &err);
+    kvpt_assert_ok(kvp_model_create_random_grouped(1, 16, 2, 2, 8, 10000.0, 1, &model, &err),
+                   &err);
+    kvp_scheduler *scheduler = session_scheduler(model, pool);
+    kvp_request full;
+    kvp_request_init(&full);
+    assert_int_equal(full.session, 0);
+    full.prompt_tokens = 4;
+    full.max_new_tokens = 2;
+    full.input = abi_rows;
+    full.struct_size = first;
+
+    unsigned char *exact = exact_block(first, 0);
+    memcpy(exact, &full, first);
+    run_request(scheduler, (const kvp_request *)(void *)exact, 0);
+    free(exact);
+
+    unsigned char guarded[sizeof(kvp_request) + GUARD_BYTES];
+    memset(guarded, GUARD, sizeof guarded);
+    memcpy(guarded, &full, first);
+    run_request(scheduler, (const kvp_request *)(void *)guarded, 1);
+    assert_guard(guarded, first, sizeof guarded);
+    kvp_scheduler_stats stats = scheduler_stats(scheduler);
+    assert_int_equal(stats.completed, 2);
+    assert_int_equal(stats.session_keeps, 0); /* the guard bytes were not read as a session */
+    assert_int_equal(stats.retained, 0);
+
+    /* The same session, named by a caller of this library's size, is kept. */
+    memcpy(&full.session, guarded + first, sizeof full.session);
+    full.struct_size = sizeof full;
+    run_request(scheduler, &full, 2);
+    stats = scheduler_stats(scheduler);
+    assert_int_equal(stats.session_keeps, 1);
+    assert_int_equal(stats.retained, 1);
+    assert_int_equal(stats.retained_pages, 2); /* 6 tokens: 2 blocks x 1 layer */
+
+    /* Zero or too small: refused, nothing submitted. */
+    const size_t refused[] = {0, 1, first - 1};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        full.struct_size = refused[i];
+        uint64_t id = UINT64_MAX;
+        assert_refused_struct_size(kvp_scheduler_submit(scheduler, &full, &id, &err), &err);
+        assert_int_equal(id, UINT64_MAX);
+    }
+    assert_int_equal(scheduler_stats(scheduler).submitted, 3);
+    kvpt_assert_ok(kvp_scheduler_destroy(scheduler, NULL), NULL);
+    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
+    destroy_shared_pool(pool);
+}
+
+/*
+ * The scheduler's output structs: a first-release kvp_step_stats or
+ * kvp_scheduler_stats (no session fields) is written only up to its
+ * struct_size, while a session is kept (the later fields nonzero).
+ */
+static void test_abi_scheduler_stats_old_caller(void **state)
+{
+    (void)state;
+    assert_int_equal(KVPI_STEP_STATS_SIZE_FIRST, offsetof(kvp_step_stats, retained_pages));
+    assert_int_equal(KVPI_SCHEDULER_STATS_SIZE_FIRST, offsetof(kvp_scheduler_stats, retained));
+    kvp_pool_config pool_config = small_config();
+    kvp_pool *pool = NULL;
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&pool_config, &pool, &err), &err);
+    kvpt_assert_ok(kvp_model_create_random_grouped(1, 16, 2, 2, 8, 10000.0, 1, &model, &err),
+                   &err);
+    kvp_scheduler *scheduler = session_scheduler(model, pool);
+    kvp_request request;
+    kvp_request_init(&request);
+    request.prompt_tokens = 4;
+    request.max_new_tokens = 2;
+    request.input = abi_rows;
+    request.session = 9;
+    run_request(scheduler, &request, 0);
+    assert_int_equal(scheduler_stats(scheduler).retained_pages, 2);
+    check_output_struct(get_scheduler_stats, scheduler, sizeof(kvp_scheduler_stats),
+                        KVPI_SCHEDULER_STATS_SIZE_FIRST);
+    check_output_struct(get_step_stats, scheduler, sizeof(kvp_step_stats),
+                        KVPI_STEP_STATS_SIZE_FIRST);
+    kvp_step_stats step;
+    kvp_step_stats_init(&step);
+    kvpt_assert_ok(kvp_scheduler_step(scheduler, &step, &err), &err);
+    assert_int_equal(step.retained_pages, 2); /* still kept: the later field is real */
+    assert_int_equal(step.held_pages, 2);
+    kvpt_assert_ok(kvp_scheduler_destroy(scheduler, NULL), NULL);
+    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
+    destroy_shared_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,6 +561,8 @@ int main(void)
         cmocka_unit_test(test_abi_pool_stats_old_caller),
         cmocka_unit_test(test_abi_info_structs),
         cmocka_unit_test(test_abi_scheduler_config_old_caller),
+        cmocka_unit_test(test_abi_request_old_caller),
+        cmocka_unit_test(test_abi_scheduler_stats_old_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

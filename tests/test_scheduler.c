@@ -18,6 +18,12 @@
  *   - the cache-aware schedule admits a cached-prefix request ahead of an
  *     uncached head that does not fit, within its starvation bound, with
  *     every output as under FCFS;
+ *   - sessions: a finished turn's sequence is kept so the conversation's
+ *     next turn adopts its blocks across eviction pressure (outputs as
+ *     without sessions) and goes to the front of the queue; it is given
+ *     back on each rule (expiry at its ttl, replacement, session_fraction,
+ *     running sequences' pages before any preemption, stale parameters,
+ *     a stalled queue), counted exactly;
  *   - an allocation fault at every allocation of a step changes nothing
  *     (the scheduler's counters and the pool's), and the run then finishes
  *     with the same outputs.
@@ -26,6 +32,7 @@
  */
 #include "support.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "pager/alloc.h"
@@ -128,8 +135,9 @@ static kvp_model *make_model(void)
     return model;
 }
 
-static void setup_fixture_schedule(fixture *f, size_t pages, size_t threads, int compute,
-                                   size_t max_running, int sharing, kvp_schedule schedule)
+static void setup_fixture_full(fixture *f, size_t pages, size_t threads, int compute,
+                               size_t max_running, int sharing, kvp_schedule schedule,
+                               size_t session_ttl, double session_fraction)
 {
     memset(f, 0, sizeof *f);
     f->model = make_model();
@@ -145,10 +153,24 @@ static void setup_fixture_schedule(fixture *f, size_t pages, size_t threads, int
     config.identity = SEED;
     config.sharing = sharing;
     config.schedule = schedule;
+    config.session_ttl = session_ttl;
+    config.session_fraction = session_fraction;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
                                         &err),
                    &err);
+}
+
+static void setup_fixture_schedule(fixture *f, size_t pages, size_t threads, int compute,
+                                   size_t max_running, int sharing, kvp_schedule schedule)
+{
+    setup_fixture_full(f, pages, threads, compute, max_running, sharing, schedule, 0, 0.5);
+}
+
+/* Sharing on, FCFS, 1 decoder thread, sessions kept `ttl` steps within `fraction` of the pool. */
+static void setup_fixture_sessions(fixture *f, size_t pages, size_t ttl, double fraction)
+{
+    setup_fixture_full(f, pages, 1, 1, 0, 1, KVP_SCHEDULE_FCFS, ttl, fraction);
 }
 
 static void setup_fixture_sharing(fixture *f, size_t pages, size_t threads, int compute,
@@ -179,8 +201,8 @@ static void teardown_fixture(fixture *f)
     kvpt_assert_ok(kvp_model_destroy(f->model, NULL), NULL);
 }
 
-static uint64_t submit_samples(fixture *f, book *b, size_t prompt, size_t new_tokens,
-                               const double *rows, size_t samples)
+static uint64_t submit_session(fixture *f, book *b, size_t prompt, size_t new_tokens,
+                               const double *rows, size_t samples, uint64_t session)
 {
     kvp_scheduler_stats before;
     kvp_scheduler_stats_init(&before);
@@ -195,11 +217,18 @@ static uint64_t submit_samples(fixture *f, book *b, size_t prompt, size_t new_to
     request.ctx = b;
     request.max_new_tokens = new_tokens;
     request.samples = samples;
+    request.session = session;
     uint64_t id = UINT64_MAX;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &id, &err), &err);
     assert_int_equal(id, before.submitted);
     return id;
+}
+
+static uint64_t submit_samples(fixture *f, book *b, size_t prompt, size_t new_tokens,
+                               const double *rows, size_t samples)
+{
+    return submit_session(f, b, prompt, new_tokens, rows, samples, 0);
 }
 
 static uint64_t submit(fixture *f, book *b, size_t prompt, size_t new_tokens,
@@ -531,6 +560,30 @@ static void test_scheduler_create_refuses_bad_input(void **state)
                      KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "schedule");
     config.schedule = KVP_SCHEDULE_FCFS;
+    /* session_fraction outside [0, 1] (NaN too) is refused, naming it, creating nothing. */
+    const double bad_fractions[3] = {-0.1, 1.5, nan("")};
+    for (size_t i = 0; i < 3; i++) {
+        config.session_fraction = bad_fractions[i];
+        memset(&err, 0, sizeof err);
+        assert_int_equal(kvp_scheduler_create(model, pool, decoder, &config, &out, &err),
+                         KVP_INVALID_ARGUMENT);
+        assert_int_equal(err.status, KVP_INVALID_ARGUMENT);
+        assert_string_equal(err.argument, "session_fraction");
+        assert_ptr_equal(out, sentinel);
+        kvp_pool_stats refused;
+        kvp_pool_stats_init(&refused);
+        kvpt_assert_ok(kvp_pool_stats_get(pool, &refused, NULL), NULL);
+        assert_int_equal(refused.attached_caches, 0);
+        assert_int_equal(refused.held_pages, 0);
+    }
+    /* Its bounds are accepted. */
+    for (int bound = 0; bound <= 1; bound++) {
+        config.session_fraction = bound;
+        kvp_scheduler *made = NULL;
+        kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &made, &err), &err);
+        kvpt_assert_ok(kvp_scheduler_destroy(made, NULL), NULL);
+    }
+    config.session_fraction = 0.5;
     config.capacity = 0;
     assert_int_equal(kvp_scheduler_create(model, pool, decoder, &config, &out, &err),
                      KVP_ZERO_CAPACITY);
@@ -706,15 +759,17 @@ static void test_scheduler_step_and_collect_refusals_change_nothing(void **state
  * preempts: each failed step changes nothing (scheduler and pool counters),
  * the retried step goes on, and the outputs are those of a run without faults.
  */
-static void fault_sweep(size_t samples, size_t pages)
+static void fault_sweep(size_t samples, size_t pages, size_t session_ttl)
 {
     fixture f;
-    setup_fixture(&f, pages, 1, 1, 0);
+    setup_fixture_full(&f, pages, 1, 1, 0, 1, KVP_SCHEDULE_FCFS, session_ttl, 0.5);
     static book b;
     memset(&b, 0, sizeof b);
     for (size_t i = 0; i < 5; i++) {
         b.shared[i] = samples > 1 ? 4 : 0; /* a shared first block: the index is used */
-        submit_samples(&f, &b, lengths[i][0], lengths[i][1], NULL, samples);
+        /* With sessions: two conversations, kept sequences replaced, used, given back. */
+        submit_session(&f, &b, lengths[i][0], lengths[i][1], NULL, samples,
+                       session_ttl != 0 ? 1 + i % 2 : 0);
     }
     size_t faults = 0;
     for (size_t steps = 0; steps < 10000; steps++) {
@@ -757,6 +812,10 @@ static void fault_sweep(size_t samples, size_t pages)
         assert_true(s.prefix_hit_tokens > 0);
         assert_true(s.forks > 0);
     }
+    if (session_ttl != 0) {
+        assert_true(s.session_keeps > 0);
+        assert_true(s.session_drops + s.session_hits > 0);
+    }
     for (size_t i = 0; i < 5; i++) {
         assert_samples_exact(&b, i, samples, lengths[i][0], lengths[i][1]);
     }
@@ -768,8 +827,10 @@ static void fault_sweep(size_t samples, size_t pages)
 static void test_scheduler_step_allocation_faults_change_nothing(void **state)
 {
     (void)state;
-    fault_sweep(1, 12);
-    fault_sweep(3, 30); /* samples forked, prefixes shared */
+    fault_sweep(1, 12, 0);
+    fault_sweep(3, 30, 0); /* samples forked, prefixes shared */
+    fault_sweep(1, 12, 4); /* sessions kept between steps */
+    fault_sweep(3, 30, 4);
 }
 
 /* ---- sharing: samples, the prefix index, weight updates ---------------- */
@@ -1274,6 +1335,448 @@ static void test_scheduler_cache_aware_admits_cached_prefix_first(void **state)
     assert_memory_equal(fcfs.tokens, aware.tokens, sizeof fcfs.tokens);
 }
 
+/* The pool's counters now. */
+static kvp_pool_stats pool_of(const fixture *f)
+{
+    kvp_pool_stats pool;
+    kvp_pool_stats_init(&pool);
+    kvpt_assert_ok(kvp_pool_stats_get(f->pool, &pool, NULL), NULL);
+    return pool;
+}
+
+/* The scheduler's session counters, against what the test expects. */
+static void assert_sessions(const fixture *f, uint64_t keeps, uint64_t hits, uint64_t drops,
+                            size_t retained, size_t retained_pages)
+{
+    kvp_scheduler_stats s = stats_of(f);
+    assert_int_equal(s.session_keeps, keeps);
+    assert_int_equal(s.session_hits, hits);
+    assert_int_equal(s.session_drops, drops);
+    assert_int_equal(s.retained, retained);
+    assert_int_equal(s.retained_pages, retained_pages);
+}
+
+/*
+ * Every row of requests `ids` is group `group`'s: a conversation whose
+ * later turn's prompt holds an earlier turn's prompt and reply.
+ */
+static void book_conversation(book *b, const uint64_t *ids, size_t n, uint64_t group)
+{
+    for (size_t i = 0; i < n; i++) {
+        b->shared[ids[i]] = CAPACITY;
+        b->group[ids[i]] = group;
+    }
+}
+
+/* The first turn of session 1 (6 prompt tokens, 10 decoded: 16, 4 full blocks x 2 layers). */
+#define TURN1_PROMPT 6
+#define TURN1_NEW 10
+#define TURN1_PAGES 8
+/* Its next turn: the 16 rows and 3 more; adopts the 4 blocks (16 tokens). */
+#define TURN2_PROMPT 19
+#define TURN2_NEW 2
+#define TURN2_PAGES 12 /* 21 tokens: 6 blocks x 2 layers */
+
+/*
+ * A conversation's next turn adopts its first turn's blocks across
+ * eviction pressure: in a 24-page pool, turn 1 (session 1) completes,
+ * then two requests of 28 prompt tokens and 4 decoded (16 pages each) run
+ * one after the other. Without sessions (ttl 0) turn 1's 8 evictable pages
+ * are the least recently used and the second filler evicts them: turn 2
+ * adopts nothing. With sessions turn 1's sequence is kept (held, 8 pages,
+ * so the fillers evict each other's instead) and turn 2 adopts its 16
+ * tokens; the kept sequence is then given back (a session hit) and turn 2
+ * is kept in turn (12 pages, at most half the pool). Every output is
+ * bit-identical between the two runs and to a fresh sequence's.
+ */
+static void test_scheduler_session_keeps_turn_across_pressure(void **state)
+{
+    (void)state;
+    static book runs[2];
+    static const size_t ttls[2] = {0, 100};
+    for (size_t r = 0; r < 2; r++) {
+        size_t ttl = ttls[r];
+        int on = ttl != 0;
+        fixture f;
+        setup_fixture_sessions(&f, 24, ttl, 0.5);
+        book *b = &runs[r];
+        memset(b, 0, sizeof *b);
+        static const uint64_t turns[2] = {0, 3};
+        book_conversation(b, turns, 2, 0); /* requests 1 and 2 (the fillers): their own rows */
+        submit_session(&f, b, TURN1_PROMPT, TURN1_NEW, NULL, 1, 1);
+        run(&f, 0);
+        assert_sessions(&f, on, 0, 0, on, on ? TURN1_PAGES : 0);
+        kvp_pool_stats pool = pool_of(&f);
+        assert_int_equal(pool.held_pages, on ? TURN1_PAGES : 0);
+        assert_int_equal(pool.evictable_pages, on ? 0 : TURN1_PAGES);
+        for (size_t i = 0; i < 2; i++) {
+            submit_session(&f, b, 28, 4, NULL, 1, 0);
+            kvp_step_stats st = step_once(&f);
+            assert_int_equal(st.admitted, 1);
+            assert_int_equal(st.prefix_hit_tokens, 0);
+            assert_int_equal(st.retained_pages, on ? TURN1_PAGES : 0);
+            run(&f, 0);
+        }
+        assert_sessions(&f, on, 0, 0, on, on ? TURN1_PAGES : 0);
+        submit_session(&f, b, TURN2_PROMPT, TURN2_NEW, NULL, 1, 1);
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.admitted, 1);
+        assert_int_equal(st.prompt_tokens, TURN2_PROMPT);
+        assert_int_equal(st.prefix_hit_tokens, on ? 16 : 0);
+        assert_int_equal(st.retained_pages, 0); /* given back once turn 2 adopted it */
+        assert_sessions(&f, on, on, 0, 0, 0);
+        run(&f, 0);
+        assert_sessions(&f, 2 * (uint64_t)on, on, 0, on, on ? TURN2_PAGES : 0);
+        assert_int_equal(pool_of(&f).held_pages, on ? TURN2_PAGES : 0);
+        kvp_scheduler_stats s = stats_of(&f);
+        assert_int_equal(s.prefix_hit_tokens, on ? 16 : 0);
+        assert_int_equal(s.preemptions, 0);
+        assert_int_equal(s.completed, 4);
+        assert_samples_exact(b, 0, 1, TURN1_PROMPT, TURN1_NEW);
+        assert_samples_exact(b, 1, 1, 28, 4);
+        assert_samples_exact(b, 2, 1, 28, 4);
+        assert_samples_exact(b, 3, 1, TURN2_PROMPT, TURN2_NEW);
+        kvp_request_result done[4];
+        assert_int_equal(collect_all(&f, done, 4), 4);
+        teardown_fixture(&f); /* the kept turn 2 gives its pages back: none held */
+    }
+    assert_memory_equal(runs[0].outputs, runs[1].outputs, sizeof runs[0].outputs);
+    assert_memory_equal(runs[0].tokens, runs[1].tokens, sizeof runs[0].tokens);
+}
+
+/*
+ * A request submitted while its session's sequence is kept goes to the
+ * front of the queue: turn 1 (session 1) is kept (8 pages of 24); request
+ * 1 (20 prompt tokens, 4 decoded: 12 pages) runs; request 2 (8 + 2
+ * tokens: 6 pages) waits, 4 pages being left. Turn 2 of session 1 (4 new
+ * pages past its 4 adopted blocks) is then admitted ahead of request 2.
+ * Submitted under session 2 (nothing kept), the same request queues behind
+ * request 2 and FCFS admits neither. Outputs exact either way.
+ */
+static void test_scheduler_session_request_goes_first(void **state)
+{
+    (void)state;
+    for (uint64_t session = 1; session <= 2; session++) {
+        int first = session == 1;
+        fixture f;
+        setup_fixture_sessions(&f, 24, 100, 0.5);
+        static book b;
+        memset(&b, 0, sizeof b);
+        static const uint64_t turns[2] = {0, 3};
+        book_conversation(&b, turns, 2, 0);
+        submit_session(&f, &b, TURN1_PROMPT, TURN1_NEW, NULL, 1, 1);
+        run(&f, 0);
+        submit_session(&f, &b, 20, 4, NULL, 1, 0);
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.admitted, 1);
+        assert_int_equal(st.held_pages, TURN1_PAGES + 12);
+        submit_session(&f, &b, 8, 2, NULL, 1, 0);
+        st = step_once(&f);
+        assert_int_equal(st.admitted, 0);
+        assert_int_equal(st.waiting, 1);
+        submit_session(&f, &b, TURN2_PROMPT, TURN2_NEW, NULL, 1, session);
+        st = step_once(&f);
+        assert_int_equal(st.admitted, first);
+        assert_int_equal(st.prefix_hit_tokens, first ? 16 : 0);
+        assert_int_equal(st.waiting, first ? 1 : 2);
+        assert_int_equal(b.tokens[3][0], first);
+        assert_int_equal(b.tokens[2][0], 0);
+        assert_sessions(&f, 1, first, 0, !first, first ? 0 : TURN1_PAGES);
+        assert_int_equal(stats_of(&f).preemptions, 0);
+        run(&f, 0);
+        assert_int_equal(stats_of(&f).completed, 4);
+        assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
+        assert_samples_exact(&b, 1, 1, 20, 4);
+        assert_samples_exact(&b, 2, 1, 8, 2);
+        assert_samples_exact(&b, 3, 1, TURN2_PROMPT, TURN2_NEW);
+        kvp_request_result done[4];
+        assert_int_equal(collect_all(&f, done, 4), 4);
+        teardown_fixture(&f);
+    }
+}
+
+/*
+ * Runs turn 1 of session 1 to completion in `f` (kept: sessions on, 24
+ * pages, fraction 0.5): the step it finished in.
+ */
+static kvp_step_stats run_turn1(fixture *f, book *b)
+{
+    memset(b, 0, sizeof *b);
+    static const uint64_t turns[2] = {0, 1};
+    book_conversation(b, turns, 2, 0);
+    submit_session(f, b, TURN1_PROMPT, TURN1_NEW, NULL, 1, 1);
+    for (size_t i = 0; i < TURN1_NEW; i++) {
+        kvp_step_stats st = step_once(f);
+        assert_int_equal(st.decoded, 1);
+        if (st.finished == 1) {
+            assert_int_equal(i, TURN1_NEW - 1);
+            return st;
+        }
+    }
+    fail();
+    return (kvp_step_stats){0};
+}
+
+/*
+ * Expiry: with ttl 3 turn 1's sequence is kept through the 3 steps after
+ * the one it finished in (a request admitted in the third adopts it: a
+ * session hit) and given back at the end of the third (a drop: its pages
+ * evictable, still indexed, so the next turn still hits the index).
+ */
+static void test_scheduler_session_expires_after_ttl(void **state)
+{
+    (void)state;
+    const size_t ttl = 3;
+    for (size_t waits = ttl - 1; waits <= ttl; waits++) {
+        int kept = waits < ttl;
+        fixture f;
+        setup_fixture_sessions(&f, 24, ttl, 0.5);
+        static book b;
+        kvp_step_stats st = run_turn1(&f, &b);
+        assert_int_equal(st.retained_pages, TURN1_PAGES);
+        assert_int_equal(st.held_pages, TURN1_PAGES);
+        for (size_t j = 1; j <= waits; j++) {
+            st = step_once(&f); /* nothing runs or waits */
+            assert_int_equal(st.retained_pages, j < ttl ? TURN1_PAGES : 0);
+            assert_int_equal(st.held_pages, j < ttl ? TURN1_PAGES : 0);
+        }
+        assert_sessions(&f, 1, 0, !kept, kept, kept ? TURN1_PAGES : 0);
+        assert_int_equal(pool_of(&f).evictable_pages, kept ? 0 : TURN1_PAGES);
+        submit_session(&f, &b, TURN2_PROMPT, TURN2_NEW, NULL, 1, 1);
+        st = step_once(&f);
+        assert_int_equal(st.admitted, 1);
+        assert_int_equal(st.prefix_hit_tokens, 16);
+        assert_sessions(&f, 1, kept, !kept, 0, 0);
+        run(&f, 0);
+        assert_sessions(&f, 2, kept, !kept, 1, TURN2_PAGES);
+        assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
+        assert_samples_exact(&b, 1, 1, TURN2_PROMPT, TURN2_NEW);
+        kvp_request_result done[2];
+        assert_int_equal(collect_all(&f, done, 2), 2);
+        teardown_fixture(&f);
+    }
+}
+
+/*
+ * Replacement: two requests of session 1 run together (6 prompt tokens of
+ * their own; 2 and 5 decoded). The first completes at step 2 and is kept
+ * (8 tokens: 4 pages); the second completes at step 5 and is kept instead
+ * (11 tokens: 6 pages), the first given back (a drop).
+ */
+static void test_scheduler_session_replaced_by_same_session(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sessions(&f, 24, 100, 0.5);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit_session(&f, &b, 6, 2, NULL, 1, 1);
+    submit_session(&f, &b, 6, 5, NULL, 1, 1);
+    for (size_t step = 1; step <= 5; step++) {
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.admitted, step == 1 ? 2 : 0);
+        assert_int_equal(st.finished, step == 2 || step == 5);
+        assert_int_equal(st.retained_pages, step < 2 ? 0 : step < 5 ? 4 : 6);
+        if (step < 5) {
+            assert_sessions(&f, step >= 2, 0, 0, step >= 2, step < 2 ? 0 : 4);
+        }
+    }
+    assert_sessions(&f, 2, 0, 1, 1, 6);
+    kvp_pool_stats pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, 6);
+    assert_int_equal(stats_of(&f).running, 0);
+    assert_samples_exact(&b, 0, 1, 6, 2);
+    assert_samples_exact(&b, 1, 1, 6, 5);
+    kvp_request_result done[2];
+    assert_int_equal(collect_all(&f, done, 2), 2);
+    teardown_fixture(&f);
+}
+
+/*
+ * session_fraction caps the kept pages: fraction 0 keeps nothing, nor does
+ * 0.25 (6 of 24 pages) a sequence of 8 pages; at 0.5 (12 pages) a second
+ * session's 8 pages push the oldest out (a drop), keeping one.
+ */
+static void test_scheduler_session_fraction_caps_kept_pages(void **state)
+{
+    (void)state;
+    static const double fractions[2] = {0.0, 0.25};
+    for (size_t i = 0; i < 2; i++) {
+        fixture f;
+        setup_fixture_sessions(&f, 24, 100, fractions[i]);
+        static book b;
+        kvp_step_stats st = run_turn1(&f, &b);
+        assert_int_equal(st.retained_pages, 0);
+        assert_sessions(&f, 0, 0, 0, 0, 0);
+        kvp_pool_stats pool = pool_of(&f);
+        assert_int_equal(pool.held_pages, 0);
+        assert_int_equal(pool.evictable_pages, TURN1_PAGES);
+        kvp_request_result done[1];
+        assert_int_equal(collect_all(&f, done, 1), 1);
+        teardown_fixture(&f);
+    }
+    fixture f;
+    setup_fixture_sessions(&f, 24, 100, 0.5);
+    static book b;
+    run_turn1(&f, &b);
+    assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
+    b.shared[1] = 0; /* request 1: session 2, its own rows, as long */
+    submit_session(&f, &b, TURN1_PROMPT, TURN1_NEW, NULL, 1, 2);
+    run(&f, 0);
+    assert_sessions(&f, 2, 0, 1, 1, TURN1_PAGES);
+    kvp_pool_stats pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, TURN1_PAGES);
+    assert_int_equal(pool.evictable_pages, TURN1_PAGES); /* session 1's, given back */
+    /* Session 2's is the one kept: its next turn goes first, session 1's does not. */
+    b.shared[2] = 0;
+    submit_session(&f, &b, 8, 2, NULL, 1, 1);
+    b.shared[3] = 0;
+    submit_session(&f, &b, 8, 2, NULL, 1, 2);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 2);
+    assert_sessions(&f, 2, 1, 1, 0, 0);
+    run(&f, 0);
+    assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
+    assert_samples_exact(&b, 1, 1, TURN1_PROMPT, TURN1_NEW);
+    kvp_request_result done[4];
+    assert_int_equal(collect_all(&f, done, 4), 4);
+    teardown_fixture(&f);
+}
+
+/*
+ * Running sequences' pages come before kept ones: turn 1 is kept (8 of 24
+ * pages); request 1 (8 prompt tokens of its own, 30 decoded) grows to 38
+ * tokens, 20 pages, more than the 16 beside the kept sequence. The kept
+ * sequence is given back (a drop) in the step the running one first needs
+ * a ninth block (step 25 decodes its 33rd token: 18 pages, 16 available
+ * beside the kept 8), not before, and nothing is ever preempted.
+ */
+static void test_scheduler_session_given_back_before_preemption(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sessions(&f, 24, 100, 0.5);
+    static book b;
+    run_turn1(&f, &b);
+    b.shared[1] = 0;
+    submit_session(&f, &b, 8, 30, NULL, 1, 0);
+    size_t dropped_at = SIZE_MAX;
+    for (size_t step = 1; stats_of(&f).running + stats_of(&f).waiting > 0; step++) {
+        assert_true(step <= 30);
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.preempted, 0);
+        assert_int_equal(st.decoded, 1);
+        if (st.retained_pages == 0 && dropped_at == SIZE_MAX) {
+            dropped_at = step;
+            assert_int_equal(b.tokens[1][0], 25); /* 8 + 25 = 33 tokens: a ninth block */
+        }
+        assert_int_equal(st.retained_pages, step < 25 ? TURN1_PAGES : 0);
+    }
+    assert_int_equal(dropped_at, 25);
+    assert_sessions(&f, 1, 0, 1, 0, 0);
+    assert_int_equal(stats_of(&f).preemptions, 0);
+    assert_int_equal(pool_of(&f).held_pages, 0);
+    assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
+    assert_samples_exact(&b, 1, 1, 8, 30);
+    kvp_request_result done[2];
+    assert_int_equal(collect_all(&f, done, 2), 2);
+    teardown_fixture(&f);
+}
+
+/*
+ * A kept sequence whose parameters changed is given back at the end of the
+ * next step (a drop); its blocks are of the old weights, so the session's
+ * next turn adopts nothing, and its outputs are the new weights'.
+ */
+static void test_scheduler_session_stale_given_back(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sessions(&f, 24, 100, 0.5);
+    static book b;
+    run_turn1(&f, &b);
+    assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
+    update_weights(f.model);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.retained_pages, 0);
+    assert_int_equal(st.held_pages, 0);
+    assert_sessions(&f, 1, 0, 1, 0, 0);
+    submit_session(&f, &b, TURN2_PROMPT, TURN2_NEW, NULL, 1, 1);
+    st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.prefix_hit_tokens, 0);
+    run(&f, 0);
+    assert_sessions(&f, 2, 0, 1, 1, TURN2_PAGES);
+    assert_sample_exact_range(&b, 0, 0, TURN1_PROMPT, TURN1_NEW, 0, CAPACITY, 0);
+    assert_sample_exact_range(&b, 1, 0, TURN2_PROMPT, TURN2_NEW, 0, CAPACITY, 1);
+    kvp_request_result done[2];
+    assert_int_equal(collect_all(&f, done, 2), 2);
+    teardown_fixture(&f);
+}
+
+/*
+ * Kept sequences never stall the queue: turn 1 is kept (8 of 24 pages);
+ * request 1 (36 prompt tokens of its own, 2 decoded: 20 pages) does not fit
+ * beside it and nothing runs, so the step that admits nothing gives every
+ * kept sequence back (a drop), and the next step admits it.
+ */
+static void test_scheduler_session_stall_gives_back(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sessions(&f, 24, 100, 0.5);
+    static book b;
+    run_turn1(&f, &b);
+    b.shared[1] = 0;
+    submit_session(&f, &b, 36, 2, NULL, 1, 0);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 0);
+    assert_int_equal(st.decoded, 0);
+    assert_int_equal(st.waiting, 1);
+    assert_int_equal(st.retained_pages, 0);
+    assert_int_equal(st.held_pages, 0);
+    assert_sessions(&f, 1, 0, 1, 0, 0);
+    st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.held_pages, 20);
+    run(&f, 0);
+    assert_int_equal(stats_of(&f).preemptions, 0);
+    assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
+    assert_samples_exact(&b, 1, 1, 36, 2);
+    kvp_request_result done[2];
+    assert_int_equal(collect_all(&f, done, 2), 2);
+    teardown_fixture(&f);
+}
+
+/*
+ * The largest ttl never expires: turn 1 kept with session_ttl SIZE_MAX
+ * (its expiry step saturates) is still kept after 5 more steps and adopted
+ * by the next turn (a session hit, no drop).
+ */
+static void test_scheduler_session_largest_ttl_never_expires(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sessions(&f, 24, SIZE_MAX, 0.5);
+    static book b;
+    kvp_step_stats st = run_turn1(&f, &b);
+    assert_int_equal(st.retained_pages, TURN1_PAGES);
+    for (size_t j = 0; j < 5; j++) {
+        assert_int_equal(step_once(&f).retained_pages, TURN1_PAGES);
+    }
+    assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
+    submit_session(&f, &b, TURN2_PROMPT, TURN2_NEW, NULL, 1, 1);
+    st = step_once(&f);
+    assert_int_equal(st.prefix_hit_tokens, 16);
+    assert_sessions(&f, 1, 1, 0, 0, 0);
+    run(&f, 0);
+    assert_sessions(&f, 2, 1, 0, 1, TURN2_PAGES);
+    assert_samples_exact(&b, 1, 1, TURN2_PROMPT, TURN2_NEW);
+    kvp_request_result done[2];
+    assert_int_equal(collect_all(&f, done, 2), 2);
+    teardown_fixture(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1294,6 +1797,15 @@ int main(void)
         cmocka_unit_test(test_scheduler_compute_off_shares_alike),
         cmocka_unit_test(test_scheduler_publishes_decoded_blocks),
         cmocka_unit_test(test_scheduler_cache_aware_admits_cached_prefix_first),
+        cmocka_unit_test(test_scheduler_session_keeps_turn_across_pressure),
+        cmocka_unit_test(test_scheduler_session_request_goes_first),
+        cmocka_unit_test(test_scheduler_session_expires_after_ttl),
+        cmocka_unit_test(test_scheduler_session_largest_ttl_never_expires),
+        cmocka_unit_test(test_scheduler_session_replaced_by_same_session),
+        cmocka_unit_test(test_scheduler_session_fraction_caps_kept_pages),
+        cmocka_unit_test(test_scheduler_session_given_back_before_preemption),
+        cmocka_unit_test(test_scheduler_session_stale_given_back),
+        cmocka_unit_test(test_scheduler_session_stall_gives_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -639,7 +639,9 @@ static void keep_session(kvp_scheduler *s, uint64_t id)
     }
     kept_lease *k = &s->kept[s->kept_count++];
     k->session = q->session;
-    k->expires = s->stats.steps + 1 + s->config.session_ttl;
+    uint64_t ttl = s->config.session_ttl;
+    /* Saturating: the largest ttls never expire rather than wrap to now. */
+    k->expires = ttl < UINT64_MAX - 1 - s->stats.steps ? s->stats.steps + 1 + ttl : UINT64_MAX;
     k->pages = pages;
     k->lease = *l;
     s->kept_pages += pages;
