@@ -1715,6 +1715,33 @@ static void test_scheduler_session_stale_given_back(void **state)
 }
 
 /*
+ * A kept sequence made stale by a weight update between steps is no session
+ * hit: turn 2, submitted before the next step, does not go first for it,
+ * adopts nothing (its keys hold the new digests), and the stale sequence
+ * given back at its admission counts as a drop, not a hit.
+ */
+static void test_scheduler_session_stale_is_no_hit(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_sessions(&f, 24, 100, 0.5);
+    static book b;
+    run_turn1(&f, &b);
+    update_weights(f.model);
+    submit_session(&f, &b, TURN2_PROMPT, TURN2_NEW, NULL, 1, 1);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.prefix_hit_tokens, 0);
+    assert_sessions(&f, 1, 0, 1, 0, 0);
+    run(&f, 0);
+    assert_sessions(&f, 2, 0, 1, 1, TURN2_PAGES);
+    assert_sample_exact_range(&b, 1, 0, TURN2_PROMPT, TURN2_NEW, 0, CAPACITY, 1);
+    kvp_request_result done[2];
+    assert_int_equal(collect_all(&f, done, 2), 2);
+    teardown_fixture(&f);
+}
+
+/*
  * Kept sequences never stall the queue: turn 1 is kept (8 of 24 pages);
  * request 1 (36 prompt tokens of its own, 2 decoded: 20 pages) does not fit
  * beside it and nothing runs, so the step that admits nothing gives every
@@ -1805,6 +1832,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_session_fraction_caps_kept_pages),
         cmocka_unit_test(test_scheduler_session_given_back_before_preemption),
         cmocka_unit_test(test_scheduler_session_stale_given_back),
+        cmocka_unit_test(test_scheduler_session_stale_is_no_hit),
         cmocka_unit_test(test_scheduler_session_stall_gives_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

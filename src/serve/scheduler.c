@@ -951,8 +951,9 @@ kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler, const kvp_request *req
     memset(r, 0, sizeof *r);
     r->request = copy;
     r->state = STATE_WAITING;
-    /* A session's next request goes first while its sequence is kept (5.). */
-    if (copy.session != 0 && kept_of(s, copy.session) != SIZE_MAX) {
+    /* A session's next request goes first while its sequence is kept, current (5.). */
+    size_t k = copy.session != 0 ? kept_of(s, copy.session) : SIZE_MAX;
+    if (k != SIZE_MAX && !lease_stale(s, &s->kept[k].lease)) {
         queue_push_front(s, next);
     } else {
         queue_push_back(s, next);
@@ -1618,7 +1619,8 @@ static void use_sessions(kvp_scheduler *s, const plan *p)
         uint64_t session = record_of(s, pl->id)->request.session;
         size_t k = pl->admit && session != 0 ? kept_of(s, session) : SIZE_MAX;
         if (k != SIZE_MAX) {
-            drop_kept(s, k, 1);
+            /* A stale one held nothing the request could adopt: not a hit. */
+            drop_kept(s, k, !lease_stale(s, &s->kept[k].lease));
         }
     }
 }

@@ -37,6 +37,7 @@ fi
 grep -q -- '--trace FILE' "$work/help.txt" || fail "--help does not describe --trace"
 grep -q -- '--kv-dtype NAME' "$work/help.txt" || fail "--help does not describe --kv-dtype"
 grep -q -- '--schedule NAME' "$work/help.txt" || fail "--help does not describe --schedule"
+grep -q -- '--session-ttl N' "$work/help.txt" || fail "--help does not describe --session-ttl"
 
 small="--requests 40 --prompt-mean 40 --output-mean 60 --capacity 512 --budget 1MiB --quiet --json"
 "$@" simulate $small --threads 2 > "$work/two.json"
@@ -220,12 +221,13 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "peak_held_pages", "mean_held_pages", "forks", "evictions", "cow_copies",
        "weight_updates", "stale_preemptions", "update_windows", "verified",
        "verify_mismatches", "verify_skipped", "later_turns", "turn_gap_min",
+       "session_keeps", "session_hits", "session_drops",
        "sharing_concurrency_ratio", "no_sharing"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
           "budget_bytes", "kv_dtype", "capacity", "threads", "seed", "watermark",
           "reserve_tokens", "compute", "samples", "shared_prefix", "sharing", "schedule",
-          "update_weights_every", "verify_every"}
+          "update_weights_every", "verify_every", "session_ttl"}
 assert set(r) == top, f"keys: missing {sorted(top - set(r))}, unexpected {sorted(set(r) - top)}"
 assert set(r["config"]) == config, \
     f"config keys: missing {sorted(config - set(r['config']))}, " \
@@ -279,6 +281,11 @@ status=0
 "$@" simulate --budget lots > /dev/null 2>&1 || status=$?
 [ "$status" = 2 ] || fail "a bad --budget exited $status, not 2"
 status=0
+"$@" simulate --session-ttl soon > /dev/null 2> "$work/ttl.err" || status=$?
+[ "$status" = 2 ] || fail "a bad --session-ttl exited $status, not 2"
+[ "$(wc -l < "$work/ttl.err")" = 1 ] && grep -q -- "--session-ttl: 'soon'" "$work/ttl.err" ||
+    fail "a bad --session-ttl is not one line naming the flag and value"
+status=0
 "$@" simulate --schedule lifo > /dev/null 2> "$work/schedule.err" || status=$?
 [ "$status" = 2 ] || fail "a bad --schedule exited $status, not 2"
 [ "$(wc -l < "$work/schedule.err")" = 1 ] && grep -q -- "--schedule: 'lifo'" "$work/schedule.err" ||
@@ -304,10 +311,19 @@ conv="--profile conversation --requests 24 --prompt-mean 16 --output-mean 24 --c
 "$@" simulate $conv --budget 256KiB --no-compute > "$work/convr.json"
 "$@" simulate $conv --budget 1MiB --threads 2 --verify 5 --schedule cache-aware \
     > "$work/conva.json"
+"$@" simulate $conv --budget 1MiB --threads 2 --session-ttl 0 > "$work/convk.json"
 python3 - "$work" <<'PY'
 import json, sys
-two, one, none, rejecting, aware = (json.load(open(f"{sys.argv[1]}/conv{n}.json"))
-                                    for n in ("2", "1", "0", "r", "a"))
+two, one, none, rejecting, aware, unkept = (json.load(open(f"{sys.argv[1]}/conv{n}.json"))
+                                            for n in ("2", "1", "0", "r", "a", "k"))
+# Sessions (default --session-ttl 128): finished turns are kept and their next
+# turns admitted while kept; --session-ttl 0 keeps none; the run without
+# sharing never keeps (nothing is published).
+assert two["config"]["session_ttl"] == 128 and unkept["config"]["session_ttl"] == 0
+assert two["session_keeps"] > 0 and two["session_hits"] > 0, two
+assert two["session_keeps"] >= two["session_hits"] + two["session_drops"], two
+assert unkept["session_keeps"] == unkept["session_hits"] == unkept["session_drops"] == 0
+assert unkept["requests_completed"] == 24, unkept
 # Cache-aware admission changes the order, not the outputs (verified bit for bit).
 assert aware["config"]["schedule"] == "cache-aware", aware["config"]
 assert aware["requests_completed"] == 24 and aware["verify_mismatches"] == 0, aware
@@ -320,7 +336,8 @@ assert two["requests_completed"] == 24 and two["prefix_hit_rate"] > 0.3, two
 assert rejecting["requests_rejected"] > 0 and rejecting["later_turns"] == 16, rejecting
 assert two["verified"] > 0 and two["verify_mismatches"] == 0, two
 same = ["steps", "preemptions", "prompt_tokens", "prefix_hit_tokens", "later_turns",
-        "turn_gap_min", "prefill_tokens", "page_acquires", "evictions"]
+        "turn_gap_min", "prefill_tokens", "page_acquires", "evictions", "session_keeps",
+        "session_hits", "session_drops"]
 for k in same:
     assert two[k] == one[k] == none[k], f"{k}: {two[k]}, {one[k]}, {none[k]}"
 assert two["output_checksum"] == one["output_checksum"], "threads changed the outputs"
