@@ -847,8 +847,8 @@ static void print_sharing(const options *o, const kvp_sim_result *r, const kvp_s
                r->later_turns, r->turn_gap_min, r->turn_gap_min == 1 ? "" : "s");
         printf("sessions                %llu finished turns kept up to %zu steps "
                "(--session-ttl): %llu next turns\n"
-               "                        admitted while kept, %llu given back before "
-               "(expired, or for pages)\n",
+               "                        admitted while kept, %llu given back unused "
+               "(expired, or pages needed)\n",
                (unsigned long long)r->session_keeps, c->session_ttl,
                (unsigned long long)r->session_hits, (unsigned long long)r->session_drops);
     }
