@@ -3,7 +3,9 @@
  * (kvpager/scheduler.h has the schedule and the contracts).
  *
  * Owns: the request records, the waiting queue (a ring of ids), the running
- * slots, the idle leases kept for reuse, the finished results awaiting
+ * slots, the idle leases kept for reuse, the leases kept for sessions (5.
+ * in the header: a finished request's sample 0 lease, pages held, until
+ * its session's next request is admitted), the finished results awaiting
  * collection, the parked prompt keys of the request the last plan
  * stopped at, and (cache-aware schedule) those of the requests the last
  * ranks keyed. The model, pool and decoder are the caller's.
@@ -15,7 +17,9 @@
  *     one external cache per layer, plus its token buffers); finished and
  *     preempted leases are reset and kept in `idle`, so steady state
  *     allocates nothing per admission or per step. A lease is owned by
- *     exactly one place, a running slot or the idle list;
+ *     exactly one place, a running slot, the idle list or the kept list
+ *     (whose leases hold their pages and at most one per session, their
+ *     `pages` summing to kept_pages <= kept_cap);
  *   - a step allocates only before it changes anything: it first grows every
  *     array to what the worst case of this step needs (every waiting request
  *     admitted or rejected, every running one retired, the longest request
