@@ -402,8 +402,21 @@ static kvp_status get_step_stats(void *ctx, void *out, kvp_error *err)
 }
 
 /* A scheduler (compute off, sharing on) that keeps finished sessions for 100000 steps. */
-static kvp_scheduler *session_scheduler(kvp_model *model, kvp_pool *pool)
+/* A pool, a one-layer model and a compute-off scheduler that keeps every session. */
+typedef struct session_world {
+    kvp_pool *pool;
+    kvp_model *model;
+    kvp_scheduler *scheduler;
+} session_world;
+
+static session_world session_world_make(void)
 {
+    session_world w;
+    kvp_pool_config pool_config = small_config();
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&pool_config, &w.pool, &err), &err);
+    kvpt_assert_ok(kvp_model_create_random_grouped(1, 16, 2, 2, 8, 10000.0, 1, &w.model, &err),
+                   &err);
     kvp_scheduler_config config;
     kvp_scheduler_config_init(&config);
     config.capacity = 8;
@@ -412,10 +425,17 @@ static kvp_scheduler *session_scheduler(kvp_model *model, kvp_pool *pool)
     config.reserve_tokens = 2;
     config.session_ttl = 100000;
     config.session_fraction = 1.0;
-    kvp_scheduler *scheduler = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_scheduler_create(model, pool, NULL, &config, &scheduler, &err), &err);
-    return scheduler;
+    w.scheduler = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(w.model, w.pool, NULL, &config, &w.scheduler, &err),
+                   &err);
+    return w;
+}
+
+static void session_world_free(session_world *w)
+{
+    kvpt_assert_ok(kvp_scheduler_destroy(w->scheduler, NULL), NULL);
+    kvpt_assert_ok(kvp_model_destroy(w->model, NULL), NULL);
+    destroy_shared_pool(w->pool);
 }
 
 /* Submits `request` (of any struct_size) and steps until nothing runs or waits. */
@@ -457,14 +477,9 @@ static void test_abi_request_old_caller(void **state)
     (void)state;
     const size_t first = KVPI_REQUEST_SIZE_FIRST;
     assert_int_equal(first, offsetof(kvp_request, session));
-    kvp_pool_config pool_config = small_config();
-    kvp_pool *pool = NULL;
-    kvp_model *model = NULL;
+    session_world w = session_world_make();
+    kvp_scheduler *scheduler = w.scheduler;
     kvp_error err;
-    kvpt_assert_ok(kvp_pool_create(&pool_config, &pool, &err), &err);
-    kvpt_assert_ok(kvp_model_create_random_grouped(1, 16, 2, 2, 8, 10000.0, 1, &model, &err),
-                   &err);
-    kvp_scheduler *scheduler = session_scheduler(model, pool);
     kvp_request full;
     kvp_request_init(&full);
     assert_int_equal(full.session, 0);
@@ -506,9 +521,7 @@ static void test_abi_request_old_caller(void **state)
         assert_int_equal(id, UINT64_MAX);
     }
     assert_int_equal(scheduler_stats(scheduler).submitted, 3);
-    kvpt_assert_ok(kvp_scheduler_destroy(scheduler, NULL), NULL);
-    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
-    destroy_shared_pool(pool);
+    session_world_free(&w);
 }
 
 /*
@@ -521,14 +534,9 @@ static void test_abi_scheduler_stats_old_caller(void **state)
     (void)state;
     assert_int_equal(KVPI_STEP_STATS_SIZE_FIRST, offsetof(kvp_step_stats, retained_pages));
     assert_int_equal(KVPI_SCHEDULER_STATS_SIZE_FIRST, offsetof(kvp_scheduler_stats, retained));
-    kvp_pool_config pool_config = small_config();
-    kvp_pool *pool = NULL;
-    kvp_model *model = NULL;
+    session_world w = session_world_make();
+    kvp_scheduler *scheduler = w.scheduler;
     kvp_error err;
-    kvpt_assert_ok(kvp_pool_create(&pool_config, &pool, &err), &err);
-    kvpt_assert_ok(kvp_model_create_random_grouped(1, 16, 2, 2, 8, 10000.0, 1, &model, &err),
-                   &err);
-    kvp_scheduler *scheduler = session_scheduler(model, pool);
     kvp_request request;
     kvp_request_init(&request);
     request.prompt_tokens = 4;
@@ -546,9 +554,7 @@ static void test_abi_scheduler_stats_old_caller(void **state)
     kvpt_assert_ok(kvp_scheduler_step(scheduler, &step, &err), &err);
     assert_int_equal(step.retained_pages, 2); /* still kept: the later field is real */
     assert_int_equal(step.held_pages, 2);
-    kvpt_assert_ok(kvp_scheduler_destroy(scheduler, NULL), NULL);
-    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
-    destroy_shared_pool(pool);
+    session_world_free(&w);
 }
 
 int main(void)

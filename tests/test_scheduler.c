@@ -358,6 +358,15 @@ static size_t collect_all(fixture *f, kvp_request_result *out, size_t cap)
     return n;
 }
 
+/* Collects the `n` finished requests (all of them), then tears the fixture down. */
+static void teardown_collected(fixture *f, size_t n)
+{
+    kvp_request_result done[4];
+    assert_true(n <= sizeof done / sizeof done[0]);
+    assert_int_equal(collect_all(f, done, sizeof done / sizeof done[0]), n);
+    teardown_fixture(f);
+}
+
 /* The five requests of the runs below: (prompt, new tokens). */
 static const size_t lengths[5][2] = {{5, 9}, {12, 3}, {1, 14}, {8, 8}, {3, 1}};
 
@@ -1237,9 +1246,7 @@ static void test_scheduler_publishes_decoded_blocks(void **state)
                                                 sizeof off_outputs[0]);
                         }
                     }
-                    kvp_request_result done[2];
-                    assert_int_equal(collect_all(&f, done, 2), 2);
-                    teardown_fixture(&f);
+                    teardown_collected(&f, 2);
                 }
             }
         }
@@ -1436,9 +1443,7 @@ static void test_scheduler_session_keeps_turn_across_pressure(void **state)
         assert_samples_exact(b, 1, 1, 28, 4);
         assert_samples_exact(b, 2, 1, 28, 4);
         assert_samples_exact(b, 3, 1, TURN2_PROMPT, TURN2_NEW);
-        kvp_request_result done[4];
-        assert_int_equal(collect_all(&f, done, 4), 4);
-        teardown_fixture(&f); /* the kept turn 2 gives its pages back: none held */
+        teardown_collected(&f, 4); /* the kept turn 2 gives its pages back: none held */
     }
     assert_memory_equal(runs[0].outputs, runs[1].outputs, sizeof runs[0].outputs);
     assert_memory_equal(runs[0].tokens, runs[1].tokens, sizeof runs[0].tokens);
@@ -1489,9 +1494,7 @@ static void test_scheduler_session_request_goes_first(void **state)
         assert_samples_exact(&b, 1, 1, 20, 4);
         assert_samples_exact(&b, 2, 1, 8, 2);
         assert_samples_exact(&b, 3, 1, TURN2_PROMPT, TURN2_NEW);
-        kvp_request_result done[4];
-        assert_int_equal(collect_all(&f, done, 4), 4);
-        teardown_fixture(&f);
+        teardown_collected(&f, 4);
     }
 }
 
@@ -1515,6 +1518,13 @@ static kvp_step_stats run_turn1(fixture *f, book *b)
     }
     fail();
     return (kvp_step_stats){0};
+}
+
+/* A sessions fixture (24 pages, ttl 100, fraction 0.5) with turn 1 run and kept. */
+static void start_conversation(fixture *f, book *b)
+{
+    setup_fixture_sessions(f, 24, 100, 0.5);
+    run_turn1(f, b);
 }
 
 /*
@@ -1551,9 +1561,7 @@ static void test_scheduler_session_expires_after_ttl(void **state)
         assert_sessions(&f, 2, kept, !kept, 1, TURN2_PAGES);
         assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
         assert_samples_exact(&b, 1, 1, TURN2_PROMPT, TURN2_NEW);
-        kvp_request_result done[2];
-        assert_int_equal(collect_all(&f, done, 2), 2);
-        teardown_fixture(&f);
+        teardown_collected(&f, 2);
     }
 }
 
@@ -1587,9 +1595,7 @@ static void test_scheduler_session_replaced_by_same_session(void **state)
     assert_int_equal(stats_of(&f).running, 0);
     assert_samples_exact(&b, 0, 1, 6, 2);
     assert_samples_exact(&b, 1, 1, 6, 5);
-    kvp_request_result done[2];
-    assert_int_equal(collect_all(&f, done, 2), 2);
-    teardown_fixture(&f);
+    teardown_collected(&f, 2);
 }
 
 /*
@@ -1611,14 +1617,11 @@ static void test_scheduler_session_fraction_caps_kept_pages(void **state)
         kvp_pool_stats pool = pool_of(&f);
         assert_int_equal(pool.held_pages, 0);
         assert_int_equal(pool.evictable_pages, TURN1_PAGES);
-        kvp_request_result done[1];
-        assert_int_equal(collect_all(&f, done, 1), 1);
-        teardown_fixture(&f);
+        teardown_collected(&f, 1);
     }
     fixture f;
-    setup_fixture_sessions(&f, 24, 100, 0.5);
     static book b;
-    run_turn1(&f, &b);
+    start_conversation(&f, &b);
     assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
     b.shared[1] = 0; /* request 1: session 2, its own rows, as long */
     submit_session(&f, &b, TURN1_PROMPT, TURN1_NEW, NULL, 1, 2);
@@ -1638,9 +1641,7 @@ static void test_scheduler_session_fraction_caps_kept_pages(void **state)
     run(&f, 0);
     assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
     assert_samples_exact(&b, 1, 1, TURN1_PROMPT, TURN1_NEW);
-    kvp_request_result done[4];
-    assert_int_equal(collect_all(&f, done, 4), 4);
-    teardown_fixture(&f);
+    teardown_collected(&f, 4);
 }
 
 /*
@@ -1655,9 +1656,8 @@ static void test_scheduler_session_given_back_before_preemption(void **state)
 {
     (void)state;
     fixture f;
-    setup_fixture_sessions(&f, 24, 100, 0.5);
     static book b;
-    run_turn1(&f, &b);
+    start_conversation(&f, &b);
     b.shared[1] = 0;
     submit_session(&f, &b, 8, 30, NULL, 1, 0);
     size_t dropped_at = SIZE_MAX;
@@ -1678,9 +1678,7 @@ static void test_scheduler_session_given_back_before_preemption(void **state)
     assert_int_equal(pool_of(&f).held_pages, 0);
     assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
     assert_samples_exact(&b, 1, 1, 8, 30);
-    kvp_request_result done[2];
-    assert_int_equal(collect_all(&f, done, 2), 2);
-    teardown_fixture(&f);
+    teardown_collected(&f, 2);
 }
 
 /*
@@ -1692,9 +1690,8 @@ static void test_scheduler_session_stale_given_back(void **state)
 {
     (void)state;
     fixture f;
-    setup_fixture_sessions(&f, 24, 100, 0.5);
     static book b;
-    run_turn1(&f, &b);
+    start_conversation(&f, &b);
     assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
     update_weights(f.model);
     kvp_step_stats st = step_once(&f);
@@ -1709,9 +1706,7 @@ static void test_scheduler_session_stale_given_back(void **state)
     assert_sessions(&f, 2, 0, 1, 1, TURN2_PAGES);
     assert_sample_exact_range(&b, 0, 0, TURN1_PROMPT, TURN1_NEW, 0, CAPACITY, 0);
     assert_sample_exact_range(&b, 1, 0, TURN2_PROMPT, TURN2_NEW, 0, CAPACITY, 1);
-    kvp_request_result done[2];
-    assert_int_equal(collect_all(&f, done, 2), 2);
-    teardown_fixture(&f);
+    teardown_collected(&f, 2);
 }
 
 /*
@@ -1724,9 +1719,8 @@ static void test_scheduler_session_stale_is_no_hit(void **state)
 {
     (void)state;
     fixture f;
-    setup_fixture_sessions(&f, 24, 100, 0.5);
     static book b;
-    run_turn1(&f, &b);
+    start_conversation(&f, &b);
     update_weights(f.model);
     submit_session(&f, &b, TURN2_PROMPT, TURN2_NEW, NULL, 1, 1);
     kvp_step_stats st = step_once(&f);
@@ -1736,9 +1730,7 @@ static void test_scheduler_session_stale_is_no_hit(void **state)
     run(&f, 0);
     assert_sessions(&f, 2, 0, 1, 1, TURN2_PAGES);
     assert_sample_exact_range(&b, 1, 0, TURN2_PROMPT, TURN2_NEW, 0, CAPACITY, 1);
-    kvp_request_result done[2];
-    assert_int_equal(collect_all(&f, done, 2), 2);
-    teardown_fixture(&f);
+    teardown_collected(&f, 2);
 }
 
 /*
@@ -1751,9 +1743,8 @@ static void test_scheduler_session_stall_gives_back(void **state)
 {
     (void)state;
     fixture f;
-    setup_fixture_sessions(&f, 24, 100, 0.5);
     static book b;
-    run_turn1(&f, &b);
+    start_conversation(&f, &b);
     b.shared[1] = 0;
     submit_session(&f, &b, 36, 2, NULL, 1, 0);
     kvp_step_stats st = step_once(&f);
@@ -1770,9 +1761,7 @@ static void test_scheduler_session_stall_gives_back(void **state)
     assert_int_equal(stats_of(&f).preemptions, 0);
     assert_samples_exact(&b, 0, 1, TURN1_PROMPT, TURN1_NEW);
     assert_samples_exact(&b, 1, 1, 36, 2);
-    kvp_request_result done[2];
-    assert_int_equal(collect_all(&f, done, 2), 2);
-    teardown_fixture(&f);
+    teardown_collected(&f, 2);
 }
 
 /*
@@ -1799,9 +1788,7 @@ static void test_scheduler_session_largest_ttl_never_expires(void **state)
     run(&f, 0);
     assert_sessions(&f, 2, 1, 0, 1, TURN2_PAGES);
     assert_samples_exact(&b, 1, 1, TURN2_PROMPT, TURN2_NEW);
-    kvp_request_result done[2];
-    assert_int_equal(collect_all(&f, done, 2), 2);
-    teardown_fixture(&f);
+    teardown_collected(&f, 2);
 }
 
 int main(void)

@@ -42,21 +42,15 @@
  * new field. These hold when the first added field starts on the struct's
  * alignment, as the previous sizeof does.
  */
-_Static_assert(KVPI_POOL_CONFIG_SIZE_FIRST % _Alignof(kvp_pool_config) == 0,
-               "kvp_pool_config: a new field starts inside the first release's tail padding");
-_Static_assert(KVPI_POOL_STATS_SIZE_FIRST % _Alignof(kvp_pool_stats) == 0,
-               "kvp_pool_stats: a new field starts inside the first release's tail padding");
-_Static_assert(KVPI_SCHEDULER_CONFIG_SIZE_FIRST % _Alignof(kvp_scheduler_config) == 0,
-               "kvp_scheduler_config: a new field starts inside the first release's tail "
-               "padding");
-
-_Static_assert(KVPI_REQUEST_SIZE_FIRST % _Alignof(kvp_request) == 0,
-               "kvp_request: a new field starts inside the first release's tail padding");
-_Static_assert(KVPI_STEP_STATS_SIZE_FIRST % _Alignof(kvp_step_stats) == 0,
-               "kvp_step_stats: a new field starts inside the first release's tail padding");
-_Static_assert(KVPI_SCHEDULER_STATS_SIZE_FIRST % _Alignof(kvp_scheduler_stats) == 0,
-               "kvp_scheduler_stats: a new field starts inside the first release's tail "
-               "padding");
+#define KVPI_FIRST_RELEASE_ALIGNED(type, first_size)                                         \
+    _Static_assert((first_size) % _Alignof(type) == 0,                                        \
+                   #type ": a new field starts inside the first release's tail padding")
+KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_config, KVPI_POOL_CONFIG_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_stats, KVPI_POOL_STATS_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_config, KVPI_SCHEDULER_CONFIG_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_step_stats, KVPI_STEP_STATS_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_stats, KVPI_SCHEDULER_STATS_SIZE_FIRST);
 
 /* 1 when a struct of `struct_size` bytes holds all of the member at [offset, offset + size). */
 static inline int kvpi_struct_covers(size_t struct_size, size_t offset, size_t size)
