@@ -23,7 +23,8 @@
  *     without sessions) and goes to the front of the queue; it is given
  *     back on each rule (expiry at its ttl, replacement, session_fraction,
  *     running sequences' pages before any preemption, stale parameters,
- *     a stalled queue), counted exactly;
+ *     a stalled queue), counted exactly; under seeded random conversations
+ *     the audit, the cap and the counts hold and outputs stay exact;
  *   - an allocation fault at every allocation of a step changes nothing
  *     (the scheduler's counters and the pool's), and the run then finishes
  *     with the same outputs.
@@ -361,7 +362,7 @@ static size_t collect_all(fixture *f, kvp_request_result *out, size_t cap)
 /* Collects the `n` finished requests (all of them), then tears the fixture down. */
 static void teardown_collected(fixture *f, size_t n)
 {
-    kvp_request_result done[4];
+    kvp_request_result done[MAX_REQUESTS];
     assert_true(n <= sizeof done / sizeof done[0]);
     assert_int_equal(collect_all(f, done, sizeof done / sizeof done[0]), n);
     teardown_fixture(f);
@@ -1733,6 +1734,120 @@ static void test_scheduler_session_stale_is_no_hit(void **state)
     teardown_collected(&f, 2);
 }
 
+/* splitmix64: the seeded draws of the random cases below. */
+static uint64_t draw(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+/* A draw in [lo, hi]. */
+static size_t draw_in(uint64_t *state, size_t lo, size_t hi)
+{
+    return lo + (size_t)(draw(state) % (hi - lo + 1));
+}
+
+#define RANDOM_CASES 24
+#define CONVERSATIONS 5
+
+/*
+ * Sessions under random conversations, seeded (every run draws the same
+ * cases): 5 conversations of 1 to 4 turns (16 requests at most), each
+ * turn's prompt its conversation's earlier prompts and replies plus 1 to 6
+ * new tokens, its reply 1 to 12, sent 0 to 3 steps after the turn before
+ * it finished, over a pool of 34 to 44 pages (some cases preempt) with a
+ * ttl of 1 to 24 steps, a session_fraction
+ * of 0.25, 0.5 or 1, FCFS or cache-aware, 1 or 2 threads: keeps, hits,
+ * expiries, pressure and evictions fall where they may. Whatever they do,
+ * the pool's audit holds after every step, kept pages never pass the
+ * fraction of the pool, every kept sequence is accounted for (keeps = hits
+ * + drops + kept now), every request completes with outputs bit-identical
+ * to a fresh sequence fed its rows alone, and destroying the scheduler
+ * gives every page back. Over the cases, sessions hit and drop (the cases
+ * exercise both).
+ */
+static void test_scheduler_sessions_random_conversations(void **state)
+{
+    (void)state;
+    static book b;
+    static const double fractions[3] = {0.25, 0.5, 1.0};
+    uint64_t hits = 0;
+    uint64_t drops = 0;
+    for (uint64_t c = 0; c < RANDOM_CASES; c++) {
+        uint64_t rng = 0x5e5510u + c;
+        size_t pages = draw_in(&rng, 34, 44);
+        size_t ttl = draw_in(&rng, 1, 24);
+        double fraction = fractions[draw_in(&rng, 0, 2)];
+        kvp_schedule schedule = draw_in(&rng, 0, 1) ? KVP_SCHEDULE_CACHE_AWARE
+                                                      : KVP_SCHEDULE_FCFS;
+        fixture f;
+        setup_fixture_full(&f, pages, 1 + (size_t)(c % 2), 1, 0, 1, schedule, ttl, fraction);
+        size_t cap = (size_t)floor(fraction * (double)pool_of(&f).total_pages);
+        memset(&b, 0, sizeof b);
+        size_t context[CONVERSATIONS];
+        size_t due[CONVERSATIONS];
+        size_t turns[CONVERSATIONS];
+        uint64_t in_flight[CONVERSATIONS];
+        size_t new_tokens[MAX_REQUESTS];
+        for (size_t k = 0; k < CONVERSATIONS; k++) {
+            context[k] = 0;
+            due[k] = draw_in(&rng, 0, 6);
+            turns[k] = draw_in(&rng, 1, 4);
+            in_flight[k] = UINT64_MAX;
+        }
+        size_t submitted = 0;
+        for (size_t step = 0;; step++) {
+            assert_true(step < 4000);
+            int pending = 0;
+            for (size_t k = 0; k < CONVERSATIONS; k++) {
+                uint64_t id = in_flight[k];
+                if (id != UINT64_MAX && b.tokens[id][0] == new_tokens[id]) {
+                    in_flight[k] = UINT64_MAX; /* finished: the next turn after a think time */
+                    due[k] = step + draw_in(&rng, 0, 3);
+                    turns[k]--;
+                }
+                size_t message = draw_in(&rng, 1, 6);
+                size_t reply = draw_in(&rng, 1, 12);
+                if (in_flight[k] == UINT64_MAX && turns[k] > 0 &&
+                    (submitted == MAX_REQUESTS || context[k] + message + reply > CAPACITY)) {
+                    turns[k] = 0; /* the conversation ends */
+                }
+                if (in_flight[k] == UINT64_MAX && turns[k] > 0 && step >= due[k]) {
+                    b.shared[submitted] = CAPACITY; /* every row is the conversation's */
+                    b.group[submitted] = k;
+                    id = submit_session(&f, &b, context[k] + message, reply, NULL, 1, k + 1);
+                    new_tokens[id] = reply;
+                    context[k] += message + reply;
+                    in_flight[k] = id;
+                    submitted++;
+                }
+                pending |= in_flight[k] != UINT64_MAX || turns[k] > 0;
+            }
+            if (!pending) {
+                break;
+            }
+            kvp_step_stats st = step_once(&f); /* audits the pool */
+            assert_true(st.retained_pages <= cap);
+            kvp_scheduler_stats s = stats_of(&f);
+            assert_true(s.retained_pages <= cap);
+            assert_int_equal(s.session_keeps, s.session_hits + s.session_drops + s.retained);
+        }
+        kvp_scheduler_stats s = stats_of(&f);
+        assert_int_equal(s.completed, submitted);
+        assert_int_equal(s.running + s.waiting, 0);
+        hits += s.session_hits;
+        drops += s.session_drops;
+        for (size_t id = 0; id < submitted; id++) {
+            assert_outputs_exact(&b, id, b.prompt[id], new_tokens[id]);
+        }
+        teardown_collected(&f, submitted);
+    }
+    assert_true(hits > 0);
+    assert_true(drops > 0);
+}
+
 /*
  * Kept sequences never stall the queue: turn 1 is kept (8 of 24 pages);
  * request 1 (36 prompt tokens of its own, 2 decoded: 20 pages) does not fit
@@ -1820,6 +1935,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_session_given_back_before_preemption),
         cmocka_unit_test(test_scheduler_session_stale_given_back),
         cmocka_unit_test(test_scheduler_session_stale_is_no_hit),
+        cmocka_unit_test(test_scheduler_sessions_random_conversations),
         cmocka_unit_test(test_scheduler_session_stall_gives_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
