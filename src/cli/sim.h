@@ -131,12 +131,12 @@ typedef struct kvp_sim_result {
                                       their run (their tokens span two weight versions) */
     /* conversations (workload.h: turns above 0) */
     size_t later_turns;            /* turns submitted after the turn before them finished */
-    uint64_t session_keeps;        /* finished turns whose sequence was kept (scheduler stats) */
-    uint64_t session_hits;         /* next turns admitted while their conversation's was kept */
-    uint64_t session_drops;        /* kept sequences given back before their next turn came */
     size_t turn_gap_min;           /* the fewest steps from a turn finishing to its next turn's
                                       submission; 0 would be a turn submitted before the one
                                       before it finished (open loop). 0 when later_turns is 0 */
+    uint64_t session_keeps;        /* finished turns whose sequence was kept (scheduler stats) */
+    uint64_t session_hits;         /* next turns admitted while their conversation's was kept */
+    uint64_t session_drops;        /* kept sequences given back before their next turn came */
 } kvp_sim_result;
 
 typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t step);
