@@ -70,21 +70,22 @@
  *      conversation's next turn, whose prompt holds this turn's reply)
  *      adopts them (2.); an LRU pool under load otherwise evicts them while
  *      that request waits for a think time and then in the queue. A
- *      request submitted while its session's sequence is kept goes to the
- *      front of the queue, ahead of preempted ones: its prefix is held, so
- *      it needs only the pages of its new tokens. The kept
- *      sequence is given back (its pages become evictable, still indexed)
- *      when a request of its session is admitted, once that request
- *      adopted its prefix; when it expires; when another request of the
- *      session completes and is kept instead; when its parameters change;
- *      oldest first, when keeping one would hold more than
- *      session_fraction of the pool's pages, and before any running
+ *      request submitted while its session's sequence is kept (and bound
+ *      to current parameters) goes to the front of the queue, ahead of
+ *      preempted ones: its prefix is held, so it needs only the pages of
+ *      its new tokens. The kept sequence is given back (its pages become
+ *      evictable, still indexed) when a request of its session is
+ *      admitted, once that request adopted its prefix (a session hit,
+ *      unless the sequence was stale); when it expires; when another
+ *      request of the session completes and is kept instead; when its
+ *      parameters change; oldest first, when keeping one would hold more
+ *      than session_fraction of the pool's pages, and before any running
  *      request is preempted for pages (3.); and all of them when a step
  *      admitted nothing and nothing runs while requests wait, so kept
  *      sequences never stall the queue. Expiry, changed parameters and
- *      stalls are seen at the end of a step. Kept pages are held pages: admission counts them as
- *      taken, the cost of sessions. Outputs do not change; admission order
- *      does. A session's requests should come one at a time, each after the
+ *      stalls are seen at the end of a step. Kept pages are held pages:
+ *      admission counts them as taken, the cost of sessions. Outputs do
+ *      not change; admission order does. A session's requests should come one at a time, each after the
  *      one before it finished (a conversation's turns): only a finished
  *      request's sequence is kept, one per session.
  * Finished requests wait for kvp_scheduler_collect.
