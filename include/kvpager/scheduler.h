@@ -85,9 +85,10 @@
  *      sequences never stall the queue. Expiry, changed parameters and
  *      stalls are seen at the end of a step. Kept pages are held pages:
  *      admission counts them as taken, the cost of sessions. Outputs do
- *      not change; admission order does. A session's requests should come one at a time, each after the
- *      one before it finished (a conversation's turns): only a finished
- *      request's sequence is kept, one per session.
+ *      not change; admission order does. A session's requests should
+ *      come one at a time, each after the one before it finished (a
+ *      conversation's turns): only a finished request's sequence is kept,
+ *      one per session.
  * Finished requests wait for kvp_scheduler_collect.
  *
  * Inputs: a request's rows come from its `prompt` array, or from its `input`
