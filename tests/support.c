@@ -265,6 +265,20 @@ kvp_model *kvpt_random_model(size_t layers, size_t model_width, size_t heads, si
     return model;
 }
 
+kvp_model *kvpt_model_of_one_layer(kvp_layer *layer, size_t layers)
+{
+    const kvp_layer *list[64];
+    assert_true(layers >= 1 && layers <= sizeof list / sizeof list[0]);
+    for (size_t l = 0; l < layers; l++) {
+        list[l] = layer;
+    }
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_model_create(list, layers, &model, &err), &err);
+    kvpt_destroy_layer(layer);
+    return model;
+}
+
 void kvpt_destroy_model(kvp_model *model)
 {
     kvp_error err;

@@ -111,6 +111,9 @@ kvp_layer *kvpt_layer_from_matrices(size_t width, const double *const w[KVP_PARA
 void kvpt_destroy_layer(kvp_layer *layer);
 
 /* kvp_model_create_random. */
+/* A model of `layers` layers that are all `layer` (one parameter set); the model keeps its
+   own reference, and the caller's is destroyed. */
+kvp_model *kvpt_model_of_one_layer(kvp_layer *layer, size_t layers);
 kvp_model *kvpt_random_model(size_t layers, size_t model_width, size_t heads, size_t max_positions,
                              double base, uint64_t seed);
 void kvpt_destroy_model(kvp_model *model);

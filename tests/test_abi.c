@@ -402,6 +402,19 @@ static kvp_status get_step_stats(void *ctx, void *out, kvp_error *err)
 }
 
 /* A scheduler (compute off, sharing on) that keeps finished sessions for 100000 steps. */
+/* A request of 4 prompt tokens and 2 new ones, rows from abi_rows, of `session`. */
+static kvp_request abi_request(uint64_t session)
+{
+    kvp_request request;
+    kvp_request_init(&request);
+    assert_int_equal(request.session, 0); /* the default */
+    request.prompt_tokens = 4;
+    request.max_new_tokens = 2;
+    request.input = abi_rows;
+    request.session = session;
+    return request;
+}
+
 /* A pool, a one-layer model and a compute-off scheduler that keeps every session. */
 typedef struct session_world {
     kvp_pool *pool;
@@ -480,12 +493,7 @@ static void test_abi_request_old_caller(void **state)
     session_world w = session_world_make();
     kvp_scheduler *scheduler = w.scheduler;
     kvp_error err;
-    kvp_request full;
-    kvp_request_init(&full);
-    assert_int_equal(full.session, 0);
-    full.prompt_tokens = 4;
-    full.max_new_tokens = 2;
-    full.input = abi_rows;
+    kvp_request full = abi_request(0);
     full.struct_size = first;
 
     unsigned char *exact = exact_block(first, 0);
@@ -537,12 +545,7 @@ static void test_abi_scheduler_stats_old_caller(void **state)
     session_world w = session_world_make();
     kvp_scheduler *scheduler = w.scheduler;
     kvp_error err;
-    kvp_request request;
-    kvp_request_init(&request);
-    request.prompt_tokens = 4;
-    request.max_new_tokens = 2;
-    request.input = abi_rows;
-    request.session = 9;
+    kvp_request request = abi_request(9);
     run_request(scheduler, &request, 0);
     assert_int_equal(scheduler_stats(scheduler).retained_pages, 2);
     check_output_struct(get_scheduler_stats, scheduler, sizeof(kvp_scheduler_stats),

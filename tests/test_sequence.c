@@ -58,16 +58,8 @@ static kvp_model *identity_model(size_t layers)
     }
     const double *const w[KVP_PARAM_COUNT] = {eye, eye, eye, eye};
     kvp_layer *layer = kvpt_layer_from_matrices(MODEL_WIDTH, w, HEADS, MAX_POSITIONS, ROPE_BASE);
-    const kvp_layer *list[MAX_LAYERS];
     assert_true(layers <= MAX_LAYERS);
-    for (size_t l = 0; l < layers; l++) {
-        list[l] = layer;
-    }
-    kvp_model *model = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_model_create(list, layers, &model, &err), &err);
-    kvpt_destroy_layer(layer);
-    return model;
+    return kvpt_model_of_one_layer(layer, layers);
 }
 
 static kvp_pool *make_pool(size_t block_tokens, size_t pages)

@@ -845,6 +845,26 @@ static void assert_rows_equal(const outputs *a, const outputs *b, size_t from, s
     }
 }
 
+/* Adopts what the index holds of `whole` into the empty `seq`, audited: the tokens adopted. */
+static size_t adopt_whole(kvp_sequence *seq, kvp_pool *pool, const kvp_tensor *whole)
+{
+    size_t adopted = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_adopt_prefix(seq, whole, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    return adopted;
+}
+
+/* Prefills the prompt past `adopted`, checks those rows against `want`, destroys `seq`. */
+static void prefill_rest_matches(kvp_sequence *seq, kvp_pool *pool, const double *prompt,
+                                 size_t adopted, const outputs *want)
+{
+    static outputs got;
+    prefill(seq, pool, prompt, adopted, PROMPT, got.prompt);
+    assert_rows_equal(&got, want, adopted, PROMPT);
+    kvpt_destroy_sequence(seq, pool);
+}
+
 static void assert_steps_equal(const outputs *a, const outputs *b)
 {
     assert_memory_equal(a->steps, b->steps, sizeof a->steps);
@@ -987,9 +1007,7 @@ static void test_share_sequence_prefix_bit_identical(void **state)
     kvpt_destroy_sequence(a, pool);
 
     kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
-    size_t adopted = 0;
-    kvpt_assert_ok(kvp_sequence_adopt_prefix(b, &whole, &adopted, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    size_t adopted = adopt_whole(b, pool, &whole);
     assert_int_equal(adopted, 8); /* (10 - 1) / 4 blocks: the last token is left */
     assert_int_equal(kvp_sequence_len(b), 8);
     assert_int_equal(kvpt_stats(pool).prefix_hits, LAYERS * SB * 2);
@@ -1059,9 +1077,7 @@ static void test_share_sequence_adopt_stops_at_one_layers_miss(void **state)
 
     kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
     uint64_t misses = kvpt_stats(pool).prefix_misses;
-    size_t adopted = 0;
-    kvpt_assert_ok(kvp_sequence_adopt_prefix(b, &whole, &adopted, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    size_t adopted = adopt_whole(b, pool, &whole);
     assert_int_equal(adopted, BT);
     assert_int_equal(kvp_sequence_len(b), BT);
     s = kvpt_stats(pool);
@@ -1069,10 +1085,7 @@ static void test_share_sequence_adopt_stops_at_one_layers_miss(void **state)
     assert_int_equal(s.prefix_hits, LAYERS * SB);
     kvpi_reservation_release(&res);
     kvpt_assert_pool_ok(pool);
-    static outputs got;
-    prefill(b, pool, prompt, adopted, PROMPT, got.prompt);
-    assert_rows_equal(&got, &want, adopted, PROMPT);
-    kvpt_destroy_sequence(b, pool);
+    prefill_rest_matches(b, pool, prompt, adopted, &want);
     destroy_pool(pool);
     kvpt_destroy_model(model);
 }
@@ -1086,14 +1099,8 @@ static void test_share_layers_sharing_parameters_keep_their_own_keys(void **stat
 {
     (void)state;
     kvp_layer *layer = kvpt_random_layer(D, HEADS, SCAP, BASE, 21);
-    const kvp_layer *layers[LAYERS];
-    for (size_t l = 0; l < LAYERS; l++) {
-        layers[l] = layer;
-    }
-    kvp_model *model = NULL;
+    kvp_model *model = kvpt_model_of_one_layer(layer, LAYERS);
     kvp_error err;
-    kvpt_assert_ok(kvp_model_create(layers, LAYERS, &model, &err), &err);
-    kvpt_destroy_layer(layer);
     kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 64);
     static double prompt[SB * PROMPT * D];
     static double in[STEPS][SB * D];
@@ -1110,17 +1117,12 @@ static void test_share_layers_sharing_parameters_keep_their_own_keys(void **stat
     kvpt_destroy_sequence(a, pool);
 
     kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
-    size_t adopted = 0;
-    kvpt_assert_ok(kvp_sequence_adopt_prefix(b, &whole, &adopted, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    size_t adopted = adopt_whole(b, pool, &whole);
     assert_int_equal(adopted, 2 * BT);
     for (size_t j = 0; j < 2; j++) {
         assert_true(page_of(b->caches[0], 0, j) != page_of(b->caches[1], 0, j));
     }
-    static outputs got;
-    prefill(b, pool, prompt, adopted, PROMPT, got.prompt);
-    assert_rows_equal(&got, &want, adopted, PROMPT);
-    kvpt_destroy_sequence(b, pool);
+    prefill_rest_matches(b, pool, prompt, adopted, &want);
     destroy_pool(pool);
     kvpt_destroy_model(model);
 }
