@@ -131,10 +131,20 @@
  *               kvp_decoder_step     NULL x3, INVALID_ARGUMENT (shared sequence),
  *                                    DECODER_BUSY (test_decoder.c)
  *
- * The one documented exception (sequence.h): a prefill that fails after its
- * first token has computed rows into pages and slots it then gave back. Every
- * counter, cache and table is as before, but kvp_pool_digest, which hashes
- * free bytes too, differs; that case asserts everything except the digest.
+ * Every check also compares the prefix cache (prefix_state: the index's
+ * entries, the LRU order, cached, evictable, evictions), and every world
+ * test runs twice: in the "cached" run (CACHED_TEST) the world's pool has no
+ * free page and its LRU list holds cached pages, so any page a call takes
+ * is borrowed from it and must come back with its key and LRU place.
+ * test_nothing_changed_cancelled_takes_keep_cached_pages adds the takes that
+ * are cancelled by a second call (reserve + discard, a two-layer step
+ * refused at its second layer, a copy-on-write reservation, tickets).
+ *
+ * The documented exception (sequence.h, DESIGN.md "Sharing"): a prefill
+ * that fails after writing rows (past its first block, or token by token)
+ * leaves those bytes in pages it gave back (kvp_pool_digest hashes free
+ * bytes too), and a page it borrowed from the LRU list and wrote loses its
+ * cached block (evicted, counted). Those cases assert exactly that.
  *
  * Unit test: uses pager/alloc.h (fault injector) and pager/pool_internal.h
  * (to plant one audit mismatch).
@@ -168,11 +178,55 @@ typedef struct world {
     kvp_param *narrow;      /* D x HD: an MQA layer's W_k and W_v */
     kvpt_snapshot snap;
     size_t failures;        /* failing calls checked */
+    kvp_binding ext;        /* an external binding of the pool's geometry */
+    size_t lru_pages;       /* the cached world's evictable pages, published under lru_keys */
+    kvp_block_key lru_keys[PAGES];
 } world;
+
+/*
+ * Set for the "cached" runs of the world's tests (issue 16): world_make then
+ * leaves no free page, and the LRU list holds cached pages, so every call
+ * that takes a page borrows one from it.
+ */
+static int cached_world;
 
 static void row_input(double *out, size_t batch, size_t tokens, uint64_t seed)
 {
     kvpt_fill_random(out, batch * tokens * D, seed);
+}
+
+/*
+ * The cached world: every free page gets a published block (an external
+ * cache's, each lane its own key) and goes to the LRU list when that cache
+ * is destroyed; block 0 of the world's cache is published too (a cached
+ * page that is held).
+ */
+static void world_cache_prefixes(world *w)
+{
+    kvp_error err;
+    size_t pages = kvpt_stats(w->pool).free_pages;
+    kvp_cache *publisher = kvpt_cache(w->pool, &w->ext, pages, BT);
+    size_t n = pages * HEADS * BT * HD;
+    double *rows = kvpt_doubles(n);
+    kvpt_fill_random(rows, n, 80);
+    kvpt_assert_ok(kvp_cache_append_rows(publisher, rows, rows, BT, &err), &err);
+    for (size_t lane = 0; lane < pages; lane++) {
+        kvpt_assert_ok(kvp_block_key_chain(NULL, publisher, &lane, sizeof lane, NULL,
+                                           &w->lru_keys[lane], &err),
+                       &err);
+        kvpt_assert_ok(kvp_cache_publish_block(publisher, lane, 0, &w->lru_keys[lane], &err),
+                       &err);
+    }
+    kvp_block_key held;
+    kvpt_assert_ok(kvp_block_key_chain(NULL, w->cache, "held", 4, NULL, &held, &err), &err);
+    kvpt_assert_ok(kvp_cache_publish_block(w->cache, 0, 0, &held, &err), &err);
+    kvpt_destroy_cache(publisher, w->pool);
+    free(rows);
+    kvp_pool_stats s = kvpt_stats(w->pool);
+    assert_int_equal(s.free_pages, 0);
+    assert_int_equal(s.evictable_pages, pages);
+    assert_int_equal(s.cached_pages, pages + 1);
+    w->lru_pages = pages;
 }
 
 static void world_make(world *w)
@@ -208,6 +262,10 @@ static void world_make(world *w)
     kvpt_fill_random(values, D * D, 30);
     kvpt_assert_ok(kvp_param_create(D, values, &w->param, &err), &err);
     kvpt_assert_ok(kvp_param_create_matrix(D, HD, values, &w->narrow, &err), &err);
+    kvpt_assert_ok(kvp_binding_init_external(&w->ext, HEADS, HD, POSITIONS, 1, 2, &err), &err);
+    if (cached_world) {
+        world_cache_prefixes(w);
+    }
 
     kvpt_snapshot_init(&w->snap, w->pool);
     kvpt_snapshot_add_cache(&w->snap, w->cache);
@@ -223,6 +281,20 @@ static void world_make(world *w)
     assert_true(w->snap.stats.high_water_pages >= w->snap.stats.held_pages);
 }
 
+/* Destroys a pool whose pages are all free or evictable (cached, no table names them). */
+static void destroy_cached_pool(kvp_pool *pool)
+{
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats stats = kvpt_stats(pool);
+    assert_int_equal(stats.held_pages, 0);
+    assert_int_equal(stats.free_pages + stats.evictable_pages, stats.total_pages);
+    assert_int_equal(stats.attached_caches, 0);
+    assert_int_equal(stats.attached_reservations, 0);
+    assert_int_equal(stats.promised_pages, 0);
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
 static void world_free(world *w)
 {
     kvp_error err;
@@ -233,7 +305,7 @@ static void world_free(world *w)
     kvpt_destroy_cache(w->cache, w->pool);
     kvpt_destroy_sequence(w->seq, w->pool);
     kvpt_destroy_model(w->model);
-    kvpt_destroy_pool(w->pool);
+    destroy_cached_pool(w->pool);
     assert_true(w->failures > 0);
 }
 
@@ -248,20 +320,106 @@ static void check_status_at(kvp_status got, const kvp_error *e, kvp_status expec
     }
 }
 
+/* ---- the prefix cache ------------------------------------------------------------ */
+
+/*
+ * What a failed or cancelled call must leave of the prefix cache as it was
+ * (issue 16): a digest of the index (slot, page, key and state of every
+ * entry: a key lost, moved, hidden or added shows), the LRU list from head
+ * to tail, and the cached, evictable and evictions counters. Read under the
+ * pool lock from the internals (pager/pool_internal.h).
+ */
+typedef struct prefix_state {
+    uint64_t index_digest;
+    size_t entries;
+    uint64_t lru_digest;
+    size_t lru_length;
+    size_t cached;
+    size_t evictable;
+    uint64_t evictions;
+} prefix_state;
+
+static uint64_t mix64(uint64_t hash, uint64_t value)
+{
+    for (int i = 0; i < 8; i++) {
+        hash = (hash ^ ((value >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    }
+    return hash;
+}
+
+static prefix_state prefix_state_of(kvp_pool *pool)
+{
+    prefix_state s;
+    memset(&s, 0, sizeof s);
+    s.index_digest = 0xcbf29ce484222325ull;
+    s.lru_digest = 0xcbf29ce484222325ull;
+    kvpi_pool_lock(pool);
+    for (size_t i = 0; i < pool->index_slots; i++) {
+        uint32_t page = pool->index[i];
+        if (page == KVPI_NO_PAGE) {
+            continue;
+        }
+        s.entries++;
+        s.index_digest = mix64(s.index_digest, i);
+        s.index_digest = mix64(s.index_digest, page);
+        s.index_digest = mix64(s.index_digest, pool->page_key[page].lo);
+        s.index_digest = mix64(s.index_digest, pool->page_key[page].hi);
+        s.index_digest = mix64(s.index_digest, pool->registered[page]);
+    }
+    for (uint32_t p = pool->lru_head; p != KVPI_NO_PAGE && s.lru_length <= pool->total_pages;
+         p = pool->lru_next[p]) {
+        s.lru_length++;
+        s.lru_digest = mix64(s.lru_digest, p);
+    }
+    s.cached = pool->cached;
+    s.evictable = pool->evictable;
+    s.evictions = pool->evictions;
+    kvpi_pool_unlock(pool);
+    return s;
+}
+
+#define assert_prefix_unchanged(before, pool) \
+    assert_prefix_unchanged_at((before), (pool), __FILE__, __LINE__)
+static void assert_prefix_unchanged_at(const prefix_state *before, kvp_pool *pool,
+                                       const char *file, int line)
+{
+    prefix_state now = prefix_state_of(pool);
+    const char *what = NULL;
+    if (now.entries != before->entries || now.index_digest != before->index_digest) {
+        what = "prefix index (slot, page, key, state of each entry)";
+    } else if (now.lru_length != before->lru_length || now.lru_digest != before->lru_digest) {
+        what = "LRU order";
+    } else if (now.cached != before->cached || now.evictable != before->evictable) {
+        what = "cached or evictable pages";
+    } else if (now.evictions != before->evictions) {
+        what = "evictions";
+    }
+    if (what != NULL) {
+        print_error("%s:%d: %s changed (entries %zu -> %zu, LRU %zu -> %zu, cached %zu -> %zu, "
+                    "evictable %zu -> %zu, evictions %llu -> %llu)\n",
+                    file, line, what, before->entries, now.entries, before->lru_length,
+                    now.lru_length, before->cached, now.cached, before->evictable, now.evictable,
+                    (unsigned long long)before->evictions, (unsigned long long)now.evictions);
+        fail();
+    }
+}
+
 /*
  * One failing call, `call`, which must pass `&e` as its kvp_error. Asserts
- * the status and that the world's snapshot is unchanged except for
- * `exhaustions` more exhaustions.
+ * the status and that the world's snapshot and prefix cache are unchanged
+ * except for `exhaustions` more exhaustions.
  */
 #define EXPECT_FAIL(w, expected, exhaustions, call)                                     \
     do {                                                                                \
         kvpt_snapshot before_ = (w)->snap;                                              \
         kvpt_snapshot_take(&before_);                                                   \
+        prefix_state prefix_ = prefix_state_of((w)->pool);                              \
         kvp_error e;                                                                    \
         memset(&e, 0x5A, sizeof e);                                                     \
         kvp_status got_ = (call);                                                       \
         check_status_at(got_, &e, (expected), #call, __FILE__, __LINE__);               \
         kvpt_assert_unchanged(&before_, (exhaustions));                                 \
+        assert_prefix_unchanged(&prefix_, (w)->pool);                                   \
         (w)->failures++;                                                                \
     } while (0)
 
@@ -285,6 +443,7 @@ static uint64_t sweep(world *w, const sweep_call *call, uint64_t min_failures)
         assert_true(nth <= SWEEP_LIMIT);
         kvpt_snapshot before = w->snap;
         kvpt_snapshot_take(&before);
+        prefix_state prefix = prefix_state_of(w->pool);
         void *out = SENTINEL;
         kvpt_fault_step s;
         kvpt_fault_step_arm(&s, nth);
@@ -301,6 +460,7 @@ static uint64_t sweep(world *w, const sweep_call *call, uint64_t min_failures)
         kvpt_assert_fault_failed(&s, nth);
         assert_ptr_equal(out, SENTINEL);
         kvpt_assert_unchanged(&before, 0);
+        assert_prefix_unchanged(&prefix, w->pool);
     }
     assert_true(failures >= min_failures);
     return failures;
@@ -878,13 +1038,17 @@ static void destroy_nothing(world *w, void *object)
     (void)object;
 }
 
-/* Fills the pool's free pages with a cache of its own; returns it. */
+/*
+ * Fills the pool's free and evictable pages with a cache of its own (the
+ * evictable ones evicted); returns it.
+ */
 static kvp_cache *fill_pool(world *w, kvp_ticket **ticket)
 {
     kvp_binding binding;
     kvp_error err;
     kvpt_assert_ok(kvp_layer_binding(w->layer, &binding, &err), &err);
-    size_t free_pages = kvpt_stats(w->pool).free_pages;
+    kvp_pool_stats stats = kvpt_stats(w->pool);
+    size_t free_pages = stats.free_pages + stats.evictable_pages;
     kvp_cache *filler = kvpt_cache(w->pool, &binding, free_pages, BT);
     *ticket = kvpt_ticket(filler);
     double *x = kvpt_doubles(free_pages * D);
@@ -892,6 +1056,7 @@ static kvp_cache *fill_pool(world *w, kvp_ticket **ticket)
     kvpt_assert_ok(kvp_attention_forward(w->layer, &in, filler, *ticket, &err), &err);
     free(x);
     assert_int_equal(kvpt_stats(w->pool).free_pages, 0);
+    assert_int_equal(kvpt_stats(w->pool).evictable_pages, 0);
     return filler;
 }
 
@@ -1323,15 +1488,21 @@ static void test_nothing_changed_failed_prefill_counters_exact(void **state)
     memcpy(x + 2 * D, huge, sizeof huge);
     kvpt_snapshot before = w.snap;
     kvpt_snapshot_take(&before);
+    prefix_state prefix = prefix_state_of(w.pool);
     memset(&err, 0, sizeof err);
     assert_int_equal(kvp_sequence_prefill(w.seq, &prompt, NULL, NULL, NULL, 0, &err),
                      KVP_NONFINITE_SCORE);
     assert_int_equal(err.token, 2);
     assert_int_equal(err.layer, 0);
-    /* Everything but the slab bytes of the given-back pages and slots. */
+    /*
+     * The failure is in the first block of tokens, which commits nothing:
+     * no slab byte was written, and the pages borrowed from the LRU list (the
+     * cached world) are back with their keys and places.
+     */
+    assert_prefix_unchanged(&prefix, w.pool);
     kvpt_snapshot now = before;
     kvpt_snapshot_take(&now);
-    now.pool_digest = before.pool_digest;
+    assert_int_equal(now.pool_digest, before.pool_digest);
     assert_memory_equal(&now.stats, &before.stats, sizeof now.stats);
     assert_memory_equal(now.seq_digest, before.seq_digest, sizeof now.seq_digest);
     assert_memory_equal(now.cache_digest, before.cache_digest, sizeof now.cache_digest);
@@ -1359,6 +1530,343 @@ static void test_nothing_changed_failed_prefill_counters_exact(void **state)
     kvpt_destroy_ticket(filler_ticket, w.pool);
     kvpt_destroy_cache(filler, w.pool);
     world_free(&w);
+}
+
+/*
+ * Successful calls that together must leave everything as it was (a take
+ * and its cancellation): the statements run between two snapshots.
+ */
+#define EXPECT_UNCHANGED_AFTER(w, exhaustions, ...)                                     \
+    do {                                                                                \
+        kvpt_snapshot before_ = (w)->snap;                                              \
+        kvpt_snapshot_take(&before_);                                                   \
+        prefix_state prefix_ = prefix_state_of((w)->pool);                              \
+        __VA_ARGS__                                                                     \
+        kvpt_assert_unchanged(&before_, (exhaustions));                                 \
+        assert_prefix_unchanged(&prefix_, (w)->pool);                                   \
+        (w)->failures++;                                                                \
+    } while (0)
+
+/* How many of the cached world's keys lookups find now (borrowed pages are hidden). */
+static size_t keys_found(const world *w)
+{
+    size_t found = 0;
+    kvpi_pool_lock(w->pool);
+    for (size_t i = 0; i < w->lru_pages; i++) {
+        found += kvpi_prefix_lookup_locked(w->pool, &w->lru_keys[i]) != KVPI_NO_PAGE;
+    }
+    kvpi_pool_unlock(w->pool);
+    return found;
+}
+
+/*
+ * Takes that are cancelled (issue 16): reserve then discard, a multi-layer
+ * step whose second layer is refused POOL_EXHAUSTED after the first took its
+ * pages (the scheduler's compute-off step), a copy-on-write reservation
+ * discarded, and a ticket's page discarded after prepare or after a
+ * TICKET_STALE commit. In the cached world every page they take is borrowed
+ * from the LRU list: it must come back with its key, index slot and LRU
+ * place, and evictions must not move.
+ */
+static void test_nothing_changed_cancelled_takes_keep_cached_pages(void **state)
+{
+    (void)state;
+    world w;
+    world_make(&w);
+    kvp_error err;
+    size_t available = kvpt_stats(w.pool).free_pages + kvpt_stats(w.pool).evictable_pages;
+    assert_int_equal(available, 5);
+    kvp_cache *a = kvpt_cache(w.pool, &w.ext, 2, POSITIONS);
+    kvp_cache *b = kvpt_cache(w.pool, &w.ext, 2, POSITIONS);
+    kvpt_snapshot_add_cache(&w.snap, a);
+    kvpt_snapshot_add_cache(&w.snap, b);
+    kvpt_snapshot_take(&w.snap);
+
+    /* Reserve (two blocks, two lanes: 4 pages) then discard. */
+    EXPECT_UNCHANGED_AFTER(&w, 0, {
+        kvpt_assert_ok(kvp_cache_reserve_rows(a, BT + 1, &err), &err);
+        kvpt_assert_pool_ok(w.pool);
+        if (cached_world) {
+            /* Borrowed: still indexed (cached), hidden from lookups, off the LRU list. */
+            kvp_pool_stats mid = kvpt_stats(w.pool);
+            assert_int_equal(mid.cached_pages, w.snap.stats.cached_pages);
+            assert_int_equal(mid.evictable_pages, w.lru_pages - 4);
+            assert_int_equal(mid.evictions, w.snap.stats.evictions);
+            assert_int_equal(keys_found(&w), w.lru_pages - 4);
+        }
+        kvpt_assert_ok(kvp_cache_discard_rows(a, &err), &err);
+    });
+    if (cached_world) {
+        assert_int_equal(keys_found(&w), w.lru_pages);
+    }
+
+    /* A step over two layers: layer 0 takes 4 pages, layer 1 is refused, layer 0 discards. */
+    EXPECT_UNCHANGED_AFTER(&w, 1, {
+        kvpt_assert_ok(kvp_cache_reserve_rows(a, BT + 1, &err), &err);
+        kvp_error e;
+        assert_int_equal(kvp_cache_reserve_rows(b, 1, &e), KVP_POOL_EXHAUSTED);
+        assert_int_equal(e.needed, 2);
+        assert_int_equal(e.available, 1);
+        kvpt_assert_ok(kvp_cache_discard_rows(a, &err), &err);
+    });
+
+    /* Copy-on-write: a fork at a mid-block length; each side's reservation copies 2 pages. */
+    double rows[2 * HEADS * HD];
+    kvpt_fill_random(rows, KVPT_COUNT_OF(rows), 90);
+    kvpt_assert_ok(kvp_cache_append_rows(a, rows, rows, 1, &err), &err);
+    kvp_cache *child = NULL;
+    kvpt_assert_ok(kvp_cache_fork(a, &child, &err), &err);
+    kvpt_snapshot_add_cache(&w.snap, child);
+    kvpt_snapshot_take(&w.snap);
+    assert_int_equal(kvp_cache_pages_for(child, 2), 2); /* the two copies, no new block */
+    EXPECT_UNCHANGED_AFTER(&w, 0, {
+        kvpt_assert_ok(kvp_cache_reserve_rows(child, 1, &err), &err);
+        kvpt_assert_pool_ok(w.pool);
+        kvpt_assert_ok(kvp_cache_discard_rows(child, &err), &err);
+        kvpt_assert_ok(kvp_cache_reserve_rows(a, 1, &err), &err);
+        kvpt_assert_ok(kvp_cache_discard_rows(a, &err), &err);
+    });
+
+    /*
+     * Tickets: prepare takes the page of block 2 (counted in acquires, as
+     * tickets' pages are); discard gives it back to its LRU place.
+     */
+    double x[CACHE_B * D];
+    row_input(x, CACHE_B, 1, 91);
+    kvp_tensor in = kvp_tensor3(x, CACHE_B, 1, D);
+    kvp_ticket *fresh = kvpt_ticket(w.cache);
+    prefix_state before_prepare = prefix_state_of(w.pool);
+    size_t found = keys_found(&w);
+    kvpt_assert_ok(kvp_attention_prepare(w.layer, &in, w.cache, fresh, &err), &err);
+    kvpt_assert_ok(kvp_ticket_discard(fresh, &err), &err);
+    assert_prefix_unchanged(&before_prepare, w.pool);
+    /* Prepared, made stale by the held ticket's commit, refused, then discarded. */
+    kvpt_assert_ok(kvp_attention_prepare(w.layer, &in, w.cache, fresh, &err), &err);
+    kvpt_assert_ok(kvp_ticket_commit(w.held, w.cache, &err), &err);
+    kvpt_snapshot_add_ticket(&w.snap, fresh);
+    kvpt_snapshot_take(&w.snap);
+    prefix_state before_discard = prefix_state_of(w.pool);
+    EXPECT_FAIL(&w, KVP_TICKET_STALE, 0, kvp_ticket_commit(fresh, w.cache, &e));
+    kvpt_assert_ok(kvp_ticket_discard(fresh, &err), &err);
+    kvpt_assert_pool_ok(w.pool);
+    prefix_state after_discard = prefix_state_of(w.pool);
+    assert_int_equal(after_discard.evictions, before_discard.evictions);
+    assert_int_equal(after_discard.cached, before_discard.cached);
+    assert_int_equal(after_discard.evictable, before_discard.evictable + cached_world);
+    assert_int_equal(keys_found(&w), found);
+
+    kvpt_destroy_ticket(fresh, w.pool);
+    kvpt_destroy_cache(child, w.pool);
+    kvpt_destroy_cache(b, w.pool);
+    kvpt_destroy_cache(a, w.pool);
+    world_free(&w);
+}
+
+static void residual_input(void *ctx, size_t layer, const double *input, const double *output,
+                           size_t elements, double *next)
+{
+    (void)ctx;
+    (void)layer;
+    for (size_t i = 0; i < elements; i++) {
+        next[i] = input[i] + output[i];
+    }
+}
+
+/* A pool of `pages` pages whose free list is empty and whose LRU list holds them all, published. */
+static kvp_pool *cached_pool(size_t block_tokens, size_t pages, kvp_block_key *keys)
+{
+    kvp_pool *pool = kvpt_pool(block_tokens, HEADS, HD, pages);
+    kvp_binding eb;
+    kvp_error err;
+    kvpt_assert_ok(kvp_binding_init_external(&eb, HEADS, HD, block_tokens, 3, 4, &err), &err);
+    kvp_cache *publisher = kvpt_cache(pool, &eb, pages, block_tokens);
+    size_t n = pages * HEADS * block_tokens * HD;
+    double *rows = kvpt_doubles(n);
+    kvpt_fill_random(rows, n, 92);
+    kvpt_assert_ok(kvp_cache_append_rows(publisher, rows, rows, block_tokens, &err), &err);
+    for (size_t lane = 0; lane < pages; lane++) {
+        kvpt_assert_ok(kvp_block_key_chain(NULL, publisher, &lane, sizeof lane, NULL, &keys[lane],
+                                           &err),
+                       &err);
+        kvpt_assert_ok(kvp_cache_publish_block(publisher, lane, 0, &keys[lane], &err), &err);
+    }
+    kvpt_destroy_cache(publisher, pool);
+    free(rows);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.free_pages, 0);
+    assert_int_equal(s.evictable_pages, pages);
+    return pool;
+}
+
+/* The LRU list from its head, into order[0..evictable). */
+static size_t lru_order(kvp_pool *pool, uint32_t *order)
+{
+    size_t n = 0;
+    kvpi_pool_lock(pool);
+    for (uint32_t p = pool->lru_head; p != KVPI_NO_PAGE; p = pool->lru_next[p]) {
+        order[n++] = p;
+    }
+    kvpi_pool_unlock(pool);
+    return n;
+}
+
+/*
+ * A prefill of a forked sequence (copy-on-write) that fails at token 1, in
+ * a pool whose free list is empty: its copies are borrowed from the LRU
+ * list. In blocks (the residual stream) the failing block writes nothing:
+ * everything is as before, slab bytes included. Token by token (a
+ * next_input function), token 0 wrote its copies before token 1 failed:
+ * those borrowed pages cannot hold their cached blocks again, so they are
+ * evicted (counted) and go back free; nothing else changes (DESIGN.md,
+ * Eviction: the one exception).
+ */
+static void test_nothing_changed_failed_prefill_of_a_fork_keeps_cached_pages(void **state)
+{
+    (void)state;
+    enum { FBT = 4, SEQ_PAGES = L * B, LRU = 6 };
+    kvp_block_key keys[SEQ_PAGES + LRU];
+    kvp_pool *pool = kvpt_pool(FBT, HEADS, HD, SEQ_PAGES + LRU);
+    kvp_model *model = kvpt_random_model(L, D, HEADS, POSITIONS, BASE, 11);
+    kvp_sequence *parent = kvpt_sequence(model, pool, B, C);
+    double x[B * 2 * D];
+    row_input(x, B, 2, 93);
+    kvp_tensor two = kvp_tensor3(x, B, 2, D);
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_prefill(parent, &two, NULL, NULL, NULL, 0, &err), &err);
+    kvp_sequence *child = NULL;
+    kvpt_assert_ok(kvp_sequence_fork(parent, &child, &err), &err);
+    assert_int_equal(kvp_sequence_pages_for(child, 4), SEQ_PAGES); /* the copies */
+    /* The rest of the pool: published and evictable. */
+    kvp_binding eb;
+    kvpt_assert_ok(kvp_binding_init_external(&eb, HEADS, HD, FBT, 3, 4, &err), &err);
+    kvp_cache *publisher = kvpt_cache(pool, &eb, LRU, FBT);
+    double rows[LRU * HEADS * FBT * HD];
+    kvpt_fill_random(rows, KVPT_COUNT_OF(rows), 94);
+    kvpt_assert_ok(kvp_cache_append_rows(publisher, rows, rows, FBT, &err), &err);
+    for (size_t lane = 0; lane < LRU; lane++) {
+        kvpt_assert_ok(kvp_block_key_chain(NULL, publisher, &lane, sizeof lane, NULL, &keys[lane],
+                                           &err),
+                       &err);
+        kvpt_assert_ok(kvp_cache_publish_block(publisher, lane, 0, &keys[lane], &err), &err);
+    }
+    kvpt_destroy_cache(publisher, pool);
+    assert_int_equal(kvpt_stats(pool).free_pages, 0);
+
+    kvpt_snapshot before;
+    kvpt_snapshot_init(&before, pool);
+    kvpt_snapshot_add_sequence(&before, parent);
+    kvpt_snapshot_add_sequence(&before, child);
+    kvpt_snapshot_take(&before);
+    prefix_state prefix = prefix_state_of(pool);
+    uint32_t order[LRU];
+    assert_int_equal(lru_order(pool, order), LRU);
+    /* Token 1 of lane 0 is huge: its own score overflows. */
+    static const double huge[D] = {1e156, -1e156, 1e156, 1e156};
+    memcpy(x + D, huge, sizeof huge);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(kvp_sequence_prefill(child, &two, NULL, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_SCORE);
+    assert_int_equal(err.token, 1);
+    kvpt_assert_unchanged(&before, 0);
+    assert_prefix_unchanged(&prefix, pool);
+
+    /* Token by token: token 0's copies were written into the 4 oldest LRU pages. */
+    memset(&err, 0, sizeof err);
+    assert_int_equal(kvp_sequence_prefill(child, &two, residual_input, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_SCORE);
+    assert_int_equal(err.token, 1);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats now = kvpt_stats(pool);
+    kvp_pool_stats expected = before.stats;
+    expected.evictions += SEQ_PAGES;
+    expected.cached_pages -= SEQ_PAGES;
+    expected.evictable_pages -= SEQ_PAGES;
+    expected.free_pages += SEQ_PAGES;
+    assert_memory_equal(&now, &expected, sizeof now);
+    uint32_t after[LRU];
+    assert_int_equal(lru_order(pool, after), LRU - SEQ_PAGES);
+    assert_memory_equal(after, order + SEQ_PAGES, (LRU - SEQ_PAGES) * sizeof *after);
+    kvpi_pool_lock(pool);
+    for (size_t i = 0; i < SEQ_PAGES; i++) {
+        assert_int_equal(pool->registered[order[i]], 0);
+    }
+    kvpi_pool_unlock(pool);
+    kvpt_snapshot unchanged = before;
+    kvpt_snapshot_take(&unchanged);
+    assert_memory_equal(unchanged.seq_digest, before.seq_digest, sizeof before.seq_digest);
+    assert_memory_equal(unchanged.seq_len, before.seq_len, sizeof before.seq_len);
+
+    kvpt_destroy_sequence(child, pool);
+    kvpt_destroy_sequence(parent, pool);
+    kvpt_destroy_model(model);
+    destroy_cached_pool(pool);
+}
+
+/*
+ * The exception, precisely: a prefill token by token, from an empty
+ * sequence, in a pool whose 8 pages are all cached and evictable. It takes
+ * the 4 oldest (blocks 0 and 1 of two layers), token 0 writes block 0 into
+ * the 2 oldest, token 2 (opening block 1) fails. The 2 written pages lose
+ * their keys (evictions + 2, now free); the 2 unwritten ones are back with
+ * their keys at their LRU places. In blocks the same prompt writes nothing.
+ */
+static void test_nothing_changed_failed_prefill_loses_only_written_pages(void **state)
+{
+    (void)state;
+    enum { PAGES8 = 8, T = 3 };
+    kvp_block_key keys[PAGES8];
+    kvp_pool *pool = cached_pool(BT, PAGES8, keys);
+    kvp_model *model = kvpt_random_model(L, D, HEADS, POSITIONS, BASE, 11);
+    kvp_sequence *seq = kvpt_sequence(model, pool, 1, C);
+    double x[T * D];
+    row_input(x, 1, T, 95);
+    static const double huge[D] = {1e156, -1e156, 1e156, 1e156};
+    memcpy(x + 2 * D, huge, sizeof huge);
+    kvp_tensor prompt = kvp_tensor3(x, 1, T, D);
+    uint32_t order[PAGES8];
+    assert_int_equal(lru_order(pool, order), PAGES8);
+    kvpt_snapshot before;
+    kvpt_snapshot_init(&before, pool);
+    kvpt_snapshot_add_sequence(&before, seq);
+    kvpt_snapshot_take(&before);
+    prefix_state prefix = prefix_state_of(pool);
+    kvp_error err;
+    assert_int_equal(kvp_sequence_prefill(seq, &prompt, NULL, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_SCORE);
+    assert_int_equal(err.token, 2);
+    kvpt_assert_unchanged(&before, 0);
+    assert_prefix_unchanged(&prefix, pool);
+
+    assert_int_equal(kvp_sequence_prefill(seq, &prompt, residual_input, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_SCORE);
+    assert_int_equal(err.token, 2);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats now = kvpt_stats(pool);
+    kvp_pool_stats expected = before.stats;
+    expected.evictions += L;
+    expected.cached_pages -= L;
+    expected.evictable_pages -= L;
+    expected.free_pages += L;
+    assert_memory_equal(&now, &expected, sizeof now);
+    uint32_t after[PAGES8];
+    assert_int_equal(lru_order(pool, after), PAGES8 - L);
+    assert_memory_equal(after, order + L, (PAGES8 - L) * sizeof *after);
+    size_t found = 0;
+    kvpi_pool_lock(pool);
+    for (size_t i = 0; i < PAGES8; i++) {
+        uint32_t page = kvpi_prefix_lookup_locked(pool, &keys[i]);
+        found += page != KVPI_NO_PAGE;
+        assert_true(page == KVPI_NO_PAGE || (page != order[0] && page != order[1]));
+    }
+    assert_int_equal(pool->registered[order[0]], 0);
+    assert_int_equal(pool->registered[order[1]], 0);
+    kvpi_pool_unlock(pool);
+    assert_int_equal(found, PAGES8 - L);
+    assert_int_equal(kvp_sequence_len(seq), 0);
+
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_model(model);
+    destroy_cached_pool(pool);
 }
 
 /* Mid-prefill observations, made from the next-input callback between layers. */
@@ -1424,6 +1932,22 @@ static void test_nothing_changed_prefill_pages_are_tentative_until_success(void 
     kvpt_destroy_pool(pool);
 }
 
+static int cached_setup(void **state)
+{
+    (void)state;
+    cached_world = 1;
+    return 0;
+}
+
+static int cached_teardown(void **state)
+{
+    cached_world = 0;
+    return kvpt_disarm(state);
+}
+
+/* A world test again in the cached world (free list empty, LRU list holding cached pages). */
+#define CACHED_TEST(f) {"cached: " #f, f, cached_setup, cached_teardown, NULL}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1436,6 +1960,19 @@ int main(void)
         cmocka_unit_test_teardown(test_nothing_changed_sequence_functions, kvpt_disarm),
         cmocka_unit_test_teardown(test_nothing_changed_failed_prefill_counters_exact, kvpt_disarm),
         cmocka_unit_test(test_nothing_changed_prefill_pages_are_tentative_until_success),
+        cmocka_unit_test_teardown(test_nothing_changed_cancelled_takes_keep_cached_pages,
+                                  kvpt_disarm),
+        cmocka_unit_test(test_nothing_changed_failed_prefill_of_a_fork_keeps_cached_pages),
+        cmocka_unit_test(test_nothing_changed_failed_prefill_loses_only_written_pages),
+        CACHED_TEST(test_nothing_changed_pool_functions),
+        CACHED_TEST(test_nothing_changed_cache_functions),
+        CACHED_TEST(test_nothing_changed_external_functions),
+        CACHED_TEST(test_nothing_changed_param_rope_layer_functions),
+        CACHED_TEST(test_nothing_changed_attention_functions),
+        CACHED_TEST(test_nothing_changed_model_functions),
+        CACHED_TEST(test_nothing_changed_sequence_functions),
+        CACHED_TEST(test_nothing_changed_failed_prefill_counters_exact),
+        CACHED_TEST(test_nothing_changed_cancelled_takes_keep_cached_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -190,11 +190,13 @@ typedef struct kvp_pool_stats {
     /* first release ends here */
     kvp_slab_source slab_source; /* the source in use: JEMALLOC, MMAP or CUSTOM */
     /* sharing (kvpager/cache.h: fork, truncate, prefix index) */
-    size_t cached_pages;        /* pages the prefix index names, held or evictable */
+    size_t cached_pages;        /* pages the prefix index names, held or evictable (a page
+                                   a pending take borrowed from the LRU list included) */
     size_t evictable_pages;     /* cached pages no page table names: neither free nor held */
     uint64_t prefix_hits;       /* pages shared by kvp_cache_adopt_prefix (per lane and block) */
     uint64_t prefix_misses;     /* lookups that found no page (each ends an adopt) */
-    uint64_t evictions;         /* evictable pages a take reused, dropping their index entry */
+    uint64_t evictions;         /* evictable pages a take reused for good (mapped), dropping
+                                   their index entry; a cancelled take's pages go back */
     uint64_t cow_copies;        /* shared partial pages copied before an append wrote them */
 } kvp_pool_stats;
 

@@ -112,15 +112,24 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_step(kvp_sequence *sequence,
  * If token t > 0 fails, every layer is rolled back to its length before the
  * call, the pages go back in the reverse of the order taken, and the pool's
  * counters (acquires, releases, high-water mark) are exactly as before: the
- * tentative pages were never counted (kvp_pool_stats). So the call changes
- * nothing on error, with two documented exceptions:
+ * tentative pages were never counted (kvp_pool_stats). Pages taken from the
+ * pool's LRU list of cached pages (when no page was free) and not written
+ * go back with their keys, to their LRU places. In blocks, token 0 is
+ * computed again as the first row of the first block, and a failing block
+ * writes no page. So the call changes nothing on error, with three
+ * documented exceptions:
  *   - output: rows are written token by token, so when token err.token
  *     fails, the rows of the tokens before it already hold their (rolled
  *     back) outputs; the rest is untouched. Errors found before the first
  *     token leave it untouched;
- *   - free slab bytes: the rows computed for tokens before a failing token
- *     t > 0 stay in the pages and slots given back. Nothing can read them,
- *     but kvp_pool_digest, which hashes free bytes too, differs.
+ *   - free slab bytes: the rows written for tokens before a failing token
+ *     t > 0 (the blocks before the failing one; token by token, every
+ *     token before t) stay in the pages and slots given back. Nothing can
+ *     read them, but kvp_pool_digest, which hashes free bytes too, differs;
+ *   - cached blocks: a page taken from the LRU list and written that way
+ *     cannot hold its cached block again: it leaves the prefix index and
+ *     counts in kvp_pool_stats.evictions (cached_pages and evictable_pages
+ *     drop, free_pages rises by as many).
  * output, when not NULL, receives [B, T, D].
  * Threads: one caller at a time per sequence, as kvp_sequence_step: not
  * while a read of it or its caches runs, and not while a parameter of its

@@ -62,6 +62,13 @@ static void cache_audit(const kvpi_holder *holder, kvpi_audit *audit)
             mapped++;
             prefix += block == mapped - 1;
             kvpi_audit_reference(audit, table[block]);
+            /* A mapped page was written: it must have left the index (I5). */
+            if (table[block] < cache->pool->total_pages &&
+                cache->pool->registered[table[block]] == KVPI_PAGE_BORROWED) {
+                kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
+                                  "a mapped page is not borrowed from the LRU list", table[block],
+                                  lane, 0, 1);
+            }
         }
         if (mapped != expected) {
             kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,

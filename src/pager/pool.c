@@ -28,8 +28,15 @@
  *   free --take_locked--> held (refcount 1) --put_locked (refcount 0)--> free
  *   held --ref_locked--> held (refcount + 1: a fork or an adopter shares it)
  *   held, registered --put_locked (refcount 0)--> evictable (LRU, still indexed)
- *   evictable --ref_locked--> held;  evictable --take_locked, no free page--> held
- *   (evicted: its index entry dropped; acquire takes free pages first)
+ *   evictable --ref_locked--> held
+ *   evictable --take_locked, no free page--> borrowed (held by a reservation,
+ *     still indexed but hidden from lookups, off the LRU list; takes use
+ *     free pages first)
+ *   borrowed --evict_borrowed_locked (the reservation maps it)--> held
+ *     (evicted: its index entry dropped, `evictions` + 1)
+ *   borrowed --put_locked (returned unused)--> evictable, at its LRU place
+ * So a cancelled transaction gives cached pages back exactly; only a page
+ * written (mapped) loses its key (pool_internal.h, DESIGN.md "Sharing").
  * Every transition happens under `lock` (see pool_internal.h).
  *
  * Callers: the public API (kvpager/pool.h) and src/pager.
@@ -256,13 +263,14 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_STRUCT), sizeof *pool);
     }
     /*
-     * One allocation: the page keys, then six uint32 arrays of total entries
-     * (free stack, refcounts, audit scratch, registered, LRU links) and the
-     * index. total < 2^32, so this cannot overflow size_t on 64-bit.
+     * One allocation: the page keys, the LRU stamps, then six uint32 arrays
+     * of total entries (free stack, refcounts, audit scratch, registered, LRU
+     * links) and the index. total < 2^32, so this cannot overflow size_t on
+     * 64-bit.
      */
     size_t slots = kvpi_prefix_slots(total);
-    size_t metadata_bytes =
-        total * sizeof(kvp_block_key) + (6 * total + slots) * sizeof(uint32_t);
+    size_t metadata_bytes = total * (sizeof(kvp_block_key) + sizeof(uint64_t)) +
+                            (6 * total + slots) * sizeof(uint32_t);
     unsigned char *metadata = kvpi_calloc(KVPI_SITE_POOL_METADATA, 1, metadata_bytes);
     if (metadata == NULL) {
         kvpi_free(pool);
@@ -296,7 +304,8 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     pool->slab_from = slab_from;
     pool->metadata = metadata;
     pool->page_key = (kvp_block_key *)(void *)metadata;
-    uint32_t *words = (uint32_t *)(void *)(metadata + total * sizeof(kvp_block_key));
+    pool->lru_stamp = (uint64_t *)(void *)(metadata + total * sizeof(kvp_block_key));
+    uint32_t *words = (uint32_t *)(void *)(pool->lru_stamp + total);
     pool->free_stack = words;
     pool->refcount = words + total;
     pool->audit_counts = words + 2 * total;
@@ -594,20 +603,19 @@ static kvp_status take_pages_locked(kvp_pool *pool, size_t n, uint32_t *out, int
         uint32_t page;
         if (pool->free_count != 0) {
             page = pool->free_stack[--pool->free_count];
+            kvpi_track_page_acquired(pool->slab, kvpi_pool_page(pool, page), pool->page_bytes);
         } else {
-            /* Evict the least recently used cached page: its key is forgotten. */
+            /*
+             * Borrow the least recently used cached page: it keeps its key,
+             * index slot and stamp, hidden from lookups, until its
+             * reservation maps it (evicted) or gives it back (restored). Its
+             * rows stay defined for Valgrind: a restored page is read again.
+             */
             page = pool->lru_head;
             kvpi_lru_unlink_locked(pool, page);
-            kvpi_prefix_remove_locked(pool, page);
-            pool->evictions++;
-            kvpi_track_page_released(pool->slab, kvpi_pool_page(pool, page));
-            kvpi_track_page_acquired(pool->slab, kvpi_pool_page(pool, page), pool->page_bytes);
-            pool->refcount[page] = 1;
-            out[i] = page;
-            continue;
+            pool->registered[page] = KVPI_PAGE_BORROWED;
         }
         pool->refcount[page] = 1;
-        kvpi_track_page_acquired(pool->slab, kvpi_pool_page(pool, page), pool->page_bytes);
         out[i] = page;
     }
     if (tentative) {
@@ -644,19 +652,48 @@ void kvpi_pool_tentative_cancel_locked(kvp_pool *pool, size_t n)
     pool->releases -= n;
 }
 
+/*
+ * A borrowed page comes back unused: visible again at its LRU place, or, when
+ * a page published under its key meanwhile holds the key, out of the index.
+ * Returns 1 when it went back to the LRU list.
+ */
+static int restore_borrowed_locked(kvp_pool *pool, uint32_t page)
+{
+    if (kvpi_prefix_lookup_locked(pool, &pool->page_key[page]) != KVPI_NO_PAGE) {
+        kvpi_prefix_remove_locked(pool, page);
+        return 0;
+    }
+    pool->registered[page] = KVPI_PAGE_INDEXED;
+    kvpi_lru_restore_locked(pool, page);
+    return 1;
+}
+
 void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page)
 {
     if (--pool->refcount[page] != 0) {
         return;
     }
     pool->releases++;
-    if (pool->registered[page]) {
+    if (pool->registered[page] == KVPI_PAGE_BORROWED) {
+        if (restore_borrowed_locked(pool, page)) {
+            return;
+        }
+    } else if (pool->registered[page]) {
         /* Its rows stay valid for a later adopter: no Valgrind release. */
         kvpi_lru_push_locked(pool, page);
         return;
     }
     kvpi_track_page_released(pool->slab, kvpi_pool_page(pool, page));
     pool->free_stack[pool->free_count++] = page;
+}
+
+void kvpi_pool_evict_borrowed_locked(kvp_pool *pool, uint32_t page)
+{
+    if (pool->registered[page] != KVPI_PAGE_BORROWED) {
+        return;
+    }
+    kvpi_prefix_remove_locked(pool, page);
+    pool->evictions++;
 }
 
 void kvpi_pool_ref_locked(kvp_pool *pool, uint32_t page)

@@ -25,6 +25,15 @@
 /* A page-table slot that maps no page. Page ids are below it. */
 #define KVPI_NO_PAGE UINT32_MAX
 
+/*
+ * registered[page]: the index names the page and lookups find it (INDEXED),
+ * or the index still holds its entry but the page is borrowed by a
+ * transaction that took it from the LRU list, and lookups skip it
+ * (BORROWED). Either is nonzero: "registered".
+ */
+#define KVPI_PAGE_INDEXED 1u
+#define KVPI_PAGE_BORROWED 2u
+
 typedef struct kvpi_audit kvpi_audit;
 typedef struct kvpi_holder kvpi_holder;
 
@@ -76,10 +85,20 @@ struct kvp_pool {
      * page is `registered` while the index names it, under page_key[page].
      * A registered page at refcount 0 is evictable: on the LRU list (oldest
      * at lru_head), neither free nor held. All under `lock`.
+     * A take that finds no free page *borrows* the least recently used
+     * evictable page (registered = KVPI_PAGE_BORROWED): it leaves the LRU
+     * list and is held by the taker's reservation, but keeps its key, its
+     * index slot and its LRU stamp, and lookups do not see it. When the
+     * reservation hands it to a page table (the take is final and the page
+     * written), it is evicted: its index entry goes and `evictions` counts
+     * it. When it goes back unused (a cancelled transaction), it returns to
+     * the index's view and to its place on the LRU list (lru_stamp order).
      */
     void *metadata;        /* the one allocation every array below lives in */
     kvp_block_key *page_key; /* [total_pages] */
-    uint32_t *registered;  /* [total_pages]; 1 while the index names the page */
+    uint64_t *lru_stamp;   /* [total_pages]; lru_clock when the page last went on the LRU list */
+    uint64_t lru_clock;    /* stamps handed out; the LRU list is in increasing stamp order */
+    uint32_t *registered;  /* [total_pages]; 0, KVPI_PAGE_INDEXED or KVPI_PAGE_BORROWED */
     uint32_t *lru_prev;    /* [total_pages]; KVPI_NO_PAGE ends the list */
     uint32_t *lru_next;    /* [total_pages] */
     uint32_t lru_head;     /* least recently used evictable page, or KVPI_NO_PAGE */
@@ -107,9 +126,12 @@ void kvpi_pool_attach_locked(kvp_pool *pool, kvpi_holder *holder);
 void kvpi_pool_detach_locked(kvp_pool *pool, kvpi_holder *holder);
 
 /*
- * Takes n free pages, all or none, each with reference count 1, written to
- * out[0..n) in the order the LIFO free list yields them. POOL_EXHAUSTED (and
- * the exhaustion counter) when fewer than n are free.
+ * Takes n pages, all or none, each with reference count 1, written to
+ * out[0..n): free pages first, in the order the LIFO free list yields them,
+ * then evictable pages borrowed from the LRU list, oldest first (see
+ * struct kvp_pool). So a transaction that uses its pages in order writes
+ * free pages before borrowed ones. POOL_EXHAUSTED (and the exhaustion
+ * counter) when fewer than n are free or evictable.
  */
 kvp_status kvpi_pool_take_locked(kvp_pool *pool, size_t n, uint32_t *out, kvp_error *err);
 
@@ -122,6 +144,9 @@ kvp_status kvpi_pool_take_locked(kvp_pool *pool, size_t n, uint32_t *out, kvp_er
  *   cancel:  the n pages have all gone back through kvpi_pool_put_locked
  *            (in the same lock hold); the releases that counted are undone,
  *            so the counters are as if the pages had never been taken.
+ * Borrowed pages are settled one by one, not here: kvpi_pool_evict_borrowed
+ * when a reservation hands one to a page table, kvpi_pool_put_locked
+ * (restored) when one goes back unused.
  */
 kvp_status kvpi_pool_take_tentative_locked(kvp_pool *pool, size_t n, uint32_t *out,
                                            kvp_error *err);
@@ -131,9 +156,20 @@ void kvpi_pool_tentative_cancel_locked(kvp_pool *pool, size_t n);
 /*
  * Drops one reference; at zero the page goes back on top of the free list,
  * or, when the prefix index names it, to the most recent end of the LRU list
- * of evictable pages (it stays in the index).
+ * of evictable pages (it stays in the index). A borrowed page (never mapped:
+ * its rows are the cached block's) is restored instead: visible to lookups
+ * again and back at its place on the LRU list, unless a page published
+ * under the same key meanwhile took its key, in which case it leaves the
+ * index and goes to the free list.
  */
 void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page);
+
+/*
+ * A reservation hands `page` to a page table: the take is final and the
+ * page is (being) written. A borrowed page is evicted now: its index entry
+ * is dropped and `evictions` counts it. Any other page: nothing.
+ */
+void kvpi_pool_evict_borrowed_locked(kvp_pool *pool, uint32_t page);
 
 /*
  * Adds one reference to a page that is held or evictable (a fork's or an
@@ -154,15 +190,19 @@ static inline size_t kvpi_pool_available_locked(const kvp_pool *pool)
 size_t kvpi_prefix_slots(size_t total);
 /* Empties the index and the LRU list (pool creation). */
 void kvpi_prefix_init(kvp_pool *pool);
-/* The page registered under `key`, or KVPI_NO_PAGE. */
+/* The page registered under `key` and not borrowed, or KVPI_NO_PAGE. */
 uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *key);
 /* Registers held `page` (not registered) under `key` (not in the index). */
 void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key);
 /* Removes registered `page` from the index. */
 void kvpi_prefix_remove_locked(kvp_pool *pool, uint32_t page);
-/* LRU list: append as most recent, unlink, and take the least recent. */
+/*
+ * LRU list: append as most recent (a new stamp), unlink, and put back a page
+ * at the place its stamp gives it (a borrowed page returned unused).
+ */
 void kvpi_lru_push_locked(kvp_pool *pool, uint32_t page);
 void kvpi_lru_unlink_locked(kvp_pool *pool, uint32_t page);
+void kvpi_lru_restore_locked(kvp_pool *pool, uint32_t page);
 /* I5 (see pool.c); `seen` is the audit's scratch, as the free-list pass left it. */
 void kvpi_prefix_audit_locked(const kvp_pool *pool, kvpi_audit *audit, uint32_t *seen);
 

@@ -9,12 +9,17 @@
  *   - an index slot holds KVPI_NO_PAGE or a registered page p, and p is found
  *     by probing from the home slot of page_key[p] without crossing an empty
  *     slot; each registered page is in exactly one slot; cached == entries;
- *   - the LRU list holds exactly the registered pages with refcount 0, once
- *     each, oldest at lru_head; evictable == its length;
+ *   - the LRU list holds exactly the indexed (not borrowed) pages with
+ *     refcount 0, once each, oldest at lru_head, in increasing lru_stamp;
+ *     evictable == its length;
+ *   - a borrowed page (KVPI_PAGE_BORROWED) keeps its slot and key, lookups
+ *     skip it, and it is held by its taker's reservation alone (refcount 1);
  *   - a free page is not registered.
  * Page life with sharing (pool.c performs the transitions):
  *   held --put (refcount 0, registered)--> evictable --ref--> held
- *   evictable --take finds no free page--> held by the taker, unregistered
+ *   evictable --take finds no free page--> borrowed by the taker
+ *   borrowed --mapped from the reservation--> held, unregistered (evicted)
+ *   borrowed --returned unused--> evictable, at its stamp's LRU place
  * Everything here runs under the pool lock. Callers: pool.c and share.c.
  */
 #include "pager/pool_internal.h"
@@ -62,7 +67,9 @@ uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *ke
         if (page == KVPI_NO_PAGE) {
             return KVPI_NO_PAGE;
         }
-        if (key_equal(&pool->page_key[page], key)) {
+        /* A borrowed page keeps its entry but is not found (pool_internal.h). */
+        if (key_equal(&pool->page_key[page], key) &&
+            pool->registered[page] != KVPI_PAGE_BORROWED) {
             return page;
         }
     }
@@ -77,7 +84,7 @@ void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_ke
     }
     pool->index[i] = page;
     pool->page_key[page] = *key;
-    pool->registered[page] = 1;
+    pool->registered[page] = KVPI_PAGE_INDEXED;
     pool->cached++;
 }
 
@@ -115,6 +122,33 @@ void kvpi_lru_push_locked(kvp_pool *pool, uint32_t page)
         pool->lru_head = page;
     }
     pool->lru_tail = page;
+    pool->lru_stamp[page] = ++pool->lru_clock;
+    pool->evictable++;
+}
+
+/*
+ * Before the first page with a larger stamp. A restored page is among the
+ * oldest (it was the head when borrowed), so the walk from the head is short.
+ */
+void kvpi_lru_restore_locked(kvp_pool *pool, uint32_t page)
+{
+    uint32_t next = pool->lru_head;
+    while (next != KVPI_NO_PAGE && pool->lru_stamp[next] < pool->lru_stamp[page]) {
+        next = pool->lru_next[next];
+    }
+    uint32_t prev = next == KVPI_NO_PAGE ? pool->lru_tail : pool->lru_prev[next];
+    pool->lru_prev[page] = prev;
+    pool->lru_next[page] = next;
+    if (prev != KVPI_NO_PAGE) {
+        pool->lru_next[prev] = page;
+    } else {
+        pool->lru_head = page;
+    }
+    if (next != KVPI_NO_PAGE) {
+        pool->lru_prev[next] = page;
+    } else {
+        pool->lru_tail = page;
+    }
     pool->evictable++;
 }
 
@@ -154,7 +188,7 @@ static void audit_lru(const kvp_pool *pool, kvpi_audit *audit, uint32_t *seen)
                               "times an evictable page is free or on the LRU list", p, SIZE_MAX,
                               1, seen[p]);
         }
-        if (!pool->registered[p] || pool->refcount[p] != 0) {
+        if (pool->registered[p] != KVPI_PAGE_INDEXED || pool->refcount[p] != 0) {
             kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
                               "an evictable page is registered with reference count 0", p,
                               SIZE_MAX, 0, pool->refcount[p]);
@@ -162,6 +196,10 @@ static void audit_lru(const kvp_pool *pool, kvpi_audit *audit, uint32_t *seen)
         if (pool->lru_prev[p] != prev) {
             kvpi_audit_report(audit, KVP_INVARIANT_PREFIX, "LRU back link", p, SIZE_MAX, prev,
                               pool->lru_prev[p]);
+        } else if (prev != KVPI_NO_PAGE && pool->lru_stamp[p] <= pool->lru_stamp[prev]) {
+            kvpi_audit_report(audit, KVP_INVARIANT_PREFIX, "LRU list in stamp order", p,
+                              SIZE_MAX, (size_t)pool->lru_stamp[prev] + 1,
+                              (size_t)pool->lru_stamp[p]);
         }
         prev = p;
     }
@@ -196,7 +234,15 @@ static void audit_index(const kvp_pool *pool, kvpi_audit *audit)
         while (j != i && pool->index[j] != KVPI_NO_PAGE) {
             j = (j + 1) & mask;
         }
-        if (j != i || kvpi_prefix_lookup_locked(pool, &pool->page_key[page]) != page) {
+        int borrowed = pool->registered[page] == KVPI_PAGE_BORROWED;
+        if (borrowed && pool->refcount[page] != 1) {
+            kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
+                              "a borrowed page is held by its reservation alone", page,
+                              SIZE_MAX, 1, pool->refcount[page]);
+        }
+        /* A borrowed page is skipped by lookups; another page may hold its key meanwhile. */
+        if (j != i ||
+            (!borrowed && kvpi_prefix_lookup_locked(pool, &pool->page_key[page]) != page)) {
             kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
                               "an index entry is found under its page's key", page, SIZE_MAX, i,
                               j);

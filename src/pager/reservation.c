@@ -113,6 +113,8 @@ kvp_status kvpi_reservation_fill_tentative(kvpi_reservation *r, size_t n, size_t
 uint32_t kvpi_reservation_consume_locked(kvpi_reservation *r)
 {
     uint32_t page = r->entries[r->next++];
+    /* Mapped, so final and written: a page borrowed from the LRU list loses its key now. */
+    kvpi_pool_evict_borrowed_locked(r->pool, page);
     if (r->next == r->count) {
         kvpi_pool_detach_locked(r->pool, &r->holder);
         r->next = 0;

@@ -62,7 +62,10 @@ kvp_status kvpi_reservation_fill_tentative_locked(kvpi_reservation *r, size_t n,
 
 /*
  * Under the pool lock: hands the next reserved page, and its reference, to the
- * caller. Precondition: remaining > 0.
+ * caller, who maps it into a page table (and has written or will write it).
+ * A page the fill borrowed from the LRU list is evicted then (its index entry
+ * dropped, counted in `evictions`; pool_internal.h); pages released unused
+ * go back to their LRU place with their keys. Precondition: remaining > 0.
  */
 uint32_t kvpi_reservation_consume_locked(kvpi_reservation *r);
 

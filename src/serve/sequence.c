@@ -518,7 +518,8 @@ static size_t prefill_block_for(const kvp_sequence *seq, size_t tokens,
  * earlier tokens alone), and a later failure at a smaller row replaces it:
  * the error reported is the first in token-major order, the one
  * token-by-token computation meets, with err.token and err.layer set. The
- * rows before it are committed and their outputs written, as token by token.
+ * outputs of the rows before it are written, as token by token; their rows
+ * are not committed (the caller rolls the prefill back).
  */
 static kvp_status prefill_rows(kvp_sequence *seq, const kvp_tensor *prompt, size_t t0,
                                size_t count, double *output, const kvpi_parallel *par,
@@ -550,8 +551,14 @@ static kvp_status prefill_rows(kvp_sequence *seq, const kvp_tensor *prompt, size
         work->input = work->next;
         work->next = swap;
     }
+    /*
+     * A failing block commits nothing: the roll-back would give its rows back
+     * at once, and pages it did not write can go back to the LRU list with
+     * their keys (pool_internal.h, borrowed pages). Outputs are written.
+     */
+    int commit = failure.status == KVP_OK;
     for (size_t t = 0; t < count; t++) {
-        for (size_t l = 0; l < seq->layers; l++) {
+        for (size_t l = 0; l < seq->layers && commit; l++) {
             kvp_cache *cache = seq->caches[l];
             size_t kv_width = cache->heads * cache->head_width;
             kvpi_cache_commit(cache, kvpi_prefill_work_key(work, l, t, kv_width),
@@ -570,6 +577,21 @@ static kvp_status prefill_rows(kvp_sequence *seq, const kvp_tensor *prompt, size
     failure.layer = failed_layer;
     failure.token = t0 + count;
     return kvpi_error_emit(err, &failure);
+}
+
+/* Every token of the prompt, from token 0, in blocks of `block` tokens (prefill_rows). */
+static kvp_status prefill_blocks(kvp_sequence *seq, const kvp_tensor *prompt, size_t block,
+                                 double *output, const kvpi_parallel *par, kvp_error *err)
+{
+    size_t tokens = prompt->shape.dims[1];
+    for (size_t t = 0; t < tokens; t += block) {
+        size_t count = tokens - t < block ? tokens - t : block;
+        kvp_status status = prefill_rows(seq, prompt, t, count, output, par, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    return KVP_OK;
 }
 
 kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *prompt,
@@ -592,20 +614,13 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
     size_t start = sequence->caches[0]->len;
     size_t promise = sequence->promise;
     size_t pages = kvp_sequence_pages_for(sequence, start + tokens);
-    /* Tokens after the first go in blocks when the sequence has a workspace (else one by one). */
+    /*
+     * With a workspace, token 0 is prepared alone (every check before a page
+     * is taken) and then every token goes in blocks; else one by one.
+     */
     size_t block = prefill_block_for(sequence, tokens, next_input);
     double *row = sequence->activations; /* x_0 of each token, gathered from [B, T, D] */
     for (size_t t = 0; t < tokens; t++) {
-        if (t > 0 && block > 0) {
-            size_t count = tokens - t < block ? tokens - t : block;
-            status = prefill_rows(sequence, prompt, t, count, output, par, err);
-            if (status != KVP_OK) {
-                roll_back(sequence, start, promise, pages);
-                return status;
-            }
-            t += count - 1;
-            continue;
-        }
         for (size_t b = 0; b < sequence->batch_size; b++) {
             memcpy(row + b * d, prompt->data + (b * tokens + t) * d, d * sizeof *row);
         }
@@ -643,6 +658,21 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
                 return status;
             }
             kvpi_cache_cow_defer_many(sequence->caches, sequence->layers);
+            if (block > 0) {
+                /*
+                 * Token 0 again, as the first row of the blocks: a failing
+                 * block writes no page (prefill_rows), so a prefill that
+                 * fails in its first block gives back every page unwritten
+                 * (pages borrowed from the LRU list keep their keys).
+                 */
+                discard_tickets(sequence, sequence->layers);
+                status = prefill_blocks(sequence, prompt, block, output, par, err);
+                if (status != KVP_OK) {
+                    roll_back(sequence, start, promise, pages);
+                    return status;
+                }
+                break;
+            }
         }
         commit_layers(sequence);
         if (output != NULL) {
