@@ -606,7 +606,8 @@ static void test_status_format_external_cache_errors(void **state)
     assert_string_equal(kvp_status_name(KVP_ROWS_NOT_RESERVED), "RowsNotReserved");
     assert_string_equal(kvp_status_name(KVP_PAGE_NOT_HELD), "PageNotHeld");
     assert_string_equal(kvp_status_message(KVP_PAGE_NOT_HELD),
-                        "the page is free: only held pages have data");
+                        "the page is not held (free or evictable): only held pages have "
+                        "data");
     kvp_error e = error_of(KVP_CACHE_LAYER_BOUND);
     kvpt_assert_error_text(&e, "KV cache is bound to an attention layer: its rows enter only "
                                "through attention's prepare and commit (raw rows go to "
@@ -622,6 +623,11 @@ static void test_status_format_external_cache_errors(void **state)
     e = error_of(KVP_PAGE_NOT_HELD);
     e.index = 7;
     kvpt_assert_error_text(&e, "page 7 is free: only held pages have data");
+    e.what = "free";
+    kvpt_assert_error_text(&e, "page 7 is free: only held pages have data");
+    e.what = "evictable";
+    kvpt_assert_error_text(&e, "page 7 is evictable (cached, but no page table holds it): only "
+                               "held pages have data");
     e = error_of(KVP_FULL);
     e.what = "rows";
     e.tokens = 5;

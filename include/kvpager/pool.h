@@ -383,8 +383,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_
  * long as that page id does (until the next call that changes its cache),
  * and the slab never moves. Errors, in this order: NULL_ARGUMENT (pool, keys,
  * values); INVALID_ARGUMENT (layout's struct_size); OUT_OF_RANGE (argument "page", page >= total pages); PAGE_NOT_HELD
- * (err.index = page: the page is on the free list; only held pages have
- * data). Allocates nothing.
+ * (err.index = page, err.what "free": the page is on the free list, or
+ * "evictable": cached in the prefix index but named by no page table; only
+ * held pages have data). Allocates nothing.
  * Threads: thread-safe (the held check is under the pool's mutex). Reading
  * rows through the addresses is not safe while the page's cache is changed
  * (an append, commit, reset or destroy may write or free the page): a

@@ -128,7 +128,7 @@ extern "C" {
       "rows enter a layer-bound cache only through attention")                                     \
     X(ROWS_RESERVED, 54, "RowsReserved", "the cache already holds a row reservation")              \
     X(ROWS_NOT_RESERVED, 55, "RowsNotReserved", "more rows committed than the cache reserved")     \
-    X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is free: only held pages have data")             \
+    X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is not held (free or evictable): only held pages have data")             \
     X(NOT_AT_BLOCK_BOUNDARY, 57, "NotAtBlockBoundary",                                             \
       "the cache length is not a multiple of block_tokens")                                        \
     X(PAGE_PUBLISHED, 58, "PagePublished", "the page is already published under another key")
@@ -181,6 +181,8 @@ typedef struct kvp_error {
      * INPUT_RANK and FULL: "prompt" when the input was a prefill prompt (NULL
      * for a decode input); FULL: "rows" for kvp_cache_append_rows and
      * kvp_cache_reserve_rows; NONFINITE_PROJECTION: "query", "key" or "value";
+     * PAGE_NOT_HELD: "free" (on the free list) or "evictable" (cached in the
+     * prefix index, but no page table names it);
      * NONFINITE_KEY and NONFINITE_VALUE: NULL when the element is not finite,
      * or the pool's storage type ("f32", "bf16") when it is a finite f64
      * that the type cannot hold (it would round to infinity; pool.h). */

@@ -506,10 +506,12 @@ kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
     }
     kvpi_pool_lock(pool);
     int held = pool->refcount[page] != 0;
+    int evictable = !held && pool->registered[page] != 0;
     kvpi_pool_unlock(pool);
     if (!held) {
         kvp_error e = kvpi_error_begin(KVP_PAGE_NOT_HELD);
         e.index = page;
+        e.what = evictable ? "evictable" : "free";
         return kvpi_error_emit(err, &e);
     }
     kvp_page_layout l = page_layout(pool);

@@ -493,7 +493,11 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                     e->available);
         return;
     case KVP_PAGE_NOT_HELD:
-        sink_printf(sink, "page %zu is free: only held pages have data", e->index);
+        /* An evictable page is registered, at reference count 0: not free, not held. */
+        sink_printf(sink, "page %zu is %s: only held pages have data", e->index,
+                    e->what != NULL && strcmp(e->what, "evictable") == 0
+                        ? "evictable (cached, but no page table holds it)"
+                        : "free");
         return;
     case KVP_NOT_AT_BLOCK_BOUNDARY:
         sink_printf(sink, "KV cache length %zu is not a multiple of block_tokens %zu",
