@@ -1046,8 +1046,9 @@ static void test_share_sequence_prefix_bit_identical(void **state)
 
 /*
  * A block is adopted only when every layer's page of it hits: with the last
- * layer's page of block 1 (its last lane) evicted and layer 0's still
- * indexed, the prefix stops after block 0, and the rest recomputes alike.
+ * layer's page of block 1 (its last lane) taken by a reservation (borrowed:
+ * hidden from lookups) and layer 0's still indexed, the prefix stops after
+ * block 0, and the rest recomputes alike.
  */
 static void test_share_sequence_adopt_stops_at_one_layers_miss(void **state)
 {
