@@ -203,14 +203,15 @@ static void simulate_usage(FILE *out)
             "                       admits prompt tokens (0%%). N >= 1; not with\n"
             "                       --no-compute (default: no updates)\n"
             "  --verify N           recompute requests 0, N, 2N, ... (each sample) from\n"
-            "                       scratch when they finish, on a fresh sequence of a\n"
-            "                       private pool with nothing shared, under the weights\n"
-            "                       they ran with, and compare every decoded output bit\n"
-            "                       for bit (verified, verify_mismatches). A request whose\n"
-            "                       run saw a weight update spans two weight versions: it\n"
-            "                       is skipped and counted (verify_skipped). The run\n"
-            "                       without sharing is not verified. N >= 1; not with\n"
-            "                       --no-compute (default: no verification)\n"
+            "                       scratch when they finish, on a private pool with\n"
+            "                       nothing shared, and compare every decoded output bit\n"
+            "                       for bit (verified, verify_mismatches). Each token is\n"
+            "                       recomputed under the weights it was decoded with: a\n"
+            "                       run that spans weight updates is prefilled once per\n"
+            "                       weight version (verify_segments), older versions\n"
+            "                       regenerated from the seed. The run without sharing is\n"
+            "                       not verified. N >= 1; not with --no-compute (default:\n"
+            "                       no verification)\n"
             "  --watermark X        fraction of pages kept free at admission, >= 0 and < 1\n"
             "                       (default %.2f)\n"
             "  --reserve-tokens N   decoding reserve promised at admission, 0 to capacity\n"
@@ -640,9 +641,34 @@ typedef struct memory_part {
  * the pool can hold, pages x block-tokens / layers positions, and at least
  * capacity) of D doubles each; the request list. At most min(requests,
  * pages / layers) sequences exist at once, since each holds a page per layer.
+ * With --verify, its own model, pool, buffers and kept outputs (verify_bytes).
  */
 /* The largest RoPE cos/sin table a layer keeps (the library's cap). */
 #define ROPE_TABLE_CAP_BYTES ((size_t)4 << 20)
+
+/*
+ * --verify's memory (src/cli/verify.h): a second model (`model` bytes), a
+ * private pool of one full-capacity sequence's pages, its row and output
+ * buffers (2 capacity x D doubles), and the outputs kept until a chosen
+ * request is collected: at most every chosen request at once, each sample at
+ * most capacity tokens of D doubles and an epoch. 0 without verification.
+ */
+static size_t verify_bytes(const kvp_sim_config *c, size_t requests, size_t page_bytes,
+                           size_t model, int *overflow)
+{
+    if (c->verify_every == 0 || !c->compute) {
+        return 0;
+    }
+    size_t d = c->model_width;
+    size_t blocks = c->capacity / c->block_tokens + 1;
+    size_t pool = mul(mul(c->layers, blocks, overflow), page_bytes, overflow);
+    size_t buffers = mul(mul(2 * sizeof(double), c->capacity, overflow), d, overflow);
+    size_t chosen = requests / c->verify_every + 1;
+    size_t per_token = add(mul(d, sizeof(double), overflow), sizeof(size_t), overflow);
+    size_t kept = mul(mul(mul(chosen, c->samples, overflow), c->capacity, overflow), per_token,
+                      overflow);
+    return add(add(model, pool, overflow), add(buffers, kept, overflow), overflow);
+}
 
 static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli_problems *p)
 {
@@ -697,6 +723,8 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
         {"the sequences", FLAG_CAPACITY, FLAG_LAYERS, per_sequence},
         {"the prompt buffer", FLAG_CAPACITY, FLAG_MODEL_WIDTH, c->compute ? prompt : 0},
         {"the request list", FLAG_REQUESTS, FLAG_COUNT_, list},
+        {"the verification", FLAG_VERIFY, FLAG_CAPACITY,
+         verify_bytes(c, requests, page_bytes, model, &overflow)},
     };
     size_t total = 0;
     size_t largest = 0;
@@ -855,10 +883,10 @@ static void print_sharing(const options *o, const kvp_sim_result *r, const kvp_s
     if (c->verify_every != 0) {
         printf("verify                  %zu sample sequences recomputed from scratch (requests "
                "0, %zu, %zu, ...): %zu mismatches;\n"
-               "                        %zu requests skipped (a weight update fell in their "
-               "run)\n",
+               "                        %zu prefills, one per weight version a sequence "
+               "decoded under; %zu skipped\n",
                r->verified, c->verify_every, 2 * c->verify_every, r->verify_mismatches,
-               r->verify_skipped);
+               r->verify_segments, r->verify_skipped);
     }
     if (off != NULL) {
         printf("side by side            %-14s%-14sratio\n", "sharing", "--no-sharing");
@@ -968,6 +996,7 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_array_end(json);
     kvp_json_uint(json, "verified", r->verified);
     kvp_json_uint(json, "verify_mismatches", r->verify_mismatches);
+    kvp_json_uint(json, "verify_segments", r->verify_segments);
     kvp_json_uint(json, "verify_skipped", r->verify_skipped);
     kvp_json_uint(json, "later_turns", r->later_turns);
     kvp_json_double(json, "turn_gap_min", r->later_turns > 0 ? (double)r->turn_gap_min : NAN);
