@@ -10,8 +10,9 @@
  *   2. validate: each flag's range, then flags that depend on each other
  *      (heads divide the width, KV heads divide the heads, a page of the
  *      --kv-dtype within the budget, the mean request
- *      within the capacity, --trace against the generated-workload flags),
- *      the trace file's rows, and the memory every part of the run needs
+ *      within the capacity, --trace against the generated-workload flags,
+ *      no output naming an input: --plot not the --trace file), the trace
+ *      file's rows, and the memory every part of the run needs
  *      against physical memory (each product overflow-checked);
  *   3. open the outputs (--plot), so an unwritable path is refused;
  *   4. run, report, finish the plot.
@@ -596,6 +597,23 @@ static void check_workload(options *o, kvp_cli_problems *p)
     }
 }
 
+/*
+ * No output may name an input: --plot over the --trace file would replace
+ * the trace with the chart. The same file by device and inode, or by
+ * resolved path when one does not exist yet (kvp_cli_same_file).
+ */
+static void check_outputs(const options *o, kvp_cli_problems *p)
+{
+    if (p->found || o->plot == NULL || o->trace == NULL) {
+        return;
+    }
+    if (kvp_cli_same_file(o->plot, o->trace)) {
+        kvp_cli_problem(p, "invalid value for --plot: '%s': it names the input file of --trace %s, "
+                        "which the plot would overwrite",
+                        o->plot, o->trace);
+    }
+}
+
 /* Checked a * b and a + b that latch *overflow (then the result is SIZE_MAX). */
 static size_t mul(size_t a, size_t b, int *overflow)
 {
@@ -1114,6 +1132,7 @@ static int prepare(int argc, char **argv, options *o, kvp_workload *workload)
         check_sizes(o, &p, &page_bytes);
     }
     check_workload(o, &p);
+    check_outputs(o, &p);
     if (p.found) {
         fprintf(stderr, "kvpager simulate: %s\n", p.line);
         return KVP_CLI_USAGE;
