@@ -31,6 +31,7 @@
 #include "plot.h"
 #include "progress.h"
 #include "sim.h"
+#include "verify.h"
 #include "workload.h"
 
 /* The flags that take a value, in --help order. */
@@ -659,34 +660,10 @@ typedef struct memory_part {
  * the pool can hold, pages x block-tokens / layers positions, and at least
  * capacity) of D doubles each; the request list. At most min(requests,
  * pages / layers) sequences exist at once, since each holds a page per layer.
- * With --verify, its own model, pool, buffers and kept outputs (verify_bytes).
+ * With --verify, its own model, pool, buffers and kept outputs (verify.h).
  */
 /* The largest RoPE cos/sin table a layer keeps (the library's cap). */
 #define ROPE_TABLE_CAP_BYTES ((size_t)4 << 20)
-
-/*
- * --verify's memory (src/cli/verify.h): a second model (`model` bytes), a
- * private pool of one full-capacity sequence's pages, its row and output
- * buffers (2 capacity x D doubles), and the outputs kept until a chosen
- * request is collected: at most every chosen request at once, each sample at
- * most capacity tokens of D doubles and an epoch. 0 without verification.
- */
-static size_t verify_bytes(const kvp_sim_config *c, size_t requests, size_t page_bytes,
-                           size_t model, int *overflow)
-{
-    if (c->verify_every == 0 || !c->compute) {
-        return 0;
-    }
-    size_t d = c->model_width;
-    size_t blocks = c->capacity / c->block_tokens + 1;
-    size_t pool = mul(mul(c->layers, blocks, overflow), page_bytes, overflow);
-    size_t buffers = mul(mul(2 * sizeof(double), c->capacity, overflow), d, overflow);
-    size_t chosen = requests / c->verify_every + 1;
-    size_t per_token = add(mul(d, sizeof(double), overflow), sizeof(size_t), overflow);
-    size_t kept = mul(mul(mul(chosen, c->samples, overflow), c->capacity, overflow), per_token,
-                      overflow);
-    return add(add(model, pool, overflow), add(buffers, kept, overflow), overflow);
-}
 
 static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli_problems *p)
 {
@@ -742,7 +719,7 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
         {"the prompt buffer", FLAG_CAPACITY, FLAG_MODEL_WIDTH, c->compute ? prompt : 0},
         {"the request list", FLAG_REQUESTS, FLAG_COUNT_, list},
         {"the verification", FLAG_VERIFY, FLAG_CAPACITY,
-         verify_bytes(c, requests, page_bytes, model, &overflow)},
+         kvp_sim_verify_bytes(c, requests, page_bytes, model, &overflow)},
     };
     size_t total = 0;
     size_t largest = 0;

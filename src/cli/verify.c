@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "cli.h"
 
 #ifdef KVP_SIM_TEST_HOOKS
 kvp_sim_test_flip kvp_sim_test_flip_one = {.request = SIZE_MAX};
@@ -68,6 +69,38 @@ int kvp_sim_update_weights(kvp_model *model, const kvp_sim_config *c, size_t epo
         }
     }
     return 0;
+}
+
+/* Checked a * b and a + b that latch *overflow. */
+static size_t mul(size_t a, size_t b, int *overflow)
+{
+    size_t out = SIZE_MAX;
+    *overflow |= kvp_cli_mul(a, b, &out) != 0;
+    return out;
+}
+
+static size_t add(size_t a, size_t b, int *overflow)
+{
+    size_t out = SIZE_MAX;
+    *overflow |= kvp_cli_add(a, b, &out) != 0;
+    return out;
+}
+
+size_t kvp_sim_verify_bytes(const kvp_sim_config *c, size_t requests, size_t page_bytes,
+                            size_t model_bytes, int *overflow)
+{
+    if (c->verify_every == 0 || !c->compute) {
+        return 0;
+    }
+    size_t d = c->model_width;
+    size_t blocks = c->capacity / c->block_tokens + 1;
+    size_t pool = mul(mul(c->layers, blocks, overflow), page_bytes, overflow);
+    size_t buffers = mul(mul(2 * sizeof(double), c->capacity, overflow), d, overflow);
+    size_t chosen = requests / c->verify_every + 1;
+    size_t per_token = add(mul(d, sizeof(double), overflow), sizeof(size_t), overflow);
+    size_t kept = mul(mul(mul(chosen, c->samples, overflow), c->capacity, overflow), per_token,
+                      overflow);
+    return add(add(model_bytes, pool, overflow), add(buffers, kept, overflow), overflow);
 }
 
 int kvp_sim_verifier_init(kvp_sim_verifier *v, const kvp_sim_config *c, size_t count,

@@ -71,6 +71,18 @@ kvp_status kvp_sim_model_create(const kvp_sim_config *config, kvp_model **out, k
 int kvp_sim_update_weights(kvp_model *model, const kvp_sim_config *config, size_t epoch,
                            kvp_error *err);
 
+/*
+ * The most memory verification holds in a run of `requests` requests
+ * (simulate's check against physical memory): a second model (`model_bytes`,
+ * as the caller counts the run's), a private pool of one full-capacity
+ * sequence's pages, its row and output buffers (2 capacity x D doubles), and
+ * the outputs kept until a chosen request is collected, at most every chosen
+ * request at once, each sample at most capacity tokens of D doubles and an
+ * epoch. 0 without verification; an overflow sets *overflow.
+ */
+size_t kvp_sim_verify_bytes(const kvp_sim_config *config, size_t requests, size_t page_bytes,
+                            size_t model_bytes, int *overflow);
+
 /* Sets up the verifier of `count` requests; -1 with *err and *context set on failure. */
 int kvp_sim_verifier_init(kvp_sim_verifier *v, const kvp_sim_config *config, size_t count,
                           size_t page_bytes, kvp_error *err, const char **context);

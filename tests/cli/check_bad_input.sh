@@ -170,6 +170,9 @@ run verify_fraction --verify "'0.5'" $S --verify 0.5
 run verify_no_compute --verify "--no-compute" $S --no-compute --verify 4
 run verify_missing_value --verify "needs a value" $S --verify
 run verify_twice --verify "'1' and '2'" $S --verify 1 --verify 2
+# What --verify keeps counts against physical memory (here about 794 TiB).
+run verify_memory --verify "'1'" $S --verify 1 --requests 100000 --capacity 65536 \
+    --samples 256 --no-sharing
 run no_sharing_value "unexpected argument" "'yes'" $S --no-sharing yes
 run layers_wrapping_4L --layers "'4611686018427387904'" $S --layers 4611686018427387904
 run layers_huge_memory "--layers 100000000" "'1024'" $S --layers 100000000 --model-width 1024 --heads 1
