@@ -165,7 +165,9 @@ static void input_row(void *ctx, uint64_t id, size_t sample, size_t position, do
 
 /*
  * The scheduler's token callback: the checksum sums every decode output's
- * first value; a chosen request's outputs are kept for verification.
+ * first value; a chosen request's outputs are kept for verification with
+ * the epoch that decoded them (weight updates run between steps, and the
+ * callback runs inside one).
  */
 static void on_token(void *ctx, uint64_t id, size_t sample, size_t position,
                      const double *output, size_t width)
