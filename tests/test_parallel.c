@@ -14,6 +14,10 @@
  *     of 2 and 1, at the finest grain (a block per scores part, a row per
  *     softmax part, one KV head per value part cut into slices of 8
  *     features) and the default;
+ *   - the values phase over KV heads that parts do not divide evenly (5 over
+ *     2 and 3 parts, 3 over 2; groups of 1 and 2): each part alone writes
+ *     exactly its heads with the serial bits (no remainder head dropped or
+ *     written twice), and decoders of 2 and 3 threads give the serial bits;
  *   - a decoder of 1, 2 and 3 threads prefilling and stepping one long
  *     sequence (B = 1), and two sequences on 3 threads, and three on 2,
  *     gives outputs, cached K/V and pool counters bit-identical to
@@ -318,6 +322,166 @@ static void test_parallel_partition_is_exact(void **state)
     kvpt_destroy_decoder(decoders[1]);
 }
 
+/* ---- the values phase over KV heads that do not divide evenly ---------------------- */
+
+/*
+ * An executor on this thread that runs each part alone on outputs filled
+ * with NaN and records which output elements it wrote: owner[i] is the
+ * part that wrote element i, and writes[i] how many parts did. The serial
+ * bits are compared element by element as each part writes them.
+ */
+typedef struct coverage {
+    kvpi_gather_job *job;
+    size_t n;             /* output elements */
+    const double *want;   /* the serial loop's outputs */
+    unsigned *writes;     /* [n] */
+    size_t mismatches;    /* elements written with other bits than the serial loop's */
+} coverage;
+
+static void run_covering(const kvpi_parallel *self, kvpi_part_fn fn, void *ctx, size_t parts)
+{
+    coverage *c = self->impl;
+    for (size_t p = 0; p < parts; p++) {
+        kvpt_fill(c->job->outputs, c->n, NAN);
+        fn(ctx, p);
+        for (size_t i = 0; i < c->n; i++) {
+            if (!isnan(c->job->outputs[i])) {
+                c->writes[i]++;
+                c->mismatches += !same_bytes(&c->job->outputs[i], &c->want[i], 1);
+            }
+        }
+    }
+}
+
+typedef struct values_ctx {
+    const kvpi_gather_job *job;
+} values_ctx;
+
+static void values_solo(void *ctx, const kvpi_parallel *par)
+{
+    const values_ctx *v = ctx;
+    kvpi_gather_values_on(v->job, par);
+}
+
+#define U_WIDTH 8 /* d_h: no feature slices (a slice needs 16 features), runs of heads only */
+#define U_LEN 29
+
+/*
+ * One lane of `kv_heads` KV heads (groups of `group` query heads) whose
+ * values phase is cut into `parts` runs of KV heads, `kv_heads` not a
+ * multiple of `parts`: 5 over 2 (2 + 3 heads), 5 over 3 (1 + 2 + 2), 3 over
+ * 2 (1 + 2). Every part alone writes its own heads (each output element
+ * written by exactly one part, a dropped or duplicated remainder head
+ * fails), with the serial loop's bits, and on decoders of 2 and 3 threads
+ * (held, so other threads run parts) and in reverse order the whole
+ * outputs equal kvpi_gather_values's bit for bit.
+ */
+static void check_uneven_values(size_t kv_heads, size_t group, size_t parts,
+                                kvp_decoder **decoders)
+{
+    size_t heads = kv_heads * group;
+    size_t d = heads * U_WIDTH;
+    size_t kv_width = kv_heads * U_WIDTH;
+    size_t capacity = U_LEN + 1;
+    size_t bt = 4;
+    kvp_pool *pool = kvpt_dtype_pool(bt, kv_heads, U_WIDTH, KVPT_CEIL_DIV(capacity, bt), KVP_F64);
+    kvp_layer *layer = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_create_random_grouped(d, heads, kv_heads, capacity, 10000.0,
+                                                   31 + kv_heads, &layer, &err),
+                   &err);
+    kvp_binding binding;
+    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvp_cache *cache = kvpt_cache(pool, &binding, 1, capacity);
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    double *x = kvpt_doubles(d);
+    for (size_t t = 0; t < U_LEN; t++) {
+        kvpt_fill_random(x, d, 500 + t);
+        kvp_tensor input = kvp_tensor3(x, 1, 1, d);
+        kvpt_assert_ok(kvp_attention_forward(layer, &input, cache, ticket, &err), &err);
+    }
+    kvpt_assert_pool_ok(pool);
+    double *queries = kvpt_doubles(d);
+    double *keys = kvpt_doubles(kv_width);
+    double *values = kvpt_doubles(kv_width);
+    kvpt_fill_random(queries, d, 4);
+    kvpt_fill_random(keys, kv_width, 5);
+    kvpt_fill_random(values, kv_width, 6);
+    double scale = 1.0 / sqrt((double)U_WIDTH);
+    double *weights = kvpt_doubles(heads * (U_LEN + 1));
+    kvpi_gather_scores(cache, queries, keys, 0, scale, weights);
+    for (size_t h = 0; h < heads; h++) {
+        kvpi_softmax(weights + h * (U_LEN + 1), U_LEN + 1);
+    }
+    double *want = kvpt_doubles(d);
+    kvpi_gather_values(cache, weights, values, 0, want);
+    for (size_t i = 0; i < d; i++) {
+        assert_true(isfinite(want[i]));
+    }
+
+    kvpi_gather_grain grain = {.chunk_bytes = 1, .min_parallel_bytes = 0,
+                               .softmax_elements = 1, .value_units = parts};
+    kvpi_gather_grain_set(&grain);
+    assert_int_equal(kvpi_gather_value_parts(cache), parts);
+    double *outputs = kvpt_doubles(d);
+    kvpi_gather_job job = {cache, queries, keys, values, scale, weights, outputs};
+
+    unsigned *writes = calloc(d, sizeof *writes);
+    assert_non_null(writes);
+    coverage c = {&job, d, want, writes, 0};
+    kvpi_parallel covering = {run_covering, &c};
+    kvpi_gather_values_on(&job, &covering);
+    for (size_t i = 0; i < d; i++) {
+        assert_int_equal(writes[i], 1); /* head i / U_WIDTH: one part, not none, not two */
+    }
+    assert_int_equal(c.mismatches, 0);
+
+    kvpi_parallel reverse = {run_reverse, NULL};
+    for (size_t e = 0; e < 3; e++) {
+        kvpt_fill(outputs, d, NAN);
+        if (e == 0) {
+            kvpi_gather_values_on(&job, &reverse);
+        } else {
+            kvp_decoder *decoder = decoders[e - 1];
+            uint64_t before = kvpi_decoder_assisted_parts(decoder);
+            values_ctx v = {&job};
+            kvpi_decoder_hold_tasks(decoder, SIZE_MAX);
+            kvpt_assert_ok(kvpi_decoder_run(decoder, values_solo, &v, &err), &err);
+            kvpi_decoder_hold_tasks(decoder, 0);
+            assert_true(kvpi_decoder_assisted_parts(decoder) - before >= 1);
+        }
+        assert_true(same_bytes(outputs, want, d));
+    }
+    kvpi_gather_grain_set(NULL);
+
+    free(writes);
+    free(outputs);
+    free(want);
+    free(weights);
+    free(queries);
+    free(keys);
+    free(values);
+    free(x);
+    kvpt_destroy_ticket(ticket, pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_layer(layer);
+    kvpt_destroy_pool(pool);
+}
+
+static void test_parallel_uneven_kv_heads_split_exactly(void **state)
+{
+    (void)state;
+    static const size_t cases[][2] = {{5, 2}, {5, 3}, {3, 2}}; /* KV heads, value parts */
+    kvp_decoder *decoders[2] = {kvpt_decoder(2), kvpt_decoder(3)};
+    for (size_t k = 0; k < KVPT_COUNT_OF(cases); k++) {
+        for (size_t group = 1; group <= 2; group++) {
+            check_uneven_values(cases[k][0], group, cases[k][1], decoders);
+        }
+    }
+    kvpt_destroy_decoder(decoders[0]);
+    kvpt_destroy_decoder(decoders[1]);
+}
+
 /* ---- the decoder: one long sequence ---------------------------------------------- */
 
 #define S_LAYERS 2
@@ -568,6 +732,7 @@ int main(void)
         cmocka_unit_test(test_parallel_executor_runs_every_part_once),
         cmocka_unit_test(test_parallel_run_refused_while_stepping),
         cmocka_unit_test_teardown(test_parallel_partition_is_exact, teardown_grain),
+        cmocka_unit_test_teardown(test_parallel_uneven_kv_heads_split_exactly, teardown_grain),
         cmocka_unit_test_teardown(test_parallel_decoder_is_bit_identical, teardown_grain),
         cmocka_unit_test_teardown(test_parallel_refused_step_changes_nothing, teardown_grain),
     };

@@ -83,6 +83,15 @@ int kvp_cli_add(size_t a, size_t b, size_t *out);
 /* Physical memory in bytes (sysconf pages times page size); 0 when unknown. */
 size_t kvp_cli_physical_memory(void);
 
+/*
+ * Whether paths `a` and `b` name the same file, so a command can refuse an
+ * output that would overwrite one of its inputs: the same device and inode
+ * when both exist (symbolic links followed), else the same path once made
+ * absolute with links, `.` and `..` resolved (a file not made yet: its
+ * directory resolved). Reads the file system; allocates nothing.
+ */
+int kvp_cli_same_file(const char *a, const char *b);
+
 /* jemalloc's count of bytes this thread allocated plus deallocated. */
 uint64_t kvp_cli_heap_traffic(void);
 

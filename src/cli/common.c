@@ -1,14 +1,17 @@
 /*
  * common.c: helpers shared by the kvpager commands (see cli.h).
  */
+#define _XOPEN_SOURCE 700 /* realpath (XSI); before any header */
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <jemalloc/jemalloc.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void kvp_cli_report(const char *command, const char *context, const kvp_error *err)
@@ -227,4 +230,46 @@ int kvp_cli_take_flag(int argc, char **argv, int *i, const char *command,
     }
     values[f] = value;
     return (int)f;
+}
+
+/*
+ * `path` made absolute with every symbolic link and `.`/`..` resolved into
+ * out[PATH_MAX]: the whole path when it exists; otherwise its directory
+ * resolved plus its last component (a file not made yet); otherwise the
+ * path as given. No heap (realpath into a buffer).
+ */
+static void resolve_path(const char *path, char *out)
+{
+    char dir[PATH_MAX];
+    if (realpath(path, out) != NULL) {
+        return;
+    }
+    const char *slash = strrchr(path, '/');
+    const char *base = slash != NULL ? slash + 1 : path;
+    size_t dir_len = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
+    if (dir_len < sizeof dir) {
+        memcpy(dir, dir_len > 0 ? path : ".", dir_len > 0 ? dir_len : 1);
+        dir[dir_len > 0 ? dir_len : 1] = '\0';
+        char resolved[PATH_MAX];
+        if (realpath(dir, resolved) != NULL &&
+            (size_t)snprintf(out, PATH_MAX, "%s/%s", strcmp(resolved, "/") == 0 ? "" : resolved,
+                             base) < PATH_MAX) {
+            return;
+        }
+    }
+    snprintf(out, PATH_MAX, "%s", path);
+}
+
+int kvp_cli_same_file(const char *a, const char *b)
+{
+    struct stat sa;
+    struct stat sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) {
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    }
+    char ra[PATH_MAX];
+    char rb[PATH_MAX];
+    resolve_path(a, ra);
+    resolve_path(b, rb);
+    return strcmp(ra, rb) == 0;
 }

@@ -28,12 +28,12 @@
  * which bumps its revision; the scheduler then preempts the running requests
  * for recompute, and the prefix index can match no block of the old weights.
  * Verification (verify_every): the decoded outputs of requests 0, N, 2N, ...
- * of the workload list are kept, and when such a request is collected
- * (between two steps, so under the weights it ran with) each sample is
- * prefilled from scratch, all its rows at once, on a fresh sequence of a
- * private pool (no sharing) and the outputs compared bit for bit. A request
- * whose run saw a weight update is not verified (counted as skipped): its
- * tokens span two weight versions.
+ * of the workload list are kept with the weight version (epoch) each token
+ * was decoded in, and when such a request is collected each sample is
+ * prefilled from scratch, once per epoch its tokens came from, under that
+ * epoch's weights, on a private pool (no sharing), and every token compared
+ * bit for bit with the prefill of its own epoch (verify.c). Nothing is
+ * skipped: a run that spans weight updates is verified segment by segment.
  * Callers: simulate.c and bench.c, through sim.h. Public headers only.
  */
 #include "sim.h"
@@ -44,6 +44,7 @@
 #include <time.h>
 
 #include "alloc.h"
+#include "verify.h"
 
 void kvp_sim_config_init(kvp_sim_config *config)
 {
@@ -99,16 +100,9 @@ typedef struct sim {
     size_t samples_room;
     size_t windows_room;
     size_t epoch;          /* weight updates so far */
-    /* verification (verify_every > 0) */
-    size_t *first_epoch;   /* [requests]: the epoch of each request's first input row;
-                              SIZE_MAX until then */
-    double **outputs;      /* [requests]: the decoded outputs of a chosen request,
-                              [samples][output_tokens][width], until verified */
-    kvp_pool *verify_pool; /* one full-capacity sequence's pages, shared with nothing */
-    kvp_sequence *verify_sequence; /* bound to the weights of verify_epoch */
-    size_t verify_epoch;
-    double *verify_rows;   /* [capacity][width] */
-    double *verify_out;    /* [capacity][width] */
+    /* verification (verify_every > 0, compute on) */
+    int verifying;
+    kvp_sim_verifier verifier;
     size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
 } sim;
 
@@ -166,15 +160,14 @@ static void input_row(void *ctx, uint64_t id, size_t sample, size_t position, do
 {
     sim *s = ctx;
     size_t i = s->index_of[id];
-    if (s->first_epoch != NULL && s->first_epoch[i] == SIZE_MAX) {
-        s->first_epoch[i] = s->epoch;
-    }
     request_row(s->config->seed, &s->workload->requests[i], sample, position, row, width);
 }
 
 /*
  * The scheduler's token callback: the checksum sums every decode output's
- * first value; a chosen request's outputs are kept for verification.
+ * first value; a chosen request's outputs are kept for verification with
+ * the epoch that decoded them (weight updates run between steps, and the
+ * callback runs inside one).
  */
 static void on_token(void *ctx, uint64_t id, size_t sample, size_t position,
                      const double *output, size_t width)
@@ -182,21 +175,13 @@ static void on_token(void *ctx, uint64_t id, size_t sample, size_t position,
     sim *s = ctx;
     s->result->output_checksum += output[0];
     size_t i = s->index_of[id];
-    if (!chosen(s, i) || s->outputs == NULL) {
+    (void)width;
+    if (!s->verifying || !chosen(s, i) || s->callback_bytes != 0) {
         return;
     }
     const kvp_workload_request *r = &s->workload->requests[i];
-    if (s->outputs[i] == NULL) {
-        size_t count = s->config->samples * r->output_tokens * width;
-        s->outputs[i] = kvp_cli_calloc(count, sizeof(double));
-        if (s->outputs[i] == NULL) {
-            s->callback_bytes = count * sizeof(double);
-            return;
-        }
-    }
-    size_t token = position - r->prompt_tokens;
-    memcpy(s->outputs[i] + (sample * r->output_tokens + token) * width, output,
-           width * sizeof(double));
+    s->callback_bytes = kvp_sim_verifier_token(&s->verifier, i, r, sample,
+                                               position - r->prompt_tokens, s->epoch, output);
 }
 
 static double now_seconds(void)
@@ -211,48 +196,12 @@ size_t kvp_sim_kv_heads(const kvp_sim_config *config)
     return config->kv_heads != 0 ? config->kv_heads : config->heads;
 }
 
-/*
- * What verification needs: a private pool of one full-capacity sequence's
- * pages (nothing there is shared or cached), that sequence, its row and
- * output buffers, and per request its first epoch and kept outputs.
- */
+/* What verification needs (verify.h), when it runs: compute on. */
 static int setup_verify(sim *s, size_t page_bytes)
 {
-    const kvp_sim_config *c = s->config;
-    size_t n = s->workload->count;
-    s->first_epoch = kvp_cli_alloc(n, sizeof *s->first_epoch);
-    if (s->first_epoch == NULL) {
-        return out_of_memory(s, "the verified requests", n * sizeof *s->first_epoch);
-    }
-    for (size_t i = 0; i < n; i++) {
-        s->first_epoch[i] = SIZE_MAX;
-    }
-    s->outputs = kvp_cli_calloc(n, sizeof *s->outputs);
-    if (s->outputs == NULL) {
-        return out_of_memory(s, "the verified requests", n * sizeof *s->outputs);
-    }
-    size_t rows = c->capacity * c->model_width;
-    s->verify_rows = kvp_cli_alloc(rows, sizeof(double));
-    s->verify_out = kvp_cli_alloc(rows, sizeof(double));
-    if (s->verify_rows == NULL || s->verify_out == NULL) {
-        return out_of_memory(s, "the verification buffers", 2 * rows * sizeof(double));
-    }
-    kvp_pool_config pool_config;
-    kvp_pool_config_init(&pool_config);
-    pool_config.block_tokens = c->block_tokens;
-    pool_config.heads = kvp_sim_kv_heads(c);
-    pool_config.head_width = c->model_width / c->heads;
-    pool_config.dtype = c->kv_dtype;
-    size_t blocks = c->capacity / c->block_tokens + (c->capacity % c->block_tokens != 0);
-    pool_config.budget_bytes = c->layers * blocks * page_bytes;
-    if (kvp_pool_create(&pool_config, &s->verify_pool, s->err) != KVP_OK) {
-        return fail(s, "creating the verification pool");
-    }
-    if (kvp_sequence_create(s->model, s->verify_pool, 1, c->capacity, &s->verify_sequence,
-                            s->err) != KVP_OK) {
-        return fail(s, "creating the verification sequence");
-    }
-    return 0;
+    s->verifying = 1;
+    return kvp_sim_verifier_init(&s->verifier, s->config, s->workload->count, page_bytes, s->err,
+                                 s->context);
 }
 
 static int setup(sim *s)
@@ -283,9 +232,7 @@ static int setup(sim *s)
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
-    if (kvp_model_create_random_grouped(c->layers, c->model_width, c->heads, kv_heads,
-                                        c->capacity, 10000.0, c->seed, &s->model,
-                                        s->err) != KVP_OK) {
+    if (kvp_sim_model_create(c, &s->model, s->err) != KVP_OK) {
         return fail(s, "creating the model");
     }
     if (c->compute && kvp_decoder_create(c->threads, &s->decoder, s->err) != KVP_OK) {
@@ -485,65 +432,28 @@ static void finished_at(sim *s, size_t i, size_t step)
     }
 }
 
-/*
- * Recomputes every sample of finished request `id` from scratch (the top of
- * this file) and compares its decoded outputs with the kept ones, bit for
- * bit: one mismatch per differing token.
- */
-static int verify(sim *s, size_t i)
+/* The input rows of one request, for its verification. */
+typedef struct verify_rows {
+    uint64_t seed;
+    const kvp_workload_request *request;
+} verify_rows;
+
+static void verify_row(void *ctx, size_t sample, size_t position, double *row, size_t width)
 {
-    const kvp_sim_config *c = s->config;
-    const kvp_workload_request *r = &s->workload->requests[i];
-    size_t width = c->model_width;
-    size_t tokens = r->prompt_tokens + r->output_tokens;
-    if (s->verify_epoch != s->epoch) {
-        /* Its caches are bound to older revisions: a fresh sequence binds the current ones. */
-        kvp_sequence_destroy(s->verify_sequence, NULL);
-        s->verify_sequence = NULL;
-        if (kvp_sequence_create(s->model, s->verify_pool, 1, c->capacity, &s->verify_sequence,
-                                s->err) != KVP_OK) {
-            return fail(s, "creating the verification sequence");
-        }
-        s->verify_epoch = s->epoch;
-    }
-    for (size_t sample = 0; sample < c->samples; sample++) {
-        for (size_t t = 0; t < tokens; t++) {
-            request_row(c->seed, r, sample, t, s->verify_rows + t * width, width);
-        }
-        kvp_tensor rows = kvp_tensor3(s->verify_rows, 1, tokens, width);
-        if (kvp_sequence_reset(s->verify_sequence, s->err) != KVP_OK ||
-            kvp_sequence_prefill(s->verify_sequence, &rows, NULL, NULL, s->verify_out,
-                                 tokens * width, s->err) != KVP_OK) {
-            return fail(s, "verifying a request");
-        }
-        const double *kept = s->outputs[i] + sample * r->output_tokens * width;
-        for (size_t k = 0; k < r->output_tokens; k++) {
-            const double *fresh = s->verify_out + (r->prompt_tokens + k) * width;
-            if (memcmp(fresh, kept + k * width, width * sizeof(double)) != 0) {
-                s->result->verify_mismatches++;
-            }
-        }
-        s->result->verified++;
-    }
-    return 0;
+    const verify_rows *v = ctx;
+    request_row(v->seed, v->request, sample, position, row, width);
 }
 
-/* A finished request: verified when chosen, unless a weight update fell in its run. */
+/* A finished request: verified when chosen (verify.c), segment by segment. */
 static int check_finished(sim *s, const kvp_request_result *done)
 {
     size_t i = s->index_of[done->id];
-    if (s->outputs == NULL || !chosen(s, i) || done->rejected) {
+    if (!s->verifying || !chosen(s, i) || done->rejected) {
         return 0;
     }
-    int status = 0;
-    if (s->first_epoch[i] != s->epoch) {
-        s->result->verify_skipped++;
-    } else if (s->outputs[i] != NULL) {
-        status = verify(s, i);
-    }
-    kvp_cli_free(s->outputs[i]);
-    s->outputs[i] = NULL;
-    return status;
+    verify_rows rows = {s->config->seed, &s->workload->requests[i]};
+    return kvp_sim_verifier_check(&s->verifier, i, rows.request, verify_row, &rows, s->err,
+                                  s->context);
 }
 
 /*
@@ -573,26 +483,6 @@ static int collect(sim *s, size_t step)
     return 0;
 }
 
-/* What one weight update adds to a parameter: a seeded perturbation in [-1e-3, 1e-3). */
-typedef struct perturbation {
-    uint64_t seed;
-    size_t count; /* rows x cols */
-} perturbation;
-
-static void perturb(void *ctx, double *values, size_t width)
-{
-    (void)width;
-    const perturbation *p = ctx;
-    uint64_t state = p->seed;
-    for (size_t i = 0; i < p->count; i++) {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        values[i] += ((double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0) * 1e-3;
-    }
-}
-
 /*
  * A weight update between two steps: every parameter of every layer moves
  * by a perturbation seeded by (seed, update, layer, parameter) and its
@@ -608,17 +498,8 @@ static int update_weights(sim *s)
                              (res->window_count + 1) * sizeof *res->windows);
     }
     s->epoch++;
-    for (size_t layer = 0; layer < c->layers; layer++) {
-        for (size_t index = 0; index < KVP_PARAM_COUNT; index++) {
-            kvp_param *param = kvp_model_param_mut(s->model, layer, index);
-            perturbation p = {
-                .seed = c->seed ^ (0xA0761D6478BD642Full * s->epoch) ^
-                        (0xE7037ED1A0B428DBull * (layer * KVP_PARAM_COUNT + index + 1)),
-                .count = kvp_param_rows(param) * kvp_param_cols(param)};
-            if (kvp_param_update_with(param, perturb, &p, s->err) != KVP_OK) {
-                return fail(s, "updating the weights");
-            }
-        }
+    if (kvp_sim_update_weights(s->model, c, s->epoch, s->err) != 0) {
+        return fail(s, "updating the weights");
     }
     res->weight_updates++;
     res->windows[res->window_count++] = (kvp_sim_window){.step = res->steps,
@@ -804,12 +685,11 @@ static void teardown(sim *s)
     if (s->decoder != NULL) {
         kvp_decoder_destroy(s->decoder, NULL);
     }
-    if (s->verify_sequence != NULL) {
-        kvp_sequence_destroy(s->verify_sequence, NULL);
-    }
-    if (s->verify_pool != NULL && kvp_pool_destroy(s->verify_pool, NULL) != KVP_OK) {
-        s->result->audit_failures++;
-    }
+    s->result->verified = s->verifier.verified;
+    s->result->verify_segments = s->verifier.segments;
+    s->result->verify_replayed = s->verifier.epochs_replayed;
+    s->result->verify_mismatches = s->verifier.mismatches;
+    kvp_sim_verifier_free(&s->verifier, &s->result->audit_failures);
     if (s->model != NULL) {
         kvp_model_destroy(s->model, NULL);
     }
@@ -819,15 +699,6 @@ static void teardown(sim *s)
     kvp_cli_free(s->pending);
     kvp_cli_free(s->due);
     kvp_cli_free(s->batch);
-    if (s->outputs != NULL) {
-        for (size_t i = 0; i < s->workload->count; i++) {
-            kvp_cli_free(s->outputs[i]);
-        }
-    }
-    kvp_cli_free(s->outputs);
-    kvp_cli_free(s->first_epoch);
-    kvp_cli_free(s->verify_rows);
-    kvp_cli_free(s->verify_out);
 }
 
 static void summarize(sim *s)

@@ -17,8 +17,9 @@
  * recomputed request sees exactly the inputs it saw before.
  * Optionally, between steps, every layer's parameters are updated in place
  * (a revision bump with a small seeded perturbation: update_every), and
- * finished requests are recomputed from scratch on a fresh sequence of a
- * private pool and compared bit for bit (verify_every).
+ * finished requests are recomputed from scratch on a private pool, each
+ * token under the weights it was decoded with, and compared bit for bit
+ * (verify_every; verify.h).
  */
 #ifndef KVPAGER_CLI_SIM_H
 #define KVPAGER_CLI_SIM_H
@@ -126,9 +127,14 @@ typedef struct kvp_sim_result {
     kvp_sim_window *windows;       /* [window_count]: one, plus one per weight update */
     size_t window_count;
     size_t verified;               /* sample sequences recomputed and compared */
-    size_t verify_mismatches;      /* decoded tokens whose outputs differed from the recompute */
-    size_t verify_skipped;         /* chosen requests not verified: a weight update fell in
-                                      their run (their tokens span two weight versions) */
+    size_t verify_segments;        /* their prefills: one per weight version (epoch) each
+                                      sample decoded tokens in */
+    size_t verify_replayed;        /* weight updates replayed on the verifier's own model */
+    size_t verify_mismatches;      /* decoded tokens whose outputs differed from the recompute
+                                      of their epoch (or that never came) */
+    size_t verify_skipped;         /* completed chosen requests not verified: none since every
+                                      token is checked under its own weights (verify.h); kept
+                                      in the report and --json, where 0 says so */
     /* conversations (workload.h: turns above 0) */
     size_t later_turns;            /* turns submitted after the turn before them finished */
     size_t turn_gap_min;           /* the fewest steps from a turn finishing to its next turn's

@@ -10,8 +10,9 @@
  *   2. validate: each flag's range, then flags that depend on each other
  *      (heads divide the width, KV heads divide the heads, a page of the
  *      --kv-dtype within the budget, the mean request
- *      within the capacity, --trace against the generated-workload flags),
- *      the trace file's rows, and the memory every part of the run needs
+ *      within the capacity, --trace against the generated-workload flags,
+ *      no output naming an input: --plot not the --trace file), the trace
+ *      file's rows, and the memory every part of the run needs
  *      against physical memory (each product overflow-checked);
  *   3. open the outputs (--plot), so an unwritable path is refused;
  *   4. run, report, finish the plot.
@@ -30,6 +31,7 @@
 #include "plot.h"
 #include "progress.h"
 #include "sim.h"
+#include "verify.h"
 #include "workload.h"
 
 /* The flags that take a value, in --help order. */
@@ -203,14 +205,15 @@ static void simulate_usage(FILE *out)
             "                       admits prompt tokens (0%%). N >= 1; not with\n"
             "                       --no-compute (default: no updates)\n"
             "  --verify N           recompute requests 0, N, 2N, ... (each sample) from\n"
-            "                       scratch when they finish, on a fresh sequence of a\n"
-            "                       private pool with nothing shared, under the weights\n"
-            "                       they ran with, and compare every decoded output bit\n"
-            "                       for bit (verified, verify_mismatches). A request whose\n"
-            "                       run saw a weight update spans two weight versions: it\n"
-            "                       is skipped and counted (verify_skipped). The run\n"
-            "                       without sharing is not verified. N >= 1; not with\n"
-            "                       --no-compute (default: no verification)\n"
+            "                       scratch when they finish, on a private pool with\n"
+            "                       nothing shared, and compare every decoded output bit\n"
+            "                       for bit (verified, verify_mismatches). Each token is\n"
+            "                       recomputed under the weights it was decoded with: a\n"
+            "                       run that spans weight updates is prefilled once per\n"
+            "                       weight version (verify_segments), older versions\n"
+            "                       regenerated from the seed. The run without sharing is\n"
+            "                       not verified. N >= 1; not with --no-compute (default:\n"
+            "                       no verification)\n"
             "  --watermark X        fraction of pages kept free at admission, >= 0 and < 1\n"
             "                       (default %.2f)\n"
             "  --reserve-tokens N   decoding reserve promised at admission, 0 to capacity\n"
@@ -595,6 +598,23 @@ static void check_workload(options *o, kvp_cli_problems *p)
     }
 }
 
+/*
+ * No output may name an input: --plot over the --trace file would replace
+ * the trace with the chart. The same file by device and inode, or by
+ * resolved path when one does not exist yet (kvp_cli_same_file).
+ */
+static void check_outputs(const options *o, kvp_cli_problems *p)
+{
+    if (p->found || o->plot == NULL || o->trace == NULL) {
+        return;
+    }
+    if (kvp_cli_same_file(o->plot, o->trace)) {
+        kvp_cli_problem(p, "invalid value for --plot: '%s': it names the input file of --trace %s, "
+                        "which the plot would overwrite",
+                        o->plot, o->trace);
+    }
+}
+
 /* Checked a * b and a + b that latch *overflow (then the result is SIZE_MAX). */
 static size_t mul(size_t a, size_t b, int *overflow)
 {
@@ -640,6 +660,7 @@ typedef struct memory_part {
  * the pool can hold, pages x block-tokens / layers positions, and at least
  * capacity) of D doubles each; the request list. At most min(requests,
  * pages / layers) sequences exist at once, since each holds a page per layer.
+ * With --verify, its own model, pool, buffers and kept outputs (verify.h).
  */
 /* The largest RoPE cos/sin table a layer keeps (the library's cap). */
 #define ROPE_TABLE_CAP_BYTES ((size_t)4 << 20)
@@ -697,6 +718,8 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
         {"the sequences", FLAG_CAPACITY, FLAG_LAYERS, per_sequence},
         {"the prompt buffer", FLAG_CAPACITY, FLAG_MODEL_WIDTH, c->compute ? prompt : 0},
         {"the request list", FLAG_REQUESTS, FLAG_COUNT_, list},
+        {"the verification", FLAG_VERIFY, FLAG_CAPACITY,
+         kvp_sim_verify_bytes(c, requests, page_bytes, model, &overflow)},
     };
     size_t total = 0;
     size_t largest = 0;
@@ -855,10 +878,10 @@ static void print_sharing(const options *o, const kvp_sim_result *r, const kvp_s
     if (c->verify_every != 0) {
         printf("verify                  %zu sample sequences recomputed from scratch (requests "
                "0, %zu, %zu, ...): %zu mismatches;\n"
-               "                        %zu requests skipped (a weight update fell in their "
-               "run)\n",
+               "                        %zu prefills, one per weight version a sequence "
+               "decoded under; %zu skipped\n",
                r->verified, c->verify_every, 2 * c->verify_every, r->verify_mismatches,
-               r->verify_skipped);
+               r->verify_segments, r->verify_skipped);
     }
     if (off != NULL) {
         printf("side by side            %-14s%-14sratio\n", "sharing", "--no-sharing");
@@ -968,6 +991,7 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_array_end(json);
     kvp_json_uint(json, "verified", r->verified);
     kvp_json_uint(json, "verify_mismatches", r->verify_mismatches);
+    kvp_json_uint(json, "verify_segments", r->verify_segments);
     kvp_json_uint(json, "verify_skipped", r->verify_skipped);
     kvp_json_uint(json, "later_turns", r->later_turns);
     kvp_json_double(json, "turn_gap_min", r->later_turns > 0 ? (double)r->turn_gap_min : NAN);
@@ -1085,6 +1109,7 @@ static int prepare(int argc, char **argv, options *o, kvp_workload *workload)
         check_sizes(o, &p, &page_bytes);
     }
     check_workload(o, &p);
+    check_outputs(o, &p);
     if (p.found) {
         fprintf(stderr, "kvpager simulate: %s\n", p.line);
         return KVP_CLI_USAGE;

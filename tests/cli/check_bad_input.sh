@@ -85,6 +85,28 @@ run plot_missing_dir "--plot /nonexistent/x.svg" "No such file or directory" \
 run plot_full_device "--plot /dev/full" "No space left on device" $S --plot /dev/full --requests 2
 run plot_directory "--plot $work/sub" "Is a directory" $S --plot "$work/sub" --requests 2
 
+# An output that names an input is refused before anything is written
+# (issue 16; it used to replace the trace with the SVG and exit 0): the same
+# path, another spelling of it, a symbolic link either way, a hard link
+# (same device and inode), and a trace that does not exist (the same
+# resolved path). The trace must be left as it was.
+cp "$work/good.csv" "$work/keep.csv"
+ln -s good.csv "$work/link.csv"
+ln "$work/good.csv" "$work/hard.csv"
+g=$work/good.csv
+run plot_is_trace "--plot: '$g'" "--trace $g" $S --trace "$g" --plot "$g"
+run plot_is_trace_spelled_again "--plot: '$work/sub/../good.csv'" "--trace $g" \
+    $S --trace "$g" --plot "$work/sub/../good.csv"
+run plot_is_trace_dot "--plot: '$work/./good.csv'" "--trace $g" $S --trace "$g" --plot "$work/./good.csv"
+run plot_links_to_trace "--plot: '$work/link.csv'" "--trace $g" $S --trace "$g" --plot "$work/link.csv"
+run trace_links_to_plot "--plot: '$g'" "--trace $work/link.csv" $S --trace "$work/link.csv" --plot "$g"
+run plot_hard_links_trace "--plot: '$work/hard.csv'" "--trace $g" $S --trace "$g" --plot "$work/hard.csv"
+run plot_is_missing_trace "--plot: '$work/sub/../none.csv'" "--trace $work/none.csv" \
+    $S --trace "$work/none.csv" --plot "$work/sub/../none.csv"
+cmp -s "$g" "$work/keep.csv" || fail "a refused --plot changed the --trace file"
+[ -L "$work/link.csv" ] || fail "a refused --plot replaced the symbolic link"
+[ ! -e "$work/none.csv" ] || fail "a refused --plot created the missing trace"
+
 # ---- more of the same rules --------------------------------------------------
 run budget_below_a_page --budget "'1KiB'" $S --budget 1KiB
 run kv_dtype_unknown --kv-dtype "'f16'" $S --kv-dtype f16
@@ -148,6 +170,9 @@ run verify_fraction --verify "'0.5'" $S --verify 0.5
 run verify_no_compute --verify "--no-compute" $S --no-compute --verify 4
 run verify_missing_value --verify "needs a value" $S --verify
 run verify_twice --verify "'1' and '2'" $S --verify 1 --verify 2
+# What --verify keeps counts against physical memory (here about 794 TiB).
+run verify_memory --verify "'1'" $S --verify 1 --requests 100000 --capacity 65536 \
+    --samples 256 --no-sharing
 run no_sharing_value "unexpected argument" "'yes'" $S --no-sharing yes
 run layers_wrapping_4L --layers "'4611686018427387904'" $S --layers 4611686018427387904
 run layers_huge_memory "--layers 100000000" "'1024'" $S --layers 100000000 --model-width 1024 --heads 1

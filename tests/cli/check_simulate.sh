@@ -220,7 +220,7 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "prompt_tokens", "prefix_hit_tokens", "prefix_hit_rate", "pages_saved_ratio",
        "peak_held_pages", "mean_held_pages", "forks", "evictions", "cow_copies",
        "weight_updates", "stale_preemptions", "update_windows", "verified",
-       "verify_mismatches", "verify_skipped", "later_turns", "turn_gap_min",
+       "verify_mismatches", "verify_segments", "verify_skipped", "later_turns", "turn_gap_min",
        "session_keeps", "session_hits", "session_drops",
        "sharing_concurrency_ratio", "no_sharing"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
@@ -312,10 +312,20 @@ conv="--profile conversation --requests 24 --prompt-mean 16 --output-mean 24 --c
 "$@" simulate $conv --budget 1MiB --threads 2 --verify 5 --schedule cache-aware \
     > "$work/conva.json"
 "$@" simulate $conv --budget 1MiB --threads 2 --session-ttl 0 > "$work/convk.json"
+"$@" simulate $conv --budget 1MiB --threads 2 --verify 4 --update-weights-every 10 \
+    > "$work/convu.json"
 python3 - "$work" <<'PY'
 import json, sys
-two, one, none, rejecting, aware, unkept = (json.load(open(f"{sys.argv[1]}/conv{n}.json"))
-                                            for n in ("2", "1", "0", "r", "a", "k"))
+two, one, none, rejecting, aware, unkept, updated = (
+    json.load(open(f"{sys.argv[1]}/conv{n}.json")) for n in ("2", "1", "0", "r", "a", "k", "u"))
+# --verify across weight updates (issue 16): every chosen request is verified,
+# each token under the weights it was decoded with: requests 0, 4, ..., 20
+# (6 sample sequences), more prefills than sequences (runs span updates),
+# nothing skipped, no mismatch. Before, a run spanning an update was skipped.
+assert updated["weight_updates"] > 0 and updated["requests_completed"] == 24, updated
+assert updated["verified"] == 6 and updated["verify_skipped"] == 0, updated
+assert updated["verify_segments"] > updated["verified"], updated
+assert updated["verify_mismatches"] == 0, updated
 # Sessions (default --session-ttl 128): finished turns are kept and their next
 # turns admitted while kept; --session-ttl 0 keeps none; the run without
 # sharing never keeps (nothing is published).

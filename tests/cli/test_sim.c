@@ -1,0 +1,222 @@
+/*
+ * test_sim.c: `kvpager simulate`'s run (src/cli/sim.c, verify.c) on small
+ * hand-made workloads (cmocka), built against kvpager_cli_hooks: the CLI's
+ * run compiled with KVP_SIM_TEST_HOOKS, whose only addition is a hook that
+ * flips one bit of one kept output (verify.h). The program itself is built
+ * without it.
+ *   - --verify checks every token of a run that spans weight updates, each
+ *     under the weights it was decoded with (one prefill per weight
+ *     version), skipping nothing; a one-bit error in a token decoded under
+ *     an older version, or under the last, is one mismatch.
+ *   - prefix_hit_rate and pages_saved_ratio equal figures computed by hand
+ *     from the scheduler's rules (scheduler.h), written out below, with
+ *     compute on and off.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sim.h"
+#include "verify.h"
+#include "workload.h"
+
+/*
+ * A tiny model and pool: 1 layer, width 8, 2 heads of 4 (2 KV heads),
+ * pages of 4 positions (2 x 2 heads x 4 positions x 4 features x 8 bytes =
+ * 512 bytes), 64 KiB = 128 pages, far more than the runs below hold, so
+ * nothing is evicted or preempted for pages. One thread: the schedule does
+ * not depend on it, and the test stays light under Valgrind.
+ */
+static kvp_sim_config tiny_config(void)
+{
+    kvp_sim_config c;
+    kvp_sim_config_init(&c);
+    c.layers = 1;
+    c.model_width = 8;
+    c.heads = 2;
+    c.block_tokens = 4;
+    c.budget_bytes = 64 << 10;
+    c.capacity = 64;
+    c.threads = 1;
+    c.audit_every = 1;
+    c.session_ttl = 0;
+    return c;
+}
+
+static kvp_workload_request plain(size_t arrival, size_t prompt, size_t output, size_t shared,
+                                  uint64_t stream)
+{
+    kvp_workload_request r;
+    memset(&r, 0, sizeof r);
+    r.arrival_step = arrival;
+    r.prompt_tokens = prompt;
+    r.output_tokens = output;
+    r.shared_tokens = shared;
+    r.stream = stream;
+    return r;
+}
+
+static void run(const kvp_sim_config *c, kvp_workload_request *requests, size_t count,
+                kvp_sim_result *out)
+{
+    kvp_workload w = {requests, count};
+    kvp_error err;
+    const char *context = NULL;
+    assert_int_equal(kvp_sim_run(c, &w, NULL, NULL, out, &err, &context), 0);
+    assert_int_equal(out->requests_completed, count);
+    assert_int_equal(out->audit_failures, 0);
+    assert_int_equal(out->pages_leaked, 0);
+}
+
+/*
+ * One request of 8 prompt and 30 output tokens, 2 samples, weights updated
+ * every 7 steps. The request decodes one token per step from step 0; each
+ * update (before steps 7, 14, 21, 28) makes it stale, and the scheduler
+ * preempts and recomputes it within the step, so its tokens come from
+ * epochs 0 (tokens 0-6), 1 (7-13), 2 (14-20), 3 (21-27) and 4 (28-29):
+ * 5 prefills per sample, 10 in all, 4 updates replayed on the verifier's
+ * model. Before issue 16 this request was skipped (verified 0).
+ */
+static kvp_sim_config spanning_config(void)
+{
+    kvp_sim_config c = tiny_config();
+    c.samples = 2;
+    c.update_every = 7;
+    c.verify_every = 1;
+    return c;
+}
+
+static void test_sim_verify_checks_every_epoch_of_a_spanning_run(void **state)
+{
+    (void)state;
+    kvp_sim_config c = spanning_config();
+    kvp_workload_request r = plain(0, 8, 30, 0, 0);
+    kvp_sim_result res;
+    kvp_sim_test_flip_one = (kvp_sim_test_flip){.request = SIZE_MAX};
+    run(&c, &r, 1, &res);
+    assert_int_equal(res.weight_updates, 4);
+    assert_int_equal(res.verified, 2);
+    assert_int_equal(res.verify_segments, 10);
+    assert_int_equal(res.verify_replayed, 4);
+    assert_int_equal(res.verify_skipped, 0);
+    assert_int_equal(res.verify_mismatches, 0);
+    kvp_sim_result_free(&res);
+}
+
+/* A one-bit error in one kept token is exactly one mismatch, whatever its epoch. */
+static void flip_and_expect(size_t sample, size_t token, size_t epoch)
+{
+    kvp_sim_config c = spanning_config();
+    kvp_workload_request r = plain(0, 8, 30, 0, 0);
+    kvp_sim_result res;
+    kvp_sim_test_flip_one = (kvp_sim_test_flip){.request = 0, .sample = sample, .token = token};
+    run(&c, &r, 1, &res);
+    assert_true(kvp_sim_test_flip_one.flipped);
+    assert_int_equal(kvp_sim_test_flip_one.epoch, epoch);
+    assert_int_equal(res.verified, 2);
+    assert_int_equal(res.verify_skipped, 0);
+    assert_int_equal(res.verify_mismatches, 1);
+    kvp_sim_test_flip_one = (kvp_sim_test_flip){.request = SIZE_MAX};
+    kvp_sim_result_free(&res);
+}
+
+static void test_sim_verify_catches_one_flipped_bit(void **state)
+{
+    (void)state;
+    flip_and_expect(1, 3, 0);  /* sample 1, under the first weights */
+    flip_and_expect(0, 10, 1); /* sample 0, under an intermediate version */
+    flip_and_expect(0, 29, 4); /* the last token, under the last weights */
+}
+
+/*
+ * The prefix hit rate, by hand. Pages of 4 positions; requests arrive far
+ * apart (each finishes, 2 decode steps, long before the next arrives), and
+ * nothing is evicted (128 pages). Positions below shared_tokens have the
+ * same rows in every request, so the same block keys.
+ *   r0: prompt 9 (8 shared): the index is empty, 0 hits. After its prefill
+ *       it publishes its 2 full prompt blocks (positions 0-7); at the end
+ *       its 9 + 2 = 11 positions still have 2 full blocks, the same ones.
+ *   r1: prompt 9 (8 shared): adopts both blocks, 8 hits (at most 9 - 1).
+ *   r2: prompt 6, nothing shared (its own stream): 0 hits.
+ *   r3: prompt 8, all shared: a sequence adopts at most T - 1 = 7 tokens
+ *       (its last token is computed), so block 1 (positions 4-7) is not
+ *       adopted: 4 hits.
+ * prompt tokens 9 + 9 + 6 + 8 = 32, hits 0 + 8 + 0 + 4 = 12: 12 / 32 = 0.375.
+ * No samples, so no page is shared between running sequences: every step
+ * holds exactly what its sequences would hold unshared, pages saved 1.0.
+ */
+static void test_sim_prefix_hit_rate_by_hand(void **state)
+{
+    (void)state;
+    for (int compute = 1; compute >= 0; compute--) {
+        kvp_sim_config c = tiny_config();
+        c.compute = compute;
+        kvp_workload_request r[4] = {plain(0, 9, 2, 8, 0), plain(10, 9, 2, 8, 1),
+                                     plain(20, 6, 2, 0, 2), plain(30, 8, 2, 8, 3)};
+        kvp_sim_result res;
+        run(&c, r, 4, &res);
+        assert_int_equal(res.prompt_tokens, 32);
+        assert_int_equal(res.prefix_hit_tokens, 12);
+        assert_true(res.prefix_hit_rate == 0.375);
+        assert_true(res.pages_saved_ratio == 1.0);
+        kvp_sim_result_free(&res);
+    }
+}
+
+/*
+ * Pages saved, by hand: one request, prompt 6, 5 output tokens, 2 samples,
+ * pages of 4 positions. The step admits, prefills, forks, then decodes;
+ * its held pages are the pool's after the step and its unshared pages the
+ * sum of each running sequence's own page count.
+ *   step 0: the prefill fills block 0 (positions 0-3) and half of block 1
+ *           (4-5); the fork shares both pages. Each sample appends position
+ *           6 into block 1, a shared partial page, so it writes its own
+ *           copy: block 0 is shared, each sample has its own block 1.
+ *           held 1 + 2 = 3; unshared 2 + 2 = 4.
+ *   step 1: position 7 fills block 1: held 3, unshared 4.
+ *   step 2: position 8 opens block 2 in each sample: held 3 + 2 = 5,
+ *           unshared 3 + 3 = 6.
+ *   step 3: position 9: held 5, unshared 6.
+ *   step 4: position 10, the 5th token: the request finishes and gives its
+ *           pages back (block 0, published, stays cached but evictable, not
+ *           held): held 0, unshared 0.
+ * Sums over the 5 steps: unshared 4 + 4 + 6 + 6 + 0 = 20, held 3 + 3 + 5 +
+ * 5 + 0 = 16: pages saved 20 / 16 = 1.25. The prompt had no earlier blocks
+ * to adopt: hit rate 0 of 6.
+ */
+static void test_sim_pages_saved_ratio_by_hand(void **state)
+{
+    (void)state;
+    for (int compute = 1; compute >= 0; compute--) {
+        kvp_sim_config c = tiny_config();
+        c.compute = compute;
+        c.samples = 2;
+        kvp_workload_request r = plain(0, 6, 5, 0, 0);
+        kvp_sim_result res;
+        run(&c, &r, 1, &res);
+        assert_int_equal(res.steps, 5);
+        assert_true(res.unshared_page_steps == 20.0);
+        assert_true(res.held_page_steps == 16.0);
+        assert_true(res.pages_saved_ratio == 1.25);
+        assert_int_equal(res.peak_held_pages, 5);
+        assert_int_equal(res.prompt_tokens, 6);
+        assert_int_equal(res.prefix_hit_tokens, 0);
+        assert_true(res.prefix_hit_rate == 0.0);
+        kvp_sim_result_free(&res);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_verify_checks_every_epoch_of_a_spanning_run),
+        cmocka_unit_test(test_sim_verify_catches_one_flipped_bit),
+        cmocka_unit_test(test_sim_prefix_hit_rate_by_hand),
+        cmocka_unit_test(test_sim_pages_saved_ratio_by_hand),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
