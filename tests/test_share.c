@@ -564,6 +564,41 @@ static void test_share_audit_reports_evictable_corruption(void **state)
     pool->lru_head = page;
     pool->lru_tail = page;
     kvpt_assert_pool_ok(pool);
+
+    /* Registered without the binding digest it was published under: I5. */
+    kvp_block_key binding = pool->page_binding[page];
+    memset(&pool->page_binding[page], 0, sizeof binding);
+    expect_finding(pool, KVP_INVARIANT_PREFIX,
+                   "a page records a binding digest exactly while registered");
+    pool->page_binding[page] = binding;
+    kvpt_assert_pool_ok(pool);
+    destroy_pool(pool);
+}
+
+/*
+ * A key indexed twice (a second page registered under a key the index
+ * holds, which publish never does): the audit names the duplicate, not only
+ * the entry a lookup cannot reach. Removing the duplicate heals it.
+ */
+static void test_share_audit_reports_key_indexed_twice(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 4);
+    kvp_cache *a = external_cache(pool, 1, 1);
+    append(a, pool, 1, 2 * BT, 0.0);
+    kvp_block_key key;
+    chain_keys(a, 1, 1, 0.0, &key);
+    publish_all(a, pool, 1, 1, &key);
+    uint32_t twin = page_of(a, 0, 1);
+    kvpi_pool_lock(pool);
+    kvpi_prefix_insert_locked(pool, twin, &key, &pool->page_binding[page_of(a, 0, 0)]);
+    kvpi_pool_unlock(pool);
+    expect_finding(pool, KVP_INVARIANT_PREFIX, "a key is indexed once");
+    kvpi_pool_lock(pool);
+    kvpi_prefix_remove_locked(pool, twin);
+    kvpi_pool_unlock(pool);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_cache(a, pool);
     destroy_pool(pool);
 }
 
@@ -1236,6 +1271,175 @@ static void test_share_sequence_failures_change_nothing(void **state)
     kvpt_destroy_model(model);
 }
 
+/* ---- published blocks keep their binding ------------------------------------ */
+
+/* The chain key of one block of `bytes` input bytes for `cache` (block 0: no parent). */
+static kvp_block_key key_of(const kvp_cache *cache, const void *input, size_t bytes)
+{
+    kvp_block_key key;
+    kvp_error err;
+    kvpt_assert_ok(kvp_block_key_chain(NULL, cache, input, bytes, NULL, &key, &err), &err);
+    return key;
+}
+
+static kvp_binding binding_of(const kvp_layer *layer)
+{
+    kvp_binding b;
+    kvp_error err;
+    kvpt_assert_ok(kvp_layer_binding(layer, &b, &err), &err);
+    return b;
+}
+
+/* BT tokens of `input` ([1, BT, D]) through the layer into its cache, one at a time. */
+static void attend_block(const kvp_layer *layer, kvp_cache *cache, kvp_pool *pool,
+                         const double *input)
+{
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    kvp_error err;
+    for (size_t t = 0; t < BT; t++) {
+        kvp_tensor x = kvp_tensor3((double *)(uintptr_t)(input + t * D), 1, 1, D);
+        kvpt_assert_ok(kvp_attention_forward(layer, &x, cache, ticket, &err), &err);
+    }
+    kvpt_destroy_ticket(ticket, pool);
+    kvpt_assert_pool_ok(pool);
+}
+
+/*
+ * `adopter` adopts one block under `key`, which names a page published by a
+ * cache of another binding: BLOCK_BINDING_MISMATCH naming that page, and
+ * nothing changed (length, rows, tables, every statistic: no hit, no miss).
+ */
+static void assert_adopt_refused(kvp_cache *adopter, kvp_pool *pool, const kvp_block_key *key,
+                                 uint32_t page)
+{
+    kvpt_state before;
+    kvpt_state_capture(adopter, pool, &before);
+    size_t adopted = 99;
+    kvp_error err;
+    assert_int_equal(kvp_cache_adopt_prefix(adopter, key, 1, &adopted, &err),
+                     KVP_BLOCK_BINDING_MISMATCH);
+    assert_int_equal(err.index, page);
+    assert_int_equal(err.layer, 0);
+    assert_int_equal(err.position, kvp_cache_len(adopter));
+    assert_int_equal(adopted, 99);
+    kvpt_assert_state_unchanged(&before, adopter, pool, 0);
+    kvpt_state_free(&before);
+}
+
+/*
+ * A forged key, both ways between an external cache and an attention
+ * cache: raw rows published under a key made from the layer-bound cache are
+ * not adopted into it (that would bypass CACHE_LAYER_BOUND), and attention's
+ * rows published under a key made from the external cache are not adopted
+ * into that one.
+ */
+static void test_share_forged_key_is_refused_across_kinds(void **state)
+{
+    (void)state;
+    kvp_layer *layer = kvpt_random_layer(D, HEADS, SCAP, BASE, 21);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 16);
+    kvp_error err;
+    kvp_binding ext_binding;
+    kvpt_assert_ok(kvp_binding_init_external(&ext_binding, HEADS, D / HEADS, SCAP, 7, 1, &err),
+                   &err);
+    kvp_cache *ext = kvpt_cache(pool, &ext_binding, 1, SCAP);
+    kvp_binding att_binding = binding_of(layer);
+    kvp_cache *att = kvpt_cache(pool, &att_binding, 1, SCAP);
+    double input[BT * D];
+    uint64_t seed = 5;
+    for (size_t i = 0; i < BT * D; i++) {
+        input[i] = kvpt_rand_unit(&seed);
+    }
+
+    /* External rows under the attention cache's key: published, never adopted. */
+    double rows[HEADS * BT * (D / HEADS)];
+    kvpt_fill(rows, KVPT_COUNT_OF(rows), 3.0);
+    kvpt_assert_ok(kvp_cache_append_rows(ext, rows, rows, BT, &err), &err);
+    kvp_block_key forged = key_of(att, input, sizeof input);
+    kvpt_assert_ok(kvp_cache_publish_block(ext, 0, 0, &forged, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_adopt_refused(att, pool, &forged, page_of(ext, 0, 0));
+    /* The attention cache computes the block itself and still works. */
+    attend_block(layer, att, pool, input);
+    assert_int_equal(kvp_cache_len(att), BT);
+
+    /* Attention's rows under a key made from another (empty) external cache. */
+    kvp_cache *ext2 = kvpt_cache(pool, &ext_binding, 1, SCAP);
+    kvp_block_key forged2 = key_of(ext2, input, sizeof input);
+    kvpt_assert_ok(kvp_cache_publish_block(att, 0, 0, &forged2, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_adopt_refused(ext2, pool, &forged2, page_of(att, 0, 0));
+    /* A key of the same binding is adopted as before: the check refuses only others. */
+    kvpt_assert_ok(kvp_cache_append_rows(ext, rows, rows, BT, &err), &err);
+    kvp_block_key own = key_of(ext, "own", 3);
+    kvpt_assert_ok(kvp_cache_publish_block(ext, 0, 1, &own, &err), &err);
+    size_t adopted = 0;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(ext2, &own, 1, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, 1);
+    assert_int_equal(page_of(ext2, 0, 0), page_of(ext, 0, 1));
+    kvpt_destroy_cache(ext2, pool);
+    kvpt_destroy_cache(att, pool);
+    kvpt_destroy_cache(ext, pool);
+    destroy_pool(pool);
+    kvpt_destroy_layer(layer);
+}
+
+/*
+ * Two layers over the same parameter nodes, their caches made at different
+ * revisions: the stale cache's rows, published under a key made from the
+ * current one, are refused; under its own key they are simply never found.
+ */
+static void test_share_same_parameters_other_revision_is_refused(void **state)
+{
+    (void)state;
+    kvp_layer *first = kvpt_random_layer(D, HEADS, SCAP, BASE, 22);
+    kvp_error err;
+    kvp_layer *second = NULL;
+    kvpt_assert_ok(kvp_layer_create(kvp_layer_param_mut(first, 0), kvp_layer_param_mut(first, 1),
+                                    kvp_layer_param_mut(first, 2), kvp_layer_param_mut(first, 3),
+                                    HEADS, SCAP, BASE, &second, &err),
+                   &err);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 16);
+    double input[2 * BT * D];
+    uint64_t seed = 6;
+    for (size_t i = 0; i < 2 * BT * D; i++) {
+        input[i] = kvpt_rand_unit(&seed);
+    }
+    kvp_binding old_binding = binding_of(first);
+    kvp_cache *old = kvpt_cache(pool, &old_binding, 1, SCAP);
+    attend_block(first, old, pool, input);
+    attend_block(first, old, pool, input + BT * D); /* a second block: other rows */
+    /* W_v moves on: a new revision for both layers (they share the node). */
+    kvp_param *w = kvp_layer_param_mut(first, KVP_PARAM_VALUE);
+    double values[D * D];
+    memcpy(values, kvp_param_values(w), sizeof values);
+    values[1] += 0.25;
+    kvpt_assert_ok(kvp_param_update(w, values, &err), &err);
+    kvp_binding now_binding = binding_of(second);
+    kvp_cache *now = kvpt_cache(pool, &now_binding, 1, SCAP);
+
+    kvp_block_key stale_key = key_of(old, input, BT * D * sizeof *input);
+    kvp_block_key current_key = key_of(now, input, BT * D * sizeof *input);
+    assert_true(stale_key.lo != current_key.lo || stale_key.hi != current_key.hi);
+    /* Under its own key: no key of the current binding finds it. */
+    kvpt_assert_ok(kvp_cache_publish_block(old, 0, 0, &stale_key, &err), &err);
+    size_t adopted = 99;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(now, &current_key, 1, &adopted, &err), &err);
+    assert_int_equal(adopted, 0);
+    /* Under the current binding's key (forged): found, and refused. */
+    kvpt_assert_ok(kvp_cache_publish_block(old, 0, 1, &current_key, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_adopt_refused(now, pool, &current_key, page_of(old, 0, 1));
+    /* The current cache computes the block under the new weights instead. */
+    attend_block(second, now, pool, input);
+    kvpt_destroy_cache(now, pool);
+    kvpt_destroy_cache(old, pool);
+    destroy_pool(pool);
+    kvpt_destroy_layer(second);
+    kvpt_destroy_layer(first);
+}
+
 /* The residual stream, except that layer 0's output of the third call is infinite. */
 static void poison_third(void *ctx, size_t layer, const double *input, const double *output,
                          size_t n, double *next)
@@ -1448,6 +1652,7 @@ int main(void)
         cmocka_unit_test(test_share_truncate_into_published_page_copies),
         cmocka_unit_test(test_share_publish_under_indexed_key_keeps_one_entry),
         cmocka_unit_test(test_share_audit_reports_evictable_corruption),
+        cmocka_unit_test(test_share_audit_reports_key_indexed_twice),
         cmocka_unit_test(test_share_evictions_keep_every_key_reachable),
         cmocka_unit_test(test_share_adopt_stops_at_capacity),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
@@ -1460,6 +1665,8 @@ int main(void)
         cmocka_unit_test(test_share_sequence_truncate_replay_bit_identical),
         cmocka_unit_test_teardown(test_share_sequence_failures_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_prefill_rollback_restores_shared_page),
+        cmocka_unit_test(test_share_forged_key_is_refused_across_kinds),
+        cmocka_unit_test(test_share_same_parameters_other_revision_is_refused),
         cmocka_unit_test(test_share_threads_fork_adopt_truncate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -182,14 +182,17 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
  *   every cache c and lane; stops at the first block with a miss (counted
  *   once in prefix_misses); shares the pages of every block before it
  *   (prefix_hits), advances len by block_tokens per block and the epochs.
- *   Returns the blocks adopted.
+ *   *adopted = the blocks adopted. BLOCK_BINDING_MISMATCH, changing
+ *   nothing (no hit or miss counted either), when a page of a hit block was
+ *   published under another binding digest than its adopter's.
  * cow_set_defer / settle / undo: a transaction's copy-on-write. settle
  *   drops the saved originals' references; undo maps the originals back,
  *   returns the copies (newest first) and marks cow again. Both end defer.
  */
 void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child);
-size_t kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count, const kvp_block_key *keys,
-                               size_t n);
+kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
+                                   const kvp_block_key *keys, size_t n, size_t *adopted,
+                                   kvp_error *err);
 void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);

@@ -256,13 +256,13 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_STRUCT), sizeof *pool);
     }
     /*
-     * One allocation: the page keys, then six uint32 arrays of total entries
+     * One allocation: the page keys and binding digests, then six uint32 arrays of total entries
      * (free stack, refcounts, audit scratch, registered, LRU links) and the
      * index. total < 2^32, so this cannot overflow size_t on 64-bit.
      */
     size_t slots = kvpi_prefix_slots(total);
     size_t metadata_bytes =
-        total * sizeof(kvp_block_key) + (6 * total + slots) * sizeof(uint32_t);
+        2 * total * sizeof(kvp_block_key) + (6 * total + slots) * sizeof(uint32_t);
     unsigned char *metadata = kvpi_calloc(KVPI_SITE_POOL_METADATA, 1, metadata_bytes);
     if (metadata == NULL) {
         kvpi_free(pool);
@@ -296,7 +296,8 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     pool->slab_from = slab_from;
     pool->metadata = metadata;
     pool->page_key = (kvp_block_key *)(void *)metadata;
-    uint32_t *words = (uint32_t *)(void *)(metadata + total * sizeof(kvp_block_key));
+    pool->page_binding = pool->page_key + total;
+    uint32_t *words = (uint32_t *)(void *)(metadata + 2 * total * sizeof(kvp_block_key));
     pool->free_stack = words;
     pool->refcount = words + total;
     pool->audit_counts = words + 2 * total;

@@ -79,6 +79,8 @@ struct kvp_pool {
      */
     void *metadata;        /* the one allocation every array below lives in */
     kvp_block_key *page_key; /* [total_pages] */
+    kvp_block_key *page_binding; /* [total_pages]; the binding digest a registered page was
+                                    published under (the publisher's), zero when unregistered */
     uint32_t *registered;  /* [total_pages]; 1 while the index names the page */
     uint32_t *lru_prev;    /* [total_pages]; KVPI_NO_PAGE ends the list */
     uint32_t *lru_next;    /* [total_pages] */
@@ -156,8 +158,12 @@ size_t kvpi_prefix_slots(size_t total);
 void kvpi_prefix_init(kvp_pool *pool);
 /* The page registered under `key`, or KVPI_NO_PAGE. */
 uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *key);
-/* Registers held `page` (not registered) under `key` (not in the index). */
-void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key);
+/*
+ * Registers held `page` (not registered) under `key` (not in the index),
+ * recording `binding`, the digest of the binding it was published under.
+ */
+void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                               const kvp_block_key *binding);
 /* Removes registered `page` from the index. */
 void kvpi_prefix_remove_locked(kvp_pool *pool, uint32_t page);
 /* LRU list: append as most recent, unlink, and take the least recent. */

@@ -2,13 +2,17 @@
  * prefix.c: the pool's prefix index and its LRU list of evictable pages.
  *
  * Owns: pool->index (open addressing, linear probing, backward-shift
- * deletion, so there are no tombstones), page_key[] and registered[] of each
- * page, and the doubly linked LRU list through lru_prev[] / lru_next[].
+ * deletion, so there are no tombstones), page_key[], page_binding[] and
+ * registered[] of each page, and the doubly linked LRU list through
+ * lru_prev[] / lru_next[].
  *
  * Invariants (I5 in DESIGN.md; kvpi_prefix_audit_locked recomputes them):
  *   - an index slot holds KVPI_NO_PAGE or a registered page p, and p is found
  *     by probing from the home slot of page_key[p] without crossing an empty
- *     slot; each registered page is in exactly one slot; cached == entries;
+ *     slot; each registered page is in exactly one slot, and no two slots
+ *     hold the same key; cached == entries;
+ *   - page_binding[p] (the publisher's binding digest, never zero) is set
+ *     exactly while p is registered;
  *   - the LRU list holds exactly the registered pages with refcount 0, once
  *     each, oldest at lru_head; evictable == its length;
  *   - a free page is not registered.
@@ -68,7 +72,8 @@ uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *ke
     }
 }
 
-void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key)
+void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                               const kvp_block_key *binding)
 {
     size_t mask = pool->index_slots - 1;
     size_t i = home_slot(pool, key);
@@ -77,6 +82,7 @@ void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_ke
     }
     pool->index[i] = page;
     pool->page_key[page] = *key;
+    pool->page_binding[page] = *binding;
     pool->registered[page] = 1;
     pool->cached++;
 }
@@ -102,6 +108,7 @@ void kvpi_prefix_remove_locked(kvp_pool *pool, uint32_t page)
     pool->index[hole] = KVPI_NO_PAGE;
     pool->registered[page] = 0;
     memset(&pool->page_key[page], 0, sizeof pool->page_key[page]);
+    memset(&pool->page_binding[page], 0, sizeof pool->page_binding[page]);
     pool->cached--;
 }
 
@@ -191,9 +198,15 @@ static void audit_index(const kvp_pool *pool, kvpi_audit *audit)
                               page, SIZE_MAX, 1, 0);
             continue;
         }
-        /* Reachable: no empty slot between the key's home slot and i. */
+        /* Reachable: no empty slot between the key's home slot and i; indexed once. */
         size_t j = home_slot(pool, &pool->page_key[page]);
         while (j != i && pool->index[j] != KVPI_NO_PAGE) {
+            uint32_t other = pool->index[j];
+            if (other < pool->total_pages &&
+                key_equal(&pool->page_key[other], &pool->page_key[page])) {
+                kvpi_audit_report(audit, KVP_INVARIANT_PREFIX, "a key is indexed once", page,
+                                  SIZE_MAX, j, i);
+            }
             j = (j + 1) & mask;
         }
         if (j != i || kvpi_prefix_lookup_locked(pool, &pool->page_key[page]) != page) {
@@ -202,9 +215,16 @@ static void audit_index(const kvp_pool *pool, kvpi_audit *audit)
                               j);
         }
     }
+    static const kvp_block_key zero = {0, 0};
     size_t registered = 0;
     for (size_t p = 0; p < pool->total_pages; p++) {
         registered += pool->registered[p] != 0;
+        if ((pool->registered[p] != 0) == key_equal(&pool->page_binding[p], &zero)) {
+            kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
+                              "a page records a binding digest exactly while registered", p,
+                              SIZE_MAX, pool->registered[p] != 0,
+                              !key_equal(&pool->page_binding[p], &zero));
+        }
         if (pool->registered[p] && pool->refcount[p] == 0 && pool->lru_prev[p] == KVPI_NO_PAGE &&
             pool->lru_head != p) {
             kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,

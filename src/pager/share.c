@@ -420,45 +420,106 @@ kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
             status = kvpi_error_emit(err, &e);
         }
     } else if (kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
-        kvpi_prefix_insert_locked(pool, page, key);
+        kvp_block_key binding = kvpi_cache_binding_key(cache);
+        kvpi_prefix_insert_locked(pool, page, key, &binding);
     }
     kvpi_pool_unlock(pool);
     return status;
 }
 
-size_t kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count, const kvp_block_key *keys,
-                               size_t n)
+static int key_equal(const kvp_block_key *a, const kvp_block_key *b)
+{
+    return a->lo == b->lo && a->hi == b->hi;
+}
+
+/*
+ * The leading blocks of `keys` (per_block keys each, at most n) whose every
+ * key the index holds, and how many of their pages are evictable.
+ */
+static size_t group_hits_locked(const kvp_pool *pool, const kvp_block_key *keys,
+                                size_t per_block, size_t n, size_t *evictable)
+{
+    size_t found = 0;
+    size_t idle_pages = 0;
+    for (; found < n; found++) {
+        const kvp_block_key *row = keys + found * per_block;
+        size_t idle = 0;
+        for (size_t i = 0; i < per_block; i++) {
+            uint32_t page = kvpi_prefix_lookup_locked(pool, &row[i]);
+            if (page == KVPI_NO_PAGE) {
+                *evictable = idle_pages;
+                return found;
+            }
+            idle += pool->refcount[page] == 0;
+        }
+        idle_pages += idle;
+    }
+    *evictable = idle_pages;
+    return found;
+}
+
+/*
+ * BLOCK_BINDING_MISMATCH for the first page of the `blocks` hit blocks that
+ * was published under another binding digest than its adopter's.
+ */
+static kvp_status group_check_bindings_locked(kvp_cache *const *caches, size_t count,
+                                              const kvp_block_key *keys, size_t blocks,
+                                              kvp_error *err)
+{
+    const kvp_pool *pool = caches[0]->pool;
+    size_t batch = caches[0]->batch_size;
+    size_t first = caches[0]->len / caches[0]->block_tokens;
+    for (size_t c = 0; c < count; c++) {
+        kvp_block_key mine = kvpi_cache_binding_key(caches[c]);
+        for (size_t j = 0; j < blocks; j++) {
+            for (size_t lane = 0; lane < batch; lane++) {
+                uint32_t page = kvpi_prefix_lookup_locked(pool, &keys[(j * count + c) * batch + lane]);
+                if (!key_equal(&pool->page_binding[page], &mine)) {
+                    kvp_error e = kvpi_error_begin(KVP_BLOCK_BINDING_MISMATCH);
+                    e.index = page;
+                    e.layer = c;
+                    e.position = (first + j) * caches[c]->block_tokens;
+                    return kvpi_error_emit(err, &e);
+                }
+            }
+        }
+    }
+    return KVP_OK;
+}
+
+kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
+                                   const kvp_block_key *keys, size_t n, size_t *adopted,
+                                   kvp_error *err)
 {
     kvp_pool *pool = caches[0]->pool;
     size_t batch = caches[0]->batch_size;
     size_t first = caches[0]->len / caches[0]->block_tokens;
-    size_t adopted = 0;
-    for (; adopted < n; adopted++) {
-        const kvp_block_key *row = keys + adopted * count * batch;
-        int hit = 1;
-        for (size_t i = 0; i < count * batch && hit; i++) {
-            hit = kvpi_prefix_lookup_locked(pool, &row[i]) != KVPI_NO_PAGE;
-        }
-        if (!hit) {
-            pool->prefix_misses++;
-            break;
-        }
+    size_t evictable = 0;
+    size_t hits = group_hits_locked(pool, keys, count * batch, n, &evictable);
+    kvp_status status = group_check_bindings_locked(caches, count, keys, hits, err);
+    if (status != KVP_OK) {
+        return status; /* nothing mapped, no hit or miss counted */
+    }
+    for (size_t j = 0; j < hits; j++) {
+        const kvp_block_key *row = keys + j * count * batch;
         for (size_t c = 0; c < count; c++) {
             for (size_t lane = 0; lane < batch; lane++) {
                 uint32_t page = kvpi_prefix_lookup_locked(pool, &row[c * batch + lane]);
                 kvpi_pool_ref_locked(pool, page);
-                caches[c]->tables[lane * caches[c]->blocks_per_lane + first + adopted] = page;
+                caches[c]->tables[lane * caches[c]->blocks_per_lane + first + j] = page;
             }
         }
-        pool->prefix_hits += count * batch;
     }
-    if (adopted != 0) {
+    pool->prefix_hits += hits * count * batch;
+    pool->prefix_misses += hits < n;
+    if (hits != 0) {
         for (size_t c = 0; c < count; c++) {
-            caches[c]->len += adopted * caches[c]->block_tokens;
+            caches[c]->len += hits * caches[c]->block_tokens;
             caches[c]->epoch++;
         }
     }
-    return adopted;
+    *adopted = hits;
+    return KVP_OK;
 }
 
 kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, size_t n,
@@ -486,9 +547,12 @@ kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, s
     }
     size_t room = (cache->capacity - cache->len) / cache->block_tokens;
     size_t blocks = n < room ? n : room;
+    size_t got = 0;
     kvpi_pool_lock(cache->pool);
-    size_t got = kvpi_cache_adopt_locked(&cache, 1, keys, blocks);
+    kvp_status status = kvpi_cache_adopt_locked(&cache, 1, keys, blocks, &got, err);
     kvpi_pool_unlock(cache->pool);
-    *adopted = got;
-    return KVP_OK;
+    if (status == KVP_OK) {
+        *adopted = got;
+    }
+    return status;
 }

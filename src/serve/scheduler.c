@@ -1554,10 +1554,14 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
         pl->adopted = 0;
         if (pl->key_blocks != 0) {
             size_t adoptable = (prompt - 1) / bt;
+            size_t blocks = 0;
             kvpi_pool_lock(s->pool);
-            size_t blocks = kvpi_cache_adopt_locked(
-                lease_caches(l0), s->layers, s->keys + pl->keys,
-                adoptable < pl->key_blocks ? adoptable : pl->key_blocks);
+            /* A page published under another binding (a forged key) is no hit: adopt nothing. */
+            if (kvpi_cache_adopt_locked(lease_caches(l0), s->layers, s->keys + pl->keys,
+                                        adoptable < pl->key_blocks ? adoptable : pl->key_blocks,
+                                        &blocks, NULL) != KVP_OK) {
+                blocks = 0;
+            }
             kvpi_pool_unlock(s->pool);
             pl->adopted = blocks * bt;
         }

@@ -209,12 +209,16 @@ kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *p
     if (status != KVP_OK) {
         return status;
     }
+    size_t adopted = 0;
     kvpi_pool_lock(sequence->pool);
-    size_t adopted = kvpi_cache_adopt_locked(sequence->caches, sequence->layers, keys, blocks);
+    status = kvpi_cache_adopt_locked(sequence->caches, sequence->layers, keys, blocks, &adopted,
+                                     err);
     kvpi_pool_unlock(sequence->pool);
     kvpi_free(keys);
-    *tokens_adopted = adopted * bt;
-    return KVP_OK;
+    if (status == KVP_OK) {
+        *tokens_adopted = adopted * bt;
+    }
+    return status;
 }
 
 kvp_status kvp_sequence_publish_prefix(kvp_sequence *sequence, const kvp_tensor *prompt,
@@ -276,7 +280,8 @@ kvp_status kvpi_prefix_publish_locked(kvp_cache *const *caches, size_t layers,
         const kvp_cache *cache = caches[(i / batch) % layers];
         uint32_t page = kvpi_cache_lane_table(cache, i % batch)[j];
         if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, &keys[i]) == KVPI_NO_PAGE) {
-            kvpi_prefix_insert_locked(pool, page, &keys[i]);
+            kvp_block_key binding = kvpi_cache_binding_key(cache);
+            kvpi_prefix_insert_locked(pool, page, &keys[i], &binding);
         }
     }
     return status;
