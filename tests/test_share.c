@@ -16,6 +16,7 @@
 #include "pager/pool_internal.h"
 #include "pager/reservation.h"
 #include "serve/sequence_internal.h"
+#include "serve/share_internal.h"
 
 #define BT 4          /* block tokens */
 #define KV_HEADS 1
@@ -1271,6 +1272,213 @@ static void test_share_sequence_failures_change_nothing(void **state)
     kvpt_destroy_model(model);
 }
 
+/* ---- salts, stale keys, prompt edges (sequences) ------------------------------ */
+
+/* Prefills the whole prompt into a new sequence, publishes it under `salt`, destroys it. */
+static void publish_fresh(const kvp_model *model, kvp_pool *pool, const double *prompt,
+                          const kvp_block_key *salt)
+{
+    kvp_sequence *seq = kvpt_sequence(model, pool, SB, SCAP);
+    static double out[SB * PROMPT * D];
+    prefill(seq, pool, prompt, 0, PROMPT, out);
+    kvp_tensor whole = kvp_tensor3((double *)(uintptr_t)prompt, SB, PROMPT, D);
+    size_t published = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_publish_prefix_salted(seq, &whole, salt, &published, &err), &err);
+    assert_int_equal(published, PROMPT / BT);
+    kvpt_destroy_sequence(seq, pool);
+}
+
+/* Tokens a new sequence adopts of the prompt under `salt`; the sequence is destroyed. */
+static size_t adopt_fresh(const kvp_model *model, kvp_pool *pool, const double *prompt,
+                          const kvp_block_key *salt)
+{
+    kvp_sequence *seq = kvpt_sequence(model, pool, SB, SCAP);
+    kvp_tensor whole = kvp_tensor3((double *)(uintptr_t)prompt, SB, PROMPT, D);
+    size_t adopted = 99;
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_adopt_prefix_salted(seq, &whole, salt, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvp_sequence_len(seq), adopted);
+    kvpt_destroy_sequence(seq, pool);
+    return adopted;
+}
+
+/*
+ * Salts: a prompt published under one tenant's salt is adopted under that
+ * salt only: not unsalted, not under another salt; an all-zero salt is no
+ * salt. Each tenant's lookups of another's prompt miss, as for a prompt
+ * never seen (no hit to time).
+ */
+static void test_share_salts_keep_tenants_apart(void **state)
+{
+    (void)state;
+    kvp_model *model = kvpt_random_model(LAYERS, D, HEADS, SCAP, BASE, 31);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 256);
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    const kvp_block_key alice = {0x1111, 0x2222};
+    const kvp_block_key bob = {0x1111, 0x2223};
+    const kvp_block_key none = {0, 0};
+    publish_fresh(model, pool, prompt, &alice);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &bob), 0);
+    assert_int_equal(adopt_fresh(model, pool, prompt, NULL), 0);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &none), 0);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &alice), 8);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_misses, 3);
+    assert_int_equal(s.prefix_hits, 2 * LAYERS * SB);
+    /* Unsalted: the zero salt and NULL are the same keys, the plain calls' too. */
+    publish_fresh(model, pool, prompt, &none);
+    assert_int_equal(adopt_fresh(model, pool, prompt, NULL), 8);
+    kvp_sequence *seq = kvpt_sequence(model, pool, SB, SCAP);
+    kvp_tensor whole = kvp_tensor3(prompt, SB, PROMPT, D);
+    assert_int_equal(adopt_whole(seq, pool, &whole), 8);
+    kvpt_destroy_sequence(seq, pool);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &bob), 0);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
+/* A 0-token prompt is refused as prefill refuses it, nothing changed. */
+static void test_share_adopt_refuses_empty_prompt(void **state)
+{
+    (void)state;
+    kvp_model *model = kvpt_random_model(LAYERS, D, HEADS, SCAP, BASE, 32);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 64);
+    kvp_sequence *seq = kvpt_sequence(model, pool, SB, SCAP);
+    double row[SB * D] = {0};
+    kvp_tensor empty = kvp_tensor3(row, SB, 0, D);
+    kvp_pool_stats before = kvpt_stats(pool);
+    kvp_error prefill_err;
+    assert_int_equal(kvp_sequence_prefill(seq, &empty, NULL, NULL, NULL, 0, &prefill_err),
+                     KVP_INVALID_ARGUMENT);
+    size_t adopted = 99;
+    kvp_error err;
+    assert_int_equal(kvp_sequence_adopt_prefix(seq, &empty, &adopted, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, prefill_err.argument);
+    assert_string_equal(err.what, prefill_err.what);
+    assert_int_equal(adopted, 99);
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(kvp_sequence_len(seq), 0);
+    kvpt_destroy_sequence(seq, pool);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
+/*
+ * A block-aligned prompt (3 whole blocks) whose every block is published:
+ * adopt leaves the last block, so the last token is computed and its output
+ * is the prefill's, bit for bit as a fresh prefill of the whole prompt.
+ */
+static void test_share_aligned_prompt_keeps_last_token(void **state)
+{
+    (void)state;
+    enum { T = 3 * BT };
+    kvp_model *model = kvpt_random_model(LAYERS, D, HEADS, SCAP, BASE, 33);
+    kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 256);
+    static double prompt[SB * T * D];
+    uint64_t seed = 77;
+    for (size_t i = 0; i < KVPT_COUNT_OF(prompt); i++) {
+        prompt[i] = kvpt_rand_unit(&seed);
+    }
+    kvp_tensor whole = kvp_tensor3(prompt, SB, T, D);
+    static double want[SB * T * D];
+    kvp_error err;
+    kvp_sequence *a = kvpt_sequence(model, pool, SB, SCAP);
+    kvpt_assert_ok(kvp_sequence_prefill(a, &whole, NULL, NULL, want, KVPT_COUNT_OF(want), &err),
+                   &err);
+    size_t published = 0;
+    kvpt_assert_ok(kvp_sequence_publish_prefix(a, &whole, &published, &err), &err);
+    assert_int_equal(published, 3); /* every block, the last one included */
+    kvpt_destroy_sequence(a, pool);
+
+    kvp_sequence *b = kvpt_sequence(model, pool, SB, SCAP);
+    size_t adopted = adopt_whole(b, pool, &whole);
+    assert_int_equal(adopted, 2 * BT); /* not 3 * BT: the last token is left to compute */
+    static double rest[SB * BT * D];
+    static double got[SB * BT * D];
+    for (size_t lane = 0; lane < SB; lane++) {
+        memcpy(rest + lane * BT * D, prompt + (lane * T + 2 * BT) * D, BT * D * sizeof(double));
+    }
+    kvp_tensor tail = kvp_tensor3(rest, SB, BT, D);
+    kvpt_assert_ok(kvp_sequence_prefill(b, &tail, NULL, NULL, got, KVPT_COUNT_OF(got), &err),
+                   &err);
+    for (size_t lane = 0; lane < SB; lane++) {
+        assert_memory_equal(got + lane * BT * D, want + (lane * T + 2 * BT) * D,
+                            BT * D * sizeof(double));
+    }
+    assert_int_equal(kvp_sequence_len(b), T);
+    kvpt_destroy_sequence(b, pool);
+    destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
+/*
+ * Stale keys: the prompt keys' context covers every layer's binding. For
+ * each layer of a 3-layer model and each of its four parameters (W_o
+ * included), an update makes every old block unadoptable: a new sequence
+ * of the updated model adopts nothing of a prompt published before, in
+ * any layer, although the index still holds every old page. (The K/V of
+ * layer l > 0 depend on every earlier layer's output, W_o included, so no
+ * layer's old block may be reused after any earlier update; an update of a
+ * later layer leaves earlier layers' K/V right but the keys are per prompt
+ * for all layers at once, so the prompt misses as a whole.)
+ */
+static void test_share_any_parameter_update_makes_old_keys_stale(void **state)
+{
+    (void)state;
+    enum { L3 = 3 };
+    static double prompt[SB * PROMPT * D];
+    static double in[STEPS][SB * D];
+    inputs(prompt, in);
+    for (size_t layer = 0; layer < L3; layer++) {
+        for (size_t which = 0; which < KVP_PARAM_COUNT; which++) {
+            kvp_model *model = kvpt_random_model(L3, D, HEADS, SCAP, BASE, 40 + layer);
+            kvp_pool *pool = kvpt_pool(BT, HEADS, D / HEADS, 256);
+            publish_fresh(model, pool, prompt, NULL);
+            assert_int_equal(adopt_fresh(model, pool, prompt, NULL), 8); /* still current */
+            kvp_param *w = kvp_model_param_mut(model, layer, which);
+            double values[D * D];
+            memcpy(values, kvp_param_values(w), sizeof values);
+            values[layer + which] += 0.125;
+            kvp_error err;
+            kvpt_assert_ok(kvp_param_update(w, values, &err), &err);
+            size_t hits = kvpt_stats(pool).prefix_hits;
+            assert_int_equal(adopt_fresh(model, pool, prompt, NULL), 0);
+            assert_int_equal(kvpt_stats(pool).prefix_hits, hits);
+            assert_int_equal(kvpt_stats(pool).cached_pages, L3 * SB * (PROMPT / BT));
+            /* Layer by layer: no key of the updated layer or a later one is indexed. */
+            kvp_sequence *seq = kvpt_sequence(model, pool, SB, SCAP);
+            enum { BLOCKS = PROMPT / BT };
+            kvp_block_key keys[BLOCKS * L3 * SB + L3];
+            kvpi_prompt_keys(seq->caches, L3, NULL, prompt, PROMPT, D, BLOCKS, keys);
+            for (size_t j = 0; j < BLOCKS; j++) {
+                for (size_t l = layer; l < L3; l++) {
+                    for (size_t b = 0; b < SB; b++) {
+                        kvpi_pool_lock(pool);
+                        uint32_t page =
+                            kvpi_prefix_lookup_locked(pool, &keys[(j * L3 + l) * SB + b]);
+                        kvpi_pool_unlock(pool);
+                        if (page != KVPI_NO_PAGE) {
+                            print_error("parameter %zu of layer %zu updated: layer %zu block "
+                                        "%zu lane %zu still found\n",
+                                        which, layer, l, j, b);
+                            fail();
+                        }
+                    }
+                }
+            }
+            kvpt_destroy_sequence(seq, pool);
+            destroy_pool(pool);
+            kvpt_destroy_model(model);
+        }
+    }
+}
+
 /* ---- published blocks keep their binding ------------------------------------ */
 
 /* The chain key of one block of `bytes` input bytes for `cache` (block 0: no parent). */
@@ -1666,6 +1874,10 @@ int main(void)
         cmocka_unit_test_teardown(test_share_sequence_failures_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_prefill_rollback_restores_shared_page),
         cmocka_unit_test(test_share_forged_key_is_refused_across_kinds),
+        cmocka_unit_test(test_share_salts_keep_tenants_apart),
+        cmocka_unit_test(test_share_adopt_refuses_empty_prompt),
+        cmocka_unit_test(test_share_aligned_prompt_keeps_last_token),
+        cmocka_unit_test(test_share_any_parameter_update_makes_old_keys_stale),
         cmocka_unit_test(test_share_same_parameters_other_revision_is_refused),
         cmocka_unit_test(test_share_threads_fork_adopt_truncate),
     };

@@ -389,8 +389,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_binding_key(const kvp_cache *cache,
                                                        kvp_block_key *out, kvp_error *err);
 
 /*
- * The chain key of one block of one lane: a 128-bit MurmurHash3 over the
- * cache's binding digest (always: a key can only be made from a cache, so a
+ * The chain key of one block of one lane: a 128-bit BLAKE2b keyed with the
+ * pool's secret (kvp_pool_config.key_secret: random unless given, so only
+ * this process, or those given the secret, can predict or collide keys) over
+ * the cache's binding digest (always: a key can only be made from a cache, so a
  * revision bump or a RoPE change gives keys no older block can match),
  * `parent` (the previous block's key; NULL for block 0), `context` (an
  * optional digest of whatever else the rows depend on, NULL for none: a
@@ -412,6 +414,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_block_key_chain(const kvp_block_key *parent
  * The page stays in the index until it is evicted: when no table names it,
  * it waits on the pool's LRU list of evictable pages (not the free list),
  * and a take that finds no free page reuses the least recently used one.
+ * The page records the cache's binding digest: adopt refuses it to a cache
+ * of another binding, whatever the key (BLOCK_BINDING_MISMATCH).
  * Already registered under `key`, or `key` already naming another page:
  * success, nothing changes. Errors, in this order: NULL_ARGUMENT ("cache",
  * "key"); OUT_OF_RANGE ("lane"; "block" when block >= len / block_tokens,
@@ -432,7 +436,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_
  * Blocks past the capacity are not looked up. *adopted = blocks adopted
  * (0 is success). Errors, in this order: NULL_ARGUMENT ("cache", "keys"
  * when n > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
- * multiple of block_tokens). Nothing changes on failure.
+ * multiple of block_tokens); BLOCK_BINDING_MISMATCH (a page of a block that
+ * would be adopted was published by a cache of another binding digest: its
+ * key was made elsewhere; err.index is the page, err.position the block's
+ * first position). A mismatch is an error, not a miss: a key made from this
+ * cache can reach such a page only through a forged or misdirected publish.
+ * Nothing changes on failure (no hit or miss counted either).
  * Threads: one caller at a time per cache (its owner); other caches of the
  * pool may be used concurrently.
  */

@@ -200,8 +200,9 @@ void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_refresh_locked(kvp_cache *cache);
 /* kvp_cache_binding_key and kvp_block_key_chain, which cannot fail here. */
 kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache);
-kvp_block_key kvpi_block_key_chain(const kvp_block_key *parent, const kvp_block_key *binding,
-                                   const void *input, size_t bytes, const kvp_block_key *context);
+kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *parent,
+                                   const kvp_block_key *binding, const void *input, size_t bytes,
+                                   const kvp_block_key *context);
 /* Copies rows [0, rows) of every head's keys and values from page `from` to `to`. */
 void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows);
 

@@ -94,6 +94,8 @@ struct kvp_pool {
     uint64_t prefix_misses;
     uint64_t evictions;
     uint64_t cow_copies;
+    /* The key of the prefix-index hash (share.c): the config's, or random. Never changes. */
+    unsigned char key_secret[KVP_KEY_SECRET_BYTES];
 };
 
 /* The first byte of `page`; its elements are of type pool->dtype. */

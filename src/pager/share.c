@@ -2,9 +2,9 @@
  * share.c: pages shared between caches (kvpager/cache.h "Sharing").
  *
  * Owns: fork, truncate, copy-on-write marks, the chain keys of the prefix
- * index (a 128-bit MurmurHash3 x64 stream over the binding digest, the
- * parent key, an optional context and the block's input bytes), publishing
- * full blocks and adopting published prefixes.
+ * index (a 128-bit BLAKE2b stream keyed with the pool's secret, over the
+ * binding digest, the parent key, an optional context and the block's
+ * input bytes), publishing full blocks and adopting published prefixes.
  *
  * Invariants (with pool.c and prefix.c; I5 in DESIGN.md):
  *   - a page's refcount counts every table slot naming it, across caches;
@@ -23,6 +23,7 @@
  */
 #include "pager/cache_internal.h"
 
+#include <sodium.h>
 #include <string.h>
 
 #include "pager/error.h"
@@ -178,96 +179,26 @@ kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new_len, kvp_error *err)
 
 /* ---- chain keys ---------------------------------------------------------- */
 
-/* MurmurHash3 x64 128 (Austin Appleby, public domain), fed as a stream. */
+/*
+ * Keyed BLAKE2b (libsodium's crypto_generichash), 16-byte output, fed as a
+ * stream, keyed with the pool's secret: nobody without the secret can
+ * choose inputs whose keys collide, or tell from a key what was hashed.
+ * (bench/keys.c measures it against the MurmurHash3 it replaced.)
+ */
 typedef struct hash128 {
-    uint64_t h1;
-    uint64_t h2;
-    unsigned char tail[16];
-    size_t tail_len;
-    uint64_t total;
+    crypto_generichash_state state;
 } hash128;
 
-static uint64_t rotl64(uint64_t x, int r)
+static void hash_init(hash128 *h, const kvp_pool *pool)
 {
-    return (x << r) | (x >> (64 - r));
-}
-
-static uint64_t fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
-}
-
-static const uint64_t murmur_c1 = 0x87c37b91114253d5ull;
-static const uint64_t murmur_c2 = 0x4cf5ad432745937full;
-
-/* Eight bytes read little-endian, whatever the host (one load on x86-64). */
-static uint64_t load64(const unsigned char *p)
-{
-    uint64_t v = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(&v, p, sizeof v);
-#else
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-#endif
-    return v;
-}
-
-static void hash_block(hash128 *h, const unsigned char *p)
-{
-    uint64_t k1 = load64(p);
-    uint64_t k2 = load64(p + 8);
-    k1 *= murmur_c1;
-    k1 = rotl64(k1, 31);
-    k1 *= murmur_c2;
-    h->h1 ^= k1;
-    h->h1 = rotl64(h->h1, 27);
-    h->h1 += h->h2;
-    h->h1 = h->h1 * 5 + 0x52dce729;
-    k2 *= murmur_c2;
-    k2 = rotl64(k2, 33);
-    k2 *= murmur_c1;
-    h->h2 ^= k2;
-    h->h2 = rotl64(h->h2, 31);
-    h->h2 += h->h1;
-    h->h2 = h->h2 * 5 + 0x38495ab5;
-}
-
-static void hash_init(hash128 *h)
-{
-    memset(h, 0, sizeof *h);
-    h->h1 = 0x6b7670616765722dull; /* "kvpager-" */
-    h->h2 = 0x626c6f636b2d7631ull; /* "block-v1" */
+    /* Cannot fail with these lengths (16 <= out <= 64, key <= 64 bytes). */
+    (void)crypto_generichash_init(&h->state, pool->key_secret, sizeof pool->key_secret,
+                                  sizeof(kvp_block_key));
 }
 
 static void hash_bytes(hash128 *h, const void *data, size_t n)
 {
-    const unsigned char *p = data;
-    h->total += n;
-    if (h->tail_len != 0) {
-        /* Complete the pending block first: blocks are cut by the total so far. */
-        size_t take = 16 - h->tail_len < n ? 16 - h->tail_len : n;
-        memcpy(h->tail + h->tail_len, p, take);
-        h->tail_len += take;
-        p += take;
-        n -= take;
-        if (h->tail_len < 16) {
-            return;
-        }
-        hash_block(h, h->tail);
-        h->tail_len = 0;
-    }
-    for (; n >= 16; p += 16, n -= 16) {
-        hash_block(h, p); /* straight from the input: no copy through the tail */
-    }
-    memcpy(h->tail, p, n);
-    h->tail_len = n;
+    (void)crypto_generichash_update(&h->state, data, n);
 }
 
 static void hash_u64(hash128 *h, uint64_t v)
@@ -279,29 +210,21 @@ static void hash_u64(hash128 *h, uint64_t v)
     hash_bytes(h, b, sizeof b);
 }
 
+/* Eight bytes read little-endian, whatever the host. */
+static uint64_t load64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
 static kvp_block_key hash_final(hash128 *h)
 {
-    unsigned char last[16] = {0};
-    memcpy(last, h->tail, h->tail_len);
-    uint64_t k1 = load64(last);
-    uint64_t k2 = load64(last + 8);
-    k2 *= murmur_c2;
-    k2 = rotl64(k2, 33);
-    k2 *= murmur_c1;
-    h->h2 ^= k2;
-    k1 *= murmur_c1;
-    k1 = rotl64(k1, 31);
-    k1 *= murmur_c2;
-    h->h1 ^= k1;
-    h->h1 ^= h->total;
-    h->h2 ^= h->total;
-    h->h1 += h->h2;
-    h->h2 += h->h1;
-    h->h1 = fmix64(h->h1);
-    h->h2 = fmix64(h->h2);
-    h->h1 += h->h2;
-    h->h2 += h->h1;
-    kvp_block_key key = {h->h1, h->h2};
+    unsigned char out[sizeof(kvp_block_key)];
+    (void)crypto_generichash_final(&h->state, out, sizeof out);
+    kvp_block_key key = {load64(out), load64(out + 8)};
     if (key.lo == 0 && key.hi == 0) {
         key.lo = 1; /* the zero key is never produced */
     }
@@ -319,7 +242,7 @@ kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache)
 {
     const kvp_binding *b = &cache->binding;
     hash128 h;
-    hash_init(&h);
+    hash_init(&h, cache->pool);
     hash_u64(&h, 0x62696e64696e67ull); /* "binding" */
     hash_u64(&h, b->model_width);
     hash_u64(&h, b->heads);
@@ -365,15 +288,16 @@ kvp_status kvp_block_key_chain(const kvp_block_key *parent, const kvp_cache *cac
         return kvpi_fail_null(err, "out");
     }
     kvp_block_key binding = kvpi_cache_binding_key(cache);
-    *out = kvpi_block_key_chain(parent, &binding, input, bytes, context);
+    *out = kvpi_block_key_chain(cache->pool, parent, &binding, input, bytes, context);
     return KVP_OK;
 }
 
-kvp_block_key kvpi_block_key_chain(const kvp_block_key *parent, const kvp_block_key *binding,
-                                   const void *input, size_t bytes, const kvp_block_key *context)
+kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *parent,
+                                   const kvp_block_key *binding, const void *input, size_t bytes,
+                                   const kvp_block_key *context)
 {
     hash128 h;
-    hash_init(&h);
+    hash_init(&h, pool);
     hash_key(&h, binding);
     hash_u64(&h, parent != NULL);
     if (parent != NULL) {

@@ -1149,8 +1149,8 @@ static kvp_status rank_window(kvp_scheduler *s, plan *p, kvp_error *err)
         }
         if (!unpark_keys(s, id, s->keys, key_count)) {
             fill_request(s, id, s->rows);
-            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, s->rows, q->prompt_tokens,
-                             s->width, key_blocks, s->keys);
+            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, s->rows,
+                             q->prompt_tokens, s->width, key_blocks, s->keys);
             park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
         }
         size_t evictable;
@@ -1264,8 +1264,8 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             if (!unpark_keys(s, id, k, key_count)) {
                 fill_request(s, id, at);
                 filled = 1;
-                kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, at, q->prompt_tokens,
-                                 s->width, key_blocks, k);
+                kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, at,
+                                 q->prompt_tokens, s->width, key_blocks, k);
             }
             hits = kvpi_prefix_probe(s->pool, k, s->layers, adoptable, &evictable);
         }
@@ -1864,7 +1864,7 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
         assert(lease_len(&r->lease) == len);
         kvp_cache *const *caches = lease_caches(&r->lease);
         fill_rows(s, id, r->sample, prompt, len, s->rows + prompt * s->width);
-        kvpi_prompt_keys_from(caches, s->layers, s->rows, len, s->width,
+        kvpi_prompt_keys_from(caches, s->layers, &q->salt, s->rows, len, s->width,
                               prompt_keyed ? from : 0, blocks, s->keys);
         prompt_keyed = 1;
         kvpi_pool_lock(s->pool);

@@ -93,24 +93,33 @@ size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks)
     return blocks * per_block + layers;
 }
 
-void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *rows,
-                      size_t tokens, size_t width, size_t blocks, kvp_block_key *keys)
+void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                      const double *rows, size_t tokens, size_t width, size_t blocks,
+                      kvp_block_key *keys)
 {
-    kvpi_prompt_keys_from(caches, layers, rows, tokens, width, 0, blocks, keys);
+    kvpi_prompt_keys_from(caches, layers, salt, rows, tokens, width, 0, blocks, keys);
 }
 
-void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double *rows,
-                           size_t tokens, size_t width, size_t from, size_t blocks,
-                           kvp_block_key *keys)
+static int salted(const kvp_block_key *salt)
 {
+    return salt != NULL && (salt->lo != 0 || salt->hi != 0);
+}
+
+void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                           const double *rows, size_t tokens, size_t width, size_t from,
+                           size_t blocks, kvp_block_key *keys)
+{
+    const kvp_pool *pool = caches[0]->pool;
     size_t batch = caches[0]->batch_size;
     size_t count = blocks * layers * batch;
     kvp_block_key *bindings = keys + count; /* each layer's binding digest */
     for (size_t l = 0; l < layers; l++) {
         bindings[l] = kvpi_cache_binding_key(caches[l]);
     }
-    kvp_block_key context =
-        kvpi_block_key_chain(NULL, &bindings[0], bindings, layers * sizeof *bindings, NULL);
+    /* Every layer's binding, and the salt: tenants with other salts share nothing. */
+    kvp_block_key context = kvpi_block_key_chain(pool, NULL, &bindings[0], bindings,
+                                                 layers * sizeof *bindings,
+                                                 salted(salt) ? salt : NULL);
     /*
      * Each layer's digest with its index: layers may share parameters (and
      * external caches one identity), so equal digests must still give
@@ -118,17 +127,20 @@ void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double
      */
     for (size_t l = 0; l < layers; l++) {
         uint64_t index = l;
-        bindings[l] = kvpi_block_key_chain(NULL, &bindings[l], &index, sizeof index, NULL);
+        bindings[l] = kvpi_block_key_chain(pool, NULL, &bindings[l], &index, sizeof index, NULL);
     }
     size_t bt = caches[0]->block_tokens;
     for (size_t j = from; j < blocks; j++) {
-        for (size_t l = 0; l < layers; l++) {
-            for (size_t b = 0; b < batch; b++) {
-                const double *block = rows + (b * tokens + j * bt) * width;
+        for (size_t b = 0; b < batch; b++) {
+            /* The block's rows are hashed once, not once per layer: the layers chain their digest. */
+            const double *block = rows + (b * tokens + j * bt) * width;
+            kvp_block_key input = kvpi_block_key_chain(pool, NULL, &context, block,
+                                                       bt * width * sizeof *block, NULL);
+            for (size_t l = 0; l < layers; l++) {
                 const kvp_block_key *parent =
                     j == 0 ? NULL : &keys[((j - 1) * layers + l) * batch + b];
                 keys[(j * layers + l) * batch + b] = kvpi_block_key_chain(
-                    parent, &bindings[l], block, bt * width * sizeof *block, &context);
+                    pool, parent, &bindings[l], &input, sizeof input, &context);
             }
         }
     }
@@ -160,8 +172,9 @@ size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_b
 }
 
 /* The keys of the first `blocks` blocks of the prompt, in a new allocation (kvpi_free). */
-static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt, size_t blocks,
-                              kvp_block_key **out, kvp_error *err)
+static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt,
+                              const kvp_block_key *salt, size_t blocks, kvp_block_key **out,
+                              kvp_error *err)
 {
     /* bounded by the reservation's page count: cannot saturate */
     size_t bytes = kvpi_prompt_keys_count(seq->layers, seq->batch_size, blocks) *
@@ -170,7 +183,7 @@ static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt,
     if (keys == NULL) {
         return kvpi_fail_alloc(err, "prefix keys", bytes);
     }
-    kvpi_prompt_keys(seq->caches, seq->layers, prompt->data, prompt->shape.dims[1],
+    kvpi_prompt_keys(seq->caches, seq->layers, salt, prompt->data, prompt->shape.dims[1],
                      seq->model_width, blocks, keys);
     *out = keys;
     return KVP_OK;
@@ -179,12 +192,22 @@ static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt,
 kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *prompt,
                                      size_t *tokens_adopted, kvp_error *err)
 {
+    return kvp_sequence_adopt_prefix_salted(sequence, prompt, NULL, tokens_adopted, err);
+}
+
+kvp_status kvp_sequence_adopt_prefix_salted(kvp_sequence *sequence, const kvp_tensor *prompt,
+                                            const kvp_block_key *salt, size_t *tokens_adopted,
+                                            kvp_error *err)
+{
     if (sequence == NULL) {
         return kvpi_fail_null(err, "sequence");
     }
     kvp_status status = check_prompt(sequence, prompt, err);
     if (status != KVP_OK) {
         return status;
+    }
+    if (prompt->shape.dims[1] == 0) { /* as prefill refuses it */
+        return kvpi_fail_invalid(err, "prompt", "a prompt needs at least one token");
     }
     if (tokens_adopted == NULL) {
         return kvpi_fail_null(err, "tokens_adopted");
@@ -196,7 +219,7 @@ kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *p
     size_t bt = sequence->caches[0]->block_tokens;
     size_t tokens = prompt->shape.dims[1];
     /* At least the last token is left to compute: its output is the caller's next input. */
-    size_t blocks = tokens == 0 ? 0 : (tokens - 1) / bt;
+    size_t blocks = (tokens - 1) / bt;
     if (blocks > sequence->capacity / bt) {
         blocks = sequence->capacity / bt;
     }
@@ -205,7 +228,7 @@ kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *p
         return KVP_OK;
     }
     kvp_block_key *keys = NULL;
-    status = prompt_keys(sequence, prompt, blocks, &keys, err);
+    status = prompt_keys(sequence, prompt, salt, blocks, &keys, err);
     if (status != KVP_OK) {
         return status;
     }
@@ -223,6 +246,13 @@ kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *p
 
 kvp_status kvp_sequence_publish_prefix(kvp_sequence *sequence, const kvp_tensor *prompt,
                                        size_t *blocks_published, kvp_error *err)
+{
+    return kvp_sequence_publish_prefix_salted(sequence, prompt, NULL, blocks_published, err);
+}
+
+kvp_status kvp_sequence_publish_prefix_salted(kvp_sequence *sequence, const kvp_tensor *prompt,
+                                              const kvp_block_key *salt,
+                                              size_t *blocks_published, kvp_error *err)
 {
     if (sequence == NULL) {
         return kvpi_fail_null(err, "sequence");
@@ -242,7 +272,7 @@ kvp_status kvp_sequence_publish_prefix(kvp_sequence *sequence, const kvp_tensor 
         return KVP_OK;
     }
     kvp_block_key *keys = NULL;
-    status = prompt_keys(sequence, prompt, blocks, &keys, err);
+    status = prompt_keys(sequence, prompt, salt, blocks, &keys, err);
     if (status != KVP_OK) {
         return status;
     }

@@ -26,21 +26,24 @@ size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks);
 /*
  * The keys of the first `blocks` blocks of `rows` ([batch][tokens][width]
  * doubles) for the `layers` caches (one per model layer, in order; their
- * bindings and pool format give the digests). blocks * block_tokens <= tokens.
+ * bindings and pool format give the digests; the pool's secret keys the
+ * hash), under `salt` (NULL or all zero: none; another salt gives keys no
+ * other salt's blocks match). blocks * block_tokens <= tokens.
  */
-void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *rows,
-                      size_t tokens, size_t width, size_t blocks, kvp_block_key *keys);
+void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                      const double *rows, size_t tokens, size_t width, size_t blocks,
+                      kvp_block_key *keys);
 
 /*
  * kvpi_prompt_keys for blocks [from, blocks) only, `keys` holding those of
  * blocks [0, from) already (made from the same first from * block_tokens
- * rows and the same bindings; the chain continues from them). The
+ * rows, bindings and salt; the chain continues from them). The
  * scheduler keys each sample's decoded blocks this way, after the prompt's
  * blocks they all share.
  */
-void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double *rows,
-                           size_t tokens, size_t width, size_t from, size_t blocks,
-                           kvp_block_key *keys);
+void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                           const double *rows, size_t tokens, size_t width, size_t from,
+                           size_t blocks, kvp_block_key *keys);
 
 /*
  * How many leading blocks of `keys` (each block `per_block` = layers *
