@@ -799,6 +799,133 @@ static void test_share_cache_errors_change_nothing(void **state)
     destroy_pool(pool);
 }
 
+/* ---- groups of caches: probe, adopt and publish in one lock hold -------------- */
+
+/* Group keys [(j * 2 + c) * batch + lane] of two caches from each one's chain keys. */
+static void group_keys(const kvp_block_key *first, const kvp_block_key *second, size_t batch,
+                       size_t blocks, kvp_block_key *out)
+{
+    for (size_t j = 0; j < blocks; j++) {
+        for (size_t lane = 0; lane < batch; lane++) {
+            out[(j * 2 + 0) * batch + lane] = first[j * batch + lane];
+            out[(j * 2 + 1) * batch + lane] = second[j * batch + lane];
+        }
+    }
+}
+
+/*
+ * Group calls are all or nothing where a cache-by-cache loop would split:
+ * a publish refused for the second cache registers nothing of the first; an
+ * index state where the first cache's two blocks are published but the
+ * second's second block is not gives both caches one block (a loop would
+ * give them different lengths); a page of another binding in the second
+ * cache refuses the adopt in both. Group argument errors change nothing.
+ */
+static void test_share_group_all_or_nothing(void **state)
+{
+    (void)state;
+    enum { B = 2, BLOCKS = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 32);
+    kvp_cache *a = external_cache(pool, B, 1);
+    kvp_cache *b = external_cache(pool, B, 2); /* another binding digest */
+    append(a, pool, B, BLOCKS * BT, 0.0);
+    append(b, pool, B, BLOCKS * BT, 0.5);
+    kvp_block_key ka[BLOCKS * B];
+    kvp_block_key kb[BLOCKS * B];
+    chain_keys(a, B, BLOCKS, 0.0, ka);
+    chain_keys(b, B, BLOCKS, 0.5, kb);
+    kvp_block_key keys[BLOCKS * 2 * B];
+    group_keys(ka, kb, B, BLOCKS, keys);
+    kvp_error err;
+    /* b's block 1, lane 1 is published under another key first. */
+    kvp_block_key other = {0x5eed, 0xbeef};
+    kvpt_assert_ok(kvp_cache_publish_block(b, 1, 1, &other, &err), &err);
+    kvp_cache *ab[] = {a, b};
+    kvp_pool_stats before = kvpt_stats(pool);
+    assert_int_equal(kvp_cache_group_publish(ab, 2, keys, BLOCKS, &err), KVP_PAGE_PUBLISHED);
+    assert_int_equal(err.layer, 1);
+    assert_int_equal(err.index, page_of(b, 1, 1));
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before); /* a's pages not registered */
+    /* Block 0 of both, and a's block 1 alone. */
+    kvpt_assert_ok(kvp_cache_group_publish(ab, 2, keys, 1, &err), &err);
+    kvpt_assert_ok(kvp_cache_publish_block(a, 0, 1, &ka[B], &err), &err);
+    kvpt_assert_ok(kvp_cache_publish_block(a, 1, 1, &ka[B + 1], &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvpt_stats(pool).cached_pages, 1 + 2 * B + B);
+    kvpt_destroy_cache(b, pool);
+    kvpt_destroy_cache(a, pool);
+
+    /* Probe and adopt: one block for both, as the index holds block 1 of the first only. */
+    kvp_cache *a2 = external_cache(pool, B, 1);
+    kvp_cache *b2 = external_cache(pool, B, 2);
+    const kvp_cache *probe[] = {a2, b2};
+    size_t blocks = 99;
+    size_t evictable = 99;
+    kvpt_assert_ok(kvp_cache_group_probe(probe, 2, keys, BLOCKS, &blocks, &evictable, &err),
+                   &err);
+    assert_int_equal(blocks, 1);
+    assert_int_equal(evictable, 2 * B);
+    size_t alone = 0;
+    kvpt_assert_ok(kvp_cache_group_probe(probe, 1, ka, BLOCKS, &alone, NULL, &err), &err);
+    assert_int_equal(alone, 2); /* the first cache alone would take two */
+    kvp_cache *ab2[] = {a2, b2};
+    size_t hits = kvpt_stats(pool).prefix_hits;
+    size_t adopted = 99;
+    kvpt_assert_ok(kvp_cache_group_adopt(ab2, 2, keys, BLOCKS, &adopted, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(adopted, 1);
+    assert_int_equal(kvp_cache_len(a2), BT);
+    assert_int_equal(kvp_cache_len(b2), BT);
+    assert_int_equal(kvpt_stats(pool).prefix_hits, hits + 2 * B);
+    assert_int_equal(kvpt_stats(pool).evictable_pages, B + 1);
+
+    /* The second cache of the group (binding 1) would adopt pages of binding 2: neither does. */
+    kvp_cache *a3 = external_cache(pool, B, 1);
+    kvp_cache *c3 = external_cache(pool, B, 1);
+    kvp_cache *ac[] = {a3, c3};
+    before = kvpt_stats(pool);
+    adopted = 99;
+    assert_int_equal(kvp_cache_group_adopt(ac, 2, keys, BLOCKS, &adopted, &err),
+                     KVP_BLOCK_BINDING_MISMATCH);
+    assert_int_equal(err.layer, 1);
+    assert_int_equal(err.index, page_of(b2, 0, 0));
+    assert_int_equal(adopted, 99);
+    assert_int_equal(kvp_cache_len(a3), 0);
+    assert_int_equal(kvp_cache_len(c3), 0);
+    kvpt_assert_pool_ok(pool);
+    after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before);
+
+    /* Group errors, nothing changed: no cache, a NULL one, unequal lengths. */
+    assert_int_equal(kvp_cache_group_adopt(ac, 0, keys, 1, &adopted, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "count");
+    kvp_cache *with_null[] = {a3, NULL};
+    assert_int_equal(kvp_cache_group_adopt(with_null, 2, keys, 1, &adopted, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "caches");
+    kvp_cache *unequal[] = {a2, a3};
+    assert_int_equal(kvp_cache_group_adopt(unequal, 2, keys, 1, &adopted, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "caches");
+    assert_int_equal(kvp_cache_group_publish(unequal, 2, keys, 1, &err), KVP_INVALID_ARGUMENT);
+    assert_int_equal(kvp_cache_group_publish(ab2, 2, keys, 2, &err), KVP_OUT_OF_RANGE);
+    assert_string_equal(err.argument, "blocks");
+    const kvp_cache *unequal_probe[] = {a2, a3};
+    assert_int_equal(kvp_cache_group_probe(unequal_probe, 2, keys, 1, &blocks, NULL, &err),
+                     KVP_INVALID_ARGUMENT);
+    kvpt_assert_pool_ok(pool);
+    after = kvpt_stats(pool);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(adopted, 99);
+    kvpt_destroy_cache(c3, pool);
+    kvpt_destroy_cache(a3, pool);
+    kvpt_destroy_cache(b2, pool);
+    kvpt_destroy_cache(a2, pool);
+    destroy_pool(pool);
+}
+
 /* ---- sequences ------------------------------------------------------------- */
 
 #define D 8
@@ -1863,6 +1990,7 @@ int main(void)
         cmocka_unit_test(test_share_audit_reports_key_indexed_twice),
         cmocka_unit_test(test_share_evictions_keep_every_key_reachable),
         cmocka_unit_test(test_share_adopt_stops_at_capacity),
+        cmocka_unit_test(test_share_group_all_or_nothing),
         cmocka_unit_test(test_share_exhausted_during_copy_changes_nothing),
         cmocka_unit_test_teardown(test_share_cache_errors_change_nothing, kvpt_disarm),
         cmocka_unit_test(test_share_sequence_fork_bit_identical),

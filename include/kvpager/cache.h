@@ -449,6 +449,71 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_adopt_prefix(kvp_cache *cache,
                                                         const kvp_block_key *keys, size_t n,
                                                         size_t *adopted, kvp_error *err);
 
+/*
+ * Sharing for a group of caches at once: the layers of one sequence (an
+ * engine's external caches, one per layer, or layer-bound ones), which must
+ * stay the same length. Each call holds the pool's mutex for the whole
+ * group, so no other thread can evict or publish a block between one
+ * cache's lookup and the next's: the group adopts block j in every cache or
+ * in none. `caches` are `count` (>= 1) caches of one pool, one batch size B
+ * and one length; keys[(j * count + c) * B + lane] is block j of cache c,
+ * lane `lane` (counted from the caches' length for probe and adopt, from
+ * block 0 for publish). Group errors, checked first: NULL_ARGUMENT
+ * ("caches", also for a NULL entry); INVALID_ARGUMENT ("count" zero;
+ * "caches": not one pool, batch size and length). Nothing changes on
+ * failure.
+ */
+
+/*
+ * What kvp_cache_group_adopt would adopt now: *blocks = the leading blocks
+ * (at most n, and at most what every cache has room for) whose every key the
+ * index holds; *evictable_pages (may be NULL) = how many of their pages no
+ * table names (adopting takes them from the pool's available pages).
+ * Changes nothing, counters included. A later adopt may find less: other
+ * threads publish and evict meanwhile. Errors: the group's; NULL_ARGUMENT
+ * ("keys" when n > 0, "blocks"); BLOCK_BINDING_MISMATCH (as adopt).
+ * Threads: not safe while a call changes a cache of the group (reads their
+ * bindings and lengths); any other call may run at once (the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_group_probe(const kvp_cache *const *caches,
+                                                       size_t count, const kvp_block_key *keys,
+                                                       size_t n, size_t *blocks,
+                                                       size_t *evictable_pages, kvp_error *err);
+
+/*
+ * kvp_cache_adopt_prefix for a group, all or nothing per block: for j = 0,
+ * 1, .. it looks up every key of block j (every cache, every lane); at the
+ * first block where any misses it stops (one prefix miss); every block
+ * before it is mapped in every cache (one prefix hit per page) and each
+ * length grows by block_tokens per block. *adopted = blocks adopted.
+ * Errors, in this order: the group's; NULL_ARGUMENT ("keys" when n > 0,
+ * "adopted"); ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY (the first cache that
+ * has one); BLOCK_BINDING_MISMATCH (err.layer = the cache; see
+ * kvp_cache_adopt_prefix): nothing adopted in any cache.
+ * Threads: one caller at a time per cache of the group (their owner); other
+ * caches of the pool may be used at once, those sharing its pages included.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_group_adopt(kvp_cache *const *caches, size_t count,
+                                                       const kvp_block_key *keys, size_t n,
+                                                       size_t *adopted, kvp_error *err);
+
+/*
+ * kvp_cache_publish_block for the first `blocks` full blocks of every cache
+ * and lane of a group, all or nothing: PAGE_PUBLISHED (err.index = the page,
+ * err.layer = its cache) when any page is registered under another key, and
+ * then nothing is registered. Pages already registered under their key, or
+ * whose key names another page, are left as they are. Each page records its
+ * cache's binding digest. Errors, in this order: the group's; NULL_ARGUMENT
+ * ("keys" when blocks > 0); OUT_OF_RANGE ("blocks" > len / block_tokens);
+ * PAGE_PUBLISHED.
+ * Threads: one caller at a time per cache of the group (their owner); other
+ * caches of the pool may be used at once (the index is under the pool's
+ * mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_group_publish(kvp_cache *const *caches, size_t count,
+                                                         const kvp_block_key *keys,
+                                                         size_t blocks, kvp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -127,6 +127,16 @@ void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child)
     }
 }
 
+void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children, size_t count)
+{
+    kvp_pool *pool = parents[0]->pool;
+    kvpi_pool_lock(pool);
+    for (size_t c = 0; c < count; c++) {
+        kvpi_cache_fork_into_locked(parents[c], children[c]);
+    }
+    kvpi_pool_unlock(pool);
+}
+
 kvp_status kvp_cache_fork(kvp_cache *parent, kvp_cache **child, kvp_error *err)
 {
     if (parent == NULL) {
@@ -316,6 +326,67 @@ kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *pa
 
 /* ---- publish and adopt ------------------------------------------------------ */
 
+/*
+ * Keys of a group: keys[(j * count + c) * batch + lane] is block j (past the
+ * caches' common length for adopt, from block 0 for publish) of cache c,
+ * lane `lane`. Publish and adopt exist once, here: kvp_cache_publish_block
+ * is a group of one page, the sequence (src/serve) calls the group.
+ */
+
+static int key_equal(const kvp_block_key *a, const kvp_block_key *b)
+{
+    return a->lo == b->lo && a->hi == b->hi;
+}
+
+/* PAGE_PUBLISHED when `page` is registered under another key than `key`. */
+static kvp_status publish_check_locked(const kvp_pool *pool, uint32_t page,
+                                       const kvp_block_key *key, size_t which, kvp_error *err)
+{
+    if (pool->registered[page] && !key_equal(&pool->page_key[page], key)) {
+        kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
+        e.index = page;
+        e.layer = which;
+        return kvpi_error_emit(err, &e);
+    }
+    return KVP_OK;
+}
+
+/* Registers `page` under `key` unless it is registered or the key names another page. */
+static void publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                                  const kvp_block_key *binding)
+{
+    if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
+        kvpi_prefix_insert_locked(pool, page, key, binding);
+    }
+}
+
+kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
+                                     const kvp_block_key *keys, size_t blocks, kvp_error *err)
+{
+    kvp_pool *pool = caches[0]->pool;
+    size_t batch = caches[0]->batch_size;
+    /* First pass: refuse before registering anything. */
+    for (size_t i = 0; i < blocks * count * batch; i++) {
+        size_t c = (i / batch) % count;
+        uint32_t page = kvpi_cache_lane_table(caches[c], i % batch)[i / (count * batch)];
+        kvp_status status = publish_check_locked(pool, page, &keys[i], c, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    for (size_t c = 0; c < count; c++) {
+        kvp_block_key binding = kvpi_cache_binding_key(caches[c]);
+        for (size_t j = 0; j < blocks; j++) {
+            for (size_t lane = 0; lane < batch; lane++) {
+                uint32_t page = kvpi_cache_lane_table(caches[c], lane)[j];
+                publish_insert_locked(pool, page, &keys[(j * count + c) * batch + lane],
+                                      &binding);
+            }
+        }
+    }
+    return KVP_OK;
+}
+
 kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
                                    const kvp_block_key *key, kvp_error *err)
 {
@@ -334,26 +405,14 @@ kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
     }
     kvp_pool *pool = cache->pool;
     uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
-    kvp_status status = KVP_OK;
+    kvp_block_key binding = kvpi_cache_binding_key(cache);
     kvpi_pool_lock(pool);
-    if (pool->registered[page]) {
-        const kvp_block_key *had = &pool->page_key[page];
-        if (had->lo != key->lo || had->hi != key->hi) {
-            kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
-            e.index = page;
-            status = kvpi_error_emit(err, &e);
-        }
-    } else if (kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
-        kvp_block_key binding = kvpi_cache_binding_key(cache);
-        kvpi_prefix_insert_locked(pool, page, key, &binding);
+    kvp_status status = publish_check_locked(pool, page, key, 0, err);
+    if (status == KVP_OK) {
+        publish_insert_locked(pool, page, key, &binding);
     }
     kvpi_pool_unlock(pool);
     return status;
-}
-
-static int key_equal(const kvp_block_key *a, const kvp_block_key *b)
-{
-    return a->lo == b->lo && a->hi == b->hi;
 }
 
 /*
@@ -382,11 +441,20 @@ static size_t group_hits_locked(const kvp_pool *pool, const kvp_block_key *keys,
     return found;
 }
 
+size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
+                         size_t blocks, size_t *evictable_pages)
+{
+    kvpi_pool_lock(pool);
+    size_t found = group_hits_locked(pool, keys, per_block, blocks, evictable_pages);
+    kvpi_pool_unlock(pool);
+    return found;
+}
+
 /*
  * BLOCK_BINDING_MISMATCH for the first page of the `blocks` hit blocks that
  * was published under another binding digest than its adopter's.
  */
-static kvp_status group_check_bindings_locked(kvp_cache *const *caches, size_t count,
+static kvp_status group_check_bindings_locked(const kvp_cache *const *caches, size_t count,
                                               const kvp_block_key *keys, size_t blocks,
                                               kvp_error *err)
 {
@@ -397,7 +465,8 @@ static kvp_status group_check_bindings_locked(kvp_cache *const *caches, size_t c
         kvp_block_key mine = kvpi_cache_binding_key(caches[c]);
         for (size_t j = 0; j < blocks; j++) {
             for (size_t lane = 0; lane < batch; lane++) {
-                uint32_t page = kvpi_prefix_lookup_locked(pool, &keys[(j * count + c) * batch + lane]);
+                uint32_t page =
+                    kvpi_prefix_lookup_locked(pool, &keys[(j * count + c) * batch + lane]);
                 if (!key_equal(&pool->page_binding[page], &mine)) {
                     kvp_error e = kvpi_error_begin(KVP_BLOCK_BINDING_MISMATCH);
                     e.index = page;
@@ -420,7 +489,8 @@ kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
     size_t first = caches[0]->len / caches[0]->block_tokens;
     size_t evictable = 0;
     size_t hits = group_hits_locked(pool, keys, count * batch, n, &evictable);
-    kvp_status status = group_check_bindings_locked(caches, count, keys, hits, err);
+    kvp_status status =
+        group_check_bindings_locked((const kvp_cache *const *)caches, count, keys, hits, err);
     if (status != KVP_OK) {
         return status; /* nothing mapped, no hit or miss counted */
     }
@@ -446,18 +516,39 @@ kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
     return KVP_OK;
 }
 
-kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, size_t n,
-                                  size_t *adopted, kvp_error *err)
+/* ---- the public group calls ----------------------------------------------- */
+
+/*
+ * A group's own checks: NULL_ARGUMENT ("caches"), INVALID_ARGUMENT ("count"
+ * zero; "caches": not one pool, batch, block size and length).
+ */
+static kvp_status group_check(const kvp_cache *const *caches, size_t count, kvp_error *err)
 {
-    if (cache == NULL) {
-        return kvpi_fail_null(err, "cache");
+    if (caches == NULL) {
+        return kvpi_fail_null(err, "caches");
     }
-    if (keys == NULL && n != 0) {
-        return kvpi_fail_null(err, "keys");
+    if (count == 0) {
+        return kvpi_fail_invalid(err, "count", "a group needs at least one cache");
     }
-    if (adopted == NULL) {
-        return kvpi_fail_null(err, "adopted");
+    for (size_t c = 0; c < count; c++) {
+        if (caches[c] == NULL) {
+            return kvpi_fail_null(err, "caches");
+        }
     }
+    const kvp_cache *a = caches[0];
+    for (size_t c = 1; c < count; c++) {
+        const kvp_cache *b = caches[c];
+        if (b->pool != a->pool || b->batch_size != a->batch_size || b->len != a->len) {
+            return kvpi_fail_invalid(err, "caches",
+                                     "must share one pool, batch size and length");
+        }
+    }
+    return KVP_OK;
+}
+
+/* The adopt-side checks of every cache: ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY. */
+static kvp_status adopt_check(const kvp_cache *cache, kvp_error *err)
+{
     if (cache->reserved_rows != 0) {
         kvp_error e = kvpi_error_begin(KVP_ROWS_RESERVED);
         e.tokens = cache->reserved_rows;
@@ -469,14 +560,108 @@ kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, s
         e.block_tokens = cache->block_tokens;
         return kvpi_error_emit(err, &e);
     }
-    size_t room = (cache->capacity - cache->len) / cache->block_tokens;
-    size_t blocks = n < room ? n : room;
+    return KVP_OK;
+}
+
+/* The blocks every cache of the group still has room for, at most n. */
+static size_t group_room(const kvp_cache *const *caches, size_t count, size_t n)
+{
+    for (size_t c = 0; c < count; c++) {
+        size_t room = (caches[c]->capacity - caches[c]->len) / caches[c]->block_tokens;
+        n = room < n ? room : n;
+    }
+    return n;
+}
+
+kvp_status kvp_cache_group_probe(const kvp_cache *const *caches, size_t count,
+                                 const kvp_block_key *keys, size_t n, size_t *blocks,
+                                 size_t *evictable_pages, kvp_error *err)
+{
+    kvp_status status = group_check(caches, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (keys == NULL && n != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    if (blocks == NULL) {
+        return kvpi_fail_null(err, "blocks");
+    }
+    n = group_room(caches, count, n);
+    kvp_pool *pool = caches[0]->pool;
+    size_t evictable = 0;
+    kvpi_pool_lock(pool);
+    size_t hits = group_hits_locked(pool, keys, count * caches[0]->batch_size, n, &evictable);
+    status = group_check_bindings_locked(caches, count, keys, hits, err);
+    kvpi_pool_unlock(pool);
+    if (status == KVP_OK) {
+        *blocks = hits;
+        if (evictable_pages != NULL) {
+            *evictable_pages = evictable;
+        }
+    }
+    return status;
+}
+
+kvp_status kvp_cache_group_adopt(kvp_cache *const *caches, size_t count,
+                                 const kvp_block_key *keys, size_t n, size_t *adopted,
+                                 kvp_error *err)
+{
+    kvp_status status = group_check((const kvp_cache *const *)caches, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (keys == NULL && n != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    if (adopted == NULL) {
+        return kvpi_fail_null(err, "adopted");
+    }
+    for (size_t c = 0; c < count; c++) {
+        status = adopt_check(caches[c], err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    n = group_room((const kvp_cache *const *)caches, count, n);
     size_t got = 0;
-    kvpi_pool_lock(cache->pool);
-    kvp_status status = kvpi_cache_adopt_locked(&cache, 1, keys, blocks, &got, err);
-    kvpi_pool_unlock(cache->pool);
+    kvpi_pool_lock(caches[0]->pool);
+    status = kvpi_cache_adopt_locked(caches, count, keys, n, &got, err);
+    kvpi_pool_unlock(caches[0]->pool);
     if (status == KVP_OK) {
         *adopted = got;
     }
     return status;
+}
+
+kvp_status kvp_cache_group_publish(kvp_cache *const *caches, size_t count,
+                                   const kvp_block_key *keys, size_t blocks, kvp_error *err)
+{
+    kvp_status status = group_check((const kvp_cache *const *)caches, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (keys == NULL && blocks != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    size_t full = caches[0]->len / caches[0]->block_tokens;
+    if (blocks > full) {
+        return kvpi_fail_out_of_range(err, "blocks", blocks, full + 1);
+    }
+    if (blocks == 0) {
+        return KVP_OK;
+    }
+    kvpi_pool_lock(caches[0]->pool);
+    status = kvpi_cache_publish_locked(caches, count, keys, blocks, err);
+    kvpi_pool_unlock(caches[0]->pool);
+    return status;
+}
+
+kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, size_t n,
+                                  size_t *adopted, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    return kvp_cache_group_adopt(&cache, 1, keys, n, adopted, err);
 }

@@ -1555,14 +1555,12 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
         if (pl->key_blocks != 0) {
             size_t adoptable = (prompt - 1) / bt;
             size_t blocks = 0;
-            kvpi_pool_lock(s->pool);
             /* A page published under another binding (a forged key) is no hit: adopt nothing. */
-            if (kvpi_cache_adopt_locked(lease_caches(l0), s->layers, s->keys + pl->keys,
-                                        adoptable < pl->key_blocks ? adoptable : pl->key_blocks,
-                                        &blocks, NULL) != KVP_OK) {
+            if (kvp_cache_group_adopt(lease_caches(l0), s->layers, s->keys + pl->keys,
+                                      adoptable < pl->key_blocks ? adoptable : pl->key_blocks,
+                                      &blocks, NULL) != KVP_OK) {
                 blocks = 0;
             }
-            kvpi_pool_unlock(s->pool);
             pl->adopted = blocks * bt;
         }
         /*
@@ -1661,15 +1659,14 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
             continue;
         }
         kvp_cache *const *parent = lease_caches(&s->running[here].lease);
-        kvpi_pool_lock(s->pool);
         if (pl->key_blocks != 0) {
             /* Fresh pages, or pages registered under these very keys: cannot be refused. */
-            kvp_status status =
-                kvpi_prefix_publish_locked(parent, s->layers, s->keys + pl->keys, pl->key_blocks,
-                                           NULL);
+            kvp_status status = kvp_cache_group_publish(parent, s->layers, s->keys + pl->keys,
+                                                        pl->key_blocks, NULL);
             assert(status == KVP_OK);
             (void)status;
         }
+        kvpi_pool_lock(s->pool);
         for (size_t k = 1; k < n; k++) {
             kvp_cache *const *child = lease_caches(&s->running[here + k].lease);
             for (size_t l = 0; l < s->layers; l++) {
@@ -1867,10 +1864,8 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
         kvpi_prompt_keys_from(caches, s->layers, &q->salt, s->rows, len, s->width,
                               prompt_keyed ? from : 0, blocks, s->keys);
         prompt_keyed = 1;
-        kvpi_pool_lock(s->pool);
         /* The prompt's pages are registered under these very keys, the rest are fresh. */
-        kvp_status status = kvpi_prefix_publish_locked(caches, s->layers, s->keys, blocks, NULL);
-        kvpi_pool_unlock(s->pool);
+        kvp_status status = kvp_cache_group_publish(caches, s->layers, s->keys, blocks, NULL);
         assert(status == KVP_OK);
         (void)status;
     }

@@ -3,19 +3,22 @@
  * fork, truncate, and the prefix cache of prompts.
  *
  * Owns nothing of its own: every call works on all the sequence's layer
- * caches at once, through the pager's sharing (src/pager/share.c), in one
- * hold of the pool lock, so the layers stay the same length (the sequence
- * invariant) and other threads see either all of a change or none of it.
+ * caches at once, through the pager's group calls (src/pager/share.c: fork
+ * and truncate of many caches, kvp_cache_group_adopt and _publish), each in
+ * one hold of the pool lock, so the layers stay the same length (the
+ * sequence invariant) and other threads see either all of a change or none
+ * of it. It reads no pool field and takes no lock itself.
  *
  * Prompt keys: block j of lane b of layer l is keyed by the chain
  *   key[j][l][b] = chain(key[j-1][l][b], digest of layer l and its index l,
- *                        prompt rows of lane b, block j, context)
- * where context digests every layer's binding (kvp_cache_binding_key), so a
- * layer's K/V are found only under the exact model (identities, revisions,
- * RoPE, geometry, dtype) and prompt prefix that produced them.
- * The key, probe and publish helpers (share_internal.h) serve the
- * scheduler too, so the blocks it publishes are the ones sequences adopt;
- * it also keys the blocks a request decoded, by the same chain over their
+ *                        input[j][b], context)
+ *   input[j][b]  = chain(context, prompt rows of lane b, block j)
+ * where context digests every layer's binding (kvp_cache_binding_key) and
+ * the salt, so a layer's K/V are found only under the exact model
+ * (identities, revisions, RoPE, geometry, dtype), salt and prompt prefix
+ * that produced them; every chain is keyed with the pool's secret.
+ * The key helpers (share_internal.h) serve the scheduler too, so the blocks
+ * it publishes are the ones sequences adopt; it also keys the blocks a request decoded, by the same chain over their
  * input rows, so a later prompt holding prompt and reply adopts them.
  * Callers: the public API; src/serve (share_internal.h).
  */
@@ -42,11 +45,7 @@ kvp_status kvp_sequence_fork(kvp_sequence *parent, kvp_sequence **child, kvp_err
     if (status != KVP_OK) {
         return status; /* the partial child was destroyed by create: nothing changed */
     }
-    kvpi_pool_lock(parent->pool);
-    for (size_t l = 0; l < parent->layers; l++) {
-        kvpi_cache_fork_into_locked(parent->caches[l], made->caches[l]);
-    }
-    kvpi_pool_unlock(parent->pool);
+    kvpi_cache_fork_many(parent->caches, made->caches, parent->layers);
     *child = made;
     return KVP_OK;
 }
@@ -66,9 +65,7 @@ kvp_status kvp_sequence_truncate(kvp_sequence *sequence, size_t new_len, kvp_err
     for (size_t l = 0; l < sequence->layers; l++) {
         (void)kvp_ticket_discard(sequence->tickets[l], NULL);
     }
-    kvpi_pool_lock(sequence->pool);
-    kvpi_cache_truncate_many_locked(sequence->caches, sequence->layers, new_len);
-    kvpi_pool_unlock(sequence->pool);
+    kvpi_cache_truncate_many(sequence->caches, sequence->layers, new_len);
     return KVP_OK;
 }
 
@@ -132,7 +129,7 @@ void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_bl
     size_t bt = caches[0]->block_tokens;
     for (size_t j = from; j < blocks; j++) {
         for (size_t b = 0; b < batch; b++) {
-            /* The block's rows are hashed once, not once per layer: the layers chain their digest. */
+            /* The rows are hashed once, not once per layer: each layer chains their digest. */
             const double *block = rows + (b * tokens + j * bt) * width;
             kvp_block_key input = kvpi_block_key_chain(pool, NULL, &context, block,
                                                        bt * width * sizeof *block, NULL);
@@ -144,31 +141,6 @@ void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_bl
             }
         }
     }
-}
-
-size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
-                         size_t blocks, size_t *evictable_pages)
-{
-    size_t found = 0;
-    size_t evictable = 0;
-    kvpi_pool_lock(pool);
-    for (; found < blocks; found++) {
-        const kvp_block_key *row = keys + found * per_block;
-        size_t idle = 0;
-        int hit = 1;
-        for (size_t i = 0; i < per_block && hit; i++) {
-            uint32_t page = kvpi_prefix_lookup_locked(pool, &row[i]);
-            hit = page != KVPI_NO_PAGE;
-            idle += hit && pool->refcount[page] == 0;
-        }
-        if (!hit) {
-            break;
-        }
-        evictable += idle;
-    }
-    kvpi_pool_unlock(pool);
-    *evictable_pages = evictable;
-    return found;
 }
 
 /* The keys of the first `blocks` blocks of the prompt, in a new allocation (kvpi_free). */
@@ -233,10 +205,8 @@ kvp_status kvp_sequence_adopt_prefix_salted(kvp_sequence *sequence, const kvp_te
         return status;
     }
     size_t adopted = 0;
-    kvpi_pool_lock(sequence->pool);
-    status = kvpi_cache_adopt_locked(sequence->caches, sequence->layers, keys, blocks, &adopted,
-                                     err);
-    kvpi_pool_unlock(sequence->pool);
+    status =
+        kvp_cache_group_adopt(sequence->caches, sequence->layers, keys, blocks, &adopted, err);
     kvpi_free(keys);
     if (status == KVP_OK) {
         *tokens_adopted = adopted * bt;
@@ -276,43 +246,10 @@ kvp_status kvp_sequence_publish_prefix_salted(kvp_sequence *sequence, const kvp_
     if (status != KVP_OK) {
         return status;
     }
-    kvpi_pool_lock(sequence->pool);
-    status = kvpi_prefix_publish_locked(sequence->caches, sequence->layers, keys, blocks, err);
-    kvpi_pool_unlock(sequence->pool);
+    status = kvp_cache_group_publish(sequence->caches, sequence->layers, keys, blocks, err);
     kvpi_free(keys);
     if (status == KVP_OK && blocks_published != NULL) {
         *blocks_published = blocks;
-    }
-    return status;
-}
-
-kvp_status kvpi_prefix_publish_locked(kvp_cache *const *caches, size_t layers,
-                                      const kvp_block_key *keys, size_t blocks, kvp_error *err)
-{
-    kvp_pool *pool = caches[0]->pool;
-    size_t batch = caches[0]->batch_size;
-    kvp_status status = KVP_OK;
-    /* First pass: refuse before registering anything. */
-    for (size_t i = 0; i < blocks * layers * batch && status == KVP_OK; i++) {
-        size_t j = i / (layers * batch);
-        const kvp_cache *cache = caches[(i / batch) % layers];
-        uint32_t page = kvpi_cache_lane_table(cache, i % batch)[j];
-        const kvp_block_key *had = &pool->page_key[page];
-        if (pool->registered[page] && (had->lo != keys[i].lo || had->hi != keys[i].hi)) {
-            kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
-            e.index = page;
-            e.layer = (i / batch) % layers;
-            status = kvpi_error_emit(err, &e);
-        }
-    }
-    for (size_t i = 0; i < blocks * layers * batch && status == KVP_OK; i++) {
-        size_t j = i / (layers * batch);
-        const kvp_cache *cache = caches[(i / batch) % layers];
-        uint32_t page = kvpi_cache_lane_table(cache, i % batch)[j];
-        if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, &keys[i]) == KVPI_NO_PAGE) {
-            kvp_block_key binding = kvpi_cache_binding_key(cache);
-            kvpi_prefix_insert_locked(pool, page, &keys[i], &binding);
-        }
     }
     return status;
 }
