@@ -16,11 +16,20 @@
  * Sizes: block_tokens x model width x 8 bytes of f64 input rows; by default
  * 16 x 512 (the default pool's 8 heads of 64: 64 KiB) and 16 x 4096 (a 7B
  * model's width: 512 KiB), and 16 x 64 (8 KiB) for short rows.
+ * Then a sequence's keys of one block of one lane for 32 layers:
+ *   before      what src/serve/share.c did: one MurmurHash3 chain key per
+ *               layer, each over the block's rows;
+ *   after       kvpi_prompt_keys itself (the library's code): the rows
+ *               hashed once with keyed BLAKE2b, each layer chaining that
+ *               digest.
  * Flags: --repetitions N (default 15), --min-ns X (each sample's minimum
  * duration, default 2e7). Exit status 0, or 2 on a usage error (one line
  * naming the flag and value). Speed is reported, never enforced.
  */
 #include <sodium.h>
+
+#include "kvpager/kvpager.h"
+#include "serve/share_internal.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +177,102 @@ static void run_key(key_ctx *c, size_t variant)
     c->sink += c->out[0];
 }
 
+/* ---- a sequence's keys of one block, 32 layers: before and after ---------------- */
+
+enum { LAYERS = 32 };
+
+typedef struct prompt_ctx {
+    kvp_cache *caches[LAYERS];
+    const double *rows;
+    size_t width;
+    kvp_block_key keys[LAYERS + LAYERS];
+    unsigned char header[64];
+    uint64_t sink;
+} prompt_ctx;
+
+static void run_prompt(prompt_ctx *c, size_t variant)
+{
+    if (variant == 0) {
+        for (size_t l = 0; l < LAYERS; l++) {
+            murmur h = {0x6b7670616765722dull, 0x626c6f636b2d7631ull, {0}, 0, 0};
+            c->header[0] = (unsigned char)l;
+            murmur_bytes(&h, c->header, sizeof c->header);
+            murmur_bytes(&h, (const unsigned char *)c->rows, 16 * c->width * sizeof(double));
+            murmur_final(&h, (unsigned char *)&c->keys[l]);
+        }
+    } else {
+        kvpi_prompt_keys(c->caches, LAYERS, NULL, c->rows, 16, c->width, 1, c->keys);
+    }
+    c->sink += c->keys[LAYERS - 1].lo;
+}
+
+static int prompt_bench(size_t repetitions, double min_ns)
+{
+    static const size_t widths[] = {512, 4096};
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.heads = 1;
+    config.head_width = 4;
+    config.budget_bytes = (size_t)1 << 20;
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    if (kvp_pool_create(&config, &pool, &err) != KVP_OK) {
+        fprintf(stderr, "bench-keys: pool create failed\n");
+        return 1;
+    }
+    prompt_ctx c;
+    memset(&c, 0, sizeof c);
+    for (size_t l = 0; l < LAYERS; l++) {
+        kvp_binding binding;
+        if (kvp_binding_init_external(&binding, 1, 4, 64, l + 1, 1, &err) != KVP_OK ||
+            kvp_cache_create(pool, &binding, 1, 64, &c.caches[l], &err) != KVP_OK) {
+            fprintf(stderr, "bench-keys: cache create failed\n");
+            return 1;
+        }
+    }
+    printf("\n%-8s %-9s %14s %9s   (one block of one lane, %d layers)\n", "width", "keys",
+           "ns/block", "vs before", LAYERS);
+    for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+        size_t n = 16 * widths[w];
+        double *rows = malloc(n * sizeof *rows);
+        double *samples = calloc(2 * repetitions, sizeof *samples);
+        if (rows == NULL || samples == NULL) {
+            fprintf(stderr, "bench-keys: out of memory\n");
+            return 1;
+        }
+        for (size_t i = 0; i < n; i++) {
+            rows[i] = (double)(i % 977) / 977.0; /* finite values */
+        }
+        c.rows = rows;
+        c.width = widths[w];
+        for (size_t r = 0; r < repetitions; r++) {
+            for (size_t v = 0; v < 2; v++) {
+                size_t calls = 0;
+                double start = now_ns();
+                double elapsed = 0.0;
+                do {
+                    run_prompt(&c, v);
+                    calls++;
+                    elapsed = now_ns() - start;
+                } while (elapsed < min_ns);
+                samples[v * repetitions + r] = elapsed / (double)calls;
+            }
+        }
+        double before = median(samples, repetitions);
+        double after = median(samples + repetitions, repetitions);
+        printf("%-8zu %-9s %14.0f %8.2fx\n", widths[w], "before", before, 1.0);
+        printf("%-8zu %-9s %14.0f %8.2fx\n", widths[w], "after", after, after / before);
+        free(samples);
+        free(rows);
+    }
+    int failed = 0;
+    for (size_t l = 0; l < LAYERS; l++) {
+        failed |= kvp_cache_destroy(c.caches[l], NULL) != KVP_OK;
+    }
+    failed |= kvp_pool_destroy(pool, NULL) != KVP_OK;
+    return failed || c.sink == UINT64_MAX;
+}
+
 static int parse_size(const char *flag, const char *text, size_t *out)
 {
     char *end = NULL;
@@ -263,5 +368,5 @@ int main(int argc, char **argv)
             printf("(unlikely)\n");
         }
     }
-    return 0;
+    return prompt_bench(repetitions, min_ns);
 }
