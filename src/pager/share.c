@@ -4,7 +4,9 @@
  * Owns: fork, truncate, copy-on-write marks, the chain keys of the prefix
  * index (a 128-bit BLAKE2b stream keyed with the pool's secret, over the
  * binding digest, the parent key, an optional context and the block's
- * input bytes), publishing full blocks and adopting published prefixes.
+ * input bytes), publishing full blocks and adopting published prefixes,
+ * for one cache or a group of caches (a sequence's layers) in one hold of
+ * the pool lock: publish and adopt exist only here.
  *
  * Invariants (with pool.c and prefix.c; I5 in DESIGN.md):
  *   - a page's refcount counts every table slot naming it, across caches;
@@ -16,10 +18,15 @@
  *   - a chain key covers the cache's binding digest (parameter identities
  *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens)
  *     by construction: no caller can build a key without one, so a revision
- *     bump or a RoPE change makes every older key unreachable.
+ *     bump or a RoPE change makes every older key unreachable;
+ *   - a registered page records the binding digest of the cache that
+ *     published it, and is adopted only into caches of that digest, whatever
+ *     key a caller built (BLOCK_BINDING_MISMATCH otherwise, nothing changed);
+ *   - a group adopts block j in every cache or in none, and a group publish
+ *     refused for one page registers none.
  * Everything that changes reference state runs under the pool lock.
- * Callers: the public API, src/serve (sequences fork, truncate and adopt
- * every layer at once).
+ * Callers: the public API, src/serve (sequences and the scheduler fork,
+ * truncate, probe, adopt and publish every layer at once).
  */
 #include "pager/cache_internal.h"
 
