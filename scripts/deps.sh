@@ -3,8 +3,10 @@
 # otherwise says what is missing and stops. clang-14 and libclang-rt-14-dev
 # (libFuzzer and clang's sanitizer runtimes, only recommended by clang-14)
 # build the fuzz target (tests/fuzz/). abigail-tools (abidw, abidiff) checks
-# the ABI against its committed baseline (scripts/abi-update.sh).
-kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools"
+# the ABI against its committed baseline (scripts/abi-update.sh). libsodium-dev
+# gives the keyed BLAKE2b of the prefix index's keys and each pool's random
+# secret (docs/DESIGN.md, Threat model).
+kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools"
 
 kvp_missing_packages() {
     for package in $kvp_packages; do

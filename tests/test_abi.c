@@ -395,6 +395,83 @@ static kvp_status get_scheduler_stats(void *ctx, void *out, kvp_error *err)
     return kvp_scheduler_stats_get(ctx, out, err);
 }
 
+/* The chain key of one block of fixed input for a fresh external cache of `pool`. */
+static kvp_block_key pool_key(kvp_pool *pool)
+{
+    kvp_binding binding;
+    kvp_error err;
+    kvpt_assert_ok(kvp_binding_init_external(&binding, 2, 8, 64, 3, 1, &err), &err);
+    kvp_cache *cache = kvpt_cache(pool, &binding, 1, 8);
+    static const char input[] = "the same block";
+    kvp_block_key key;
+    kvpt_assert_ok(kvp_block_key_chain(NULL, cache, input, sizeof input, NULL, &key, &err), &err);
+    kvpt_destroy_cache(cache, pool);
+    return key;
+}
+
+static int same_key(kvp_block_key a, kvp_block_key b)
+{
+    return a.lo == b.lo && a.hi == b.hi;
+}
+
+/* A pool made from `config` (any struct_size), its key, and the pool destroyed. */
+static kvp_block_key key_of_config(const kvp_pool_config *config)
+{
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(config, &pool, &err), &err);
+    kvp_block_key key = pool_key(pool);
+    kvpt_destroy_pool(pool);
+    return key;
+}
+
+/*
+ * key_secret: two pools given one secret make the same keys, another secret
+ * or none (a random one each) other keys. A caller of the release before
+ * key_secret (struct_size ends at slab_source) gets a random secret: at the
+ * end of an exact heap block, and followed by guard bytes, which are not
+ * read as a secret (a pool given 0xA5 bytes makes other keys).
+ */
+static void test_abi_pool_config_key_secret_old_caller(void **state)
+{
+    (void)state;
+    const size_t slab = KVPI_POOL_CONFIG_SIZE_SLAB;
+    assert_int_equal(slab, offsetof(kvp_pool_config, slab_source) + sizeof(uint64_t));
+    kvp_pool_config config = small_config();
+    for (size_t i = 0; i < KVPT_COUNT_OF(config.key_secret); i++) {
+        assert_int_equal(config.key_secret[i], 0); /* the default: random */
+    }
+    kvp_block_key random1 = key_of_config(&config);
+    kvp_block_key random2 = key_of_config(&config);
+    assert_false(same_key(random1, random2));
+    for (size_t i = 0; i < KVPT_COUNT_OF(config.key_secret); i++) {
+        config.key_secret[i] = 0x0123456789abcdefull * (i + 1);
+    }
+    kvp_block_key shared1 = key_of_config(&config);
+    kvp_block_key shared2 = key_of_config(&config);
+    assert_true(same_key(shared1, shared2));
+    assert_false(same_key(shared1, random1));
+    config.key_secret[3] ^= 1;
+    assert_false(same_key(key_of_config(&config), shared1));
+    memset(config.key_secret, GUARD, sizeof config.key_secret);
+    kvp_block_key guard_secret = key_of_config(&config);
+
+    kvp_pool_config old = small_config();
+    old.struct_size = slab;
+    unsigned char *exact = exact_block(slab, 0);
+    memcpy(exact, &old, slab);
+    kvp_block_key exact_key = key_of_config((const kvp_pool_config *)(void *)exact);
+    free(exact);
+    unsigned char guarded[sizeof(kvp_pool_config) + GUARD_BYTES];
+    memset(guarded, GUARD, sizeof guarded);
+    memcpy(guarded, &old, slab);
+    kvp_block_key guarded_key = key_of_config((const kvp_pool_config *)(void *)guarded);
+    assert_guard(guarded, slab, sizeof guarded);
+    assert_false(same_key(guarded_key, guard_secret));
+    assert_false(same_key(guarded_key, exact_key));
+    assert_false(same_key(exact_key, shared1));
+}
+
 /* An idle scheduler's step (nothing runs or waits, a session kept for long): the same each time. */
 static kvp_status get_step_stats(void *ctx, void *out, kvp_error *err)
 {
@@ -532,6 +609,54 @@ static void test_abi_request_old_caller(void **state)
     session_world_free(&w);
 }
 
+/* A 5-token prompt of fixed rows (width 16): its first block is shared between requests. */
+static const double *salt_prompt(void)
+{
+    static double rows[5 * 16];
+    for (size_t i = 0; i < KVPT_COUNT_OF(rows); i++) {
+        rows[i] = (double)i / 8.0;
+    }
+    return rows;
+}
+
+/*
+ * salt: a request of the release before salt (struct_size ends at session)
+ * is read up to its struct_size, so guard bytes behind it (a nonzero salt,
+ * if read) are no salt: it adopts an unsalted request's block. A request of
+ * this library's size naming those bytes as its salt adopts nothing from the
+ * unsalted ones, and what a request of its own salt published.
+ */
+static void test_abi_request_salt_old_caller(void **state)
+{
+    (void)state;
+    const size_t session = KVPI_REQUEST_SIZE_SESSION;
+    assert_int_equal(session, offsetof(kvp_request, session) + sizeof(uint64_t));
+    session_world w = session_world_make();
+    kvp_scheduler *scheduler = w.scheduler;
+    kvp_request full = abi_request(0);
+    assert_true(full.salt.lo == 0 && full.salt.hi == 0); /* the default: none */
+    full.prompt_tokens = 5;
+    full.prompt = salt_prompt();
+    run_request(scheduler, &full, 0); /* unsalted: publishes its first block */
+    assert_int_equal(scheduler_stats(scheduler).prefix_hit_tokens, 0);
+
+    unsigned char guarded[sizeof(kvp_request) + GUARD_BYTES];
+    memset(guarded, GUARD, sizeof guarded);
+    full.struct_size = session;
+    memcpy(guarded, &full, session);
+    run_request(scheduler, (const kvp_request *)(void *)guarded, 1);
+    assert_guard(guarded, session, sizeof guarded);
+    assert_int_equal(scheduler_stats(scheduler).prefix_hit_tokens, 4); /* no salt read */
+
+    full.struct_size = sizeof full;
+    memcpy(&full.salt, guarded + session, sizeof full.salt);
+    run_request(scheduler, &full, 2);
+    assert_int_equal(scheduler_stats(scheduler).prefix_hit_tokens, 4); /* salted: no hit */
+    run_request(scheduler, &full, 3);
+    assert_int_equal(scheduler_stats(scheduler).prefix_hit_tokens, 8); /* its own salt's */
+    session_world_free(&w);
+}
+
 /*
  * The scheduler's output structs: a first-release kvp_step_stats or
  * kvp_scheduler_stats (no session fields) is written only up to its
@@ -571,6 +696,8 @@ int main(void)
         cmocka_unit_test(test_abi_info_structs),
         cmocka_unit_test(test_abi_scheduler_config_old_caller),
         cmocka_unit_test(test_abi_request_old_caller),
+        cmocka_unit_test(test_abi_request_salt_old_caller),
+        cmocka_unit_test(test_abi_pool_config_key_secret_old_caller),
         cmocka_unit_test(test_abi_scheduler_stats_old_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

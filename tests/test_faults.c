@@ -79,10 +79,11 @@ static void test_faults_pool_create_sites_in_order(void **state)
                                             KVPI_SITE_POOL_SLAB};
     static const char *const names[] = {"pool struct", "pool free list and reference counts",
                                         "page slab"};
-    /* Page keys, LRU stamps, six uint32 arrays of pages (free stack, reference
-     * counts, audit scratch, registered, LRU links) and the prefix index, a
-     * power of two of at least 2 * pages slots (16 for 5 pages). */
-    const size_t bytes[] = {0, SWEEP_PAGES * (sizeof(kvp_block_key) + sizeof(uint64_t)) +
+    /* Page keys and binding digests, LRU stamps, six uint32 arrays of pages
+     * (free stack, reference counts, audit scratch, registered, LRU links) and
+     * the prefix index, a power of two of at least 2 * pages slots (16 for 5
+     * pages). */
+    const size_t bytes[] = {0, SWEEP_PAGES * (2 * sizeof(kvp_block_key) + sizeof(uint64_t)) +
                                    (6 * SWEEP_PAGES + 16) * sizeof(uint32_t),
                             SWEEP_PAGES * SWEEP_PAGE_BYTES};
     for (uint64_t nth = 1; nth <= 3; nth++) {

@@ -576,7 +576,8 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_PAGE_NOT_HELD, 56);
     assert_int_equal(KVP_NOT_AT_BLOCK_BOUNDARY, 57);
     assert_int_equal(KVP_PAGE_PUBLISHED, 58);
-    assert_int_equal(KVP_STATUS_COUNT_, 59);
+    assert_int_equal(KVP_BLOCK_BINDING_MISMATCH, 59);
+    assert_int_equal(KVP_STATUS_COUNT_, 60);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -643,6 +644,17 @@ static void test_status_format_external_cache_errors(void **state)
     e = error_of(KVP_PAGE_PUBLISHED);
     e.index = 3;
     kvpt_assert_error_text(&e, "page 3 is already published under another key");
+    assert_string_equal(kvp_status_name(KVP_BLOCK_BINDING_MISMATCH), "BlockBindingMismatch");
+    assert_string_equal(kvp_status_message(KVP_BLOCK_BINDING_MISMATCH),
+                        "a published block was computed under another binding than the adopting "
+                        "cache's");
+    e = error_of(KVP_BLOCK_BINDING_MISMATCH);
+    e.index = 6;
+    e.layer = 2;
+    e.position = 8;
+    kvpt_assert_error_text(&e, "page 6 was published under another binding than the adopting "
+                               "cache's (cache 2 of the group, position 8): its rows were not "
+                               "computed by this cache's layer");
 }
 
 /* The shape helpers every validation uses. */

@@ -389,8 +389,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_binding_key(const kvp_cache *cache,
                                                        kvp_block_key *out, kvp_error *err);
 
 /*
- * The chain key of one block of one lane: a 128-bit MurmurHash3 over the
- * cache's binding digest (always: a key can only be made from a cache, so a
+ * The chain key of one block of one lane: a 128-bit BLAKE2b keyed with the
+ * pool's secret (kvp_pool_config.key_secret: random unless given, so only
+ * this process, or those given the secret, can predict or collide keys) over
+ * the cache's binding digest (always: a key can only be made from a cache, so a
  * revision bump or a RoPE change gives keys no older block can match),
  * `parent` (the previous block's key; NULL for block 0), `context` (an
  * optional digest of whatever else the rows depend on, NULL for none: a
@@ -412,6 +414,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_block_key_chain(const kvp_block_key *parent
  * The page stays in the index until it is evicted: when no table names it,
  * it waits on the pool's LRU list of evictable pages (not the free list),
  * and a take that finds no free page reuses the least recently used one.
+ * The page records the cache's binding digest: adopt refuses it to a cache
+ * of another binding, whatever the key (BLOCK_BINDING_MISMATCH).
  * Already registered under `key`, or `key` already naming another page:
  * success, nothing changes. Errors, in this order: NULL_ARGUMENT ("cache",
  * "key"); OUT_OF_RANGE ("lane"; "block" when block >= len / block_tokens,
@@ -432,13 +436,83 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_
  * Blocks past the capacity are not looked up. *adopted = blocks adopted
  * (0 is success). Errors, in this order: NULL_ARGUMENT ("cache", "keys"
  * when n > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
- * multiple of block_tokens). Nothing changes on failure.
+ * multiple of block_tokens); BLOCK_BINDING_MISMATCH (a page of a block that
+ * would be adopted was published by a cache of another binding digest: its
+ * key was made elsewhere; err.index is the page, err.position the block's
+ * first position). A mismatch is an error, not a miss: a key made from this
+ * cache can reach such a page only through a forged or misdirected publish.
+ * Nothing changes on failure (no hit or miss counted either).
  * Threads: one caller at a time per cache (its owner); other caches of the
  * pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_adopt_prefix(kvp_cache *cache,
                                                         const kvp_block_key *keys, size_t n,
                                                         size_t *adopted, kvp_error *err);
+
+/*
+ * Sharing for a group of caches at once: the layers of one sequence (an
+ * engine's external caches, one per layer, or layer-bound ones), which must
+ * stay the same length. Each call holds the pool's mutex for the whole
+ * group, so no other thread can evict or publish a block between one
+ * cache's lookup and the next's: the group adopts block j in every cache or
+ * in none. `caches` are `count` (>= 1) caches of one pool, one batch size B
+ * and one length; keys[(j * count + c) * B + lane] is block j of cache c,
+ * lane `lane` (counted from the caches' length for probe and adopt, from
+ * block 0 for publish). Group errors, checked first: NULL_ARGUMENT
+ * ("caches", also for a NULL entry); INVALID_ARGUMENT ("count" zero;
+ * "caches": not one pool, batch size and length). Nothing changes on
+ * failure.
+ */
+
+/*
+ * What kvp_cache_group_adopt would adopt now: *blocks = the leading blocks
+ * (at most n, and at most what every cache has room for) whose every key the
+ * index holds; *evictable_pages (may be NULL) = how many of their pages no
+ * table names (adopting takes them from the pool's available pages).
+ * Changes nothing, counters included. A later adopt may find less: other
+ * threads publish and evict meanwhile. Errors: the group's; NULL_ARGUMENT
+ * ("keys" when n > 0, "blocks"); BLOCK_BINDING_MISMATCH (as adopt).
+ * Threads: not safe while a call changes a cache of the group (reads their
+ * bindings and lengths); any other call may run at once (the pool's mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_group_probe(const kvp_cache *const *caches,
+                                                       size_t count, const kvp_block_key *keys,
+                                                       size_t n, size_t *blocks,
+                                                       size_t *evictable_pages, kvp_error *err);
+
+/*
+ * kvp_cache_adopt_prefix for a group, all or nothing per block: for j = 0,
+ * 1, .. it looks up every key of block j (every cache, every lane); at the
+ * first block where any misses it stops (one prefix miss); every block
+ * before it is mapped in every cache (one prefix hit per page) and each
+ * length grows by block_tokens per block. *adopted = blocks adopted.
+ * Errors, in this order: the group's; NULL_ARGUMENT ("keys" when n > 0,
+ * "adopted"); ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY (the first cache that
+ * has one); BLOCK_BINDING_MISMATCH (err.layer = the cache; see
+ * kvp_cache_adopt_prefix): nothing adopted in any cache.
+ * Threads: one caller at a time per cache of the group (their owner); other
+ * caches of the pool may be used at once, those sharing its pages included.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_group_adopt(kvp_cache *const *caches, size_t count,
+                                                       const kvp_block_key *keys, size_t n,
+                                                       size_t *adopted, kvp_error *err);
+
+/*
+ * kvp_cache_publish_block for the first `blocks` full blocks of every cache
+ * and lane of a group, all or nothing: PAGE_PUBLISHED (err.index = the page,
+ * err.layer = its cache) when any page is registered under another key, and
+ * then nothing is registered. Pages already registered under their key, or
+ * whose key names another page, are left as they are. Each page records its
+ * cache's binding digest. Errors, in this order: the group's; NULL_ARGUMENT
+ * ("keys" when blocks > 0); OUT_OF_RANGE ("blocks" > len / block_tokens);
+ * PAGE_PUBLISHED.
+ * Threads: one caller at a time per cache of the group (their owner); other
+ * caches of the pool may be used at once (the index is under the pool's
+ * mutex).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_group_publish(kvp_cache *const *caches, size_t count,
+                                                         const kvp_block_key *keys,
+                                                         size_t blocks, kvp_error *err);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,9 @@ typedef struct kvp_pool kvp_pool;
  * kvp_cache_publish_block, kvp_cache_adopt_prefix). Opaque: compare both
  * words. The all-zero key is never produced by kvp_block_key_chain.
  */
+/* Bytes of a pool's key secret (kvp_pool_config.key_secret): a BLAKE2b key. */
+#define KVP_KEY_SECRET_BYTES 32
+
 typedef struct kvp_block_key {
     uint64_t lo;
     uint64_t hi;
@@ -158,6 +161,16 @@ typedef struct kvp_pool_config {
     kvp_slab_free_fn slab_free;   /* KVP_SLAB_CUSTOM only; NULL by default */
     void *slab_ctx;               /* passed to both hooks */
     kvp_slab_source slab_source;  /* KVP_SLAB_DEFAULT by default */
+    /*
+     * The secret that keys the pool's prefix-index hash (KVP_KEY_SECRET_BYTES
+     * bytes; kvp_block_key_chain). All zero, the default: the pool draws a
+     * random one at creation (libsodium's randombytes_buf), so no one outside
+     * the process can predict, collide or probe its keys. Set it only when
+     * pools (of this process or others) must agree on keys, and keep it as
+     * secret as the data: whoever holds it can compute any key (DESIGN.md,
+     * Threat model). Read at creation only; the pool keeps its own copy.
+     */
+    uint64_t key_secret[KVP_KEY_SECRET_BYTES / sizeof(uint64_t)];
 } kvp_pool_config;
 
 /*

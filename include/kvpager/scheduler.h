@@ -208,6 +208,10 @@ typedef struct kvp_request {
     uint64_t session;               /* 0: none; else the conversation this request is a turn
                                        of (5. above): with config.session_ttl its finished
                                        sequence is kept for the session's next request */
+    kvp_block_key salt;             /* all zero: none; else the request's blocks are keyed
+                                       under this salt (vLLM's cache_salt), so it adopts and
+                                       publishes only blocks of requests with the same salt
+                                       (kvp_sequence_adopt_prefix_salted). One per tenant */
 } kvp_request;
 
 /* Sets struct_size, samples 1 and every other field 0 / NULL. NULL is ignored.

@@ -224,11 +224,17 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_truncate(kvp_sequence *sequence, s
  * input rows, each layer's binding digest and the digest of all the
  * model's layer bindings (kvp_block_key_chain), so a parameter update
  * (a revision bump), another model, RoPE, geometry or dtype can never hit an
- * old block. They do not cover a next_input callback: share a prefix only
- * between sequences stepped with the same next_input (or none).
- * Errors: NULL_ARGUMENT ("sequence", "prompt", "tokens_adopted");
- * INPUT_RANK, INPUT_BATCH_MISMATCH, INPUT_WIDTH_MISMATCH (as prefill);
- * INVALID_ARGUMENT ("sequence": not empty); ALLOCATION_FAILED (the keys).
+ * old block. The hash is keyed with the pool's secret (kvp_pool_config):
+ * nobody without it can build colliding prompts. They do not cover a
+ * next_input callback: share a prefix only between sequences stepped with
+ * the same next_input (or none). This call uses no salt: see
+ * kvp_sequence_adopt_prefix_salted.
+ * Errors: NULL_ARGUMENT ("sequence", "prompt"); INPUT_RANK,
+ * INPUT_BATCH_MISMATCH, INPUT_WIDTH_MISMATCH, INVALID_ARGUMENT ("prompt":
+ * no token), as prefill; NULL_ARGUMENT ("tokens_adopted"); INVALID_ARGUMENT
+ * ("sequence": not empty); ALLOCATION_FAILED (the keys);
+ * BLOCK_BINDING_MISMATCH (a hit page was published by a cache of another
+ * binding, through a key made elsewhere: cache.h, kvp_cache_adopt_prefix).
  * Nothing changes on failure.
  * Threads: one caller at a time per sequence (its owner); other sequences of
  * the pool may step, prefill, fork, publish or adopt at once (the lookup runs
@@ -258,6 +264,32 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_publish_prefix(kvp_sequence *seque
                                                              const kvp_tensor *prompt,
                                                              size_t *blocks_published,
                                                              kvp_error *err);
+
+/*
+ * kvp_sequence_adopt_prefix and kvp_sequence_publish_prefix under a salt
+ * (vLLM's cache_salt): every key also covers `salt` (NULL or all zero: no
+ * salt, the same keys as the unsalted calls), so blocks published under one
+ * salt are found only under that salt. Give each tenant (or each isolation
+ * domain) its own salt, secret to it and chosen at random, and no tenant can
+ * adopt another's blocks, nor time another's prompts through the prefix
+ * cache (a hit is faster than a miss): its lookups never reach them.
+ * Errors: as the unsalted calls.
+ * Threads: one caller at a time per sequence (its owner); as
+ * kvp_sequence_adopt_prefix.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_adopt_prefix_salted(kvp_sequence *sequence,
+                                                                  const kvp_tensor *prompt,
+                                                                  const kvp_block_key *salt,
+                                                                  size_t *tokens_adopted,
+                                                                  kvp_error *err);
+/* See kvp_sequence_adopt_prefix_salted.
+ * Threads: one caller at a time per sequence (its owner); as
+ * kvp_sequence_publish_prefix. */
+KVP_API KVP_NODISCARD kvp_status kvp_sequence_publish_prefix_salted(kvp_sequence *sequence,
+                                                                    const kvp_tensor *prompt,
+                                                                    const kvp_block_key *salt,
+                                                                    size_t *blocks_published,
+                                                                    kvp_error *err);
 
 /* ---- batched decoding across threads ---------------------------------- */
 

@@ -131,7 +131,9 @@ extern "C" {
     X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is not held (free or evictable): only held pages have data")             \
     X(NOT_AT_BLOCK_BOUNDARY, 57, "NotAtBlockBoundary",                                             \
       "the cache length is not a multiple of block_tokens")                                        \
-    X(PAGE_PUBLISHED, 58, "PagePublished", "the page is already published under another key")
+    X(PAGE_PUBLISHED, 58, "PagePublished", "the page is already published under another key")      \
+    X(BLOCK_BINDING_MISMATCH, 59, "BlockBindingMismatch",                                          \
+      "a published block was computed under another binding than the adopting cache's")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -189,6 +191,9 @@ typedef struct kvp_error {
     const char *what;
 
     /* OUT_OF_RANGE: index must be below limit. PAGE_NOT_HELD: index is the page.
+     * PAGE_PUBLISHED, BLOCK_BINDING_MISMATCH: index is the page, `layer` the
+     * cache within the group (the sequence's layer; 0 for one cache), and for
+     * BLOCK_BINDING_MISMATCH `position` the block's first position.
      * NONFINITE_*: flat index and the value found (NONFINITE_PROJECTION names
      * the projection, "query", "key" or "value", in `what`). */
     size_t index;

@@ -25,6 +25,8 @@
 #include "pager/error.h"
 
 #define KVPI_POOL_CONFIG_SIZE_FIRST offsetof(kvp_pool_config, slab_alloc)
+/* The release that added slab sources, before key_secret (issue 16). */
+#define KVPI_POOL_CONFIG_SIZE_SLAB offsetof(kvp_pool_config, key_secret)
 #define KVPI_POOL_STATS_SIZE_FIRST offsetof(kvp_pool_stats, slab_source)
 #define KVPI_CACHE_INFO_SIZE_FIRST sizeof(kvp_cache_info)
 #define KVPI_LAYER_INFO_SIZE_FIRST sizeof(kvp_layer_info)
@@ -32,6 +34,8 @@
 #define KVPI_PAGE_LAYOUT_SIZE_FIRST sizeof(kvp_page_layout)
 #define KVPI_SCHEDULER_CONFIG_SIZE_FIRST offsetof(kvp_scheduler_config, schedule)
 #define KVPI_REQUEST_SIZE_FIRST offsetof(kvp_request, session)
+/* The release that added sessions, before salt (issue 16). */
+#define KVPI_REQUEST_SIZE_SESSION offsetof(kvp_request, salt)
 #define KVPI_STEP_STATS_SIZE_FIRST offsetof(kvp_step_stats, retained_pages)
 #define KVPI_SCHEDULER_STATS_SIZE_FIRST offsetof(kvp_scheduler_stats, retained)
 
@@ -49,6 +53,11 @@ KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_config, KVPI_POOL_CONFIG_SIZE_FIRST);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_stats, KVPI_POOL_STATS_SIZE_FIRST);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_config, KVPI_SCHEDULER_CONFIG_SIZE_FIRST);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_config, KVPI_POOL_CONFIG_SIZE_SLAB);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_SESSION);
+_Static_assert(KVPI_POOL_CONFIG_SIZE_SLAB >= offsetof(kvp_pool_config, slab_source) +
+                                                 sizeof(kvp_slab_source),
+               "key_secret follows slab_source");
 KVPI_FIRST_RELEASE_ALIGNED(kvp_step_stats, KVPI_STEP_STATS_SIZE_FIRST);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_stats, KVPI_SCHEDULER_STATS_SIZE_FIRST);
 

@@ -182,14 +182,35 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
  *   every cache c and lane; stops at the first block with a miss (counted
  *   once in prefix_misses); shares the pages of every block before it
  *   (prefix_hits), advances len by block_tokens per block and the epochs.
- *   Returns the blocks adopted.
+ *   *adopted = the blocks adopted. BLOCK_BINDING_MISMATCH, changing
+ *   nothing (no hit or miss counted either), when a page of a hit block was
+ *   published under another binding digest than its adopter's.
  * cow_set_defer / settle / undo: a transaction's copy-on-write. settle
  *   drops the saved originals' references; undo maps the originals back,
  *   returns the copies (newest first) and marks cow again. Both end defer.
  */
 void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child);
-size_t kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count, const kvp_block_key *keys,
-                               size_t n);
+/* fork_into for `count` parents of one pool, in one hold of the lock (a sequence's layers). */
+void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children, size_t count);
+kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
+                                   const kvp_block_key *keys, size_t n, size_t *adopted,
+                                   kvp_error *err);
+/*
+ * publish_locked: kvp_cache_group_publish with the lock held and the
+ *   arguments checked: PAGE_PUBLISHED (err.layer = the cache) registering
+ *   nothing, else every page registered that is not yet and whose key names
+ *   no page, recording its cache's binding digest.
+ * prefix_probe: how many leading blocks of `keys` (each block `per_block`
+ *   keys) the index holds now, as adopt_locked would look them up, and of
+ *   their pages how many are evictable (adopting takes them from the
+ *   available pages). Changes nothing, not even the hit and miss counters;
+ *   takes the pool lock. It does not check bindings: adopt refuses a page
+ *   of another binding, which a caller keying its own blocks never meets.
+ */
+kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
+                                     const kvp_block_key *keys, size_t blocks, kvp_error *err);
+size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
+                         size_t blocks, size_t *evictable_pages);
 void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);
@@ -197,8 +218,9 @@ void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_refresh_locked(kvp_cache *cache);
 /* kvp_cache_binding_key and kvp_block_key_chain, which cannot fail here. */
 kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache);
-kvp_block_key kvpi_block_key_chain(const kvp_block_key *parent, const kvp_block_key *binding,
-                                   const void *input, size_t bytes, const kvp_block_key *context);
+kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *parent,
+                                   const kvp_block_key *binding, const void *input, size_t bytes,
+                                   const kvp_block_key *context);
 /* Copies rows [0, rows) of every head's keys and values from page `from` to `to`. */
 void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows);
 

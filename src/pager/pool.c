@@ -43,6 +43,7 @@
  */
 #include "pager/pool_internal.h"
 
+#include <sodium.h>
 #include <string.h>
 
 #include "pager/abi.h"
@@ -146,6 +147,10 @@ static kvp_status pool_config_read(const kvp_pool_config *caller, kvp_pool_confi
     KVPI_CONFIG_GROWN_(slab_ctx)
     KVPI_CONFIG_GROWN_(slab_source)
 #undef KVPI_CONFIG_GROWN_
+    if (kvpi_struct_covers(size, offsetof(kvp_pool_config, key_secret),
+                           sizeof config->key_secret)) {
+        memcpy(config->key_secret, caller->key_secret, sizeof config->key_secret);
+    }
     config->struct_size = sizeof *config;
     return KVP_OK;
 }
@@ -236,6 +241,37 @@ static kvp_status pool_geometry(const kvp_pool_config *config, kvp_slab_source *
     return KVP_OK;
 }
 
+static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
+static int sodium_ready;
+
+static void sodium_start(void)
+{
+    sodium_ready = sodium_init() >= 0;
+}
+
+/*
+ * The pool's key secret: the config's, or KVP_KEY_SECRET_BYTES random bytes
+ * when it is all zero. libsodium is initialized once per process
+ * (pthread_once: thread-safe, as pool creation is).
+ */
+static kvp_status pool_secret(const kvp_pool_config *config,
+                              unsigned char out[KVP_KEY_SECRET_BYTES], kvp_error *err)
+{
+    memcpy(out, config->key_secret, KVP_KEY_SECRET_BYTES);
+    unsigned char any = 0;
+    for (size_t i = 0; i < KVP_KEY_SECRET_BYTES; i++) {
+        any |= out[i];
+    }
+    (void)pthread_once(&sodium_once, sodium_start);
+    if (!sodium_ready) {                                            /* GCOVR_EXCL_BR_LINE */
+        return kvpi_fail_alloc(err, "key secret (sodium_init)", 0); /* GCOVR_EXCL_LINE */
+    }
+    if (any == 0) {
+        randombytes_buf(out, KVP_KEY_SECRET_BYTES);
+    }
+    return KVP_OK;
+}
+
 kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out, kvp_error *err)
 {
     if (caller_config == NULL) {
@@ -257,19 +293,25 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     if (status != KVP_OK) {
         return status;
     }
+    unsigned char secret[KVP_KEY_SECRET_BYTES];
+    status = pool_secret(config, secret, err);
+    sodium_memzero(config_copy.key_secret, sizeof config_copy.key_secret);
+    if (status != KVP_OK) {
+        return status; /* GCOVR_EXCL_LINE: sodium_init cannot fail on Linux */
+    }
 
     kvp_pool *pool = kvpi_calloc(KVPI_SITE_POOL_STRUCT, 1, sizeof *pool);
     if (pool == NULL) {
         return kvpi_fail_alloc(err, kvpi_fault_site_name(KVPI_SITE_POOL_STRUCT), sizeof *pool);
     }
     /*
-     * One allocation: the page keys, the LRU stamps, then six uint32 arrays
-     * of total entries (free stack, refcounts, audit scratch, registered, LRU
-     * links) and the index. total < 2^32, so this cannot overflow size_t on
-     * 64-bit.
+     * One allocation: the page keys and binding digests, the LRU stamps,
+     * then six uint32 arrays of total entries (free stack, refcounts, audit
+     * scratch, registered, LRU links) and the index. total < 2^32, so this
+     * cannot overflow size_t on 64-bit.
      */
     size_t slots = kvpi_prefix_slots(total);
-    size_t metadata_bytes = total * (sizeof(kvp_block_key) + sizeof(uint64_t)) +
+    size_t metadata_bytes = total * (2 * sizeof(kvp_block_key) + sizeof(uint64_t)) +
                             (6 * total + slots) * sizeof(uint32_t);
     unsigned char *metadata = kvpi_calloc(KVPI_SITE_POOL_METADATA, 1, metadata_bytes);
     if (metadata == NULL) {
@@ -303,8 +345,11 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     pool->slab = slab;
     pool->slab_from = slab_from;
     pool->metadata = metadata;
+    memcpy(pool->key_secret, secret, sizeof pool->key_secret);
+    sodium_memzero(secret, sizeof secret);
     pool->page_key = (kvp_block_key *)(void *)metadata;
-    pool->lru_stamp = (uint64_t *)(void *)(metadata + total * sizeof(kvp_block_key));
+    pool->page_binding = pool->page_key + total;
+    pool->lru_stamp = (uint64_t *)(void *)(pool->page_binding + total);
     uint32_t *words = (uint32_t *)(void *)(pool->lru_stamp + total);
     pool->free_stack = words;
     pool->refcount = words + total;
@@ -348,6 +393,7 @@ kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err)
     kvpi_track_pool_destroy(pool->slab, slab_bytes);
     kvpi_slab_free(&pool->slab_from);
     kvpi_free(pool->metadata);
+    sodium_memzero(pool->key_secret, sizeof pool->key_secret);
     kvpi_free(pool);
     return KVP_OK;
 }

@@ -96,6 +96,8 @@ struct kvp_pool {
      */
     void *metadata;        /* the one allocation every array below lives in */
     kvp_block_key *page_key; /* [total_pages] */
+    kvp_block_key *page_binding; /* [total_pages]; the binding digest a registered page was
+                                    published under (the publisher's), zero when unregistered */
     uint64_t *lru_stamp;   /* [total_pages]; lru_clock when the page last went on the LRU list */
     uint64_t lru_clock;    /* stamps handed out; the LRU list is in increasing stamp order */
     uint32_t *registered;  /* [total_pages]; 0, KVPI_PAGE_INDEXED or KVPI_PAGE_BORROWED */
@@ -111,6 +113,8 @@ struct kvp_pool {
     uint64_t prefix_misses;
     uint64_t evictions;
     uint64_t cow_copies;
+    /* The key of the prefix-index hash (share.c): the config's, or random. Never changes. */
+    unsigned char key_secret[KVP_KEY_SECRET_BYTES];
 };
 
 /* The first byte of `page`; its elements are of type pool->dtype. */
@@ -192,8 +196,12 @@ size_t kvpi_prefix_slots(size_t total);
 void kvpi_prefix_init(kvp_pool *pool);
 /* The page registered under `key` and not borrowed, or KVPI_NO_PAGE. */
 uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *key);
-/* Registers held `page` (not registered) under `key` (not in the index). */
-void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key);
+/*
+ * Registers held `page` (not registered) under `key` (not in the index),
+ * recording `binding`, the digest of the binding it was published under.
+ */
+void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                               const kvp_block_key *binding);
 /* Removes registered `page` from the index. */
 void kvpi_prefix_remove_locked(kvp_pool *pool, uint32_t page);
 /*

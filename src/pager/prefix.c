@@ -2,13 +2,19 @@
  * prefix.c: the pool's prefix index and its LRU list of evictable pages.
  *
  * Owns: pool->index (open addressing, linear probing, backward-shift
- * deletion, so there are no tombstones), page_key[] and registered[] of each
- * page, and the doubly linked LRU list through lru_prev[] / lru_next[].
+ * deletion, so there are no tombstones), page_key[], page_binding[] and
+ * registered[] of each page, and the doubly linked LRU list through
+ * lru_prev[] / lru_next[].
  *
  * Invariants (I5 in DESIGN.md; kvpi_prefix_audit_locked recomputes them):
  *   - an index slot holds KVPI_NO_PAGE or a registered page p, and p is found
  *     by probing from the home slot of page_key[p] without crossing an empty
- *     slot; each registered page is in exactly one slot; cached == entries;
+ *     slot; each registered page is in exactly one slot, and no two slots
+ *     hold the same key unless one of them is borrowed (a page published
+ *     under a borrowed page's key wins it when the borrowed one comes back);
+ *     cached == entries;
+ *   - page_binding[p] (the publisher's binding digest, never zero) is set
+ *     exactly while p is registered (indexed or borrowed);
  *   - the LRU list holds exactly the indexed (not borrowed) pages with
  *     refcount 0, once each, oldest at lru_head, in increasing lru_stamp;
  *     evictable == its length;
@@ -75,7 +81,8 @@ uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *ke
     }
 }
 
-void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key)
+void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                               const kvp_block_key *binding)
 {
     size_t mask = pool->index_slots - 1;
     size_t i = home_slot(pool, key);
@@ -84,6 +91,7 @@ void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_ke
     }
     pool->index[i] = page;
     pool->page_key[page] = *key;
+    pool->page_binding[page] = *binding;
     pool->registered[page] = KVPI_PAGE_INDEXED;
     pool->cached++;
 }
@@ -109,6 +117,7 @@ void kvpi_prefix_remove_locked(kvp_pool *pool, uint32_t page)
     pool->index[hole] = KVPI_NO_PAGE;
     pool->registered[page] = 0;
     memset(&pool->page_key[page], 0, sizeof pool->page_key[page]);
+    memset(&pool->page_binding[page], 0, sizeof pool->page_binding[page]);
     pool->cached--;
 }
 
@@ -229,12 +238,22 @@ static void audit_index(const kvp_pool *pool, kvpi_audit *audit)
                               page, SIZE_MAX, 1, 0);
             continue;
         }
-        /* Reachable: no empty slot between the key's home slot and i. */
+        /*
+         * Reachable: no empty slot between the key's home slot and i; indexed
+         * once (a borrowed page's key may be held by a page published meanwhile).
+         */
+        int borrowed = pool->registered[page] == KVPI_PAGE_BORROWED;
         size_t j = home_slot(pool, &pool->page_key[page]);
         while (j != i && pool->index[j] != KVPI_NO_PAGE) {
+            uint32_t other = pool->index[j];
+            if (other < pool->total_pages && !borrowed &&
+                pool->registered[other] != KVPI_PAGE_BORROWED &&
+                key_equal(&pool->page_key[other], &pool->page_key[page])) {
+                kvpi_audit_report(audit, KVP_INVARIANT_PREFIX, "a key is indexed once", page,
+                                  SIZE_MAX, j, i);
+            }
             j = (j + 1) & mask;
         }
-        int borrowed = pool->registered[page] == KVPI_PAGE_BORROWED;
         if (borrowed && pool->refcount[page] != 1) {
             kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
                               "a borrowed page is held by its reservation alone", page,
@@ -248,9 +267,16 @@ static void audit_index(const kvp_pool *pool, kvpi_audit *audit)
                               j);
         }
     }
+    static const kvp_block_key zero = {0, 0};
     size_t registered = 0;
     for (size_t p = 0; p < pool->total_pages; p++) {
         registered += pool->registered[p] != 0;
+        if ((pool->registered[p] != 0) == key_equal(&pool->page_binding[p], &zero)) {
+            kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
+                              "a page records a binding digest exactly while registered", p,
+                              SIZE_MAX, pool->registered[p] != 0,
+                              !key_equal(&pool->page_binding[p], &zero));
+        }
         if (pool->registered[p] && pool->refcount[p] == 0 && pool->lru_prev[p] == KVPI_NO_PAGE &&
             pool->lru_head != p) {
             kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,

@@ -2,9 +2,11 @@
  * share.c: pages shared between caches (kvpager/cache.h "Sharing").
  *
  * Owns: fork, truncate, copy-on-write marks, the chain keys of the prefix
- * index (a 128-bit MurmurHash3 x64 stream over the binding digest, the
- * parent key, an optional context and the block's input bytes), publishing
- * full blocks and adopting published prefixes.
+ * index (a 128-bit BLAKE2b stream keyed with the pool's secret, over the
+ * binding digest, the parent key, an optional context and the block's
+ * input bytes), publishing full blocks and adopting published prefixes,
+ * for one cache or a group of caches (a sequence's layers) in one hold of
+ * the pool lock: publish and adopt exist only here.
  *
  * Invariants (with pool.c and prefix.c; I5 in DESIGN.md):
  *   - a page's refcount counts every table slot naming it, across caches;
@@ -16,13 +18,19 @@
  *   - a chain key covers the cache's binding digest (parameter identities
  *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens)
  *     by construction: no caller can build a key without one, so a revision
- *     bump or a RoPE change makes every older key unreachable.
+ *     bump or a RoPE change makes every older key unreachable;
+ *   - a registered page records the binding digest of the cache that
+ *     published it, and is adopted only into caches of that digest, whatever
+ *     key a caller built (BLOCK_BINDING_MISMATCH otherwise, nothing changed);
+ *   - a group adopts block j in every cache or in none, and a group publish
+ *     refused for one page registers none.
  * Everything that changes reference state runs under the pool lock.
- * Callers: the public API, src/serve (sequences fork, truncate and adopt
- * every layer at once).
+ * Callers: the public API, src/serve (sequences and the scheduler fork,
+ * truncate, probe, adopt and publish every layer at once).
  */
 #include "pager/cache_internal.h"
 
+#include <sodium.h>
 #include <string.h>
 
 #include "pager/error.h"
@@ -126,6 +134,16 @@ void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child)
     }
 }
 
+void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children, size_t count)
+{
+    kvp_pool *pool = parents[0]->pool;
+    kvpi_pool_lock(pool);
+    for (size_t c = 0; c < count; c++) {
+        kvpi_cache_fork_into_locked(parents[c], children[c]);
+    }
+    kvpi_pool_unlock(pool);
+}
+
 kvp_status kvp_cache_fork(kvp_cache *parent, kvp_cache **child, kvp_error *err)
 {
     if (parent == NULL) {
@@ -178,96 +196,26 @@ kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new_len, kvp_error *err)
 
 /* ---- chain keys ---------------------------------------------------------- */
 
-/* MurmurHash3 x64 128 (Austin Appleby, public domain), fed as a stream. */
+/*
+ * Keyed BLAKE2b (libsodium's crypto_generichash), 16-byte output, fed as a
+ * stream, keyed with the pool's secret: nobody without the secret can
+ * choose inputs whose keys collide, or tell from a key what was hashed.
+ * (bench/keys.c measures it against the MurmurHash3 it replaced.)
+ */
 typedef struct hash128 {
-    uint64_t h1;
-    uint64_t h2;
-    unsigned char tail[16];
-    size_t tail_len;
-    uint64_t total;
+    crypto_generichash_state state;
 } hash128;
 
-static uint64_t rotl64(uint64_t x, int r)
+static void hash_init(hash128 *h, const kvp_pool *pool)
 {
-    return (x << r) | (x >> (64 - r));
-}
-
-static uint64_t fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
-}
-
-static const uint64_t murmur_c1 = 0x87c37b91114253d5ull;
-static const uint64_t murmur_c2 = 0x4cf5ad432745937full;
-
-/* Eight bytes read little-endian, whatever the host (one load on x86-64). */
-static uint64_t load64(const unsigned char *p)
-{
-    uint64_t v = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(&v, p, sizeof v);
-#else
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-#endif
-    return v;
-}
-
-static void hash_block(hash128 *h, const unsigned char *p)
-{
-    uint64_t k1 = load64(p);
-    uint64_t k2 = load64(p + 8);
-    k1 *= murmur_c1;
-    k1 = rotl64(k1, 31);
-    k1 *= murmur_c2;
-    h->h1 ^= k1;
-    h->h1 = rotl64(h->h1, 27);
-    h->h1 += h->h2;
-    h->h1 = h->h1 * 5 + 0x52dce729;
-    k2 *= murmur_c2;
-    k2 = rotl64(k2, 33);
-    k2 *= murmur_c1;
-    h->h2 ^= k2;
-    h->h2 = rotl64(h->h2, 31);
-    h->h2 += h->h1;
-    h->h2 = h->h2 * 5 + 0x38495ab5;
-}
-
-static void hash_init(hash128 *h)
-{
-    memset(h, 0, sizeof *h);
-    h->h1 = 0x6b7670616765722dull; /* "kvpager-" */
-    h->h2 = 0x626c6f636b2d7631ull; /* "block-v1" */
+    /* Cannot fail with these lengths (16 <= out <= 64, key <= 64 bytes). */
+    (void)crypto_generichash_init(&h->state, pool->key_secret, sizeof pool->key_secret,
+                                  sizeof(kvp_block_key));
 }
 
 static void hash_bytes(hash128 *h, const void *data, size_t n)
 {
-    const unsigned char *p = data;
-    h->total += n;
-    if (h->tail_len != 0) {
-        /* Complete the pending block first: blocks are cut by the total so far. */
-        size_t take = 16 - h->tail_len < n ? 16 - h->tail_len : n;
-        memcpy(h->tail + h->tail_len, p, take);
-        h->tail_len += take;
-        p += take;
-        n -= take;
-        if (h->tail_len < 16) {
-            return;
-        }
-        hash_block(h, h->tail);
-        h->tail_len = 0;
-    }
-    for (; n >= 16; p += 16, n -= 16) {
-        hash_block(h, p); /* straight from the input: no copy through the tail */
-    }
-    memcpy(h->tail, p, n);
-    h->tail_len = n;
+    (void)crypto_generichash_update(&h->state, data, n);
 }
 
 static void hash_u64(hash128 *h, uint64_t v)
@@ -279,29 +227,21 @@ static void hash_u64(hash128 *h, uint64_t v)
     hash_bytes(h, b, sizeof b);
 }
 
+/* Eight bytes read little-endian, whatever the host. */
+static uint64_t load64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
 static kvp_block_key hash_final(hash128 *h)
 {
-    unsigned char last[16] = {0};
-    memcpy(last, h->tail, h->tail_len);
-    uint64_t k1 = load64(last);
-    uint64_t k2 = load64(last + 8);
-    k2 *= murmur_c2;
-    k2 = rotl64(k2, 33);
-    k2 *= murmur_c1;
-    h->h2 ^= k2;
-    k1 *= murmur_c1;
-    k1 = rotl64(k1, 31);
-    k1 *= murmur_c2;
-    h->h1 ^= k1;
-    h->h1 ^= h->total;
-    h->h2 ^= h->total;
-    h->h1 += h->h2;
-    h->h2 += h->h1;
-    h->h1 = fmix64(h->h1);
-    h->h2 = fmix64(h->h2);
-    h->h1 += h->h2;
-    h->h2 += h->h1;
-    kvp_block_key key = {h->h1, h->h2};
+    unsigned char out[sizeof(kvp_block_key)];
+    (void)crypto_generichash_final(&h->state, out, sizeof out);
+    kvp_block_key key = {load64(out), load64(out + 8)};
     if (key.lo == 0 && key.hi == 0) {
         key.lo = 1; /* the zero key is never produced */
     }
@@ -319,7 +259,7 @@ kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache)
 {
     const kvp_binding *b = &cache->binding;
     hash128 h;
-    hash_init(&h);
+    hash_init(&h, cache->pool);
     hash_u64(&h, 0x62696e64696e67ull); /* "binding" */
     hash_u64(&h, b->model_width);
     hash_u64(&h, b->heads);
@@ -365,15 +305,16 @@ kvp_status kvp_block_key_chain(const kvp_block_key *parent, const kvp_cache *cac
         return kvpi_fail_null(err, "out");
     }
     kvp_block_key binding = kvpi_cache_binding_key(cache);
-    *out = kvpi_block_key_chain(parent, &binding, input, bytes, context);
+    *out = kvpi_block_key_chain(cache->pool, parent, &binding, input, bytes, context);
     return KVP_OK;
 }
 
-kvp_block_key kvpi_block_key_chain(const kvp_block_key *parent, const kvp_block_key *binding,
-                                   const void *input, size_t bytes, const kvp_block_key *context)
+kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *parent,
+                                   const kvp_block_key *binding, const void *input, size_t bytes,
+                                   const kvp_block_key *context)
 {
     hash128 h;
-    hash_init(&h);
+    hash_init(&h, pool);
     hash_key(&h, binding);
     hash_u64(&h, parent != NULL);
     if (parent != NULL) {
@@ -391,6 +332,67 @@ kvp_block_key kvpi_block_key_chain(const kvp_block_key *parent, const kvp_block_
 }
 
 /* ---- publish and adopt ------------------------------------------------------ */
+
+/*
+ * Keys of a group: keys[(j * count + c) * batch + lane] is block j (past the
+ * caches' common length for adopt, from block 0 for publish) of cache c,
+ * lane `lane`. Publish and adopt exist once, here: kvp_cache_publish_block
+ * is a group of one page, the sequence (src/serve) calls the group.
+ */
+
+static int key_equal(const kvp_block_key *a, const kvp_block_key *b)
+{
+    return a->lo == b->lo && a->hi == b->hi;
+}
+
+/* PAGE_PUBLISHED when `page` is registered under another key than `key`. */
+static kvp_status publish_check_locked(const kvp_pool *pool, uint32_t page,
+                                       const kvp_block_key *key, size_t which, kvp_error *err)
+{
+    if (pool->registered[page] && !key_equal(&pool->page_key[page], key)) {
+        kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
+        e.index = page;
+        e.layer = which;
+        return kvpi_error_emit(err, &e);
+    }
+    return KVP_OK;
+}
+
+/* Registers `page` under `key` unless it is registered or the key names another page. */
+static void publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                                  const kvp_block_key *binding)
+{
+    if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
+        kvpi_prefix_insert_locked(pool, page, key, binding);
+    }
+}
+
+kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
+                                     const kvp_block_key *keys, size_t blocks, kvp_error *err)
+{
+    kvp_pool *pool = caches[0]->pool;
+    size_t batch = caches[0]->batch_size;
+    /* First pass: refuse before registering anything. */
+    for (size_t i = 0; i < blocks * count * batch; i++) {
+        size_t c = (i / batch) % count;
+        uint32_t page = kvpi_cache_lane_table(caches[c], i % batch)[i / (count * batch)];
+        kvp_status status = publish_check_locked(pool, page, &keys[i], c, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    for (size_t c = 0; c < count; c++) {
+        kvp_block_key binding = kvpi_cache_binding_key(caches[c]);
+        for (size_t j = 0; j < blocks; j++) {
+            for (size_t lane = 0; lane < batch; lane++) {
+                uint32_t page = kvpi_cache_lane_table(caches[c], lane)[j];
+                publish_insert_locked(pool, page, &keys[(j * count + c) * batch + lane],
+                                      &binding);
+            }
+        }
+    }
+    return KVP_OK;
+}
 
 kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
                                    const kvp_block_key *key, kvp_error *err)
@@ -410,69 +412,150 @@ kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
     }
     kvp_pool *pool = cache->pool;
     uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
-    kvp_status status = KVP_OK;
+    kvp_block_key binding = kvpi_cache_binding_key(cache);
     kvpi_pool_lock(pool);
-    if (pool->registered[page]) {
-        const kvp_block_key *had = &pool->page_key[page];
-        if (had->lo != key->lo || had->hi != key->hi) {
-            kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
-            e.index = page;
-            status = kvpi_error_emit(err, &e);
-        }
-    } else if (kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
-        kvpi_prefix_insert_locked(pool, page, key);
+    kvp_status status = publish_check_locked(pool, page, key, 0, err);
+    if (status == KVP_OK) {
+        publish_insert_locked(pool, page, key, &binding);
     }
     kvpi_pool_unlock(pool);
     return status;
 }
 
-size_t kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count, const kvp_block_key *keys,
-                               size_t n)
+/*
+ * The leading blocks of `keys` (per_block keys each, at most n) whose every
+ * key the index holds, and how many of their pages are evictable.
+ */
+static size_t group_hits_locked(const kvp_pool *pool, const kvp_block_key *keys,
+                                size_t per_block, size_t n, size_t *evictable)
+{
+    size_t found = 0;
+    size_t idle_pages = 0;
+    for (; found < n; found++) {
+        const kvp_block_key *row = keys + found * per_block;
+        size_t idle = 0;
+        for (size_t i = 0; i < per_block; i++) {
+            uint32_t page = kvpi_prefix_lookup_locked(pool, &row[i]);
+            if (page == KVPI_NO_PAGE) {
+                *evictable = idle_pages;
+                return found;
+            }
+            idle += pool->refcount[page] == 0;
+        }
+        idle_pages += idle;
+    }
+    *evictable = idle_pages;
+    return found;
+}
+
+size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
+                         size_t blocks, size_t *evictable_pages)
+{
+    kvpi_pool_lock(pool);
+    size_t found = group_hits_locked(pool, keys, per_block, blocks, evictable_pages);
+    kvpi_pool_unlock(pool);
+    return found;
+}
+
+/*
+ * BLOCK_BINDING_MISMATCH for the first page of the `blocks` hit blocks that
+ * was published under another binding digest than its adopter's.
+ */
+static kvp_status group_check_bindings_locked(const kvp_cache *const *caches, size_t count,
+                                              const kvp_block_key *keys, size_t blocks,
+                                              kvp_error *err)
+{
+    const kvp_pool *pool = caches[0]->pool;
+    size_t batch = caches[0]->batch_size;
+    size_t first = caches[0]->len / caches[0]->block_tokens;
+    for (size_t c = 0; c < count; c++) {
+        kvp_block_key mine = kvpi_cache_binding_key(caches[c]);
+        for (size_t j = 0; j < blocks; j++) {
+            for (size_t lane = 0; lane < batch; lane++) {
+                uint32_t page =
+                    kvpi_prefix_lookup_locked(pool, &keys[(j * count + c) * batch + lane]);
+                if (!key_equal(&pool->page_binding[page], &mine)) {
+                    kvp_error e = kvpi_error_begin(KVP_BLOCK_BINDING_MISMATCH);
+                    e.index = page;
+                    e.layer = c;
+                    e.position = (first + j) * caches[c]->block_tokens;
+                    return kvpi_error_emit(err, &e);
+                }
+            }
+        }
+    }
+    return KVP_OK;
+}
+
+kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
+                                   const kvp_block_key *keys, size_t n, size_t *adopted,
+                                   kvp_error *err)
 {
     kvp_pool *pool = caches[0]->pool;
     size_t batch = caches[0]->batch_size;
     size_t first = caches[0]->len / caches[0]->block_tokens;
-    size_t adopted = 0;
-    for (; adopted < n; adopted++) {
-        const kvp_block_key *row = keys + adopted * count * batch;
-        int hit = 1;
-        for (size_t i = 0; i < count * batch && hit; i++) {
-            hit = kvpi_prefix_lookup_locked(pool, &row[i]) != KVPI_NO_PAGE;
-        }
-        if (!hit) {
-            pool->prefix_misses++;
-            break;
-        }
+    size_t evictable = 0;
+    size_t hits = group_hits_locked(pool, keys, count * batch, n, &evictable);
+    kvp_status status =
+        group_check_bindings_locked((const kvp_cache *const *)caches, count, keys, hits, err);
+    if (status != KVP_OK) {
+        return status; /* nothing mapped, no hit or miss counted */
+    }
+    for (size_t j = 0; j < hits; j++) {
+        const kvp_block_key *row = keys + j * count * batch;
         for (size_t c = 0; c < count; c++) {
             for (size_t lane = 0; lane < batch; lane++) {
                 uint32_t page = kvpi_prefix_lookup_locked(pool, &row[c * batch + lane]);
                 kvpi_pool_ref_locked(pool, page);
-                caches[c]->tables[lane * caches[c]->blocks_per_lane + first + adopted] = page;
+                caches[c]->tables[lane * caches[c]->blocks_per_lane + first + j] = page;
             }
         }
-        pool->prefix_hits += count * batch;
     }
-    if (adopted != 0) {
+    pool->prefix_hits += hits * count * batch;
+    pool->prefix_misses += hits < n;
+    if (hits != 0) {
         for (size_t c = 0; c < count; c++) {
-            caches[c]->len += adopted * caches[c]->block_tokens;
+            caches[c]->len += hits * caches[c]->block_tokens;
             caches[c]->epoch++;
         }
     }
-    return adopted;
+    *adopted = hits;
+    return KVP_OK;
 }
 
-kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, size_t n,
-                                  size_t *adopted, kvp_error *err)
+/* ---- the public group calls ----------------------------------------------- */
+
+/*
+ * A group's own checks: NULL_ARGUMENT ("caches"), INVALID_ARGUMENT ("count"
+ * zero; "caches": not one pool, batch, block size and length).
+ */
+static kvp_status group_check(const kvp_cache *const *caches, size_t count, kvp_error *err)
 {
-    if (cache == NULL) {
-        return kvpi_fail_null(err, "cache");
+    if (caches == NULL) {
+        return kvpi_fail_null(err, "caches");
     }
-    if (keys == NULL && n != 0) {
-        return kvpi_fail_null(err, "keys");
+    if (count == 0) {
+        return kvpi_fail_invalid(err, "count", "a group needs at least one cache");
     }
-    if (adopted == NULL) {
-        return kvpi_fail_null(err, "adopted");
+    for (size_t c = 0; c < count; c++) {
+        if (caches[c] == NULL) {
+            return kvpi_fail_null(err, "caches");
+        }
     }
+    const kvp_cache *a = caches[0];
+    for (size_t c = 1; c < count; c++) {
+        const kvp_cache *b = caches[c];
+        if (b->pool != a->pool || b->batch_size != a->batch_size || b->len != a->len) {
+            return kvpi_fail_invalid(err, "caches",
+                                     "must share one pool, batch size and length");
+        }
+    }
+    return KVP_OK;
+}
+
+/* The adopt-side checks of every cache: ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY. */
+static kvp_status adopt_check(const kvp_cache *cache, kvp_error *err)
+{
     if (cache->reserved_rows != 0) {
         kvp_error e = kvpi_error_begin(KVP_ROWS_RESERVED);
         e.tokens = cache->reserved_rows;
@@ -484,11 +567,108 @@ kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, s
         e.block_tokens = cache->block_tokens;
         return kvpi_error_emit(err, &e);
     }
-    size_t room = (cache->capacity - cache->len) / cache->block_tokens;
-    size_t blocks = n < room ? n : room;
-    kvpi_pool_lock(cache->pool);
-    size_t got = kvpi_cache_adopt_locked(&cache, 1, keys, blocks);
-    kvpi_pool_unlock(cache->pool);
-    *adopted = got;
     return KVP_OK;
+}
+
+/* The blocks every cache of the group still has room for, at most n. */
+static size_t group_room(const kvp_cache *const *caches, size_t count, size_t n)
+{
+    for (size_t c = 0; c < count; c++) {
+        size_t room = (caches[c]->capacity - caches[c]->len) / caches[c]->block_tokens;
+        n = room < n ? room : n;
+    }
+    return n;
+}
+
+kvp_status kvp_cache_group_probe(const kvp_cache *const *caches, size_t count,
+                                 const kvp_block_key *keys, size_t n, size_t *blocks,
+                                 size_t *evictable_pages, kvp_error *err)
+{
+    kvp_status status = group_check(caches, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (keys == NULL && n != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    if (blocks == NULL) {
+        return kvpi_fail_null(err, "blocks");
+    }
+    n = group_room(caches, count, n);
+    kvp_pool *pool = caches[0]->pool;
+    size_t evictable = 0;
+    kvpi_pool_lock(pool);
+    size_t hits = group_hits_locked(pool, keys, count * caches[0]->batch_size, n, &evictable);
+    status = group_check_bindings_locked(caches, count, keys, hits, err);
+    kvpi_pool_unlock(pool);
+    if (status == KVP_OK) {
+        *blocks = hits;
+        if (evictable_pages != NULL) {
+            *evictable_pages = evictable;
+        }
+    }
+    return status;
+}
+
+kvp_status kvp_cache_group_adopt(kvp_cache *const *caches, size_t count,
+                                 const kvp_block_key *keys, size_t n, size_t *adopted,
+                                 kvp_error *err)
+{
+    kvp_status status = group_check((const kvp_cache *const *)caches, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (keys == NULL && n != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    if (adopted == NULL) {
+        return kvpi_fail_null(err, "adopted");
+    }
+    for (size_t c = 0; c < count; c++) {
+        status = adopt_check(caches[c], err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    n = group_room((const kvp_cache *const *)caches, count, n);
+    size_t got = 0;
+    kvpi_pool_lock(caches[0]->pool);
+    status = kvpi_cache_adopt_locked(caches, count, keys, n, &got, err);
+    kvpi_pool_unlock(caches[0]->pool);
+    if (status == KVP_OK) {
+        *adopted = got;
+    }
+    return status;
+}
+
+kvp_status kvp_cache_group_publish(kvp_cache *const *caches, size_t count,
+                                   const kvp_block_key *keys, size_t blocks, kvp_error *err)
+{
+    kvp_status status = group_check((const kvp_cache *const *)caches, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (keys == NULL && blocks != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    size_t full = caches[0]->len / caches[0]->block_tokens;
+    if (blocks > full) {
+        return kvpi_fail_out_of_range(err, "blocks", blocks, full + 1);
+    }
+    if (blocks == 0) {
+        return KVP_OK;
+    }
+    kvpi_pool_lock(caches[0]->pool);
+    status = kvpi_cache_publish_locked(caches, count, keys, blocks, err);
+    kvpi_pool_unlock(caches[0]->pool);
+    return status;
+}
+
+kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, size_t n,
+                                  size_t *adopted, kvp_error *err)
+{
+    if (cache == NULL) {
+        return kvpi_fail_null(err, "cache");
+    }
+    return kvp_cache_group_adopt(&cache, 1, keys, n, adopted, err);
 }

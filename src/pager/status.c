@@ -506,6 +506,13 @@ static void sink_error(text_sink *sink, const kvp_error *e)
     case KVP_PAGE_PUBLISHED:
         sink_printf(sink, "page %zu is already published under another key", e->index);
         return;
+    case KVP_BLOCK_BINDING_MISMATCH:
+        sink_printf(sink,
+                    "page %zu was published under another binding than the adopting cache's "
+                    "(cache %zu of the group, position %zu): its rows were not computed by "
+                    "this cache's layer",
+                    e->index, e->layer, e->position);
+        return;
     case KVP_STATUS_COUNT_:
         break;
     }

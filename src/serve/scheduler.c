@@ -1149,8 +1149,8 @@ static kvp_status rank_window(kvp_scheduler *s, plan *p, kvp_error *err)
         }
         if (!unpark_keys(s, id, s->keys, key_count)) {
             fill_request(s, id, s->rows);
-            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, s->rows, q->prompt_tokens,
-                             s->width, key_blocks, s->keys);
+            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, s->rows,
+                             q->prompt_tokens, s->width, key_blocks, s->keys);
             park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
         }
         size_t evictable;
@@ -1264,8 +1264,8 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             if (!unpark_keys(s, id, k, key_count)) {
                 fill_request(s, id, at);
                 filled = 1;
-                kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, at, q->prompt_tokens,
-                                 s->width, key_blocks, k);
+                kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, at,
+                                 q->prompt_tokens, s->width, key_blocks, k);
             }
             hits = kvpi_prefix_probe(s->pool, k, s->layers, adoptable, &evictable);
         }
@@ -1554,11 +1554,13 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
         pl->adopted = 0;
         if (pl->key_blocks != 0) {
             size_t adoptable = (prompt - 1) / bt;
-            kvpi_pool_lock(s->pool);
-            size_t blocks = kvpi_cache_adopt_locked(
-                lease_caches(l0), s->layers, s->keys + pl->keys,
-                adoptable < pl->key_blocks ? adoptable : pl->key_blocks);
-            kvpi_pool_unlock(s->pool);
+            size_t blocks = 0;
+            /* A page published under another binding (a forged key) is no hit: adopt nothing. */
+            if (kvp_cache_group_adopt(lease_caches(l0), s->layers, s->keys + pl->keys,
+                                      adoptable < pl->key_blocks ? adoptable : pl->key_blocks,
+                                      &blocks, NULL) != KVP_OK) {
+                blocks = 0;
+            }
             pl->adopted = blocks * bt;
         }
         /*
@@ -1657,15 +1659,14 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
             continue;
         }
         kvp_cache *const *parent = lease_caches(&s->running[here].lease);
-        kvpi_pool_lock(s->pool);
         if (pl->key_blocks != 0) {
             /* Fresh pages, or pages registered under these very keys: cannot be refused. */
-            kvp_status status =
-                kvpi_prefix_publish_locked(parent, s->layers, s->keys + pl->keys, pl->key_blocks,
-                                           NULL);
+            kvp_status status = kvp_cache_group_publish(parent, s->layers, s->keys + pl->keys,
+                                                        pl->key_blocks, NULL);
             assert(status == KVP_OK);
             (void)status;
         }
+        kvpi_pool_lock(s->pool);
         for (size_t k = 1; k < n; k++) {
             kvp_cache *const *child = lease_caches(&s->running[here + k].lease);
             for (size_t l = 0; l < s->layers; l++) {
@@ -1860,13 +1861,11 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
         assert(lease_len(&r->lease) == len);
         kvp_cache *const *caches = lease_caches(&r->lease);
         fill_rows(s, id, r->sample, prompt, len, s->rows + prompt * s->width);
-        kvpi_prompt_keys_from(caches, s->layers, s->rows, len, s->width,
+        kvpi_prompt_keys_from(caches, s->layers, &q->salt, s->rows, len, s->width,
                               prompt_keyed ? from : 0, blocks, s->keys);
         prompt_keyed = 1;
-        kvpi_pool_lock(s->pool);
         /* The prompt's pages are registered under these very keys, the rest are fresh. */
-        kvp_status status = kvpi_prefix_publish_locked(caches, s->layers, s->keys, blocks, NULL);
-        kvpi_pool_unlock(s->pool);
+        kvp_status status = kvp_cache_group_publish(caches, s->layers, s->keys, blocks, NULL);
         assert(status == KVP_OK);
         (void)status;
     }

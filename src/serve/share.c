@@ -3,19 +3,22 @@
  * fork, truncate, and the prefix cache of prompts.
  *
  * Owns nothing of its own: every call works on all the sequence's layer
- * caches at once, through the pager's sharing (src/pager/share.c), in one
- * hold of the pool lock, so the layers stay the same length (the sequence
- * invariant) and other threads see either all of a change or none of it.
+ * caches at once, through the pager's group calls (src/pager/share.c: fork
+ * and truncate of many caches, kvp_cache_group_adopt and _publish), each in
+ * one hold of the pool lock, so the layers stay the same length (the
+ * sequence invariant) and other threads see either all of a change or none
+ * of it. It reads no pool field and takes no lock itself.
  *
  * Prompt keys: block j of lane b of layer l is keyed by the chain
  *   key[j][l][b] = chain(key[j-1][l][b], digest of layer l and its index l,
- *                        prompt rows of lane b, block j, context)
- * where context digests every layer's binding (kvp_cache_binding_key), so a
- * layer's K/V are found only under the exact model (identities, revisions,
- * RoPE, geometry, dtype) and prompt prefix that produced them.
- * The key, probe and publish helpers (share_internal.h) serve the
- * scheduler too, so the blocks it publishes are the ones sequences adopt;
- * it also keys the blocks a request decoded, by the same chain over their
+ *                        input[j][b], context)
+ *   input[j][b]  = chain(context, prompt rows of lane b, block j)
+ * where context digests every layer's binding (kvp_cache_binding_key) and
+ * the salt, so a layer's K/V are found only under the exact model
+ * (identities, revisions, RoPE, geometry, dtype), salt and prompt prefix
+ * that produced them; every chain is keyed with the pool's secret.
+ * The key helpers (share_internal.h) serve the scheduler too, so the blocks
+ * it publishes are the ones sequences adopt; it also keys the blocks a request decoded, by the same chain over their
  * input rows, so a later prompt holding prompt and reply adopts them.
  * Callers: the public API; src/serve (share_internal.h).
  */
@@ -42,11 +45,7 @@ kvp_status kvp_sequence_fork(kvp_sequence *parent, kvp_sequence **child, kvp_err
     if (status != KVP_OK) {
         return status; /* the partial child was destroyed by create: nothing changed */
     }
-    kvpi_pool_lock(parent->pool);
-    for (size_t l = 0; l < parent->layers; l++) {
-        kvpi_cache_fork_into_locked(parent->caches[l], made->caches[l]);
-    }
-    kvpi_pool_unlock(parent->pool);
+    kvpi_cache_fork_many(parent->caches, made->caches, parent->layers);
     *child = made;
     return KVP_OK;
 }
@@ -66,9 +65,7 @@ kvp_status kvp_sequence_truncate(kvp_sequence *sequence, size_t new_len, kvp_err
     for (size_t l = 0; l < sequence->layers; l++) {
         (void)kvp_ticket_discard(sequence->tickets[l], NULL);
     }
-    kvpi_pool_lock(sequence->pool);
-    kvpi_cache_truncate_many_locked(sequence->caches, sequence->layers, new_len);
-    kvpi_pool_unlock(sequence->pool);
+    kvpi_cache_truncate_many(sequence->caches, sequence->layers, new_len);
     return KVP_OK;
 }
 
@@ -93,24 +90,33 @@ size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks)
     return blocks * per_block + layers;
 }
 
-void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *rows,
-                      size_t tokens, size_t width, size_t blocks, kvp_block_key *keys)
+void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                      const double *rows, size_t tokens, size_t width, size_t blocks,
+                      kvp_block_key *keys)
 {
-    kvpi_prompt_keys_from(caches, layers, rows, tokens, width, 0, blocks, keys);
+    kvpi_prompt_keys_from(caches, layers, salt, rows, tokens, width, 0, blocks, keys);
 }
 
-void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double *rows,
-                           size_t tokens, size_t width, size_t from, size_t blocks,
-                           kvp_block_key *keys)
+static int salted(const kvp_block_key *salt)
 {
+    return salt != NULL && (salt->lo != 0 || salt->hi != 0);
+}
+
+void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                           const double *rows, size_t tokens, size_t width, size_t from,
+                           size_t blocks, kvp_block_key *keys)
+{
+    const kvp_pool *pool = caches[0]->pool;
     size_t batch = caches[0]->batch_size;
     size_t count = blocks * layers * batch;
     kvp_block_key *bindings = keys + count; /* each layer's binding digest */
     for (size_t l = 0; l < layers; l++) {
         bindings[l] = kvpi_cache_binding_key(caches[l]);
     }
-    kvp_block_key context =
-        kvpi_block_key_chain(NULL, &bindings[0], bindings, layers * sizeof *bindings, NULL);
+    /* Every layer's binding, and the salt: tenants with other salts share nothing. */
+    kvp_block_key context = kvpi_block_key_chain(pool, NULL, &bindings[0], bindings,
+                                                 layers * sizeof *bindings,
+                                                 salted(salt) ? salt : NULL);
     /*
      * Each layer's digest with its index: layers may share parameters (and
      * external caches one identity), so equal digests must still give
@@ -118,50 +124,29 @@ void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double
      */
     for (size_t l = 0; l < layers; l++) {
         uint64_t index = l;
-        bindings[l] = kvpi_block_key_chain(NULL, &bindings[l], &index, sizeof index, NULL);
+        bindings[l] = kvpi_block_key_chain(pool, NULL, &bindings[l], &index, sizeof index, NULL);
     }
     size_t bt = caches[0]->block_tokens;
     for (size_t j = from; j < blocks; j++) {
-        for (size_t l = 0; l < layers; l++) {
-            for (size_t b = 0; b < batch; b++) {
-                const double *block = rows + (b * tokens + j * bt) * width;
+        for (size_t b = 0; b < batch; b++) {
+            /* The rows are hashed once, not once per layer: each layer chains their digest. */
+            const double *block = rows + (b * tokens + j * bt) * width;
+            kvp_block_key input = kvpi_block_key_chain(pool, NULL, &context, block,
+                                                       bt * width * sizeof *block, NULL);
+            for (size_t l = 0; l < layers; l++) {
                 const kvp_block_key *parent =
                     j == 0 ? NULL : &keys[((j - 1) * layers + l) * batch + b];
                 keys[(j * layers + l) * batch + b] = kvpi_block_key_chain(
-                    parent, &bindings[l], block, bt * width * sizeof *block, &context);
+                    pool, parent, &bindings[l], &input, sizeof input, &context);
             }
         }
     }
 }
 
-size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
-                         size_t blocks, size_t *evictable_pages)
-{
-    size_t found = 0;
-    size_t evictable = 0;
-    kvpi_pool_lock(pool);
-    for (; found < blocks; found++) {
-        const kvp_block_key *row = keys + found * per_block;
-        size_t idle = 0;
-        int hit = 1;
-        for (size_t i = 0; i < per_block && hit; i++) {
-            uint32_t page = kvpi_prefix_lookup_locked(pool, &row[i]);
-            hit = page != KVPI_NO_PAGE;
-            idle += hit && pool->refcount[page] == 0;
-        }
-        if (!hit) {
-            break;
-        }
-        evictable += idle;
-    }
-    kvpi_pool_unlock(pool);
-    *evictable_pages = evictable;
-    return found;
-}
-
 /* The keys of the first `blocks` blocks of the prompt, in a new allocation (kvpi_free). */
-static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt, size_t blocks,
-                              kvp_block_key **out, kvp_error *err)
+static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt,
+                              const kvp_block_key *salt, size_t blocks, kvp_block_key **out,
+                              kvp_error *err)
 {
     /* bounded by the reservation's page count: cannot saturate */
     size_t bytes = kvpi_prompt_keys_count(seq->layers, seq->batch_size, blocks) *
@@ -170,7 +155,7 @@ static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt,
     if (keys == NULL) {
         return kvpi_fail_alloc(err, "prefix keys", bytes);
     }
-    kvpi_prompt_keys(seq->caches, seq->layers, prompt->data, prompt->shape.dims[1],
+    kvpi_prompt_keys(seq->caches, seq->layers, salt, prompt->data, prompt->shape.dims[1],
                      seq->model_width, blocks, keys);
     *out = keys;
     return KVP_OK;
@@ -179,12 +164,22 @@ static kvp_status prompt_keys(const kvp_sequence *seq, const kvp_tensor *prompt,
 kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *prompt,
                                      size_t *tokens_adopted, kvp_error *err)
 {
+    return kvp_sequence_adopt_prefix_salted(sequence, prompt, NULL, tokens_adopted, err);
+}
+
+kvp_status kvp_sequence_adopt_prefix_salted(kvp_sequence *sequence, const kvp_tensor *prompt,
+                                            const kvp_block_key *salt, size_t *tokens_adopted,
+                                            kvp_error *err)
+{
     if (sequence == NULL) {
         return kvpi_fail_null(err, "sequence");
     }
     kvp_status status = check_prompt(sequence, prompt, err);
     if (status != KVP_OK) {
         return status;
+    }
+    if (prompt->shape.dims[1] == 0) { /* as prefill refuses it */
+        return kvpi_fail_invalid(err, "prompt", "a prompt needs at least one token");
     }
     if (tokens_adopted == NULL) {
         return kvpi_fail_null(err, "tokens_adopted");
@@ -196,7 +191,7 @@ kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *p
     size_t bt = sequence->caches[0]->block_tokens;
     size_t tokens = prompt->shape.dims[1];
     /* At least the last token is left to compute: its output is the caller's next input. */
-    size_t blocks = tokens == 0 ? 0 : (tokens - 1) / bt;
+    size_t blocks = (tokens - 1) / bt;
     if (blocks > sequence->capacity / bt) {
         blocks = sequence->capacity / bt;
     }
@@ -205,20 +200,29 @@ kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequence, const kvp_tensor *p
         return KVP_OK;
     }
     kvp_block_key *keys = NULL;
-    status = prompt_keys(sequence, prompt, blocks, &keys, err);
+    status = prompt_keys(sequence, prompt, salt, blocks, &keys, err);
     if (status != KVP_OK) {
         return status;
     }
-    kvpi_pool_lock(sequence->pool);
-    size_t adopted = kvpi_cache_adopt_locked(sequence->caches, sequence->layers, keys, blocks);
-    kvpi_pool_unlock(sequence->pool);
+    size_t adopted = 0;
+    status =
+        kvp_cache_group_adopt(sequence->caches, sequence->layers, keys, blocks, &adopted, err);
     kvpi_free(keys);
-    *tokens_adopted = adopted * bt;
-    return KVP_OK;
+    if (status == KVP_OK) {
+        *tokens_adopted = adopted * bt;
+    }
+    return status;
 }
 
 kvp_status kvp_sequence_publish_prefix(kvp_sequence *sequence, const kvp_tensor *prompt,
                                        size_t *blocks_published, kvp_error *err)
+{
+    return kvp_sequence_publish_prefix_salted(sequence, prompt, NULL, blocks_published, err);
+}
+
+kvp_status kvp_sequence_publish_prefix_salted(kvp_sequence *sequence, const kvp_tensor *prompt,
+                                              const kvp_block_key *salt,
+                                              size_t *blocks_published, kvp_error *err)
 {
     if (sequence == NULL) {
         return kvpi_fail_null(err, "sequence");
@@ -238,46 +242,14 @@ kvp_status kvp_sequence_publish_prefix(kvp_sequence *sequence, const kvp_tensor 
         return KVP_OK;
     }
     kvp_block_key *keys = NULL;
-    status = prompt_keys(sequence, prompt, blocks, &keys, err);
+    status = prompt_keys(sequence, prompt, salt, blocks, &keys, err);
     if (status != KVP_OK) {
         return status;
     }
-    kvpi_pool_lock(sequence->pool);
-    status = kvpi_prefix_publish_locked(sequence->caches, sequence->layers, keys, blocks, err);
-    kvpi_pool_unlock(sequence->pool);
+    status = kvp_cache_group_publish(sequence->caches, sequence->layers, keys, blocks, err);
     kvpi_free(keys);
     if (status == KVP_OK && blocks_published != NULL) {
         *blocks_published = blocks;
-    }
-    return status;
-}
-
-kvp_status kvpi_prefix_publish_locked(kvp_cache *const *caches, size_t layers,
-                                      const kvp_block_key *keys, size_t blocks, kvp_error *err)
-{
-    kvp_pool *pool = caches[0]->pool;
-    size_t batch = caches[0]->batch_size;
-    kvp_status status = KVP_OK;
-    /* First pass: refuse before registering anything. */
-    for (size_t i = 0; i < blocks * layers * batch && status == KVP_OK; i++) {
-        size_t j = i / (layers * batch);
-        const kvp_cache *cache = caches[(i / batch) % layers];
-        uint32_t page = kvpi_cache_lane_table(cache, i % batch)[j];
-        const kvp_block_key *had = &pool->page_key[page];
-        if (pool->registered[page] && (had->lo != keys[i].lo || had->hi != keys[i].hi)) {
-            kvp_error e = kvpi_error_begin(KVP_PAGE_PUBLISHED);
-            e.index = page;
-            e.layer = (i / batch) % layers;
-            status = kvpi_error_emit(err, &e);
-        }
-    }
-    for (size_t i = 0; i < blocks * layers * batch && status == KVP_OK; i++) {
-        size_t j = i / (layers * batch);
-        const kvp_cache *cache = caches[(i / batch) % layers];
-        uint32_t page = kvpi_cache_lane_table(cache, i % batch)[j];
-        if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, &keys[i]) == KVPI_NO_PAGE) {
-            kvpi_prefix_insert_locked(pool, page, &keys[i]);
-        }
     }
     return status;
 }

@@ -1,7 +1,6 @@
 /*
- * share_internal.h: the prompt prefix keys, lookup and publication of
- * src/serve/share.c, without allocation, for callers that keep their own
- * key buffers (the scheduler: sequences and, with compute off, a set of
+ * share_internal.h: the prompt prefix keys of src/serve/share.c, without
+ * allocation, for callers that keep their own key buffers (the scheduler: sequences and, with compute off, a set of
  * external layer caches).
  *
  * Key layout: keys[(j * layers + l) * batch + b] is block j of lane b of
@@ -26,39 +25,29 @@ size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks);
 /*
  * The keys of the first `blocks` blocks of `rows` ([batch][tokens][width]
  * doubles) for the `layers` caches (one per model layer, in order; their
- * bindings and pool format give the digests). blocks * block_tokens <= tokens.
+ * bindings and pool format give the digests; the pool's secret keys the
+ * hash), under `salt` (NULL or all zero: none; another salt gives keys no
+ * other salt's blocks match). blocks * block_tokens <= tokens.
  */
-void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const double *rows,
-                      size_t tokens, size_t width, size_t blocks, kvp_block_key *keys);
+void kvpi_prompt_keys(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                      const double *rows, size_t tokens, size_t width, size_t blocks,
+                      kvp_block_key *keys);
 
 /*
  * kvpi_prompt_keys for blocks [from, blocks) only, `keys` holding those of
  * blocks [0, from) already (made from the same first from * block_tokens
- * rows and the same bindings; the chain continues from them). The
+ * rows, bindings and salt; the chain continues from them). The
  * scheduler keys each sample's decoded blocks this way, after the prompt's
  * blocks they all share.
  */
-void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const double *rows,
-                           size_t tokens, size_t width, size_t from, size_t blocks,
-                           kvp_block_key *keys);
+void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                           const double *rows, size_t tokens, size_t width, size_t from,
+                           size_t blocks, kvp_block_key *keys);
 
 /*
- * How many leading blocks of `keys` (each block `per_block` = layers *
- * batch keys) the pool's index holds now, as kvpi_cache_adopt_locked would
- * adopt them, and of their pages how many are evictable (no table names
- * them: adopting takes them from the available pages). Changes nothing,
- * not even the hit and miss counters. Takes the pool lock.
+ * Probing, adopting and publishing a group of caches (a sequence's layers)
+ * are the pager's: kvpi_prefix_probe (pager/cache_internal.h),
+ * kvp_cache_group_adopt and kvp_cache_group_publish (kvpager/cache.h).
  */
-size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
-                         size_t blocks, size_t *evictable_pages);
-
-/*
- * Publishes the first `blocks` full blocks of the `layers` caches under
- * `keys` (the layout above), with the pool lock held: PAGE_PUBLISHED,
- * registering nothing, when a page is published under another key; pages
- * already registered, or whose key names another page, are left as they are.
- */
-kvp_status kvpi_prefix_publish_locked(kvp_cache *const *caches, size_t layers,
-                                      const kvp_block_key *keys, size_t blocks, kvp_error *err);
 
 #endif /* KVPAGER_SERVE_SHARE_INTERNAL_H */

@@ -63,7 +63,7 @@ echo "== pkg-config build"
 "$work/api_tour_pc"
 # Static: -Bstatic picks libkvpager.a; --static adds jemalloc, pthread and libm.
 static_libs=$(pc --static --libs kvpager)
-for flag in -lkvpager -ljemalloc -lpthread -lm; do
+for flag in -lkvpager -ljemalloc -lsodium -lpthread -lm; do
     case " $static_libs " in
         *" $flag "*) ;;
         *) echo "package test: pkg-config --static --libs lacks $flag: $static_libs" >&2; exit 1 ;;
