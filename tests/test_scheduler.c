@@ -698,7 +698,7 @@ static void test_scheduler_submit_refusals_change_nothing(void **state)
     assert_int_equal(kvp_scheduler_submit(f.scheduler, NULL, &id, &err), KVP_NULL_ARGUMENT);
     assert_int_equal(kvp_scheduler_submit(f.scheduler, &good, NULL, &err), KVP_NULL_ARGUMENT);
     /* An allocation fault changes nothing either: no id is used. */
-    for (uint64_t nth = 1; nth < 4; nth++) {
+    for (uint64_t nth = 1; nth < 8; nth++) {
         kvpi_fault_arm(nth);
         kvp_status status = kvp_scheduler_submit(f.scheduler, &good, &id, &err);
         int fired = kvpi_fault_fired();
@@ -1906,6 +1906,103 @@ static void test_scheduler_session_largest_ttl_never_expires(void **state)
     teardown_collected(&f, 2);
 }
 
+/* Rows for requests of any id (the book holds MAX_REQUESTS): a stream of its own per sample. */
+static void stream_input(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                         size_t width)
+{
+    (void)ctx;
+    row_mix(id * SAMPLES + sample, position, row, width);
+}
+
+static void assert_state(const fixture *f, uint64_t id, kvp_request_state expected)
+{
+    kvp_request_state state = (kvp_request_state)99;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_request_state(f->scheduler, id, &state, &err), &err);
+    assert_int_equal(state, expected);
+}
+
+static void assert_unknown(const fixture *f, uint64_t id, uint64_t next)
+{
+    kvp_request_state state = (kvp_request_state)99;
+    kvp_error err;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(kvp_scheduler_request_state(f->scheduler, id, &state, &err),
+                     KVP_REQUEST_UNKNOWN);
+    assert_int_equal(err.status, KVP_REQUEST_UNKNOWN);
+    assert_int_equal(err.index, id);
+    assert_int_equal(err.limit, next);
+    assert_int_equal(state, 99); /* not written */
+}
+
+/*
+ * Records are recycled once collected (issue 16): ids stay 0, 1, 2, ... and
+ * unique, a collected id is stale for good (REQUEST_UNKNOWN, as is one never
+ * given), and a steady stream of requests (samples and sessions on, compute
+ * off) allocates nothing once warm, however many pass. Before, every request
+ * kept a record until destroy: the record array grew, so this allocated.
+ */
+static void test_scheduler_records_recycled(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_full(&f, 64, 1, 0, 0, 1, KVP_SCHEDULE_FCFS, 4, 0.5);
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = 6;
+    q.max_new_tokens = 3;
+    q.samples = 2;
+    q.input = stream_input;
+    kvp_error err;
+    uint64_t id = UINT64_MAX;
+    assert_unknown(&f, 0, 0); /* never given */
+    kvpt_assert_ok(kvp_scheduler_submit(f.scheduler, &q, &id, &err), &err);
+    assert_int_equal(id, 0);
+    assert_state(&f, 0, KVP_REQUEST_WAITING);
+    assert_unknown(&f, 1, 1);
+    kvp_request_state st;
+    assert_int_equal(kvp_scheduler_request_state(NULL, 0, &st, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_scheduler_request_state(f.scheduler, 0, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "state");
+    kvpt_assert_ok(kvp_scheduler_step(f.scheduler, NULL, &err), &err);
+    assert_state(&f, 0, KVP_REQUEST_RUNNING);
+    run(&f, 0);
+    assert_state(&f, 0, KVP_REQUEST_FINISHED);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 1);
+    assert_int_equal(done[0].id, 0);
+    assert_unknown(&f, 0, 1); /* collected: stale */
+    /* Rounds of 4 requests, one of them a session's turn; the same shape every round. */
+    uint64_t next = 1;
+    for (size_t round = 0; round < 300; round++) {
+        if (round == 8) {
+            kvpi_fault_arm(0); /* warm: count the allocations from here on */
+        }
+        for (size_t k = 0; k < 4; k++) {
+            q.session = k == 0; /* session 1: each round its next turn */
+            q.samples = 1 + k % 3;
+            kvpt_assert_ok(kvp_scheduler_submit(f.scheduler, &q, &id, &err), &err);
+            assert_int_equal(id, next++);
+        }
+        run(&f, 0);
+        assert_int_equal(collect_all(&f, done, 8), 4);
+        for (size_t k = 0; k < 4; k++) {
+            assert_int_equal(done[k].status, KVP_OK);
+            uint64_t nth = done[k].id - (next - 4); /* its place in the round */
+            assert_true(nth < 4);
+            assert_int_equal(done[k].tokens_generated, 3 * (1 + nth % 3));
+            assert_unknown(&f, done[k].id, next);
+        }
+    }
+    assert_int_equal(kvpi_fault_calls(), 0); /* 1168 requests served without an allocation */
+    kvp_scheduler_stats s = stats_of(&f);
+    assert_int_equal(s.submitted, 1201);
+    assert_int_equal(s.completed, 1201);
+    assert_true(s.session_hits > 0);
+    assert_true(s.forks > 0);
+    teardown_fixture(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1937,6 +2034,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_session_stale_is_no_hit),
         cmocka_unit_test(test_scheduler_sessions_random_conversations),
         cmocka_unit_test(test_scheduler_session_stall_gives_back),
+        cmocka_unit_test(test_scheduler_records_recycled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

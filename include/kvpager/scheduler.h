@@ -105,10 +105,17 @@
  * on the thread that calls kvp_scheduler_step, never on the decoder's
  * threads.
  *
- * Memory: the scheduler keeps a small record (tens of bytes) of every
- * request submitted, until it is destroyed; sequences and token buffers are
- * reused from request to request, so a steady state allocates nothing per
- * step.
+ * Memory: the scheduler keeps a record of each request from submit until
+ * it is collected (its copy of the kvp_request, its counters and its last
+ * error: about 700 bytes on a 64-bit target, plus 16 bytes of id index),
+ * and then recycles it for a later request; its queue, running slots,
+ * finished results, kept and idle sequences and scratch grow to the most
+ * the workload ever holds at once and are reused, never to the number of
+ * requests served. So memory is bounded by the peak of requests held (not
+ * yet collected) and of sequences running or kept, however many requests
+ * pass, and a steady state allocates nothing per step. The pool's prefix
+ * index is sized with the pool (pool.h). A caller that never collects keeps
+ * every finished request's record.
  *
  * Threads: a scheduler has one owner at a time: its calls must not overlap
  * (one caller at a time per scheduler). Its model, pool and decoder may be
@@ -327,7 +334,10 @@ KVP_API kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *er
 
 /*
  * Queues a request at the back of the waiting queue and gives its id
- * (0, 1, 2, ... in submit order). The request is copied; `prompt` and `ctx`
+ * (0, 1, 2, ... in submit order: a 64-bit count, so no id is given twice
+ * within 2^64 submissions, though records are recycled once collected;
+ * the front of the queue instead for a session's request while its
+ * sequence is kept: 5. above). The request is copied; `prompt` and `ctx`
  * are the caller's and must stay valid until the request is collected
  * (a preempted request reads its rows again). Errors, in order, each
  * changing nothing (no id is used): NULL_ARGUMENT (scheduler, request, id;
@@ -373,6 +383,26 @@ KVP_API KVP_NODISCARD kvp_status kvp_scheduler_step(kvp_scheduler *scheduler,
 KVP_API KVP_NODISCARD kvp_status kvp_scheduler_collect(kvp_scheduler *scheduler,
                                                        kvp_request_result *finished, size_t cap,
                                                        size_t *n, kvp_error *err);
+
+/* Where a request is (kvp_scheduler_request_state). */
+typedef enum kvp_request_state {
+    KVP_REQUEST_WAITING = 0, /* queued, preempted ones included */
+    KVP_REQUEST_RUNNING = 1, /* admitted: its samples hold sequences */
+    KVP_REQUEST_FINISHED = 2 /* completed, rejected or failed, waiting for collect */
+} kvp_request_state;
+
+/*
+ * Where request `id` is now, into *state. Errors, changing nothing:
+ * NULL_ARGUMENT (scheduler, state); REQUEST_UNKNOWN when the scheduler holds
+ * no request `id`: it was collected (its record is recycled; the id stays
+ * stale for good, as ids are never given twice) or never given by submit
+ * (err.index the id, err.limit the next id submit gives).
+ * Threads: one caller at a time per scheduler.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_scheduler_request_state(const kvp_scheduler *scheduler,
+                                                             uint64_t id,
+                                                             kvp_request_state *state,
+                                                             kvp_error *err);
 
 /*
  * The counters. NULL_ARGUMENT; INVALID_ARGUMENT (struct_size); changes nothing.

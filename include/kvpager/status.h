@@ -131,7 +131,11 @@ extern "C" {
     X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is free: only held pages have data")             \
     X(NOT_AT_BLOCK_BOUNDARY, 57, "NotAtBlockBoundary",                                             \
       "the cache length is not a multiple of block_tokens")                                        \
-    X(PAGE_PUBLISHED, 58, "PagePublished", "the page is already published under another key")
+    X(PAGE_PUBLISHED, 58, "PagePublished", "the page is already published under another key")     \
+    /* placeholder: 59 is assigned on another branch (issue 16); merges take that line */         \
+    X(RESERVED_59, 59, "Reserved59", "reserved status number")                                    \
+    X(REQUEST_UNKNOWN, 60, "RequestUnknown",                                                       \
+      "the scheduler holds no request with this id: collected, or never submitted")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -187,6 +191,7 @@ typedef struct kvp_error {
     const char *what;
 
     /* OUT_OF_RANGE: index must be below limit. PAGE_NOT_HELD: index is the page.
+     * REQUEST_UNKNOWN: index is the request id, limit the next id submit gives.
      * NONFINITE_*: flat index and the value found (NONFINITE_PROJECTION names
      * the projection, "query", "key" or "value", in `what`). */
     size_t index;

@@ -502,6 +502,14 @@ static void sink_error(text_sink *sink, const kvp_error *e)
     case KVP_PAGE_PUBLISHED:
         sink_printf(sink, "page %zu is already published under another key", e->index);
         return;
+    case KVP_RESERVED_59:
+        break;
+    case KVP_REQUEST_UNKNOWN:
+        sink_printf(sink,
+                    "request %zu is not held by the scheduler: %s (ids below %zu were given)",
+                    e->index, e->index < e->limit ? "collected already" : "never submitted",
+                    e->limit);
+        return;
     case KVP_STATUS_COUNT_:
         break;
     }

@@ -59,22 +59,14 @@
 #include "pager/error.h"
 #include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
+#include "serve/requests_internal.h"
 #include "serve/sequence_internal.h"
 #include "serve/share_internal.h"
 
-enum { STATE_WAITING, STATE_RUNNING, STATE_FINISHED, STATE_COLLECTED };
+/* A record's state; a collected request has no record (requests_internal.h). */
+enum { STATE_WAITING, STATE_RUNNING, STATE_FINISHED };
 
-typedef struct record {
-    kvp_request request;  /* the caller's, copied (struct_size the library's) */
-    size_t generated;     /* tokens each sample generated so far, kept across preemption */
-    size_t preemptions;
-    size_t skips;         /* cache-aware: steps that admitted a request behind it in the queue
-                             while it waited in the window */
-    size_t slots;         /* running slots (samples) it holds: samples while running, else 0 */
-    int state;
-    int failed;           /* a job of this step failed; `error` says why */
-    kvp_error error;
-} record;
+typedef kvpi_record record;
 
 /* A sequence (or external caches) with its token buffers, reused between requests. */
 typedef struct lease {
@@ -141,9 +133,7 @@ struct kvp_scheduler {
     size_t block_tokens;
     size_t watermark_pages;
 
-    record *records;  /* [count], indexed by id */
-    size_t records_count;
-    size_t records_room;
+    kvpi_requests requests; /* the records of the requests not yet collected, by id */
     uint64_t *waiting; /* ring of ids */
     size_t waiting_head;
     size_t waiting_count;
@@ -208,9 +198,12 @@ static int grow(void **items, size_t *room, size_t need, size_t size)
     return 0;
 }
 
-static record *record_of(kvp_scheduler *s, uint64_t id)
+/* The record of request `id`, held: waiting, running or finished, not collected. */
+static record *record_of(const kvp_scheduler *s, uint64_t id)
 {
-    return &s->records[id];
+    record *r = kvpi_requests_find(&s->requests, id);
+    assert(r != NULL);
+    return r;
 }
 
 static size_t queue_at(const kvp_scheduler *s, size_t i)
@@ -769,7 +762,7 @@ static void scheduler_free(kvp_scheduler *s)
         lease_free(&s->kept[i].lease);
     }
     kvpi_free(s->kept);
-    kvpi_free(s->records);
+    kvpi_requests_free(&s->requests);
     kvpi_free(s->waiting);
     kvpi_free(s->running);
     kvpi_free(s->idle);
@@ -838,6 +831,7 @@ kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_deco
     s->watermark_pages = (size_t)ceil(config.watermark * (double)pool_stats.total_pages);
     s->kept_cap = (size_t)floor(config.session_fraction * (double)pool_stats.total_pages);
     kvp_scheduler_stats_init(&s->stats);
+    kvpi_requests_init(&s->requests);
     s->parked.id = NO_REQUEST;
     for (size_t i = 0; i < WINDOW; i++) {
         s->ranked[i].id = NO_REQUEST;
@@ -944,15 +938,12 @@ kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler, const kvp_request *req
     if (status != KVP_OK) {
         return status;
     }
-    if (grow((void **)&s->records, &s->records_room, s->records_count + 1, sizeof *s->records) !=
-            0 ||
-        queue_grow(s, s->waiting_count + 1) != 0) {
+    if (kvpi_requests_reserve(&s->requests, 1) != 0 || queue_grow(s, s->waiting_count + 1) != 0) {
         return kvpi_fail_alloc(err, "scheduler request records",
-                               (s->records_count + 1) * sizeof *s->records);
+                               (s->requests.live + 1) * sizeof(record));
     }
-    uint64_t next = s->records_count++;
-    record *r = &s->records[next];
-    memset(r, 0, sizeof *r);
+    record *r = kvpi_requests_add(&s->requests);
+    uint64_t next = r->id;
     r->request = copy;
     r->state = STATE_WAITING;
     /* A session's next request goes first while its sequence is kept, current (5.). */
@@ -1309,7 +1300,7 @@ static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
         } else {
             continue;
         }
-        const record *r = &s->records[id];
+        const record *r = record_of(s, id);
         const kvp_request *q = &r->request;
         size_t len = q->prompt_tokens + q->max_new_tokens; /* within the capacity */
         if (publishes(s, q) && r->generated + 1 >= q->max_new_tokens && len > longest) {
@@ -2082,11 +2073,40 @@ kvp_status kvp_scheduler_collect(kvp_scheduler *scheduler, kvp_request_result *f
     size_t take = s->done_count < cap ? s->done_count : cap;
     for (size_t i = 0; i < take; i++) {
         finished[i] = s->done[i];
-        record_of(s, s->done[i].id)->state = STATE_COLLECTED;
+        kvpi_requests_remove(&s->requests, s->done[i].id); /* its id is stale from now on */
     }
-    memmove(s->done, s->done + take, (s->done_count - take) * sizeof *s->done);
-    s->done_count -= take;
+    if (take > 0) { /* nothing finished yet: s->done may be NULL */
+        memmove(s->done, s->done + take, (s->done_count - take) * sizeof *s->done);
+        s->done_count -= take;
+    }
     *n = take;
+    return KVP_OK;
+}
+
+kvp_status kvp_scheduler_request_state(const kvp_scheduler *scheduler, uint64_t id,
+                                       kvp_request_state *state, kvp_error *err)
+{
+    if (scheduler == NULL) {
+        return kvpi_fail_null(err, "scheduler");
+    }
+    if (state == NULL) {
+        return kvpi_fail_null(err, "state");
+    }
+    const record *r = kvpi_requests_find(&scheduler->requests, id);
+    if (r == NULL) {
+        if (err != NULL) {
+            kvp_error e;
+            memset(&e, 0, sizeof e);
+            e.status = KVP_REQUEST_UNKNOWN;
+            e.index = (size_t)id;
+            e.limit = (size_t)scheduler->requests.next_id;
+            *err = e;
+        }
+        return KVP_REQUEST_UNKNOWN;
+    }
+    *state = r->state == STATE_WAITING   ? KVP_REQUEST_WAITING
+             : r->state == STATE_RUNNING ? KVP_REQUEST_RUNNING
+                                         : KVP_REQUEST_FINISHED;
     return KVP_OK;
 }
 
