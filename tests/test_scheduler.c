@@ -2003,6 +2003,102 @@ static void test_scheduler_records_recycled(void **state)
     teardown_fixture(&f);
 }
 
+/* A one-token request of `session` (0: none) over stream_input rows; returns its id. */
+static uint64_t submit_stream(fixture *f, size_t prompt, uint64_t session)
+{
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = prompt;
+    q.max_new_tokens = 1;
+    q.input = stream_input;
+    q.session = session;
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &q, &id, &err), &err);
+    return id;
+}
+
+/* One step, then collects what finished into done[] (at most 8); returns how many. */
+static size_t step_collect(fixture *f, kvp_request_result *done)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_step(f->scheduler, NULL, &err), &err);
+    kvpt_assert_pool_ok(f->pool);
+    return collect_all(f, done, 8);
+}
+
+/*
+ * Fairness (issue 16, 5.): a steady stream of session turns cannot starve a
+ * plain request. max_running 1 and one-token requests (compute off), so
+ * each step admits the head of the queue alone and finishes it; after each
+ * step in which a turn finished its session sends the next turn, which goes
+ * ahead of the queue as its sequence is kept. The plain request, queued
+ * behind the first turn, is overtaken by exactly KVP_SCHEDULE_MAX_SKIPS
+ * turns and admitted at step 2 + KVP_SCHEDULE_MAX_SKIPS, while the stream
+ * goes on around it (every later turn a session hit). Before, every turn
+ * went to the very front: the plain request waited as long as the stream
+ * lasted (here 40 steps, never admitted).
+ */
+static void test_scheduler_session_stream_cannot_starve(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_full(&f, 64, 1, 0, 1, 1, KVP_SCHEDULE_FCFS, 1000, 1.0);
+    (void)submit_stream(&f, 5, 1); /* nothing kept yet: at the back */
+    uint64_t plain = submit_stream(&f, 6, 0);
+    size_t admitted_at = 0;
+    for (size_t step = 1; step <= 40; step++) {
+        kvp_request_result done[8];
+        size_t n = step_collect(&f, done);
+        assert_int_equal(n, 1); /* the head alone, finished in its step */
+        if (done[0].id == plain) {
+            admitted_at = step;
+        }
+        kvp_request_state st;
+        assert_int_equal(kvp_scheduler_request_state(f.scheduler, plain, &st, NULL),
+                         admitted_at != 0 ? KVP_REQUEST_UNKNOWN : KVP_OK);
+        if (done[0].id != plain) {
+            (void)submit_stream(&f, 5, 1); /* the session's next turn: kept, it goes ahead */
+        }
+    }
+    assert_int_equal(admitted_at, 2 + KVP_SCHEDULE_MAX_SKIPS);
+    kvp_scheduler_stats s = stats_of(&f);
+    assert_int_equal(s.session_hits, 38); /* turns 1 to 38: all but the first admitted */
+    assert_int_equal(s.completed, 40);
+    run(&f, 1); /* the turn still waiting */
+    assert_int_equal(collect_all(&f, NULL, 0), 0);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 1);
+    teardown_fixture(&f);
+}
+
+/*
+ * Session turns that go ahead keep their order among themselves (first come
+ * first served), where each used to go in front of the one before it.
+ */
+static void test_scheduler_session_turns_keep_their_order(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_full(&f, 64, 1, 0, 1, 1, KVP_SCHEDULE_FCFS, 1000, 1.0);
+    (void)submit_stream(&f, 5, 1);
+    (void)submit_stream(&f, 5, 2);
+    kvp_request_result done[8];
+    assert_int_equal(step_collect(&f, done), 1);
+    assert_int_equal(step_collect(&f, done), 1);
+    assert_int_equal(stats_of(&f).retained, 2); /* both sessions kept */
+    uint64_t plain = submit_stream(&f, 6, 0);
+    uint64_t second = submit_stream(&f, 7, 2);
+    uint64_t first = submit_stream(&f, 7, 1);
+    const uint64_t order[3] = {second, first, plain};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(step_collect(&f, done), 1);
+        assert_int_equal(done[0].id, order[i]);
+    }
+    assert_int_equal(stats_of(&f).session_hits, 2);
+    teardown_fixture(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2035,6 +2131,8 @@ int main(void)
         cmocka_unit_test(test_scheduler_sessions_random_conversations),
         cmocka_unit_test(test_scheduler_session_stall_gives_back),
         cmocka_unit_test(test_scheduler_records_recycled),
+        cmocka_unit_test(test_scheduler_session_stream_cannot_starve),
+        cmocka_unit_test(test_scheduler_session_turns_keep_their_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

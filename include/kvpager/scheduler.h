@@ -15,7 +15,11 @@
  *      promised those pages. A request whose whole length (prompt +
  *      max_new_tokens, per sample) can never fit the pool is rejected. The
  *      requests admitted in a step are prefilled together, as one batch of
- *      jobs on the decoder's threads. With config.schedule
+ *      jobs on the decoder's threads. With config.max_running, admission
+ *      also stops at the first request whose samples would take the
+ *      running sequences past it; a request with more samples than
+ *      max_running is admitted only when nothing runs, and then runs
+ *      alone, over the limit (so it is never refused for good). With config.schedule
  *      KVP_SCHEDULE_CACHE_AWARE (longest prefix match first, SGLang's
  *      policy) the first KVP_SCHEDULE_WINDOW waiting requests are
  *      considered in another order: those preempted (back at the front of
@@ -71,9 +75,22 @@
  *      adopts them (2.); an LRU pool under load otherwise evicts them while
  *      that request waits for a think time and then in the queue. A
  *      request submitted while its session's sequence is kept (and bound
- *      to current parameters) goes to the front of the queue, ahead of
- *      preempted ones: its prefix is held, so it needs only the pages of
- *      its new tokens. The kept sequence is given back (its pages become
+ *      to current parameters) goes ahead of the queue, ahead of preempted
+ *      ones: its prefix is held, so it needs only the pages of its new
+ *      tokens. But it goes behind every waiting request that went ahead
+ *      this way before it (first come first served among them) and every
+ *      one already overtaken KVP_SCHEDULE_MAX_SKIPS times, and each
+ *      request it goes ahead of counts one overtaking. The bound: a
+ *      waiting request is overtaken by at most KVP_SCHEDULE_MAX_SKIPS
+ *      requests queued after it, session requests and (cache-aware, 1.)
+ *      steps admitting a request behind it together; from then on only
+ *      the requests ahead of it in the queue (and preempted ones, which
+ *      return to its front) are admitted before it. So counting the steps
+ *      in which it and every request ahead of it fit (each admits at least
+ *      the head), it waits at most its place in the queue at submit, plus
+ *      the preempted requests that return ahead of it, plus
+ *      KVP_SCHEDULE_MAX_SKIPS such steps; a steady stream of session
+ *      requests cannot starve it. The kept sequence is given back (its pages become
  *      evictable, still indexed) when a request of its session is
  *      admitted, once that request adopted its prefix (a session hit,
  *      unless the sequence was stale); when it expires; when another
@@ -146,7 +163,8 @@ typedef struct kvp_scheduler_config {
     size_t capacity;       /* positions each sequence may hold; 0 is refused (ZERO_CAPACITY) */
     double watermark;      /* fraction of the pool's pages kept free at admission, in [0, 1) */
     size_t reserve_tokens; /* decoding reserve promised at admission */
-    size_t max_running;    /* most sequences running at once; 0: no limit but the pool */
+    size_t max_running;    /* most sequences running at once; 0: no limit but the pool; a
+                              request with more samples runs alone (1. above) */
     int compute;           /* 1: real attention on the decoder; 0: the allocator alone */
     uint64_t identity;     /* compute 0: the identity the external caches bind (cache.h) */
     int sharing;           /* 1: fork samples, adopt prompt prefixes from the pool's
@@ -169,7 +187,9 @@ typedef enum kvp_schedule {
                                     blocks the prefix index holds, most first (1. above) */
 } kvp_schedule;
 
-/* Cache-aware: waiting requests ranked per step, and overtakings a request bears. */
+/* Cache-aware: waiting requests ranked per step. Every schedule: overtakings a waiting
+   request bears from requests queued after it (session requests going ahead, 5.; cache-aware
+   ranks, 1.). */
 #define KVP_SCHEDULE_WINDOW 8
 #define KVP_SCHEDULE_MAX_SKIPS 8
 
@@ -335,9 +355,9 @@ KVP_API kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *er
 /*
  * Queues a request at the back of the waiting queue and gives its id
  * (0, 1, 2, ... in submit order: a 64-bit count, so no id is given twice
- * within 2^64 submissions, though records are recycled once collected;
- * the front of the queue instead for a session's request while its
- * sequence is kept: 5. above). The request is copied; `prompt` and `ctx`
+ * within 2^64 submissions, though records are recycled once collected).
+ * A session's request whose sequence is kept goes ahead of the queue
+ * instead, within the bound of 5. above. The request is copied; `prompt` and `ctx`
  * are the caller's and must stay valid until the request is collected
  * (a preempted request reads its rows again). Errors, in order, each
  * changing nothing (no id is used): NULL_ARGUMENT (scheduler, request, id;

@@ -2,7 +2,7 @@
  * scheduler.c: continuous batching over one model, pool and decoder
  * (kvpager/scheduler.h has the schedule and the contracts).
  *
- * Owns: the request records, the waiting queue (a ring of ids), the running
+ * Owns: the request records (requests.c), the waiting queue (a ring of ids), the running
  * slots, the idle leases kept for reuse, the leases kept for sessions (5.
  * in the header: a finished request's sample 0 lease, pages held, until
  * its session's next request is admitted), the finished results awaiting
@@ -35,6 +35,10 @@
  *   - the plan takes queue entries in its order (the queue's, or with the
  *     cache-aware schedule the window's rank, then the queue's), and
  *     admission removes them from the queue keeping the order of the rest;
+ *   - a waiting request's `skips` counts the requests queued after it that
+ *     went ahead of it (queue_jump) and, cache-aware, the steps that
+ *     admitted one behind it from the window; it never passes
+ *     KVP_SCHEDULE_MAX_SKIPS: at the bound nothing queued later goes first;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode fails for
  *     want of pages only when another user of the pool takes them;
@@ -230,6 +234,34 @@ static uint64_t queue_pop_front(kvp_scheduler *s)
     s->waiting_head = (s->waiting_head + 1) % s->waiting_room;
     s->waiting_count--;
     return id;
+}
+
+/*
+ * A session's request whose sequence is kept (5.): ahead of the queue, but
+ * behind every waiting request placed this way before it (first come first
+ * served among them) and every one overtaken KVP_SCHEDULE_MAX_SKIPS times
+ * already; each request it goes ahead of counts one more overtaking. So no
+ * waiting request is overtaken more than KVP_SCHEDULE_MAX_SKIPS times by
+ * session requests (the bound of scheduler.h, 5.). Room was made first.
+ */
+static void queue_jump(kvp_scheduler *s, uint64_t id)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < s->waiting_count; i++) {
+        const record *r = record_of(s, s->waiting[queue_at(s, i)]);
+        if (r->jumped || r->skips >= KVP_SCHEDULE_MAX_SKIPS) {
+            at = i + 1;
+        }
+    }
+    for (size_t i = at; i < s->waiting_count; i++) {
+        record_of(s, s->waiting[queue_at(s, i)])->skips++;
+    }
+    s->waiting_count++;
+    for (size_t i = s->waiting_count - 1; i > at; i--) {
+        s->waiting[queue_at(s, i)] = s->waiting[queue_at(s, i - 1)];
+    }
+    s->waiting[queue_at(s, at)] = id;
+    record_of(s, id)->jumped = 1;
 }
 
 /* Grows the ring to `need`, keeping the queue's order. */
@@ -946,10 +978,10 @@ kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler, const kvp_request *req
     uint64_t next = r->id;
     r->request = copy;
     r->state = STATE_WAITING;
-    /* A session's next request goes first while its sequence is kept, current (5.). */
+    /* A session's next request goes ahead while its sequence is kept, current (5.). */
     size_t k = copy.session != 0 ? kept_of(s, copy.session) : SIZE_MAX;
     if (k != SIZE_MAX && !lease_stale(s, &s->kept[k].lease)) {
-        queue_push_front(s, next);
+        queue_jump(s, next);
     } else {
         queue_push_back(s, next);
     }
