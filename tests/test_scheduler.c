@@ -27,7 +27,14 @@
  *     the audit, the cap and the counts hold and outputs stay exact;
  *   - an allocation fault at every allocation of a step changes nothing
  *     (the scheduler's counters and the pool's), and the run then finishes
- *     with the same outputs.
+ *     with the same outputs;
+ *   - records are recycled once collected: ids stay unique, a collected id
+ *     is REQUEST_UNKNOWN, and a steady stream allocates nothing once warm;
+ *   - fairness: a steady stream of session turns overtakes a plain request
+ *     at most KVP_SCHEDULE_MAX_SKIPS times, and turns keep their order;
+ *   - admission counts evictable pages as available, forked samples over a
+ *     partial prompt page are counted exactly, and an output-projection
+ *     update makes running and kept sequences stale.
  * kvp_pool_check runs after every step. Unit test: public API, plus the
  * fault injector (pager/alloc.h).
  */
@@ -2099,6 +2106,141 @@ static void test_scheduler_session_turns_keep_their_order(void **state)
     teardown_fixture(&f);
 }
 
+/* A request of stream_input rows (compute off tests): returns its id. */
+static uint64_t submit_rows(fixture *f, size_t prompt, size_t new_tokens, size_t samples)
+{
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = prompt;
+    q.max_new_tokens = new_tokens;
+    q.samples = samples;
+    q.input = stream_input;
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &q, &id, &err), &err);
+    return id;
+}
+
+/*
+ * Admission counts evictable pages as available (issue 16, 9.): request 0
+ * (16 + 8 tokens, compute off, keyed rows) completes and publishes its 6
+ * full blocks, so of 16 pages 12 are evictable and 4 free. Request 1
+ * (16 + 3 tokens: 5 blocks x 2 layers = 10 pages, no prefix in common)
+ * fits only by evicting: it is admitted in the very next step, its prompt
+ * takes 8 pages (4 free, 4 evicted) and its first token a new block (2
+ * more evicted), and nothing is preempted. Counting free pages alone, it
+ * would wait (admission: LATER for ever) or be preempted at once for its
+ * first token's block (make_room).
+ */
+static void test_scheduler_admission_counts_evictable_pages(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 16, 1, 0, 0);
+    (void)submit_rows(&f, 16, 8, 1);
+    run(&f, 0);
+    kvp_pool_stats pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, 0);
+    assert_int_equal(pool.evictable_pages, 12);
+    assert_int_equal(pool.free_pages, 4);
+    (void)submit_rows(&f, 16, 3, 1);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.preempted, 0);
+    assert_int_equal(st.decoded, 1);
+    pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, 10); /* 16 + 1 tokens: 5 blocks x 2 layers */
+    assert_int_equal(pool.evictions, 6);   /* 10 pages taken, 4 of them free */
+    run(&f, 0);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 2);
+    assert_int_equal(stats_of(&f).preemptions, 0);
+    teardown_fixture(&f);
+}
+
+/*
+ * Page accounting of forked samples over a partial prompt page (issue 16,
+ * 9.): request 0 has 3 samples of a 6-token prompt (1 full block and a
+ * partial one) and 2 new tokens. It takes the prompt's 2 blocks once (x 2
+ * layers: 4 pages) and each sample 1 block past the full one, its copy of
+ * the partial page that it then fills (x 2 layers: 6 pages): 10 pages.
+ * Beside it, request 1 needs 2 pages; the pool has 11. So request 0 is
+ * admitted and request 1 waits; after the step (the first decode made the
+ * copies, the shared partial page went back) 8 pages are held, none
+ * promised. Counting no copies (4 pages), request 1 would be admitted too;
+ * counting the partial page as every sample's own (12 pages), request 0
+ * would be rejected as never fitting.
+ */
+static void test_scheduler_forked_samples_count_partial_prompt_page(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 11, 1, 0, 0);
+    (void)submit_rows(&f, 6, 2, 3);
+    (void)submit_rows(&f, 3, 1, 1);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.rejected, 0);
+    assert_int_equal(st.waiting, 1);
+    assert_int_equal(st.decoded, 3);
+    kvp_pool_stats pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, 8); /* the full block shared, 3 copies, x 2 layers */
+    assert_int_equal(pool.promised_pages, 0);
+    assert_int_equal(pool.cow_copies, 6);
+    assert_int_equal(st.unshared_pages, 12); /* 3 samples x 2 blocks x 2 layers */
+    run(&f, 0);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 2);
+    assert_int_equal(stats_of(&f).preemptions, 0);
+    assert_int_equal(stats_of(&f).forks, 2);
+    teardown_fixture(&f);
+}
+
+/* Updates parameter `index` of layer `layer` in place (its revision + 1). */
+static void update_param(kvp_model *model, size_t layer, size_t index)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_update_with(kvp_model_param_mut(model, layer, index), scale_values,
+                                         NULL, &err),
+                   &err);
+}
+
+/*
+ * A kept or leased sequence is stale after an output-projection update
+ * (issue 16, 9.): W_o of the last layer changes none of the K/V a sequence
+ * holds, but its binding covers it. So a running request is preempted for
+ * recompute (a stale preemption) and the kept sequence of a finished turn
+ * is given back as stale (a drop), its blocks no longer adoptable; the
+ * recomputed request then finishes. Checking only W_q, W_k and W_v, or
+ * only layer 0, would keep both.
+ */
+static void test_scheduler_output_projection_update_is_stale(void **state)
+{
+    (void)state;
+    fixture f;
+    static book b;
+    start_conversation(&f, &b);
+    assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
+    uint64_t other = submit(&f, &b, 5, 6, NULL);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    update_param(f.model, LAYERS - 1, KVP_PARAM_OUTPUT);
+    st = step_once(&f);
+    assert_int_equal(st.stale_preempted, 1);
+    assert_int_equal(st.preempted, 1);
+    assert_int_equal(st.decoded, 0);
+    assert_int_equal(st.retained_pages, 0);
+    assert_sessions(&f, 1, 0, 1, 0, 0);
+    assert_int_equal(stats_of(&f).stale_preemptions, 1);
+    run(&f, 0);
+    assert_int_equal(b.tokens[other][0], 6);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 2);
+    assert_int_equal(done[1].id, other);
+    assert_int_equal(done[1].preemptions, 1);
+    teardown_fixture(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2133,6 +2275,9 @@ int main(void)
         cmocka_unit_test(test_scheduler_records_recycled),
         cmocka_unit_test(test_scheduler_session_stream_cannot_starve),
         cmocka_unit_test(test_scheduler_session_turns_keep_their_order),
+        cmocka_unit_test(test_scheduler_admission_counts_evictable_pages),
+        cmocka_unit_test(test_scheduler_forked_samples_count_partial_prompt_page),
+        cmocka_unit_test(test_scheduler_output_projection_update_is_stale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
