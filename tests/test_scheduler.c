@@ -1934,8 +1934,11 @@ static void assert_unknown(const fixture *f, uint64_t id, uint64_t next)
     kvp_request_state state = (kvp_request_state)99;
     kvp_error err;
     memset(&err, 0, sizeof err);
+    kvp_scheduler_stats before = stats_of(f);
     assert_int_equal(kvp_scheduler_request_state(f->scheduler, id, &state, &err),
                      KVP_REQUEST_UNKNOWN);
+    kvp_scheduler_stats after = stats_of(f);
+    assert_stats_equal(&after, &before); /* changes nothing */
     assert_int_equal(err.status, KVP_REQUEST_UNKNOWN);
     assert_int_equal(err.index, id);
     assert_int_equal(err.limit, next);

@@ -1798,6 +1798,7 @@ static void preempt_request(kvp_scheduler *s, uint64_t id, int stale, kvp_step_s
     retire_request(s, id);
     r->state = STATE_WAITING;
     r->preemptions++;
+    r->jumped = 0; /* back at the front as a preempted request: session requests go ahead */
     queue_push_front(s, id);
     s->stats.preemptions += n;
     st->preempted += n;
