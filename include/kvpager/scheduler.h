@@ -19,8 +19,8 @@
  *      also stops at the first request whose samples would take the
  *      running sequences past it; a request with more samples than
  *      max_running is admitted only when nothing runs, and then runs
- *      alone, over the limit (so it is never refused for good). With config.schedule
- *      KVP_SCHEDULE_CACHE_AWARE (longest prefix match first, SGLang's
+ *      alone, over the limit (so it is never refused for good). With
+ *      config.schedule KVP_SCHEDULE_CACHE_AWARE (longest prefix match first, SGLang's
  *      policy) the first KVP_SCHEDULE_WINDOW waiting requests are
  *      considered in another order: those preempted (back at the front of
  *      the queue), rejected or already overtaken KVP_SCHEDULE_MAX_SKIPS
@@ -90,8 +90,8 @@
  *      the head), it waits at most its place in the queue at submit, plus
  *      the preempted requests that return ahead of it, plus
  *      KVP_SCHEDULE_MAX_SKIPS such steps; a steady stream of session
- *      requests cannot starve it. The kept sequence is given back (its pages become
- *      evictable, still indexed) when a request of its session is
+ *      requests cannot starve it. The kept sequence is given back (its
+ *      pages become evictable, still indexed) when a request of its session is
  *      admitted, once that request adopted its prefix (a session hit,
  *      unless the sequence was stale); when it expires; when another
  *      request of the session completes and is kept instead; when its
@@ -357,8 +357,8 @@ KVP_API kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *er
  * (0, 1, 2, ... in submit order: a 64-bit count, so no id is given twice
  * within 2^64 submissions, though records are recycled once collected).
  * A session's request whose sequence is kept goes ahead of the queue
- * instead, within the bound of 5. above. The request is copied; `prompt` and `ctx`
- * are the caller's and must stay valid until the request is collected
+ * instead, within the bound of 5. above. The request is copied; `prompt`
+ * and `ctx` are the caller's and must stay valid until the request is collected
  * (a preempted request reads its rows again). Errors, in order, each
  * changing nothing (no id is used): NULL_ARGUMENT (scheduler, request, id;
  * `input` when compute is 1: the decoded tokens' rows come from it);
