@@ -75,22 +75,21 @@
  *      adopts them (2.); an LRU pool under load otherwise evicts them while
  *      that request waits for a think time and then in the queue. A
  *      request submitted while its session's sequence is kept (and bound
- *      to current parameters) goes ahead of the queue, ahead of preempted
- *      ones: its prefix is held, so it needs only the pages of its new
- *      tokens. But it goes behind every waiting request that went ahead
- *      this way before it (first come first served among them) and every
- *      one already overtaken KVP_SCHEDULE_MAX_SKIPS times, and each
- *      request it goes ahead of counts one overtaking. The bound: a
- *      waiting request is overtaken by at most KVP_SCHEDULE_MAX_SKIPS
- *      requests queued after it, session requests and (cache-aware, 1.)
- *      steps admitting a request behind it together; from then on only
- *      the requests ahead of it in the queue (and preempted ones, which
- *      return to its front) are admitted before it. So counting the steps
- *      in which it and every request ahead of it fit (each admits at least
- *      the head), it waits at most its place in the queue at submit, plus
- *      the preempted requests that return ahead of it, plus
- *      KVP_SCHEDULE_MAX_SKIPS such steps; a steady stream of session
- *      requests cannot starve it. The kept sequence is given back (its
+ *      to current parameters) goes to the front of the queue, ahead of
+ *      preempted ones (its prefix is held, so it needs only the pages of
+ *      its new tokens) and of earlier such requests, but behind every
+ *      waiting request that let KVP_SESSION_MAX_OVERTAKES session
+ *      requests go ahead of it already (each request it goes ahead of
+ *      counts one). The bound: a waiting request lets at
+ *      most KVP_SESSION_MAX_OVERTAKES session requests go ahead of it;
+ *      then only the requests ahead of it in the queue, and preempted ones
+ *      returning to the front, are admitted before it. Under FCFS each
+ *      step in which the head of the queue fits admits at least the head,
+ *      so a request is admitted within (its place in the queue at submit
+ *      + the preempted requests that return ahead of it +
+ *      KVP_SESSION_MAX_OVERTAKES + 1) such steps: a steady stream of
+ *      session requests cannot starve it (cache-aware: the bound of 1.
+ *      for its window as well). The kept sequence is given back (its
  *      pages become evictable, still indexed) when a request of its session is
  *      admitted, once that request adopted its prefix (a session hit,
  *      unless the sequence was stale); when it expires; when another
@@ -187,11 +186,11 @@ typedef enum kvp_schedule {
                                     blocks the prefix index holds, most first (1. above) */
 } kvp_schedule;
 
-/* Cache-aware: waiting requests ranked per step. Every schedule: overtakings a waiting
-   request bears from requests queued after it (session requests going ahead, 5.; cache-aware
-   ranks, 1.). */
+/* Cache-aware: waiting requests ranked per step, and overtakings a request bears. */
 #define KVP_SCHEDULE_WINDOW 8
 #define KVP_SCHEDULE_MAX_SKIPS 8
+/* Sessions: session requests a waiting request lets go ahead of it, at most (5.). */
+#define KVP_SESSION_MAX_OVERTAKES 64
 
 /*
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),

@@ -27,10 +27,9 @@ typedef struct kvpi_record {
     kvp_request request;  /* the caller's, copied (struct_size the library's) */
     size_t generated;     /* tokens each sample generated so far, kept across preemption */
     size_t preemptions;
-    size_t skips;         /* times it was overtaken while waiting: by a session's request
-                             placed ahead of it (queue_jump), and, cache-aware, by steps that
-                             admitted a request behind it while it waited in the window */
-    int jumped;           /* a session's request placed ahead of others at submit (5.) */
+    size_t skips;         /* cache-aware: steps that admitted a request behind it in the queue
+                             while it waited in the window */
+    size_t overtaken;     /* session requests placed ahead of it while it waited (queue_jump) */
     size_t slots;         /* running slots (samples) it holds: samples while running, else 0 */
     int state;            /* the scheduler's; KVPI_RECORD_FREE while the slot is free */
     int failed;           /* a job of this step failed; `error` says why */

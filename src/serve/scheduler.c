@@ -35,10 +35,11 @@
  *   - the plan takes queue entries in its order (the queue's, or with the
  *     cache-aware schedule the window's rank, then the queue's), and
  *     admission removes them from the queue keeping the order of the rest;
- *   - a waiting request's `skips` counts the requests queued after it that
- *     went ahead of it (queue_jump) and, cache-aware, the steps that
- *     admitted one behind it from the window; it never passes
- *     KVP_SCHEDULE_MAX_SKIPS: at the bound nothing queued later goes first;
+ *   - a waiting request's `overtaken` counts the session requests placed
+ *     ahead of it (queue_jump) and never passes KVP_SESSION_MAX_OVERTAKES:
+ *     at the bound none goes ahead of it; cache-aware, its `skips` counts
+ *     the steps that admitted a request behind it from the window, up to
+ *     KVP_SCHEDULE_MAX_SKIPS, from which the window ranks it first;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode fails for
  *     want of pages only when another user of the pool takes them;
@@ -237,31 +238,30 @@ static uint64_t queue_pop_front(kvp_scheduler *s)
 }
 
 /*
- * A session's request whose sequence is kept (5.): ahead of the queue, but
- * behind every waiting request placed this way before it (first come first
- * served among them) and every one overtaken KVP_SCHEDULE_MAX_SKIPS times
- * already; each request it goes ahead of counts one more overtaking. So no
- * waiting request is overtaken more than KVP_SCHEDULE_MAX_SKIPS times by
- * session requests (the bound of scheduler.h, 5.). Room was made first.
+ * A session's request whose sequence is kept (5.): at the front of the
+ * queue, but behind every waiting request overtaken
+ * KVP_SESSION_MAX_OVERTAKES times already; each request it goes ahead of
+ * counts one more overtaking. So no waiting request is overtaken more than
+ * KVP_SESSION_MAX_OVERTAKES times by session requests (the bound of
+ * scheduler.h, 5.). Room was made first.
  */
 static void queue_jump(kvp_scheduler *s, uint64_t id)
 {
     size_t at = 0;
     for (size_t i = 0; i < s->waiting_count; i++) {
         const record *r = record_of(s, s->waiting[queue_at(s, i)]);
-        if (r->jumped || r->skips >= KVP_SCHEDULE_MAX_SKIPS) {
+        if (r->overtaken >= KVP_SESSION_MAX_OVERTAKES) {
             at = i + 1;
         }
     }
     for (size_t i = at; i < s->waiting_count; i++) {
-        record_of(s, s->waiting[queue_at(s, i)])->skips++;
+        record_of(s, s->waiting[queue_at(s, i)])->overtaken++;
     }
     s->waiting_count++;
     for (size_t i = s->waiting_count - 1; i > at; i--) {
         s->waiting[queue_at(s, i)] = s->waiting[queue_at(s, i - 1)];
     }
     s->waiting[queue_at(s, at)] = id;
-    record_of(s, id)->jumped = 1;
 }
 
 /* Grows the ring to `need`, keeping the queue's order. */
@@ -1798,7 +1798,6 @@ static void preempt_request(kvp_scheduler *s, uint64_t id, int stale, kvp_step_s
     retire_request(s, id);
     r->state = STATE_WAITING;
     r->preemptions++;
-    r->jumped = 0; /* back at the front as a preempted request: session requests go ahead */
     queue_push_front(s, id);
     s->stats.preemptions += n;
     st->preempted += n;
