@@ -27,7 +27,14 @@
  *     the audit, the cap and the counts hold and outputs stay exact;
  *   - an allocation fault at every allocation of a step changes nothing
  *     (the scheduler's counters and the pool's), and the run then finishes
- *     with the same outputs.
+ *     with the same outputs;
+ *   - records are recycled once collected: ids stay unique, a collected id
+ *     is REQUEST_UNKNOWN, and a steady stream allocates nothing once warm;
+ *   - fairness: a steady stream of session turns overtakes a plain request
+ *     at most KVP_SESSION_MAX_OVERTAKES times;
+ *   - admission counts evictable pages as available, forked samples over a
+ *     partial prompt page are counted exactly, and an output-projection
+ *     update makes running and kept sequences stale.
  * kvp_pool_check runs after every step. Unit test: public API, plus the
  * fault injector (pager/alloc.h).
  */
@@ -698,7 +705,7 @@ static void test_scheduler_submit_refusals_change_nothing(void **state)
     assert_int_equal(kvp_scheduler_submit(f.scheduler, NULL, &id, &err), KVP_NULL_ARGUMENT);
     assert_int_equal(kvp_scheduler_submit(f.scheduler, &good, NULL, &err), KVP_NULL_ARGUMENT);
     /* An allocation fault changes nothing either: no id is used. */
-    for (uint64_t nth = 1; nth < 4; nth++) {
+    for (uint64_t nth = 1; nth < 8; nth++) {
         kvpi_fault_arm(nth);
         kvp_status status = kvp_scheduler_submit(f.scheduler, &good, &id, &err);
         int fired = kvpi_fault_fired();
@@ -1906,6 +1913,311 @@ static void test_scheduler_session_largest_ttl_never_expires(void **state)
     teardown_collected(&f, 2);
 }
 
+/* Rows for requests of any id (the book holds MAX_REQUESTS): a stream of its own per sample. */
+static void stream_input(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                         size_t width)
+{
+    (void)ctx;
+    row_mix(id * SAMPLES + sample, position, row, width);
+}
+
+static void assert_state(const fixture *f, uint64_t id, kvp_request_state expected)
+{
+    kvp_request_state state = (kvp_request_state)99;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_request_state(f->scheduler, id, &state, &err), &err);
+    assert_int_equal(state, expected);
+}
+
+static void assert_unknown(const fixture *f, uint64_t id, uint64_t next)
+{
+    kvp_request_state state = (kvp_request_state)99;
+    kvp_error err;
+    memset(&err, 0, sizeof err);
+    kvp_scheduler_stats before = stats_of(f);
+    assert_int_equal(kvp_scheduler_request_state(f->scheduler, id, &state, &err),
+                     KVP_REQUEST_UNKNOWN);
+    kvp_scheduler_stats after = stats_of(f);
+    assert_stats_equal(&after, &before); /* changes nothing */
+    assert_int_equal(err.status, KVP_REQUEST_UNKNOWN);
+    assert_int_equal(err.index, id);
+    assert_int_equal(err.limit, next);
+    assert_int_equal(state, 99); /* not written */
+}
+
+/*
+ * Records are recycled once collected (issue 16): ids stay 0, 1, 2, ... and
+ * unique, a collected id is stale for good (REQUEST_UNKNOWN, as is one never
+ * given), and a steady stream of requests (samples and sessions on, compute
+ * off) allocates nothing once warm, however many pass. Before, every request
+ * kept a record until destroy: the record array grew, so this allocated.
+ */
+static void test_scheduler_records_recycled(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_full(&f, 64, 1, 0, 0, 1, KVP_SCHEDULE_FCFS, 4, 0.5);
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = 6;
+    q.max_new_tokens = 3;
+    q.samples = 2;
+    q.input = stream_input;
+    kvp_error err;
+    uint64_t id = UINT64_MAX;
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 0); /* nothing finished yet (no NULL memmove) */
+    assert_unknown(&f, 0, 0); /* never given */
+    kvpt_assert_ok(kvp_scheduler_submit(f.scheduler, &q, &id, &err), &err);
+    assert_int_equal(id, 0);
+    assert_state(&f, 0, KVP_REQUEST_WAITING);
+    assert_unknown(&f, 1, 1);
+    kvp_request_state st;
+    assert_int_equal(kvp_scheduler_request_state(NULL, 0, &st, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_scheduler_request_state(f.scheduler, 0, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "state");
+    kvpt_assert_ok(kvp_scheduler_step(f.scheduler, NULL, &err), &err);
+    assert_state(&f, 0, KVP_REQUEST_RUNNING);
+    run(&f, 0);
+    assert_state(&f, 0, KVP_REQUEST_FINISHED);
+    assert_int_equal(collect_all(&f, done, 8), 1);
+    assert_int_equal(done[0].id, 0);
+    assert_unknown(&f, 0, 1); /* collected: stale */
+    /* Rounds of 4 requests, one of them a session's turn; the same shape every round. */
+    uint64_t next = 1;
+    for (size_t round = 0; round < 300; round++) {
+        if (round == 8) {
+            kvpi_fault_arm(0); /* warm: count the allocations from here on */
+        }
+        for (size_t k = 0; k < 4; k++) {
+            q.session = k == 0; /* session 1: each round its next turn */
+            q.samples = 1 + k % 3;
+            kvpt_assert_ok(kvp_scheduler_submit(f.scheduler, &q, &id, &err), &err);
+            assert_int_equal(id, next++);
+        }
+        run(&f, 0);
+        assert_int_equal(collect_all(&f, done, 8), 4);
+        for (size_t k = 0; k < 4; k++) {
+            assert_int_equal(done[k].status, KVP_OK);
+            uint64_t nth = done[k].id - (next - 4); /* its place in the round */
+            assert_true(nth < 4);
+            assert_int_equal(done[k].tokens_generated, 3 * (1 + nth % 3));
+            assert_unknown(&f, done[k].id, next);
+        }
+    }
+    assert_int_equal(kvpi_fault_calls(), 0); /* 1168 requests served without an allocation */
+    kvp_scheduler_stats s = stats_of(&f);
+    assert_int_equal(s.submitted, 1201);
+    assert_int_equal(s.completed, 1201);
+    assert_true(s.session_hits > 0);
+    assert_true(s.forks > 0);
+    teardown_fixture(&f);
+}
+
+/* A one-token request of `session` (0: none) over stream_input rows; returns its id. */
+static uint64_t submit_stream(fixture *f, size_t prompt, uint64_t session)
+{
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = prompt;
+    q.max_new_tokens = 1;
+    q.input = stream_input;
+    q.session = session;
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &q, &id, &err), &err);
+    return id;
+}
+
+/* One step, then collects what finished into done[] (at most 8); returns how many. */
+static size_t step_collect(fixture *f, kvp_request_result *done)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_step(f->scheduler, NULL, &err), &err);
+    kvpt_assert_pool_ok(f->pool);
+    return collect_all(f, done, 8);
+}
+
+/*
+ * Fairness (issue 16, 5.): a steady stream of session turns cannot starve a
+ * plain request. max_running 1 and one-token requests (compute off), so
+ * each step admits the head of the queue alone and finishes it; after each
+ * step in which a turn finished its session sends the next turn, which goes
+ * ahead of the queue as its sequence is kept. The plain request, queued
+ * behind the first turn, is overtaken by exactly KVP_SESSION_MAX_OVERTAKES
+ * turns and admitted at step 2 + KVP_SESSION_MAX_OVERTAKES, while the
+ * stream goes on around it (every later turn a session hit). Before, every
+ * turn went to the very front: the plain request waited as long as the
+ * stream lasted (here 100 steps, never admitted).
+ */
+static void test_scheduler_session_stream_cannot_starve(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture_full(&f, 64, 1, 0, 1, 1, KVP_SCHEDULE_FCFS, 1000, 1.0);
+    (void)submit_stream(&f, 5, 1); /* nothing kept yet: at the back */
+    uint64_t plain = submit_stream(&f, 6, 0);
+    size_t admitted_at = 0;
+    for (size_t step = 1; step <= 100; step++) {
+        kvp_request_result done[8];
+        size_t n = step_collect(&f, done);
+        assert_int_equal(n, 1); /* the head alone, finished in its step */
+        if (done[0].id == plain) {
+            admitted_at = step;
+        }
+        kvp_request_state st;
+        assert_int_equal(kvp_scheduler_request_state(f.scheduler, plain, &st, NULL),
+                         admitted_at != 0 ? KVP_REQUEST_UNKNOWN : KVP_OK);
+        if (done[0].id != plain) {
+            (void)submit_stream(&f, 5, 1); /* the session's next turn: kept, it goes ahead */
+        }
+    }
+    assert_int_equal(admitted_at, 2 + KVP_SESSION_MAX_OVERTAKES);
+    kvp_scheduler_stats s = stats_of(&f);
+    assert_int_equal(s.session_hits, 98); /* turns 1 to 98: all but the first admitted */
+    assert_int_equal(s.completed, 100);
+    run(&f, 1); /* the turn still waiting */
+    assert_int_equal(collect_all(&f, NULL, 0), 0);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 1);
+    teardown_fixture(&f);
+}
+
+/* A request of stream_input rows (compute off tests): returns its id. */
+static uint64_t submit_rows(fixture *f, size_t prompt, size_t new_tokens, size_t samples)
+{
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = prompt;
+    q.max_new_tokens = new_tokens;
+    q.samples = samples;
+    q.input = stream_input;
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &q, &id, &err), &err);
+    return id;
+}
+
+/*
+ * Admission counts evictable pages as available (issue 16, 9.): request 0
+ * (16 + 8 tokens, compute off, keyed rows) completes and publishes its 6
+ * full blocks, so of 16 pages 12 are evictable and 4 free. Request 1
+ * (16 + 3 tokens: 5 blocks x 2 layers = 10 pages, no prefix in common)
+ * fits only by evicting: it is admitted in the very next step, its prompt
+ * takes 8 pages (4 free, 4 evicted) and its first token a new block (2
+ * more evicted), and nothing is preempted. Counting free pages alone, it
+ * would wait (admission: LATER for ever) or be preempted at once for its
+ * first token's block (make_room).
+ */
+static void test_scheduler_admission_counts_evictable_pages(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 16, 1, 0, 0);
+    (void)submit_rows(&f, 16, 8, 1);
+    run(&f, 0);
+    kvp_pool_stats pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, 0);
+    assert_int_equal(pool.evictable_pages, 12);
+    assert_int_equal(pool.free_pages, 4);
+    (void)submit_rows(&f, 16, 3, 1);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.preempted, 0);
+    assert_int_equal(st.decoded, 1);
+    pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, 10); /* 16 + 1 tokens: 5 blocks x 2 layers */
+    assert_int_equal(pool.evictions, 6);   /* 10 pages taken, 4 of them free */
+    run(&f, 0);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 2);
+    assert_int_equal(stats_of(&f).preemptions, 0);
+    teardown_fixture(&f);
+}
+
+/*
+ * Page accounting of forked samples over a partial prompt page (issue 16,
+ * 9.): request 0 has 3 samples of a 6-token prompt (1 full block and a
+ * partial one) and 2 new tokens. It takes the prompt's 2 blocks once (x 2
+ * layers: 4 pages) and each sample 1 block past the full one, its copy of
+ * the partial page that it then fills (x 2 layers: 6 pages): 10 pages.
+ * Beside it, request 1 needs 2 pages; the pool has 11. So request 0 is
+ * admitted and request 1 waits; after the step (the first decode made the
+ * copies, the shared partial page went back) 8 pages are held, none
+ * promised. Counting no copies (4 pages), request 1 would be admitted too;
+ * counting the partial page as every sample's own (12 pages), request 0
+ * would be rejected as never fitting.
+ */
+static void test_scheduler_forked_samples_count_partial_prompt_page(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 11, 1, 0, 0);
+    (void)submit_rows(&f, 6, 2, 3);
+    (void)submit_rows(&f, 3, 1, 1);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.rejected, 0);
+    assert_int_equal(st.waiting, 1);
+    assert_int_equal(st.decoded, 3);
+    kvp_pool_stats pool = pool_of(&f);
+    assert_int_equal(pool.held_pages, 8); /* the full block shared, 3 copies, x 2 layers */
+    assert_int_equal(pool.promised_pages, 0);
+    assert_int_equal(pool.cow_copies, 6);
+    assert_int_equal(st.unshared_pages, 12); /* 3 samples x 2 blocks x 2 layers */
+    run(&f, 0);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 2);
+    assert_int_equal(stats_of(&f).preemptions, 0);
+    assert_int_equal(stats_of(&f).forks, 2);
+    teardown_fixture(&f);
+}
+
+/* Updates parameter `index` of layer `layer` in place (its revision + 1). */
+static void update_param(kvp_model *model, size_t layer, size_t index)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_param_update_with(kvp_model_param_mut(model, layer, index), scale_values,
+                                         NULL, &err),
+                   &err);
+}
+
+/*
+ * A kept or leased sequence is stale after an output-projection update
+ * (issue 16, 9.): W_o of the last layer changes none of the K/V a sequence
+ * holds, but its binding covers it. So a running request is preempted for
+ * recompute (a stale preemption) and the kept sequence of a finished turn
+ * is given back as stale (a drop), its blocks no longer adoptable; the
+ * recomputed request then finishes. Checking only W_q, W_k and W_v, or
+ * only layer 0, would keep both.
+ */
+static void test_scheduler_output_projection_update_is_stale(void **state)
+{
+    (void)state;
+    fixture f;
+    static book b;
+    start_conversation(&f, &b);
+    assert_sessions(&f, 1, 0, 0, 1, TURN1_PAGES);
+    uint64_t other = submit(&f, &b, 5, 6, NULL);
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.admitted, 1);
+    update_param(f.model, LAYERS - 1, KVP_PARAM_OUTPUT);
+    st = step_once(&f);
+    assert_int_equal(st.stale_preempted, 1);
+    assert_int_equal(st.preempted, 1);
+    assert_int_equal(st.decoded, 0);
+    assert_int_equal(st.retained_pages, 0);
+    assert_sessions(&f, 1, 0, 1, 0, 0);
+    assert_int_equal(stats_of(&f).stale_preemptions, 1);
+    run(&f, 0);
+    assert_int_equal(b.tokens[other][0], 6);
+    kvp_request_result done[8];
+    assert_int_equal(collect_all(&f, done, 8), 2);
+    assert_int_equal(done[1].id, other);
+    assert_int_equal(done[1].preemptions, 1);
+    teardown_fixture(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1937,6 +2249,11 @@ int main(void)
         cmocka_unit_test(test_scheduler_session_stale_is_no_hit),
         cmocka_unit_test(test_scheduler_sessions_random_conversations),
         cmocka_unit_test(test_scheduler_session_stall_gives_back),
+        cmocka_unit_test(test_scheduler_records_recycled),
+        cmocka_unit_test(test_scheduler_session_stream_cannot_starve),
+        cmocka_unit_test(test_scheduler_admission_counts_evictable_pages),
+        cmocka_unit_test(test_scheduler_forked_samples_count_partial_prompt_page),
+        cmocka_unit_test(test_scheduler_output_projection_update_is_stale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

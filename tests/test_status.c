@@ -577,7 +577,8 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_NOT_AT_BLOCK_BOUNDARY, 57);
     assert_int_equal(KVP_PAGE_PUBLISHED, 58);
     assert_int_equal(KVP_BLOCK_BINDING_MISMATCH, 59);
-    assert_int_equal(KVP_STATUS_COUNT_, 60);
+    assert_int_equal(KVP_REQUEST_UNKNOWN, 60);
+    assert_int_equal(KVP_STATUS_COUNT_, 61);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -655,6 +656,15 @@ static void test_status_format_external_cache_errors(void **state)
     kvpt_assert_error_text(&e, "page 6 was published under another binding than the adopting "
                                "cache's (cache 2 of the group, position 8): its rows were not "
                                "computed by this cache's layer");
+    assert_string_equal(kvp_status_name(KVP_REQUEST_UNKNOWN), "RequestUnknown");
+    e = error_of(KVP_REQUEST_UNKNOWN);
+    e.index = 4;
+    e.limit = 9;
+    kvpt_assert_error_text(&e, "request 4 is not held by the scheduler: collected already (ids "
+                               "below 9 were given)");
+    e.index = 9;
+    kvpt_assert_error_text(&e, "request 9 is not held by the scheduler: never submitted (ids "
+                               "below 9 were given)");
 }
 
 /* The shape helpers every validation uses. */

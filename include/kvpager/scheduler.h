@@ -15,8 +15,12 @@
  *      promised those pages. A request whose whole length (prompt +
  *      max_new_tokens, per sample) can never fit the pool is rejected. The
  *      requests admitted in a step are prefilled together, as one batch of
- *      jobs on the decoder's threads. With config.schedule
- *      KVP_SCHEDULE_CACHE_AWARE (longest prefix match first, SGLang's
+ *      jobs on the decoder's threads. With config.max_running, admission
+ *      also stops at the first request whose samples would take the
+ *      running sequences past it; a request with more samples than
+ *      max_running is admitted only when nothing runs, and then runs
+ *      alone, over the limit (so it is never refused for good). With
+ *      config.schedule KVP_SCHEDULE_CACHE_AWARE (longest prefix match first, SGLang's
  *      policy) the first KVP_SCHEDULE_WINDOW waiting requests are
  *      considered in another order: those preempted (back at the front of
  *      the queue), rejected or already overtaken KVP_SCHEDULE_MAX_SKIPS
@@ -72,9 +76,21 @@
  *      that request waits for a think time and then in the queue. A
  *      request submitted while its session's sequence is kept (and bound
  *      to current parameters) goes to the front of the queue, ahead of
- *      preempted ones: its prefix is held, so it needs only the pages of
- *      its new tokens. The kept sequence is given back (its pages become
- *      evictable, still indexed) when a request of its session is
+ *      preempted ones (its prefix is held, so it needs only the pages of
+ *      its new tokens) and of earlier such requests, but behind every
+ *      waiting request that let KVP_SESSION_MAX_OVERTAKES session
+ *      requests go ahead of it already (each request it goes ahead of
+ *      counts one). The bound: a waiting request lets at
+ *      most KVP_SESSION_MAX_OVERTAKES session requests go ahead of it;
+ *      then only the requests ahead of it in the queue, and preempted ones
+ *      returning to the front, are admitted before it. Under FCFS each
+ *      step in which the head of the queue fits admits at least the head,
+ *      so a request is admitted within (its place in the queue at submit
+ *      + the preempted requests that return ahead of it +
+ *      KVP_SESSION_MAX_OVERTAKES + 1) such steps: a steady stream of
+ *      session requests cannot starve it (cache-aware: the bound of 1.
+ *      for its window as well). The kept sequence is given back (its
+ *      pages become evictable, still indexed) when a request of its session is
  *      admitted, once that request adopted its prefix (a session hit,
  *      unless the sequence was stale); when it expires; when another
  *      request of the session completes and is kept instead; when its
@@ -105,10 +121,17 @@
  * on the thread that calls kvp_scheduler_step, never on the decoder's
  * threads.
  *
- * Memory: the scheduler keeps a small record (tens of bytes) of every
- * request submitted, until it is destroyed; sequences and token buffers are
- * reused from request to request, so a steady state allocates nothing per
- * step.
+ * Memory: the scheduler keeps a record of each request from submit until
+ * it is collected (its copy of the kvp_request, its counters and its last
+ * error: about 700 bytes on a 64-bit target, plus 16 bytes of id index),
+ * and then recycles it for a later request; its queue, running slots,
+ * finished results, kept and idle sequences and scratch grow to the most
+ * the workload ever holds at once and are reused, never to the number of
+ * requests served. So memory is bounded by the peak of requests held (not
+ * yet collected) and of sequences running or kept, however many requests
+ * pass, and a steady state allocates nothing per step. The pool's prefix
+ * index is sized with the pool (pool.h). A caller that never collects keeps
+ * every finished request's record.
  *
  * Threads: a scheduler has one owner at a time: its calls must not overlap
  * (one caller at a time per scheduler). Its model, pool and decoder may be
@@ -139,7 +162,8 @@ typedef struct kvp_scheduler_config {
     size_t capacity;       /* positions each sequence may hold; 0 is refused (ZERO_CAPACITY) */
     double watermark;      /* fraction of the pool's pages kept free at admission, in [0, 1) */
     size_t reserve_tokens; /* decoding reserve promised at admission */
-    size_t max_running;    /* most sequences running at once; 0: no limit but the pool */
+    size_t max_running;    /* most sequences running at once; 0: no limit but the pool; a
+                              request with more samples runs alone (1. above) */
     int compute;           /* 1: real attention on the decoder; 0: the allocator alone */
     uint64_t identity;     /* compute 0: the identity the external caches bind (cache.h) */
     int sharing;           /* 1: fork samples, adopt prompt prefixes from the pool's
@@ -165,6 +189,8 @@ typedef enum kvp_schedule {
 /* Cache-aware: waiting requests ranked per step, and overtakings a request bears. */
 #define KVP_SCHEDULE_WINDOW 8
 #define KVP_SCHEDULE_MAX_SKIPS 8
+/* Sessions: session requests a waiting request lets go ahead of it, at most (5.). */
+#define KVP_SESSION_MAX_OVERTAKES 64
 
 /*
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),
@@ -331,8 +357,11 @@ KVP_API kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *er
 
 /*
  * Queues a request at the back of the waiting queue and gives its id
- * (0, 1, 2, ... in submit order). The request is copied; `prompt` and `ctx`
- * are the caller's and must stay valid until the request is collected
+ * (0, 1, 2, ... in submit order: a 64-bit count, so no id is given twice
+ * within 2^64 submissions, though records are recycled once collected).
+ * A session's request whose sequence is kept goes ahead of the queue
+ * instead, within the bound of 5. above. The request is copied; `prompt`
+ * and `ctx` are the caller's and must stay valid until the request is collected
  * (a preempted request reads its rows again). Errors, in order, each
  * changing nothing (no id is used): NULL_ARGUMENT (scheduler, request, id;
  * `input` when compute is 1: the decoded tokens' rows come from it);
@@ -377,6 +406,26 @@ KVP_API KVP_NODISCARD kvp_status kvp_scheduler_step(kvp_scheduler *scheduler,
 KVP_API KVP_NODISCARD kvp_status kvp_scheduler_collect(kvp_scheduler *scheduler,
                                                        kvp_request_result *finished, size_t cap,
                                                        size_t *n, kvp_error *err);
+
+/* Where a request is (kvp_scheduler_request_state). */
+typedef enum kvp_request_state {
+    KVP_REQUEST_WAITING = 0, /* queued, preempted ones included */
+    KVP_REQUEST_RUNNING = 1, /* admitted: its samples hold sequences */
+    KVP_REQUEST_FINISHED = 2 /* completed, rejected or failed, waiting for collect */
+} kvp_request_state;
+
+/*
+ * Where request `id` is now, into *state. Errors, changing nothing:
+ * NULL_ARGUMENT (scheduler, state); REQUEST_UNKNOWN when the scheduler holds
+ * no request `id`: it was collected (its record is recycled; the id stays
+ * stale for good, as ids are never given twice) or never given by submit
+ * (err.index the id, err.limit the next id submit gives).
+ * Threads: one caller at a time per scheduler.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_scheduler_request_state(const kvp_scheduler *scheduler,
+                                                             uint64_t id,
+                                                             kvp_request_state *state,
+                                                             kvp_error *err);
 
 /*
  * The counters. NULL_ARGUMENT; INVALID_ARGUMENT (struct_size); changes nothing.

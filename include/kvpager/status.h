@@ -128,12 +128,15 @@ extern "C" {
       "rows enter a layer-bound cache only through attention")                                     \
     X(ROWS_RESERVED, 54, "RowsReserved", "the cache already holds a row reservation")              \
     X(ROWS_NOT_RESERVED, 55, "RowsNotReserved", "more rows committed than the cache reserved")     \
-    X(PAGE_NOT_HELD, 56, "PageNotHeld", "the page is not held (free or evictable): only held pages have data")             \
+    X(PAGE_NOT_HELD, 56, "PageNotHeld",                                                            \
+      "the page is not held (free or evictable): only held pages have data")                       \
     X(NOT_AT_BLOCK_BOUNDARY, 57, "NotAtBlockBoundary",                                             \
       "the cache length is not a multiple of block_tokens")                                        \
     X(PAGE_PUBLISHED, 58, "PagePublished", "the page is already published under another key")      \
     X(BLOCK_BINDING_MISMATCH, 59, "BlockBindingMismatch",                                          \
-      "a published block was computed under another binding than the adopting cache's")
+      "a published block was computed under another binding than the adopting cache's")            \
+    X(REQUEST_UNKNOWN, 60, "RequestUnknown",                                                       \
+      "the scheduler holds no request with this id: collected, or never submitted")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -194,6 +197,7 @@ typedef struct kvp_error {
      * PAGE_PUBLISHED, BLOCK_BINDING_MISMATCH: index is the page, `layer` the
      * cache within the group (the sequence's layer; 0 for one cache), and for
      * BLOCK_BINDING_MISMATCH `position` the block's first position.
+     * REQUEST_UNKNOWN: index is the request id, limit the next id submit gives.
      * NONFINITE_*: flat index and the value found (NONFINITE_PROJECTION names
      * the projection, "query", "key" or "value", in `what`). */
     size_t index;

@@ -513,6 +513,12 @@ static void sink_error(text_sink *sink, const kvp_error *e)
                     "this cache's layer",
                     e->index, e->layer, e->position);
         return;
+    case KVP_REQUEST_UNKNOWN:
+        sink_printf(sink,
+                    "request %zu is not held by the scheduler: %s (ids below %zu were given)",
+                    e->index, e->index < e->limit ? "collected already" : "never submitted",
+                    e->limit);
+        return;
     case KVP_STATUS_COUNT_:
         break;
     }

@@ -2,7 +2,7 @@
  * scheduler.c: continuous batching over one model, pool and decoder
  * (kvpager/scheduler.h has the schedule and the contracts).
  *
- * Owns: the request records, the waiting queue (a ring of ids), the running
+ * Owns: the request records (requests.c), the waiting queue (a ring of ids), the running
  * slots, the idle leases kept for reuse, the leases kept for sessions (5.
  * in the header: a finished request's sample 0 lease, pages held, until
  * its session's next request is admitted), the finished results awaiting
@@ -35,6 +35,11 @@
  *   - the plan takes queue entries in its order (the queue's, or with the
  *     cache-aware schedule the window's rank, then the queue's), and
  *     admission removes them from the queue keeping the order of the rest;
+ *   - a waiting request's `overtaken` counts the session requests placed
+ *     ahead of it (queue_jump) and never passes KVP_SESSION_MAX_OVERTAKES:
+ *     at the bound none goes ahead of it; cache-aware, its `skips` counts
+ *     the steps that admitted a request behind it from the window, up to
+ *     KVP_SCHEDULE_MAX_SKIPS, from which the window ranks it first;
  *   - before decode, the free pages cover the new pages every running
  *     sequence needs this step (preemption makes it so), so decode fails for
  *     want of pages only when another user of the pool takes them;
@@ -59,22 +64,14 @@
 #include "pager/error.h"
 #include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
+#include "serve/requests_internal.h"
 #include "serve/sequence_internal.h"
 #include "serve/share_internal.h"
 
-enum { STATE_WAITING, STATE_RUNNING, STATE_FINISHED, STATE_COLLECTED };
+/* A record's state; a collected request has no record (requests_internal.h). */
+enum { STATE_WAITING, STATE_RUNNING, STATE_FINISHED };
 
-typedef struct record {
-    kvp_request request;  /* the caller's, copied (struct_size the library's) */
-    size_t generated;     /* tokens each sample generated so far, kept across preemption */
-    size_t preemptions;
-    size_t skips;         /* cache-aware: steps that admitted a request behind it in the queue
-                             while it waited in the window */
-    size_t slots;         /* running slots (samples) it holds: samples while running, else 0 */
-    int state;
-    int failed;           /* a job of this step failed; `error` says why */
-    kvp_error error;
-} record;
+typedef kvpi_record record;
 
 /* A sequence (or external caches) with its token buffers, reused between requests. */
 typedef struct lease {
@@ -141,9 +138,7 @@ struct kvp_scheduler {
     size_t block_tokens;
     size_t watermark_pages;
 
-    record *records;  /* [count], indexed by id */
-    size_t records_count;
-    size_t records_room;
+    kvpi_requests requests; /* the records of the requests not yet collected, by id */
     uint64_t *waiting; /* ring of ids */
     size_t waiting_head;
     size_t waiting_count;
@@ -208,9 +203,12 @@ static int grow(void **items, size_t *room, size_t need, size_t size)
     return 0;
 }
 
-static record *record_of(kvp_scheduler *s, uint64_t id)
+/* The record of request `id`, held: waiting, running or finished, not collected. */
+static record *record_of(const kvp_scheduler *s, uint64_t id)
 {
-    return &s->records[id];
+    record *r = kvpi_requests_find(&s->requests, id);
+    assert(r != NULL);
+    return r;
 }
 
 static size_t queue_at(const kvp_scheduler *s, size_t i)
@@ -237,6 +235,33 @@ static uint64_t queue_pop_front(kvp_scheduler *s)
     s->waiting_head = (s->waiting_head + 1) % s->waiting_room;
     s->waiting_count--;
     return id;
+}
+
+/*
+ * A session's request whose sequence is kept (5.): at the front of the
+ * queue, but behind every waiting request overtaken
+ * KVP_SESSION_MAX_OVERTAKES times already; each request it goes ahead of
+ * counts one more overtaking. So no waiting request is overtaken more than
+ * KVP_SESSION_MAX_OVERTAKES times by session requests (the bound of
+ * scheduler.h, 5.). Room was made first.
+ */
+static void queue_jump(kvp_scheduler *s, uint64_t id)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < s->waiting_count; i++) {
+        const record *r = record_of(s, s->waiting[queue_at(s, i)]);
+        if (r->overtaken >= KVP_SESSION_MAX_OVERTAKES) {
+            at = i + 1;
+        }
+    }
+    for (size_t i = at; i < s->waiting_count; i++) {
+        record_of(s, s->waiting[queue_at(s, i)])->overtaken++;
+    }
+    s->waiting_count++;
+    for (size_t i = s->waiting_count - 1; i > at; i--) {
+        s->waiting[queue_at(s, i)] = s->waiting[queue_at(s, i - 1)];
+    }
+    s->waiting[queue_at(s, at)] = id;
 }
 
 /* Grows the ring to `need`, keeping the queue's order. */
@@ -769,7 +794,7 @@ static void scheduler_free(kvp_scheduler *s)
         lease_free(&s->kept[i].lease);
     }
     kvpi_free(s->kept);
-    kvpi_free(s->records);
+    kvpi_requests_free(&s->requests);
     kvpi_free(s->waiting);
     kvpi_free(s->running);
     kvpi_free(s->idle);
@@ -838,6 +863,7 @@ kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_deco
     s->watermark_pages = (size_t)ceil(config.watermark * (double)pool_stats.total_pages);
     s->kept_cap = (size_t)floor(config.session_fraction * (double)pool_stats.total_pages);
     kvp_scheduler_stats_init(&s->stats);
+    kvpi_requests_init(&s->requests);
     s->parked.id = NO_REQUEST;
     for (size_t i = 0; i < WINDOW; i++) {
         s->ranked[i].id = NO_REQUEST;
@@ -944,21 +970,18 @@ kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler, const kvp_request *req
     if (status != KVP_OK) {
         return status;
     }
-    if (grow((void **)&s->records, &s->records_room, s->records_count + 1, sizeof *s->records) !=
-            0 ||
-        queue_grow(s, s->waiting_count + 1) != 0) {
+    if (kvpi_requests_reserve(&s->requests, 1) != 0 || queue_grow(s, s->waiting_count + 1) != 0) {
         return kvpi_fail_alloc(err, "scheduler request records",
-                               (s->records_count + 1) * sizeof *s->records);
+                               (s->requests.live + 1) * sizeof(record));
     }
-    uint64_t next = s->records_count++;
-    record *r = &s->records[next];
-    memset(r, 0, sizeof *r);
+    record *r = kvpi_requests_add(&s->requests);
+    uint64_t next = r->id;
     r->request = copy;
     r->state = STATE_WAITING;
-    /* A session's next request goes first while its sequence is kept, current (5.). */
+    /* A session's next request goes ahead while its sequence is kept, current (5.). */
     size_t k = copy.session != 0 ? kept_of(s, copy.session) : SIZE_MAX;
     if (k != SIZE_MAX && !lease_stale(s, &s->kept[k].lease)) {
-        queue_push_front(s, next);
+        queue_jump(s, next);
     } else {
         queue_push_back(s, next);
     }
@@ -1309,7 +1332,7 @@ static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
         } else {
             continue;
         }
-        const record *r = &s->records[id];
+        const record *r = record_of(s, id);
         const kvp_request *q = &r->request;
         size_t len = q->prompt_tokens + q->max_new_tokens; /* within the capacity */
         if (publishes(s, q) && r->generated + 1 >= q->max_new_tokens && len > longest) {
@@ -2081,11 +2104,40 @@ kvp_status kvp_scheduler_collect(kvp_scheduler *scheduler, kvp_request_result *f
     size_t take = s->done_count < cap ? s->done_count : cap;
     for (size_t i = 0; i < take; i++) {
         finished[i] = s->done[i];
-        record_of(s, s->done[i].id)->state = STATE_COLLECTED;
+        kvpi_requests_remove(&s->requests, s->done[i].id); /* its id is stale from now on */
     }
-    memmove(s->done, s->done + take, (s->done_count - take) * sizeof *s->done);
-    s->done_count -= take;
+    if (take > 0) { /* nothing finished yet: s->done may be NULL */
+        memmove(s->done, s->done + take, (s->done_count - take) * sizeof *s->done);
+        s->done_count -= take;
+    }
     *n = take;
+    return KVP_OK;
+}
+
+kvp_status kvp_scheduler_request_state(const kvp_scheduler *scheduler, uint64_t id,
+                                       kvp_request_state *state, kvp_error *err)
+{
+    if (scheduler == NULL) {
+        return kvpi_fail_null(err, "scheduler");
+    }
+    if (state == NULL) {
+        return kvpi_fail_null(err, "state");
+    }
+    const record *r = kvpi_requests_find(&scheduler->requests, id);
+    if (r == NULL) {
+        if (err != NULL) {
+            kvp_error e;
+            memset(&e, 0, sizeof e);
+            e.status = KVP_REQUEST_UNKNOWN;
+            e.index = (size_t)id;
+            e.limit = (size_t)scheduler->requests.next_id;
+            *err = e;
+        }
+        return KVP_REQUEST_UNKNOWN;
+    }
+    *state = r->state == STATE_WAITING   ? KVP_REQUEST_WAITING
+             : r->state == STATE_RUNNING ? KVP_REQUEST_RUNNING
+                                         : KVP_REQUEST_FINISHED;
     return KVP_OK;
 }
 
