@@ -1906,6 +1906,79 @@ static void test_scheduler_session_largest_ttl_never_expires(void **state)
     teardown_collected(&f, 2);
 }
 
+/* ---- issue 16, section 8: what probing and fuzzing the scheduler found -- */
+
+/*
+ * kvp_scheduler_collect before any request finished (before any step):
+ * nothing to move, n 0, every cap. The scheduler's result array is not
+ * allocated until a step makes room, and collect used to pass that NULL to
+ * memmove (UBSan: null pointer passed as argument 1).
+ */
+static void test_scheduler_collect_before_anything_finished(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 16, 1, 1, 0);
+    kvp_request_result done[2];
+    size_t n = 99;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_collect(f.scheduler, NULL, 0, &n, &err), &err);
+    assert_int_equal(n, 0);
+    assert_int_equal(collect_all(&f, done, 2), 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit(&f, &b, 2, 2, NULL); /* waiting, not finished: still nothing */
+    assert_int_equal(collect_all(&f, done, 2), 0);
+    run(&f, 0);
+    assert_int_equal(collect_all(&f, done, 2), 1);
+    assert_int_equal(done[0].tokens_generated, 2);
+    assert_int_equal(collect_all(&f, done, 2), 0);
+    teardown_fixture(&f);
+}
+
+/* Submits a request with neither prompt rows nor an input callback (compute off only). */
+static uint64_t submit_rowless(fixture *f, size_t prompt, size_t new_tokens, size_t samples)
+{
+    kvp_request request;
+    kvp_request_init(&request);
+    request.prompt_tokens = prompt;
+    request.max_new_tokens = new_tokens;
+    request.samples = samples;
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &id, &err), &err);
+    return id;
+}
+
+/*
+ * Nothing to key, so no rows are ever read and the step's row scratch is
+ * never allocated: allocator-only with sharing 0, or with sharing on and
+ * requests that have no rows at all. The plan and the prefill used to
+ * compute NULL + 0 for those requests' rows (clang's
+ * -fsanitize=pointer-overflow, in -fsanitize=undefined: "applying zero
+ * offset to null pointer"; gcc does not report it, clang builds such as the
+ * fuzz preset do). Every request runs to its budget and gives its pages
+ * back; the pool's audit holds after every step (run).
+ */
+static void test_scheduler_allocator_only_with_nothing_to_key(void **state)
+{
+    (void)state;
+    for (int sharing = 0; sharing <= 1; sharing++) {
+        fixture f;
+        setup_fixture_sharing(&f, 20, 1, 0, 0, sharing);
+        for (size_t i = 0; i < 3; i++) {
+            assert_int_equal(submit_rowless(&f, lengths[i][0], lengths[i][1], 1 + i % 2), i);
+        }
+        run(&f, 0);
+        kvp_scheduler_stats s = stats_of(&f);
+        assert_int_equal(s.completed, 3);
+        assert_int_equal(s.tokens_generated, 9 + 2 * 3 + 14);
+        assert_int_equal(s.prefix_hit_tokens, 0);
+        assert_int_equal(pool_of(&f).held_pages, 0);
+        teardown_collected(&f, 3);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1937,6 +2010,8 @@ int main(void)
         cmocka_unit_test(test_scheduler_session_stale_is_no_hit),
         cmocka_unit_test(test_scheduler_sessions_random_conversations),
         cmocka_unit_test(test_scheduler_session_stall_gives_back),
+        cmocka_unit_test(test_scheduler_collect_before_anything_finished),
+        cmocka_unit_test(test_scheduler_allocator_only_with_nothing_to_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

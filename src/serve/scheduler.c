@@ -1249,7 +1249,8 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             return kvpi_fail_alloc(err, "scheduler prompt rows",
                                    (rows + need_rows) * s->width * sizeof(double));
         }
-        double *at = s->rows + rows * s->width;
+        /* NULL when it reads no rows (allocator-only, nothing keyed): never NULL + 0 */
+        double *at = need_rows != 0 ? s->rows + rows * s->width : NULL;
         int filled = 0;
         size_t key_count = 0;
         size_t hits = 0;
@@ -1549,7 +1550,8 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
         size_t prompt = q->prompt_tokens;
         size_t g = rec->generated;
         size_t x = sample_tokens(s, rec);
-        const double *rows = s->rows + pl->rows * s->width;
+        /* Compute off reads no rows here, and may have none (s->rows NULL) */
+        const double *rows = s->config.compute ? s->rows + pl->rows * s->width : NULL;
         lease *l0 = &s->running[at].lease;
         pl->adopted = 0;
         if (pl->key_blocks != 0) {
@@ -2084,8 +2086,10 @@ kvp_status kvp_scheduler_collect(kvp_scheduler *scheduler, kvp_request_result *f
         finished[i] = s->done[i];
         record_of(s, s->done[i].id)->state = STATE_COLLECTED;
     }
-    memmove(s->done, s->done + take, (s->done_count - take) * sizeof *s->done);
-    s->done_count -= take;
+    if (take > 0) { /* done is NULL until a step first makes room */
+        memmove(s->done, s->done + take, (s->done_count - take) * sizeof *s->done);
+        s->done_count -= take;
+    }
     *n = take;
     return KVP_OK;
 }
