@@ -1979,6 +1979,57 @@ static void test_scheduler_allocator_only_with_nothing_to_key(void **state)
     }
 }
 
+/*
+ * Kept sequences that share pages count them once: session 1's turn (5
+ * prompt tokens, the first 4 of group 0, and 3 decoded: 2 blocks x 2
+ * layers, 4 pages) is kept; session 2's request (5 tokens, the same first
+ * block) adopts that block from it, and is kept too: 8 pages counted one by
+ * one, 6 distinct, all the pool holds. Under session_fraction 0.25 (6 of 24
+ * pages) both are kept (the old sum, 8, dropped session 1's); under 0.5 too
+ * (the old sum said 8 while the pool held 6). Session 1's next turn (its 8
+ * rows and 1 more, 1 decoded: 3 blocks, 6 pages) adopts its 2 blocks (a
+ * session hit, 4 pages left kept: session 2's); kept in turn, it shares
+ * block 0 with session 2's: 8 distinct pages, within 0.5's cap (12) beside
+ * it, over 0.25's (6), which gives session 2's back (a drop). retained_pages
+ * equals the pool's held pages throughout.
+ */
+static void test_scheduler_kept_sessions_count_shared_pages_once(void **state)
+{
+    (void)state;
+    static const double fractions[2] = {0.25, 0.5};
+    for (size_t i = 0; i < 2; i++) {
+        int small = i == 0;
+        fixture f;
+        setup_fixture_sessions(&f, 24, 100, fractions[i]);
+        static book b;
+        memset(&b, 0, sizeof b);
+        static const uint64_t turns[2] = {0, 2};
+        book_conversation(&b, turns, 2, 0);
+        b.shared[1] = 4; /* session 2: group 0's first block, then its own rows */
+        b.group[1] = 0;
+        submit_session(&f, &b, 5, 3, NULL, 1, 1);
+        run(&f, 0);
+        assert_sessions(&f, 1, 0, 0, 1, 4);
+        submit_session(&f, &b, 5, 3, NULL, 1, 2);
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.prefix_hit_tokens, 4);
+        run(&f, 0);
+        assert_sessions(&f, 2, 0, 0, 2, 6);
+        assert_int_equal(pool_of(&f).held_pages, 6);
+        submit_session(&f, &b, 9, 1, NULL, 1, 1);
+        st = step_once(&f);
+        assert_int_equal(st.prefix_hit_tokens, 8);
+        assert_int_equal(st.finished, 1);
+        assert_int_equal(st.retained_pages, small ? 6 : 8);
+        assert_sessions(&f, 3, 1, small, small ? 1 : 2, small ? 6 : 8);
+        assert_int_equal(pool_of(&f).held_pages, small ? 6 : 8);
+        assert_samples_exact(&b, 0, 1, 5, 3);
+        assert_samples_exact(&b, 1, 1, 5, 3);
+        assert_samples_exact(&b, 2, 1, 9, 1);
+        teardown_collected(&f, 3);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2012,6 +2063,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_session_stall_gives_back),
         cmocka_unit_test(test_scheduler_collect_before_anything_finished),
         cmocka_unit_test(test_scheduler_allocator_only_with_nothing_to_key),
+        cmocka_unit_test(test_scheduler_kept_sessions_count_shared_pages_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,7 +79,8 @@
  *      unless the sequence was stale); when it expires; when another
  *      request of the session completes and is kept instead; when its
  *      parameters change; oldest first, when keeping one would hold more
- *      than session_fraction of the pool's pages, and before any running
+ *      than session_fraction of the pool's pages (a page kept sequences
+ *      share counts once), and before any running
  *      request is preempted for pages (3.); and all of them when a step
  *      admitted nothing and nothing runs while requests wait, so kept
  *      sequences never stall the queue. Expiry, changed parameters and
@@ -255,7 +256,8 @@ typedef struct kvp_step_stats {
     size_t stale_preempted;   /* sequences preempted because their parameters changed
                                  (also counted in `preempted`) */
     /* first release ends here */
-    size_t retained_pages;    /* pages the kept session sequences hold after the step (5.) */
+    size_t retained_pages;    /* pages the kept session sequences hold after the step (5.),
+                                 each once however many of them name it */
 } kvp_step_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.
@@ -284,7 +286,7 @@ typedef struct kvp_scheduler_stats {
     uint64_t forks;             /* sequences (or caches) forked for samples 2 .. n */
     /* first release ends here */
     size_t retained;            /* sessions whose finished sequence is kept now (5.) */
-    size_t retained_pages;      /* pages those sequences hold now */
+    size_t retained_pages;      /* pages those sequences hold now, each once */
     uint64_t session_keeps;     /* finished sequences kept for their session */
     uint64_t session_hits;      /* requests admitted while their session's sequence was kept */
     uint64_t session_drops;     /* kept sequences given back before their session's next

@@ -18,8 +18,10 @@
  *     preempted leases are reset and kept in `idle`, so steady state
  *     allocates nothing per admission or per step. A lease is owned by
  *     exactly one place, a running slot, the idle list or the kept list
- *     (whose leases hold their pages and at most one per session, their
- *     `pages` summing to kept_pages <= kept_cap);
+ *     (whose leases hold their pages and at most one per session;
+ *     kept_refs[p] counts the kept leases naming page p, and kept_pages,
+ *     the pages with a count, is at most kept_cap: a page two kept
+ *     sequences share counts once);
  *   - a step allocates only before it changes anything: it first grows every
  *     array to what the worst case of this step needs (every waiting request
  *     admitted or rejected, every running one retired, the longest request
@@ -157,8 +159,9 @@ struct kvp_scheduler {
     kept_lease *kept;  /* sessions' kept leases, oldest first */
     size_t kept_count;
     size_t kept_room;
-    size_t kept_pages; /* the sum of their `pages` */
+    size_t kept_pages; /* the distinct pages their tables name */
     size_t kept_cap;   /* config.session_fraction of the pool's pages */
+    uint32_t *kept_refs; /* [pool pages] with sessions: kept leases naming each page */
     kvp_request_result *done;
     size_t done_count;
     size_t done_room;
@@ -582,6 +585,45 @@ static void retire_request(kvp_scheduler *s, uint64_t id)
 /* ---- sessions (5.) ------------------------------------------------------ */
 
 /*
+ * Kept pages, each once (5.): kept_refs[p] counts the kept leases whose
+ * tables name page p, and kept_pages the pages with a count. A kept lease
+ * changes no table while kept, so adding it on keeping and removing it on
+ * giving back (before its reset) costs only its own pages, and allocates
+ * nothing (kept_refs is made with the scheduler).
+ */
+static void kept_refs_add(kvp_scheduler *s, const lease *l, int delta)
+{
+    kvp_cache *const *caches = lease_caches(l);
+    for (size_t i = 0; i < s->layers; i++) {
+        const uint32_t *table = kvpi_cache_lane_table(caches[i], 0);
+        size_t blocks = kvpi_cache_mapped_blocks(caches[i]);
+        for (size_t b = 0; b < blocks; b++) {
+            uint32_t *refs = &s->kept_refs[table[b]];
+            if (delta > 0) {
+                s->kept_pages += (*refs)++ == 0;
+            } else {
+                s->kept_pages -= --(*refs) == 0;
+            }
+        }
+    }
+}
+
+/* The pages lease l's tables name that no kept lease names (what keeping it adds). */
+static size_t kept_refs_new(const kvp_scheduler *s, const lease *l)
+{
+    size_t pages = 0;
+    kvp_cache *const *caches = lease_caches(l);
+    for (size_t i = 0; i < s->layers; i++) {
+        const uint32_t *table = kvpi_cache_lane_table(caches[i], 0);
+        size_t blocks = kvpi_cache_mapped_blocks(caches[i]);
+        for (size_t b = 0; b < blocks; b++) {
+            pages += s->kept_refs[table[b]] == 0;
+        }
+    }
+    return pages;
+}
+
+/*
  * Gives kept lease i back: reset (its pages become evictable, still
  * indexed), to the idle list (room was made first). `used`: a request of
  * its session was admitted and adopted what it holds.
@@ -589,9 +631,9 @@ static void retire_request(kvp_scheduler *s, uint64_t id)
 static void drop_kept(kvp_scheduler *s, size_t i, int used)
 {
     kept_lease *k = &s->kept[i];
+    kept_refs_add(s, &k->lease, -1);
     lease_reset(s, &k->lease);
     s->idle[s->idle_count++] = k->lease;
-    s->kept_pages -= k->pages;
     if (used) {
         s->stats.session_hits++;
     } else {
@@ -638,8 +680,8 @@ static void keep_session(kvp_scheduler *s, uint64_t id)
     if (old != SIZE_MAX) {
         drop_kept(s, old, 0);
     }
-    while (s->kept_pages + pages > s->kept_cap) {
-        drop_kept(s, 0, 0);
+    while (s->kept_pages + kept_refs_new(s, l) > s->kept_cap) {
+        drop_kept(s, 0, 0); /* ends: with none kept, its own pages fit the cap */
     }
     kept_lease *k = &s->kept[s->kept_count++];
     k->session = q->session;
@@ -648,7 +690,7 @@ static void keep_session(kvp_scheduler *s, uint64_t id)
     k->expires = ttl < UINT64_MAX - 1 - s->stats.steps ? s->stats.steps + 1 + ttl : UINT64_MAX;
     k->pages = pages;
     k->lease = *l;
-    s->kept_pages += pages;
+    kept_refs_add(s, l, 1);
     s->stats.session_keeps++;
     rec->slots--;
     s->running[i] = s->running[--s->running_count];
@@ -769,6 +811,7 @@ static void scheduler_free(kvp_scheduler *s)
         lease_free(&s->kept[i].lease);
     }
     kvpi_free(s->kept);
+    kvpi_free(s->kept_refs);
     kvpi_free(s->records);
     kvpi_free(s->waiting);
     kvpi_free(s->running);
@@ -841,6 +884,14 @@ kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_deco
     s->parked.id = NO_REQUEST;
     for (size_t i = 0; i < WINDOW; i++) {
         s->ranked[i].id = NO_REQUEST;
+    }
+    if (config.session_ttl > 0) {
+        size_t pages = pool_stats.total_pages;
+        s->kept_refs = kvpi_calloc(KVPI_SITE_SCRATCH, pages, sizeof *s->kept_refs);
+        if (s->kept_refs == NULL) {
+            scheduler_free(s);
+            return kvpi_fail_alloc(err, "scheduler kept page counts", pages * sizeof(uint32_t));
+        }
     }
     if (!config.compute) {
         size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
