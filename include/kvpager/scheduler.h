@@ -353,8 +353,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler,
  * `stats` (optional) receives what the step did.
  * Errors: NULL_ARGUMENT; INVALID_ARGUMENT (stats' struct_size);
  * ALLOCATION_FAILED, found before anything changes; the decoder's refusals
- * (DECODER_BUSY when another caller is stepping it): from the prefill
- * batch, the step's admissions are undone and nothing changed; from the
+ * (DECODER_BUSY when another caller is stepping it): for the prefill
+ * batch, found before anything changes (the step takes the decoder's step
+ * slot before it admits, so no other caller can take it in between; a step
+ * that admits nothing, or runs with compute off, never asks); from the
  * decode batch, the step's admissions, prefills and preemptions (and the
  * session sequences given back for them) stand and no token was decoded
  * (the next step decodes them).

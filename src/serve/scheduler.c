@@ -61,6 +61,7 @@
 #include "pager/error.h"
 #include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
+#include "serve/decoder_internal.h"
 #include "serve/sequence_internal.h"
 #include "serve/share_internal.h"
 
@@ -1512,28 +1513,15 @@ static void fail_marked(kvp_scheduler *s, size_t first, kvp_step_stats *st)
 }
 
 /*
- * Runs the jobs [0, count) on the decoder, whose job j belongs to the slot
- * whose `job` is j. `inline_on_refusal`: a refusal (DECODER_BUSY) runs them
- * on this thread instead, one after another (the same results, bit for bit);
- * otherwise the refusal is returned and no job ran.
+ * Runs the prefill jobs [0, count) on the decoder, whose job j belongs to
+ * the slot whose `job` is j. A refusal (DECODER_BUSY) runs them on this
+ * thread instead, one after another (the same results, bit for bit).
  */
-static kvp_status run_jobs(kvp_scheduler *s, size_t count, int inline_on_refusal,
-                           kvp_error *err)
+static void run_jobs(kvp_scheduler *s, size_t count)
 {
-    if (count == 0) {
-        return KVP_OK;
-    }
-    kvp_error e;
-    memset(&e, 0, sizeof e);
-    kvp_status status = kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, &e);
-    if (status == KVP_OK) {
-        return KVP_OK;
-    }
-    if (!inline_on_refusal) {
-        if (err != NULL) {
-            *err = e;
-        }
-        return status;
+    if (count == 0 ||
+        kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, NULL) == KVP_OK) {
+        return;
     }
     for (size_t j = 0; j < count; j++) {
         kvp_decode_job *job = &s->jobs[j];
@@ -1541,7 +1529,6 @@ static kvp_status run_jobs(kvp_scheduler *s, size_t count, int inline_on_refusal
         job->status = kvp_sequence_prefill(job->sequence, &job->input, NULL, NULL, NULL, 0,
                                            &job->error);
     }
-    return KVP_OK;
 }
 
 /* A prefill job of `tokens` rows at `rows` for slot i. */
@@ -1579,13 +1566,25 @@ static void append_zeros(kvp_scheduler *s, size_t i, size_t tokens)
 }
 
 /*
+ * 1 when the step's prompts are prefilled on the decoder (compute on and a
+ * request admitted: each has a prefill job). The step then reserves the
+ * decoder's step slot before admission changes anything, so a refusal
+ * (DECODER_BUSY) comes first and changes nothing.
+ */
+static int prefills_on_decoder(const kvp_scheduler *s, const plan *p)
+{
+    return s->config.compute && p->admitted > 0;
+}
+
+/*
  * Phase 1 of the admitted requests' prefill (slots [first, running_count),
  * in plan order, each request's samples together): adopt the indexed
  * prefix (sharing), promise, and compute the prompt (sharing: once, in
  * sample 0; off: every sample its prompt and continuation) as one batch of
- * decoder jobs. A decoder refusal is returned, every slot still in place.
+ * decoder jobs, in the decoder's step slot the step reserved
+ * (prefills_on_decoder), so it cannot be refused.
  */
-static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first, kvp_error *err)
+static void prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
 {
     size_t count = 0;
     size_t at = first;
@@ -1654,14 +1653,10 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
         }
         at += n;
     }
-    if (!s->config.compute) {
-        return KVP_OK;
-    }
-    kvp_status status = run_jobs(s, count, 0, err);
-    if (status == KVP_OK) {
+    if (prefills_on_decoder(s, p)) {
+        kvpi_decoder_step_reserved(s->decoder, s->jobs, count);
         collect_jobs(s, first);
     }
-    return status;
 }
 
 /*
@@ -1748,7 +1743,7 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
         }
     }
     if (s->config.compute) {
-        (void)run_jobs(s, count, 1, NULL); /* a refusal runs them here: cannot fail */
+        run_jobs(s, count); /* a refusal runs them here: cannot fail */
         collect_jobs(s, first);
     }
     at = first;
@@ -1770,43 +1765,6 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
         st->prefill_tokens += s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
     }
     fail_marked(s, first, st);
-}
-
-/*
- * Undoes this step's admissions after the decoder refused the prompt batch
- * (nothing was computed): the admitted slots' leases go back to the idle
- * list (adopted pages included), the rejections are withdrawn, and the
- * taken ids return to the queue positions they had.
- */
-static void undo_admission(kvp_scheduler *s, const plan *p, size_t first, size_t done_before,
-                           uint64_t admissions_before, kvp_step_stats *st)
-{
-    while (s->running_count > first) {
-        retire_slot(s, s->running_count - 1);
-    }
-    s->stats.rejected -= s->done_count - done_before;
-    s->done_count = done_before;
-    /* The span - popped entries kept are at the front: open popped places before them. */
-    for (size_t i = 0; i < p->popped; i++) {
-        record *rec = record_of(s, s->plan[i].id);
-        rec->state = STATE_WAITING;
-        rec->failed = 0;
-        queue_push_front(s, NO_REQUEST);
-    }
-    size_t from = p->popped; /* the next kept entry; never behind position j */
-    for (size_t j = 0; j < p->span; j++) {
-        uint64_t id = NO_REQUEST;
-        for (size_t i = 0; i < p->popped && id == NO_REQUEST; i++) {
-            id = s->plan[i].pos == j ? s->plan[i].id : NO_REQUEST;
-        }
-        if (id == NO_REQUEST) {
-            id = s->waiting[queue_at(s, from++)];
-        }
-        s->waiting[queue_at(s, j)] = id;
-    }
-    s->admissions = admissions_before;
-    st->admitted = 0;
-    st->rejected = 0;
 }
 
 /* Pages a take can get: free plus evictable (a take evicts the least recently used). */
@@ -2019,6 +1977,14 @@ static void drop_stale_idle(kvp_scheduler *s)
     }
 }
 
+/* Frees the idle leases past the first `count`: those a failed step made. */
+static void drop_new_leases(kvp_scheduler *s, size_t count)
+{
+    while (s->idle_count > count) {
+        lease_free(&s->idle[--s->idle_count]);
+    }
+}
+
 kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, kvp_error *err)
 {
     if (scheduler == NULL) {
@@ -2034,6 +2000,7 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
     kvp_scheduler *s = scheduler;
     /* Unobservable: idle leases hold no page or promise. */
     drop_stale_idle(s);
+    size_t idle_before = s->idle_count; /* a failure frees the leases made past these */
     /* Preempted requests return to the queue: room for every running one. */
     if (grow((void **)&s->plan, &s->plan_room, s->waiting_count, sizeof *s->plan) != 0 ||
         queue_grow(s, s->waiting_count + s->running_count) != 0) {
@@ -2056,20 +2023,18 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
     if (status == KVP_OK) {
         status = prepare(s, &p, err);
     }
+    if (status == KVP_OK && prefills_on_decoder(s, &p)) {
+        status = kvpi_decoder_reserve(s->decoder, err);
+    }
     if (status != KVP_OK) {
+        drop_new_leases(s, idle_before);
         return status;
     }
     kvp_step_stats st;
     kvp_step_stats_init(&st);
     size_t first = s->running_count;
-    size_t done_before = s->done_count;
-    uint64_t admissions_before = s->admissions;
     admit(s, &p, &st);
-    status = prefill_prompts(s, &p, first, err);
-    if (status != KVP_OK) {
-        undo_admission(s, &p, first, done_before, admissions_before, &st);
-        return status;
-    }
+    prefill_prompts(s, &p, first);
     prefill_forks(s, &p, first, &st);
     use_sessions(s, &p);
     count_skips(s, &p);
