@@ -2030,6 +2030,55 @@ static void test_scheduler_kept_sessions_count_shared_pages_once(void **state)
     }
 }
 
+/*
+ * A step that fails (an allocation fault at each of its allocations in
+ * turn) after a weight update changes nothing: the idle leases bound to the
+ * old weights stay until a step stands (they are held samples and attached
+ * caches). The step used to free them first. Then the step goes on and the
+ * request's outputs are the new weights'.
+ */
+static void test_scheduler_failed_step_keeps_stale_idle_leases(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 16, 1, 1, 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit_samples(&f, &b, 5, 2, NULL, 2);
+    run(&f, 0);
+    assert_int_equal(stats_of(&f).held_samples, 2); /* two idle leases */
+    update_weights(f.model);
+    submit_samples(&f, &b, 6, 2, NULL, 2);
+    size_t faults = 0;
+    for (uint64_t nth = 1;; nth++) {
+        kvp_scheduler_stats before = stats_of(&f);
+        kvp_pool_stats pool_before = pool_of(&f);
+        kvp_error err;
+        kvpi_fault_arm(nth);
+        kvp_status status = kvp_scheduler_step(f.scheduler, NULL, &err);
+        int fired = kvpi_fault_fired();
+        kvpi_fault_arm(0);
+        kvpt_assert_pool_ok(f.pool);
+        if (!fired) {
+            kvpt_assert_ok(status, &err);
+            break;
+        }
+        faults++;
+        assert_int_equal(status, KVP_ALLOCATION_FAILED);
+        kvp_scheduler_stats now = stats_of(&f);
+        assert_stats_equal(&now, &before);
+        assert_int_equal(now.held_samples, 2);
+        kvp_pool_stats pool_now = pool_of(&f);
+        assert_memory_equal(&pool_now, &pool_before, sizeof pool_now);
+    }
+    assert_true(faults > 0);
+    run(&f, 0);
+    assert_int_equal(stats_of(&f).completed, 2);
+    assert_sample_exact_range(&b, 1, 0, 6, 2, 0, CAPACITY, 1);
+    assert_sample_exact_range(&b, 1, 1, 6, 2, 0, CAPACITY, 1);
+    teardown_collected(&f, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2064,6 +2113,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_collect_before_anything_finished),
         cmocka_unit_test(test_scheduler_allocator_only_with_nothing_to_key),
         cmocka_unit_test(test_scheduler_kept_sessions_count_shared_pages_once),
+        cmocka_unit_test(test_scheduler_failed_step_keeps_stale_idle_leases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1372,6 +1372,30 @@ static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
     return longest;
 }
 
+/* The idle leases bound to parameters that changed (kvp_scheduler_step frees them). */
+static size_t stale_idle(const kvp_scheduler *s)
+{
+    size_t stale = 0;
+    for (size_t i = 0; i < s->idle_count; i++) {
+        stale += lease_stale(s, &s->idle[i]);
+    }
+    return stale;
+}
+
+/* Swaps an idle lease bound to current parameters into idle[0] (the plan keys with it); 0: none. */
+static int current_idle_first(kvp_scheduler *s)
+{
+    for (size_t i = 0; i < s->idle_count; i++) {
+        if (!lease_stale(s, &s->idle[i])) {
+            lease l = s->idle[0];
+            s->idle[0] = s->idle[i];
+            s->idle[i] = l;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /*
  * Makes room for the worst case of this step and the leases the plan
  * needs. New leases go to the idle list; on failure they are destroyed
@@ -1381,8 +1405,9 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
 {
     size_t slots = s->running_count + p->slots;
     /* Every lease may end up idle: the running ones, the kept ones, the new ones. */
+    size_t usable = s->idle_count - stale_idle(s); /* stale ones go once the step stands */
     size_t leases = s->running_count + s->idle_count + s->kept_count +
-                    (p->slots > s->idle_count ? p->slots - s->idle_count : 0);
+                    (p->slots > usable ? p->slots - usable : 0);
     /* Each request finishes once: the ones taken now and the running ones. */
     size_t finishing = s->done_count + p->popped + s->running_count;
     size_t publish = publish_tokens(s, p);
@@ -1400,7 +1425,7 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
         return kvpi_fail_alloc(err, "scheduler step arrays", slots * sizeof(slot));
     }
     size_t made = 0;
-    while (s->idle_count < p->slots) {
+    while (usable + made < p->slots) {
         kvp_status status = lease_make(s, &s->idle[s->idle_count], err);
         if (status != KVP_OK) {
             while (made-- > 0) {
@@ -1966,7 +1991,12 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
     return KVP_OK;
 }
 
-/* Frees the idle leases bound to parameters that changed; they cannot serve a request again. */
+/*
+ * Frees the idle leases bound to parameters that changed; they cannot serve
+ * a request again. Only once the step cannot fail: a failed step keeps them
+ * (they hold no page or promise, but they are held samples and attached
+ * caches, and a failure changes nothing).
+ */
 static void drop_stale_idle(kvp_scheduler *s)
 {
     for (size_t i = s->idle_count; i-- > 0;) {
@@ -1977,10 +2007,44 @@ static void drop_stale_idle(kvp_scheduler *s)
     }
 }
 
-/* Frees the idle leases past the first `count`: those a failed step made. */
-static void drop_new_leases(kvp_scheduler *s, size_t count)
+/*
+ * Puts a lease bound to current parameters in idle[0] when the plan may key
+ * prompts with it: an idle one (reordering the idle list changes nothing
+ * observable), else a new one (*made 1; step_failed frees it again).
+ */
+static kvp_status key_lease(kvp_scheduler *s, int *made, kvp_error *err)
 {
-    while (s->idle_count > count) {
+    *made = 0;
+    if (current_idle_first(s) || s->waiting_count == 0 || !s->config.sharing) {
+        return KVP_OK;
+    }
+    if (grow((void **)&s->idle, &s->idle_room, s->running_count + s->idle_count + 1,
+             sizeof *s->idle) != 0) {
+        return kvpi_fail_alloc(err, "scheduler idle list", sizeof *s->idle);
+    }
+    kvp_status status = lease_make(s, &s->idle[s->idle_count], err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    s->idle_count++;
+    (void)current_idle_first(s); /* the new lease goes to idle[0] */
+    *made = 1;
+    return KVP_OK;
+}
+
+/*
+ * A step failed before it changed anything: the leases it made (key_lease's,
+ * swapped back behind the `before` idle leases it found, and prepare's) are
+ * freed, so the idle list is what it was, in another order.
+ */
+static void step_failed(kvp_scheduler *s, size_t before, int made)
+{
+    if (made) {
+        lease l = s->idle[0];
+        s->idle[0] = s->idle[before];
+        s->idle[before] = l;
+    }
+    while (s->idle_count > before) {
         lease_free(&s->idle[--s->idle_count]);
     }
 }
@@ -1998,28 +2062,19 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         }
     }
     kvp_scheduler *s = scheduler;
-    /* Unobservable: idle leases hold no page or promise. */
-    drop_stale_idle(s);
-    size_t idle_before = s->idle_count; /* a failure frees the leases made past these */
     /* Preempted requests return to the queue: room for every running one. */
     if (grow((void **)&s->plan, &s->plan_room, s->waiting_count, sizeof *s->plan) != 0 ||
         queue_grow(s, s->waiting_count + s->running_count) != 0) {
         return kvpi_fail_alloc(err, "scheduler admission plan",
                                s->waiting_count * sizeof *s->plan);
     }
-    if (s->idle_count == 0 && s->waiting_count > 0 && s->config.sharing) {
-        /* The plan keys prompts with a current lease's bindings. */
-        if (grow((void **)&s->idle, &s->idle_room, s->running_count + 1, sizeof *s->idle) != 0) {
-            return kvpi_fail_alloc(err, "scheduler idle list", sizeof *s->idle);
-        }
-        status = lease_make(s, &s->idle[0], err);
-        if (status != KVP_OK) {
-            return status;
-        }
-        s->idle_count = 1;
-    }
+    size_t idle_before = s->idle_count;
+    int made = 0;
+    status = key_lease(s, &made, err); /* the plan keys prompts with idle[0]'s bindings */
     plan p;
-    status = plan_admission(s, &p, err);
+    if (status == KVP_OK) {
+        status = plan_admission(s, &p, err);
+    }
     if (status == KVP_OK) {
         status = prepare(s, &p, err);
     }
@@ -2027,9 +2082,10 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         status = kvpi_decoder_reserve(s->decoder, err);
     }
     if (status != KVP_OK) {
-        drop_new_leases(s, idle_before);
+        step_failed(s, idle_before, made);
         return status;
     }
+    drop_stale_idle(s); /* the step stands from here on */
     kvp_step_stats st;
     kvp_step_stats_init(&st);
     size_t first = s->running_count;

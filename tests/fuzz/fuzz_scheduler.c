@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "kvpager/kvpager.h"
+#include "pager/alloc.h" /* the fault injector: a step's allocations fail one at a time */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -138,6 +139,7 @@ typedef struct world {
     size_t submitted;
     direct dir[N_DIRECT];
     int direct_used; /* a direct sequence has held pages: requests may fail for pages */
+    int job_faulted; /* an injected fault hit a step that went on: a job may have failed */
     uint32_t epoch;  /* weight updates so far */
 } world;
 
@@ -442,6 +444,43 @@ static void op_step(reader *r)
     }
 }
 
+/*
+ * A step whose nth allocation fails (1 <= n <= 16): ALLOCATION_FAILED
+ * changes nothing, the scheduler's counters and the pool's (every field)
+ * included; a step that makes fewer allocations goes on as any step.
+ */
+static void op_step_fault(reader *r)
+{
+    g_op_name = "step_fault";
+    uint64_t nth = 1 + rd(r) % 16;
+    kvp_scheduler_stats before = sched_stats();
+    kvp_pool_stats pool_before = pool_stats(W.pool);
+    kvp_step_stats st;
+    kvp_step_stats_init(&st);
+    kvp_error err;
+    kvpi_fault_arm(nth);
+    kvp_status status = kvp_scheduler_step(W.scheduler, &st, &err);
+    int fired = kvpi_fault_fired();
+    kvpi_fault_arm(0);
+    if (status == KVP_OK) {
+        W.job_faulted |= fired; /* a decoder job's allocation: its request fails */
+        return;
+    }
+    CHECK(fired, "step failed with %s, no fault fired", kvp_status_name(status));
+    check_status(status, KVP_ALLOCATION_FAILED, &err);
+    kvp_scheduler_stats after = sched_stats();
+    CHECK(memcmp(&before, &after, sizeof before) == 0,
+          "a failed step changed the scheduler's counters (held samples %zu -> %zu)",
+          before.held_samples, after.held_samples);
+    kvp_pool_stats pool_after = pool_stats(W.pool);
+    CHECK(memcmp(&pool_before, &pool_after, sizeof pool_before) == 0,
+          "a failed step changed the pool's counters (held %zu -> %zu, caches %zu -> %zu, "
+          "hits %llu -> %llu)",
+          pool_before.held_pages, pool_after.held_pages, pool_before.attached_caches,
+          pool_after.attached_caches, (unsigned long long)pool_before.prefix_hits,
+          (unsigned long long)pool_after.prefix_hits);
+}
+
 static void op_collect(reader *r)
 {
     g_op_name = "collect";
@@ -479,7 +518,8 @@ static void op_collect(reader *r)
                       (unsigned long long)res->id, k, q->tokens[k]);
             }
         } else {
-            CHECK(res->status == KVP_POOL_EXHAUSTED && W.direct_used,
+            CHECK((res->status == KVP_POOL_EXHAUSTED && W.direct_used) ||
+                      (res->status == KVP_ALLOCATION_FAILED && W.job_faulted),
                   "request %llu failed with %s", (unsigned long long)res->id,
                   kvp_status_name(res->status));
         }
@@ -670,7 +710,7 @@ static const op_fn g_ops[] = {
     op_submit,          op_step,           op_step,         op_collect,
     op_update,          op_direct_adopt,   op_direct_step,  op_direct_fork,
     op_direct_truncate, op_direct_publish, op_direct_destroy, op_submit,
-    op_step,
+    op_step,            op_step_fault,
 };
 
 /* ---- setup and teardown ------------------------------------------------ */

@@ -14,7 +14,7 @@ import os
 OPS = {
     "submit": 0, "step": 1, "collect": 3, "update": 4, "direct_adopt": 5,
     "direct_step": 6, "direct_fork": 7, "direct_truncate": 8, "direct_publish": 9,
-    "direct_destroy": 10,
+    "direct_destroy": 10, "step_fault": 13,
 }
 GEOMETRIES = [(4, 1, 1), (4, 2, 1), (4, 2, 2), (8, 2, 1), (8, 2, 2)]
 FRACTIONS = [0.0, 0.25, 0.5, 1.0]
@@ -96,6 +96,11 @@ SCRIPTS = {
     "pressure.bin": setup(pages=10, aware=True, watermark=True, max_running=3, reserve=2)
     + submit(7, 8) + submit(5, 8, samples=2) + submit(4, 6, parent=0, upto_all=False, upto=4)
     + submit(20, 3) + steps(16) + collect(4) + steps(8) + collect(4),
+    # Allocation faults in steps, before and after a weight update (stale idle leases).
+    "faults.bin": setup(pages=20, ttl=3) + submit(6, 3, samples=2, session=1)
+    + op("step_fault", 0) + op("step_fault", 1) + steps(4) + op("update", 3)
+    + submit(9, 2, samples=3, parent=0) + op("step_fault", 0) + op("step_fault", 2)
+    + op("step_fault", 5) + op("step_fault", 9) + steps(4) + collect(4),
 }
 
 
