@@ -2079,6 +2079,37 @@ static void test_scheduler_failed_step_keeps_stale_idle_leases(void **state)
     teardown_collected(&f, 2);
 }
 
+/*
+ * A request with more samples than max_running (3 > 2) is admitted only
+ * when nothing runs, and then runs alone: request 0 (1 sample) runs first;
+ * request 1 (3 samples) waits until it finished, then decodes 3 sequences a
+ * step, request 2 (1 sample) waiting behind it until it finishes.
+ */
+static void test_scheduler_more_samples_than_max_running_run_alone(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 64, 1, 1, 2);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit(&f, &b, 5, 2, NULL);
+    submit_samples(&f, &b, 5, 2, NULL, 3);
+    submit(&f, &b, 5, 2, NULL);
+    static const size_t admitted[5] = {1, 0, 1, 0, 1};
+    static const size_t decoded[5] = {1, 1, 3, 3, 1};
+    for (size_t i = 0; i < 5; i++) {
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.admitted, admitted[i]);
+        assert_int_equal(st.decoded, decoded[i]);
+    }
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.decoded, 1);
+    assert_int_equal(st.finished, 1);
+    assert_int_equal(stats_of(&f).peak_running, 3);
+    assert_samples_exact(&b, 1, 3, 5, 2);
+    teardown_collected(&f, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2114,6 +2145,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_allocator_only_with_nothing_to_key),
         cmocka_unit_test(test_scheduler_kept_sessions_count_shared_pages_once),
         cmocka_unit_test(test_scheduler_failed_step_keeps_stale_idle_leases),
+        cmocka_unit_test(test_scheduler_more_samples_than_max_running_run_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

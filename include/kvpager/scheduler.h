@@ -140,7 +140,9 @@ typedef struct kvp_scheduler_config {
     size_t capacity;       /* positions each sequence may hold; 0 is refused (ZERO_CAPACITY) */
     double watermark;      /* fraction of the pool's pages kept free at admission, in [0, 1) */
     size_t reserve_tokens; /* decoding reserve promised at admission */
-    size_t max_running;    /* most sequences running at once; 0: no limit but the pool */
+    size_t max_running;    /* most sequences running at once; 0: no limit but the pool.
+                              A request with more samples than this is admitted only
+                              when nothing runs, and then runs alone */
     int compute;           /* 1: real attention on the decoder; 0: the allocator alone */
     uint64_t identity;     /* compute 0: the identity the external caches bind (cache.h) */
     int sharing;           /* 1: fork samples, adopt prompt prefixes from the pool's
