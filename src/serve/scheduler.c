@@ -29,6 +29,9 @@
  *     without side effects (but parking the prompt keys of the request it
  *     stopped at: a cache that changes no decision), and makes the leases
  *     and prompt rows the plan needs. A failure there changes nothing;
+ *     nor does a decoder refusal of the prefill batch: the step reserves
+ *     the decoder's step slot before it admits. Idle leases bound to old
+ *     weights are freed only once the step stands;
  *   - a request waiting at the head of the queue costs a step no rows and
  *     no hashing: the plan stops before them when even every adoptable
  *     block a hit would not be admitted now, and reuses its parked keys
