@@ -12,12 +12,23 @@
 # keeps one process's memory bounded (ASan's quarantine and the in-memory
 # corpus grow with executions: about 450 MB after 120 000). Prints the clean
 # executions and the coverage (libFuzzer's cov/ft) at the end.
+# KVP_FUZZ_TARGET=scheduler runs the scheduler's target instead
+# (tests/fuzz/fuzz_scheduler.c: tests/fuzz/scheduler/{corpus,regressions},
+# work in build/fuzz/long-scheduler).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || ! [ "$1" -gt 0 ] 2>/dev/null; then
     echo "usage: scripts/fuzz.sh SECONDS [SEED]" >&2
     exit 2
 fi
+case "${KVP_FUZZ_TARGET:-api}" in
+api) name=kvp_fuzz_api dir=tests/fuzz work=build/fuzz/long ;;
+scheduler) name=kvp_fuzz_scheduler dir=tests/fuzz/scheduler work=build/fuzz/long-scheduler ;;
+*)
+    echo "scripts/fuzz.sh: KVP_FUZZ_TARGET: '$KVP_FUZZ_TARGET' is not api or scheduler" >&2
+    exit 2
+    ;;
+esac
 total=$1
 seed=${2:-1}
 chunk=${KVP_FUZZ_CHUNK:-120}
@@ -25,12 +36,11 @@ chunk=${KVP_FUZZ_CHUNK:-120}
 kvp_install_deps
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz >/dev/null
-work=build/fuzz/long
 mkdir -p "$work/corpus" "$work/crashes"
 # The binary is copied so that rebuilding during a long run changes nothing.
-cp build/fuzz/tests/fuzz/kvp_fuzz_api "$work/kvp_fuzz_api"
-for dir in tests/fuzz/corpus tests/fuzz/regressions; do
-    find "$dir" -maxdepth 1 -type f ! -name 'README*' -exec cp {} "$work/corpus/" \;
+cp "build/fuzz/tests/fuzz/$name" "$work/$name"
+for from in "$dir/corpus" "$dir/regressions"; do
+    find "$from" -maxdepth 1 -type f ! -name 'README*' -exec cp {} "$work/corpus/" \;
 done
 executions=0
 elapsed=0
@@ -41,7 +51,7 @@ while [ "$elapsed" -lt "$total" ]; do
     this=$((left < chunk ? left : chunk))
     log="$work/round-$round.log"
     started=$(date +%s)
-    "$work/kvp_fuzz_api" -seed=$((seed + round)) -max_total_time="$this" -runs=250000 \
+    "$work/$name" -seed=$((seed + round)) -max_total_time="$this" -runs=250000 \
         -max_len=1024 -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
         -artifact_prefix="$work/crashes/" "$work/corpus" >"$log" 2>&1 || status=$?
     elapsed=$((elapsed + $(date +%s) - started))
@@ -59,8 +69,8 @@ done
 found=0
 for crash in "$work"/crashes/*; do
     [ -f "$crash" ] || continue
-    cp "$crash" tests/fuzz/regressions/
-    echo "new regression case: tests/fuzz/regressions/$(basename "$crash")"
+    cp "$crash" "$dir/regressions/"
+    echo "new regression case: $dir/regressions/$(basename "$crash")"
     found=$((found + 1))
 done
 echo "kvpager fuzz: $executions clean executions in ${elapsed}s, $coverage," \

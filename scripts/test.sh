@@ -3,8 +3,9 @@
 # builds and runs every test: the ASan+UBSan build; the ThreadSanitizer build
 # of the threaded programs; the optimized build; and the optimized build again
 # under Valgrind memcheck and helgrind (with the planted-bug gates that prove
-# each checker can fail); and the clang libFuzzer target, which replays its
-# regression cases and seeds and then fuzzes for 60 s from a fixed seed.
+# each checker can fail); and the clang libFuzzer targets, which replay their
+# regression cases and seeds and then fuzz from a fixed seed (the public API
+# 60 s, the scheduler 45 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh

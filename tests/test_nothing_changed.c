@@ -152,6 +152,7 @@
 #include "support.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1948,6 +1949,168 @@ static int cached_teardown(void **state)
 /* A world test again in the cached world (free list empty, LRU list holding cached pages). */
 #define CACHED_TEST(f) {"cached: " #f, f, cached_setup, cached_teardown, NULL}
 
+/* ---- a scheduler step the decoder refuses (DECODER_BUSY) --------------- */
+
+/* Another caller's decoder step, held open in its next_input callback until released. */
+typedef struct decoder_hold {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int inside;  /* its step is running, blocked in the callback */
+    int release;
+    kvp_decoder *decoder;
+    kvp_sequence *sequence; /* on a pool of its own */
+    kvp_status status;
+} decoder_hold;
+
+static void hold_next_input(void *ctx, size_t layer, const double *input, const double *output,
+                            size_t elements, double *next)
+{
+    decoder_hold *h = ctx;
+    (void)layer;
+    for (size_t i = 0; i < elements; i++) {
+        next[i] = input[i] + output[i];
+    }
+    pthread_mutex_lock(&h->lock);
+    h->inside = 1;
+    pthread_cond_broadcast(&h->changed);
+    while (!h->release) {
+        pthread_cond_wait(&h->changed, &h->lock);
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void *hold_decoder(void *arg)
+{
+    decoder_hold *h = arg;
+    double x[D];
+    double out[D];
+    kvpt_fill_random(x, D, 90);
+    kvp_decode_job job;
+    memset(&job, 0, sizeof job);
+    job.sequence = h->sequence;
+    job.kind = KVP_JOB_STEP;
+    job.input = kvp_tensor3(x, 1, 1, D);
+    job.output = out;
+    job.output_len = D;
+    h->status = kvp_decoder_step(h->decoder, &job, 1, hold_next_input, h, NULL);
+    return NULL;
+}
+
+/* Rows: the first 8 prompt positions are every request's (a shared prefix), the rest their own. */
+static void busy_rows(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                      size_t width)
+{
+    (void)ctx;
+    uint64_t own = position < 8 ? 0 : 1000 * (id + 1) + 100 * sample;
+    kvpt_fill_random(row, width, 5000 + own + position);
+}
+
+/* Submits (9 prompt tokens, 1 decoded, `samples`) and returns its id. */
+static uint64_t busy_submit(kvp_scheduler *scheduler, size_t samples)
+{
+    kvp_request request;
+    kvp_request_init(&request);
+    request.prompt_tokens = 9;
+    request.max_new_tokens = 1;
+    request.samples = samples;
+    request.input = busy_rows;
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(scheduler, &request, &id, &err), &err);
+    return id;
+}
+
+/*
+ * A scheduler step refused DECODER_BUSY for its prefill batch changes
+ * nothing: request 0 (9 tokens) ran and published its prompt's 4 blocks,
+ * now evictable; request 1 (the same 8 first rows, 2 samples) would adopt
+ * them and need a second lease. While another caller's decoder step is held
+ * open (barriers, so under any scheduling), the step is refused with
+ * DECODER_BUSY and the pool (every counter: prefix hits and misses,
+ * acquires, attached caches; the digest; the audit) and the scheduler's
+ * counters (held samples included) are as before. It used to adopt
+ * (prefix_hits + 8, those pages acquired and released) and keep the new
+ * lease (attached_caches + 2) before undoing the admission. Released, the
+ * next step admits request 1, adopting 8 tokens.
+ */
+static void test_nothing_changed_scheduler_step_decoder_busy(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(BT, HEADS, HD, PAGES);
+    kvp_pool *hold_pool = kvpt_pool(BT, HEADS, HD, PAGES);
+    kvp_model *model = kvpt_random_model(L, D, HEADS, POSITIONS, BASE, 91);
+    kvp_decoder *decoder = kvpt_decoder(1);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    config.capacity = 12;
+    config.watermark = 0.0;
+    config.reserve_tokens = 2;
+    kvp_scheduler *scheduler = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &scheduler, &err), &err);
+    busy_submit(scheduler, 1);
+    kvp_step_stats st;
+    kvp_step_stats_init(&st);
+    kvpt_assert_ok(kvp_scheduler_step(scheduler, &st, &err), &err);
+    assert_int_equal(st.finished, 1);
+    assert_int_equal(kvpt_stats(pool).evictable_pages, L * 5); /* 9 tokens: 5 blocks */
+    busy_submit(scheduler, 2);
+
+    kvpt_snapshot snap;
+    kvpt_snapshot_init(&snap, pool);
+    kvpt_snapshot_take(&snap);
+    kvp_scheduler_stats before;
+    kvp_scheduler_stats_init(&before);
+    kvpt_assert_ok(kvp_scheduler_stats_get(scheduler, &before, &err), &err);
+
+    decoder_hold h;
+    memset(&h, 0, sizeof h);
+    pthread_mutex_init(&h.lock, NULL);
+    pthread_cond_init(&h.changed, NULL);
+    h.decoder = decoder;
+    h.sequence = kvpt_sequence(model, hold_pool, 1, 4);
+    h.status = KVP_STATUS_COUNT_;
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_decoder, &h), 0);
+    pthread_mutex_lock(&h.lock);
+    while (!h.inside) {
+        pthread_cond_wait(&h.changed, &h.lock);
+    }
+    pthread_mutex_unlock(&h.lock);
+    kvp_step_stats_init(&st);
+    st.admitted = 77;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(kvp_scheduler_step(scheduler, &st, &err), KVP_DECODER_BUSY);
+    assert_int_equal(err.status, KVP_DECODER_BUSY);
+    assert_int_equal(st.admitted, 77); /* stats untouched on failure */
+    kvpt_assert_unchanged(&snap, 0);
+    kvp_scheduler_stats now;
+    kvp_scheduler_stats_init(&now);
+    kvpt_assert_ok(kvp_scheduler_stats_get(scheduler, &now, &err), &err);
+    assert_memory_equal(&now, &before, sizeof now);
+    pthread_mutex_lock(&h.lock);
+    h.release = 1;
+    pthread_cond_broadcast(&h.changed);
+    pthread_mutex_unlock(&h.lock);
+    assert_int_equal(pthread_join(holder, NULL), 0);
+    pthread_cond_destroy(&h.changed);
+    pthread_mutex_destroy(&h.lock);
+    kvpt_assert_ok(h.status, NULL);
+
+    kvpt_assert_ok(kvp_scheduler_step(scheduler, &st, &err), &err);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.prefix_hit_tokens, 8);
+    assert_int_equal(st.finished, 1);
+    kvpt_assert_pool_ok(pool);
+    kvpt_assert_ok(kvp_scheduler_destroy(scheduler, &err), &err);
+    kvpt_destroy_sequence(h.sequence, hold_pool);
+    kvpt_destroy_decoder(decoder);
+    kvpt_destroy_model(model);
+    kvpt_destroy_pool(hold_pool);
+    assert_int_equal(kvpt_stats(pool).held_pages, 0); /* the prefixes stay evictable */
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1973,6 +2136,7 @@ int main(void)
         CACHED_TEST(test_nothing_changed_sequence_functions),
         CACHED_TEST(test_nothing_changed_failed_prefill_counters_exact),
         CACHED_TEST(test_nothing_changed_cancelled_takes_keep_cached_pages),
+        cmocka_unit_test(test_nothing_changed_scheduler_step_decoder_busy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1913,6 +1913,211 @@ static void test_scheduler_session_largest_ttl_never_expires(void **state)
     teardown_collected(&f, 2);
 }
 
+/* ---- issue 16, section 8: what probing and fuzzing the scheduler found -- */
+
+/*
+ * kvp_scheduler_collect before any request finished (before any step):
+ * nothing to move, n 0, every cap. The scheduler's result array is not
+ * allocated until a step makes room, and collect used to pass that NULL to
+ * memmove (UBSan: null pointer passed as argument 1).
+ */
+static void test_scheduler_collect_before_anything_finished(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 16, 1, 1, 0);
+    kvp_request_result done[2];
+    size_t n = 99;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_collect(f.scheduler, NULL, 0, &n, &err), &err);
+    assert_int_equal(n, 0);
+    assert_int_equal(collect_all(&f, done, 2), 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit(&f, &b, 2, 2, NULL); /* waiting, not finished: still nothing */
+    assert_int_equal(collect_all(&f, done, 2), 0);
+    run(&f, 0);
+    assert_int_equal(collect_all(&f, done, 2), 1);
+    assert_int_equal(done[0].tokens_generated, 2);
+    assert_int_equal(collect_all(&f, done, 2), 0);
+    teardown_fixture(&f);
+}
+
+/* Submits a request with neither prompt rows nor an input callback (compute off only). */
+static uint64_t submit_rowless(fixture *f, size_t prompt, size_t new_tokens, size_t samples)
+{
+    kvp_request request;
+    kvp_request_init(&request);
+    request.prompt_tokens = prompt;
+    request.max_new_tokens = new_tokens;
+    request.samples = samples;
+    uint64_t id = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &id, &err), &err);
+    return id;
+}
+
+/*
+ * Nothing to key, so no rows are ever read and the step's row scratch is
+ * never allocated: allocator-only with sharing 0, or with sharing on and
+ * requests that have no rows at all. The plan and the prefill used to
+ * compute NULL + 0 for those requests' rows (clang's
+ * -fsanitize=pointer-overflow, in -fsanitize=undefined: "applying zero
+ * offset to null pointer"; gcc does not report it, clang builds such as the
+ * fuzz preset do). Every request runs to its budget and gives its pages
+ * back; the pool's audit holds after every step (run).
+ */
+static void test_scheduler_allocator_only_with_nothing_to_key(void **state)
+{
+    (void)state;
+    for (int sharing = 0; sharing <= 1; sharing++) {
+        fixture f;
+        setup_fixture_sharing(&f, 20, 1, 0, 0, sharing);
+        for (size_t i = 0; i < 3; i++) {
+            assert_int_equal(submit_rowless(&f, lengths[i][0], lengths[i][1], 1 + i % 2), i);
+        }
+        run(&f, 0);
+        kvp_scheduler_stats s = stats_of(&f);
+        assert_int_equal(s.completed, 3);
+        assert_int_equal(s.tokens_generated, 9 + 2 * 3 + 14);
+        assert_int_equal(s.prefix_hit_tokens, 0);
+        assert_int_equal(pool_of(&f).held_pages, 0);
+        teardown_collected(&f, 3);
+    }
+}
+
+/*
+ * Kept sequences that share pages count them once: session 1's turn (5
+ * prompt tokens, the first 4 of group 0, and 3 decoded: 2 blocks x 2
+ * layers, 4 pages) is kept; session 2's request (5 tokens, the same first
+ * block) adopts that block from it, and is kept too: 8 pages counted one by
+ * one, 6 distinct, all the pool holds. Under session_fraction 0.25 (6 of 24
+ * pages) both are kept (the old sum, 8, dropped session 1's); under 0.5 too
+ * (the old sum said 8 while the pool held 6). Session 1's next turn (its 8
+ * rows and 1 more, 1 decoded: 3 blocks, 6 pages) adopts its 2 blocks (a
+ * session hit, 4 pages left kept: session 2's); kept in turn, it shares
+ * block 0 with session 2's: 8 distinct pages, within 0.5's cap (12) beside
+ * it, over 0.25's (6), which gives session 2's back (a drop). retained_pages
+ * equals the pool's held pages throughout.
+ */
+static void test_scheduler_kept_sessions_count_shared_pages_once(void **state)
+{
+    (void)state;
+    static const double fractions[2] = {0.25, 0.5};
+    for (size_t i = 0; i < 2; i++) {
+        int small = i == 0;
+        fixture f;
+        setup_fixture_sessions(&f, 24, 100, fractions[i]);
+        static book b;
+        memset(&b, 0, sizeof b);
+        static const uint64_t turns[2] = {0, 2};
+        book_conversation(&b, turns, 2, 0);
+        b.shared[1] = 4; /* session 2: group 0's first block, then its own rows */
+        b.group[1] = 0;
+        submit_session(&f, &b, 5, 3, NULL, 1, 1);
+        run(&f, 0);
+        assert_sessions(&f, 1, 0, 0, 1, 4);
+        submit_session(&f, &b, 5, 3, NULL, 1, 2);
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.prefix_hit_tokens, 4);
+        run(&f, 0);
+        assert_sessions(&f, 2, 0, 0, 2, 6);
+        assert_int_equal(pool_of(&f).held_pages, 6);
+        submit_session(&f, &b, 9, 1, NULL, 1, 1);
+        st = step_once(&f);
+        assert_int_equal(st.prefix_hit_tokens, 8);
+        assert_int_equal(st.finished, 1);
+        assert_int_equal(st.retained_pages, small ? 6 : 8);
+        assert_sessions(&f, 3, 1, small, small ? 1 : 2, small ? 6 : 8);
+        assert_int_equal(pool_of(&f).held_pages, small ? 6 : 8);
+        assert_samples_exact(&b, 0, 1, 5, 3);
+        assert_samples_exact(&b, 1, 1, 5, 3);
+        assert_samples_exact(&b, 2, 1, 9, 1);
+        teardown_collected(&f, 3);
+    }
+}
+
+/*
+ * A step that fails (an allocation fault at each of its allocations in
+ * turn) after a weight update changes nothing: the idle leases bound to the
+ * old weights stay until a step stands (they are held samples and attached
+ * caches). The step used to free them first. Then the step goes on and the
+ * request's outputs are the new weights'.
+ */
+static void test_scheduler_failed_step_keeps_stale_idle_leases(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 16, 1, 1, 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit_samples(&f, &b, 5, 2, NULL, 2);
+    run(&f, 0);
+    assert_int_equal(stats_of(&f).held_samples, 2); /* two idle leases */
+    update_weights(f.model);
+    submit_samples(&f, &b, 6, 2, NULL, 2);
+    size_t faults = 0;
+    for (uint64_t nth = 1;; nth++) {
+        kvp_scheduler_stats before = stats_of(&f);
+        kvp_pool_stats pool_before = pool_of(&f);
+        kvp_error err;
+        kvpi_fault_arm(nth);
+        kvp_status status = kvp_scheduler_step(f.scheduler, NULL, &err);
+        int fired = kvpi_fault_fired();
+        kvpi_fault_arm(0);
+        kvpt_assert_pool_ok(f.pool);
+        if (!fired) {
+            kvpt_assert_ok(status, &err);
+            break;
+        }
+        faults++;
+        assert_int_equal(status, KVP_ALLOCATION_FAILED);
+        kvp_scheduler_stats now = stats_of(&f);
+        assert_stats_equal(&now, &before);
+        assert_int_equal(now.held_samples, 2);
+        kvp_pool_stats pool_now = pool_of(&f);
+        assert_memory_equal(&pool_now, &pool_before, sizeof pool_now);
+    }
+    assert_true(faults > 0);
+    run(&f, 0);
+    assert_int_equal(stats_of(&f).completed, 2);
+    assert_sample_exact_range(&b, 1, 0, 6, 2, 0, CAPACITY, 1);
+    assert_sample_exact_range(&b, 1, 1, 6, 2, 0, CAPACITY, 1);
+    teardown_collected(&f, 2);
+}
+
+/*
+ * A request with more samples than max_running (3 > 2) is admitted only
+ * when nothing runs, and then runs alone: request 0 (1 sample) runs first;
+ * request 1 (3 samples) waits until it finished, then decodes 3 sequences a
+ * step, request 2 (1 sample) waiting behind it until it finishes.
+ */
+static void test_scheduler_more_samples_than_max_running_run_alone(void **state)
+{
+    (void)state;
+    fixture f;
+    setup_fixture(&f, 64, 1, 1, 2);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit(&f, &b, 5, 2, NULL);
+    submit_samples(&f, &b, 5, 2, NULL, 3);
+    submit(&f, &b, 5, 2, NULL);
+    static const size_t admitted[5] = {1, 0, 1, 0, 1};
+    static const size_t decoded[5] = {1, 1, 3, 3, 1};
+    for (size_t i = 0; i < 5; i++) {
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.admitted, admitted[i]);
+        assert_int_equal(st.decoded, decoded[i]);
+    }
+    kvp_step_stats st = step_once(&f);
+    assert_int_equal(st.decoded, 1);
+    assert_int_equal(st.finished, 1);
+    assert_int_equal(stats_of(&f).peak_running, 3);
+    assert_samples_exact(&b, 1, 3, 5, 2);
+    teardown_collected(&f, 3);
+}
+
+
 /* Rows for requests of any id (the book holds MAX_REQUESTS): a stream of its own per sample. */
 static void stream_input(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
                          size_t width)
@@ -2254,6 +2459,11 @@ int main(void)
         cmocka_unit_test(test_scheduler_admission_counts_evictable_pages),
         cmocka_unit_test(test_scheduler_forked_samples_count_partial_prompt_page),
         cmocka_unit_test(test_scheduler_output_projection_update_is_stale),
+        cmocka_unit_test(test_scheduler_collect_before_anything_finished),
+        cmocka_unit_test(test_scheduler_allocator_only_with_nothing_to_key),
+        cmocka_unit_test(test_scheduler_kept_sessions_count_shared_pages_once),
+        cmocka_unit_test(test_scheduler_failed_step_keeps_stale_idle_leases),
+        cmocka_unit_test(test_scheduler_more_samples_than_max_running_run_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,7 +95,8 @@
  *      unless the sequence was stale); when it expires; when another
  *      request of the session completes and is kept instead; when its
  *      parameters change; oldest first, when keeping one would hold more
- *      than session_fraction of the pool's pages, and before any running
+ *      than session_fraction of the pool's pages (a page kept sequences
+ *      share counts once), and before any running
  *      request is preempted for pages (3.); and all of them when a step
  *      admitted nothing and nothing runs while requests wait, so kept
  *      sequences never stall the queue. Expiry, changed parameters and
@@ -162,8 +163,9 @@ typedef struct kvp_scheduler_config {
     size_t capacity;       /* positions each sequence may hold; 0 is refused (ZERO_CAPACITY) */
     double watermark;      /* fraction of the pool's pages kept free at admission, in [0, 1) */
     size_t reserve_tokens; /* decoding reserve promised at admission */
-    size_t max_running;    /* most sequences running at once; 0: no limit but the pool; a
-                              request with more samples runs alone (1. above) */
+    size_t max_running;    /* most sequences running at once; 0: no limit but the pool.
+                              A request with more samples than this is admitted only
+                              when nothing runs, and then runs alone */
     int compute;           /* 1: real attention on the decoder; 0: the allocator alone */
     uint64_t identity;     /* compute 0: the identity the external caches bind (cache.h) */
     int sharing;           /* 1: fork samples, adopt prompt prefixes from the pool's
@@ -285,7 +287,8 @@ typedef struct kvp_step_stats {
     size_t stale_preempted;   /* sequences preempted because their parameters changed
                                  (also counted in `preempted`) */
     /* first release ends here */
-    size_t retained_pages;    /* pages the kept session sequences hold after the step (5.) */
+    size_t retained_pages;    /* pages the kept session sequences hold after the step (5.),
+                                 each once however many of them name it */
 } kvp_step_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.
@@ -314,7 +317,7 @@ typedef struct kvp_scheduler_stats {
     uint64_t forks;             /* sequences (or caches) forked for samples 2 .. n */
     /* first release ends here */
     size_t retained;            /* sessions whose finished sequence is kept now (5.) */
-    size_t retained_pages;      /* pages those sequences hold now */
+    size_t retained_pages;      /* pages those sequences hold now, each once */
     uint64_t session_keeps;     /* finished sequences kept for their session */
     uint64_t session_hits;      /* requests admitted while their session's sequence was kept */
     uint64_t session_drops;     /* kept sequences given back before their session's next
@@ -384,8 +387,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_scheduler_submit(kvp_scheduler *scheduler,
  * `stats` (optional) receives what the step did.
  * Errors: NULL_ARGUMENT; INVALID_ARGUMENT (stats' struct_size);
  * ALLOCATION_FAILED, found before anything changes; the decoder's refusals
- * (DECODER_BUSY when another caller is stepping it): from the prefill
- * batch, the step's admissions are undone and nothing changed; from the
+ * (DECODER_BUSY when another caller is stepping it): for the prefill
+ * batch, found before anything changes (the step takes the decoder's step
+ * slot before it admits, so no other caller can take it in between; a step
+ * that admits nothing, or runs with compute off, never asks); from the
  * decode batch, the step's admissions, prefills and preemptions (and the
  * session sequences given back for them) stand and no token was decoded
  * (the next step decodes them).

@@ -46,7 +46,10 @@
  *   any scheduling; only with fewer jobs than threads, where some thread
  *   has no job and is bound to come and help.
  * Global state: the thread-start fault injector (decoder_internal.h).
- * Callers: the public API; kvpi_decoder_run for benchmarks and tests.
+ * Callers: the public API; kvpi_decoder_run for benchmarks and tests;
+ * kvpi_decoder_reserve and kvpi_decoder_step_reserved for the scheduler,
+ * which takes the step slot before its admissions change anything (a
+ * reserved slot refuses other callers as a running step does).
  */
 #include "kvpager/sequence.h"
 
@@ -397,7 +400,8 @@ static kvp_status check_jobs(const kvp_decode_job *jobs, size_t count, kvp_error
 /*
  * Publishes a batch of `count` jobs (or solo's one), works on it with the
  * workers, and returns when every job is done. Called with the lock held
- * and `stepping` clear; returns with it released and `stepping` clear.
+ * and `stepping` clear (or set by the caller's kvpi_decoder_reserve);
+ * returns with it released and `stepping` clear.
  */
 static void run_batch_locked(kvp_decoder *d, kvp_decode_job *jobs, size_t count,
                              kvpi_decoder_solo_fn solo, void *solo_ctx,
@@ -475,6 +479,30 @@ kvp_status kvpi_decoder_run(kvp_decoder *decoder, kvpi_decoder_solo_fn fn, void 
     }
     run_batch_locked(decoder, NULL, 1, fn, ctx, NULL, NULL);
     return KVP_OK;
+}
+
+kvp_status kvpi_decoder_reserve(kvp_decoder *decoder, kvp_error *err)
+{
+    pthread_mutex_lock(&decoder->lock);
+    if (decoder->stepping) {
+        pthread_mutex_unlock(&decoder->lock);
+        kvp_error e = kvpi_error_begin(KVP_DECODER_BUSY);
+        return kvpi_error_emit(err, &e);
+    }
+    decoder->stepping = 1; /* every other caller is refused from now on */
+    pthread_mutex_unlock(&decoder->lock);
+    return KVP_OK;
+}
+
+void kvpi_decoder_step_reserved(kvp_decoder *decoder, kvp_decode_job *jobs, size_t count)
+{
+    pthread_mutex_lock(&decoder->lock);
+    if (count == 0) {
+        decoder->stepping = 0;
+        pthread_mutex_unlock(&decoder->lock);
+        return;
+    }
+    run_batch_locked(decoder, jobs, count, NULL, NULL, NULL, NULL);
 }
 
 void kvpi_decoder_hold_tasks(kvp_decoder *decoder, size_t tasks)

@@ -45,6 +45,18 @@ kvp_status kvpi_decoder_run(kvp_decoder *decoder, kvpi_decoder_solo_fn fn, void 
                             kvp_error *err);
 
 /*
+ * The decoder's one step slot, taken ahead: kvpi_decoder_reserve takes it
+ * (DECODER_BUSY, nothing taken, while a step runs or it is reserved: every
+ * kvp_decoder_step is refused from then on), and kvpi_decoder_step_reserved
+ * runs `count` jobs in it as kvp_decoder_step would (no next_input; the jobs
+ * are the caller's, valid by construction: not checked) and gives it back,
+ * count 0 too. For a caller that must know the decoder will run its batch
+ * before it changes anything (the scheduler's prefill batch).
+ */
+kvp_status kvpi_decoder_reserve(kvp_decoder *decoder, kvp_error *err);
+void kvpi_decoder_step_reserved(kvp_decoder *decoder, kvp_decode_job *jobs, size_t count);
+
+/*
  * Test hooks. hold_tasks(d, n): the next n tasks posted for assist while the
  * step has fewer jobs than threads are held: their poster runs no part until
  * another thread has claimed one, so the assist happens under any

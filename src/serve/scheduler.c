@@ -18,8 +18,10 @@
  *     preempted leases are reset and kept in `idle`, so steady state
  *     allocates nothing per admission or per step. A lease is owned by
  *     exactly one place, a running slot, the idle list or the kept list
- *     (whose leases hold their pages and at most one per session, their
- *     `pages` summing to kept_pages <= kept_cap);
+ *     (whose leases hold their pages and at most one per session;
+ *     kept_refs[p] counts the kept leases naming page p, and kept_pages,
+ *     the pages with a count, is at most kept_cap: a page two kept
+ *     sequences share counts once);
  *   - a step allocates only before it changes anything: it first grows every
  *     array to what the worst case of this step needs (every waiting request
  *     admitted or rejected, every running one retired, the longest request
@@ -27,6 +29,9 @@
  *     without side effects (but parking the prompt keys of the request it
  *     stopped at: a cache that changes no decision), and makes the leases
  *     and prompt rows the plan needs. A failure there changes nothing;
+ *     nor does a decoder refusal of the prefill batch: the step reserves
+ *     the decoder's step slot before it admits. Idle leases bound to old
+ *     weights are freed only once the step stands;
  *   - a request waiting at the head of the queue costs a step no rows and
  *     no hashing: the plan stops before them when even every adoptable
  *     block a hit would not be admitted now, and reuses its parked keys
@@ -64,6 +69,7 @@
 #include "pager/error.h"
 #include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
+#include "serve/decoder_internal.h"
 #include "serve/requests_internal.h"
 #include "serve/sequence_internal.h"
 #include "serve/share_internal.h"
@@ -152,8 +158,9 @@ struct kvp_scheduler {
     kept_lease *kept;  /* sessions' kept leases, oldest first */
     size_t kept_count;
     size_t kept_room;
-    size_t kept_pages; /* the sum of their `pages` */
+    size_t kept_pages; /* the distinct pages their tables name */
     size_t kept_cap;   /* config.session_fraction of the pool's pages */
+    uint32_t *kept_refs; /* [pool pages] with sessions: kept leases naming each page */
     kvp_request_result *done;
     size_t done_count;
     size_t done_room;
@@ -607,6 +614,45 @@ static void retire_request(kvp_scheduler *s, uint64_t id)
 /* ---- sessions (5.) ------------------------------------------------------ */
 
 /*
+ * Kept pages, each once (5.): kept_refs[p] counts the kept leases whose
+ * tables name page p, and kept_pages the pages with a count. A kept lease
+ * changes no table while kept, so adding it on keeping and removing it on
+ * giving back (before its reset) costs only its own pages, and allocates
+ * nothing (kept_refs is made with the scheduler).
+ */
+static void kept_refs_add(kvp_scheduler *s, const lease *l, int delta)
+{
+    kvp_cache *const *caches = lease_caches(l);
+    for (size_t i = 0; i < s->layers; i++) {
+        const uint32_t *table = kvpi_cache_lane_table(caches[i], 0);
+        size_t blocks = kvpi_cache_mapped_blocks(caches[i]);
+        for (size_t b = 0; b < blocks; b++) {
+            uint32_t *refs = &s->kept_refs[table[b]];
+            if (delta > 0) {
+                s->kept_pages += (*refs)++ == 0;
+            } else {
+                s->kept_pages -= --(*refs) == 0;
+            }
+        }
+    }
+}
+
+/* The pages lease l's tables name that no kept lease names (what keeping it adds). */
+static size_t kept_refs_new(const kvp_scheduler *s, const lease *l)
+{
+    size_t pages = 0;
+    kvp_cache *const *caches = lease_caches(l);
+    for (size_t i = 0; i < s->layers; i++) {
+        const uint32_t *table = kvpi_cache_lane_table(caches[i], 0);
+        size_t blocks = kvpi_cache_mapped_blocks(caches[i]);
+        for (size_t b = 0; b < blocks; b++) {
+            pages += s->kept_refs[table[b]] == 0;
+        }
+    }
+    return pages;
+}
+
+/*
  * Gives kept lease i back: reset (its pages become evictable, still
  * indexed), to the idle list (room was made first). `used`: a request of
  * its session was admitted and adopted what it holds.
@@ -614,9 +660,9 @@ static void retire_request(kvp_scheduler *s, uint64_t id)
 static void drop_kept(kvp_scheduler *s, size_t i, int used)
 {
     kept_lease *k = &s->kept[i];
+    kept_refs_add(s, &k->lease, -1);
     lease_reset(s, &k->lease);
     s->idle[s->idle_count++] = k->lease;
-    s->kept_pages -= k->pages;
     if (used) {
         s->stats.session_hits++;
     } else {
@@ -663,8 +709,8 @@ static void keep_session(kvp_scheduler *s, uint64_t id)
     if (old != SIZE_MAX) {
         drop_kept(s, old, 0);
     }
-    while (s->kept_pages + pages > s->kept_cap) {
-        drop_kept(s, 0, 0);
+    while (s->kept_pages + kept_refs_new(s, l) > s->kept_cap) {
+        drop_kept(s, 0, 0); /* ends: with none kept, its own pages fit the cap */
     }
     kept_lease *k = &s->kept[s->kept_count++];
     k->session = q->session;
@@ -673,7 +719,7 @@ static void keep_session(kvp_scheduler *s, uint64_t id)
     k->expires = ttl < UINT64_MAX - 1 - s->stats.steps ? s->stats.steps + 1 + ttl : UINT64_MAX;
     k->pages = pages;
     k->lease = *l;
-    s->kept_pages += pages;
+    kept_refs_add(s, l, 1);
     s->stats.session_keeps++;
     rec->slots--;
     s->running[i] = s->running[--s->running_count];
@@ -794,6 +840,7 @@ static void scheduler_free(kvp_scheduler *s)
         lease_free(&s->kept[i].lease);
     }
     kvpi_free(s->kept);
+    kvpi_free(s->kept_refs);
     kvpi_requests_free(&s->requests);
     kvpi_free(s->waiting);
     kvpi_free(s->running);
@@ -867,6 +914,14 @@ kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_deco
     s->parked.id = NO_REQUEST;
     for (size_t i = 0; i < WINDOW; i++) {
         s->ranked[i].id = NO_REQUEST;
+    }
+    if (config.session_ttl > 0) {
+        size_t pages = pool_stats.total_pages;
+        s->kept_refs = kvpi_calloc(KVPI_SITE_SCRATCH, pages, sizeof *s->kept_refs);
+        if (s->kept_refs == NULL) {
+            scheduler_free(s);
+            return kvpi_fail_alloc(err, "scheduler kept page counts", pages * sizeof(uint32_t));
+        }
     }
     if (!config.compute) {
         size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
@@ -1272,7 +1327,8 @@ static kvp_status plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             return kvpi_fail_alloc(err, "scheduler prompt rows",
                                    (rows + need_rows) * s->width * sizeof(double));
         }
-        double *at = s->rows + rows * s->width;
+        /* NULL when it reads no rows (allocator-only, nothing keyed): never NULL + 0 */
+        double *at = need_rows != 0 ? s->rows + rows * s->width : NULL;
         int filled = 0;
         size_t key_count = 0;
         size_t hits = 0;
@@ -1342,6 +1398,30 @@ static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
     return longest;
 }
 
+/* The idle leases bound to parameters that changed (kvp_scheduler_step frees them). */
+static size_t stale_idle(const kvp_scheduler *s)
+{
+    size_t stale = 0;
+    for (size_t i = 0; i < s->idle_count; i++) {
+        stale += lease_stale(s, &s->idle[i]);
+    }
+    return stale;
+}
+
+/* Swaps an idle lease bound to current parameters into idle[0] (the plan keys with it); 0: none. */
+static int current_idle_first(kvp_scheduler *s)
+{
+    for (size_t i = 0; i < s->idle_count; i++) {
+        if (!lease_stale(s, &s->idle[i])) {
+            lease l = s->idle[0];
+            s->idle[0] = s->idle[i];
+            s->idle[i] = l;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /*
  * Makes room for the worst case of this step and the leases the plan
  * needs. New leases go to the idle list; on failure they are destroyed
@@ -1351,8 +1431,9 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
 {
     size_t slots = s->running_count + p->slots;
     /* Every lease may end up idle: the running ones, the kept ones, the new ones. */
+    size_t usable = s->idle_count - stale_idle(s); /* stale ones go once the step stands */
     size_t leases = s->running_count + s->idle_count + s->kept_count +
-                    (p->slots > s->idle_count ? p->slots - s->idle_count : 0);
+                    (p->slots > usable ? p->slots - usable : 0);
     /* Each request finishes once: the ones taken now and the running ones. */
     size_t finishing = s->done_count + p->popped + s->running_count;
     size_t publish = publish_tokens(s, p);
@@ -1370,7 +1451,7 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
         return kvpi_fail_alloc(err, "scheduler step arrays", slots * sizeof(slot));
     }
     size_t made = 0;
-    while (s->idle_count < p->slots) {
+    while (usable + made < p->slots) {
         kvp_status status = lease_make(s, &s->idle[s->idle_count], err);
         if (status != KVP_OK) {
             while (made-- > 0) {
@@ -1483,28 +1564,15 @@ static void fail_marked(kvp_scheduler *s, size_t first, kvp_step_stats *st)
 }
 
 /*
- * Runs the jobs [0, count) on the decoder, whose job j belongs to the slot
- * whose `job` is j. `inline_on_refusal`: a refusal (DECODER_BUSY) runs them
- * on this thread instead, one after another (the same results, bit for bit);
- * otherwise the refusal is returned and no job ran.
+ * Runs the prefill jobs [0, count) on the decoder, whose job j belongs to
+ * the slot whose `job` is j. A refusal (DECODER_BUSY) runs them on this
+ * thread instead, one after another (the same results, bit for bit).
  */
-static kvp_status run_jobs(kvp_scheduler *s, size_t count, int inline_on_refusal,
-                           kvp_error *err)
+static void run_jobs(kvp_scheduler *s, size_t count)
 {
-    if (count == 0) {
-        return KVP_OK;
-    }
-    kvp_error e;
-    memset(&e, 0, sizeof e);
-    kvp_status status = kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, &e);
-    if (status == KVP_OK) {
-        return KVP_OK;
-    }
-    if (!inline_on_refusal) {
-        if (err != NULL) {
-            *err = e;
-        }
-        return status;
+    if (count == 0 ||
+        kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, NULL) == KVP_OK) {
+        return;
     }
     for (size_t j = 0; j < count; j++) {
         kvp_decode_job *job = &s->jobs[j];
@@ -1512,7 +1580,6 @@ static kvp_status run_jobs(kvp_scheduler *s, size_t count, int inline_on_refusal
         job->status = kvp_sequence_prefill(job->sequence, &job->input, NULL, NULL, NULL, 0,
                                            &job->error);
     }
-    return KVP_OK;
 }
 
 /* A prefill job of `tokens` rows at `rows` for slot i. */
@@ -1550,13 +1617,25 @@ static void append_zeros(kvp_scheduler *s, size_t i, size_t tokens)
 }
 
 /*
+ * 1 when the step's prompts are prefilled on the decoder (compute on and a
+ * request admitted: each has a prefill job). The step then reserves the
+ * decoder's step slot before admission changes anything, so a refusal
+ * (DECODER_BUSY) comes first and changes nothing.
+ */
+static int prefills_on_decoder(const kvp_scheduler *s, const plan *p)
+{
+    return s->config.compute && p->admitted > 0;
+}
+
+/*
  * Phase 1 of the admitted requests' prefill (slots [first, running_count),
  * in plan order, each request's samples together): adopt the indexed
  * prefix (sharing), promise, and compute the prompt (sharing: once, in
  * sample 0; off: every sample its prompt and continuation) as one batch of
- * decoder jobs. A decoder refusal is returned, every slot still in place.
+ * decoder jobs, in the decoder's step slot the step reserved
+ * (prefills_on_decoder), so it cannot be refused.
  */
-static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first, kvp_error *err)
+static void prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
 {
     size_t count = 0;
     size_t at = first;
@@ -1572,7 +1651,8 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
         size_t prompt = q->prompt_tokens;
         size_t g = rec->generated;
         size_t x = sample_tokens(s, rec);
-        const double *rows = s->rows + pl->rows * s->width;
+        /* Compute off reads no rows here, and may have none (s->rows NULL) */
+        const double *rows = s->config.compute ? s->rows + pl->rows * s->width : NULL;
         lease *l0 = &s->running[at].lease;
         pl->adopted = 0;
         if (pl->key_blocks != 0) {
@@ -1626,14 +1706,10 @@ static kvp_status prefill_prompts(kvp_scheduler *s, const plan *p, size_t first,
         }
         at += n;
     }
-    if (!s->config.compute) {
-        return KVP_OK;
-    }
-    kvp_status status = run_jobs(s, count, 0, err);
-    if (status == KVP_OK) {
+    if (prefills_on_decoder(s, p)) {
+        kvpi_decoder_step_reserved(s->decoder, s->jobs, count);
         collect_jobs(s, first);
     }
-    return status;
 }
 
 /*
@@ -1719,7 +1795,7 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
         }
     }
     if (s->config.compute) {
-        (void)run_jobs(s, count, 1, NULL); /* a refusal runs them here: cannot fail */
+        run_jobs(s, count); /* a refusal runs them here: cannot fail */
         collect_jobs(s, first);
     }
     at = first;
@@ -1741,43 +1817,6 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
         st->prefill_tokens += s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
     }
     fail_marked(s, first, st);
-}
-
-/*
- * Undoes this step's admissions after the decoder refused the prompt batch
- * (nothing was computed): the admitted slots' leases go back to the idle
- * list (adopted pages included), the rejections are withdrawn, and the
- * taken ids return to the queue positions they had.
- */
-static void undo_admission(kvp_scheduler *s, const plan *p, size_t first, size_t done_before,
-                           uint64_t admissions_before, kvp_step_stats *st)
-{
-    while (s->running_count > first) {
-        retire_slot(s, s->running_count - 1);
-    }
-    s->stats.rejected -= s->done_count - done_before;
-    s->done_count = done_before;
-    /* The span - popped entries kept are at the front: open popped places before them. */
-    for (size_t i = 0; i < p->popped; i++) {
-        record *rec = record_of(s, s->plan[i].id);
-        rec->state = STATE_WAITING;
-        rec->failed = 0;
-        queue_push_front(s, NO_REQUEST);
-    }
-    size_t from = p->popped; /* the next kept entry; never behind position j */
-    for (size_t j = 0; j < p->span; j++) {
-        uint64_t id = NO_REQUEST;
-        for (size_t i = 0; i < p->popped && id == NO_REQUEST; i++) {
-            id = s->plan[i].pos == j ? s->plan[i].id : NO_REQUEST;
-        }
-        if (id == NO_REQUEST) {
-            id = s->waiting[queue_at(s, from++)];
-        }
-        s->waiting[queue_at(s, j)] = id;
-    }
-    s->admissions = admissions_before;
-    st->admitted = 0;
-    st->rejected = 0;
 }
 
 /* Pages a take can get: free plus evictable (a take evicts the least recently used). */
@@ -1977,7 +2016,12 @@ static kvp_status decode(kvp_scheduler *s, kvp_step_stats *st, kvp_error *err)
     return KVP_OK;
 }
 
-/* Frees the idle leases bound to parameters that changed; they cannot serve a request again. */
+/*
+ * Frees the idle leases bound to parameters that changed; they cannot serve
+ * a request again. Only once the step cannot fail: a failed step keeps them
+ * (they hold no page or promise, but they are held samples and attached
+ * caches, and a failure changes nothing).
+ */
 static void drop_stale_idle(kvp_scheduler *s)
 {
     for (size_t i = s->idle_count; i-- > 0;) {
@@ -1985,6 +2029,48 @@ static void drop_stale_idle(kvp_scheduler *s)
             lease_free(&s->idle[i]);
             s->idle[i] = s->idle[--s->idle_count];
         }
+    }
+}
+
+/*
+ * Puts a lease bound to current parameters in idle[0] when the plan may key
+ * prompts with it: an idle one (reordering the idle list changes nothing
+ * observable), else a new one (*made 1; step_failed frees it again).
+ */
+static kvp_status key_lease(kvp_scheduler *s, int *made, kvp_error *err)
+{
+    *made = 0;
+    if (current_idle_first(s) || s->waiting_count == 0 || !s->config.sharing) {
+        return KVP_OK;
+    }
+    if (grow((void **)&s->idle, &s->idle_room, s->running_count + s->idle_count + 1,
+             sizeof *s->idle) != 0) {
+        return kvpi_fail_alloc(err, "scheduler idle list", sizeof *s->idle);
+    }
+    kvp_status status = lease_make(s, &s->idle[s->idle_count], err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    s->idle_count++;
+    (void)current_idle_first(s); /* the new lease goes to idle[0] */
+    *made = 1;
+    return KVP_OK;
+}
+
+/*
+ * A step failed before it changed anything: the leases it made (key_lease's,
+ * swapped back behind the `before` idle leases it found, and prepare's) are
+ * freed, so the idle list is what it was, in another order.
+ */
+static void step_failed(kvp_scheduler *s, size_t before, int made)
+{
+    if (made) {
+        lease l = s->idle[0];
+        s->idle[0] = s->idle[before];
+        s->idle[before] = l;
+    }
+    while (s->idle_count > before) {
+        lease_free(&s->idle[--s->idle_count]);
     }
 }
 
@@ -2001,44 +2087,35 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         }
     }
     kvp_scheduler *s = scheduler;
-    /* Unobservable: idle leases hold no page or promise. */
-    drop_stale_idle(s);
     /* Preempted requests return to the queue: room for every running one. */
     if (grow((void **)&s->plan, &s->plan_room, s->waiting_count, sizeof *s->plan) != 0 ||
         queue_grow(s, s->waiting_count + s->running_count) != 0) {
         return kvpi_fail_alloc(err, "scheduler admission plan",
                                s->waiting_count * sizeof *s->plan);
     }
-    if (s->idle_count == 0 && s->waiting_count > 0 && s->config.sharing) {
-        /* The plan keys prompts with a current lease's bindings. */
-        if (grow((void **)&s->idle, &s->idle_room, s->running_count + 1, sizeof *s->idle) != 0) {
-            return kvpi_fail_alloc(err, "scheduler idle list", sizeof *s->idle);
-        }
-        status = lease_make(s, &s->idle[0], err);
-        if (status != KVP_OK) {
-            return status;
-        }
-        s->idle_count = 1;
-    }
+    size_t idle_before = s->idle_count;
+    int made = 0;
+    status = key_lease(s, &made, err); /* the plan keys prompts with idle[0]'s bindings */
     plan p;
-    status = plan_admission(s, &p, err);
+    if (status == KVP_OK) {
+        status = plan_admission(s, &p, err);
+    }
     if (status == KVP_OK) {
         status = prepare(s, &p, err);
     }
+    if (status == KVP_OK && prefills_on_decoder(s, &p)) {
+        status = kvpi_decoder_reserve(s->decoder, err);
+    }
     if (status != KVP_OK) {
+        step_failed(s, idle_before, made);
         return status;
     }
+    drop_stale_idle(s); /* the step stands from here on */
     kvp_step_stats st;
     kvp_step_stats_init(&st);
     size_t first = s->running_count;
-    size_t done_before = s->done_count;
-    uint64_t admissions_before = s->admissions;
     admit(s, &p, &st);
-    status = prefill_prompts(s, &p, first, err);
-    if (status != KVP_OK) {
-        undo_admission(s, &p, first, done_before, admissions_before, &st);
-        return status;
-    }
+    prefill_prompts(s, &p, first);
     prefill_forks(s, &p, first, &st);
     use_sessions(s, &p);
     count_skips(s, &p);
@@ -2106,7 +2183,7 @@ kvp_status kvp_scheduler_collect(kvp_scheduler *scheduler, kvp_request_result *f
         finished[i] = s->done[i];
         kvpi_requests_remove(&s->requests, s->done[i].id); /* its id is stale from now on */
     }
-    if (take > 0) { /* nothing finished yet: s->done may be NULL */
+    if (take > 0) { /* done is NULL until a step first makes room */
         memmove(s->done, s->done + take, (s->done_count - take) * sizeof *s->done);
         s->done_count -= take;
     }
