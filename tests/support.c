@@ -484,6 +484,7 @@ void kvpt_snapshot_take_at(kvpt_snapshot *s, const char *file, int line)
         s->seq_len[i] = kvp_sequence_len(seq);
         s->seq_held[i] = kvp_sequence_held_pages(seq);
         s->seq_promised[i] = kvp_sequence_promised_pages(seq);
+        s->seq_pages_next[i] = kvp_sequence_pages_for(seq, s->seq_len[i] + 1);
         uint64_t hash = 0xcbf29ce484222325ull;
         for (size_t l = 0; kvp_sequence_cache(seq, l) != NULL; l++) {
             uint64_t digest = 0;
@@ -544,8 +545,9 @@ void kvpt_assert_unchanged_at(const kvpt_snapshot *before, uint64_t exhaustions,
     for (size_t i = 0; what == NULL && i < before->nsequences; i++) {
         which = i;
         if (now.seq_len[i] != before->seq_len[i] || now.seq_held[i] != before->seq_held[i] ||
-            now.seq_promised[i] != before->seq_promised[i]) {
-            what = "sequence length, held or promised pages";
+            now.seq_promised[i] != before->seq_promised[i] ||
+            now.seq_pages_next[i] != before->seq_pages_next[i]) {
+            what = "sequence length, held, promised or next token's pages";
         } else if (now.seq_digest[i] != before->seq_digest[i]) {
             what = "sequence cache digests";
         }

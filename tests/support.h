@@ -225,6 +225,7 @@ typedef struct kvpt_snapshot {
     size_t seq_len[KVPT_SNAPSHOT_MAX];
     size_t seq_held[KVPT_SNAPSHOT_MAX];
     size_t seq_promised[KVPT_SNAPSHOT_MAX];
+    size_t seq_pages_next[KVPT_SNAPSHOT_MAX]; /* pages_for(len + 1): copy-on-write marks too */
     uint64_t seq_digest[KVPT_SNAPSHOT_MAX]; /* over every layer's cache digest */
     uint64_t param_id[KVPT_SNAPSHOT_MAX];
     uint64_t param_revision[KVPT_SNAPSHOT_MAX];

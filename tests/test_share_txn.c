@@ -663,6 +663,49 @@ static void test_share_txn_sequence_fork_copies_every_layer_and_lane(void **stat
     kvpt_destroy_pool(pool);
 }
 
+/*
+ * A copy-on-write mark outlives the other side's release (DESIGN.md,
+ * Sharing), so a prefill that fails before committing a row (in its first
+ * block) must leave it: the next token still needs its copies. The roll-back
+ * used to truncate to the same length, which recomputes the marks, and the
+ * mark was gone (pages_for one less copy per lane; found by fuzz_api).
+ */
+static void test_share_txn_failed_prefill_keeps_cow_mark(void **state)
+{
+    (void)state;
+    enum { L = 2, B = 2, LEN = BT + 1, T = 3 };
+    kvp_pool *pool = kvpt_pool(BT, HEADS, HD, 32);
+    kvp_model *model = kvpt_random_model(L, D, HEADS, POSITIONS, BASE, 90);
+    kvp_sequence *parent = kvpt_sequence(model, pool, B, POSITIONS);
+    double prompt[B * LEN * D];
+    kvpt_fill_random(prompt, KVPT_COUNT_OF(prompt), 91);
+    kvp_tensor view = kvp_tensor3(prompt, B, LEN, D);
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_prefill(parent, &view, NULL, NULL, NULL, 0, &err), &err);
+    kvp_sequence *child = NULL;
+    kvpt_assert_ok(kvp_sequence_fork(parent, &child, &err), &err);
+    kvpt_destroy_sequence(parent, pool); /* the child's partial pages are its own now */
+    assert_int_equal(kvp_sequence_pages_for(child, LEN + 1), L * B);
+    kvpt_snapshot before;
+    kvpt_snapshot_init(&before, pool);
+    kvpt_snapshot_add_sequence(&before, child);
+    kvpt_snapshot_take(&before);
+    double x[B * T * D];
+    kvpt_fill_random(x, KVPT_COUNT_OF(x), 92);
+    static const double huge[D] = {1e156, -1e156, 1e156, 1e156};
+    memcpy(x + D, huge, sizeof huge); /* lane 0, token 1: its score overflows */
+    kvp_tensor rest = kvp_tensor3(x, B, T, D);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(kvp_sequence_prefill(child, &rest, NULL, NULL, NULL, 0, &err),
+                     KVP_NONFINITE_SCORE);
+    assert_int_equal(err.token, 1);
+    kvpt_assert_unchanged(&before, 0);
+    assert_int_equal(kvp_sequence_pages_for(child, LEN + 1), L * B);
+    kvpt_destroy_sequence(child, pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -675,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_share_txn_ticket_before_adopt_is_stale),
         cmocka_unit_test(test_share_txn_copy_on_write_copies_every_lane),
         cmocka_unit_test(test_share_txn_sequence_fork_copies_every_layer_and_lane),
+        cmocka_unit_test(test_share_txn_failed_prefill_keeps_cow_mark),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -458,8 +458,15 @@ static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *pro
 static void roll_back(kvp_sequence *seq, size_t len, size_t promise, size_t pages)
 {
     kvpi_pool_lock(seq->pool);
+    /*
+     * Truncate only when a row was committed: a truncate recomputes the
+     * copy-on-write marks, and a mark outlives the other side's release
+     * (share.c), so a prefill that committed nothing leaves the marks alone.
+     */
     kvpi_reservation_release_locked(&seq->reservation);
-    kvpi_cache_truncate_many_locked(seq->caches, seq->layers, len);
+    if (seq->caches[0]->len != len) {
+        kvpi_cache_truncate_many_locked(seq->caches, seq->layers, len);
+    }
     kvpi_cache_cow_undo_many_locked(seq->caches, seq->layers);
     kvpi_pool_tentative_cancel_locked(seq->pool, pages);
     kvpi_pool_promise_set_locked(seq->pool, &seq->promise, promise);

@@ -2356,6 +2356,10 @@ static void setup(reader *r)
     W.pool_config.block_tokens = W.bt;
     W.pool_config.heads = W.heads;
     W.pool_config.head_width = W.hd;
+    /* A fixed secret: keys, and so index slots and coverage, repeat run to run. */
+    for (size_t i = 0; i < KVP_KEY_SECRET_BYTES / sizeof(uint64_t); i++) {
+        W.pool_config.key_secret[i] = 0x6b7670616765720full + i;
+    }
     size_t page_bytes = 2 * W.heads * W.bt * W.hd * sizeof(double);
     W.pool_config.budget_bytes = pages * page_bytes + rd(r) % page_bytes;
     W.total = pages;

@@ -726,6 +726,10 @@ static kvp_pool *make_pool(size_t pages)
     config.block_tokens = W.bt;
     config.heads = W.kv_heads;
     config.head_width = W.hd;
+    /* A fixed secret: keys, and so index slots and coverage, repeat run to run. */
+    for (size_t i = 0; i < KVP_KEY_SECRET_BYTES / sizeof(uint64_t); i++) {
+        config.key_secret[i] = 0x6b7670616765720full + i;
+    }
     config.budget_bytes = pages * 2 * W.kv_heads * W.bt * W.hd * sizeof(double);
     kvp_pool *pool = NULL;
     kvp_error err;
