@@ -378,12 +378,9 @@ static void raise_high_water(void)
     }
 }
 
-/* One page for a take: a free one if any, else the least recently used evictable one. */
-static void take_one(void)
+/* Evicts the least recently used evictable page. */
+static void evict_one(void)
 {
-    if (W.total - held_pages() - evictable_pages() > 0) {
-        return;
-    }
     int lru = -1;
     for (int i = 0; i < MAX_SPAGES; i++) {
         if (W.page[i].used && W.page[i].refs == 0 &&
@@ -395,6 +392,14 @@ static void take_one(void)
     W.page[lru].used = 0;
     W.page[lru].registered = 0;
     W.evictions++;
+}
+
+/* One page for a take: a free one if any, else the least recently used evictable one. */
+static void take_one(void)
+{
+    if (W.total - held_pages() - evictable_pages() == 0) {
+        evict_one();
+    }
 }
 
 static void take_pages(size_t n)
@@ -510,6 +515,23 @@ static size_t seq_pages_for(const sseq *s, size_t tokens)
         return 0;
     }
     return W.layers * s->batch * (blocks_for(tokens) - blocks_for(len)) + seq_copies(s);
+}
+
+/*
+ * A prefill failed while computing: of its `pages` (free ones first, then
+ * borrowed from the LRU list, oldest first), those the rows of its first
+ * `committed` tokens were mapped to were written, in the order taken. The
+ * borrowed ones among them are evicted; the others came back unchanged. A
+ * prefill in blocks (no next_input) commits nothing before its failing
+ * block, and MAX_PROMPT tokens fit in one block: it writes no page.
+ */
+static void forget_written_borrowed(const sseq *s, size_t len, size_t pages, size_t committed)
+{
+    size_t free_now = W.total - held_pages() - evictable_pages();
+    size_t written = committed > 0 ? seq_pages_for(s, len + committed) : 0;
+    for (size_t i = free_now; i < written && i < pages; i++) {
+        evict_one();
+    }
 }
 
 /*
@@ -1810,14 +1832,10 @@ static void op_seq_prefill(reader *r)
         }
         if (computing) {
             /* The documented exception: rows before the failing token hold
-             * outputs. Its pages went back uncounted: check_world sees every
-             * counter as it was, but for the evictions its takes made (the
-             * evicted pages' index entries are lost; they went back free). */
-            for (size_t i = 0; i < pages; i++) {
-                take_one();
-                W.anon++;
-            }
-            W.anon -= pages;
+             * outputs. Its pages went back uncounted, and the cached pages it
+             * borrowed came back to the LRU list, but for those it wrote
+             * (DESIGN.md, "The one exception"): evicted, and free now. */
+            forget_written_borrowed(s, len, pages, next_fn() != NULL ? token : 0);
             for (size_t b = 0; b < s->batch; b++) {
                 size_t row = b * tokens * W.d;
                 compare_rows("rows before the failing token", out + row, outputs + row,
