@@ -951,18 +951,27 @@ static void test_scheduler_samples_exact_with_and_without_sharing(void **state)
 
 /*
  * Pages held with 4 samples of a 9-token prompt after the first step:
- * sharing holds the prompt's 2 full blocks once (x 2 layers) plus each
- * sample's own copy of the partial block (4 x 2): 12; without sharing
- * every sample holds 3 blocks x 2 layers: 24. After the run the published
- * blocks stay cached and evictable: the prompt's, and each sample's full
- * third block (9 + 3 tokens), published when it completes.
+ * sharing holds the prompt's 2 full blocks once (x 2 layers) plus the
+ * partial block, which sample 0 writes in place while the 3 others copy it
+ * (4 x 2): 12, and never more: 3 copies x 2 layers (6, not 8) and the high
+ * water mark 12 (copying in all 4 samples held the original beside 4
+ * copies: 14). Without sharing every sample holds 3 blocks x 2 layers: 24.
+ * On 1 and on 3 decoder threads (the 4 samples' first tokens run at once:
+ * sample 0's in-place row beside the others' copies of the rows below it),
+ * the pool audited after every step, outputs equal to fresh sequences. After
+ * the run the published blocks stay cached and evictable: the prompt's, and
+ * each sample's full third block (9 + 3 tokens), published when it completes.
  */
+static kvp_pool_stats pool_of(const fixture *f);
+
 static void test_scheduler_sharing_holds_fewer_pages(void **state)
 {
     (void)state;
-    for (int sharing = 0; sharing <= 1; sharing++) {
+    for (int run_ = 0; run_ < 3; run_++) {
+        int sharing = run_ > 0;
+        size_t threads = run_ == 2 ? 3 : 1;
         fixture f;
-        setup_fixture_sharing(&f, 64, 1, 1, 0, sharing);
+        setup_fixture_sharing(&f, 64, threads, 1, 0, sharing);
         static book b;
         memset(&b, 0, sizeof b);
         submit_samples(&f, &b, 9, 3, NULL, 4);
@@ -981,14 +990,17 @@ static void test_scheduler_sharing_holds_fewer_pages(void **state)
         assert_int_equal(st.cached_pages, sharing ? 4 : 0);
         assert_int_equal(st.evictable_pages, 0);
         assert_int_equal(stats_of(&f).forks, sharing ? 3 : 0);
+        kvp_pool_stats pool = pool_of(&f);
+        assert_int_equal(pool.cow_copies, sharing ? 6 : 0); /* 3 forked samples x 2 layers */
+        assert_int_equal(pool.high_water_pages, sharing ? 12 : 24);
+        assert_int_equal(pool.promised_pages, 0);
         run(&f, 0);
-        kvp_pool_stats pool;
-        kvp_pool_stats_init(&pool);
-        kvpt_assert_ok(kvp_pool_stats_get(f.pool, &pool, NULL), NULL);
+        pool = pool_of(&f);
         assert_int_equal(pool.held_pages, 0);
         /* the prompt's 2 blocks, and each sample's third, full at completion */
         assert_int_equal(pool.evictable_pages, sharing ? 4 + 4 * 2 : 0);
-        assert_int_equal(pool.cow_copies, sharing ? 8 : 0); /* 4 samples x 2 layers */
+        assert_int_equal(pool.cow_copies, sharing ? 6 : 0);
+        assert_int_equal(pool.high_water_pages, sharing ? 12 : 24);
         assert_samples_exact(&b, 0, 4, 9, 3);
         kvp_request_result done[2];
         assert_int_equal(collect_all(&f, done, 2), 1);
@@ -2342,40 +2354,53 @@ static void test_scheduler_admission_counts_evictable_pages(void **state)
 
 /*
  * Page accounting of forked samples over a partial prompt page (issue 16,
- * 9.): request 0 has 3 samples of a 6-token prompt (1 full block and a
- * partial one) and 2 new tokens. It takes the prompt's 2 blocks once (x 2
- * layers: 4 pages) and each sample 1 block past the full one, its copy of
- * the partial page that it then fills (x 2 layers: 6 pages): 10 pages.
- * Beside it, request 1 needs 2 pages; the pool has 11. So request 0 is
- * admitted and request 1 waits; after the step (the first decode made the
- * copies, the shared partial page went back) 8 pages are held, none
- * promised. Counting no copies (4 pages), request 1 would be admitted too;
- * counting the partial page as every sample's own (12 pages), request 0
- * would be rejected as never fitting.
+ * 5. and 9.): request 0 has 3 samples of a 6-token prompt (1 full block and
+ * a partial one) and 2 new tokens. It takes the prompt's 2 blocks once (x 2
+ * layers: 4 pages); sample 0 then writes the partial page in place and each
+ * other sample copies it (x 2 layers: 4 pages): 8 pages, n - 1 copies for n
+ * samples. Beside it, request 1 (3 + 1 tokens) needs 2 pages. With 10
+ * pages both are admitted in the first step and fill the pool exactly
+ * (counting a copy per sample, 10 + 2, request 1 waited); with 9, request 1 waits (admission
+ * counts the promises exactly: counting no copies, 4 + 2, it would be
+ * admitted) and runs when request 0 finishes. After the first step (the
+ * copies made) nothing is promised; the audit holds after every step.
+ * Compute off (external caches), and compute on with 1 and 3 decoder
+ * threads, whose 3 samples' first tokens run at once.
  */
 static void test_scheduler_forked_samples_count_partial_prompt_page(void **state)
 {
     (void)state;
-    fixture f;
-    setup_fixture(&f, 11, 1, 0, 0);
-    (void)submit_rows(&f, 6, 2, 3);
-    (void)submit_rows(&f, 3, 1, 1);
-    kvp_step_stats st = step_once(&f);
-    assert_int_equal(st.admitted, 1);
-    assert_int_equal(st.rejected, 0);
-    assert_int_equal(st.waiting, 1);
-    assert_int_equal(st.decoded, 3);
-    kvp_pool_stats pool = pool_of(&f);
-    assert_int_equal(pool.held_pages, 8); /* the full block shared, 3 copies, x 2 layers */
-    assert_int_equal(pool.promised_pages, 0);
-    assert_int_equal(pool.cow_copies, 6);
-    assert_int_equal(st.unshared_pages, 12); /* 3 samples x 2 blocks x 2 layers */
-    run(&f, 0);
-    kvp_request_result done[8];
-    assert_int_equal(collect_all(&f, done, 8), 2);
-    assert_int_equal(stats_of(&f).preemptions, 0);
-    assert_int_equal(stats_of(&f).forks, 2);
-    teardown_fixture(&f);
+    for (size_t pages = 9; pages <= 10; pages++) {
+        for (int mode = 0; mode < 3; mode++) {
+            fixture f;
+            setup_fixture(&f, pages, mode == 2 ? 3 : 1, mode > 0, 0);
+            (void)submit_rows(&f, 6, 2, 3);
+            (void)submit_rows(&f, 3, 1, 1);
+            kvp_step_stats st = step_once(&f);
+            int both = pages == 10;
+            assert_int_equal(st.admitted, both ? 2 : 1);
+            assert_int_equal(st.rejected, 0);
+            assert_int_equal(st.preempted, 0);
+            assert_int_equal(st.waiting, both ? 0 : 1);
+            assert_int_equal(st.decoded, both ? 4 : 3);
+            kvp_pool_stats pool = pool_of(&f);
+            /* the full block shared, the partial one and 2 copies, x 2 layers; request 1's 2
+               until it finished (its 1 token) */
+            assert_int_equal(st.finished, both ? 1 : 0);
+            assert_int_equal(pool.held_pages, 8);
+            assert_int_equal(pool.high_water_pages, both ? 10 : 8);
+            assert_int_equal(pool.promised_pages, 0);
+            assert_int_equal(pool.cow_copies, 4);
+            assert_int_equal(st.unshared_pages, 12); /* 3 samples x 2 blocks x 2 layers */
+            run(&f, 0);
+            kvp_request_result done[8];
+            assert_int_equal(collect_all(&f, done, 8), 2);
+            assert_int_equal(stats_of(&f).preemptions, 0);
+            assert_int_equal(stats_of(&f).forks, 2);
+            assert_int_equal(pool_of(&f).cow_copies, 4);
+            teardown_fixture(&f);
+        }
+    }
 }
 
 /* Updates parameter `index` of layer `layer` in place (its revision + 1). */
@@ -2423,8 +2448,12 @@ static void test_scheduler_output_projection_update_is_stale(void **state)
     teardown_fixture(&f);
 }
 
-int main(void)
+/* argv[1], when given, runs only the tests it names (a cmocka pattern; CMakeLists.txt). */
+int main(int argc, char **argv)
 {
+    if (argc > 1) {
+        cmocka_set_test_filter(argv[1]);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scheduler_runs_every_request_exactly),
         cmocka_unit_test(test_scheduler_preempts_by_recompute_exactly),

@@ -14,6 +14,10 @@
  *   sequence) mid-block copies each lane's shared partial page, and the
  *   originals keep their bytes.
  * - PAGE_NOT_HELD on an evictable page says so (not "free").
+ * - The one writer of a shared partial page (kvpi_cache_fork_writer_locked,
+ *   the scheduler's samples): the parent appends in place, its children
+ *   copy, n caches make n - 1 copies; the audit holds throughout and
+ *   reports a second writer, or a holder longer than the writer.
  *
  * Unit test: uses pager/pool_internal.h and pager/reservation.h (a raw
  * reservation holds borrowed pages between calls; the index is read under
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
 #include "pager/reservation.h"
 
@@ -706,6 +711,94 @@ static void test_share_txn_failed_prefill_keeps_cow_mark(void **state)
     kvpt_destroy_pool(pool);
 }
 
+/* kvp_pool_check's findings, all of them I5 (PREFIX); returns how many. */
+static size_t prefix_findings(kvp_pool *pool)
+{
+    kvpt_findings found;
+    memset(&found, 0, sizeof found);
+    kvp_error err;
+    assert_int_equal(kvp_pool_check(pool, kvpt_collect_finding, &found, &err), KVP_AUDIT_FAILED);
+    for (size_t i = 0; i < found.count && i < KVPT_FINDINGS_KEPT; i++) {
+        assert_int_equal(found.items[i].invariant, KVP_INVARIANT_PREFIX);
+    }
+    return found.count;
+}
+
+/*
+ * The one writer: a batch-2 external cache of 6 rows (a partial second
+ * block) forked twice by kvpi_cache_fork_writer_locked. The parent's next
+ * row takes no page and lands in its own partial page (shared, refcount 3);
+ * each child's first row copies it (2 lanes each): 4 copies for 3 caches,
+ * not 6, and every cache's rows below 6 stay equal. The audit is clean
+ * after every call; a second unmarked holder, or a writer shorter than a
+ * holder, is an I5 finding.
+ */
+static void test_share_txn_fork_writer_appends_in_place(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(BT, HEADS, HD, 16);
+    kvp_binding b = external_binding();
+    kvp_cache *parent = kvpt_cache(pool, &b, 2, POSITIONS);
+    kvp_cache *child[2] = {kvpt_cache(pool, &b, 2, POSITIONS), kvpt_cache(pool, &b, 2, POSITIONS)};
+    append(parent, 2, 6, 41);
+    uint32_t shared[2] = {page_at(parent, 0, 1), page_at(parent, 1, 1)};
+    kvpi_pool_lock(pool);
+    kvpi_cache_fork_writer_locked(parent, child[0]);
+    kvpi_cache_fork_writer_locked(parent, child[1]);
+    kvpi_pool_unlock(pool);
+    kvpt_assert_pool_ok(pool);
+    uint64_t copies = kvpt_stats(pool).cow_copies;
+    assert_int_equal(kvp_cache_pages_for(parent, 7), 0);
+    assert_int_equal(kvp_cache_pages_for(child[0], 7), 2);
+
+    /* A second writer, or a writer shorter than a holder, breaks I5. */
+    kvpi_pool_lock(pool);
+    child[0]->cow = 0;
+    kvpi_pool_unlock(pool);
+    assert_true(prefix_findings(pool) >= 2);
+    kvpi_pool_lock(pool);
+    child[0]->cow = 1;
+    parent->len = 5; /* still 2 blocks mapped: only I5 can tell */
+    kvpi_pool_unlock(pool);
+    assert_true(prefix_findings(pool) >= 2);
+    kvpi_pool_lock(pool);
+    parent->len = 6;
+    kvpi_pool_unlock(pool);
+    kvpt_assert_pool_ok(pool);
+
+    append(parent, 2, 1, 42); /* in place: the same pages, no copy */
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(page_at(parent, 0, 1), shared[0]);
+    assert_int_equal(page_at(parent, 1, 1), shared[1]);
+    assert_int_equal(kvpt_stats(pool).cow_copies, copies);
+    for (size_t c = 0; c < 2; c++) {
+        append(child[c], 2, 1, 43 + c); /* copies both lanes */
+        kvpt_assert_pool_ok(pool);
+        assert_int_equal(kvpt_stats(pool).cow_copies, copies + 2 * (c + 1));
+        assert_true(page_at(child[c], 0, 1) != shared[0]);
+        assert_true(page_at(child[c], 1, 1) != shared[1]);
+    }
+    /* Rows 0..5 are the parent's in every cache; row 6 each one's own. */
+    double kp[2 * HEADS * 7 * HD];
+    double kc[2 * HEADS * 7 * HD];
+    kvp_error err;
+    for (size_t c = 0; c < 2; c++) {
+        kvpt_assert_ok(kvp_cache_keys(parent, kp, sizeof kp / sizeof kp[0], &err), &err);
+        kvpt_assert_ok(kvp_cache_keys(child[c], kc, sizeof kc / sizeof kc[0], &err), &err);
+        for (size_t lane = 0; lane < 2; lane++) {
+            for (size_t h = 0; h < HEADS; h++) {
+                size_t at = ((lane * HEADS + h) * 7) * HD;
+                assert_memory_equal(kp + at, kc + at, 6 * HD * sizeof(double));
+                assert_memory_not_equal(kp + at + 6 * HD, kc + at + 6 * HD, HD * sizeof(double));
+            }
+        }
+    }
+    kvpt_destroy_cache(child[1], pool);
+    kvpt_destroy_cache(child[0], pool);
+    kvpt_destroy_cache(parent, pool);
+    kvpt_assert_ok(kvp_pool_destroy(pool, NULL), NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -719,6 +812,7 @@ int main(void)
         cmocka_unit_test(test_share_txn_copy_on_write_copies_every_lane),
         cmocka_unit_test(test_share_txn_sequence_fork_copies_every_layer_and_lane),
         cmocka_unit_test(test_share_txn_failed_prefill_keeps_cow_mark),
+        cmocka_unit_test(test_share_txn_fork_writer_appends_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

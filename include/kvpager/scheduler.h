@@ -40,11 +40,14 @@
  *      digest, so blocks computed under older parameters never match) and
  *      prefills only the rest; after prefilling, it publishes the prompt's
  *      full blocks (and its decoded ones when it finishes: 4.), and its
- *      first sequence is forked samples - 1 times
- *      (kvp_sequence_fork; copy-on-write copies the shared partial last
- *      page on the first append). Admission counts shared pages once: a
- *      request needs only the prompt pages its adoptable prefix does not
- *      cover, plus each sample's decoding reserve and copy-on-write copy.
+ *      first sequence is forked samples - 1 times (as kvp_sequence_fork,
+ *      but sample 0 stays the one writer of the shared partial last page
+ *      and appends to it in place, while each other sample copies it on
+ *      its first append: n samples make n - 1 copies). Admission counts
+ *      shared pages once: a request needs only the prompt pages its
+ *      adoptable prefix does not cover, plus each sample's decoding reserve
+ *      and, for samples 1 .. n - 1, its copy-on-write copy; each sample is
+ *      promised exactly the pages it will take.
  *      With sharing 0 every sample is its own sequence that prefills the
  *      whole prompt, and nothing is published or adopted;
  *   3. preemption by recompute: while the running sequences need more new

@@ -86,16 +86,20 @@ static void cache_audit(const kvpi_holder *holder, kvpi_audit *audit)
             kvpi_audit_reference(audit, cache->cow_saved[lane]);
         }
     }
-    /* I5: a shared or registered partial last page is copied before it is written. */
+    /*
+     * I5: a registered partial last page is copied before it is written; a
+     * shared one is written in place only by its one writer (share.c).
+     */
     if (cache->len % cache->block_tokens != 0 && !cache->cow) {
         size_t block = cache->len / cache->block_tokens;
         for (size_t lane = 0; lane < cache->batch_size; lane++) {
             uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
-            if (page < cache->pool->total_pages &&
-                (cache->pool->refcount[page] > 1 || cache->pool->registered[page])) {
+            if (page < cache->pool->total_pages && cache->pool->registered[page]) {
                 kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
                                   "a shared or registered partial page is marked copy-on-write",
                                   page, lane, 1, 0);
+            } else if (page < cache->pool->total_pages && cache->pool->refcount[page] > 1) {
+                kvpi_cache_audit_writer(cache, block, page, audit);
             }
         }
     }

@@ -20,7 +20,8 @@
  *   - sharing (share.c): a page may be named by several caches' tables
  *     (forks, adopters of the prefix index). Full pages are never written
  *     again. The partial last page is written in place only when `cow` is
- *     0; cow is 1 whenever that page is shared or registered (I5), and the
+ *     0; cow is 1 whenever that page is registered, or shared unless the
+ *     cache is its one writer (kvpi_cache_fork_writer_locked; I5), and the
  *     next append first copies it, in every lane, to pages it reserved
  *     with the append (kvpi_cache_pages_needed counts them);
  *   - an external cache (binding.rope_feature_width == 0) takes rows from
@@ -190,6 +191,19 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
  *   returns the copies (newest first) and marks cow again. Both end defer.
  */
 void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child);
+/*
+ * fork_into, but the parent keeps its mark (share.c): unmarked, it stays the
+ * one writer of the shared partial last page and appends in place, while the
+ * child (marked) copies. n sharers, n - 1 copies. The scheduler's samples.
+ */
+void kvpi_cache_fork_writer_locked(kvp_cache *parent, kvp_cache *child);
+/*
+ * The audit's I5 check of an unmarked cache whose partial page `page` (block
+ * `block`) is shared: reports every other cache naming it there that is
+ * unmarked or longer. Under the pool lock, from cache.c's audit.
+ */
+void kvpi_cache_audit_writer(const kvp_cache *writer, size_t block, uint32_t page,
+                             kvpi_audit *audit);
 /* fork_into for `count` parents of one pool, in one hold of the lock (a sequence's layers). */
 void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children, size_t count);
 kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,

@@ -1,7 +1,9 @@
 /*
  * share.c: pages shared between caches (kvpager/cache.h "Sharing").
  *
- * Owns: fork, truncate, copy-on-write marks, the chain keys of the prefix
+ * Owns: fork (and the scheduler's fork that keeps the parent the one writer
+ * of the shared partial page, with the audit's check of that writer),
+ * truncate, copy-on-write marks, the chain keys of the prefix
  * index (a 128-bit BLAKE2b stream keyed with the pool's secret, over the
  * binding digest, the parent key, an optional context and the block's
  * input bytes), publishing full blocks and adopting published prefixes,
@@ -12,9 +14,12 @@
  *   - a page's refcount counts every table slot naming it, across caches;
  *     a full page is never written again, so sharing it needs no copy;
  *   - a cache writes its partial last page in place only when cow == 0, and
- *     cow == 1 whenever that page is shared (refcount > 1) or registered;
- *     fork, truncate and a deferred undo set it; the append that copies
- *     (cache.c) clears it, and a truncate recomputes it;
+ *     cow == 1 whenever that page is registered, or shared (refcount > 1)
+ *     unless the cache is the page's one writer: the parent of
+ *     kvpi_cache_fork_writer_locked, unmarked, no shorter than any other
+ *     cache naming the page, every one of them marked; fork, truncate and a
+ *     deferred undo set it; the append that copies (cache.c) clears it, and
+ *     a truncate recomputes it (a truncated writer is marked while shared);
  *   - a chain key covers the cache's binding digest (parameter identities
  *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens)
  *     by construction: no caller can build a key without one, so a revision
@@ -31,6 +36,7 @@
 #include "pager/cache_internal.h"
 
 #include <sodium.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "pager/error.h"
@@ -105,6 +111,33 @@ void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count)
     }
 }
 
+/*
+ * I5 for `writer`, unmarked, whose partial page `page` (block `block`) is
+ * shared: every other cache naming it there is marked and no longer, so it
+ * reads only positions below the writer's length and copies before writing.
+ */
+void kvpi_cache_audit_writer(const kvp_cache *writer, size_t block, uint32_t page,
+                             kvpi_audit *audit)
+{
+    const kvpi_holder *end = &writer->pool->holders;
+    for (const kvpi_holder *h = end->next; h != end; h = h->next) {
+        const kvp_cache *other =
+            h->ops->kind == KVPI_HOLDER_CACHE
+                ? (const kvp_cache *)(const void *)((const char *)h - offsetof(kvp_cache, holder))
+                : writer;
+        for (size_t lane = 0; other != writer && block < other->blocks_per_lane &&
+                              lane < other->batch_size;
+             lane++) {
+            if (kvpi_cache_lane_table(other, lane)[block] == page &&
+                (!other->cow || other->len > writer->len)) {
+                kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
+                                  "a shared partial page has one writer, its longest holder",
+                                  page, lane, 1, 0);
+            }
+        }
+    }
+}
+
 /* ---- fork ---------------------------------------------------------------- */
 
 /*
@@ -113,7 +146,7 @@ void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count)
  * fork of a stale cache is as stale as its parent (its steps are refused the
  * same way) instead of binding the new weights over old rows.
  */
-void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child)
+static void fork_locked(kvp_cache *parent, kvp_cache *child, int parent_writes)
 {
     child->binding = parent->binding;
     size_t mapped = kvpi_cache_mapped_blocks(parent);
@@ -127,11 +160,31 @@ void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child)
     }
     child->len = parent->len;
     child->epoch++;
-    if (parent->len % parent->block_tokens != 0) {
+    if (parent->len % parent->block_tokens != 0 && !parent_writes) {
         parent->cow = 1;
         child->cow = 1;
         parent->epoch++; /* a ticket prepared before the fork did not reserve the copy */
+    } else if (parent->len % parent->block_tokens != 0) {
+        child->cow = 1; /* the parent keeps its mark, and its tickets stay valid */
     }
+}
+
+void kvpi_cache_fork_into_locked(kvp_cache *parent, kvp_cache *child)
+{
+    fork_locked(parent, child, 0);
+}
+
+/*
+ * The parent keeps its mark: unmarked, it stays the one writer of its
+ * partial last page and appends in place (at positions >= its length, which
+ * no child reads: a child reads below the fork's length and copies before
+ * it writes). So n sharers make n - 1 copies. The audit checks the writer
+ * (kvpi_cache_audit_writer, I5). Only the scheduler uses it: every sample of a request
+ * lives and dies together, so the parent never lets its children outgrow it.
+ */
+void kvpi_cache_fork_writer_locked(kvp_cache *parent, kvp_cache *child)
+{
+    fork_locked(parent, child, 1);
 }
 
 void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children, size_t count)

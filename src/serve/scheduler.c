@@ -472,7 +472,11 @@ static size_t sample_tokens(const kvp_scheduler *s, const record *r)
     return tokens < r->request.max_new_tokens ? tokens : r->request.max_new_tokens;
 }
 
-/* Pages one forked sample takes past the prompt's full blocks (its copy of a partial one too). */
+/*
+ * Pages one forked sample takes past the prompt's full blocks (its copy of a
+ * partial one too). Sample 0 writes the partial page in place (prefill_forks):
+ * n samples, n - 1 copies.
+ */
 static size_t sample_pages(const kvp_scheduler *s, const record *r, size_t past_prompt)
 {
     size_t prompt = r->request.prompt_tokens;
@@ -482,8 +486,9 @@ static size_t sample_pages(const kvp_scheduler *s, const record *r, size_t past_
 /*
  * Pages a request newly takes to hold `past_prompt` tokens per sample when
  * `hits` prompt blocks are adopted: shared pages counted once. One sample:
- * its own blocks. Forked samples: the prompt once, plus each sample's
- * blocks past the prompt's full ones. Sharing off: every sample its own.
+ * its own blocks. Forked samples: sample 0's own blocks (it writes the
+ * partial prompt page in place), plus each other sample's blocks past the
+ * prompt's full ones (its copy). Sharing off: every sample its own.
  */
 static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
                             size_t hits)
@@ -495,7 +500,8 @@ static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past
         return own - s->layers * hits;
     }
     if (s->config.sharing) {
-        return s->layers * (blocks_of(s, prompt) - hits) + n * sample_pages(s, r, past_prompt);
+        return s->layers * (blocks_of(s, prompt + past_prompt) - hits) +
+               (n - 1) * sample_pages(s, r, past_prompt);
     }
     return n * own;
 }
@@ -1676,10 +1682,8 @@ static void prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         for (size_t k = 0; k < n; k++) {
             lease *l = &s->running[at + k].lease;
             size_t want;
-            if (n == 1 || !s->config.sharing) {
+            if (n == 1 || !s->config.sharing || k == 0) {
                 want = lease_pages_for(s, l, prompt + x);
-            } else if (k == 0) {
-                want = lease_pages_for(s, l, prompt) + sample_pages(s, rec, x);
             } else {
                 want = sample_pages(s, rec, x);
             }
@@ -1769,7 +1773,7 @@ static void prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_ste
         for (size_t k = 1; k < n; k++) {
             kvp_cache *const *child = lease_caches(&s->running[here + k].lease);
             for (size_t l = 0; l < s->layers; l++) {
-                kvpi_cache_fork_into_locked(parent[l], child[l]);
+                kvpi_cache_fork_writer_locked(parent[l], child[l]); /* sample 0 writes */
             }
         }
         kvpi_pool_unlock(s->pool);
