@@ -4,11 +4,12 @@
  * both ways between external and attention caches, two layers over the
  * same parameters at different revisions); the I5 audit reports a key
  * indexed twice; probe, adopt and publish of a group of caches are all or
- * nothing per block; salts keep tenants apart; an update of any parameter
- * of any layer makes the old keys of that layer and every later one
- * unfindable; a block-aligned prompt keeps its last token to compute; an
- * empty prompt is refused as prefill refuses it. kvp_pool_check runs after
- * every operation (kvpt_assert_pool_ok).
+ * nothing per block, and publish checks every cache and lane against its
+ * own key; salts (one half zero included) keep tenants apart; an update of
+ * any parameter of any layer makes the old keys of that layer and every
+ * later one unfindable; a block-aligned prompt keeps its last token to
+ * compute; an empty prompt is refused as prefill refuses it.
+ * kvp_pool_check runs after every operation (kvpt_assert_pool_ok).
  */
 #include "share_support.h"
 
@@ -449,6 +450,7 @@ static size_t adopt_fresh(const kvp_model *model, kvp_pool *pool, const double *
 /*
  * Salts: a prompt published under one tenant's salt is adopted under that
  * salt only: not unsalted, not under another salt; an all-zero salt is no
+ * salt, but a salt with one 64-bit half zero ({x, 0} or {0, x}) is a
  * salt. Each tenant's lookups of another's prompt miss, as for a prompt
  * never seen (no hit to time).
  */
@@ -479,6 +481,16 @@ static void test_share_salts_keep_tenants_apart(void **state)
     assert_int_equal(adopt_whole(seq, pool, &whole), 8);
     kvpt_destroy_sequence(seq, pool);
     assert_int_equal(adopt_fresh(model, pool, prompt, &bob), 0);
+    /* A salt with one 64-bit half zero is a salt all the same: apart from unsalted and others. */
+    const kvp_block_key low_only = {0x1111, 0};
+    const kvp_block_key high_only = {0, 0x2222};
+    assert_int_equal(adopt_fresh(model, pool, prompt, &low_only), 0);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &high_only), 0);
+    publish_fresh(model, pool, prompt, &low_only);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &high_only), 0);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &low_only), 8);
+    s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_misses, 3 + 1 + 3);
     destroy_pool(pool);
     kvpt_destroy_model(model);
 }
