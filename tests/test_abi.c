@@ -472,6 +472,41 @@ static void test_abi_pool_config_key_secret_old_caller(void **state)
     assert_false(same_key(exact_key, shared1));
 }
 
+/*
+ * A secret is given when any of its bytes is nonzero, wherever that byte
+ * is: {1, 2, 3, 4} (each word's high bytes zero, the last byte too), or a
+ * single nonzero byte first, in the middle or last. Two pools given the
+ * same such secret make the same keys (not a random secret each), and the
+ * secrets make keys different from each other's and from a random one.
+ */
+static void test_abi_pool_config_key_secret_any_byte(void **state)
+{
+    (void)state;
+    static const size_t lone[] = {0, 13, KVP_KEY_SECRET_BYTES - 1};
+    enum { SECRETS = KVPT_COUNT_OF(lone) + 1 };
+    kvp_block_key keys[SECRETS + 1];
+    for (size_t k = 0; k < SECRETS; k++) {
+        kvp_pool_config config = small_config();
+        if (k == 0) {
+            for (size_t i = 0; i < KVPT_COUNT_OF(config.key_secret); i++) {
+                config.key_secret[i] = i + 1;
+            }
+        } else {
+            ((unsigned char *)config.key_secret)[lone[k - 1]] = 0x5a;
+        }
+        keys[k] = key_of_config(&config);
+        assert_true(same_key(key_of_config(&config), keys[k]));
+    }
+    kvp_pool_config unset = small_config(); /* all zero: a random secret each */
+    keys[SECRETS] = key_of_config(&unset);
+    assert_false(same_key(key_of_config(&unset), keys[SECRETS]));
+    for (size_t a = 0; a <= SECRETS; a++) {
+        for (size_t b = a + 1; b <= SECRETS; b++) {
+            assert_false(same_key(keys[a], keys[b]));
+        }
+    }
+}
+
 /* An idle scheduler's step (nothing runs or waits, a session kept for long): the same each time. */
 static kvp_status get_step_stats(void *ctx, void *out, kvp_error *err)
 {
@@ -698,6 +733,7 @@ int main(void)
         cmocka_unit_test(test_abi_request_old_caller),
         cmocka_unit_test(test_abi_request_salt_old_caller),
         cmocka_unit_test(test_abi_pool_config_key_secret_old_caller),
+        cmocka_unit_test(test_abi_pool_config_key_secret_any_byte),
         cmocka_unit_test(test_abi_scheduler_stats_old_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,7 +14,8 @@
  *     and change nothing (stats, ids, pool); samples > 1 is refused until
  *     fork is wired in;
  *   - sharing: prompt prefixes and a completed request's decoded blocks
- *     are adopted by later prompts holding them, outputs unchanged;
+ *     (each sample's own) are adopted by later prompts holding them,
+ *     outputs unchanged;
  *   - the cache-aware schedule admits a cached-prefix request ahead of an
  *     uncached head that does not fit, within its starvation bound, with
  *     every output as under FCFS;
@@ -1274,6 +1275,89 @@ static void test_scheduler_publishes_decoded_blocks(void **state)
 }
 
 /*
+ * Outputs of a request whose prompt rows were given (`rows`, its first
+ * `prompt`) and whose decoded rows come from the book, against a fresh
+ * sequence fed the same rows alone, bit for bit.
+ */
+static void assert_given_prompt_exact(const book *b, uint64_t id, const double *rows,
+                                      size_t prompt, size_t new_tokens)
+{
+    kvp_model *model = make_model();
+    kvp_pool *pool = kvpt_pool(BLOCK, KV_HEADS, HEAD_WIDTH, 64);
+    kvp_sequence *seq = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_sequence_create(model, pool, 1, CAPACITY, &seq, &err), &err);
+    kvp_tensor input = kvp_tensor3((double *)(uintptr_t)rows, 1, prompt, WIDTH);
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &input, NULL, NULL, NULL, 0, &err), &err);
+    assert_int_equal(b->tokens[id][0], new_tokens);
+    for (size_t position = prompt; position < prompt + new_tokens; position++) {
+        double row[WIDTH];
+        double out[WIDTH];
+        row_at(b, id, 0, position, row);
+        kvp_tensor one = kvp_tensor3(row, 1, 1, WIDTH);
+        kvpt_assert_ok(kvp_sequence_step(seq, &one, NULL, NULL, out, WIDTH, &err), &err);
+        assert_true(b->seen[id][0][position]);
+        assert_memory_equal(out, b->outputs[id][0][position], sizeof out);
+    }
+    kvpt_assert_ok(kvp_sequence_destroy(seq, NULL), NULL);
+    kvpt_assert_ok(kvp_pool_destroy(pool, NULL), NULL);
+    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
+}
+
+/*
+ * Each sample publishes its own decoded blocks, chained from the prompt:
+ * request 0 (6 prompt tokens, 10 decoded, 2 samples whose decoded rows
+ * differ) completes; then request 1 + k, whose 19-token prompt is request
+ * 0's prompt, sample k's 10 rows and 3 of its own (the next turn after
+ * sample k's reply), adopts 4 blocks (16 tokens) for each k: both samples'
+ * chains, the one keyed first and the one keyed after it, reach every
+ * decoded block. With sharing off nothing is adopted; compute off hits
+ * alike; outputs equal a fresh sequence's bit for bit. One decoder thread.
+ */
+static void test_scheduler_publishes_each_samples_decoded_blocks(void **state)
+{
+    (void)state;
+    enum { PROMPT = 6, NEW = 10, NEXT = 19 };
+    static double rows[2][NEXT][WIDTH];
+    for (int compute = 1; compute >= 0; compute--) {
+        for (int sharing = 0; sharing <= 1; sharing++) {
+            fixture f;
+            setup_fixture_sharing(&f, 64, 1, compute, 0, sharing);
+            static book b;
+            memset(&b, 0, sizeof b); /* nothing shared: sample k > 0 decodes its own rows */
+            submit_samples(&f, &b, PROMPT, NEW, NULL, 2);
+            run(&f, 0);
+            assert_int_equal(stats_of(&f).completed, 1);
+            for (size_t k = 0; k < 2; k++) {
+                uint64_t id = 1 + k;
+                for (size_t t = 0; t < NEXT; t++) {
+                    if (t < PROMPT + NEW) {
+                        row_at(&b, 0, k, t, rows[k][t]); /* the prompt, then sample k's reply */
+                    } else {
+                        row_at(&b, id, 0, t, rows[k][t]);
+                    }
+                }
+                assert_int_equal(submit(&f, &b, NEXT, 2, &rows[k][0][0]), id);
+                kvp_step_stats st = step_once(&f);
+                assert_int_equal(st.admitted, 1);
+                assert_int_equal(st.prompt_tokens, NEXT);
+                assert_int_equal(st.prefix_hit_tokens, sharing ? 16 : 0);
+                run(&f, 0);
+            }
+            /* The replies differ from position PROMPT on: two chains, not one. */
+            assert_memory_not_equal(rows[0][PROMPT], rows[1][PROMPT], sizeof rows[0][PROMPT]);
+            if (compute) {
+                assert_samples_exact(&b, 0, 2, PROMPT, NEW);
+                for (size_t k = 0; k < 2; k++) {
+                    assert_given_prompt_exact(&b, 1 + k, &rows[k][0][0], NEXT, 2);
+                }
+            }
+            teardown_collected(&f, 3);
+        }
+    }
+}
+
+/*
  * One run of the overtaking scenario under `schedule`: request 0 (33
  * tokens of group 0, 30 new) runs and holds most of a 32-page pool; request
  * 1 (25 tokens of its own) waits at the head, never fitting beside it (14
@@ -2471,6 +2555,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_scheduler_weight_update_recomputes),
         cmocka_unit_test(test_scheduler_compute_off_shares_alike),
         cmocka_unit_test(test_scheduler_publishes_decoded_blocks),
+        cmocka_unit_test(test_scheduler_publishes_each_samples_decoded_blocks),
         cmocka_unit_test(test_scheduler_cache_aware_admits_cached_prefix_first),
         cmocka_unit_test(test_scheduler_session_keeps_turn_across_pressure),
         cmocka_unit_test(test_scheduler_session_request_goes_first),

@@ -4,11 +4,12 @@
  * both ways between external and attention caches, two layers over the
  * same parameters at different revisions); the I5 audit reports a key
  * indexed twice; probe, adopt and publish of a group of caches are all or
- * nothing per block; salts keep tenants apart; an update of any parameter
- * of any layer makes the old keys of that layer and every later one
- * unfindable; a block-aligned prompt keeps its last token to compute; an
- * empty prompt is refused as prefill refuses it. kvp_pool_check runs after
- * every operation (kvpt_assert_pool_ok).
+ * nothing per block, and publish checks every cache and lane against its
+ * own key; salts (one half zero included) keep tenants apart; an update of
+ * any parameter of any layer makes the old keys of that layer and every
+ * later one unfindable; a block-aligned prompt keeps its last token to
+ * compute; an empty prompt is refused as prefill refuses it.
+ * kvp_pool_check runs after every operation (kvpt_assert_pool_ok).
  */
 #include "share_support.h"
 
@@ -172,6 +173,76 @@ static void test_share_group_all_or_nothing(void **state)
     kvpt_destroy_cache(a3, pool);
     kvpt_destroy_cache(b2, pool);
     kvpt_destroy_cache(a2, pool);
+    destroy_pool(pool);
+}
+
+/*
+ * Publish checks each block of each cache and lane against its own key
+ * (keys[(j * count + c) * batch + lane]), with batch 2 and 2 caches:
+ * publishing an already published group again is OK and changes nothing;
+ * a page of any one cache and lane (block 1) registered under another key
+ * first refuses the whole group with PAGE_PUBLISHED naming that page and
+ * cache, registering nothing, for each of the four (cache, lane).
+ */
+static void test_share_group_publish_checks_each_cache_lane(void **state)
+{
+    (void)state;
+    enum { B = 2, BLOCKS = 2 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 64);
+    kvp_error err;
+    for (size_t round = 0; round <= 2 * B; round++) {
+        double salt = (double)round + 0.25; /* other rows and keys each round */
+        kvp_cache *a = external_cache(pool, B, 1);
+        kvp_cache *b = external_cache(pool, B, 2);
+        append(a, pool, B, BLOCKS * BT, salt);
+        append(b, pool, B, BLOCKS * BT, salt + 0.5);
+        kvp_block_key ka[BLOCKS * B];
+        kvp_block_key kb[BLOCKS * B];
+        chain_keys(a, B, BLOCKS, salt, ka);
+        chain_keys(b, B, BLOCKS, salt + 0.5, kb);
+        kvp_block_key keys[BLOCKS * 2 * B];
+        group_keys(ka, kb, B, BLOCKS, keys);
+        kvp_cache *ab[] = {a, b};
+        size_t cached = kvpt_stats(pool).cached_pages;
+        if (round == 2 * B) {
+            /* The whole group, then the same group again: OK, nothing new. */
+            kvpt_assert_ok(kvp_cache_group_publish(ab, 2, keys, BLOCKS, &err), &err);
+            kvpt_assert_pool_ok(pool);
+            assert_int_equal(kvpt_stats(pool).cached_pages, cached + BLOCKS * 2 * B);
+            kvp_pool_stats before = kvpt_stats(pool);
+            kvpt_assert_ok(kvp_cache_group_publish(ab, 2, keys, BLOCKS, &err), &err);
+            kvpt_assert_pool_ok(pool);
+            kvp_pool_stats after = kvpt_stats(pool);
+            assert_memory_equal(&before, &after, sizeof before);
+        } else {
+            /* Block 1 of cache c, lane `lane` is registered under another key first. */
+            size_t c = round / B;
+            size_t lane = round % B;
+            kvp_block_key other = {0x5eed + round, 0xbeef};
+            kvpt_assert_ok(kvp_cache_publish_block(ab[c], lane, 1, &other, &err), &err);
+            kvp_pool_stats before = kvpt_stats(pool);
+            assert_int_equal(before.cached_pages, cached + 1);
+            assert_int_equal(kvp_cache_group_publish(ab, 2, keys, BLOCKS, &err),
+                             KVP_PAGE_PUBLISHED);
+            assert_int_equal(err.layer, c);
+            assert_int_equal(err.index, page_of(ab[c], lane, 1));
+            kvpt_assert_pool_ok(pool);
+            kvp_pool_stats after = kvpt_stats(pool);
+            assert_memory_equal(&before, &after, sizeof before);
+            /* Nothing of the group was registered: a fresh pair finds no block. */
+            kvp_cache *a2 = external_cache(pool, B, 1);
+            kvp_cache *b2 = external_cache(pool, B, 2);
+            const kvp_cache *probe[] = {a2, b2};
+            size_t blocks = 99;
+            kvpt_assert_ok(kvp_cache_group_probe(probe, 2, keys, BLOCKS, &blocks, NULL, &err),
+                           &err);
+            assert_int_equal(blocks, 0);
+            kvpt_destroy_cache(b2, pool);
+            kvpt_destroy_cache(a2, pool);
+        }
+        kvpt_destroy_cache(b, pool);
+        kvpt_destroy_cache(a, pool);
+    }
     destroy_pool(pool);
 }
 
@@ -379,6 +450,7 @@ static size_t adopt_fresh(const kvp_model *model, kvp_pool *pool, const double *
 /*
  * Salts: a prompt published under one tenant's salt is adopted under that
  * salt only: not unsalted, not under another salt; an all-zero salt is no
+ * salt, but a salt with one 64-bit half zero ({x, 0} or {0, x}) is a
  * salt. Each tenant's lookups of another's prompt miss, as for a prompt
  * never seen (no hit to time).
  */
@@ -409,6 +481,16 @@ static void test_share_salts_keep_tenants_apart(void **state)
     assert_int_equal(adopt_whole(seq, pool, &whole), 8);
     kvpt_destroy_sequence(seq, pool);
     assert_int_equal(adopt_fresh(model, pool, prompt, &bob), 0);
+    /* A salt with one 64-bit half zero is a salt all the same: apart from unsalted and others. */
+    const kvp_block_key low_only = {0x1111, 0};
+    const kvp_block_key high_only = {0, 0x2222};
+    assert_int_equal(adopt_fresh(model, pool, prompt, &low_only), 0);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &high_only), 0);
+    publish_fresh(model, pool, prompt, &low_only);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &high_only), 0);
+    assert_int_equal(adopt_fresh(model, pool, prompt, &low_only), 8);
+    s = kvpt_stats(pool);
+    assert_int_equal(s.prefix_misses, 3 + 1 + 3);
     destroy_pool(pool);
     kvpt_destroy_model(model);
 }
@@ -556,6 +638,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_share_audit_reports_key_indexed_twice),
         cmocka_unit_test(test_share_group_all_or_nothing),
+        cmocka_unit_test(test_share_group_publish_checks_each_cache_lane),
         cmocka_unit_test(test_share_forged_key_is_refused_across_kinds),
         cmocka_unit_test(test_share_same_parameters_other_revision_is_refused),
         cmocka_unit_test(test_share_salts_keep_tenants_apart),

@@ -154,11 +154,18 @@ size_t kvp_sim_verifier_token(kvp_sim_verifier *v, size_t i, const kvp_workload_
         }
     }
     size_t at = sample * r->output_tokens + token;
+#ifdef KVP_SIM_TEST_HOOKS
+    kvp_sim_test_flip *f = &kvp_sim_test_flip_one;
+    if (f->drop && i == f->request && sample == f->sample && token == f->token) {
+        f->epoch = epoch;
+        f->flipped = 1;
+        return 0; /* as if this output never came */
+    }
+#endif
     memcpy(k->outputs + at * width, output, width * sizeof(double));
     k->epochs[at] = epoch;
 #ifdef KVP_SIM_TEST_HOOKS
-    kvp_sim_test_flip *f = &kvp_sim_test_flip_one;
-    if (i == f->request && sample == f->sample && token == f->token) {
+    if (!f->drop && i == f->request && sample == f->sample && token == f->token) {
         uint64_t bits;
         memcpy(&bits, k->outputs + at * width, sizeof bits);
         bits ^= 1;

@@ -110,8 +110,10 @@ void kvp_sim_verifier_free(kvp_sim_verifier *v, size_t *audit_failures);
 /*
  * Test builds only (tests/CMakeLists.txt, kvpager_cli_hooks): flips the
  * lowest bit of the first value of one kept output, as a wrong token would
- * be, so a test can see verification catch it. `epoch` and `flipped` report
- * the epoch of the flipped token and whether it was kept.
+ * be, so a test can see verification catch it; with `drop` set, keeps
+ * nothing of that token instead, as if its output never reached on_token.
+ * `epoch` and `flipped` report the epoch of the token and whether it was
+ * met (flipped or dropped).
  */
 typedef struct kvp_sim_test_flip {
     size_t request; /* workload index; SIZE_MAX: none */
@@ -119,6 +121,7 @@ typedef struct kvp_sim_test_flip {
     size_t token;
     size_t epoch;
     int flipped;
+    int drop; /* 1: drop the token's output instead of flipping a bit */
 } kvp_sim_test_flip;
 extern kvp_sim_test_flip kvp_sim_test_flip_one;
 #endif

@@ -2,12 +2,13 @@
  * test_sim.c: `kvpager simulate`'s run (src/cli/sim.c, verify.c) on small
  * hand-made workloads (cmocka), built against kvpager_cli_hooks: the CLI's
  * run compiled with KVP_SIM_TEST_HOOKS, whose only addition is a hook that
- * flips one bit of one kept output (verify.h). The program itself is built
- * without it.
+ * flips one bit of one kept output, or drops it (verify.h). The program
+ * itself is built without it.
  *   - --verify checks every token of a run that spans weight updates, each
  *     under the weights it was decoded with (one prefill per weight
  *     version), skipping nothing; a one-bit error in a token decoded under
- *     an older version, or under the last, is one mismatch.
+ *     an older version, or under the last, is one mismatch, and so is a
+ *     token whose output never came.
  *   - prefix_hit_rate and pages_saved_ratio equal figures computed by hand
  *     from the scheduler's rules (scheduler.h), written out below, with
  *     compute on and off.
@@ -133,6 +134,38 @@ static void test_sim_verify_catches_one_flipped_bit(void **state)
 }
 
 /*
+ * A kept token whose output never reached on_token (the test hook drops it)
+ * is exactly one mismatch, whatever its epoch: the request is not reported
+ * verified clean with a token missing. Its epoch's other tokens are still
+ * checked (every segment runs).
+ */
+static void drop_and_expect(size_t sample, size_t token, size_t epoch)
+{
+    kvp_sim_config c = spanning_config();
+    kvp_workload_request r = plain(0, 8, 30, 0, 0);
+    kvp_sim_result res;
+    kvp_sim_test_flip_one =
+        (kvp_sim_test_flip){.request = 0, .sample = sample, .token = token, .drop = 1};
+    run(&c, &r, 1, &res);
+    assert_true(kvp_sim_test_flip_one.flipped);
+    assert_int_equal(kvp_sim_test_flip_one.epoch, epoch);
+    assert_int_equal(res.verified, 2);
+    assert_int_equal(res.verify_segments, 10);
+    assert_int_equal(res.verify_skipped, 0);
+    assert_int_equal(res.verify_mismatches, 1);
+    kvp_sim_test_flip_one = (kvp_sim_test_flip){.request = SIZE_MAX};
+    kvp_sim_result_free(&res);
+}
+
+static void test_sim_verify_counts_a_missing_output(void **state)
+{
+    (void)state;
+    drop_and_expect(1, 3, 0);  /* sample 1, under the first weights */
+    drop_and_expect(0, 10, 1); /* sample 0, under an intermediate version */
+    drop_and_expect(0, 29, 4); /* the last token, under the last weights */
+}
+
+/*
  * The prefix hit rate, by hand. Pages of 4 positions; requests arrive far
  * apart (each finishes, 2 decode steps, long before the next arrives), and
  * nothing is evicted (128 pages). Positions below shared_tokens have the
@@ -215,6 +248,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sim_verify_checks_every_epoch_of_a_spanning_run),
         cmocka_unit_test(test_sim_verify_catches_one_flipped_bit),
+        cmocka_unit_test(test_sim_verify_counts_a_missing_output),
         cmocka_unit_test(test_sim_prefix_hit_rate_by_hand),
         cmocka_unit_test(test_sim_pages_saved_ratio_by_hand),
     };
