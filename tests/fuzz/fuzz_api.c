@@ -17,8 +17,12 @@
  * counts, the prefix index (the shadow key: layer, every layer's captured
  * revisions, the lane's input rows of the chain) and the LRU list of
  * evictable pages in the library's order, and predicts every take (free
- * first, then the least recently used), hit, miss, eviction and copy.
- * Standalone caches and tickets hold pages no one shares (counted only).
+ * first, then the least recently used cached page, borrowed: still cached,
+ * held by the reservation, hidden from lookups, evicted when the reservation
+ * maps it, back at its LRU place when it goes back unused), hit, miss,
+ * eviction and copy. Tickets remember the pages they borrowed.
+ * Standalone caches hold pages no one shares (counted only); a ticket
+ * counts the free pages it took and names the cached ones it borrowed.
  * The two library bugs the model found are fixed and modelled: prompt keys
  * carry the layer index (a layer used twice no longer shares keys), and a
  * fork keeps its parent's captured revisions (tests/fuzz/README.md).
@@ -252,6 +256,10 @@ typedef struct sticket {
     uint64_t cache_epoch;
     size_t len_at;
     size_t reserved;
+    /* Of the reserved pages, the shadow ids of those borrowed from the LRU
+     * list (taken after the free ones), in the order taken. */
+    uint8_t borrowed[MAX_B];
+    size_t borrowed_count;
     double key[MAX_B * MAX_D];
     double value[MAX_B * MAX_D];
     double x[MAX_B * MAX_D];
@@ -285,13 +293,18 @@ typedef struct skey {
 
 /*
  * A page that sequences name (held, refs > 0) or the prefix index keeps
- * (evictable: registered, refs 0, on the LRU list by stamp). Its id is the
- * shadow's own; check_world maps ids to the library's page ids one to one.
+ * (evictable: registered, refs 0, on the LRU list by stamp), or a cached
+ * page a take borrowed (DESIGN.md, "Transactions and cached pages"): held by
+ * its reservation (refs 1), still registered (cached) with its key and
+ * stamp, but off the LRU list and skipped by lookups, until the reservation
+ * maps it (evicted) or gives it back (restored). Its id is the shadow's own;
+ * check_world maps ids to the library's page ids one to one.
  */
 typedef struct spage {
     int used;
     unsigned refs;
     int registered;
+    int borrowed;
     uint64_t stamp;
     skey key;
     double k[MAX_H][3][MAX_D]; /* the block's rows, for adopters (block_tokens <= 3) */
@@ -394,19 +407,73 @@ static void evict_one(void)
     W.evictions++;
 }
 
-/* One page for a take: a free one if any, else the least recently used evictable one. */
-static void take_one(void)
+/*
+ * One page for a take: a free one if any (-1), else the least recently used
+ * evictable page, borrowed (its id): held by the taker, still cached.
+ */
+static int take_one(void)
 {
-    if (W.total - held_pages() - evictable_pages() == 0) {
-        evict_one();
+    if (W.total - held_pages() - evictable_pages() != 0) {
+        return -1;
+    }
+    int lru = -1;
+    for (int i = 0; i < MAX_SPAGES; i++) {
+        if (W.page[i].used && W.page[i].refs == 0 &&
+            (lru < 0 || W.page[i].stamp < W.page[lru].stamp)) {
+            lru = i;
+        }
+    }
+    CHECK(lru >= 0, "the shadow took a page from an empty pool");
+    CHECK(W.page[lru].registered && !W.page[lru].borrowed, "the shadow borrowed page id %d twice",
+          lru);
+    W.page[lru].borrowed = 1;
+    W.page[lru].refs = 1;
+    return lru;
+}
+
+/* The registered page under `key` that lookups find (borrowed ones are skipped), or -1. */
+static int index_find(const skey *key);
+
+/* A borrowed page is mapped: final, so evicted (its key dropped, counted). */
+static void evict_borrowed(uint8_t id)
+{
+    spage *p = &W.page[id];
+    CHECK(p->used && p->borrowed && p->refs == 1, "the shadow mapped page id %u as borrowed", id);
+    p->borrowed = 0;
+    p->registered = 0;
+    memset(&p->key, 0, sizeof p->key);
+    W.evictions++;
+}
+
+/*
+ * A borrowed page comes back unused: at its LRU place again (its stamp is
+ * unchanged), unless a page published under its key meanwhile holds the key
+ * now; then it leaves the index and goes free. Not an eviction.
+ */
+static void restore_borrowed(uint8_t id)
+{
+    spage *p = &W.page[id];
+    CHECK(p->used && p->borrowed && p->refs == 1, "the shadow gave back page id %u unborrowed",
+          id);
+    int other = index_find(&p->key); /* lookups skip p while it is borrowed */
+    p->borrowed = 0;
+    p->refs = 0;
+    if (other >= 0) {
+        p->used = 0;
+        p->registered = 0;
     }
 }
 
-static void take_pages(size_t n)
+/* A ticket's take of n pages: free ones (counted in anon), then borrowed ones. */
+static void take_pages(sticket *t, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        take_one();
-        W.anon++;
+        int id = take_one();
+        if (id < 0) {
+            W.anon++;
+        } else {
+            t->borrowed[t->borrowed_count++] = (uint8_t)id;
+        }
     }
     W.acquires += n;
     raise_high_water();
@@ -418,10 +485,41 @@ static void give_pages(size_t n)
     W.releases += n;
 }
 
-/* A new page for a sequence (refs 1); counted by the caller (acquires). */
+/* A ticket's reservation goes back unused: its free pages free, its borrowed ones restored. */
+static void give_ticket_pages(sticket *t)
+{
+    give_pages(t->reserved - t->borrowed_count);
+    for (size_t i = 0; i < t->borrowed_count; i++) {
+        restore_borrowed(t->borrowed[i]);
+        W.releases++;
+    }
+    t->reserved = 0;
+    t->borrowed_count = 0;
+}
+
+/* A ticket's reservation moves into a standalone cache's table: borrowed pages evicted. */
+static void map_ticket_pages(sticket *t)
+{
+    for (size_t i = 0; i < t->borrowed_count; i++) {
+        evict_borrowed(t->borrowed[i]);
+        W.page[t->borrowed[i]].used = 0; /* an anonymous page from now on */
+        W.anon++;
+    }
+    t->reserved = 0;
+    t->borrowed_count = 0;
+}
+
+/*
+ * A new page for a sequence (refs 1): a fresh id for a free page, or the
+ * borrowed page's own id (evicted when mapped, seq_map_token). Counted by the
+ * caller (acquires).
+ */
 static uint8_t spage_new(void)
 {
-    take_one();
+    int borrowed = take_one();
+    if (borrowed >= 0) {
+        return (uint8_t)borrowed;
+    }
     for (int i = 0; i < MAX_SPAGES; i++) {
         if (!W.page[i].used) {
             memset(&W.page[i], 0, sizeof W.page[i]);
@@ -431,6 +529,15 @@ static uint8_t spage_new(void)
         }
     }
     fail("the shadow ran out of page ids");
+}
+
+/* A sequence maps a page it took: a borrowed one is evicted now. */
+static uint8_t map_new(uint8_t id)
+{
+    if (W.page[id].borrowed) {
+        evict_borrowed(id);
+    }
+    return id;
 }
 
 static void spage_ref(uint8_t id)
@@ -546,12 +653,12 @@ static void seq_map_token(sseq *s, const uint8_t *ids, size_t *next,
     for (size_t l = 0; l < W.layers; l++) {
         if (len % W.bt == 0) {
             for (size_t b = 0; b < s->batch; b++) {
-                s->table[l][b][len / W.bt] = ids[(*next)++];
+                s->table[l][b][len / W.bt] = map_new(ids[(*next)++]);
             }
         } else if (s->cow[l]) {
             for (size_t b = 0; b < s->batch; b++) {
                 uint8_t original = s->table[l][b][len / W.bt];
-                s->table[l][b][len / W.bt] = ids[(*next)++];
+                s->table[l][b][len / W.bt] = map_new(ids[(*next)++]);
                 if (defer) {
                     saved[l][b] = original;
                 } else {
@@ -1215,6 +1322,7 @@ static void op_ticket_create(reader *r)
     t->capacity = c->capacity;
     t->state = T_EMPTY;
     t->reserved = 0;
+    t->borrowed_count = 0;
 }
 
 static void op_ticket_destroy(reader *r)
@@ -1227,7 +1335,7 @@ static void op_ticket_destroy(reader *r)
     kvp_error err;
     kvp_status status = kvp_ticket_destroy(t->ticket, &err);
     check_status(status, KVP_OK, &err);
-    give_pages(t->reserved);
+    give_ticket_pages(t);
     t->live = 0;
 }
 
@@ -1241,8 +1349,7 @@ static void op_ticket_discard(reader *r)
     kvp_error err;
     kvp_status status = kvp_ticket_discard(t->ticket, &err);
     check_status(status, KVP_OK, &err);
-    give_pages(t->reserved);
-    t->reserved = 0;
+    give_ticket_pages(t);
     t->state = T_EMPTY;
 }
 
@@ -1266,7 +1373,7 @@ static void apply_commit(sticket *t, scache *c)
     memcpy(c->x[c->kv.len], t->x, sizeof t->x);
     skv_append(&c->kv, c->batch, t->key, t->value);
     c->epoch++;
-    t->reserved = 0; /* the reserved pages moved into the cache's tables */
+    map_ticket_pages(t); /* the reserved pages moved into the cache's tables */
     t->state = T_COMMITTED;
 }
 
@@ -1432,7 +1539,8 @@ static void prepare_or_forward(reader *r, int forward)
     }
     check_untouched(&err);
     size_t needed = c->kv.len % W.bt == 0 ? c->batch : 0;
-    take_pages(needed);
+    CHECK(t->reserved == 0 && t->borrowed_count == 0, "a prepare over a reservation");
+    take_pages(t, needed);
     t->state = T_PREPARED;
     t->reserved = needed;
     t->cache_uid = c->uid;
@@ -1935,11 +2043,12 @@ static int key_eq(const skey *a, const skey *b)
            memcmp(a->rows, b->rows, a->tokens * W.d * sizeof(double)) == 0;
 }
 
-/* The registered page under `key`, or -1. */
+/* The registered page under `key` that lookups find (borrowed ones are skipped), or -1. */
 static int index_find(const skey *key)
 {
     for (int i = 0; i < MAX_SPAGES; i++) {
-        if (W.page[i].used && W.page[i].registered && key_eq(&W.page[i].key, key)) {
+        if (W.page[i].used && W.page[i].registered && !W.page[i].borrowed &&
+            key_eq(&W.page[i].key, key)) {
             return i;
         }
     }

@@ -117,6 +117,19 @@ SCRIPTS = {
     + op("prefill", 0, 4, values(8)) + op("prefill", 0, 4, values(9))
     + op("seq_create", 1, 8, 12) + op("publish", 0, 11) + op("adopt", 1, 9, 0) + op("seq_destroy", 0)
     + op("param_update", 0, 1, 1, 5) + op("seq_create", 2, 8, 12) + op("adopt", 2, 10, 0),
+    # Borrowed pages in a full 2-page pool: a prepare borrows the oldest
+    # cached page (block 0 of prompt 2), a prefill of the same prompt borrows
+    # and evicts the other one and publishes the same key meanwhile, so the
+    # discarded ticket's page goes free; an adopt finds the new page.
+    "borrowed.bin": setup(geometry=0, block=1, pages=2, layers=1, model=(0, 1))
+    + op("seq_create", 0, 8, 8) + op("prefill", 0, 1, values(2)) + op("publish", 0, 0)
+    + op("seq_create", 1, 8, 8) + op("prefill", 1, 1, values(3)) + op("publish", 1, 0)
+    + op("seq_destroy", 0) + op("seq_destroy", 1)
+    + cache(0) + op("ticket_create", 0, 0) + prepare("prepare", 0, 0, seed=4)
+    + op("seq_create", 0, 8, 8) + op("prefill", 0, 1, values(2)) + op("publish", 0, 0)
+    + op("discard", 0)
+    + op("seq_create", 1, 8, 8) + op("adopt", 1, 8, 0) + op("seq_destroy", 0)
+    + op("seq_destroy", 1) + prepare("prepare", 0, 0, seed=5) + op("ticket_destroy", 0),
 }
 
 
