@@ -2039,18 +2039,29 @@ static void test_scheduler_collect_before_anything_finished(void **state)
     teardown_fixture(&f);
 }
 
-/* Submits a request with neither prompt rows nor an input callback (compute off only). */
-static uint64_t submit_rowless(fixture *f, size_t prompt, size_t new_tokens, size_t samples)
+/*
+ * Submits a request of `prompt` tokens, no prompt rows, and `input` for its
+ * rows (NULL: no rows at all, compute off only); returns its id.
+ */
+static uint64_t submit_counts(fixture *f, size_t prompt, size_t new_tokens, size_t samples,
+                              kvp_scheduler_input_fn input)
 {
     kvp_request request;
     kvp_request_init(&request);
     request.prompt_tokens = prompt;
     request.max_new_tokens = new_tokens;
     request.samples = samples;
+    request.input = input;
     uint64_t id = UINT64_MAX;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &id, &err), &err);
     return id;
+}
+
+/* A request with neither prompt rows nor an input callback (compute off only). */
+static uint64_t submit_rowless(fixture *f, size_t prompt, size_t new_tokens, size_t samples)
+{
+    return submit_counts(f, prompt, new_tokens, samples, NULL);
 }
 
 /*
@@ -2387,16 +2398,7 @@ static void test_scheduler_session_stream_cannot_starve(void **state)
 /* A request of stream_input rows (compute off tests): returns its id. */
 static uint64_t submit_rows(fixture *f, size_t prompt, size_t new_tokens, size_t samples)
 {
-    kvp_request q;
-    kvp_request_init(&q);
-    q.prompt_tokens = prompt;
-    q.max_new_tokens = new_tokens;
-    q.samples = samples;
-    q.input = stream_input;
-    uint64_t id = UINT64_MAX;
-    kvp_error err;
-    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &q, &id, &err), &err);
-    return id;
+    return submit_counts(f, prompt, new_tokens, samples, stream_input);
 }
 
 /*
