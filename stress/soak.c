@@ -110,18 +110,9 @@ static int memory_read(memory *out)
         fprintf(stderr, PROGRAM ": cannot read jemalloc's stats\n");
         return 1;
     }
-    FILE *statm = fopen("/proc/self/statm", "r");
-    unsigned long size_pages = 0;
-    unsigned long pages = 0;
-    int read = statm != NULL && fscanf(statm, "%lu %lu", &size_pages, &pages) == 2;
-    if (statm != NULL) {
-        fclose(statm);
-    }
-    if (!read) {
-        fprintf(stderr, PROGRAM ": cannot read /proc/self/statm\n");
+    if (stress_rss_bytes(PROGRAM, &m.rss) != 0) {
         return 1;
     }
-    m.rss = (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
     *out = m;
     return 0;
 }

@@ -98,3 +98,20 @@ size_t stress_cores(void)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return cores > 0 ? (size_t)cores : 1;
 }
+
+int stress_rss_bytes(const char *program, size_t *out)
+{
+    FILE *statm = fopen("/proc/self/statm", "r");
+    unsigned long size_pages = 0;
+    unsigned long pages = 0;
+    int read = statm != NULL && fscanf(statm, "%lu %lu", &size_pages, &pages) == 2;
+    if (statm != NULL) {
+        fclose(statm);
+    }
+    if (!read) {
+        fprintf(stderr, "%s: cannot read /proc/self/statm\n", program);
+        return 1;
+    }
+    *out = (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+    return 0;
+}

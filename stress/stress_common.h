@@ -2,7 +2,8 @@
  * stress_common.h: what the stress programs share.
  *
  * Owns: "--name value" option tables, SplitMix64 streams, the sequence
- * digest used for "nothing changed" checks, failure reporting, and a clock.
+ * digest used for "nothing changed" checks, failure reporting, a clock, and
+ * the process's resident set.
  * Stress programs are first-party and may use internal headers.
  */
 #ifndef KVPAGER_STRESS_COMMON_H
@@ -37,6 +38,12 @@ uint64_t stress_sequence_digest(const kvp_sequence *sequence);
 int stress_fail(const char *program, const char *what, const kvp_error *err);
 
 double stress_seconds(void);
+
+/*
+ * The resident set of /proc/self/statm, in bytes, into *out: 0, or 1 after
+ * printing "<program>: cannot read /proc/self/statm".
+ */
+int stress_rss_bytes(const char *program, size_t *out);
 
 /* Online cores, at least 1. */
 size_t stress_cores(void);
