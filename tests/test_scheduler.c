@@ -773,6 +773,39 @@ static void test_scheduler_step_and_collect_refusals_change_nothing(void **state
 }
 
 /*
+ * One step, first failed by an allocation fault at each of its allocations
+ * in turn: each failure is ALLOCATION_FAILED and changes nothing (the
+ * scheduler's and the pool's counters, the audit); then the step stands.
+ * Returns the faults it met.
+ */
+static kvp_pool_stats pool_of(const fixture *f);
+
+static size_t step_through_faults(fixture *f)
+{
+    size_t faults = 0;
+    for (uint64_t nth = 1;; nth++) {
+        kvp_scheduler_stats before = stats_of(f);
+        kvp_pool_stats pool_before = pool_of(f);
+        kvp_error err;
+        kvpi_fault_arm(nth);
+        kvp_status status = kvp_scheduler_step(f->scheduler, NULL, &err);
+        int fired = kvpi_fault_fired();
+        kvpi_fault_arm(0);
+        kvpt_assert_pool_ok(f->pool);
+        if (!fired) {
+            kvpt_assert_ok(status, &err);
+            return faults;
+        }
+        faults++;
+        assert_int_equal(status, KVP_ALLOCATION_FAILED);
+        kvp_scheduler_stats now = stats_of(f);
+        assert_stats_equal(&now, &before);
+        kvp_pool_stats pool_now = pool_of(f);
+        assert_memory_equal(&pool_now, &pool_before, sizeof pool_now);
+    }
+}
+
+/*
  * A fault at each allocation a step makes, step after step, over a run that
  * preempts: each failed step changes nothing (scheduler and pool counters),
  * the retried step goes on, and the outputs are those of a run without faults.
@@ -795,32 +828,7 @@ static void fault_sweep(size_t samples, size_t pages, size_t session_ttl)
         if (s.running == 0 && s.waiting == 0) {
             break;
         }
-        for (uint64_t nth = 1;; nth++) {
-            kvp_scheduler_stats before = stats_of(&f);
-            kvp_pool_stats pool_before;
-            kvp_pool_stats_init(&pool_before);
-            kvpt_assert_ok(kvp_pool_stats_get(f.pool, &pool_before, NULL), NULL);
-            kvp_error err;
-            kvpi_fault_arm(nth);
-            kvp_status status = kvp_scheduler_step(f.scheduler, NULL, &err);
-            int fired = kvpi_fault_fired();
-            kvpi_fault_arm(0);
-            kvpt_assert_pool_ok(f.pool);
-            if (!fired) {
-                kvpt_assert_ok(status, &err);
-                break;
-            }
-            faults++;
-            assert_int_equal(status, KVP_ALLOCATION_FAILED);
-            kvp_scheduler_stats now = stats_of(&f);
-            assert_stats_equal(&now, &before);
-            kvp_pool_stats pool_now;
-            kvp_pool_stats_init(&pool_now);
-            kvpt_assert_ok(kvp_pool_stats_get(f.pool, &pool_now, NULL), NULL);
-            assert_int_equal(pool_now.held_pages, pool_before.held_pages);
-            assert_int_equal(pool_now.acquires, pool_before.acquires);
-            assert_int_equal(pool_now.releases, pool_before.releases);
-        }
+        faults += step_through_faults(&f);
     }
     assert_true(faults > 0); /* the first step allocates: the sweep hit something */
     kvp_scheduler_stats s = stats_of(&f);
@@ -963,7 +971,6 @@ static void test_scheduler_samples_exact_with_and_without_sharing(void **state)
  * the run the published blocks stay cached and evictable: the prompt's, and
  * each sample's full third block (9 + 3 tokens), published when it completes.
  */
-static kvp_pool_stats pool_of(const fixture *f);
 
 static void test_scheduler_sharing_holds_fewer_pages(void **state)
 {
@@ -2163,29 +2170,8 @@ static void test_scheduler_failed_step_keeps_stale_idle_leases(void **state)
     assert_int_equal(stats_of(&f).held_samples, 2); /* two idle leases */
     update_weights(f.model);
     submit_samples(&f, &b, 6, 2, NULL, 2);
-    size_t faults = 0;
-    for (uint64_t nth = 1;; nth++) {
-        kvp_scheduler_stats before = stats_of(&f);
-        kvp_pool_stats pool_before = pool_of(&f);
-        kvp_error err;
-        kvpi_fault_arm(nth);
-        kvp_status status = kvp_scheduler_step(f.scheduler, NULL, &err);
-        int fired = kvpi_fault_fired();
-        kvpi_fault_arm(0);
-        kvpt_assert_pool_ok(f.pool);
-        if (!fired) {
-            kvpt_assert_ok(status, &err);
-            break;
-        }
-        faults++;
-        assert_int_equal(status, KVP_ALLOCATION_FAILED);
-        kvp_scheduler_stats now = stats_of(&f);
-        assert_stats_equal(&now, &before);
-        assert_int_equal(now.held_samples, 2);
-        kvp_pool_stats pool_now = pool_of(&f);
-        assert_memory_equal(&pool_now, &pool_before, sizeof pool_now);
-    }
-    assert_true(faults > 0);
+    assert_int_equal(stats_of(&f).held_samples, 2); /* each failure below keeps them */
+    assert_true(step_through_faults(&f) > 0);
     run(&f, 0);
     assert_int_equal(stats_of(&f).completed, 2);
     assert_sample_exact_range(&b, 1, 0, 6, 2, 0, CAPACITY, 1);
