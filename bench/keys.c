@@ -29,34 +29,14 @@
 #include <sodium.h>
 
 #include "kvpager/kvpager.h"
+#include "measure.h"
 #include "serve/share_internal.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define VARIANTS 3
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a;
-    double y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, by_value);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- the baseline: MurmurHash3 x64 128 as a stream (as share.c had it) ---- */
 
@@ -206,6 +186,48 @@ static void run_prompt(prompt_ctx *c, size_t variant)
     c->sink += c->keys[LAYERS - 1].lo;
 }
 
+/* One variant of a key_ctx or prompt_ctx, as a case of kvp_measure_alternating. */
+typedef struct variant_case {
+    void *ctx;
+    size_t variant;
+} variant_case;
+
+static void time_key(void *ctx, size_t iterations)
+{
+    const variant_case *k = ctx;
+    for (size_t i = 0; i < iterations; i++) {
+        run_key(k->ctx, k->variant);
+    }
+}
+
+static void time_prompt(void *ctx, size_t iterations)
+{
+    const variant_case *k = ctx;
+    for (size_t i = 0; i < iterations; i++) {
+        run_prompt(k->ctx, k->variant);
+    }
+}
+
+/*
+ * The median ns per call of each of `count` variants of `ctx`, alternating
+ * (src/cli/measure.h). Returns 0, or 1 after saying it is out of memory.
+ */
+static int time_variants(kvp_measure_fn run, void *ctx, size_t count, size_t repetitions,
+                         double min_ns, double *ns)
+{
+    variant_case k[VARIANTS];
+    kvp_measure_case cases[VARIANTS];
+    for (size_t v = 0; v < count; v++) {
+        k[v] = (variant_case){ctx, v};
+        cases[v] = (kvp_measure_case){run, &k[v]};
+    }
+    if (kvp_measure_alternating(cases, count, repetitions, min_ns, ns) != 0) {
+        fprintf(stderr, "bench-keys: out of memory\n");
+        return 1;
+    }
+    return 0;
+}
+
 static int prompt_bench(size_t repetitions, double min_ns)
 {
     static const size_t widths[] = {512, 4096};
@@ -235,8 +257,7 @@ static int prompt_bench(size_t repetitions, double min_ns)
     for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
         size_t n = 16 * widths[w];
         double *rows = malloc(n * sizeof *rows);
-        double *samples = calloc(2 * repetitions, sizeof *samples);
-        if (rows == NULL || samples == NULL) {
+        if (rows == NULL) {
             fprintf(stderr, "bench-keys: out of memory\n");
             return 1;
         }
@@ -245,24 +266,15 @@ static int prompt_bench(size_t repetitions, double min_ns)
         }
         c.rows = rows;
         c.width = widths[w];
-        for (size_t r = 0; r < repetitions; r++) {
-            for (size_t v = 0; v < 2; v++) {
-                size_t calls = 0;
-                double start = now_ns();
-                double elapsed = 0.0;
-                do {
-                    run_prompt(&c, v);
-                    calls++;
-                    elapsed = now_ns() - start;
-                } while (elapsed < min_ns);
-                samples[v * repetitions + r] = elapsed / (double)calls;
-            }
+        double ns[2];
+        if (time_variants(time_prompt, &c, 2, repetitions, min_ns, ns) != 0) {
+            free(rows);
+            return 1;
         }
-        double before = median(samples, repetitions);
-        double after = median(samples + repetitions, repetitions);
+        double before = ns[0];
+        double after = ns[1];
         printf("%-8zu %-9s %14.0f %8.2fx\n", widths[w], "before", before, 1.0);
         printf("%-8zu %-9s %14.0f %8.2fx\n", widths[w], "after", after, after / before);
-        free(samples);
         free(rows);
     }
     int failed = 0;
@@ -332,8 +344,7 @@ int main(int argc, char **argv)
         memset(&c, 0, sizeof c);
         c.bytes = block_tokens * widths[w] * sizeof(double);
         unsigned char *input = malloc(c.bytes);
-        double *samples = calloc(VARIANTS * repetitions, sizeof *samples);
-        if (input == NULL || samples == NULL) {
+        if (input == NULL) {
             fprintf(stderr, "bench-keys: out of memory\n");
             return 1;
         }
@@ -341,28 +352,15 @@ int main(int argc, char **argv)
         randombytes_buf(c.header, sizeof c.header);
         randombytes_buf(c.secret, sizeof c.secret);
         c.input = input;
-        for (size_t r = 0; r < repetitions; r++) {
-            for (size_t v = 0; v < VARIANTS; v++) {
-                size_t calls = 0;
-                double start = now_ns();
-                double elapsed = 0.0;
-                do {
-                    run_key(&c, v);
-                    calls++;
-                    elapsed = now_ns() - start;
-                } while (elapsed < min_ns);
-                samples[v * repetitions + r] = elapsed / (double)calls;
-            }
-        }
         double ns[VARIANTS];
-        for (size_t v = 0; v < VARIANTS; v++) {
-            ns[v] = median(samples + v * repetitions, repetitions);
+        if (time_variants(time_key, &c, VARIANTS, repetitions, min_ns, ns) != 0) {
+            free(input);
+            return 1;
         }
         for (size_t v = 0; v < VARIANTS; v++) {
             printf("%-8zu %-9s %10zu %14.0f %9.2f %8.2fx\n", widths[w], names[v], c.bytes, ns[v],
                    (double)c.bytes / ns[v], ns[v] / ns[0]);
         }
-        free(samples);
         free(input);
         if (c.sink == UINT64_MAX) {
             printf("(unlikely)\n");
