@@ -175,13 +175,14 @@ static void run_shuffled(const kvpi_parallel *self, kvpi_part_fn fn, void *ctx, 
     free(order);
 }
 
-typedef struct attend_ctx {
+/* The context of a solo run of one gather job's phase (attend_solo, values_solo). */
+typedef struct job_ctx {
     const kvpi_gather_job *job;
-} attend_ctx;
+} job_ctx;
 
 static void attend_solo(void *ctx, const kvpi_parallel *par)
 {
-    const attend_ctx *a = ctx;
+    const job_ctx *a = ctx;
     kvpi_gather_attend_on(a->job, par);
 }
 
@@ -276,7 +277,7 @@ static void check_partition(kvp_dtype dtype, size_t bt, size_t kv_heads, kvp_dec
             } else {
                 kvp_decoder *decoder = decoders[e - 3];
                 uint64_t before = kvpi_decoder_assisted_parts(decoder);
-                attend_ctx a = {&job};
+                job_ctx a = {&job};
                 kvpi_decoder_hold_tasks(decoder, SIZE_MAX);
                 kvpt_assert_ok(kvpi_decoder_run(decoder, attend_solo, &a, &err), &err);
                 kvpi_decoder_hold_tasks(decoder, 0);
@@ -353,13 +354,9 @@ static void run_covering(const kvpi_parallel *self, kvpi_part_fn fn, void *ctx, 
     }
 }
 
-typedef struct values_ctx {
-    const kvpi_gather_job *job;
-} values_ctx;
-
 static void values_solo(void *ctx, const kvpi_parallel *par)
 {
-    const values_ctx *v = ctx;
+    const job_ctx *v = ctx;
     kvpi_gather_values_on(v->job, par);
 }
 
@@ -444,7 +441,7 @@ static void check_uneven_values(size_t kv_heads, size_t group, size_t parts,
         } else {
             kvp_decoder *decoder = decoders[e - 1];
             uint64_t before = kvpi_decoder_assisted_parts(decoder);
-            values_ctx v = {&job};
+            job_ctx v = {&job};
             kvpi_decoder_hold_tasks(decoder, SIZE_MAX);
             kvpt_assert_ok(kvpi_decoder_run(decoder, values_solo, &v, &err), &err);
             kvpi_decoder_hold_tasks(decoder, 0);
