@@ -108,44 +108,19 @@ static void test_sim_verify_checks_every_epoch_of_a_spanning_run(void **state)
     kvp_sim_result_free(&res);
 }
 
-/* A one-bit error in one kept token is exactly one mismatch, whatever its epoch. */
-static void flip_and_expect(size_t sample, size_t token, size_t epoch)
-{
-    kvp_sim_config c = spanning_config();
-    kvp_workload_request r = plain(0, 8, 30, 0, 0);
-    kvp_sim_result res;
-    kvp_sim_test_flip_one = (kvp_sim_test_flip){.request = 0, .sample = sample, .token = token};
-    run(&c, &r, 1, &res);
-    assert_true(kvp_sim_test_flip_one.flipped);
-    assert_int_equal(kvp_sim_test_flip_one.epoch, epoch);
-    assert_int_equal(res.verified, 2);
-    assert_int_equal(res.verify_skipped, 0);
-    assert_int_equal(res.verify_mismatches, 1);
-    kvp_sim_test_flip_one = (kvp_sim_test_flip){.request = SIZE_MAX};
-    kvp_sim_result_free(&res);
-}
-
-static void test_sim_verify_catches_one_flipped_bit(void **state)
-{
-    (void)state;
-    flip_and_expect(1, 3, 0);  /* sample 1, under the first weights */
-    flip_and_expect(0, 10, 1); /* sample 0, under an intermediate version */
-    flip_and_expect(0, 29, 4); /* the last token, under the last weights */
-}
-
 /*
- * A kept token whose output never reached on_token (the test hook drops it)
- * is exactly one mismatch, whatever its epoch: the request is not reported
- * verified clean with a token missing. Its epoch's other tokens are still
- * checked (every segment runs).
+ * One kept token corrupted by the test hook, a bit flipped or (drop) its
+ * output never reaching on_token, is exactly one mismatch, whatever its
+ * epoch: the request is not reported verified clean. Every segment still
+ * runs, so its epoch's other tokens are checked too.
  */
-static void drop_and_expect(size_t sample, size_t token, size_t epoch)
+static void corrupt_and_expect(size_t sample, size_t token, size_t epoch, int drop)
 {
     kvp_sim_config c = spanning_config();
     kvp_workload_request r = plain(0, 8, 30, 0, 0);
     kvp_sim_result res;
-    kvp_sim_test_flip_one =
-        (kvp_sim_test_flip){.request = 0, .sample = sample, .token = token, .drop = 1};
+    kvp_sim_test_flip_one = (kvp_sim_test_flip){
+        .request = 0, .sample = sample, .token = token, .drop = drop};
     run(&c, &r, 1, &res);
     assert_true(kvp_sim_test_flip_one.flipped);
     assert_int_equal(kvp_sim_test_flip_one.epoch, epoch);
@@ -157,12 +132,20 @@ static void drop_and_expect(size_t sample, size_t token, size_t epoch)
     kvp_sim_result_free(&res);
 }
 
+static void test_sim_verify_catches_one_flipped_bit(void **state)
+{
+    (void)state;
+    corrupt_and_expect(1, 3, 0, 0);  /* sample 1, under the first weights */
+    corrupt_and_expect(0, 10, 1, 0); /* sample 0, under an intermediate version */
+    corrupt_and_expect(0, 29, 4, 0); /* the last token, under the last weights */
+}
+
 static void test_sim_verify_counts_a_missing_output(void **state)
 {
     (void)state;
-    drop_and_expect(1, 3, 0);  /* sample 1, under the first weights */
-    drop_and_expect(0, 10, 1); /* sample 0, under an intermediate version */
-    drop_and_expect(0, 29, 4); /* the last token, under the last weights */
+    corrupt_and_expect(1, 3, 0, 1);
+    corrupt_and_expect(0, 10, 1, 1);
+    corrupt_and_expect(0, 29, 4, 1);
 }
 
 /*
