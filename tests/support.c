@@ -746,3 +746,14 @@ void kvpt_collect_finding(void *ctx, const kvp_mismatch *m)
     }
     c->count++;
 }
+
+size_t kvpt_lru_order(kvp_pool *pool, uint32_t *order)
+{
+    size_t n = 0;
+    kvpi_pool_lock(pool);
+    for (uint32_t p = pool->lru_head; p != KVPI_NO_PAGE; p = pool->lru_next[p]) {
+        order[n++] = p;
+    }
+    kvpi_pool_unlock(pool);
+    return n;
+}

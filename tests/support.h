@@ -190,6 +190,13 @@ typedef struct kvpt_findings {
     kvp_mismatch items[KVPT_FINDINGS_KEPT];
 } kvpt_findings;
 
+/*
+ * The pool's LRU list of evictable pages from its head (least recently
+ * used), into order[0..evictable); returns its length. Reads it under the
+ * pool's lock (internal fields: a white-box check of the eviction order).
+ */
+size_t kvpt_lru_order(kvp_pool *pool, uint32_t *order);
+
 /* kvp_pool_check's on_mismatch: ctx is a zeroed kvpt_findings. */
 void kvpt_collect_finding(void *ctx, const kvp_mismatch *m);
 

@@ -1699,18 +1699,6 @@ static kvp_pool *cached_pool(size_t block_tokens, size_t pages, kvp_block_key *k
     return pool;
 }
 
-/* The LRU list from its head, into order[0..evictable). */
-static size_t lru_order(kvp_pool *pool, uint32_t *order)
-{
-    size_t n = 0;
-    kvpi_pool_lock(pool);
-    for (uint32_t p = pool->lru_head; p != KVPI_NO_PAGE; p = pool->lru_next[p]) {
-        order[n++] = p;
-    }
-    kvpi_pool_unlock(pool);
-    return n;
-}
-
 /*
  * A prefill of a forked sequence (copy-on-write) that fails at token 1, in
  * a pool whose free list is empty: its copies are borrowed from the LRU
@@ -1760,7 +1748,7 @@ static void test_nothing_changed_failed_prefill_of_a_fork_keeps_cached_pages(voi
     kvpt_snapshot_take(&before);
     prefix_state prefix = prefix_state_of(pool);
     uint32_t order[LRU];
-    assert_int_equal(lru_order(pool, order), LRU);
+    assert_int_equal(kvpt_lru_order(pool, order), LRU);
     /* Token 1 of lane 0 is huge: its own score overflows. */
     static const double huge[D] = {1e156, -1e156, 1e156, 1e156};
     memcpy(x + D, huge, sizeof huge);
@@ -1785,7 +1773,7 @@ static void test_nothing_changed_failed_prefill_of_a_fork_keeps_cached_pages(voi
     expected.free_pages += SEQ_PAGES;
     assert_memory_equal(&now, &expected, sizeof now);
     uint32_t after[LRU];
-    assert_int_equal(lru_order(pool, after), LRU - SEQ_PAGES);
+    assert_int_equal(kvpt_lru_order(pool, after), LRU - SEQ_PAGES);
     assert_memory_equal(after, order + SEQ_PAGES, (LRU - SEQ_PAGES) * sizeof *after);
     kvpi_pool_lock(pool);
     for (size_t i = 0; i < SEQ_PAGES; i++) {
@@ -1825,7 +1813,7 @@ static void test_nothing_changed_failed_prefill_loses_only_written_pages(void **
     memcpy(x + 2 * D, huge, sizeof huge);
     kvp_tensor prompt = kvp_tensor3(x, 1, T, D);
     uint32_t order[PAGES8];
-    assert_int_equal(lru_order(pool, order), PAGES8);
+    assert_int_equal(kvpt_lru_order(pool, order), PAGES8);
     kvpt_snapshot before;
     kvpt_snapshot_init(&before, pool);
     kvpt_snapshot_add_sequence(&before, seq);
@@ -1850,7 +1838,7 @@ static void test_nothing_changed_failed_prefill_loses_only_written_pages(void **
     expected.free_pages += L;
     assert_memory_equal(&now, &expected, sizeof now);
     uint32_t after[PAGES8];
-    assert_int_equal(lru_order(pool, after), PAGES8 - L);
+    assert_int_equal(kvpt_lru_order(pool, after), PAGES8 - L);
     assert_memory_equal(after, order + L, (PAGES8 - L) * sizeof *after);
     size_t found = 0;
     kvpi_pool_lock(pool);

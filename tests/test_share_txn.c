@@ -84,18 +84,6 @@ static void cache_pages(kvp_pool *pool, size_t n, uint64_t salt, kvp_block_key *
     kvpt_destroy_cache(publisher, pool);
 }
 
-/* The LRU list from its head into order[]; returns its length. */
-static size_t lru_order(kvp_pool *pool, uint32_t *order)
-{
-    size_t n = 0;
-    kvpi_pool_lock(pool);
-    for (uint32_t p = pool->lru_head; p != KVPI_NO_PAGE; p = pool->lru_next[p]) {
-        order[n++] = p;
-    }
-    kvpi_pool_unlock(pool);
-    return n;
-}
-
 static uint32_t lookup(kvp_pool *pool, const kvp_block_key *key)
 {
     kvpi_pool_lock(pool);
@@ -139,7 +127,7 @@ static void test_share_txn_borrowed_pages_hidden_then_restored(void **state)
     kvp_block_key keys[N];
     cache_pages(pool, N, 1, keys);
     uint32_t order[N];
-    assert_int_equal(lru_order(pool, order), N);
+    assert_int_equal(kvpt_lru_order(pool, order), N);
     uint32_t page_of_key[N];
     for (size_t i = 0; i < N; i++) {
         page_of_key[i] = lookup(pool, &keys[i]);
@@ -181,7 +169,7 @@ static void test_share_txn_borrowed_pages_hidden_then_restored(void **state)
     kvpi_reservation_release(&res);
     kvpt_assert_pool_ok(pool);
     uint32_t after[N];
-    assert_int_equal(lru_order(pool, after), N);
+    assert_int_equal(kvpt_lru_order(pool, after), N);
     assert_memory_equal(after, order, sizeof order);
     for (size_t i = 0; i < N; i++) {
         assert_int_equal(lookup(pool, &keys[i]), page_of_key[i]);
@@ -210,7 +198,7 @@ static void test_share_txn_interleaved_cancels_restore_the_lru_order(void **stat
         kvp_block_key keys[N];
         cache_pages(pool, N, 2, keys);
         uint32_t order[N];
-        assert_int_equal(lru_order(pool, order), N);
+        assert_int_equal(kvpt_lru_order(pool, order), N);
         uint32_t sa[2];
         uint32_t sb[2];
         kvpi_reservation a;
@@ -241,7 +229,7 @@ static void test_share_txn_interleaved_cancels_restore_the_lru_order(void **stat
         }
         kvpt_assert_pool_ok(pool);
         uint32_t after[N];
-        assert_int_equal(lru_order(pool, after), N);
+        assert_int_equal(kvpt_lru_order(pool, after), N);
         const uint32_t expected[N] = {order[0], order[1], order[2], order[3], order[5], order[4]};
         assert_memory_equal(after, expected, sizeof expected);
         assert_int_equal(kvpt_stats(pool).evictions, 0);
@@ -262,7 +250,7 @@ static void test_share_txn_mapped_borrowed_pages_are_evicted(void **state)
     kvp_block_key keys[N];
     cache_pages(pool, N, 3, keys);
     uint32_t order[N];
-    assert_int_equal(lru_order(pool, order), N);
+    assert_int_equal(kvpt_lru_order(pool, order), N);
     kvp_binding b = external_binding();
     kvp_cache *cache = kvpt_cache(pool, &b, 2, 2 * BT);
     append(cache, 2, 1, 30); /* one block, two lanes: the two oldest pages */
@@ -306,7 +294,7 @@ static void test_share_txn_key_published_while_borrowed_wins(void **state)
     kvp_block_key keys[CACHED];
     cache_pages(pool, CACHED, 4, keys);
     uint32_t order[CACHED];
-    assert_int_equal(lru_order(pool, order), CACHED);
+    assert_int_equal(kvpt_lru_order(pool, order), CACHED);
     kvp_binding b = external_binding();
     kvp_cache *other = kvpt_cache(pool, &b, 1, BT);
     append(other, 1, BT, 40); /* one of the two free pages */
@@ -349,7 +337,7 @@ static void test_share_txn_page_not_held_names_evictable_pages(void **state)
     kvp_block_key key;
     cache_pages(pool, 1, 5, &key);
     uint32_t order[2];
-    assert_int_equal(lru_order(pool, order), 1);
+    assert_int_equal(kvpt_lru_order(pool, order), 1);
     uint32_t free_page = order[0] == 0 ? 1 : 0;
     const void *k = NULL;
     const void *v = NULL;
