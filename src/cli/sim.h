@@ -147,7 +147,7 @@ typedef struct kvp_sim_result {
 
 typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t step);
 
-/* Defaults of every knob (the README documents them). */
+/* Defaults of every knob (docs/simulate.md documents them). */
 void kvp_sim_config_init(kvp_sim_config *config);
 
 /*

@@ -1,6 +1,6 @@
 #!/bin/sh
 # run.sh BUILD_DIR SOURCE_DIR
-# Installs the build into a scratch prefix, extracts the README's API tour,
+# Installs the build into a scratch prefix, extracts the API tour (docs/embedding.md),
 # and builds and runs it against the installed package: through
 # find_package(kvpager) and through pkg-config (kvpager.pc). Checks that the
 # generated kvpager/version.h is installed and agrees with the package
@@ -29,9 +29,9 @@ tour=$work/api_tour.c
 awk '/<!-- api-tour -->/ {armed = 1; next}
      armed && /^```c$/ {inside = 1; next}
      inside && /^```$/ {exit}
-     inside {print}' "$source_dir/README.md" > "$tour"
+     inside {print}' "$source_dir/docs/embedding.md" > "$tour"
 if [ ! -s "$tour" ]; then
-    echo "package test: README.md has no api-tour C block" >&2
+    echo "package test: docs/embedding.md has no api-tour C block" >&2
     exit 1
 fi
 
