@@ -237,7 +237,8 @@ static int run_dtype(const split_config *c, kvp_dtype dtype, kvp_decoder *decode
     double scale = 1.0 / sqrt((double)d);
     split_case cases[2];
     for (int k = 0; k < 2; k++) {
-        cases[k] = (split_case){{cache, queries, keys, values, scale, weights[k], outputs[k]},
+        cases[k] = (split_case){{.cache = cache, .queries = queries, .keys = keys, .values = values,
+                                  .scale = scale, .weights = weights[k], .outputs = outputs[k]},
                                 decoder, 0, 0};
     }
     serial_run(&cases[0], 1);

@@ -253,7 +253,8 @@ static void check_partition(kvp_dtype dtype, size_t bt, size_t kv_heads, kvp_dec
 
     double *weights = kvpt_doubles(nweights);
     double *outputs = kvpt_doubles(P_BATCH * d);
-    kvpi_gather_job job = {cache, queries, keys, values, scale, weights, outputs};
+    kvpi_gather_job job = {.cache = cache, .queries = queries, .keys = keys, .values = values,
+                           .scale = scale, .weights = weights, .outputs = outputs};
     uint64_t seed = 99;
     kvpi_parallel reverse = {run_reverse, NULL};
     kvpi_parallel shuffled = {run_shuffled, &seed};
@@ -421,7 +422,8 @@ static void check_uneven_values(size_t kv_heads, size_t group, size_t parts,
     kvpi_gather_grain_set(&grain);
     assert_int_equal(kvpi_gather_value_parts(cache), parts);
     double *outputs = kvpt_doubles(d);
-    kvpi_gather_job job = {cache, queries, keys, values, scale, weights, outputs};
+    kvpi_gather_job job = {.cache = cache, .queries = queries, .keys = keys, .values = values,
+                           .scale = scale, .weights = weights, .outputs = outputs};
 
     unsigned *writes = calloc(d, sizeof *writes);
     assert_non_null(writes);

@@ -30,6 +30,7 @@
 #include "kvpager/model.h"
 #include "kvpager/sequence.h"
 #include "kvpager/scheduler.h"
+#include "kvpager/paged.h"
 
 #ifdef __cplusplus
 extern "C" {

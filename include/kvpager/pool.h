@@ -80,7 +80,9 @@ typedef struct kvp_block_key {
 typedef enum kvp_dtype {
     KVP_F64 = 0,
     KVP_F32 = 1,
-    KVP_BF16 = 2
+    KVP_BF16 = 2,
+    KVP_F16 = 3,     /* reserved: pools refuse it until f16 pages land */
+    KVP_FP8_E4M3 = 4 /* reserved: pools refuse it until fp8 pages land */
 } kvp_dtype;
 
 /*

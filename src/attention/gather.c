@@ -86,18 +86,18 @@ static size_t blocks_of(const kvp_cache *cache)
 }
 
 /*
- * Scores of `lane` at the retained positions of blocks [b0, b1), and of the
- * candidate when `candidate` is set. scores is the lane's [H][len + 1].
+ * Scores of the `heads` query heads of `lane` at the retained positions of
+ * blocks [b0, b1), and of the candidate unless candidates is NULL. scores is
+ * the lane's [H][keys_per_head] (len + 1 when the job has a candidate, len
+ * without).
  */
-static void scores_blocks(const kvp_cache *cache, const double *queries, const double *candidates,
-                          size_t lane, size_t b0, size_t b1, int candidate, double scale,
-                          double *scores)
+static void scores_blocks(const kvp_cache *cache, size_t heads, size_t keys_per_head,
+                          const double *queries, const double *candidates, size_t lane,
+                          size_t b0, size_t b1, double scale, double *scores)
 {
     size_t d = cache->head_width;
     size_t bt = cache->block_tokens;
-    size_t heads = cache->binding.heads;
     size_t group = heads / cache->heads;
-    size_t keys_per_head = cache->len + 1;
     const uint32_t *table = kvpi_cache_lane_table(cache, lane);
     const kvpi_kernels *k = kvpi_kernels_active();
     kvp_dtype dtype = kvpi_cache_dtype(cache);
@@ -112,7 +112,7 @@ static void scores_blocks(const kvp_cache *cache, const double *queries, const d
                                  scores + head * keys_per_head + start);
         }
     }
-    if (candidate) {
+    if (candidates != NULL) {
         for (size_t head = 0; head < heads; head++) {
             scores[head * keys_per_head + cache->len] =
                 k->dot(queries + head * d, candidates + (head / group) * d, d) * scale;
@@ -121,19 +121,20 @@ static void scores_blocks(const kvp_cache *cache, const double *queries, const d
 }
 
 /*
- * Features [f0, f0 + w) of the head outputs of the query heads of KV heads
- * [k0, k1) in `lane`: zero, every retained position in order, then the
- * candidate. Blocks outer, heads inner, so a block's value rows of the range
+ * Features [f0, f0 + w) of the head outputs of the query heads (`heads` in
+ * all) of KV heads [k0, k1) in `lane`: zero, every retained position in
+ * order, then the candidate unless candidates is NULL. Blocks outer, heads inner, so a block's value rows of the range
  * are read as one stream. weights is the lane's [H][len + 1], candidates
  * its [H_kv][d_h], outputs its [H][d_h].
  */
-static void values_range(const kvp_cache *cache, const double *weights, const double *candidates,
-                         size_t lane, size_t k0, size_t k1, size_t f0, size_t w, double *outputs)
+static void values_range(const kvp_cache *cache, size_t heads, const double *weights,
+                         const double *candidates, size_t lane, size_t k0, size_t k1, size_t f0,
+                         size_t w, double *outputs)
 {
     size_t d = cache->head_width;
     size_t bt = cache->block_tokens;
-    size_t group = cache->binding.heads / cache->heads;
-    size_t keys_per_head = cache->len + 1;
+    size_t group = heads / cache->heads;
+    size_t keys_per_head = cache->len + (candidates != NULL);
     const uint32_t *table = kvpi_cache_lane_table(cache, lane);
     const kvpi_kernels *k = kvpi_kernels_active();
     kvp_dtype dtype = kvpi_cache_dtype(cache);
@@ -153,7 +154,7 @@ static void values_range(const kvp_cache *cache, const double *weights, const do
             }
         }
     }
-    for (size_t head = k0 * group; head < k1 * group; head++) {
+    for (size_t head = k0 * group; candidates != NULL && head < k1 * group; head++) {
         k->axpy(outputs + head * d + f0, weights[head * keys_per_head + cache->len],
                 candidates + head / group * d + f0, w);
     }
@@ -162,14 +163,15 @@ static void values_range(const kvp_cache *cache, const double *weights, const do
 void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const double *candidates,
                         size_t lane, double scale, double *scores)
 {
-    scores_blocks(cache, queries, candidates, lane, 0, blocks_of(cache), 1, scale, scores);
+    scores_blocks(cache, cache->binding.heads, cache->len + 1, queries, candidates, lane, 0,
+                  blocks_of(cache), scale, scores);
 }
 
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
                         size_t lane, double *outputs)
 {
-    values_range(cache, weights, candidates, lane, 0, cache->heads, 0, cache->head_width,
-                 outputs);
+    values_range(cache, cache->binding.heads, weights, candidates, lane, 0, cache->heads, 0,
+                 cache->head_width, outputs);
 }
 
 /* ---- the partition ------------------------------------------------------------ */
@@ -215,11 +217,27 @@ static value_layout value_layout_of(const kvp_cache *cache)
     return v;
 }
 
-/* (lane, head) rows per softmax part. */
-static size_t softmax_rows(const kvp_cache *cache)
+/* Query heads of a job: its own count, or its cache's binding's. */
+static size_t job_heads(const kvpi_gather_job *job)
 {
-    size_t rows = grain.softmax_elements / (cache->len + 1);
-    return rows > 0 ? rows : 1;
+    return job->heads != 0 ? job->heads : job->cache->binding.heads;
+}
+
+/* Scores per (lane, query head) row: the retained positions, and the candidate if any. */
+static size_t job_keys(const kvpi_gather_job *job)
+{
+    return job->cache->len + (job->keys != NULL);
+}
+
+/* Softmax parts of `rows` rows of `keys` scores each (none when keys is 0). */
+static size_t softmax_parts(size_t rows, size_t keys)
+{
+    if (keys == 0) {
+        return 0;
+    }
+    size_t per = grain.softmax_elements / keys;
+    per = per > 0 ? per : 1;
+    return rows / per + (rows % per != 0);
 }
 
 size_t kvpi_gather_score_parts(const kvp_cache *cache)
@@ -229,9 +247,7 @@ size_t kvpi_gather_score_parts(const kvp_cache *cache)
 
 size_t kvpi_gather_softmax_parts(const kvp_cache *cache)
 {
-    size_t rows = cache->batch_size * cache->binding.heads;
-    size_t per = softmax_rows(cache);
-    return rows / per + (rows % per != 0);
+    return softmax_parts(cache->batch_size * cache->binding.heads, cache->len + 1);
 }
 
 size_t kvpi_gather_value_parts(const kvp_cache *cache)
@@ -259,20 +275,21 @@ static void score_part(void *ctx, size_t part)
     size_t blocks = blocks_of(cache);
     size_t b0 = chunk * per;
     size_t b1 = b0 + per < blocks ? b0 + per : blocks;
-    size_t d = cache->binding.model_width;
+    size_t heads = job_heads(job);
     size_t kv_width = cache->heads * cache->head_width;
-    scores_blocks(cache, job->queries + lane * d, job->keys + lane * kv_width, lane, b0, b1,
-                  chunk + 1 == chunks, job->scale,
-                  job->weights + lane * cache->binding.heads * (cache->len + 1));
+    const double *candidates =
+        job->keys != NULL && chunk + 1 == chunks ? job->keys + lane * kv_width : NULL;
+    size_t keys = job_keys(job);
+    scores_blocks(cache, heads, keys, job->queries + lane * heads * cache->head_width, candidates,
+                  lane, b0, b1, job->scale, job->weights + lane * heads * keys);
 }
 
 static void softmax_part(void *ctx, size_t part)
 {
     const kvpi_gather_job *job = ctx;
-    const kvp_cache *cache = job->cache;
-    size_t rows = cache->batch_size * cache->binding.heads;
-    size_t per = softmax_rows(cache);
-    size_t keys = cache->len + 1;
+    size_t rows = job->cache->batch_size * job_heads(job);
+    size_t keys = job_keys(job);
+    size_t per = grain.softmax_elements / keys > 0 ? grain.softmax_elements / keys : 1;
     size_t end = (part + 1) * per < rows ? (part + 1) * per : rows;
     for (size_t row = part * per; row < end; row++) {
         kvpi_softmax(job->weights + row * keys, keys);
@@ -288,11 +305,12 @@ static void value_part(void *ctx, size_t part)
     size_t lane = part / per_lane;
     size_t range = part % per_lane / v.slices;
     size_t width = cache->head_width / v.slices;
+    size_t heads = job_heads(job);
     size_t kv_width = cache->heads * cache->head_width;
-    values_range(cache, job->weights + lane * cache->binding.heads * (cache->len + 1),
-                 job->values + lane * kv_width, lane, range * cache->heads / v.ranges,
-                 (range + 1) * cache->heads / v.ranges, part % v.slices * width, width,
-                 job->outputs + lane * cache->binding.model_width);
+    values_range(cache, heads, job->weights + lane * heads * job_keys(job),
+                 job->values != NULL ? job->values + lane * kv_width : NULL, lane,
+                 range * cache->heads / v.ranges, (range + 1) * cache->heads / v.ranges,
+                 part % v.slices * width, width, job->outputs + lane * heads * cache->head_width);
 }
 
 /* The values of a whole lane in one stream: the phase on one thread. */
@@ -300,9 +318,12 @@ static void value_lane(void *ctx, size_t lane)
 {
     const kvpi_gather_job *job = ctx;
     const kvp_cache *cache = job->cache;
-    kvpi_gather_values(cache, job->weights + lane * cache->binding.heads * (cache->len + 1),
-                       job->values + lane * cache->heads * cache->head_width, lane,
-                       job->outputs + lane * cache->binding.model_width);
+    size_t heads = job_heads(job);
+    values_range(cache, heads, job->weights + lane * heads * job_keys(job),
+                 job->values != NULL ? job->values + lane * cache->heads * cache->head_width
+                                     : NULL,
+                 lane, 0, cache->heads, 0, cache->head_width,
+                 job->outputs + lane * heads * cache->head_width);
 }
 
 void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par)
@@ -314,7 +335,7 @@ void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par)
 void kvpi_gather_softmax_on(const kvpi_gather_job *job, const kvpi_parallel *par)
 {
     kvpi_parallel_run(worth(job->cache, par), softmax_part, (void *)job,
-                      kvpi_gather_softmax_parts(job->cache));
+                      softmax_parts(job->cache->batch_size * job_heads(job), job_keys(job)));
 }
 
 void kvpi_gather_values_on(const kvpi_gather_job *job, const kvpi_parallel *par)

@@ -10,6 +10,7 @@
 
 #include "attention/kernels.h"
 #include "attention/parallel.h"
+#include "kvpager/attention.h"
 #include "pager/cache_internal.h"
 
 /* dot_rows over `rows` stored rows of `dtype` at `keys` (d_h apart). */
@@ -79,11 +80,16 @@ void kvpi_gather_values(const kvp_cache *cache, const double *weights, const dou
 typedef struct kvpi_gather_job {
     const kvp_cache *cache;
     const double *queries;    /* [B][H][d_h], rotated */
-    const double *keys;       /* [B][H_kv][d_h]: the candidate keys, rounded to the dtype */
+    const double *keys;       /* [B][H_kv][d_h]: the candidate keys, rounded to the dtype;
+                                 NULL: no candidate row (values NULL too) */
     const double *values;     /* [B][H_kv][d_h]: the candidate values, likewise */
-    double scale;             /* 1 / sqrt(d_h) */
-    double *weights;          /* [B][H][len + 1]: scores, then the softmax in place */
+    double scale;             /* 1 / sqrt(d_h) for a layer */
+    double *weights;          /* [B][H][keys]: scores, then the softmax in place; keys is
+                                 len + 1 with a candidate, len without (at least 1) */
     double *outputs;          /* [B][H][d_h]: the head outputs */
+    size_t heads;             /* H, query heads, a multiple of the cache's KV heads;
+                                 0: the binding's heads */
+    kvp_accum accum;          /* the accumulation level (kvpager/attention.h) */
 } kvpi_gather_job;
 
 /*

@@ -793,8 +793,13 @@ static int measure_shape(const options *o, const shape *s, results *r, kvp_progr
         gather_ctx ctx[CASES];
         for (int c = 0; c < CASES; c++) {
             const built *cache = c == PAGED_1 || c == PAGED_2 ? &paged : &contiguous;
-            ctx[c].job = (kvpi_gather_job){cache->cache, w.queries, w.candidates, w.candidates,
-                                           scale, w.scores[c], w.outputs[c]};
+            ctx[c].job = (kvpi_gather_job){.cache = cache->cache,
+                                           .queries = w.queries,
+                                           .keys = w.candidates,
+                                           .values = w.candidates,
+                                           .scale = scale,
+                                           .weights = w.scores[c],
+                                           .outputs = w.outputs[c]};
             ctx[c].decoder = c == PAGED_2 || c == CONTIGUOUS_2 ? r->decoder : NULL;
             ctx[c].failed = 0;
             gather_once(&ctx[c]);
