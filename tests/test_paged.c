@@ -21,7 +21,10 @@
  *     typed status, changing nothing (snapshot) and writing no output;
  *   - accepts KVP_ACCUM_FAST with finite outputs (its bits are
  *     test_kernels' business);
- *   - allocates nothing on a call that needs no more workspace than the last.
+ *   - allocates nothing on a call that needs no more workspace than the last;
+ * and that kvp_pool_page_base gives every page's address as kvp_pool_page_data
+ * does, and kvp_pool_page_data answers for a held page without the pool's
+ * lock.
  * The audit runs after every operation that changes a cache.
  *
  * Unit test: reads the ticket's rows (attention/ticket_internal.h), sets the
@@ -34,11 +37,13 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attention/gather.h"
 #include "attention/ticket_internal.h"
 #include "pager/alloc.h"
 #include "pager/dtype.h"
+#include "pager/pool_internal.h"
 #include "serve/decoder_internal.h"
 
 enum { B = 2, H = 8, W = 16, BT = 3, LEN = 7, CAP = 12 };
@@ -599,6 +604,126 @@ static void test_paged_workspace(void **state)
     fixture_free(&f);
 }
 
+/* ---- page addresses without the pool's lock ------------------------------------ */
+
+/*
+ * kvp_pool_page_base: base + page * stride is kvp_pool_page_data's address
+ * of every page of every block table, the stride is page_bytes, and the
+ * answer is the slab's, the same on every call.
+ */
+static void test_paged_page_base(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_make(&f, KVP_BF16, H / 4);
+    kvp_error err;
+    void *base = NULL;
+    size_t stride = 0;
+    size_t pages = 0;
+    kvpt_assert_ok(kvp_pool_page_base(f.pool, &base, &stride, &pages, &err), &err);
+    kvp_pool_stats stats = kvpt_stats(f.pool);
+    assert_true((uintptr_t)base == stats.slab_address);
+    assert_int_equal(stride, stats.page_bytes);
+    assert_int_equal(pages, stats.total_pages);
+    void *again = NULL;
+    size_t stride_again = 0;
+    kvpt_assert_ok(kvp_pool_page_base(f.pool, &again, &stride_again, NULL, &err), &err);
+    assert_ptr_equal(again, base);
+    assert_int_equal(stride_again, stride);
+    const kvp_cache *caches[2] = {f.cache, f.ext};
+    size_t checked = 0;
+    for (size_t c = 0; c < 2; c++) {
+        for (size_t lane = 0; lane < B; lane++) {
+            const uint32_t *table = NULL;
+            size_t blocks = 0;
+            kvpt_assert_ok(kvp_cache_block_table(caches[c], lane, &table, &blocks, &err), &err);
+            for (size_t b = 0; b < blocks; b++) {
+                const void *k = NULL;
+                const void *v = NULL;
+                kvp_page_layout layout;
+                kvp_page_layout_init(&layout);
+                kvpt_assert_ok(kvp_pool_page_data(f.pool, table[b], &k, &v, &layout, &err),
+                               &err);
+                const unsigned char *at = (const unsigned char *)base + table[b] * stride;
+                assert_ptr_equal(k, at);
+                assert_ptr_equal(v, at + layout.values_offset_bytes);
+                assert_int_equal(layout.page_bytes, stride);
+                checked++;
+            }
+        }
+    }
+    assert_int_equal(checked, 2 * B * KVPT_CEIL_DIV(LEN, BT));
+    assert_int_equal(kvp_pool_page_base(NULL, &base, &stride, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "pool");
+    assert_int_equal(kvp_pool_page_base(f.pool, NULL, &stride, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "base");
+    assert_int_equal(kvp_pool_page_base(f.pool, &base, NULL, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "page_stride");
+    fixture_free(&f);
+}
+
+/* A thread reading every held page's data while the test holds the pool's lock. */
+typedef struct unlocked_reader {
+    kvp_pool *pool;
+    const uint32_t *pages;
+    size_t count;
+    int done; /* atomic */
+    kvp_status status;
+} unlocked_reader;
+
+static void *read_pages(void *arg)
+{
+    unlocked_reader *r = arg;
+    r->status = KVP_OK;
+    for (size_t i = 0; i < r->count && r->status == KVP_OK; i++) {
+        const void *k = NULL;
+        const void *v = NULL;
+        r->status = kvp_pool_page_data(r->pool, r->pages[i], &k, &v, NULL, NULL);
+    }
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/*
+ * kvp_pool_page_data takes no lock for a held page: it answers while
+ * another thread holds the pool's mutex (the test waits up to 60 s for it,
+ * then releases the lock either way, so a regression fails instead of
+ * hanging). A free page's refusal still says "free".
+ */
+static void test_paged_page_data_takes_no_lock(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_make(&f, KVP_F64, H / 4);
+    const uint32_t *table = NULL;
+    size_t blocks = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_block_table(f.ext, 1, &table, &blocks, &err), &err);
+    unlocked_reader r = {f.pool, table, blocks, 0, KVP_INVALID_ARGUMENT};
+    kvpi_pool_lock(f.pool);
+    pthread_t thread;
+    int started = pthread_create(&thread, NULL, read_pages, &r) == 0;
+    for (int waited = 0; started && waited < 6000 && !__atomic_load_n(&r.done, __ATOMIC_ACQUIRE);
+         waited++) {
+        struct timespec ten_ms = {0, 10 * 1000 * 1000};
+        nanosleep(&ten_ms, NULL);
+    }
+    int done = __atomic_load_n(&r.done, __ATOMIC_ACQUIRE);
+    kvpi_pool_unlock(f.pool);
+    assert_true(started);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_true(done);
+    assert_int_equal(r.status, KVP_OK);
+    /* Every page is free in a fresh pool of one page: the refusal, under the lock. */
+    kvp_pool *one = kvpt_pool(BT, 1, W, 1);
+    const void *k = NULL;
+    const void *v = NULL;
+    assert_int_equal(kvp_pool_page_data(one, 0, &k, &v, NULL, &err), KVP_PAGE_NOT_HELD);
+    assert_string_equal(err.what, "free");
+    kvpt_destroy_pool(one);
+    fixture_free(&f);
+}
+
 int main(void)
 {
     kvpt_watchdog("test_paged", 120);
@@ -611,6 +736,8 @@ int main(void)
         cmocka_unit_test(test_paged_fast_is_accepted),
         cmocka_unit_test_teardown(test_paged_refusals_change_nothing, teardown_grain),
         cmocka_unit_test_teardown(test_paged_workspace, kvpt_disarm),
+        cmocka_unit_test(test_paged_page_base),
+        cmocka_unit_test(test_paged_page_data_takes_no_lock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
