@@ -227,7 +227,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows(kvp_cache *cache, const d
  * rounded once, directly. Errors: kvp_cache_append_rows's, in its order,
  * with INVALID_ARGUMENT (argument "src_dtype": none of the four) right
  * after ROWS_RESERVED. kvp_cache_append_rows is this call with KVP_F64.
- * Threads: as kvp_cache_append_rows.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows_typed(kvp_cache *cache,
                                                              kvp_dtype src_dtype,
@@ -278,7 +279,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_rows(kvp_cache *cache, const d
  * kvp_cache_commit_rows's, in its order, with INVALID_ARGUMENT (argument
  * "src_dtype") right after CACHE_LAYER_BOUND. kvp_cache_commit_rows is this
  * call with KVP_F64.
- * Threads: as kvp_cache_commit_rows.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_rows_typed(kvp_cache *cache,
                                                              kvp_dtype src_dtype,
@@ -350,8 +352,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_reserved_slots(kvp_cache *cache, size
  * ROWS_NOT_RESERVED (as commit_rows); NONFINITE_KEY; NONFINITE_VALUE. On
  * error nothing changed and the reservation is still pending (a discard
  * then gives the pages back, their bytes as the kernel left them).
- * Threads: as kvp_cache_commit_rows; every write into the slots must have
- * happened before (joined threads).
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; every write into the slots must have happened before (joined
+ * threads); other caches of the same pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_written(kvp_cache *cache, size_t rows,
                                                           kvp_error *err);
