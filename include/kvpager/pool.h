@@ -446,7 +446,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_page_base(const kvp_pool *pool, void *
  * written by caches' owners without the pool lock, so take the digest only
  * while no thread appends to a cache of this pool.
  * Threads: not safe while any thread writes rows into the pool's pages:
- * kvp_cache_append_rows, kvp_cache_commit_rows, kvp_ticket_commit,
+ * kvp_cache_append_rows(_typed), kvp_cache_commit_rows(_typed), a kernel
+ * writing reserved slots in place, kvp_cache_commit_written, kvp_ticket_commit,
  * kvp_attention_forward, kvp_sequence_step, kvp_sequence_prefill or
  * kvp_decoder_step on a cache or sequence of this pool. Other pool calls,
  * prepares, reserves, resets and reads may overlap it (the slab is hashed
