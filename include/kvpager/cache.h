@@ -317,7 +317,8 @@ typedef struct kvp_slot_span {
  * in row order (out[0].row == 0, each span's row = the previous row + rows,
  * the last ending at kvp_cache_reserved_rows), one per block the rows
  * touch: at most reserved / block_tokens + 2.
- * *count = the spans. out == NULL with max == 0 asks for the count only.
+ * *count = the spans. out == NULL with max == 0 asks for the count only
+ * (and evicts nothing).
  * With no reservation pending, *count = 0. The addresses are valid until
  * the reservation ends (a commit of those rows, a discard, a reset or
  * destroy); after a partial commit ask again (rows renumber from the new
