@@ -23,7 +23,8 @@
  * them), grown by half again whenever a call needs more, so a decode loop
  * whose length grows by one row per step allocates O(log len) times, not
  * once per call. It is freed when the thread exits (a pthread key's
- * destructor; the main thread's at process exit). The parts a decoder's
+ * destructor; the main thread's when the library unloads, at exit or
+ * dlclose, which also deletes the key). The parts a decoder's
  * other threads run read and write the caller's buffer; the decoder's
  * hand-off (a mutex) orders those accesses.
  *
@@ -62,6 +63,22 @@ static void workspace_release(void *data)
 static void workspace_key_create(void)
 {
     workspace_key_made = pthread_key_create(&workspace_key, workspace_release) == 0;
+}
+
+/*
+ * At unload (dlclose, or exit): the key goes, so no thread that exits later
+ * calls into unloaded code (a live thread's buffer is then left to the
+ * process), and the unloading thread's own buffer is freed.
+ */
+__attribute__((destructor)) static void workspace_unload(void)
+{
+    if (workspace_key_made) {
+        (void)pthread_key_delete(workspace_key);
+        workspace_key_made = 0;
+    }
+    kvpi_free(workspace_data);
+    workspace_data = NULL;
+    workspace_doubles = 0;
 }
 
 /*
