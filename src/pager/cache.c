@@ -127,7 +127,7 @@ static kvp_status validate_binding(const kvp_binding *binding, kvp_error *err)
     if (binding->kv_heads == 0 || binding->heads % binding->kv_heads != 0) {
         return kvpi_fail_invalid(err, "binding", "kv_heads must be nonzero and divide heads");
     }
-    return KVP_OK;
+    return kvpi_binding_check_scales(binding, err);
 }
 
 /* The seed's creation checks, in its order, then the pool's geometry. */
@@ -382,6 +382,7 @@ static void cache_visit_rows(const kvp_cache *cache, int values, row_visit_fn fn
 typedef struct snapshot_ctx {
     const kvp_cache *cache;
     double *out;
+    double scale; /* kvpi_cache_row_scale: fp8 elements are exported times it */
 } snapshot_ctx;
 
 static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, const void *src,
@@ -391,7 +392,7 @@ static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, con
     const kvp_cache *cache = snap->cache;
     size_t d = cache->head_width;
     double *dst = snap->out + ((lane * cache->heads + head) * cache->len + start) * d;
-    kvpi_dtype_load(kvpi_cache_dtype(cache), src, dst, rows * d);
+    kvpi_dtype_load_scaled(kvpi_cache_dtype(cache), snap->scale, src, dst, rows * d);
 }
 
 /* Copies the logical [B, H_kv, len, d_h] prefix of keys (values == 0) or values. */
@@ -408,7 +409,7 @@ static kvp_status cache_snapshot(const kvp_cache *cache, int values, double *out
     if (out_len < needed) {
         return kvpi_fail_buffer(err, "out", needed, out_len);
     }
-    snapshot_ctx snap = {cache, out};
+    snapshot_ctx snap = {cache, out, kvpi_cache_row_scale(cache, values)};
     cache_visit_rows(cache, values, snapshot_rows, &snap);
     return KVP_OK;
 }
@@ -479,6 +480,12 @@ kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out, kvp_error *er
     uint64_t hash = 0xcbf29ce484222325ull;
     hash = fnv1a(hash, &cache->len, sizeof cache->len);
     hash = fnv1a(hash, &cache->capacity, sizeof cache->capacity);
+    /* What the stored bytes mean: the dtype, and the scales fp8 elements stand under. */
+    uint64_t dtype = (uint64_t)kvpi_cache_dtype(cache);
+    double scales[2];
+    kvpi_cache_kv_scales(cache, &scales[0], &scales[1]);
+    hash = fnv1a(hash, &dtype, sizeof dtype);
+    hash = fnv1a(hash, scales, sizeof scales);
     size_t mapped = kvpi_cache_mapped_blocks(cache);
     digest_ctx digest = {cache->head_width * cache->pool->element_bytes, hash};
     cache_visit_rows(cache, 0, digest_rows, &digest);
@@ -530,7 +537,8 @@ kvp_status kvpi_cache_check_storable(const kvp_cache *cache, const double *rows,
                                      kvp_status status, kvp_error *err)
 {
     kvp_dtype dtype = kvpi_cache_dtype(cache);
-    size_t i = kvpi_dtype_first_overflow(dtype, rows, n);
+    double scale = kvpi_cache_row_scale(cache, status == KVP_NONFINITE_VALUE);
+    size_t i = kvpi_dtype_first_overflow_scaled(dtype, scale, rows, n);
     if (i == n) {
         return KVP_OK;
     }
@@ -546,7 +554,9 @@ static kvp_status check_stored_finite(const kvp_cache *cache, const double *rows
                                       kvp_status status, kvp_error *err)
 {
     size_t nonfinite = kvpi_first_nonfinite(rows, n);
-    size_t overflow = kvpi_dtype_first_overflow(kvpi_cache_dtype(cache), rows, nonfinite);
+    double scale = kvpi_cache_row_scale(cache, status == KVP_NONFINITE_VALUE);
+    size_t overflow =
+        kvpi_dtype_first_overflow_scaled(kvpi_cache_dtype(cache), scale, rows, nonfinite);
     if (overflow < nonfinite) {
         return kvpi_cache_check_storable(cache, rows, nonfinite, status, err);
     }
@@ -608,8 +618,9 @@ static void cow_map_locked(kvp_cache *cache, size_t block, kvpi_reservation *res
     cache->cow = 0;
 }
 
-void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
-                       kvpi_reservation *reservation)
+/* kvpi_cache_commit, fp8 elements divided by k_scale and v_scale (1.0: stored as given). */
+static void commit_scaled(kvp_cache *cache, const double *key, const double *value,
+                          kvpi_reservation *reservation, double k_scale, double v_scale)
 {
     size_t bt = cache->block_tokens;
     size_t d = cache->head_width;
@@ -630,8 +641,9 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
         for (size_t head = 0; head < cache->heads; head++) {
             const double *k = key + (lane * cache->heads + head) * d;
             const double *v = value + (lane * cache->heads + head) * d;
-            kvpi_dtype_store(dtype, base + (head * bt + slot) * row_bytes, k, d);
-            kvpi_dtype_store(dtype, base + ((cache->heads + head) * bt + slot) * row_bytes, v, d);
+            kvpi_dtype_store_scaled(dtype, k_scale, base + (head * bt + slot) * row_bytes, k, d);
+            kvpi_dtype_store_scaled(dtype, v_scale,
+                                    base + ((cache->heads + head) * bt + slot) * row_bytes, v, d);
         }
     }
     kvpi_pool_lock(cache->pool);
@@ -646,6 +658,12 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
     cache->len++;
     cache->epoch++;
     kvpi_pool_unlock(cache->pool);
+}
+
+void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
+                       kvpi_reservation *reservation)
+{
+    commit_scaled(cache, key, value, reservation, 1.0, 1.0);
 }
 
 kvp_status kvpi_cache_append(kvp_cache *cache, const kvp_tensor *key, const kvp_tensor *value,
@@ -663,7 +681,10 @@ kvp_status kvpi_cache_append(kvp_cache *cache, const kvp_tensor *key, const kvp_
     if (status != KVP_OK) {
         return status;
     }
-    kvpi_cache_commit(cache, key->data, value->data, &cache->spare_reservation);
+    double k_scale;
+    double v_scale;
+    kvpi_cache_kv_scales(cache, &k_scale, &v_scale);
+    commit_scaled(cache, key->data, value->data, &cache->spare_reservation, k_scale, v_scale);
     return KVP_OK;
 }
 
@@ -700,6 +721,8 @@ kvp_status kvp_binding_init_external(kvp_binding *out, size_t kv_heads, size_t h
     binding.rope_feature_width = 0;
     binding.rope_max_positions = max_positions;
     binding.rope_base_bits = 0;
+    binding.k_scale = 1.0;
+    binding.v_scale = 1.0;
     *out = binding;
     return KVP_OK;
 }
@@ -830,6 +853,9 @@ static void commit_rows(kvp_cache *cache, const double *keys, const double *valu
     size_t mapped = kvpi_cache_mapped_blocks(cache);
     size_t row_bytes = d * cache->pool->element_bytes;
     kvp_dtype dtype = kvpi_cache_dtype(cache);
+    double k_scale;
+    double v_scale;
+    kvpi_cache_kv_scales(cache, &k_scale, &v_scale);
     /* A copy-on-write takes the reservation's first batch pages, lane by lane. */
     size_t copies = kvpi_cache_cow_pages(cache);
     size_t partial = cache->len / bt; /* the partial block, when copies != 0 */
@@ -853,9 +879,11 @@ static void commit_rows(kvp_cache *cache, const double *keys, const double *valu
             unsigned char *base = kvpi_pool_page(cache->pool, page);
             for (size_t head = 0; head < heads; head++) {
                 size_t at = ((lane * heads + head) * rows + r) * d;
-                kvpi_dtype_store(dtype, base + (head * bt + slot) * row_bytes, keys + at, d);
-                kvpi_dtype_store(dtype, base + ((heads + head) * bt + slot) * row_bytes,
-                                 values + at, d);
+                kvpi_dtype_store_scaled(dtype, k_scale, base + (head * bt + slot) * row_bytes,
+                                        keys + at, d);
+                kvpi_dtype_store_scaled(dtype, v_scale,
+                                        base + ((heads + head) * bt + slot) * row_bytes,
+                                        values + at, d);
             }
         }
     }
