@@ -88,14 +88,21 @@ static void test_dtype_names_and_sizes(void **state)
     assert_string_equal(kvp_dtype_name(KVP_F64), "f64");
     assert_string_equal(kvp_dtype_name(KVP_F32), "f32");
     assert_string_equal(kvp_dtype_name(KVP_BF16), "bf16");
-    assert_string_equal(kvp_dtype_name((kvp_dtype)3), "unknown");
+    assert_string_equal(kvp_dtype_name(KVP_F16), "f16");
+    assert_string_equal(kvp_dtype_name(KVP_FP8_E4M3), "fp8_e4m3");
+    assert_string_equal(kvp_dtype_name((kvp_dtype)5), "unknown");
     assert_int_equal(kvp_dtype_bytes(KVP_F64), 8);
     assert_int_equal(kvp_dtype_bytes(KVP_F32), 4);
     assert_int_equal(kvp_dtype_bytes(KVP_BF16), 2);
+    assert_int_equal(kvp_dtype_bytes(KVP_F16), 2);
+    assert_int_equal(kvp_dtype_bytes(KVP_FP8_E4M3), 1);
+    assert_int_equal(kvp_dtype_bytes((kvp_dtype)5), 0);
     assert_int_equal(kvp_dtype_bytes((kvp_dtype)-1), 0);
     assert_int_equal(KVP_F64, 0);
     assert_int_equal(KVP_F32, 1);
     assert_int_equal(KVP_BF16, 2);
+    assert_int_equal(KVP_F16, 3);
+    assert_int_equal(KVP_FP8_E4M3, 4);
     kvp_pool_config config;
     memset(&config, 0xff, sizeof config);
     kvp_pool_config_init(&config);
@@ -254,11 +261,12 @@ static void test_dtype_pool_geometry_and_stats(void **state)
     bad.heads = 4;
     bad.head_width = 32;
     bad.budget_bytes = budget;
-    bad.dtype = (kvp_dtype)3;
+    bad.dtype = (kvp_dtype)5;
     assert_int_equal(kvp_pool_create(&bad, &untouched, &err), KVP_INVALID_ARGUMENT);
     assert_string_equal(err.argument, "dtype");
     kvpt_assert_error_text(&err,
-                           "argument `dtype` is invalid: must be KVP_F64, KVP_F32 or KVP_BF16");
+                           "argument `dtype` is invalid: must be KVP_F64, KVP_F32, KVP_BF16, "
+                           "KVP_F16 or KVP_FP8_E4M3");
     bad.heads = 0;
     assert_int_equal(kvp_pool_create(&bad, &untouched, &err), KVP_ZERO_SIZE);
     assert_string_equal(err.argument, "heads");
@@ -523,11 +531,11 @@ static void test_dtype_prepare_and_reference_refuse_overflow(void **state)
             kvp_attention_reference(layer, &both, out, 2 * P_D, NULL, NULL, 0, &err);
         assert_int_equal(f32_status, f64_status);
         /* A bad dtype is refused after the NULL checks. */
-        assert_int_equal(kvp_attention_reference_stored(layer, (kvp_dtype)3, &both, out, 2 * P_D,
+        assert_int_equal(kvp_attention_reference_stored(layer, (kvp_dtype)5, &both, out, 2 * P_D,
                                                         NULL, NULL, 0, &ref_err),
                          KVP_INVALID_ARGUMENT);
         assert_string_equal(ref_err.argument, "dtype");
-        assert_int_equal(kvp_attention_reference_stored(layer, (kvp_dtype)3, NULL, out, 2 * P_D,
+        assert_int_equal(kvp_attention_reference_stored(layer, (kvp_dtype)5, NULL, out, 2 * P_D,
                                                         NULL, NULL, 0, &ref_err),
                          KVP_NULL_ARGUMENT);
         kvpt_destroy_ticket(ticket, pool);

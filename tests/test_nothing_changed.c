@@ -33,7 +33,8 @@
  *               kvp_pool_admit       NULL x2
  *               kvp_pool_pages_for   infallible (saturates; test_pool.c)
  *               kvp_pool_digest      NULL x2
- *   cache.h     kvp_cache_create     NULL x3, INVALID_ARGUMENT x4 (two on kv_heads),
+ *   cache.h     kvp_cache_create     NULL x3, INVALID_ARGUMENT x5 (two on kv_heads,
+ *                                    one on an fp8 scale),
  *                                    ZERO_BATCH_SIZE, ZERO_CAPACITY,
  *                                    CAPACITY_EXCEEDS_POSITIONS, ELEMENT_COUNT_OVERFLOW,
  *                                    GEOMETRY_MISMATCH x2 (one on kv_heads),
@@ -79,6 +80,7 @@
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_layer_destroy    NULL
  *               kvp_layer_info_get, kvp_layer_binding     NULL x2
+ *               kvp_layer_set_kv_scales  NULL, INVALID_ARGUMENT x2 (k_scale, v_scale)
  *               kvp_layer_param, kvp_layer_param_mut   infallible (NULL out of range)
  *   attention.h kvp_ticket_create    NULL x2, ALLOCATION_FAILED (sweep)
  *               kvp_ticket_destroy, kvp_ticket_discard    NULL
@@ -618,6 +620,10 @@ static void test_nothing_changed_cache_functions(void **state)
     odd_width.model_width = D + 1;
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
                 kvp_cache_create(w.pool, &odd_width, 1, 1, &out, &e));
+    kvp_binding bad_scale = good;
+    bad_scale.v_scale = -1.0; /* fp8 scales: finite, normal and > 0 (or 0) */
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
+                kvp_cache_create(w.pool, &bad_scale, 1, 1, &out, &e));
     EXPECT_FAIL(&w, KVP_ZERO_BATCH_SIZE, 0, kvp_cache_create(w.pool, &good, 0, 1, &out, &e));
     EXPECT_FAIL(&w, KVP_ZERO_CAPACITY, 0, kvp_cache_create(w.pool, &good, 1, 0, &out, &e));
     EXPECT_FAIL(&w, KVP_CAPACITY_EXCEEDS_POSITIONS, 0,
@@ -997,6 +1003,16 @@ static void test_nothing_changed_param_rope_layer_functions(void **state)
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding(NULL, &binding, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding(w.layer, NULL, &e));
     assert_memory_equal(&binding, &sentinel_binding, sizeof binding);
+    /* A refused kvp_layer_set_kv_scales leaves the layer's binding as it was. */
+    kvp_layer *scaled = kvpt_random_layer(D, HEADS, POSITIONS, 10000.0, 5);
+    kvp_binding unscaled;
+    kvpt_assert_ok(kvp_layer_binding(scaled, &unscaled, &err), &err);
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_set_kv_scales(NULL, 1.0, 1.0, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_layer_set_kv_scales(scaled, NAN, 1.0, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_layer_set_kv_scales(scaled, 2.0, 0.0, &e));
+    kvpt_assert_ok(kvp_layer_binding(scaled, &binding, &err), &err);
+    assert_memory_equal(&binding, &unscaled, sizeof binding);
+    kvpt_destroy_layer(scaled);
     kvpt_assert_ok(kvp_param_release(narrow, &err), &err);
     kvpt_assert_ok(kvp_param_release(p64, &err), &err);
     world_free(&w);

@@ -193,8 +193,14 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_reference(const kvp_layer *layer,
  * element the dtype cannot hold gives prepare's NONFINITE_KEY or
  * NONFINITE_VALUE, what = the dtype's name, err.token = t) and rounded to the
  * dtype (pool.h's rule) and back; every later use, and the keys and values
- * written out, are the rounded rows. So it equals decoding the same rows one
- * at a time through a cache of a `dtype` pool, bit for bit. KVP_F64 is
+ * written out, are the rounded rows. For KVP_FP8_E4M3 the layer's scales
+ * (kvp_layer_set_kv_scales) apply: rows are rounded to the elements
+ * e = round(x / k_scale) and round(x / v_scale), a score is
+ * (q . e) * ((1 / sqrt(d_h)) * k_scale), the product computed once, a head's
+ * output feature is v_scale * (sum over positions of weight * e), multiplied
+ * once at the end, and the keys and values written out are e * k_scale and
+ * e * v_scale (as kvp_cache_keys exports them). So it equals decoding the
+ * same rows one at a time through a cache of a `dtype` pool, bit for bit. KVP_F64 is
  * kvp_attention_reference exactly. Errors: kvp_attention_reference's, with
  * INVALID_ARGUMENT ("dtype" not a kvp_dtype) right after the NULL checks.
  * Threads: not safe while a parameter of `layer` is updated; otherwise any

@@ -67,15 +67,29 @@ typedef struct kvp_binding {
     size_t rope_feature_width;
     size_t rope_max_positions;
     uint64_t rope_base_bits; /* the bit pattern of the RoPE base (an f64) */
+    /*
+     * fp8 scales (vLLM's k_scale, v_scale): a KVP_FP8_E4M3 page stores a key
+     * element x as e = round(x / k_scale), and e stands for e * k_scale;
+     * values likewise with v_scale (pool.h, kvp_dtype). Every other dtype
+     * ignores them. Each must be finite, normal and > 0, or 0, which means
+     * 1.0 (a binding zeroed by a caller that sets no scale; the cache keeps
+     * the 0 in its binding). kvp_binding_init_external and kvp_layer_binding give 1.0 unless
+     * the layer's scales were set (kvp_layer_set_kv_scales). An fp8 cache's
+     * scales are part of its binding digest (kvp_cache_binding_key), so
+     * blocks stored under other scales are never shared.
+     */
+    double k_scale;
+    double v_scale;
 } kvp_binding;
 
 /*
  * Fills *out with an external binding: heads = kv_heads, model_width =
  * kv_heads * head_width, every parameter's (node_id, revision) =
  * (identity, revision), rope_feature_width 0 (no RoPE: every attention layer
- * has RoPE of nonzero width, so no layer binding is external), and
+ * has RoPE of nonzero width, so no layer binding is external),
  * rope_max_positions = max_positions, the largest capacity a cache of it may
- * have. The pager never interprets identity and revision: they are the
+ * have, and k_scale = v_scale = 1.0 (set them before kvp_cache_create for an
+ * fp8 pool). The pager never interprets identity and revision: they are the
  * caller's record of what the cache's rows belong to (a model version, say),
  * returned by kvp_cache_info_get. Errors, in this order: NULL_ARGUMENT;
  * ZERO_SIZE (argument "kv_heads", "head_width" or "max_positions");
@@ -110,7 +124,8 @@ typedef struct kvp_cache_info {
 /*
  * Creates an empty cache drawing pages from `pool`. Errors, in this order:
  * NULL_ARGUMENT; INVALID_ARGUMENT (a binding with zero heads or head width,
- * model_width != heads * head_width, or kv_heads 0 or not dividing heads);
+ * model_width != heads * head_width, or kv_heads 0 or not dividing heads;
+ * then argument "k_scale" or "v_scale": negative, subnormal, infinite or NaN);
  * ZERO_BATCH_SIZE; ZERO_CAPACITY; CAPACITY_EXCEEDS_POSITIONS (capacity >
  * rope_max_positions); ELEMENT_COUNT_OVERFLOW (batch * kv_heads * capacity *
  * head_width); GEOMETRY_MISMATCH (binding (kv_heads, head_width) differs from
@@ -159,7 +174,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_
 /*
  * Logical snapshots: copy the [B, H_kv, len, d_h] rotated keys (or unrotated
  * values) into `out`, which holds `out_len` doubles. BUFFER_TOO_SMALL when
- * out_len < B*H_kv*len*d_h; nothing is written then.
+ * out_len < B*H_kv*len*d_h; nothing is written then. Each stored element
+ * is widened exactly; an fp8 element e is exported as the value it stands
+ * for, e * k_scale (keys) or e * v_scale (values), one f64 multiplication.
  * Threads: not safe while a call changes this cache; reads of one cache may
  * overlap, and other caches of the pool may change meanwhile.
  */
@@ -178,8 +195,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_page(const kvp_cache *cache, size_t l
                                                 uint32_t *out, kvp_error *err);
 
 /*
- * For audits: a 64-bit FNV-1a digest of len, capacity, the logical keys and
- * values, and every mapped page-table entry. Two equal digests around a call
+ * For audits: a 64-bit FNV-1a digest of len, capacity, the pool's dtype,
+ * the K and V scales the cache uses (1.0 and 1.0 unless fp8), the stored bytes
+ * of the logical keys and values, and every mapped page-table entry. Two equal digests around a call
  * show that the call changed none of them. Allocates nothing.
  * Threads: not safe while a call changes this cache; reads of one cache may
  * overlap, and other caches of the pool may change meanwhile.
@@ -196,7 +214,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_digest(const kvp_cache *cache, uint64
  * layout kvp_cache_keys exports: element (b, h, r, i) at
  * ((b * H_kv + h) * rows + r) * d_h + i; row r lands at position len + r.
  * Each element is rounded once to the pool's dtype (kvp_dtype, pool.h), as
- * attention's commits round. `rows` may be anything up to the room left;
+ * attention's commits round (fp8: x / k_scale or x / v_scale rounded). `rows` may be anything up to the room left;
  * rows == 0 succeeds and changes nothing (keys and values may then be NULL).
  * Errors, in this order, all before any page is taken: NULL_ARGUMENT (cache);
  * CACHE_LAYER_BOUND; ROWS_RESERVED (a reservation is pending, below);
@@ -487,8 +505,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new
 /*
  * The binding digest of the cache: a kvp_block_key over every field of its
  * kvp_binding (parameter identities and revisions, RoPE width, positions and
- * base, heads, KV heads, widths) and of the pool's page format (dtype,
- * block_tokens, heads, head_width). Callers chain several of them into the
+ * base, heads, KV heads, widths, and the K and V scales the cache uses: its
+ * binding's for an fp8 pool, 1.0 and 1.0 for any other) and of the pool's
+ * page format (dtype, block_tokens, heads, head_width). Callers chain several of them into the
  * `context` of kvp_block_key_chain (a sequence digests all its layers).
  * Errors: NULL_ARGUMENT.
  * Threads: not safe while a call changes this cache (it reads the binding);

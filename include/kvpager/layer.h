@@ -9,12 +9,13 @@
  * KVP_PARAM_QUERY .. OUTPUT) are W_q and W_o, D x D, and W_k and W_v,
  * D x (kv_heads * d_h), so a cache stores kv_heads heads per position. The
  * layer has a RoPE configuration over d_h features. It hands caches their binding:
- * geometry, the four parameters' identities and revisions, and the RoPE
- * configuration (kvp_layer_binding).
+ * geometry, the four parameters' identities and revisions, the RoPE
+ * configuration and the fp8 K/V scales (kvp_layer_binding).
  *
  * Threads: a layer is immutable after creation except through its
- * parameters' updates; any number of threads may compute with it at once,
- * but not while one of its parameters is updated (kvpager/param.h).
+ * parameters' updates and kvp_layer_set_kv_scales; any number of threads may
+ * compute with it at once, but not while one of its parameters is updated
+ * (kvpager/param.h) or its scales are set.
  */
 #ifndef KVPAGER_LAYER_H
 #define KVPAGER_LAYER_H
@@ -128,6 +129,22 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out,
                                                    kvp_error *err);
+
+/*
+ * Sets the layer's fp8 scales (vLLM's k_scale and v_scale; both 1.0 when a
+ * layer is made): the K and V scales of the bindings it hands out from now
+ * on (kvp_binding.k_scale, v_scale), so caches created afterwards on a
+ * KVP_FP8_E4M3 pool store a key element x as round(x / k_scale) and a value
+ * element as round(x / v_scale) (pool.h, kvp_dtype), and
+ * kvp_attention_reference_stored uses them. A cache keeps the scales it
+ * was created with; other dtypes ignore them. Errors: NULL_ARGUMENT;
+ * INVALID_ARGUMENT ("k_scale", then "v_scale": not finite, normal and > 0),
+ * changing nothing.
+ * Threads: not safe while any other call uses this layer (prepares,
+ * references, kvp_layer_binding, its model's sequences).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_layer_set_kv_scales(kvp_layer *layer, double k_scale,
+                                                         double v_scale, kvp_error *err);
 
 /*
  * A borrowed, read-only pointer to parameter `index` (KVP_PARAM_*); NULL when

@@ -9,7 +9,7 @@
  * `block_tokens` positions of every stored head of one cache lane (the
  * stored heads are a layer's KV heads, kv_heads, which grouped-query layers
  * keep below their query heads), as elements of the pool's storage type
- * `dtype` (f64, f32 or bf16; kvp_dtype below):
+ * `dtype` (f64, f32, bf16, f16 or fp8 e4m3; kvp_dtype below):
  *
  *     K[heads][block_tokens][head_width]  then  V[heads][block_tokens][head_width]
  *
@@ -21,9 +21,10 @@
  *
  * Storage precision: callers always hand kvpager f64 rows and read f64 back.
  * An appended row is rounded once, to nearest with ties to even, from f64 to
- * the pool's type (see kvp_dtype); every read widens the stored element to
- * f64, which is exact, and all arithmetic runs in f64 on the widened values.
- * Every cache of a pool stores in the pool's dtype: the pool decides.
+ * the pool's type (see kvp_dtype; fp8 first divides by the cache's K or V
+ * scale); every read widens the stored element to f64, which is exact, and
+ * all arithmetic runs in f64 on the widened values. Every cache of a pool
+ * stores in the pool's dtype: the pool decides.
  *
  * (kvp_page_layout and kvp_pool_page_data below give a page's address and
  * strides to kernels outside kvpager; kvp_pool_page_base gives the slab's
@@ -73,17 +74,43 @@ typedef struct kvp_block_key {
  *             bits), 2 bytes: each element rounded ONCE from f64 to the
  *             nearest bf16, ties to even, never through f32 (that would
  *             round twice). Subnormal results are kept.
- * A finite f64 element whose rounding would overflow to infinity (|x| at or
- * above 0x1.ffffffp+127 for f32, 0x1.ffp+127 for bf16) is refused before
- * anything changes: NONFINITE_KEY or NONFINITE_VALUE with err.what naming the
- * storage type ("f32" or "bf16"), err.value the f64 element (status.h).
+ *   KVP_F16   IEEE binary16 (1 sign, 5 exponent bits of bias 15, 10
+ *             fraction bits), 2 bytes: each element rounded ONCE from f64
+ *             to the nearest f16, ties to even, never through f32.
+ *             Subnormal results are kept (down to 2^-24). Largest finite
+ *             65504. Error of one element: at most 2^-11 relative for
+ *             |x| >= 2^-14, 2^-25 absolute below.
+ *   KVP_FP8_E4M3  OCP fp8 "e4m3fn" (1 sign, 4 exponent bits of bias 7, 3
+ *             fraction bits; no infinities, 0x7f and 0xff are NaN), 1 byte:
+ *             a key element x is stored as e = round(x / k_scale), a value
+ *             element as round(x / v_scale) (kvp_binding's scales, 1.0 by
+ *             default; vLLM's fp8 KV cache): the quotient is computed in
+ *             f64, then rounded ONCE to the nearest e4m3, ties to even
+ *             (two roundings in all; the first is exact when the scale is
+ *             a power of two). Subnormals kept (down to 2^-9), largest
+ *             finite 448. e stands for e * scale: exports
+ *             (kvp_cache_keys) give that product; kernels reading pages
+ *             multiply once (the scores by k_scale with 1/sqrt(d_h), each
+ *             output feature by v_scale). Error of one element, in units
+ *             of the scale: at most 2^-4 relative for |x / scale| >= 2^-6,
+ *             2^-10 absolute below.
+ * A finite f64 element whose rounding would overflow (|x| at or above
+ * 0x1.ffffffp+127 for f32, 0x1.ffp+127 for bf16, 65520 for f16: the
+ * midpoints where the tie goes to infinity; |x / scale| above 464 for e4m3,
+ * the midpoint between 448 and the missing next step 480, a tie rounding to
+ * 448) is refused before anything changes: NONFINITE_KEY or NONFINITE_VALUE
+ * with err.what naming the storage type ("f32", "bf16", "f16" or
+ * "fp8_e4m3"), err.value the f64 element (status.h). fp8 refuses rather than
+ * saturating to 448 as vLLM does: a saturated element silently changes
+ * attention by an unbounded amount, while a refusal tells the caller its
+ * scales are too small, and every other dtype refuses too.
  */
 typedef enum kvp_dtype {
     KVP_F64 = 0,
     KVP_F32 = 1,
     KVP_BF16 = 2,
-    KVP_F16 = 3,     /* reserved: pools refuse it until f16 pages land */
-    KVP_FP8_E4M3 = 4 /* reserved: pools refuse it until fp8 pages land */
+    KVP_F16 = 3,
+    KVP_FP8_E4M3 = 4
 } kvp_dtype;
 
 /*
@@ -247,13 +274,13 @@ KVP_API void kvp_pool_stats_init(kvp_pool_stats *stats);
 KVP_API const char *kvp_slab_source_name(kvp_slab_source source);
 
 /*
- * "f64", "f32", "bf16"; "unknown" for any other value. Never NULL.
+ * "f64", "f32", "bf16", "f16", "fp8_e4m3"; "unknown" for any other value. Never NULL.
  * Threads: thread-safe (static strings).
  */
 KVP_API const char *kvp_dtype_name(kvp_dtype dtype);
 
 /*
- * Bytes of one stored element: 8, 4, 2; 0 for any other value.
+ * Bytes of one stored element: 8, 4, 2, 2, 1; 0 for any other value.
  * Threads: thread-safe.
  */
 KVP_API size_t kvp_dtype_bytes(kvp_dtype dtype);
@@ -357,8 +384,10 @@ KVP_API size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tok
  *     keys + h * head_stride + s * row_stride + i              (elements)
  * and the value element at the same offset from values, where values =
  * keys + values_offset_bytes. f64 elements are IEEE binary64, f32 binary32,
- * bf16 the top 16 bits of a binary32 (uint16_t); all in the host's byte
- * order. Slots at or past a block's rows (a lane of len positions fills
+ * bf16 the top 16 bits of a binary32 (uint16_t), f16 IEEE binary16
+ * (uint16_t), fp8_e4m3 one byte (OCP e4m3fn) holding e, which stands for
+ * e * k_scale (keys) or e * v_scale (values) of the cache's binding; all in
+ * the host's byte order. Slots at or past a block's rows (a lane of len positions fills
  * len - block * block_tokens slots of its last block) hold nothing: never
  * read them.
  */

@@ -161,8 +161,8 @@ static kvp_status round_candidate(const kvp_cache *cache, kvp_ticket *t, kvp_err
         status = kvpi_cache_check_storable(cache, t->value, n, KVP_NONFINITE_VALUE, err);
     }
     if (status == KVP_OK) {
-        kvpi_dtype_round_rows(kvpi_cache_dtype(cache), t->key, n);
-        kvpi_dtype_round_rows(kvpi_cache_dtype(cache), t->value, n);
+        kvpi_cache_round_rows(cache, 0, t->key, n);
+        kvpi_cache_round_rows(cache, 1, t->value, n);
     }
     return status;
 }

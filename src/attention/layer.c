@@ -221,6 +221,8 @@ kvp_status kvpi_layer_create_sharing(kvp_param *w_query, kvp_param *w_key, kvp_p
     layer->heads = heads;
     layer->kv_heads = kv_heads;
     layer->head_width = head_width;
+    layer->k_scale = 1.0;
+    layer->v_scale = 1.0;
     layer->rope = rope;
     if (share) {
         /* The owner outlives this reference: only destroys drop references. */
@@ -381,7 +383,27 @@ void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out)
     binding.rope_feature_width = layer->rope.feature_width;
     binding.rope_max_positions = layer->rope.max_positions;
     memcpy(&binding.rope_base_bits, &layer->rope.base, sizeof binding.rope_base_bits);
+    binding.k_scale = layer->k_scale;
+    binding.v_scale = layer->v_scale;
     *out = binding;
+}
+
+kvp_status kvp_layer_set_kv_scales(kvp_layer *layer, double k_scale, double v_scale,
+                                   kvp_error *err)
+{
+    if (layer == NULL) {
+        return kvpi_fail_null(err, "layer");
+    }
+    static const char *const names[2] = {"k_scale", "v_scale"};
+    const double scales[2] = {k_scale, v_scale};
+    for (size_t i = 0; i < 2; i++) {
+        if (!(isnormal(scales[i]) && scales[i] > 0.0)) {
+            return kvpi_fail_invalid(err, names[i], "must be finite, normal and > 0");
+        }
+    }
+    layer->k_scale = k_scale;
+    layer->v_scale = v_scale;
+    return KVP_OK;
 }
 
 const kvp_param *kvp_layer_param(const kvp_layer *layer, size_t index)

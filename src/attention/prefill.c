@@ -260,7 +260,6 @@ static size_t project_rows(const kvp_layer *layer, const kvp_cache *cache,
                           outputs[which], widths[which]);
     }
     size_t kv = w->batch * kv_width;
-    kvp_dtype dtype = kvpi_cache_dtype(cache);
     for (size_t t = 0; t < tokens; t++) {
         double *q = w->query + t * w->batch * d;
         double *k = key + t * kv;
@@ -277,8 +276,8 @@ static size_t project_rows(const kvp_layer *layer, const kvp_cache *cache,
         if (status != KVP_OK) {
             return t;
         }
-        kvpi_dtype_round_rows(dtype, k, kv);
-        kvpi_dtype_round_rows(dtype, v, kv);
+        kvpi_cache_round_rows(cache, 0, k, kv);
+        kvpi_cache_round_rows(cache, 1, v, kv);
     }
     return tokens;
 }

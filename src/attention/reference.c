@@ -14,7 +14,13 @@
  * With a storage dtype (kvp_attention_reference_stored), each token's rotated
  * key and value rows are checked and rounded to the dtype right after
  * rotation, where prepare rounds its candidate, so every later use (and the
- * exported K/V) sees the stored values; f64 skips that step entirely.
+ * exported K/V) sees the stored values; f64 skips that step entirely. For
+ * fp8 the rounded rows are the elements e = round(x / scale) (the layer's K
+ * and V scales), and the stored-dtype rule of attention applies: a score is
+ * dot(q, e) * (scale * k_scale), the product computed once, and a head's
+ * output feature v_scale * (sum_p w_p e_p), multiplied once at the end; the
+ * exported K/V are e * k_scale and e * v_scale, as kvp_cache_keys gives.
+ * Every other dtype uses 1.0 for both, which changes no bit.
  * Callers: the public API (tests, the demo, benchmarks).
  */
 #include <math.h>
@@ -62,9 +68,12 @@ static kvp_status validate_reference(const kvp_layer *layer, const kvp_tensor *i
     return KVP_OK;
 }
 
-/* Rotated K and unrotated V of [B, T, H_kv * d_h] scratch, written as [B, H_kv, T, d_h]. */
+/*
+ * Rotated K and unrotated V of [B, T, H_kv * d_h] scratch, written as
+ * [B, H_kv, T, d_h], times `scale` (fp8's K or V scale; 1.0 copies).
+ */
 static void export_heads(const kvp_layer *layer, const double *rows, size_t batch, size_t tokens,
-                         double *out)
+                         double scale, double *out)
 {
     size_t hd = layer->head_width;
     size_t kv = layer->kv_heads;
@@ -72,8 +81,11 @@ static void export_heads(const kvp_layer *layer, const double *rows, size_t batc
     for (size_t b = 0; b < batch; b++) {
         for (size_t h = 0; h < kv; h++) {
             for (size_t t = 0; t < tokens; t++) {
-                memcpy(out + ((b * kv + h) * tokens + t) * hd,
-                       rows + (b * tokens + t) * kv_width + h * hd, hd * sizeof *out);
+                double *to = out + ((b * kv + h) * tokens + t) * hd;
+                memcpy(to, rows + (b * tokens + t) * kv_width + h * hd, hd * sizeof *out);
+                for (size_t i = 0; scale != 1.0 && i < hd; i++) {
+                    to[i] *= scale;
+                }
             }
         }
     }
@@ -111,6 +123,8 @@ typedef struct reference_scratch {
     double *row;     /* [B, D]: one token of every lane, in the incremental layout */
     double *scores;  /* [B, H, t + 1] for the current token t */
     double *merged;  /* [B, D]: token t's heads merged, every lane */
+    double k_scale;  /* fp8's K and V scales (the layer's); 1.0 for every other dtype */
+    double v_scale;
 } reference_scratch;
 
 /*
@@ -129,7 +143,7 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
     size_t group = heads / layer->kv_heads;
     size_t kv_width = layer->kv_heads * hd;
     size_t keys = t + 1;
-    double scale = 1.0 / sqrt((double)hd);
+    double scale = 1.0 / sqrt((double)hd) * s->k_scale; /* exact when k_scale is 1 */
     kvp_status status = KVP_OK;
     for (size_t b = 0; b < batch; b++) {
         for (size_t h = 0; h < heads; h++) {
@@ -155,6 +169,9 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
             for (size_t p = 0; p <= t; p++) {
                 kvpi_axpy(head, weights[p], s->v + (b * tokens + p) * kv_width + (h / group) * hd,
                           hd);
+            }
+            for (size_t i = 0; s->v_scale != 1.0 && i < hd; i++) {
+                head[i] *= s->v_scale;
             }
         }
     }
@@ -186,9 +203,10 @@ static kvp_status store_token(const reference_scratch *s, kvp_dtype dtype, size_
     }
     static const kvp_status statuses[2] = {KVP_NONFINITE_KEY, KVP_NONFINITE_VALUE};
     double *const rows[2] = {s->k, s->v};
+    const double scales[2] = {s->k_scale, s->v_scale};
     for (size_t which = 0; which < 2; which++) {
         gather_token(rows[which], batch, tokens, width, t, s->row);
-        size_t i = kvpi_dtype_first_overflow(dtype, s->row, batch * width);
+        size_t i = kvpi_dtype_first_overflow_scaled(dtype, scales[which], s->row, batch * width);
         if (i < batch * width) {
             kvp_error e = kvpi_error_begin(statuses[which]);
             e.what = kvp_dtype_name(dtype);
@@ -200,7 +218,8 @@ static kvp_status store_token(const reference_scratch *s, kvp_dtype dtype, size_
     }
     for (size_t which = 0; which < 2; which++) {
         for (size_t b = 0; b < batch; b++) {
-            kvpi_dtype_round_rows(dtype, rows[which] + (b * tokens + t) * width, width);
+            kvpi_dtype_round_rows_scaled(dtype, scales[which],
+                                         rows[which] + (b * tokens + t) * width, width);
         }
     }
     return KVP_OK;
@@ -249,7 +268,7 @@ kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtyp
         return kvpi_fail_null(err, "output");
     }
     if (kvp_dtype_bytes(dtype) == 0) {
-        return kvpi_fail_invalid(err, "dtype", "must be KVP_F64, KVP_F32 or KVP_BF16");
+        return kvpi_fail_invalid(err, "dtype", KVPI_DTYPE_VALUES);
     }
     kvp_status status = validate_reference(layer, input, output_len, keys, values, kv_len, err);
     if (status != KVP_OK) {
@@ -276,6 +295,8 @@ kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtyp
     s.row = s.out + rows;
     s.scores = s.row + batch * d;
     s.merged = s.scores + score_doubles;
+    s.k_scale = dtype == KVP_FP8_E4M3 ? layer->k_scale : 1.0;
+    s.v_scale = dtype == KVP_FP8_E4M3 ? layer->v_scale : 1.0;
     double *const projected[3] = {s.q, s.k, s.v};
     const size_t widths[3] = {d, kv_width, kv_width};
     for (size_t which = 0; which < 3; which++) {
@@ -300,10 +321,10 @@ kvp_status kvp_attention_reference_stored(const kvp_layer *layer, kvp_dtype dtyp
     if (status == KVP_OK) {
         memcpy(output, s.out, rows * sizeof *output);
         if (keys != NULL) {
-            export_heads(layer, s.k, batch, tokens, keys);
+            export_heads(layer, s.k, batch, tokens, s.k_scale, keys);
         }
         if (values != NULL) {
-            export_heads(layer, s.v, batch, tokens, values);
+            export_heads(layer, s.v, batch, tokens, s.v_scale, values);
         }
     }
     kvpi_free(scratch);

@@ -173,7 +173,8 @@ static void bench_usage(FILE *out)
             "  --lens N,N,...       lengths L, each 1 to %zu (default: the grid's)\n"
             "  --blocks N,N,...     block_tokens, each 1 to %zu (default 1,4,16,64; quick\n"
             "                       16)\n"
-            "  --dtypes D,D,...     storage dtypes, each f64, f32 or bf16 (default all three)\n"
+            "  --dtypes D,D,...     storage dtypes, each f64, f32, bf16, f16 or fp8_e4m3\n"
+            "                       (default f64, f32, bf16)\n"
             "  --groups N,N,...     query heads per KV head (kv_heads = H / N), each 1, 2, 4\n"
             "                       or 8, dividing every H of the grid (default 1,4)\n"
             "  --max-bytes SIZE     skip shapes whose K+V bytes exceed SIZE; the run holds\n"
@@ -223,7 +224,7 @@ static int parse_list(const char *text, size_t max, size_list *out)
 /* "f64,f32,...": distinct storage dtype names, at most MAX_LIST. 0, or -1. */
 static int parse_dtypes(const char *text, size_list *out)
 {
-    static const kvp_dtype known[] = {KVP_F64, KVP_F32, KVP_BF16};
+    static const kvp_dtype known[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16, KVP_FP8_E4M3};
     size_list list = {{0}, 0};
     const char *p = text;
     for (;;) {
@@ -271,7 +272,8 @@ static void parse_value(options *o, flag f, const char *value, kvp_cli_problems 
     }
     case FLAG_DTYPES:
         if (parse_dtypes(value, &o->dtypes) != 0) {
-            invalid(p, f, value, "not a comma-separated list of distinct dtypes f64, f32, bf16");
+            invalid(p, f, value,
+                    "not a comma-separated list of distinct dtypes f64, f32, bf16, f16, fp8_e4m3");
         }
         break;
     case FLAG_GROUPS: {

@@ -133,11 +133,12 @@ static void simulate_usage(FILE *out)
             "                       one page (2 x block-tokens x D x element bytes, times\n"
             "                       kv-heads / heads) and at most physical memory\n"
             "                       (default %s)\n"
-            "  --kv-dtype NAME      how pages store K and V: f64 (8 bytes), f32 (4) or bf16\n"
-            "                       (2), rounded once to nearest even when appended; the\n"
-            "                       model still computes in f64. f64 is the default because\n"
-            "                       it is exact: outputs equal the f64 reference bit for bit.\n"
-            "                       f32 and bf16 fit 2x and 4x the tokens in the budget,\n"
+            "  --kv-dtype NAME      how pages store K and V: f64 (8 bytes), f32 (4), bf16 (2),\n"
+            "                       f16 (2) or fp8_e4m3 (1; also \"fp8\", K/V scales 1),\n"
+            "                       rounded once to nearest even when appended; the model\n"
+            "                       still computes in f64. f64 is the default because it is\n"
+            "                       exact: outputs equal the f64 reference bit for bit. The\n"
+            "                       others fit 2x, 4x, 4x and 8x the tokens in the budget,\n"
             "                       within a measured error (DESIGN.md) (default f64)\n"
             "  --allow-overcommit   accept a budget above physical memory\n"
             "  --capacity N         positions a sequence may hold, >= %d and >= the mean\n"
@@ -289,10 +290,14 @@ static double *real_field(options *o, flag f)
     }
 }
 
-/* "f64", "f32" or "bf16" (kvp_dtype_name's names): 0 and *out, or -1. */
+/* "f64", "f32", "bf16", "f16" or "fp8_e4m3" (kvp_dtype_name's names), or "fp8": 0 and *out, or -1. */
 static int parse_dtype(const char *value, kvp_dtype *out)
 {
-    static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16};
+    static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16, KVP_FP8_E4M3};
+    if (strcmp(value, "fp8") == 0) {
+        *out = KVP_FP8_E4M3;
+        return 0;
+    }
     for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
         if (strcmp(value, kvp_dtype_name(dtypes[i])) == 0) {
             *out = dtypes[i];
@@ -330,7 +335,7 @@ static void parse_value(options *o, flag f, const char *value, kvp_cli_problems 
         }
     } else if (f == FLAG_KV_DTYPE) {
         if (parse_dtype(value, &o->sim.kv_dtype) != 0) {
-            invalid(p, f, value, "not a storage type (f64, f32 or bf16)");
+            invalid(p, f, value, "not a storage type (f64, f32, bf16, f16, fp8_e4m3 or fp8)");
         }
     } else if (f == FLAG_PROFILE) {
         if (kvp_profile_parse(value, &o->workload.profile) != 0) {

@@ -125,7 +125,7 @@ static kvp_status validate_binding(const kvp_binding *binding, kvp_error *err)
     if (binding->kv_heads == 0 || binding->heads % binding->kv_heads != 0) {
         return kvpi_fail_invalid(err, "binding", "kv_heads must be nonzero and divide heads");
     }
-    return KVP_OK;
+    return kvpi_binding_check_scales(binding, err);
 }
 
 /* The seed's creation checks, in its order, then the pool's geometry. */
@@ -380,6 +380,7 @@ static void cache_visit_rows(const kvp_cache *cache, int values, row_visit_fn fn
 typedef struct snapshot_ctx {
     const kvp_cache *cache;
     double *out;
+    double scale; /* kvpi_cache_row_scale: fp8 elements are exported times it */
 } snapshot_ctx;
 
 static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, const void *src,
@@ -389,7 +390,7 @@ static void snapshot_rows(void *ctx, size_t lane, size_t head, size_t start, con
     const kvp_cache *cache = snap->cache;
     size_t d = cache->head_width;
     double *dst = snap->out + ((lane * cache->heads + head) * cache->len + start) * d;
-    kvpi_dtype_load(kvpi_cache_dtype(cache), src, dst, rows * d);
+    kvpi_dtype_load_scaled(kvpi_cache_dtype(cache), snap->scale, src, dst, rows * d);
 }
 
 /* Copies the logical [B, H_kv, len, d_h] prefix of keys (values == 0) or values. */
@@ -406,7 +407,7 @@ static kvp_status cache_snapshot(const kvp_cache *cache, int values, double *out
     if (out_len < needed) {
         return kvpi_fail_buffer(err, "out", needed, out_len);
     }
-    snapshot_ctx snap = {cache, out};
+    snapshot_ctx snap = {cache, out, kvpi_cache_row_scale(cache, values)};
     cache_visit_rows(cache, values, snapshot_rows, &snap);
     return KVP_OK;
 }
@@ -477,6 +478,12 @@ kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out, kvp_error *er
     uint64_t hash = 0xcbf29ce484222325ull;
     hash = fnv1a(hash, &cache->len, sizeof cache->len);
     hash = fnv1a(hash, &cache->capacity, sizeof cache->capacity);
+    /* What the stored bytes mean: the dtype, and the scales fp8 elements stand under. */
+    uint64_t dtype = (uint64_t)kvpi_cache_dtype(cache);
+    double scales[2];
+    kvpi_cache_kv_scales(cache, &scales[0], &scales[1]);
+    hash = fnv1a(hash, &dtype, sizeof dtype);
+    hash = fnv1a(hash, scales, sizeof scales);
     size_t mapped = kvpi_cache_mapped_blocks(cache);
     digest_ctx digest = {cache->head_width * cache->pool->element_bytes, hash};
     cache_visit_rows(cache, 0, digest_rows, &digest);
@@ -528,7 +535,8 @@ kvp_status kvpi_cache_check_storable(const kvp_cache *cache, const double *rows,
                                      kvp_status status, kvp_error *err)
 {
     kvp_dtype dtype = kvpi_cache_dtype(cache);
-    size_t i = kvpi_dtype_first_overflow(dtype, rows, n);
+    double scale = kvpi_cache_row_scale(cache, status == KVP_NONFINITE_VALUE);
+    size_t i = kvpi_dtype_first_overflow_scaled(dtype, scale, rows, n);
     if (i == n) {
         return KVP_OK;
     }
@@ -544,7 +552,9 @@ static kvp_status check_stored_finite(const kvp_cache *cache, const double *rows
                                       kvp_status status, kvp_error *err)
 {
     size_t nonfinite = kvpi_first_nonfinite(rows, n);
-    size_t overflow = kvpi_dtype_first_overflow(kvpi_cache_dtype(cache), rows, nonfinite);
+    double scale = kvpi_cache_row_scale(cache, status == KVP_NONFINITE_VALUE);
+    size_t overflow =
+        kvpi_dtype_first_overflow_scaled(kvpi_cache_dtype(cache), scale, rows, nonfinite);
     if (overflow < nonfinite) {
         return kvpi_cache_check_storable(cache, rows, nonfinite, status, err);
     }
@@ -613,8 +623,9 @@ void kvpi_cache_cow_map_locked(kvp_cache *cache, size_t block,
     cache->cow = 0;
 }
 
-void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
-                       kvpi_reservation *reservation)
+/* kvpi_cache_commit, fp8 elements divided by k_scale and v_scale (1.0: stored as given). */
+static void commit_scaled(kvp_cache *cache, const double *key, const double *value,
+                          kvpi_reservation *reservation, double k_scale, double v_scale)
 {
     size_t bt = cache->block_tokens;
     size_t d = cache->head_width;
@@ -635,8 +646,9 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
         for (size_t head = 0; head < cache->heads; head++) {
             const double *k = key + (lane * cache->heads + head) * d;
             const double *v = value + (lane * cache->heads + head) * d;
-            kvpi_dtype_store(dtype, base + (head * bt + slot) * row_bytes, k, d);
-            kvpi_dtype_store(dtype, base + ((cache->heads + head) * bt + slot) * row_bytes, v, d);
+            kvpi_dtype_store_scaled(dtype, k_scale, base + (head * bt + slot) * row_bytes, k, d);
+            kvpi_dtype_store_scaled(dtype, v_scale,
+                                    base + ((cache->heads + head) * bt + slot) * row_bytes, v, d);
         }
     }
     kvpi_pool_lock(cache->pool);
@@ -651,6 +663,12 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
     cache->len++;
     cache->epoch++;
     kvpi_pool_unlock(cache->pool);
+}
+
+void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
+                       kvpi_reservation *reservation)
+{
+    commit_scaled(cache, key, value, reservation, 1.0, 1.0);
 }
 
 kvp_status kvpi_cache_append(kvp_cache *cache, const kvp_tensor *key, const kvp_tensor *value,
@@ -668,6 +686,9 @@ kvp_status kvpi_cache_append(kvp_cache *cache, const kvp_tensor *key, const kvp_
     if (status != KVP_OK) {
         return status;
     }
-    kvpi_cache_commit(cache, key->data, value->data, &cache->spare_reservation);
+    double k_scale;
+    double v_scale;
+    kvpi_cache_kv_scales(cache, &k_scale, &v_scale);
+    commit_scaled(cache, key->data, value->data, &cache->spare_reservation, k_scale, v_scale);
     return KVP_OK;
 }

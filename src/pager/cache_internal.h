@@ -124,10 +124,32 @@ static inline const void *kvpi_cache_page_values(const kvp_cache *cache, uint32_
 }
 
 /*
+ * Storage type and fp8 scales (cache_dtype.c).
+ * kvpi_cache_kv_scales: the K and V scales of an fp8 cache (its binding's);
+ *   1.0 and 1.0 for every other dtype. A stored fp8 element e of a key stands
+ *   for e * k_scale, of a value for e * v_scale.
+ * kvpi_cache_row_scale: the one of them for keys (values == 0) or values.
+ * kvpi_cache_round_rows: rounds n key (values == 0) or value elements in
+ *   place to what the cache's pages store, widened (f64: unchanged; fp8: the
+ *   element round(x / scale), not multiplied back). The candidate of a
+ *   prepare and the rows of a prefill go through it, so kvpi_cache_commit
+ *   stores them exactly. None may overflow (kvpi_cache_check_storable).
+ * kvpi_binding_check_scales: INVALID_ARGUMENT ("k_scale", then "v_scale")
+ *   for a scale that is not 0 and not finite, normal and > 0.
+ * kvpi_binding_scale: the scale a binding's field means: 1.0 for 0, else itself.
+ */
+void kvpi_cache_kv_scales(const kvp_cache *cache, double *k_scale, double *v_scale);
+double kvpi_cache_row_scale(const kvp_cache *cache, int values);
+void kvpi_cache_round_rows(const kvp_cache *cache, int values, double *rows, size_t n);
+kvp_status kvpi_binding_check_scales(const kvp_binding *binding, kvp_error *err);
+double kvpi_binding_scale(double scale);
+
+/*
  * The seed's validate_append, in the seed's order: key shape [B,H,1,d_h],
  * value shape, FULL, first key not finite as stored, first such value. "Not
  * finite as stored": non-finite in f64 (err.what NULL), or finite but
- * overflowing the pool's dtype (err.what "f32" or "bf16"; dtype.h).
+ * overflowing the pool's dtype (err.what its name; for fp8, x / k_scale or
+ * x / v_scale above 464; dtype.h).
  */
 kvp_status kvpi_cache_validate_append(const kvp_cache *cache, const kvp_tensor *key,
                                       const kvp_tensor *value, kvp_error *err);
@@ -141,7 +163,10 @@ size_t kvpi_cache_pages_needed(const kvp_cache *cache);
 
 /*
  * Makes one validated row per lane visible: stores key and value ([B,H,1,d_h]
- * flat) into their page slots, rounded to the pool's dtype (dtype.h), maps
+ * flat) into their page slots, rounded to the pool's dtype (dtype.h) at
+ * scale 1: rows already rounded by kvpi_cache_round_rows (for fp8, the
+ * elements themselves) are stored exactly; the private append, whose rows
+ * are the values, divides by the fp8 scales first. Maps
  * pages taken from `reservation` when the row opens a block, or, when cow,
  * first copies each lane's partial page to a page taken from `reservation`
  * and maps the copy instead (the original loses this cache's reference, or
@@ -156,7 +181,9 @@ void kvpi_cache_commit(kvp_cache *cache, const double *key, const double *value,
  * KVP_OK when no element of rows[0..n) overflows the cache's storage type;
  * otherwise `status` (NONFINITE_KEY or NONFINITE_VALUE) with what = the
  * type's name, the flat index and the f64 value of the first that does.
- * Non-finite elements are not its business. Always KVP_OK for f64.
+ * The status also says which fp8 scale applies: keys' for NONFINITE_KEY,
+ * values' for NONFINITE_VALUE. Non-finite elements are not its business.
+ * Always KVP_OK for f64.
  */
 kvp_status kvpi_cache_check_storable(const kvp_cache *cache, const double *rows, size_t n,
                                      kvp_status status, kvp_error *err);

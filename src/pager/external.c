@@ -68,6 +68,8 @@ kvp_status kvp_binding_init_external(kvp_binding *out, size_t kv_heads, size_t h
     binding.rope_feature_width = 0;
     binding.rope_max_positions = max_positions;
     binding.rope_base_bits = 0;
+    binding.k_scale = 1.0;
+    binding.v_scale = 1.0;
     *out = binding;
     return KVP_OK;
 }
@@ -161,57 +163,33 @@ static int source_dtype_ok(kvp_dtype dtype)
     return dtype == KVP_F64 || dtype == KVP_F32 || dtype == KVP_BF16 || dtype == KVP_F16;
 }
 
-/* Bytes of one source element (f16 too: kvp_dtype_bytes is 0 for it until f16 pages land). */
+/* Bytes of one source element. */
 static size_t source_bytes(kvp_dtype dtype)
 {
-    return dtype == KVP_F16 ? sizeof(uint16_t) : kvp_dtype_bytes(dtype);
-}
-
-/*
- * IEEE binary16 bits -> f64, exact: subnormals (exponent 0) are frac *
- * 2^-24, normals (1024 + frac) * 2^(exponent - 25), exponent 31 infinity or
- * NaN; the sign is kept (-0 too). Local until pager/dtype.h has f16.
- */
-static double f16_to_f64(uint16_t h)
-{
-    unsigned exponent = (h >> 10) & 0x1fu;
-    unsigned frac = h & 0x3ffu;
-    double x;
-    if (exponent == 0) {
-        x = ldexp((double)frac, -24);
-    } else if (exponent == 31) {
-        x = frac != 0 ? NAN : INFINITY;
-    } else {
-        x = ldexp((double)(frac | 0x400u), (int)exponent - 25);
-    }
-    return (h & 0x8000u) != 0 ? -x : x;
+    return kvp_dtype_bytes(dtype);
 }
 
 /* Widens n source elements of `dtype` at src into out. Exact. */
 static void widen(kvp_dtype dtype, const void *src, double *out, size_t n)
 {
-    if (dtype == KVP_F16) {
-        const uint16_t *in = src;
-        for (size_t i = 0; i < n; i++) {
-            out[i] = f16_to_f64(in[i]);
-        }
-        return;
-    }
     kvpi_dtype_load(dtype, src, out, n);
 }
 
 /*
  * Stores the d elements at element `at` of `rows` (of src_dtype) at dst,
- * each rounded to the pool's dtype from its widened f64 value. A row already
- * in the pool's dtype is copied: widening it and rounding it back gives its
- * bits (finite values; the caller checked them).
+ * each rounded to the pool's dtype from its widened f64 value (fp8: divided
+ * by the cache's key or value scale first, kvpi_dtype_store_scaled). A row
+ * already in the pool's dtype is copied: widening it and rounding it back
+ * gives its bits (finite values; the caller checked them; never fp8, which
+ * is no source dtype).
  */
 static void store_row(const kvp_cache *cache, unsigned char *dst, kvp_dtype src_dtype,
-                      const void *rows, size_t at, size_t d)
+                      const void *rows, size_t at, size_t d, int values)
 {
     kvp_dtype dtype = kvpi_cache_dtype(cache);
+    double scale = kvpi_cache_row_scale(cache, values);
     if (src_dtype == KVP_F64) {
-        kvpi_dtype_store(dtype, dst, (const double *)rows + at, d);
+        kvpi_dtype_store_scaled(dtype, scale, dst, (const double *)rows + at, d);
         return;
     }
     size_t bytes = source_bytes(src_dtype);
@@ -224,7 +202,7 @@ static void store_row(const kvp_cache *cache, unsigned char *dst, kvp_dtype src_
     for (size_t i = 0; i < d; i += WIDEN_CHUNK) {
         size_t m = d - i < WIDEN_CHUNK ? d - i : WIDEN_CHUNK;
         widen(src_dtype, src + i * bytes, chunk, m);
-        kvpi_dtype_store(dtype, dst + i * cache->pool->element_bytes, chunk, m);
+        kvpi_dtype_store_scaled(dtype, scale, dst + i * cache->pool->element_bytes, chunk, m);
     }
 }
 
@@ -346,9 +324,9 @@ static void commit_rows(kvp_cache *cache, const row_source *src, size_t rows)
             for (size_t head = 0; head < heads; head++) {
                 size_t at = ((lane * heads + head) * rows + r) * d;
                 store_row(cache, base + (head * bt + slot) * row_bytes, src->dtype, src->keys,
-                          at, d);
+                          at, d, 0);
                 store_row(cache, base + ((heads + head) * bt + slot) * row_bytes, src->dtype,
-                          src->values, at, d);
+                          src->values, at, d, 1);
             }
         }
     }

@@ -50,6 +50,7 @@
 
 #include "pager/abi.h"
 #include "pager/alloc.h"
+#include "pager/dtype.h"
 #include "pager/error.h"
 #include "pager/track.h"
 
@@ -102,6 +103,10 @@ const char *kvp_dtype_name(kvp_dtype dtype)
         return "f32";
     case KVP_BF16:
         return "bf16";
+    case KVP_F16:
+        return "f16";
+    case KVP_FP8_E4M3:
+        return "fp8_e4m3";
     default:
         return "unknown";
     }
@@ -115,7 +120,10 @@ size_t kvp_dtype_bytes(kvp_dtype dtype)
     case KVP_F32:
         return sizeof(float);
     case KVP_BF16:
+    case KVP_F16:
         return sizeof(uint16_t);
+    case KVP_FP8_E4M3:
+        return sizeof(uint8_t);
     default:
         return 0;
     }
@@ -207,7 +215,7 @@ static kvp_status pool_geometry(const kvp_pool_config *config, kvp_slab_source *
         }
     }
     if (kvp_dtype_bytes(config->dtype) == 0) {
-        return kvpi_fail_invalid(err, "dtype", "must be KVP_F64, KVP_F32 or KVP_BF16");
+        return kvpi_fail_invalid(err, "dtype", KVPI_DTYPE_VALUES);
     }
     kvp_status status = pool_slab_source(config, source, err);
     if (status != KVP_OK) {

@@ -21,7 +21,8 @@
  *     deferred undo set it; the append that copies (cache.c) clears it, and
  *     a truncate recomputes it (a truncated writer is marked while shared);
  *   - a chain key covers the cache's binding digest (parameter identities
- *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens)
+ *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens,
+ *     an fp8 cache's K and V scales)
  *     by construction: no caller can build a key without one, so a revision
  *     bump or a RoPE change makes every older key unreachable;
  *   - a registered page records the binding digest of the cache that
@@ -307,7 +308,10 @@ static void hash_key(hash128 *h, const kvp_block_key *key)
     hash_u64(h, key->hi);
 }
 
-/* Every field of the binding and of the pool's page format, one by one (no padding). */
+/*
+ * Every field of the binding and of the pool's page format, one by one (no
+ * padding); of the fp8 scales, the ones the cache uses (kvpi_cache_kv_scales).
+ */
 kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache)
 {
     const kvp_binding *b = &cache->binding;
@@ -329,6 +333,14 @@ kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache)
     hash_u64(&h, cache->pool->block_tokens);
     hash_u64(&h, cache->pool->heads);
     hash_u64(&h, cache->pool->head_width);
+    /* The scales fp8 elements stand under (1.0 and 1.0 for other dtypes): the bits. */
+    double scales[2];
+    kvpi_cache_kv_scales(cache, &scales[0], &scales[1]);
+    for (size_t i = 0; i < 2; i++) {
+        uint64_t bits;
+        memcpy(&bits, &scales[i], sizeof bits);
+        hash_u64(&h, bits);
+    }
     return hash_final(&h);
 }
 

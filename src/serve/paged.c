@@ -282,7 +282,8 @@ static kvp_status prepare_candidates(const kvp_paged_attention_args *a, const pa
         status = kvpi_cache_check_stored(a->cache, values, n, KVP_NONFINITE_VALUE, err);
     }
     if (status == KVP_OK && s->at_candidates != SIZE_MAX) {
-        kvpi_dtype_round_rows(s->pool_dtype, ws + s->at_candidates, 2 * n);
+        kvpi_cache_round_rows(a->cache, 0, ws + s->at_candidates, n);
+        kvpi_cache_round_rows(a->cache, 1, ws + s->at_candidates + n, n);
     }
     job->keys = keys;
     job->values = values;

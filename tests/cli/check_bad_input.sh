@@ -109,7 +109,8 @@ cmp -s "$g" "$work/keep.csv" || fail "a refused --plot changed the --trace file"
 
 # ---- more of the same rules --------------------------------------------------
 run budget_below_a_page --budget "'1KiB'" $S --budget 1KiB
-run kv_dtype_unknown --kv-dtype "'f16'" $S --kv-dtype f16
+run kv_dtype_unknown --kv-dtype "'fp16'" $S --kv-dtype fp16
+run kv_dtype_unknown_fp8 --kv-dtype "'fp8_e5m2'" $S --kv-dtype fp8_e5m2
 run kv_dtype_case --kv-dtype "'F32'" $S --kv-dtype F32
 run kv_dtype_empty --kv-dtype "''" $S --kv-dtype ""
 run kv_dtype_twice --kv-dtype "f32" $S --kv-dtype f32 --kv-dtype bf16

@@ -139,7 +139,7 @@ bad lens_text --lens "'256,x'" $B --lens 256,x
 bad lens_empty_item --lens "'256,,2048'" $B --lens 256,,2048
 bad lens_big --lens "'99999999'" $B --lens 99999999
 bad blocks_zero --blocks "'0'" $B --blocks 0
-bad dtypes_unknown --dtypes "'f64,f16'" $B --dtypes f64,f16
+bad dtypes_unknown --dtypes "'f64,fp16'" $B --dtypes f64,fp16
 bad dtypes_twice --dtypes "'f32,f32'" $B --dtypes f32,f32
 bad dtypes_empty --dtypes "''" $B --dtypes ""
 bad groups_three --groups "'3'" $B --groups 3

@@ -122,6 +122,23 @@ assert len({r["steps"] for r in runs.values()}) == 1
 assert runs["f32"]["output_checksum"] != runs["f64"]["output_checksum"]
 print("check_simulate: --kv-dtype f64, f32 and bf16 agree with their page geometry")
 PY
+# f16 and fp8 (also spelled "fp8"): the pool's page geometry and what it holds,
+# scheduled without compute (attention over them is the kernels' part).
+for dtype in f64 f16 fp8_e4m3 fp8; do
+    "$@" simulate --requests 8 --prompt-mean 12 --output-mean 10 --capacity 128 \
+        --budget 1MiB --no-compute --kv-dtype $dtype --quiet --json > "$work/nc-$dtype.json"
+done
+python3 - "$work" <<'PY'
+import json, sys
+runs = {d: json.load(open(f"{sys.argv[1]}/nc-{d}.json")) for d in ("f64", "f16", "fp8_e4m3", "fp8")}
+for d, size, more in (("f16", 2, 4.0), ("fp8_e4m3", 1, 8.0), ("fp8", 1, 8.0)):
+    r = runs[d]
+    assert r["kv_dtype"] == r["config"]["kv_dtype"] == ("fp8_e4m3" if d == "fp8" else d), d
+    assert r["kv_element_bytes"] == size and r["page_bytes"] * 8 == runs["f64"]["page_bytes"] * size
+    assert r["requests_completed"] == 8 and r["pages_leaked"] == 0 and r["audit_failures"] == 0
+    assert r["sequences_vs_f64"] == more, (d, r["sequences_vs_f64"])
+print("check_simulate: --kv-dtype f16 and fp8_e4m3 (fp8) agree with their page geometry")
+PY
 # Grouped-query heads: pages hold the KV heads only, so the same budget holds
 # heads / kv-heads times the pages; the default is kv_heads = heads.
 grep -q -- '--kv-heads N' "$work/help.txt" || fail "--help does not describe --kv-heads"
