@@ -215,6 +215,28 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows(kvp_cache *cache, const d
                                                        kvp_error *err);
 
 /*
+ * kvp_cache_append_rows with rows in another format: keys and values hold
+ * [B, H_kv, rows, d_h] elements of src_dtype, laid out as above: KVP_F64
+ * (double), KVP_F32 (float), KVP_BF16 (uint16_t bfloat16 bits) or KVP_F16
+ * (uint16_t IEEE binary16 bits), in the host's byte order. Each element is
+ * widened to f64 (exact for all four) and then treated as an f64 row is:
+ * checked (NONFINITE_KEY / NONFINITE_VALUE on the widened value: not
+ * finite, or overflowing the pool's dtype) and rounded once to the pool's
+ * dtype. So rows already in the pool's dtype are stored bit for bit (an f32
+ * row in an f32 pool, bf16 in bf16), and f32 rows in a bf16 pool are
+ * rounded once, directly. Errors: kvp_cache_append_rows's, in its order,
+ * with INVALID_ARGUMENT (argument "src_dtype": none of the four) right
+ * after ROWS_RESERVED. kvp_cache_append_rows is this call with KVP_F64.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows_typed(kvp_cache *cache,
+                                                             kvp_dtype src_dtype,
+                                                             const void *keys,
+                                                             const void *values, size_t rows,
+                                                             kvp_error *err);
+
+/*
  * The same transaction in two halves, for callers that compute rows after
  * making sure they will fit: reserve takes now every page that `rows` more
  * rows need (all lanes; all or none); commit writes rows into them later, and
@@ -250,6 +272,92 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_reserve_rows(kvp_cache *cache, size_t
 KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_rows(kvp_cache *cache, const double *keys,
                                                        const double *values, size_t rows,
                                                        kvp_error *err);
+
+/*
+ * kvp_cache_commit_rows with rows of src_dtype (kvp_cache_append_rows_typed
+ * says how they are widened, checked and rounded). Errors:
+ * kvp_cache_commit_rows's, in its order, with INVALID_ARGUMENT (argument
+ * "src_dtype") right after CACHE_LAYER_BOUND. kvp_cache_commit_rows is this
+ * call with KVP_F64.
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; other caches of the same pool may be used concurrently.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_rows_typed(kvp_cache *cache,
+                                                             kvp_dtype src_dtype,
+                                                             const void *keys,
+                                                             const void *values, size_t rows,
+                                                             kvp_error *err);
+
+/*
+ * Writing in place (vLLM's reshape_and_cache): after kvp_cache_reserve_rows,
+ * a kernel writes the reserved rows straight into their pages, in the
+ * page's format (kvp_page_layout: the pool's dtype, host byte order), then
+ * kvp_cache_commit_written makes them visible, or kvp_cache_discard_rows
+ * gives the pages back. A span is a run of consecutive reserved rows of one
+ * lane that lie in one page:
+ *     key element (KV head h, reserved row row + i, feature f), i < rows, at
+ *         (unsigned char *)keys + h * head_stride_bytes + i * row_stride_bytes
+ *                                + f * element_bytes
+ *     and the value element at the same offset from `values`.
+ * Reserved row r is position len + r. A fixed layout (an array element):
+ * it never grows; a later need gets a new struct and call.
+ */
+typedef struct kvp_slot_span {
+    size_t row;               /* the span's first reserved row (position len + row) */
+    size_t rows;              /* consecutive reserved rows in the span, all in `page` */
+    uint32_t page;            /* the page holding them (kvp_pool_page_base: its address) */
+    void *keys;               /* key element (head 0, row `row`, feature 0) */
+    void *values;             /* value element (head 0, row `row`, feature 0) */
+    size_t row_stride_bytes;  /* from a row to the next, same head: head_width elements */
+    size_t head_stride_bytes; /* from a head to the next, same row: block_tokens rows */
+} kvp_slot_span;
+
+/*
+ * Where a kernel writes the pending reservation's rows of `lane`: the spans
+ * in row order (out[0].row == 0, each span's row = the previous row + rows,
+ * the last ending at kvp_cache_reserved_rows), one per block the rows
+ * touch: at most reserved / block_tokens + 2.
+ * *count = the spans. out == NULL with max == 0 asks for the count only.
+ * With no reservation pending, *count = 0. The addresses are valid until
+ * the reservation ends (a commit of those rows, a discard, a reset or
+ * destroy); after a partial commit ask again (rows renumber from the new
+ * len). Write only these slots, and every element of them before a commit
+ * (commit_written reads them). A shared partial last page is never given
+ * out: its rows go to the copy the reservation took (copy-on-write; the
+ * commit copies the older rows over). A reserved page borrowed from the
+ * prefix cache's evictable list (pool.h, "Sharing") is evicted by this call
+ * (its cached block could not survive the writes): its index entry goes,
+ * `evictions` counts it, and a later discard returns it to the free list.
+ * Errors, in this order: NULL_ARGUMENT ("cache", "count", "out" when max >
+ * 0); CACHE_LAYER_BOUND; OUT_OF_RANGE ("lane"); BUFFER_TOO_SMALL ("out",
+ * err.needed = the spans, when max is smaller and out not NULL). Nothing
+ * changes on error.
+ * Threads: one caller at a time per cache (its owner; it may evict), not
+ * while a read of it runs. Kernels may then write disjoint spans from any
+ * threads; the owner's commit must happen after every write (join them).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_reserved_slots(kvp_cache *cache, size_t lane,
+                                                          kvp_slot_span *out, size_t max,
+                                                          size_t *count, kvp_error *err);
+
+/*
+ * Commits the first `rows` reserved rows as written in place (the rest stay
+ * reserved), exactly as kvp_cache_commit_rows commits rows handed over: the
+ * same pages, the same copy-on-write, counters and epoch. Before anything
+ * changes, every element of those rows is read back from its page, widened,
+ * and must be finite: NONFINITE_KEY, then NONFINITE_VALUE (err.index the
+ * flat index in the [B, H_kv, rows, d_h] layout of append_rows, err.value
+ * the widened element, err.what NULL). rows == 0 succeeds and changes
+ * nothing. Errors, in this order: NULL_ARGUMENT; CACHE_LAYER_BOUND;
+ * ROWS_NOT_RESERVED (as commit_rows); NONFINITE_KEY; NONFINITE_VALUE. On
+ * error nothing changed and the reservation is still pending (a discard
+ * then gives the pages back, their bytes as the kernel left them).
+ * Threads: one caller at a time per cache (its owner), and not while a read
+ * of it runs; every write into the slots must have happened before (joined
+ * threads); other caches of the same pool may be used concurrently.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_commit_written(kvp_cache *cache, size_t rows,
+                                                          kvp_error *err);
 
 /*
  * Ends the reservation: its unused pages go back to the pool (newest first)

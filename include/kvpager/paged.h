@@ -58,16 +58,32 @@ KVP_API void kvp_paged_attention_args_init(kvp_paged_attention_args *args);
  * requested accumulation level. At KVP_ACCUM_EXACT, on an attention cache
  * with the layer's H, scale and candidate rows, the outputs are the bits of
  * the head outputs kvp_attention_prepare computes.
+ * io_dtype KVP_F32: queries and candidate rows are widened to f64 (exactly)
+ * and the f64 outputs rounded once to f32 (to nearest, ties to even).
+ * Candidate rows are rounded to the pool's dtype as an append would store
+ * them (kvp_cache_append_rows), and refused as it refuses them.
+ * The cache may hold a pending row reservation (kvp_cache_reserve_rows):
+ * only its len rows are read. outputs must not overlap the inputs.
  * `threads`: NULL runs on the calling thread; a decoder runs the step on its
  * threads, with the same bits.
- * Errors (nothing is written on error): NULL_ARGUMENT; INVALID_ARGUMENT
- * (struct_size, heads not a multiple of H_kv, io_dtype, accum, keys and
- * values not both NULL or both set, a scale not finite or negative; argument
- * "keys" when the cache is empty and there is no candidate); NONFINITE_SCORE;
- * ALLOCATION_FAILED.
+ * Workspace: the calling thread keeps one buffer (scores [B][H][keys], and
+ * for f32 io the widened rows), grown by half again when a call needs more
+ * and freed when the thread exits; a call that needs no more allocates
+ * nothing.
+ * Errors, in this order (nothing is written on error, outputs included):
+ * NULL_ARGUMENT ("args", "cache", "queries", "outputs"); INVALID_ARGUMENT
+ * ("struct_size"; "heads": not a multiple of H_kv; "io_dtype"; "accum";
+ * "keys"/"values": not both NULL or both set; "scale": not finite or
+ * negative; "keys" when the cache is empty and there is no candidate);
+ * ALLOCATION_FAILED (the workspace); NONFINITE_KEY, then NONFINITE_VALUE
+ * (a candidate element not finite, or overflowing the pool's dtype: err.what
+ * NULL or the dtype's name, err.index its flat index in [B][H_kv][d_h]);
+ * DECODER_BUSY (`threads` is running a step or another call);
+ * NONFINITE_SCORE (err.index its flat index in [B][H][keys], keys = len + 1
+ * with a candidate, len without).
  * Threads: not safe while a call changes the cache; calls reading the same
  * cache or other caches may run at once, but a decoder serves one call at a
- * time.
+ * time (DECODER_BUSY for the others).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_paged_attention(const kvp_paged_attention_args *args,
                                                      kvp_decoder *threads, kvp_error *err);

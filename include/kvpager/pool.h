@@ -26,7 +26,8 @@
  * Every cache of a pool stores in the pool's dtype: the pool decides.
  *
  * (kvp_page_layout and kvp_pool_page_data below give a page's address and
- * strides to kernels outside kvpager.)
+ * strides to kernels outside kvpager; kvp_pool_page_base gives the slab's
+ * address and the page stride, so a kernel computes any page's address.)
  *
  * Pages are handed out to caches (kvpager/cache.h) and to the reservations
  * that attention tickets, steps and caches' row reservations hold; the pool tracks who
@@ -401,14 +402,41 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_
  * (err.index = page, err.what "free": the page is on the free list, or
  * "evictable": cached in the prefix index but named by no page table; only
  * held pages have data). Allocates nothing.
- * Threads: thread-safe (the held check is under the pool's mutex). Reading
- * rows through the addresses is not safe while the page's cache is changed
- * (an append, commit, reset or destroy may write or free the page): a
- * cache has one owner at a time, who decides when its rows may be read.
+ * Threads: thread-safe, and it takes no lock for a held page (the held
+ * check is an atomic read of the page's reference count, which the pool
+ * writes under its mutex; only a refusal takes the mutex): kernels may call
+ * it per block on many threads at once. Reading rows through the addresses
+ * is not safe while the page's cache is changed (an append, commit, reset
+ * or destroy may write or free the page): a cache has one owner at a time,
+ * who decides when its rows may be read.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page,
                                                     const void **keys, const void **values,
                                                     kvp_page_layout *layout, kvp_error *err);
+
+/*
+ * Page addresses without a call per page: the slab's first byte and the
+ * distance between pages, so a kernel computes page p's address from its id,
+ *     keys of page p:   (unsigned char *)*base + p * *page_stride
+ *     values of page p: that + values_offset_bytes (kvp_page_layout),
+ * for p < *pages (the pool's total pages; `pages` may be NULL).
+ * *page_stride == kvp_page_layout's page_bytes: pages are packed, and page
+ * p's bytes are exactly [p * page_bytes, (p + 1) * page_bytes) of the slab.
+ * Lifetime: the pool's. The slab is allocated once by kvp_pool_create and
+ * never moves, grows or shrinks, so every call gives the same answer until
+ * kvp_pool_destroy, after which the address must not be used.
+ * What the address may be used for is the caches' business, not the
+ * slab's: read the rows of held pages named by a block table
+ * (kvp_cache_block_table), as long as the table is valid; write only the
+ * slots a row reservation gives out (kvp_cache_reserved_slots). Every other
+ * byte belongs to someone else (free pages are even NOACCESS under
+ * Valgrind memcheck).
+ * Errors: NULL_ARGUMENT (pool, base, page_stride). Allocates nothing.
+ * Threads: thread-safe; takes no lock (it reads fields fixed at creation).
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_page_base(const kvp_pool *pool, void **base,
+                                                    size_t *page_stride, size_t *pages,
+                                                    kvp_error *err);
 
 /*
  * For audits: a 64-bit FNV-1a digest of every byte of the slab, held and free
@@ -418,7 +446,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t pag
  * written by caches' owners without the pool lock, so take the digest only
  * while no thread appends to a cache of this pool.
  * Threads: not safe while any thread writes rows into the pool's pages:
- * kvp_cache_append_rows, kvp_cache_commit_rows, kvp_ticket_commit,
+ * kvp_cache_append_rows(_typed), kvp_cache_commit_rows(_typed), a kernel
+ * writing reserved slots in place, kvp_cache_commit_written, kvp_ticket_commit,
  * kvp_attention_forward, kvp_sequence_step, kvp_sequence_prefill or
  * kvp_decoder_step on a cache or sequence of this pool. Other pool calls,
  * prepares, reserves, resets and reads may overlap it (the slab is hashed

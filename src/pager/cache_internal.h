@@ -239,6 +239,23 @@ kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *pa
 void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows);
 
 /*
+ * For external.c (the external caches' rows), from cache.c:
+ * check_stored: the first element of rows[0..n) not finite as stored
+ *   (non-finite in f64, err.what NULL; or overflowing the pool's dtype,
+ *   err.what its name), as `status`; KVP_OK when there is none.
+ * cow_map_locked: under the pool lock, maps the copies a copy-on-write took
+ *   (the next batch_size pages of `reservation`, lane order) over `block`
+ *   and lets the originals go (or keeps them in cow_saved under cow_defer).
+ * discard_rows_locked: under the pool lock, ends the pending row
+ *   reservation, if any: its pages go back newest first, forgotten by the
+ *   counters (they were tentative), and the promise they drew is restored.
+ */
+kvp_status kvpi_cache_check_stored(const kvp_cache *cache, const double *rows, size_t n,
+                                   kvp_status status, kvp_error *err);
+void kvpi_cache_cow_map_locked(kvp_cache *cache, size_t block, kvpi_reservation *reservation);
+void kvpi_cache_discard_rows_locked(kvp_cache *cache);
+
+/*
  * The private raw append: validate, reserve the lanes' pages (all or none),
  * commit. Any error leaves the cache and the pool as they were.
  */

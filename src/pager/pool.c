@@ -37,7 +37,9 @@
  *   borrowed --put_locked (returned unused)--> evictable, at its LRU place
  * So a cancelled transaction gives cached pages back exactly; only a page
  * written (mapped) loses its key (pool_internal.h, DESIGN.md "Sharing").
- * Every transition happens under `lock` (see pool_internal.h).
+ * Every transition happens under `lock` (see pool_internal.h). Reference
+ * counts are written (under the lock) with relaxed atomic stores, so that
+ * kvp_pool_page_data can tell a held page without the lock (an atomic load).
  *
  * Callers: the public API (kvpager/pool.h) and src/pager.
  */
@@ -550,15 +552,22 @@ kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
     if (page >= pool->total_pages) {
         return kvpi_fail_out_of_range(err, "page", page, pool->total_pages);
     }
-    kvpi_pool_lock(pool);
-    int held = pool->refcount[page] != 0;
-    int evictable = !held && pool->registered[page] != 0;
-    kvpi_pool_unlock(pool);
-    if (!held) {
-        kvp_error e = kvpi_error_begin(KVP_PAGE_NOT_HELD);
-        e.index = page;
-        e.what = evictable ? "evictable" : "free";
-        return kvpi_error_emit(err, &e);
+    /*
+     * A held page is told without the lock (an atomic load: the caller's
+     * cache holds it and nobody can free it meanwhile); only a refusal takes
+     * the lock, to tell free from evictable consistently.
+     */
+    if (__atomic_load_n(&pool->refcount[page], __ATOMIC_RELAXED) == 0) {
+        kvpi_pool_lock(pool);
+        int held = pool->refcount[page] != 0;
+        int evictable = !held && pool->registered[page] != 0;
+        kvpi_pool_unlock(pool);
+        if (!held) {
+            kvp_error e = kvpi_error_begin(KVP_PAGE_NOT_HELD);
+            e.index = page;
+            e.what = evictable ? "evictable" : "free";
+            return kvpi_error_emit(err, &e);
+        }
     }
     kvp_page_layout l = page_layout(pool);
     const unsigned char *base = kvpi_pool_page(pool, page);
@@ -568,6 +577,27 @@ kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
     }
     *keys = base;
     *values = base + l.values_offset_bytes;
+    return KVP_OK;
+}
+
+kvp_status kvp_pool_page_base(const kvp_pool *pool, void **base, size_t *page_stride,
+                              size_t *pages, kvp_error *err)
+{
+    if (pool == NULL) {
+        return kvpi_fail_null(err, "pool");
+    }
+    if (base == NULL) {
+        return kvpi_fail_null(err, "base");
+    }
+    if (page_stride == NULL) {
+        return kvpi_fail_null(err, "page_stride");
+    }
+    /* Fixed at creation: slab, page_bytes and total_pages never change. */
+    *base = pool->slab;
+    *page_stride = pool->page_bytes;
+    if (pages != NULL) {
+        *pages = pool->total_pages;
+    }
     return KVP_OK;
 }
 
@@ -636,6 +666,15 @@ void kvpi_pool_detach_locked(kvp_pool *pool, kvpi_holder *holder)
     }
 }
 
+/*
+ * The only writes of refcount[page]: under the lock, atomic, so that
+ * kvp_pool_page_data's unlocked read is not a data race.
+ */
+static void refcount_store(kvp_pool *pool, uint32_t page, uint32_t count)
+{
+    __atomic_store_n(&pool->refcount[page], count, __ATOMIC_RELAXED);
+}
+
 /* Takes n pages; counted ones raise acquires and the high-water mark now. */
 static kvp_status take_pages_locked(kvp_pool *pool, size_t n, uint32_t *out, int tentative,
                                     kvp_error *err)
@@ -663,7 +702,7 @@ static kvp_status take_pages_locked(kvp_pool *pool, size_t n, uint32_t *out, int
             kvpi_lru_unlink_locked(pool, page);
             pool->registered[page] = KVPI_PAGE_BORROWED;
         }
-        pool->refcount[page] = 1;
+        refcount_store(pool, page, 1);
         out[i] = page;
     }
     if (tentative) {
@@ -718,7 +757,9 @@ static int restore_borrowed_locked(kvp_pool *pool, uint32_t page)
 
 void kvpi_pool_put_locked(kvp_pool *pool, uint32_t page)
 {
-    if (--pool->refcount[page] != 0) {
+    uint32_t left = pool->refcount[page] - 1;
+    refcount_store(pool, page, left);
+    if (left != 0) {
         return;
     }
     pool->releases++;
@@ -746,7 +787,9 @@ void kvpi_pool_evict_borrowed_locked(kvp_pool *pool, uint32_t page)
 
 void kvpi_pool_ref_locked(kvp_pool *pool, uint32_t page)
 {
-    if (pool->refcount[page]++ != 0) {
+    uint32_t count = pool->refcount[page];
+    refcount_store(pool, page, count + 1);
+    if (count != 0) {
         return;
     }
     /* An evictable page comes back: it counts as acquired again. */
