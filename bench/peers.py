@@ -173,10 +173,11 @@ def blas_check(np, torch):
         print("torch %s (\"generic\": the system libblas.so.3, the one above)" % (
             setting[0].strip() if setting else torch_blas[0]))
     if reference or not (optimized or optimized_paths):
-        sys.exit("peers.py: numpy/torch run %s, not OpenBLAS or MKL: a reference BLAS would "
-                 "flatter kvpager. Install libopenblas0 (or run with --install) and make it "
-                 "the libblas.so.3 alternative." % (", ".join(reference or paths) or
-                                                    "an unknown BLAS"))
+        print("peers.py: numpy/torch run %s, not OpenBLAS or MKL: a reference BLAS would "
+              "flatter kvpager. Install libopenblas0 (or run with --install) and make it "
+              "the libblas.so.3 alternative." % (", ".join(reference or paths) or
+                                                 "an unknown BLAS"), file=sys.stderr)
+        sys.exit(2)
     return infos
 
 
