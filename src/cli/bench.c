@@ -106,16 +106,17 @@ static void bench_usage(FILE *out)
             "usage: kvpager bench [options]\n\n"
             "Measures, in one run, on this machine: the read bandwidth of a large array\n"
             "(1 and 2 threads, the best of several read loops up to the kernels' SIMD\n"
-            "level, on memory advised for huge pages as the pool's slab); the library's paged gather (scores, softmax and values over the\n"
-            "retained rows, every lane and query head) against the same loops over the same\n"
-            "pages laid out adjacent and in order, alternating with a read of the shape's\n"
-            "own size, for each block_tokens, over a grid of storage dtype (f64, f32, bf16)\n"
-            "x accumulation level (exact; fast for narrow dtypes), batch B in {1, 8}, 32\n"
-            "query heads over KV heads in {32, 8}, head width 128 and length L in {512,\n"
-            "4096, 32768}, with its GB/s (bytes of K+V as stored) and, for DRAM-resident\n"
-            "shapes (K+V >= 256 MiB), its percentage of the read; page acquire + release\n"
-            "against jemalloc and glibc; and `kvpager simulate`'s tokens/s against the\n"
-            "bound its steps' K+V bytes set at the read bandwidth of their size.\n"
+            "level, on memory advised for huge pages as the pool's slab); the library's\n"
+            "paged gather (scores, softmax and values over the retained rows, every lane\n"
+            "and query head) against the same loops over the same pages laid out adjacent\n"
+            "and in order, alternating with a read of the shape's own size, for each\n"
+            "block_tokens, over a grid of storage dtype (%s) x accumulation level\n"
+            "(exact; fast for narrow dtypes), batch B in {1, 8}, 32 query heads over KV\n"
+            "heads in {32, 8}, head width 128 and length L in {512, 4096, 32768}, with\n"
+            "its GB/s (bytes of K+V as stored) and, for DRAM-resident shapes (K+V >= 256\n"
+            "MiB), its percentage of the read; page acquire + release against jemalloc\n"
+            "and glibc; and `kvpager simulate`'s tokens/s against the bound its steps'\n"
+            "K+V bytes set at the read bandwidth of their size.\n"
             "Each gather runs on 1 thread and as one job of a 2-thread decoder (the second\n"
             "thread assists it; the results are bit-identical), and the run reports the\n"
             "speedup. Figures are medians of alternating repetitions; ratios are within\n"
@@ -151,7 +152,7 @@ static void bench_usage(FILE *out)
             "  --requests N         simulated requests, 1 to %d (default 128; quick 32)\n\n"
             "exit status: 0 success, 1 a paged gather differs from the contiguous one,\n"
             "2 bad input or an error (out of memory included).\n",
-            MAX_LEN, MAX_BLOCK, dtype_names(), MAX_REPETITIONS, MAX_REQUESTS);
+            dtype_names(), MAX_LEN, MAX_BLOCK, dtype_names(), MAX_REPETITIONS, MAX_REQUESTS);
 }
 
 /* ---- command line ------------------------------------------------------------ */
