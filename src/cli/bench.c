@@ -5,8 +5,8 @@
  * Owns: the command line, the grid (storage dtype x accumulation level x
  * KV-head group x B x H x d_h x L, each shape for every block_tokens), the
  * memory check, and the order of the run: the whole-array read, every
- * shape's gathers (bench_gather.c, each alternating with a read of its own
- * size), page operations and simulate (bench_sim.c), then the report
+ * shape's gathers (bench_gather.c: the public kvp_paged_attention, each
+ * alternating with a read of its own size), page operations and simulate (bench_sim.c), then the report
  * (bench_report.c). The read loop is bench_read.c's.
  * The dtypes it knows are bench_dtypes below: adding a dtype is one line.
  * Order (nothing runs on bad input): parse every argument, validate every
@@ -106,9 +106,9 @@ static void bench_usage(FILE *out)
             "usage: kvpager bench [options]\n\n"
             "Measures, in one run, on this machine: the read bandwidth of a large array\n"
             "(1 and 2 threads, the best of several read loops up to the kernels' SIMD\n"
-            "level, on memory advised for huge pages as the pool's slab); the library's\n"
-            "paged gather (scores, softmax and values over the retained rows, every lane\n"
-            "and query head) against the same loops over the same pages laid out adjacent\n"
+            "level, on memory advised for huge pages as the pool's slab); the public\n"
+            "kvp_paged_attention (scores, softmax and values over the retained rows, every\n"
+            "lane and query head) against the same call over the same pages laid out adjacent\n"
             "and in order, alternating with a read of the shape's own size, for each\n"
             "block_tokens, over a grid of storage dtype (%s) x accumulation level\n"
             "(exact; fast for narrow dtypes), batch B in {1, 8}, 32 query heads over KV\n"

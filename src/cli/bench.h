@@ -4,8 +4,9 @@
  *   bench.c         the command line, the grid, the order of the run, the entry point;
  *   bench_read.c    the read loop: one kernel per ISA level, on memory advised like
  *                   the pool's slab, on 1 thread or on a decoder's 2;
- *   bench_gather.c  the gather measurements: paged against a same-order contiguous
- *                   layout, alternating with a read of the shape's own size;
+ *   bench_gather.c  the gather measurements (kvp_paged_attention, the public call):
+ *                   paged against a same-order contiguous layout, alternating with
+ *                   a read of the shape's own size;
  *   bench_sim.c     page acquire + release, and simulate against its bound;
  *   bench_report.c  the tables, --json and --plot.
  * Invariants: every figure is a median of alternating repetitions (measure.h);

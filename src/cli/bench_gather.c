@@ -1,11 +1,12 @@
 /*
  * bench_gather.c: `kvpager bench`'s gather measurements.
  *
- * Owns: for one shape of the grid and each block_tokens, the library's own
- * attention loops (kvpi_gather_attend_on: scores, softmax and values, what
- * kvp_attention_prepare runs over the retained rows, at the shape's
- * accumulation level) for every lane and query head of a cache of B lanes x
- * L retained rows, in two layouts of the same pages:
+ * Owns: for one shape of the grid and each block_tokens, the public
+ * paged-attention call (kvp_paged_attention, kvpager/paged.h: scores,
+ * softmax and values over every lane's retained rows plus a candidate row,
+ * the loops kvp_attention_prepare runs, at the shape's accumulation level)
+ * for every lane and query head of an external cache of B lanes x L rows,
+ * in two layouts of the same pages:
  *   paged       the pages shuffled over the pool's slab (a pool that has
  *               served many sequences);
  *   contiguous  the same block_tokens, each lane's pages adjacent and in
@@ -13,14 +14,11 @@
  *               memory), so the loops read the same bytes in the same order
  *               and paged / contiguous measures the page table's
  *               indirection and the scattering only;
- * each on one thread and as the one job of a 2-thread decoder step (the
- * second thread assists, src/serve/decoder.c), alternating with a read of
- * the shape's own K+V size on one thread by every read kernel (the best of
- * them is the row's read figure; bench_read.c). All four results
- * must be bit for bit equal (the row says so; the command exits 1
- * otherwise).
- * Internal calls (the public API does not expose the loops alone): the
- * gather job, the private append, the decoder's assist.
+ * each on one thread and on a 2-thread decoder (the call's `threads`),
+ * alternating with a read of the shape's own K+V size on one thread by
+ * every read kernel (the best of them is the row's read figure;
+ * bench_read.c). All four outputs must be bit for bit equal (the row says
+ * so; the command exits 1 otherwise). Public API only.
  * Callers: bench.c (bench.h).
  */
 #include <math.h>
@@ -28,37 +26,25 @@
 #include <string.h>
 
 #include "alloc.h"
-#include "attention/gather.h"
 #include "bench.h"
 #include "cli.h"
-#include "pager/cache_internal.h"
-#include "serve/decoder_internal.h"
+#include "kvpager/paged.h"
 
 #define ROW_VARIANTS 7 /* distinct random rows cycled through a cache */
 
-/*
- * One timed case: what a decode step's attention computes for every lane,
- * on this thread (decoder NULL) or as the one job of a step of a 2-thread
- * decoder. The candidate rows are not rounded to the dtype: the case times,
- * the identity check compares cases with the same inputs.
- */
-typedef struct gather_ctx {
-    kvpi_gather_job job;
-    kvp_decoder *decoder;
-    int failed; /* a decoder step was refused (cannot happen: one caller) */
-} gather_ctx;
+#define APPEND_ROWS 64 /* rows per kvp_cache_append_rows call */
 
-static void gather_solo(void *arg, const kvpi_parallel *par)
-{
-    gather_ctx *g = arg;
-    kvpi_gather_attend_on(&g->job, par);
-}
+/* One timed case: kvp_paged_attention on this thread (decoder NULL) or on a decoder's. */
+typedef struct gather_ctx {
+    kvp_paged_attention_args args;
+    kvp_decoder *decoder;
+    int failed; /* the call was refused (cannot happen: checked once before timing) */
+} gather_ctx;
 
 static void gather_once(gather_ctx *g)
 {
-    if (g->decoder == NULL) {
-        kvpi_gather_attend_on(&g->job, NULL);
-    } else if (kvpi_decoder_run(g->decoder, gather_solo, g, NULL) != KVP_OK) {
+    kvp_error err;
+    if (kvp_paged_attention(&g->args, g->decoder, &err) != KVP_OK) {
         g->failed = 1;
     }
 }
@@ -76,20 +62,20 @@ enum { PAGED_1, CONTIGUOUS_1, PAGED_2, CONTIGUOUS_2, GATHERS };
 
 /* Buffers shared by every cache of one shape. */
 typedef struct gather_space {
-    double *rows; /* [ROW_VARIANTS][2][B][H_kv][d_h]: key then value rows, cycled */
+    double *rows;    /* [ROW_VARIANTS][2][B][H_kv][d_h]: key then value rows, cycled */
+    double *staging; /* [2][B][H_kv][APPEND_ROWS][d_h]: kvp_cache_append_rows' layout */
     double *queries;
     double *candidates;
-    double *scores[GATHERS];
     double *outputs[GATHERS];
 } gather_space;
 
 static void space_free(gather_space *w)
 {
     kvp_cli_free(w->rows);
+    kvp_cli_free(w->staging);
     kvp_cli_free(w->queries);
     kvp_cli_free(w->candidates);
     for (int i = 0; i < GATHERS; i++) {
-        kvp_cli_free(w->scores[i]);
         kvp_cli_free(w->outputs[i]);
     }
     memset(w, 0, sizeof *w);
@@ -99,22 +85,22 @@ static int space_alloc(const bench_shape *s, gather_space *w, uint64_t *rng)
 {
     size_t bhd = s->batch * s->heads * s->width;
     size_t bkd = s->batch * s->kv_heads * s->width;
-    size_t nscores = s->batch * s->heads * (s->len + 1);
     memset(w, 0, sizeof *w);
     w->rows = kvp_cli_alloc(ROW_VARIANTS * 2 * bkd, sizeof(double));
+    w->staging = kvp_cli_alloc(2 * APPEND_ROWS * bkd, sizeof(double));
     w->queries = kvp_cli_alloc(bhd, sizeof(double));
     w->candidates = kvp_cli_alloc(bkd, sizeof(double));
-    int failed = w->rows == NULL || w->queries == NULL || w->candidates == NULL;
+    int failed = w->rows == NULL || w->staging == NULL || w->queries == NULL ||
+                 w->candidates == NULL;
     for (int i = 0; i < GATHERS; i++) {
-        w->scores[i] = kvp_cli_alloc(nscores, sizeof(double));
         w->outputs[i] = kvp_cli_alloc(bhd, sizeof(double));
-        failed |= w->scores[i] == NULL || w->outputs[i] == NULL;
+        failed |= w->outputs[i] == NULL;
     }
     if (failed) {
         space_free(w);
         kvp_cli_report_oom("bench", "the gather buffers",
-                           ((ROW_VARIANTS * 2 + 1) * bkd + (GATHERS + 1) * bhd +
-                            GATHERS * nscores) * 8);
+                           ((ROW_VARIANTS * 2 + 2 * APPEND_ROWS + 1) * bkd +
+                            (GATHERS + 1) * bhd) * 8);
         return -1;
     }
     for (size_t i = 0; i < ROW_VARIANTS * 2 * bkd; i++) {
@@ -157,6 +143,22 @@ static int arrange(kvp_pool *pool, const bench_shape *s, size_t blocks, int shuf
                     : kvp_measure_lane_major_pool(pool, s->batch, blocks);
 }
 
+/* Rows [p0, p0 + n) of the cycled rows in kvp_cache_append_rows' layout, keys then values. */
+static void stage_rows(const bench_shape *s, const gather_space *w, size_t p0, size_t n)
+{
+    size_t bkd = s->batch * s->kv_heads * s->width;
+    size_t lanes = s->batch * s->kv_heads;
+    for (size_t r = 0; r < n; r++) {
+        const double *key = w->rows + ((p0 + r) % ROW_VARIANTS) * 2 * bkd;
+        for (size_t lh = 0; lh < lanes; lh++) {
+            size_t at = (lh * n + r) * s->width;
+            memcpy(w->staging + at, key + lh * s->width, s->width * sizeof(double));
+            memcpy(w->staging + n * bkd + at, key + bkd + lh * s->width,
+                   s->width * sizeof(double));
+        }
+    }
+}
+
 /* A pool of `block` positions per page holding B lanes of L rows, its pages arranged. */
 static int build_cache(const bench_shape *s, size_t block, int shuffled, const gather_space *w,
                        uint64_t *rng, built *out)
@@ -172,14 +174,6 @@ static int build_cache(const bench_shape *s, size_t block, int shuffled, const g
     config.head_width = s->width;
     config.budget_bytes = (s->batch * pages_per_lane + 8) * page_bytes;
     config.dtype = s->dtype;
-    kvp_binding binding;
-    memset(&binding, 0, sizeof binding);
-    binding.model_width = s->heads * s->width;
-    binding.heads = s->heads;
-    binding.kv_heads = s->kv_heads;
-    binding.head_width = s->width;
-    binding.rope_feature_width = s->width;
-    binding.rope_max_positions = s->len;
     memset(out, 0, sizeof *out);
     kvp_status status = kvp_pool_create(&config, &out->pool, &err);
     if (status == KVP_OK && arrange(out->pool, s, pages_per_lane, shuffled, rng) != 0) {
@@ -188,17 +182,21 @@ static int build_cache(const bench_shape *s, size_t block, int shuffled, const g
                            (s->batch * pages_per_lane + 8) * sizeof(void *));
         return -1;
     }
+    kvp_binding binding;
+    if (status == KVP_OK) {
+        context = "making an external binding";
+        status = kvp_binding_init_external(&binding, s->kv_heads, s->width, s->len, 1, 1, &err);
+    }
     if (status == KVP_OK) {
         context = "creating a cache";
         status = kvp_cache_create(out->pool, &binding, s->batch, s->len, &out->cache, &err);
     }
     size_t bkd = s->batch * s->kv_heads * s->width;
-    for (size_t p = 0; status == KVP_OK && p < s->len; p++) {
-        const double *key = w->rows + (p % ROW_VARIANTS) * 2 * bkd;
-        kvp_tensor k = kvp_tensor4(key, s->batch, s->kv_heads, 1, s->width);
-        kvp_tensor v = kvp_tensor4(key + bkd, s->batch, s->kv_heads, 1, s->width);
+    for (size_t p = 0; status == KVP_OK && p < s->len; p += APPEND_ROWS) {
+        size_t n = s->len - p < APPEND_ROWS ? s->len - p : APPEND_ROWS;
+        stage_rows(s, w, p, n);
         context = "appending rows";
-        status = kvpi_cache_append(out->cache, &k, &v, &err);
+        status = kvp_cache_append_rows(out->cache, w->staging, w->staging + n * bkd, n, &err);
     }
     if (status != KVP_OK) {
         kvp_cli_report("bench", context, &err);
@@ -245,28 +243,37 @@ static int measure_block(const bench_options *o, const bench_shape *s, size_t bl
         built_destroy(&paged);
         return KVP_CLI_USAGE;
     }
-    size_t nscores = s->batch * s->heads * (s->len + 1);
     size_t bhd = s->batch * s->heads * s->width;
     gather_ctx ctx[GATHERS];
+    int refused = 0;
     for (int c = 0; c < GATHERS; c++) {
         const built *cache = c == PAGED_1 || c == PAGED_2 ? &paged : &contiguous;
-        ctx[c].job = (kvpi_gather_job){.cache = cache->cache,
-                                       .queries = w->queries,
-                                       .keys = w->candidates,
-                                       .values = w->candidates,
-                                       .scale = 1.0 / sqrt((double)s->width),
-                                       .weights = w->scores[c],
-                                       .outputs = w->outputs[c],
-                                       .heads = s->heads,
-                                       .accum = s->accum};
+        kvp_paged_attention_args_init(&ctx[c].args);
+        ctx[c].args.cache = cache->cache;
+        ctx[c].args.heads = s->heads;
+        ctx[c].args.io_dtype = KVP_F64;
+        ctx[c].args.queries = w->queries;
+        ctx[c].args.keys = w->candidates;
+        ctx[c].args.values = w->candidates;
+        ctx[c].args.scale = 1.0 / sqrt((double)s->width);
+        ctx[c].args.accum = s->accum;
+        ctx[c].args.outputs = w->outputs[c];
         ctx[c].decoder = c == PAGED_2 || c == CONTIGUOUS_2 ? r->decoder : NULL;
         ctx[c].failed = 0;
-        gather_once(&ctx[c]);
+        kvp_error err;
+        if (!refused && kvp_paged_attention(&ctx[c].args, ctx[c].decoder, &err) != KVP_OK) {
+            kvp_cli_report("bench", "kvp_paged_attention", &err);
+            refused = 1;
+        }
+    }
+    if (refused) {
+        built_destroy(&paged);
+        built_destroy(&contiguous);
+        return KVP_CLI_USAGE;
     }
     int identical = 1;
     for (int c = 1; c < GATHERS; c++) {
-        identical &= memcmp(w->scores[0], w->scores[c], nscores * sizeof(double)) == 0 &&
-                     memcmp(w->outputs[0], w->outputs[c], bhd * sizeof(double)) == 0;
+        identical &= memcmp(w->outputs[0], w->outputs[c], bhd * sizeof(double)) == 0;
     }
     kvp_measure_case cases[CASES];
     for (int c = 0; c < GATHERS; c++) {
@@ -280,8 +287,9 @@ static int measure_block(const bench_options *o, const bench_shape *s, size_t bl
     if (kvp_measure_alternating(cases, count, o->repetitions, BENCH_MIN_NS, ns) != 0) {
         kvp_cli_report_oom("bench", "the timing scratch", CASES * o->repetitions * 8);
         status = KVP_CLI_USAGE;
-    } else if (ctx[PAGED_2].failed || ctx[CONTIGUOUS_2].failed) {
-        fprintf(stderr, "kvpager bench: the decoder refused a step\n");
+    } else if (ctx[PAGED_1].failed || ctx[CONTIGUOUS_1].failed || ctx[PAGED_2].failed ||
+               ctx[CONTIGUOUS_2].failed) {
+        fprintf(stderr, "kvpager bench: kvp_paged_attention refused a timed call\n");
         status = KVP_CLI_USAGE;
     } else {
         add_rows(s, block, identical, ns, &read, r);

@@ -157,10 +157,11 @@ void bench_print_tables(const bench_options *o, const bench_results *r)
            r->reader.advised ? "accepted" : "not applied", bench_thp_mode(thp, sizeof thp),
            r->read_gbps, bench_read_kernel_name(r->read_kernel), r->read_gbps_two,
            bench_read_kernel_name(r->read_kernel_two));
-    printf("gather: scores + softmax + values over every lane's retained rows (the loops\n"
-           "kvp_attention_prepare runs) at the accumulation level shown; paged (pages\n"
-           "shuffled) against contiguous (the same pages, each lane's adjacent and in\n"
-           "order), on 1 thread and on a decoder of 2 (thr); p/c = paged / contiguous\n"
+    printf("gather: kvp_paged_attention, the public call (scores + softmax + values over\n"
+           "every lane's retained rows and a candidate, the loops kvp_attention_prepare\n"
+           "runs) at the accumulation level shown; paged (pages shuffled) against\n"
+           "contiguous (the same pages, each lane's adjacent and in order), on 1 thread and\n"
+           "on a decoder of 2 (thr); p/c = paged / contiguous\n"
            "time; GB/s = K+V bytes as stored / paged time; read = the best read loop over\n"
            "the same size on 1 thread, alternating with the gathers; %% read = GB/s / read\n"
            "for DRAM-resident shapes (K+V >= 256 MiB); in parentheses for cache-resident\n"
