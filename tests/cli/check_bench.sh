@@ -49,9 +49,14 @@ assert out["dram_bytes"] == 256 << 20 and isinstance(out["read_huge_pages_advise
 # 32 query heads over 32 and 8 KV heads (groups 1 and 4), B in {1, 8}, d_h 128,
 # block_tokens 16 and 64 (given). Shapes over the 4 MiB cap are skipped and said so.
 rows = out["gather"]
-size = {"f64": 8, "f32": 4, "bf16": 2}
-kinds = [("f64", "exact"), ("f32", "exact"), ("f32", "fast"), ("bf16", "exact"),
-         ("bf16", "fast")]
+# The dtypes come from bench.c's table: f64, f32 and bf16 first, any later one after them.
+size = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "fp8_e4m3": 1}
+dtypes = []
+for r in rows + out["skipped"]:
+    if r["dtype"] not in dtypes:
+        dtypes.append(r["dtype"])
+assert dtypes[:3] == ["f64", "f32", "bf16"] and set(dtypes) <= set(size), dtypes
+kinds = [(d, a) for d in dtypes for a in ("exact", "fast") if a == "exact" or d != "f64"]
 def kv_bytes(d, b, kv):
     return 2 * size[d] * b * kv * 64 * 128
 grid = [(d, a, b, kv) for d, a in kinds for kv in (32, 8) for b in (1, 8)]
@@ -116,7 +121,7 @@ assert two["batch1_len2048_rows"] == 0, two  # L = 64 only
 svg = open(sys.argv[2]).read()
 assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>"), "not a whole SVG"
 assert 'stroke-dasharray' in svg, "no read line"
-for d in size:
+for d in dtypes:
     assert 'class="dtype-%s"' % d in svg, "no %s line" % d
 assert '<text class="tick-x"' in svg and '>64</text>' in svg, "no L tick"
 print("check_bench: json ok: %d rows, read %.2f GB/s" % (len(rows), out["read_gbps"]))
