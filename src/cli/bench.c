@@ -105,8 +105,8 @@ static void bench_usage(FILE *out)
     fprintf(out,
             "usage: kvpager bench [options]\n\n"
             "Measures, in one run, on this machine: the read bandwidth of a large array\n"
-            "(1 and 2 threads, the best of several read loops up to the kernels' SIMD\n"
-            "level, on memory advised for huge pages as the pool's slab); the public\n"
+            "(1 and 2 threads, the best of the portable read loops and those of the\n"
+            "kernels' SIMD level, on memory advised for huge pages as the pool's slab); the public\n"
             "kvp_paged_attention (scores, softmax and values over the retained rows, every\n"
             "lane and query head) against the same call over the same pages laid out adjacent\n"
             "and in order, alternating with a read of the shape's own size, for each\n"
