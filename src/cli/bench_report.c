@@ -161,11 +161,11 @@ void bench_print_tables(const bench_options *o, const bench_results *r)
            "every lane's retained rows and a candidate, the loops kvp_attention_prepare\n"
            "runs) at the accumulation level shown; paged (pages shuffled) against\n"
            "contiguous (the same pages, each lane's adjacent and in order), on 1 thread and\n"
-           "on a decoder of 2 (thr); p/c = paged / contiguous\n"
-           "time; GB/s = K+V bytes as stored / paged time; read = the best read loop over\n"
-           "the same size on 1 thread, alternating with the gathers; %% read = GB/s / read\n"
-           "for DRAM-resident shapes (K+V >= 256 MiB); in parentheses for cache-resident\n"
-           "ones, whose own-size read is a cache read\n\n");
+           "on a decoder of 2 (thr); p/c = paged / contiguous time; GB/s = K+V bytes as\n"
+           "stored / paged time; read = the best read loop over the same size on 1 thread,\n"
+           "alternating with the gathers; %% read = GB/s / read for DRAM-resident shapes\n"
+           "(K+V >= 256 MiB); in parentheses for cache-resident ones, whose own-size read\n"
+           "is a cache read\n\n");
     printf("dtype accum block thr   B   H kv_H  d_h    len        K+V    paged ns   contig ns"
            "   p/c    GB/s   read  %% read\n");
     for (size_t i = 0; i < r->row_count; i++) {
