@@ -4,6 +4,7 @@
 #include "measure.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "alloc.h"
@@ -86,7 +87,18 @@ static void destroy_backwards(kvp_cache **caches, size_t count)
     }
 }
 
-int kvp_measure_shuffle_pool(kvp_pool *pool, uint64_t *state)
+/* How to reorder the caches holding the free list's pages (a permutation of caches[0..total)). */
+typedef void (*reorder_fn)(void *ctx, kvp_cache **caches, size_t total);
+
+/*
+ * Public API only: one single-lane external cache per page, caches[i]
+ * holding the i-th page the free list gave (its one zero row took it).
+ * Reordered, then destroyed from the last to the first: each destroy pushes
+ * its page, so the free list ends up in the new order, caches[0]'s page on
+ * top. On failure the caches made so far are destroyed newest first, which
+ * restores the free list's order.
+ */
+static int reorder_pool(kvp_pool *pool, reorder_fn reorder, void *ctx)
 {
     kvp_pool_stats stats;
     kvp_pool_stats_init(&stats);
@@ -99,14 +111,6 @@ int kvp_measure_shuffle_pool(kvp_pool *pool, uint64_t *state)
             KVP_OK) {
         return -1;
     }
-    /*
-     * Public API only: one single-lane external cache per page, caches[i]
-     * holding the i-th page the free list gave (its one zero row took it).
-     * Shuffled, then destroyed from the last to the first: each destroy
-     * pushes its page, so the free list ends up in the shuffled order, the
-     * first entry on top. On failure the caches made so far are destroyed
-     * newest first, which restores the free list's order.
-     */
     size_t total = stats.total_pages;
     kvp_cache **caches = kvp_cli_calloc(total, sizeof *caches);
     double *row = kvp_cli_calloc(layout.heads * layout.head_width, sizeof *row);
@@ -129,14 +133,61 @@ int kvp_measure_shuffle_pool(kvp_pool *pool, uint64_t *state)
             return -1;
         }
     }
+    reorder(ctx, caches, total);
+    destroy_backwards(caches, total);
+    kvp_cli_free(row);
+    kvp_cli_free(caches);
+    return 0;
+}
+
+static void shuffle(void *ctx, kvp_cache **caches, size_t total)
+{
+    uint64_t *state = ctx;
     for (size_t i = total - 1; i > 0; i--) {
         size_t j = (size_t)((kvp_measure_unit(state) + 1.0) / 2.0 * (double)(i + 1)) % (i + 1);
         kvp_cache *t = caches[i];
         caches[i] = caches[j];
         caches[j] = t;
     }
-    destroy_backwards(caches, total);
-    kvp_cli_free(row);
-    kvp_cli_free(caches);
-    return 0;
+}
+
+int kvp_measure_shuffle_pool(kvp_pool *pool, uint64_t *state)
+{
+    return reorder_pool(pool, shuffle, state);
+}
+
+typedef struct lane_order {
+    size_t lanes;
+    size_t blocks;
+    int failed;
+} lane_order;
+
+/*
+ * Take k (k < lanes * blocks; appends take block by block, lane by lane, so
+ * take k is block k / lanes of lane k % lanes) gets the page of address rank
+ * (k % lanes) * blocks + k / lanes. A fresh pool hands out its pages in
+ * address order, so caches[i] holds the page of rank i.
+ */
+static void lane_major(void *ctx, kvp_cache **caches, size_t total)
+{
+    lane_order *o = ctx;
+    size_t n = o->lanes * o->blocks;
+    kvp_cache **order = kvp_cli_alloc(n, sizeof *order);
+    if (order == NULL || n > total) {
+        kvp_cli_free(order);
+        o->failed = 1;
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        order[k] = caches[(k % o->lanes) * o->blocks + k / o->lanes];
+    }
+    memcpy(caches, order, n * sizeof *order);
+    kvp_cli_free(order);
+}
+
+int kvp_measure_lane_major_pool(kvp_pool *pool, size_t lanes, size_t blocks)
+{
+    lane_order o = {lanes, blocks, 0};
+    int failed = reorder_pool(pool, lane_major, &o);
+    return failed != 0 || o.failed ? -1 : 0;
 }

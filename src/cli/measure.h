@@ -5,7 +5,8 @@
  *
  * Owns: a monotonic clock in nanoseconds, the median, alternating
  * repetitions of several cases, a deterministic uniform generator, and a
- * fragmented free list (a pool whose pages are handed out in shuffled order).
+ * fragmented free list (a pool whose pages are handed out in shuffled order),
+ * and its opposite (each lane's pages adjacent, in lane order).
  * Method: each case is calibrated on its own (its iteration count doubles
  * until one repetition lasts at least min_ns; the calibration runs are the
  * warm-up), then the cases run one after another, repetition after
@@ -57,5 +58,17 @@ double kvp_measure_unit(uint64_t *state);
  * as it was; acquires and releases have counted the pages taken back).
  */
 int kvp_measure_shuffle_pool(kvp_pool *pool, uint64_t *state);
+
+/*
+ * Puts the free list of a fresh `pool` (no page ever held, so pages come in
+ * address order) in the order that makes a cache of `lanes` lanes, appended
+ * block by block (lane by lane within a block, as appends take pages), get
+ * each lane's `blocks` pages adjacent and ascending in memory: the paged
+ * layout read in the same order as the paged one, but contiguous. Through
+ * the public API only. Returns 0, or -1 as kvp_measure_shuffle_pool (also
+ * when the pool has fewer than lanes * blocks pages); on -1 after the caches
+ * were made, the free list is in address order.
+ */
+int kvp_measure_lane_major_pool(kvp_pool *pool, size_t lanes, size_t blocks);
 
 #endif /* KVPAGER_CLI_MEASURE_H */

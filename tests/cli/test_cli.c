@@ -408,11 +408,60 @@ static void test_cli_shuffle_pool_orders_the_free_list(void **state)
     assert_int_equal(kvp_pool_destroy(pool, NULL), KVP_OK);
 }
 
+/*
+ * The bench's contiguous layout (measure.c, public API only): after
+ * kvp_measure_lane_major_pool, a cache of LANES lanes appended block by
+ * block gets each lane's pages adjacent and ascending (lane b, block j on
+ * page b * BLOCKS + j), in one append and in row-by-row appends alike; a
+ * pool too small for the layout, or with pages held, is refused.
+ */
+static void test_cli_lane_major_pool_makes_lanes_contiguous(void **state)
+{
+    (void)state;
+    enum { LANES = 3, BLOCKS = 4, SPARE = 2, PAGES = LANES * BLOCKS + SPARE, BT = 2 };
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BT;
+    config.heads = 1;
+    config.head_width = 2;
+    config.budget_bytes = PAGES * 2 * 1 * BT * 2 * sizeof(double);
+    kvp_binding binding;
+    assert_int_equal(kvp_binding_init_external(&binding, 1, 2, BLOCKS * BT, 0, 0, NULL), KVP_OK);
+    double rows[LANES * BLOCKS * BT * 2] = {0};
+    for (int one_append = 0; one_append <= 1; one_append++) {
+        kvp_pool *pool = NULL;
+        assert_int_equal(kvp_pool_create(&config, &pool, NULL), KVP_OK);
+        assert_int_equal(kvp_measure_lane_major_pool(pool, LANES, PAGES), -1); /* too few */
+        assert_int_equal(kvp_measure_lane_major_pool(pool, LANES, BLOCKS), 0);
+        kvp_cache *cache = NULL;
+        assert_int_equal(kvp_cache_create(pool, &binding, LANES, BLOCKS * BT, &cache, NULL),
+                         KVP_OK);
+        for (size_t p = 0; p < (one_append ? 1 : BLOCKS * BT); p++) {
+            size_t n = one_append ? BLOCKS * BT : 1;
+            assert_int_equal(kvp_cache_append_rows(cache, rows, rows, n, NULL), KVP_OK);
+        }
+        for (size_t lane = 0; lane < LANES; lane++) {
+            const uint32_t *table = NULL;
+            size_t blocks = 0;
+            assert_int_equal(kvp_cache_block_table(cache, lane, &table, &blocks, NULL), KVP_OK);
+            assert_int_equal(blocks, BLOCKS);
+            for (size_t j = 0; j < BLOCKS; j++) {
+                assert_int_equal(table[j], lane * BLOCKS + j);
+            }
+        }
+        assert_int_equal(kvp_measure_lane_major_pool(pool, LANES, BLOCKS), -1); /* held */
+        assert_int_equal(kvp_cache_destroy(cache, NULL), KVP_OK);
+        assert_int_equal(kvp_pool_check(pool, NULL, NULL, NULL), KVP_OK);
+        assert_int_equal(kvp_pool_destroy(pool, NULL), KVP_OK);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cli_parse_size_is_digits_only),
         cmocka_unit_test(test_cli_shuffle_pool_orders_the_free_list),
+        cmocka_unit_test(test_cli_lane_major_pool_makes_lanes_contiguous),
         cmocka_unit_test(test_cli_parse_bytes_units_and_whole_counts),
         cmocka_unit_test(test_cli_parse_double_finite_decimals_only),
         cmocka_unit_test(test_cli_checked_arithmetic_saturates),
