@@ -4,7 +4,8 @@
  * Owns: the choice of the active level. It is made once per process, under
  * pthread_once, from what this binary was built with (the x86-64 levels only
  * on x86-64) and what the CPU runs (__builtin_cpu_supports, which also checks
- * that the OS saves the wider registers), unless KVP_ISA names a level: a
+ * that the OS saves the wider registers; the x86 levels also need FMA and
+ * F16C, for the fast accumulation level and f16 rows), unless KVP_ISA names a level: a
  * level the CPU lacks, or an unknown name, is refused with one line on
  * stderr, and the best supported level is used instead.
  *
@@ -37,10 +38,12 @@ static int cpu_runs(kvpi_isa isa)
 #if defined(KVPI_X86_KERNELS)
     case KVPI_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
     case KVPI_ISA_AVX512:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2");
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
     default:
         return 0;
