@@ -104,6 +104,12 @@ static inline kvp_dtype kvpi_cache_dtype(const kvp_cache *cache)
 }
 
 /*
+ * The cache's fp8 scales: an e4m3 element e of a key means e * k_scale, of
+ * a value e * v_scale. 1.0 and 1.0 for every non-fp8 cache.
+ */
+void kvpi_cache_kv_scales(const kvp_cache *cache, double *k_scale, double *v_scale);
+
+/*
  * The block_tokens key rows of `head` in `page`, contiguous, [block_tokens][d_h]
  * elements of kvpi_cache_dtype(cache).
  */
