@@ -6,19 +6,29 @@
  * heads, [H_kv][block_tokens][d_h], in one contiguous run (and the values in
  * the next), so a block is read as one stream per KV head, with one table
  * lookup per block, never one per element. Query head h reads KV head
- * h / (H / H_kv); the H / H_kv query heads of a group are consecutive, so a
- * KV head's rows are read once from memory and served to its whole group
- * from cache. For every query head, positions are still visited in order
+ * h / (H / H_kv); the G = H / H_kv query heads of a group are consecutive,
+ * and one grouped kernel call (dot_group, axpy_group) scores or mixes a
+ * block's rows of a KV head for all G at once, so each row is loaded and
+ * widened once per step, not G times. For every query head, positions are still visited in order
  * 0 .. len-1 and then the candidate, the order the full-prefix reference
  * uses, and every dot product and axpy goes through the dispatched kernels,
  * whose results do not depend on how many rows of a block are handed over at
  * once (kernels.h), so the sums agree bit for bit with the reference and
  * across block sizes. A block's rows for one head go to the multi-row
  * kernels in one call, so several rows are in flight. Pages hold the pool's
- * dtype: the f32 and bf16 kernels widen the stored rows exactly and then
- * compute as the f64 ones (kernels.h), so the order and the bits are those
- * of the f64 kernels on the widened rows. The candidate row is f64 already
- * rounded to the dtype (incremental.c).
+ * dtype: the narrow kernels widen the stored rows exactly and then compute
+ * as the f64 ones (kernels.h), so the order and the bits are those of the
+ * f64 kernels on the widened rows. The candidate row is f64 already rounded
+ * to the dtype (incremental.c). fp8 pages hold elements: scores use scale *
+ * k_scale, outputs are multiplied by v_scale at the end (kvpi_cache_kv_scales).
+ *
+ * A job at KVP_ACCUM_FAST on narrow pages runs the fast level instead
+ * (docs/DESIGN.md, Accumulation levels): the lane's queries rounded to f32
+ * once (in runs of heads that fit FAST_FLOATS on the stack), the fast
+ * grouped kernels, weights rounded to f32 a run of rows at a time, and f32
+ * accumulators on the stack written to the f64 outputs at the end of the
+ * part. Each output is still one chain over the positions in order inside
+ * one part, so the partition below holds for both levels.
  *
  * The partition (one decode step, every lane): each phase is cut into parts
  * that share no output element, and each output element is computed inside

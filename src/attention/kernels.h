@@ -31,10 +31,22 @@
  *     do exactly what the f64 kernel does, in its order, so each equals the
  *     f64 kernel applied to the widened rows, bit for bit, at every level.
  *     Only the rows are narrow; q, weights and acc are f64.
+ *   - Rows of any format (kvpi_rows: f64, f32, bf16, f16, e4m3): the grouped
+ *     kernels dot_group/axpy_group equal dot_rows/axpy_rows on the widened
+ *     rows, one head at a time, for any number of heads.
  *   - exp is kvpi_exp below, lane by lane: the same operations in the same
  *     order, each one IEEE-rounded (add, sub, mul, div), so every level gives
  *     its bits. The softmax's sum of exps uses the dot product's order (eight
  *     lane sums, the same tree, then the tail), whatever the level.
+ *
+ * Fast accumulation (the *_fast entries; docs/DESIGN.md, Accumulation
+ * levels): the one place that fuses. f32 queries, weights and accumulators,
+ * narrow rows widened to f32 (exact); a dot product is kvpi_fast_dot below
+ * (sixteen fmaf lane sums, kvpi_fast_tree, an fmaf tail), an axpy is
+ * acc = fmaf(w, v, acc) per element, rows in order. The vector levels use
+ * FMA instructions (explicit intrinsics; -ffp-contract=off still holds),
+ * the portable level libm's correctly rounded fmaf: every level gives the
+ * portable bits.
  */
 #ifndef KVPAGER_ATTENTION_KERNELS_H
 #define KVPAGER_ATTENTION_KERNELS_H

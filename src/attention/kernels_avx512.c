@@ -571,6 +571,139 @@ static void level_div(double *s, size_t n, double sum)
 
 #include "attention/kernels_group.h"
 
+/*
+ * The fast dot products of R rows x G heads (R G = 16) in one pass, their
+ * sixteen trees done together: each step adds the same lane pairs as
+ * kvpi_fast_tree (l + 8, l + 4, l + 2, l + 1) for two accumulators in one
+ * register, so every dot gets its own bits, and lane 4b + j of the result
+ * holds accumulator 4j + b (accumulator i = r G + h).
+ */
+static inline __attribute__((always_inline)) __m512 pair8(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+static inline __attribute__((always_inline)) __m512 pair4(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+static inline __attribute__((always_inline)) __m512 trees16(const __m512 a[16])
+{
+    __m512 c[8];
+    for (int k = 0; k < 8; k++) {
+        c[k] = pair8(a[2 * k], a[2 * k + 1]);
+    }
+    __m512 d[4];
+    for (int k = 0; k < 4; k++) {
+        d[k] = pair4(c[2 * k], c[2 * k + 1]);
+    }
+    __m512 e[2];
+    for (int k = 0; k < 2; k++) {
+        e[k] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * k], d[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(d[2 * k], d[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* R rows from element `at` (stride apart) x G heads; n a multiple of 16. */
+static inline __attribute__((always_inline)) void
+fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at, size_t stride,
+            double scale, double *out, size_t out_stride, const int R, const int G)
+{
+    __m512 a[16];
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < 16; i++) {
+        a[i] = _mm512_setzero_ps();
+    }
+    for (size_t f = 0; f < n; f += 16) {
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < R; r++) {
+            __m512 x = vf_rows(kind, rows, at + (size_t)r * stride + f);
+            _Pragma("GCC unroll 16")
+            for (int h = 0; h < G; h++) {
+                a[r * G + h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)h * n + f), x,
+                                               a[r * G + h]);
+            }
+        }
+    }
+    __m512 t = trees16(a);
+    double d[16];
+    __m512d sc = _mm512_set1_pd(scale);
+    _mm512_storeu_pd(d, _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(t)), sc));
+    _mm512_storeu_pd(d + 8, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castpd_ps(
+                                              _mm512_extractf64x4_pd(_mm512_castps_pd(t), 1))),
+                                          sc));
+    for (int i = 0; i < 16; i++) {
+        out[(size_t)(i % G) * out_stride + (size_t)(i / G)] = d[4 * (i % 4) + i / 4];
+    }
+}
+
+/* G heads (1, 2, 4 or 8) over rows in tiles of 16 / G, the rest one row at a time. */
+static inline __attribute__((always_inline)) void
+fdot_tiled(kvpi_rows kind, const float *q, const void *rows, size_t stride, size_t count,
+           size_t n, double scale, double *out, size_t out_stride, const int G)
+{
+    const int R = 16 / G;
+    size_t r = 0;
+    for (; r + (size_t)R <= count; r += (size_t)R) {
+        fdot_tile16(kind, q, n, rows, r * stride, stride, scale, out + r, out_stride, R, G);
+    }
+    fdot_heads(kind, q, (const unsigned char *)rows + r * stride * kvpi_rows_bytes(kind),
+               stride, count - r, n, scale, out + r, out_stride, G);
+}
+
+static inline __attribute__((always_inline)) void
+fdot_tiled_kind(kvpi_rows kind, const float *q, size_t g, const void *rows, size_t stride,
+                size_t count, size_t n, double scale, double *out, size_t out_stride)
+{
+    size_t h = 0;
+    while (h < g) {
+        const float *qh = q + h * n;
+        double *oh = out + h * out_stride;
+        size_t left = g - h;
+        if (left >= 8) {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            h += 8;
+        } else if (left >= 4) {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            h += 4;
+        } else if (left >= 2) {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            h += 2;
+        } else {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            h += 1;
+        }
+    }
+}
+
+/* The fast scores: whole tiles of sixteen dots when n is a multiple of 16. */
+static void avx512_dot_group_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
+                                  size_t stride, size_t count, size_t n, double scale,
+                                  double *out, size_t out_stride)
+{
+    if (n % 16 != 0) {
+        group_dot_fast(kind, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+    switch (kind) {
+    case KVPI_ROWS_BF16:
+        fdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F16:
+        fdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_E4M3:
+        fdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    default:
+        fdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+}
+
 /* One head: the four-rows-in-flight kernels above, where they exist. */
 static void avx512_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
                              size_t stride, size_t count, size_t n, double scale, double *out,
@@ -606,6 +739,6 @@ const kvpi_kernels kvpi_kernels_avx512 = {
     KVPI_ISA_AVX512, "avx512",    avx512_dot, avx512_dot_rows, avx512_axpy, avx512_axpy_rows,
     avx512_exps,     avx512_exp_sum, avx512_dot_rows_f32, avx512_dot_rows_bf16,
     avx512_axpy_rows_f32, avx512_axpy_rows_bf16, avx512_project_tile, AVX512_MR,
-    AVX512_NR, avx512_dot_group, avx512_axpy_group, group_dot_fast, group_axpy_fast,
+    AVX512_NR, avx512_dot_group, avx512_axpy_group, avx512_dot_group_fast, group_axpy_fast,
     group_softmax,
 };

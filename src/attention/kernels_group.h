@@ -18,7 +18,8 @@
  * give dot_rows's and axpy_rows's bits on the widened rows, and the fast
  * ones kvpi_fast_dot's and fmaf's, whatever g, the tile or the level.
  * Heads are taken in tiles of 8, 4, 2 and 1 (a head's result does not depend
- * on its tile), value rows in runs of 4 (each output adds them in order).
+ * on its tile), value rows in runs of 4 (exact) or 16 (fast), each output
+ * adding them in order.
  */
 #ifndef KVPAGER_ATTENTION_KERNELS_GROUP_H
 #define KVPAGER_ATTENTION_KERNELS_GROUP_H
@@ -30,6 +31,8 @@
 #define GROUP_AI static inline __attribute__((always_inline))
 /* Loops over a tile's heads and column vectors: unrolled, so accumulators stay in registers. */
 #define GROUP_UNROLL _Pragma("GCC unroll 16")
+/* Value rows a fast axpy tile adds while its accumulators stay in registers. */
+#define GROUP_ROW_RUN 16
 
 /* ---- the exact level ---------------------------------------------------------- */
 
@@ -292,8 +295,8 @@ GROUP_AI void faxpy_heads(kvpi_rows kind, float *acc, size_t acc_stride, const f
                           size_t w_stride, const void *rows, size_t stride, size_t count,
                           size_t n, const int G, const int C)
 {
-    for (size_t r0 = 0; r0 < count; r0 += 4) {
-        size_t c = count - r0 < 4 ? count - r0 : 4;
+    for (size_t r0 = 0; r0 < count; r0 += GROUP_ROW_RUN) {
+        size_t c = count - r0 < GROUP_ROW_RUN ? count - r0 : GROUP_ROW_RUN;
         const float *wr = w + r0;
         size_t at = r0 * stride;
         size_t f = 0;
