@@ -704,6 +704,118 @@ static void avx512_dot_group_fast(kvpi_rows kind, const float *q, size_t g, cons
     }
 }
 
+/*
+ * The exact dot products of R rows x G heads (R G = 8) in one pass, their
+ * eight trees done together: lanes l + 4, then t_0 + t_2 and t_1 + t_3, then
+ * their sum, as kvpi_sum_tree; lane 2b + j of the result holds accumulator
+ * 4j + b (accumulator i = r G + h). n is a multiple of 8 (no tail).
+ */
+static inline __attribute__((always_inline)) __m512d trees8(const __m512d a[8])
+{
+    __m512d c[4];
+    for (int k = 0; k < 4; k++) {
+        c[k] = _mm512_add_pd(_mm512_shuffle_f64x2(a[2 * k], a[2 * k + 1], 0x44),
+                             _mm512_shuffle_f64x2(a[2 * k], a[2 * k + 1], 0xEE));
+    }
+    __m512d d[2];
+    for (int k = 0; k < 2; k++) {
+        d[k] = _mm512_add_pd(_mm512_shuffle_f64x2(c[2 * k], c[2 * k + 1], 0x88),
+                             _mm512_shuffle_f64x2(c[2 * k], c[2 * k + 1], 0xDD));
+    }
+    return _mm512_add_pd(_mm512_unpacklo_pd(d[0], d[1]), _mm512_unpackhi_pd(d[0], d[1]));
+}
+
+static inline __attribute__((always_inline)) void
+xdot_tile8(kvpi_rows kind, const double *q, size_t n, const void *rows, size_t at, size_t stride,
+           double scale, double *out, size_t out_stride, const int R, const int G)
+{
+    __m512d a[8];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < 8; i++) {
+        a[i] = _mm512_setzero_pd();
+    }
+    for (size_t f = 0; f < n; f += 8) {
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            __m512d x = vd_rows(kind, rows, at + (size_t)r * stride + f);
+            _Pragma("GCC unroll 8")
+            for (int h = 0; h < G; h++) {
+                a[r * G + h] = _mm512_add_pd(a[r * G + h],
+                                             _mm512_mul_pd(_mm512_loadu_pd(q + (size_t)h * n + f),
+                                                           x));
+            }
+        }
+    }
+    double d[8];
+    _mm512_storeu_pd(d, _mm512_mul_pd(trees8(a), _mm512_set1_pd(scale)));
+    for (int i = 0; i < 8; i++) {
+        out[(size_t)(i % G) * out_stride + (size_t)(i / G)] = d[2 * (i % 4) + i / 4];
+    }
+}
+
+/* G heads (2, 4 or 8) over rows in tiles of 8 / G, the rest one row at a time. */
+static inline __attribute__((always_inline)) void
+xdot_tiled(kvpi_rows kind, const double *q, const void *rows, size_t stride, size_t count,
+           size_t n, double scale, double *out, size_t out_stride, const int G)
+{
+    const int R = 8 / G;
+    size_t r = 0;
+    for (; r + (size_t)R <= count; r += (size_t)R) {
+        xdot_tile8(kind, q, n, rows, r * stride, stride, scale, out + r, out_stride, R, G);
+    }
+    xdot_heads(kind, q, (const unsigned char *)rows + r * stride * kvpi_rows_bytes(kind), stride,
+               count - r, n, scale, out + r, out_stride, G);
+}
+
+static inline __attribute__((always_inline)) void
+xdot_tiled_kind(kvpi_rows kind, const double *q, size_t g, const void *rows, size_t stride,
+                size_t count, size_t n, double scale, double *out, size_t out_stride)
+{
+    size_t h = 0;
+    while (h < g) {
+        const double *qh = q + h * n;
+        double *oh = out + h * out_stride;
+        size_t left = g - h;
+        if (left >= 8) {
+            xdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            h += 8;
+        } else if (left >= 4) {
+            xdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            h += 4;
+        } else if (left >= 2) {
+            xdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            h += 2;
+        } else {
+            xdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            h += 1;
+        }
+    }
+}
+
+/* Several heads, n a multiple of 8: tiles of eight dots. */
+static void xdot_group_tiled(kvpi_rows kind, const double *q, size_t g, const void *rows,
+                             size_t stride, size_t count, size_t n, double scale, double *out,
+                             size_t out_stride)
+{
+    switch (kind) {
+    case KVPI_ROWS_F64:
+        xdot_tiled_kind(KVPI_ROWS_F64, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F32:
+        xdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_BF16:
+        xdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F16:
+        xdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    default:
+        xdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+}
+
 /* One head: the four-rows-in-flight kernels above, where they exist. */
 static void avx512_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
                              size_t stride, size_t count, size_t n, double scale, double *out,
@@ -715,6 +827,8 @@ static void avx512_dot_group(kvpi_rows kind, const double *q, size_t g, const vo
         narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_F32);
     } else if (g == 1 && kind == KVPI_ROWS_BF16) {
         narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_BF16);
+    } else if (g > 1 && n % 8 == 0) {
+        xdot_group_tiled(kind, q, g, rows, stride, count, n, scale, out, out_stride);
     } else {
         group_dot(kind, q, g, rows, stride, count, n, scale, out, out_stride);
     }
