@@ -122,8 +122,8 @@ static const kvpi_rows all_kinds[] = {KVPI_ROWS_F64, KVPI_ROWS_F32, KVPI_ROWS_BF
                                       KVPI_ROWS_F16, KVPI_ROWS_E4M3};
 static const char *const kind_names[] = {"f64", "f32", "bf16", "f16", "e4m3"};
 static const size_t lengths[] = {0, 1, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 128, 140};
-static const size_t groups[] = {1, 2, 3, 4, 5, 7, 8, 9, 12};
-static const size_t counts[] = {0, 1, 3, 4, 5, 16, 17};
+static const size_t groups[] = {1, 2, 3, 4, 7, 8, 12};
+static const size_t counts[] = {0, 1, 3, 5, 16, 17};
 
 /* Stored rows of one format and their exact widening. */
 typedef struct rows_buf {

@@ -146,8 +146,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_
  * and the full-prefix references are exact at both levels.
  * Errors: NULL_ARGUMENT; INVALID_ARGUMENT ("accum") for any other value.
  * Nothing changes on failure.
- * Threads: like a parameter update (kvpager/param.h): it must not overlap
- * any computation with the layer.
+ * Threads: not safe while any computation uses the layer (like a parameter
+ * update, kvpager/param.h): set the level before steps run.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum accum,
                                                      kvp_error *err);
