@@ -349,9 +349,15 @@ kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out, kvp_e
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    kvp_layer_info info = {sizeof info,       layer->model_width, layer->heads,
-                           layer->kv_heads,   layer->head_width,  layer->rope,
-                           layer->accum};
+    kvp_layer_info info;
+    memset(&info, 0, sizeof info); /* the padding after accum too: callers see every byte */
+    info.struct_size = sizeof info;
+    info.model_width = layer->model_width;
+    info.heads = layer->heads;
+    info.kv_heads = layer->kv_heads;
+    info.head_width = layer->head_width;
+    info.rope = layer->rope;
+    info.accum = layer->accum;
     return kvpi_struct_out(out, &info, sizeof info, KVPI_LAYER_INFO_SIZE_FIRST, err);
 }
 
