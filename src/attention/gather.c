@@ -117,6 +117,7 @@ typedef struct gather_view {
     size_t kph;        /* scores per (lane, query head): len, + 1 with a candidate */
     size_t elem;       /* bytes per stored element */
     int fast;          /* the fast level applies */
+    int prefetch;      /* ask for the next block's rows ahead (narrow rows) */
     double k_scale;    /* fp8 scales (1.0 otherwise) */
     double v_scale;
 } gather_view;
@@ -136,6 +137,7 @@ static gather_view view_of(const kvp_cache *cache, size_t heads, size_t kph, siz
         .elem = cache->pool->element_bytes,
     };
     v.fast = accum == KVP_ACCUM_FAST && v.kind != KVPI_ROWS_F64 && v.d <= FAST_FLOATS;
+    v.prefetch = v.kind != KVPI_ROWS_F64;
     kvpi_cache_kv_scales(cache, &v.k_scale, &v.v_scale);
     if (v.kind != KVPI_ROWS_E4M3) {
         v.k_scale = 1.0;
@@ -147,7 +149,9 @@ static gather_view view_of(const kvp_cache *cache, size_t heads, size_t kph, siz
 /*
  * Asks for the `bytes` at p ahead of their use: a KV head's rows of the next
  * block, fetched while this block's are computed. Pages are scattered over
- * the slab, so the hardware prefetcher would start over at every page.
+ * the slab, so the hardware prefetcher would start over at every page. Only
+ * for narrow rows, where widening makes the kernels slow enough for it to
+ * pay: f64 rows (one prefetch per zmm load) ran 3-5% slower with it.
  */
 static void prefetch_rows(const void *p, size_t bytes)
 {
@@ -182,7 +186,7 @@ static void scores_exact(const gather_view *v, const double *queries, const doub
         size_t rows = rows_in_block(v, block);
         for (size_t kv = 0; kv < kv_heads; kv++) {
             size_t h = kv * v->group;
-            if (block + 1 < b1) {
+            if (v->prefetch && block + 1 < b1) {
                 prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
             }
             v->k->dot_group(v->kind, queries + h * v->d, v->group, block_keys(v, block, kv),
@@ -210,7 +214,7 @@ static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, s
         for (size_t h = h0; h < h1;) {
             size_t kv = h / v->group;
             size_t end = (kv + 1) * v->group < h1 ? (kv + 1) * v->group : h1;
-            if (block + 1 < b1) {
+            if (v->prefetch && block + 1 < b1) {
                 prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
             }
             v->k->dot_group_fast(v->kind, q32 + (h - h0) * v->d, end - h,
@@ -288,7 +292,7 @@ static void values_exact(const gather_view *v, const double *weights, const doub
         for (size_t kv = k0; kv < k1; kv++) {
             const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
             size_t h = kv * v->group;
-            if (block + 1 < blocks) {
+            if (v->prefetch && block + 1 < blocks) {
                 prefetch_rows((const unsigned char *)kvpi_cache_page_values(
                                   v->cache, v->table[block + 1], kv) + f0 * v->elem,
                               v->bt * v->d * v->elem);
@@ -353,7 +357,7 @@ static void fast_pass_run(const gather_view *v, const fast_pass *p, const double
     for (size_t block = 0; block < blocks; block++) {
         for (size_t kv = p->k0; kv < p->k1; kv++) {
             const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
-            if (block + 1 < blocks) {
+            if (v->prefetch && block + 1 < blocks) {
                 prefetch_rows((const unsigned char *)kvpi_cache_page_values(
                                   v->cache, v->table[block + 1], kv) + p->f0 * v->elem,
                               v->bt * v->d * v->elem);
