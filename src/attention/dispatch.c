@@ -17,6 +17,9 @@
  * Callers: kernels.h's inline wrappers, gather.c, tests and benchmarks.
  */
 #include <pthread.h>
+#if defined(KVPI_X86_KERNELS)
+#include <cpuid.h>
+#endif
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +32,15 @@ static const char *const isa_names[KVPI_ISA_COUNT] = {"scalar", "avx2", "avx512"
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 static _Atomic(const kvpi_kernels *) active;
 
+#if defined(KVPI_X86_KERNELS)
+/* CPUID.1:ECX bit 29 (clang's __builtin_cpu_supports has no "f16c"). */
+static int has_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 /* Built into this binary, and run by this CPU. */
 static int cpu_runs(kvpi_isa isa)
 {
@@ -38,12 +50,11 @@ static int cpu_runs(kvpi_isa isa)
 #if defined(KVPI_X86_KERNELS)
     case KVPI_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case KVPI_ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("fma") && has_f16c();
 #endif
     default:
         return 0;
