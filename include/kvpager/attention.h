@@ -57,21 +57,7 @@
 extern "C" {
 #endif
 
-/*
- * Accumulation levels of attention over stored rows.
- *   KVP_ACCUM_EXACT  every stored element is widened to f64 and summed in the
- *                    documented f64 order without fused multiply-add: the bits
- *                    of the full-prefix reference on the stored rows.
- *   KVP_ACCUM_FAST   narrow pages (f32, bf16, f16, fp8) are read in f32 with
- *                    fused multiply-add, in one fixed order, so the bits do
- *                    not depend on block size or thread count on one ISA
- *                    level; its error bound is in docs/DESIGN.md. f64 pages
- *                    are always exact.
- */
-typedef enum kvp_accum {
-    KVP_ACCUM_EXACT = 0,
-    KVP_ACCUM_FAST = 1
-} kvp_accum;
+/* kvp_accum, the accumulation levels, is in kvpager/layer.h (a layer's setting). */
 
 typedef struct kvp_ticket kvp_ticket;
 

@@ -31,6 +31,22 @@ extern "C" {
 
 typedef struct kvp_layer kvp_layer;
 
+/*
+ * Accumulation levels of attention over stored rows.
+ *   KVP_ACCUM_EXACT  every stored element is widened to f64 and summed in the
+ *                    documented f64 order without fused multiply-add: the bits
+ *                    of the full-prefix reference on the stored rows.
+ *   KVP_ACCUM_FAST   narrow pages (f32, bf16, f16, fp8) are read in f32 with
+ *                    fused multiply-add, in one fixed order, so the bits do
+ *                    not depend on block size or thread count on one ISA
+ *                    level; its error bound is in docs/DESIGN.md
+ *                    ("Accumulation levels"). f64 pages are always exact.
+ */
+typedef enum kvp_accum {
+    KVP_ACCUM_EXACT = 0,
+    KVP_ACCUM_FAST = 1
+} kvp_accum;
+
 /* A growing struct (pool.h): struct_size first, set by kvp_layer_info_init. */
 typedef struct kvp_layer_info {
     size_t struct_size;
@@ -39,6 +55,8 @@ typedef struct kvp_layer_info {
     size_t kv_heads; /* KV heads, dividing H; == H for multi-head attention */
     size_t head_width;
     kvp_rope_config rope;
+    /* Added after the first release (pool.h, "Growing structs"): */
+    kvp_accum accum; /* the level of the layer's decode steps (kvp_layer_set_accum) */
 } kvp_layer_info;
 
 /*
@@ -121,6 +139,19 @@ KVP_API void kvp_layer_info_init(kvp_layer_info *info);
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out,
                                                     kvp_error *err);
+
+/*
+ * Sets the accumulation level of the layer's incremental attention (decode
+ * steps: kvp_attention_prepare/forward and the sequences' steps) over narrow
+ * pages: KVP_ACCUM_EXACT (the default) or KVP_ACCUM_FAST. f64 pages, prefill
+ * and the full-prefix references are exact at both levels.
+ * Errors: NULL_ARGUMENT; INVALID_ARGUMENT ("accum") for any other value.
+ * Nothing changes on failure.
+ * Threads: not safe while any computation uses the layer (like a parameter
+ * update, kvpager/param.h): set the level before steps run.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum accum,
+                                                     kvp_error *err);
 
 /*
  * The layer's current binding, as a cache created now would capture it.

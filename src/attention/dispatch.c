@@ -4,7 +4,8 @@
  * Owns: the choice of the active level. It is made once per process, under
  * pthread_once, from what this binary was built with (the x86-64 levels only
  * on x86-64) and what the CPU runs (__builtin_cpu_supports, which also checks
- * that the OS saves the wider registers), unless KVP_ISA names a level: a
+ * that the OS saves the wider registers; the x86 levels also need FMA and
+ * F16C, for the fast accumulation level and f16 rows), unless KVP_ISA names a level: a
  * level the CPU lacks, or an unknown name, is refused with one line on
  * stderr, and the best supported level is used instead.
  *
@@ -16,6 +17,9 @@
  * Callers: kernels.h's inline wrappers, gather.c, tests and benchmarks.
  */
 #include <pthread.h>
+#if defined(KVPI_X86_KERNELS)
+#include <cpuid.h>
+#endif
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +32,15 @@ static const char *const isa_names[KVPI_ISA_COUNT] = {"scalar", "avx2", "avx512"
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 static _Atomic(const kvpi_kernels *) active;
 
+#if defined(KVPI_X86_KERNELS)
+/* CPUID.1:ECX bit 29 (clang's __builtin_cpu_supports has no "f16c"). */
+static int has_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 /* Built into this binary, and run by this CPU. */
 static int cpu_runs(kvpi_isa isa)
 {
@@ -37,10 +50,11 @@ static int cpu_runs(kvpi_isa isa)
 #if defined(KVPI_X86_KERNELS)
     case KVPI_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case KVPI_ISA_AVX512:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2");
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma") && has_f16c();
 #endif
     default:
         return 0;

@@ -6,19 +6,29 @@
  * heads, [H_kv][block_tokens][d_h], in one contiguous run (and the values in
  * the next), so a block is read as one stream per KV head, with one table
  * lookup per block, never one per element. Query head h reads KV head
- * h / (H / H_kv); the H / H_kv query heads of a group are consecutive, so a
- * KV head's rows are read once from memory and served to its whole group
- * from cache. For every query head, positions are still visited in order
+ * h / (H / H_kv); the G = H / H_kv query heads of a group are consecutive,
+ * and one grouped kernel call (dot_group, axpy_group) scores or mixes a
+ * block's rows of a KV head for all G at once, so each row is loaded and
+ * widened once per step, not G times. For every query head, positions are still visited in order
  * 0 .. len-1 and then the candidate, the order the full-prefix reference
  * uses, and every dot product and axpy goes through the dispatched kernels,
  * whose results do not depend on how many rows of a block are handed over at
  * once (kernels.h), so the sums agree bit for bit with the reference and
  * across block sizes. A block's rows for one head go to the multi-row
  * kernels in one call, so several rows are in flight. Pages hold the pool's
- * dtype: the f32 and bf16 kernels widen the stored rows exactly and then
- * compute as the f64 ones (kernels.h), so the order and the bits are those
- * of the f64 kernels on the widened rows. The candidate row is f64 already
- * rounded to the dtype (incremental.c).
+ * dtype: the narrow kernels widen the stored rows exactly and then compute
+ * as the f64 ones (kernels.h), so the order and the bits are those of the
+ * f64 kernels on the widened rows. The candidate row is f64 already rounded
+ * to the dtype (incremental.c). fp8 pages hold elements: scores use scale *
+ * k_scale, outputs are multiplied by v_scale at the end (kvpi_cache_kv_scales).
+ *
+ * A job at KVP_ACCUM_FAST on narrow pages runs the fast level instead
+ * (docs/DESIGN.md, Accumulation levels): the lane's queries rounded to f32
+ * once (in runs of heads that fit FAST_FLOATS on the stack), the fast
+ * grouped kernels, weights rounded to f32 a run of rows at a time, and f32
+ * accumulators on the stack written to the f64 outputs at the end of the
+ * part. Each output is still one chain over the positions in order inside
+ * one part, so the partition below holds for both levels.
  *
  * The partition (one decode step, every lane): each phase is cut into parts
  * that share no output element, and each output element is computed inside
@@ -86,36 +96,319 @@ static size_t blocks_of(const kvp_cache *cache)
 }
 
 /*
+ * The fast level's scratch on the stack (f32): a run of query heads' queries
+ * and one candidate row for the scores, a run of heads' accumulators for the
+ * values. Heads wider than FAST_FLOATS features are computed exactly.
+ */
+#define FAST_FLOATS 4096
+/* Value rows per weight conversion, and heads per grouped call (8: a full tile). */
+#define FAST_ROWS 64
+#define FAST_HEADS 8
+
+/* What a phase needs of a lane of its cache: shape, kernels, row format, scales. */
+typedef struct gather_view {
+    const kvp_cache *cache;
+    const kvpi_kernels *k;
+    const uint32_t *table;
+    kvpi_rows kind;
+    size_t d;          /* head width */
+    size_t bt;         /* block tokens */
+    size_t group;      /* query heads per KV head */
+    size_t kph;        /* scores per (lane, query head): len, + 1 with a candidate */
+    size_t elem;       /* bytes per stored element */
+    int fast;          /* the fast level applies */
+    int prefetch;      /* ask for the next block's rows ahead (narrow rows) */
+    double k_scale;    /* fp8 scales (1.0 otherwise) */
+    double v_scale;
+} gather_view;
+
+static gather_view view_of(const kvp_cache *cache, size_t heads, size_t kph, size_t lane,
+                           kvp_accum accum)
+{
+    gather_view v = {
+        .cache = cache,
+        .k = kvpi_kernels_active(),
+        .table = kvpi_cache_lane_table(cache, lane),
+        .kind = (kvpi_rows)kvpi_cache_dtype(cache),
+        .d = cache->head_width,
+        .bt = cache->block_tokens,
+        .group = heads / cache->heads,
+        .kph = kph,
+        .elem = cache->pool->element_bytes,
+    };
+    v.fast = accum == KVP_ACCUM_FAST && v.kind != KVPI_ROWS_F64 && v.d <= FAST_FLOATS;
+    v.prefetch = v.kind != KVPI_ROWS_F64;
+    kvpi_cache_kv_scales(cache, &v.k_scale, &v.v_scale);
+    if (v.kind != KVPI_ROWS_E4M3) {
+        v.k_scale = 1.0;
+        v.v_scale = 1.0;
+    }
+    return v;
+}
+
+/*
+ * Asks for the `bytes` at p ahead of their use: a KV head's rows of the next
+ * block, fetched while this block's are computed. Pages are scattered over
+ * the slab, so the hardware prefetcher would start over at every page. Only
+ * for narrow rows, where widening makes the kernels slow enough for it to
+ * pay: f64 rows (one prefetch per zmm load) ran 3-5% slower with it.
+ */
+static void prefetch_rows(const void *p, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i += 64) {
+        __builtin_prefetch((const unsigned char *)p + i, 0, 3);
+    }
+}
+
+static size_t rows_in_block(const gather_view *v, size_t block)
+{
+    size_t start = block * v->bt;
+    return v->cache->len - start < v->bt ? v->cache->len - start : v->bt;
+}
+
+/* The key rows of KV head kv in `block`. */
+static const void *block_keys(const gather_view *v, size_t block, size_t kv)
+{
+    return kvpi_cache_page_keys(v->cache, v->table[block], kv);
+}
+
+/*
+ * Exact scores of every query head at blocks [b0, b1): each KV head's rows
+ * scored against its whole group at once (dot_group), then the candidate's.
+ * scale already includes an fp8 k_scale.
+ */
+static void scores_exact(const gather_view *v, const double *queries, const double *candidates,
+                         size_t b0, size_t b1, double scale, double *scores)
+{
+    size_t kv_heads = v->cache->heads;
+    for (size_t block = b0; block < b1; block++) {
+        size_t start = block * v->bt;
+        size_t rows = rows_in_block(v, block);
+        for (size_t kv = 0; kv < kv_heads; kv++) {
+            size_t h = kv * v->group;
+            if (v->prefetch && block + 1 < b1) {
+                prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
+            }
+            v->k->dot_group(v->kind, queries + h * v->d, v->group, block_keys(v, block, kv),
+                            v->d, rows, v->d, scale, scores + h * v->kph + start, v->kph);
+        }
+    }
+    for (size_t head = 0; candidates != NULL && head < kv_heads * v->group; head++) {
+        scores[head * v->kph + v->cache->len] =
+            v->k->dot(queries + head * v->d, candidates + (head / v->group) * v->d, v->d) * scale;
+    }
+}
+
+/*
+ * Fast scores of query heads [h0, h1) (their f32 queries at q32) at blocks
+ * [b0, b1), then against the candidate: every row, the candidate's too, is
+ * one kvpi_fast_dot per head (the candidate's elements are exact in f32).
+ */
+static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, size_t h1,
+                            const double *candidates, size_t b0, size_t b1, double scale,
+                            double *scores)
+{
+    for (size_t block = b0; block < b1; block++) {
+        size_t start = block * v->bt;
+        size_t rows = rows_in_block(v, block);
+        for (size_t h = h0; h < h1;) {
+            size_t kv = h / v->group;
+            size_t end = (kv + 1) * v->group < h1 ? (kv + 1) * v->group : h1;
+            if (v->prefetch && block + 1 < b1) {
+                prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
+            }
+            v->k->dot_group_fast(v->kind, q32 + (h - h0) * v->d, end - h,
+                                 block_keys(v, block, kv), v->d, rows, v->d, scale,
+                                 scores + h * v->kph + start, v->kph);
+            h = end;
+        }
+    }
+    float cand32[FAST_FLOATS];
+    for (size_t h = h0; candidates != NULL && h < h1;) {
+        size_t kv = h / v->group;
+        size_t end = (kv + 1) * v->group < h1 ? (kv + 1) * v->group : h1;
+        for (size_t f = 0; f < v->d; f++) {
+            cand32[f] = (float)candidates[kv * v->d + f];
+        }
+        v->k->dot_group_fast(KVPI_ROWS_F32, q32 + (h - h0) * v->d, end - h, cand32, v->d, 1,
+                             v->d, scale, scores + h * v->kph + v->cache->len, v->kph);
+        h = end;
+    }
+}
+
+/* Fast scores: the queries rounded to f32 once, in runs of heads that fit the scratch. */
+static void scores_fast(const gather_view *v, size_t heads, const double *queries,
+                        const double *candidates, size_t b0, size_t b1, double scale,
+                        double *scores)
+{
+    float q32[FAST_FLOATS];
+    size_t per = FAST_FLOATS / v->d;
+    for (size_t h0 = 0; h0 < heads; h0 += per) {
+        size_t h1 = h0 + per < heads ? h0 + per : heads;
+        for (size_t i = 0; i < (h1 - h0) * v->d; i++) {
+            q32[i] = (float)queries[h0 * v->d + i];
+        }
+        scores_fast_run(v, q32, h0, h1, candidates, b0, b1, scale, scores);
+    }
+}
+
+/*
  * Scores of the `heads` query heads of `lane` at the retained positions of
  * blocks [b0, b1), and of the candidate unless candidates is NULL. scores is
  * the lane's [H][keys_per_head] (len + 1 when the job has a candidate, len
- * without).
+ * without). For fp8 pages the candidate holds elements, like the pages, and
+ * scale is multiplied by the cache's k_scale once.
  */
 static void scores_blocks(const kvp_cache *cache, size_t heads, size_t keys_per_head,
                           const double *queries, const double *candidates, size_t lane,
-                          size_t b0, size_t b1, double scale, double *scores)
+                          size_t b0, size_t b1, double scale, double *scores, kvp_accum accum)
 {
-    size_t d = cache->head_width;
-    size_t bt = cache->block_tokens;
-    size_t group = heads / cache->heads;
-    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-    const kvpi_kernels *k = kvpi_kernels_active();
-    kvp_dtype dtype = kvpi_cache_dtype(cache);
-    size_t head_bytes = bt * d * cache->pool->element_bytes;
-    for (size_t block = b0; block < b1; block++) {
-        size_t start = block * bt;
-        size_t rows = cache->len - start < bt ? cache->len - start : bt;
-        const unsigned char *page_keys = kvpi_cache_page_keys(cache, table[block], 0);
-        for (size_t head = 0; head < heads; head++) {
-            kvpi_dot_stored_rows(k, dtype, queries + head * d,
-                                 page_keys + (head / group) * head_bytes, rows, d, scale,
-                                 scores + head * keys_per_head + start);
+    gather_view v = view_of(cache, heads, keys_per_head, lane, accum);
+    scale *= v.k_scale;
+    if (v.fast) {
+        scores_fast(&v, heads, queries, candidates, b0, b1, scale, scores);
+    } else {
+        scores_exact(&v, queries, candidates, b0, b1, scale, scores);
+    }
+}
+
+/*
+ * Features [f0, f0 + w) of the head outputs of the query heads of KV heads
+ * [k0, k1), exactly: zero, every retained position in order (a KV head's
+ * rows added to its whole group at once, axpy_group), then the candidate;
+ * for fp8 pages each output is multiplied by v_scale at the end.
+ */
+static void values_exact(const gather_view *v, const double *weights, const double *candidates,
+                         size_t k0, size_t k1, size_t f0, size_t w, double *outputs)
+{
+    size_t d = v->d;
+    for (size_t head = k0 * v->group; head < k1 * v->group; head++) {
+        memset(outputs + head * d + f0, 0, w * sizeof *outputs);
+    }
+    size_t blocks = blocks_of(v->cache);
+    for (size_t block = 0; block < blocks; block++) {
+        size_t start = block * v->bt;
+        size_t rows = rows_in_block(v, block);
+        for (size_t kv = k0; kv < k1; kv++) {
+            const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
+            size_t h = kv * v->group;
+            if (v->prefetch && block + 1 < blocks) {
+                prefetch_rows((const unsigned char *)kvpi_cache_page_values(
+                                  v->cache, v->table[block + 1], kv) + f0 * v->elem,
+                              v->bt * v->d * v->elem);
+            }
+            v->k->axpy_group(v->kind, outputs + h * d + f0, d, weights + h * v->kph + start,
+                             v->kph, v->group, vals + f0 * v->elem, d, rows, w);
         }
     }
-    if (candidates != NULL) {
-        for (size_t head = 0; head < heads; head++) {
-            scores[head * keys_per_head + cache->len] =
-                k->dot(queries + head * d, candidates + (head / group) * d, d) * scale;
+    for (size_t head = k0 * v->group; candidates != NULL && head < k1 * v->group; head++) {
+        v->k->axpy(outputs + head * d + f0, weights[head * v->kph + v->cache->len],
+                   candidates + head / v->group * d + f0, w);
+    }
+    for (size_t head = k0 * v->group; v->kind == KVPI_ROWS_E4M3 && head < k1 * v->group;
+         head++) {
+        for (size_t f = f0; f < f0 + w; f++) {
+            outputs[head * d + f] *= v->v_scale;
+        }
+    }
+}
+
+/*
+ * One pass of the fast values: the heads j0 .. j1-1 of each group of KV
+ * heads [k0, k1) over features [f0, f0 + w), their f32 accumulators at acc
+ * ([k][j][w]). Adds rows `r0 .. r0 + rows` of each block, in order, a run of
+ * FAST_ROWS at a time with the weights rounded to f32.
+ */
+typedef struct fast_pass {
+    size_t k0, k1, j0, j1, f0, w;
+} fast_pass;
+
+static void fast_add_rows(const gather_view *v, const fast_pass *p, const double *weights,
+                          const void *rows, size_t start, size_t count, size_t kv, float *acc)
+{
+    float w32[FAST_HEADS * FAST_ROWS];
+    size_t nj = p->j1 - p->j0;
+    for (size_t j = p->j0; j < p->j1; j += FAST_HEADS) {
+        size_t g = p->j1 - j < FAST_HEADS ? p->j1 - j : FAST_HEADS;
+        const double *wh = weights + (kv * v->group + j) * v->kph + start;
+        for (size_t r0 = 0; r0 < count; r0 += FAST_ROWS) {
+            size_t rc = count - r0 < FAST_ROWS ? count - r0 : FAST_ROWS;
+            for (size_t i = 0; i < g; i++) {
+                for (size_t r = 0; r < rc; r++) {
+                    w32[i * FAST_ROWS + r] = (float)wh[i * v->kph + r0 + r];
+                }
+            }
+            kvpi_rows kind = start == v->cache->len ? KVPI_ROWS_F32 : v->kind;
+            size_t elem = kvpi_rows_bytes(kind);
+            v->k->axpy_group_fast(kind, acc + ((kv - p->k0) * nj + (j - p->j0)) * p->w, p->w,
+                                  w32, FAST_ROWS, g, (const unsigned char *)rows +
+                                  r0 * v->d * elem, v->d, rc, p->w);
+        }
+    }
+}
+
+static void fast_pass_run(const gather_view *v, const fast_pass *p, const double *weights,
+                          const double *candidates, double *outputs)
+{
+    float acc[FAST_FLOATS];
+    size_t nj = p->j1 - p->j0;
+    memset(acc, 0, (p->k1 - p->k0) * nj * p->w * sizeof *acc);
+    size_t blocks = blocks_of(v->cache);
+    for (size_t block = 0; block < blocks; block++) {
+        for (size_t kv = p->k0; kv < p->k1; kv++) {
+            const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
+            if (v->prefetch && block + 1 < blocks) {
+                prefetch_rows((const unsigned char *)kvpi_cache_page_values(
+                                  v->cache, v->table[block + 1], kv) + p->f0 * v->elem,
+                              v->bt * v->d * v->elem);
+            }
+            fast_add_rows(v, p, weights, vals + p->f0 * v->elem, block * v->bt,
+                          rows_in_block(v, block), kv, acc);
+        }
+    }
+    float cand32[FAST_FLOATS];
+    for (size_t kv = p->k0; candidates != NULL && kv < p->k1; kv++) {
+        for (size_t f = 0; f < p->w; f++) {
+            cand32[f] = (float)candidates[kv * v->d + p->f0 + f];
+        }
+        /* start == len marks the candidate: one f32 row. */
+        fast_add_rows(v, p, weights, cand32, v->cache->len, 1, kv, acc);
+    }
+    for (size_t kv = p->k0; kv < p->k1; kv++) {
+        for (size_t j = p->j0; j < p->j1; j++) {
+            const float *a = acc + ((kv - p->k0) * nj + (j - p->j0)) * p->w;
+            double *out = outputs + (kv * v->group + j) * v->d + p->f0;
+            for (size_t f = 0; f < p->w; f++) {
+                out[f] = v->kind == KVPI_ROWS_E4M3 ? (double)a[f] * v->v_scale : (double)a[f];
+            }
+        }
+    }
+}
+
+/*
+ * Fast values of KV heads [k0, k1), features [f0, f0 + w): in passes whose
+ * f32 accumulators fit FAST_FLOATS (whole groups of several KV heads when
+ * they fit; else fewer heads of a group, then narrower features). Every
+ * output is one fmaf chain over the positions in order inside one pass, so
+ * the passes change no bit.
+ */
+static void values_fast(const gather_view *v, const double *weights, const double *candidates,
+                        size_t k0, size_t k1, size_t f0, size_t w, double *outputs)
+{
+    if (w == 0) {
+        return;
+    }
+    size_t nj = v->group < FAST_FLOATS / 16 ? v->group : FAST_FLOATS / 16;
+    size_t ws = w < FAST_FLOATS / nj ? w : FAST_FLOATS / nj;
+    size_t nk = nj == v->group ? FAST_FLOATS / (nj * ws) : 1;
+    for (size_t ka = k0; ka < k1; ka += nk) {
+        for (size_t ja = 0; ja < v->group; ja += nj) {
+            for (size_t fa = 0; fa < w; fa += ws) {
+                fast_pass p = {ka, ka + nk < k1 ? ka + nk : k1, ja,
+                               ja + nj < v->group ? ja + nj : v->group, f0 + fa,
+                               w - fa < ws ? w - fa : ws};
+                fast_pass_run(v, &p, weights, candidates, outputs);
+            }
         }
     }
 }
@@ -123,40 +416,20 @@ static void scores_blocks(const kvp_cache *cache, size_t heads, size_t keys_per_
 /*
  * Features [f0, f0 + w) of the head outputs of the query heads (`heads` in
  * all) of KV heads [k0, k1) in `lane`: zero, every retained position in
- * order, then the candidate unless candidates is NULL. Blocks outer, heads inner, so a block's value rows of the range
- * are read as one stream. weights is the lane's [H][len + 1], candidates
- * its [H_kv][d_h], outputs its [H][d_h].
+ * order, then the candidate unless candidates is NULL. Blocks outer, heads
+ * inner, so a block's value rows of the range are read as one stream.
+ * weights is the lane's [H][keys], candidates its [H_kv][d_h] (elements,
+ * for fp8), outputs its [H][d_h].
  */
 static void values_range(const kvp_cache *cache, size_t heads, const double *weights,
                          const double *candidates, size_t lane, size_t k0, size_t k1, size_t f0,
-                         size_t w, double *outputs)
+                         size_t w, double *outputs, kvp_accum accum)
 {
-    size_t d = cache->head_width;
-    size_t bt = cache->block_tokens;
-    size_t group = heads / cache->heads;
-    size_t keys_per_head = cache->len + (candidates != NULL);
-    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-    const kvpi_kernels *k = kvpi_kernels_active();
-    kvp_dtype dtype = kvpi_cache_dtype(cache);
-    for (size_t head = k0 * group; head < k1 * group; head++) {
-        memset(outputs + head * d + f0, 0, w * sizeof *outputs);
-    }
-    size_t blocks = blocks_of(cache);
-    for (size_t block = 0; block < blocks; block++) {
-        size_t start = block * bt;
-        size_t rows = cache->len - start < bt ? cache->len - start : bt;
-        for (size_t kv_head = k0; kv_head < k1; kv_head++) {
-            const void *page_values = kvpi_cache_page_values(cache, table[block], kv_head);
-            for (size_t head = kv_head * group; head < (kv_head + 1) * group; head++) {
-                kvpi_axpy_stored_rows(k, dtype, outputs + head * d + f0,
-                                      weights + head * keys_per_head + start, page_values, rows,
-                                      d, f0, w);
-            }
-        }
-    }
-    for (size_t head = k0 * group; candidates != NULL && head < k1 * group; head++) {
-        k->axpy(outputs + head * d + f0, weights[head * keys_per_head + cache->len],
-                candidates + head / group * d + f0, w);
+    gather_view v = view_of(cache, heads, cache->len + (candidates != NULL), lane, accum);
+    if (v.fast) {
+        values_fast(&v, weights, candidates, k0, k1, f0, w, outputs);
+    } else {
+        values_exact(&v, weights, candidates, k0, k1, f0, w, outputs);
     }
 }
 
@@ -164,14 +437,14 @@ void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const dou
                         size_t lane, double scale, double *scores)
 {
     scores_blocks(cache, cache->binding.heads, cache->len + 1, queries, candidates, lane, 0,
-                  blocks_of(cache), scale, scores);
+                  blocks_of(cache), scale, scores, KVP_ACCUM_EXACT);
 }
 
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
                         size_t lane, double *outputs)
 {
     values_range(cache, cache->binding.heads, weights, candidates, lane, 0, cache->heads, 0,
-                 cache->head_width, outputs);
+                 cache->head_width, outputs, KVP_ACCUM_EXACT);
 }
 
 /* ---- the partition ------------------------------------------------------------ */
@@ -281,7 +554,7 @@ static void score_part(void *ctx, size_t part)
         job->keys != NULL && chunk + 1 == chunks ? job->keys + lane * kv_width : NULL;
     size_t keys = job_keys(job);
     scores_blocks(cache, heads, keys, job->queries + lane * heads * cache->head_width, candidates,
-                  lane, b0, b1, job->scale, job->weights + lane * heads * keys);
+                  lane, b0, b1, job->scale, job->weights + lane * heads * keys, job->accum);
 }
 
 static void softmax_part(void *ctx, size_t part)
@@ -310,7 +583,8 @@ static void value_part(void *ctx, size_t part)
     values_range(cache, heads, job->weights + lane * heads * job_keys(job),
                  job->values != NULL ? job->values + lane * kv_width : NULL, lane,
                  range * cache->heads / v.ranges, (range + 1) * cache->heads / v.ranges,
-                 part % v.slices * width, width, job->outputs + lane * heads * cache->head_width);
+                 part % v.slices * width, width, job->outputs + lane * heads * cache->head_width,
+                 job->accum);
 }
 
 /* The values of a whole lane in one stream: the phase on one thread. */
@@ -323,7 +597,7 @@ static void value_lane(void *ctx, size_t lane)
                  job->values != NULL ? job->values + lane * cache->heads * cache->head_width
                                      : NULL,
                  lane, 0, cache->heads, 0, cache->head_width,
-                 job->outputs + lane * heads * cache->head_width);
+                 job->outputs + lane * heads * cache->head_width, job->accum);
 }
 
 void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par)

@@ -13,43 +13,29 @@
 #include "kvpager/attention.h"
 #include "pager/cache_internal.h"
 
-/* dot_rows over `rows` stored rows of `dtype` at `keys` (d_h apart). */
+/*
+ * dot_rows over `rows` stored rows of `dtype` at `keys` (d_h apart), any
+ * dtype (dot_group for one head: the same bits). fp8 elements only: the
+ * caller multiplies scale by the cache's k_scale.
+ */
 static inline void kvpi_dot_stored_rows(const kvpi_kernels *k, kvp_dtype dtype, const double *q,
                                         const void *keys, size_t rows, size_t d, double scale,
                                         double *out)
 {
-    switch (dtype) {
-    case KVP_F32:
-        k->dot_rows_f32(q, keys, d, rows, d, scale, out);
-        return;
-    case KVP_BF16:
-        k->dot_rows_bf16(q, keys, d, rows, d, scale, out);
-        return;
-    default:
-        k->dot_rows(q, keys, d, rows, d, scale, out);
-        return;
-    }
+    k->dot_group((kvpi_rows)dtype, q, 1, keys, d, rows, d, scale, out, 0);
 }
 
 /*
  * axpy_rows over features [f0, f0 + n) of `rows` stored rows (d_h apart) of
- * `dtype` starting at `values`; acc points at feature f0.
+ * `dtype` starting at `values`; acc points at feature f0. fp8 elements only:
+ * the caller multiplies the sum by the cache's v_scale.
  */
 static inline void kvpi_axpy_stored_rows(const kvpi_kernels *k, kvp_dtype dtype, double *acc,
                                          const double *weights, const void *values, size_t rows,
                                          size_t d, size_t f0, size_t n)
 {
-    switch (dtype) {
-    case KVP_F32:
-        k->axpy_rows_f32(acc, weights, (const float *)values + f0, d, rows, n);
-        return;
-    case KVP_BF16:
-        k->axpy_rows_bf16(acc, weights, (const uint16_t *)values + f0, d, rows, n);
-        return;
-    default:
-        k->axpy_rows(acc, weights, (const double *)values + f0, d, rows, n);
-        return;
-    }
+    k->axpy_group((kvpi_rows)dtype, acc, 0, weights, 0, 1, (const unsigned char *)values +
+                  f0 * kvpi_rows_bytes((kvpi_rows)dtype), d, rows, n);
 }
 
 /*
@@ -80,8 +66,9 @@ void kvpi_gather_values(const kvp_cache *cache, const double *weights, const dou
 typedef struct kvpi_gather_job {
     const kvp_cache *cache;
     const double *queries;    /* [B][H][d_h], rotated */
-    const double *keys;       /* [B][H_kv][d_h]: the candidate keys, rounded to the dtype;
-                                 NULL: no candidate row (values NULL too) */
+    const double *keys;       /* [B][H_kv][d_h]: the candidate keys, rounded to the dtype
+                                 (for fp8 pages: the e4m3 elements, unscaled, like the
+                                 pages); NULL: no candidate row (values NULL too) */
     const double *values;     /* [B][H_kv][d_h]: the candidate values, likewise */
     double scale;             /* 1 / sqrt(d_h) for a layer */
     double *weights;          /* [B][H][keys]: scores, then the softmax in place; keys is
@@ -89,7 +76,9 @@ typedef struct kvpi_gather_job {
     double *outputs;          /* [B][H][d_h]: the head outputs */
     size_t heads;             /* H, query heads, a multiple of the cache's KV heads;
                                  0: the binding's heads */
-    kvp_accum accum;          /* the accumulation level (kvpager/attention.h) */
+    kvp_accum accum;          /* the accumulation level (kvpager/attention.h); FAST
+                                 reads narrow pages in f32 (docs/DESIGN.md, Accumulation
+                                 levels), f64 pages stay exact */
 } kvpi_gather_job;
 
 /*

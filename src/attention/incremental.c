@@ -188,6 +188,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
         .scale = 1.0 / sqrt((double)layer->head_width),
         .weights = t->weights,
         .outputs = t->head_outputs,
+        .accum = layer->accum,
     };
     kvpi_gather_scores_on(&job, par);
     kvp_status status =

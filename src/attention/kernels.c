@@ -109,16 +109,7 @@ void kvpi_project_rows(const double *x, size_t x_stride, size_t rows, const doub
 
 void kvpi_softmax(double *s, size_t n)
 {
-    double max = s[0];
-    for (size_t i = 1; i < n; i++) {
-        if (s[i] > max) {
-            max = s[i];
-        }
-    }
-    double sum = kvpi_kernels_active()->exp_sum(s, n, max);
-    for (size_t i = 0; i < n; i++) {
-        s[i] /= sum;
-    }
+    kvpi_kernels_active()->softmax(s, n);
 }
 
 /* Pair i of `count` vectors `stride` apart rotated by c, s. */

@@ -31,10 +31,22 @@
  *     do exactly what the f64 kernel does, in its order, so each equals the
  *     f64 kernel applied to the widened rows, bit for bit, at every level.
  *     Only the rows are narrow; q, weights and acc are f64.
+ *   - Rows of any format (kvpi_rows: f64, f32, bf16, f16, e4m3): the grouped
+ *     kernels dot_group/axpy_group equal dot_rows/axpy_rows on the widened
+ *     rows, one head at a time, for any number of heads.
  *   - exp is kvpi_exp below, lane by lane: the same operations in the same
  *     order, each one IEEE-rounded (add, sub, mul, div), so every level gives
  *     its bits. The softmax's sum of exps uses the dot product's order (eight
  *     lane sums, the same tree, then the tail), whatever the level.
+ *
+ * Fast accumulation (the *_fast entries; docs/DESIGN.md, Accumulation
+ * levels): the one place that fuses. f32 queries, weights and accumulators,
+ * narrow rows widened to f32 (exact); a dot product is kvpi_fast_dot below
+ * (sixteen fmaf lane sums, kvpi_fast_tree, an fmaf tail), an axpy is
+ * acc = fmaf(w, v, acc) per element, rows in order. The vector levels use
+ * FMA instructions (explicit intrinsics; -ffp-contract=off still holds),
+ * the portable level libm's correctly rounded fmaf: every level gives the
+ * portable bits.
  */
 #ifndef KVPAGER_ATTENTION_KERNELS_H
 #define KVPAGER_ATTENTION_KERNELS_H
@@ -45,6 +57,34 @@
 #include <string.h>
 
 #include "kvpager/types.h"
+
+/*
+ * Formats of stored rows the grouped kernels read; the values are kvp_dtype's
+ * (kvpager/pool.h), so a pool's dtype converts directly.
+ *   F64, F32    IEEE binary64, binary32.
+ *   BF16        the top 16 bits of a binary32.
+ *   F16         IEEE binary16 (F16C's vcvtph2ps where the level has it).
+ *   E4M3        OCP fp8 e4m3fn: 1 sign, 4 exponent (bias 7), 3 fraction
+ *               bits; no infinities; S.1111.111 is NaN; largest 448,
+ *               smallest subnormal 2^-9. The element only: a cache's fp8
+ *               scales are applied by the caller (gather.c).
+ * Every format widens exactly to f32 (kvpi_f16_widen, kvpi_e4m3_widen below)
+ * and so to f64.
+ */
+typedef enum kvpi_rows {
+    KVPI_ROWS_F64 = 0,
+    KVPI_ROWS_F32 = 1,
+    KVPI_ROWS_BF16 = 2,
+    KVPI_ROWS_F16 = 3,
+    KVPI_ROWS_E4M3 = 4
+} kvpi_rows;
+
+/* Bytes of one element of each format. */
+static inline size_t kvpi_rows_bytes(kvpi_rows kind)
+{
+    static const unsigned char bytes[] = {8, 4, 2, 2, 1};
+    return bytes[kind];
+}
 
 /* Instruction set levels, weakest first. */
 typedef enum kvpi_isa {
@@ -99,6 +139,37 @@ typedef struct kvpi_kernels {
                          int first);
     size_t project_mr; /* rows of the tile (at most KVPI_PROJECT_MAX_MR) */
     size_t project_nr; /* columns of the tile (at most KVPI_PROJECT_MAX_NR) */
+    /*
+     * Grouped kernels (GQA): the g query heads of one KV head against `count`
+     * stored rows of `kind` (stride in elements), each row read and widened
+     * once for all g heads. Any g >= 1; q is packed [g][n].
+     *   dot_group:  out[h * out_stride + r] = dot(q + h * n, widened row r, n)
+     *               * scale, exactly dot_rows on the widened rows (Exactness).
+     *   axpy_group: for h < g, rows r in order: acc[h * acc_stride + f] +=
+     *               w[h * w_stride + r] * widened row r [f], f < n: exactly g
+     *               axpy_rows on the widened rows.
+     */
+    void (*dot_group)(kvpi_rows kind, const double *q, size_t g, const void *rows, size_t stride,
+                      size_t count, size_t n, double scale, double *out, size_t out_stride);
+    void (*axpy_group)(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                       size_t w_stride, size_t g, const void *rows, size_t stride, size_t count,
+                       size_t n);
+    /*
+     * The fast level (Fast accumulation, below) of the same two, for narrow
+     * rows (kind != KVPI_ROWS_F64): q, w and acc are f32.
+     *   dot_group_fast:  out[h * out_stride + r] = (double)kvpi_fast_dot(q + h
+     *                    * n, row r, n) * scale (the product in f64).
+     *   axpy_group_fast: acc[h * acc_stride + f] = fmaf(w[h * w_stride + r],
+     *                    row r [f], acc[..]) for rows r in order.
+     */
+    void (*dot_group_fast)(kvpi_rows kind, const float *q, size_t g, const void *rows,
+                           size_t stride, size_t count, size_t n, double scale, double *out,
+                           size_t out_stride);
+    void (*axpy_group_fast)(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
+                            size_t w_stride, size_t g, const void *rows, size_t stride,
+                            size_t count, size_t n);
+    /* kvpi_softmax (below), the bits of the portable level. */
+    void (*softmax)(double *s, size_t n);
 } kvpi_kernels;
 
 /* Bounds of every level's projection tile (kvpi_project_rows packs W slivers this wide). */
@@ -160,6 +231,123 @@ static inline double kvpi_bf16_widen(uint16_t h)
     float f;
     memcpy(&f, &bits, sizeof f);
     return (double)f;
+}
+
+/*
+ * binary16 bits widened to f32 (exact), portably: the bits of F16C's
+ * vcvtph2ps, a signalling NaN quieted as it does.
+ */
+static inline float kvpi_f16_widen(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu;
+    uint32_t m = h & 0x3FFu;
+    uint32_t bits;
+    if (e == 0x1F) {
+        bits = sign | 0x7F800000u | (m << 13) | (m != 0 ? 0x400000u : 0);
+    } else if (e == 0) {
+        float f = (float)m * 0x1p-24f; /* subnormal: m * 2^-24, exact in f32 */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    } else {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* The f32 bits of an e4m3 NaN with the sign of `x` (0x7F and 0xFF). */
+#define KVPI_E4M3_NAN_BITS 0x7FC00000u
+
+/*
+ * e4m3 bits widened to f32 (exact), by bits: sign | exponent-and-fraction
+ * << 20 is a binary32 of value 2^(e - 127) (1 + m/8) (2^-149 * (m << 20) for
+ * e = 0), and one exact product with 2^120 rebiases it to e4m3's 2^(e - 7)
+ * (1 + m/8) and m 2^-9. Every level computes it this way (no table).
+ */
+static inline float kvpi_e4m3_widen(uint8_t x)
+{
+    uint32_t sign = (uint32_t)(x & 0x80u) << 24;
+    uint32_t bits = sign | ((uint32_t)(x & 0x7Fu) << 20);
+    if ((x & 0x7Fu) == 0x7Fu) {
+        bits = sign | KVPI_E4M3_NAN_BITS;
+        float nan;
+        memcpy(&nan, &bits, sizeof nan);
+        return nan;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f * 0x1p120f;
+}
+
+/* Element i of rows of `kind`, widened to f32 (exact; not for F64). */
+static inline float kvpi_rows_widen_f32(kvpi_rows kind, const void *rows, size_t i)
+{
+    switch (kind) {
+    case KVPI_ROWS_F32:
+        return ((const float *)rows)[i];
+    case KVPI_ROWS_BF16:
+        return (float)kvpi_bf16_widen(((const uint16_t *)rows)[i]);
+    case KVPI_ROWS_F16:
+        return kvpi_f16_widen(((const uint16_t *)rows)[i]);
+    default:
+        return kvpi_e4m3_widen(((const uint8_t *)rows)[i]);
+    }
+}
+
+/* Element i of rows of `kind`, widened to f64 (exact). */
+static inline double kvpi_rows_widen(kvpi_rows kind, const void *rows, size_t i)
+{
+    return kind == KVPI_ROWS_F64 ? ((const double *)rows)[i]
+                                 : (double)kvpi_rows_widen_f32(kind, rows, i);
+}
+
+/*
+ * The fast level's tree over sixteen f32 lane sums s_l: t_l = s_l + s_{l+8},
+ * u_l = t_l + t_{l+4}, v_l = u_l + u_{l+2}, then v_0 + v_1.
+ */
+static inline float kvpi_fast_tree(const float s[16])
+{
+    float t[8];
+    for (int l = 0; l < 8; l++) {
+        t[l] = s[l] + s[l + 8];
+    }
+    float u0 = t[0] + t[4];
+    float u1 = t[1] + t[5];
+    float u2 = t[2] + t[6];
+    float u3 = t[3] + t[7];
+    return (u0 + u2) + (u1 + u3);
+}
+
+/*
+ * The fast level's dot product (the contract every level keeps, Fast
+ * accumulation above): q[f] (f32) times element `at + f` of narrow rows of
+ * `kind` widened to f32, for f < n:
+ *   s_l = fmaf(q[f], k[f], s_l) for f = l (mod 16), f < 16 floor(n / 16),
+ *         in increasing f, from s_l = +0.0f, l = 0..15;
+ *   the tree kvpi_fast_tree(s); then sum = fmaf(q[f], k[f], sum) for the
+ *   tail f = 16 floor(n / 16) .. n-1.
+ * fmaf is libm's, correctly rounded; the vector levels use FMA instructions.
+ */
+static inline float kvpi_fast_dot(const float *q, kvpi_rows kind, const void *rows, size_t at,
+                                  size_t n)
+{
+    float s[16];
+    for (int l = 0; l < 16; l++) {
+        s[l] = 0.0f;
+    }
+    size_t f = 0;
+    for (; f + 16 <= n; f += 16) {
+        for (size_t l = 0; l < 16; l++) {
+            s[l] = fmaf(q[f + l], kvpi_rows_widen_f32(kind, rows, at + f + l), s[l]);
+        }
+    }
+    float sum = kvpi_fast_tree(s);
+    for (; f < n; f++) {
+        sum = fmaf(q[f], kvpi_rows_widen_f32(kind, rows, at + f), sum);
+    }
+    return sum;
 }
 
 /* The tree of the summation order above over eight lane sums. */

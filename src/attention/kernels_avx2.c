@@ -470,8 +470,186 @@ static void avx2_project_tile(const double *x, size_t x_stride, size_t mr, const
 #undef AVX2_TILE
 }
 
+
+/* ---- grouped kernels, the fast level and the softmax (kernels_group.h) ---------- */
+
+/* e4m3 bytes (zero-extended to 32 bits) widened to f32 as kvpi_e4m3_widen does. */
+static inline __attribute__((always_inline)) __m256 e4m3_8(__m256i x)
+{
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
+    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_slli_epi32(mag, 20))),
+                             _mm256_set1_ps(0x1p120f));
+    __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+    __m256i nan_bits = _mm256_or_si256(sign, _mm256_set1_epi32((int)KVPI_E4M3_NAN_BITS));
+    return _mm256_blendv_ps(f, _mm256_castsi256_ps(nan_bits), _mm256_castsi256_ps(nan));
+}
+
+/* Eight narrow elements at i widened to f32 (exact), in one register. */
+static inline __attribute__((always_inline)) __m256 narrow8(kvpi_rows kind, const void *rows,
+                                                            size_t i)
+{
+    const void *p;
+    switch (kind) {
+    case KVPI_ROWS_BF16:
+        p = (const uint16_t *)rows + i;
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    case KVPI_ROWS_F16:
+        p = (const uint16_t *)rows + i;
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    case KVPI_ROWS_E4M3:
+        p = (const uint8_t *)rows + i;
+        return e4m3_8(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    default:
+        return _mm256_loadu_ps((const float *)rows + i);
+    }
+}
+
+/* Eight doubles as lanes 0-3 and 4-7; sixteen floats as lanes 0-7 and 8-15. */
+typedef struct VD {
+    __m256d lo, hi;
+} VD;
+typedef struct VF {
+    __m256 lo, hi;
+} VF;
+#define GROUP_GMAX 4
+#define XCOLS(G) ((G) >= 4 ? 1 : (G) >= 2 ? 2 : 4) /* 2 x G x C <= 8 of 16 registers */
+#define FCOLS(G) XCOLS(G)
+
+#define AVX2_AI static inline __attribute__((always_inline))
+AVX2_AI VD vd_zero(void) { return (VD){_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+AVX2_AI VD vd_loadu(const double *p) { return (VD){_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
+AVX2_AI VD vd_set1(double x) { return (VD){_mm256_set1_pd(x), _mm256_set1_pd(x)}; }
+AVX2_AI VD vd_add(VD a, VD b) { return (VD){_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)}; }
+AVX2_AI VD vd_mul(VD a, VD b) { return (VD){_mm256_mul_pd(a.lo, b.lo), _mm256_mul_pd(a.hi, b.hi)}; }
+AVX2_AI void vd_storeu(double *p, VD x)
+{
+    _mm256_storeu_pd(p, x.lo);
+    _mm256_storeu_pd(p + 4, x.hi);
+}
+
+AVX2_AI double vd_tree(VD s)
+{
+    __m128d u = half_sums(_mm256_add_pd(s.lo, s.hi));
+    return _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+}
+
+AVX2_AI VD vd_rows(kvpi_rows kind, const void *rows, size_t i)
+{
+    if (kind == KVPI_ROWS_F64) {
+        return vd_loadu((const double *)rows + i);
+    }
+    __m256 x = narrow8(kind, rows, i);
+    return (VD){_mm256_cvtps_pd(_mm256_castps256_ps128(x)), _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))};
+}
+
+AVX2_AI VF vf_zero(void) { return (VF){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+AVX2_AI VF vf_loadu(const float *p) { return (VF){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+AVX2_AI VF vf_set1(float x) { return (VF){_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+AVX2_AI VF vf_fma(VF a, VF b, VF c)
+{
+    return (VF){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+AVX2_AI void vf_storeu(float *p, VF x)
+{
+    _mm256_storeu_ps(p, x.lo);
+    _mm256_storeu_ps(p + 8, x.hi);
+}
+
+/* kvpi_fast_tree: lanes l + 8 (lo + hi), then l + 4, l + 2, l + 1. */
+AVX2_AI float vf_tree(VF s)
+{
+    __m256 t = _mm256_add_ps(s.lo, s.hi);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
+}
+
+AVX2_AI VF vf_rows(kvpi_rows kind, const void *rows, size_t i)
+{
+    return (VF){narrow8(kind, rows, i), narrow8(kind, rows, i + 8)};
+}
+
+/* The maximum of s[0..n): exact, so any order gives it (a zero's sign aside, which exp ignores). */
+static double level_max(const double *s, size_t n)
+{
+    __m256d m = _mm256_set1_pd(s[0]);
+    size_t f = 0;
+    for (; f + 4 <= n; f += 4) {
+        m = _mm256_max_pd(m, _mm256_loadu_pd(s + f));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, m);
+    double max = lanes[0];
+    for (size_t l = 1; l < 4; l++) {
+        max = lanes[l] > max ? lanes[l] : max;
+    }
+    for (; f < n; f++) {
+        max = s[f] > max ? s[f] : max;
+    }
+    return max;
+}
+
+#define level_exp_sum avx2_exp_sum
+
+static void level_div(double *s, size_t n, double sum)
+{
+    __m256d d = _mm256_set1_pd(sum);
+    size_t f = 0;
+    for (; f + 4 <= n; f += 4) {
+        _mm256_storeu_pd(s + f, _mm256_div_pd(_mm256_loadu_pd(s + f), d));
+    }
+    for (; f < n; f++) {
+        s[f] /= sum;
+    }
+}
+
+#include "attention/kernels_group.h"
+
+/*
+ * f64 rows, and one head of f32 or bf16 rows: the four-rows-in-flight
+ * kernels above, a head at a time. f64 rows need no widening, and a KV
+ * head's block (16 KiB at d_h 128, block 16) stays in L1 for its group;
+ * measured faster than the grouped tiles (bench-decode, f64 32/8 heads).
+ */
+static void avx2_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
+                           size_t stride, size_t count, size_t n, double scale, double *out,
+                           size_t out_stride)
+{
+    if (kind == KVPI_ROWS_F64) {
+        for (size_t h = 0; h < g; h++) {
+            avx2_dot_rows(q + h * n, rows, stride, count, n, scale, out + h * out_stride);
+        }
+    } else if (g == 1 && kind == KVPI_ROWS_F32) {
+        narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_F32);
+    } else if (g == 1 && kind == KVPI_ROWS_BF16) {
+        narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_BF16);
+    } else {
+        group_dot(kind, q, g, rows, stride, count, n, scale, out, out_stride);
+    }
+}
+
+static void avx2_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                            size_t w_stride, size_t g, const void *rows, size_t stride,
+                            size_t count, size_t n)
+{
+    if (kind == KVPI_ROWS_F64) {
+        for (size_t h = 0; h < g; h++) {
+            avx2_axpy_rows(acc + h * acc_stride, w + h * w_stride, rows, stride, count, n);
+        }
+    } else if (g == 1 && kind == KVPI_ROWS_F32) {
+        narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_F32);
+    } else if (g == 1 && kind == KVPI_ROWS_BF16) {
+        narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_BF16);
+    } else {
+        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+    }
+}
+
 const kvpi_kernels kvpi_kernels_avx2 = {
     KVPI_ISA_AVX2,  "avx2",    avx2_dot, avx2_dot_rows, avx2_axpy, avx2_axpy_rows,
     avx2_exps, avx2_exp_sum, avx2_dot_rows_f32, avx2_dot_rows_bf16, avx2_axpy_rows_f32,
-    avx2_axpy_rows_bf16, avx2_project_tile, AVX2_MR, AVX2_NR,
+    avx2_axpy_rows_bf16, avx2_project_tile, AVX2_MR, AVX2_NR, avx2_dot_group,
+    avx2_axpy_group, group_dot_fast, group_axpy_fast, group_softmax,
 };

@@ -439,9 +439,429 @@ static void avx512_project_tile(const double *x, size_t x_stride, size_t mr, con
     }
 }
 
+
+/* ---- grouped kernels, the fast level and the softmax (kernels_group.h) ---------- */
+
+/* e4m3 bytes (zero-extended to 32 bits) widened to f32 as kvpi_e4m3_widen does. */
+static inline __attribute__((always_inline)) __m512 e4m3_16(__m512i x)
+{
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+    __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
+    __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_slli_epi32(mag, 20))),
+                             _mm512_set1_ps(0x1p120f));
+    __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
+    __m512i nan_bits = _mm512_or_si512(sign, _mm512_set1_epi32((int)KVPI_E4M3_NAN_BITS));
+    return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(nan_bits));
+}
+
+static inline __attribute__((always_inline)) __m256 e4m3_8(__m256i x)
+{
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
+    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_slli_epi32(mag, 20))),
+                             _mm256_set1_ps(0x1p120f));
+    __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+    __m256i nan_bits = _mm256_or_si256(sign, _mm256_set1_epi32((int)KVPI_E4M3_NAN_BITS));
+    return _mm256_blendv_ps(f, _mm256_castsi256_ps(nan_bits), _mm256_castsi256_ps(nan));
+}
+
+typedef __m512d VD;
+typedef __m512 VF;
+#define GROUP_GMAX 8
+#define XCOLS(G) ((G) >= 8 ? 2 : (G) >= 4 ? 4 : 8) /* G x C <= 16 of 32 registers */
+#define FCOLS(G) XCOLS(G)
+
+static inline __attribute__((always_inline)) VD vd_zero(void) { return _mm512_setzero_pd(); }
+static inline __attribute__((always_inline)) VD vd_loadu(const double *p) { return _mm512_loadu_pd(p); }
+static inline __attribute__((always_inline)) VD vd_set1(double x) { return _mm512_set1_pd(x); }
+static inline __attribute__((always_inline)) VD vd_add(VD a, VD b) { return _mm512_add_pd(a, b); }
+static inline __attribute__((always_inline)) VD vd_mul(VD a, VD b) { return _mm512_mul_pd(a, b); }
+static inline __attribute__((always_inline)) void vd_storeu(double *p, VD x) { _mm512_storeu_pd(p, x); }
+
+static inline __attribute__((always_inline)) double vd_tree(VD s)
+{
+    __m256d t = first_level(s);
+    __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+}
+
+/* Elements i .. i+7 of rows of `kind`, widened to f64 (exact). */
+static inline __attribute__((always_inline)) VD vd_rows(kvpi_rows kind, const void *rows, size_t i)
+{
+    switch (kind) {
+    case KVPI_ROWS_F64:
+        return _mm512_loadu_pd((const double *)rows + i);
+    case KVPI_ROWS_F32:
+        return load8(rows, i, ROWS_F32);
+    case KVPI_ROWS_BF16:
+        return load8(rows, i, ROWS_BF16);
+    case KVPI_ROWS_F16:
+        return _mm512_cvtps_pd(
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)rows + i))));
+    default:
+        return _mm512_cvtps_pd(e4m3_8(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)rows + i)))));
+    }
+}
+
+static inline __attribute__((always_inline)) VF vf_zero(void) { return _mm512_setzero_ps(); }
+static inline __attribute__((always_inline)) VF vf_loadu(const float *p) { return _mm512_loadu_ps(p); }
+static inline __attribute__((always_inline)) VF vf_set1(float x) { return _mm512_set1_ps(x); }
+static inline __attribute__((always_inline)) VF vf_fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+static inline __attribute__((always_inline)) void vf_storeu(float *p, VF x) { _mm512_storeu_ps(p, x); }
+
+/* kvpi_fast_tree: lanes l + 8, then l + 4, l + 2, l + 1. */
+static inline __attribute__((always_inline)) float vf_tree(VF s)
+{
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+    __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s), hi);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
+}
+
+/* Elements i .. i+15 of narrow rows of `kind`, widened to f32 (exact). */
+static inline __attribute__((always_inline)) VF vf_rows(kvpi_rows kind, const void *rows, size_t i)
+{
+    const void *p;
+    switch (kind) {
+    case KVPI_ROWS_BF16:
+        p = (const uint16_t *)rows + i;
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    case KVPI_ROWS_F16:
+        p = (const uint16_t *)rows + i;
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    case KVPI_ROWS_E4M3:
+        p = (const uint8_t *)rows + i;
+        return e4m3_16(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    default:
+        return _mm512_loadu_ps((const float *)rows + i);
+    }
+}
+
+/* The maximum of s[0..n): exact, so any order gives it (a zero's sign aside, which exp ignores). */
+static double level_max(const double *s, size_t n)
+{
+    __m512d m = _mm512_set1_pd(s[0]);
+    size_t f = 0;
+    for (; f + 8 <= n; f += 8) {
+        m = _mm512_max_pd(m, _mm512_loadu_pd(s + f));
+    }
+    double max = _mm512_reduce_max_pd(m);
+    for (; f < n; f++) {
+        max = s[f] > max ? s[f] : max;
+    }
+    return max;
+}
+
+#define level_exp_sum avx512_exp_sum
+
+static void level_div(double *s, size_t n, double sum)
+{
+    __m512d d = _mm512_set1_pd(sum);
+    size_t f = 0;
+    for (; f + 8 <= n; f += 8) {
+        _mm512_storeu_pd(s + f, _mm512_div_pd(_mm512_loadu_pd(s + f), d));
+    }
+    for (; f < n; f++) {
+        s[f] /= sum;
+    }
+}
+
+#include "attention/kernels_group.h"
+
+/*
+ * The fast dot products of R rows x G heads (R G = 16) in one pass, their
+ * sixteen trees done together: each step adds the same lane pairs as
+ * kvpi_fast_tree (l + 8, l + 4, l + 2, l + 1) for two accumulators in one
+ * register, so every dot gets its own bits, and lane 4b + j of the result
+ * holds accumulator 4j + b (accumulator i = r G + h).
+ */
+static inline __attribute__((always_inline)) __m512 pair8(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+static inline __attribute__((always_inline)) __m512 pair4(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+static inline __attribute__((always_inline)) __m512 trees16(const __m512 a[16])
+{
+    __m512 c[8];
+    for (int k = 0; k < 8; k++) {
+        c[k] = pair8(a[2 * k], a[2 * k + 1]);
+    }
+    __m512 d[4];
+    for (int k = 0; k < 4; k++) {
+        d[k] = pair4(c[2 * k], c[2 * k + 1]);
+    }
+    __m512 e[2];
+    for (int k = 0; k < 2; k++) {
+        e[k] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * k], d[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(d[2 * k], d[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* R rows from element `at` (stride apart) x G heads; n a multiple of 16. */
+static inline __attribute__((always_inline)) void
+fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at, size_t stride,
+            double scale, double *out, size_t out_stride, const int R, const int G)
+{
+    __m512 a[16];
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < 16; i++) {
+        a[i] = _mm512_setzero_ps();
+    }
+    for (size_t f = 0; f < n; f += 16) {
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < R; r++) {
+            __m512 x = vf_rows(kind, rows, at + (size_t)r * stride + f);
+            _Pragma("GCC unroll 16")
+            for (int h = 0; h < G; h++) {
+                a[r * G + h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)h * n + f), x,
+                                               a[r * G + h]);
+            }
+        }
+    }
+    __m512 t = trees16(a);
+    double d[16];
+    __m512d sc = _mm512_set1_pd(scale);
+    _mm512_storeu_pd(d, _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(t)), sc));
+    _mm512_storeu_pd(d + 8, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castpd_ps(
+                                              _mm512_extractf64x4_pd(_mm512_castps_pd(t), 1))),
+                                          sc));
+    for (int i = 0; i < 16; i++) {
+        out[(size_t)(i % G) * out_stride + (size_t)(i / G)] = d[4 * (i % 4) + i / 4];
+    }
+}
+
+/* G heads (1, 2, 4 or 8) over rows in tiles of 16 / G, the rest one row at a time. */
+static inline __attribute__((always_inline)) void
+fdot_tiled(kvpi_rows kind, const float *q, const void *rows, size_t stride, size_t count,
+           size_t n, double scale, double *out, size_t out_stride, const int G)
+{
+    const int R = 16 / G;
+    size_t r = 0;
+    for (; r + (size_t)R <= count; r += (size_t)R) {
+        fdot_tile16(kind, q, n, rows, r * stride, stride, scale, out + r, out_stride, R, G);
+    }
+    fdot_heads(kind, q, (const unsigned char *)rows + r * stride * kvpi_rows_bytes(kind),
+               stride, count - r, n, scale, out + r, out_stride, G);
+}
+
+static inline __attribute__((always_inline)) void
+fdot_tiled_kind(kvpi_rows kind, const float *q, size_t g, const void *rows, size_t stride,
+                size_t count, size_t n, double scale, double *out, size_t out_stride)
+{
+    size_t h = 0;
+    while (h < g) {
+        const float *qh = q + h * n;
+        double *oh = out + h * out_stride;
+        size_t left = g - h;
+        if (left >= 8) {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            h += 8;
+        } else if (left >= 4) {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            h += 4;
+        } else if (left >= 2) {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            h += 2;
+        } else {
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            h += 1;
+        }
+    }
+}
+
+/* The fast scores: whole tiles of sixteen dots when n is a multiple of 16. */
+static void avx512_dot_group_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
+                                  size_t stride, size_t count, size_t n, double scale,
+                                  double *out, size_t out_stride)
+{
+    if (n % 16 != 0) {
+        group_dot_fast(kind, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+    switch (kind) {
+    case KVPI_ROWS_BF16:
+        fdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F16:
+        fdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_E4M3:
+        fdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    default:
+        fdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+}
+
+/*
+ * The exact dot products of R rows x G heads (R G = 8) in one pass, their
+ * eight trees done together: lanes l + 4, then t_0 + t_2 and t_1 + t_3, then
+ * their sum, as kvpi_sum_tree; lane 2b + j of the result holds accumulator
+ * 4j + b (accumulator i = r G + h). n is a multiple of 8 (no tail).
+ */
+static inline __attribute__((always_inline)) __m512d trees8(const __m512d a[8])
+{
+    __m512d c[4];
+    for (int k = 0; k < 4; k++) {
+        c[k] = _mm512_add_pd(_mm512_shuffle_f64x2(a[2 * k], a[2 * k + 1], 0x44),
+                             _mm512_shuffle_f64x2(a[2 * k], a[2 * k + 1], 0xEE));
+    }
+    __m512d d[2];
+    for (int k = 0; k < 2; k++) {
+        d[k] = _mm512_add_pd(_mm512_shuffle_f64x2(c[2 * k], c[2 * k + 1], 0x88),
+                             _mm512_shuffle_f64x2(c[2 * k], c[2 * k + 1], 0xDD));
+    }
+    return _mm512_add_pd(_mm512_unpacklo_pd(d[0], d[1]), _mm512_unpackhi_pd(d[0], d[1]));
+}
+
+static inline __attribute__((always_inline)) void
+xdot_tile8(kvpi_rows kind, const double *q, size_t n, const void *rows, size_t at, size_t stride,
+           double scale, double *out, size_t out_stride, const int R, const int G)
+{
+    __m512d a[8];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < 8; i++) {
+        a[i] = _mm512_setzero_pd();
+    }
+    for (size_t f = 0; f < n; f += 8) {
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            __m512d x = vd_rows(kind, rows, at + (size_t)r * stride + f);
+            _Pragma("GCC unroll 8")
+            for (int h = 0; h < G; h++) {
+                a[r * G + h] = _mm512_add_pd(a[r * G + h],
+                                             _mm512_mul_pd(_mm512_loadu_pd(q + (size_t)h * n + f),
+                                                           x));
+            }
+        }
+    }
+    double d[8];
+    _mm512_storeu_pd(d, _mm512_mul_pd(trees8(a), _mm512_set1_pd(scale)));
+    for (int i = 0; i < 8; i++) {
+        out[(size_t)(i % G) * out_stride + (size_t)(i / G)] = d[2 * (i % 4) + i / 4];
+    }
+}
+
+/* G heads (2, 4 or 8) over rows in tiles of 8 / G, the rest one row at a time. */
+static inline __attribute__((always_inline)) void
+xdot_tiled(kvpi_rows kind, const double *q, const void *rows, size_t stride, size_t count,
+           size_t n, double scale, double *out, size_t out_stride, const int G)
+{
+    const int R = 8 / G;
+    size_t r = 0;
+    for (; r + (size_t)R <= count; r += (size_t)R) {
+        xdot_tile8(kind, q, n, rows, r * stride, stride, scale, out + r, out_stride, R, G);
+    }
+    xdot_heads(kind, q, (const unsigned char *)rows + r * stride * kvpi_rows_bytes(kind), stride,
+               count - r, n, scale, out + r, out_stride, G);
+}
+
+static inline __attribute__((always_inline)) void
+xdot_tiled_kind(kvpi_rows kind, const double *q, size_t g, const void *rows, size_t stride,
+                size_t count, size_t n, double scale, double *out, size_t out_stride)
+{
+    size_t h = 0;
+    while (h < g) {
+        const double *qh = q + h * n;
+        double *oh = out + h * out_stride;
+        size_t left = g - h;
+        if (left >= 8) {
+            xdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            h += 8;
+        } else if (left >= 4) {
+            xdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            h += 4;
+        } else if (left >= 2) {
+            xdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            h += 2;
+        } else {
+            xdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            h += 1;
+        }
+    }
+}
+
+/* Several heads, n a multiple of 8: tiles of eight dots. */
+static void xdot_group_tiled(kvpi_rows kind, const double *q, size_t g, const void *rows,
+                             size_t stride, size_t count, size_t n, double scale, double *out,
+                             size_t out_stride)
+{
+    switch (kind) {
+    case KVPI_ROWS_F64:
+        xdot_tiled_kind(KVPI_ROWS_F64, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F32:
+        xdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_BF16:
+        xdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F16:
+        xdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    default:
+        xdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+}
+
+/*
+ * f64 rows, and one head of f32 or bf16 rows: the four-rows-in-flight
+ * kernels above, a head at a time. f64 rows need no widening, and a KV
+ * head's block (16 KiB at d_h 128, block 16) stays in L1 for its group;
+ * measured faster than the grouped tiles (bench-decode, f64 32/8 heads).
+ */
+static void avx512_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
+                             size_t stride, size_t count, size_t n, double scale, double *out,
+                             size_t out_stride)
+{
+    if (kind == KVPI_ROWS_F64) {
+        for (size_t h = 0; h < g; h++) {
+            avx512_dot_rows(q + h * n, rows, stride, count, n, scale, out + h * out_stride);
+        }
+    } else if (g == 1 && kind == KVPI_ROWS_F32) {
+        narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_F32);
+    } else if (g == 1 && kind == KVPI_ROWS_BF16) {
+        narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_BF16);
+    } else if (g > 1 && n % 8 == 0) {
+        xdot_group_tiled(kind, q, g, rows, stride, count, n, scale, out, out_stride);
+    } else {
+        group_dot(kind, q, g, rows, stride, count, n, scale, out, out_stride);
+    }
+}
+
+static void avx512_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                              size_t w_stride, size_t g, const void *rows, size_t stride,
+                              size_t count, size_t n)
+{
+    if (kind == KVPI_ROWS_F64) {
+        for (size_t h = 0; h < g; h++) {
+            avx512_axpy_rows(acc + h * acc_stride, w + h * w_stride, rows, stride, count, n);
+        }
+    } else if (g == 1 && kind == KVPI_ROWS_F32) {
+        narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_F32);
+    } else if (g == 1 && kind == KVPI_ROWS_BF16) {
+        narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_BF16);
+    } else {
+        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+    }
+}
+
 const kvpi_kernels kvpi_kernels_avx512 = {
     KVPI_ISA_AVX512, "avx512",    avx512_dot, avx512_dot_rows, avx512_axpy, avx512_axpy_rows,
     avx512_exps,     avx512_exp_sum, avx512_dot_rows_f32, avx512_dot_rows_bf16,
     avx512_axpy_rows_f32, avx512_axpy_rows_bf16, avx512_project_tile, AVX512_MR,
-    AVX512_NR,
+    AVX512_NR, avx512_dot_group, avx512_axpy_group, avx512_dot_group_fast, group_axpy_fast,
+    group_softmax,
 };

@@ -6,6 +6,8 @@
  * may vectorize it (that keeps every rounding) but may not reassociate.
  * Callers: through kvpi_kernels_active() / kvpi_kernels_level() only.
  */
+#include <math.h>
+
 #include "attention/kernels.h"
 
 static double scalar_dot(const double *a, const double *b, size_t n)
@@ -176,8 +178,95 @@ static void scalar_project_tile(const double *x, size_t x_stride, size_t mr, con
     }
 }
 
+
+/*
+ * Grouped kernels: the plain definitions (kernels.h), one head after
+ * another; the vector levels read each row once for all heads and must give
+ * these bits.
+ */
+static void scalar_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
+                             size_t stride, size_t count, size_t n, double scale, double *out,
+                             size_t out_stride)
+{
+    for (size_t h = 0; h < g; h++) {
+        for (size_t r = 0; r < count; r++) {
+            double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+            size_t f = 0;
+            for (; f + 8 <= n; f += 8) {
+                for (size_t l = 0; l < 8; l++) {
+                    s[l] += q[h * n + f + l] * kvpi_rows_widen(kind, rows, r * stride + f + l);
+                }
+            }
+            double sum = kvpi_sum_tree(s);
+            for (; f < n; f++) {
+                sum += q[h * n + f] * kvpi_rows_widen(kind, rows, r * stride + f);
+            }
+            out[h * out_stride + r] = sum * scale;
+        }
+    }
+}
+
+static void scalar_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                              size_t w_stride, size_t g, const void *rows, size_t stride,
+                              size_t count, size_t n)
+{
+    for (size_t h = 0; h < g; h++) {
+        for (size_t r = 0; r < count; r++) {
+            for (size_t f = 0; f < n; f++) {
+                acc[h * acc_stride + f] += w[h * w_stride + r] *
+                                           kvpi_rows_widen(kind, rows, r * stride + f);
+            }
+        }
+    }
+}
+
+/* The fast level's reference: kvpi_fast_dot and fmaf (libm's, correctly rounded). */
+static void scalar_dot_group_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
+                                  size_t stride, size_t count, size_t n, double scale,
+                                  double *out, size_t out_stride)
+{
+    for (size_t h = 0; h < g; h++) {
+        for (size_t r = 0; r < count; r++) {
+            out[h * out_stride + r] =
+                (double)kvpi_fast_dot(q + h * n, kind, rows, r * stride, n) * scale;
+        }
+    }
+}
+
+static void scalar_axpy_group_fast(kvpi_rows kind, float *acc, size_t acc_stride,
+                                   const float *w, size_t w_stride, size_t g, const void *rows,
+                                   size_t stride, size_t count, size_t n)
+{
+    for (size_t h = 0; h < g; h++) {
+        for (size_t r = 0; r < count; r++) {
+            for (size_t f = 0; f < n; f++) {
+                float *a = acc + h * acc_stride + f;
+                *a = fmaf(w[h * w_stride + r], kvpi_rows_widen_f32(kind, rows, r * stride + f),
+                          *a);
+            }
+        }
+    }
+}
+
+/* The stable softmax: a serial maximum, exp_sum, then each element divided. */
+static void scalar_softmax(double *s, size_t n)
+{
+    double max = s[0];
+    for (size_t i = 1; i < n; i++) {
+        if (s[i] > max) {
+            max = s[i];
+        }
+    }
+    double sum = scalar_exp_sum(s, n, max);
+    for (size_t i = 0; i < n; i++) {
+        s[i] /= sum;
+    }
+}
+
 const kvpi_kernels kvpi_kernels_scalar = {
     KVPI_ISA_SCALAR, "scalar",       scalar_dot,     scalar_dot_rows, scalar_axpy,
     scalar_axpy_rows, scalar_exps, scalar_exp_sum, scalar_dot_rows_f32, scalar_dot_rows_bf16,
     scalar_axpy_rows_f32, scalar_axpy_rows_bf16, scalar_project_tile, SCALAR_MR, SCALAR_NR,
+    scalar_dot_group, scalar_axpy_group, scalar_dot_group_fast, scalar_axpy_group_fast,
+    scalar_softmax,
 };

@@ -351,9 +351,28 @@ kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out, kvp_e
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    kvp_layer_info info = {sizeof info, layer->model_width, layer->heads, layer->kv_heads,
-                           layer->head_width, layer->rope};
+    kvp_layer_info info;
+    memset(&info, 0, sizeof info); /* the padding after accum too: callers see every byte */
+    info.struct_size = sizeof info;
+    info.model_width = layer->model_width;
+    info.heads = layer->heads;
+    info.kv_heads = layer->kv_heads;
+    info.head_width = layer->head_width;
+    info.rope = layer->rope;
+    info.accum = layer->accum;
     return kvpi_struct_out(out, &info, sizeof info, KVPI_LAYER_INFO_SIZE_FIRST, err);
+}
+
+kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum accum, kvp_error *err)
+{
+    if (layer == NULL) {
+        return kvpi_fail_null(err, "layer");
+    }
+    if (accum != KVP_ACCUM_EXACT && accum != KVP_ACCUM_FAST) {
+        return kvpi_fail_invalid(err, "accum", "must be KVP_ACCUM_EXACT or KVP_ACCUM_FAST");
+    }
+    layer->accum = accum;
+    return KVP_OK;
 }
 
 kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out, kvp_error *err)

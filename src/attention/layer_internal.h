@@ -45,6 +45,7 @@ struct kvp_layer {
     size_t head_width;
     double k_scale, v_scale;  /* fp8 K and V scales its bindings carry (kvp_layer_set_kv_scales) */
     kvp_rope_config rope;
+    kvp_accum accum;          /* decode steps' level (kvp_layer_set_accum); 0: EXACT */
     const double *rope_theta; /* [d_h / 2], in the owner's rope_data */
     const double *rope_table; /* [max_positions][d_h / 2][cos, sin] there too, or NULL */
     struct kvp_layer *rope_owner; /* the layer whose allocation holds the angles */

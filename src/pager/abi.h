@@ -29,7 +29,7 @@
 #define KVPI_POOL_CONFIG_SIZE_SLAB offsetof(kvp_pool_config, key_secret)
 #define KVPI_POOL_STATS_SIZE_FIRST offsetof(kvp_pool_stats, slab_source)
 #define KVPI_CACHE_INFO_SIZE_FIRST sizeof(kvp_cache_info)
-#define KVPI_LAYER_INFO_SIZE_FIRST sizeof(kvp_layer_info)
+#define KVPI_LAYER_INFO_SIZE_FIRST offsetof(kvp_layer_info, accum)
 #define KVPI_MODEL_INFO_SIZE_FIRST sizeof(kvp_model_info)
 #define KVPI_PAGE_LAYOUT_SIZE_FIRST sizeof(kvp_page_layout)
 #define KVPI_SCHEDULER_CONFIG_SIZE_FIRST offsetof(kvp_scheduler_config, schedule)
@@ -55,6 +55,7 @@ KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_config, KVPI_SCHEDULER_CONFIG_SIZE_FIRS
 KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_FIRST);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_config, KVPI_POOL_CONFIG_SIZE_SLAB);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_SESSION);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_layer_info, KVPI_LAYER_INFO_SIZE_FIRST);
 _Static_assert(KVPI_POOL_CONFIG_SIZE_SLAB >= offsetof(kvp_pool_config, slab_source) +
                                                  sizeof(kvp_slab_source),
                "key_secret follows slab_source");

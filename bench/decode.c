@@ -1,0 +1,252 @@
+/*
+ * decode.c (bench-decode): one lane's decode attention (the three gather
+ * phases a step runs: scores, softmax, values) on one thread, at the exact
+ * and the fast accumulation level, against a plain read of the same bytes.
+ *
+ * Cases, timed in alternating repetitions (src/cli/measure.h):
+ *   read   the lane's pages, K and V, in the gather's order (the page table's
+ *          blocks), each byte loaded once with the best vector loads the CPU
+ *          has (AVX-512, else AVX2): what memory gives;
+ *   exact  kvpi_gather_attend_on at KVP_ACCUM_EXACT;
+ *   fast   the same at KVP_ACCUM_FAST (f64 pages: exact again).
+ * Pages are handed out shuffled (a fragmented pool). GB/s is the K+V bytes
+ * of the lane's pages over the median time; "% read" is read_ns / case_ns.
+ * Usage: bench-decode [--dtype f64|f32|bf16] [--heads 32] [--kv-heads 8]
+ *        [--head-width 128] [--block 16] [--len 4096] [--repetitions 9]
+ *        [--min-ns 200000000]
+ * Exit status 0, 2 on usage errors or when the cache cannot be built.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/gather.h"
+#include "attention/kernels.h"
+#include "measure.h"
+#include "pager/cache_internal.h"
+
+typedef struct decode_config {
+    size_t heads, kv_heads, head_width, block, len, repetitions, min_ns;
+    kvp_dtype dtype;
+} decode_config;
+
+static uint64_t rng_state = 4242;
+
+typedef struct decode_case {
+    kvpi_gather_job job;
+    const kvp_cache *cache;
+    size_t page_bytes; /* K and V of one page */
+    volatile double sink;
+} decode_case;
+
+__attribute__((target("avx512f"))) static double read_avx512(const unsigned char *p, size_t n)
+{
+    __m512d a0 = _mm512_setzero_pd();
+    __m512d a1 = _mm512_setzero_pd();
+    __m512d a2 = _mm512_setzero_pd();
+    __m512d a3 = _mm512_setzero_pd();
+    for (size_t i = 0; i + 256 <= n; i += 256) {
+        a0 = _mm512_add_pd(a0, _mm512_loadu_pd((const double *)(const void *)(p + i)));
+        a1 = _mm512_add_pd(a1, _mm512_loadu_pd((const double *)(const void *)(p + i + 64)));
+        a2 = _mm512_add_pd(a2, _mm512_loadu_pd((const double *)(const void *)(p + i + 128)));
+        a3 = _mm512_add_pd(a3, _mm512_loadu_pd((const double *)(const void *)(p + i + 192)));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
+}
+
+__attribute__((target("avx2"))) static double read_avx2(const unsigned char *p, size_t n)
+{
+    __m256d a0 = _mm256_setzero_pd();
+    __m256d a1 = _mm256_setzero_pd();
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        a0 = _mm256_add_pd(a0, _mm256_loadu_pd((const double *)(const void *)(p + i)));
+        a1 = _mm256_add_pd(a1, _mm256_loadu_pd((const double *)(const void *)(p + i + 32)));
+    }
+    double out[4];
+    _mm256_storeu_pd(out, _mm256_add_pd(a0, a1));
+    return out[0] + out[1] + out[2] + out[3];
+}
+
+static void run_read(void *ctx, size_t iterations)
+{
+    decode_case *c = ctx;
+    const kvp_cache *cache = c->cache;
+    size_t blocks = (cache->len + cache->block_tokens - 1) / cache->block_tokens;
+    const uint32_t *table = kvpi_cache_lane_table(cache, 0);
+    int avx512 = __builtin_cpu_supports("avx512f");
+    double s = 0.0;
+    for (size_t it = 0; it < iterations; it++) {
+        for (size_t b = 0; b < blocks; b++) {
+            const unsigned char *page = kvpi_cache_page_keys(cache, table[b], 0);
+            s += avx512 ? read_avx512(page, c->page_bytes) : read_avx2(page, c->page_bytes);
+        }
+    }
+    c->sink = s;
+}
+
+static void run_job(void *ctx, size_t iterations)
+{
+    decode_case *c = ctx;
+    for (size_t it = 0; it < iterations; it++) {
+        kvpi_gather_attend_on(&c->job, NULL);
+    }
+}
+
+static int parse(int argc, char **argv, decode_config *c)
+{
+    *c = (decode_config){32, 8, 128, 16, 4096, 9, 200000000, KVP_BF16};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+            i++;
+            if (strcmp(argv[i], "f64") == 0) {
+                c->dtype = KVP_F64;
+            } else if (strcmp(argv[i], "f32") == 0) {
+                c->dtype = KVP_F32;
+            } else if (strcmp(argv[i], "bf16") == 0) {
+                c->dtype = KVP_BF16;
+            } else {
+                fprintf(stderr, "bench-decode: bad --dtype '%s' (f64, f32, bf16)\n", argv[i]);
+                return 2;
+            }
+            continue;
+        }
+        static const char *const names[] = {"--heads", "--kv-heads", "--head-width", "--block",
+                                            "--len", "--repetitions", "--min-ns"};
+        size_t *fields[] = {&c->heads, &c->kv_heads, &c->head_width, &c->block,
+                            &c->len,   &c->repetitions, &c->min_ns};
+        size_t *field = NULL;
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+            if (strcmp(argv[i], names[k]) == 0) {
+                field = fields[k];
+            }
+        }
+        char *end = NULL;
+        if (field == NULL || i + 1 >= argc || (*field = strtoull(argv[i + 1], &end, 10)) == 0 ||
+            *end != '\0') {
+            fprintf(stderr, "bench-decode: bad option '%s'%s%s\n", argv[i],
+                    i + 1 < argc ? " value " : "", i + 1 < argc ? argv[i + 1] : "");
+            return 2;
+        }
+        i++;
+    }
+    if (c->heads % c->kv_heads != 0 || c->head_width % 2 != 0) {
+        fprintf(stderr, "bench-decode: --kv-heads must divide --heads, --head-width be even\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* One lane of len random rows in a shuffled pool. Returns 0, or -1. */
+static int make_cache(const decode_config *c, kvp_pool **pool, kvp_cache **cache)
+{
+    size_t d = c->head_width;
+    size_t kv = c->kv_heads;
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = c->block;
+    config.heads = kv;
+    config.head_width = d;
+    config.budget_bytes = (c->len / c->block + 2) * 2 * kv * c->block * d *
+                          kvp_dtype_bytes(c->dtype);
+    config.dtype = c->dtype;
+    kvp_layer *layer = NULL;
+    kvp_binding binding;
+    double *row = malloc(2 * kv * d * sizeof *row);
+    if (row == NULL ||
+        kvp_layer_create_random_grouped(c->heads * d, c->heads, kv, c->len + 1, 10000.0, 1,
+                                        &layer, NULL) != KVP_OK ||
+        kvp_layer_binding(layer, &binding, NULL) != KVP_OK ||
+        kvp_pool_create(&config, pool, NULL) != KVP_OK ||
+        kvp_measure_shuffle_pool(*pool, &rng_state) != 0 ||
+        kvp_cache_create(*pool, &binding, 1, c->len + 1, cache, NULL) != KVP_OK) {
+        return -1;
+    }
+    for (size_t p = 0; p < c->len; p++) {
+        for (size_t i = 0; i < 2 * kv * d; i++) {
+            row[i] = kvp_measure_unit(&rng_state);
+        }
+        kvp_tensor key = kvp_tensor4(row, 1, kv, 1, d);
+        kvp_tensor value = kvp_tensor4(row + kv * d, 1, kv, 1, d);
+        if (kvpi_cache_append(*cache, &key, &value, NULL) != KVP_OK) {
+            return -1;
+        }
+    }
+    if (kvp_layer_destroy(layer, NULL) != KVP_OK) {
+        return -1;
+    }
+    free(row);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    decode_config c;
+    int status = parse(argc, argv, &c);
+    if (status != 0) {
+        return status;
+    }
+    kvp_pool *pool = NULL;
+    kvp_cache *cache = NULL;
+    if (make_cache(&c, &pool, &cache) != 0) {
+        fprintf(stderr, "bench-decode: cannot build the cache\n");
+        return 2;
+    }
+    size_t d = c.head_width;
+    size_t keys = c.len + 1;
+    double *q = malloc(c.heads * d * sizeof *q);
+    double *cand = malloc(2 * c.kv_heads * d * sizeof *cand);
+    double *w = malloc(2 * c.heads * keys * sizeof *w);
+    double *o = malloc(2 * c.heads * d * sizeof *o);
+    if (q == NULL || cand == NULL || w == NULL || o == NULL) {
+        return 2;
+    }
+    for (size_t i = 0; i < c.heads * d; i++) {
+        q[i] = kvp_measure_unit(&rng_state);
+    }
+    for (size_t i = 0; i < 2 * c.kv_heads * d; i++) {
+        cand[i] = kvpi_bf16_widen((uint16_t)(0x3F00 + (i % 128))); /* exact in every dtype */
+    }
+    static decode_case cases[3];
+    size_t page_bytes = 2 * c.kv_heads * c.block * d * kvp_dtype_bytes(c.dtype);
+    for (size_t k = 0; k < 3; k++) {
+        cases[k].cache = cache;
+        cases[k].page_bytes = page_bytes;
+        cases[k].job = (kvpi_gather_job){.cache = cache, .queries = q, .keys = cand,
+                                         .values = cand + c.kv_heads * d,
+                                         .scale = 1.0 / sqrt((double)d),
+                                         .weights = w + (k == 2) * c.heads * keys,
+                                         .outputs = o + (k == 2) * c.heads * d,
+                                         .accum = k == 2 ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT};
+    }
+    kvp_measure_case runs[3] = {{run_read, &cases[0]}, {run_job, &cases[1]}, {run_job, &cases[2]}};
+    double ns[3];
+    if (kvp_measure_alternating(runs, 3, c.repetitions, (double)c.min_ns, ns) != 0) {
+        return 2;
+    }
+    double max_diff = 0.0;
+    double max_out = 0.0;
+    for (size_t i = 0; i < c.heads * d; i++) {
+        max_diff = fmax(max_diff, fabs(o[i] - o[c.heads * d + i]));
+        max_out = fmax(max_out, fabs(o[i]));
+    }
+    double bytes = (double)((c.len + c.block - 1) / c.block) * (double)page_bytes;
+    static const char *const names[3] = {"read", "exact", "fast"};
+    printf("dtype %s level %s heads %zu kv_heads %zu d_h %zu block %zu len %zu: %.1f MiB K+V\n",
+           kvp_dtype_name(c.dtype), kvpi_kernels_active()->name, c.heads, c.kv_heads, d,
+           c.block, c.len, bytes / 1048576.0);
+    for (size_t k = 0; k < 3; k++) {
+        printf("  %-5s %12.0f ns  %6.2f GB/s  %5.1f%% of read\n", names[k], ns[k],
+               bytes / ns[k], 100.0 * ns[0] / ns[k]);
+    }
+    printf("  fast vs exact: max |diff| %.3g, max |output| %.3g\n", max_diff, max_out);
+    if (kvp_cache_destroy(cache, NULL) != KVP_OK || kvp_pool_destroy(pool, NULL) != KVP_OK) {
+        fprintf(stderr, "bench-decode: the cache or pool refused to go\n");
+    }
+    free(q);
+    free(cand);
+    free(w);
+    free(o);
+    return 0;
+}

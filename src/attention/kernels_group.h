@@ -1,0 +1,444 @@
+/*
+ * kernels_group.h: the grouped kernels (kernels.h: dot_group, axpy_group and
+ * their fast twins) written once over a level's vector primitives, and the
+ * dispatched softmax. Included by kernels_avx2.c and kernels_avx512.c only,
+ * after they define:
+ *   VD              eight doubles, lane l holding dot-product lane l;
+ *   vd_zero/loadu/set1/add/mul/storeu, vd_tree (kvpi_sum_tree's order),
+ *   vd_rows(kind, rows, i)   elements i .. i+7 widened to f64 (exact);
+ *   VF              sixteen floats; vf_zero/loadu/set1/fma/storeu,
+ *   vf_tree (kvpi_fast_tree's order), vf_rows(kind, rows, i) (16 to f32);
+ *   GROUP_GMAX      the most heads one tile keeps (8 or 4),
+ *   XCOLS(G), FCOLS(G)  vectors of columns an axpy tile keeps per head;
+ *   level_max(s, n), level_exp_sum(s, n, shift), level_div(s, n, sum).
+ *
+ * Exactness (kernels.h): a tile loads each widened chunk of a row once and
+ * multiplies it into the G heads' own accumulators; every accumulator gets
+ * the operations of the one-head kernel, in its order. So the exact kernels
+ * give dot_rows's and axpy_rows's bits on the widened rows, and the fast
+ * ones kvpi_fast_dot's and fmaf's, whatever g, the tile or the level.
+ * Heads are taken in tiles of 8, 4, 2 and 1 (a head's result does not depend
+ * on its tile), value rows in runs of 4 (exact) or 16 (fast), each output
+ * adding them in order.
+ */
+#ifndef KVPAGER_ATTENTION_KERNELS_GROUP_H
+#define KVPAGER_ATTENTION_KERNELS_GROUP_H
+
+#include <math.h>
+
+#include "attention/kernels.h"
+
+#define GROUP_AI static inline __attribute__((always_inline))
+/* Loops over a tile's heads and column vectors: unrolled, so accumulators stay in registers. */
+#define GROUP_UNROLL _Pragma("GCC unroll 16")
+/* Value rows a fast axpy tile adds while its accumulators stay in registers. */
+#define GROUP_ROW_RUN 16
+
+/* ---- the exact level ---------------------------------------------------------- */
+
+/* One row (element `at` of rows) against G heads of q ([G][n]). */
+GROUP_AI void xdot_row(kvpi_rows kind, const double *q, size_t n, const void *rows, size_t at,
+                       double scale, double *out, size_t out_stride, const int G)
+{
+    size_t n8 = n & ~(size_t)7;
+    VD s[GROUP_GMAX];
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        s[h] = vd_zero();
+    }
+    for (size_t f = 0; f < n8; f += 8) {
+        VD x = vd_rows(kind, rows, at + f);
+        GROUP_UNROLL
+        for (int h = 0; h < G; h++) {
+            s[h] = vd_add(s[h], vd_mul(vd_loadu(q + (size_t)h * n + f), x));
+        }
+    }
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        double sum = vd_tree(s[h]);
+        for (size_t f = n8; f < n; f++) {
+            sum += q[(size_t)h * n + f] * kvpi_rows_widen(kind, rows, at + f);
+        }
+        out[(size_t)h * out_stride] = sum * scale;
+    }
+}
+
+GROUP_AI void xdot_heads(kvpi_rows kind, const double *q, const void *rows, size_t stride,
+                         size_t count, size_t n, double scale, double *out, size_t out_stride,
+                         const int G)
+{
+    for (size_t r = 0; r < count; r++) {
+        xdot_row(kind, q, n, rows, r * stride, scale, out + r, out_stride, G);
+    }
+}
+
+GROUP_AI void xdot_kind(kvpi_rows kind, const double *q, size_t g, const void *rows,
+                        size_t stride, size_t count, size_t n, double scale, double *out,
+                        size_t out_stride)
+{
+    size_t h = 0;
+    while (h < g) {
+        const double *qh = q + h * n;
+        double *oh = out + h * out_stride;
+        size_t left = g - h;
+        if (GROUP_GMAX >= 8 && left >= 8) {
+            xdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            h += 8;
+        } else if (left >= 4) {
+            xdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            h += 4;
+        } else if (left >= 2) {
+            xdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            h += 2;
+        } else {
+            xdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            h += 1;
+        }
+    }
+}
+
+/*
+ * Columns [0, 8C) of G heads' accumulators (acc, w at their columns and
+ * rows) over `count` rows starting at element `at`, `stride` apart.
+ */
+GROUP_AI void xaxpy_cols(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                         size_t w_stride, const void *rows, size_t at, size_t stride,
+                         size_t count, const int G, const int C)
+{
+    VD a[GROUP_GMAX][16];
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        GROUP_UNROLL
+        for (int c = 0; c < C; c++) {
+            a[h][c] = vd_loadu(acc + (size_t)h * acc_stride + 8 * c);
+        }
+    }
+    for (size_t r = 0; r < count; r++) {
+        VD x[16];
+        GROUP_UNROLL
+        for (int c = 0; c < C; c++) {
+            x[c] = vd_rows(kind, rows, at + r * stride + 8 * (size_t)c);
+        }
+        GROUP_UNROLL
+        for (int h = 0; h < G; h++) {
+            VD wb = vd_set1(w[(size_t)h * w_stride + r]);
+            GROUP_UNROLL
+            for (int c = 0; c < C; c++) {
+                a[h][c] = vd_add(a[h][c], vd_mul(wb, x[c]));
+            }
+        }
+    }
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        GROUP_UNROLL
+        for (int c = 0; c < C; c++) {
+            vd_storeu(acc + (size_t)h * acc_stride + 8 * c, a[h][c]);
+        }
+    }
+}
+
+GROUP_AI void xaxpy_heads(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                          size_t w_stride, const void *rows, size_t stride, size_t count,
+                          size_t n, const int G, const int C)
+{
+    for (size_t r0 = 0; r0 < count; r0 += 4) {
+        size_t c = count - r0 < 4 ? count - r0 : 4;
+        const double *wr = w + r0;
+        size_t at = r0 * stride;
+        size_t f = 0;
+        for (; f + 8 * (size_t)C <= n; f += 8 * (size_t)C) {
+            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, C);
+        }
+        for (; f + 8 <= n; f += 8) {
+            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, 1);
+        }
+        for (; f < n; f++) {
+            GROUP_UNROLL
+            for (int h = 0; h < G; h++) {
+                double a = acc[(size_t)h * acc_stride + f];
+                for (size_t r = 0; r < c; r++) {
+                    a += wr[(size_t)h * w_stride + r] *
+                         kvpi_rows_widen(kind, rows, at + r * stride + f);
+                }
+                acc[(size_t)h * acc_stride + f] = a;
+            }
+        }
+    }
+}
+
+GROUP_AI void xaxpy_kind(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                         size_t w_stride, size_t g, const void *rows, size_t stride,
+                         size_t count, size_t n)
+{
+    size_t h = 0;
+    while (h < g) {
+        double *ah = acc + h * acc_stride;
+        const double *wh = w + h * w_stride;
+        size_t left = g - h;
+        if (GROUP_GMAX >= 8 && left >= 8) {
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 8, XCOLS(8));
+            h += 8;
+        } else if (left >= 4) {
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 4, XCOLS(4));
+            h += 4;
+        } else if (left >= 2) {
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 2, XCOLS(2));
+            h += 2;
+        } else {
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 1, XCOLS(1));
+            h += 1;
+        }
+    }
+}
+
+/* ---- the fast level ----------------------------------------------------------- */
+
+/* One row against G heads of q ([G][n], f32): kvpi_fast_dot each, times scale in f64. */
+GROUP_AI void fdot_row(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at,
+                       double scale, double *out, size_t out_stride, const int G)
+{
+    size_t n16 = n & ~(size_t)15;
+    VF s[GROUP_GMAX];
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        s[h] = vf_zero();
+    }
+    for (size_t f = 0; f < n16; f += 16) {
+        VF x = vf_rows(kind, rows, at + f);
+        GROUP_UNROLL
+        for (int h = 0; h < G; h++) {
+            s[h] = vf_fma(vf_loadu(q + (size_t)h * n + f), x, s[h]);
+        }
+    }
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        float sum = vf_tree(s[h]);
+        for (size_t f = n16; f < n; f++) {
+            sum = fmaf(q[(size_t)h * n + f], kvpi_rows_widen_f32(kind, rows, at + f), sum);
+        }
+        out[(size_t)h * out_stride] = (double)sum * scale;
+    }
+}
+
+GROUP_AI void fdot_heads(kvpi_rows kind, const float *q, const void *rows, size_t stride,
+                         size_t count, size_t n, double scale, double *out, size_t out_stride,
+                         const int G)
+{
+    for (size_t r = 0; r < count; r++) {
+        fdot_row(kind, q, n, rows, r * stride, scale, out + r, out_stride, G);
+    }
+}
+
+GROUP_AI void fdot_kind(kvpi_rows kind, const float *q, size_t g, const void *rows,
+                        size_t stride, size_t count, size_t n, double scale, double *out,
+                        size_t out_stride)
+{
+    size_t h = 0;
+    while (h < g) {
+        const float *qh = q + h * n;
+        double *oh = out + h * out_stride;
+        size_t left = g - h;
+        if (GROUP_GMAX >= 8 && left >= 8) {
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            h += 8;
+        } else if (left >= 4) {
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            h += 4;
+        } else if (left >= 2) {
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            h += 2;
+        } else {
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            h += 1;
+        }
+    }
+}
+
+/* xaxpy_cols in f32 with fused multiply-adds: 16C columns. */
+GROUP_AI void faxpy_cols(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
+                         size_t w_stride, const void *rows, size_t at, size_t stride,
+                         size_t count, const int G, const int C)
+{
+    VF a[GROUP_GMAX][16];
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        GROUP_UNROLL
+        for (int c = 0; c < C; c++) {
+            a[h][c] = vf_loadu(acc + (size_t)h * acc_stride + 16 * c);
+        }
+    }
+    for (size_t r = 0; r < count; r++) {
+        VF x[16];
+        GROUP_UNROLL
+        for (int c = 0; c < C; c++) {
+            x[c] = vf_rows(kind, rows, at + r * stride + 16 * (size_t)c);
+        }
+        GROUP_UNROLL
+        for (int h = 0; h < G; h++) {
+            VF wb = vf_set1(w[(size_t)h * w_stride + r]);
+            GROUP_UNROLL
+            for (int c = 0; c < C; c++) {
+                a[h][c] = vf_fma(wb, x[c], a[h][c]);
+            }
+        }
+    }
+    GROUP_UNROLL
+    for (int h = 0; h < G; h++) {
+        GROUP_UNROLL
+        for (int c = 0; c < C; c++) {
+            vf_storeu(acc + (size_t)h * acc_stride + 16 * c, a[h][c]);
+        }
+    }
+}
+
+GROUP_AI void faxpy_heads(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
+                          size_t w_stride, const void *rows, size_t stride, size_t count,
+                          size_t n, const int G, const int C)
+{
+    for (size_t r0 = 0; r0 < count; r0 += GROUP_ROW_RUN) {
+        size_t c = count - r0 < GROUP_ROW_RUN ? count - r0 : GROUP_ROW_RUN;
+        const float *wr = w + r0;
+        size_t at = r0 * stride;
+        size_t f = 0;
+        for (; f + 16 * (size_t)C <= n; f += 16 * (size_t)C) {
+            faxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, C);
+        }
+        for (; f + 16 <= n; f += 16) {
+            faxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, 1);
+        }
+        for (; f < n; f++) {
+            GROUP_UNROLL
+            for (int h = 0; h < G; h++) {
+                float a = acc[(size_t)h * acc_stride + f];
+                for (size_t r = 0; r < c; r++) {
+                    a = fmaf(wr[(size_t)h * w_stride + r],
+                             kvpi_rows_widen_f32(kind, rows, at + r * stride + f), a);
+                }
+                acc[(size_t)h * acc_stride + f] = a;
+            }
+        }
+    }
+}
+
+GROUP_AI void faxpy_kind(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
+                         size_t w_stride, size_t g, const void *rows, size_t stride,
+                         size_t count, size_t n)
+{
+    size_t h = 0;
+    while (h < g) {
+        float *ah = acc + h * acc_stride;
+        const float *wh = w + h * w_stride;
+        size_t left = g - h;
+        if (GROUP_GMAX >= 8 && left >= 8) {
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 8, FCOLS(8));
+            h += 8;
+        } else if (left >= 4) {
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 4, FCOLS(4));
+            h += 4;
+        } else if (left >= 2) {
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 2, FCOLS(2));
+            h += 2;
+        } else {
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 1, FCOLS(1));
+            h += 1;
+        }
+    }
+}
+
+/* ---- the entries: one instantiation per row format ------------------------------ */
+
+static void group_dot(kvpi_rows kind, const double *q, size_t g, const void *rows, size_t stride,
+                      size_t count, size_t n, double scale, double *out, size_t out_stride)
+{
+    switch (kind) {
+    case KVPI_ROWS_F64:
+        xdot_kind(KVPI_ROWS_F64, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F32:
+        xdot_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_BF16:
+        xdot_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F16:
+        xdot_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    default:
+        xdot_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+}
+
+static void group_axpy(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
+                       size_t w_stride, size_t g, const void *rows, size_t stride, size_t count,
+                       size_t n)
+{
+    switch (kind) {
+    case KVPI_ROWS_F64:
+        xaxpy_kind(KVPI_ROWS_F64, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    case KVPI_ROWS_F32:
+        xaxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    case KVPI_ROWS_BF16:
+        xaxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    case KVPI_ROWS_F16:
+        xaxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    default:
+        xaxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    }
+}
+
+/* kind must be narrow (not F64): f64 pages are always exact. */
+static void group_dot_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
+                           size_t stride, size_t count, size_t n, double scale, double *out,
+                           size_t out_stride)
+{
+    switch (kind) {
+    case KVPI_ROWS_BF16:
+        fdot_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_F16:
+        fdot_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    case KVPI_ROWS_E4M3:
+        fdot_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    default:
+        fdot_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        return;
+    }
+}
+
+static void group_axpy_fast(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
+                            size_t w_stride, size_t g, const void *rows, size_t stride,
+                            size_t count, size_t n)
+{
+    switch (kind) {
+    case KVPI_ROWS_BF16:
+        faxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    case KVPI_ROWS_F16:
+        faxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    case KVPI_ROWS_E4M3:
+        faxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    default:
+        faxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        return;
+    }
+}
+
+/* kvpi_softmax: the maximum (exact in any order), the level's exp_sum, per-element divides. */
+static void group_softmax(double *s, size_t n)
+{
+    double max = level_max(s, n);
+    double sum = level_exp_sum(s, n, max);
+    level_div(s, n, sum);
+}
+
+#endif /* KVPAGER_ATTENTION_KERNELS_GROUP_H */
