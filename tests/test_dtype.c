@@ -31,7 +31,7 @@
 #include "pager/cache_internal.h"
 #include "pager/dtype.h"
 
-static const kvp_dtype all_dtypes[] = {KVP_F64, KVP_F32, KVP_BF16};
+static const kvp_dtype all_dtypes[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16, KVP_FP8_E4M3};
 
 /* The bounds of docs/DESIGN.md ("Storage precision"): error / largest |f64 output| of a run. */
 #define F32_BOUND 1e-5

@@ -40,7 +40,7 @@
 #include "pager/dtype.h"
 #include "serve/decoder_internal.h"
 
-static const kvp_dtype all_dtypes[] = {KVP_F64, KVP_F32, KVP_BF16};
+static const kvp_dtype all_dtypes[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16, KVP_FP8_E4M3};
 
 /* The finest partition: a block per scores part, a row per softmax part, slices of 8. */
 static const kvpi_gather_grain finest = {

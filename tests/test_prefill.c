@@ -32,7 +32,7 @@ enum { MAX_PAGES = LAYERS * BATCH * CAPACITY };
 
 #define BASE 10000.0
 
-static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16};
+static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16, KVP_FP8_E4M3};
 
 static int restore_hooks(void **state)
 {
@@ -227,6 +227,50 @@ static void test_prefill_blocks_equal_token_by_token(void **state)
         kvpt_destroy_model(model);
     }
     assert_true(cases >= 3 * 3 * 3 * 4 * 2);
+}
+
+/*
+ * fp8 pages under K and V scales other than 1: blocked prefill applies them
+ * as a step's gather does (scores times scale * k_scale, outputs times
+ * v_scale), so both modes still agree bit for bit; and a model built from a
+ * layer keeps its scales and its accumulation level.
+ */
+static kvp_model *fp8_model(kvp_accum accum)
+{
+    kvp_error err;
+    kvp_layer *layer = NULL;
+    kvpt_assert_ok(kvp_layer_create_random_grouped(WIDTH, HEADS, 2, CAPACITY, BASE, 71, &layer,
+                                                   &err),
+                   &err);
+    kvpt_assert_ok(kvp_layer_set_kv_scales(layer, 0.375, 3.0, &err), &err);
+    kvpt_assert_ok(kvp_layer_set_accum(layer, accum, &err), &err);
+    kvp_model *model = kvpt_model_of_one_layer(layer, LAYERS);
+    for (size_t l = 0; l < LAYERS; l++) {
+        kvp_binding binding;
+        kvpt_assert_ok(kvp_layer_binding(kvp_model_layer(model, l), &binding, &err), &err);
+        assert_true(binding.k_scale == 0.375 && binding.v_scale == 3.0);
+        kvp_layer_info info;
+        kvp_layer_info_init(&info);
+        kvpt_assert_ok(kvp_layer_info_get(kvp_model_layer(model, l), &info, &err), &err);
+        assert_int_equal(info.accum, accum);
+    }
+    return model;
+}
+
+static void test_prefill_fp8_scales_equal_token_by_token(void **state)
+{
+    (void)state;
+    static double prompt[BATCH * CAPACITY * WIDTH];
+    static const size_t lengths[] = {7, 37};
+    /* The blocked prefill is exact at both levels; token by token a fast layer is fast. */
+    kvpt_destroy_model(fp8_model(KVP_ACCUM_FAST));
+    kvp_model *model = fp8_model(KVP_ACCUM_EXACT);
+    for (size_t n = 0; n < KVPT_COUNT_OF(lengths); n++) {
+        kvpt_fill_random(prompt, BATCH * lengths[n] * WIDTH, 950 + n);
+        assert_modes_agree(model, KVP_FP8_E4M3, 4, 2, 3, prompt, lengths[n], 64, MAX_PAGES);
+        assert_modes_agree(model, KVP_FP8_E4M3, 16, 2, 0, prompt, lengths[n], 5, MAX_PAGES);
+    }
+    kvpt_destroy_model(model);
 }
 
 /*
@@ -458,6 +502,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_prefill_blocks_equal_token_by_token, restore_hooks),
         cmocka_unit_test_teardown(test_prefill_bits_do_not_depend_on_block_size, restore_hooks),
+        cmocka_unit_test_teardown(test_prefill_fp8_scales_equal_token_by_token, restore_hooks),
         cmocka_unit_test_teardown(test_prefill_errors_match_token_by_token, restore_hooks),
         cmocka_unit_test_teardown(test_prefill_on_decoder_threads, restore_hooks),
     };

@@ -111,7 +111,8 @@ typedef struct block_job {
     size_t tokens;        /* rows of the block that take part */
     size_t first;         /* P_0 = cache->len: the retained positions */
     size_t runs;          /* runs of rows per (lane, KV head) */
-    double scale;
+    double scale;         /* 1 / sqrt(d_h), times an fp8 cache's k_scale (once) */
+    double v_scale;       /* an fp8 cache's v_scale, multiplied once at the end; else 1 */
 } block_job;
 
 /* Row t's scores of lane `lane`, query head `head`: [P_t + 1]. */
@@ -213,6 +214,9 @@ static void value_part(void *ctx, size_t part)
         for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
             v.k->axpy_rows(acc + head * v.d, row_scores(job, t, v.lane, head) + job->first,
                            block_values, v.row_stride, t + 1, v.d);
+            for (size_t f = 0; job->v_scale != 1.0 && f < v.d; f++) {
+                acc[head * v.d + f] *= job->v_scale;
+            }
         }
     }
 }
@@ -300,8 +304,11 @@ size_t kvpi_prefill_layer(const kvp_layer *layer, const kvp_cache *cache, size_t
         .values = value,
         .tokens = passed,
         .first = first,
-        .scale = 1.0 / sqrt((double)layer->head_width),
     };
+    /* fp8 pages: the gather's rule (gather.c), so blocked and stepped rows agree. */
+    double k_scale;
+    kvpi_cache_kv_scales(cache, &k_scale, &job.v_scale);
+    job.scale = 1.0 / sqrt((double)layer->head_width) * k_scale;
     size_t parts = 0;
     const kvpi_parallel *on = plan(&job, par, &parts);
     kvpi_parallel_run(on, score_part, &job, parts);

@@ -88,6 +88,13 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
                                            src->params[3], src->heads, src->kv_heads,
                                            src->rope.max_positions, src->rope.base, rope_from,
                                            &model->layers[i], err);
+        if (status == KVP_OK) {
+            /* The source's settings, valid already: neither call can fail. */
+            status = kvp_layer_set_accum(model->layers[i], src->accum, err);
+        }
+        if (status == KVP_OK) {
+            status = kvp_layer_set_kv_scales(model->layers[i], src->k_scale, src->v_scale, err);
+        }
         if (status != KVP_OK) {
             free_model(model);
             return status;
