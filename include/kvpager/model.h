@@ -112,6 +112,15 @@ KVP_API const kvp_layer *kvp_model_layer(const kvp_model *model, size_t index);
  */
 KVP_API kvp_param *kvp_model_param_mut(kvp_model *model, size_t layer, size_t index);
 
+/*
+ * Sets the accumulation level of every layer's decode steps
+ * (kvp_layer_set_accum): all layers or none. Errors: NULL_ARGUMENT;
+ * INVALID_ARGUMENT ("accum") for a value that is not a kvp_accum.
+ * Threads: not safe while a sequence, decoder or scheduler of this model steps.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_model_set_accum(kvp_model *model, kvp_accum accum,
+                                                     kvp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,7 +35,11 @@ const kvp_dtype bench_dtypes[] = {
     KVP_F64,
     KVP_F32,
     KVP_BF16,
+    KVP_F16,      /* on request (--dtypes): the default grid stops at bf16 */
+    KVP_FP8_E4M3, /* on request */
 };
+/* The default grid's dtypes: the first DEFAULT_DTYPES of bench_dtypes (--quick's cost in --help). */
+#define DEFAULT_DTYPES 3
 const size_t bench_dtype_count = sizeof bench_dtypes / sizeof bench_dtypes[0];
 
 /* The flags that take a value, in --help order. */
@@ -139,7 +143,8 @@ static void bench_usage(FILE *out)
             "  --lens N,N,...       lengths L, each 1 to %zu (default 512,4096,32768)\n"
             "  --blocks N,N,...     block_tokens, each 1 to %zu (default 1,4,16,64; quick\n"
             "                       16)\n"
-            "  --dtypes D,D,...     storage dtypes among %s (default all)\n"
+            "  --dtypes D,D,...     storage dtypes among %s\n"
+            "                       (default f64, f32, bf16)\n"
             "  --accum A,A,...      accumulation levels, exact and/or fast (default both;\n"
             "                       fast is measured for narrow dtypes only)\n"
             "  --groups N,N,...     query heads per KV head (kv_heads = H / N), each 1, 2, 4\n"
@@ -392,8 +397,8 @@ static void set_defaults(options *cl)
         o->blocks = o->quick ? quick_blocks : full_blocks;
     }
     if (cl->value[FLAG_DTYPES] == NULL) {
-        o->dtypes.count = bench_dtype_count;
-        for (size_t k = 0; k < bench_dtype_count; k++) {
+        o->dtypes.count = DEFAULT_DTYPES;
+        for (size_t k = 0; k < DEFAULT_DTYPES; k++) {
             o->dtypes.value[k] = (size_t)bench_dtypes[k];
         }
     }

@@ -42,9 +42,9 @@ void kvp_cli_problem(kvp_cli_problems *p, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
 
 /*
- * argv[*i] should name one of the value-taking flags names[0..count). On
- * success returns its index, stores the value in values[index] and advances
- * *i past it. Otherwise records the problem (an unknown option or a stray
+ * argv[*i] should name one of the value-taking flags names[0..count), as
+ * "--flag value" or "--flag=value". On success returns its index, stores the
+ * value in values[index] and advances *i past it. Otherwise records the problem (an unknown option or a stray
  * argument, naming `command`'s --help; a missing value; a flag given twice)
  * and returns -1.
  */

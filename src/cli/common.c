@@ -204,28 +204,41 @@ int kvp_cli_take_flag(int argc, char **argv, int *i, const char *command,
                       kvp_cli_problems *p)
 {
     const char *arg = argv[*i];
+    const char *equals = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
+    size_t name_len = equals != NULL ? (size_t)(equals - arg) : strlen(arg);
     size_t f = 0;
-    while (f < count && strcmp(arg, names[f]) != 0) {
+    while (f < count && (strlen(names[f]) != name_len || strncmp(arg, names[f], name_len) != 0)) {
         f++;
     }
     if (f == count) {
         if (arg[0] == '-') {
-            kvp_cli_problem(p, "unknown option '%s' (see kvpager %s --help)", arg, command);
+            kvp_cli_problem(p, "unknown option '%.*s' (see kvpager %s --help)", (int)name_len, arg,
+                            command);
         } else {
             kvp_cli_problem(p, "unexpected argument '%s' (options start with --)", arg);
         }
         return -1;
     }
-    int next = *i + 1;
-    if (next >= argc || strncmp(argv[next], "--", 2) == 0) {
-        kvp_cli_problem(p, "%s needs a value%s%s%s", arg, next < argc ? ", got the option '" : "",
-                        next < argc ? argv[next] : "", next < argc ? "'" : "");
-        return -1;
+    const char *value;
+    if (equals != NULL) {
+        value = equals + 1; /* --flag=value: the value may be empty, and is then refused */
+        if (value[0] == '\0') {
+            kvp_cli_problem(p, "%s needs a value, got '%s'", names[f], arg);
+            return -1;
+        }
+    } else {
+        int next = *i + 1;
+        if (next >= argc || strncmp(argv[next], "--", 2) == 0) {
+            kvp_cli_problem(p, "%s needs a value%s%s%s", arg,
+                            next < argc ? ", got the option '" : "", next < argc ? argv[next] : "",
+                            next < argc ? "'" : "");
+            return -1;
+        }
+        *i = next;
+        value = argv[next];
     }
-    *i = next;
-    const char *value = argv[next];
     if (values[f] != NULL) {
-        kvp_cli_problem(p, "%s given twice: '%s' and '%s'", arg, values[f], value);
+        kvp_cli_problem(p, "%s given twice: '%s' and '%s'", names[f], values[f], value);
         return -1;
     }
     values[f] = value;

@@ -38,6 +38,7 @@ typedef struct kvp_sim_config {
     size_t block_tokens;
     size_t budget_bytes;
     kvp_dtype kv_dtype;     /* pages' storage type (kvpager/pool.h); the model computes in f64 */
+    kvp_accum accum;        /* the layers' decode attention level (kvp_model_set_accum) */
     size_t capacity;
     size_t threads;         /* 0: one per core */
     uint64_t seed;

@@ -36,6 +36,7 @@
 
 /* The flags that take a value, in --help order. */
 #define FLAG_MAP(X)                                                                       \
+    X(MODEL, "--model")                                                                   \
     X(LAYERS, "--layers")                                                                 \
     X(MODEL_WIDTH, "--model-width")                                                       \
     X(HEADS, "--heads")                                                                   \
@@ -43,6 +44,7 @@
     X(BLOCK_TOKENS, "--block-tokens")                                                     \
     X(BUDGET, "--budget")                                                                 \
     X(KV_DTYPE, "--kv-dtype")                                                             \
+    X(ACCUM, "--accum")                                                                   \
     X(CAPACITY, "--capacity")                                                             \
     X(REQUESTS, "--requests")                                                             \
     X(PROFILE, "--profile")                                                               \
@@ -118,6 +120,13 @@ static void simulate_usage(FILE *out)
             "Every value is checked before anything runs: a bad one prints one line naming\n"
             "the option and the value, and exits 2. N is a whole number, X a decimal.\n\n"
             "model and pool:\n"
+            "  --model NAME         a published geometry; --layers, --model-width, --heads\n"
+            "                       and --kv-heads given as well override it. Head width\n"
+            "                       128 in each: llama-3-8b (32 layers, D 4096, 32 heads,\n"
+            "                       8 KV heads), llama-3-70b (80, 8192, 64, 8), qwen2.5-7b\n"
+            "                       (28, 3584, 28, 4), mistral-7b (32, 4096, 32, 8). Weights\n"
+            "                       are random f64; a computed run whose weights do not fit\n"
+            "                       memory is refused (try --layers 2, or --no-compute)\n"
             "  --layers N           decoder layers, >= 1 (default %zu)\n"
             "  --model-width N      model width D, >= 1 (default %zu)\n"
             "  --heads N            attention heads, >= 1, dividing D (default %zu)\n"
@@ -140,6 +149,10 @@ static void simulate_usage(FILE *out)
             "                       exact: outputs equal the f64 reference bit for bit. The\n"
             "                       others fit 2x, 4x, 4x and 8x the tokens in the budget,\n"
             "                       within a measured error (DESIGN.md) (default f64)\n"
+            "  --accum LEVEL        decode attention over narrow pages: exact (widened to\n"
+            "                       f64, the reference's bits) or fast (f32 with FMA, in one\n"
+            "                       fixed order; DESIGN.md's Accumulation levels); f64 pages\n"
+            "                       are always exact; prefill is exact (default exact)\n"
             "  --allow-overcommit   accept a budget above physical memory\n"
             "  --capacity N         positions a sequence may hold, >= %d and >= the mean\n"
             "                       request (prompt mean + output mean) (default %zu)\n"
@@ -290,6 +303,43 @@ static double *real_field(options *o, flag f)
     }
 }
 
+/* Published geometries (the models' config.json): what --model sets unless a flag says otherwise. */
+typedef struct model_preset {
+    const char *name;
+    size_t layers, model_width, heads, kv_heads; /* head width = model_width / heads = 128 */
+} model_preset;
+static const model_preset presets[] = {
+    {"llama-3-8b", 32, 4096, 32, 8},
+    {"llama-3-70b", 80, 8192, 64, 8},
+    {"qwen2.5-7b", 28, 3584, 28, 4},
+    {"mistral-7b", 32, 4096, 32, 8},
+};
+#define PRESET_COUNT (sizeof presets / sizeof presets[0])
+
+/* The preset named `value`, or NULL. */
+static const model_preset *find_preset(const char *value)
+{
+    for (size_t i = 0; i < PRESET_COUNT; i++) {
+        if (strcmp(value, presets[i].name) == 0) {
+            return &presets[i];
+        }
+    }
+    return NULL;
+}
+
+/* The preset's geometry, for the flags not given on the command line. */
+static void apply_preset(options *o, const model_preset *m)
+{
+    const flag flags[] = {FLAG_LAYERS, FLAG_MODEL_WIDTH, FLAG_HEADS, FLAG_KV_HEADS};
+    size_t *fields[] = {&o->sim.layers, &o->sim.model_width, &o->sim.heads, &o->sim.kv_heads};
+    const size_t values[] = {m->layers, m->model_width, m->heads, m->kv_heads};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        if (o->value[flags[i]] == NULL) {
+            *fields[i] = values[i];
+        }
+    }
+}
+
 /* "f64", "f32", "bf16", "f16" or "fp8_e4m3" (kvp_dtype_name's names), or "fp8": 0 and *out, or -1. */
 static int parse_dtype(const char *value, kvp_dtype *out)
 {
@@ -336,6 +386,17 @@ static void parse_value(options *o, flag f, const char *value, kvp_cli_problems 
     } else if (f == FLAG_KV_DTYPE) {
         if (parse_dtype(value, &o->sim.kv_dtype) != 0) {
             invalid(p, f, value, "not a storage type (f64, f32, bf16, f16, fp8_e4m3 or fp8)");
+        }
+    } else if (f == FLAG_MODEL) {
+        if (find_preset(value) == NULL) {
+            invalid(p, f, value,
+                    "not a model preset (llama-3-8b, llama-3-70b, qwen2.5-7b or mistral-7b)");
+        }
+    } else if (f == FLAG_ACCUM) {
+        if (strcmp(value, "exact") == 0 || strcmp(value, "fast") == 0) {
+            o->sim.accum = value[0] == 'f' ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT;
+        } else {
+            invalid(p, f, value, "not an accumulation level (exact or fast)");
         }
     } else if (f == FLAG_PROFILE) {
         if (kvp_profile_parse(value, &o->workload.profile) != 0) {
@@ -407,6 +468,10 @@ static void parse_options(int argc, char **argv, options *o, kvp_cli_problems *p
         if (f >= 0) {
             parse_value(o, (flag)f, o->value[f], p);
         }
+    }
+    const model_preset *m = o->value[FLAG_MODEL] != NULL ? find_preset(o->value[FLAG_MODEL]) : NULL;
+    if (m != NULL) {
+        apply_preset(o, m);
     }
 }
 
@@ -745,6 +810,11 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
     }
     char given[2][32];
     const char *value = shown(o, named, given[0], sizeof given[0], flag_value(o, named, requests));
+    if (o->value[named] == NULL && o->value[FLAG_MODEL] != NULL &&
+        (named == FLAG_MODEL_WIDTH || named == FLAG_LAYERS)) {
+        value = o->value[FLAG_MODEL]; /* the preset set it: name what the user typed */
+        named = FLAG_MODEL;
+    }
     char with[96] = "";
     if (other != FLAG_COUNT_) {
         snprintf(with, sizeof with, " with %s %s", flag_names[other],
@@ -760,6 +830,12 @@ static void check_memory(options *o, size_t requests, size_t page_bytes, kvp_cli
             flag_names[named], value, kvp_cli_format_bytes(total, buf[0], sizeof buf[0]),
             big->what, kvp_cli_format_bytes(big->bytes, buf[1], sizeof buf[1]), with,
             kvp_cli_format_bytes(physical, buf[2], sizeof buf[2]));
+}
+
+/* The level decode attention ran at: f64 pages are always exact. */
+static const char *accum_name(const kvp_sim_config *c)
+{
+    return c->accum == KVP_ACCUM_FAST && c->kv_dtype != KVP_F64 ? "fast" : "exact";
 }
 
 static double mean_of(const kvp_workload *w, int prompt)
@@ -917,12 +993,12 @@ static void print_report(const options *o, const kvp_workload *w, const kvp_sim_
     char per_token[32];
     printf("model: %zu layers, width %zu, %zu heads, %zu KV heads (%s of K/V per token); "
            "pool: %s budget = %zu pages of %s "
-           "(%zu positions, kv_dtype %s); capacity %zu; %zu thread%s%s\n\n",
+           "(%zu positions, kv_dtype %s, %s attention); capacity %zu; %zu thread%s%s\n\n",
            c->layers, c->model_width, c->heads, kvp_sim_kv_heads(c),
            kvp_cli_format_bytes(kv_bytes_per_token(c), per_token, sizeof per_token),
            kvp_cli_format_bytes(c->budget_bytes, budget, sizeof budget), r->total_pages,
            kvp_cli_format_bytes(r->page_bytes, page, sizeof page), c->block_tokens,
-           kvp_dtype_name(r->kv_dtype), c->capacity, r->threads, r->threads == 1 ? "" : "s",
+           kvp_dtype_name(r->kv_dtype), accum_name(c), c->capacity, r->threads, r->threads == 1 ? "" : "s",
            c->compute ? "" : ", allocator only");
     printf("requests completed      %zu of %zu (%zu rejected as never fitting)\n",
            r->requests_completed, r->requests, r->requests_rejected);
@@ -1081,6 +1157,7 @@ static void print_json(const options *o, const kvp_workload *w, const kvp_sim_re
     kvp_json_uint(&json, "block_tokens", c->block_tokens);
     kvp_json_uint(&json, "budget_bytes", c->budget_bytes);
     kvp_json_string(&json, "kv_dtype", kvp_dtype_name(c->kv_dtype));
+    kvp_json_string(&json, "accum", accum_name(c));
     kvp_json_uint(&json, "capacity", c->capacity);
     kvp_json_uint(&json, "threads", r->threads);
     kvp_json_uint(&json, "seed", c->seed);

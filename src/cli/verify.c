@@ -48,9 +48,21 @@ static void perturb(void *ctx, double *values, size_t width)
 
 kvp_status kvp_sim_model_create(const kvp_sim_config *c, kvp_model **out, kvp_error *err)
 {
-    return kvp_model_create_random_grouped(c->layers, c->model_width, c->heads,
-                                           kvp_sim_kv_heads(c), c->capacity, 10000.0, c->seed,
-                                           out, err);
+    kvp_model *model = NULL;
+    kvp_status status = kvp_model_create_random_grouped(c->layers, c->model_width, c->heads,
+                                                        kvp_sim_kv_heads(c), c->capacity,
+                                                        10000.0, c->seed, &model, err);
+    if (status == KVP_OK) {
+        status = kvp_model_set_accum(model, c->accum, err);
+    }
+    if (status != KVP_OK) {
+        if (model != NULL) {
+            (void)kvp_model_destroy(model, NULL);
+        }
+        return status;
+    }
+    *out = model;
+    return KVP_OK;
 }
 
 int kvp_sim_update_weights(kvp_model *model, const kvp_sim_config *c, size_t epoch,

@@ -206,6 +206,23 @@ kvp_param *kvp_model_param_mut(kvp_model *model, size_t layer, size_t index)
     return kvp_layer_param_mut(model->layers[layer], index);
 }
 
+kvp_status kvp_model_set_accum(kvp_model *model, kvp_accum accum, kvp_error *err)
+{
+    if (model == NULL) {
+        return kvpi_fail_null(err, "model");
+    }
+    if (accum != KVP_ACCUM_EXACT && accum != KVP_ACCUM_FAST) {
+        return kvpi_fail_invalid(err, "accum", "must be KVP_ACCUM_EXACT or KVP_ACCUM_FAST");
+    }
+    for (size_t i = 0; i < model->count; i++) {
+        kvp_status status = kvp_layer_set_accum(model->layers[i], accum, err);
+        if (status != KVP_OK) {
+            return status; /* unreachable: the value was checked above */
+        }
+    }
+    return KVP_OK;
+}
+
 /*
  * The model was allocated non-const (kvp_model_create); only the sequence
  * counter changes through these const views, as a reference count would.

@@ -114,6 +114,14 @@ run kv_dtype_unknown_fp8 --kv-dtype "'fp8_e5m2'" $S --kv-dtype fp8_e5m2
 run kv_dtype_case --kv-dtype "'F32'" $S --kv-dtype F32
 run kv_dtype_empty --kv-dtype "''" $S --kv-dtype ""
 run kv_dtype_twice --kv-dtype "f32" $S --kv-dtype f32 --kv-dtype bf16
+run model_unknown --model "'llama-3-9b'" $S --model llama-3-9b
+run model_equals_unknown --model "'llama'" $S --model=llama
+run model_too_big --model "'llama-3-70b'" $S --model llama-3-70b
+run accum_unknown --accum "'slow'" $S --accum slow
+run accum_equals_empty --accum "'--accum='" $S --accum=
+run accum_twice --accum "exact" $S --accum exact --accum=fast
+run equals_unknown_flag "unknown option" "'--lay'" $S --lay=3
+run equals_layers_zero --layers "'0'" $S --layers=0
 # One bf16 page (2 x 16 x 64 x 2 bytes) fits 4KiB, one f32 page does not.
 run kv_dtype_f32_page_above_budget --budget "'4KiB'" $S --budget 4KiB --kv-dtype f32
 run budget_bad_unit --budget "'10XB'" $S --budget 10XB
@@ -213,6 +221,20 @@ $S --budget 1.5KiB --block-tokens 4 --model-width 8 --heads 2 --requests 1 --pro
     --output-mean 2 --capacity 8 --quiet --json --no-compute > "$work/frac.json" \
     || fail "1.5KiB (a whole byte count) was refused"
 [ "$(json_get "$work/frac.json" config.budget_bytes)" = 1536 ] || fail "1.5KiB is not 1536 bytes"
+
+# --flag=value is --flag value; --model's geometry yields to explicit flags; --accum is reported.
+$S --model=llama-3-8b --layers=1 --model-width=256 --heads 16 --requests=2 --prompt-mean 8 \
+    --output-mean 8 --capacity 64 --budget 1MiB --kv-dtype=bf16 --accum=fast --quiet --json \
+    --no-compute > "$work/preset.json" || fail "--model with overrides was refused"
+[ "$(json_get "$work/preset.json" config.layers)" = 1 ] || fail "--layers=1 did not override --model"
+[ "$(json_get "$work/preset.json" config.model_width)" = 256 ] || fail "--model-width did not override"
+[ "$(json_get "$work/preset.json" config.kv_heads)" = 8 ] || fail "--model did not set kv_heads 8"
+[ "$(json_get "$work/preset.json" config.accum)" = fast ] || fail "--accum=fast is not reported"
+$S --model qwen2.5-7b --layers 1 --model-width 448 --requests 2 --prompt-mean 8 --output-mean 8 \
+    --capacity 64 --budget 4MiB --quiet --json --no-compute > "$work/qwen.json" \
+    || fail "--model qwen2.5-7b was refused"
+[ "$(json_get "$work/qwen.json" config.heads)" = 28 ] || fail "qwen2.5-7b: not 28 heads"
+[ "$(json_get "$work/qwen.json" config.kv_heads)" = 4 ] || fail "qwen2.5-7b: not 4 KV heads"
 
 # The new workloads run: a shared prefix, conversations, one sample.
 $S --shared-prefix 32 --requests 8 --prompt-mean 8 --output-mean 8 --capacity 64 --budget 1MiB \

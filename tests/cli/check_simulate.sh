@@ -90,10 +90,13 @@ PY
 
 # --kv-dtype: every dtype runs clean; the report names the dtype and, from
 # the pool's pages, how many more full-capacity sequences it holds than f64.
-for dtype in f64 f32 bf16; do
+for dtype in f64 f32 bf16 f16 fp8_e4m3; do
     "$@" simulate --requests 8 --prompt-mean 12 --output-mean 10 --capacity 128 \
         --budget 1MiB --threads 2 --kv-dtype $dtype --quiet --json > "$work/$dtype.json"
 done
+# The fast level: the same schedule, outputs close to the exact level's but not its bits.
+"$@" simulate --requests 8 --prompt-mean 12 --output-mean 10 --capacity 128 \
+    --budget 1MiB --threads 2 --kv-dtype bf16 --accum fast --quiet --json > "$work/bf16-fast.json"
 "$@" simulate --requests 4 --prompt-mean 12 --output-mean 10 --capacity 128 \
     --budget 256KiB --kv-dtype bf16 --quiet > "$work/bf16.txt"
 grep -q 'kv_dtype bf16' "$work/bf16.txt" || fail "the report does not name the kv dtype"
@@ -101,11 +104,16 @@ grep -q 'kv dtype                bf16, 2 bytes per element' "$work/bf16.txt" ||
     fail "the report lacks the kv dtype line"
 python3 - "$work" <<'PY'
 import json, sys
-runs = {d: json.load(open(f"{sys.argv[1]}/{d}.json")) for d in ("f64", "f32", "bf16")}
+runs = {d: json.load(open(f"{sys.argv[1]}/{d}.json"))
+        for d in ("f64", "f32", "bf16", "f16", "fp8_e4m3")}
+fast = json.load(open(f"{sys.argv[1]}/bf16-fast.json"))
+assert fast["config"]["accum"] == "fast" and runs["bf16"]["config"]["accum"] == "exact"
+assert fast["steps"] == runs["bf16"]["steps"] and fast["requests_completed"] == 8
+assert fast["output_checksum"] != runs["bf16"]["output_checksum"]
 for d, r in runs.items():
     assert r["kv_dtype"] == d and r["config"]["kv_dtype"] == d, (d, r["kv_dtype"])
     assert r["requests_completed"] == 8 and r["pages_leaked"] == 0 and r["audit_failures"] == 0
-    size = {"f64": 8, "f32": 4, "bf16": 2}[d]
+    size = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "fp8_e4m3": 1}[d]
     assert r["kv_element_bytes"] == size
     # Same positions per page: the page shrinks with the element, the page count grows.
     assert r["page_bytes"] * 8 == runs["f64"]["page_bytes"] * size, (d, r["page_bytes"])
@@ -116,11 +124,13 @@ for d, r in runs.items():
     assert r["sequences_vs_f64"] == r["full_capacity_sequences"] / r["f64_full_capacity_sequences"]
 assert runs["f64"]["sequences_vs_f64"] == 1.0
 assert runs["f32"]["sequences_vs_f64"] == 2.0 and runs["bf16"]["sequences_vs_f64"] == 4.0
+assert runs["f16"]["sequences_vs_f64"] == 4.0 and runs["fp8_e4m3"]["sequences_vs_f64"] == 8.0
 # The schedule never waits for pages here, so every dtype runs the same steps;
 # the outputs differ (rounded K/V) but stay close to f64's.
 assert len({r["steps"] for r in runs.values()}) == 1
 assert runs["f32"]["output_checksum"] != runs["f64"]["output_checksum"]
-print("check_simulate: --kv-dtype f64, f32 and bf16 agree with their page geometry")
+print("check_simulate: --kv-dtype f64, f32, bf16, f16 and fp8_e4m3 agree with their page geometry;"
+      " --accum fast runs the same schedule")
 PY
 # f16 and fp8 (also spelled "fp8"): the pool's page geometry and what it holds,
 # scheduled without compute (attention over them is the kernels' part).
@@ -242,7 +252,7 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "sharing_concurrency_ratio", "no_sharing"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
-          "budget_bytes", "kv_dtype", "capacity", "threads", "seed", "watermark",
+          "budget_bytes", "kv_dtype", "accum", "capacity", "threads", "seed", "watermark",
           "reserve_tokens", "compute", "samples", "shared_prefix", "sharing", "schedule",
           "update_weights_every", "verify_every", "session_ttl"}
 assert set(r) == top, f"keys: missing {sorted(top - set(r))}, unexpected {sorted(set(r) - top)}"
