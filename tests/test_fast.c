@@ -591,12 +591,44 @@ static void test_fast_layer_setting(void **state)
     kvpt_destroy_layer(layer);
 }
 
+/* kvp_model_set_accum sets every layer's level; a refusal changes none. */
+static void test_fast_model_setting(void **state)
+{
+    (void)state;
+    kvp_model *model = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_model_create_random_grouped(3, 64, 4, 2, 32, 10000.0, 5, &model, &err),
+                   &err);
+    assert_int_equal(kvp_model_set_accum(NULL, KVP_ACCUM_FAST, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_model_set_accum(model, (kvp_accum)2, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "accum");
+    for (int want = 0; want < 3; want++) {
+        if (want < 2) {
+            kvpt_assert_ok(kvp_model_set_accum(model, (kvp_accum)(want == 0), &err), &err);
+        }
+        kvp_accum expected = want == 0 ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT;
+        for (size_t l = 0; l < 3; l++) {
+            kvp_layer_info info;
+            kvp_layer_info_init(&info);
+            kvpt_assert_ok(kvp_layer_info_get(kvp_model_layer(model, l), &info, &err), &err);
+            assert_int_equal(info.accum, expected);
+        }
+        if (want == 1) {
+            /* a refusal after EXACT leaves every layer EXACT (checked on the next pass) */
+            assert_int_equal(kvp_model_set_accum(model, (kvp_accum)-1, &err),
+                             KVP_INVALID_ARGUMENT);
+        }
+    }
+    kvpt_destroy_model(model);
+}
+
 int main(void)
 {
     initial_level = kvpi_kernels_active()->isa;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_fast_gather_same_bits_everywhere, restore),
         cmocka_unit_test_teardown(test_fast_f64_pages_stay_exact, restore),
+        cmocka_unit_test_teardown(test_fast_model_setting, restore),
         cmocka_unit_test_teardown(test_fast_error_within_bound, restore),
         cmocka_unit_test_teardown(test_fast_layer_setting, restore),
     };
