@@ -540,12 +540,15 @@ static int plan(const bench_options *o, bench_results *r, size_t *shapes)
     return 0;
 }
 
-/* The decoder and the read array every measurement shares. */
+/* The decoder, the reader pair and the read array every measurement shares. */
 static int open_shared(const bench_options *o, bench_results *r)
 {
     kvp_error err;
     if (kvp_decoder_create(2, &r->decoder, &err) != KVP_OK) {
         kvp_cli_report("bench", "creating a decoder of 2 threads", &err);
+        return KVP_CLI_USAGE;
+    }
+    if (bench_pair_open(&r->pair) != 0) {
         return KVP_CLI_USAGE;
     }
     if (bench_reader_open(&r->reader, o->read_bytes) != 0) {
@@ -613,6 +616,7 @@ static void release(bench_results *r)
     kvp_cli_free(r->rows);
     kvp_cli_free(r->skips);
     bench_reader_close(&r->reader);
+    bench_pair_close(r->pair);
     if (r->decoder != NULL) {
         kvp_status destroyed = kvp_decoder_destroy(r->decoder, NULL); /* idle: cannot fail */
         (void)destroyed;

@@ -2,12 +2,13 @@
  * bench.h: what the files of `kvpager bench` share (internal to src/cli).
  *
  *   bench.c         the command line, the grid, the order of the run, the entry point;
- *   bench_read.c    the read loop: one kernel per ISA level, on memory advised like
- *                   the pool's slab, on 1 thread or on a decoder's 2;
+ *   bench_read.c    the read loop: one kernel per ISA level the CPU runs, on memory
+ *                   advised like the pool's slab, on 1 thread or on a pair of 2;
  *   bench_gather.c  the gather measurements (kvp_paged_attention, the public call):
  *                   paged against a same-order contiguous layout, alternating with
  *                   a read of the shape's own size;
- *   bench_sim.c     page acquire + release, and simulate against its bound;
+ *   bench_sim.c     page acquire + release (a cache's row reserve + discard),
+ *                   and simulate against its bound;
  *   bench_report.c  the tables, --json and --plot.
  * Invariants: every figure is a median of alternating repetitions (measure.h);
  * every ratio is between figures of one run; "% of read" is given only for
@@ -102,7 +103,11 @@ typedef struct bench_reader {
 int bench_reader_open(bench_reader *r, size_t bytes);
 void bench_reader_close(bench_reader *r);
 
-/* The gather kernels' ISA level (the dispatch's), the highest the read kernels use. */
+/*
+ * The read's ISA level ("scalar", "avx2" or "avx512"), the highest the read
+ * kernels use: the best this CPU runs, or a lower one KVP_ISA names (the
+ * variable that forces the library's gather kernels too).
+ */
 const char *bench_read_isa(void);
 
 /* The transparent huge pages mode (/sys/kernel/mm/transparent_hugepage/enabled). */
@@ -115,22 +120,32 @@ size_t bench_read_kernels(size_t *used, size_t max);
 const char *bench_read_kernel_name(size_t kernel);
 
 /*
+ * The reader pair: this thread and one helper thread (pthreads), which
+ * read the two halves of a 2-thread read case; a barrier starts both
+ * halves together and another waits for both. Open once, used by one
+ * thread at a time, closed when no read runs. open: 0, or -1 after one
+ * line on stderr (*out NULL).
+ */
+typedef struct bench_pair bench_pair;
+int bench_pair_open(bench_pair **out);
+void bench_pair_close(bench_pair *pair); /* NULL is ignored */
+
+/*
  * One timed case: summing the first `bytes` (rounded down to the kernel's
  * granule, at least one) of the reader's array with read kernel `kernel`,
- * on this thread (decoder NULL) or split in two halves run by a decoder's
- * threads (kvpi_decoder_run).
+ * on this thread (pair NULL) or split in two halves, the first read by this
+ * thread and the second by the pair's helper at the same time.
  */
 typedef struct bench_read_ctx {
     const bench_reader *reader;
     size_t bytes;
     size_t kernel;
-    kvp_decoder *decoder;
+    bench_pair *pair;
     double sink;
-    int failed;
 } bench_read_ctx;
 
 void bench_read_init(bench_read_ctx *c, const bench_reader *reader, size_t bytes,
-                     size_t kernel, kvp_decoder *decoder);
+                     size_t kernel, bench_pair *pair);
 void bench_read_run(void *ctx, size_t iterations);
 /* GB/s of a case from its median ns per iteration. */
 double bench_read_gbps(const bench_read_ctx *c, double ns);
@@ -143,11 +158,9 @@ typedef struct bench_read_set {
 
 /* Fills set and cases[0..n) (n returned, at most BENCH_READ_KERNELS) for one size. */
 size_t bench_read_set_init(bench_read_set *set, const bench_reader *reader, size_t bytes,
-                           kvp_decoder *decoder, kvp_measure_case *cases);
+                           bench_pair *pair, kvp_measure_case *cases);
 /* The best GB/s from the cases' medians ns[0..count); *kernel gets its kernel. */
 double bench_read_set_best(const bench_read_set *set, const double *ns, size_t *kernel);
-/* 1 when a decoder refused a read step. */
-int bench_read_set_failed(const bench_read_set *set);
 
 /* ---- results ---- */
 
@@ -172,7 +185,8 @@ typedef struct bench_skipped {
 } bench_skipped;
 
 typedef struct bench_results {
-    kvp_decoder *decoder;  /* 2 threads: assists gathers, splits reads */
+    kvp_decoder *decoder;  /* 2 threads: the gathers' `threads` */
+    bench_pair *pair;      /* 2 threads: splits the reads */
     bench_reader reader;   /* --read-bytes, for every read */
     double read_gbps;      /* the whole array, 1 thread */
     double read_gbps_two;  /* the whole array, 2 threads */

@@ -7,26 +7,30 @@
  * (portable C with eight accumulators, one stream or two; AVX2; AVX-512F
  * with four vector accumulators, one stream or four; the wide ones compiled
  * for their level through target attributes), which of them run (the
- * portable ones and those of the level the gather kernels' dispatch chose,
- * so KVP_ISA forces both alike), and the timed read cases: a set of one case per kernel, on
- * this thread or as two halves on a decoder's two threads (the machinery a
- * 2-thread gather runs on). A read figure is the best kernel's median.
+ * portable ones and those of the best level this CPU runs,
+ * __builtin_cpu_supports, or the lower one KVP_ISA names, as the library's
+ * gather kernels choose theirs), the reader pair (a helper thread that
+ * reads the second half while the caller reads the first, both released by
+ * one barrier and joined by another), and the timed read cases: a set of
+ * one case per kernel, on this thread or as two halves on the pair. A read
+ * figure is the best kernel's median. Public API only, like all of src/cli.
  * Invariants: a case reads each byte of its prefix once per iteration, with
  * the loads independent of the sums; the array is written before it is read,
  * so no page is a zero page.
- * Callers: the bench*.c files (bench.h).
+ * Callers: the bench*.c files (bench.h); a pair's helper thread runs only
+ * read_helper.
  */
 #define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "alloc.h"
-#include "attention/kernels.h"
 #include "bench.h"
 #include "cli.h"
-#include "serve/decoder_internal.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define BENCH_X86 1
@@ -165,11 +169,39 @@ static const read_kernel kernels[] = {
 #endif
 };
 
-/* The ISA level the dispatch chose: 0 portable, 1 avx2, 2 avx512. */
+static const char *const level_names[] = {"scalar", "avx2", "avx512"};
+
+/*
+ * The read's ISA level, 0 portable (scalar), 1 avx2, 2 avx512: the best the
+ * CPU runs (__builtin_cpu_supports, which also checks that the OS saves the
+ * wider registers), or a lower one KVP_ISA names, so that KVP_ISA forces the
+ * read and the library's gather kernels alike. An unknown name or a level
+ * the CPU lacks leaves the best (the library says so on stderr).
+ */
+static int choose_level(void)
+{
+    int best = 0;
+#ifdef BENCH_X86
+    __builtin_cpu_init();
+    best = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+#endif
+    const char *wanted = getenv("KVP_ISA");
+    for (int level = 0; wanted != NULL && level < best; level++) {
+        if (strcmp(wanted, level_names[level]) == 0) {
+            return level;
+        }
+    }
+    return best;
+}
+
+/* Chosen once, on the first call (the bench's own thread, before any helper runs). */
 static int active_level(void)
 {
-    const char *isa = kvpi_kernels_active()->name;
-    return strcmp(isa, "avx512") == 0 ? 2 : strcmp(isa, "avx2") == 0 ? 1 : 0;
+    static int level = -1;
+    if (level < 0) {
+        level = choose_level();
+    }
+    return level;
 }
 
 /*
@@ -200,7 +232,7 @@ const char *bench_read_kernel_name(size_t kernel)
 
 const char *bench_read_isa(void)
 {
-    return kvpi_kernels_active()->name;
+    return level_names[active_level()];
 }
 
 const char *bench_thp_mode(char *buf, size_t size)
@@ -250,8 +282,74 @@ void bench_reader_close(bench_reader *r)
     memset(r, 0, sizeof *r);
 }
 
+/* ---- the reader pair ---- */
+
+struct bench_pair {
+    pthread_t helper;
+    pthread_barrier_t start; /* both threads pass it to begin a read (or the helper to quit) */
+    pthread_barrier_t done;  /* both pass it when their half is read */
+    const bench_read_ctx *job;
+    double sum;              /* the helper's half */
+    int quit;
+};
+
+static void *read_helper(void *arg)
+{
+    bench_pair *p = arg;
+    for (;;) {
+        pthread_barrier_wait(&p->start);
+        if (p->quit) {
+            return NULL;
+        }
+        const bench_read_ctx *c = p->job;
+        size_t half = c->bytes / 2;
+        p->sum = kernels[c->kernel].fn(c->reader->data + half, half);
+        pthread_barrier_wait(&p->done);
+    }
+}
+
+int bench_pair_open(bench_pair **out)
+{
+    bench_pair *p = kvp_cli_calloc(1, sizeof *p);
+    *out = NULL;
+    if (p == NULL) {
+        kvp_cli_report_oom("bench", "the reader pair", sizeof *p);
+        return -1;
+    }
+    int error = pthread_barrier_init(&p->start, NULL, 2);
+    if (error == 0 && (error = pthread_barrier_init(&p->done, NULL, 2)) != 0) {
+        pthread_barrier_destroy(&p->start);
+    }
+    if (error == 0 && (error = pthread_create(&p->helper, NULL, read_helper, p)) != 0) {
+        pthread_barrier_destroy(&p->start);
+        pthread_barrier_destroy(&p->done);
+    }
+    if (error != 0) {
+        fprintf(stderr, "kvpager bench: starting the reader thread: %s\n", strerror(error));
+        kvp_cli_free(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
+void bench_pair_close(bench_pair *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    p->quit = 1;
+    pthread_barrier_wait(&p->start);
+    pthread_join(p->helper, NULL);
+    pthread_barrier_destroy(&p->start);
+    pthread_barrier_destroy(&p->done);
+    kvp_cli_free(p);
+}
+
+/* ---- the read cases ---- */
+
 void bench_read_init(bench_read_ctx *c, const bench_reader *reader, size_t bytes,
-                     size_t kernel, kvp_decoder *decoder)
+                     size_t kernel, bench_pair *pair)
 {
     size_t granule = 2 * kernels[kernel].granule; /* two halves of whole steps */
     bytes = bytes < reader->bytes ? bytes : reader->bytes;
@@ -259,42 +357,27 @@ void bench_read_init(bench_read_ctx *c, const bench_reader *reader, size_t bytes
     c->reader = reader;
     c->bytes = bytes >= granule ? bytes : granule;
     c->kernel = kernel;
-    c->decoder = decoder;
+    c->pair = pair;
     c->sink = 0.0;
-    c->failed = 0;
 }
 
-typedef struct halves {
-    const bench_read_ctx *c;
-    double sum[2];
-} halves;
-
-static void read_half(void *arg, size_t part)
+/* One read split in two halves: the helper's starts as the caller's does. */
+static double read_split(const bench_read_ctx *c)
 {
-    halves *h = arg;
-    size_t half = h->c->bytes / 2;
-    h->sum[part] = kernels[h->c->kernel].fn(h->c->reader->data + part * half, half);
-}
-
-static void read_split(void *arg, const kvpi_parallel *par)
-{
-    kvpi_parallel_run(par, read_half, arg, 2);
+    bench_pair *p = c->pair;
+    p->job = c;
+    pthread_barrier_wait(&p->start);
+    double sum = kernels[c->kernel].fn(c->reader->data, c->bytes / 2);
+    pthread_barrier_wait(&p->done);
+    return sum + p->sum;
 }
 
 void bench_read_run(void *ctx, size_t iterations)
 {
     bench_read_ctx *c = ctx;
     for (size_t i = 0; i < iterations; i++) {
-        if (c->decoder == NULL) {
-            c->sink += kernels[c->kernel].fn(c->reader->data, c->bytes);
-            continue;
-        }
-        halves h = {c, {0.0, 0.0}};
-        if (kvpi_decoder_run(c->decoder, read_split, &h, NULL) != KVP_OK) {
-            c->failed = 1;
-            return;
-        }
-        c->sink += h.sum[0] + h.sum[1];
+        c->sink += c->pair == NULL ? kernels[c->kernel].fn(c->reader->data, c->bytes)
+                                   : read_split(c);
     }
 }
 
@@ -304,12 +387,12 @@ double bench_read_gbps(const bench_read_ctx *c, double ns)
 }
 
 size_t bench_read_set_init(bench_read_set *set, const bench_reader *reader, size_t bytes,
-                           kvp_decoder *decoder, kvp_measure_case *cases)
+                           bench_pair *pair, kvp_measure_case *cases)
 {
     size_t used[BENCH_READ_KERNELS];
     set->count = bench_read_kernels(used, BENCH_READ_KERNELS);
     for (size_t i = 0; i < set->count; i++) {
-        bench_read_init(&set->ctx[i], reader, bytes, used[i], decoder);
+        bench_read_init(&set->ctx[i], reader, bytes, used[i], pair);
         cases[i] = (kvp_measure_case){bench_read_run, &set->ctx[i]};
     }
     return set->count;
@@ -328,29 +411,16 @@ double bench_read_set_best(const bench_read_set *set, const double *ns, size_t *
     return best;
 }
 
-int bench_read_set_failed(const bench_read_set *set)
-{
-    int failed = 0;
-    for (size_t i = 0; i < set->count; i++) {
-        failed |= set->ctx[i].failed;
-    }
-    return failed;
-}
-
 int bench_measure_read(const bench_options *o, bench_results *r)
 {
     bench_read_set one;
     bench_read_set two;
     kvp_measure_case cases[2 * BENCH_READ_KERNELS];
     size_t n = bench_read_set_init(&one, &r->reader, o->read_bytes, NULL, cases);
-    bench_read_set_init(&two, &r->reader, o->read_bytes, r->decoder, cases + n);
+    bench_read_set_init(&two, &r->reader, o->read_bytes, r->pair, cases + n);
     double ns[2 * BENCH_READ_KERNELS];
     if (kvp_measure_alternating(cases, 2 * n, o->repetitions, BENCH_MIN_NS, ns) != 0) {
         kvp_cli_report_oom("bench", "the timing scratch", 2 * n * o->repetitions * 8);
-        return KVP_CLI_USAGE;
-    }
-    if (bench_read_set_failed(&two)) {
-        fprintf(stderr, "kvpager bench: the decoder refused a read step\n");
         return KVP_CLI_USAGE;
     }
     r->read_gbps = bench_read_set_best(&one, ns, &r->read_kernel);

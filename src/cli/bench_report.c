@@ -117,6 +117,9 @@ static void print_pages_and_simulate(const bench_options *o, const bench_results
     const double *p = r->page_ns;
     printf("\npage acquire + release (%s pages)   kvpager  jemalloc     glibc\n",
            kvp_cli_format_bytes(r->page_bytes, buf, sizeof buf));
+    printf("  kvpager: kvp_cache_reserve_rows of 1 or 64 blocks on an external cache, then\n"
+           "  kvp_cache_discard_rows (the pages taken and put back, tentative); the peers\n"
+           "  allocate and free as many objects of the page's size\n");
     printf("  one page, ns                      %8.1f  %8.1f  %8.1f\n", p[0], p[1], p[2]);
     printf("  a batch of 64, ns                 %8.1f  %8.1f  %8.1f\n", p[3], p[4], p[5]);
     printf("  peer time / kvpager time: one page %.2fx jemalloc, %.2fx glibc; batch of 64\n"
@@ -140,7 +143,8 @@ void bench_print_tables(const bench_options *o, const bench_results *r)
 {
     char buf[32];
     char thp[32];
-    printf("kvpager bench: kernels %s; medians of %zu alternating repetitions%s\n\n",
+    printf("kvpager bench: read kernels up to %s (this CPU's best, or KVP_ISA's); medians of\n"
+           "%zu alternating repetitions%s\n\n",
            bench_read_isa(), o->repetitions, o->quick ? " (--quick grid)" : "");
     size_t used[BENCH_READ_KERNELS];
     size_t n = bench_read_kernels(used, BENCH_READ_KERNELS);
@@ -152,7 +156,7 @@ void bench_print_tables(const bench_options *o, const bench_results *r)
     }
     printf("read bandwidth: the best of the read loops %s,\n"
            "over a %s array advised for huge pages as the pool's slab (%s; THP mode %s)\n"
-           "  %.2f GB/s on 1 thread (%s), %.2f GB/s on 2 threads (%s)\n\n",
+           "  %.2f GB/s on 1 thread (%s), %.2f GB/s on 2 threads (%s; halves read at once)\n\n",
            names, kvp_cli_format_bytes(r->reader.bytes, buf, sizeof buf),
            r->reader.advised ? "accepted" : "not applied", bench_thp_mode(thp, sizeof thp),
            r->read_gbps, bench_read_kernel_name(r->read_kernel), r->read_gbps_two,

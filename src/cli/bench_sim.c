@@ -2,11 +2,14 @@
  * bench_sim.c: `kvpager bench`'s page operations and its simulate figure.
  *
  * Owns:
- *   page ops  one page acquire + release (the pool's locked take/put
- *             primitives, internal: the public API hands out pages only
- *             inside caches and sequences) against jemalloc
- *             mallocx/sdallocx and glibc malloc/free of the same bytes,
- *             single and in batches of 64;
+ *   page ops  page acquire + release through the public API: a row
+ *             reservation of one block (one page) or of 64 blocks (64
+ *             pages) on an external cache of one lane, then its discard
+ *             (kvp_cache_reserve_rows + kvp_cache_discard_rows: the pages
+ *             are taken from the pool's free list and put back under its
+ *             mutex, tentative, with no row written and nothing allocated),
+ *             against jemalloc mallocx/sdallocx and glibc malloc/free of as
+ *             many objects of the page's bytes;
  *   simulate  the default `kvpager simulate` workload run in-process
  *             (sim.h), its tokens/s against a bound: the time the K+V bytes
  *             its steps read take at the read bandwidth of their own size.
@@ -32,7 +35,6 @@
 #include "alloc.h"
 #include "bench.h"
 #include "cli.h"
-#include "pager/pool_internal.h"
 #include "sim.h"
 #include "workload.h"
 
@@ -49,48 +51,32 @@ extern void __libc_free(void *ptr);
 
 
 typedef struct page_ctx {
-    kvp_pool *pool;
+    kvp_cache *cache;      /* the kvpager cases' external cache (one lane) */
+    size_t rows;           /* rows per reservation: 1 or BATCH blocks */
     size_t bytes;
     void *volatile sink;   /* keeps the compiler from pairing away malloc and free */
     int failed;
     void *held[BATCH];
-    uint32_t ids[BATCH];
 } page_ctx;
 
 /*
- * One page acquire + release through the pool's own primitives: the public
- * API hands out pages only inside caches and sequences (with tables and
- * promises around them), so this uses the internal locked take and put
- * (src/pager/pool_internal.h), as every cache append and release does.
+ * Pages acquired and released through the public API: reserving c->rows
+ * rows of an empty cache takes their pages (one per block) from the pool,
+ * and discarding the reservation puts them back (kvpager/cache.h). Nothing
+ * is written into the pages and nothing is allocated on the heap, so this
+ * is the pool's take + put with the cache's checks and bookkeeping around
+ * it, as every append and release pays.
  */
-static void pool_single(void *arg, size_t iterations)
+static void pool_pages(void *arg, size_t iterations)
 {
     page_ctx *c = arg;
     for (size_t i = 0; i < iterations; i++) {
-        uint32_t id;
-        kvpi_pool_lock(c->pool);
-        if (kvpi_pool_take_locked(c->pool, 1, &id, NULL) == KVP_OK) {
-            kvpi_pool_put_locked(c->pool, id);
-        } else {
+        if (kvp_cache_reserve_rows(c->cache, c->rows, NULL) != KVP_OK) {
             c->failed = 1;
+            return;
         }
-        kvpi_pool_unlock(c->pool);
-    }
-}
-
-static void pool_batch(void *arg, size_t iterations)
-{
-    page_ctx *c = arg;
-    for (size_t i = 0; i < iterations; i++) {
-        kvpi_pool_lock(c->pool);
-        if (kvpi_pool_take_locked(c->pool, BATCH, c->ids, NULL) == KVP_OK) {
-            for (size_t p = 0; p < BATCH; p++) {
-                kvpi_pool_put_locked(c->pool, c->ids[p]);
-            }
-        } else {
-            c->failed = 1;
-        }
-        kvpi_pool_unlock(c->pool);
+        kvp_status discarded = kvp_cache_discard_rows(c->cache, NULL); /* NULL_ARGUMENT only */
+        (void)discarded;
     }
 }
 
@@ -152,6 +138,52 @@ static void glibc_batch(void *arg, size_t iterations)
     }
 }
 
+/* An external cache of one lane with room for BATCH blocks: the kvpager cases' pages. */
+static int page_cache(kvp_pool *pool, const kvp_pool_config *config, kvp_cache **cache)
+{
+    kvp_binding binding;
+    kvp_error err;
+    size_t rows = BATCH * config->block_tokens;
+    if (kvp_binding_init_external(&binding, config->heads, config->head_width, rows, 1, 1,
+                                  &err) != KVP_OK ||
+        kvp_cache_create(pool, &binding, 1, rows, cache, &err) != KVP_OK) {
+        kvp_cli_report("bench", "creating the page cache", &err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Times the six cases alternately; 0, or -1 when one failed. */
+static int time_pages(const bench_options *o, kvp_cache *cache, size_t block_tokens,
+                      size_t page_bytes, bench_results *r)
+{
+    page_ctx *ctx = kvp_cli_calloc(6, sizeof *ctx);
+    if (ctx == NULL) {
+        kvp_cli_report_oom("bench", "the page contexts", 6 * sizeof *ctx);
+        return -1;
+    }
+    static const kvp_measure_fn fns[6] = {pool_pages, jemalloc_single, glibc_single,
+                                          pool_pages, jemalloc_batch,  glibc_batch};
+    kvp_measure_case cases[6];
+    for (size_t i = 0; i < 6; i++) {
+        ctx[i].cache = cache;
+        ctx[i].rows = (i < 3 ? 1 : BATCH) * block_tokens;
+        ctx[i].bytes = page_bytes;
+        cases[i].run = fns[i];
+        cases[i].ctx = &ctx[i];
+    }
+    int failed = kvp_measure_alternating(cases, 6, o->repetitions, BENCH_MIN_NS, r->page_ns);
+    for (size_t i = 0; i < 6; i++) {
+        failed |= ctx[i].failed;
+    }
+    kvp_cli_free(ctx);
+    if (failed != 0) {
+        kvp_cli_report_oom("bench", "a page", page_bytes);
+        return -1;
+    }
+    return 0;
+}
+
 /*
  * Pages of the simulated model's geometry (kvp_sim_config_init: 16 positions
  * of width 64, 16 KiB), the pages the simulate figure below moves.
@@ -174,39 +206,21 @@ int bench_measure_pages(const bench_options *o, bench_results *r)
         kvp_cli_report("bench", "creating the page pool", &err);
         return KVP_CLI_USAGE;
     }
-    page_ctx *ctx = kvp_cli_calloc(6, sizeof *ctx);
-    if (ctx == NULL) {
-        kvp_status ignored = kvp_pool_destroy(pool, NULL); /* holds no page: cannot fail */
+    kvp_cache *cache = NULL;
+    int status = page_cache(pool, &config, &cache) != 0 ||
+                         time_pages(o, cache, config.block_tokens, page_bytes, r) != 0
+                     ? KVP_CLI_USAGE
+                     : KVP_CLI_OK;
+    if (cache != NULL) {
+        kvp_status ignored = kvp_cache_destroy(cache, NULL); /* holds no page: cannot fail */
         (void)ignored;
-        kvp_cli_report_oom("bench", "the page contexts", 6 * sizeof *ctx);
-        return KVP_CLI_USAGE;
     }
-    static const kvp_measure_fn fns[6] = {pool_single, jemalloc_single, glibc_single,
-                                          pool_batch,  jemalloc_batch,  glibc_batch};
-    kvp_measure_case cases[6];
-    for (size_t i = 0; i < 6; i++) {
-        ctx[i].pool = pool;
-        ctx[i].bytes = page_bytes;
-        cases[i].run = fns[i];
-        cases[i].ctx = &ctx[i];
-    }
-    int failed = kvp_measure_alternating(cases, 6, o->repetitions, BENCH_MIN_NS, r->page_ns);
-    int op_failed = 0;
-    for (size_t i = 0; i < 6; i++) {
-        op_failed |= ctx[i].failed;
-    }
-    kvp_cli_free(ctx);
-    kvp_status destroyed = kvp_pool_destroy(pool, &err);
-    if (failed != 0 || op_failed) {
-        kvp_cli_report_oom("bench", "a page", page_bytes);
-        return KVP_CLI_USAGE;
-    }
-    if (destroyed != KVP_OK) {
+    if (kvp_pool_destroy(pool, &err) != KVP_OK && status == KVP_CLI_OK) {
         kvp_cli_report("bench", "destroying the page pool", &err);
-        return KVP_CLI_USAGE;
+        status = KVP_CLI_USAGE;
     }
     r->page_bytes = page_bytes;
-    return KVP_CLI_OK;
+    return status;
 }
 
 /* ---- simulate ---------------------------------------------------------------- */
@@ -261,7 +275,7 @@ static int read_sizes(const bench_results *r, size_reads *s, size_t round)
     for (size_t i = 0; i < 2 * s->count; i++) {
         size_t bytes = (size_t)1 << (MIN_SIZE_LOG2 + i / 2);
         start[i] = n;
-        n += bench_read_set_init(&sets[i], &r->reader, bytes, i % 2 == 0 ? NULL : r->decoder,
+        n += bench_read_set_init(&sets[i], &r->reader, bytes, i % 2 == 0 ? NULL : r->pair,
                                  cases + n);
     }
     if (kvp_measure_alternating(cases, n, 1, BENCH_MIN_NS, ns) != 0) {
@@ -269,10 +283,6 @@ static int read_sizes(const bench_results *r, size_reads *s, size_t round)
         return -1;
     }
     for (size_t i = 0; i < s->count; i++) {
-        if (bench_read_set_failed(&sets[2 * i + 1])) {
-            fprintf(stderr, "kvpager bench: the decoder refused a read step\n");
-            return -1;
-        }
         size_t kernel = 0;
         double one = bench_read_set_best(&sets[2 * i], ns + start[2 * i], &kernel);
         double two = bench_read_set_best(&sets[2 * i + 1], ns + start[2 * i + 1], &kernel);
