@@ -12,12 +12,11 @@
  * the input sets), and 3 cache slots, each external (kvp_binding_init_external
  * with K/V scales: 1, powers of two and non-powers) or bound to the layer.
  *
- * The shadow's ground truth is its own: every dtype's rounding is written
- * here from pool.h's description (round once from f64 to p significand bits
- * above the dtype's smallest normal exponent, ties to even; fp8 rounds
- * x / scale and stands for e * scale) and the overflow thresholds pool.h
- * documents; source rows (f32, bf16, f16 bits) and in-place writes (page
- * format) are encoded here too. Nothing from src/ is used.
+ * The shadow's ground truth is its own (fuzz_paged_dtype.c): every dtype's
+ * rounding and overflow written from pool.h's description, and the encoders
+ * of source rows and of in-place writes. Nothing from src/ is used.
+ * kvp_paged_attention's operation is in fuzz_paged_attention.c; the shadow
+ * they share is in fuzz_paged.h.
  *
  * Checked after every operation: the exact status in the headers' order
  * (cache.h, paged.h) with its detail; each cache's len, reserved rows and
@@ -38,226 +37,20 @@
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "fuzz_paged.h"
 
-#define P_MAX_B 2
-#define P_MAX_HKV 2
-#define P_MAX_H 8
-#define P_MAX_DH 4
-#define P_MAX_CAP 8
-#define P_CACHES 3
-#define P_ELEMS (P_MAX_B * P_MAX_HKV * P_MAX_CAP * P_MAX_DH)
-#define P_OUT (P_MAX_B * P_MAX_H * P_MAX_DH)
+#define P pz_world
 
-typedef struct pcache {
-    kvp_cache *cache;
-    int live;
-    int bound;
-    size_t batch, cap, len, reserved;
-    size_t written; /* reserved rows 0..written-1 were written in place */
-    double ks, vs;  /* the scales the cache uses (1 unless fp8 and set) */
-    double lks, lvs; /* a bound cache: the layer's scales when it was created */
-    /* exported values (e * scale for fp8): committed rows, then the
-     * reservation's rows written in place */
-    double k[P_MAX_B][P_MAX_HKV][P_MAX_CAP][P_MAX_DH];
-    double v[P_MAX_B][P_MAX_HKV][P_MAX_CAP][P_MAX_DH];
-    double pk[P_MAX_B][P_MAX_HKV][P_MAX_CAP][P_MAX_DH];
-    double pv[P_MAX_B][P_MAX_HKV][P_MAX_CAP][P_MAX_DH];
-    /* a NaN written in place: reserved row poison_row (SIZE_MAX: none) */
-    size_t poison_row, poison_b, poison_h, poison_f;
-    int poison_value;
-} pcache;
-
-static struct {
-    int live;
-    kvp_pool *pool;
-    kvp_dtype dtype;
-    size_t hkv, heads, dh, bt, total;
-    kvp_layer *layer;
-    double ks, vs; /* the layer's scales */
-    pcache c[P_CACHES];
-    uint64_t exhaustions;
-    uint64_t next_identity;
-} P;
+pz_world_t pz_world;
 
 static const double g_scales[] = {1.0, 2.0, 0.25, 0.3, 3.7, 0.0 /* = 1 */};
-
-/* ---- the shadow's own dtypes -------------------------------------------- */
-
-/* x rounded once to p significand bits, exponent at least emin, ties to even. */
-static double round_bits(double x, int p, int emin)
-{
-    if (x == 0.0 || !isfinite(x)) {
-        return x;
-    }
-    int e = ilogb(x);
-    if (e < emin) {
-        e = emin;
-    }
-    return ldexp(nearbyint(ldexp(x, p - 1 - e)), e - (p - 1));
-}
-
-/* The element a dtype stores for x (fp8: for x already divided by its scale). */
-static double s_round(kvp_dtype dt, double x)
-{
-    switch (dt) {
-    case KVP_F32:
-        return round_bits(x, 24, -126);
-    case KVP_BF16:
-        return round_bits(x, 8, -126);
-    case KVP_F16:
-        return round_bits(x, 11, -14);
-    case KVP_FP8_E4M3:
-        return round_bits(x, 4, -6);
-    default:
-        return x;
-    }
-}
-
-/* pool.h's overflow thresholds: 1 when the finite x cannot be stored. */
-static int s_overflows(kvp_dtype dt, double scale, double x)
-{
-    double a = fabs(x);
-    switch (dt) {
-    case KVP_F32:
-        return isfinite(x) && a >= 0x1.ffffffp+127;
-    case KVP_BF16:
-        return isfinite(x) && a >= 0x1.ffp+127;
-    case KVP_F16:
-        return isfinite(x) && a >= 65520.0;
-    case KVP_FP8_E4M3:
-        return isfinite(x) && a / scale > 464.0;
-    default:
-        return 0;
-    }
-}
-
-/* What an export gives for x stored: the element, times the scale for fp8. */
-static double s_store(kvp_dtype dt, double scale, double x)
-{
-    if (dt == KVP_FP8_E4M3) {
-        return s_round(dt, x / scale) * scale;
-    }
-    return s_round(dt, x);
-}
-
-static const char *s_dtype_name(kvp_dtype dt)
-{
-    static const char *names[] = {"f64", "f32", "bf16", "f16", "fp8_e4m3"};
-    return names[dt];
-}
-
-/* ---- encoders (value already on the type's grid, or special) ------------ */
-
-static float enc_f32(double x)
-{
-    return fabs(x) >= 0x1.ffffffp+127 && isfinite(x) ? (float)copysign(INFINITY, x)
-                                                      : (float)round_bits(x, 24, -126);
-}
-
-static uint16_t enc_bf16(double x)
-{
-    if (isnan(x)) {
-        return 0x7fc0;
-    }
-    double r = fabs(x) >= 0x1.ffp+127 ? copysign(INFINITY, x) : round_bits(x, 8, -126);
-    float f = (float)r;
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    return (uint16_t)(bits >> 16);
-}
-
-static uint16_t enc_f16(double x)
-{
-    if (isnan(x)) {
-        return 0x7e00;
-    }
-    uint16_t sign = signbit(x) ? 0x8000 : 0;
-    double a = fabs(x) >= 65520.0 ? INFINITY : fabs(round_bits(x, 11, -14));
-    if (isinf(a)) {
-        return sign | 0x7c00;
-    }
-    if (a >= 0x1p-14) {
-        int e = ilogb(a);
-        return sign | (uint16_t)((e + 15) << 10) | (uint16_t)(ldexp(a, 10 - e) - 1024.0);
-    }
-    return sign | (uint16_t)ldexp(a, 24);
-}
-
-/* e on the e4m3 grid, |e| <= 448, or NaN (0x7f). */
-static uint8_t enc_e4m3(double e)
-{
-    if (isnan(e)) {
-        return 0x7f;
-    }
-    uint8_t sign = signbit(e) ? 0x80 : 0;
-    double a = fabs(e);
-    if (a >= 0x1p-6) {
-        int x = ilogb(a);
-        return sign | (uint8_t)((x + 7) << 3) | (uint8_t)(ldexp(a, 3 - x) - 8.0);
-    }
-    return sign | (uint8_t)ldexp(a, 9);
-}
-
-/* Widened value of x given as a source row of src (f64, f32, bf16, f16). */
-static double src_widened(kvp_dtype src, double x)
-{
-    switch (src) {
-    case KVP_F32:
-        return (double)enc_f32(x);
-    case KVP_BF16: {
-        uint32_t bits = (uint32_t)enc_bf16(x) << 16;
-        float f;
-        memcpy(&f, &bits, sizeof f);
-        return (double)f;
-    }
-    case KVP_F16:
-        return isnan(x) ? NAN : fabs(x) >= 65520.0 ? copysign(INFINITY, x) : round_bits(x, 11, -14);
-    default:
-        return x;
-    }
-}
-
-static void src_encode(kvp_dtype src, const double *x, size_t n, void *out)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (src == KVP_F32) {
-            ((float *)out)[i] = enc_f32(x[i]);
-        } else if (src == KVP_BF16) {
-            ((uint16_t *)out)[i] = enc_bf16(x[i]);
-        } else if (src == KVP_F16) {
-            ((uint16_t *)out)[i] = enc_f16(x[i]);
-        } else {
-            ((double *)out)[i] = x[i];
-        }
-    }
-}
-
-/* One element in the page's format: x (finite, storable) or a NaN. */
-static void page_write(kvp_dtype dt, double scale, unsigned char *at, double x, int nan)
-{
-    if (dt == KVP_F64) {
-        double y = nan ? NAN : x;
-        memcpy(at, &y, sizeof y);
-    } else if (dt == KVP_F32) {
-        float y = nan ? NAN : enc_f32(x);
-        memcpy(at, &y, sizeof y);
-    } else if (dt == KVP_BF16) {
-        uint16_t y = enc_bf16(nan ? NAN : x);
-        memcpy(at, &y, sizeof y);
-    } else if (dt == KVP_F16) {
-        uint16_t y = enc_f16(nan ? NAN : x);
-        memcpy(at, &y, sizeof y);
-    } else {
-        *at = enc_e4m3(nan ? NAN : s_round(dt, x / scale));
-    }
-}
 
 /* ---- values from the input ---------------------------------------------- */
 
 /* Per dtype a value it cannot hold, or NaN / Inf; or a big value f64 keeps. */
 static const double g_big[] = {NAN, INFINITY, -INFINITY, 1e6, 70000.0, 500.0, 1e39, -3e38};
 
-static void p_values(reader *r, double *out, size_t n)
+void pz_values(reader *r, double *out, size_t n)
 {
     uint64_t state = 0x9a9edull * (uint64_t)(fz_rd(r) + 1);
     for (size_t i = 0; i < n; i++) {
@@ -343,7 +136,7 @@ static void p_check(void)
                                   memcmp(&v[at], &c->v[b][h][t][f], sizeof(double)) == 0,
                               "typed cache %d (%s) lane %zu head %zu pos %zu feature %zu: "
                               "k %a v %a, expected %a %a",
-                              i, s_dtype_name(P.dtype), b, h, t, f, k[at], v[at],
+                              i, pz_dtype_name(P.dtype), b, h, t, f, k[at], v[at],
                               c->k[b][h][t][f], c->v[b][h][t][f]);
                     }
                 }
@@ -365,13 +158,8 @@ static void p_check(void)
     fz_set_auditing(0);
 }
 
-/* Everything a refusal must leave as it was. */
-typedef struct snapshot {
-    uint64_t digest[P_CACHES];
-    kvp_pool_stats stats;
-} snapshot;
 
-static void p_snap(snapshot *out)
+void pz_snap(pz_snapshot *out)
 {
     fz_set_auditing(1);
     memset(out, 0, sizeof *out);
@@ -385,10 +173,10 @@ static void p_snap(snapshot *out)
     fz_set_auditing(0);
 }
 
-static void p_unchanged(const snapshot *before, int exhausted)
+void pz_unchanged(const pz_snapshot *before, int exhausted)
 {
-    snapshot now;
-    p_snap(&now);
+    pz_snapshot now;
+    pz_snap(&now);
     for (int i = 0; i < P_CACHES; i++) {
         CHECK(now.digest[i] == before->digest[i], "a refused call changed typed cache %d", i);
     }
@@ -456,7 +244,7 @@ static void p_create(reader *r)
     p_stats(&s);
     CHECK(s.total_pages == pages && s.element_bytes == kvp_dtype_bytes(P.dtype),
           "typed pool of %zu pages of %s: %zu pages of %zu-byte elements", pages,
-          s_dtype_name(P.dtype), s.total_pages, s.element_bytes);
+          pz_dtype_name(P.dtype), s.total_pages, s.element_bytes);
     P.total = pages;
     fz_check_status(kvp_layer_create_random_grouped(P.heads * P.dh, P.heads, P.hkv, P_MAX_CAP,
                                                     10000.0, c, &P.layer, &err),
@@ -516,8 +304,8 @@ static void p_cache_create(reader *r)
                       : cap == 0      ? KVP_ZERO_CAPACITY
                       : cap > P_MAX_CAP ? KVP_CAPACITY_EXCEEDS_POSITIONS
                                         : KVP_OK;
-    snapshot before;
-    p_snap(&before);
+    pz_snapshot before;
+    pz_snap(&before);
     kvp_cache *out = NULL;
     kvp_status status = kvp_cache_create(P.pool, &binding, batch, cap, &out, &err);
     fz_check_status(status, want, &err);
@@ -528,7 +316,7 @@ static void p_cache_create(reader *r)
                   "invalid scale: argument %s, expected %s", err.argument ? err.argument : "NULL",
                   bad);
         }
-        p_unchanged(&before, 0);
+        pz_unchanged(&before, 0);
         return;
     }
     memset(c, 0, sizeof *c);
@@ -568,7 +356,7 @@ static void p_cache_end(reader *r)
 static size_t first_bad(const double *x, size_t n, double scale)
 {
     for (size_t i = 0; i < n; i++) {
-        if (!isfinite(x[i]) || s_overflows(P.dtype, scale, x[i])) {
+        if (!isfinite(x[i]) || pz_overflows(P.dtype, scale, x[i])) {
             return i;
         }
     }
@@ -576,7 +364,7 @@ static size_t first_bad(const double *x, size_t n, double scale)
 }
 
 /* Predicts NONFINITE_KEY / NONFINITE_VALUE of widened rows, and checks the detail. */
-static kvp_status nonfinite_rows(const pcache *c, const double *k, const double *v, size_t n,
+kvp_status pz_nonfinite_rows(const pcache *c, const double *k, const double *v, size_t n,
                                  size_t *index, double *value)
 {
     size_t i = first_bad(k, n, c->ks);
@@ -594,9 +382,9 @@ static kvp_status nonfinite_rows(const pcache *c, const double *k, const double 
     return KVP_OK;
 }
 
-static void check_nonfinite_detail(const kvp_error *err, size_t index, double value)
+void pz_nonfinite_detail(const kvp_error *err, size_t index, double value)
 {
-    const char *want_what = isfinite(value) ? s_dtype_name(P.dtype) : NULL;
+    const char *want_what = isfinite(value) ? pz_dtype_name(P.dtype) : NULL;
     CHECK(err->index == index && (memcmp(&err->value, &value, sizeof value) == 0 ||
                                   (isnan(err->value) && isnan(value))),
           "nonfinite detail: index %zu value %a, expected %zu %a", err->index, err->value, index,
@@ -615,8 +403,8 @@ static void store_rows(pcache *c, const double *k, const double *v, size_t rows)
         for (size_t h = 0; h < P.hkv; h++) {
             for (size_t t = 0; t < rows; t++) {
                 for (size_t f = 0; f < P.dh; f++, at++) {
-                    c->k[b][h][c->len + t][f] = s_store(P.dtype, c->ks, k[at]);
-                    c->v[b][h][c->len + t][f] = s_store(P.dtype, c->vs, v[at]);
+                    c->k[b][h][c->len + t][f] = pz_store(P.dtype, c->ks, k[at]);
+                    c->v[b][h][c->len + t][f] = pz_store(P.dtype, c->vs, v[at]);
                 }
             }
         }
@@ -642,6 +430,44 @@ static void shift_pending(pcache *c, size_t n)
     c->len += n;
 }
 
+/* append_rows_typed / commit_rows_typed's checks before the rows' values. */
+static kvp_status rows_expect(const pcache *c, int commit, size_t rows, int bad_src,
+                              int null_keys)
+{
+    if (c->bound) {
+        return KVP_CACHE_LAYER_BOUND;
+    }
+    if (!commit && c->reserved != 0) {
+        return KVP_ROWS_RESERVED;
+    }
+    if (bad_src) {
+        return KVP_INVALID_ARGUMENT;
+    }
+    if (commit && rows > c->reserved) {
+        return KVP_ROWS_NOT_RESERVED;
+    }
+    if (null_keys) {
+        return KVP_NULL_ARGUMENT;
+    }
+    return !commit && rows > c->cap - c->len ? KVP_FULL : KVP_OK;
+}
+
+static void rows_refusal_detail(const pcache *c, size_t rows, kvp_status status,
+                                const kvp_error *err)
+{
+    if (status == KVP_ROWS_NOT_RESERVED) {
+        CHECK(err->tokens == rows && err->available == c->reserved,
+              "rows not reserved: tokens %zu available %zu, expected %zu %zu", err->tokens,
+              err->available, rows, c->reserved);
+    } else if (status == KVP_FULL) {
+        CHECK(err->tokens == rows && err->available == c->cap - c->len,
+              "full: tokens %zu available %zu", err->tokens, err->available);
+    } else if (status == KVP_INVALID_ARGUMENT) {
+        CHECK(err->argument != NULL && strcmp(err->argument, "src_dtype") == 0,
+              "invalid source dtype: argument %s", err->argument ? err->argument : "NULL");
+    }
+}
+
 static const kvp_dtype g_src[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16};
 
 /* Append or commit rows handed over, of a source dtype. */
@@ -655,45 +481,35 @@ static void p_rows(reader *r, int commit)
         return;
     }
     size_t n = c->batch * P.hkv * rows * P.dh;
-    p_values(r, kd, n);
-    p_values(r, vd, n);
+    pz_values(r, kd, n);
+    pz_values(r, vd, n);
     fz_set_op(commit ? "paged_commit_rows" : "paged_append_rows");
     int bad_src = sel >= 250;
     kvp_dtype src = bad_src ? (kvp_dtype)(4 + sel % 3) : g_src[sel % 4];
     int null_keys = sel % 64 == 33 && rows != 0;
     double kw[P_ELEMS], vw[P_ELEMS];
     for (size_t i = 0; i < n; i++) {
-        kw[i] = src_widened(src, kd[i]);
-        vw[i] = src_widened(src, vd[i]);
+        kw[i] = pz_widened(src, kd[i]);
+        vw[i] = pz_widened(src, vd[i]);
     }
     unsigned char kb[P_ELEMS * 8], vb[P_ELEMS * 8];
-    src_encode(src, kd, n, kb);
-    src_encode(src, vd, n, vb);
+    pz_encode(src, kd, n, kb);
+    pz_encode(src, vd, n, vb);
     if (rows == 0 && (c->bound || c->reserved != 0 || bad_src)) {
         return; /* what a zero-row call checks first is not specified */
     }
     size_t index = 0;
     double value = 0;
-    size_t need = c->batch * (blocks(c->len + rows) - blocks(c->len));
-    kvp_status want;
-    if (c->bound) {
-        want = KVP_CACHE_LAYER_BOUND;
-    } else if (!commit && c->reserved != 0) {
-        want = KVP_ROWS_RESERVED;
-    } else if (bad_src) {
-        want = KVP_INVALID_ARGUMENT;
-    } else if (commit && rows > c->reserved) {
-        want = KVP_ROWS_NOT_RESERVED;
-    } else if (null_keys) {
-        want = KVP_NULL_ARGUMENT;
-    } else if (!commit && rows > c->cap - c->len) {
-        want = KVP_FULL;
-    } else if ((want = nonfinite_rows(c, kw, vw, n, &index, &value)) != KVP_OK) {
-    } else if (!commit && need > p_free()) {
+    kvp_status want = rows_expect(c, commit, rows, bad_src, null_keys);
+    if (want == KVP_OK) {
+        want = pz_nonfinite_rows(c, kw, vw, n, &index, &value);
+    }
+    if (want == KVP_OK && !commit &&
+        c->batch * (blocks(c->len + rows) - blocks(c->len)) > p_free()) {
         want = KVP_POOL_EXHAUSTED;
     }
-    snapshot before;
-    p_snap(&before);
+    pz_snapshot before;
+    pz_snap(&before);
     kvp_error err;
     const void *keys = null_keys ? NULL : (const void *)kb;
     kvp_status status = commit ? kvp_cache_commit_rows_typed(c->cache, src, keys, vb, rows, &err)
@@ -701,20 +517,12 @@ static void p_rows(reader *r, int commit)
     fz_check_status(status, want, &err);
     if (status != KVP_OK) {
         if (status == KVP_NONFINITE_KEY || status == KVP_NONFINITE_VALUE) {
-            check_nonfinite_detail(&err, index, value);
-        } else if (status == KVP_ROWS_NOT_RESERVED) {
-            CHECK(err.tokens == rows && err.available == c->reserved,
-                  "rows not reserved: tokens %zu available %zu, expected %zu %zu", err.tokens,
-                  err.available, rows, c->reserved);
-        } else if (status == KVP_FULL) {
-            CHECK(err.tokens == rows && err.available == c->cap - c->len,
-                  "full: tokens %zu available %zu", err.tokens, err.available);
-        } else if (status == KVP_INVALID_ARGUMENT) {
-            CHECK(err.argument != NULL && strcmp(err.argument, "src_dtype") == 0,
-                  "invalid source dtype: argument %s", err.argument ? err.argument : "NULL");
+            pz_nonfinite_detail(&err, index, value);
+        } else {
+            rows_refusal_detail(c, rows, status, &err);
         }
         P.exhaustions += status == KVP_POOL_EXHAUSTED;
-        p_unchanged(&before, status == KVP_POOL_EXHAUSTED);
+        pz_unchanged(&before, status == KVP_POOL_EXHAUSTED);
         return;
     }
     store_rows(c, kw, vw, rows);
@@ -739,8 +547,8 @@ static void p_reserve(reader *r)
                       : rows > c->cap - c->len ? KVP_FULL
                       : need > p_free()      ? KVP_POOL_EXHAUSTED
                                              : KVP_OK;
-    snapshot before;
-    p_snap(&before);
+    pz_snapshot before;
+    pz_snap(&before);
     kvp_error err;
     kvp_status status = kvp_cache_reserve_rows(c->cache, rows, &err);
     fz_check_status(status, want, &err);
@@ -750,12 +558,49 @@ static void p_reserve(reader *r)
                   err.tokens, c->reserved);
         }
         P.exhaustions += status == KVP_POOL_EXHAUSTED;
-        p_unchanged(&before, status == KVP_POOL_EXHAUSTED);
+        pz_unchanged(&before, status == KVP_POOL_EXHAUSTED);
         return;
     }
     c->reserved = rows;
     c->written = 0;
     c->poison_row = SIZE_MAX;
+}
+
+/*
+ * Writes reserved row `row` of lane b (row i of `span`) in the page format,
+ * storable values from kd, vd; poison 1 plants a NaN in its first key
+ * element, 2 in its last value element.
+ */
+static void write_row(pcache *c, const kvp_slot_span *span, const kvp_page_layout *layout,
+                      size_t i, size_t b, size_t row, int poison, const double *kd,
+                      const double *vd, size_t *at)
+{
+    for (size_t h = 0; h < P.hkv; h++) {
+        for (size_t f = 0; f < P.dh; f++, (*at)++) {
+            size_t off = h * span->head_stride_bytes + i * span->row_stride_bytes +
+                         f * layout->element_bytes;
+            double k = kd[*at % P_ELEMS], v = vd[*at % P_ELEMS];
+            if (!isfinite(k) || pz_overflows(P.dtype, c->ks, k)) {
+                k = 1.0;
+            }
+            if (!isfinite(v) || pz_overflows(P.dtype, c->vs, v)) {
+                v = -1.0;
+            }
+            int nan_k = poison == 1 && h == 0 && f == 0;
+            int nan_v = poison == 2 && h == P.hkv - 1 && f == P.dh - 1;
+            pz_page_write(P.dtype, c->ks, (unsigned char *)span->keys + off, k, nan_k);
+            pz_page_write(P.dtype, c->vs, (unsigned char *)span->values + off, v, nan_v);
+            c->pk[b][h][row][f] = pz_store(P.dtype, c->ks, k);
+            c->pv[b][h][row][f] = pz_store(P.dtype, c->vs, v);
+            if (nan_k || nan_v) {
+                c->poison_row = row;
+                c->poison_b = b;
+                c->poison_h = h;
+                c->poison_f = f;
+                c->poison_value = nan_v;
+            }
+        }
+    }
 }
 
 /* The spans of every lane; writes rows written..reserved-1 in the page format. */
@@ -764,16 +609,16 @@ static void p_write(reader *r)
     pcache *c = p_slot(r);
     uint8_t sel = fz_rd(r);
     double kd[P_ELEMS], vd[P_ELEMS];
-    p_values(r, kd, P_ELEMS);
-    p_values(r, vd, P_ELEMS);
+    pz_values(r, kd, P_ELEMS);
+    pz_values(r, vd, P_ELEMS);
     if (!c->live) {
         return;
     }
     fz_set_op("paged_reserved_slots");
     kvp_error err;
     size_t count = 99;
-    snapshot before;
-    p_snap(&before);
+    pz_snapshot before;
+    pz_snap(&before);
     size_t lane = sel % 32 == 31 ? c->batch : 0; /* OUT_OF_RANGE now and then */
     kvp_status want = c->bound ? KVP_CACHE_LAYER_BOUND
                       : lane >= c->batch ? KVP_OUT_OF_RANGE
@@ -781,7 +626,7 @@ static void p_write(reader *r)
     kvp_status status = kvp_cache_reserved_slots(c->cache, lane, NULL, 0, &count, &err);
     fz_check_status(status, want, &err);
     if (status != KVP_OK) {
-        p_unchanged(&before, 0);
+        pz_unchanged(&before, 0);
         return;
     }
     size_t spans = c->reserved == 0 ? 0 : blocks(c->len + c->reserved) - c->len / P.bt;
@@ -803,7 +648,7 @@ static void p_write(reader *r)
             fz_check_status(status, KVP_BUFFER_TOO_SMALL, &err);
             CHECK(err.needed == spans, "buffer too small: needed %zu, expected %zu", err.needed,
                   spans);
-            p_unchanged(&before, 0);
+            pz_unchanged(&before, 0);
         }
         fz_check_status(kvp_cache_reserved_slots(c->cache, b, span, P_MAX_CAP + 2, &got, &err),
                         KVP_OK, &err);
@@ -818,35 +663,10 @@ static void p_write(reader *r)
                   "lane %zu span %zu: row %zu rows %zu strides %zu %zu", b, s, span[s].row,
                   span[s].rows, span[s].row_stride_bytes, span[s].head_stride_bytes);
             for (size_t i = 0; i < span[s].rows; i++, row++) {
-                for (size_t h = 0; h < P.hkv; h++) {
-                    for (size_t f = 0; f < P.dh; f++, at++) {
-                        size_t off = h * span[s].head_stride_bytes +
-                                     i * span[s].row_stride_bytes + f * layout.element_bytes;
-                        double k = kd[at % P_ELEMS], v = vd[at % P_ELEMS];
-                        if (!isfinite(k) || s_overflows(P.dtype, c->ks, k)) {
-                            k = 1.0;
-                        }
-                        if (!isfinite(v) || s_overflows(P.dtype, c->vs, v)) {
-                            v = -1.0;
-                        }
-                        int nan_k = poison && row == c->reserved - 1 && b == c->batch - 1 &&
-                                    h == 0 && f == 0 && sel % 16 < 8;
-                        int nan_v = poison && row == c->reserved - 1 && b == c->batch - 1 &&
-                                    h == P.hkv - 1 && f == P.dh - 1 && sel % 16 >= 8;
-                        page_write(P.dtype, c->ks, (unsigned char *)span[s].keys + off, k, nan_k);
-                        page_write(P.dtype, c->vs, (unsigned char *)span[s].values + off, v,
-                                   nan_v);
-                        c->pk[b][h][row][f] = s_store(P.dtype, c->ks, k);
-                        c->pv[b][h][row][f] = s_store(P.dtype, c->vs, v);
-                        if (nan_k || nan_v) {
-                            c->poison_row = row;
-                            c->poison_b = b;
-                            c->poison_h = h;
-                            c->poison_f = f;
-                            c->poison_value = nan_v;
-                        }
-                    }
-                }
+                int kind = poison && row == c->reserved - 1 && b == c->batch - 1
+                               ? 1 + (sel % 16 >= 8)
+                               : 0;
+                write_row(c, &span[s], &layout, i, b, row, kind, kd, vd, &at);
             }
         }
         CHECK(row == c->reserved, "lane %zu: spans end at %zu, expected %zu", b, row,
@@ -864,8 +684,8 @@ static void p_commit_written(reader *r)
         return;
     }
     kvp_error err;
-    snapshot before;
-    p_snap(&before);
+    pz_snapshot before;
+    pz_snap(&before);
     if (sel % 4 == 3) {
         fz_set_op("paged_discard_rows");
         fz_check_status(kvp_cache_discard_rows(c->cache, &err), KVP_OK, &err);
@@ -873,7 +693,7 @@ static void p_commit_written(reader *r)
             c->reserved = c->written = 0;
             c->poison_row = SIZE_MAX;
         } else {
-            p_unchanged(&before, 0);
+            pz_unchanged(&before, 0);
         }
         return;
     }
@@ -897,7 +717,7 @@ static void p_commit_written(reader *r)
                   "commit_written nonfinite: index %zu value %a, expected %zu NaN", err.index,
                   err.value, index);
         }
-        p_unchanged(&before, 0);
+        pz_unchanged(&before, 0);
         return;
     }
     for (size_t b = 0; b < c->batch; b++) {
@@ -916,7 +736,7 @@ static void p_forward(reader *r)
 {
     pcache *c = p_slot(r);
     double x[P_MAX_B * P_MAX_H * P_MAX_DH];
-    p_values(r, x, sizeof x / sizeof x[0]);
+    pz_values(r, x, sizeof x / sizeof x[0]);
     if (!c->live || !c->bound || c->lks != P.ks || c->lvs != P.vs) {
         return; /* scales set since the cache was made: not modelled */
     }
@@ -931,15 +751,15 @@ static void p_forward(reader *r)
     kvp_status want = c->len == c->cap ? KVP_FULL
                       : need > p_free() ? KVP_POOL_EXHAUSTED
                                         : KVP_OK;
-    snapshot before;
-    p_snap(&before);
+    pz_snapshot before;
+    pz_snap(&before);
     kvp_tensor input = kvp_tensor3(x, c->batch, 1, P.heads * P.dh);
     kvp_status status = kvp_attention_forward(P.layer, &input, c->cache, ticket, &err);
     fz_check_status(status, want, &err);
     fz_check_status(kvp_ticket_destroy(ticket, &err), KVP_OK, &err);
     if (status != KVP_OK) {
         P.exhaustions += status == KVP_POOL_EXHAUSTED;
-        p_unchanged(&before, status == KVP_POOL_EXHAUSTED);
+        pz_unchanged(&before, status == KVP_POOL_EXHAUSTED);
         return;
     }
     c->len++;
@@ -957,8 +777,8 @@ static void p_forward(reader *r)
                     double ek = P.dtype == KVP_FP8_E4M3 ? k[at] / c->ks : k[at];
                     double ev = P.dtype == KVP_FP8_E4M3 ? v[at] / c->vs : v[at];
                     CHECK(P.dtype == KVP_FP8_E4M3 ||
-                              (s_round(P.dtype, ek) == ek && s_round(P.dtype, ev) == ev),
-                          "forward stored %a %a, not %s", k[at], v[at], s_dtype_name(P.dtype));
+                              (pz_round(P.dtype, ek) == ek && pz_round(P.dtype, ev) == ev),
+                          "forward stored %a %a, not %s", k[at], v[at], pz_dtype_name(P.dtype));
                     c->k[b][h][t][f] = k[at];
                     c->v[b][h][t][f] = v[at];
                 }
@@ -1000,245 +820,6 @@ static void p_layer_settings(reader *r)
     fz_check_status(kvp_layer_binding(P.layer, &binding, &err), KVP_OK, &err);
     CHECK(binding.k_scale == P.ks && binding.v_scale == P.vs,
           "layer scales %g %g, expected %g %g", binding.k_scale, binding.v_scale, P.ks, P.vs);
-}
-
-/* ---- kvp_paged_attention --------------------------------------------------- */
-
-typedef struct pa_call {
-    size_t heads, keys;
-    int f32, candidate;
-    double scale;
-    kvp_accum accum;
-    double q[P_OUT], ck[P_ELEMS], cv[P_ELEMS]; /* widened */
-} pa_call;
-
-/* The shadow's attention in f64; returns the first nonfinite score or SIZE_MAX. */
-static size_t pa_shadow(const pcache *c, const pa_call *a, double *out, double *mass, int *big)
-{
-    size_t g = a->heads / P.hkv;
-    double scale = a->scale == 0.0 ? 1.0 / sqrt((double)P.dh) : a->scale;
-    size_t first = SIZE_MAX;
-    *big = 0;
-    for (size_t b = 0; b < c->batch; b++) {
-        for (size_t h = 0; h < a->heads; h++) {
-            size_t kh = h / g;
-            const double *q = &a->q[(b * a->heads + h) * P.dh];
-            double s[P_MAX_CAP + 1], w[P_MAX_CAP + 1];
-            const double *vrow[P_MAX_CAP + 1];
-            double cand_k[P_MAX_DH], cand_v[P_MAX_DH];
-            double mx = -INFINITY;
-            for (size_t p = 0; p < a->keys; p++) {
-                const double *k = c->k[b][kh][p];
-                vrow[p] = c->v[b][kh][p];
-                if (p == c->len) {
-                    for (size_t f = 0; f < P.dh; f++) {
-                        size_t i = (b * P.hkv + kh) * P.dh + f;
-                        cand_k[f] = s_store(P.dtype, c->ks, a->ck[i]);
-                        cand_v[f] = s_store(P.dtype, c->vs, a->cv[i]);
-                    }
-                    k = cand_k;
-                    vrow[p] = cand_v;
-                }
-                double dot = 0.0;
-                for (size_t f = 0; f < P.dh; f++) {
-                    dot += q[f] * k[f];
-                    *big |= fabs(k[f]) > 16.0 || fabs(vrow[p][f]) > 16.0;
-                }
-                s[p] = dot * scale;
-                if (!isfinite(s[p]) && first == SIZE_MAX) {
-                    first = (b * a->heads + h) * a->keys + p;
-                }
-                mx = s[p] > mx ? s[p] : mx;
-            }
-            double sum = 0.0;
-            for (size_t p = 0; p < a->keys; p++) {
-                w[p] = exp(s[p] - mx);
-                sum += w[p];
-            }
-            for (size_t f = 0; f < P.dh; f++) {
-                double o = 0.0, m = 0.0;
-                for (size_t p = 0; p < a->keys; p++) {
-                    o += w[p] / sum * vrow[p][f];
-                    m += w[p] / sum * fabs(vrow[p][f]);
-                }
-                out[(b * a->heads + h) * P.dh + f] = o;
-                mass[(b * a->heads + h) * P.dh + f] = m;
-            }
-        }
-    }
-    return first;
-}
-
-static void pa_read(const pa_call *a, const unsigned char *buf, size_t n, double *out)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (a->f32) {
-            float f;
-            memcpy(&f, buf + i * sizeof f, sizeof f);
-            out[i] = f;
-        } else {
-            memcpy(&out[i], buf + i * sizeof(double), sizeof(double));
-        }
-    }
-}
-
-static void pa_encode(int f32, const double *x, size_t n, unsigned char *buf)
-{
-    src_encode(f32 ? KVP_F32 : KVP_F64, x, n, buf);
-}
-
-static void p_attend(reader *r)
-{
-    pcache *c = p_slot(r);
-    uint8_t sel = fz_rd(r), fault_byte = fz_rd(r);
-    double qd[P_OUT], kd[P_ELEMS], vd[P_ELEMS];
-    p_values(r, qd, P_OUT);
-    p_values(r, kd, P_ELEMS);
-    p_values(r, vd, P_ELEMS);
-    if (!c->live) {
-        return;
-    }
-    fz_set_op("paged_attention");
-    pa_call a;
-    memset(&a, 0, sizeof a);
-    static const size_t mult[] = {0, 1, 2, 3};
-    size_t heads_arg = c->bound && sel % 4 == 0 ? 0 : P.hkv * mult[1 + sel % 3];
-    if (sel % 4 == 0) {
-        heads_arg = 0;
-    }
-    a.heads = heads_arg == 0 ? (c->bound ? P.heads : P.hkv) : heads_arg;
-    a.f32 = (sel >> 2) & 1;
-    a.accum = (kvp_accum)((sel >> 3) & 1);
-    a.candidate = (sel >> 4) & 1;
-    static const double scales[] = {0.0, 0.5, 1.0, 0.125};
-    a.scale = scales[(sel >> 5) % 4];
-    a.keys = c->len + (size_t)a.candidate;
-    size_t nq = c->batch * a.heads * P.dh, nc = c->batch * P.hkv * P.dh;
-    /* queries: moderate, or now and then a NaN or an infinity (never a huge finite value) */
-    for (size_t i = 0; i < nq; i++) {
-        if (isfinite(qd[i]) && fabs(qd[i]) > 2.0) {
-            qd[i] = 0.25;
-        }
-    }
-    unsigned char qb[P_OUT * 8], kb[P_ELEMS * 8], vb[P_ELEMS * 8];
-    pa_encode(a.f32, qd, nq, qb);
-    pa_encode(a.f32, kd, nc, kb);
-    pa_encode(a.f32, vd, nc, vb);
-    pa_read(&a, qb, nq, a.q);
-    pa_read(&a, kb, nc, a.ck);
-    pa_read(&a, vb, nc, a.cv);
-    kvp_paged_attention_args args;
-    kvp_paged_attention_args_init(&args);
-    args.cache = c->cache;
-    args.heads = heads_arg;
-    args.io_dtype = a.f32 ? KVP_F32 : KVP_F64;
-    args.queries = qb;
-    args.keys = a.candidate ? kb : NULL;
-    args.values = a.candidate ? vb : NULL;
-    args.scale = a.scale;
-    args.accum = a.accum;
-    unsigned char out[P_OUT * 8], untouched[P_OUT * 8];
-    memset(out, 0xA7, sizeof out);
-    memcpy(untouched, out, sizeof out);
-    args.outputs = out;
-    /* at most one fault, in paged.h's order */
-    int fault = fault_byte >= 224 ? 1 + fault_byte % 8 : 0;
-    kvp_status want = KVP_OK;
-    const char *argument = NULL;
-    if (fault == 1 && P.hkv > 1) {
-        args.heads = P.hkv * 2 + 1;
-        want = KVP_INVALID_ARGUMENT;
-        argument = "heads";
-    } else if (fault == 2) {
-        args.io_dtype = KVP_BF16;
-        want = KVP_INVALID_ARGUMENT;
-        argument = "io_dtype";
-    } else if (fault == 3) {
-        args.accum = (kvp_accum)7;
-        want = KVP_INVALID_ARGUMENT;
-        argument = "accum";
-    } else if (fault == 4) {
-        args.values = args.keys == NULL ? vb : NULL;
-        want = KVP_INVALID_ARGUMENT;
-    } else if (fault == 5 || fault == 6) {
-        args.scale = fault == 5 ? -0.5 : NAN;
-        want = KVP_INVALID_ARGUMENT;
-        argument = "scale";
-    } else if (fault == 7) {
-        args.queries = NULL;
-        want = KVP_NULL_ARGUMENT;
-        argument = "queries";
-    } else if (fault == 8) {
-        args.outputs = NULL;
-        want = KVP_NULL_ARGUMENT;
-        argument = "outputs";
-    }
-    size_t index = 0;
-    double value = 0.0;
-    double ref[P_OUT], mass[P_OUT];
-    int big = 0;
-    if (want == KVP_OK && a.keys == 0) {
-        want = KVP_INVALID_ARGUMENT;
-        argument = "keys";
-    }
-    if (want == KVP_OK && a.candidate) {
-        want = nonfinite_rows(c, a.ck, a.cv, nc, &index, &value);
-    }
-    if (want == KVP_OK) {
-        size_t first = pa_shadow(c, &a, ref, mass, &big);
-        if (big && a.accum == KVP_ACCUM_FAST && P.dtype != KVP_F64) {
-            /* f32 accumulation of elements beyond 16 may overflow: not predicted */
-            a.accum = args.accum = KVP_ACCUM_EXACT;
-        }
-        if (first != SIZE_MAX) {
-            want = KVP_NONFINITE_SCORE;
-            index = first;
-        }
-    }
-    snapshot before;
-    p_snap(&before);
-    kvp_error err;
-    kvp_status status = kvp_paged_attention(&args, NULL, &err);
-    fz_check_status(status, want, &err);
-    p_unchanged(&before, 0);
-    if (status != KVP_OK) {
-        CHECK(memcmp(out, untouched, sizeof out) == 0, "a refused paged_attention wrote outputs");
-        if (argument != NULL) {
-            CHECK(err.argument != NULL && strcmp(err.argument, argument) == 0,
-                  "paged_attention: argument %s, expected %s",
-                  err.argument ? err.argument : "NULL", argument);
-        }
-        if (status == KVP_NONFINITE_KEY || status == KVP_NONFINITE_VALUE) {
-            check_nonfinite_detail(&err, index, value);
-        } else if (status == KVP_NONFINITE_SCORE) {
-            CHECK(err.index == index, "nonfinite score at %zu, expected %zu", err.index, index);
-        }
-        return;
-    }
-    double got[P_OUT];
-    pa_read(&a, out, nq, got);
-    int fast = a.accum == KVP_ACCUM_FAST && P.dtype != KVP_F64;
-    for (size_t i = 0; i < nq && !big; i++) {
-        /* Elements beyond 16 (planted 500 to 1e39) make the f64 scores' own
-         * rounding (ulps of 1e23) swing the weights: only determinism is
-         * checked then, and an f32 output may round to infinity. */
-        double tol = (fast ? 1e-3 : 1e-10) * mass[i] + (a.f32 ? 1.2e-7 * fabs(ref[i]) : 0.0) +
-                     1e-300;
-        CHECK(isfinite(got[i]) && fabs(got[i] - ref[i]) <= tol,
-              "paged_attention (%s, %s, %s io, heads %zu of %zu kv, %zu keys) output %zu: %a, "
-              "shadow %a (tolerance %g)",
-              s_dtype_name(P.dtype), fast ? "fast" : "exact", a.f32 ? "f32" : "f64", a.heads,
-              P.hkv, a.keys, i, got[i], ref[i], tol);
-    }
-    /* the same bits again, and on the decoder's threads */
-    unsigned char again[P_OUT * 8];
-    args.outputs = again;
-    fz_check_status(kvp_paged_attention(&args, NULL, &err), KVP_OK, &err);
-    size_t bytes = nq * (a.f32 ? sizeof(float) : sizeof(double));
-    CHECK(memcmp(again, out, bytes) == 0, "paged_attention twice: other bits");
-    fz_check_status(kvp_paged_attention(&args, fz_decoder(), &err), KVP_OK, &err);
-    CHECK(memcmp(again, out, bytes) == 0, "paged_attention on the decoder: other bits");
-    p_unchanged(&before, 0);
 }
 
 /* ---- dispatch -------------------------------------------------------------- */
@@ -1285,7 +866,7 @@ void fz_paged_op(reader *r)
         p_layer_settings(r);
         break;
     default:
-        p_attend(r);
+        pz_attend(r, p_slot(r));
         break;
     }
     p_check();
