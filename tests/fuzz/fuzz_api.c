@@ -50,6 +50,11 @@
  *     decoder outputs equal the shadow's chained activations (residual
  *     stream, or the target's own next_input function).
  *
+ * Two more operations: op_set_accum (a layer's or the model's accumulation
+ * level; the pool is f64, so every predicted bit stays), and op_paged, the
+ * typed sub-world of fuzz_paged.c (pools of every dtype, the typed and
+ * in-place writes, kvp_paged_attention; fuzz_common.h is what they share).
+ *
  * The decoder is the one source of nondeterminism: when jobs compete for the
  * last free pages, which of them is refused depends on thread timing, so
  * the shadow accepts exactly the outcomes the contract allows.

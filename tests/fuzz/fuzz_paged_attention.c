@@ -11,7 +11,8 @@
  * within the level's tolerance of the shadow (1e-10 of sum w|v| exact,
  * 1e-3 fast, plus f32 io's rounding; only determinism when an element
  * beyond 16 makes the f64 scores' own rounding swing the weights), and the
- * same bits again on the calling thread and on the world's decoder.
+ * same bits again on the calling thread, on the world's decoder and on an
+ * external twin cache holding the same stored elements.
  * Called only by fuzz_paged.c's dispatch.
  */
 #include <math.h>
@@ -268,6 +269,49 @@ static void pa_check_success(pa_op *o)
     CHECK(memcmp(again, o->out, bytes) == 0, "paged_attention on the decoder: other bits");
 }
 
+/*
+ * The same call on a twin: an external cache on the same pool holding the
+ * cache's rows, appended as the f64 values it exports (each rounds back to
+ * the stored element), with its K/V scales. Same elements, other pages (and
+ * an external binding where c is bound): the same bits. Skipped when the
+ * pool lacks the pages. Called after the refusal checks: the twin's pages
+ * move the pool's acquire and release counters.
+ */
+static void pa_twin(const pa_op *o, const pcache *c)
+{
+    size_t pages = c->batch * ((c->len + P.bt - 1) / P.bt);
+    kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
+    kvp_error err;
+    fz_check_status(kvp_pool_stats_get(P.pool, &stats, &err), KVP_OK, &err);
+    if (pages > stats.free_pages) {
+        return;
+    }
+    kvp_binding binding;
+    fz_check_status(kvp_binding_init_external(&binding, P.hkv, P.dh, P_MAX_CAP, 777, 1, &err),
+                    KVP_OK, &err);
+    binding.k_scale = c->ks;
+    binding.v_scale = c->vs;
+    kvp_cache *twin;
+    fz_check_status(kvp_cache_create(P.pool, &binding, c->batch, c->cap, &twin, &err), KVP_OK,
+                    &err);
+    size_t n = c->batch * P.hkv * c->len * P.dh;
+    double k[P_ELEMS], v[P_ELEMS];
+    fz_check_status(kvp_cache_keys(c->cache, k, n, &err), KVP_OK, &err);
+    fz_check_status(kvp_cache_values(c->cache, v, n, &err), KVP_OK, &err);
+    fz_check_status(kvp_cache_append_rows(twin, k, v, c->len, &err), KVP_OK, &err);
+    kvp_paged_attention_args args = o->args;
+    args.cache = twin;
+    args.heads = o->a.heads;
+    unsigned char out[P_OUT * 8];
+    args.outputs = out;
+    fz_check_status(kvp_paged_attention(&args, NULL, &err), KVP_OK, &err);
+    size_t bytes = o->nq * (o->a.f32 ? sizeof(float) : sizeof(double));
+    CHECK(memcmp(out, o->out, bytes) == 0,
+          "paged_attention on a twin external cache (same elements): other bits");
+    fz_check_status(kvp_cache_destroy(twin, &err), KVP_OK, &err);
+}
+
 void pz_attend(reader *r, pcache *c)
 {
     uint8_t sel = fz_rd(r), fault_byte = fz_rd(r);
@@ -296,4 +340,5 @@ void pz_attend(reader *r, pcache *c)
     }
     pa_check_success(&o);
     pz_unchanged(&before, 0);
+    pa_twin(&o, c);
 }
