@@ -47,7 +47,8 @@ static const double g_scales[] = {1.0, 2.0, 0.25, 0.3, 3.7, 0.0 /* = 1 */};
 
 /* ---- values from the input ---------------------------------------------- */
 
-/* Per dtype a value it cannot hold, or NaN / Inf; or a big value f64 keeps. */
+/* Per dtype a value it cannot hold, or NaN / Inf; or a big value f64 keeps
+ * (a selector byte from 0xE0 on); tiny rows from 0xC0 to 0xDF. */
 static const double g_big[] = {NAN, INFINITY, -INFINITY, 1e6, 70000.0, 500.0, 1e39, -3e38};
 
 void pz_values(reader *r, double *out, size_t n)
@@ -59,6 +60,13 @@ void pz_values(reader *r, double *out, size_t n)
     uint8_t special = fz_rd(r);
     if (special >= 0xE0 && n != 0) {
         out[fz_rd(r) % n] = g_big[special & 7];
+    } else if (special >= 0xC0) {
+        /* tiny rows: every dtype's subnormal range (f16 below 2^-14, e4m3
+         * below 2^-6 of its scale, f32 and bf16 below 2^-126, f64's) */
+        static const double tiny[] = {1e-3, 1e-5, 0x1p-20, 1e-8, 1e-39, 1e-42, 1e-310, 0x1p-24};
+        for (size_t i = 0; i < n; i++) {
+            out[i] *= tiny[special & 7];
+        }
     }
 }
 

@@ -69,7 +69,15 @@ SCALES = {1.0: 0, 2.0: 1, 0.25: 2, 0.3: 3, 3.7: 4}
 BIG = {"nan": 0, "inf": 1, "-inf": 2, "1e6": 3, "70000": 4, "500": 5, "1e39": 6, "-3e38": 7}
 
 
-def pvalues(seed=0, big=None, at=0):
+TINY = {"1e-3": 0, "1e-5": 1, "2^-20": 2, "1e-8": 3, "1e-39": 4, "1e-42": 5, "1e-310": 6,
+        "2^-24": 7}
+
+
+def pvalues(seed=0, big=None, at=0, tiny=None):
+    """Moderate values; or one planted big/special element; or the whole row
+    scaled by a tiny factor (subnormal ranges)."""
+    if tiny is not None:
+        return bytes([seed, 0xC0 | TINY[tiny]])
     if big is None:
         return bytes([seed, 0])
     return bytes([seed, 0xE0 | BIG[big], at])
@@ -138,7 +146,13 @@ def paged_script(dtype):
                                                              k=pvalues(12, "1e6", 2))
             + pattend(0, candidate=True, f32=True, v=pvalues(12, "1e39", 7))
             + b"".join(pattend(0, fault=f) for f in range(1, 9))
-            + pcache(1, batch=2, cap=3) + prows("append", 1, "f64", 3)
+            + pcache(1, batch=2, cap=3)
+            + prows("append", 1, "f64", 1, pvalues(13, tiny="1e-5"), pvalues(14, tiny="1e-42"))
+            + prows("append", 1, "f32", 1, pvalues(15, tiny="1e-39"), pvalues(16, tiny="1e-3"))
+            + prows("append", 1, "f64", 1, pvalues(17, tiny="2^-24"), pvalues(18, tiny="1e-310"))
+            + pattend(1, fast=True) + pattend(1, f32=True)
+            + pattend(1, candidate=True, k=pvalues(19, tiny="2^-20"), v=pvalues(20, tiny="1e-8"))
+            + paged("cache_end", 1, 0) + prows("append", 1, "f64", 3)
             + paged("reserve", 0, 3) + prows("append", 1, "f32", 1) + pattend(1, fast=True)
             + paged("cache_end", 1, 0) + pattend(1) + paged("cache_end", 0, 1))
 
