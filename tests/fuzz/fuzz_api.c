@@ -50,6 +50,11 @@
  *     decoder outputs equal the shadow's chained activations (residual
  *     stream, or the target's own next_input function).
  *
+ * Two more operations: op_set_accum (a layer's or the model's accumulation
+ * level; the pool is f64, so every predicted bit stays), and op_paged, the
+ * typed sub-world of fuzz_paged.c (pools of every dtype, the typed and
+ * in-place writes, kvp_paged_attention; fuzz_common.h is what they share).
+ *
  * The decoder is the one source of nondeterminism: when jobs compete for the
  * last free pages, which of them is refused depends on thread timing, so
  * the shadow accepts exactly the outcomes the contract allows.
@@ -64,6 +69,7 @@
 #include <string.h>
 
 #include "kvpager/kvpager.h"
+#include "fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -87,8 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static size_t g_op_index;
 static const char *g_op_name = "setup";
 
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void fail(const char *fmt, ...)
+#define fail fz_fail
+void fz_fail(const char *fmt, ...)
 {
     va_list args;
     va_start(args, fmt);
@@ -99,19 +105,12 @@ static void fail(const char *fmt, ...)
     abort();
 }
 
-#define CHECK(cond, ...)                                                                    \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fail(__VA_ARGS__);                                                              \
-        }                                                                                   \
-    } while (0)
-
 /*
  * With KVP_FUZZ_STATS set in the environment, the target tallies the
  * statuses each operation returned and prints the table at exit, to show
  * which paths a corpus reaches (tests/fuzz/README.md).
  */
-#define N_OP_NAMES 32
+#define N_OP_NAMES 64
 static const char *g_tally_names[N_OP_NAMES];
 static unsigned long g_tally[N_OP_NAMES][KVP_STATUS_COUNT_];
 static int g_tally_on = -1;
@@ -166,12 +165,6 @@ static void check_status(kvp_status got, kvp_status want, const kvp_error *err)
 
 /* ---- input decoding ---------------------------------------------------- */
 
-typedef struct reader {
-    const uint8_t *data;
-    size_t size;
-    size_t at;
-} reader;
-
 static uint8_t rd(reader *r)
 {
     return r->at < r->size ? r->data[r->at++] : 0;
@@ -189,6 +182,32 @@ static uint64_t splitmix64(uint64_t *state)
 static double unit(uint64_t *state)
 {
     return (double)(splitmix64(state) >> 11) * 0x1.0p-52 - 1.0;
+}
+
+/* The shared helpers fuzz_paged.c calls (fuzz_common.h). */
+uint8_t fz_rd(reader *r)
+{
+    return rd(r);
+}
+
+double fz_unit(uint64_t *state)
+{
+    return unit(state);
+}
+
+void fz_check_status(kvp_status got, kvp_status want, const kvp_error *err)
+{
+    check_status(got, want, err);
+}
+
+void fz_set_op(const char *name)
+{
+    g_op_name = name;
+}
+
+void fz_set_auditing(int on)
+{
+    g_auditing = on;
 }
 
 static const double g_specials[8] = {NAN,   INFINITY, -INFINITY, 1e308,
@@ -2441,6 +2460,70 @@ static void op_pool_destroy(reader *r)
     W.hits = W.misses = W.evictions = W.cow_copies = 0;
 }
 
+/*
+ * The accumulation level of a layer (kvp_layer_set_accum) or of the model
+ * (kvp_model_set_accum), now and then a value that is no kvp_accum (refused,
+ * changing no layer's level). The world's pool is f64, which ignores the
+ * level, so every output the shadow predicts stays exact: the target checks
+ * that the fast level changes no f64 bit (DESIGN.md, "Accumulation levels").
+ */
+static kvp_accum layer_accum(const kvp_layer *layer)
+{
+    kvp_layer_info info;
+    kvp_layer_info_init(&info);
+    kvp_error err;
+    check_status(kvp_layer_info_get(layer, &info, &err), KVP_OK, &err);
+    return info.accum;
+}
+
+static void op_set_accum(reader *r)
+{
+    uint8_t sel = rd(r);
+    kvp_accum want_level = (kvp_accum)(sel & 1);
+    int bad = (sel >> 1) % 8 == 7;
+    kvp_accum level = bad ? (kvp_accum)(2 + sel % 3) : want_level;
+    int on_model = (sel >> 4) & 1;
+    g_op_name = on_model ? "model_set_accum" : "layer_set_accum";
+    const kvp_layer *target[MAX_MODEL + 1];
+    size_t n = 0;
+    if (on_model) {
+        for (size_t l = 0; l < W.layers; l++) {
+            target[n++] = kvp_model_layer(W.model, l);
+        }
+    } else {
+        target[n++] = W.layer[(sel >> 5) % N_LAYERS].layer;
+    }
+    kvp_accum before[MAX_MODEL + 1];
+    for (size_t i = 0; i < n; i++) {
+        before[i] = layer_accum(target[i]);
+    }
+    kvp_error err;
+    poison(&err);
+    kvp_status status = on_model ? kvp_model_set_accum(W.model, level, &err)
+                                 : kvp_layer_set_accum(W.layer[(sel >> 5) % N_LAYERS].layer,
+                                                       level, &err);
+    check_status(status, bad ? KVP_INVALID_ARGUMENT : KVP_OK, &err);
+    if (!bad) {
+        check_untouched(&err);
+    }
+    for (size_t i = 0; i < n; i++) {
+        kvp_accum got = layer_accum(target[i]);
+        CHECK(got == (bad ? before[i] : level), "layer %zu accum %d after set_accum(%d)", i,
+              (int)got, (int)level);
+    }
+}
+
+/* The typed sub-world (fuzz_paged.c), behind one operation byte. */
+static void op_paged(reader *r)
+{
+    fz_paged_op(r);
+}
+
+kvp_decoder *fz_decoder(void)
+{
+    return W.decoder;
+}
+
 /* ---- one input ------------------------------------------------------------ */
 
 typedef void (*op_fn)(reader *r);
@@ -2454,6 +2537,7 @@ static const op_fn g_ops[] = {
     op_seq_step,     op_seq_prefill,  op_seq_promise,    op_admit,        op_param_update,
     op_decoder_step, op_decoder_step, op_pool_destroy,  op_cache_truncate, op_seq_truncate,
     op_seq_fork,     op_seq_fork,     op_seq_publish,    op_seq_adopt,    op_seq_adopt,
+    op_set_accum,    op_paged,        op_paged,          op_paged,        op_paged,
 };
 
 static const size_t g_geometries[][2] = {{4, 1}, {4, 2}, {6, 1}, {8, 1}, {8, 2}};
@@ -2541,6 +2625,7 @@ static void setup(reader *r)
     check_status(status, KVP_OK, &err);
     status = kvp_decoder_create(W.threads, &W.decoder, &err);
     check_status(status, KVP_OK, &err);
+    fz_paged_setup();
     check_world();
 }
 
@@ -2548,6 +2633,7 @@ static void teardown(void)
 {
     g_op_name = "teardown";
     add_shared_events();
+    fz_paged_teardown();
     kvp_error err;
     for (int i = 0; i < N_TICKETS; i++) {
         if (W.ticket[i].live) {
