@@ -261,7 +261,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_append_rows_typed(kvp_cache *cache,
  * cannot run out of pages; discard gives back what is left. A cache holds at
  * most one reservation, inside it (nothing is allocated). While it is
  * pending, its pages are held by the cache's reservation (kvp_pool_check
- * counts them, I3; attached_reservations counts it) and are tentative
+ * counts them, I3; attached_reservations counts it while it holds a page:
+ * rows that fit the last block's free slots need none) and are tentative
  * (kvp_pool_stats.tentative_pages): acquires and the high-water mark count a
  * page only when a commit uses it, so reserve + discard leaves every counter
  * as it was. Pages come from the cache's promise first (kvp_cache_promise);
