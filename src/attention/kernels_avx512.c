@@ -610,7 +610,8 @@ static inline __attribute__((always_inline)) __m512 trees16(const __m512 a[16])
 /* R rows from element `at` (stride apart) x G heads; n a multiple of 16. */
 static inline __attribute__((always_inline)) void
 fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at, size_t stride,
-            double scale, double *out, size_t out_stride, const int R, const int G)
+            double scale, double *out, size_t out_stride, const void *ahead, const int R,
+            const int G)
 {
     __m512 a[16];
     _Pragma("GCC unroll 16")
@@ -620,6 +621,7 @@ fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t a
     for (size_t f = 0; f < n; f += 16) {
         _Pragma("GCC unroll 16")
         for (int r = 0; r < R; r++) {
+            group_ask(kind, ahead, at + (size_t)r * stride + f);
             __m512 x = vf_rows(kind, rows, at + (size_t)r * stride + f);
             _Pragma("GCC unroll 16")
             for (int h = 0; h < G; h++) {
@@ -643,37 +645,43 @@ fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t a
 /* G heads (1, 2, 4 or 8) over rows in tiles of 16 / G, the rest one row at a time. */
 static inline __attribute__((always_inline)) void
 fdot_tiled(kvpi_rows kind, const float *q, const void *rows, size_t stride, size_t count,
-           size_t n, double scale, double *out, size_t out_stride, const int G)
+           size_t n, double scale, double *out, size_t out_stride, const void *ahead,
+           const int G)
 {
     const int R = 16 / G;
     size_t r = 0;
     for (; r + (size_t)R <= count; r += (size_t)R) {
-        fdot_tile16(kind, q, n, rows, r * stride, stride, scale, out + r, out_stride, R, G);
+        fdot_tile16(kind, q, n, rows, r * stride, stride, scale, out + r, out_stride, ahead, R,
+                    G);
     }
-    fdot_heads(kind, q, (const unsigned char *)rows + r * stride * kvpi_rows_bytes(kind),
-               stride, count - r, n, scale, out + r, out_stride, G);
+    size_t skip = r * stride * kvpi_rows_bytes(kind);
+    fdot_heads(kind, q, (const unsigned char *)rows + skip, stride, count - r, n, scale,
+               out + r, out_stride,
+               ahead != NULL ? (const unsigned char *)ahead + skip : NULL, G);
 }
 
 static inline __attribute__((always_inline)) void
 fdot_tiled_kind(kvpi_rows kind, const float *q, size_t g, const void *rows, size_t stride,
-                size_t count, size_t n, double scale, double *out, size_t out_stride)
+                size_t count, size_t n, double scale, double *out, size_t out_stride,
+                const void *ahead)
 {
     size_t h = 0;
     while (h < g) {
         const float *qh = q + h * n;
         double *oh = out + h * out_stride;
+        const void *ah = h == 0 ? ahead : NULL; /* the first tile reads from memory */
         size_t left = g - h;
         if (left >= 8) {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 8);
             h += 8;
         } else if (left >= 4) {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 4);
             h += 4;
         } else if (left >= 2) {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 2);
             h += 2;
         } else {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 1);
             h += 1;
         }
     }
@@ -682,24 +690,28 @@ fdot_tiled_kind(kvpi_rows kind, const float *q, size_t g, const void *rows, size
 /* The fast scores: whole tiles of sixteen dots when n is a multiple of 16. */
 static void avx512_dot_group_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
                                   size_t stride, size_t count, size_t n, double scale,
-                                  double *out, size_t out_stride)
+                                  double *out, size_t out_stride, const void *ahead)
 {
     if (n % 16 != 0) {
-        group_dot_fast(kind, q, g, rows, stride, count, n, scale, out, out_stride);
+        group_dot_fast(kind, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
         return;
     }
     switch (kind) {
     case KVPI_ROWS_BF16:
-        fdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride,
+                        ahead);
         return;
     case KVPI_ROWS_F16:
-        fdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride,
+                        ahead);
         return;
     case KVPI_ROWS_E4M3:
-        fdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride,
+                        ahead);
         return;
     default:
-        fdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride,
+                        ahead);
         return;
     }
 }
