@@ -197,7 +197,9 @@ static void check_exact_geometry(const kvpi_kernels *k, kvpi_rows kind, const ro
     for (size_t h = 0; h < g; h++) {
         s->dot_rows(q + h * n, b->wide + at, stride, count, n, 0.375, want + h * out_stride);
     }
-    k->dot_group(kind, q, g, b->bytes + at * esz, stride, count, n, 0.375, got, out_stride);
+    /* With a prefetch hint (the rows themselves): it must change no bit. */
+    k->dot_group(kind, q, g, b->bytes + at * esz, stride, count, n, 0.375, got, out_stride,
+                 b->bytes);
     if (!same(got, want, MAX_G * out_stride)) {
         print_error("%s dot_group %s g=%zu n=%zu count=%zu differs\n", k->name,
                     kind_names[kind], g, n, count);
@@ -215,7 +217,7 @@ static void check_exact_geometry(const kvpi_kernels *k, kvpi_rows kind, const ro
                      n);
     }
     k->axpy_group(kind, acc_got, acc_stride, w0, w_stride, g, b->bytes + at * esz, stride, count,
-                  n);
+                  n, b->bytes);
     if (!same(acc_got, acc_want, MAX_G * (MAX_N + 3))) {
         print_error("%s axpy_group %s g=%zu n=%zu count=%zu differs\n", k->name,
                     kind_names[kind], g, n, count);
@@ -407,7 +409,7 @@ static void test_fast_level_differs_from_exact(void **state)
     double exact[16];
     double fast[16];
     const kvpi_kernels *k = kvpi_kernels_active();
-    k->dot_group(KVPI_ROWS_F32, q, 1, b.bytes, 128, 16, 128, 1.0, exact, 0);
+    k->dot_group(KVPI_ROWS_F32, q, 1, b.bytes, 128, 16, 128, 1.0, exact, 0, NULL);
     k->dot_group_fast(KVPI_ROWS_F32, q32, 1, b.bytes, 128, 16, 128, 1.0, fast, 0, NULL);
     assert_true(memcmp(exact, fast, sizeof fast) != 0);
     free(b.bytes);

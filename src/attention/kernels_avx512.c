@@ -22,6 +22,17 @@ static inline __m256d first_level(__m512d s)
     return _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
 }
 
+/* lane_sums, asking for the line of `ah` at each f as it loads b's (gather.c: the next block). */
+static inline __m512d lane_sums_ahead(const double *a, const double *b, size_t n8,
+                                      const double *ah)
+{
+    __m512d s = _mm512_setzero_pd();
+    for (size_t f = 0; f < n8; f += 8) {
+        __builtin_prefetch(ah + f, 0, 2);
+        s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_loadu_pd(a + f), _mm512_loadu_pd(b + f)));
+    }
+    return s;
+}
 /* The eight lane sums of a and b over f < n8 (a multiple of 8). */
 static inline __m512d lane_sums(const double *a, const double *b, size_t n8)
 {
@@ -91,6 +102,43 @@ static void avx512_dot_rows(const double *q, const double *rows, size_t stride, 
     }
 }
 
+/* avx512_dot_rows, asking for rows `ah` (laid out as `rows`) one line per line it reads. */
+static void avx512_dot_rows_ahead(const double *q, const double *rows, size_t stride,
+                                  size_t count, size_t n, double scale, double *out,
+                                  const double *ah)
+{
+    size_t n8 = n & ~(size_t)7;
+    size_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+        const double *k0 = rows + r * stride;
+        const double *k1 = k0 + stride;
+        const double *k2 = k1 + stride;
+        const double *k3 = k2 + stride;
+        const double *a0 = ah + r * stride;
+        __m512d s0 = lane_sums_ahead(q, k0, n8, a0);
+        __m512d s1 = lane_sums_ahead(q, k1, n8, a0 + stride);
+        __m512d s2 = lane_sums_ahead(q, k2, n8, a0 + 2 * stride);
+        __m512d s3 = lane_sums_ahead(q, k3, n8, a0 + 3 * stride);
+        __m256d dots = four_dots(first_level(s0), first_level(s1), first_level(s2),
+                                 first_level(s3));
+        if (n8 < n) {
+            double d[4];
+            const double *k[4] = {k0, k1, k2, k3};
+            _mm256_storeu_pd(d, dots);
+            for (size_t i = 0; i < 4; i++) {
+                for (size_t f = n8; f < n; f++) {
+                    d[i] += q[f] * k[i][f];
+                }
+            }
+            dots = _mm256_loadu_pd(d);
+        }
+        _mm256_storeu_pd(out + r, _mm256_mul_pd(dots, _mm256_set1_pd(scale)));
+    }
+    for (; r < count; r++) {
+        out[r] = avx512_dot(q, rows + r * stride, n) * scale;
+    }
+}
+
 static void avx512_axpy(double *acc, double weight, const double *v, size_t n)
 {
     __m512d w = _mm512_set1_pd(weight);
@@ -106,7 +154,7 @@ static void avx512_axpy(double *acc, double weight, const double *v, size_t n)
 
 /* Columns [f, f + 64) of axpy_rows, in eight registers. */
 static inline void axpy_rows_64(double *acc, const double *weights, const double *rows,
-                                size_t stride, size_t count)
+                                size_t stride, size_t count, const double *ah)
 {
     __m512d a[8];
     for (size_t j = 0; j < 8; j++) {
@@ -115,6 +163,9 @@ static inline void axpy_rows_64(double *acc, const double *weights, const double
     for (size_t r = 0; r < count; r++) {
         __m512d w = _mm512_set1_pd(weights[r]);
         const double *v = rows + r * stride;
+        for (size_t j = 0; ah != NULL && j < 8; j++) {
+            __builtin_prefetch(ah + r * stride + 8 * j, 0, 2); /* one line per line read */
+        }
         for (size_t j = 0; j < 8; j++) {
             a[j] = _mm512_add_pd(a[j], _mm512_mul_pd(w, _mm512_loadu_pd(v + 8 * j)));
         }
@@ -125,8 +176,9 @@ static inline void axpy_rows_64(double *acc, const double *weights, const double
 }
 
 /* Rows in groups of four, every 64-column pass per group (see kernels_avx2.c). */
-static void avx512_axpy_rows(double *acc, const double *weights, const double *rows,
-                             size_t stride, size_t count, size_t n)
+/* axpy_rows; its 64-column passes ask for rows `ah` (laid out as `rows`; NULL: none). */
+static void avx512_axpy_rows_a(double *acc, const double *weights, const double *rows,
+                               size_t stride, size_t count, size_t n, const double *ah)
 {
     for (size_t g = 0; g < count; g += 4) {
         size_t c = count - g < 4 ? count - g : 4;
@@ -134,7 +186,8 @@ static void avx512_axpy_rows(double *acc, const double *weights, const double *r
         const double *gw = weights + g;
         size_t f = 0;
         for (; f + 64 <= n; f += 64) {
-            axpy_rows_64(acc + f, gw, grows + f, stride, c);
+            axpy_rows_64(acc + f, gw, grows + f, stride, c,
+                         ah != NULL ? ah + g * stride + f : NULL);
         }
         for (; f + 8 <= n; f += 8) {
             __m512d a = _mm512_loadu_pd(acc + f);
@@ -152,6 +205,12 @@ static void avx512_axpy_rows(double *acc, const double *weights, const double *r
             acc[f] = a;
         }
     }
+}
+
+static void avx512_axpy_rows(double *acc, const double *weights, const double *rows,
+                             size_t stride, size_t count, size_t n)
+{
+    avx512_axpy_rows_a(acc, weights, rows, stride, count, n, NULL);
 }
 
 /* kvpi_exp of eight lanes: its steps in its order (kernels.h). */
@@ -836,11 +895,15 @@ static void xdot_group_tiled(kvpi_rows kind, const double *q, size_t g, const vo
  */
 static void avx512_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
                              size_t stride, size_t count, size_t n, double scale, double *out,
-                             size_t out_stride)
+                             size_t out_stride, const void *ahead)
 {
     if (kind == KVPI_ROWS_F64) {
         for (size_t h = 0; h < g; h++) {
-            avx512_dot_rows(q + h * n, rows, stride, count, n, scale, out + h * out_stride);
+            if (h == 0 && ahead != NULL) { /* the first head reads the rows from memory */
+                avx512_dot_rows_ahead(q, rows, stride, count, n, scale, out, ahead);
+            } else {
+                avx512_dot_rows(q + h * n, rows, stride, count, n, scale, out + h * out_stride);
+            }
         }
     } else if (g == 1 && kind == KVPI_ROWS_F32) {
         narrow_dot_rows(q, rows, stride, count, n, scale, out, ROWS_F32);
@@ -855,11 +918,12 @@ static void avx512_dot_group(kvpi_rows kind, const double *q, size_t g, const vo
 
 static void avx512_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                               size_t w_stride, size_t g, const void *rows, size_t stride,
-                              size_t count, size_t n)
+                              size_t count, size_t n, const void *ahead)
 {
     if (kind == KVPI_ROWS_F64) {
         for (size_t h = 0; h < g; h++) {
-            avx512_axpy_rows(acc + h * acc_stride, w + h * w_stride, rows, stride, count, n);
+            avx512_axpy_rows_a(acc + h * acc_stride, w + h * w_stride, rows, stride, count, n,
+                               h == 0 ? ahead : NULL);
         }
     } else if (g == 1 && kind == KVPI_ROWS_F32) {
         narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_F32);

@@ -186,8 +186,9 @@ static void scalar_project_tile(const double *x, size_t x_stride, size_t mr, con
  */
 static void scalar_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
                              size_t stride, size_t count, size_t n, double scale, double *out,
-                             size_t out_stride)
+                             size_t out_stride, const void *ahead)
 {
+    (void)ahead; /* a prefetch hint: the portable level has none */
     for (size_t h = 0; h < g; h++) {
         for (size_t r = 0; r < count; r++) {
             double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
@@ -208,8 +209,9 @@ static void scalar_dot_group(kvpi_rows kind, const double *q, size_t g, const vo
 
 static void scalar_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                               size_t w_stride, size_t g, const void *rows, size_t stride,
-                              size_t count, size_t n)
+                              size_t count, size_t n, const void *ahead)
 {
+    (void)ahead;
     for (size_t h = 0; h < g; h++) {
         for (size_t r = 0; r < count; r++) {
             for (size_t f = 0; f < n; f++) {
