@@ -22,25 +22,32 @@ static inline __m256d first_level(__m512d s)
     return _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
 }
 
-/* lane_sums, asking for the line of `ah` at each f as it loads b's (gather.c: the next block). */
-static inline __m512d lane_sums_ahead(const double *a, const double *b, size_t n8,
-                                      const double *ah)
+/*
+ * The eight lane sums of a and b over f < n8 (a multiple of 8); unless ah is
+ * NULL, asks for the line of ah at each f as it loads b's (gather.c: the
+ * next block's rows), which changes no bit.
+ */
+static inline __attribute__((always_inline)) __m512d lane_sums_ahead(const double *a,
+                                                                     const double *b, size_t n8,
+                                                                     const double *ah)
 {
     __m512d s = _mm512_setzero_pd();
+    if (ah == NULL) {
+        for (size_t f = 0; f < n8; f += 8) {
+            s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_loadu_pd(a + f), _mm512_loadu_pd(b + f)));
+        }
+        return s;
+    }
     for (size_t f = 0; f < n8; f += 8) {
         __builtin_prefetch(ah + f, 0, 2);
         s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_loadu_pd(a + f), _mm512_loadu_pd(b + f)));
     }
     return s;
 }
-/* The eight lane sums of a and b over f < n8 (a multiple of 8). */
+
 static inline __m512d lane_sums(const double *a, const double *b, size_t n8)
 {
-    __m512d s = _mm512_setzero_pd();
-    for (size_t f = 0; f < n8; f += 8) {
-        s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_loadu_pd(a + f), _mm512_loadu_pd(b + f)));
-    }
-    return s;
+    return lane_sums_ahead(a, b, n8, NULL);
 }
 
 static double avx512_dot(const double *a, const double *b, size_t n)
@@ -67,8 +74,10 @@ static inline __m256d four_dots(__m256d t0, __m256d t1, __m256d t2, __m256d t3)
     return _mm256_permute4x64_pd(dots, 0xD8);
 }
 
-static void avx512_dot_rows(const double *q, const double *rows, size_t stride, size_t count,
-                            size_t n, double scale, double *out)
+/* dot_rows; unless ah is NULL, asks for rows `ah` (laid out as `rows`) a line per line read. */
+static inline __attribute__((always_inline)) void
+dot_rows_ahead(const double *q, const double *rows, size_t stride, size_t count, size_t n,
+               double scale, double *out, const double *ah)
 {
     size_t n8 = n & ~(size_t)7;
     size_t r = 0;
@@ -77,11 +86,12 @@ static void avx512_dot_rows(const double *q, const double *rows, size_t stride, 
         const double *k1 = k0 + stride;
         const double *k2 = k1 + stride;
         const double *k3 = k2 + stride;
+        const double *a0 = ah != NULL ? ah + r * stride : NULL;
         /* One row after another, so memory is read in address order. */
-        __m512d s0 = lane_sums(q, k0, n8);
-        __m512d s1 = lane_sums(q, k1, n8);
-        __m512d s2 = lane_sums(q, k2, n8);
-        __m512d s3 = lane_sums(q, k3, n8);
+        __m512d s0 = lane_sums_ahead(q, k0, n8, a0);
+        __m512d s1 = lane_sums_ahead(q, k1, n8, a0 != NULL ? a0 + stride : NULL);
+        __m512d s2 = lane_sums_ahead(q, k2, n8, a0 != NULL ? a0 + 2 * stride : NULL);
+        __m512d s3 = lane_sums_ahead(q, k3, n8, a0 != NULL ? a0 + 3 * stride : NULL);
         __m256d dots = four_dots(first_level(s0), first_level(s1), first_level(s2),
                                  first_level(s3));
         if (n8 < n) {
@@ -102,41 +112,17 @@ static void avx512_dot_rows(const double *q, const double *rows, size_t stride, 
     }
 }
 
-/* avx512_dot_rows, asking for rows `ah` (laid out as `rows`) one line per line it reads. */
+static void avx512_dot_rows(const double *q, const double *rows, size_t stride, size_t count,
+                            size_t n, double scale, double *out)
+{
+    dot_rows_ahead(q, rows, stride, count, n, scale, out, NULL);
+}
+
 static void avx512_dot_rows_ahead(const double *q, const double *rows, size_t stride,
                                   size_t count, size_t n, double scale, double *out,
                                   const double *ah)
 {
-    size_t n8 = n & ~(size_t)7;
-    size_t r = 0;
-    for (; r + 4 <= count; r += 4) {
-        const double *k0 = rows + r * stride;
-        const double *k1 = k0 + stride;
-        const double *k2 = k1 + stride;
-        const double *k3 = k2 + stride;
-        const double *a0 = ah + r * stride;
-        __m512d s0 = lane_sums_ahead(q, k0, n8, a0);
-        __m512d s1 = lane_sums_ahead(q, k1, n8, a0 + stride);
-        __m512d s2 = lane_sums_ahead(q, k2, n8, a0 + 2 * stride);
-        __m512d s3 = lane_sums_ahead(q, k3, n8, a0 + 3 * stride);
-        __m256d dots = four_dots(first_level(s0), first_level(s1), first_level(s2),
-                                 first_level(s3));
-        if (n8 < n) {
-            double d[4];
-            const double *k[4] = {k0, k1, k2, k3};
-            _mm256_storeu_pd(d, dots);
-            for (size_t i = 0; i < 4; i++) {
-                for (size_t f = n8; f < n; f++) {
-                    d[i] += q[f] * k[i][f];
-                }
-            }
-            dots = _mm256_loadu_pd(d);
-        }
-        _mm256_storeu_pd(out + r, _mm256_mul_pd(dots, _mm256_set1_pd(scale)));
-    }
-    for (; r < count; r++) {
-        out[r] = avx512_dot(q, rows + r * stride, n) * scale;
-    }
+    dot_rows_ahead(q, rows, stride, count, n, scale, out, ah);
 }
 
 static void avx512_axpy(double *acc, double weight, const double *v, size_t n)
