@@ -645,7 +645,7 @@ static void avx2_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, cons
     } else if (g == 1 && kind == KVPI_ROWS_BF16) {
         narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_BF16);
     } else {
-        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
     }
 }
 

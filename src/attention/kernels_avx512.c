@@ -906,7 +906,10 @@ static void avx512_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, co
                               size_t w_stride, size_t g, const void *rows, size_t stride,
                               size_t count, size_t n, const void *ahead)
 {
-    if (kind == KVPI_ROWS_F64) {
+    if (kind == KVPI_ROWS_F64 && g > 1) {
+        /* A group's tiles read each row once (f64 32/8 exact: 64% -> 67-68% of read). */
+        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
+    } else if (kind == KVPI_ROWS_F64) {
         for (size_t h = 0; h < g; h++) {
             avx512_axpy_rows_a(acc + h * acc_stride, w + h * w_stride, rows, stride, count, n,
                                h == 0 ? ahead : NULL);
@@ -916,7 +919,7 @@ static void avx512_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, co
     } else if (g == 1 && kind == KVPI_ROWS_BF16) {
         narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_BF16);
     } else {
-        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
     }
 }
 

@@ -36,6 +36,21 @@
 
 /* ---- the exact level ---------------------------------------------------------- */
 
+/*
+ * Asks for the line of `ahead` (rows laid out as the ones being read; NULL:
+ * nothing) that holds element i, when the chunk of sixteen elements at i
+ * starts a 64-byte run: one request per 64 bytes consumed, spread over the
+ * loops (kernels.h, dot_group_fast). A hint to L2 (prefetcht1): no bit of
+ * any result depends on it.
+ */
+GROUP_AI void group_ask(kvpi_rows kind, const void *ahead, size_t i)
+{
+    size_t bytes = kvpi_rows_bytes(kind);
+    if (ahead != NULL && ((i * bytes) & 63) < 16 * bytes) {
+        __builtin_prefetch((const unsigned char *)ahead + i * bytes, 0, 2);
+    }
+}
+
 /* One row (element `at` of rows) against G heads of q ([G][n]). */
 GROUP_AI void xdot_row(kvpi_rows kind, const double *q, size_t n, const void *rows, size_t at,
                        double scale, double *out, size_t out_stride, const int G)
@@ -103,7 +118,7 @@ GROUP_AI void xdot_kind(kvpi_rows kind, const double *q, size_t g, const void *r
  */
 GROUP_AI void xaxpy_cols(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                          size_t w_stride, const void *rows, size_t at, size_t stride,
-                         size_t count, const int G, const int C)
+                         size_t count, const void *ahead, const int G, const int C)
 {
     VD a[GROUP_GMAX][16];
     GROUP_UNROLL
@@ -117,6 +132,7 @@ GROUP_AI void xaxpy_cols(kvpi_rows kind, double *acc, size_t acc_stride, const d
         VD x[16];
         GROUP_UNROLL
         for (int c = 0; c < C; c++) {
+            group_ask(kind, ahead, at + r * stride + 8 * (size_t)c);
             x[c] = vd_rows(kind, rows, at + r * stride + 8 * (size_t)c);
         }
         GROUP_UNROLL
@@ -139,7 +155,7 @@ GROUP_AI void xaxpy_cols(kvpi_rows kind, double *acc, size_t acc_stride, const d
 
 GROUP_AI void xaxpy_heads(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                           size_t w_stride, const void *rows, size_t stride, size_t count,
-                          size_t n, const int G, const int C)
+                          size_t n, const void *ahead, const int G, const int C)
 {
     for (size_t r0 = 0; r0 < count; r0 += 4) {
         size_t c = count - r0 < 4 ? count - r0 : 4;
@@ -147,10 +163,12 @@ GROUP_AI void xaxpy_heads(kvpi_rows kind, double *acc, size_t acc_stride, const 
         size_t at = r0 * stride;
         size_t f = 0;
         for (; f + 8 * (size_t)C <= n; f += 8 * (size_t)C) {
-            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, C);
+            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, ahead,
+                       G, C);
         }
         for (; f + 8 <= n; f += 8) {
-            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, 1);
+            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, ahead,
+                       G, 1);
         }
         for (; f < n; f++) {
             GROUP_UNROLL
@@ -168,24 +186,29 @@ GROUP_AI void xaxpy_heads(kvpi_rows kind, double *acc, size_t acc_stride, const 
 
 GROUP_AI void xaxpy_kind(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                          size_t w_stride, size_t g, const void *rows, size_t stride,
-                         size_t count, size_t n)
+                         size_t count, size_t n, const void *ahead)
 {
     size_t h = 0;
     while (h < g) {
         double *ah = acc + h * acc_stride;
         const double *wh = w + h * w_stride;
+        const void *pa = h == 0 ? ahead : NULL; /* the first tile reads from memory */
         size_t left = g - h;
         if (GROUP_GMAX >= 8 && left >= 8) {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 8, XCOLS(8));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 8,
+                        XCOLS(8));
             h += 8;
         } else if (left >= 4) {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 4, XCOLS(4));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 4,
+                        XCOLS(4));
             h += 4;
         } else if (left >= 2) {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 2, XCOLS(2));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 2,
+                        XCOLS(2));
             h += 2;
         } else {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 1, XCOLS(1));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 1,
+                        XCOLS(1));
             h += 1;
         }
     }
@@ -193,20 +216,6 @@ GROUP_AI void xaxpy_kind(kvpi_rows kind, double *acc, size_t acc_stride, const d
 
 /* ---- the fast level ----------------------------------------------------------- */
 
-/*
- * Asks for the line of `ahead` (rows laid out as the ones being read; NULL:
- * nothing) that holds element i, when the chunk of sixteen elements at i
- * starts a 64-byte run: one request per 64 bytes consumed, spread over the
- * loops (kernels.h, dot_group_fast). A hint to L2 (prefetcht1): no bit of
- * any result depends on it.
- */
-GROUP_AI void group_ask(kvpi_rows kind, const void *ahead, size_t i)
-{
-    size_t bytes = kvpi_rows_bytes(kind);
-    if (ahead != NULL && ((i * bytes) & 63) < 16 * bytes) {
-        __builtin_prefetch((const unsigned char *)ahead + i * bytes, 0, 2);
-    }
-}
 
 /* One row against G heads of q ([G][n], f32): kvpi_fast_dot each, times scale in f64. */
 GROUP_AI void fdot_row(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at,
@@ -399,23 +408,23 @@ static void group_dot(kvpi_rows kind, const double *q, size_t g, const void *row
 
 static void group_axpy(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                        size_t w_stride, size_t g, const void *rows, size_t stride, size_t count,
-                       size_t n)
+                       size_t n, const void *ahead)
 {
     switch (kind) {
     case KVPI_ROWS_F64:
-        xaxpy_kind(KVPI_ROWS_F64, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_F64, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
         return;
     case KVPI_ROWS_F32:
-        xaxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
         return;
     case KVPI_ROWS_BF16:
-        xaxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
         return;
     case KVPI_ROWS_F16:
-        xaxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
         return;
     default:
-        xaxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
         return;
     }
 }
