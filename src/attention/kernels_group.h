@@ -415,16 +415,16 @@ static void group_axpy(kvpi_rows kind, double *acc, size_t acc_stride, const dou
         xaxpy_kind(KVPI_ROWS_F64, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
         return;
     case KVPI_ROWS_F32:
-        xaxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
+        xaxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     case KVPI_ROWS_BF16:
-        xaxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
+        xaxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     case KVPI_ROWS_F16:
-        xaxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
+        xaxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     default:
-        xaxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
+        xaxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     }
 }
