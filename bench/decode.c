@@ -11,9 +11,14 @@
  *   fast   the same at KVP_ACCUM_FAST (f64 pages: exact again).
  * Pages are handed out shuffled (a fragmented pool). GB/s is the K+V bytes
  * of the lane's pages over the median time; "% read" is read_ns / case_ns.
- * Usage: bench-decode [--dtype f64|f32|bf16] [--heads 32] [--kv-heads 8]
+ *   read2  the same bytes as two passes, every page's keys then every page's
+ *          values: the gather's order of streams (scores, then values);
+ *   fast-scores, fast-softmax, fast-values (with --phases): the fast
+ *          level's phases timed apart (GB/s still over all K+V bytes).
+ * Usage: bench-decode [--dtype f64|f32|bf16|f16] [--heads 32] [--kv-heads 8]
  *        [--head-width 128] [--block 16] [--len 4096] [--repetitions 9]
- *        [--min-ns 200000000]
+ *        [--min-ns 200000000] [--phases] [--only read|read2|exact|fast|
+ *        fast-scores|fast-softmax|fast-values] (that case alone: perf stat)
  * Exit status 0, 2 on usage errors or when the cache cannot be built.
  */
 #include <immintrin.h>
@@ -30,7 +35,15 @@
 typedef struct decode_config {
     size_t heads, kv_heads, head_width, block, len, repetitions, min_ns;
     kvp_dtype dtype;
+    int phases;       /* --phases: also time the fast level's three phases apart */
+    const char *only; /* --only NAME: time that case alone (for perf stat), or NULL */
 } decode_config;
+
+/* The cases, in the order they alternate; the phases only with --phases. */
+#define CASES 7
+static const char *const case_names[CASES] = {"read",        "read2",        "exact",
+                                              "fast",        "fast-scores",  "fast-softmax",
+                                              "fast-values"};
 
 static uint64_t rng_state = 4242;
 
@@ -38,6 +51,7 @@ typedef struct decode_case {
     kvpi_gather_job job;
     const kvp_cache *cache;
     size_t page_bytes; /* K and V of one page */
+    int phase;         /* run_job: 0 all three phases, 1 scores, 2 softmax, 3 values */
     volatile double sink;
 } decode_case;
 
@@ -86,18 +100,70 @@ static void run_read(void *ctx, size_t iterations)
     c->sink = s;
 }
 
+/* The keys of every page, then the values: the gather's two passes over memory. */
+static void run_read2(void *ctx, size_t iterations)
+{
+    decode_case *c = ctx;
+    const kvp_cache *cache = c->cache;
+    size_t blocks = (cache->len + cache->block_tokens - 1) / cache->block_tokens;
+    const uint32_t *table = kvpi_cache_lane_table(cache, 0);
+    int avx512 = __builtin_cpu_supports("avx512f");
+    size_t half = c->page_bytes / 2;
+    double s = 0.0;
+    for (size_t it = 0; it < iterations; it++) {
+        for (size_t pass = 0; pass < 2; pass++) {
+            for (size_t b = 0; b < blocks; b++) {
+                const unsigned char *page =
+                    (const unsigned char *)kvpi_cache_page_keys(cache, table[b], 0) + pass * half;
+                s += avx512 ? read_avx512(page, half) : read_avx2(page, half);
+            }
+        }
+    }
+    c->sink = s;
+}
+
 static void run_job(void *ctx, size_t iterations)
 {
     decode_case *c = ctx;
     for (size_t it = 0; it < iterations; it++) {
-        kvpi_gather_attend_on(&c->job, NULL);
+        switch (c->phase) {
+        case 1:
+            kvpi_gather_scores_on(&c->job, NULL);
+            break;
+        case 2:
+            kvpi_gather_softmax_on(&c->job, NULL);
+            break;
+        case 3:
+            kvpi_gather_values_on(&c->job, NULL);
+            break;
+        default:
+            kvpi_gather_attend_on(&c->job, NULL);
+            break;
+        }
     }
 }
 
 static int parse(int argc, char **argv, decode_config *c)
 {
-    *c = (decode_config){32, 8, 128, 16, 4096, 9, 200000000, KVP_BF16};
+    *c = (decode_config){32, 8, 128, 16, 4096, 9, 200000000, KVP_BF16, 0, NULL};
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--phases") == 0) {
+            c->phases = 1;
+            continue;
+        }
+        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            c->only = argv[++i];
+            size_t k = 0;
+            while (k < CASES && strcmp(c->only, case_names[k]) != 0) {
+                k++;
+            }
+            if (k == CASES) {
+                fprintf(stderr, "bench-decode: bad --only '%s' (read, read2, exact, fast, "
+                                "fast-scores, fast-softmax, fast-values)\n", c->only);
+                return 2;
+            }
+            continue;
+        }
         if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             i++;
             if (strcmp(argv[i], "f64") == 0) {
@@ -106,8 +172,11 @@ static int parse(int argc, char **argv, decode_config *c)
                 c->dtype = KVP_F32;
             } else if (strcmp(argv[i], "bf16") == 0) {
                 c->dtype = KVP_BF16;
+            } else if (strcmp(argv[i], "f16") == 0) {
+                c->dtype = KVP_F16;
             } else {
-                fprintf(stderr, "bench-decode: bad --dtype '%s' (f64, f32, bf16)\n", argv[i]);
+                fprintf(stderr, "bench-decode: bad --dtype '%s' (f64, f32, bf16, f16)\n",
+                        argv[i]);
                 return 2;
             }
             continue;
@@ -197,8 +266,8 @@ int main(int argc, char **argv)
     size_t keys = c.len + 1;
     double *q = malloc(c.heads * d * sizeof *q);
     double *cand = malloc(2 * c.kv_heads * d * sizeof *cand);
-    double *w = malloc(2 * c.heads * keys * sizeof *w);
-    double *o = malloc(2 * c.heads * d * sizeof *o);
+    double *w = malloc(3 * c.heads * keys * sizeof *w);
+    double *o = malloc(3 * c.heads * d * sizeof *o);
     if (q == NULL || cand == NULL || w == NULL || o == NULL) {
         return 2;
     }
@@ -208,21 +277,36 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < 2 * c.kv_heads * d; i++) {
         cand[i] = kvpi_bf16_widen((uint16_t)(0x3F00 + (i % 128))); /* exact in every dtype */
     }
-    static decode_case cases[3];
+    static decode_case cases[CASES];
     size_t page_bytes = 2 * c.kv_heads * c.block * d * kvp_dtype_bytes(c.dtype);
-    for (size_t k = 0; k < 3; k++) {
+    kvp_measure_case runs[CASES];
+    size_t which[CASES];
+    size_t count = 0;
+    for (size_t k = 0; k < CASES; k++) {
+        size_t buf = k >= 4 ? 2 : k >= 3; /* the phases keep their own weights, outputs */
+        int fast = k >= 3;
         cases[k].cache = cache;
         cases[k].page_bytes = page_bytes;
+        cases[k].phase = k >= 4 ? (int)k - 3 : 0;
         cases[k].job = (kvpi_gather_job){.cache = cache, .queries = q, .keys = cand,
                                          .values = cand + c.kv_heads * d,
                                          .scale = 1.0 / sqrt((double)d),
-                                         .weights = w + (k == 2) * c.heads * keys,
-                                         .outputs = o + (k == 2) * c.heads * d,
-                                         .accum = k == 2 ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT};
+                                         .weights = w + buf * c.heads * keys,
+                                         .outputs = o + buf * c.heads * d,
+                                         .accum = fast ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT};
+        int wanted = c.only != NULL ? strcmp(c.only, case_names[k]) == 0 : k < 4 || c.phases;
+        if (wanted) {
+            runs[count] = (kvp_measure_case){k == 0 ? run_read : k == 1 ? run_read2 : run_job,
+                                             &cases[k]};
+            which[count++] = k;
+        }
     }
-    kvp_measure_case runs[3] = {{run_read, &cases[0]}, {run_job, &cases[1]}, {run_job, &cases[2]}};
-    double ns[3];
-    if (kvp_measure_alternating(runs, 3, c.repetitions, (double)c.min_ns, ns) != 0) {
+    /* The phases read the weights and outputs of a whole fast step. */
+    run_job(&cases[2], 1);
+    run_job(&cases[3], 1);
+    kvpi_gather_attend_on(&cases[4].job, NULL); /* the phases' buffers */
+    double ns[CASES];
+    if (kvp_measure_alternating(runs, count, c.repetitions, (double)c.min_ns, ns) != 0) {
         return 2;
     }
     double max_diff = 0.0;
@@ -232,13 +316,12 @@ int main(int argc, char **argv)
         max_out = fmax(max_out, fabs(o[i]));
     }
     double bytes = (double)((c.len + c.block - 1) / c.block) * (double)page_bytes;
-    static const char *const names[3] = {"read", "exact", "fast"};
     printf("dtype %s level %s heads %zu kv_heads %zu d_h %zu block %zu len %zu: %.1f MiB K+V\n",
            kvp_dtype_name(c.dtype), kvpi_kernels_active()->name, c.heads, c.kv_heads, d,
            c.block, c.len, bytes / 1048576.0);
-    for (size_t k = 0; k < 3; k++) {
-        printf("  %-5s %12.0f ns  %6.2f GB/s  %5.1f%% of read\n", names[k], ns[k],
-               bytes / ns[k], 100.0 * ns[0] / ns[k]);
+    for (size_t k = 0; k < count; k++) {
+        printf("  %-12s %12.0f ns  %6.2f GB/s  %5.1f%% of read\n", case_names[which[k]], ns[k],
+               bytes / ns[k], which[0] == 0 ? 100.0 * ns[0] / ns[k] : 0.0);
     }
     printf("  fast vs exact: max |diff| %.3g, max |output| %.3g\n", max_diff, max_out);
     if (kvp_cache_destroy(cache, NULL) != KVP_OK || kvp_pool_destroy(pool, NULL) != KVP_OK) {

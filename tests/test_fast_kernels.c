@@ -197,7 +197,9 @@ static void check_exact_geometry(const kvpi_kernels *k, kvpi_rows kind, const ro
     for (size_t h = 0; h < g; h++) {
         s->dot_rows(q + h * n, b->wide + at, stride, count, n, 0.375, want + h * out_stride);
     }
-    k->dot_group(kind, q, g, b->bytes + at * esz, stride, count, n, 0.375, got, out_stride);
+    /* With a prefetch hint (the rows themselves): it must change no bit. */
+    k->dot_group(kind, q, g, b->bytes + at * esz, stride, count, n, 0.375, got, out_stride,
+                 b->bytes);
     if (!same(got, want, MAX_G * out_stride)) {
         print_error("%s dot_group %s g=%zu n=%zu count=%zu differs\n", k->name,
                     kind_names[kind], g, n, count);
@@ -215,7 +217,7 @@ static void check_exact_geometry(const kvpi_kernels *k, kvpi_rows kind, const ro
                      n);
     }
     k->axpy_group(kind, acc_got, acc_stride, w0, w_stride, g, b->bytes + at * esz, stride, count,
-                  n);
+                  n, b->bytes);
     if (!same(acc_got, acc_want, MAX_G * (MAX_N + 3))) {
         print_error("%s axpy_group %s g=%zu n=%zu count=%zu differs\n", k->name,
                     kind_names[kind], g, n, count);
@@ -309,8 +311,10 @@ static void check_fast_geometry(const kvpi_kernels *k, kvpi_rows kind, const row
     }
     for (size_t r0 = 0; r0 < count; r0 += split) {
         size_t c = count - r0 < split ? count - r0 : split;
+        /* Every other call with a prefetch hint: it must change no bit. */
+        const void *ahead = r0 / split % 2 == 0 ? b->bytes : NULL;
         k->dot_group_fast(kind, q, g, b->bytes + (at + r0 * stride) * esz, stride, c, n, 0.375,
-                          got + r0, out_stride);
+                          got + r0, out_stride, ahead);
     }
     if (!same(got, want, MAX_G * out_stride)) {
         print_error("%s dot_group_fast %s g=%zu n=%zu count=%zu split=%zu differs\n", k->name,
@@ -333,8 +337,9 @@ static void check_fast_geometry(const kvpi_kernels *k, kvpi_rows kind, const row
     }
     for (size_t r0 = 0; r0 < count; r0 += split) {
         size_t c = count - r0 < split ? count - r0 : split;
+        const void *ahead = r0 / split % 2 == 0 ? NULL : b->bytes;
         k->axpy_group_fast(kind, acc_got, acc_stride, w0 + r0, w_stride, g,
-                           b->bytes + (at + r0 * stride) * esz, stride, c, n);
+                           b->bytes + (at + r0 * stride) * esz, stride, c, n, ahead);
     }
     if (memcmp(acc_got, acc_want, sizeof acc_got) != 0) {
         print_error("%s axpy_group_fast %s g=%zu n=%zu count=%zu split=%zu differs\n", k->name,
@@ -404,8 +409,8 @@ static void test_fast_level_differs_from_exact(void **state)
     double exact[16];
     double fast[16];
     const kvpi_kernels *k = kvpi_kernels_active();
-    k->dot_group(KVPI_ROWS_F32, q, 1, b.bytes, 128, 16, 128, 1.0, exact, 0);
-    k->dot_group_fast(KVPI_ROWS_F32, q32, 1, b.bytes, 128, 16, 128, 1.0, fast, 0);
+    k->dot_group(KVPI_ROWS_F32, q, 1, b.bytes, 128, 16, 128, 1.0, exact, 0, NULL);
+    k->dot_group_fast(KVPI_ROWS_F32, q32, 1, b.bytes, 128, 16, 128, 1.0, fast, 0, NULL);
     assert_true(memcmp(exact, fast, sizeof fast) != 0);
     free(b.bytes);
     free(b.wide);

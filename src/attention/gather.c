@@ -150,8 +150,12 @@ static gather_view view_of(const kvp_cache *cache, size_t heads, size_t kph, siz
  * Asks for the `bytes` at p ahead of their use: a KV head's rows of the next
  * block, fetched while this block's are computed. Pages are scattered over
  * the slab, so the hardware prefetcher would start over at every page. Only
- * for narrow rows, where widening makes the kernels slow enough for it to
- * pay: f64 rows (one prefetch per zmm load) ran 3-5% slower with it.
+ * for narrow rows at the exact level, where widening makes the kernels slow
+ * enough for it to pay: f64 rows ran 3-5% slower with this burst. f64 rows
+ * of a group of several heads instead hand the next block to the kernel
+ * (`ahead`), which asks one line per line it reads (kernels.h): 57% -> 67%
+ * of read for f64 32/8 heads; one head per KV head asks for nothing (74%
+ * with, 79% without).
  */
 static void prefetch_rows(const void *p, size_t bytes)
 {
@@ -186,17 +190,35 @@ static void scores_exact(const gather_view *v, const double *queries, const doub
         size_t rows = rows_in_block(v, block);
         for (size_t kv = 0; kv < kv_heads; kv++) {
             size_t h = kv * v->group;
-            if (v->prefetch && block + 1 < b1) {
-                prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
+            const void *ahead = NULL;
+            if (block + 1 < blocks_of(v->cache)) {
+                if (v->prefetch) {
+                    prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
+                } else if (v->group > 1) {
+                    ahead = block_keys(v, block + 1, kv); /* f64: the kernel asks as it goes */
+                }
             }
             v->k->dot_group(v->kind, queries + h * v->d, v->group, block_keys(v, block, kv),
-                            v->d, rows, v->d, scale, scores + h * v->kph + start, v->kph);
+                            v->d, rows, v->d, scale, scores + h * v->kph + start, v->kph, ahead);
         }
     }
     for (size_t head = 0; candidates != NULL && head < kv_heads * v->group; head++) {
         scores[head * v->kph + v->cache->len] =
             v->k->dot(queries + head * v->d, candidates + (head / v->group) * v->d, v->d) * scale;
     }
+}
+
+/*
+ * The fast kernels' prefetch hint (kernels.h, dot_group_fast's `ahead`): KV
+ * head kv's keys in the lane's next block, which the kernels ask for one
+ * line per 64 bytes they read of this block's: memory streams while they
+ * compute. (A burst of requests per block, as the exact level makes, stalls
+ * until the fill buffers free, so memory and compute took turns: bf16 GQA
+ * scores ran at their sum.) NULL after the last block.
+ */
+static const void *fast_ahead_keys(const gather_view *v, size_t block, size_t kv)
+{
+    return v->prefetch && block + 1 < blocks_of(v->cache) ? block_keys(v, block + 1, kv) : NULL;
 }
 
 /*
@@ -214,12 +236,10 @@ static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, s
         for (size_t h = h0; h < h1;) {
             size_t kv = h / v->group;
             size_t end = (kv + 1) * v->group < h1 ? (kv + 1) * v->group : h1;
-            if (v->prefetch && block + 1 < b1) {
-                prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
-            }
             v->k->dot_group_fast(v->kind, q32 + (h - h0) * v->d, end - h,
                                  block_keys(v, block, kv), v->d, rows, v->d, scale,
-                                 scores + h * v->kph + start, v->kph);
+                                 scores + h * v->kph + start, v->kph,
+                                 fast_ahead_keys(v, block, kv));
             h = end;
         }
     }
@@ -231,7 +251,7 @@ static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, s
             cand32[f] = (float)candidates[kv * v->d + f];
         }
         v->k->dot_group_fast(KVPI_ROWS_F32, q32 + (h - h0) * v->d, end - h, cand32, v->d, 1,
-                             v->d, scale, scores + h * v->kph + v->cache->len, v->kph);
+                             v->d, scale, scores + h * v->kph + v->cache->len, v->kph, NULL);
         h = end;
     }
 }
@@ -292,13 +312,18 @@ static void values_exact(const gather_view *v, const double *weights, const doub
         for (size_t kv = k0; kv < k1; kv++) {
             const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
             size_t h = kv * v->group;
-            if (v->prefetch && block + 1 < blocks) {
-                prefetch_rows((const unsigned char *)kvpi_cache_page_values(
-                                  v->cache, v->table[block + 1], kv) + f0 * v->elem,
-                              v->bt * v->d * v->elem);
+            const unsigned char *ahead = NULL;
+            if (block + 1 < blocks) {
+                ahead = (const unsigned char *)kvpi_cache_page_values(v->cache,
+                                                                      v->table[block + 1], kv) +
+                        f0 * v->elem;
+                if (v->prefetch) {
+                    prefetch_rows(ahead, v->bt * v->d * v->elem);
+                }
+                ahead = v->prefetch || v->group == 1 ? NULL : ahead;
             }
             v->k->axpy_group(v->kind, outputs + h * d + f0, d, weights + h * v->kph + start,
-                             v->kph, v->group, vals + f0 * v->elem, d, rows, w);
+                             v->kph, v->group, vals + f0 * v->elem, d, rows, w, ahead);
         }
     }
     for (size_t head = k0 * v->group; candidates != NULL && head < k1 * v->group; head++) {
@@ -324,7 +349,8 @@ typedef struct fast_pass {
 } fast_pass;
 
 static void fast_add_rows(const gather_view *v, const fast_pass *p, const double *weights,
-                          const void *rows, size_t start, size_t count, size_t kv, float *acc)
+                          const void *rows, size_t start, size_t count, size_t kv,
+                          const unsigned char *ahead, float *acc)
 {
     float w32[FAST_HEADS * FAST_ROWS];
     size_t nj = p->j1 - p->j0;
@@ -340,9 +366,12 @@ static void fast_add_rows(const gather_view *v, const fast_pass *p, const double
             }
             kvpi_rows kind = start == v->cache->len ? KVPI_ROWS_F32 : v->kind;
             size_t elem = kvpi_rows_bytes(kind);
+            /* The first run of heads reads the rows from memory: it asks for the next. */
+            const unsigned char *pa = ahead != NULL && j == p->j0 ? ahead + r0 * v->d * elem
+                                                                  : NULL;
             v->k->axpy_group_fast(kind, acc + ((kv - p->k0) * nj + (j - p->j0)) * p->w, p->w,
                                   w32, FAST_ROWS, g, (const unsigned char *)rows +
-                                  r0 * v->d * elem, v->d, rc, p->w);
+                                  r0 * v->d * elem, v->d, rc, p->w, pa);
         }
     }
 }
@@ -357,13 +386,15 @@ static void fast_pass_run(const gather_view *v, const fast_pass *p, const double
     for (size_t block = 0; block < blocks; block++) {
         for (size_t kv = p->k0; kv < p->k1; kv++) {
             const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
-            if (v->prefetch && block + 1 < blocks) {
-                prefetch_rows((const unsigned char *)kvpi_cache_page_values(
-                                  v->cache, v->table[block + 1], kv) + p->f0 * v->elem,
-                              v->bt * v->d * v->elem);
-            }
+            /* The next block's value rows, asked for by the kernels as they go (scores). */
+            const unsigned char *ahead =
+                v->prefetch && block + 1 < blocks
+                    ? (const unsigned char *)kvpi_cache_page_values(v->cache,
+                                                                    v->table[block + 1], kv) +
+                          p->f0 * v->elem
+                    : NULL;
             fast_add_rows(v, p, weights, vals + p->f0 * v->elem, block * v->bt,
-                          rows_in_block(v, block), kv, acc);
+                          rows_in_block(v, block), kv, ahead, acc);
         }
     }
     float cand32[FAST_FLOATS];
@@ -372,7 +403,7 @@ static void fast_pass_run(const gather_view *v, const fast_pass *p, const double
             cand32[f] = (float)candidates[kv * v->d + p->f0 + f];
         }
         /* start == len marks the candidate: one f32 row. */
-        fast_add_rows(v, p, weights, cand32, v->cache->len, 1, kv, acc);
+        fast_add_rows(v, p, weights, cand32, v->cache->len, 1, kv, NULL, acc);
     }
     for (size_t kv = p->k0; kv < p->k1; kv++) {
         for (size_t j = p->j0; j < p->j1; j++) {

@@ -22,7 +22,7 @@ static inline void kvpi_dot_stored_rows(const kvpi_kernels *k, kvp_dtype dtype, 
                                         const void *keys, size_t rows, size_t d, double scale,
                                         double *out)
 {
-    k->dot_group((kvpi_rows)dtype, q, 1, keys, d, rows, d, scale, out, 0);
+    k->dot_group((kvpi_rows)dtype, q, 1, keys, d, rows, d, scale, out, 0, NULL);
 }
 
 /*
@@ -35,7 +35,7 @@ static inline void kvpi_axpy_stored_rows(const kvpi_kernels *k, kvp_dtype dtype,
                                          size_t d, size_t f0, size_t n)
 {
     k->axpy_group((kvpi_rows)dtype, acc, 0, weights, 0, 1, (const unsigned char *)values +
-                  f0 * kvpi_rows_bytes((kvpi_rows)dtype), d, rows, n);
+                  f0 * kvpi_rows_bytes((kvpi_rows)dtype), d, rows, n, NULL);
 }
 
 /*

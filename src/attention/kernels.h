@@ -148,12 +148,16 @@ typedef struct kvpi_kernels {
      *   axpy_group: for h < g, rows r in order: acc[h * acc_stride + f] +=
      *               w[h * w_stride + r] * widened row r [f], f < n: exactly g
      *               axpy_rows on the widened rows.
+     * ahead: NULL, or the rows the caller reads next, as in dot_group_fast
+     * below; here only the AVX-512 level's f64 rows ask for them (other rows
+     * and levels ignore it). Never read, never a result's bit.
      */
     void (*dot_group)(kvpi_rows kind, const double *q, size_t g, const void *rows, size_t stride,
-                      size_t count, size_t n, double scale, double *out, size_t out_stride);
+                      size_t count, size_t n, double scale, double *out, size_t out_stride,
+                      const void *ahead);
     void (*axpy_group)(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                        size_t w_stride, size_t g, const void *rows, size_t stride, size_t count,
-                       size_t n);
+                       size_t n, const void *ahead);
     /*
      * The fast level (Fast accumulation, below) of the same two, for narrow
      * rows (kind != KVPI_ROWS_F64): q, w and acc are f32.
@@ -161,13 +165,19 @@ typedef struct kvpi_kernels {
      *                    * n, row r, n) * scale (the product in f64).
      *   axpy_group_fast: acc[h * acc_stride + f] = fmaf(w[h * w_stride + r],
      *                    row r [f], acc[..]) for rows r in order.
+     * ahead: NULL, or rows laid out as `rows` (same stride, count and n) that
+     * the caller reads next (the next block's). The vector levels ask for
+     * them (a prefetch) as they consume the matching bytes of `rows`, one
+     * request per 64 bytes spread over the work, so memory streams while
+     * they compute; requests in a burst stall until the fill buffers free,
+     * which serializes memory and compute. Never read, never a result's bit.
      */
     void (*dot_group_fast)(kvpi_rows kind, const float *q, size_t g, const void *rows,
                            size_t stride, size_t count, size_t n, double scale, double *out,
-                           size_t out_stride);
+                           size_t out_stride, const void *ahead);
     void (*axpy_group_fast)(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
                             size_t w_stride, size_t g, const void *rows, size_t stride,
-                            size_t count, size_t n);
+                            size_t count, size_t n, const void *ahead);
     /* kvpi_softmax (below), the bits of the portable level. */
     void (*softmax)(double *s, size_t n);
 } kvpi_kernels;

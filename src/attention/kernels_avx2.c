@@ -615,8 +615,9 @@ static void level_div(double *s, size_t n, double sum)
  */
 static void avx2_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
                            size_t stride, size_t count, size_t n, double scale, double *out,
-                           size_t out_stride)
+                           size_t out_stride, const void *ahead)
 {
+    (void)ahead; /* a hint this level does not take */
     if (kind == KVPI_ROWS_F64) {
         for (size_t h = 0; h < g; h++) {
             avx2_dot_rows(q + h * n, rows, stride, count, n, scale, out + h * out_stride);
@@ -632,8 +633,9 @@ static void avx2_dot_group(kvpi_rows kind, const double *q, size_t g, const void
 
 static void avx2_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                             size_t w_stride, size_t g, const void *rows, size_t stride,
-                            size_t count, size_t n)
+                            size_t count, size_t n, const void *ahead)
 {
+    (void)ahead; /* a hint this level does not take */
     if (kind == KVPI_ROWS_F64) {
         for (size_t h = 0; h < g; h++) {
             avx2_axpy_rows(acc + h * acc_stride, w + h * w_stride, rows, stride, count, n);
@@ -643,7 +645,7 @@ static void avx2_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, cons
     } else if (g == 1 && kind == KVPI_ROWS_BF16) {
         narrow_axpy_rows(acc, w, rows, stride, count, n, ROWS_BF16);
     } else {
-        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        group_axpy(kind, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
     }
 }
 

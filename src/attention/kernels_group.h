@@ -36,6 +36,21 @@
 
 /* ---- the exact level ---------------------------------------------------------- */
 
+/*
+ * Asks for the line of `ahead` (rows laid out as the ones being read; NULL:
+ * nothing) that holds element i, when the chunk of sixteen elements at i
+ * starts a 64-byte run: one request per 64 bytes consumed, spread over the
+ * loops (kernels.h, dot_group_fast). A hint to L2 (prefetcht1): no bit of
+ * any result depends on it.
+ */
+GROUP_AI void group_ask(kvpi_rows kind, const void *ahead, size_t i)
+{
+    size_t bytes = kvpi_rows_bytes(kind);
+    if (ahead != NULL && ((i * bytes) & 63) < 16 * bytes) {
+        __builtin_prefetch((const unsigned char *)ahead + i * bytes, 0, 2);
+    }
+}
+
 /* One row (element `at` of rows) against G heads of q ([G][n]). */
 GROUP_AI void xdot_row(kvpi_rows kind, const double *q, size_t n, const void *rows, size_t at,
                        double scale, double *out, size_t out_stride, const int G)
@@ -103,7 +118,7 @@ GROUP_AI void xdot_kind(kvpi_rows kind, const double *q, size_t g, const void *r
  */
 GROUP_AI void xaxpy_cols(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                          size_t w_stride, const void *rows, size_t at, size_t stride,
-                         size_t count, const int G, const int C)
+                         size_t count, const void *ahead, const int G, const int C)
 {
     VD a[GROUP_GMAX][16];
     GROUP_UNROLL
@@ -117,6 +132,7 @@ GROUP_AI void xaxpy_cols(kvpi_rows kind, double *acc, size_t acc_stride, const d
         VD x[16];
         GROUP_UNROLL
         for (int c = 0; c < C; c++) {
+            group_ask(kind, ahead, at + r * stride + 8 * (size_t)c);
             x[c] = vd_rows(kind, rows, at + r * stride + 8 * (size_t)c);
         }
         GROUP_UNROLL
@@ -139,7 +155,7 @@ GROUP_AI void xaxpy_cols(kvpi_rows kind, double *acc, size_t acc_stride, const d
 
 GROUP_AI void xaxpy_heads(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                           size_t w_stride, const void *rows, size_t stride, size_t count,
-                          size_t n, const int G, const int C)
+                          size_t n, const void *ahead, const int G, const int C)
 {
     for (size_t r0 = 0; r0 < count; r0 += 4) {
         size_t c = count - r0 < 4 ? count - r0 : 4;
@@ -147,10 +163,12 @@ GROUP_AI void xaxpy_heads(kvpi_rows kind, double *acc, size_t acc_stride, const 
         size_t at = r0 * stride;
         size_t f = 0;
         for (; f + 8 * (size_t)C <= n; f += 8 * (size_t)C) {
-            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, C);
+            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, ahead,
+                       G, C);
         }
         for (; f + 8 <= n; f += 8) {
-            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, 1);
+            xaxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, ahead,
+                       G, 1);
         }
         for (; f < n; f++) {
             GROUP_UNROLL
@@ -168,24 +186,29 @@ GROUP_AI void xaxpy_heads(kvpi_rows kind, double *acc, size_t acc_stride, const 
 
 GROUP_AI void xaxpy_kind(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                          size_t w_stride, size_t g, const void *rows, size_t stride,
-                         size_t count, size_t n)
+                         size_t count, size_t n, const void *ahead)
 {
     size_t h = 0;
     while (h < g) {
         double *ah = acc + h * acc_stride;
         const double *wh = w + h * w_stride;
+        const void *pa = h == 0 ? ahead : NULL; /* the first tile reads from memory */
         size_t left = g - h;
         if (GROUP_GMAX >= 8 && left >= 8) {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 8, XCOLS(8));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 8,
+                        XCOLS(8));
             h += 8;
         } else if (left >= 4) {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 4, XCOLS(4));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 4,
+                        XCOLS(4));
             h += 4;
         } else if (left >= 2) {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 2, XCOLS(2));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 2,
+                        XCOLS(2));
             h += 2;
         } else {
-            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 1, XCOLS(1));
+            xaxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 1,
+                        XCOLS(1));
             h += 1;
         }
     }
@@ -193,9 +216,11 @@ GROUP_AI void xaxpy_kind(kvpi_rows kind, double *acc, size_t acc_stride, const d
 
 /* ---- the fast level ----------------------------------------------------------- */
 
+
 /* One row against G heads of q ([G][n], f32): kvpi_fast_dot each, times scale in f64. */
 GROUP_AI void fdot_row(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at,
-                       double scale, double *out, size_t out_stride, const int G)
+                       double scale, double *out, size_t out_stride, const void *ahead,
+                       const int G)
 {
     size_t n16 = n & ~(size_t)15;
     VF s[GROUP_GMAX];
@@ -204,6 +229,7 @@ GROUP_AI void fdot_row(kvpi_rows kind, const float *q, size_t n, const void *row
         s[h] = vf_zero();
     }
     for (size_t f = 0; f < n16; f += 16) {
+        group_ask(kind, ahead, at + f);
         VF x = vf_rows(kind, rows, at + f);
         GROUP_UNROLL
         for (int h = 0; h < G; h++) {
@@ -220,35 +246,38 @@ GROUP_AI void fdot_row(kvpi_rows kind, const float *q, size_t n, const void *row
     }
 }
 
+/* ahead: asked for as the rows are read (NULL: not). */
 GROUP_AI void fdot_heads(kvpi_rows kind, const float *q, const void *rows, size_t stride,
                          size_t count, size_t n, double scale, double *out, size_t out_stride,
-                         const int G)
+                         const void *ahead, const int G)
 {
     for (size_t r = 0; r < count; r++) {
-        fdot_row(kind, q, n, rows, r * stride, scale, out + r, out_stride, G);
+        fdot_row(kind, q, n, rows, r * stride, scale, out + r, out_stride, ahead, G);
     }
 }
 
+/* The first tile of heads reads the rows from memory, so it alone asks for `ahead`. */
 GROUP_AI void fdot_kind(kvpi_rows kind, const float *q, size_t g, const void *rows,
                         size_t stride, size_t count, size_t n, double scale, double *out,
-                        size_t out_stride)
+                        size_t out_stride, const void *ahead)
 {
     size_t h = 0;
     while (h < g) {
         const float *qh = q + h * n;
         double *oh = out + h * out_stride;
+        const void *ah = h == 0 ? ahead : NULL;
         size_t left = g - h;
         if (GROUP_GMAX >= 8 && left >= 8) {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 8);
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 8);
             h += 8;
         } else if (left >= 4) {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 4);
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 4);
             h += 4;
         } else if (left >= 2) {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 2);
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 2);
             h += 2;
         } else {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, 1);
+            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 1);
             h += 1;
         }
     }
@@ -257,7 +286,7 @@ GROUP_AI void fdot_kind(kvpi_rows kind, const float *q, size_t g, const void *ro
 /* xaxpy_cols in f32 with fused multiply-adds: 16C columns. */
 GROUP_AI void faxpy_cols(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
                          size_t w_stride, const void *rows, size_t at, size_t stride,
-                         size_t count, const int G, const int C)
+                         size_t count, const void *ahead, const int G, const int C)
 {
     VF a[GROUP_GMAX][16];
     GROUP_UNROLL
@@ -271,6 +300,7 @@ GROUP_AI void faxpy_cols(kvpi_rows kind, float *acc, size_t acc_stride, const fl
         VF x[16];
         GROUP_UNROLL
         for (int c = 0; c < C; c++) {
+            group_ask(kind, ahead, at + r * stride + 16 * (size_t)c);
             x[c] = vf_rows(kind, rows, at + r * stride + 16 * (size_t)c);
         }
         GROUP_UNROLL
@@ -293,7 +323,7 @@ GROUP_AI void faxpy_cols(kvpi_rows kind, float *acc, size_t acc_stride, const fl
 
 GROUP_AI void faxpy_heads(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
                           size_t w_stride, const void *rows, size_t stride, size_t count,
-                          size_t n, const int G, const int C)
+                          size_t n, const void *ahead, const int G, const int C)
 {
     for (size_t r0 = 0; r0 < count; r0 += GROUP_ROW_RUN) {
         size_t c = count - r0 < GROUP_ROW_RUN ? count - r0 : GROUP_ROW_RUN;
@@ -301,10 +331,12 @@ GROUP_AI void faxpy_heads(kvpi_rows kind, float *acc, size_t acc_stride, const f
         size_t at = r0 * stride;
         size_t f = 0;
         for (; f + 16 * (size_t)C <= n; f += 16 * (size_t)C) {
-            faxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, C);
+            faxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, ahead,
+                       G, C);
         }
         for (; f + 16 <= n; f += 16) {
-            faxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, G, 1);
+            faxpy_cols(kind, acc + f, acc_stride, wr, w_stride, rows, at + f, stride, c, ahead,
+                       G, 1);
         }
         for (; f < n; f++) {
             GROUP_UNROLL
@@ -322,24 +354,29 @@ GROUP_AI void faxpy_heads(kvpi_rows kind, float *acc, size_t acc_stride, const f
 
 GROUP_AI void faxpy_kind(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
                          size_t w_stride, size_t g, const void *rows, size_t stride,
-                         size_t count, size_t n)
+                         size_t count, size_t n, const void *ahead)
 {
     size_t h = 0;
     while (h < g) {
         float *ah = acc + h * acc_stride;
         const float *wh = w + h * w_stride;
+        const void *pa = h == 0 ? ahead : NULL; /* the first tile reads from memory */
         size_t left = g - h;
         if (GROUP_GMAX >= 8 && left >= 8) {
-            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 8, FCOLS(8));
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 8,
+                        FCOLS(8));
             h += 8;
         } else if (left >= 4) {
-            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 4, FCOLS(4));
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 4,
+                        FCOLS(4));
             h += 4;
         } else if (left >= 2) {
-            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 2, FCOLS(2));
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 2,
+                        FCOLS(2));
             h += 2;
         } else {
-            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, 1, FCOLS(1));
+            faxpy_heads(kind, ah, acc_stride, wh, w_stride, rows, stride, count, n, pa, 1,
+                        FCOLS(1));
             h += 1;
         }
     }
@@ -371,23 +408,23 @@ static void group_dot(kvpi_rows kind, const double *q, size_t g, const void *row
 
 static void group_axpy(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                        size_t w_stride, size_t g, const void *rows, size_t stride, size_t count,
-                       size_t n)
+                       size_t n, const void *ahead)
 {
     switch (kind) {
     case KVPI_ROWS_F64:
-        xaxpy_kind(KVPI_ROWS_F64, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_F64, acc, acc_stride, w, w_stride, g, rows, stride, count, n, ahead);
         return;
     case KVPI_ROWS_F32:
-        xaxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     case KVPI_ROWS_BF16:
-        xaxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     case KVPI_ROWS_F16:
-        xaxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     default:
-        xaxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        xaxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n, NULL);
         return;
     }
 }
@@ -395,40 +432,44 @@ static void group_axpy(kvpi_rows kind, double *acc, size_t acc_stride, const dou
 /* kind must be narrow (not F64): f64 pages are always exact. */
 static void group_dot_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
                            size_t stride, size_t count, size_t n, double scale, double *out,
-                           size_t out_stride)
+                           size_t out_stride, const void *ahead)
 {
     switch (kind) {
     case KVPI_ROWS_BF16:
-        fdot_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
         return;
     case KVPI_ROWS_F16:
-        fdot_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
         return;
     case KVPI_ROWS_E4M3:
-        fdot_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
         return;
     default:
-        fdot_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride);
+        fdot_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
         return;
     }
 }
 
 static void group_axpy_fast(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
                             size_t w_stride, size_t g, const void *rows, size_t stride,
-                            size_t count, size_t n)
+                            size_t count, size_t n, const void *ahead)
 {
     switch (kind) {
     case KVPI_ROWS_BF16:
-        faxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        faxpy_kind(KVPI_ROWS_BF16, acc, acc_stride, w, w_stride, g, rows, stride, count, n,
+                   ahead);
         return;
     case KVPI_ROWS_F16:
-        faxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        faxpy_kind(KVPI_ROWS_F16, acc, acc_stride, w, w_stride, g, rows, stride, count, n,
+                   ahead);
         return;
     case KVPI_ROWS_E4M3:
-        faxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        faxpy_kind(KVPI_ROWS_E4M3, acc, acc_stride, w, w_stride, g, rows, stride, count, n,
+                   ahead);
         return;
     default:
-        faxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n);
+        faxpy_kind(KVPI_ROWS_F32, acc, acc_stride, w, w_stride, g, rows, stride, count, n,
+                   ahead);
         return;
     }
 }

@@ -186,8 +186,9 @@ static void scalar_project_tile(const double *x, size_t x_stride, size_t mr, con
  */
 static void scalar_dot_group(kvpi_rows kind, const double *q, size_t g, const void *rows,
                              size_t stride, size_t count, size_t n, double scale, double *out,
-                             size_t out_stride)
+                             size_t out_stride, const void *ahead)
 {
+    (void)ahead; /* a prefetch hint: the portable level has none */
     for (size_t h = 0; h < g; h++) {
         for (size_t r = 0; r < count; r++) {
             double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
@@ -208,8 +209,9 @@ static void scalar_dot_group(kvpi_rows kind, const double *q, size_t g, const vo
 
 static void scalar_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, const double *w,
                               size_t w_stride, size_t g, const void *rows, size_t stride,
-                              size_t count, size_t n)
+                              size_t count, size_t n, const void *ahead)
 {
+    (void)ahead;
     for (size_t h = 0; h < g; h++) {
         for (size_t r = 0; r < count; r++) {
             for (size_t f = 0; f < n; f++) {
@@ -223,8 +225,9 @@ static void scalar_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, co
 /* The fast level's reference: kvpi_fast_dot and fmaf (libm's, correctly rounded). */
 static void scalar_dot_group_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
                                   size_t stride, size_t count, size_t n, double scale,
-                                  double *out, size_t out_stride)
+                                  double *out, size_t out_stride, const void *ahead)
 {
+    (void)ahead; /* a prefetch hint: the portable level has none */
     for (size_t h = 0; h < g; h++) {
         for (size_t r = 0; r < count; r++) {
             out[h * out_stride + r] =
@@ -235,8 +238,9 @@ static void scalar_dot_group_fast(kvpi_rows kind, const float *q, size_t g, cons
 
 static void scalar_axpy_group_fast(kvpi_rows kind, float *acc, size_t acc_stride,
                                    const float *w, size_t w_stride, size_t g, const void *rows,
-                                   size_t stride, size_t count, size_t n)
+                                   size_t stride, size_t count, size_t n, const void *ahead)
 {
+    (void)ahead;
     for (size_t h = 0; h < g; h++) {
         for (size_t r = 0; r < count; r++) {
             for (size_t f = 0; f < n; f++) {
