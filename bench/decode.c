@@ -15,7 +15,7 @@
  *          values: the gather's order of streams (scores, then values);
  *   fast-scores, fast-softmax, fast-values (with --phases): the fast
  *          level's phases timed apart (GB/s still over all K+V bytes).
- * Usage: bench-decode [--dtype f64|f32|bf16|f16] [--heads 32] [--kv-heads 8]
+ * Usage: bench-decode [--dtype f64|f32|bf16|f16|fp8] [--heads 32] [--kv-heads 8]
  *        [--head-width 128] [--block 16] [--len 4096] [--repetitions 9]
  *        [--min-ns 200000000] [--phases] [--only read|read2|exact|fast|
  *        fast-scores|fast-softmax|fast-values] (that case alone: perf stat)
@@ -174,8 +174,10 @@ static int parse(int argc, char **argv, decode_config *c)
                 c->dtype = KVP_BF16;
             } else if (strcmp(argv[i], "f16") == 0) {
                 c->dtype = KVP_F16;
+            } else if (strcmp(argv[i], "fp8") == 0) {
+                c->dtype = KVP_FP8_E4M3;
             } else {
-                fprintf(stderr, "bench-decode: bad --dtype '%s' (f64, f32, bf16, f16)\n",
+                fprintf(stderr, "bench-decode: bad --dtype '%s' (f64, f32, bf16, f16, fp8)\n",
                         argv[i]);
                 return 2;
             }

@@ -478,8 +478,13 @@ static inline __attribute__((always_inline)) __m256 e4m3_8(__m256i x)
 {
     __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
     __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
-    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_slli_epi32(mag, 20))),
-                             _mm256_set1_ps(0x1p120f));
+    /* As kvpi_e4m3_widen's vector form (kernels.h): never an f32 subnormal operand. */
+    __m256 normal = _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+    __m256 tiny = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag);
+    __m256 f = _mm256_blendv_ps(normal, tiny, _mm256_castsi256_ps(small));
+    f = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f), sign));
     __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
     __m256i nan_bits = _mm256_or_si256(sign, _mm256_set1_epi32((int)KVPI_E4M3_NAN_BITS));
     return _mm256_blendv_ps(f, _mm256_castsi256_ps(nan_bits), _mm256_castsi256_ps(nan));
