@@ -757,3 +757,29 @@ size_t kvpt_lru_order(kvp_pool *pool, uint32_t *order)
     kvpi_pool_unlock(pool);
     return n;
 }
+
+int kvpt_same_bits(double a, double b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+double kvpt_round_to_format(double x, int bits, int emin)
+{
+    double a = fabs(x);
+    if (a == 0.0) {
+        return x;
+    }
+    int e = ilogb(a);
+    double quantum = ldexp(1.0, (e < emin ? emin : e) - (bits - 1));
+    double lo = floor(a / quantum) * quantum;
+    double hi = lo + quantum;
+    double r;
+    if (a - lo < hi - a) {
+        r = lo;
+    } else if (a - lo > hi - a) {
+        r = hi;
+    } else {
+        r = fmod(lo / quantum, 2.0) == 0.0 ? lo : hi;
+    }
+    return copysign(r, x);
+}

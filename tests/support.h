@@ -334,6 +334,19 @@ double kvpt_rand_unit(uint64_t *state);
 /* n values uniform in [-1, 1) from SplitMix64(seed). */
 void kvpt_fill_random(double *out, size_t n, uint64_t seed);
 
+/* 1 when a and b have the same bits (so -0 != +0 and a NaN can equal itself). */
+int kvpt_same_bits(double a, double b);
+
+/*
+ * x rounded to a binary format with `bits` significant bits and smallest
+ * normal exponent `emin` (subnormal quantum 2^(emin - bits + 1)), to nearest
+ * with ties to even, written out from the definition: the two neighbours
+ * on the format's grid and the nearer one (the even one on a tie). Every
+ * step is exact in f64 for the formats tested (bits <= 24). The tests'
+ * independent model of the pages' rounding (f32, bf16, f16, e4m3).
+ */
+double kvpt_round_to_format(double x, int bits, int emin);
+
 /* n + 1 zeroed doubles (never NULL; the spare one makes n == 0 fine). Free with free(). */
 double *kvpt_doubles(size_t n);
 

@@ -37,40 +37,7 @@ static const kvp_dtype all_dtypes[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16, KVP_
 #define F32_BOUND 1e-5
 #define BF16_BOUND 1e-2
 
-static int same_bits(double a, double b)
-{
-    return memcmp(&a, &b, sizeof a) == 0;
-}
-
 /* ---- conversions ------------------------------------------------------------ */
-
-/*
- * x rounded to a binary format with `bits` significant bits and smallest
- * normal exponent `emin` (subnormal quantum 2^(emin - bits + 1)), to nearest
- * with ties to even, written out from the definition: the two neighbours
- * on the format's grid and the nearer one (the even one on a tie). Every
- * step is exact in f64 for the formats tested (bits <= 24).
- */
-static double round_to_format(double x, int bits, int emin)
-{
-    double a = fabs(x);
-    if (a == 0.0) {
-        return x;
-    }
-    int e = ilogb(a);
-    double quantum = ldexp(1.0, (e < emin ? emin : e) - (bits - 1));
-    double lo = floor(a / quantum) * quantum;
-    double hi = lo + quantum;
-    double r;
-    if (a - lo < hi - a) {
-        r = lo;
-    } else if (a - lo > hi - a) {
-        r = hi;
-    } else {
-        r = fmod(lo / quantum, 2.0) == 0.0 ? lo : hi;
-    }
-    return copysign(r, x);
-}
 
 static double bf16(double x)
 {
@@ -113,17 +80,17 @@ static void test_dtype_conversion_edge_cases(void **state)
 {
     (void)state;
     /* f32: ties to even, subnormals, the overflow boundary, -0. */
-    assert_true(same_bits(f32(1.0 + 0x1p-24), 1.0));
-    assert_true(same_bits(f32(1.0 + 0x3p-24), 1.0 + 0x1p-22));
-    assert_true(same_bits(f32(1.0 + 0x1p-24 + 0x1p-50), 1.0 + 0x1p-23));
-    assert_true(same_bits(f32(0x1p-150), 0.0));
-    assert_true(same_bits(f32(0x3p-150), 0x1p-148));
-    assert_true(same_bits(f32(0x1.8p-149), 0x1p-148));
-    assert_true(same_bits(f32(-0x1p-151), -0.0));
-    assert_true(same_bits(f32(-0.0), -0.0));
-    assert_true(same_bits(f32(0x1.fffffe8p+127), (double)FLT_MAX)); /* below the midpoint */
+    assert_true(kvpt_same_bits(f32(1.0 + 0x1p-24), 1.0));
+    assert_true(kvpt_same_bits(f32(1.0 + 0x3p-24), 1.0 + 0x1p-22));
+    assert_true(kvpt_same_bits(f32(1.0 + 0x1p-24 + 0x1p-50), 1.0 + 0x1p-23));
+    assert_true(kvpt_same_bits(f32(0x1p-150), 0.0));
+    assert_true(kvpt_same_bits(f32(0x3p-150), 0x1p-148));
+    assert_true(kvpt_same_bits(f32(0x1.8p-149), 0x1p-148));
+    assert_true(kvpt_same_bits(f32(-0x1p-151), -0.0));
+    assert_true(kvpt_same_bits(f32(-0.0), -0.0));
+    assert_true(kvpt_same_bits(f32(0x1.fffffe8p+127), (double)FLT_MAX)); /* below the midpoint */
     assert_false(kvpi_dtype_overflows(KVP_F32, nextafter(KVPI_F32_OVERFLOW, 0.0)));
-    assert_true(same_bits(f32(nextafter(KVPI_F32_OVERFLOW, 0.0)), (double)FLT_MAX));
+    assert_true(kvpt_same_bits(f32(nextafter(KVPI_F32_OVERFLOW, 0.0)), (double)FLT_MAX));
     assert_true(kvpi_dtype_overflows(KVP_F32, KVPI_F32_OVERFLOW));
     assert_true(kvpi_dtype_overflows(KVP_F32, -KVPI_F32_OVERFLOW));
     assert_true(kvpi_dtype_overflows(KVP_F32, DBL_MAX));
@@ -132,32 +99,32 @@ static void test_dtype_conversion_edge_cases(void **state)
     assert_false(kvpi_dtype_overflows(KVP_F64, DBL_MAX));
 
     /* bf16: ties to even, rounding once (not through f32), carries, subnormals, -0. */
-    assert_true(same_bits(bf16(1.0 + 0x1p-8), 1.0));
-    assert_true(same_bits(bf16(1.0 + 0x3p-8), 1.0 + 0x1p-6));
+    assert_true(kvpt_same_bits(bf16(1.0 + 0x1p-8), 1.0));
+    assert_true(kvpt_same_bits(bf16(1.0 + 0x3p-8), 1.0 + 0x1p-6));
     /* f32 would round this to the tie 1 + 2^-8, which then goes to 1.0: twice rounded. */
     double twice = 1.0 + 0x1p-8 + 0x1p-30;
-    assert_true(same_bits((double)(float)twice, 1.0 + 0x1p-8));
-    assert_true(same_bits(bf16(twice), 1.0 + 0x1p-7));
-    assert_true(same_bits(bf16(0x1.ff8p0), 2.0));
-    assert_true(same_bits(bf16(-1.0 - 0x3p-8), -1.0 - 0x1p-6));
-    assert_true(same_bits(bf16(0x1p-133), 0x1p-133)); /* the smallest subnormal */
-    assert_true(same_bits(bf16(0x1p-134), 0.0));
-    assert_true(same_bits(bf16(0x1.8p-134), 0x1p-133));
-    assert_true(same_bits(bf16(0x3p-134), 0x1p-132));
-    assert_true(same_bits(bf16(0x1.fcp-127 + 0x1p-134), 0x1p-126)); /* up into the normals */
-    assert_true(same_bits(bf16(-0x1p-140), -0.0));
+    assert_true(kvpt_same_bits((double)(float)twice, 1.0 + 0x1p-8));
+    assert_true(kvpt_same_bits(bf16(twice), 1.0 + 0x1p-7));
+    assert_true(kvpt_same_bits(bf16(0x1.ff8p0), 2.0));
+    assert_true(kvpt_same_bits(bf16(-1.0 - 0x3p-8), -1.0 - 0x1p-6));
+    assert_true(kvpt_same_bits(bf16(0x1p-133), 0x1p-133)); /* the smallest subnormal */
+    assert_true(kvpt_same_bits(bf16(0x1p-134), 0.0));
+    assert_true(kvpt_same_bits(bf16(0x1.8p-134), 0x1p-133));
+    assert_true(kvpt_same_bits(bf16(0x3p-134), 0x1p-132));
+    assert_true(kvpt_same_bits(bf16(0x1.fcp-127 + 0x1p-134), 0x1p-126)); /* up into the normals */
+    assert_true(kvpt_same_bits(bf16(-0x1p-140), -0.0));
     assert_int_equal(kvpi_bf16_from_f64(-0.0), 0x8000);
     assert_int_equal(kvpi_bf16_from_f64(0.0), 0x0000);
     assert_int_equal(kvpi_bf16_from_f64(1.0), 0x3F80);
     assert_int_equal(kvpi_bf16_from_f64(-2.0), 0xC000);
     assert_int_equal(kvpi_bf16_from_f64(INFINITY), 0x7F80);
-    assert_true(same_bits(bf16(0x1.fep+127), 0x1.fep+127)); /* the largest finite bf16 */
+    assert_true(kvpt_same_bits(bf16(0x1.fep+127), 0x1.fep+127)); /* the largest finite bf16 */
     assert_false(kvpi_dtype_overflows(KVP_BF16, nextafter(KVPI_BF16_OVERFLOW, 0.0)));
-    assert_true(same_bits(bf16(nextafter(KVPI_BF16_OVERFLOW, 0.0)), 0x1.fep+127));
+    assert_true(kvpt_same_bits(bf16(nextafter(KVPI_BF16_OVERFLOW, 0.0)), 0x1.fep+127));
     assert_true(kvpi_dtype_overflows(KVP_BF16, KVPI_BF16_OVERFLOW));
     assert_true(kvpi_dtype_overflows(KVP_BF16, -KVPI_BF16_OVERFLOW));
     assert_false(kvpi_dtype_overflows(KVP_F32, KVPI_BF16_OVERFLOW)); /* f32 holds it */
-    assert_true(same_bits(kvpi_bf16_widen(0x3F80), 1.0));
+    assert_true(kvpt_same_bits(kvpi_bf16_widen(0x3F80), 1.0));
 
     /* Round trips through a store and a load, and f64 stores exactly. */
     double in[4] = {1.0 + 0x3p-8, -0.0, 0x1p-134, 1.0 / 3.0};
@@ -167,18 +134,18 @@ static void test_dtype_conversion_edge_cases(void **state)
     kvpi_dtype_store(KVP_BF16, h, in, 4);
     kvpi_dtype_load(KVP_BF16, h, back, 4);
     for (size_t i = 0; i < 4; i++) {
-        assert_true(same_bits(back[i], bf16(in[i])));
-        assert_true(same_bits(kvpi_dtype_round(KVP_BF16, in[i]), bf16(in[i])));
+        assert_true(kvpt_same_bits(back[i], bf16(in[i])));
+        assert_true(kvpt_same_bits(kvpi_dtype_round(KVP_BF16, in[i]), bf16(in[i])));
     }
     kvpi_dtype_store(KVP_F32, f, in, 4);
     kvpi_dtype_load(KVP_F32, f, back, 4);
     for (size_t i = 0; i < 4; i++) {
-        assert_true(same_bits(back[i], f32(in[i])));
+        assert_true(kvpt_same_bits(back[i], f32(in[i])));
     }
     double copy[4];
     kvpi_dtype_store(KVP_F64, copy, in, 4);
     assert_memory_equal(copy, in, sizeof in);
-    assert_true(same_bits(kvpi_dtype_round(KVP_F64, 1.0 / 3.0), 1.0 / 3.0));
+    assert_true(kvpt_same_bits(kvpi_dtype_round(KVP_F64, 1.0 / 3.0), 1.0 / 3.0));
 }
 
 static void test_dtype_conversion_matches_definition(void **state)
@@ -203,15 +170,15 @@ static void test_dtype_conversion_matches_definition(void **state)
             x = -x;
         }
         if (!kvpi_dtype_overflows(KVP_BF16, x)) {
-            double want = round_to_format(x, 8, -126);
-            if (!same_bits(bf16(x), want)) {
+            double want = kvpt_round_to_format(x, 8, -126);
+            if (!kvpt_same_bits(bf16(x), want)) {
                 print_error("bf16(%a) = %a, expected %a\n", x, bf16(x), want);
                 fail();
             }
         }
         if (!kvpi_dtype_overflows(KVP_F32, x)) {
-            double want = round_to_format(x, 24, -126);
-            if (!same_bits(f32(x), want)) {
+            double want = kvpt_round_to_format(x, 24, -126);
+            if (!kvpt_same_bits(f32(x), want)) {
                 print_error("f32(%a) = %a, expected %a\n", x, f32(x), want);
                 fail();
             }
@@ -334,7 +301,7 @@ static void test_dtype_cache_stores_rounded_rows(void **state)
                 /* Half an f64 ulp of the dtype's precision away: rounds to the same element. */
                 nudged_key[j] = dtype == KVP_F64 ? key[j]
                                                  : expect_keys[t][j] + ldexp(key[j], -30) * 0.25;
-                assert_true(same_bits(kvpi_dtype_round(dtype, nudged_key[j]),
+                assert_true(kvpt_same_bits(kvpi_dtype_round(dtype, nudged_key[j]),
                                       expect_keys[t][j]));
             }
             kvp_tensor k = kvp_tensor4(key, C_BATCH, C_HEADS, 1, C_HD);
@@ -410,7 +377,7 @@ static void test_dtype_append_refuses_overflow_changing_nothing(void **state)
         assert_int_equal(kvpi_cache_append(cache, &k, &v, &err), KVP_NONFINITE_KEY);
         assert_string_equal(err.what, kvp_dtype_name(dtype));
         assert_int_equal(err.index, 6);
-        assert_true(same_bits(err.value, -limit));
+        assert_true(kvpt_same_bits(err.value, -limit));
         kvpt_assert_state_unchanged(&before, cache, pool, 0);
         char text[160];
         snprintf(text, sizeof text, "appended key value at flat index 6 must be finite in %s "
@@ -443,7 +410,7 @@ static void test_dtype_append_refuses_overflow_changing_nothing(void **state)
         kvpt_assert_ok(kvp_cache_keys(cache, keys, KVPT_COUNT_OF(keys), &err), &err);
         /* key[6] is lane 0, head 1, feature 1 of position 3 (len 4). */
         double biggest = dtype == KVP_F32 ? (double)FLT_MAX : 0x1.fep+127;
-        assert_true(same_bits(keys[((0 * C_HEADS + 1) * 4 + 3) * C_HD + 1], -biggest));
+        assert_true(kvpt_same_bits(keys[((0 * C_HEADS + 1) * 4 + 3) * C_HD + 1], -biggest));
         kvpt_state_free(&before);
         kvpt_destroy_cache(cache, pool);
         kvpt_destroy_pool(pool);
@@ -506,7 +473,7 @@ static void test_dtype_prepare_and_reference_refuse_overflow(void **state)
         assert_int_equal(kvp_attention_prepare(layer, &second, cache, ticket, &err), want);
         assert_string_equal(err.what, "bf16");
         assert_int_equal(err.index, 7);
-        assert_true(same_bits(err.value, found));
+        assert_true(kvpt_same_bits(err.value, found));
         kvpt_assert_unchanged(&before, 0);
         assert_int_equal(kvp_attention_forward(layer, &second, cache, ticket, &err), want);
         kvpt_assert_unchanged(&before, 0);
@@ -521,7 +488,7 @@ static void test_dtype_prepare_and_reference_refuse_overflow(void **state)
                          want);
         assert_string_equal(ref_err.what, "bf16");
         assert_int_equal(ref_err.index, 7);
-        assert_true(same_bits(ref_err.value, found));
+        assert_true(kvpt_same_bits(ref_err.value, found));
         assert_int_equal(ref_err.token, 1);
         kvpt_assert_filled(out, 2 * P_D, 7.0);
         /* f32 holds it: no refusal there (the score may overflow instead, as in f64). */
@@ -665,8 +632,8 @@ static void test_dtype_incremental_equals_stored_reference(void **state)
                     free(plain);
                 }
                 for (size_t i = 0; i < kv_rows; i++) {
-                    assert_true(same_bits(ref_keys[i], kvpi_dtype_round(dtype, ref_keys[i])));
-                    assert_true(same_bits(ref_values[i], kvpi_dtype_round(dtype, ref_values[i])));
+                    assert_true(kvpt_same_bits(ref_keys[i], kvpi_dtype_round(dtype, ref_keys[i])));
+                    assert_true(kvpt_same_bits(ref_values[i], kvpi_dtype_round(dtype, ref_values[i])));
                 }
                 for (size_t b = 0; b < KVPT_COUNT_OF(blocks); b++) {
                     decode(g, dtype, blocks[b], layer, input, out, keys, values);

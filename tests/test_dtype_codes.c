@@ -25,33 +25,6 @@
 
 #include "pager/dtype.h"
 
-static int same_bits(double a, double b)
-{
-    return memcmp(&a, &b, sizeof a) == 0;
-}
-
-/* As test_dtype.c: x rounded to `bits` significant bits, smallest normal exponent emin. */
-static double round_to_format(double x, int bits, int emin)
-{
-    double a = fabs(x);
-    if (a == 0.0) {
-        return x;
-    }
-    int e = ilogb(a);
-    double quantum = ldexp(1.0, (e < emin ? emin : e) - (bits - 1));
-    double lo = floor(a / quantum) * quantum;
-    double hi = lo + quantum;
-    double r;
-    if (a - lo < hi - a) {
-        r = lo;
-    } else if (a - lo > hi - a) {
-        r = hi;
-    } else {
-        r = fmod(lo / quantum, 2.0) == 0.0 ? lo : hi;
-    }
-    return copysign(r, x);
-}
-
 static double f16(double x)
 {
     return kvpi_dtype_round(KVP_F16, x);
@@ -107,8 +80,8 @@ static void test_narrow_names_sizes_and_codes(void **state)
     assert_int_equal(kvpi_e4m3_from_f64(NAN), 0x7f);
     assert_true(isnan(kvpi_e4m3_to_f64(0x7f)));
     assert_true(isnan(kvpi_e4m3_to_f64(0xff)));
-    assert_true(same_bits(kvpi_e4m3_to_f64(0x7e), 448.0));
-    assert_true(same_bits(kvpi_e4m3_to_f64(0x80), -0.0));
+    assert_true(kvpt_same_bits(kvpi_e4m3_to_f64(0x7e), 448.0));
+    assert_true(kvpt_same_bits(kvpi_e4m3_to_f64(0x80), -0.0));
 }
 
 /* Every f16 code: its value by definition, and back to the same code. */
@@ -123,7 +96,7 @@ static void test_narrow_every_f16_round_trips(void **state)
             continue;
         }
         finite++;
-        if (!same_bits(x, f16_value(h)) || kvpi_f16_from_f64(x) != h ||
+        if (!kvpt_same_bits(x, f16_value(h)) || kvpi_f16_from_f64(x) != h ||
             kvpi_dtype_overflows(KVP_F16, x)) {
             print_error("f16 code 0x%04x: widened %a, expected %a, back 0x%04x\n", h, x,
                         f16_value(h), kvpi_f16_from_f64(x));
@@ -134,7 +107,7 @@ static void test_narrow_every_f16_round_trips(void **state)
         kvpi_dtype_store(KVP_F16, &stored, &x, 1);
         kvpi_dtype_load(KVP_F16, &stored, &back, 1);
         assert_int_equal(stored, h);
-        assert_true(same_bits(back, x));
+        assert_true(kvpt_same_bits(back, x));
     }
     assert_int_equal(finite, 0x10000 - 2 * 1024);
 }
@@ -149,21 +122,21 @@ static void test_narrow_every_e4m3_round_trips(void **state)
             assert_true(isnan(x));
             continue;
         }
-        assert_true(same_bits(x, e4m3_value(b)));
+        assert_true(kvpt_same_bits(x, e4m3_value(b)));
         assert_int_equal(kvpi_e4m3_from_f64(x), b);
         assert_false(kvpi_dtype_overflows(KVP_FP8_E4M3, x));
         for (int s = -3; s <= 3; s++) {
             double scale = ldexp(1.0, s * 7);
             double stood = x * scale; /* exact */
-            assert_true(same_bits(e4m3(stood, scale), x));
+            assert_true(kvpt_same_bits(e4m3(stood, scale), x));
             uint8_t stored;
             double back;
             kvpi_dtype_store_scaled(KVP_FP8_E4M3, scale, &stored, &stood, 1);
             assert_int_equal(stored, b);
             kvpi_dtype_load_scaled(KVP_FP8_E4M3, scale, &stored, &back, 1);
-            assert_true(same_bits(back, stood));
+            assert_true(kvpt_same_bits(back, stood));
             kvpi_dtype_load(KVP_FP8_E4M3, &stored, &back, 1);
-            assert_true(same_bits(back, x));
+            assert_true(kvpt_same_bits(back, x));
         }
     }
 }
@@ -217,19 +190,19 @@ static void test_narrow_midpoints_tie_to_even(void **state)
     (void)state;
     check_midpoints(KVP_F16, 0x7bff, f16_value, 65536.0, 0x8000);
     check_midpoints(KVP_FP8_E4M3, 0x7e, e4m3_value, 480.0, 0x80);
-    assert_true(same_bits(f16(nextafter(KVPI_F16_OVERFLOW, 0.0)), KVPI_F16_MAX));
+    assert_true(kvpt_same_bits(f16(nextafter(KVPI_F16_OVERFLOW, 0.0)), KVPI_F16_MAX));
     assert_true(kvpi_dtype_overflows(KVP_F16, KVPI_F16_OVERFLOW));
     assert_true(kvpi_dtype_overflows(KVP_F16, DBL_MAX));
     assert_false(kvpi_dtype_overflows(KVP_F16, INFINITY)); /* not finite: not its business */
     assert_false(kvpi_dtype_overflows(KVP_FP8_E4M3, NAN));
-    assert_true(same_bits(e4m3(464.0, 1.0), 448.0));
+    assert_true(kvpt_same_bits(e4m3(464.0, 1.0), 448.0));
     assert_true(kvpi_dtype_overflows_scaled(KVP_FP8_E4M3, 0.5, 232.0 + 0x1p-45));
     assert_false(kvpi_dtype_overflows_scaled(KVP_FP8_E4M3, 0.5, 232.0));
     /* x / scale overflowing f64 is above 464 too. */
     assert_true(kvpi_dtype_overflows_scaled(KVP_FP8_E4M3, 0x1p-1000, 0x1p+100));
     /* The scale is fp8's alone. */
     assert_false(kvpi_dtype_overflows_scaled(KVP_F16, 0x1p-20, 1.0));
-    assert_true(same_bits(kvpi_dtype_round_scaled(KVP_F16, 0x1p-20, 1.0 + 0x1p-12), 1.0));
+    assert_true(kvpt_same_bits(kvpi_dtype_round_scaled(KVP_F16, 0x1p-20, 1.0 + 0x1p-12), 1.0));
 }
 
 static void test_narrow_rounding_edge_cases(void **state)
@@ -237,31 +210,31 @@ static void test_narrow_rounding_edge_cases(void **state)
     (void)state;
     /* f16 rounds once: through f32, 1 + 2^-11 + 2^-40 becomes the tie 1 + 2^-11, then 1. */
     double twice = 1.0 + 0x1p-11 + 0x1p-40;
-    assert_true(same_bits((double)(float)twice, 1.0 + 0x1p-11));
-    assert_true(same_bits(f16((double)(float)twice), 1.0));
-    assert_true(same_bits(f16(twice), 1.0 + 0x1p-10));
-    assert_true(same_bits(f16(1.0 + 0x1p-11), 1.0));
-    assert_true(same_bits(f16(1.0 + 0x3p-11), 1.0 + 0x1p-9));
-    assert_true(same_bits(f16(0x1.ffcp0 + 0x1p-11), 2.0)); /* a tie, a carry into the exponent */
+    assert_true(kvpt_same_bits((double)(float)twice, 1.0 + 0x1p-11));
+    assert_true(kvpt_same_bits(f16((double)(float)twice), 1.0));
+    assert_true(kvpt_same_bits(f16(twice), 1.0 + 0x1p-10));
+    assert_true(kvpt_same_bits(f16(1.0 + 0x1p-11), 1.0));
+    assert_true(kvpt_same_bits(f16(1.0 + 0x3p-11), 1.0 + 0x1p-9));
+    assert_true(kvpt_same_bits(f16(0x1.ffcp0 + 0x1p-11), 2.0)); /* a tie, a carry into the exponent */
     /* Subnormals: to the nearest multiple of 2^-24, ties to even, up into the normals. */
-    assert_true(same_bits(f16(0x1p-25), 0.0));
-    assert_true(same_bits(f16(0x1.8p-25), 0x1p-24));
-    assert_true(same_bits(f16(0x3p-25), 0x1p-23));
-    assert_true(same_bits(f16(0x1.ff8p-15 + 0x1p-25), 0x1p-14));
-    assert_true(same_bits(f16(-0x1p-30), -0.0));
-    assert_true(same_bits(f16(-0.0), -0.0));
+    assert_true(kvpt_same_bits(f16(0x1p-25), 0.0));
+    assert_true(kvpt_same_bits(f16(0x1.8p-25), 0x1p-24));
+    assert_true(kvpt_same_bits(f16(0x3p-25), 0x1p-23));
+    assert_true(kvpt_same_bits(f16(0x1.ff8p-15 + 0x1p-25), 0x1p-14));
+    assert_true(kvpt_same_bits(f16(-0x1p-30), -0.0));
+    assert_true(kvpt_same_bits(f16(-0.0), -0.0));
     /* e4m3: ties, carries, subnormals (quantum 2^-9), signs. */
-    assert_true(same_bits(e4m3(1.0 + 0x1p-4, 1.0), 1.0));
-    assert_true(same_bits(e4m3(1.0 + 0x3p-4, 1.0), 1.25));
-    assert_true(same_bits(e4m3(1.9375, 1.0), 2.0));
-    assert_true(same_bits(e4m3(0x1p-10, 1.0), 0.0));
-    assert_true(same_bits(e4m3(0x3p-10, 1.0), 0x1p-8));
-    assert_true(same_bits(e4m3(-0x1p-12, 1.0), -0.0));
-    assert_true(same_bits(e4m3(0x1.ep-7 + 0x1p-11, 1.0), 0x1p-6));
+    assert_true(kvpt_same_bits(e4m3(1.0 + 0x1p-4, 1.0), 1.0));
+    assert_true(kvpt_same_bits(e4m3(1.0 + 0x3p-4, 1.0), 1.25));
+    assert_true(kvpt_same_bits(e4m3(1.9375, 1.0), 2.0));
+    assert_true(kvpt_same_bits(e4m3(0x1p-10, 1.0), 0.0));
+    assert_true(kvpt_same_bits(e4m3(0x3p-10, 1.0), 0x1p-8));
+    assert_true(kvpt_same_bits(e4m3(-0x1p-12, 1.0), -0.0));
+    assert_true(kvpt_same_bits(e4m3(0x1.ep-7 + 0x1p-11, 1.0), 0x1p-6));
     /* Two roundings: the quotient's, then e4m3's. 0.1 / 0.1 is exactly 1. */
-    assert_true(same_bits(e4m3(0.1, 0.1), 1.0));
-    assert_true(same_bits(e4m3(3.0 * 1.125, 3.0), 1.125));
-    assert_true(same_bits(e4m3(-7.0, 0.5), -14.0));
+    assert_true(kvpt_same_bits(e4m3(0.1, 0.1), 1.0));
+    assert_true(kvpt_same_bits(e4m3(3.0 * 1.125, 3.0), 1.125));
+    assert_true(kvpt_same_bits(e4m3(-7.0, 0.5), -14.0));
 }
 
 static void test_narrow_rounding_matches_definition(void **state)
@@ -285,8 +258,8 @@ static void test_narrow_rounding_matches_definition(void **state)
             x = -x;
         }
         if (!kvpi_dtype_overflows(KVP_F16, x)) {
-            double want = round_to_format(x, 11, -14);
-            if (!same_bits(f16(x), want)) {
+            double want = kvpt_round_to_format(x, 11, -14);
+            if (!kvpt_same_bits(f16(x), want)) {
                 print_error("f16(%a) = %a, expected %a\n", x, f16(x), want);
                 fail();
             }
@@ -295,8 +268,8 @@ static void test_narrow_rounding_matches_definition(void **state)
         double scale = ldexp(1.0 + 0.5 * (kvpt_rand_unit(&seed) + 1.0), (int)(i % 9) - 4);
         double q = x / scale;
         if (!kvpi_dtype_overflows_scaled(KVP_FP8_E4M3, scale, x)) {
-            double want = round_to_format(q, 4, -6);
-            if (!same_bits(e4m3(x, scale), want)) {
+            double want = kvpt_round_to_format(q, 4, -6);
+            if (!kvpt_same_bits(e4m3(x, scale), want)) {
                 print_error("e4m3(%a / %a) = %a, expected %a\n", x, scale, e4m3(x, scale), want);
                 fail();
             }
@@ -304,7 +277,7 @@ static void test_narrow_rounding_matches_definition(void **state)
             assert_true(fabs(q) > 464.0);
         }
         if (!kvpi_dtype_overflows(KVP_FP8_E4M3, x)) {
-            assert_true(same_bits(e4m3(x, 1.0), round_to_format(x, 4, -6)));
+            assert_true(kvpt_same_bits(e4m3(x, 1.0), kvpt_round_to_format(x, 4, -6)));
         }
     }
     assert_true(ties > 20000);

@@ -34,11 +34,6 @@
 #define F16_BOUND 2e-3
 #define FP8_BOUND 1e-1
 
-static int same_bits(double a, double b)
-{
-    return memcmp(&a, &b, sizeof a) == 0;
-}
-
 /* ---- pools and caches ----------------------------------------------------------- */
 
 static void test_narrow_pool_geometry_stats_layout(void **state)
@@ -187,10 +182,10 @@ static void test_narrow_caches_store_elements_and_export_values(void **state)
                         size_t at = ((lane * N_HEADS + h) * N_CAP + p) * N_HD + i;
                         double ek = kvpi_dtype_round_scaled(dtype, k_scale, keys[at]);
                         double ev = kvpi_dtype_round_scaled(dtype, v_scale, values[at]);
-                        assert_true(same_bits(page_element(cache, pool, 0, lane, h, p, i), ek));
-                        assert_true(same_bits(page_element(cache, pool, 1, lane, h, p, i), ev));
-                        assert_true(same_bits(out_k[at], ek * k_scale));
-                        assert_true(same_bits(out_v[at], ev * v_scale));
+                        assert_true(kvpt_same_bits(page_element(cache, pool, 0, lane, h, p, i), ek));
+                        assert_true(kvpt_same_bits(page_element(cache, pool, 1, lane, h, p, i), ev));
+                        assert_true(kvpt_same_bits(out_k[at], ek * k_scale));
+                        assert_true(kvpt_same_bits(out_v[at], ev * v_scale));
                     }
                 }
             }
@@ -241,7 +236,7 @@ static void test_narrow_appends_refuse_overflow_changing_nothing(void **state)
         assert_int_equal(kvp_cache_append_rows(cache, key, value, 1, &err), KVP_NONFINITE_KEY);
         assert_string_equal(err.what, kvp_dtype_name(dtype));
         assert_int_equal(err.index, 6);
-        assert_true(same_bits(err.value, -bad_key));
+        assert_true(kvpt_same_bits(err.value, -bad_key));
         kvpt_assert_unchanged(&before, 0);
         char text[200];
         snprintf(text, sizeof text, "appended key value at flat index 6 must be finite in %s "
@@ -291,8 +286,8 @@ static void test_narrow_appends_refuse_overflow_changing_nothing(void **state)
         /* key[6]: lane 0, head 1, feature 1; value[N_ROW - 1]: lane 1, head 1, feature 4. */
         double top_k = fp8 ? 448.0 * 0.5 : KVPI_F16_MAX;
         double top_v = fp8 ? 448.0 * 2.0 : KVPI_F16_MAX;
-        assert_true(same_bits(keys[((0 * N_HEADS + 1) * len + N_BT) * N_HD + 1], -top_k));
-        assert_true(same_bits(values[((1 * N_HEADS + 1) * len + N_BT) * N_HD + 4], top_v));
+        assert_true(kvpt_same_bits(keys[((0 * N_HEADS + 1) * len + N_BT) * N_HD + 1], -top_k));
+        assert_true(kvpt_same_bits(values[((1 * N_HEADS + 1) * len + N_BT) * N_HD + 4], top_v));
         kvpt_destroy_cache(cache, pool);
         kvpt_destroy_pool(pool);
     }
@@ -347,7 +342,7 @@ static void test_narrow_prepare_and_reference_refuse_overflow(void **state)
                          KVP_NONFINITE_KEY);
         assert_string_equal(err.what, kvp_dtype_name(dtype));
         assert_int_equal(err.index, 5);
-        assert_true(same_bits(err.value, x[5]));
+        assert_true(kvpt_same_bits(err.value, x[5]));
         kvpt_assert_unchanged(&before, 0);
         double out[P_D];
         kvpt_fill(out, P_D, 7.0);
@@ -697,8 +692,8 @@ static void test_narrow_reference_error_against_f64_is_bounded(void **state)
                 /* Exported: the stored element times its scale. */
                 double ek = kvpi_dtype_round_scaled(dtype, ks, ref_k[i]);
                 double ev = kvpi_dtype_round_scaled(dtype, vs, ref_v[i]);
-                assert_true(same_bits(out_k[i], dtype == KVP_F16 ? ek : ek * ks));
-                assert_true(same_bits(out_v[i], dtype == KVP_F16 ? ev : ev * vs));
+                assert_true(kvpt_same_bits(out_k[i], dtype == KVP_F16 ? ek : ek * ks));
+                assert_true(kvpt_same_bits(out_v[i], dtype == KVP_F16 ? ev : ev * vs));
             }
         }
         free(input);

@@ -90,11 +90,6 @@ static void fill(double *x, size_t n)
     }
 }
 
-static int same_bits(double a, double b)
-{
-    return memcmp(&a, &b, sizeof a) == 0;
-}
-
 /* The documented order, written out independently of the library. */
 static double documented_dot(const double *a, const double *b, size_t n)
 {
@@ -188,13 +183,13 @@ static void test_kernels_dot_and_axpy_match_scalar(void **state)
 
         /* The portable level is the documented order; below 8, the plain sum. */
         double reference = scalar->dot(x, y, n);
-        assert_true(same_bits(reference, documented_dot(x, y, n)));
+        assert_true(kvpt_same_bits(reference, documented_dot(x, y, n)));
         if (n < 8) {
             double plain = 0.0;
             for (size_t f = 0; f < n; f++) {
                 plain += x[f] * y[f];
             }
-            assert_true(same_bits(reference, plain));
+            assert_true(kvpt_same_bits(reference, plain));
         }
         for (size_t r = 0; r < count; r++) {
             expect_dots[r] = scalar->dot(x, y + r * stride, n) * scale;
@@ -208,7 +203,7 @@ static void test_kernels_dot_and_axpy_match_scalar(void **state)
 
         for (size_t l = 0; l < nlevels; l++) {
             const kvpi_kernels *k = levels[l];
-            if (!same_bits(k->dot(x, y, n), reference)) {
+            if (!kvpt_same_bits(k->dot(x, y, n), reference)) {
                 print_error("%s dot differs at n=%zu offset=%zu\n", k->name, n, o);
                 fail();
             }
@@ -294,7 +289,7 @@ static void test_kernels_project_rows_equal_project_row(void **state)
                     }
                 }
                 for (size_t j = 0; j < cols && rows > 2; j++) {
-                    assert_true(same_bits(expect[2 * y_stride + j], 0.0));
+                    assert_true(kvpt_same_bits(expect[2 * y_stride + j], 0.0));
                 }
                 for (size_t l = 0; l < nlevels; l++) {
                     assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
@@ -534,7 +529,7 @@ static void test_kernels_gather_same_bits_across_blocks_and_levels(void **state)
                 for (size_t p = 0; p < GATHER_LEN; p++) {
                     const double *key = g.keys + ((lane * GATHER_HEADS + h) * GATHER_LEN + p) * g.d;
                     double dot = documented_dot(g.query + h * g.d, key, g.d) * (1.0 / 8.0);
-                    assert_true(same_bits(first_scores[h * (GATHER_LEN + 1) + p],
+                    assert_true(kvpt_same_bits(first_scores[h * (GATHER_LEN + 1) + p],
                                           dot * 0.5 + 0.25));
                 }
             }
@@ -704,7 +699,7 @@ static void test_kernels_exp_matches_scalar_and_libm(void **state)
     /* The documented bound against libm, and the exact values the softmax relies on. */
     int64_t worst = 0;
     for (size_t i = 0; i < n; i++) {
-        assert_true(same_bits(expect[i], kvpi_exp(x[i])));
+        assert_true(kvpt_same_bits(expect[i], kvpi_exp(x[i])));
         int64_t ulps = llabs(ordered(expect[i]) - ordered(exp(x[i])));
         if (ulps > KVPI_EXP_MAX_ULP) {
             print_error("exp(%a) = %a, libm %a: %lld ulp\n", x[i], expect[i], exp(x[i]),
@@ -713,15 +708,15 @@ static void test_kernels_exp_matches_scalar_and_libm(void **state)
         }
         worst = ulps > worst ? ulps : worst;
         if (x[i] < KVPI_EXP_MIN) {
-            assert_true(same_bits(expect[i], 0.0)); /* +0, never -0 or garbage */
+            assert_true(kvpt_same_bits(expect[i], 0.0)); /* +0, never -0 or garbage */
         }
     }
-    assert_true(same_bits(kvpi_exp(0.0), 1.0));
-    assert_true(same_bits(kvpi_exp(-0.0), 1.0));
-    assert_true(same_bits(kvpi_exp(-INFINITY), 0.0));
-    assert_true(same_bits(kvpi_exp(-0x1p-1074), 1.0));
-    assert_true(same_bits(kvpi_exp(-745.0), 0x1p-1074)); /* libm's too: a subnormal */
-    assert_true(same_bits(kvpi_exp(-1.0), exp(-1.0)));
+    assert_true(kvpt_same_bits(kvpi_exp(0.0), 1.0));
+    assert_true(kvpt_same_bits(kvpi_exp(-0.0), 1.0));
+    assert_true(kvpt_same_bits(kvpi_exp(-INFINITY), 0.0));
+    assert_true(kvpt_same_bits(kvpi_exp(-0x1p-1074), 1.0));
+    assert_true(kvpt_same_bits(kvpi_exp(-745.0), 0x1p-1074)); /* libm's too: a subnormal */
+    assert_true(kvpt_same_bits(kvpi_exp(-1.0), exp(-1.0)));
     printf("# exp: %zu inputs, at most %lld ulp from libm (bound %d)\n", n, (long long)worst,
            KVPI_EXP_MAX_ULP);
 
@@ -731,7 +726,7 @@ static void test_kernels_exp_matches_scalar_and_libm(void **state)
             memset(got, 0xff, (EXP_INPUTS + 8) * sizeof *got);
             levels[l]->exps(x, got + o, n);
             assert_memory_equal(got + o, expect, n * sizeof *got);
-            assert_true(same_bits(got[o + n], got[EXP_INPUTS + 7])); /* nothing past n */
+            assert_true(kvpt_same_bits(got[o + n], got[EXP_INPUTS + 7])); /* nothing past n */
         }
         for (size_t len = 0; len <= 19; len++) {
             for (size_t from = 0; from + len <= n; from += 9973) {
@@ -795,14 +790,14 @@ static void test_kernels_softmax_same_bits_at_every_level(void **state)
             for (size_t i = 0; i < n; i++) {
                 e[i] = kvpi_exp(scores[o + i] - max);
             }
-            assert_true(same_bits(e[at], 1.0)); /* the maximum contributes exactly 1 */
+            assert_true(kvpt_same_bits(e[at], 1.0)); /* the maximum contributes exactly 1 */
             double sum = documented_sum(e, n);
             for (size_t i = 0; i < n; i++) {
                 expect[i] = e[i] / sum;
             }
             for (size_t l = 0; l < nlevels; l++) {
                 memcpy(got + o, scores + o, n * sizeof *got);
-                assert_true(same_bits(levels[l]->exp_sum(got + o, n, max), sum));
+                assert_true(kvpt_same_bits(levels[l]->exp_sum(got + o, n, max), sum));
                 assert_memory_equal(got + o, e, n * sizeof *got);
                 assert_int_equal(kvpi_kernels_use(levels[l]->isa), 0);
                 memcpy(got + o, scores + o, n * sizeof *got);
@@ -881,13 +876,13 @@ static void test_kernels_rope_table_matches_formulas(void **state)
         size_t half = hd / 2;
         assert_non_null(layer->rope_table);
         for (size_t i = 0; i < half; i++) {
-            assert_true(same_bits(layer->rope_theta[i], direct_theta(rc->base, hd, i)));
+            assert_true(kvpt_same_bits(layer->rope_theta[i], direct_theta(rc->base, hd, i)));
         }
         for (size_t p = 0; p < rc->positions; p++) {
             for (size_t i = 0; i < half; i++) {
                 double angle = (double)p * direct_theta(rc->base, hd, i);
-                assert_true(same_bits(layer->rope_table[(p * half + i) * 2], cos(angle)));
-                assert_true(same_bits(layer->rope_table[(p * half + i) * 2 + 1], sin(angle)));
+                assert_true(kvpt_same_bits(layer->rope_table[(p * half + i) * 2], cos(angle)));
+                assert_true(kvpt_same_bits(layer->rope_table[(p * half + i) * 2 + 1], sin(angle)));
             }
         }
         for (size_t p = 0; p < rc->positions; p += 1 + p / 3) {
@@ -906,7 +901,7 @@ static void test_kernels_rope_table_matches_formulas(void **state)
     kvp_layer *wide = kvpt_random_layer(64, 1, 8193, 10000.0, 4);
     assert_null(wide->rope_table);
     for (size_t i = 0; i < 32; i++) {
-        assert_true(same_bits(wide->rope_theta[i], direct_theta(10000.0, 64, i)));
+        assert_true(kvpt_same_bits(wide->rope_theta[i], direct_theta(10000.0, 64, i)));
     }
     expect_layer_rope_direct(wide, 0);
     expect_layer_rope_direct(wide, 1);
@@ -1038,7 +1033,7 @@ static void *worker(void *p)
         pthread_barrier_wait(&run->barrier);
         for (int i = 0; i < 50; i++) {
             const kvpi_kernels *k = kvpi_kernels_active();
-            if (!same_bits(kvpi_dot(run->a, run->b, 100), run->expected) ||
+            if (!kvpt_same_bits(kvpi_dot(run->a, run->b, 100), run->expected) ||
                 k != run->levels[phase]) {
                 run->wrong[arg->id]++;
             }
