@@ -163,18 +163,6 @@ static int source_dtype_ok(kvp_dtype dtype)
     return dtype == KVP_F64 || dtype == KVP_F32 || dtype == KVP_BF16 || dtype == KVP_F16;
 }
 
-/* Bytes of one source element. */
-static size_t source_bytes(kvp_dtype dtype)
-{
-    return kvp_dtype_bytes(dtype);
-}
-
-/* Widens n source elements of `dtype` at src into out. Exact. */
-static void widen(kvp_dtype dtype, const void *src, double *out, size_t n)
-{
-    kvpi_dtype_load(dtype, src, out, n);
-}
-
 /*
  * Stores the d elements at element `at` of `rows` (of src_dtype) at dst,
  * each rounded to the pool's dtype from its widened f64 value (fp8: divided
@@ -192,7 +180,7 @@ static void store_row(const kvp_cache *cache, unsigned char *dst, kvp_dtype src_
         kvpi_dtype_store_scaled(dtype, scale, dst, (const double *)rows + at, d);
         return;
     }
-    size_t bytes = source_bytes(src_dtype);
+    size_t bytes = kvp_dtype_bytes(src_dtype);
     const unsigned char *src = (const unsigned char *)rows + at * bytes;
     if (src_dtype == dtype) {
         memcpy(dst, src, d * bytes);
@@ -201,7 +189,7 @@ static void store_row(const kvp_cache *cache, unsigned char *dst, kvp_dtype src_
     double chunk[WIDEN_CHUNK];
     for (size_t i = 0; i < d; i += WIDEN_CHUNK) {
         size_t m = d - i < WIDEN_CHUNK ? d - i : WIDEN_CHUNK;
-        widen(src_dtype, src + i * bytes, chunk, m);
+        kvpi_dtype_load(src_dtype, src + i * bytes, chunk, m);
         kvpi_dtype_store_scaled(dtype, scale, dst + i * cache->pool->element_bytes, chunk, m);
     }
 }
@@ -214,11 +202,11 @@ static kvp_status check_source_finite(const kvp_cache *cache, kvp_dtype src_dtyp
     if (src_dtype == KVP_F64) {
         return kvpi_cache_check_stored(cache, rows, n, status, err);
     }
-    size_t bytes = source_bytes(src_dtype);
+    size_t bytes = kvp_dtype_bytes(src_dtype);
     double chunk[WIDEN_CHUNK];
     for (size_t at = 0; at < n; at += WIDEN_CHUNK) {
         size_t m = n - at < WIDEN_CHUNK ? n - at : WIDEN_CHUNK;
-        widen(src_dtype, (const unsigned char *)rows + at * bytes, chunk, m);
+        kvpi_dtype_load(src_dtype, (const unsigned char *)rows + at * bytes, chunk, m);
         kvp_error e;
         if (kvpi_cache_check_stored(cache, chunk, m, status, &e) != KVP_OK) {
             e.index += at; /* earlier chunks were clean: this is the first */
