@@ -22,7 +22,7 @@
  * recent; a miss inserts it as the most recent and, when N keys are held,
  * first evicts the least recent. A request's blocks are looked up and
  * inserted one by one in order, not looked up all before any is inserted
- * (the rule that gives the issue's figures; docs/simulate.md). With N at
+ * (the rule that gives the issue's figures; data/traces/README.md). With N at
  * least the distinct keys, it equals the ceiling. Time O(references)
  * expected (one hash map), memory O(references).
  * Callers: the kvpager program's report (simulate), the CLI's tests.
