@@ -74,7 +74,9 @@ int kvp_trace_keys_build(const kvp_workload *w, kvp_trace_keying keying, kvp_tra
         slots *= 2;
     }
     slots *= 2;
-    size_t *key = kvp_cli_alloc(references, sizeof *key);
+    size_t per_reference = sizeof(size_t) + sizeof(uint32_t);
+    size_t *key = references > SIZE_MAX / per_reference ? NULL
+                                                          : kvp_cli_alloc(references, per_reference);
     intern_entry *table = slots / 2 < references ? NULL : kvp_cli_alloc(slots, sizeof *table);
     if (key == NULL || table == NULL) {
         kvp_cli_free(key);
@@ -84,6 +86,7 @@ int kvp_trace_keys_build(const kvp_workload *w, kvp_trace_keying keying, kvp_tra
     for (size_t s = 0; s < slots; s++) {
         table[s].key = NONE;
     }
+    uint32_t *tokens = (uint32_t *)(void *)(key + references);
     size_t distinct = 0;
     size_t next = 0;
     for (size_t i = 0; i < w->count; i++) {
@@ -91,25 +94,42 @@ int kvp_trace_keys_build(const kvp_workload *w, kvp_trace_keying keying, kvp_tra
         uint64_t parent = ROOT;
         for (size_t b = 0; b < r->block_count; b++) {
             size_t k = intern(table, slots - 1, parent, r->block_ids[b], &distinct);
+            size_t start = b * KVP_MOONCAKE_BLOCK_TOKENS; /* b < ceil(prompt / 512): no overflow */
+            size_t left = r->prompt_tokens > start ? r->prompt_tokens - start : 0;
+            tokens[next] = (uint32_t)(left < KVP_MOONCAKE_BLOCK_TOKENS ? left
+                                                                       : KVP_MOONCAKE_BLOCK_TOKENS);
             key[next++] = k;
             parent = keying == KVP_TRACE_KEY_CHAIN ? (uint64_t)k : ROOT;
         }
     }
     kvp_cli_free(table);
-    *out = (kvp_trace_keys){key, references, distinct};
+    *out = (kvp_trace_keys){key, tokens, references, distinct};
     return 0;
 }
 
 void kvp_trace_keys_free(kvp_trace_keys *keys)
 {
     kvp_cli_free(keys->key);
-    *keys = (kvp_trace_keys){NULL, 0, 0};
+    *keys = (kvp_trace_keys){NULL, NULL, 0, 0};
 }
 
 void kvp_trace_keys_ceiling(const kvp_trace_keys *keys, kvp_trace_hits *out)
 {
-    /* Each distinct key misses once, at its first reference; every other reference hits. */
-    *out = (kvp_trace_hits){keys->references, keys->references - keys->distinct, keys->distinct};
+    /* Each distinct key misses once, at its first reference (where it takes the next
+       number); every other reference hits. */
+    size_t numbered = 0;
+    size_t tokens = 0;
+    size_t hit_tokens = 0;
+    for (size_t i = 0; i < keys->references; i++) {
+        tokens += keys->tokens[i];
+        if (keys->key[i] == numbered) {
+            numbered++;
+        } else {
+            hit_tokens += keys->tokens[i];
+        }
+    }
+    *out = (kvp_trace_hits){keys->references, keys->references - keys->distinct, keys->distinct,
+                            tokens, hit_tokens};
 }
 
 /* The LRU list: prev/next over dense keys, head the most recent, tail the least. */
@@ -186,11 +206,17 @@ int kvp_trace_keys_lru(const kvp_trace_keys *keys, size_t blocks, kvp_trace_hits
                   .tail = NONE};
     memset(l.held, 0, n);
     size_t hits = 0;
+    size_t tokens = 0;
+    size_t hit_tokens = 0;
     for (size_t i = 0; i < keys->references; i++) {
-        hits += (size_t)lru_reference(&l, blocks, keys->key[i]);
+        tokens += keys->tokens[i];
+        if (lru_reference(&l, blocks, keys->key[i])) {
+            hits++;
+            hit_tokens += keys->tokens[i];
+        }
     }
     kvp_cli_free(memory);
-    *out = (kvp_trace_hits){keys->references, hits, n};
+    *out = (kvp_trace_hits){keys->references, hits, n, tokens, hit_tokens};
     return 0;
 }
 
@@ -228,4 +254,9 @@ size_t kvp_trace_blocks_of_pages(size_t pages, size_t page_tokens)
 double kvp_trace_rate(const kvp_trace_hits *h)
 {
     return h->references == 0 ? 0.0 : (double)h->hits / (double)h->references;
+}
+
+double kvp_trace_token_rate(const kvp_trace_hits *h)
+{
+    return h->tokens == 0 ? 0.0 : (double)h->hit_tokens / (double)h->tokens;
 }

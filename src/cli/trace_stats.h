@@ -17,7 +17,10 @@
  *     trace both keyings give the same figures; where they differ, the ids
  *     are not prefix hashes (or repeat within a request).
  * Ceiling: the fraction of references an unbounded cache would hit:
- * (references - distinct keys) / references.
+ * (references - distinct keys) / references. Every figure is also weighted
+ * by tokens (a hit counts its block's tokens in the referencing request:
+ * 512, or fewer for a partial last block), simulate's unit: its prefix hit
+ * rate is a fraction of prompt tokens.
  * LRU of N blocks: each reference looks its key up; a hit makes it the most
  * recent; a miss inserts it as the most recent and, when N keys are held,
  * first evicts the least recent. A request's blocks are looked up and
@@ -32,23 +35,37 @@
 #define KVPAGER_CLI_TRACE_STATS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "workload.h"
 
 typedef enum kvp_trace_keying { KVP_TRACE_KEY_CHAIN, KVP_TRACE_KEY_ID } kvp_trace_keying;
 
-/* A trace's block references as dense keys: key[i] < distinct, numbered by first reference. */
+/*
+ * A trace's block references as dense keys: key[i] < distinct, numbered by
+ * first reference; tokens[i]: the prompt tokens the reference's block holds
+ * (KVP_MOONCAKE_BLOCK_TOKENS, or fewer for a request's partial last block).
+ * One allocation, `key`.
+ */
 typedef struct kvp_trace_keys {
-    size_t *key;     /* [references] */
+    size_t *key;      /* [references] */
+    uint32_t *tokens; /* [references], in key's allocation */
     size_t references;
     size_t distinct;
 } kvp_trace_keys;
 
-/* A figure: hits of `references`, and the distinct keys among them. */
+/*
+ * A figure: hits of `references`, and the distinct keys among them; and the
+ * same weighted by tokens: the hit references' tokens of all references'
+ * (the prompt tokens), the unit of simulate's prefix hit rate. A hit counts
+ * the tokens its block holds in the referencing request.
+ */
 typedef struct kvp_trace_hits {
     size_t references;
     size_t hits;
     size_t distinct;
+    size_t tokens;
+    size_t hit_tokens;
 } kvp_trace_hits;
 
 /*
@@ -76,7 +93,8 @@ int kvp_trace_lru(const kvp_workload *w, kvp_trace_keying keying, size_t blocks,
  */
 size_t kvp_trace_blocks_of_pages(size_t pages, size_t page_tokens);
 
-/* hits / references, 0 for no references. */
+/* hits / references, and hit_tokens / tokens; 0 for none. */
 double kvp_trace_rate(const kvp_trace_hits *h);
+double kvp_trace_token_rate(const kvp_trace_hits *h);
 
 #endif /* KVPAGER_CLI_TRACE_STATS_H */

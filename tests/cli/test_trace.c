@@ -348,6 +348,13 @@ static void test_trace_other_workloads_have_no_block_ids(void **state)
  *        [2 1 5 4]; 3, out 4 [3 2 1 5]; 6, out 5 [6 3 2 1]; 7, out 1
  *        [7 6 3 2]; 2 hit: 5.
  *   N=7: 6 = ceiling.
+ * Weighted by tokens (inputs 1500, 1100, 100, 2000, 600: 5300 tokens; a
+ * block holds 512 but the last, which holds the rest): R0 a b c = 512 512
+ * 476, R1 a b d = 512 512 76, R2 e = 100, R3 a b c f = 512 512 512 464, R4
+ * g h = 512 88. Chain ceiling: R1's a b and R3's a b c, 5 x 512 = 2560; by
+ * id, R4's 2 adds its 88: 2648. LRU by chain: N=3 R1's a b, 1024; N=4 and
+ * R3's a b, 2048; N=5 2560. By id: N=3 1024; N=4 R1's and R3's 1 2 and
+ * R4's 2, 4 x 512 + 88 = 2136; N=7 2648.
  */
 #define HAND                                                                                  \
     "{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 4, \"hash_ids\": [1, 2, 3]}\n" \
@@ -374,21 +381,28 @@ static void test_trace_hand_made_figures(void **state)
     assert_int_equal(kvp_trace_ceiling(&w, KVP_TRACE_KEY_CHAIN, &h), 0);
     expect_hits(&h, 13, 5, 8);
     assert_true(kvp_trace_rate(&h) == 5.0 / 13.0);
+    assert_int_equal(h.tokens, 5300);
+    assert_int_equal(h.hit_tokens, 2560);
+    assert_true(kvp_trace_token_rate(&h) == 2560.0 / 5300.0);
     assert_int_equal(kvp_trace_ceiling(&w, KVP_TRACE_KEY_ID, &h), 0);
     expect_hits(&h, 13, 6, 7);
+    assert_int_equal(h.hit_tokens, 2648);
     static const struct {
         kvp_trace_keying keying;
         size_t blocks;
         size_t hits;
-    } lru[] = {{KVP_TRACE_KEY_CHAIN, 0, 0}, {KVP_TRACE_KEY_CHAIN, 1, 0},
-               {KVP_TRACE_KEY_CHAIN, 2, 0}, {KVP_TRACE_KEY_CHAIN, 3, 2},
-               {KVP_TRACE_KEY_CHAIN, 4, 4}, {KVP_TRACE_KEY_CHAIN, 5, 5},
-               {KVP_TRACE_KEY_CHAIN, 8, 5}, {KVP_TRACE_KEY_CHAIN, SIZE_MAX, 5},
-               {KVP_TRACE_KEY_ID, 3, 2},    {KVP_TRACE_KEY_ID, 4, 5},
-               {KVP_TRACE_KEY_ID, 7, 6},    {KVP_TRACE_KEY_ID, SIZE_MAX, 6}};
+        size_t hit_tokens;
+    } lru[] = {{KVP_TRACE_KEY_CHAIN, 0, 0, 0},           {KVP_TRACE_KEY_CHAIN, 1, 0, 0},
+               {KVP_TRACE_KEY_CHAIN, 2, 0, 0},           {KVP_TRACE_KEY_CHAIN, 3, 2, 1024},
+               {KVP_TRACE_KEY_CHAIN, 4, 4, 2048},        {KVP_TRACE_KEY_CHAIN, 5, 5, 2560},
+               {KVP_TRACE_KEY_CHAIN, 8, 5, 2560},        {KVP_TRACE_KEY_CHAIN, SIZE_MAX, 5, 2560},
+               {KVP_TRACE_KEY_ID, 3, 2, 1024},           {KVP_TRACE_KEY_ID, 4, 5, 2136},
+               {KVP_TRACE_KEY_ID, 7, 6, 2648},           {KVP_TRACE_KEY_ID, SIZE_MAX, 6, 2648}};
     for (size_t i = 0; i < sizeof lru / sizeof lru[0]; i++) {
         assert_int_equal(kvp_trace_lru(&w, lru[i].keying, lru[i].blocks, &h), 0);
         expect_hits(&h, 13, lru[i].hits, lru[i].keying == KVP_TRACE_KEY_CHAIN ? 8 : 7);
+        assert_int_equal(h.tokens, 5300);
+        assert_int_equal(h.hit_tokens, lru[i].hit_tokens);
     }
     kvp_workload_free(&w);
     /* a pool's pages in trace blocks */
@@ -438,6 +452,8 @@ static void test_trace_full_file_figures(void **state)
     static const size_t gib[4] = {16, 128, 512, 1024};
     static const size_t blocks[4] = {256, 2048, 8192, 16384};
     static const size_t hits[4] = {2508, 17800, 46065, 64724};
+    /* of 61,194,628 prompt tokens: 2.10%, 14.88%, 38.49%, 54.08% */
+    static const size_t hit_tokens[4] = {1283896, 9106996, 23556205, 33092507};
     static const char *const shown[4] = {"2.1", "14.6", "37.8", "53.1"};
     for (int keying = 0; keying < 2; keying++) {
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -446,12 +462,14 @@ static void test_trace_full_file_figures(void **state)
         kvp_trace_hits h;
         kvp_trace_keys_ceiling(&keys, &h);
         expect_hits(&h, 121877, 77953, 43924);
+        assert_int_equal(h.tokens, 61194628);
+        assert_int_equal(h.hit_tokens, 39852661); /* 65.1% of prompt tokens */
         char text[16];
         snprintf(text, sizeof text, "%.1f", 100.0 * kvp_trace_rate(&h));
         assert_string_equal(text, "64.0");
-        print_message("%s keys and ceiling %.3f s: %zu of %zu (%.2f%%)\n",
+        print_message("%s keys and ceiling %.3f s: %zu of %zu (%.2f%%; %.2f%% of tokens)\n",
                       keying == KVP_TRACE_KEY_CHAIN ? "chain" : "id", seconds_since(&t0), h.hits,
-                      h.references, 100.0 * kvp_trace_rate(&h));
+                      h.references, 100.0 * kvp_trace_rate(&h), 100.0 * kvp_trace_token_rate(&h));
         for (int b = 0; b < 4; b++) {
             size_t pages = (gib[b] << 30) / ((size_t)128 * 1024 * 16); /* 16-token pages */
             assert_int_equal(kvp_trace_blocks_of_pages(pages, 16), blocks[b]);
@@ -459,10 +477,12 @@ static void test_trace_full_file_figures(void **state)
             assert_int_equal(kvp_trace_keys_lru(&keys, blocks[b], &h), 0);
             double took = seconds_since(&t0);
             expect_hits(&h, 121877, hits[b], 43924);
+            assert_int_equal(h.hit_tokens, hit_tokens[b]);
             snprintf(text, sizeof text, "%.1f", 100.0 * kvp_trace_rate(&h));
             assert_string_equal(text, shown[b]);
-            print_message("  LRU %zu GiB = %zu blocks: %zu hits (%.2f%%) in %.3f s\n", gib[b],
-                          blocks[b], h.hits, 100.0 * kvp_trace_rate(&h), took);
+            print_message("  LRU %zu GiB = %zu blocks: %zu hits (%.2f%%; %.2f%% of tokens) in "
+                          "%.3f s\n", gib[b], blocks[b], h.hits, 100.0 * kvp_trace_rate(&h),
+                          100.0 * kvp_trace_token_rate(&h), took);
         }
         assert_int_equal(kvp_trace_keys_lru(&keys, 43924, &h), 0);
         expect_hits(&h, 121877, 77953, 43924); /* as many blocks as keys: the ceiling */
@@ -502,14 +522,14 @@ static void test_trace_allocation_failures_leave_nothing(void **state)
     write_text(HAND);
     kvp_workload w = {NULL, 0};
     assert_int_equal(kvp_workload_load_mooncake(path, 4096, 1, &w, message, sizeof message), 0);
-    kvp_trace_keys keys = {NULL, 5, 5};
+    kvp_trace_keys keys = {NULL, NULL, 5, 5};
     for (n = 1; n <= 2; n++) {
         kvp_cli_fault_arm(n);
         assert_int_equal(kvp_trace_keys_build(&w, KVP_TRACE_KEY_CHAIN, &keys), -1);
         assert_null(keys.key);
         assert_int_equal(keys.references + keys.distinct, 10);
     }
-    kvp_trace_hits h = {1, 2, 3};
+    kvp_trace_hits h = {1, 2, 3, 4, 5};
     kvp_cli_fault_arm(1);
     assert_int_equal(kvp_trace_ceiling(&w, KVP_TRACE_KEY_ID, &h), -1);
     for (n = 1; n <= 3; n++) {
