@@ -217,6 +217,15 @@ static void test_trace_refuses_bad_files(void **state)
     assert_int_equal(kvp_workload_load_mooncake(path, 1000, 1, &w, message, sizeof message), -1);
     assert_non_null(strstr(message, ":2: a NUL byte at column 8"));
     assert_null(w.requests);
+    /* a line over 1 MiB (spaces are JSON whitespace: only its length is wrong) */
+    size_t long_line = strlen(GOOD) + ((size_t)1 << 20) + 1;
+    char *text = malloc(long_line + 1);
+    assert_non_null(text);
+    memcpy(text, GOOD, strlen(GOOD));
+    memset(text + strlen(GOOD), ' ', long_line - strlen(GOOD));
+    text[long_line] = '\0';
+    expect_refused(text, 1000, 2, "line longer than 1048576 characters");
+    free(text);
     /* no requests: an empty file, and blank lines only */
     static const char *const empty[] = {"", "\n \r\n\t\n"};
     for (size_t i = 0; i < 2; i++) {
