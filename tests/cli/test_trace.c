@@ -447,7 +447,7 @@ static void test_trace_full_file_figures(void **state)
         print_error("%s\n", message);
     }
     assert_int_equal(status, 0);
-    print_message("load %.3f s\n", seconds_since(&t0));
+    print_message("load %.2f ms\n", 1e3 * seconds_since(&t0));
     assert_int_equal(w.count, 3993);
     size_t input = 0;
     size_t output = 0;
@@ -476,8 +476,8 @@ static void test_trace_full_file_figures(void **state)
         char text[16];
         snprintf(text, sizeof text, "%.1f", 100.0 * kvp_trace_rate(&h));
         assert_string_equal(text, "64.0");
-        print_message("%s keys and ceiling %.3f s: %zu of %zu (%.2f%%; %.2f%% of tokens)\n",
-                      keying == KVP_TRACE_KEY_CHAIN ? "chain" : "id", seconds_since(&t0), h.hits,
+        print_message("%s keys and ceiling %.2f ms: %zu of %zu (%.2f%%; %.2f%% of tokens)\n",
+                      keying == KVP_TRACE_KEY_CHAIN ? "chain" : "id", 1e3 * seconds_since(&t0), h.hits,
                       h.references, 100.0 * kvp_trace_rate(&h), 100.0 * kvp_trace_token_rate(&h));
         for (int b = 0; b < 4; b++) {
             size_t pages = (gib[b] << 30) / ((size_t)128 * 1024 * 16); /* 16-token pages */
@@ -490,8 +490,8 @@ static void test_trace_full_file_figures(void **state)
             snprintf(text, sizeof text, "%.1f", 100.0 * kvp_trace_rate(&h));
             assert_string_equal(text, shown[b]);
             print_message("  LRU %zu GiB = %zu blocks: %zu hits (%.2f%%; %.2f%% of tokens) in "
-                          "%.3f s\n", gib[b], blocks[b], h.hits, 100.0 * kvp_trace_rate(&h),
-                          100.0 * kvp_trace_token_rate(&h), took);
+                          "%.2f ms\n", gib[b], blocks[b], h.hits, 100.0 * kvp_trace_rate(&h),
+                          100.0 * kvp_trace_token_rate(&h), 1e3 * took);
         }
         assert_int_equal(kvp_trace_keys_lru(&keys, 43924, &h), 0);
         expect_hits(&h, 121877, 77953, 43924); /* as many blocks as keys: the ceiling */
