@@ -11,6 +11,8 @@
  * every request has prompt_tokens >= 1, output_tokens >= 1 and
  * prompt + output <= capacity. Only conversation makes turns above 0.
  *
+ * A Mooncake trace's requests also carry their prompt's block hash ids
+ * (block_ids); every generator and the CSV trace leave them NULL and 0.
  * Profiles (published dataset statistics, as in the vLLM paper):
  *   sharegpt      mean prompt 161, mean output 338; lognormal lengths, heavy-tailed
  *   alpaca        mean prompt 19, mean output 58; lognormal lengths
@@ -64,6 +66,11 @@ typedef struct kvp_workload_request {
     size_t think_steps;    /* turn > 0: the user's think time, in steps */
     uint64_t session;      /* conversation: its number + 1, on every turn (kvp_request.session);
                               0: not a conversation's */
+    const uint64_t *block_ids; /* a Mooncake trace's request: its hash ids, one per
+                                  KVP_MOONCAKE_BLOCK_TOKENS-token block of the prompt (the last
+                                  may be partial), pointing into the list's own allocation (freed
+                                  with it by kvp_workload_free); NULL for every other workload */
+    size_t block_count;        /* entries of block_ids: ceil(prompt_tokens / 512); 0 without */
 } kvp_workload_request;
 
 typedef struct kvp_workload {
@@ -124,6 +131,38 @@ int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out);
  */
 int kvp_workload_load_trace(const char *path, size_t capacity, kvp_workload *out, char *message,
                             size_t message_size);
+
+/* Tokens per hash id of a Mooncake trace. */
+#define KVP_MOONCAKE_BLOCK_TOKENS 512
+
+/*
+ * Reads a Mooncake trace (the FAST '25 release's JSONL, data/traces/README.md):
+ * one JSON object per line with exactly the keys timestamp (ms), input_length,
+ * output_length and hash_ids, in any order, whitespace anywhere JSON allows it.
+ * An optional UTF-8 byte order mark and blank lines are skipped. Request i of
+ * the list is line i's: arrival_step = floor(timestamp / ms_per_step) (the
+ * step during which the request arrives, step k covering [k * ms_per_step,
+ * (k + 1) * ms_per_step) ms), prompt_tokens = input_length, output_tokens =
+ * output_length, stream = i, block_ids/block_count = its hash_ids, every
+ * other field 0. The requests and every request's ids are one allocation,
+ * freed by kvp_workload_free; copying a request keeps pointing into it.
+ * Refused, with "<file>:<line>: ..." naming the key and the value in
+ * `message`: JSON that is not one object of exactly those keys (an unknown
+ * or repeated key, a string or array where a number goes, anything after
+ * the object), a value that is negative, not a whole number (a fraction or
+ * an exponent: Mooncake writes integers), written with a leading zero or
+ * above 2^64 - 1 (hash ids) or SIZE_MAX (the others), output_length 0, an
+ * empty hash_ids, a count of hash_ids other than ceil(input_length / 512),
+ * input_length + output_length above `capacity` (or overflowing), a
+ * timestamp below the previous line's, a NUL byte, a line over 1 MiB; a
+ * file with no requests and an unreadable file or directory are refused as
+ * by kvp_workload_load_trace. ms_per_step must be >= 1.
+ * Returns 0, -1 on such input, or KVP_TRACE_OUT_OF_MEMORY (the message says
+ * what could not be allocated); on failure `out` is untouched and nothing is
+ * left allocated. Allocates through the program's hook (alloc.h).
+ */
+int kvp_workload_load_mooncake(const char *path, size_t capacity, uint64_t ms_per_step,
+                               kvp_workload *out, char *message, size_t message_size);
 
 void kvp_workload_free(kvp_workload *workload);
 
