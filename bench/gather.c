@@ -26,14 +26,19 @@
  * ratio baseline_time / paged_time (1.0 means paging costs nothing; the
  * target is >= 0.95 against `contiguous` for block_tokens >= 16).
  *
+ * Flags: bench/args.h's rules (--help lists them with their ranges and
+ * defaults; --flag value or --flag=value).
+ *
  * Exit status 0 when the results agree, 1 otherwise (speed is reported, not
- * enforced: the machine may be shared and noisy), 2 on usage errors.
+ * enforced: the machine may be shared and noisy), 2 on usage errors (a bad
+ * flag or value: one line naming both).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "attention/gather.h"
 #include "attention/kernels.h"
 #include "measure.h"
@@ -249,72 +254,51 @@ static int bench_block(const bench_config *c, size_t block_tokens, workspace *w,
     return failed || timed != 0 ? -1 : 0;
 }
 
+/* Parses the flags into c: BENCH_ARGS_RUN, or the exit status (bench/args.h). */
 static int parse(int argc, char **argv, bench_config *c)
 {
-    for (int i = 1; i < argc; i++) {
-        size_t *field = NULL;
-        if (strcmp(argv[i], "--json") == 0) {
-            c->json = 1;
-            continue;
-        }
-        if (strcmp(argv[i], "--sequential") == 0) {
-            c->sequential = 1;
-            continue;
-        }
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: bench-gather [--len N] [--heads N] [--head-width N] [--block N]\n"
-                   "                    [--repetitions N] [--min-ns N] [--isa LEVEL]\n"
-                   "                    [--sequential] [--json]\n\n"
-                   "Times the paged gather loops against the same loops over a contiguous\n"
-                   "[H,C,d_h] buffer, for block_tokens 1, 4, 16, 32 and 64 (or --block), at\n"
-                   "every ISA level the CPU runs (or --isa scalar|avx2|avx512), and prints the\n"
-                   "median ns per gather, the speed ratio (contiguous / paged), the K+V GB/s\n"
-                   "and each level's speedup over the portable one.\n");
-            return 1;
-        }
-        if (strcmp(argv[i], "--isa") == 0) {
-            kvpi_isa isa;
-            if (i + 1 >= argc || kvpi_isa_parse(argv[i + 1], &isa) != 0) {
-                fprintf(stderr, "bench-gather: --isa takes scalar, avx2 or avx512\n");
-                return 2;
-            }
-            if (kvpi_kernels_level(isa) == NULL) {
-                fprintf(stderr, "bench-gather: this CPU does not run --isa %s\n", argv[i + 1]);
-                return 2;
-            }
-            c->isa = (int)isa;
-            i++;
-            continue;
-        }
-        if (strcmp(argv[i], "--len") == 0) {
-            field = &c->len;
-        } else if (strcmp(argv[i], "--heads") == 0) {
-            field = &c->heads;
-        } else if (strcmp(argv[i], "--head-width") == 0) {
-            field = &c->head_width;
-        } else if (strcmp(argv[i], "--repetitions") == 0) {
-            field = &c->repetitions;
-        } else if (strcmp(argv[i], "--min-ns") == 0) {
-            field = &c->min_ns;
-        } else if (strcmp(argv[i], "--block") == 0) {
-            field = &c->block;
-        }
-        char *end = NULL;
-        if (field == NULL || i + 1 >= argc || (*field = strtoull(argv[++i], &end, 10)) == 0 ||
-            *end != '\0') {
-            fprintf(stderr, "bench-gather: bad option '%s' (see --help)\n", argv[i]);
-            return 2;
-        }
+    const char *isa_names[KVPI_ISA_COUNT + 1] = {NULL};
+    for (int isa = 0; isa < KVPI_ISA_COUNT; isa++) {
+        isa_names[isa] = kvpi_isa_name((kvpi_isa)isa);
     }
-    return 0;
+    bench_arg table[] = {
+        BENCH_SIZE("--len", &c->len, 1, (size_t)1 << 24, "N", "retained rows of the cache"),
+        BENCH_SIZE("--heads", &c->heads, 1, 1024, "N", "heads"),
+        BENCH_SIZE("--head-width", &c->head_width, 1, 4096, "N", "d_h"),
+        BENCH_SIZE("--block", &c->block, 1, 65536, "N",
+                   "only this block_tokens (default: 1, 4, 16, 32 and 64)"),
+        BENCH_SIZE("--repetitions", &c->repetitions, 1, 1000000, "N", "alternating repetitions"),
+        BENCH_SIZE("--min-ns", &c->min_ns, 0, 1000000000000, "N",
+                   "each repetition's minimum duration"),
+        BENCH_CHOICE("--isa", &c->isa, isa_names, "LEVEL",
+                     "only this ISA level (default: every level the CPU runs)"),
+        BENCH_SWITCH("--sequential", &c->sequential, "pages in pool order instead of shuffled"),
+        BENCH_SWITCH("--json", &c->json, "print the rows as JSON"),
+    };
+    bench_args args = BENCH_ARGS(
+        "bench-gather",
+        "Times the paged gather loops against the same loops over a contiguous\n"
+        "[H,C,d_h] buffer, for block_tokens 1, 4, 16, 32 and 64 (or --block), at\n"
+        "every ISA level the CPU runs (or --isa scalar|avx2|avx512), and prints the\n"
+        "median ns per gather, the speed ratio (contiguous / paged), the K+V GB/s\n"
+        "and each level's speedup over the portable one.",
+        table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
+    }
+    if (c->isa >= 0 && kvpi_kernels_level((kvpi_isa)c->isa) == NULL) {
+        return bench_args_refuse(&args, "--isa", "a level this CPU runs");
+    }
+    return BENCH_ARGS_RUN;
 }
 
 int main(int argc, char **argv)
 {
     bench_config c = {8, 64, 1024, 21, 2000000, 0, 0, 0, -1};
     int parsed = parse(argc, argv, &c);
-    if (parsed != 0) {
-        return parsed == 1 ? 0 : 2;
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
     size_t d = c.head_width;
     size_t hd = c.heads * d;

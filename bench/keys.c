@@ -7,7 +7,7 @@
  * inputs the size of a block's rows, in alternating repetitions of one run
  * (median nanoseconds per key), for:
  *   murmur      MurmurHash3 x64 128 with a fixed seed, fed as a stream: the
- *               keys before issue 16 (copied here as the baseline);
+ *               library's earlier keys (copied here as the baseline);
  *   blake2b     libsodium's crypto_generichash (BLAKE2b) keyed with a 32-byte
  *               secret, 16-byte output, fed as a stream: the keys now;
  *   siphash     libsodium's crypto_shorthash_siphashx24 (SipHash-2-4, 128-bit
@@ -22,13 +22,15 @@
  *   after       kvpi_prompt_keys itself (the library's code): the rows
  *               hashed once with keyed BLAKE2b, each layer chaining that
  *               digest.
- * Flags: --repetitions N (default 15), --min-ns X (each sample's minimum
- * duration, default 2e7). Exit status 0, or 2 on a usage error (one line
- * naming the flag and value). Speed is reported, never enforced.
+ * Flags (bench/args.h; --help lists them): --repetitions N (default 15),
+ * --min-ns X (each sample's minimum duration, default 2e7). Exit status 0,
+ * 1 when the library fails, or 2 on a usage error (one line naming the flag
+ * and value). Speed is reported, never enforced.
  */
 #include <sodium.h>
 
 #include "kvpager/kvpager.h"
+#include "args.h"
 #include "measure.h"
 #include "serve/share_internal.h"
 #include <stdint.h>
@@ -285,50 +287,22 @@ static int prompt_bench(size_t repetitions, double min_ns)
     return failed || c.sink == UINT64_MAX;
 }
 
-static int parse_size(const char *flag, const char *text, size_t *out)
-{
-    char *end = NULL;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (text[0] == '-' || end == text || *end != '\0' || v == 0) {
-        fprintf(stderr, "bench-keys: %s: bad value '%s'\n", flag, text);
-        return 0;
-    }
-    *out = (size_t)v;
-    return 1;
-}
-
-static int parse_ns(const char *flag, const char *text, double *out)
-{
-    char *end = NULL;
-    double v = strtod(text, &end);
-    if (end == text || *end != '\0' || !(v >= 0.0 && v < 1e12)) {
-        fprintf(stderr, "bench-keys: %s: bad value '%s'\n", flag, text);
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
-
 int main(int argc, char **argv)
 {
     size_t repetitions = 15;
     double min_ns = 2e7;
-    for (int i = 1; i < argc; i++) {
-        const char *flag = argv[i];
-        if (strcmp(flag, "--repetitions") != 0 && strcmp(flag, "--min-ns") != 0) {
-            fprintf(stderr, "bench-keys: unknown flag '%s'\n", flag);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "bench-keys: %s: missing value\n", flag);
-            return 2;
-        }
-        const char *value = argv[++i];
-        int ok = strcmp(flag, "--repetitions") == 0 ? parse_size(flag, value, &repetitions)
-                                                     : parse_ns(flag, value, &min_ns);
-        if (!ok) {
-            return 2;
-        }
+    bench_arg table[] = {
+        BENCH_SIZE("--repetitions", &repetitions, 1, 1000000, "N", "alternating repetitions"),
+        BENCH_DOUBLE("--min-ns", &min_ns, 0.0, 1e12, "NS", "each sample's minimum duration"),
+    };
+    bench_args args = BENCH_ARGS("bench-keys",
+                                 "Times one prefix-index chain key per block by hash (murmur, "
+                                 "blake2b,\nsiphash), then a sequence's keys of one block for 32 "
+                                 "layers.",
+                                 table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
     if (sodium_init() < 0) {
         fprintf(stderr, "bench-keys: sodium_init failed\n");

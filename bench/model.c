@@ -9,14 +9,16 @@
  * every layer needs the angle table; models share one table per RoPE
  * configuration, so this shows the cost of L tables against one.
  *
- * Exit status 0, or 2 on usage or setup errors.
+ * Flags (bench/args.h; --help lists them with their ranges and defaults):
+ * --layers 32, --width 256, --heads 4, --positions 8192, --repetitions 5.
+ * Exit status 0, or 2 on usage or setup errors (a bad flag or value: one
+ * line naming both).
  */
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "kvpager/kvpager.h"
+#include "args.h"
 #include "measure.h"
 
 static long resident_bytes(void)
@@ -35,29 +37,27 @@ static long resident_bytes(void)
 int main(int argc, char **argv)
 {
     size_t layers = 32, width = 256, heads = 4, positions = 8192, repetitions = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        size_t v = (size_t)strtoull(argv[i + 1], NULL, 10);
-        if (strcmp(argv[i], "--layers") == 0) {
-            layers = v;
-        } else if (strcmp(argv[i], "--width") == 0) {
-            width = v;
-        } else if (strcmp(argv[i], "--heads") == 0) {
-            heads = v;
-        } else if (strcmp(argv[i], "--positions") == 0) {
-            positions = v;
-        } else if (strcmp(argv[i], "--repetitions") == 0) {
-            repetitions = v;
-        } else {
-            fprintf(stderr, "usage: bench-model [--layers L] [--width D] [--heads H] "
-                            "[--positions P] [--repetitions R]\n");
-            return 2;
-        }
+    bench_arg table[] = {
+        BENCH_SIZE("--layers", &layers, 1, 4096, "L", "layers of the model"),
+        BENCH_SIZE("--width", &width, 2, 65536, "D", "model width"),
+        BENCH_SIZE("--heads", &heads, 1, 65536, "H", "heads (dividing D, D / H even)"),
+        BENCH_SIZE("--positions", &positions, 1, (size_t)1 << 24, "P", "RoPE positions"),
+        BENCH_SIZE("--repetitions", &repetitions, 1, 64, "R", "create+destroy runs"),
+    };
+    bench_args args = BENCH_ARGS("bench-model",
+                                 "Times kvp_model_create_random and its destroy, and the resident\n"
+                                 "memory the live model adds.",
+                                 table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
+    }
+    if (width % heads != 0 || (width / heads) % 2 != 0) {
+        return bench_args_refuse(&args, "--heads", "a divisor of --width %zu leaving an even "
+                                                   "head width", width);
     }
     double ns[64];
     long added[64];
-    if (repetitions == 0 || repetitions > 64) {
-        return 2;
-    }
     for (size_t r = 0; r < repetitions; r++) {
         kvp_model *model = NULL;
         kvp_error err;

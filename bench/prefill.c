@@ -15,14 +15,20 @@
  * The context's K+V bytes per layer are printed too: above the last-level
  * cache (32 MiB here) token by token streams them from DRAM once per token.
  *
+ * Flags (bench/args.h; --help lists them with their ranges and defaults):
+ * --len 256, --tokens 64, --layers 1, --width 512, --heads 8, --kv-heads 8,
+ * --block 16, --repetitions 5, --min-ns 2e8.
+ *
  * Exit status 0 when the results agree, 1 otherwise (speed is reported, not
- * enforced: the machine may be shared), 2 on usage or setup errors.
+ * enforced: the machine may be shared), 2 on usage or setup errors (a bad
+ * flag or value: one line naming both).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvpager/kvpager.h"
+#include "args.h"
 #include "measure.h"
 #include "serve/sequence_internal.h"
 
@@ -73,43 +79,46 @@ static void run_case(void *ctx, size_t iterations)
     }
 }
 
+/* Parses the flags into c: BENCH_ARGS_RUN, or the exit status (bench/args.h). */
 static int parse(int argc, char **argv, prefill_config *c)
 {
-    for (int i = 1; i < argc; i += 2) {
-        if (i + 1 >= argc) {
-            return -1;
-        }
-        char *end = NULL;
-        unsigned long long v = strtoull(argv[i + 1], &end, 10);
-        if (*end != '\0') {
-            return -1;
-        }
-        size_t *slots[] = {&c->len,   &c->tokens,   &c->layers,      &c->width,  &c->heads,
-                           &c->kv_heads, &c->block, &c->repetitions, &c->min_ns};
-        static const char *const names[] = {"--len",      "--tokens", "--layers",
-                                            "--width",    "--heads",  "--kv-heads",
-                                            "--block",    "--repetitions", "--min-ns"};
-        size_t k = 0;
-        while (k < sizeof names / sizeof names[0] && strcmp(argv[i], names[k]) != 0) {
-            k++;
-        }
-        if (k == sizeof names / sizeof names[0]) {
-            return -1;
-        }
-        *slots[k] = (size_t)v;
+    bench_arg table[] = {
+        BENCH_SIZE("--len", &c->len, 0, (size_t)1 << 24, "N", "positions already in the sequence"),
+        BENCH_SIZE("--tokens", &c->tokens, 2, (size_t)1 << 20, "T", "the prompt's tokens"),
+        BENCH_SIZE("--layers", &c->layers, 1, 1024, "L", "layers of the model"),
+        BENCH_SIZE("--width", &c->width, 2, 65536, "D", "model width"),
+        BENCH_SIZE("--heads", &c->heads, 1, 65536, "H", "query heads (dividing D, D / H even)"),
+        BENCH_SIZE("--kv-heads", &c->kv_heads, 1, 65536, "K", "KV heads (dividing H)"),
+        BENCH_SIZE("--block", &c->block, 1, 65536, "B", "block_tokens of the pool's pages"),
+        BENCH_SIZE("--repetitions", &c->repetitions, 1, 1000000, "R", "alternating rounds"),
+        BENCH_SIZE("--min-ns", &c->min_ns, 0, 1000000000000, "NS",
+                   "each sample's minimum duration"),
+    };
+    bench_args args = BENCH_ARGS("bench-prefill",
+                                 "Times kvp_sequence_prefill of T tokens after N positions, in "
+                                 "blocks and\ntoken by token, in one run.",
+                                 table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
-    return c->tokens >= 2 && c->width % c->heads == 0 && c->heads % c->kv_heads == 0 ? 0 : -1;
+    if (c->width % c->heads != 0 || (c->width / c->heads) % 2 != 0) {
+        return bench_args_refuse(&args, "--heads",
+                                 "a divisor of --width %zu leaving an even head width", c->width);
+    }
+    if (c->heads % c->kv_heads != 0) {
+        return bench_args_refuse(&args, "--kv-heads", "a divisor of --heads %zu", c->heads);
+    }
+    return BENCH_ARGS_RUN;
 }
 
 int main(int argc, char **argv)
 {
     prefill_config c = {.len = 256, .tokens = 64, .layers = 1, .width = 512, .heads = 8,
                         .kv_heads = 8, .block = 16, .repetitions = 5, .min_ns = 200000000};
-    if (parse(argc, argv, &c) != 0) {
-        fprintf(stderr, "usage: bench-prefill [--len N] [--tokens T] [--layers L] [--width D] "
-                        "[--heads H] [--kv-heads K] [--block B] [--repetitions R] "
-                        "[--min-ns NS]\n");
-        return 2;
+    int parsed = parse(argc, argv, &c);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
     size_t capacity = c.len + c.tokens;
     size_t head_width = c.width / c.heads;

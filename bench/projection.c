@@ -17,14 +17,18 @@
  * (> 1: the right-hand one is faster), and max |gemm - rows| / max |rows|
  * per shape. Speed is reported, never enforced.
  * Usage: bench-projection [--quick] [--repetitions N] [--min-ns N] [--max-madds N]
+ * (bench/args.h: --flag=value too; --help lists them with their defaults)
  *   --quick      rows {1, 8, 64}, D {64} (the test command's agreement run)
  *   --max-madds  skip shapes with more than N mul-adds per call (default 2^34)
+ * Exit status 0, 1 when rows and row differ or memory runs out, 2 on a bad
+ * flag or value (one line naming both).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "attention/kernels.h"
 #include "measure.h"
 
@@ -95,46 +99,28 @@ static double normwise_difference(const double *got, const double *exact, size_t
 }
 #endif
 
-static int parse_size(const char *text, size_t *out)
-{
-    char *end;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (text[0] == '\0' || *end != '\0') {
-        return -1;
-    }
-    *out = (size_t)v;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     size_t repetitions = 5;
     size_t min_ns = 20000000;
     size_t max_madds = (size_t)1 << 34;
     int quick = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) {
-            quick = 1;
-        } else if (i + 1 < argc && strcmp(argv[i], "--repetitions") == 0) {
-            if (parse_size(argv[++i], &repetitions) != 0 || repetitions == 0) {
-                fprintf(stderr, "bench-projection: bad --repetitions\n");
-                return 2;
-            }
-        } else if (i + 1 < argc && strcmp(argv[i], "--min-ns") == 0) {
-            if (parse_size(argv[++i], &min_ns) != 0) {
-                fprintf(stderr, "bench-projection: bad --min-ns\n");
-                return 2;
-            }
-        } else if (i + 1 < argc && strcmp(argv[i], "--max-madds") == 0) {
-            if (parse_size(argv[++i], &max_madds) != 0) {
-                fprintf(stderr, "bench-projection: bad --max-madds\n");
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "usage: bench-projection [--quick] [--repetitions N] [--min-ns N] "
-                            "[--max-madds N]\n");
-            return 2;
-        }
+    bench_arg table[] = {
+        BENCH_SWITCH("--quick", &quick, "rows {1, 8, 64}, D {64} only (the test command's run)"),
+        BENCH_SIZE("--repetitions", &repetitions, 1, 1000000, "N", "alternating repetitions"),
+        BENCH_SIZE("--min-ns", &min_ns, 0, 1000000000000, "NS",
+                   "each sample's minimum duration"),
+        BENCH_SIZE("--max-madds", &max_madds, 0, (size_t)1 << 62, "N",
+                   "skip shapes with more mul-adds per call"),
+    };
+    bench_args args = BENCH_ARGS("bench-projection",
+                                 "Times Y = X W for R rows of width D: one row at a time, "
+                                 "kvpi_project_rows,\nand OpenBLAS dgemm/sgemm when built with "
+                                 "it, on one thread.",
+                                 table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
     static const size_t all_rows[] = {1, 8, 64, 512};
     static const size_t all_d[] = {64, 512, 4096};

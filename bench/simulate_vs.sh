@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# simulate_vs.sh [REF] [RUNS]: `kvpager simulate` (the default workload) of
-# this checkout against a build of an older commit, side by side in one run.
+# simulate_vs.sh REF [RUNS]: `kvpager simulate` (the default workload) of
+# this checkout against a build of the older commit REF, side by side in one run.
 #
-# Issue 8 asks for simulate's tokens/s as a multiple of "today's" (the main
-# the issue was filed against, REF's default dcf2549), measured in the same
-# run on the same machine, since this machine is shared and its speed moves.
+# REF is required: the build to compare against (a commit, tag or branch of
+# this repository). A speed-up is reported as a multiple of REF's tokens/s
+# measured in the same run on the same machine, since this machine is shared
+# and its speed moves.
+#
 # The script builds REF's release `kvpager` in a temporary worktree (no
 # network: REF must be in this repository), builds this checkout's, then runs
 # the two programs alternately RUNS times (default 7) and prints each run's
@@ -16,7 +18,11 @@
 # Not part of the test command: it reports a speed, it asserts none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ref=${1:-dcf2549}
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+    echo "usage: simulate_vs.sh REF [RUNS] (REF: the older commit to compare against)" >&2
+    exit 2
+fi
+ref=$1
 runs=${2:-7}
 flags=${SIMULATE_FLAGS:-}
 git rev-parse --verify --quiet "$ref^{commit}" >/dev/null ||

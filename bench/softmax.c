@@ -13,10 +13,12 @@
  *               kvp_ticket_discard (the whole computation of
  *               kvp_attention_forward, without appending the row, so the
  *               length stays 1024), at every level.
- * It uses only kvpi_softmax, the level switch and the public API, so the
- * same file builds against an older library for a before/after run.
- * Exit status 0, or 1 when the library fails, 2 on usage errors. Speed is
- * reported, never enforced.
+ * It uses only kvpi_softmax, the level switch, the public API and
+ * bench/args.c (the flags), so the same file builds against an older library
+ * for a before/after run. Flags (--help lists them): --repetitions N
+ * (default 21), --min-ns NS (default 2e6).
+ * Exit status 0, or 1 when the library fails, 2 on usage errors (one line
+ * naming the flag and value). Speed is reported, never enforced.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@
 #include <time.h>
 
 #include "kvpager/kvpager.h"
+#include "args.h"
 #include "attention/kernels.h"
 
 #define MAX_VARIANTS 8
@@ -237,17 +240,17 @@ int main(int argc, char **argv)
 {
     size_t repetitions = 21;
     double min_ns = 2e6;
-    for (int i = 1; i < argc; i++) {
-        char *end = NULL;
-        if (strcmp(argv[i], "--repetitions") == 0 && i + 1 < argc) {
-            repetitions = strtoull(argv[++i], &end, 10);
-        } else if (strcmp(argv[i], "--min-ns") == 0 && i + 1 < argc) {
-            min_ns = strtod(argv[++i], &end);
-        }
-        if (end == NULL || *end != '\0' || repetitions == 0) {
-            fprintf(stderr, "usage: bench-softmax [--repetitions N] [--min-ns NS]\n");
-            return 2;
-        }
+    bench_arg table[] = {
+        BENCH_SIZE("--repetitions", &repetitions, 1, 1000000, "N", "alternating repetitions"),
+        BENCH_DOUBLE("--min-ns", &min_ns, 0.0, 1e12, "NS", "each sample's minimum duration"),
+    };
+    bench_args args = BENCH_ARGS("bench-softmax",
+                                 "Times kvpi_softmax against a libm softmax, and one decode step, "
+                                 "at\nevery ISA level this CPU runs.",
+                                 table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
     printf("%-22s %-14s %15s  %7s\n", "what", "variant", "median", "vs 1st");
     static const size_t lengths[] = {1024, 8192};

@@ -16,14 +16,19 @@
  * repetitions, medians, the ratio taken within one call. GB/s is the K+V
  * bytes one step reads over its median time.
  *
+ * Flags: bench/args.h's rules (--help lists them with their ranges and
+ * defaults; --flag value or --flag=value).
+ *
  * Exit status 0 when the results agree, 1 otherwise (speed is reported, not
- * enforced: the machine may be shared), 2 on usage or setup errors.
+ * enforced: the machine may be shared), 2 on usage or setup errors (a bad
+ * flag or value: one line naming both).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "attention/gather.h"
 #include "kvpager/kvpager.h"
 #include "measure.h"
@@ -79,73 +84,52 @@ static void threaded_run(void *ctx, size_t iterations)
     }
 }
 
+/* Parses the flags into c: BENCH_ARGS_RUN, or the exit status (bench/args.h). */
 static int parse(int argc, char **argv, split_config *c)
 {
     *c = (split_config){65536, 8, 0, 64, 16, 2, 9, 200000000, -1, 0, 0};
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: bench-split [--len N] [--heads N] [--kv-heads N] [--head-width N]\n"
-                   "                   [--block N] [--threads N] [--dtype f64|f32|bf16]\n"
-                   "                   [--repetitions N] [--min-ns N] [--value-units N]\n"
-                   "                   [--chunk-kib N]\n"
-                   "One lane's decode attention on 1 thread and on a decoder of N (default 2).\n"
-                   "--value-units and --chunk-kib override the partition's grain, for tuning\n"
-                   "(attention/gather.h); the results stay bit-identical.\n");
-            return 1;
-        }
-        if (strcmp(argv[i], "--dtype") == 0) {
-            static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16};
-            c->dtype = -1;
-            for (size_t k = 0; k < 3 && i + 1 < argc; k++) {
-                if (strcmp(argv[i + 1], kvp_dtype_name(dtypes[k])) == 0) {
-                    c->dtype = (int)dtypes[k];
-                }
-            }
-            if (c->dtype < 0) {
-                fprintf(stderr, "bench-split: bad --dtype (f64, f32 or bf16)\n");
-                return 2;
-            }
-            i++;
-            continue;
-        }
-        size_t *field = NULL;
-        if (strcmp(argv[i], "--len") == 0) {
-            field = &c->len;
-        } else if (strcmp(argv[i], "--heads") == 0) {
-            field = &c->heads;
-        } else if (strcmp(argv[i], "--kv-heads") == 0) {
-            field = &c->kv_heads;
-        } else if (strcmp(argv[i], "--head-width") == 0) {
-            field = &c->head_width;
-        } else if (strcmp(argv[i], "--block") == 0) {
-            field = &c->block;
-        } else if (strcmp(argv[i], "--threads") == 0) {
-            field = &c->threads;
-        } else if (strcmp(argv[i], "--repetitions") == 0) {
-            field = &c->repetitions;
-        } else if (strcmp(argv[i], "--min-ns") == 0) {
-            field = &c->min_ns;
-        } else if (strcmp(argv[i], "--value-units") == 0) {
-            field = &c->value_units;
-        } else if (strcmp(argv[i], "--chunk-kib") == 0) {
-            field = &c->chunk_kib;
-        }
-        char *end = NULL;
-        if (field == NULL || i + 1 >= argc || (*field = strtoull(argv[++i], &end, 10)) == 0 ||
-            *end != '\0') {
-            fprintf(stderr, "bench-split: bad option '%s' (see --help)\n", argv[i]);
-            return 2;
-        }
+    static const char *const dtype_names[] = {"f64", "f32", "bf16", NULL};
+    static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16};
+    int dtype = -1;
+    bench_arg table[] = {
+        BENCH_SIZE("--len", &c->len, 1, (size_t)1 << 26, "N", "retained positions of the lane"),
+        BENCH_SIZE("--heads", &c->heads, 1, 4096, "N", "query heads"),
+        BENCH_SIZE("--kv-heads", &c->kv_heads, 1, 4096, "N", "KV heads, dividing --heads "
+                                                              "(default: --heads)"),
+        BENCH_SIZE("--head-width", &c->head_width, 2, 65536, "N", "d_h, even"),
+        BENCH_SIZE("--block", &c->block, 1, 65536, "N", "block_tokens of the pool's pages"),
+        BENCH_SIZE("--threads", &c->threads, 2, 1024, "N", "the decoder's threads"),
+        BENCH_CHOICE("--dtype", &dtype, dtype_names, "DTYPE", "the pages' dtype (default: f64 "
+                                                              "and f32)"),
+        BENCH_SIZE("--repetitions", &c->repetitions, 1, 1000000, "N", "alternating repetitions"),
+        BENCH_SIZE("--min-ns", &c->min_ns, 0, 1000000000000, "N",
+                   "each sample's minimum duration"),
+        BENCH_SIZE("--value-units", &c->value_units, 1, (size_t)1 << 20, "N",
+                   "the partition's value units, for tuning (default: the library's)"),
+        BENCH_SIZE("--chunk-kib", &c->chunk_kib, 1, (size_t)1 << 20, "N",
+                   "the partition's chunk in KiB, for tuning (default: the library's)"),
+    };
+    bench_args args = BENCH_ARGS(
+        "bench-split",
+        "One lane's decode attention on 1 thread and on a decoder of N (default 2).\n"
+        "--value-units and --chunk-kib override the partition's grain, for tuning\n"
+        "(attention/gather.h); the results stay bit-identical.",
+        table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
+    c->dtype = dtype >= 0 ? (int)dtypes[dtype] : -1;
     if (c->kv_heads == 0) {
         c->kv_heads = c->heads;
     }
-    if (c->heads % c->kv_heads != 0 || c->head_width % 2 != 0 || c->threads < 2) {
-        fprintf(stderr, "bench-split: kv-heads must divide heads, head-width be even, "
-                        "threads >= 2\n");
-        return 2;
+    if (c->heads % c->kv_heads != 0) {
+        return bench_args_refuse(&args, "--kv-heads", "a divisor of --heads %zu", c->heads);
     }
-    return 0;
+    if (c->head_width % 2 != 0) {
+        return bench_args_refuse(&args, "--head-width", "an even number");
+    }
+    return BENCH_ARGS_RUN;
 }
 
 /* Destroys the cache (unless NULL), then the pool; a refusal is reported. */
@@ -272,8 +256,8 @@ int main(int argc, char **argv)
 {
     split_config c;
     int parsed = parse(argc, argv, &c);
-    if (parsed != 0) {
-        return parsed == 1 ? 0 : 2;
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
     if (c.value_units != 0 || c.chunk_kib != 0) {
         kvpi_gather_grain grain = kvpi_gather_grain_get();
