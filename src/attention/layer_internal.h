@@ -36,6 +36,11 @@
 #include <stdatomic.h>
 
 #include "kvpager/layer.h"
+#include "pager/abi.h"
+
+/* kvp_layer_info's first-release size (pager/abi.h, "Growing structs"). */
+#define KVPI_LAYER_INFO_SIZE_FIRST offsetof(kvp_layer_info, accum)
+KVPI_FIRST_RELEASE_ALIGNED(kvp_layer_info, KVPI_LAYER_INFO_SIZE_FIRST);
 
 struct kvp_layer {
     kvp_param *params[KVP_PARAM_COUNT];
@@ -84,7 +89,7 @@ kvp_status kvpi_layer_create_random_sharing(size_t model_width, size_t heads, si
 /* Whether two layers' RoPE configurations are equal (the base bit for bit). */
 int kvpi_layer_same_rope(const kvp_layer *a, const kvp_layer *b);
 
-/* kvp_layer_binding for a layer known to exist: cannot fail. */
+/* kvp_layer_binding_get for a layer known to exist: cannot fail. */
 void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out);
 
 /*
