@@ -117,7 +117,7 @@ static kvp_cache *cache_for(kvp_pool *pool, const kvp_layer *layer, size_t batch
 {
     kvp_binding binding;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     return kvpt_cache(pool, &binding, batch, capacity);
 }
 
@@ -890,7 +890,7 @@ static void test_attention_validation_order(void **state)
     /* Head count before identities and revisions: the fixture's own nodes, with
      * a stale revision, in a one-head binding. */
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(fx.layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(fx.layer, &binding, &err), &err);
     kvp_binding one_head = binding;
     one_head.heads = 1;
     one_head.kv_heads = 1;
@@ -1660,8 +1660,13 @@ static void test_attention_ticket_empty_and_busy(void **state)
     assert_string_equal(err.argument, "cache");
     assert_int_equal(kvp_ticket_discard(NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "ticket");
-    assert_int_equal(kvp_ticket_destroy(NULL, &err), KVP_NULL_ARGUMENT);
-    assert_string_equal(err.argument, "ticket");
+    /* Destroying NULL does nothing, as free(NULL); err is untouched. */
+    memset(&err, 0x5A, sizeof err);
+    {
+        const kvp_error err_before = err;
+        assert_int_equal(kvp_ticket_destroy(NULL, &err), KVP_OK);
+        assert_memory_equal(&err, &err_before, sizeof err);
+    }
     assert_int_equal(kvp_ticket_result(NULL, &result, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "ticket");
     assert_int_equal(kvp_ticket_result(fx.ticket, NULL, &err), KVP_NULL_ARGUMENT);
@@ -2012,7 +2017,7 @@ static kvp_status compare_paths(const kvp_layer *layer, const double *input, siz
     kvp_binding binding;
     kvp_error err;
     kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     size_t d = info.model_width;
     kvp_pool *pool = kvpt_pool(2, info.heads, info.head_width, batch * tokens);
     kvp_cache *cache = kvpt_cache(pool, &binding, batch, tokens);
@@ -2153,7 +2158,7 @@ static void test_attention_rope_and_ticket_fit_each_part(void **state)
     kvp_layer *layer = fixture_layer();
     kvp_binding good;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &good, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &good, &err), &err);
     kvp_pool *pool = kvpt_pool(BT, H, HD, 8);
     double x[2 * D] = {0.5, -0.25, 1.0, 0.75, 0.1, 0.2, 0.3, 0.4};
     kvp_tensor one = kvp_tensor3(x, 1, 1, D);
@@ -2373,7 +2378,7 @@ static kvp_layer *grouped_random_layer(size_t kv_heads, uint64_t seed)
     kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
     assert_int_equal(info.kv_heads, kv_heads);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     assert_int_equal(binding.heads, GQ_HEADS);
     assert_int_equal(binding.kv_heads, kv_heads);
     assert_int_equal(kvp_param_cols(kvp_layer_param(layer, KVP_PARAM_KEY)), kv_heads * GQ_HD);
@@ -2566,7 +2571,7 @@ static void test_attention_grouped_validation(void **state)
 
     /* Cache creation: kv_heads must divide heads, and the pool store kv_heads heads. */
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(grouped, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(grouped, &binding, &err), &err);
     kvp_cache *out_cache = (kvp_cache *)0x1;
     kvpt_state before;
     kvpt_state_capture(grouped_cache, grouped_pool, &before);

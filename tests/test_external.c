@@ -155,7 +155,7 @@ static void test_external_binding(void **state)
     /* A layer's binding is never external: every layer has RoPE. */
     kvp_layer *layer = kvpt_random_layer(4, 2, 16, 10000.0, 3);
     kvp_binding lb;
-    kvpt_assert_ok(kvp_layer_binding(layer, &lb, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &lb, &err), &err);
     assert_false(kvp_binding_is_external(&lb));
     kvpt_destroy_layer(layer);
 
@@ -422,7 +422,7 @@ static void test_external_kinds_never_cross(void **state)
         kvp_error err;
         kvpt_assert_ok(kvp_layer_info_get(layer, &linfo, &err), &err);
         kvp_binding lb;
-        kvpt_assert_ok(kvp_layer_binding(layer, &lb, &err), &err);
+        kvpt_assert_ok(kvp_layer_binding_get(layer, &lb, &err), &err);
         kvp_cache *bound = kvpt_cache(pool, &lb, B, 8);
         kvp_ticket *ticket = kvpt_ticket(bound);
         size_t width = linfo.model_width;

@@ -261,7 +261,7 @@ static kvp_binding binding_of(const kvp_layer *layer)
 {
     kvp_binding b;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &b, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &b, &err), &err);
     return b;
 }
 

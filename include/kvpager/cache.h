@@ -12,7 +12,7 @@
  *
  * Two kinds of cache, told apart by their binding (kvp_binding_is_external):
  *   - layer-bound: the binding came from an attention layer
- *     (kvp_layer_binding). Rows reach it only through attention's
+ *     (kvp_layer_binding_get). Rows reach it only through attention's
  *     prepare/commit, which checks the binding first: the seed keeps the raw
  *     append private, so no caller can bypass that check. The raw-row calls
  *     below refuse it with CACHE_LAYER_BOUND.
@@ -73,7 +73,7 @@ typedef struct kvp_binding {
      * values likewise with v_scale (pool.h, kvp_dtype). Every other dtype
      * ignores them. Each must be finite, normal and > 0, or 0, which means
      * 1.0 (a binding zeroed by a caller that sets no scale; the cache keeps
-     * the 0 in its binding). kvp_binding_init_external and kvp_layer_binding give 1.0 unless
+     * the 0 in its binding). kvp_binding_init_external and kvp_layer_binding_get give 1.0 unless
      * the layer's scales were set (kvp_layer_set_kv_scales). An fp8 cache's
      * scales are part of its binding digest (kvp_cache_binding_key), so
      * blocks stored under other scales are never shared.
@@ -140,6 +140,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_create(kvp_pool *pool, const kvp_bind
 /*
  * Returns every page to the pool (a pending row reservation's too), sets the
  * promise to 0, detaches and frees the cache.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses this cache (a ticket's
  * prepare or commit included); other caches of the same pool may be used
  * concurrently.
@@ -557,14 +558,16 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_
                                                          kvp_error *err);
 
 /*
- * Shares published blocks: for b = 0, 1, .. n-1, looks up keys[b * B + lane]
+ * Shares published blocks (counted in blocks, not tokens: a sequence's
+ * kvp_sequence_adopt_prefix counts tokens, and each parameter names its
+ * unit): for b = 0, 1, .. blocks-1, looks up keys[b * B + lane]
  * for every lane (block len / block_tokens + b of each lane); at the first
  * block where a lane misses it stops (one prefix miss); every block before
  * it is mapped (each page's reference count + 1, an evictable page held
  * again, one prefix hit per page) and len grows by block_tokens per block.
- * Blocks past the capacity are not looked up. *adopted = blocks adopted
- * (0 is success). Errors, in this order: NULL_ARGUMENT ("cache", "keys"
- * when n > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
+ * Blocks past the capacity are not looked up. *blocks_adopted = blocks
+ * adopted (0 is success). Errors, in this order: NULL_ARGUMENT ("cache",
+ * "keys" when blocks > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
  * multiple of block_tokens); BLOCK_BINDING_MISMATCH (a page of a block that
  * would be adopted was published by a cache of another binding digest: its
  * key was made elsewhere; err.index is the page, err.position the block's
@@ -575,8 +578,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_
  * pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_adopt_prefix(kvp_cache *cache,
-                                                        const kvp_block_key *keys, size_t n,
-                                                        size_t *adopted, kvp_error *err);
+                                                        const kvp_block_key *keys, size_t blocks,
+                                                        size_t *blocks_adopted, kvp_error *err);
 
 /*
  * Sharing for a group of caches at once: the layers of one sequence (an
@@ -614,17 +617,17 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_probe(const kvp_cache *const *c
  * 1, .. it looks up every key of block j (every cache, every lane); at the
  * first block where any misses it stops (one prefix miss); every block
  * before it is mapped in every cache (one prefix hit per page) and each
- * length grows by block_tokens per block. *adopted = blocks adopted.
- * Errors, in this order: the group's; NULL_ARGUMENT ("keys" when n > 0,
- * "adopted"); ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY (the first cache that
+ * length grows by block_tokens per block (at most `blocks`).
+ * *blocks_adopted = blocks adopted. Errors, in this order: the group's;
+ * NULL_ARGUMENT ("keys" when blocks > 0, "adopted"); ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY (the first cache that
  * has one); BLOCK_BINDING_MISMATCH (err.layer = the cache; see
  * kvp_cache_adopt_prefix): nothing adopted in any cache.
  * Threads: one caller at a time per cache of the group (their owner); other
  * caches of the pool may be used at once, those sharing its pages included.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_group_adopt(kvp_cache *const *caches, size_t count,
-                                                       const kvp_block_key *keys, size_t n,
-                                                       size_t *adopted, kvp_error *err);
+                                                       const kvp_block_key *keys, size_t blocks,
+                                                       size_t *blocks_adopted, kvp_error *err);
 
 /*
  * kvp_cache_publish_block for the first `blocks` full blocks of every cache

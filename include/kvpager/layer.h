@@ -10,7 +10,7 @@
  * D x (kv_heads * d_h), so a cache stores kv_heads heads per position. The
  * layer has a RoPE configuration over d_h features. It hands caches their binding:
  * geometry, the four parameters' identities and revisions, the RoPE
- * configuration and the fp8 K/V scales (kvp_layer_binding).
+ * configuration and the fp8 K/V scales (kvp_layer_binding_get).
  *
  * Threads: a layer is immutable after creation except through its
  * parameters' updates and kvp_layer_set_kv_scales; any number of threads may
@@ -122,6 +122,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random_grouped(size_t model_wi
  * Drops the layer's parameter references and frees it. Caches bound to it
  * keep only its binding, and a model keeps its own layers, so neither
  * depends on it.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses this layer.
  */
 KVP_API kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err);
@@ -158,7 +159,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum
  * Threads: thread-safe, also while a parameter is updated (revisions are
  * read atomically: the binding has each one's revision before or after).
  */
-KVP_API KVP_NODISCARD kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out,
+KVP_API KVP_NODISCARD kvp_status kvp_layer_binding_get(const kvp_layer *layer, kvp_binding *out,
                                                    kvp_error *err);
 
 /*
@@ -172,7 +173,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_b
  * INVALID_ARGUMENT ("k_scale", then "v_scale": not finite, normal and > 0),
  * changing nothing.
  * Threads: not safe while any other call uses this layer (prepares,
- * references, kvp_layer_binding, its model's sequences).
+ * references, kvp_layer_binding_get, its model's sequences).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_set_kv_scales(kvp_layer *layer, double k_scale,
                                                          double v_scale, kvp_error *err);

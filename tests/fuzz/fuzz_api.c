@@ -1232,7 +1232,7 @@ static void op_cache_create(reader *r)
     g_op_name = "cache_create";
     kvp_binding binding;
     kvp_error err;
-    kvp_status status = kvp_layer_binding(W.layer[layer].layer, &binding, &err);
+    kvp_status status = kvp_layer_binding_get(W.layer[layer].layer, &binding, &err);
     check_status(status, KVP_OK, &err);
     kvp_status want = batch == 0      ? KVP_ZERO_BATCH_SIZE
                       : capacity == 0 ? KVP_ZERO_CAPACITY

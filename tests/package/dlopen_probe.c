@@ -80,7 +80,7 @@ int main(int argc, char **argv)
     BIND(stats_get_fn, kvp_pool_stats_get);
     BIND(check_fn, kvp_pool_check);
     BIND(layer_random_fn, kvp_layer_create_random);
-    BIND(layer_binding_fn, kvp_layer_binding);
+    BIND(layer_binding_fn, kvp_layer_binding_get);
     BIND(layer_destroy_fn, kvp_layer_destroy);
     BIND(cache_create_fn, kvp_cache_create);
     BIND(cache_destroy_fn, kvp_cache_destroy);
