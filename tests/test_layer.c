@@ -362,7 +362,7 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     kvpt_assert_ok(kvp_layer_binding_get(second, &b, &err), &err);
     assert_memory_equal(&a, &b, sizeof a);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        assert_int_equal(b.params[i].node_id, kvp_param_id(kvp_layer_param(first, i)));
+        assert_int_equal(kvpt_record(&b).node_id[i], kvp_param_id(kvp_layer_param(first, i)));
         assert_ptr_equal(kvp_layer_param(second, i), kvp_layer_param(first, i));
     }
     double output[4 * 3];
@@ -375,8 +375,8 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     kvpt_assert_ok(kvp_param_update(kvp_layer_param_mut(second, KVP_PARAM_VALUE), values, &err),
                    &err);
     kvpt_assert_ok(kvp_layer_binding_get(first, &a, &err), &err);
-    assert_int_equal(a.params[KVP_PARAM_VALUE].revision, 1);
-    assert_int_equal(a.params[KVP_PARAM_QUERY].revision, 0);
+    assert_int_equal(kvpt_record(&a).revision[KVP_PARAM_VALUE], 1);
+    assert_int_equal(kvpt_record(&a).revision[KVP_PARAM_QUERY], 0);
 
     /* Destroying the first layer keeps the shared nodes alive for the second. */
     kvpt_destroy_layer(first);
@@ -802,19 +802,36 @@ static void test_layer_binding_and_info(void **state)
     kvp_binding binding;
     memset(&binding, 0x5A, sizeof binding);
     kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
-    assert_int_equal(binding.model_width, 12);
-    assert_int_equal(binding.heads, 3);
+    /* The pager's part: kind, page geometry, positions, scales. */
+    assert_int_equal(binding.kind, KVP_BINDING_LAYER);
+    assert_int_equal(binding.reserved, 0);
+    assert_int_equal(binding.kv_heads, 3);
     assert_int_equal(binding.head_width, 4);
+    assert_int_equal(binding.max_positions, 20);
+    assert_true(binding.k_scale == 1.0 && binding.v_scale == 1.0);
+    assert_int_equal(binding.owner_revision, 0);
+    /* Attention's record: what the seed's binding rule compares. */
+    kvpi_layer_record record = kvpt_record(&binding);
+    assert_int_equal(record.magic, KVPI_LAYER_RECORD_MAGIC);
+    assert_int_equal(record.model_width, 12);
+    assert_int_equal(record.heads, 3);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        assert_int_equal(binding.params[i].node_id, kvp_param_id(kvp_layer_param(layer, i)));
-        assert_int_equal(binding.params[i].revision, 0);
+        assert_int_equal(record.node_id[i], kvp_param_id(kvp_layer_param(layer, i)));
+        assert_int_equal(record.revision[i], 0);
     }
-    assert_int_equal(binding.rope_feature_width, 4);
-    assert_int_equal(binding.rope_max_positions, 20);
+    assert_int_equal(record.rope_feature_width, 4);
+    assert_int_equal(record.rope_max_positions, 20);
     double base = 500.25;
     uint64_t bits = 0;
     memcpy(&bits, &base, sizeof bits);
-    assert_int_equal(binding.rope_base_bits, bits);
+    assert_int_equal(record.rope_base_bits, bits);
+    /* The record bytes past attention's record are zero; the digest is the record's. */
+    for (size_t i = sizeof record; i < KVP_BINDING_RECORD_BYTES; i++) {
+        assert_int_equal(binding.record[i], 0);
+    }
+    kvp_binding again = kvpt_rebind(&binding, &record);
+    assert_memory_equal(&again, &binding, sizeof binding);
+    assert_true(binding.owner_digest[0] != 0 || binding.owner_digest[1] != 0);
 
     kvpt_assert_layer_info(layer, 12, 3, 4, 20, 500.25);
 
@@ -827,13 +844,18 @@ static void test_layer_binding_and_info(void **state)
     kvpt_assert_ok(kvp_param_update_with(w_output, change_nothing, &calls, &err), &err);
     kvp_binding updated;
     kvpt_assert_ok(kvp_layer_binding_get(layer, &updated, &err), &err);
-    assert_int_equal(updated.params[KVP_PARAM_QUERY].revision, 0);
-    assert_int_equal(updated.params[KVP_PARAM_KEY].revision, 1);
-    assert_int_equal(updated.params[KVP_PARAM_VALUE].revision, 0);
-    assert_int_equal(updated.params[KVP_PARAM_OUTPUT].revision, 2);
+    kvpi_layer_record now = kvpt_record(&updated);
+    assert_int_equal(now.revision[KVP_PARAM_QUERY], 0);
+    assert_int_equal(now.revision[KVP_PARAM_KEY], 1);
+    assert_int_equal(now.revision[KVP_PARAM_VALUE], 0);
+    assert_int_equal(now.revision[KVP_PARAM_OUTPUT], 2);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        assert_int_equal(updated.params[i].node_id, binding.params[i].node_id);
+        assert_int_equal(now.node_id[i], record.node_id[i]);
     }
+    /* The owner's revision is the sum of the parameters'; the digest changes. */
+    assert_int_equal(updated.owner_revision, 3);
+    assert_memory_not_equal(updated.owner_digest, binding.owner_digest,
+                            sizeof binding.owner_digest);
 
     /* NULL handling; out untouched on failure. */
     kvp_layer_info info;
@@ -1148,9 +1170,9 @@ static void test_layer_create_grouped_errors_in_documented_order(void **state)
     assert_int_equal(info.head_width, 2);
     kvp_binding binding;
     kvpt_assert_ok(kvp_layer_binding_get(out, &binding, &err), &err);
-    assert_int_equal(binding.heads, 4);
+    assert_int_equal(kvpt_record(&binding).heads, 4);
     assert_int_equal(binding.kv_heads, 2);
-    assert_int_equal(binding.model_width, 8);
+    assert_int_equal(kvpt_record(&binding).model_width, 8);
     kvpt_destroy_layer(out);
     kvpt_assert_ok(kvp_layer_create_grouped(square, kv2, kv2, square, 4, 1, MAX_POSITIONS,
                                             ROPE_BASE, &out, &err),

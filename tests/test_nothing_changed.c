@@ -82,7 +82,8 @@
  *               kvp_layer_info_get, kvp_layer_binding_get     NULL x2
  *               kvp_layer_set_kv_scales  NULL, INVALID_ARGUMENT x2 (k_scale, v_scale)
  *               kvp_layer_param, kvp_layer_param_mut   infallible (NULL out of range)
- *   attention.h kvp_ticket_create    NULL x2, ALLOCATION_FAILED (sweep)
+ *   attention.h kvp_ticket_create    NULL x2, INVALID_ARGUMENT (a record not
+ *                                    attention's), ALLOCATION_FAILED (sweep)
  *               kvp_ticket_destroy, kvp_ticket_discard    NULL
  *               kvp_ticket_commit    NULL x2, TICKET_EMPTY, TICKET_FOREIGN_CACHE,
  *                                    TICKET_STALE
@@ -623,21 +624,21 @@ static void test_nothing_changed_cache_functions(void **state)
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(NULL, &good, 1, 1, &out, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(w.pool, NULL, 1, 1, &out, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(w.pool, &good, 1, 1, NULL, &e));
-    kvp_binding no_heads = good;
-    no_heads.heads = 0;
-    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_heads, 1, 1, &out, &e));
+    kvp_binding no_kind = good;
+    no_kind.kind = 0; /* neither KVP_BINDING_LAYER nor KVP_BINDING_EXTERNAL */
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_kind, 1, 1, &out, &e));
+    kvp_binding reserved = good;
+    reserved.reserved = 1;
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &reserved, 1, 1, &out, &e));
     kvp_binding odd_kv = good;
-    odd_kv.kv_heads = HEADS + 1; /* KV heads must divide the heads */
-    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &odd_kv, 1, 1, &out, &e));
     odd_kv.kv_heads = 0;
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &odd_kv, 1, 1, &out, &e));
+    kvp_binding no_width = good;
+    no_width.head_width = 0;
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_width, 1, 1, &out, &e));
     kvp_binding grouped = good;
     grouped.kv_heads = 1; /* valid, but the pool stores HEADS heads per page */
     EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &grouped, 1, 1, &out, &e));
-    kvp_binding odd_width = good;
-    odd_width.model_width = D + 1;
-    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
-                kvp_cache_create(w.pool, &odd_width, 1, 1, &out, &e));
     kvp_binding bad_scale = good;
     bad_scale.v_scale = -1.0; /* fp8 scales: finite, normal and > 0 (or 0) */
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
@@ -647,11 +648,10 @@ static void test_nothing_changed_cache_functions(void **state)
     EXPECT_FAIL(&w, KVP_CAPACITY_EXCEEDS_POSITIONS, 0,
                 kvp_cache_create(w.pool, &good, 1, POSITIONS + 1, &out, &e));
     kvp_binding many_positions = good;
-    many_positions.rope_max_positions = SIZE_MAX;
+    many_positions.max_positions = SIZE_MAX;
     EXPECT_FAIL(&w, KVP_ELEMENT_COUNT_OVERFLOW, 0,
                 kvp_cache_create(w.pool, &many_positions, SIZE_MAX / 2, 4, &out, &e));
     kvp_binding other = good;
-    other.heads = 1;
     other.kv_heads = 1;
     other.head_width = D;
     EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &other, 1, 1, &out, &e));
@@ -1104,6 +1104,14 @@ static void test_nothing_changed_attention_functions(void **state)
     kvp_ticket *ticket = SENTINEL;
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_create(NULL, &ticket, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_create(w.cache, NULL, &e));
+    /* A layer-kind binding whose owner record is not attention's (hand-made):
+     * attention cannot size a ticket for it. */
+    kvp_binding not_attention;
+    kvpt_assert_ok(kvp_layer_binding_get(w.layer, &not_attention, &err), &err);
+    memset(not_attention.record, 0, sizeof not_attention.record);
+    kvp_cache *foreign_cache = kvpt_cache(w.pool, &not_attention, 1, 1);
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_ticket_create(foreign_cache, &ticket, &e));
+    kvpt_destroy_cache(foreign_cache, w.pool);
     assert_ptr_equal(ticket, SENTINEL);
     sweep_call ticket_call = {make_ticket, destroy_ticket};
     assert_int_equal(sweep(&w, &ticket_call, 2), 2);

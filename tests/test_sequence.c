@@ -314,8 +314,10 @@ static void test_sequence_model_create_shares_parameters(void **state)
         for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
             assert_ptr_equal(kvp_layer_param(layer, i), kvp_layer_param(src[l], i));
             assert_ptr_equal(kvp_model_param_mut(model, l, i), kvp_layer_param(layer, i));
-            assert_int_equal(mine.params[i].node_id, src_bindings[l].params[i].node_id);
-            assert_int_equal(mine.params[i].revision, src_bindings[l].params[i].revision);
+            assert_int_equal(kvpt_record(&mine).node_id[i],
+                             kvpt_record(&src_bindings[l]).node_id[i]);
+            assert_int_equal(kvpt_record(&mine).revision[i],
+                             kvpt_record(&src_bindings[l]).revision[i]);
         }
         assert_memory_equal(&mine, &src_bindings[l], sizeof mine);
     }

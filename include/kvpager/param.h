@@ -41,6 +41,10 @@ extern "C" {
 
 typedef struct kvp_param kvp_param;
 
+/* The four parameters of an attention layer, in the seed's stable order. */
+enum { KVP_PARAM_QUERY = 0, KVP_PARAM_KEY = 1, KVP_PARAM_VALUE = 2, KVP_PARAM_OUTPUT = 3,
+       KVP_PARAM_COUNT = 4 };
+
 /*
  * Called by kvp_param_update_with to change values[0 .. rows*cols) in place.
  * `width` is kvp_param_rows (the row count): for a square parameter that is

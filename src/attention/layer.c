@@ -388,25 +388,6 @@ kvp_status kvp_layer_binding_get(const kvp_layer *layer, kvp_binding *out, kvp_e
     return KVP_OK;
 }
 
-void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out)
-{
-    kvp_binding binding;
-    memset(&binding, 0, sizeof binding);
-    binding.model_width = layer->model_width;
-    binding.heads = layer->heads;
-    binding.kv_heads = layer->kv_heads;
-    binding.head_width = layer->head_width;
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        binding.params[i].node_id = kvp_param_id(layer->params[i]);
-        binding.params[i].revision = kvp_param_revision(layer->params[i]);
-    }
-    binding.rope_feature_width = layer->rope.feature_width;
-    binding.rope_max_positions = layer->rope.max_positions;
-    memcpy(&binding.rope_base_bits, &layer->rope.base, sizeof binding.rope_base_bits);
-    binding.k_scale = layer->k_scale;
-    binding.v_scale = layer->v_scale;
-    *out = binding;
-}
 
 kvp_status kvp_layer_set_kv_scales(kvp_layer *layer, double k_scale, double v_scale,
                                    kvp_error *err)

@@ -5,11 +5,12 @@
  * commit) and the page-walking accessors the attention gather uses.
  *
  * Invariants:
- *   - 0 <= len <= capacity <= binding.rope_max_positions;
+ *   - 0 <= len <= capacity <= binding.max_positions;
  *   - for every lane, tables[lane][0..ceil(len/block_tokens)) name held
  *     pages and the rest are KVPI_NO_PAGE (I4);
  *   - heads == binding.kv_heads == the pool's heads: a cache stores KV heads
- *     only; the query heads (binding.heads) never reach a page;
+ *     only; the pager knows no query heads (they are in attention's owner
+ *     record, binding.record, which the pager never reads);
  *   - position p of lane b, KV head h lives in page tables[b][p / block_tokens]
  *     at slot p % block_tokens: keys at page + (h*block_tokens + slot)*d_h,
  *     values at page + ((H + h)*block_tokens + slot)*d_h, in elements of the
@@ -24,7 +25,7 @@
  *     cache is its one writer (kvpi_cache_fork_writer_locked; I5), and the
  *     next append first copies it, in every lane, to pages it reserved
  *     with the append (kvpi_cache_pages_needed counts them; cache_cow.c);
- *   - an external cache (binding.rope_feature_width == 0) takes rows from
+ *   - an external cache (binding.kind == KVP_BINDING_EXTERNAL) takes rows from
  *     its owner (kvp_cache_append_rows, reserve/commit/discard) and never
  *     from attention; a layer-bound cache the other way round.
  *
@@ -79,6 +80,16 @@ struct kvp_cache {
     int cow_defer;
     uint32_t *cow_saved;     /* [batch_size], in the tables allocation */
 };
+
+/*
+ * The binding the cache captured at creation, owner record included: the
+ * way its owner (attention) reads its record back. The pager never
+ * interprets binding->owner_digest, owner_revision or record.
+ */
+static inline const kvp_binding *kvpi_cache_binding(const kvp_cache *cache)
+{
+    return &cache->binding;
+}
 
 /* The copy-on-write pages the next append takes: batch_size when cow, else 0. */
 static inline size_t kvpi_cache_cow_pages(const kvp_cache *cache)

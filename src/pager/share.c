@@ -19,11 +19,12 @@
  *     cache naming the page, every one of them marked; fork, truncate and a
  *     deferred undo set it; the append that copies (cache.c) clears it, and
  *     a truncate recomputes it (cache_cow.c) (a truncated writer is marked while shared);
- *   - a chain key covers the cache's binding digest (parameter identities
- *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens,
- *     an fp8 cache's K and V scales)
- *     by construction: no caller can build a key without one, so a revision
- *     bump or a RoPE change makes every older key unreachable;
+ *   - a chain key covers the cache's binding digest (its kind, geometry and
+ *     max_positions, the owner's digest, revision and record bytes, the
+ *     pool's dtype and block_tokens, an fp8 cache's K and V scales) by
+ *     construction: no caller can build a key without one, so whatever
+ *     changes the owner's record (attention: a parameter's revision, RoPE;
+ *     an engine: its weights' revision) makes every older key unreachable;
  *   - a registered page records the binding digest of the cache that
  *     published it, and is adopted only into caches of that digest, whatever
  *     key a caller built (BLOCK_BINDING_MISMATCH otherwise, nothing changed);
@@ -220,17 +221,14 @@ kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache)
     hash128 h;
     hash_init(&h, cache->pool);
     hash_u64(&h, 0x62696e64696e67ull); /* "binding" */
-    hash_u64(&h, b->model_width);
-    hash_u64(&h, b->heads);
+    hash_u64(&h, b->kind);
     hash_u64(&h, b->kv_heads);
     hash_u64(&h, b->head_width);
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        hash_u64(&h, b->params[i].node_id);
-        hash_u64(&h, b->params[i].revision);
-    }
-    hash_u64(&h, b->rope_feature_width);
-    hash_u64(&h, b->rope_max_positions);
-    hash_u64(&h, b->rope_base_bits);
+    hash_u64(&h, b->max_positions);
+    hash_u64(&h, b->owner_digest[0]);
+    hash_u64(&h, b->owner_digest[1]);
+    hash_u64(&h, b->owner_revision);
+    hash_bytes(&h, b->record, sizeof b->record); /* opaque: every byte, uninterpreted */
     hash_u64(&h, (uint64_t)cache->pool->dtype);
     hash_u64(&h, cache->pool->block_tokens);
     hash_u64(&h, cache->pool->heads);

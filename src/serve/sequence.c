@@ -489,6 +489,21 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
  */
 static size_t prefill_block_want = KVPI_PREFILL_BLOCK_DEFAULT;
 
+int kvpi_sequence_stale(const kvp_sequence *sequence)
+{
+    for (size_t i = 0; i < sequence->layers; i++) {
+        kvpi_layer_record rec;
+        kvpi_cache_layer_record(sequence->caches[i], &rec);
+        const kvp_layer *layer = kvp_model_layer(sequence->model, i);
+        for (size_t k = 0; k < KVP_PARAM_COUNT; k++) {
+            if (rec.revision[k] != kvp_param_revision(kvp_layer_param(layer, k))) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 void kvpi_sequence_prefill_block_set(size_t tokens)
 {
     prefill_block_want = tokens;
