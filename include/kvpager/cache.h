@@ -529,10 +529,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new
 
 /*
  * The binding digest of the cache: a kvp_block_key over every field of its
- * kvp_binding (parameter identities and revisions, RoPE width, positions and
- * base, heads, KV heads, widths, and the K and V scales the cache uses: its
- * binding's for an fp8 pool, 1.0 and 1.0 for any other) and of the pool's
- * page format (dtype, block_tokens, heads, head_width). Callers chain several of them into the
+ * kvp_binding (kind, KV heads, head width, max_positions, the owner's
+ * digest, revision and record bytes, and the K and V scales the cache uses:
+ * its binding's for an fp8 pool, 1.0 and 1.0 for any other) and of the
+ * pool's page format (dtype, block_tokens, heads, head_width). So an owner's
+ * new revision (a layer's parameter update, an engine's new weights) gives
+ * new keys. Callers chain several of them into the
  * `context` of kvp_block_key_chain (a sequence digests all its layers).
  * Errors: NULL_ARGUMENT.
  * Threads: not safe while a call changes this cache (it reads the binding);
@@ -642,9 +644,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_probe(const kvp_cache *const *c
  * before it is mapped in every cache (one prefix hit per page) and each
  * length grows by block_tokens per block (at most `blocks`).
  * *blocks_adopted = blocks adopted. Errors, in this order: the group's;
- * NULL_ARGUMENT ("keys" when blocks > 0, "adopted"); ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY (the first cache that
- * has one); BLOCK_BINDING_MISMATCH (err.layer = the cache; see
- * kvp_cache_adopt_prefix): nothing adopted in any cache.
+ * NULL_ARGUMENT ("keys" when blocks > 0, "adopted"); ROWS_RESERVED,
+ * NOT_AT_BLOCK_BOUNDARY (the first cache that has one);
+ * BLOCK_BINDING_MISMATCH (err.layer = the cache; see kvp_cache_adopt_prefix):
+ * nothing adopted in any cache.
  * Threads: one caller at a time per cache of the group (their owner); other
  * caches of the pool may be used at once, those sharing its pages included.
  */

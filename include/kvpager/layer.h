@@ -163,11 +163,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum
  * revisions, RoPE), owner_revision = the sum of the four parameter
  * revisions, record = that record (opaque: fill a binding only from this
  * call; attention refuses a cache whose record is not a layer's own).
+ * (kvp_layer_binding before 0.2: getters end in _get, kvpager.h.)
  * Threads: thread-safe, also while a parameter is updated (revisions are
  * read atomically: the binding has each one's revision before or after).
  */
-KVP_API KVP_NODISCARD kvp_status kvp_layer_binding_get(const kvp_layer *layer, kvp_binding *out,
-                                                   kvp_error *err);
+KVP_API KVP_NODISCARD kvp_status kvp_layer_binding_get(const kvp_layer *layer,
+                                                       kvp_binding *out, kvp_error *err);
 
 /*
  * Sets the layer's fp8 scales (vLLM's k_scale and v_scale; both 1.0 when a

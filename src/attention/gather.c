@@ -468,15 +468,17 @@ static void values_range(const kvp_cache *cache, size_t heads, const double *wei
 void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const double *candidates,
                         size_t lane, double scale, double *scores)
 {
-    scores_blocks(cache, kvpi_cache_query_heads(cache), cache->len + 1, queries, candidates, lane, 0,
-                  blocks_of(cache), scale, scores, KVP_ACCUM_EXACT);
+    size_t heads = kvpi_cache_query_heads(cache);
+    scores_blocks(cache, heads, cache->len + 1, queries, candidates, lane, 0, blocks_of(cache),
+                  scale, scores, KVP_ACCUM_EXACT);
 }
 
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
                         size_t lane, double *outputs)
 {
-    values_range(cache, kvpi_cache_query_heads(cache), weights, candidates, lane, 0, cache->heads, 0,
-                 cache->head_width, outputs, KVP_ACCUM_EXACT);
+    size_t heads = kvpi_cache_query_heads(cache);
+    values_range(cache, heads, weights, candidates, lane, 0, cache->heads, 0, cache->head_width,
+                 outputs, KVP_ACCUM_EXACT);
 }
 
 /* ---- the partition ------------------------------------------------------------ */
