@@ -41,6 +41,7 @@
 #include "args.h"
 #include "attention/gather.h"
 #include "attention/kernels.h"
+#include "attention/layer_internal.h"
 #include "measure.h"
 #include "pager/cache_internal.h"
 
@@ -199,14 +200,15 @@ static int make_cache(const bench_config *c, size_t block_tokens, workspace *w, 
     config.head_width = d;
     config.budget_bytes = (pages + 8) * page_bytes;
     config.dtype = KVP_F64;
+    kvpi_layer_record record; /* a layer binding of no layer: the gather reads only heads */
+    memset(&record, 0, sizeof record);
+    record.magic = KVPI_LAYER_RECORD_MAGIC;
+    record.model_width = c->heads * d;
+    record.heads = c->heads;
+    record.rope_feature_width = d;
+    record.rope_max_positions = c->len;
     kvp_binding binding;
-    memset(&binding, 0, sizeof binding);
-    binding.model_width = c->heads * d;
-    binding.heads = c->heads;
-    binding.kv_heads = c->heads;
-    binding.head_width = d;
-    binding.rope_feature_width = d;
-    binding.rope_max_positions = c->len;
+    kvpi_layer_record_binding(&record, c->heads, d, 0.0, 0.0, &binding);
     uint64_t saved = rng_state; /* every cache gets the same rows */
     int failed = kvp_pool_create(&config, pool, NULL) != KVP_OK ||
                  (!c->sequential && kvp_measure_shuffle_pool(*pool, &rng_state) != 0) ||

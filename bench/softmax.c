@@ -200,7 +200,7 @@ static int decode_bench(size_t repetitions, double min_ns)
     kvp_binding binding;
     if (kvp_pool_create(&config, &pool, &err) != KVP_OK ||
         kvp_layer_create_random(WIDTH, HEADS, 2 * LEN, 10000.0, 7, &c.layer, &err) != KVP_OK ||
-        kvp_layer_binding(c.layer, &binding, &err) != KVP_OK ||
+        kvp_layer_binding_get(c.layer, &binding, &err) != KVP_OK ||
         kvp_cache_create(pool, &binding, 1, LEN + 1, &c.cache, &err) != KVP_OK ||
         kvp_ticket_create(c.cache, &c.ticket, &err) != KVP_OK) {
         fail("setup", &err);

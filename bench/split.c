@@ -162,7 +162,7 @@ static int make_cache(const split_config *c, kvp_dtype dtype, kvp_pool **pool, k
     int failed = row == NULL ||
                  kvp_layer_create_random_grouped(c->heads * d, c->heads, kv, c->len + 1,
                                                  10000.0, 1, &layer, NULL) != KVP_OK ||
-                 kvp_layer_binding(layer, &binding, NULL) != KVP_OK ||
+                 kvp_layer_binding_get(layer, &binding, NULL) != KVP_OK ||
                  kvp_pool_create(&config, pool, NULL) != KVP_OK;
     if (!failed && (kvp_measure_shuffle_pool(*pool, &rng_state) != 0 ||
                     kvp_cache_create(*pool, &binding, 1, c->len + 1, cache, NULL) != KVP_OK)) {

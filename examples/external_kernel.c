@@ -169,7 +169,7 @@ static int run(kvp_dtype dtype, double *worst)
     kvp_binding bound;
     kvp_binding external;
     if (check(kvp_layer_info_get(layer, &info, &err), &err, "layer info") ||
-        check(kvp_layer_binding(layer, &bound, &err), &err, "layer binding") ||
+        check(kvp_layer_binding_get(layer, &bound, &err), &err, "layer binding") ||
         /* Our cache is bound to our own identity (a model version, say). */
         check(kvp_binding_init_external(&external, KV_HEADS, HD, CAPACITY, 0xE1u, 1, &err), &err,
               "external binding") ||

@@ -219,7 +219,7 @@ static void cycle_cache_once(cycler *c, size_t i)
     if (kvp_pool_create(&config, &pool, &err) != KVP_OK ||
         kvp_layer_create_random(WIDTH, HEADS, CAPACITY, 10000.0, c->rng, &layer, &err) !=
             KVP_OK ||
-        kvp_layer_binding(layer, &binding, &err) != KVP_OK ||
+        kvp_layer_binding_get(layer, &binding, &err) != KVP_OK ||
         kvp_cache_create(pool, &binding, 1, CAPACITY, &cache, &err) != KVP_OK ||
         kvp_ticket_create(cache, &ticket, &err) != KVP_OK) {
         cycler_fail(c, "setting up a pool with a cache", &err);

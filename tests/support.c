@@ -12,6 +12,7 @@
 #include <time.h>
 #include <valgrind/valgrind.h>
 
+#include "attention/layer_internal.h"
 #include "pager/cache_internal.h"
 
 /* cmocka's assertion functions, reporting the caller's file and line. */
@@ -162,21 +163,37 @@ void kvpt_destroy_pool_at(kvp_pool *pool, const char *file, int line)
 
 kvp_binding kvpt_binding(size_t heads, size_t head_width, size_t max_positions)
 {
-    kvp_binding binding;
-    memset(&binding, 0, sizeof binding);
-    binding.model_width = heads * head_width;
-    binding.heads = heads;
-    binding.kv_heads = heads;
-    binding.head_width = head_width;
+    kvpi_layer_record record;
+    memset(&record, 0, sizeof record);
+    record.magic = KVPI_LAYER_RECORD_MAGIC;
+    record.model_width = heads * head_width;
+    record.heads = heads;
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        binding.params[i].node_id = 1000 + i;
-        binding.params[i].revision = 0;
+        record.node_id[i] = 1000 + i;
+        record.revision[i] = 0;
     }
-    binding.rope_feature_width = head_width;
-    binding.rope_max_positions = max_positions;
+    record.rope_feature_width = head_width;
+    record.rope_max_positions = max_positions;
     double base = 10000.0;
-    memcpy(&binding.rope_base_bits, &base, sizeof base);
+    memcpy(&record.rope_base_bits, &base, sizeof base);
+    kvp_binding binding;
+    kvpi_layer_record_binding(&record, heads, head_width, 0.0, 0.0, &binding);
     return binding;
+}
+
+kvpi_layer_record kvpt_record(const kvp_binding *binding)
+{
+    kvpi_layer_record record;
+    kvpi_binding_layer_record(binding, &record);
+    return record;
+}
+
+kvp_binding kvpt_rebind(const kvp_binding *binding, const kvpi_layer_record *record)
+{
+    kvp_binding out;
+    kvpi_layer_record_binding(record, binding->kv_heads, binding->head_width, binding->k_scale,
+                              binding->v_scale, &out);
+    return out;
 }
 
 kvp_pool_stats kvpt_stats(kvp_pool *pool)

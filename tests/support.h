@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "kvpager/kvpager.h"
+#include "attention/layer_internal.h"
 #include "pager/alloc.h"
 
 /* The number of elements of an array (not a pointer). */
@@ -85,8 +86,16 @@ void kvpt_destroy_decoder(kvp_decoder *decoder);
 #define kvpt_destroy_pool(pool) kvpt_destroy_pool_at((pool), __FILE__, __LINE__)
 void kvpt_destroy_pool_at(kvp_pool *pool, const char *file, int line);
 
-/* A binding of the given geometry with fixed, distinct parameter ids. */
+/*
+ * A layer binding of the given geometry (KV heads = heads) with fixed,
+ * distinct parameter ids 1000 + i, revisions 0, RoPE (head_width,
+ * max_positions, 10000.0), scales 0 (1.0).
+ */
 kvp_binding kvpt_binding(size_t heads, size_t head_width, size_t max_positions);
+/* The record attention compares a binding with (kvpi_binding_layer_record). */
+kvpi_layer_record kvpt_record(const kvp_binding *binding);
+/* `binding` with its owner record replaced by `record` (digest and revision recomputed). */
+kvp_binding kvpt_rebind(const kvp_binding *binding, const kvpi_layer_record *record);
 
 kvp_pool_stats kvpt_stats(kvp_pool *pool);
 

@@ -7,14 +7,18 @@
  * preset) and memcheck (release preset) catch any access past it, and
  * followed by guard bytes that must come back unchanged. A zero or too small
  * struct_size is refused with INVALID_ARGUMENT naming it, changing nothing.
- * Unit test: uses internal headers (pager/abi.h for the first-release sizes).
+ * Unit test: uses internal headers (pager/abi.h and the layers' internal
+ * headers, for the first-release sizes).
  */
 #include "support.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention/layer_internal.h"
 #include "pager/abi.h"
+#include "serve/model_internal.h"
+#include "serve/requests_internal.h"
 #include "pager/alloc.h"
 
 #define GUARD 0xA5

@@ -117,7 +117,7 @@ static kvp_cache *cache_for(kvp_pool *pool, const kvp_layer *layer, size_t batch
 {
     kvp_binding binding;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     return kvpt_cache(pool, &binding, batch, capacity);
 }
 
@@ -751,7 +751,9 @@ static void test_attention_validation_errors_with_exact_details(void **state)
     kvp_binding odd = kvpt_binding(2, 3, MAX_POSITIONS);
     kvp_cache *odd_cache = kvpt_cache(odd_pool, &odd, 1, CAPACITY);
     kvp_ticket *odd_ticket = kvpt_ticket(odd_cache);
-    odd_cache->binding.model_width = D;
+    kvpi_layer_record odd_record = kvpt_record(&odd);
+    odd_record.model_width = D;
+    odd_cache->binding = kvpt_rebind(&odd, &odd_record);
     expect_failure(fx.layer, &single, odd_cache, odd_pool, odd_ticket,
                    KVP_CACHE_HEAD_WIDTH_MISMATCH,
                    "KV cache head width 3 must match attention layer head width 2", &err);
@@ -759,13 +761,15 @@ static void test_attention_validation_errors_with_exact_details(void **state)
     assert_int_equal(err.cache_size, 3);
 
     /* CacheLayerMismatch: a rebuilt layer, same shapes and values, new nodes. */
-    kvp_binding inconsistent = odd;
-    inconsistent.model_width = D;
+    /* The pager checks only its part of a binding (kind, page geometry);
+     * attention's record is the owner's, checked at prepare as above. */
+    kvp_binding unknown = odd;
+    unknown.kind = 0;
     kvp_cache *refused = (kvp_cache *)0x1;
-    assert_int_equal(kvp_cache_create(odd_pool, &inconsistent, 1, CAPACITY, &refused, &err),
+    assert_int_equal(kvp_cache_create(odd_pool, &unknown, 1, CAPACITY, &refused, &err),
                      KVP_INVALID_ARGUMENT);
-    kvpt_assert_error_text(&err, "argument `binding` is invalid: model_width must equal heads * "
-                                 "head_width");
+    kvpt_assert_error_text(&err, "argument `binding` is invalid: kind must be "
+                                 "KVP_BINDING_LAYER or KVP_BINDING_EXTERNAL, reserved 0");
     assert_ptr_equal(refused, (kvp_cache *)0x1);
     kvpt_assert_pool_ok(odd_pool);
 
@@ -890,18 +894,21 @@ static void test_attention_validation_order(void **state)
     /* Head count before identities and revisions: the fixture's own nodes, with
      * a stale revision, in a one-head binding. */
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(fx.layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(fx.layer, &binding, &err), &err);
+    kvpi_layer_record one_record = kvpt_record(&binding);
+    one_record.heads = 1;
+    one_record.rope_feature_width = D;
+    one_record.revision[KVP_PARAM_VALUE] = 5;
     kvp_binding one_head = binding;
-    one_head.heads = 1;
     one_head.kv_heads = 1;
     one_head.head_width = D;
-    one_head.rope_feature_width = D;
-    one_head.params[KVP_PARAM_VALUE].revision = 5;
+    one_head = kvpt_rebind(&one_head, &one_record);
     kvp_pool *one_pool = kvpt_pool(BT, 1, D, 2);
     kvp_cache *one_cache = kvpt_cache(one_pool, &one_head, 1, CAPACITY);
     expect_failure(fx.layer, &single, one_cache, one_pool, fx.ticket, KVP_CACHE_HEAD_COUNT_MISMATCH,
                    "KV cache head count 1 must match attention layer head count 2", &err);
-    one_head.params[KVP_PARAM_OUTPUT].node_id = 1;
+    one_record.node_id[KVP_PARAM_OUTPUT] = 1;
+    one_head = kvpt_rebind(&one_head, &one_record);
     kvp_cache *one_cache_other_ids = kvpt_cache(one_pool, &one_head, 1, CAPACITY);
     expect_failure(fx.layer, &single, one_cache_other_ids, one_pool, fx.ticket,
                    KVP_CACHE_HEAD_COUNT_MISMATCH,
@@ -911,26 +918,30 @@ static void test_attention_validation_order(void **state)
     kvp_pool *odd_pool = kvpt_pool(BT, H, 3, 2);
     kvp_binding odd = kvpt_binding(H, 3, MAX_POSITIONS);
     kvp_cache *odd_cache = kvpt_cache(odd_pool, &odd, 1, CAPACITY);
-    odd_cache->binding.model_width = D;
+    kvpi_layer_record odd_record = kvpt_record(&odd);
+    odd_record.model_width = D;
+    odd_cache->binding = kvpt_rebind(&odd, &odd_record);
     expect_failure(fx.layer, &single, odd_cache, odd_pool, fx.ticket, KVP_CACHE_HEAD_WIDTH_MISMATCH,
                    "KV cache head width 3 must match attention layer head width 2", &err);
 
     /* All four identities before any revision: a stale revision at index 0 and a
      * foreign node at index 3 report the identity. */
-    kvp_binding forged = binding;
-    forged.params[KVP_PARAM_QUERY].revision = 7;
-    forged.params[KVP_PARAM_OUTPUT].node_id = binding.params[KVP_PARAM_OUTPUT].node_id + 1000;
+    kvpi_layer_record record = kvpt_record(&binding);
+    record.revision[KVP_PARAM_QUERY] = 7;
+    record.node_id[KVP_PARAM_OUTPUT] += 1000;
+    kvp_binding forged = kvpt_rebind(&binding, &record);
     kvp_cache *forged_cache = kvpt_cache(fx.pool, &forged, 1, CAPACITY);
     expect_failure(fx.layer, &single, forged_cache, fx.pool, fx.ticket, KVP_CACHE_LAYER_MISMATCH,
                    "KV cache parameter identity does not match this attention layer", &err);
     kvpt_destroy_cache(forged_cache, fx.pool);
 
     /* Revisions in stable order, before RoPE and capacity. */
-    forged = binding;
-    forged.params[KVP_PARAM_KEY].revision = 3;
-    forged.params[KVP_PARAM_OUTPUT].revision = 9;
+    record = kvpt_record(&binding);
+    record.revision[KVP_PARAM_KEY] = 3;
+    record.revision[KVP_PARAM_OUTPUT] = 9;
     double other_base = 20000.0;
-    memcpy(&forged.rope_base_bits, &other_base, sizeof other_base);
+    memcpy(&record.rope_base_bits, &other_base, sizeof other_base);
+    forged = kvpt_rebind(&binding, &record);
     forged_cache = kvpt_cache(fx.pool, &forged, 1, CAPACITY);
     expect_failure(fx.layer, &single, forged_cache, fx.pool, fx.ticket,
                    KVP_CACHE_LAYER_REVISION_MISMATCH,
@@ -1660,8 +1671,13 @@ static void test_attention_ticket_empty_and_busy(void **state)
     assert_string_equal(err.argument, "cache");
     assert_int_equal(kvp_ticket_discard(NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "ticket");
-    assert_int_equal(kvp_ticket_destroy(NULL, &err), KVP_NULL_ARGUMENT);
-    assert_string_equal(err.argument, "ticket");
+    /* Destroying NULL does nothing, as free(NULL); err is untouched. */
+    memset(&err, 0x5A, sizeof err);
+    {
+        const kvp_error err_before = err;
+        assert_int_equal(kvp_ticket_destroy(NULL, &err), KVP_OK);
+        assert_memory_equal(&err, &err_before, sizeof err);
+    }
     assert_int_equal(kvp_ticket_result(NULL, &result, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "ticket");
     assert_int_equal(kvp_ticket_result(fx.ticket, NULL, &err), KVP_NULL_ARGUMENT);
@@ -2012,7 +2028,7 @@ static kvp_status compare_paths(const kvp_layer *layer, const double *input, siz
     kvp_binding binding;
     kvp_error err;
     kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     size_t d = info.model_width;
     kvp_pool *pool = kvpt_pool(2, info.heads, info.head_width, batch * tokens);
     kvp_cache *cache = kvpt_cache(pool, &binding, batch, tokens);
@@ -2153,18 +2169,21 @@ static void test_attention_rope_and_ticket_fit_each_part(void **state)
     kvp_layer *layer = fixture_layer();
     kvp_binding good;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &good, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &good, &err), &err);
     kvp_pool *pool = kvpt_pool(BT, H, HD, 8);
     double x[2 * D] = {0.5, -0.25, 1.0, 0.75, 0.1, 0.2, 0.3, 0.4};
     kvp_tensor one = kvp_tensor3(x, 1, 1, D);
 
     /* RoPE: feature width, max positions and base bits, one at a time. */
-    kvp_binding widths = good;
-    widths.rope_feature_width = HD + 2;
-    kvp_binding positions = good;
-    positions.rope_max_positions = MAX_POSITIONS + 1;
-    kvp_binding base = good;
-    base.rope_base_bits ^= 1; /* the next double after 10000 */
+    kvpi_layer_record record = kvpt_record(&good);
+    record.rope_feature_width = HD + 2;
+    kvp_binding widths = kvpt_rebind(&good, &record);
+    record = kvpt_record(&good);
+    record.rope_max_positions = MAX_POSITIONS + 1;
+    kvp_binding positions = kvpt_rebind(&good, &record);
+    record = kvpt_record(&good);
+    record.rope_base_bits ^= 1; /* the next double after 10000 */
+    kvp_binding base = kvpt_rebind(&good, &record);
     const kvp_binding *ropes[] = {&widths, &positions, &base};
     for (size_t i = 0; i < KVPT_COUNT_OF(ropes); i++) {
         kvp_cache *cache = kvpt_cache(pool, ropes[i], 1, 4);
@@ -2173,8 +2192,8 @@ static void test_attention_rope_and_ticket_fit_each_part(void **state)
         kvpt_state_capture(cache, pool, &before);
         assert_int_equal(kvp_attention_forward(layer, &one, cache, ticket, &err),
                          KVP_CACHE_ROPE_MISMATCH);
-        assert_int_equal(err.cache_rope.feature_width, ropes[i]->rope_feature_width);
-        assert_int_equal(err.cache_rope.max_positions, ropes[i]->rope_max_positions);
+        assert_int_equal(err.cache_rope.feature_width, kvpt_record(ropes[i]).rope_feature_width);
+        assert_int_equal(err.cache_rope.max_positions, kvpt_record(ropes[i]).rope_max_positions);
         assert_int_equal(err.layer_rope.feature_width, HD);
         assert_true(err.layer_rope.base == ROPE_BASE);
         assert_true((err.cache_rope.base == ROPE_BASE) == (i != 2));
@@ -2373,8 +2392,8 @@ static kvp_layer *grouped_random_layer(size_t kv_heads, uint64_t seed)
     kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
     assert_int_equal(info.kv_heads, kv_heads);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
-    assert_int_equal(binding.heads, GQ_HEADS);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
+    assert_int_equal(kvpt_record(&binding).heads, GQ_HEADS);
     assert_int_equal(binding.kv_heads, kv_heads);
     assert_int_equal(kvp_param_cols(kvp_layer_param(layer, KVP_PARAM_KEY)), kv_heads * GQ_HD);
     assert_int_equal(kvp_param_cols(kvp_layer_param(layer, KVP_PARAM_VALUE)), kv_heads * GQ_HD);
@@ -2564,9 +2583,13 @@ static void test_attention_grouped_validation(void **state)
                                            2 * 3 * GQ_HD, &err),
                    &err);
 
-    /* Cache creation: kv_heads must divide heads, and the pool store kv_heads heads. */
+    /* Cache creation: kv_heads nonzero, and the pool store kv_heads heads. The
+     * query heads are attention's (the owner record): the pager does not know
+     * them, so a hand-edited kv_heads that does not divide them is refused as
+     * any kv_heads the pool does not store (GEOMETRY_MISMATCH), and a cache of
+     * a matching pool by attention (CACHE_KV_HEAD_COUNT_MISMATCH). */
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(grouped, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(grouped, &binding, &err), &err);
     kvp_cache *out_cache = (kvp_cache *)0x1;
     kvpt_state before;
     kvpt_state_capture(grouped_cache, grouped_pool, &before);
@@ -2574,9 +2597,11 @@ static void test_attention_grouped_validation(void **state)
         kvp_binding odd = binding;
         odd.kv_heads = (size_t[]){0, 3, 16}[bad];
         assert_int_equal(kvp_cache_create(grouped_pool, &odd, 1, 8, &out_cache, &err),
-                         KVP_INVALID_ARGUMENT);
-        kvpt_assert_error_text(&err, "argument `binding` is invalid: kv_heads must be nonzero "
-                                     "and divide heads");
+                         bad == 0 ? KVP_INVALID_ARGUMENT : KVP_GEOMETRY_MISMATCH);
+        if (bad == 0) {
+            kvpt_assert_error_text(&err, "argument `binding` is invalid: kv_heads and "
+                                         "head_width must be nonzero");
+        }
     }
     assert_int_equal(kvp_cache_create(mha_pool, &binding, 1, 8, &out_cache, &err),
                      KVP_GEOMETRY_MISMATCH);

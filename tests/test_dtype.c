@@ -444,7 +444,7 @@ static void test_dtype_prepare_and_reference_refuse_overflow(void **state)
         kvp_layer *layer = identity_layer(zero_key);
         kvp_binding binding;
         kvp_error err;
-        kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+        kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
         kvp_status want = zero_key ? KVP_NONFINITE_VALUE : KVP_NONFINITE_KEY;
         kvp_pool *pool = kvpt_dtype_pool(2, P_HEADS, P_HD, 4, KVP_BF16);
         kvp_cache *cache = kvpt_cache(pool, &binding, 1, P_CAP);
@@ -538,7 +538,7 @@ static void decode(const geometry *g, kvp_dtype dtype, size_t bt, const kvp_laye
     kvp_pool *pool = kvpt_dtype_pool(bt, kv_heads_of(g), g->head_width,
                                 g->batch * KVPT_CEIL_DIV(g->capacity, bt), dtype);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     kvp_cache *cache = kvpt_cache(pool, &binding, g->batch, g->capacity);
     kvp_ticket *ticket = kvpt_ticket(cache);
     double *step = kvpt_doubles(g->batch * d);

@@ -63,7 +63,7 @@ static void test_narrow_pool_geometry_stats_layout(void **state)
         pages[i] = stats.total_pages;
         kvp_page_layout layout;
         kvp_page_layout_init(&layout);
-        kvpt_assert_ok(kvp_pool_page_layout(pool, &layout, &err), &err);
+        kvpt_assert_ok(kvp_pool_page_layout_get(pool, &layout, &err), &err);
         assert_int_equal(layout.dtype, dtypes[i]);
         assert_int_equal(layout.element_bytes, bytes);
         assert_int_equal(layout.row_stride_bytes, 32 * bytes);
@@ -324,7 +324,7 @@ static void test_narrow_prepare_and_reference_refuse_overflow(void **state)
         /* Keys over 0.25 * 464 = 116 are refused by fp8; f16 ignores the scales. */
         kvpt_assert_ok(kvp_layer_set_kv_scales(layer, 0.25, 4.0, &err), &err);
         kvp_binding binding;
-        kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+        kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
         assert_true(binding.k_scale == 0.25 && binding.v_scale == 4.0);
         kvp_pool *pool = kvpt_dtype_pool(2, P_HEADS, P_HD, 4, dtype);
         kvp_cache *cache = kvpt_cache(pool, &binding, 1, P_CAP);
@@ -379,7 +379,7 @@ static void test_narrow_scales_are_validated(void **state)
     kvpt_assert_ok(kvp_binding_init_external(&good, N_HEADS, N_HD, N_CAP, 3, 0, &err), &err);
     kvp_layer *layer = identity_layer();
     kvp_binding layer_before;
-    kvpt_assert_ok(kvp_layer_binding(layer, &layer_before, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &layer_before, &err), &err);
     assert_true(layer_before.k_scale == 1.0 && layer_before.v_scale == 1.0);
     kvpt_snapshot before;
     kvpt_snapshot_init(&before, pool);
@@ -399,7 +399,7 @@ static void test_narrow_scales_are_validated(void **state)
             assert_int_equal(kvp_layer_set_kv_scales(layer, k, v, &err), KVP_INVALID_ARGUMENT);
             assert_string_equal(err.argument, which ? "v_scale" : "k_scale");
             kvp_binding now;
-            kvpt_assert_ok(kvp_layer_binding(layer, &now, &err), &err);
+            kvpt_assert_ok(kvp_layer_binding_get(layer, &now, &err), &err);
             assert_memory_equal(&now, &layer_before, sizeof now);
         }
     }

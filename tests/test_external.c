@@ -138,24 +138,36 @@ static void test_external_binding(void **state)
     kvp_binding b;
     kvp_error err;
     kvpt_assert_ok(kvp_binding_init_external(&b, 2, 8, 100, 0xABCDull, 9, &err), &err);
+    assert_int_equal(b.kind, KVP_BINDING_EXTERNAL);
     assert_int_equal(b.kv_heads, 2);
-    assert_int_equal(b.heads, 2);
     assert_int_equal(b.head_width, 8);
-    assert_int_equal(b.model_width, 16);
-    assert_int_equal(b.rope_feature_width, 0);
-    assert_int_equal(b.rope_max_positions, 100);
-    assert_int_equal(b.rope_base_bits, 0);
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        assert_int_equal(b.params[i].node_id, 0xABCDull);
-        assert_int_equal(b.params[i].revision, 9);
+    assert_int_equal(b.max_positions, 100);
+    assert_int_equal(b.owner_digest[0], 0xABCDull);
+    assert_int_equal(b.owner_digest[1], 0);
+    assert_int_equal(b.owner_revision, 9);
+    for (size_t i = 0; i < KVP_BINDING_RECORD_BYTES; i++) {
+        assert_int_equal(b.record[i], 0);
     }
+    assert_true(b.k_scale == 1.0 && b.v_scale == 1.0);
     assert_true(kvp_binding_is_external(&b));
     assert_false(kvp_binding_is_external(NULL));
+    /* What attention compares an external cache with: the fields the binding
+     * had before 0.2, so it refuses one with the same errors. */
+    kvpi_layer_record r = kvpt_record(&b);
+    assert_int_equal(r.heads, 2);
+    assert_int_equal(r.model_width, 16);
+    assert_int_equal(r.rope_feature_width, 0);
+    assert_int_equal(r.rope_max_positions, 100);
+    assert_int_equal(r.rope_base_bits, 0);
+    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
+        assert_int_equal(r.node_id[i], 0xABCDull);
+        assert_int_equal(r.revision[i], 9);
+    }
 
-    /* A layer's binding is never external: every layer has RoPE. */
+    /* A layer's binding is never external: its kind says so. */
     kvp_layer *layer = kvpt_random_layer(4, 2, 16, 10000.0, 3);
     kvp_binding lb;
-    kvpt_assert_ok(kvp_layer_binding(layer, &lb, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &lb, &err), &err);
     assert_false(kvp_binding_is_external(&lb));
     kvpt_destroy_layer(layer);
 
@@ -422,7 +434,7 @@ static void test_external_kinds_never_cross(void **state)
         kvp_error err;
         kvpt_assert_ok(kvp_layer_info_get(layer, &linfo, &err), &err);
         kvp_binding lb;
-        kvpt_assert_ok(kvp_layer_binding(layer, &lb, &err), &err);
+        kvpt_assert_ok(kvp_layer_binding_get(layer, &lb, &err), &err);
         kvp_cache *bound = kvpt_cache(pool, &lb, B, 8);
         kvp_ticket *ticket = kvpt_ticket(bound);
         size_t width = linfo.model_width;

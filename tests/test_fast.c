@@ -140,7 +140,7 @@ static int fixture_open(fixture *f, kvp_dtype dtype, size_t batch, size_t bt, si
                                                    10000.0, 5, &f->layer, &err),
                    &err);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(f->layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(f->layer, &binding, &err), &err);
     f->cache = kvpt_cache(f->pool, &binding, batch, capacity);
     size_t kvw = batch * kv_heads * d;
     double *row = kvpt_doubles(2 * kvw);
@@ -563,7 +563,7 @@ static void test_fast_layer_setting(void **state)
 
     /* Decode steps of a bf16 cache at each level: the fast one differs from exact. */
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     double out[2][64];
     for (int a = 0; a < 2; a++) {
         kvpt_assert_ok(kvp_layer_set_accum(layer, (kvp_accum)a, &err), &err);

@@ -577,7 +577,7 @@ static void run_both_ways(const geometry *g, size_t max_positions, uint64_t seed
                                g->batch * KVPT_CEIL_DIV(g->capacity, g->block_tokens));
     kvp_layer *layer = kvpt_random_layer(d, g->heads, max_positions, 10000.0, seed);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     kvp_cache *cache = kvpt_cache(pool, &binding, g->batch, g->capacity);
     kvp_ticket *ticket = kvpt_ticket(cache);
     double *sequence = kvpt_doubles(rows);

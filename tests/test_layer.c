@@ -90,7 +90,7 @@ static void test_layer_param_create_copies_values(void **state)
     for (size_t i = 0; i < 9; i++) {
         values[i] = 1e9;
     }
-    assert_int_equal(kvp_param_width(param), 3);
+    assert_int_equal(kvp_param_rows(param), 3);
     assert_ptr_not_equal(kvp_param_values(param), values);
     assert_memory_equal(kvp_param_values(param), copy, sizeof copy);
     assert_int_equal(kvp_param_revision(param), 0);
@@ -100,7 +100,7 @@ static void test_layer_param_create_copies_values(void **state)
     kvp_param *tiny = NULL;
     double one = -0.0;
     kvpt_assert_ok(kvp_param_create(1, &one, &tiny, &err), &err);
-    assert_int_equal(kvp_param_width(tiny), 1);
+    assert_int_equal(kvp_param_rows(tiny), 1);
     assert_memory_equal(kvp_param_values(tiny), &one, sizeof one); /* -0.0 bit for bit */
     release(tiny);
     release(param);
@@ -295,15 +295,20 @@ static void test_layer_param_errors_and_null_queries(void **state)
 
     assert_int_equal(kvp_param_retain(NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "param");
-    assert_int_equal(kvp_param_release(NULL, &err), KVP_NULL_ARGUMENT);
-    assert_string_equal(err.argument, "param");
+    /* Destroying NULL does nothing, as free(NULL); err is untouched. */
+    memset(&err, 0x5A, sizeof err);
+    {
+        const kvp_error err_before = err;
+        assert_int_equal(kvp_param_release(NULL, &err), KVP_OK);
+        assert_memory_equal(&err, &err_before, sizeof err);
+    }
     assert_int_equal(kvp_param_update(NULL, values, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "param");
     assert_int_equal(kvp_param_update_with(NULL, change_nothing, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "param");
     assert_int_equal(kvp_param_id(NULL), 0);
     assert_int_equal(kvp_param_revision(NULL), 0);
-    assert_int_equal(kvp_param_width(NULL), 0);
+    assert_int_equal(kvp_param_rows(NULL), 0);
     assert_null(kvp_param_values(NULL));
 }
 
@@ -353,11 +358,11 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
                    &err);
     kvp_binding a;
     kvp_binding b;
-    kvpt_assert_ok(kvp_layer_binding(first, &a, &err), &err);
-    kvpt_assert_ok(kvp_layer_binding(second, &b, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(first, &a, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(second, &b, &err), &err);
     assert_memory_equal(&a, &b, sizeof a);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        assert_int_equal(b.params[i].node_id, kvp_param_id(kvp_layer_param(first, i)));
+        assert_int_equal(kvpt_record(&b).node_id[i], kvp_param_id(kvp_layer_param(first, i)));
         assert_ptr_equal(kvp_layer_param(second, i), kvp_layer_param(first, i));
     }
     double output[4 * 3];
@@ -369,13 +374,13 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     memcpy(values, kvp_param_values(kvp_layer_param(second, KVP_PARAM_VALUE)), sizeof values);
     kvpt_assert_ok(kvp_param_update(kvp_layer_param_mut(second, KVP_PARAM_VALUE), values, &err),
                    &err);
-    kvpt_assert_ok(kvp_layer_binding(first, &a, &err), &err);
-    assert_int_equal(a.params[KVP_PARAM_VALUE].revision, 1);
-    assert_int_equal(a.params[KVP_PARAM_QUERY].revision, 0);
+    kvpt_assert_ok(kvp_layer_binding_get(first, &a, &err), &err);
+    assert_int_equal(kvpt_record(&a).revision[KVP_PARAM_VALUE], 1);
+    assert_int_equal(kvpt_record(&a).revision[KVP_PARAM_QUERY], 0);
 
     /* Destroying the first layer keeps the shared nodes alive for the second. */
     kvpt_destroy_layer(first);
-    kvpt_assert_ok(kvp_layer_binding(second, &b, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(second, &b, &err), &err);
     assert_memory_equal(&a, &b, sizeof a);
     reference_of(second, 4, 3, output);
     assert_memory_equal(output, expected, sizeof output);
@@ -387,10 +392,15 @@ static void test_layer_shared_params_keep_identity_and_references(void **state)
     uint64_t kept_id = kvp_param_id(kept);
     kvpt_destroy_layer(second);
     assert_int_equal(kvp_param_id(kept), kept_id);
-    assert_int_equal(kvp_param_width(kept), 4);
+    assert_int_equal(kvp_param_rows(kept), 4);
     release(kept); /* the last reference: frees the node */
-    assert_int_equal(kvp_layer_destroy(NULL, &err), KVP_NULL_ARGUMENT);
-    assert_string_equal(err.argument, "layer");
+    /* Destroying NULL does nothing, as free(NULL); err is untouched. */
+    memset(&err, 0x5A, sizeof err);
+    {
+        const kvp_error err_before = err;
+        assert_int_equal(kvp_layer_destroy(NULL, &err), KVP_OK);
+        assert_memory_equal(&err, &err_before, sizeof err);
+    }
 }
 
 /* ---- RoPE ----------------------------------------------------------------- */
@@ -710,7 +720,7 @@ static void test_layer_create_random_is_deterministic_and_bounded(void **state)
         const double *va = kvp_param_values(kvp_layer_param(a, p));
         const double *vb = kvp_param_values(kvp_layer_param(b, p));
         const double *vc = kvp_param_values(kvp_layer_param(c, p));
-        assert_int_equal(kvp_param_width(kvp_layer_param(a, p)), 4);
+        assert_int_equal(kvp_param_rows(kvp_layer_param(a, p)), 4);
         assert_memory_equal(va, vb, 16 * sizeof(double));
         for (size_t i = 0; i < 16; i++) {
             double expected = kvpt_rand_unit(&rng) * scale;
@@ -791,20 +801,37 @@ static void test_layer_binding_and_info(void **state)
     kvp_layer *layer = kvpt_random_layer(12, 3, 20, 500.25, 9);
     kvp_binding binding;
     memset(&binding, 0x5A, sizeof binding);
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
-    assert_int_equal(binding.model_width, 12);
-    assert_int_equal(binding.heads, 3);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
+    /* The pager's part: kind, page geometry, positions, scales. */
+    assert_int_equal(binding.kind, KVP_BINDING_LAYER);
+    assert_int_equal(binding.reserved, 0);
+    assert_int_equal(binding.kv_heads, 3);
     assert_int_equal(binding.head_width, 4);
+    assert_int_equal(binding.max_positions, 20);
+    assert_true(binding.k_scale == 1.0 && binding.v_scale == 1.0);
+    assert_int_equal(binding.owner_revision, 0);
+    /* Attention's record: what the seed's binding rule compares. */
+    kvpi_layer_record record = kvpt_record(&binding);
+    assert_int_equal(record.magic, KVPI_LAYER_RECORD_MAGIC);
+    assert_int_equal(record.model_width, 12);
+    assert_int_equal(record.heads, 3);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        assert_int_equal(binding.params[i].node_id, kvp_param_id(kvp_layer_param(layer, i)));
-        assert_int_equal(binding.params[i].revision, 0);
+        assert_int_equal(record.node_id[i], kvp_param_id(kvp_layer_param(layer, i)));
+        assert_int_equal(record.revision[i], 0);
     }
-    assert_int_equal(binding.rope_feature_width, 4);
-    assert_int_equal(binding.rope_max_positions, 20);
+    assert_int_equal(record.rope_feature_width, 4);
+    assert_int_equal(record.rope_max_positions, 20);
     double base = 500.25;
     uint64_t bits = 0;
     memcpy(&bits, &base, sizeof bits);
-    assert_int_equal(binding.rope_base_bits, bits);
+    assert_int_equal(record.rope_base_bits, bits);
+    /* The record bytes past attention's record are zero; the digest is the record's. */
+    for (size_t i = sizeof record; i < KVP_BINDING_RECORD_BYTES; i++) {
+        assert_int_equal(binding.record[i], 0);
+    }
+    kvp_binding again = kvpt_rebind(&binding, &record);
+    assert_memory_equal(&again, &binding, sizeof binding);
+    assert_true(binding.owner_digest[0] != 0 || binding.owner_digest[1] != 0);
 
     kvpt_assert_layer_info(layer, 12, 3, 4, 20, 500.25);
 
@@ -816,23 +843,28 @@ static void test_layer_binding_and_info(void **state)
     kvpt_assert_ok(kvp_param_update_with(w_output, change_nothing, &calls, &err), &err);
     kvpt_assert_ok(kvp_param_update_with(w_output, change_nothing, &calls, &err), &err);
     kvp_binding updated;
-    kvpt_assert_ok(kvp_layer_binding(layer, &updated, &err), &err);
-    assert_int_equal(updated.params[KVP_PARAM_QUERY].revision, 0);
-    assert_int_equal(updated.params[KVP_PARAM_KEY].revision, 1);
-    assert_int_equal(updated.params[KVP_PARAM_VALUE].revision, 0);
-    assert_int_equal(updated.params[KVP_PARAM_OUTPUT].revision, 2);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &updated, &err), &err);
+    kvpi_layer_record now = kvpt_record(&updated);
+    assert_int_equal(now.revision[KVP_PARAM_QUERY], 0);
+    assert_int_equal(now.revision[KVP_PARAM_KEY], 1);
+    assert_int_equal(now.revision[KVP_PARAM_VALUE], 0);
+    assert_int_equal(now.revision[KVP_PARAM_OUTPUT], 2);
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        assert_int_equal(updated.params[i].node_id, binding.params[i].node_id);
+        assert_int_equal(now.node_id[i], record.node_id[i]);
     }
+    /* The owner's revision is the sum of the parameters'; the digest changes. */
+    assert_int_equal(updated.owner_revision, 3);
+    assert_memory_not_equal(updated.owner_digest, binding.owner_digest,
+                            sizeof binding.owner_digest);
 
     /* NULL handling; out untouched on failure. */
     kvp_layer_info info;
     kvp_layer_info_init(&info);
     kvp_binding untouched;
     memcpy(&untouched, &updated, sizeof updated);
-    assert_int_equal(kvp_layer_binding(NULL, &updated, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_layer_binding_get(NULL, &updated, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "layer");
-    assert_int_equal(kvp_layer_binding(layer, NULL, &err), KVP_NULL_ARGUMENT);
+    assert_int_equal(kvp_layer_binding_get(layer, NULL, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "out");
     assert_memory_equal(&updated, &untouched, sizeof updated);
     assert_int_equal(kvp_layer_info_get(NULL, &info, &err), KVP_NULL_ARGUMENT);
@@ -993,7 +1025,7 @@ static void test_layer_param_matrix_rows_and_cols(void **state)
     kvpt_assert_ok(kvp_param_create_matrix(3, 2, values, &param, &err), &err);
     assert_int_equal(kvp_param_rows(param), 3);
     assert_int_equal(kvp_param_cols(param), 2);
-    assert_int_equal(kvp_param_width(param), 3); /* the input width */
+    assert_int_equal(kvp_param_rows(param), 3); /* the input width */
     assert_memory_equal(kvp_param_values(param), values, sizeof values);
     double next[6] = {6.0, 5.0, 4.0, 3.0, 2.0, 1.0};
     kvpt_assert_ok(kvp_param_update(param, next, &err), &err);
@@ -1006,7 +1038,7 @@ static void test_layer_param_matrix_rows_and_cols(void **state)
 
     /* A square matrix is kvp_param_create's parameter. */
     kvpt_assert_ok(kvp_param_create_matrix(2, 2, values, &param, &err), &err);
-    assert_int_equal(kvp_param_width(param), 2);
+    assert_int_equal(kvp_param_rows(param), 2);
     assert_int_equal(kvp_param_cols(param), 2);
     release(param);
     assert_int_equal(kvp_param_rows(NULL), 0);
@@ -1137,10 +1169,10 @@ static void test_layer_create_grouped_errors_in_documented_order(void **state)
     assert_int_equal(info.kv_heads, 2);
     assert_int_equal(info.head_width, 2);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(out, &binding, &err), &err);
-    assert_int_equal(binding.heads, 4);
+    kvpt_assert_ok(kvp_layer_binding_get(out, &binding, &err), &err);
+    assert_int_equal(kvpt_record(&binding).heads, 4);
     assert_int_equal(binding.kv_heads, 2);
-    assert_int_equal(binding.model_width, 8);
+    assert_int_equal(kvpt_record(&binding).model_width, 8);
     kvpt_destroy_layer(out);
     kvpt_assert_ok(kvp_layer_create_grouped(square, kv2, kv2, square, 4, 1, MAX_POSITIONS,
                                             ROPE_BASE, &out, &err),

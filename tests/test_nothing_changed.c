@@ -57,7 +57,7 @@
  *               kvp_binding_is_external, kvp_cache_reserved_rows, _promised_pages,
  *               _pages_for                               infallible
  *   (pool.h)    kvp_pool_page_data   NULL x3, OUT_OF_RANGE, PAGE_NOT_HELD
- *               kvp_pool_page_layout NULL x2
+ *               kvp_pool_page_layout_get NULL x2
  *               (none of them allocates: no sweep)
  *   param.h     kvp_param_create     NULL x2, INVALID_ARGUMENT x2, ALLOCATION_FAILED
  *               kvp_param_create_matrix  NULL x2, INVALID_ARGUMENT x3, ALLOCATION_FAILED
@@ -79,10 +79,11 @@
  *               kvp_layer_create_random_grouped  KV_HEADS_DO_NOT_DIVIDE_HEADS,
  *                                    ALLOCATION_FAILED (sweep)
  *               kvp_layer_destroy    NULL
- *               kvp_layer_info_get, kvp_layer_binding     NULL x2
+ *               kvp_layer_info_get, kvp_layer_binding_get     NULL x2
  *               kvp_layer_set_kv_scales  NULL, INVALID_ARGUMENT x2 (k_scale, v_scale)
  *               kvp_layer_param, kvp_layer_param_mut   infallible (NULL out of range)
- *   attention.h kvp_ticket_create    NULL x2, ALLOCATION_FAILED (sweep)
+ *   attention.h kvp_ticket_create    NULL x2, INVALID_ARGUMENT (a record not
+ *                                    attention's), ALLOCATION_FAILED (sweep)
  *               kvp_ticket_destroy, kvp_ticket_discard    NULL
  *               kvp_ticket_commit    NULL x2, TICKET_EMPTY, TICKET_FOREIGN_CACHE,
  *                                    TICKET_STALE
@@ -247,7 +248,7 @@ static void world_make(world *w)
     kvpt_assert_ok(kvp_sequence_promise(w->seq, 2, &err), &err);
 
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(w->layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(w->layer, &binding, &err), &err);
     w->cache = kvpt_cache(w->pool, &binding, CACHE_B, CACHE_C);
     w->ticket = kvpt_ticket(w->cache);
     w->held = kvpt_ticket(w->cache);
@@ -412,6 +413,24 @@ static void assert_prefix_unchanged_at(const prefix_state *before, kvp_pool *poo
  * the status and that the world's snapshot and prefix cache are unchanged
  * except for `exhaustions` more exhaustions.
  */
+/*
+ * Destroying NULL is a no-op (as free(NULL)): KVP_OK, nothing changed, and
+ * the kvp_error left as it was.
+ */
+#define EXPECT_NOOP(w, call)                                                            \
+    do {                                                                                \
+        kvpt_snapshot before_ = (w)->snap;                                              \
+        kvpt_snapshot_take(&before_);                                                   \
+        prefix_state prefix_ = prefix_state_of((w)->pool);                              \
+        kvp_error e;                                                                    \
+        memset(&e, 0x5A, sizeof e);                                                     \
+        const kvp_error untouched_ = e;                                                 \
+        assert_int_equal((call), KVP_OK);                                               \
+        assert_memory_equal(&e, &untouched_, sizeof e);                                 \
+        kvpt_assert_unchanged(&before_, 0);                                             \
+        assert_prefix_unchanged(&prefix_, (w)->pool);                                   \
+    } while (0)
+
 #define EXPECT_FAIL(w, expected, exhaustions, call)                                     \
     do {                                                                                \
         kvpt_snapshot before_ = (w)->snap;                                              \
@@ -530,7 +549,7 @@ static void test_nothing_changed_pool_functions(void **state)
     sweep_call call = {make_pool, destroy_pool};
     assert_int_equal(sweep(&w, &call, 3), 3);
 
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_destroy(NULL, &e));
+    EXPECT_NOOP(&w, kvp_pool_destroy(NULL, &e));
     EXPECT_FAIL(&w, KVP_POOL_BUSY, 0, kvp_pool_destroy(w.pool, &e));
 
     kvp_pool_stats stats;
@@ -581,7 +600,7 @@ static void test_nothing_changed_pool_functions(void **state)
 static kvp_status make_cache(world *w, void **out, kvp_error *err)
 {
     kvp_binding binding;
-    kvp_status status = kvp_layer_binding(w->layer, &binding, err);
+    kvp_status status = kvp_layer_binding_get(w->layer, &binding, err);
     if (status == KVP_OK) {
         status = kvp_cache_create(w->pool, &binding, 3, 5, (kvp_cache **)out, err);
     }
@@ -600,26 +619,26 @@ static void test_nothing_changed_cache_functions(void **state)
     world_make(&w);
     kvp_binding good;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(w.layer, &good, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(w.layer, &good, &err), &err);
     kvp_cache *out = SENTINEL;
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(NULL, &good, 1, 1, &out, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(w.pool, NULL, 1, 1, &out, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_create(w.pool, &good, 1, 1, NULL, &e));
-    kvp_binding no_heads = good;
-    no_heads.heads = 0;
-    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_heads, 1, 1, &out, &e));
+    kvp_binding no_kind = good;
+    no_kind.kind = 0; /* neither KVP_BINDING_LAYER nor KVP_BINDING_EXTERNAL */
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_kind, 1, 1, &out, &e));
+    kvp_binding reserved = good;
+    reserved.reserved = 1;
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &reserved, 1, 1, &out, &e));
     kvp_binding odd_kv = good;
-    odd_kv.kv_heads = HEADS + 1; /* KV heads must divide the heads */
-    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &odd_kv, 1, 1, &out, &e));
     odd_kv.kv_heads = 0;
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &odd_kv, 1, 1, &out, &e));
+    kvp_binding no_width = good;
+    no_width.head_width = 0;
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_cache_create(w.pool, &no_width, 1, 1, &out, &e));
     kvp_binding grouped = good;
     grouped.kv_heads = 1; /* valid, but the pool stores HEADS heads per page */
     EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &grouped, 1, 1, &out, &e));
-    kvp_binding odd_width = good;
-    odd_width.model_width = D + 1;
-    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
-                kvp_cache_create(w.pool, &odd_width, 1, 1, &out, &e));
     kvp_binding bad_scale = good;
     bad_scale.v_scale = -1.0; /* fp8 scales: finite, normal and > 0 (or 0) */
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0,
@@ -629,11 +648,10 @@ static void test_nothing_changed_cache_functions(void **state)
     EXPECT_FAIL(&w, KVP_CAPACITY_EXCEEDS_POSITIONS, 0,
                 kvp_cache_create(w.pool, &good, 1, POSITIONS + 1, &out, &e));
     kvp_binding many_positions = good;
-    many_positions.rope_max_positions = SIZE_MAX;
+    many_positions.max_positions = SIZE_MAX;
     EXPECT_FAIL(&w, KVP_ELEMENT_COUNT_OVERFLOW, 0,
                 kvp_cache_create(w.pool, &many_positions, SIZE_MAX / 2, 4, &out, &e));
     kvp_binding other = good;
-    other.heads = 1;
     other.kv_heads = 1;
     other.head_width = D;
     EXPECT_FAIL(&w, KVP_GEOMETRY_MISMATCH, 0, kvp_cache_create(w.pool, &other, 1, 1, &out, &e));
@@ -641,7 +659,7 @@ static void test_nothing_changed_cache_functions(void **state)
     sweep_call call = {make_cache, destroy_cache};
     assert_int_equal(sweep(&w, &call, 2), 2);
 
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_destroy(NULL, &e));
+    EXPECT_NOOP(&w, kvp_cache_destroy(NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_cache_reset(NULL, &e));
     kvp_cache_info info;
     memset(&info, 0x5A, sizeof info);
@@ -802,12 +820,12 @@ static void test_nothing_changed_external_functions(void **state)
                 kvp_pool_page_data(w.pool, (uint32_t)stats.total_pages, &k, &v, &layout, &e));
     EXPECT_FAIL(&w, KVP_PAGE_NOT_HELD, 0,
                 kvp_pool_page_data(w.pool, free_page, &k, &v, &layout, &e));
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_layout(NULL, &layout, &e));
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_layout(w.pool, NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_layout_get(NULL, &layout, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_pool_page_layout_get(w.pool, NULL, &e));
     kvp_page_layout unsized = layout;
     unsized.struct_size = 0; /* never initialized */
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_pool_page_data(w.pool, 0, &k, &v, &unsized, &e));
-    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_pool_page_layout(w.pool, &unsized, &e));
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_pool_page_layout_get(w.pool, &unsized, &e));
     assert_int_equal(unsized.struct_size, 0);
     unsized.struct_size = layout.struct_size;
     assert_memory_equal(&unsized, &layout_before, sizeof unsized);
@@ -878,7 +896,7 @@ static void test_nothing_changed_param_rope_layer_functions(void **state)
     sweep_call param_call = {make_param, destroy_param};
     assert_int_equal(sweep(&w, &param_call, 1), 1);
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_retain(NULL, &e));
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_release(NULL, &e));
+    EXPECT_NOOP(&w, kvp_param_release(NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update(NULL, values, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update(w.param, NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_param_update_with(NULL, bump, NULL, &e));
@@ -989,7 +1007,7 @@ static void test_nothing_changed_param_rope_layer_functions(void **state)
     sweep_call random_grouped_call = {make_random_grouped_layer, destroy_layer};
     assert_int_equal(sweep(&w, &random_grouped_call, 6), 6);
 
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_destroy(NULL, &e));
+    EXPECT_NOOP(&w, kvp_layer_destroy(NULL, &e));
     kvp_layer_info info;
     memset(&info, 0x5A, sizeof info);
     info.struct_size = sizeof info;
@@ -1000,17 +1018,17 @@ static void test_nothing_changed_param_rope_layer_functions(void **state)
     kvp_binding binding;
     memset(&binding, 0x5A, sizeof binding);
     kvp_binding sentinel_binding = binding;
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding(NULL, &binding, &e));
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding(w.layer, NULL, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding_get(NULL, &binding, &e));
+    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_binding_get(w.layer, NULL, &e));
     assert_memory_equal(&binding, &sentinel_binding, sizeof binding);
     /* A refused kvp_layer_set_kv_scales leaves the layer's binding as it was. */
     kvp_layer *scaled = kvpt_random_layer(D, HEADS, POSITIONS, 10000.0, 5);
     kvp_binding unscaled;
-    kvpt_assert_ok(kvp_layer_binding(scaled, &unscaled, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(scaled, &unscaled, &err), &err);
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_layer_set_kv_scales(NULL, 1.0, 1.0, &e));
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_layer_set_kv_scales(scaled, NAN, 1.0, &e));
     EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_layer_set_kv_scales(scaled, 2.0, 0.0, &e));
-    kvpt_assert_ok(kvp_layer_binding(scaled, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(scaled, &binding, &err), &err);
     assert_memory_equal(&binding, &unscaled, sizeof binding);
     kvpt_destroy_layer(scaled);
     kvpt_assert_ok(kvp_param_release(narrow, &err), &err);
@@ -1063,7 +1081,7 @@ static kvp_cache *fill_pool(world *w, kvp_ticket **ticket)
 {
     kvp_binding binding;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(w->layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(w->layer, &binding, &err), &err);
     kvp_pool_stats stats = kvpt_stats(w->pool);
     size_t free_pages = stats.free_pages + stats.evictable_pages;
     kvp_cache *filler = kvpt_cache(w->pool, &binding, free_pages, BT);
@@ -1086,15 +1104,23 @@ static void test_nothing_changed_attention_functions(void **state)
     kvp_ticket *ticket = SENTINEL;
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_create(NULL, &ticket, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_create(w.cache, NULL, &e));
+    /* A layer-kind binding whose owner record is not attention's (hand-made):
+     * attention cannot size a ticket for it. */
+    kvp_binding not_attention;
+    kvpt_assert_ok(kvp_layer_binding_get(w.layer, &not_attention, &err), &err);
+    memset(not_attention.record, 0, sizeof not_attention.record);
+    kvp_cache *foreign_cache = kvpt_cache(w.pool, &not_attention, 1, 1);
+    EXPECT_FAIL(&w, KVP_INVALID_ARGUMENT, 0, kvp_ticket_create(foreign_cache, &ticket, &e));
+    kvpt_destroy_cache(foreign_cache, w.pool);
     assert_ptr_equal(ticket, SENTINEL);
     sweep_call ticket_call = {make_ticket, destroy_ticket};
     assert_int_equal(sweep(&w, &ticket_call, 2), 2);
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_destroy(NULL, &e));
+    EXPECT_NOOP(&w, kvp_ticket_destroy(NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_discard(NULL, &e));
 
     /* Commit: the held ticket keeps its row and page through every refusal. */
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(w.layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(w.layer, &binding, &err), &err);
     kvp_cache *foreign = kvpt_cache(w.pool, &binding, CACHE_B, CACHE_C);
     kvpt_snapshot_add_cache(&w.snap, foreign);
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_ticket_commit(NULL, w.cache, &e));
@@ -1324,7 +1350,7 @@ static void test_nothing_changed_model_functions(void **state)
     sweep_call random_call = {make_random_model, destroy_model};
     assert_true(sweep(&w, &random_call, 12) >= 12);
 
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_model_destroy(NULL, &e));
+    EXPECT_NOOP(&w, kvp_model_destroy(NULL, &e));
     /* The world's sequence still runs the model (world_free then destroys both). */
     EXPECT_FAIL(&w, KVP_MODEL_BUSY, 0, kvp_model_destroy(w.model, &e));
     kvp_model_info info;
@@ -1383,7 +1409,7 @@ static void test_nothing_changed_sequence_functions(void **state)
     sweep_call sequence_call = {make_sequence, destroy_sequence};
     /* Probe cache (2), sequence, buffers, ticket (2), then cache (2) and ticket (2). */
     assert_int_equal(sweep(&w, &sequence_call, 10), 10);
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_destroy(NULL, &e));
+    EXPECT_NOOP(&w, kvp_sequence_destroy(NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_reset(NULL, &e));
     EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_sequence_promise(NULL, 1, &e));
     EXPECT_FAIL(&w, KVP_OUT_OF_RANGE, 0, kvp_sequence_promise(w.seq, SIZE_MAX, &e));
@@ -1462,7 +1488,7 @@ static void test_nothing_changed_sequence_functions(void **state)
     assert_ptr_equal(decoder, SENTINEL);
     sweep_call decoder_call = {make_decoder, destroy_decoder};
     assert_int_equal(sweep(&w, &decoder_call, 2), 2);
-    EXPECT_FAIL(&w, KVP_NULL_ARGUMENT, 0, kvp_decoder_destroy(NULL, &e));
+    EXPECT_NOOP(&w, kvp_decoder_destroy(NULL, &e));
     kvpt_assert_ok(kvp_decoder_create(2, &decoder, &err), &err);
     kvp_decode_job jobs[2];
     memset(jobs, 0, sizeof jobs);

@@ -85,7 +85,7 @@ static void fixture_make(fixture *f, kvp_dtype dtype, size_t kv_heads)
                                                    40 + kv_heads, &f->layer, &err),
                    &err);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(f->layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(f->layer, &binding, &err), &err);
     f->cache = kvpt_cache(f->pool, &binding, B, CAP);
     f->ticket = kvpt_ticket(f->cache);
     double x[B * H * W];

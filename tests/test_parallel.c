@@ -212,7 +212,7 @@ static void check_partition(kvp_dtype dtype, size_t bt, size_t kv_heads, kvp_dec
                                                    7 + bt, &layer, &err),
                    &err);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     kvp_cache *cache = kvpt_cache(pool, &binding, P_BATCH, capacity);
     kvp_ticket *ticket = kvpt_ticket(cache);
     double *x = kvpt_doubles(P_BATCH * d);
@@ -389,7 +389,7 @@ static void check_uneven_values(size_t kv_heads, size_t group, size_t parts,
                                                    31 + kv_heads, &layer, &err),
                    &err);
     kvp_binding binding;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     kvp_cache *cache = kvpt_cache(pool, &binding, 1, capacity);
     kvp_ticket *ticket = kvpt_ticket(cache);
     double *x = kvpt_doubles(d);

@@ -247,7 +247,7 @@ static kvp_model *fp8_model(kvp_accum accum)
     kvp_model *model = kvpt_model_of_one_layer(layer, LAYERS);
     for (size_t l = 0; l < LAYERS; l++) {
         kvp_binding binding;
-        kvpt_assert_ok(kvp_layer_binding(kvp_model_layer(model, l), &binding, &err), &err);
+        kvpt_assert_ok(kvp_layer_binding_get(kvp_model_layer(model, l), &binding, &err), &err);
         assert_true(binding.k_scale == 0.375 && binding.v_scale == 3.0);
         kvp_layer_info info;
         kvp_layer_info_init(&info);

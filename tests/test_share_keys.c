@@ -2,7 +2,8 @@
  * test_share_keys.c: what a prefix-index hit may be trusted for (issue 16):
  * adoption refuses a page published under another binding (forged keys
  * both ways between external and attention caches, two layers over the
- * same parameters at different revisions); the I5 audit reports a key
+ * same parameters at different revisions); an engine's external caches'
+ * keys change with its weights' revision; the I5 audit reports a key
  * indexed twice; probe, adopt and publish of a group of caches are all or
  * nothing per block, and publish checks every cache and lane against its
  * own key; salts (one half zero included) keep tenants apart; an update of
@@ -261,7 +262,7 @@ static kvp_binding binding_of(const kvp_layer *layer)
 {
     kvp_binding b;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &b, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &b, &err), &err);
     return b;
 }
 
@@ -358,6 +359,71 @@ static void test_share_forged_key_is_refused_across_kinds(void **state)
     kvpt_destroy_cache(ext, pool);
     destroy_pool(pool);
     kvpt_destroy_layer(layer);
+}
+
+/*
+ * An engine's own weights (external caches, kvp_binding_init_external): its
+ * prefix keys change with its weights' revision and identity, as a layer's
+ * do with its parameters'. A block published by a cache of revision 1 is
+ * never found by the keys of a cache of revision 2, and refused under a key
+ * forged from revision 1; a cache of the same identity and revision adopts
+ * it. The binding digest also covers the kind and every byte of the owner
+ * record, which the pager never reads.
+ */
+static void test_share_external_weight_revision_changes_keys(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 16);
+    kvp_error err;
+    kvp_cache *old = external_cache(pool, 1, 1); /* identity 7, revision 1 */
+    kvp_cache *same = external_cache(pool, 1, 1);
+    kvp_cache *updated = external_cache(pool, 1, 2);
+    append(old, pool, 1, BT, 0.5);
+    const char input[] = "the prompt's first block";
+    kvp_block_key k_old = key_of(old, input, sizeof input);
+    kvp_block_key k_same = key_of(same, input, sizeof input);
+    kvp_block_key k_new = key_of(updated, input, sizeof input);
+    assert_memory_equal(&k_old, &k_same, sizeof k_old);
+    assert_memory_not_equal(&k_old, &k_new, sizeof k_old);
+    kvp_block_key b_old, b_new;
+    kvpt_assert_ok(kvp_cache_binding_key(old, &b_old, &err), &err);
+    kvpt_assert_ok(kvp_cache_binding_key(updated, &b_new, &err), &err);
+    assert_memory_not_equal(&b_old, &b_new, sizeof b_old);
+    kvpt_assert_ok(kvp_cache_publish_block(old, 0, 0, &k_old, &err), &err);
+    kvpt_assert_pool_ok(pool);
+
+    /* The updated engine's own key misses; the old key is refused. */
+    size_t adopted = 99;
+    kvpt_assert_ok(kvp_cache_adopt_prefix(updated, &k_new, 1, &adopted, &err), &err);
+    assert_int_equal(adopted, 0);
+    assert_int_equal(kvp_cache_len(updated), 0);
+    assert_adopt_refused(updated, pool, &k_old, page_of(old, 0, 0));
+    /* The same identity and revision adopts it. */
+    kvpt_assert_ok(kvp_cache_adopt_prefix(same, &k_same, 1, &adopted, &err), &err);
+    assert_int_equal(adopted, 1);
+    assert_int_equal(page_of(same, 0, 0), page_of(old, 0, 0));
+    kvpt_assert_pool_ok(pool);
+
+    /* Another identity, the kind, a byte of the record: each another digest. */
+    kvp_binding base;
+    kvpt_assert_ok(kvp_binding_init_external(&base, KV_HEADS, HEAD_WIDTH, 64, 7, 1, &err), &err);
+    kvp_binding variants[3] = {base, base, base};
+    variants[0].owner_digest[0] = 8;
+    variants[1].kind = KVP_BINDING_LAYER;
+    variants[2].record[KVP_BINDING_RECORD_BYTES - 1] = 1;
+    kvp_block_key seen[4] = {b_old};
+    for (size_t v = 0; v < 3; v++) {
+        kvp_cache *c = kvpt_cache(pool, &variants[v], 1, CAPACITY);
+        kvpt_assert_ok(kvp_cache_binding_key(c, &seen[v + 1], &err), &err);
+        for (size_t u = 0; u <= v; u++) {
+            assert_memory_not_equal(&seen[v + 1], &seen[u], sizeof seen[u]);
+        }
+        kvpt_destroy_cache(c, pool);
+    }
+    kvpt_destroy_cache(updated, pool);
+    kvpt_destroy_cache(same, pool);
+    kvpt_destroy_cache(old, pool);
+    destroy_pool(pool);
 }
 
 /*
@@ -640,6 +706,7 @@ int main(void)
         cmocka_unit_test(test_share_group_all_or_nothing),
         cmocka_unit_test(test_share_group_publish_checks_each_cache_lane),
         cmocka_unit_test(test_share_forged_key_is_refused_across_kinds),
+        cmocka_unit_test(test_share_external_weight_revision_changes_keys),
         cmocka_unit_test(test_share_same_parameters_other_revision_is_refused),
         cmocka_unit_test(test_share_salts_keep_tenants_apart),
         cmocka_unit_test(test_share_adopt_refuses_empty_prompt),

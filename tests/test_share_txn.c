@@ -403,7 +403,7 @@ static void test_share_txn_ticket_before_fork_is_stale(void **state)
     kvp_layer *layer = kvpt_random_layer(D, HEADS, POSITIONS, BASE, 50);
     kvp_binding binding;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     kvp_cache *parent = kvpt_cache(pool, &binding, B, POSITIONS);
     kvp_ticket *ticket = kvpt_ticket(parent);
     forward(layer, parent, ticket, B, BT + 1, 51); /* mid-block: len 5 */
@@ -461,7 +461,7 @@ static void test_share_txn_ticket_before_adopt_is_stale(void **state)
     kvp_layer *layer = kvpt_random_layer(D, HEADS, POSITIONS, BASE, 60);
     kvp_binding binding;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     kvp_cache *source = kvpt_cache(pool, &binding, 1, POSITIONS);
     kvp_ticket *source_ticket = kvpt_ticket(source);
     forward(layer, source, source_ticket, 1, BT, 61);
@@ -554,7 +554,7 @@ static void test_share_txn_copy_on_write_copies_every_lane(void **state)
     kvp_layer *layer = kvpt_random_layer(D, HEADS, POSITIONS, BASE, 70);
     kvp_binding binding;
     kvp_error err;
-    kvpt_assert_ok(kvp_layer_binding(layer, &binding, &err), &err);
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
     kvp_cache *parent = kvpt_cache(pool, &binding, B, POSITIONS);
     kvp_ticket *ticket = kvpt_ticket(parent);
     forward(layer, parent, ticket, B, LEN, 71);

@@ -506,11 +506,11 @@ static void test_status_version_and_prompt_texts(void **state)
 {
     (void)state;
     assert_string_equal(kvp_version(), KVP_VERSION_STRING);
-    assert_string_equal(kvp_version(), "0.1.0");
+    assert_string_equal(kvp_version(), "0.2.0");
     assert_int_equal(KVP_VERSION_MAJOR, 0);
-    assert_int_equal(KVP_VERSION_MINOR, 1);
+    assert_int_equal(KVP_VERSION_MINOR, 2);
     assert_int_equal(KVP_VERSION_PATCH, 0);
-    assert_int_equal(KVP_VERSION_NUMBER, 1000);
+    assert_int_equal(KVP_VERSION_NUMBER, 2000);
     assert_int_equal(kvp_version_number(), KVP_VERSION_NUMBER);
     kvp_error e;
     memset(&e, 0, sizeof e);

@@ -93,6 +93,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_t
 
 /*
  * Discards any prepared row (returning its pages) and frees the ticket.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses this ticket.
  */
 KVP_API kvp_status kvp_ticket_destroy(kvp_ticket *ticket, kvp_error *err);

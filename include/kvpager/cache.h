@@ -10,14 +10,14 @@
  * takes a page only when an append crosses into a new block, so memory follows
  * len, not capacity. All lanes advance together.
  *
- * Two kinds of cache, told apart by their binding (kvp_binding_is_external):
+ * Two kinds of cache, told apart by their binding's kind (kvp_binding_kind):
  *   - layer-bound: the binding came from an attention layer
- *     (kvp_layer_binding). Rows reach it only through attention's
+ *     (kvp_layer_binding_get). Rows reach it only through attention's
  *     prepare/commit, which checks the binding first: the seed keeps the raw
  *     append private, so no caller can bypass that check. The raw-row calls
  *     below refuse it with CACHE_LAYER_BOUND.
  *   - external: the binding came from kvp_binding_init_external (an identity
- *     and revision of the caller's choosing, no RoPE). The pager's rules
+ *     and revision of the caller's choosing). The pager's rules
  *     (pages, budget, audit, transactions) hold for it without any attention
  *     code: the caller appends rows it computed itself (kvp_cache_append_rows,
  *     or reserve / commit / discard) and reads them through the block table
@@ -45,53 +45,75 @@ extern "C" {
 
 typedef struct kvp_cache kvp_cache;
 
-/* The four parameters of an attention layer, in the seed's stable order. */
-enum { KVP_PARAM_QUERY = 0, KVP_PARAM_KEY = 1, KVP_PARAM_VALUE = 2, KVP_PARAM_OUTPUT = 3,
-       KVP_PARAM_COUNT = 4 };
+/*
+ * Who owns a cache's rows, and so who may append them (kvp_binding.kind).
+ *   KVP_BINDING_LAYER: an attention layer's (kvp_layer_binding_get). Rows
+ *     reach the cache only through attention, which checks its own rules
+ *     against the owner record first; the raw-row calls refuse it
+ *     (CACHE_LAYER_BOUND).
+ *   KVP_BINDING_EXTERNAL: an engine's own (kvp_binding_init_external). The
+ *     raw-row calls serve it; attention refuses it.
+ * Any other value is refused by kvp_cache_create (INVALID_ARGUMENT).
+ */
+typedef enum kvp_binding_kind {
+    KVP_BINDING_LAYER = 1,
+    KVP_BINDING_EXTERNAL = 2
+} kvp_binding_kind;
 
-typedef struct kvp_param_binding {
-    uint64_t node_id;  /* process-unique identity of the parameter node */
-    uint64_t revision; /* value revision at capture */
-} kvp_param_binding;
+/* Bytes of a binding's opaque owner record (kvp_binding.record). */
+#define KVP_BINDING_RECORD_BYTES 128
 
 /*
- * What a cache captures from its layer. Reset refreshes none of it: a cache
- * whose layer was rebuilt or updated in place must be replaced.
+ * What a cache captures from its owner at creation. The pager reads only the
+ * page geometry (kv_heads, head_width), the capacity limit (max_positions),
+ * the fp8 scales (storage) and the kind. The rest is the owner's record:
+ * a 128-bit digest and a revision the owner computed from whatever its rows
+ * depend on (attention: its parameters' identities and revisions, heads,
+ * model width and RoPE; an engine: its weights' identity and revision), and
+ * record bytes only the owner reads back. The pager copies all of it at
+ * creation, never interprets it, and covers every byte of it in the
+ * cache's binding digest (kvp_cache_binding_key), so blocks published under
+ * another owner record are never shared. Reset refreshes none of it: a
+ * cache whose owner was rebuilt or updated must be replaced.
+ * Since 0.2 (DESIGN.md, "External caches"); before, the pager held
+ * attention's fields (query heads, model width, parameters, RoPE) itself.
  */
 typedef struct kvp_binding {
-    size_t model_width;      /* D == heads * head_width */
-    size_t heads;            /* H, query heads */
-    size_t kv_heads;         /* H_kv, KV heads: divides H; the heads a page stores */
-    size_t head_width;       /* d_h */
-    kvp_param_binding params[KVP_PARAM_COUNT];
-    size_t rope_feature_width;
-    size_t rope_max_positions;
-    uint64_t rope_base_bits; /* the bit pattern of the RoPE base (an f64) */
+    size_t kv_heads;         /* H_kv: the heads a page stores (the pool's heads) */
+    size_t head_width;       /* d_h (the pool's head_width) */
+    size_t max_positions;    /* the largest capacity a cache of it may have */
     /*
      * fp8 scales (vLLM's k_scale, v_scale): a KVP_FP8_E4M3 page stores a key
      * element x as e = round(x / k_scale), and e stands for e * k_scale;
      * values likewise with v_scale (pool.h, kvp_dtype). Every other dtype
      * ignores them. Each must be finite, normal and > 0, or 0, which means
      * 1.0 (a binding zeroed by a caller that sets no scale; the cache keeps
-     * the 0 in its binding). kvp_binding_init_external and kvp_layer_binding give 1.0 unless
+     * the 0 in its binding). kvp_binding_init_external and kvp_layer_binding_get give 1.0 unless
      * the layer's scales were set (kvp_layer_set_kv_scales). An fp8 cache's
      * scales are part of its binding digest (kvp_cache_binding_key), so
      * blocks stored under other scales are never shared.
      */
     double k_scale;
     double v_scale;
+    uint32_t kind;           /* a kvp_binding_kind */
+    uint32_t reserved;       /* 0 */
+    uint64_t owner_digest[2]; /* the owner's 128-bit digest */
+    uint64_t owner_revision;  /* the owner's revision (its weights') */
+    unsigned char record[KVP_BINDING_RECORD_BYTES]; /* the owner's, opaque to the pager */
 } kvp_binding;
 
 /*
- * Fills *out with an external binding: heads = kv_heads, model_width =
- * kv_heads * head_width, every parameter's (node_id, revision) =
- * (identity, revision), rope_feature_width 0 (no RoPE: every attention layer
- * has RoPE of nonzero width, so no layer binding is external),
- * rope_max_positions = max_positions, the largest capacity a cache of it may
- * have, and k_scale = v_scale = 1.0 (set them before kvp_cache_create for an
- * fp8 pool). The pager never interprets identity and revision: they are the
- * caller's record of what the cache's rows belong to (a model version, say),
- * returned by kvp_cache_info_get. Errors, in this order: NULL_ARGUMENT;
+ * Fills *out with an external binding: kind KVP_BINDING_EXTERNAL, the page
+ * geometry (kv_heads, head_width), max_positions, the largest capacity a
+ * cache of it may have, owner_digest = {identity, 0}, owner_revision =
+ * revision, record all zero, and k_scale = v_scale = 1.0 (set them before
+ * kvp_cache_create for an fp8 pool). The pager never interprets identity
+ * and revision: they are the caller's record of what the cache's rows
+ * belong to (its weights' identity and version, say), returned by
+ * kvp_cache_info_get. They are in the cache's binding digest, so block keys
+ * (kvp_block_key_chain) change with them: blocks computed under an older
+ * revision are never adopted by a cache of a newer one.
+ * Errors, in this order: NULL_ARGUMENT;
  * ZERO_SIZE (argument "kv_heads", "head_width" or "max_positions");
  * INVALID_ARGUMENT (argument "head_width": kv_heads * head_width overflows).
  * Threads: thread-safe (touches only *out).
@@ -103,7 +125,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_binding_init_external(kvp_binding *out, siz
                                                            kvp_error *err);
 
 /*
- * 1 when `binding` is external (rope_feature_width 0), else 0; NULL gives 0.
+ * 1 when `binding` is external (kind KVP_BINDING_EXTERNAL), else 0; NULL
+ * gives 0.
  * Threads: thread-safe.
  */
 KVP_API int kvp_binding_is_external(const kvp_binding *binding);
@@ -123,11 +146,11 @@ typedef struct kvp_cache_info {
 
 /*
  * Creates an empty cache drawing pages from `pool`. Errors, in this order:
- * NULL_ARGUMENT; INVALID_ARGUMENT (a binding with zero heads or head width,
- * model_width != heads * head_width, or kv_heads 0 or not dividing heads;
+ * NULL_ARGUMENT; INVALID_ARGUMENT (argument "binding": a kind that is not a
+ * kvp_binding_kind, reserved nonzero, or zero kv_heads or head_width;
  * then argument "k_scale" or "v_scale": negative, subnormal, infinite or NaN);
  * ZERO_BATCH_SIZE; ZERO_CAPACITY; CAPACITY_EXCEEDS_POSITIONS (capacity >
- * rope_max_positions); ELEMENT_COUNT_OVERFLOW (batch * kv_heads * capacity *
+ * max_positions); ELEMENT_COUNT_OVERFLOW (batch * kv_heads * capacity *
  * head_width); GEOMETRY_MISMATCH (binding (kv_heads, head_width) differs from
  * the pool's (heads, head_width): a page stores the KV heads);
  * ALLOCATION_FAILED. No page is taken until the first append.
@@ -140,6 +163,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_create(kvp_pool *pool, const kvp_bind
 /*
  * Returns every page to the pool (a pending row reservation's too), sets the
  * promise to 0, detaches and frees the cache.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses this cache (a ticket's
  * prepare or commit included); other caches of the same pool may be used
  * concurrently.
@@ -505,10 +529,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new
 
 /*
  * The binding digest of the cache: a kvp_block_key over every field of its
- * kvp_binding (parameter identities and revisions, RoPE width, positions and
- * base, heads, KV heads, widths, and the K and V scales the cache uses: its
- * binding's for an fp8 pool, 1.0 and 1.0 for any other) and of the pool's
- * page format (dtype, block_tokens, heads, head_width). Callers chain several of them into the
+ * kvp_binding (kind, KV heads, head width, max_positions, the owner's
+ * digest, revision and record bytes, and the K and V scales the cache uses:
+ * its binding's for an fp8 pool, 1.0 and 1.0 for any other) and of the
+ * pool's page format (dtype, block_tokens, heads, head_width). So an owner's
+ * new revision (a layer's parameter update, an engine's new weights) gives
+ * new keys. Callers chain several of them into the
  * `context` of kvp_block_key_chain (a sequence digests all its layers).
  * Errors: NULL_ARGUMENT.
  * Threads: not safe while a call changes this cache (it reads the binding);
@@ -557,14 +583,16 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_
                                                          kvp_error *err);
 
 /*
- * Shares published blocks: for b = 0, 1, .. n-1, looks up keys[b * B + lane]
+ * Shares published blocks (counted in blocks, not tokens: a sequence's
+ * kvp_sequence_adopt_prefix counts tokens, and each parameter names its
+ * unit): for b = 0, 1, .. blocks-1, looks up keys[b * B + lane]
  * for every lane (block len / block_tokens + b of each lane); at the first
  * block where a lane misses it stops (one prefix miss); every block before
  * it is mapped (each page's reference count + 1, an evictable page held
  * again, one prefix hit per page) and len grows by block_tokens per block.
- * Blocks past the capacity are not looked up. *adopted = blocks adopted
- * (0 is success). Errors, in this order: NULL_ARGUMENT ("cache", "keys"
- * when n > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
+ * Blocks past the capacity are not looked up. *blocks_adopted = blocks
+ * adopted (0 is success). Errors, in this order: NULL_ARGUMENT ("cache",
+ * "keys" when blocks > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
  * multiple of block_tokens); BLOCK_BINDING_MISMATCH (a page of a block that
  * would be adopted was published by a cache of another binding digest: its
  * key was made elsewhere; err.index is the page, err.position the block's
@@ -575,8 +603,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_
  * pool may be used concurrently.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_adopt_prefix(kvp_cache *cache,
-                                                        const kvp_block_key *keys, size_t n,
-                                                        size_t *adopted, kvp_error *err);
+                                                        const kvp_block_key *keys, size_t blocks,
+                                                        size_t *blocks_adopted, kvp_error *err);
 
 /*
  * Sharing for a group of caches at once: the layers of one sequence (an
@@ -614,17 +642,18 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_probe(const kvp_cache *const *c
  * 1, .. it looks up every key of block j (every cache, every lane); at the
  * first block where any misses it stops (one prefix miss); every block
  * before it is mapped in every cache (one prefix hit per page) and each
- * length grows by block_tokens per block. *adopted = blocks adopted.
- * Errors, in this order: the group's; NULL_ARGUMENT ("keys" when n > 0,
- * "adopted"); ROWS_RESERVED, NOT_AT_BLOCK_BOUNDARY (the first cache that
- * has one); BLOCK_BINDING_MISMATCH (err.layer = the cache; see
- * kvp_cache_adopt_prefix): nothing adopted in any cache.
+ * length grows by block_tokens per block (at most `blocks`).
+ * *blocks_adopted = blocks adopted. Errors, in this order: the group's;
+ * NULL_ARGUMENT ("keys" when blocks > 0, "adopted"); ROWS_RESERVED,
+ * NOT_AT_BLOCK_BOUNDARY (the first cache that has one);
+ * BLOCK_BINDING_MISMATCH (err.layer = the cache; see kvp_cache_adopt_prefix):
+ * nothing adopted in any cache.
  * Threads: one caller at a time per cache of the group (their owner); other
  * caches of the pool may be used at once, those sharing its pages included.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_cache_group_adopt(kvp_cache *const *caches, size_t count,
-                                                       const kvp_block_key *keys, size_t n,
-                                                       size_t *adopted, kvp_error *err);
+                                                       const kvp_block_key *keys, size_t blocks,
+                                                       size_t *blocks_adopted, kvp_error *err);
 
 /*
  * kvp_cache_publish_block for the first `blocks` full blocks of every cache

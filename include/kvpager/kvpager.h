@@ -13,6 +13,14 @@
  * of a handle it uses (a destroy frees it), and concurrent calls must not
  * share an out-parameter or a kvp_error. docs/DESIGN.md ("Locking") has the
  * table; cmake/check_thread_lines.py keeps every declaration covered.
+ *
+ * Names (DESIGN.md, "Naming"): a call that fills a caller's struct from a
+ * handle is kvp_<noun>_<thing>_get (kvp_pool_stats_get,
+ * kvp_pool_page_layout_get, kvp_layer_binding_get); one quantity has one
+ * getter (kvp_param_rows); a count's parameter names its unit (blocks,
+ * blocks_adopted, tokens_adopted). Destroying NULL (every *_destroy, and
+ * kvp_param_release) does nothing and returns KVP_OK, as free(NULL) does,
+ * and leaves *err untouched.
  */
 #ifndef KVPAGER_KVPAGER_H
 #define KVPAGER_KVPAGER_H

@@ -8,9 +8,10 @@
  * kv_heads == 1 multi-query attention (MQA). The parameters (stable indices
  * KVP_PARAM_QUERY .. OUTPUT) are W_q and W_o, D x D, and W_k and W_v,
  * D x (kv_heads * d_h), so a cache stores kv_heads heads per position. The
- * layer has a RoPE configuration over d_h features. It hands caches their binding:
- * geometry, the four parameters' identities and revisions, the RoPE
- * configuration and the fp8 K/V scales (kvp_layer_binding).
+ * layer has a RoPE configuration over d_h features. It hands caches their binding
+ * (kvp_layer_binding_get): the page geometry, the fp8 K/V scales and an owner
+ * record only attention reads: the model width and heads, the four
+ * parameters' identities and revisions and the RoPE configuration.
  *
  * Threads: a layer is immutable after creation except through its
  * parameters' updates and kvp_layer_set_kv_scales; any number of threads may
@@ -122,6 +123,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_create_random_grouped(size_t model_wi
  * Drops the layer's parameter references and frees it. Caches bound to it
  * keep only its binding, and a model keeps its own layers, so neither
  * depends on it.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses this layer.
  */
 KVP_API kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err);
@@ -154,12 +156,19 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum
                                                      kvp_error *err);
 
 /*
- * The layer's current binding, as a cache created now would capture it.
+ * The layer's current binding, as a cache created now would capture it:
+ * kind KVP_BINDING_LAYER, kv_heads, head_width, max_positions = the RoPE
+ * positions, the layer's fp8 scales; owner_digest = a 128-bit digest of
+ * attention's record (model width, heads, the parameters' identities and
+ * revisions, RoPE), owner_revision = the sum of the four parameter
+ * revisions, record = that record (opaque: fill a binding only from this
+ * call; attention refuses a cache whose record is not a layer's own).
+ * (kvp_layer_binding before 0.2: getters end in _get, kvpager.h.)
  * Threads: thread-safe, also while a parameter is updated (revisions are
  * read atomically: the binding has each one's revision before or after).
  */
-KVP_API KVP_NODISCARD kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out,
-                                                   kvp_error *err);
+KVP_API KVP_NODISCARD kvp_status kvp_layer_binding_get(const kvp_layer *layer,
+                                                       kvp_binding *out, kvp_error *err);
 
 /*
  * Sets the layer's fp8 scales (vLLM's k_scale and v_scale; both 1.0 when a
@@ -172,7 +181,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_b
  * INVALID_ARGUMENT ("k_scale", then "v_scale": not finite, normal and > 0),
  * changing nothing.
  * Threads: not safe while any other call uses this layer (prepares,
- * references, kvp_layer_binding, its model's sequences).
+ * references, kvp_layer_binding_get, its model's sequences).
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_set_kv_scales(kvp_layer *layer, double k_scale,
                                                          double v_scale, kvp_error *err);

@@ -76,6 +76,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_model_create_random_grouped(size_t layers,
  * MODEL_BUSY, changing nothing, while sequences created on the model are
  * still alive: destroy them first (as kvp_pool_destroy refuses with
  * POOL_BUSY while caches are attached).
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses the model, kvp_sequence_create
  * on it included: MODEL_BUSY counts live sequences (atomically), not calls
  * running on other threads.

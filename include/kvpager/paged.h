@@ -33,7 +33,8 @@ extern "C" {
 typedef struct kvp_paged_attention_args {
     size_t struct_size;
     const kvp_cache *cache;
-    size_t heads;        /* H, query heads: a multiple of H_kv; 0 = the binding's heads */
+    size_t heads;        /* H, query heads: a multiple of H_kv; 0 = the cache's (a
+                            layer-bound cache: its layer's heads; external: H_kv) */
     kvp_dtype io_dtype;  /* KVP_F64 or KVP_F32: the element type of queries, keys,
                             values and outputs */
     const void *queries; /* [B][H][d_h], already rotated if the model uses RoPE */

@@ -41,9 +41,13 @@ extern "C" {
 
 typedef struct kvp_param kvp_param;
 
+/* The four parameters of an attention layer, in the seed's stable order. */
+enum { KVP_PARAM_QUERY = 0, KVP_PARAM_KEY = 1, KVP_PARAM_VALUE = 2, KVP_PARAM_OUTPUT = 3,
+       KVP_PARAM_COUNT = 4 };
+
 /*
  * Called by kvp_param_update_with to change values[0 .. rows*cols) in place.
- * `width` is kvp_param_width (the row count): for a square parameter that is
+ * `width` is kvp_param_rows (the row count): for a square parameter that is
  * all it needs; a callback for a rectangular one reads kvp_param_cols.
  */
 typedef void (*kvp_param_update_fn)(void *ctx, double *values, size_t width);
@@ -76,6 +80,7 @@ KVP_API kvp_status kvp_param_retain(kvp_param *param, kvp_error *err);
 
 /*
  * Drops a reference; the last one frees the parameter.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: thread-safe (atomic). The last release frees the parameter, so
  * a thread uses it only while it holds a reference (its own, or one held by
  * a layer it uses).
@@ -88,7 +93,7 @@ KVP_API kvp_status kvp_param_release(kvp_param *param, kvp_error *err);
  * Threads: not safe while any thread reads the values (through
  * kvp_param_values, or computing with a layer that uses the parameter:
  * prepares, forwards, steps, prefills, decoder steps, references) or updates
- * this parameter. The queries below and kvp_layer_binding may overlap it.
+ * this parameter. The queries below and kvp_layer_binding_get may overlap it.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_param_update(kvp_param *param, const double *values,
                                                   kvp_error *err);
@@ -102,16 +107,16 @@ KVP_API KVP_NODISCARD kvp_status kvp_param_update_with(kvp_param *param, kvp_par
                                                        void *ctx, kvp_error *err);
 
 /*
- * Plain queries; a NULL parameter reads as 0 / NULL. kvp_param_width is the
+ * Plain queries; a NULL parameter reads as 0 / NULL. kvp_param_rows is the
  * row count, the width of the rows it is applied to (for a square parameter,
- * both dimensions). The revision is an atomic load.
+ * both dimensions; kvp_param_width, which duplicated it, is gone since 0.2).
+ * The revision is an atomic load.
  * Threads: thread-safe (the id and shape never change; the revision is read
  * atomically, also during an update). Reading the values kvp_param_values
  * points to is not safe while the parameter is updated.
  */
 KVP_API uint64_t kvp_param_id(const kvp_param *param);
 KVP_API uint64_t kvp_param_revision(const kvp_param *param);
-KVP_API size_t kvp_param_width(const kvp_param *param);
 KVP_API size_t kvp_param_rows(const kvp_param *param);
 KVP_API size_t kvp_param_cols(const kvp_param *param);
 KVP_API const double *kvp_param_values(const kvp_param *param);

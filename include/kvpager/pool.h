@@ -303,6 +303,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_create(const kvp_pool_config *config, 
 /*
  * Destroys an idle pool. While caches are attached, reservations are held or
  * any page is held, it refuses with POOL_BUSY and changes nothing.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses the pool: POOL_BUSY sees
  * attached caches and held pages, not a call running on another thread
  * (which would touch the freed pool).
@@ -414,12 +415,13 @@ KVP_API void kvp_page_layout_init(kvp_page_layout *layout);
 
 /*
  * The page format of `pool` (kvp_page_layout above), the same for every
- * page, held or free. Errors: NULL_ARGUMENT (pool, out); INVALID_ARGUMENT
+ * page, held or free. (kvp_pool_page_layout before 0.2: getters end in _get,
+ * kvpager.h.) Errors: NULL_ARGUMENT (pool, out); INVALID_ARGUMENT
  * (out's struct_size: call kvp_page_layout_init first).
  * Threads: thread-safe (the geometry never changes).
  */
-KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_page_layout *out,
-                                                      kvp_error *err);
+KVP_API KVP_NODISCARD kvp_status kvp_pool_page_layout_get(const kvp_pool *pool,
+                                                          kvp_page_layout *out, kvp_error *err);
 
 /*
  * The address of a held page's keys and values (read-only) and, when

@@ -355,8 +355,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_scheduler_create(const kvp_model *model, kv
 
 /*
  * Destroys every sequence the scheduler holds (their pages and promises go
- * back to the pool) and frees it; requests not collected are dropped. NULL
- * is ignored.
+ * back to the pool) and frees it; requests not collected are dropped.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: one caller at a time per scheduler; not while another call uses it.
  */
 KVP_API kvp_status kvp_scheduler_destroy(kvp_scheduler *scheduler, kvp_error *err);

@@ -61,6 +61,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_create(const kvp_model *model, kvp
 
 /*
  * Returns every page and promise, and frees the sequence.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses this sequence or its caches
  * (a decoder step running a job for it included).
  */
@@ -325,6 +326,7 @@ KVP_API KVP_NODISCARD kvp_status kvp_decoder_create(size_t threads, kvp_decoder 
 
 /*
  * Stops and joins the decoder's threads and frees it.
+ * NULL: nothing happens and KVP_OK is returned, as free(NULL) (kvpager.h).
  * Threads: not safe while any other call uses the decoder (a running
  * kvp_decoder_step included: its threads would be joined under it).
  */

@@ -64,6 +64,7 @@
 #include <string.h>
 
 #include "attention/kernels.h"
+#include "attention/layer_internal.h"
 
 /*
  * The grain of the partition (gather.h): defaults, and the test hook's
@@ -467,15 +468,17 @@ static void values_range(const kvp_cache *cache, size_t heads, const double *wei
 void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const double *candidates,
                         size_t lane, double scale, double *scores)
 {
-    scores_blocks(cache, cache->binding.heads, cache->len + 1, queries, candidates, lane, 0,
-                  blocks_of(cache), scale, scores, KVP_ACCUM_EXACT);
+    size_t heads = kvpi_cache_query_heads(cache);
+    scores_blocks(cache, heads, cache->len + 1, queries, candidates, lane, 0, blocks_of(cache),
+                  scale, scores, KVP_ACCUM_EXACT);
 }
 
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
                         size_t lane, double *outputs)
 {
-    values_range(cache, cache->binding.heads, weights, candidates, lane, 0, cache->heads, 0,
-                 cache->head_width, outputs, KVP_ACCUM_EXACT);
+    size_t heads = kvpi_cache_query_heads(cache);
+    values_range(cache, heads, weights, candidates, lane, 0, cache->heads, 0, cache->head_width,
+                 outputs, KVP_ACCUM_EXACT);
 }
 
 /* ---- the partition ------------------------------------------------------------ */
@@ -524,7 +527,7 @@ static value_layout value_layout_of(const kvp_cache *cache)
 /* Query heads of a job: its own count, or its cache's binding's. */
 static size_t job_heads(const kvpi_gather_job *job)
 {
-    return job->heads != 0 ? job->heads : job->cache->binding.heads;
+    return job->heads != 0 ? job->heads : kvpi_cache_query_heads(job->cache);
 }
 
 /* Scores per (lane, query head) row: the retained positions, and the candidate if any. */
@@ -551,7 +554,7 @@ size_t kvpi_gather_score_parts(const kvp_cache *cache)
 
 size_t kvpi_gather_softmax_parts(const kvp_cache *cache)
 {
-    return softmax_parts(cache->batch_size * cache->binding.heads, cache->len + 1);
+    return softmax_parts(cache->batch_size * kvpi_cache_query_heads(cache), cache->len + 1);
 }
 
 size_t kvpi_gather_value_parts(const kvp_cache *cache)

@@ -42,7 +42,7 @@ static inline void kvpi_axpy_stored_rows(const kvpi_kernels *k, kvp_dtype dtype,
  * Scores of every query head of `lane`, [H][len + 1]: (query_h . key_p) *
  * scale for the len retained keys of KV head h / (H / H_kv), then for its
  * candidate key. queries are [H][d_h] and candidates [H_kv][d_h], the lane's
- * slices of the ticket's rows; H is cache->binding.heads, H_kv cache->heads.
+ * slices of the ticket's rows; H is kvpi_cache_query_heads(cache), H_kv cache->heads.
  */
 void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const double *candidates,
                         size_t lane, double scale, double *scores);

@@ -28,6 +28,8 @@ static kvp_status validate_request(const kvp_layer *layer, const kvp_tensor *inp
                                    const kvp_cache *cache, kvp_error *err)
 {
     const kvp_shape *shape = &input->shape;
+    kvpi_layer_record rec; /* the owner record the cache captured (binding.c) */
+    kvpi_cache_layer_record(cache, &rec);
     kvp_error e = kvpi_error_begin(KVP_OK);
     if (shape->rank != 3) {
         e.status = KVP_INPUT_RANK;
@@ -43,14 +45,14 @@ static kvp_status validate_request(const kvp_layer *layer, const kvp_tensor *inp
         e.status = KVP_INPUT_WIDTH_MISMATCH;
         e.expected_size = layer->model_width;
         e.actual_size = shape->dims[2];
-    } else if (cache->binding.model_width != layer->model_width) {
+    } else if (rec.model_width != layer->model_width) {
         e.status = KVP_CACHE_MODEL_WIDTH_MISMATCH;
         e.layer_size = layer->model_width;
-        e.cache_size = cache->binding.model_width;
-    } else if (cache->binding.heads != layer->heads) {
+        e.cache_size = (size_t)rec.model_width;
+    } else if (rec.heads != layer->heads) {
         e.status = KVP_CACHE_HEAD_COUNT_MISMATCH;
         e.layer_size = layer->heads;
-        e.cache_size = cache->binding.heads;
+        e.cache_size = (size_t)rec.heads;
     } else if (cache->heads != layer->kv_heads) {
         e.status = KVP_CACHE_KV_HEAD_COUNT_MISMATCH;
         e.layer_size = layer->kv_heads;
@@ -64,29 +66,29 @@ static kvp_status validate_request(const kvp_layer *layer, const kvp_tensor *inp
         return kvpi_error_emit(err, &e);
     }
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        if (cache->binding.params[i].node_id != kvp_param_id(layer->params[i])) {
+        if (rec.node_id[i] != kvp_param_id(layer->params[i])) {
             return kvpi_error_emit(err, &(kvp_error){.status = KVP_CACHE_LAYER_MISMATCH});
         }
     }
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         uint64_t revision = kvp_param_revision(layer->params[i]);
-        if (cache->binding.params[i].revision != revision) {
+        if (rec.revision[i] != revision) {
             e.status = KVP_CACHE_LAYER_REVISION_MISMATCH;
             e.parameter = i;
-            e.cache_revision = cache->binding.params[i].revision;
+            e.cache_revision = rec.revision[i];
             e.layer_revision = revision;
             return kvpi_error_emit(err, &e);
         }
     }
     uint64_t layer_base_bits = 0;
     memcpy(&layer_base_bits, &layer->rope.base, sizeof layer_base_bits);
-    if (cache->binding.rope_feature_width != layer->rope.feature_width ||
-        cache->binding.rope_max_positions != layer->rope.max_positions ||
-        cache->binding.rope_base_bits != layer_base_bits) {
+    if (rec.rope_feature_width != layer->rope.feature_width ||
+        rec.rope_max_positions != layer->rope.max_positions ||
+        rec.rope_base_bits != layer_base_bits) {
         e.status = KVP_CACHE_ROPE_MISMATCH;
-        e.cache_rope.feature_width = cache->binding.rope_feature_width;
-        e.cache_rope.max_positions = cache->binding.rope_max_positions;
-        memcpy(&e.cache_rope.base, &cache->binding.rope_base_bits, sizeof e.cache_rope.base);
+        e.cache_rope.feature_width = (size_t)rec.rope_feature_width;
+        e.cache_rope.max_positions = (size_t)rec.rope_max_positions;
+        memcpy(&e.cache_rope.base, &rec.rope_base_bits, sizeof e.cache_rope.base);
         e.layer_rope = layer->rope;
         return kvpi_error_emit(err, &e);
     }
@@ -104,7 +106,7 @@ static kvp_status validate_ticket(const kvp_ticket *ticket, const kvp_cache *cac
     if (ticket->state == KVPI_TICKET_PREPARED) {
         return kvpi_error_emit(err, &(kvp_error){.status = KVP_TICKET_BUSY});
     }
-    if (ticket->batch_size != cache->batch_size || ticket->heads != cache->binding.heads ||
+    if (ticket->batch_size != cache->batch_size || ticket->heads != kvpi_cache_query_heads(cache) ||
         ticket->kv_heads != cache->heads || ticket->head_width != cache->head_width ||
         ticket->capacity < cache->capacity) {
         kvp_error e = kvpi_error_begin(KVP_TICKET_GEOMETRY_MISMATCH);

@@ -217,7 +217,7 @@ kvp_status kvpi_layer_create_sharing(kvp_param *w_query, kvp_param *w_key, kvp_p
         (void)kvp_param_retain(params[i], NULL); /* cannot fail: checked non-NULL */
         layer->params[i] = params[i];
     }
-    layer->model_width = kvp_param_width(w_query);
+    layer->model_width = kvp_param_rows(w_query);
     layer->heads = heads;
     layer->kv_heads = kv_heads;
     layer->head_width = head_width;
@@ -313,8 +313,9 @@ kvp_status kvpi_layer_create_random_sharing(size_t model_width, size_t heads, si
 
 kvp_status kvp_layer_destroy(kvp_layer *layer, kvp_error *err)
 {
+    (void)err;
     if (layer == NULL) {
-        return kvpi_fail_null(err, "layer");
+        return KVP_OK; /* destroying NULL does nothing, as free(NULL) */
     }
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         (void)kvp_param_release(layer->params[i], NULL);
@@ -375,7 +376,7 @@ kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum accum, kvp_error *err
     return KVP_OK;
 }
 
-kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out, kvp_error *err)
+kvp_status kvp_layer_binding_get(const kvp_layer *layer, kvp_binding *out, kvp_error *err)
 {
     if (layer == NULL) {
         return kvpi_fail_null(err, "layer");
@@ -387,25 +388,6 @@ kvp_status kvp_layer_binding(const kvp_layer *layer, kvp_binding *out, kvp_error
     return KVP_OK;
 }
 
-void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out)
-{
-    kvp_binding binding;
-    memset(&binding, 0, sizeof binding);
-    binding.model_width = layer->model_width;
-    binding.heads = layer->heads;
-    binding.kv_heads = layer->kv_heads;
-    binding.head_width = layer->head_width;
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        binding.params[i].node_id = kvp_param_id(layer->params[i]);
-        binding.params[i].revision = kvp_param_revision(layer->params[i]);
-    }
-    binding.rope_feature_width = layer->rope.feature_width;
-    binding.rope_max_positions = layer->rope.max_positions;
-    memcpy(&binding.rope_base_bits, &layer->rope.base, sizeof binding.rope_base_bits);
-    binding.k_scale = layer->k_scale;
-    binding.v_scale = layer->v_scale;
-    *out = binding;
-}
 
 kvp_status kvp_layer_set_kv_scales(kvp_layer *layer, double k_scale, double v_scale,
                                    kvp_error *err)

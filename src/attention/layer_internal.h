@@ -34,8 +34,17 @@
 #define KVPAGER_ATTENTION_LAYER_INTERNAL_H
 
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kvpager/layer.h"
+#include "pager/abi.h"
+#include "pager/cache_internal.h"
+
+/* kvp_layer_info's first-release size (pager/abi.h, "Growing structs"). */
+#define KVPI_LAYER_INFO_SIZE_FIRST offsetof(kvp_layer_info, accum)
+KVPI_FIRST_RELEASE_ALIGNED(kvp_layer_info, KVPI_LAYER_INFO_SIZE_FIRST);
 
 struct kvp_layer {
     kvp_param *params[KVP_PARAM_COUNT];
@@ -84,8 +93,60 @@ kvp_status kvpi_layer_create_random_sharing(size_t model_width, size_t heads, si
 /* Whether two layers' RoPE configurations are equal (the base bit for bit). */
 int kvpi_layer_same_rope(const kvp_layer *a, const kvp_layer *b);
 
-/* kvp_layer_binding for a layer known to exist: cannot fail. */
+/*
+ * Attention's owner record in a layer binding (binding.c): the fields the
+ * seed's binding rule compares, as 64-bit words, in kvp_binding.record.
+ */
+#define KVPI_LAYER_RECORD_MAGIC 0x3172636572747461ull /* "attnrec1" */
+typedef struct kvpi_layer_record {
+    uint64_t magic;
+    uint64_t model_width;
+    uint64_t heads; /* query heads */
+    uint64_t rope_feature_width;
+    uint64_t rope_max_positions;
+    uint64_t rope_base_bits; /* the RoPE base's f64 bits */
+    uint64_t node_id[KVP_PARAM_COUNT];
+    uint64_t revision[KVP_PARAM_COUNT];
+} kvpi_layer_record;
+
+/* kvp_layer_binding_get for a layer known to exist: cannot fail. */
 void kvpi_layer_binding(const kvp_layer *layer, kvp_binding *out);
+/* The layer's record now (its parameters' current revisions). */
+void kvpi_layer_record_of(const kvp_layer *layer, kvpi_layer_record *out);
+/*
+ * A layer binding from a record: kind KVP_BINDING_LAYER, the page geometry,
+ * max_positions = the record's RoPE positions, the scales, the record bytes,
+ * owner_digest = BLAKE2b-128 of them, owner_revision = the sum of the
+ * record's revisions. kvpi_layer_binding is this for the layer's record;
+ * tests and benchmarks build bindings of layers they do not have with it.
+ */
+void kvpi_layer_record_binding(const kvpi_layer_record *record, size_t kv_heads,
+                               size_t head_width, double k_scale, double v_scale,
+                               kvp_binding *out);
+/*
+ * The record attention compares a binding (a cache's: kvpi_cache_layer_record)
+ * with: a layer binding's record; for an external binding, (model width
+ * kv_heads * head_width, heads kv_heads, every parameter (identity,
+ * revision), RoPE (0, max_positions, 0)), the fields its binding had before
+ * 0.2; all zero for a layer binding whose record is not attention's.
+ */
+void kvpi_binding_layer_record(const kvp_binding *binding, kvpi_layer_record *out);
+void kvpi_cache_layer_record(const kvp_cache *cache, kvpi_layer_record *out);
+/*
+ * The query heads of a cache: its record's (an external cache's: its KV
+ * heads; 0 for a record that is not attention's). Inline: gathers ask per row.
+ */
+static inline size_t kvpi_cache_query_heads(const kvp_cache *cache)
+{
+    const kvp_binding *b = kvpi_cache_binding(cache);
+    if (b->kind == KVP_BINDING_EXTERNAL) {
+        return b->kv_heads;
+    }
+    uint64_t magic, heads;
+    memcpy(&magic, b->record + offsetof(kvpi_layer_record, magic), sizeof magic);
+    memcpy(&heads, b->record + offsetof(kvpi_layer_record, heads), sizeof heads);
+    return magic == KVPI_LAYER_RECORD_MAGIC ? (size_t)heads : 0;
+}
 
 /*
  * Rotates `count` vectors of d_h features each of `a` and, unless NULL, of

@@ -95,8 +95,9 @@ kvp_status kvp_param_retain(kvp_param *param, kvp_error *err)
 
 kvp_status kvp_param_release(kvp_param *param, kvp_error *err)
 {
+    (void)err;
     if (param == NULL) {
-        return kvpi_fail_null(err, "param");
+        return KVP_OK; /* destroying NULL does nothing, as free(NULL) */
     }
     if (atomic_fetch_sub(&param->refs, 1) == 1) {
         kvpi_free(param);
@@ -140,11 +141,6 @@ uint64_t kvp_param_revision(const kvp_param *param)
 {
     return param != NULL ? (uint64_t)atomic_load_explicit(&param->revision, memory_order_acquire)
                          : 0;
-}
-
-size_t kvp_param_width(const kvp_param *param)
-{
-    return param != NULL ? param->rows : 0;
 }
 
 size_t kvp_param_rows(const kvp_param *param)

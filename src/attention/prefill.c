@@ -120,7 +120,7 @@ static double *row_scores(const block_job *job, size_t t, size_t lane, size_t he
 {
     const kvpi_prefill_work *w = job->w;
     double *row = w->weights + t * w->batch * w->heads * w->keys;
-    return row + (lane * job->cache->binding.heads + head) * (job->first + t + 1);
+    return row + (lane * kvpi_cache_query_heads(job->cache) + head) * (job->first + t + 1);
 }
 
 /* What one part (a lane, a KV head, rows [t0, t1) of the block) reads, and where. */
@@ -146,7 +146,7 @@ static part_view view_of(const block_job *job, size_t part)
     v.t1 = (run + 1) * job->tokens / job->runs;
     v.d = cache->head_width;
     v.bt = cache->block_tokens;
-    v.group = cache->binding.heads / cache->heads;
+    v.group = kvpi_cache_query_heads(cache) / cache->heads;
     v.kv_width = cache->heads * v.d;
     v.row_stride = job->w->batch * v.kv_width;
     v.blocks = kvpi_cache_mapped_blocks(cache);

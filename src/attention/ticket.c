@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "attention/layer_internal.h"
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"
 #include "pager/error.h"
@@ -18,9 +19,15 @@ kvp_status kvp_ticket_create(const kvp_cache *cache, kvp_ticket **out, kvp_error
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
+    kvpi_layer_record rec; /* query heads and model width: the owner record's (binding.c) */
+    kvpi_cache_layer_record(cache, &rec);
     size_t b = cache->batch_size;
-    size_t heads = cache->binding.heads; /* query heads; the cache stores cache->heads */
-    size_t d = cache->binding.model_width;
+    size_t heads = (size_t)rec.heads; /* query heads; the cache stores cache->heads */
+    size_t d = (size_t)rec.model_width;
+    if (heads == 0 || heads % cache->heads != 0 || d != heads * cache->head_width) {
+        /* Only a hand-made binding whose record is not a layer's gets here. */
+        return kvpi_fail_invalid(err, "cache", "its binding's owner record is not a layer's");
+    }
     /* query, head outputs and output rows of D each, the candidate key and
      * value rows of kv_heads * d_h each, then [B, H, capacity] weights. */
     size_t row_doubles = b * d;
@@ -80,8 +87,9 @@ kvp_status kvp_ticket_discard(kvp_ticket *ticket, kvp_error *err)
 
 kvp_status kvp_ticket_destroy(kvp_ticket *ticket, kvp_error *err)
 {
+    (void)err;
     if (ticket == NULL) {
-        return kvpi_fail_null(err, "ticket");
+        return KVP_OK; /* destroying NULL does nothing, as free(NULL) */
     }
     kvpi_reservation_release(&ticket->reservation);
     kvpi_free(ticket->query);

@@ -151,7 +151,7 @@ static kvp_cache *make_cache(demo *d, kvp_pool *pool, const kvp_layer *layer, si
 {
     kvp_binding binding;
     kvp_cache *cache = NULL;
-    if (kvp_layer_binding(layer, &binding, &d->err) != KVP_OK ||
+    if (kvp_layer_binding_get(layer, &binding, &d->err) != KVP_OK ||
         kvp_cache_create(pool, &binding, batch, capacity, &cache, &d->err) != KVP_OK) {
         d->failed_at = "creating a cache";
         return NULL;

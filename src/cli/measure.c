@@ -106,7 +106,7 @@ static int reorder_pool(kvp_pool *pool, reorder_fn reorder, void *ctx)
     kvp_page_layout_init(&layout);
     kvp_binding binding;
     if (kvp_pool_stats_get(pool, &stats, NULL) != KVP_OK || stats.held_pages != 0 ||
-        stats.total_pages == 0 || kvp_pool_page_layout(pool, &layout, NULL) != KVP_OK ||
+        stats.total_pages == 0 || kvp_pool_page_layout_get(pool, &layout, NULL) != KVP_OK ||
         kvp_binding_init_external(&binding, layout.heads, layout.head_width, 1, 0, 0, NULL) !=
             KVP_OK) {
         return -1;

@@ -7,7 +7,12 @@
  * Invariant: nothing here reads or writes a byte of the caller's struct at
  * or past its struct_size, and a refused struct is left untouched.
  * The KVPI_*_SIZE_FIRST constants are each struct's first-release size, the
- * smallest struct_size accepted; they never change once released.
+ * smallest struct_size accepted; they never change once released. This
+ * header holds the pager's structs' own; each other layer keeps its structs'
+ * beside them, in its internal header (attention/layer_internal.h,
+ * serve/model_internal.h, serve/requests_internal.h), with the same
+ * KVPI_FIRST_RELEASE_ALIGNED check, so no pager header includes a header of
+ * a layer above.
  * Callers: src/ only (the public getters and kvp_pool_create), and the tests
  * that emulate an older caller.
  */
@@ -18,10 +23,7 @@
 #include <string.h>
 
 #include "kvpager/cache.h"
-#include "kvpager/layer.h"
-#include "kvpager/model.h"
 #include "kvpager/pool.h"
-#include "kvpager/scheduler.h"
 #include "pager/error.h"
 
 #define KVPI_POOL_CONFIG_SIZE_FIRST offsetof(kvp_pool_config, slab_alloc)
@@ -29,15 +31,7 @@
 #define KVPI_POOL_CONFIG_SIZE_SLAB offsetof(kvp_pool_config, key_secret)
 #define KVPI_POOL_STATS_SIZE_FIRST offsetof(kvp_pool_stats, slab_source)
 #define KVPI_CACHE_INFO_SIZE_FIRST sizeof(kvp_cache_info)
-#define KVPI_LAYER_INFO_SIZE_FIRST offsetof(kvp_layer_info, accum)
-#define KVPI_MODEL_INFO_SIZE_FIRST sizeof(kvp_model_info)
 #define KVPI_PAGE_LAYOUT_SIZE_FIRST sizeof(kvp_page_layout)
-#define KVPI_SCHEDULER_CONFIG_SIZE_FIRST offsetof(kvp_scheduler_config, schedule)
-#define KVPI_REQUEST_SIZE_FIRST offsetof(kvp_request, session)
-/* The release that added sessions, before salt (issue 16). */
-#define KVPI_REQUEST_SIZE_SESSION offsetof(kvp_request, salt)
-#define KVPI_STEP_STATS_SIZE_FIRST offsetof(kvp_step_stats, retained_pages)
-#define KVPI_SCHEDULER_STATS_SIZE_FIRST offsetof(kvp_scheduler_stats, retained)
 
 /*
  * A release's size is its sizeof, tail padding included: an older caller
@@ -51,16 +45,10 @@
                    #type ": a new field starts inside the first release's tail padding")
 KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_config, KVPI_POOL_CONFIG_SIZE_FIRST);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_stats, KVPI_POOL_STATS_SIZE_FIRST);
-KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_config, KVPI_SCHEDULER_CONFIG_SIZE_FIRST);
-KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_FIRST);
 KVPI_FIRST_RELEASE_ALIGNED(kvp_pool_config, KVPI_POOL_CONFIG_SIZE_SLAB);
-KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_SESSION);
-KVPI_FIRST_RELEASE_ALIGNED(kvp_layer_info, KVPI_LAYER_INFO_SIZE_FIRST);
 _Static_assert(KVPI_POOL_CONFIG_SIZE_SLAB >= offsetof(kvp_pool_config, slab_source) +
                                                  sizeof(kvp_slab_source),
                "key_secret follows slab_source");
-KVPI_FIRST_RELEASE_ALIGNED(kvp_step_stats, KVPI_STEP_STATS_SIZE_FIRST);
-KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_stats, KVPI_SCHEDULER_STATS_SIZE_FIRST);
 
 /* 1 when a struct of `struct_size` bytes holds all of the member at [offset, offset + size). */
 static inline int kvpi_struct_covers(size_t struct_size, size_t offset, size_t size)

@@ -18,11 +18,17 @@
  * new one. So the arenas a process holds never outnumber the most pools it
  * ever had alive at once.
  *
- * Global state (documented, the library's only mutable globals besides id
- * counters): the fault injector's counters, kept in atomics; and the list of
- * parked slab arenas, a fixed array of indexes under a mutex (no heap, so
- * nothing is left for a leak checker at exit). Parked arenas live until the
- * process ends.
+ * Global state here: the fault injector's counters, kept in atomics; and
+ * the list of parked slab arenas, a fixed array of indexes under a mutex (no
+ * heap, so nothing is left for a leak checker at exit). Parked arenas live
+ * until the process ends. The library's other mutable globals, each
+ * documented where it lives: the id counters (cache serials in cache.c,
+ * parameter ids in param.c, atomics); libsodium's one-time start
+ * (sodium_once and sodium_ready, pool.c); the kernel set chosen once from
+ * the CPU (dispatch.c); the decoder's thread-start fault injector (atomics,
+ * decoder.c); paged attention's per-thread workspace and its pthread key
+ * (paged.c); and two test and benchmark knobs set before use, the gather
+ * grain (gather.c) and the prefill block (sequence.c).
  * Callers: src/ only. Tests reach the fault injector through this header.
  */
 #ifndef KVPAGER_PAGER_ALLOC_H

@@ -5,11 +5,12 @@
  * commit) and the page-walking accessors the attention gather uses.
  *
  * Invariants:
- *   - 0 <= len <= capacity <= binding.rope_max_positions;
+ *   - 0 <= len <= capacity <= binding.max_positions;
  *   - for every lane, tables[lane][0..ceil(len/block_tokens)) name held
  *     pages and the rest are KVPI_NO_PAGE (I4);
  *   - heads == binding.kv_heads == the pool's heads: a cache stores KV heads
- *     only; the query heads (binding.heads) never reach a page;
+ *     only; the pager knows no query heads (they are in attention's owner
+ *     record, binding.record, which the pager never reads);
  *   - position p of lane b, KV head h lives in page tables[b][p / block_tokens]
  *     at slot p % block_tokens: keys at page + (h*block_tokens + slot)*d_h,
  *     values at page + ((H + h)*block_tokens + slot)*d_h, in elements of the
@@ -23,8 +24,8 @@
  *     0; cow is 1 whenever that page is registered, or shared unless the
  *     cache is its one writer (kvpi_cache_fork_writer_locked; I5), and the
  *     next append first copies it, in every lane, to pages it reserved
- *     with the append (kvpi_cache_pages_needed counts them);
- *   - an external cache (binding.rope_feature_width == 0) takes rows from
+ *     with the append (kvpi_cache_pages_needed counts them; cache_cow.c);
+ *   - an external cache (binding.kind == KVP_BINDING_EXTERNAL) takes rows from
  *     its owner (kvp_cache_append_rows, reserve/commit/discard) and never
  *     from attention; a layer-bound cache the other way round.
  *
@@ -69,16 +70,26 @@ struct kvp_cache {
     size_t promise_drawn;
     size_t promise;          /* this cache's share of pool->promised */
     /*
-     * Copy-on-write (share.c). cow: the next append copies every lane's
+     * Copy-on-write (cache_cow.c). cow: the next append copies every lane's
      * partial last page before writing. cow_defer: a transaction (a
      * sequence's prefill) keeps the pages a copy replaced in cow_saved
-     * (each with its reference) until kvpi_cache_cow_settle_locked or
-     * kvpi_cache_cow_undo_locked; cow_saved[lane] is KVPI_NO_PAGE otherwise.
+     * (each with its reference) until kvpi_cache_cow_settle_many_locked or
+     * kvpi_cache_cow_undo_many_locked; cow_saved[lane] is KVPI_NO_PAGE otherwise.
      */
     int cow;
     int cow_defer;
     uint32_t *cow_saved;     /* [batch_size], in the tables allocation */
 };
+
+/*
+ * The binding the cache captured at creation, owner record included: the
+ * way its owner (attention) reads its record back. The pager never
+ * interprets binding->owner_digest, owner_revision or record.
+ */
+static inline const kvp_binding *kvpi_cache_binding(const kvp_cache *cache)
+{
+    return &cache->binding;
+}
 
 /* The copy-on-write pages the next append takes: batch_size when cow, else 0. */
 static inline size_t kvpi_cache_cow_pages(const kvp_cache *cache)
@@ -213,7 +224,7 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
  *   *adopted = the blocks adopted. BLOCK_BINDING_MISMATCH, changing
  *   nothing (no hit or miss counted either), when a page of a hit block was
  *   published under another binding digest than its adopter's.
- * cow_set_defer / settle / undo: a transaction's copy-on-write. settle
+ * cow_defer / settle / undo (cache_cow.c): a transaction's copy-on-write. settle
  *   drops the saved originals' references; undo maps the originals back,
  *   returns the copies (newest first) and marks cow again. Both end defer.
  */
@@ -227,7 +238,7 @@ void kvpi_cache_fork_writer_locked(kvp_cache *parent, kvp_cache *child);
 /*
  * The audit's I5 check of an unmarked cache whose partial page `page` (block
  * `block`) is shared: reports every other cache naming it there that is
- * unmarked or longer. Under the pool lock, from cache.c's audit.
+ * unmarked or longer. Under the pool lock, from cache.c's audit (cache_cow.c).
  */
 void kvpi_cache_audit_writer(const kvp_cache *writer, size_t block, uint32_t page,
                              kvpi_audit *audit);
@@ -255,14 +266,17 @@ size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_b
 void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);
-/* After len changed under the lock: cow = the partial last page is shared or registered. */
+/*
+ * After len changed under the lock: cow = the partial last page is shared or
+ * registered (cache_cow.c).
+ */
 void kvpi_cache_cow_refresh_locked(kvp_cache *cache);
 /* kvp_cache_binding_key and kvp_block_key_chain, which cannot fail here. */
 kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache);
 kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *parent,
                                    const kvp_block_key *binding, const void *input, size_t bytes,
                                    const kvp_block_key *context);
-/* Copies rows [0, rows) of every head's keys and values from page `from` to `to`. */
+/* Copies rows [0, rows) of every head's keys and values from page `from` to `to` (cache_cow.c). */
 void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows);
 
 /*

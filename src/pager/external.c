@@ -58,16 +58,12 @@ kvp_status kvp_binding_init_external(kvp_binding *out, size_t kv_heads, size_t h
     }
     kvp_binding binding;
     memset(&binding, 0, sizeof binding);
-    binding.model_width = kv_heads * head_width;
-    binding.heads = kv_heads;
+    binding.kind = KVP_BINDING_EXTERNAL;
     binding.kv_heads = kv_heads;
     binding.head_width = head_width;
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        binding.params[i] = (kvp_param_binding){identity, revision};
-    }
-    binding.rope_feature_width = 0;
-    binding.rope_max_positions = max_positions;
-    binding.rope_base_bits = 0;
+    binding.max_positions = max_positions;
+    binding.owner_digest[0] = identity;
+    binding.owner_revision = revision;
     binding.k_scale = 1.0;
     binding.v_scale = 1.0;
     *out = binding;
@@ -76,7 +72,7 @@ kvp_status kvp_binding_init_external(kvp_binding *out, size_t kv_heads, size_t h
 
 int kvp_binding_is_external(const kvp_binding *binding)
 {
-    return binding != NULL && binding->rope_feature_width == 0;
+    return binding != NULL && binding->kind == KVP_BINDING_EXTERNAL;
 }
 
 static int cache_is_external(const kvp_cache *cache)

@@ -386,7 +386,7 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
 kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err)
 {
     if (pool == NULL) {
-        return kvpi_fail_null(err, "pool");
+        return KVP_OK; /* destroying NULL does nothing, as free(NULL) */
     }
     kvpi_pool_lock(pool);
     size_t held = pool->total_pages - kvpi_pool_available_locked(pool);
@@ -610,7 +610,7 @@ kvp_status kvp_pool_page_base(const kvp_pool *pool, void **base, size_t *page_st
     return KVP_OK;
 }
 
-kvp_status kvp_pool_page_layout(const kvp_pool *pool, kvp_page_layout *out, kvp_error *err)
+kvp_status kvp_pool_page_layout_get(const kvp_pool *pool, kvp_page_layout *out, kvp_error *err)
 {
     if (pool == NULL) {
         return kvpi_fail_null(err, "pool");

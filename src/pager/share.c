@@ -2,8 +2,7 @@
  * share.c: pages shared between caches (kvpager/cache.h "Sharing").
  *
  * Owns: fork (and the scheduler's fork that keeps the parent the one writer
- * of the shared partial page, with the audit's check of that writer),
- * truncate, copy-on-write marks, the chain keys of the prefix
+ * of the shared partial page), truncate, the chain keys of the prefix
  * index (a 128-bit BLAKE2b stream keyed with the pool's secret, over the
  * binding digest, the parent key, an optional context and the block's
  * input bytes), publishing full blocks and adopting published prefixes,
@@ -19,12 +18,13 @@
  *     kvpi_cache_fork_writer_locked, unmarked, no shorter than any other
  *     cache naming the page, every one of them marked; fork, truncate and a
  *     deferred undo set it; the append that copies (cache.c) clears it, and
- *     a truncate recomputes it (a truncated writer is marked while shared);
- *   - a chain key covers the cache's binding digest (parameter identities
- *     and revisions, RoPE, heads, widths, the pool's dtype and block_tokens,
- *     an fp8 cache's K and V scales)
- *     by construction: no caller can build a key without one, so a revision
- *     bump or a RoPE change makes every older key unreachable;
+ *     a truncate recomputes it (cache_cow.c) (a truncated writer is marked while shared);
+ *   - a chain key covers the cache's binding digest (its kind, geometry and
+ *     max_positions, the owner's digest, revision and record bytes, the
+ *     pool's dtype and block_tokens, an fp8 cache's K and V scales) by
+ *     construction: no caller can build a key without one, so whatever
+ *     changes the owner's record (attention: a parameter's revision, RoPE;
+ *     an engine: its weights' revision) makes every older key unreachable;
  *   - a registered page records the binding digest of the cache that
  *     published it, and is adopted only into caches of that digest, whatever
  *     key a caller built (BLOCK_BINDING_MISMATCH otherwise, nothing changed);
@@ -41,103 +41,6 @@
 #include <string.h>
 
 #include "pager/error.h"
-
-/* ---- copy-on-write ------------------------------------------------------ */
-
-void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows)
-{
-    size_t row_bytes = cache->head_width * cache->pool->element_bytes;
-    size_t slab_bytes = cache->block_tokens * row_bytes; /* one head's keys or values */
-    unsigned char *dst = kvpi_pool_page(cache->pool, to);
-    const unsigned char *src = kvpi_pool_page(cache->pool, from);
-    for (size_t s = 0; s < 2 * cache->heads; s++) {
-        memcpy(dst + s * slab_bytes, src + s * slab_bytes, rows * row_bytes);
-    }
-}
-
-void kvpi_cache_cow_refresh_locked(kvp_cache *cache)
-{
-    cache->cow = 0;
-    if (cache->len % cache->block_tokens == 0) {
-        return;
-    }
-    size_t block = cache->len / cache->block_tokens;
-    const kvp_pool *pool = cache->pool;
-    for (size_t lane = 0; lane < cache->batch_size; lane++) {
-        uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
-        if (pool->refcount[page] > 1 || pool->registered[page]) {
-            cache->cow = 1;
-        }
-    }
-}
-
-void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count)
-{
-    for (size_t c = 0; c < count; c++) {
-        caches[c]->cow_defer = 1;
-    }
-}
-
-void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count)
-{
-    for (size_t c = 0; c < count; c++) {
-        kvp_cache *cache = caches[c];
-        for (size_t lane = 0; lane < cache->batch_size; lane++) {
-            if (cache->cow_saved[lane] != KVPI_NO_PAGE) {
-                kvpi_pool_put_locked(cache->pool, cache->cow_saved[lane]);
-                cache->cow_saved[lane] = KVPI_NO_PAGE;
-            }
-        }
-        cache->cow_defer = 0;
-    }
-}
-
-void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count)
-{
-    for (size_t c = count; c-- > 0;) {
-        kvp_cache *cache = caches[c];
-        size_t block = cache->len / cache->block_tokens;
-        for (size_t lane = cache->batch_size; lane-- > 0;) {
-            if (cache->cow_saved[lane] == KVPI_NO_PAGE) {
-                continue;
-            }
-            uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
-            kvpi_pool_put_locked(cache->pool, *slot);
-            *slot = cache->cow_saved[lane];
-            cache->cow_saved[lane] = KVPI_NO_PAGE;
-            cache->pool->cow_copies--;
-            cache->cow = 1;
-        }
-        cache->cow_defer = 0;
-    }
-}
-
-/*
- * I5 for `writer`, unmarked, whose partial page `page` (block `block`) is
- * shared: every other cache naming it there is marked and no longer, so it
- * reads only positions below the writer's length and copies before writing.
- */
-void kvpi_cache_audit_writer(const kvp_cache *writer, size_t block, uint32_t page,
-                             kvpi_audit *audit)
-{
-    const kvpi_holder *end = &writer->pool->holders;
-    for (const kvpi_holder *h = end->next; h != end; h = h->next) {
-        const kvp_cache *other =
-            h->ops->kind == KVPI_HOLDER_CACHE
-                ? (const kvp_cache *)(const void *)((const char *)h - offsetof(kvp_cache, holder))
-                : writer;
-        for (size_t lane = 0; other != writer && block < other->blocks_per_lane &&
-                              lane < other->batch_size;
-             lane++) {
-            if (kvpi_cache_lane_table(other, lane)[block] == page &&
-                (!other->cow || other->len > writer->len)) {
-                kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
-                                  "a shared partial page has one writer, its longest holder",
-                                  page, lane, 1, 0);
-            }
-        }
-    }
-}
 
 /* ---- fork ---------------------------------------------------------------- */
 
@@ -318,17 +221,14 @@ kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache)
     hash128 h;
     hash_init(&h, cache->pool);
     hash_u64(&h, 0x62696e64696e67ull); /* "binding" */
-    hash_u64(&h, b->model_width);
-    hash_u64(&h, b->heads);
+    hash_u64(&h, b->kind);
     hash_u64(&h, b->kv_heads);
     hash_u64(&h, b->head_width);
-    for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
-        hash_u64(&h, b->params[i].node_id);
-        hash_u64(&h, b->params[i].revision);
-    }
-    hash_u64(&h, b->rope_feature_width);
-    hash_u64(&h, b->rope_max_positions);
-    hash_u64(&h, b->rope_base_bits);
+    hash_u64(&h, b->max_positions);
+    hash_u64(&h, b->owner_digest[0]);
+    hash_u64(&h, b->owner_digest[1]);
+    hash_u64(&h, b->owner_revision);
+    hash_bytes(&h, b->record, sizeof b->record); /* opaque: every byte, uninterpreted */
     hash_u64(&h, (uint64_t)cache->pool->dtype);
     hash_u64(&h, cache->pool->block_tokens);
     hash_u64(&h, cache->pool->heads);

@@ -1,6 +1,7 @@
 /*
- * tensor.c: constructors for borrowed tensor views, and the version string.
- * Pure functions; no state.
+ * types.c: constructors for borrowed tensor views (kvpager/types.h), and the
+ * running library's version (kvpager/version.h).
+ * Pure functions; no state. Callers: anyone.
  */
 #include "kvpager/kvpager.h"
 

@@ -158,7 +158,7 @@ kvp_status kvp_model_create_random_grouped(size_t layers, size_t model_width, si
 kvp_status kvp_model_destroy(kvp_model *model, kvp_error *err)
 {
     if (model == NULL) {
-        return kvpi_fail_null(err, "model");
+        return KVP_OK; /* destroying NULL does nothing, as free(NULL) */
     }
     if (atomic_load(&model->sequences) != 0) {
         kvp_error e = kvpi_error_begin(KVP_MODEL_BUSY);

@@ -12,6 +12,10 @@
 #include <stdatomic.h>
 
 #include "kvpager/model.h"
+#include "pager/abi.h"
+
+/* kvp_model_info's first-release size (pager/abi.h, "Growing structs"). */
+#define KVPI_MODEL_INFO_SIZE_FIRST sizeof(kvp_model_info)
 
 struct kvp_model {
     atomic_size_t sequences;    /* live sequences running this model */

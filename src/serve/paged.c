@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "attention/gather.h"
+#include "attention/layer_internal.h"
 #include "pager/abi.h"
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"
@@ -185,8 +186,8 @@ static kvp_status check_pointers(const kvp_paged_attention_args *a, kvp_error *e
 static kvp_status check_fields(const kvp_paged_attention_args *a, const kvp_cache_info *info,
                                kvp_error *err)
 {
-    size_t heads = a->heads != 0 ? a->heads : info->binding.heads;
-    if (heads % info->binding.kv_heads != 0) {
+    size_t heads = a->heads != 0 ? a->heads : kvpi_cache_query_heads(a->cache);
+    if (heads == 0 || heads % info->binding.kv_heads != 0) {
         return kvpi_fail_invalid(err, "heads", "must be a multiple of the cache's KV heads");
     }
     if (a->io_dtype != KVP_F64 && a->io_dtype != KVP_F32) {
@@ -249,7 +250,7 @@ static kvp_status check_args(const kvp_paged_attention_args *a, paged_shape *s, 
         return status;
     }
     s->batch = info.batch_size;
-    s->heads = a->heads != 0 ? a->heads : info.binding.heads;
+    s->heads = a->heads != 0 ? a->heads : kvpi_cache_query_heads(a->cache);
     s->kv_heads = info.binding.kv_heads;
     s->width = info.binding.head_width;
     s->keys = info.len + (a->keys != NULL);

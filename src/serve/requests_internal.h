@@ -21,6 +21,23 @@
 #include <stdint.h>
 
 #include "kvpager/scheduler.h"
+#include "pager/abi.h"
+
+/*
+ * The first-release sizes of the scheduler's growing structs
+ * (kvpager/scheduler.h; pager/abi.h, "Growing structs"), and of kvp_request
+ * the release that added sessions, before salt.
+ */
+#define KVPI_SCHEDULER_CONFIG_SIZE_FIRST offsetof(kvp_scheduler_config, schedule)
+#define KVPI_REQUEST_SIZE_FIRST offsetof(kvp_request, session)
+#define KVPI_REQUEST_SIZE_SESSION offsetof(kvp_request, salt)
+#define KVPI_STEP_STATS_SIZE_FIRST offsetof(kvp_step_stats, retained_pages)
+#define KVPI_SCHEDULER_STATS_SIZE_FIRST offsetof(kvp_scheduler_stats, retained)
+KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_config, KVPI_SCHEDULER_CONFIG_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_request, KVPI_REQUEST_SIZE_SESSION);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_step_stats, KVPI_STEP_STATS_SIZE_FIRST);
+KVPI_FIRST_RELEASE_ALIGNED(kvp_scheduler_stats, KVPI_SCHEDULER_STATS_SIZE_FIRST);
 
 typedef struct kvpi_record {
     uint64_t id;

@@ -373,16 +373,8 @@ static int lease_stale(const kvp_scheduler *s, const lease *l)
     if (l->sequence == NULL) {
         return 0; /* external caches bind the configured identity: never stale */
     }
-    for (size_t i = 0; i < s->layers; i++) {
-        const kvp_binding *b = &l->sequence->caches[i]->binding;
-        const kvp_layer *layer = kvp_model_layer(s->model, i);
-        for (size_t k = 0; k < KVP_PARAM_COUNT; k++) {
-            if (b->params[k].revision != kvp_param_revision(kvp_layer_param(layer, k))) {
-                return 1;
-            }
-        }
-    }
-    return 0;
+    (void)s;
+    return kvpi_sequence_stale(l->sequence);
 }
 
 static kvp_status lease_promise(const kvp_scheduler *s, lease *l, size_t pages, kvp_error *err)

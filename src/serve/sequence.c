@@ -176,8 +176,9 @@ kvp_status kvp_sequence_create(const kvp_model *model, kvp_pool *pool, size_t ba
 
 kvp_status kvp_sequence_destroy(kvp_sequence *sequence, kvp_error *err)
 {
+    (void)err;
     if (sequence == NULL) {
-        return kvpi_fail_null(err, "sequence");
+        return KVP_OK; /* destroying NULL does nothing, as free(NULL) */
     }
     kvpi_reservation_release(&sequence->reservation);
     /* The same page order as reset, so a new sequence gets these pages back in turn. */
@@ -487,6 +488,21 @@ kvp_status kvp_sequence_prefill(kvp_sequence *sequence, const kvp_tensor *prompt
  * (kvpi_sequence_prefill_block_set): the bits never depend on it.
  */
 static size_t prefill_block_want = KVPI_PREFILL_BLOCK_DEFAULT;
+
+int kvpi_sequence_stale(const kvp_sequence *sequence)
+{
+    for (size_t i = 0; i < sequence->layers; i++) {
+        kvpi_layer_record rec;
+        kvpi_cache_layer_record(sequence->caches[i], &rec);
+        const kvp_layer *layer = kvp_model_layer(sequence->model, i);
+        for (size_t k = 0; k < KVP_PARAM_COUNT; k++) {
+            if (rec.revision[k] != kvp_param_revision(kvp_layer_param(layer, k))) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
 
 void kvpi_sequence_prefill_block_set(size_t tokens)
 {

@@ -81,4 +81,12 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
 void kvpi_sequence_prefill_block_set(size_t tokens);
 size_t kvpi_sequence_prefill_block_get(void);
 
+/*
+ * 1 when a layer's cache is bound to a parameter revision that is no longer
+ * its layer's (an in-place update since the cache was made: its next step
+ * would be CACHE_LAYER_REVISION_MISMATCH), else 0. Reads the caches' owner
+ * records (attention/binding.c). The scheduler's leases ask it.
+ */
+int kvpi_sequence_stale(const kvp_sequence *sequence);
+
 #endif /* KVPAGER_SERVE_SEQUENCE_INTERNAL_H */

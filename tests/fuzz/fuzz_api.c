@@ -1232,18 +1232,17 @@ static void op_cache_create(reader *r)
     g_op_name = "cache_create";
     kvp_binding binding;
     kvp_error err;
-    kvp_status status = kvp_layer_binding(W.layer[layer].layer, &binding, &err);
+    kvp_status status = kvp_layer_binding_get(W.layer[layer].layer, &binding, &err);
     check_status(status, KVP_OK, &err);
     kvp_status want = batch == 0      ? KVP_ZERO_BATCH_SIZE
                       : capacity == 0 ? KVP_ZERO_CAPACITY
                       : capacity > MAX_POSITIONS ? KVP_CAPACITY_EXCEEDS_POSITIONS
                                                  : KVP_OK;
     if (tamper == 6) {
-        binding.model_width++; /* no longer heads * head_width: refused first */
+        binding.kind = 0; /* neither kind: refused first */
         want = KVP_INVALID_ARGUMENT;
     } else if (tamper == 7) {
-        binding.heads = W.alien_heads;
-        binding.kv_heads = W.alien_heads; /* a valid MHA binding of another geometry */
+        binding.kv_heads = W.alien_heads; /* a valid MHA page geometry of another pool */
         binding.head_width = W.d / W.alien_heads;
         want = want != KVP_OK ? want : KVP_GEOMETRY_MISMATCH;
     }

@@ -282,7 +282,7 @@ static void p_cache_create(reader *r)
     double ks = 1.0, vs = 1.0;
     const char *bad = NULL;
     if (bound) {
-        fz_check_status(kvp_layer_binding(P.layer, &binding, &err), KVP_OK, &err);
+        fz_check_status(kvp_layer_binding_get(P.layer, &binding, &err), KVP_OK, &err);
         ks = P.ks;
         vs = P.vs;
     } else {
@@ -644,7 +644,7 @@ static void p_write(reader *r)
     }
     kvp_page_layout layout;
     kvp_page_layout_init(&layout);
-    fz_check_status(kvp_pool_page_layout(P.pool, &layout, &err), KVP_OK, &err);
+    fz_check_status(kvp_pool_page_layout_get(P.pool, &layout, &err), KVP_OK, &err);
     int poison = sel % 8 == 7;
     c->poison_row = SIZE_MAX; /* every reserved row is written again */
     size_t at = 0;
@@ -825,7 +825,7 @@ static void p_layer_settings(reader *r)
         P.vs = vs;
     }
     kvp_binding binding;
-    fz_check_status(kvp_layer_binding(P.layer, &binding, &err), KVP_OK, &err);
+    fz_check_status(kvp_layer_binding_get(P.layer, &binding, &err), KVP_OK, &err);
     CHECK(binding.k_scale == P.ks && binding.v_scale == P.vs,
           "layer scales %g %g, expected %g %g", binding.k_scale, binding.v_scale, P.ks, P.vs);
 }

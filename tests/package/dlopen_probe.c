@@ -80,7 +80,7 @@ int main(int argc, char **argv)
     BIND(stats_get_fn, kvp_pool_stats_get);
     BIND(check_fn, kvp_pool_check);
     BIND(layer_random_fn, kvp_layer_create_random);
-    BIND(layer_binding_fn, kvp_layer_binding);
+    BIND(layer_binding_fn, kvp_layer_binding_get);
     BIND(layer_destroy_fn, kvp_layer_destroy);
     BIND(cache_create_fn, kvp_cache_create);
     BIND(cache_destroy_fn, kvp_cache_destroy);
@@ -91,7 +91,7 @@ int main(int argc, char **argv)
     BIND(tensor3_fn, kvp_tensor3);
     if (!kvp_pool_config_init_ || !kvp_pool_stats_init_ || !kvp_pool_create_ ||
         !kvp_pool_destroy_ || !kvp_pool_stats_get_ || !kvp_pool_check_ ||
-        !kvp_layer_create_random_ || !kvp_layer_binding_ || !kvp_layer_destroy_ ||
+        !kvp_layer_create_random_ || !kvp_layer_binding_get_ || !kvp_layer_destroy_ ||
         !kvp_cache_create_ || !kvp_cache_destroy_ || !kvp_cache_len_ || !kvp_ticket_create_ ||
         !kvp_ticket_destroy_ || !kvp_attention_forward_ || !kvp_tensor3_) {
         return 1;
@@ -121,7 +121,7 @@ int main(int argc, char **argv)
     kvp_binding binding;
     kvp_cache *cache = NULL;
     kvp_ticket *ticket = NULL;
-    if (kvp_layer_binding_(layer, &binding, &err) != KVP_OK ||
+    if (kvp_layer_binding_get_(layer, &binding, &err) != KVP_OK ||
         kvp_cache_create_(pool, &binding, 2, 64, &cache, &err) != KVP_OK ||
         kvp_ticket_create_(cache, &ticket, &err) != KVP_OK) {
         return fail("cache");
