@@ -105,6 +105,81 @@ static int open_outputs(const simulate_options *o, kvp_plot *plot)
     return KVP_CLI_OK;
 }
 
+/* The results of step 4: the run, and the run without sharing when compared. */
+typedef struct simulate_runs {
+    kvp_sim_result result;
+    kvp_sim_result off;
+    int compare; /* off was run: a sharing workload without --no-sharing */
+} simulate_runs;
+
+static void runs_free(simulate_runs *runs)
+{
+    kvp_sim_result_free(&runs->result);
+    kvp_sim_result_free(&runs->off);
+}
+
+/*
+ * Step 4: the run, and for a sharing workload (unless --no-sharing) the same
+ * workload without sharing, not verified, for the side-by-side figures.
+ * 0, or nonzero with *err and *context filled.
+ */
+static int run_all(const simulate_options *o, const kvp_workload *workload, simulate_runs *runs,
+                   kvp_error *err, const char **context)
+{
+    runs->compare = sharing_workload(o) && !o->no_sharing;
+    memset(&runs->off, 0, sizeof runs->off);
+    int failed = 0;
+    for (int run = 0; run < 1 + runs->compare && failed == 0; run++) {
+        kvp_sim_config config = o->sim;
+        if (run == 1) {
+            config.sharing = 0;
+            config.verify_every = 0;
+        }
+        kvp_progress progress;
+        kvp_progress_init(&progress, run == 0 ? "simulate" : "simulate --no-sharing", o->quiet);
+        failed = kvp_sim_run(&config, workload, kvp_progress_update, &progress,
+                             run == 0 ? &runs->result : &runs->off, err, context);
+        kvp_progress_finish(&progress);
+    }
+    return failed;
+}
+
+/* Step 4's end: the chart's title and closing; a write error exits 2. */
+static int finish_plot(const simulate_options *o, const kvp_workload *workload,
+                       const kvp_sim_result *result, kvp_plot *plot, int exit_code)
+{
+    char title[160];
+    snprintf(title, sizeof title, "kvpager simulate: %s, %zu requests, %zu pages",
+             o->trace ? "trace" : kvp_profile_name(o->workload.profile), workload->count,
+             result->total_pages);
+    int error = kvp_plot_finish(plot, result, title);
+    if (error != 0) {
+        fprintf(stderr, "kvpager simulate: --plot %s: %s\n", o->plot, strerror(error));
+        return KVP_CLI_USAGE;
+    }
+    if (!o->json) {
+        printf("plot                    %s\n", o->plot);
+    }
+    return exit_code;
+}
+
+/* The report or --json, then the plot: the exit status of a finished run. */
+static int report(const simulate_options *o, const kvp_workload *workload,
+                  const simulate_runs *runs, kvp_plot *plot)
+{
+    const kvp_sim_result *r = &runs->result;
+    const kvp_sim_result *off = runs->compare ? &runs->off : NULL;
+    if (o->json) {
+        kvp_simulate_print_json(o, workload, r, off);
+    } else {
+        kvp_simulate_print_report(o, workload, r, off);
+    }
+    int clean = r->audit_failures == 0 && r->pages_leaked == 0 &&
+                runs->off.audit_failures == 0 && runs->off.pages_leaked == 0;
+    int exit_code = clean ? KVP_CLI_OK : KVP_CLI_FAILED;
+    return o->plot != NULL ? finish_plot(o, workload, r, plot, exit_code) : exit_code;
+}
+
 int kvp_cli_simulate(int argc, char **argv)
 {
     simulate_options o;
@@ -119,63 +194,19 @@ int kvp_cli_simulate(int argc, char **argv)
         kvp_workload_free(&workload);
         return status;
     }
-    /*
-     * The run, and for a sharing workload (unless --no-sharing) the same
-     * workload without sharing, not verified, for the side-by-side figures.
-     */
-    int compare = sharing_workload(&o) && !o.no_sharing;
-    kvp_sim_result result;
-    kvp_sim_result off;
-    memset(&off, 0, sizeof off);
+    simulate_runs runs;
     kvp_error err;
     const char *context = NULL;
-    int failed = 0;
-    for (int run = 0; run < 1 + compare && failed == 0; run++) {
-        kvp_sim_config config = o.sim;
-        if (run == 1) {
-            config.sharing = 0;
-            config.verify_every = 0;
-        }
-        kvp_progress progress;
-        kvp_progress_init(&progress, run == 0 ? "simulate" : "simulate --no-sharing", o.quiet);
-        failed = kvp_sim_run(&config, &workload, kvp_progress_update, &progress,
-                             run == 0 ? &result : &off, &err, &context);
-        kvp_progress_finish(&progress);
-    }
-    if (failed != 0) {
+    if (run_all(&o, &workload, &runs, &err, &context) != 0) {
         kvp_cli_report("simulate", context != NULL ? context : "running", &err);
         if (o.plot != NULL) {
             kvp_plot_abandon(&plot);
         }
-        kvp_sim_result_free(&result);
-        kvp_sim_result_free(&off);
-        kvp_workload_free(&workload);
-        return KVP_CLI_USAGE;
-    }
-    if (o.json) {
-        kvp_simulate_print_json(&o, &workload, &result, compare ? &off : NULL);
+        status = KVP_CLI_USAGE;
     } else {
-        kvp_simulate_print_report(&o, &workload, &result, compare ? &off : NULL);
+        status = report(&o, &workload, &runs, &plot);
     }
-    int exit_code = result.audit_failures == 0 && result.pages_leaked == 0 &&
-                            off.audit_failures == 0 && off.pages_leaked == 0
-                        ? KVP_CLI_OK
-                        : KVP_CLI_FAILED;
-    if (o.plot != NULL) {
-        char title[160];
-        snprintf(title, sizeof title, "kvpager simulate: %s, %zu requests, %zu pages",
-                 o.trace ? "trace" : kvp_profile_name(o.workload.profile), workload.count,
-                 result.total_pages);
-        int error = kvp_plot_finish(&plot, &result, title);
-        if (error != 0) {
-            fprintf(stderr, "kvpager simulate: --plot %s: %s\n", o.plot, strerror(error));
-            exit_code = KVP_CLI_USAGE;
-        } else if (!o.json) {
-            printf("plot                    %s\n", o.plot);
-        }
-    }
-    kvp_sim_result_free(&result);
-    kvp_sim_result_free(&off);
+    runs_free(&runs);
     kvp_workload_free(&workload);
-    return exit_code;
+    return status;
 }

@@ -278,67 +278,122 @@ static int parse_dtype(const char *value, kvp_dtype *out)
     return -1;
 }
 
+/* --seed sets the run's and the workload's seed (0 when the text is refused). */
+static int parse_seed(simulate_options *o, const char *value)
+{
+    size_t seed = 0;
+    int status = kvp_cli_parse_size(value, &seed);
+    o->sim.seed = seed;
+    o->workload.seed = seed;
+    return status;
+}
+
+static int parse_budget(simulate_options *o, const char *value)
+{
+    return kvp_cli_parse_bytes(value, &o->sim.budget_bytes);
+}
+
+static int parse_kv_dtype(simulate_options *o, const char *value)
+{
+    return parse_dtype(value, &o->sim.kv_dtype);
+}
+
+/* --model is only checked here; its geometry is applied once every flag is read. */
+static int parse_model(simulate_options *o, const char *value)
+{
+    (void)o;
+    return find_preset(value) != NULL ? 0 : -1;
+}
+
+static int parse_accum(simulate_options *o, const char *value)
+{
+    if (strcmp(value, "exact") != 0 && strcmp(value, "fast") != 0) {
+        return -1;
+    }
+    o->sim.accum = value[0] == 'f' ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT;
+    return 0;
+}
+
+static int parse_profile(simulate_options *o, const char *value)
+{
+    return kvp_profile_parse(value, &o->workload.profile);
+}
+
+static int parse_arrival(simulate_options *o, const char *value)
+{
+    return kvp_arrival_parse(value, &o->workload.arrival);
+}
+
+static int parse_schedule(simulate_options *o, const char *value)
+{
+    if (strcmp(value, "fcfs") == 0) {
+        o->sim.schedule = KVP_SCHEDULE_FCFS;
+    } else if (strcmp(value, "cache-aware") == 0) {
+        o->sim.schedule = KVP_SCHEDULE_CACHE_AWARE;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_trace(simulate_options *o, const char *value)
+{
+    o->trace = value;
+    return 0;
+}
+
+static int parse_plot(simulate_options *o, const char *value)
+{
+    o->plot = value;
+    return 0;
+}
+
+/* The flags that set neither a size_t nor a double field: how each is read, and
+ * the refusal's reason. */
+typedef struct word_flag {
+    simulate_flag flag;
+    int (*parse)(simulate_options *o, const char *value); /* 0, or -1 when refused */
+    const char *why;
+} word_flag;
+
+static const word_flag word_flags[] = {
+    {FLAG_SEED, parse_seed, "not a whole number (digits only, below 2^64)"},
+    {FLAG_BUDGET, parse_budget,
+     "not a whole byte count (a number with an optional unit B, KiB, MiB, GiB, TiB, KB, MB, GB "
+     "or TB, below 2^64 bytes)"},
+    {FLAG_KV_DTYPE, parse_kv_dtype, "not a storage type (f64, f32, bf16, f16, fp8_e4m3 or fp8)"},
+    {FLAG_MODEL, parse_model,
+     "not a model preset (llama-3-8b, llama-3-70b, qwen2.5-7b or mistral-7b)"},
+    {FLAG_ACCUM, parse_accum, "not an accumulation level (exact or fast)"},
+    {FLAG_PROFILE, parse_profile, "not a profile (sharegpt, alpaca, uniform or conversation)"},
+    {FLAG_ARRIVAL, parse_arrival, "not an arrival process (poisson, uniform or burst)"},
+    {FLAG_SCHEDULE, parse_schedule, "not a schedule (fcfs or cache-aware)"},
+    {FLAG_TRACE, parse_trace, NULL},
+    {FLAG_PLOT, parse_plot, NULL},
+};
+
 /* Reads one flag's value; its syntax only (ranges are checked later). */
-static void parse_value(simulate_options *o, simulate_flag f, const char *value, kvp_cli_problems *p)
+static void parse_value(simulate_options *o, simulate_flag f, const char *value,
+                        kvp_cli_problems *p)
 {
     size_t *size = kvp_simulate_size_field(o, f);
     double *real = kvp_simulate_real_field(o, f);
-    size_t seed = 0;
     if (size != NULL) {
         if (kvp_cli_parse_size(value, size) != 0) {
             kvp_simulate_invalid(p, f, value, "not a whole number (digits only, below 2^64)");
         }
-    } else if (real != NULL) {
+        return;
+    }
+    if (real != NULL) {
         if (kvp_cli_parse_double(value, real) != 0) {
             kvp_simulate_invalid(p, f, value, "not a finite decimal number");
         }
-    } else if (f == FLAG_SEED) {
-        if (kvp_cli_parse_size(value, &seed) != 0) {
-            kvp_simulate_invalid(p, f, value, "not a whole number (digits only, below 2^64)");
+        return;
+    }
+    for (size_t i = 0; i < sizeof word_flags / sizeof word_flags[0]; i++) {
+        if (word_flags[i].flag == f && word_flags[i].parse(o, value) != 0) {
+            kvp_simulate_invalid(p, f, value, word_flags[i].why);
         }
-        o->sim.seed = seed;
-        o->workload.seed = seed;
-    } else if (f == FLAG_BUDGET) {
-        if (kvp_cli_parse_bytes(value, &o->sim.budget_bytes) != 0) {
-            kvp_simulate_invalid(p, f, value,
-                    "not a whole byte count (a number with an optional unit B, KiB, MiB, "
-                    "GiB, TiB, KB, MB, GB or TB, below 2^64 bytes)");
-        }
-    } else if (f == FLAG_KV_DTYPE) {
-        if (parse_dtype(value, &o->sim.kv_dtype) != 0) {
-            kvp_simulate_invalid(p, f, value, "not a storage type (f64, f32, bf16, f16, fp8_e4m3 or fp8)");
-        }
-    } else if (f == FLAG_MODEL) {
-        if (find_preset(value) == NULL) {
-            kvp_simulate_invalid(p, f, value,
-                    "not a model preset (llama-3-8b, llama-3-70b, qwen2.5-7b or mistral-7b)");
-        }
-    } else if (f == FLAG_ACCUM) {
-        if (strcmp(value, "exact") == 0 || strcmp(value, "fast") == 0) {
-            o->sim.accum = value[0] == 'f' ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT;
-        } else {
-            kvp_simulate_invalid(p, f, value, "not an accumulation level (exact or fast)");
-        }
-    } else if (f == FLAG_PROFILE) {
-        if (kvp_profile_parse(value, &o->workload.profile) != 0) {
-            kvp_simulate_invalid(p, f, value, "not a profile (sharegpt, alpaca, uniform or conversation)");
-        }
-    } else if (f == FLAG_ARRIVAL) {
-        if (kvp_arrival_parse(value, &o->workload.arrival) != 0) {
-            kvp_simulate_invalid(p, f, value, "not an arrival process (poisson, uniform or burst)");
-        }
-    } else if (f == FLAG_SCHEDULE) {
-        if (strcmp(value, "fcfs") == 0) {
-            o->sim.schedule = KVP_SCHEDULE_FCFS;
-        } else if (strcmp(value, "cache-aware") == 0) {
-            o->sim.schedule = KVP_SCHEDULE_CACHE_AWARE;
-        } else {
-            kvp_simulate_invalid(p, f, value, "not a schedule (fcfs or cache-aware)");
-        }
-    } else if (f == FLAG_TRACE) {
-        o->trace = value;
-    } else {
-        o->plot = value;
     }
 }
 
