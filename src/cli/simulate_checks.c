@@ -23,8 +23,9 @@
 #include "simulate.h"
 #include "verify.h"
 
-/* The text of a simulate_flag for messages: what was given, or "<default>" rendering. */
-static const char *shown(const simulate_options *o, simulate_flag f, char *buf, size_t size, size_t fallback)
+/* The text of a flag for messages: what was given, or "<default>" rendering. */
+static const char *shown(const simulate_options *o, simulate_flag f, char *buf, size_t size,
+                         size_t fallback)
 {
     if (o->value[f] != NULL) {
         return o->value[f];

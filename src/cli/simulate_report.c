@@ -94,7 +94,8 @@ static void print_ratio(const char *label, double on, double off, int decimals)
 }
 
 /* The sharing figures, the weight updates, verification and the run without sharing. */
-static void print_sharing(const simulate_options *o, const kvp_sim_result *r, const kvp_sim_result *off)
+static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
+                          const kvp_sim_result *off)
 {
     const kvp_sim_config *c = &o->sim;
     printf("sharing                 %s: prefix hits %llu of %llu prompt tokens (%.1f%%), "
@@ -159,8 +160,8 @@ static void print_sharing(const simulate_options *o, const kvp_sim_result *r, co
     }
 }
 
-void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w, const kvp_sim_result *r,
-                         const kvp_sim_result *off)
+void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
+                               const kvp_sim_result *r, const kvp_sim_result *off)
 {
     const kvp_sim_config *c = &o->sim;
     char budget[32];
@@ -283,8 +284,8 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_object_end(json);
 }
 
-void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w, const kvp_sim_result *r,
-                       const kvp_sim_result *off)
+void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
+                             const kvp_sim_result *r, const kvp_sim_result *off)
 {
     const kvp_sim_config *c = &o->sim;
     kvp_json json;
