@@ -118,7 +118,8 @@ void kvp_simulate_check_sizes(simulate_options *o, kvp_cli_problems *p, size_t *
 void kvp_simulate_check_workload(simulate_options *o, kvp_cli_problems *p);
 /* 2d: no output names an input (--plot over --trace). */
 void kvp_simulate_check_outputs(const simulate_options *o, kvp_cli_problems *p);
-/* 2e: the run's memory (for `requests` requests) against physical memory. */
+/* 2e: the run's memory for `requests` requests against physical memory. Nothing when
+ * 2a-2d found a problem; the driver reads --trace's rows first (`requests` is their count). */
 void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page_bytes,
                                kvp_cli_problems *p);
 
