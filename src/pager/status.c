@@ -2,9 +2,11 @@
  * status.c: status names and messages, and the rendering of kvp_error and
  * kvp_mismatch as text.
  *
- * Owns: the name and message tables (generated from KVP_STATUS_MAP) and the
- * seed-exact renderers: shapes as Rust's `{:?}` of a Vec<usize> ("[1, 2]"),
- * f64 values as Rust's `{:?}` of an f64 ("1.0", "NaN", "inf", "1e300").
+ * Owns: the name and message tables (generated from KVP_STATUS_MAP), the
+ * table of one text formatter per status (generated from the same map, so a
+ * new status needs its formatter to compile) and the seed-exact renderers:
+ * shapes as Rust's `{:?}` of a Vec<usize> ("[1, 2]"), f64 values as Rust's
+ * `{:?}` of an f64 ("1.0", "NaN", "inf", "1e300").
  * Pure functions; no state.
  */
 #include "kvpager/status.h"
