@@ -240,68 +240,97 @@ static int parse_names(const char *text, int (*known)(const char *, size_t), siz
     return 0;
 }
 
-static void parse_value(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+/* --plot: the file, opened once every value is checked. */
+static void parse_plot(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+{
+    (void)f;
+    (void)p;
+    o->plot = value;
+}
+
+/* --lens, --blocks: lists of whole numbers from 1 to the flag's maximum. */
+static void parse_sizes(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
 {
     char why[160];
-    switch (f) {
-    case FLAG_PLOT:
-        o->plot = value;
-        break;
-    case FLAG_LENS:
-    case FLAG_BLOCKS: {
-        size_t max = f == FLAG_LENS ? MAX_LEN : MAX_BLOCK;
-        snprintf(why, sizeof why, "not a comma-separated list of up to %d whole numbers from 1 "
-                                  "to %zu",
-                 MAX_LIST, max);
-        if (parse_list(value, max, f == FLAG_LENS ? &o->lens : &o->blocks) != 0) {
-            invalid(p, f, value, why);
-        }
-        break;
+    size_t max = f == FLAG_LENS ? MAX_LEN : MAX_BLOCK;
+    snprintf(why, sizeof why, "not a comma-separated list of up to %d whole numbers from 1 "
+                              "to %zu",
+             MAX_LIST, max);
+    if (parse_list(value, max, f == FLAG_LENS ? &o->lens : &o->blocks) != 0) {
+        invalid(p, f, value, why);
     }
-    case FLAG_DTYPES:
-        snprintf(why, sizeof why, "not a comma-separated list of distinct dtypes among %s",
-                 dtype_names());
-        if (parse_names(value, known_dtype, &o->dtypes) != 0) {
-            invalid(p, f, value, why);
-        }
-        break;
-    case FLAG_ACCUM:
-        if (parse_names(value, known_accum, &o->accums) != 0) {
-            invalid(p, f, value, "not a comma-separated list of distinct levels exact, fast");
-        }
-        break;
-    case FLAG_GROUPS: {
-        int bad = parse_list(value, 8, &o->groups) != 0;
-        for (size_t i = 0; !bad && i < o->groups.count; i++) {
-            size_t g = o->groups.value[i];
-            bad = (g & (g - 1)) != 0;
-        }
-        if (bad) {
-            invalid(p, f, value, "not a comma-separated list of 1, 2, 4 or 8");
-        }
-        break;
+}
+
+static void parse_dtypes(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+{
+    char why[160];
+    snprintf(why, sizeof why, "not a comma-separated list of distinct dtypes among %s",
+             dtype_names());
+    if (parse_names(value, known_dtype, &o->dtypes) != 0) {
+        invalid(p, f, value, why);
     }
-    case FLAG_MAX_BYTES:
-    case FLAG_READ_BYTES:
-        if (kvp_cli_parse_bytes(value, f == FLAG_MAX_BYTES ? &o->max_bytes : &o->read_bytes) !=
-            0) {
-            invalid(p, f, value,
-                    "not a whole byte count (a number with an optional unit B, KiB, MiB, "
-                    "GiB, TiB, KB, MB, GB or TB, below 2^64 bytes)");
-        }
-        break;
-    case FLAG_REPETITIONS:
-    case FLAG_REQUESTS: {
-        size_t *field = f == FLAG_REPETITIONS ? &o->repetitions : &o->requests;
-        size_t max = f == FLAG_REPETITIONS ? MAX_REPETITIONS : MAX_REQUESTS;
-        snprintf(why, sizeof why, "must be a whole number from 1 to %zu", max);
-        if (kvp_cli_parse_size(value, field) != 0 || *field < 1 || *field > max) {
-            invalid(p, f, value, why);
-        }
-        break;
+}
+
+static void parse_accums(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+{
+    if (parse_names(value, known_accum, &o->accums) != 0) {
+        invalid(p, f, value, "not a comma-separated list of distinct levels exact, fast");
     }
-    default:
-        break;
+}
+
+/* --groups: a list of powers of two up to 8. */
+static void parse_groups(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+{
+    int bad = parse_list(value, 8, &o->groups) != 0;
+    for (size_t i = 0; !bad && i < o->groups.count; i++) {
+        size_t g = o->groups.value[i];
+        bad = (g & (g - 1)) != 0;
+    }
+    if (bad) {
+        invalid(p, f, value, "not a comma-separated list of 1, 2, 4 or 8");
+    }
+}
+
+/* --max-bytes, --read-bytes: byte sizes. */
+static void parse_byte_size(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+{
+    if (kvp_cli_parse_bytes(value, f == FLAG_MAX_BYTES ? &o->max_bytes : &o->read_bytes) != 0) {
+        invalid(p, f, value,
+                "not a whole byte count (a number with an optional unit B, KiB, MiB, "
+                "GiB, TiB, KB, MB, GB or TB, below 2^64 bytes)");
+    }
+}
+
+/* --repetitions, --requests: whole numbers from 1 to the flag's maximum. */
+static void parse_count(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+{
+    char why[160];
+    size_t *field = f == FLAG_REPETITIONS ? &o->repetitions : &o->requests;
+    size_t max = f == FLAG_REPETITIONS ? MAX_REPETITIONS : MAX_REQUESTS;
+    snprintf(why, sizeof why, "must be a whole number from 1 to %zu", max);
+    if (kvp_cli_parse_size(value, field) != 0 || *field < 1 || *field > max) {
+        invalid(p, f, value, why);
+    }
+}
+
+/* How each flag's value is read (syntax and range: bench's values depend on no other flag). */
+static const struct {
+    flag flag;
+    void (*parse)(bench_options *o, flag f, const char *value, kvp_cli_problems *p);
+} value_parsers[] = {
+    {FLAG_PLOT, parse_plot},          {FLAG_LENS, parse_sizes},
+    {FLAG_BLOCKS, parse_sizes},       {FLAG_DTYPES, parse_dtypes},
+    {FLAG_ACCUM, parse_accums},       {FLAG_GROUPS, parse_groups},
+    {FLAG_MAX_BYTES, parse_byte_size}, {FLAG_READ_BYTES, parse_byte_size},
+    {FLAG_REPETITIONS, parse_count},  {FLAG_REQUESTS, parse_count},
+};
+
+static void parse_value(bench_options *o, flag f, const char *value, kvp_cli_problems *p)
+{
+    for (size_t i = 0; i < sizeof value_parsers / sizeof value_parsers[0]; i++) {
+        if (value_parsers[i].flag == f) {
+            value_parsers[i].parse(o, f, value, p);
+        }
     }
 }
 

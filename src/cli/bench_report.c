@@ -301,6 +301,151 @@ static kvp_accum plot_accum(const bench_options *o, kvp_dtype dtype)
     return KVP_ACCUM_EXACT;
 }
 
+/* Per dtype of the grid: the median GB/s at each measured L, and the range to plot. */
+typedef struct plot_series {
+    double lens[BENCH_MAX_LIST][BENCH_MAX_LIST];
+    double gbps[BENCH_MAX_LIST][BENCH_MAX_LIST];
+    size_t points[BENCH_MAX_LIST];
+    double top; /* the highest GB/s, the read included */
+    double lo;  /* log2 of the shortest and longest L measured */
+    double hi;
+} plot_series;
+
+/* The axes: log2 L from lo to hi across w, GB/s from 0 to top (ticks every step) down h. */
+typedef struct plot_frame {
+    double lo;
+    double hi;
+    double top;
+    double step;
+    double w;
+    double h;
+} plot_frame;
+
+/* The median GB/s of the one-thread rows of (L, dtype) at `block` and the dtype's level. */
+static size_t plot_point(const bench_options *o, const bench_results *r, size_t block,
+                         size_t k, size_t l, double *median)
+{
+    double values[64];
+    kvp_accum accum = plot_accum(o, (kvp_dtype)o->dtypes.value[k]);
+    size_t n = 0;
+    for (size_t i = 0; i < r->row_count && n < 64; i++) {
+        const bench_row *g = &r->rows[i];
+        if (g->s.len == o->lens.value[l] && g->block_tokens == block && g->threads == 1 &&
+            g->s.dtype == (kvp_dtype)o->dtypes.value[k] && g->s.accum == accum) {
+            values[n++] = g->gbps;
+        }
+    }
+    if (n > 0) {
+        *median = kvp_measure_median(values, n);
+    }
+    return n;
+}
+
+/* Step 1: the series of every dtype, and the range they span. */
+static void plot_collect(const bench_options *o, const bench_results *r, size_t block,
+                         plot_series *s)
+{
+    s->top = r->read_gbps;
+    s->lo = INFINITY;
+    s->hi = -INFINITY;
+    for (size_t k = 0; k < o->dtypes.count; k++) {
+        s->points[k] = 0;
+        for (size_t l = 0; l < o->lens.count; l++) {
+            double y = 0.0;
+            if (plot_point(o, r, block, k, l, &y) == 0) {
+                continue;
+            }
+            double x = (double)o->lens.value[l];
+            s->lens[k][s->points[k]] = x;
+            s->gbps[k][s->points[k]++] = y;
+            s->top = y > s->top ? y : s->top;
+            s->lo = log2(x) < s->lo ? log2(x) : s->lo;
+            s->hi = log2(x) > s->hi ? log2(x) : s->hi;
+        }
+    }
+}
+
+/* Step 2: the frame around the series: round ticks, at least one octave wide. */
+static plot_frame plot_fit(const plot_series *s)
+{
+    plot_frame f = {s->lo, s->hi, s->top, 0.0, PW - PL - PR, PH - PT - PB};
+    if (!(f.lo <= f.hi)) { /* nothing measured: an empty frame around L = 1 */
+        f.lo = 0.0;
+        f.hi = 0.0;
+    }
+    f.step = kvp_plot_tick_step(f.top);
+    f.top = ceil(f.top / f.step) * f.step;
+    if (f.hi - f.lo < 1.0) {
+        f.lo -= 0.5;
+        f.hi += 0.5;
+    }
+    return f;
+}
+
+static double x_of(const plot_frame *f, double len)
+{
+    return PL + (log2(len) - f->lo) / (f->hi - f->lo) * f->w;
+}
+
+static double y_of(const plot_frame *f, double v)
+{
+    return PT + f->h - v / f->top * f->h;
+}
+
+/* Step 3: the title, the GB/s and L ticks, the frame and the dashed read line. */
+static void plot_axes(FILE *out, const bench_options *o, const bench_results *r, size_t block,
+                      const plot_frame *f)
+{
+    fprintf(out,
+            "<text x=\"%.1f\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">kvpager bench: "
+            "paged gather GB/s against L (block_tokens %zu, median over shapes)</text>\n",
+            PW / 2.0, block);
+    for (double v = 0.0; v <= f->top + 0.5 * f->step; v += f->step) {
+        fprintf(out,
+                "<text class=\"tick-left\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
+                "text-anchor=\"end\">%g</text>\n<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
+                "y2=\"%.1f\" stroke=\"#ddd\"/>\n",
+                PL - 8.0, y_of(f, v) + 4.0, v, PL, y_of(f, v), PW - PR, y_of(f, v));
+    }
+    for (size_t l = 0; l < o->lens.count; l++) {
+        double x = (double)o->lens.value[l];
+        if (log2(x) >= f->lo && log2(x) <= f->hi) {
+            fprintf(out,
+                    "<text class=\"tick-x\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
+                    "text-anchor=\"middle\">%.0f</text>\n",
+                    x_of(f, x), PT + f->h + 20.0, x);
+        }
+    }
+    fprintf(out,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#333\"/>\n<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+            "stroke=\"#d62728\" stroke-dasharray=\"6 4\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
+            "font-size=\"12\" fill=\"#d62728\" text-anchor=\"end\">read bandwidth, 1 thread "
+            "(%.2f GB/s)</text>\n",
+            PL, PT, f->w, f->h, PL, y_of(f, r->read_gbps), PW - PR, y_of(f, r->read_gbps),
+            PW - PR - 4.0, y_of(f, r->read_gbps) - 6.0, r->read_gbps);
+}
+
+/* Step 4: one polyline and label per dtype. */
+static void plot_lines(FILE *out, const bench_options *o, const plot_series *s,
+                       const plot_frame *f)
+{
+    static const char *const colors[6] = {"#1f77b4", "#2ca02c", "#9467bd",
+                                          "#ff7f0e", "#8c564b", "#17becf"};
+    for (size_t k = 0; k < o->dtypes.count; k++) {
+        const char *name = kvp_dtype_name((kvp_dtype)o->dtypes.value[k]);
+        fprintf(out, "<polyline class=\"dtype-%s\" fill=\"none\" stroke=\"%s\" "
+                     "stroke-width=\"2\" points=\"",
+                name, colors[k % 6]);
+        for (size_t i = 0; i < s->points[k]; i++) {
+            fprintf(out, "%.1f,%.1f ", x_of(f, s->lens[k][i]), y_of(f, s->gbps[k][i]));
+        }
+        fprintf(out, "\"/>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"%s\">%s"
+                     "</text>\n",
+                PL + 8.0, PT + 16.0 + 16.0 * (double)k, colors[k % 6], name);
+    }
+}
+
 /*
  * GB/s against L (log scale, one tick per measured length): for each dtype
  * present, the median GB/s over the shapes at the plotted block_tokens and
@@ -310,100 +455,17 @@ int bench_write_plot(const bench_options *o, const bench_results *r, kvp_plot *p
 {
     FILE *out = plot->out;
     size_t block = plot_block(r);
-    /* Per dtype of the grid: the median GB/s at each measured L. */
-    double lens[BENCH_MAX_LIST][BENCH_MAX_LIST];
-    double gbps[BENCH_MAX_LIST][BENCH_MAX_LIST];
-    size_t points[BENCH_MAX_LIST] = {0};
-    double values[64];
-    double top = r->read_gbps;
-    double lo = INFINITY;
-    double hi = -INFINITY;
-    for (size_t k = 0; k < o->dtypes.count; k++) {
-        kvp_accum accum = plot_accum(o, (kvp_dtype)o->dtypes.value[k]);
-        for (size_t l = 0; l < o->lens.count; l++) {
-            size_t n = 0;
-            for (size_t i = 0; i < r->row_count && n < 64; i++) {
-                const bench_row *g = &r->rows[i];
-                if (g->s.len == o->lens.value[l] && g->block_tokens == block && g->threads == 1 &&
-                    g->s.dtype == (kvp_dtype)o->dtypes.value[k] && g->s.accum == accum) {
-                    values[n++] = g->gbps;
-                }
-            }
-            if (n > 0) {
-                double x = (double)o->lens.value[l];
-                double y = kvp_measure_median(values, n);
-                lens[k][points[k]] = x;
-                gbps[k][points[k]++] = y;
-                top = y > top ? y : top;
-                lo = log2(x) < lo ? log2(x) : lo;
-                hi = log2(x) > hi ? log2(x) : hi;
-            }
-        }
-    }
-    if (!(lo <= hi)) { /* nothing measured: an empty frame around L = 1 */
-        lo = 0.0;
-        hi = 0.0;
-    }
-    double step = kvp_plot_tick_step(top);
-    top = ceil(top / step) * step;
-    if (hi - lo < 1.0) {
-        lo -= 0.5;
-        hi += 0.5;
-    }
-    double w = PW - PL - PR;
-    double h = PH - PT - PB;
-#define X_OF(len) (PL + (log2(len) - lo) / (hi - lo) * w)
-#define Y_OF(v) (PT + h - (v) / top * h)
-    fprintf(out,
-            "<text x=\"%.1f\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">kvpager bench: "
-            "paged gather GB/s against L (block_tokens %zu, median over shapes)</text>\n",
-            PW / 2.0, block);
-    for (double v = 0.0; v <= top + 0.5 * step; v += step) {
-        fprintf(out,
-                "<text class=\"tick-left\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
-                "text-anchor=\"end\">%g</text>\n<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
-                "y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-                PL - 8.0, Y_OF(v) + 4.0, v, PL, Y_OF(v), PW - PR, Y_OF(v));
-    }
-    for (size_t l = 0; l < o->lens.count; l++) {
-        double x = (double)o->lens.value[l];
-        if (log2(x) >= lo && log2(x) <= hi) {
-            fprintf(out,
-                    "<text class=\"tick-x\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
-                    "text-anchor=\"middle\">%.0f</text>\n",
-                    X_OF(x), PT + h + 20.0, x);
-        }
-    }
-    fprintf(out,
-            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-            "stroke=\"#333\"/>\n<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-            "stroke=\"#d62728\" stroke-dasharray=\"6 4\"/>\n<text x=\"%.1f\" y=\"%.1f\" "
-            "font-size=\"12\" fill=\"#d62728\" text-anchor=\"end\">read bandwidth, 1 thread "
-            "(%.2f GB/s)</text>\n",
-            PL, PT, w, h, PL, Y_OF(r->read_gbps), PW - PR, Y_OF(r->read_gbps), PW - PR - 4.0,
-            Y_OF(r->read_gbps) - 6.0, r->read_gbps);
-    static const char *const colors[6] = {"#1f77b4", "#2ca02c", "#9467bd",
-                                          "#ff7f0e", "#8c564b", "#17becf"};
-    for (size_t k = 0; k < o->dtypes.count; k++) {
-        const char *name = kvp_dtype_name((kvp_dtype)o->dtypes.value[k]);
-        fprintf(out, "<polyline class=\"dtype-%s\" fill=\"none\" stroke=\"%s\" "
-                     "stroke-width=\"2\" points=\"",
-                name, colors[k % 6]);
-        for (size_t i = 0; i < points[k]; i++) {
-            fprintf(out, "%.1f,%.1f ", X_OF(lens[k][i]), Y_OF(gbps[k][i]));
-        }
-        fprintf(out, "\"/>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"%s\">%s"
-                     "</text>\n",
-                PL + 8.0, PT + 16.0 + 16.0 * (double)k, colors[k % 6], name);
-    }
+    plot_series s;
+    plot_collect(o, r, block, &s);
+    plot_frame f = plot_fit(&s);
+    plot_axes(out, o, r, block, &f);
+    plot_lines(out, o, &s, &f);
     fprintf(out,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">retained "
             "positions L (log scale)</text>\n<text x=\"18\" y=\"%.1f\" font-size=\"13\" "
             "transform=\"rotate(-90 18 %.1f)\" text-anchor=\"middle\">GB/s (K+V bytes / paged "
             "time)</text>\n",
-            PL + w / 2.0, PH - 18.0, PT + h / 2.0, PT + h / 2.0);
-#undef X_OF
-#undef Y_OF
+            PL + f.w / 2.0, PH - 18.0, PT + f.h / 2.0, PT + f.h / 2.0);
     return kvp_plot_close(plot);
 }
 

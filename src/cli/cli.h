@@ -1,7 +1,7 @@
 /*
  * cli.h: what the kvpager program's commands share.
  *
- * Owns: the command entry points (one file each: demo.c, simulate.c, bench.c; the
+ * Owns: the command entry points (demo.c; simulate.c, behind simulate.h; bench.c; the
  * dispatcher kvp_cli_main in dispatch.c) and the small helpers every command
  * uses: reporting a library error, parsing numbers and byte sizes strictly,
  * overflow-checked size arithmetic, and the machine's physical memory.

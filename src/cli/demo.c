@@ -608,24 +608,41 @@ static int errors_hold(const demo_evidence *ev, int *all_unchanged)
     return ok && *all_unchanged;
 }
 
-static int evidence_holds(const demo_evidence *ev)
+/* Every step matched the reference at its position. */
+static int steps_hold(const demo_evidence *ev)
 {
     int ok = 1;
     for (size_t t = 0; t < STEPS; t++) {
         ok = ok && ev->steps[t].max_abs_diff <= 1e-12 && ev->steps[t].position == t;
     }
-    const reset_evidence *r = &ev->reset;
-    ok = ok && r->after == 0 && r->allocation_reused && r->storage_unchanged &&
-         r->replay_identical && r->heap_bytes == 0;
+    return ok;
+}
+
+/* The reset emptied the cache, kept its allocation and storage, and replayed identically
+ * without heap traffic. */
+static int reset_holds(const reset_evidence *r)
+{
+    return r->after == 0 && r->allocation_reused && r->storage_unchanged &&
+           r->replay_identical && r->heap_bytes == 0;
+}
+
+/* The update bumped the revision once; the old cache is refused (reset or not), a new one
+ * accepted and matching, and nothing changed on the refusals. */
+static int update_holds(const update_evidence *u)
+{
+    return u->revision_after == u->revision_before + 1 &&
+           u->old_cache == KVP_CACHE_LAYER_REVISION_MISMATCH &&
+           u->old_cache_after_reset == KVP_CACHE_LAYER_REVISION_MISMATCH &&
+           u->new_cache == KVP_OK && u->unchanged && u->new_cache_matches;
+}
+
+static int evidence_holds(const demo_evidence *ev)
+{
     int unchanged = 0;
-    ok = ok && errors_hold(ev, &unchanged);
-    ok = ok && ev->exhausted.got == KVP_POOL_EXHAUSTED && ev->exhausted.unchanged;
-    const update_evidence *u = &ev->update;
-    ok = ok && u->revision_after == u->revision_before + 1 &&
-         u->old_cache == KVP_CACHE_LAYER_REVISION_MISMATCH &&
-         u->old_cache_after_reset == KVP_CACHE_LAYER_REVISION_MISMATCH &&
-         u->new_cache == KVP_OK && u->unchanged && u->new_cache_matches;
-    return ok && ev->audit_mismatches == 0 && ev->pages_held_at_exit == 0;
+    return steps_hold(ev) && reset_holds(&ev->reset) && errors_hold(ev, &unchanged) &&
+           ev->exhausted.got == KVP_POOL_EXHAUSTED && ev->exhausted.unchanged &&
+           update_holds(&ev->update) && ev->audit_mismatches == 0 &&
+           ev->pages_held_at_exit == 0;
 }
 
 static const char *yes(int value)

@@ -208,7 +208,7 @@ static int setup(sim *s)
 {
     const kvp_sim_config *c = s->config;
     size_t kv_heads = kvp_sim_kv_heads(c);
-    /* simulate.c validated the shape; never divide by zero if a caller did not. */
+    /* simulate_checks.c validated the shape; never divide by zero if a caller did not. */
     if (c->heads == 0 || c->model_width % c->heads != 0) {
         kvp_error e = {.status = KVP_HEADS_DO_NOT_DIVIDE_WIDTH, .model_width = c->model_width,
                        .heads = c->heads};

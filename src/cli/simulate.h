@@ -1,0 +1,133 @@
+/*
+ * simulate.h: what the files of `kvpager simulate` share (internal to src/cli).
+ *
+ *   simulate.c         the driver: the order of the steps, the runs (with sharing,
+ *                      then without for the side-by-side figures), the exit status;
+ *   simulate_flags.c   the flags, --help and their defaults, --model's presets,
+ *                      and step 1: reading the command line (syntax only);
+ *   simulate_checks.c  step 2: each flag's range (a table), flags that depend on
+ *                      each other, sizes, the workload's mean request, outputs
+ *                      that name inputs, and the run's memory against physical
+ *                      memory;
+ *   simulate_report.c  the human report and the --json object.
+ * Invariants: nothing runs on bad input. Parsing reads every argument and
+ * checks only syntax; the checks run in a fixed order and only the first
+ * problem is kept (kvp_cli_problems), so the line printed for a command
+ * line does not depend on which file a check lives in. No check or parse
+ * allocates or touches a file except --trace's rows (read by the driver)
+ * and kvp_cli_same_file's lookups.
+ * Callers: the simulate*.c files only.
+ */
+#ifndef KVPAGER_CLI_SIMULATE_H
+#define KVPAGER_CLI_SIMULATE_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "cli.h"
+#include "sim.h"
+#include "workload.h"
+
+/* The flags that take a value, in --help order. */
+#define FLAG_MAP(X)                                                                       \
+    X(MODEL, "--model")                                                                   \
+    X(LAYERS, "--layers")                                                                 \
+    X(MODEL_WIDTH, "--model-width")                                                       \
+    X(HEADS, "--heads")                                                                   \
+    X(KV_HEADS, "--kv-heads")                                                             \
+    X(BLOCK_TOKENS, "--block-tokens")                                                     \
+    X(BUDGET, "--budget")                                                                 \
+    X(KV_DTYPE, "--kv-dtype")                                                             \
+    X(ACCUM, "--accum")                                                                   \
+    X(CAPACITY, "--capacity")                                                             \
+    X(REQUESTS, "--requests")                                                             \
+    X(PROFILE, "--profile")                                                               \
+    X(PROMPT_MEAN, "--prompt-mean")                                                       \
+    X(OUTPUT_MEAN, "--output-mean")                                                       \
+    X(SIGMA, "--sigma")                                                                   \
+    X(ARRIVAL, "--arrival")                                                               \
+    X(RATE, "--rate")                                                                     \
+    X(TRACE, "--trace")                                                                   \
+    X(SHARED_PREFIX, "--shared-prefix")                                                   \
+    X(SAMPLES, "--samples")                                                               \
+    X(SCHEDULE, "--schedule")                                                             \
+    X(SESSION_TTL, "--session-ttl")                                                       \
+    X(UPDATE_WEIGHTS_EVERY, "--update-weights-every")                                     \
+    X(VERIFY, "--verify")                                                                 \
+    X(WATERMARK, "--watermark")                                                           \
+    X(RESERVE_TOKENS, "--reserve-tokens")                                                 \
+    X(THREADS, "--threads")                                                               \
+    X(SEED, "--seed")                                                                     \
+    X(AUDIT_EVERY, "--audit-every")                                                       \
+    X(PLOT, "--plot")
+
+typedef enum simulate_flag {
+#define FLAG_ENUM_(name, text) FLAG_##name,
+    FLAG_MAP(FLAG_ENUM_)
+#undef FLAG_ENUM_
+    FLAG_COUNT_
+} simulate_flag;
+
+/* "--model", "--layers", ...: indexed by simulate_flag. */
+extern const char *const kvp_simulate_flag_names[FLAG_COUNT_];
+
+/* Ranges of the numeric flags (also printed by --help). */
+#define MIN_CAPACITY 2           /* one prompt token and one generated token */
+#define MAX_THREADS 4096         /* the decoder's limit */
+#define MIN_RATE 0.001
+#define MAX_RATE 1000000.0
+#define MIN_SIGMA 0.05
+#define MAX_SIGMA 4.0
+#define MAX_POOL_PAGES 4294967294u /* pages are named by 32-bit ids (kvpager/pool.h) */
+#define MAX_SAMPLES 256
+
+typedef struct simulate_options {
+    kvp_sim_config sim;
+    kvp_workload_spec workload;
+    const char *trace;
+    const char *plot;
+    const char *value[FLAG_COUNT_]; /* the text given for each flag, NULL if absent */
+    int json;
+    int quiet;
+    int help;
+    int allow_overcommit;
+    int no_sharing;
+} simulate_options;
+
+/* simulate_flags.c */
+
+/* `kvpager simulate --help`, with the defaults of kvp_sim_config_init. */
+void kvp_simulate_usage(FILE *out);
+/* Step 1: reads the whole command line into *o (defaults first, then --model's
+ * geometry for the flags not given); remembers the first problem in *p. */
+void kvp_simulate_parse(int argc, char **argv, simulate_options *o, kvp_cli_problems *p);
+/* Records "invalid value for <flag>: '<value>': <why>". */
+void kvp_simulate_invalid(kvp_cli_problems *p, simulate_flag f, const char *value,
+                          const char *why);
+/* The option's size_t or double field that flag f sets, or NULL when it sets neither. */
+size_t *kvp_simulate_size_field(simulate_options *o, simulate_flag f);
+double *kvp_simulate_real_field(simulate_options *o, simulate_flag f);
+
+/* simulate_checks.c: step 2, in this order; each records only a first problem. */
+
+/* 2a: each flag on its own, then flags that depend on each other. */
+void kvp_simulate_check_ranges(simulate_options *o, kvp_cli_problems *p);
+/* 2b: one page's bytes (*page_bytes) against the budget; call only when 2a found nothing. */
+void kvp_simulate_check_sizes(simulate_options *o, kvp_cli_problems *p, size_t *page_bytes);
+/* 2c: the mean request of a generated workload (fills its defaults) fits a sequence. */
+void kvp_simulate_check_workload(simulate_options *o, kvp_cli_problems *p);
+/* 2d: no output names an input (--plot over --trace). */
+void kvp_simulate_check_outputs(const simulate_options *o, kvp_cli_problems *p);
+/* 2e: the run's memory for `requests` requests against physical memory. Nothing when
+ * 2a-2d found a problem; the driver reads --trace's rows first (`requests` is their count). */
+void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page_bytes,
+                               kvp_cli_problems *p);
+
+/* simulate_report.c: the outputs of a finished run (off: the run without sharing, or NULL). */
+
+void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
+                               const kvp_sim_result *r, const kvp_sim_result *off);
+void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
+                             const kvp_sim_result *r, const kvp_sim_result *off);
+
+#endif /* KVPAGER_CLI_SIMULATE_H */

@@ -1,0 +1,356 @@
+/*
+ * simulate_report.c: what `kvpager simulate` prints after a run: the human
+ * report and the --json object.
+ *
+ * Owns: the report's lines and the JSON keys (docs/simulate.md documents
+ * both), the sharegpt targets (a run that completed no request meets none),
+ * and the derived figures (means of the workload, K/V bytes per token, the
+ * gain over f64 pages, hit rates of weight-update windows).
+ * Invariants: reads the options and the results only; a ratio whose
+ * denominator is 0 is NaN (JSON null, "-" in the report); the figures of
+ * the run without sharing appear only when that run was made (off != NULL).
+ * Callers: simulate.c, once per finished run.
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "json.h"
+#include "simulate.h"
+
+/* The level decode attention ran at: f64 pages are always exact. */
+static const char *accum_name(const kvp_sim_config *c)
+{
+    return c->accum == KVP_ACCUM_FAST && c->kv_dtype != KVP_F64 ? "fast" : "exact";
+}
+
+static double mean_of(const kvp_workload *w, int prompt)
+{
+    double sum = 0.0;
+    for (size_t i = 0; i < w->count; i++) {
+        sum += (double)(prompt ? w->requests[i].prompt_tokens : w->requests[i].output_tokens);
+    }
+    return w->count > 0 ? sum / (double)w->count : 0.0;
+}
+
+/*
+ * The targets of the sharegpt profile at the default budget. A run that
+ * completed no request meets none: its ratio and fragmentation say nothing.
+ */
+static int ratio_met(const kvp_sim_result *r)
+{
+    return r->requests_completed > 0 && r->concurrency_ratio >= 3.0;
+}
+
+static int fragmentation_met(const kvp_sim_result *r)
+{
+    return r->requests_completed > 0 && r->internal_fragmentation < 0.05;
+}
+
+static int targets_met(const kvp_sim_result *r)
+{
+    return ratio_met(r) && fragmentation_met(r) && r->pages_leaked == 0 &&
+           r->audit_failures == 0;
+}
+
+/* full_sequences / f64_full_sequences (1 when f64 holds none: no gain is measurable). */
+static double dtype_gain(const kvp_sim_result *r)
+{
+    return r->f64_full_sequences > 0
+               ? (double)r->full_sequences / (double)r->f64_full_sequences
+               : 1.0;
+}
+
+/* K and V of one position in every layer: 2 x layers x kv_heads x d_h elements of the dtype. */
+static size_t kv_bytes_per_token(const kvp_sim_config *c)
+{
+    return 2 * kvp_dtype_bytes(c->kv_dtype) * c->layers * kvp_sim_kv_heads(c) *
+           (c->model_width / c->heads);
+}
+
+
+/* a / b as a ratio, NaN (JSON null, "-" in the report) when b is 0. */
+static double ratio(double a, double b)
+{
+    return b > 0.0 ? a / b : NAN;
+}
+
+static double window_rate(uint64_t hits, uint64_t prompt)
+{
+    return ratio((double)hits, (double)prompt);
+}
+
+static void print_ratio(const char *label, double on, double off, int decimals)
+{
+    char a[32];
+    char b[32];
+    snprintf(a, sizeof a, "%.*f", decimals, on);
+    snprintf(b, sizeof b, "%.*f", decimals, off);
+    double x = ratio(on, off);
+    if (isnan(x)) {
+        printf("  %-22s%-14s%-14s-\n", label, a, b);
+    } else {
+        printf("  %-22s%-14s%-14s%.2fx\n", label, a, b, x);
+    }
+}
+
+/* The sharing figures, the weight updates, verification and the run without sharing. */
+static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
+                          const kvp_sim_result *off)
+{
+    const kvp_sim_config *c = &o->sim;
+    printf("sharing                 %s: prefix hits %llu of %llu prompt tokens (%.1f%%), "
+           "%llu forks\n",
+           c->sharing ? "on" : "off (--no-sharing)", (unsigned long long)r->prefix_hit_tokens,
+           (unsigned long long)r->prompt_tokens, 100.0 * r->prefix_hit_rate,
+           (unsigned long long)r->forks);
+    printf("pages saved             %.2fx (pages the sequences would hold unshared, over pages "
+           "held);\n"
+           "                        evictions %llu, copy-on-write copies %llu\n",
+           r->pages_saved_ratio, (unsigned long long)r->evictions,
+           (unsigned long long)r->cow_copies);
+    if (c->update_every != 0) {
+        printf("weight updates          %zu (every %zu steps), %llu sequences preempted as stale\n",
+               r->weight_updates, c->update_every, (unsigned long long)r->stale_preemptions);
+        for (size_t i = 0; i < r->window_count; i++) {
+            const kvp_sim_window *w = &r->windows[i];
+            double rate = window_rate(w->prefix_hit_tokens, w->prompt_tokens);
+            printf("  from step %-8zu hit rate %5.1f%% of %llu prompt tokens", w->step,
+                   100.0 * (isnan(rate) ? 0.0 : rate), (unsigned long long)w->prompt_tokens);
+            if (w->first_step != SIZE_MAX) {
+                printf("; its first admitting step %zu: %.1f%%", w->first_step,
+                       100.0 * window_rate(w->first_hit_tokens, w->first_prompt_tokens));
+            }
+            printf("\n");
+        }
+    }
+    if (r->later_turns > 0) {
+        printf("conversation turns      %zu later turns sent closed-loop: each at least %zu "
+               "step%s after\n"
+               "                        the turn before it finished\n",
+               r->later_turns, r->turn_gap_min, r->turn_gap_min == 1 ? "" : "s");
+        printf("sessions                %llu finished turns kept up to %zu steps "
+               "(--session-ttl): %llu next turns\n"
+               "                        admitted while kept, %llu given back unused "
+               "(expired, or pages needed)\n",
+               (unsigned long long)r->session_keeps, c->session_ttl,
+               (unsigned long long)r->session_hits, (unsigned long long)r->session_drops);
+    }
+    if (c->verify_every != 0) {
+        printf("verify                  %zu sample sequences recomputed from scratch (requests "
+               "0, %zu, %zu, ...): %zu mismatches;\n"
+               "                        %zu prefills, one per weight version a sequence "
+               "decoded under; %zu skipped\n",
+               r->verified, c->verify_every, 2 * c->verify_every, r->verify_mismatches,
+               r->verify_segments, r->verify_skipped);
+    }
+    if (off != NULL) {
+        printf("side by side            %-14s%-14sratio\n", "sharing", "--no-sharing");
+        print_ratio("concurrent peak", (double)r->peak_concurrent,
+                    (double)off->peak_concurrent, 0);
+        print_ratio("concurrent mean", r->mean_concurrent, off->mean_concurrent, 1);
+        print_ratio("throughput (tok/s)", r->tokens_per_second, off->tokens_per_second,
+                    1);
+        print_ratio("held pages peak", (double)r->peak_held_pages,
+                    (double)off->peak_held_pages, 0);
+        print_ratio("held pages mean", r->mean_held_pages, off->mean_held_pages, 1);
+        print_ratio("prefill tokens", (double)r->prefill_tokens, (double)off->prefill_tokens,
+                    0);
+        print_ratio("steps", (double)r->steps, (double)off->steps, 0);
+        print_ratio("preemptions", (double)r->preemptions, (double)off->preemptions, 0);
+    }
+}
+
+void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
+                               const kvp_sim_result *r, const kvp_sim_result *off)
+{
+    const kvp_sim_config *c = &o->sim;
+    char budget[32];
+    char page[32];
+    printf("kvpager simulate: %s, %zu requests (mean prompt %.1f, mean output %.1f tokens)\n",
+           o->trace ? o->trace : kvp_profile_name(o->workload.profile), w->count,
+           mean_of(w, 1), mean_of(w, 0));
+    char per_token[32];
+    printf("model: %zu layers, width %zu, %zu heads, %zu KV heads (%s of K/V per token); "
+           "pool: %s budget = %zu pages of %s "
+           "(%zu positions, kv_dtype %s, %s attention); capacity %zu; %zu thread%s%s\n\n",
+           c->layers, c->model_width, c->heads, kvp_sim_kv_heads(c),
+           kvp_cli_format_bytes(kv_bytes_per_token(c), per_token, sizeof per_token),
+           kvp_cli_format_bytes(c->budget_bytes, budget, sizeof budget), r->total_pages,
+           kvp_cli_format_bytes(r->page_bytes, page, sizeof page), c->block_tokens,
+           kvp_dtype_name(r->kv_dtype), accum_name(c), c->capacity, r->threads, r->threads == 1 ? "" : "s",
+           c->compute ? "" : ", allocator only");
+    printf("requests completed      %zu of %zu (%zu rejected as never fitting)\n",
+           r->requests_completed, r->requests, r->requests_rejected);
+    printf("tokens generated        %llu (plus %llu prompt tokens prefilled)\n",
+           (unsigned long long)r->tokens_generated, (unsigned long long)r->prefill_tokens);
+    printf("throughput              %.1f generated tokens/s over %.2f s\n", r->tokens_per_second,
+           r->seconds);
+    printf("steps                   %zu\n", r->steps);
+    printf("concurrent sequences    peak %zu, mean %.1f\n", r->peak_concurrent,
+           r->mean_concurrent);
+    printf("pool utilization        peak %.1f%%, mean %.1f%%\n", 100.0 * r->peak_utilization,
+           100.0 * r->mean_utilization);
+    printf("internal fragmentation  %.2f%% of held slots\n", 100.0 * r->internal_fragmentation);
+    printf("preemptions             %zu\n", r->preemptions);
+    print_sharing(o, r, off);
+    if (r->contiguous_baseline > 0) {
+        printf("contiguous baseline     %zu sequences fit when each reserves its full capacity;\n"
+               "                        paging held %zu at peak: %.2fx\n",
+               r->contiguous_baseline, r->peak_concurrent, r->concurrency_ratio);
+    } else {
+        printf("contiguous baseline     0 sequences: one full-capacity reservation exceeds the "
+               "budget\n");
+    }
+    printf("kv dtype                %s, %zu bytes per element: the pages hold %zu full-capacity "
+           "sequences,\n"
+           "                        %zu in f64 pages of the same budget: %+lld (%.2fx)\n",
+           kvp_dtype_name(r->kv_dtype), r->element_bytes, r->full_sequences,
+           r->f64_full_sequences,
+           (long long)r->full_sequences - (long long)r->f64_full_sequences, dtype_gain(r));
+    printf("final audit             %s: %zu of %zu audits failed, %zu pages leaked, "
+           "acquires %llu, releases %llu\n",
+           r->audit_failures == 0 && r->pages_leaked == 0 ? "ok" : "FAILED", r->audit_failures,
+           r->audits, r->pages_leaked, (unsigned long long)r->acquires,
+           (unsigned long long)r->releases);
+    if (o->trace == NULL && o->workload.profile == KVP_PROFILE_SHAREGPT) {
+        printf("sharegpt targets        concurrency ratio >= 3: %s, fragmentation < 5%%: %s, "
+               "no leaks: %s, clean audits: %s\n",
+               ratio_met(r) ? "yes" : "no", fragmentation_met(r) ? "yes" : "no",
+               r->pages_leaked == 0 ? "yes" : "no", r->audit_failures == 0 ? "yes" : "no");
+    }
+}
+
+/* The sharing keys of --json (print_sharing's figures). */
+static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_result *off)
+{
+    kvp_json_uint(json, "prompt_tokens", r->prompt_tokens);
+    kvp_json_uint(json, "prefix_hit_tokens", r->prefix_hit_tokens);
+    kvp_json_double(json, "prefix_hit_rate", r->prefix_hit_rate);
+    kvp_json_double(json, "pages_saved_ratio", r->pages_saved_ratio);
+    kvp_json_uint(json, "peak_held_pages", r->peak_held_pages);
+    kvp_json_double(json, "mean_held_pages", r->mean_held_pages);
+    kvp_json_uint(json, "forks", r->forks);
+    kvp_json_uint(json, "evictions", r->evictions);
+    kvp_json_uint(json, "cow_copies", r->cow_copies);
+    kvp_json_uint(json, "weight_updates", r->weight_updates);
+    kvp_json_uint(json, "stale_preemptions", r->stale_preemptions);
+    kvp_json_array_begin(json, "update_windows");
+    for (size_t i = 0; i < r->window_count; i++) {
+        const kvp_sim_window *w = &r->windows[i];
+        kvp_json_object_begin(json, NULL);
+        kvp_json_uint(json, "step", w->step);
+        kvp_json_uint(json, "prompt_tokens", w->prompt_tokens);
+        kvp_json_uint(json, "prefix_hit_tokens", w->prefix_hit_tokens);
+        kvp_json_double(json, "hit_rate", window_rate(w->prefix_hit_tokens, w->prompt_tokens));
+        kvp_json_double(json, "first_step", w->first_step == SIZE_MAX ? NAN
+                                                                     : (double)w->first_step);
+        kvp_json_double(json, "first_step_hit_rate",
+                        window_rate(w->first_hit_tokens, w->first_prompt_tokens));
+        kvp_json_object_end(json);
+    }
+    kvp_json_array_end(json);
+    kvp_json_uint(json, "verified", r->verified);
+    kvp_json_uint(json, "verify_mismatches", r->verify_mismatches);
+    kvp_json_uint(json, "verify_segments", r->verify_segments);
+    kvp_json_uint(json, "verify_skipped", r->verify_skipped);
+    kvp_json_uint(json, "later_turns", r->later_turns);
+    kvp_json_double(json, "turn_gap_min", r->later_turns > 0 ? (double)r->turn_gap_min : NAN);
+    kvp_json_uint(json, "session_keeps", r->session_keeps);
+    kvp_json_uint(json, "session_hits", r->session_hits);
+    kvp_json_uint(json, "session_drops", r->session_drops);
+    if (off == NULL) {
+        kvp_json_double(json, "sharing_concurrency_ratio", NAN);
+        kvp_json_double(json, "no_sharing", NAN);
+        return;
+    }
+    kvp_json_double(json, "sharing_concurrency_ratio",
+                    ratio((double)r->peak_concurrent, (double)off->peak_concurrent));
+    kvp_json_object_begin(json, "no_sharing");
+    kvp_json_uint(json, "requests_completed", off->requests_completed);
+    kvp_json_uint(json, "tokens_generated", off->tokens_generated);
+    kvp_json_uint(json, "prefill_tokens", off->prefill_tokens);
+    kvp_json_double(json, "tokens_per_second", off->tokens_per_second);
+    kvp_json_uint(json, "steps", off->steps);
+    kvp_json_uint(json, "peak_concurrent_sequences", off->peak_concurrent);
+    kvp_json_double(json, "mean_concurrent_sequences", off->mean_concurrent);
+    kvp_json_uint(json, "peak_held_pages", off->peak_held_pages);
+    kvp_json_double(json, "mean_held_pages", off->mean_held_pages);
+    kvp_json_uint(json, "preemptions", off->preemptions);
+    kvp_json_uint(json, "later_turns", off->later_turns);
+    kvp_json_double(json, "turn_gap_min",
+                    off->later_turns > 0 ? (double)off->turn_gap_min : NAN);
+    kvp_json_uint(json, "pages_leaked", off->pages_leaked);
+    kvp_json_uint(json, "audit_failures", off->audit_failures);
+    kvp_json_object_end(json);
+}
+
+void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
+                             const kvp_sim_result *r, const kvp_sim_result *off)
+{
+    const kvp_sim_config *c = &o->sim;
+    kvp_json json;
+    kvp_json_init(&json, stdout);
+    kvp_json_object_begin(&json, NULL);
+    kvp_json_uint(&json, "requests", r->requests);
+    kvp_json_uint(&json, "requests_completed", r->requests_completed);
+    kvp_json_uint(&json, "requests_rejected", r->requests_rejected);
+    kvp_json_uint(&json, "tokens_generated", r->tokens_generated);
+    kvp_json_uint(&json, "prefill_tokens", r->prefill_tokens);
+    kvp_json_double(&json, "tokens_per_second", r->tokens_per_second);
+    kvp_json_double(&json, "seconds", r->seconds);
+    kvp_json_uint(&json, "steps", r->steps);
+    kvp_json_uint(&json, "peak_concurrent_sequences", r->peak_concurrent);
+    kvp_json_double(&json, "mean_concurrent_sequences", r->mean_concurrent);
+    kvp_json_uint(&json, "contiguous_baseline_sequences", r->contiguous_baseline);
+    kvp_json_double(&json, "concurrency_ratio", r->concurrency_ratio);
+    kvp_json_double(&json, "peak_pool_utilization", r->peak_utilization);
+    kvp_json_double(&json, "mean_pool_utilization", r->mean_utilization);
+    kvp_json_double(&json, "internal_fragmentation", r->internal_fragmentation);
+    kvp_json_uint(&json, "preemptions", r->preemptions);
+    kvp_json_uint(&json, "pages_leaked", r->pages_leaked);
+    kvp_json_uint(&json, "audit_failures", r->audit_failures);
+    kvp_json_uint(&json, "audits", r->audits);
+    kvp_json_uint(&json, "page_acquires", r->acquires);
+    kvp_json_uint(&json, "page_releases", r->releases);
+    kvp_json_uint(&json, "total_pages", r->total_pages);
+    kvp_json_uint(&json, "page_bytes", r->page_bytes);
+    kvp_json_string(&json, "kv_dtype", kvp_dtype_name(r->kv_dtype));
+    kvp_json_uint(&json, "kv_element_bytes", r->element_bytes);
+    kvp_json_uint(&json, "full_capacity_sequences", r->full_sequences);
+    kvp_json_uint(&json, "f64_full_capacity_sequences", r->f64_full_sequences);
+    kvp_json_double(&json, "sequences_vs_f64", dtype_gain(r));
+    kvp_json_double(&json, "output_checksum", r->output_checksum);
+    kvp_json_bool(&json, "targets_met", targets_met(r));
+    json_sharing(&json, r, off);
+    kvp_json_object_begin(&json, "config");
+    kvp_json_string(&json, "workload", o->trace ? o->trace : kvp_profile_name(o->workload.profile));
+    kvp_json_string(&json, "arrival", o->trace ? "trace" : kvp_arrival_name(o->workload.arrival));
+    kvp_json_double(&json, "rate", o->workload.rate);
+    kvp_json_double(&json, "mean_prompt_tokens", mean_of(w, 1));
+    kvp_json_double(&json, "mean_output_tokens", mean_of(w, 0));
+    kvp_json_uint(&json, "layers", c->layers);
+    kvp_json_uint(&json, "model_width", c->model_width);
+    kvp_json_uint(&json, "heads", c->heads);
+    kvp_json_uint(&json, "kv_heads", kvp_sim_kv_heads(c));
+    kvp_json_uint(&json, "kv_bytes_per_token", kv_bytes_per_token(c));
+    kvp_json_uint(&json, "block_tokens", c->block_tokens);
+    kvp_json_uint(&json, "budget_bytes", c->budget_bytes);
+    kvp_json_string(&json, "kv_dtype", kvp_dtype_name(c->kv_dtype));
+    kvp_json_string(&json, "accum", accum_name(c));
+    kvp_json_uint(&json, "capacity", c->capacity);
+    kvp_json_uint(&json, "threads", r->threads);
+    kvp_json_uint(&json, "seed", c->seed);
+    kvp_json_double(&json, "watermark", c->watermark);
+    kvp_json_uint(&json, "reserve_tokens", c->reserve_tokens);
+    kvp_json_bool(&json, "compute", c->compute);
+    kvp_json_uint(&json, "samples", c->samples);
+    kvp_json_uint(&json, "shared_prefix", o->trace ? 0 : o->workload.shared_prefix);
+    kvp_json_bool(&json, "sharing", c->sharing);
+    kvp_json_string(&json, "schedule",
+                    c->schedule == KVP_SCHEDULE_CACHE_AWARE ? "cache-aware" : "fcfs");
+    kvp_json_uint(&json, "update_weights_every", c->update_every);
+    kvp_json_uint(&json, "verify_every", c->verify_every);
+    kvp_json_uint(&json, "session_ttl", c->session_ttl);
+    kvp_json_object_end(&json);
+    kvp_json_object_end(&json);
+}
