@@ -244,19 +244,177 @@ static kvp_status rank_window(kvp_scheduler *s, plan *p, kvp_error *err)
     return KVP_OK;
 }
 
+/* The plan's totals so far: pages asked, rows read and keys made by the requests it admitted. */
+typedef struct totals {
+    size_t asked;
+    size_t rows;
+    size_t keys;
+} totals;
+
+/* One queue entry the plan considers. */
+typedef struct candidate {
+    uint64_t id;
+    size_t pos;          /* its queue position */
+    const record *r;
+    size_t key_blocks;   /* prompt blocks keyed (0: not keyed) */
+    size_t adoptable;    /* of which it may adopt */
+    size_t need_rows;    /* rows its admission reads (rows_needed) */
+    double *at;          /* where they go: s->rows + totals.rows * width, or NULL (none) */
+    int filled;          /* its rows are read */
+    size_t key_count;    /* its keys, at s->keys + totals.keys */
+    size_t hits;         /* prompt blocks the index holds now */
+    size_t evictable;    /* of their pages, those evictable (adopting takes them) */
+} candidate;
+
+/* 1 when the running sequences and those planned leave no room for q's samples. */
+static int max_running_reached(const kvp_scheduler *s, const plan *p, const kvp_request *q)
+{
+    size_t busy = s->running_count + p->slots;
+    /* A request with more samples than max_running runs alone. */
+    return s->config.max_running != 0 && busy + q->samples > s->config.max_running && busy > 0;
+}
+
+/* *now: kvp_pool_admit answers NOW for `pages` above the watermark. */
+static kvp_status admits_now(const kvp_scheduler *s, size_t pages, int *now, kvp_error *err)
+{
+    kvp_admission admission;
+    kvp_status status = kvp_pool_admit(s->pool, pages, s->watermark_pages, &admission, err);
+    *now = status == KVP_OK && admission == KVP_ADMIT_NOW;
+    return status;
+}
+
+/* The plan takes candidate c: admitted (its rows and keys at the totals t) or rejected. */
+static void plan_take(kvp_scheduler *s, plan *p, const candidate *c, int admit, const totals *t)
+{
+    if (admit) {
+        s->plan[p->popped++] = (planned){c->id, c->pos, 1, t->rows, t->keys, c->key_blocks, 0};
+    } else {
+        s->plan[p->popped++] = (planned){c->id, c->pos, 0, 0, 0, 0, 0};
+    }
+    p->span = c->pos + 1 > p->span ? c->pos + 1 : p->span;
+}
+
+/* Room for c's rows after the totals' (read later, or by key_prompt). */
+static kvp_status room_for_rows(kvp_scheduler *s, candidate *c, const totals *t, kvp_error *err)
+{
+    c->need_rows = kvpi_sched_rows_needed(s, c->r);
+    if (kvpi_sched_grow((void **)&s->rows, &s->rows_room, t->rows + c->need_rows,
+                        s->width * sizeof *s->rows) != 0) {
+        return kvpi_fail_alloc(err, "scheduler prompt rows",
+                               (t->rows + c->need_rows) * s->width * sizeof(double));
+    }
+    /* NULL when it reads no rows (allocator-only, nothing keyed): never NULL + 0 */
+    c->at = c->need_rows != 0 ? s->rows + t->rows * s->width : NULL;
+    return KVP_OK;
+}
+
+/*
+ * c's prompt keys after the totals' (parked ones, or made from its rows,
+ * read now), and the prompt blocks the prefix index holds now.
+ */
+static kvp_status key_prompt(kvp_scheduler *s, candidate *c, const totals *t, kvp_error *err)
+{
+    const kvp_request *q = &c->r->request;
+    c->key_count = kvpi_prompt_keys_count(s->layers, 1, c->key_blocks);
+    if (kvpi_sched_grow((void **)&s->keys, &s->keys_room, t->keys + c->key_count,
+                        sizeof *s->keys) != 0) {
+        return kvpi_fail_alloc(err, "scheduler prefix keys",
+                               (t->keys + c->key_count) * sizeof *s->keys);
+    }
+    kvp_block_key *k = s->keys + t->keys;
+    if (!unpark_keys(s, c->id, k, c->key_count)) {
+        kvpi_sched_fill_request(s, c->id, c->at);
+        c->filled = 1;
+        kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, c->at,
+                         q->prompt_tokens, s->width, c->key_blocks, k);
+    }
+    c->hits = kvpi_prefix_probe(s->pool, k, s->layers, c->adoptable, &c->evictable);
+    return KVP_OK;
+}
+
+/*
+ * Plans queue position `pos`: rejected when it can never fit; admitted when
+ * it fits now, its rows read and keys made; else the plan stops there
+ * (*more 0), its keys parked for the next plans (park_keys).
+ */
+static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, int *more,
+                             kvp_error *err)
+{
+    candidate c;
+    memset(&c, 0, sizeof c);
+    c.pos = pos;
+    c.id = s->waiting[queue_at(s, pos)];
+    c.r = record_of(s, c.id);
+    const kvp_request *q = &c.r->request;
+    *more = 0;
+    if (max_running_reached(s, p, q)) {
+        return KVP_OK;
+    }
+    kvp_admission whole;
+    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, c.r, q->max_new_tokens, 0),
+                                       s->watermark_pages, &whole, err);
+    if (status != KVP_OK || whole == KVP_ADMIT_NEVER) {
+        if (status == KVP_OK) {
+            plan_take(s, p, &c, 0, t);
+            *more = 1;
+        }
+        return status;
+    }
+    c.key_blocks = key_blocks_of(s, q, &c.adoptable);
+    /*
+     * The best case first: every adoptable block a hit, no evictable
+     * page taken. The pages asked below are at least these (fewer hits
+     * ask more, evictable ones add), and kvp_pool_admit is monotone in
+     * the pages asked, so when even the best case is not NOW the request
+     * is not admitted now: stop before reading and hashing its rows.
+     */
+    int now;
+    status = admits_now(
+        s, add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.adoptable), t->asked), &now,
+        err);
+    if (status != KVP_OK || !now) {
+        return status;
+    }
+    status = room_for_rows(s, &c, t, err);
+    if (status == KVP_OK && c.key_blocks != 0) {
+        status = key_prompt(s, &c, t, err);
+    }
+    size_t need = add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.hits), c.evictable);
+    if (status == KVP_OK) {
+        status = admits_now(s, add_sat(need, t->asked), &now, err);
+    }
+    if (status != KVP_OK || !now) {
+        if (status == KVP_OK) {
+            park_keys(s, &s->parked, c.id, s->keys + t->keys, c.key_count);
+        }
+        return status;
+    }
+    if (!c.filled) {
+        kvpi_sched_fill_request(s, c.id, c.at);
+    }
+    t->asked = add_sat(t->asked, need);
+    plan_take(s, p, &c, 1, t);
+    t->rows += c.need_rows;
+    t->keys += c.key_count;
+    p->admitted++;
+    p->slots += q->samples;
+    *more = 1;
+    return KVP_OK;
+}
+
 /*
  * Admission while the next request fits now, decided without changing
  * anything. The order: the queue's (FCFS), or with the cache-aware schedule
  * the window's rank (rank_window), then the queue's past the window. Each
- * request each request asks kvp_pool_admit for the pages it
- * will newly take (its prompt pages not covered by the prefix the index
- * holds now, plus the evictable pages adopting that prefix takes from the
- * available ones, plus its samples' pages) plus what the requests planned
- * before it in this step asked. The rows each admitted request's prefill
- * reads, and its prompt keys, are made here (the scratch grows: an
- * ALLOCATION_FAILED still changes nothing); the keys of the request it
- * stops at are parked for the next plans (park_keys). Needs a lease with current
- * bindings in idle[0] when a request is keyed (kvp_scheduler_step makes one).
+ * request asks kvp_pool_admit for the pages it will newly take (its prompt
+ * pages not covered by the prefix the index holds now, plus the evictable
+ * pages adopting that prefix takes from the available ones, plus its
+ * samples' pages) plus what the requests planned before it in this step
+ * asked (plan_entry). The rows each admitted request's prefill reads, and
+ * its prompt keys, are made here (the scratch grows: an ALLOCATION_FAILED
+ * still changes nothing); the keys of the request it stops at are parked
+ * for the next plans (park_keys). Needs a lease with current bindings in
+ * idle[0] when a request is keyed (kvp_scheduler_step makes one).
  */
 kvp_status kvpi_sched_plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
 {
@@ -267,97 +425,13 @@ kvp_status kvpi_sched_plan_admission(kvp_scheduler *s, plan *p, kvp_error *err)
             return status;
         }
     }
-    size_t asked = 0;
-    size_t rows = 0;
-    size_t keys = 0;
-    for (size_t i = 0; i < s->waiting_count; i++) {
-        size_t pos = i < p->window ? p->order[i] : i;
-        uint64_t id = s->waiting[queue_at(s, pos)];
-        const record *r = record_of(s, id);
-        const kvp_request *q = &r->request;
-        size_t busy = s->running_count + p->slots;
-        /* A request with more samples than max_running runs alone. */
-        if (s->config.max_running != 0 && busy + q->samples > s->config.max_running &&
-            busy > 0) {
-            break;
-        }
-        size_t full = request_pages(s, r, q->max_new_tokens, 0);
-        kvp_admission whole;
-        kvp_admission now;
-        kvp_status status = kvp_pool_admit(s->pool, full, s->watermark_pages, &whole, err);
+    totals t = {0, 0, 0};
+    int more = 1;
+    for (size_t i = 0; more && i < s->waiting_count; i++) {
+        kvp_status status = plan_entry(s, p, i < p->window ? p->order[i] : i, &t, &more, err);
         if (status != KVP_OK) {
             return status;
         }
-        if (whole == KVP_ADMIT_NEVER) {
-            s->plan[p->popped++] = (planned){id, pos, 0, 0, 0, 0, 0};
-            p->span = pos + 1 > p->span ? pos + 1 : p->span;
-            continue;
-        }
-        size_t adoptable; /* the prompt blocks it may adopt */
-        size_t key_blocks = key_blocks_of(s, q, &adoptable);
-        /*
-         * The best case first: every adoptable block a hit, no evictable
-         * page taken. The pages asked below are at least these (fewer hits
-         * ask more, evictable ones add), and kvp_pool_admit is monotone in
-         * the pages asked, so when even the best case is not NOW the request
-         * is not admitted now: stop before reading and hashing its rows.
-         */
-        status = kvp_pool_admit(s->pool,
-                                add_sat(request_pages(s, r, sample_tokens(s, r), adoptable),
-                                        asked),
-                                s->watermark_pages, &now, err);
-        if (status != KVP_OK) {
-            return status;
-        }
-        if (now != KVP_ADMIT_NOW) {
-            break;
-        }
-        size_t need_rows = kvpi_sched_rows_needed(s, r);
-        if (kvpi_sched_grow((void **)&s->rows, &s->rows_room, rows + need_rows,
-                 s->width * sizeof *s->rows) != 0) {
-            return kvpi_fail_alloc(err, "scheduler prompt rows",
-                                   (rows + need_rows) * s->width * sizeof(double));
-        }
-        /* NULL when it reads no rows (allocator-only, nothing keyed): never NULL + 0 */
-        double *at = need_rows != 0 ? s->rows + rows * s->width : NULL;
-        int filled = 0;
-        size_t key_count = 0;
-        size_t hits = 0;
-        size_t evictable = 0;
-        if (key_blocks != 0) {
-            key_count = kvpi_prompt_keys_count(s->layers, 1, key_blocks);
-            if (kvpi_sched_grow((void **)&s->keys, &s->keys_room, keys + key_count, sizeof *s->keys) != 0) {
-                return kvpi_fail_alloc(err, "scheduler prefix keys",
-                                       (keys + key_count) * sizeof *s->keys);
-            }
-            kvp_block_key *k = s->keys + keys;
-            if (!unpark_keys(s, id, k, key_count)) {
-                kvpi_sched_fill_request(s, id, at);
-                filled = 1;
-                kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, at,
-                                 q->prompt_tokens, s->width, key_blocks, k);
-            }
-            hits = kvpi_prefix_probe(s->pool, k, s->layers, adoptable, &evictable);
-        }
-        size_t need = add_sat(request_pages(s, r, sample_tokens(s, r), hits), evictable);
-        status = kvp_pool_admit(s->pool, add_sat(need, asked), s->watermark_pages, &now, err);
-        if (status != KVP_OK) {
-            return status;
-        }
-        if (now != KVP_ADMIT_NOW) {
-            park_keys(s, &s->parked, id, s->keys + keys, key_count);
-            break;
-        }
-        if (!filled) {
-            kvpi_sched_fill_request(s, id, at);
-        }
-        asked = add_sat(asked, need);
-        s->plan[p->popped++] = (planned){id, pos, 1, rows, keys, key_blocks, 0};
-        p->span = pos + 1 > p->span ? pos + 1 : p->span;
-        rows += need_rows;
-        keys += key_count;
-        p->admitted++;
-        p->slots += q->samples;
     }
     return KVP_OK;
 }
