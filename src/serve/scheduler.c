@@ -5,6 +5,7 @@
  *
  * Owns: the public structs' init calls and their reading (struct_size:
  * an older caller's shorter struct reads defaults for the rest), create
+ * (a table of checks, then the fields, then what is allocated up front)
  * and destroy, submit (a checked copy of the request, queued, a session's
  * request ahead while its lease is kept), collect, a request's state, and
  * the statistics. A step is kvp_scheduler_step (scheduler_step.c).
@@ -141,91 +142,136 @@ static void scheduler_free(kvp_scheduler *s)
     kvpi_free(s);
 }
 
-kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_decoder *decoder,
-                                const kvp_scheduler_config *cfg, kvp_scheduler **out,
-                                kvp_error *err)
-{
-    if (model == NULL) {
-        return kvpi_fail_null(err, "model");
-    }
-    if (pool == NULL) {
-        return kvpi_fail_null(err, "pool");
-    }
-    if (cfg == NULL) {
-        return kvpi_fail_null(err, "cfg");
-    }
-    if (out == NULL) {
-        return kvpi_fail_null(err, "out");
-    }
+/* What create is given and what it reads before it allocates (create_checks). */
+typedef struct create_inputs {
+    const kvp_model *model;
+    kvp_pool *pool;
+    kvp_decoder *decoder;
+    const kvp_scheduler_config *cfg;
+    kvp_scheduler **out;
     kvp_scheduler_config config;
-    kvp_status status = config_read(cfg, &config, err);
-    if (status != KVP_OK) {
-        return status;
+    kvp_model_info info;
+    kvp_pool_stats pool_stats;
+} create_inputs;
+
+static kvp_status check_arguments(create_inputs *in, kvp_error *err)
+{
+    const struct {
+        const void *pointer;
+        const char *name;
+    } arguments[] = {
+        {in->model, "model"}, {in->pool, "pool"}, {in->cfg, "cfg"}, {in->out, "out"}};
+    for (size_t i = 0; i < sizeof arguments / sizeof arguments[0]; i++) {
+        if (arguments[i].pointer == NULL) {
+            return kvpi_fail_null(err, arguments[i].name);
+        }
     }
-    if (config.compute && decoder == NULL) {
+    return KVP_OK;
+}
+
+static kvp_status check_config(create_inputs *in, kvp_error *err)
+{
+    kvp_status status = config_read(in->cfg, &in->config, err);
+    if (status == KVP_OK && in->config.compute && in->decoder == NULL) {
         return kvpi_fail_null(err, "decoder");
     }
-    kvp_model_info info;
-    kvp_model_info_init(&info);
-    status = kvp_model_info_get(model, &info, err);
-    if (status != KVP_OK) {
-        return status;
-    }
-    kvp_pool_stats pool_stats;
-    kvp_pool_stats_init(&pool_stats);
-    status = kvp_pool_stats_get(pool, &pool_stats, err);
-    if (status != KVP_OK) {
-        return status;
-    }
-    kvp_scheduler *s = kvpi_calloc(KVPI_SITE_SCRATCH, 1, sizeof *s);
-    if (s == NULL) {
-        return kvpi_fail_alloc(err, "scheduler", sizeof *s);
-    }
-    s->model = model;
-    s->pool = pool;
-    s->decoder = config.compute ? decoder : NULL;
-    s->config = config;
-    s->layers = info.layers;
-    s->width = info.model_width;
-    s->kv_heads = info.kv_heads;
-    s->head_width = info.head_width;
-    s->block_tokens = pool->block_tokens; /* fixed at the pool's creation */
-    s->watermark_pages = (size_t)ceil(config.watermark * (double)pool_stats.total_pages);
-    s->kept_cap = (size_t)floor(config.session_fraction * (double)pool_stats.total_pages);
-    s->leases = config.compute ? &kvpi_lease_computed : &kvpi_lease_external;
+    return status;
+}
+
+static kvp_status read_model(create_inputs *in, kvp_error *err)
+{
+    kvp_model_info_init(&in->info);
+    return kvp_model_info_get(in->model, &in->info, err);
+}
+
+static kvp_status read_pool(create_inputs *in, kvp_error *err)
+{
+    kvp_pool_stats_init(&in->pool_stats);
+    return kvp_pool_stats_get(in->pool, &in->pool_stats, err);
+}
+
+/* Create's checks, in the order it reports the first failure. */
+static kvp_status (*const create_checks[])(create_inputs *, kvp_error *) = {
+    check_arguments, /* NULL model, pool, cfg, out */
+    check_config,    /* config_read's checks, then a decoder when computing */
+    read_model,
+    read_pool,
+};
+
+/* A new scheduler's fields from its checked inputs (allocates nothing). */
+static void scheduler_init(kvp_scheduler *s, const create_inputs *in)
+{
+    size_t total = in->pool_stats.total_pages;
+    s->model = in->model;
+    s->pool = in->pool;
+    s->decoder = in->config.compute ? in->decoder : NULL;
+    s->config = in->config;
+    s->layers = in->info.layers;
+    s->width = in->info.model_width;
+    s->kv_heads = in->info.kv_heads;
+    s->head_width = in->info.head_width;
+    s->block_tokens = in->pool->block_tokens; /* fixed at the pool's creation */
+    s->watermark_pages = (size_t)ceil(in->config.watermark * (double)total);
+    s->kept_cap = (size_t)floor(in->config.session_fraction * (double)total);
+    s->leases = in->config.compute ? &kvpi_lease_computed : &kvpi_lease_external;
     kvp_scheduler_stats_init(&s->stats);
     kvpi_requests_init(&s->requests);
     s->parked.id = NO_REQUEST;
     for (size_t i = 0; i < WINDOW; i++) {
         s->ranked[i].id = NO_REQUEST;
     }
-    if (config.session_ttl > 0) {
-        size_t pages = pool_stats.total_pages;
-        s->kept_refs = kvpi_calloc(KVPI_SITE_SCRATCH, pages, sizeof *s->kept_refs);
+}
+
+/*
+ * What a scheduler allocates up front: the kept page counts (sessions on),
+ * the zero rows (allocator-only), and the first lease, made now: it checks
+ * the model and pool against each other. On failure the caller frees s.
+ */
+static kvp_status scheduler_alloc(kvp_scheduler *s, size_t total_pages, kvp_error *err)
+{
+    if (s->config.session_ttl > 0) {
+        s->kept_refs = kvpi_calloc(KVPI_SITE_SCRATCH, total_pages, sizeof *s->kept_refs);
         if (s->kept_refs == NULL) {
-            scheduler_free(s);
-            return kvpi_fail_alloc(err, "scheduler kept page counts", pages * sizeof(uint32_t));
+            return kvpi_fail_alloc(err, "scheduler kept page counts",
+                                   total_pages * sizeof(uint32_t));
         }
     }
-    if (!config.compute) {
+    if (!s->config.compute) {
         size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
         s->zeros = kvpi_calloc(KVPI_SITE_SCRATCH, zeros, sizeof *s->zeros);
         if (s->zeros == NULL) {
-            scheduler_free(s);
             return kvpi_fail_alloc(err, "scheduler zero rows", zeros * sizeof(double));
         }
     }
-    /* The first lease, made now: it checks the model and pool against each other. */
     if (kvpi_sched_grow((void **)&s->idle, &s->idle_room, 1, sizeof *s->idle) != 0) {
-        scheduler_free(s);
         return kvpi_fail_alloc(err, "scheduler idle list", 16 * sizeof *s->idle);
     }
-    status = lease_make(s, &s->idle[0], err);
+    kvp_status status = lease_make(s, &s->idle[0], err);
+    s->idle_count = status == KVP_OK;
+    return status;
+}
+
+kvp_status kvp_scheduler_create(const kvp_model *model, kvp_pool *pool, kvp_decoder *decoder,
+                                const kvp_scheduler_config *cfg, kvp_scheduler **out,
+                                kvp_error *err)
+{
+    create_inputs in = {.model = model, .pool = pool, .decoder = decoder, .cfg = cfg, .out = out};
+    for (size_t i = 0; i < sizeof create_checks / sizeof create_checks[0]; i++) {
+        kvp_status status = create_checks[i](&in, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    kvp_scheduler *s = kvpi_calloc(KVPI_SITE_SCRATCH, 1, sizeof *s);
+    if (s == NULL) {
+        return kvpi_fail_alloc(err, "scheduler", sizeof *s);
+    }
+    scheduler_init(s, &in);
+    kvp_status status = scheduler_alloc(s, in.pool_stats.total_pages, err);
     if (status != KVP_OK) {
         scheduler_free(s);
         return status;
     }
-    s->idle_count = 1;
     *out = s;
     return KVP_OK;
 }
