@@ -165,6 +165,74 @@ static keyset *ranked_slot(kvp_scheduler *s, uint64_t id, const uint64_t *ids, s
 }
 
 /*
+ * Window position i of n: *first when it goes first (preempted, overtaken
+ * KVP_SCHEDULE_MAX_SKIPS times, or never fitting), else *hits, the prompt
+ * blocks the index holds now (0 when not keyed or when even its best case
+ * is not admitted now: then no rows are read and nothing is hashed).
+ */
+static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n, int *first,
+                             size_t *hits, kvp_error *err)
+{
+    uint64_t id = p->ids[i];
+    const record *r = record_of(s, id);
+    const kvp_request *q = &r->request;
+    kvp_admission whole;
+    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, r, q->max_new_tokens, 0),
+                                       s->watermark_pages, &whole, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    *first = r->preemptions > 0 || r->skips >= KVP_SCHEDULE_MAX_SKIPS ||
+             whole == KVP_ADMIT_NEVER;
+    *hits = 0;
+    size_t adoptable;
+    size_t key_blocks = key_blocks_of(s, q, &adoptable);
+    if (*first || key_blocks == 0) {
+        return KVP_OK;
+    }
+    kvp_admission best;
+    status = kvp_pool_admit(s->pool, request_pages(s, r, sample_tokens(s, r), adoptable),
+                            s->watermark_pages, &best, err);
+    if (status != KVP_OK || best != KVP_ADMIT_NOW) {
+        return status;
+    }
+    size_t key_count = kvpi_prompt_keys_count(s->layers, 1, key_blocks);
+    if (kvpi_sched_grow((void **)&s->keys, &s->keys_room, key_count, sizeof *s->keys) != 0 ||
+        kvpi_sched_grow((void **)&s->rows, &s->rows_room, kvpi_sched_rows_needed(s, r),
+                        s->width * sizeof *s->rows) != 0) {
+        return kvpi_fail_alloc(err, "scheduler prefix keys", key_count * sizeof *s->keys);
+    }
+    if (!unpark_keys(s, id, s->keys, key_count)) {
+        kvpi_sched_fill_request(s, id, s->rows);
+        kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, s->rows,
+                         q->prompt_tokens, s->width, key_blocks, s->keys);
+        park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
+    }
+    size_t evictable;
+    *hits = kvpi_prefix_probe(s->pool, s->keys, s->layers, adoptable, &evictable);
+    return KVP_OK;
+}
+
+/* p->order: insertion sort by (first desc, hits desc, position asc): stable, n <= WINDOW. */
+static void sort_window(plan *p, const int *first, const size_t *hits, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i;
+        while (j > 0) {
+            size_t b = p->order[j - 1];
+            int ahead = first[i] != first[b] ? first[i] > first[b]
+                                             : !first[i] && hits[i] > hits[b];
+            if (!ahead) {
+                break;
+            }
+            p->order[j] = b;
+            j--;
+        }
+        p->order[j] = i;
+    }
+}
+
+/*
  * Cache-aware: the order the plan considers the first WINDOW queue
  * positions in (p->order, p->window). First those preempted (they wait at
  * the front of the queue), never fitting (rejected at once) or overtaken in
@@ -184,62 +252,12 @@ static kvp_status rank_window(kvp_scheduler *s, plan *p, kvp_error *err)
         p->ids[i] = s->waiting[queue_at(s, i)];
     }
     for (size_t i = 0; i < n; i++) {
-        uint64_t id = p->ids[i];
-        const record *r = record_of(s, id);
-        const kvp_request *q = &r->request;
-        kvp_admission whole;
-        kvp_status status = kvp_pool_admit(s->pool, request_pages(s, r, q->max_new_tokens, 0),
-                                           s->watermark_pages, &whole, err);
+        kvp_status status = rank_entry(s, p, i, n, &first[i], &hits[i], err);
         if (status != KVP_OK) {
             return status;
         }
-        first[i] = r->preemptions > 0 || r->skips >= KVP_SCHEDULE_MAX_SKIPS ||
-                   whole == KVP_ADMIT_NEVER;
-        hits[i] = 0;
-        size_t adoptable;
-        size_t key_blocks = key_blocks_of(s, q, &adoptable);
-        if (first[i] || key_blocks == 0) {
-            continue;
-        }
-        kvp_admission best;
-        status = kvp_pool_admit(s->pool, request_pages(s, r, sample_tokens(s, r), adoptable),
-                                s->watermark_pages, &best, err);
-        if (status != KVP_OK) {
-            return status;
-        }
-        if (best != KVP_ADMIT_NOW) {
-            continue;
-        }
-        size_t key_count = kvpi_prompt_keys_count(s->layers, 1, key_blocks);
-        if (kvpi_sched_grow((void **)&s->keys, &s->keys_room, key_count, sizeof *s->keys) != 0 ||
-            kvpi_sched_grow((void **)&s->rows, &s->rows_room, kvpi_sched_rows_needed(s, r),
-                            s->width * sizeof *s->rows) != 0) {
-            return kvpi_fail_alloc(err, "scheduler prefix keys", key_count * sizeof *s->keys);
-        }
-        if (!unpark_keys(s, id, s->keys, key_count)) {
-            kvpi_sched_fill_request(s, id, s->rows);
-            kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, s->rows,
-                             q->prompt_tokens, s->width, key_blocks, s->keys);
-            park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
-        }
-        size_t evictable;
-        hits[i] = kvpi_prefix_probe(s->pool, s->keys, s->layers, adoptable, &evictable);
     }
-    /* Insertion sort by (first desc, hits desc, position asc): stable, n <= WINDOW. */
-    for (size_t i = 0; i < n; i++) {
-        size_t j = i;
-        while (j > 0) {
-            size_t b = p->order[j - 1];
-            int ahead = first[i] != first[b] ? first[i] > first[b]
-                                             : !first[i] && hits[i] > hits[b];
-            if (!ahead) {
-                break;
-            }
-            p->order[j] = b;
-            j--;
-        }
-        p->order[j] = i;
-    }
+    sort_window(p, first, hits, n);
     p->window = n;
     return KVP_OK;
 }

@@ -150,12 +150,75 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
 }
 
 /*
+ * Sharing: the request's prompt blocks are published, sample 0 (slot
+ * `here`) forks into its other samples' leases, each lease is promised
+ * exactly its pages to come, and each forked sample appends the tokens it
+ * generated before a preemption (its rows after the prompt's).
+ */
+static void fork_samples(kvp_scheduler *s, const planned *pl, const record *rec, size_t here,
+                         size_t *count)
+{
+    size_t n = rec->request.samples;
+    size_t prompt = rec->request.prompt_tokens;
+    size_t g = rec->generated;
+    kvp_cache *const *parent = lease_caches(&s->running[here].lease);
+    if (pl->key_blocks != 0) {
+        /* Fresh pages, or pages registered under these very keys: cannot be refused. */
+        kvp_status status = kvp_cache_group_publish(parent, s->layers, s->keys + pl->keys,
+                                                    pl->key_blocks, NULL);
+        assert(status == KVP_OK);
+        (void)status;
+    }
+    kvpi_pool_lock(s->pool);
+    for (size_t k = 1; k < n; k++) {
+        kvp_cache *const *child = lease_caches(&s->running[here + k].lease);
+        for (size_t l = 0; l < s->layers; l++) {
+            kvpi_cache_fork_writer_locked(parent[l], child[l]); /* sample 0 writes */
+        }
+    }
+    kvpi_pool_unlock(s->pool);
+    s->stats.forks += n - 1;
+    if (n == 1) {
+        return;
+    }
+    size_t x = sample_tokens(s, rec);
+    for (size_t k = 0; k < n; k++) {
+        lease *l = &s->running[here + k].lease;
+        kvp_status status = lease_promise(s, l, lease_pages_for(s, l, prompt + x), NULL);
+        assert(status == KVP_OK);
+        (void)status;
+        if (g != 0) {
+            append(s, &s->running[here + k], pl->rows + prompt + k * g, g, count);
+        }
+    }
+}
+
+/* The prefill statistics of the step's admitted requests that did not fail. */
+static void count_prefill(const kvp_scheduler *s, const plan *p, kvp_step_stats *st)
+{
+    for (size_t i = 0; i < p->popped; i++) {
+        const planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        const record *rec = record_of(s, pl->id);
+        size_t n = rec->request.samples;
+        size_t prompt = rec->request.prompt_tokens;
+        size_t g = rec->generated;
+        if (rec->failed) {
+            continue;
+        }
+        st->prompt_tokens += prompt;
+        st->prefix_hit_tokens += pl->adopted;
+        st->prefill_tokens += s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
+    }
+}
+
+/*
  * Phase 2 (sharing on): every admitted request that prefilled its prompt
- * publishes the prompt's full blocks, forks sample 0 into its other
- * samples' leases, and promises each lease exactly its pages to come; then
- * each forked sample computes the tokens it generated before a preemption
- * (a second batch of decoder jobs; a refusal runs them on this thread).
- * Then the requests whose jobs failed finish, and the statistics count.
+ * forks its samples (fork_samples), the forked samples' appends a second
+ * batch of decoder jobs (a refusal runs them on this thread). Then the
+ * statistics count, and the requests whose jobs failed finish.
  */
 void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_step_stats *st)
 {
@@ -166,66 +229,15 @@ void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp
         if (!pl->admit) {
             continue;
         }
-        record *rec = record_of(s, pl->id);
-        const kvp_request *q = &rec->request;
-        size_t n = q->samples;
-        size_t prompt = q->prompt_tokens;
-        size_t g = rec->generated;
+        const record *rec = record_of(s, pl->id);
         size_t here = at;
-        at += n;
-        if (!s->config.sharing || rec->failed) {
-            continue;
-        }
-        kvp_cache *const *parent = lease_caches(&s->running[here].lease);
-        if (pl->key_blocks != 0) {
-            /* Fresh pages, or pages registered under these very keys: cannot be refused. */
-            kvp_status status = kvp_cache_group_publish(parent, s->layers, s->keys + pl->keys,
-                                                        pl->key_blocks, NULL);
-            assert(status == KVP_OK);
-            (void)status;
-        }
-        kvpi_pool_lock(s->pool);
-        for (size_t k = 1; k < n; k++) {
-            kvp_cache *const *child = lease_caches(&s->running[here + k].lease);
-            for (size_t l = 0; l < s->layers; l++) {
-                kvpi_cache_fork_writer_locked(parent[l], child[l]); /* sample 0 writes */
-            }
-        }
-        kvpi_pool_unlock(s->pool);
-        s->stats.forks += n - 1;
-        if (n == 1) {
-            continue;
-        }
-        size_t x = sample_tokens(s, rec);
-        for (size_t k = 0; k < n; k++) {
-            lease *l = &s->running[here + k].lease;
-            kvp_status status = lease_promise(s, l, lease_pages_for(s, l, prompt + x), NULL);
-            assert(status == KVP_OK);
-            (void)status;
-            if (g != 0) {
-                append(s, &s->running[here + k], pl->rows + prompt + k * g, g, &count);
-            }
+        at += rec->request.samples;
+        if (s->config.sharing && !rec->failed) {
+            fork_samples(s, pl, rec, here, &count);
         }
     }
     run_jobs(s, count); /* a refusal runs them here: cannot fail (no jobs: nothing) */
     collect_jobs(s, first);
-    at = first;
-    for (size_t i = 0; i < p->popped; i++) {
-        const planned *pl = &s->plan[i];
-        if (!pl->admit) {
-            continue;
-        }
-        const record *rec = record_of(s, pl->id);
-        size_t n = rec->request.samples;
-        size_t prompt = rec->request.prompt_tokens;
-        size_t g = rec->generated;
-        at += n;
-        if (rec->failed) {
-            continue;
-        }
-        st->prompt_tokens += prompt;
-        st->prefix_hit_tokens += pl->adopted;
-        st->prefill_tokens += s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
-    }
+    count_prefill(s, p, st);
     kvpi_sched_fail_marked(s, first, st);
 }
