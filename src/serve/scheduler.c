@@ -224,7 +224,7 @@ static void scheduler_init(kvp_scheduler *s, const create_inputs *in)
 
 /*
  * What a scheduler allocates up front: the kept page counts (sessions on),
- * the zero rows (allocator-only), and the first lease, made now: it checks
+ * what its lease kind needs (allocator-only: the zero rows), and the first lease, made now: it checks
  * the model and pool against each other. On failure the caller frees s.
  */
 static kvp_status scheduler_alloc(kvp_scheduler *s, size_t total_pages, kvp_error *err)
@@ -236,17 +236,14 @@ static kvp_status scheduler_alloc(kvp_scheduler *s, size_t total_pages, kvp_erro
                                    total_pages * sizeof(uint32_t));
         }
     }
-    if (!s->config.compute) {
-        size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
-        s->zeros = kvpi_calloc(KVPI_SITE_SCRATCH, zeros, sizeof *s->zeros);
-        if (s->zeros == NULL) {
-            return kvpi_fail_alloc(err, "scheduler zero rows", zeros * sizeof(double));
-        }
+    kvp_status status = s->leases->setup(s, err);
+    if (status != KVP_OK) {
+        return status;
     }
     if (kvpi_sched_grow((void **)&s->idle, &s->idle_room, 1, sizeof *s->idle) != 0) {
         return kvpi_fail_alloc(err, "scheduler idle list", 16 * sizeof *s->idle);
     }
-    kvp_status status = lease_make(s, &s->idle[0], err);
+    status = lease_make(s, &s->idle[0], err);
     s->idle_count = status == KVP_OK;
     return status;
 }

@@ -218,6 +218,8 @@ typedef struct plan {
 struct lease_kind {
     /* 1 when appends are decoder jobs (the step reserves the decoder for its prefills). */
     int on_decoder;
+    /* What the scheduler allocates for this kind at create (freed with the scheduler). */
+    kvp_status (*setup)(kvp_scheduler *s, kvp_error *err);
     kvp_status (*make)(kvp_scheduler *s, lease *l, kvp_error *err);
     void (*free)(lease *l);
     kvp_cache *const *(*caches)(const lease *l);

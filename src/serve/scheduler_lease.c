@@ -6,7 +6,8 @@
  * the model; its appends and decodes are decoder jobs. An allocator-only
  * lease (compute off) holds one external cache per layer, bound to the
  * configured identity, and appends zero rows at once: pages move, no
- * attention math. Both hold the token buffers of one row in and one out.
+ * attention math (its kind's setup makes the block of zero rows,
+ * s->zeros). Both hold the token buffers of one row in and one out.
  * The rest of the scheduler asks a lease through the lease_* calls of
  * scheduler_internal.h and never tests which kind it has.
  *
@@ -156,8 +157,16 @@ static void seq_decode_output(slot *r, const kvp_request *q, const kvp_decode_jo
     }
 }
 
+static kvp_status seq_setup(kvp_scheduler *s, kvp_error *err)
+{
+    (void)s;
+    (void)err;
+    return KVP_OK; /* a sequence's rows come from the requests */
+}
+
 const lease_kind kvpi_lease_computed = {
     .on_decoder = 1,
+    .setup = seq_setup,
     .make = seq_make,
     .free = seq_free,
     .caches = seq_caches,
@@ -172,6 +181,17 @@ const lease_kind kvpi_lease_computed = {
 };
 
 /* ---- allocator-only: one external cache per layer ------------------------ */
+
+/* One block of zero rows, what every append commits. */
+static kvp_status ext_setup(kvp_scheduler *s, kvp_error *err)
+{
+    size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
+    s->zeros = kvpi_calloc(KVPI_SITE_SCRATCH, zeros, sizeof *s->zeros);
+    if (s->zeros == NULL) {
+        return kvpi_fail_alloc(err, "scheduler zero rows", zeros * sizeof(double));
+    }
+    return KVP_OK;
+}
 
 static void ext_free(lease *l)
 {
@@ -323,6 +343,7 @@ static void ext_decode_output(slot *r, const kvp_request *q, const kvp_decode_jo
 
 const lease_kind kvpi_lease_external = {
     .on_decoder = 0,
+    .setup = ext_setup,
     .make = ext_make,
     .free = ext_free,
     .caches = ext_caches,
