@@ -3,8 +3,11 @@
  * schedule and the contracts; the rooms behind them:
  * scheduler_internal.h).
  *
- * Owns: the public structs' init calls and their reading (struct_size:
- * an older caller's shorter struct reads defaults for the rest), create
+ * Owns: the init calls of the config, a request and the statistics (a
+ * result's is in scheduler_queue.c, a step's statistics' in
+ * scheduler_step.c, beside their users) and the reading of those structs
+ * (struct_size: an older caller's shorter struct reads defaults for the
+ * rest), create
  * (a table of checks, then the fields, then what is allocated up front)
  * and destroy, submit (a checked copy of the request, queued, a session's
  * request ahead while its lease is kept), collect, a request's state, and
@@ -50,24 +53,6 @@ void kvp_request_init(kvp_request *request)
     memset(request, 0, sizeof *request);
     request->struct_size = sizeof *request;
     request->samples = 1;
-}
-
-void kvp_request_result_init(kvp_request_result *result)
-{
-    if (result == NULL) {
-        return;
-    }
-    memset(result, 0, sizeof *result);
-    result->struct_size = sizeof *result;
-}
-
-void kvp_step_stats_init(kvp_step_stats *stats)
-{
-    if (stats == NULL) {
-        return;
-    }
-    memset(stats, 0, sizeof *stats);
-    stats->struct_size = sizeof *stats;
 }
 
 void kvp_scheduler_stats_init(kvp_scheduler_stats *stats)

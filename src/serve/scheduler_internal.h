@@ -10,9 +10,10 @@
  *   scheduler_plan.c     admission planning, cache-aware ranking, admitting the plan;
  *   scheduler_prefill.c  the admitted requests' batched prefill and forks;
  *   scheduler_step.c     a step: room, preemption, decode, publication.
- * Calls run one way: scheduler.c and scheduler_step.c call the others;
- * plan, prefill and session call queue and lease; queue calls lease; lease
- * calls no room. No room includes another's file.
+ * Calls run one way: scheduler_step.c calls every other room but
+ * scheduler.c; scheduler.c calls session, queue and lease; plan and
+ * prefill call queue and lease; session and queue call lease; lease calls
+ * no room. No room includes another's file.
  *
  * Invariants (all rooms keep them):
  *   - a request is in exactly one of: waiting, running, finished (in `done`,

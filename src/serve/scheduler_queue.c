@@ -5,8 +5,9 @@
  * Owns: the ring of waiting ids (s->waiting, in queue order from
  * waiting_head), the layout of the rows a request's admission reads
  * (rows_needed, fill_request), and the moves that end a request or a
- * running slot: finish (a result in `done`), retire (its leases reset to
- * the idle list), mark and fail (a job's failure fails its whole request).
+ * running slot: finish (a result in `done`, kvp_request_result_init's
+ * defaults), retire (its leases reset to the idle list), mark and fail (a
+ * job's failure fails its whole request).
  *
  * Invariants: the queue holds each waiting request once, in the order the
  * scheduler's header states (a session's request jumps per queue_jump's
@@ -174,6 +175,15 @@ void kvpi_sched_fill_request(kvp_scheduler *s, uint64_t id, double *rows)
     for (size_t k = 0; k < r->request.samples; k++) {
         kvpi_sched_fill_rows(s, id, k, 0, prompt + g, rows + k * (prompt + g) * s->width);
     }
+}
+
+void kvp_request_result_init(kvp_request_result *result)
+{
+    if (result == NULL) {
+        return;
+    }
+    memset(result, 0, sizeof *result);
+    result->struct_size = sizeof *result;
 }
 
 /* Appends a finished request's result (room was made at the start of the step). */

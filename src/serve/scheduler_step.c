@@ -28,6 +28,15 @@
 #include "serve/scheduler_internal.h"
 #include "serve/share_internal.h"
 
+void kvp_step_stats_init(kvp_step_stats *stats)
+{
+    if (stats == NULL) {
+        return;
+    }
+    memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+}
+
 /*
  * The longest request that may complete in this step's decode and publish
  * its decoded blocks (publish_decoded): the running and newly admitted
