@@ -8,7 +8,7 @@
  * Invariants: a slot is free (state KVPI_RECORD_FREE, on the free list) or
  * held (its id in the index exactly once); live counts the held ones; every
  * id below next_id was added once.
- * Callers: src/serve/scheduler.c.
+ * Callers: the scheduler's rooms (src/serve/scheduler*.c).
  */
 #include "serve/requests_internal.h"
 

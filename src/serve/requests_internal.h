@@ -12,7 +12,8 @@
  *
  * Records move when the table grows (kvpi_requests_reserve): pointers to
  * them are valid until the next reserve.
- * Callers: src/serve/scheduler.c, one caller at a time (the scheduler's).
+ * Callers: the scheduler's rooms (src/serve/scheduler*.c), one caller at a time (the
+ * scheduler's).
  */
 #ifndef KVPAGER_SERVE_REQUESTS_INTERNAL_H
 #define KVPAGER_SERVE_REQUESTS_INTERNAL_H

@@ -1,0 +1,243 @@
+/*
+ * scheduler_prefill.c: the batched prefill of the requests a step admits
+ * (the scheduler's rooms: scheduler_internal.h).
+ *
+ * Owns: the step's prefill jobs (s->jobs while prefilling) and the two
+ * phases that run them: prompts (adopt the indexed prefix, promise, append
+ * the prompt) and forks (publish the prompt's blocks, fork sample 0 into
+ * the other samples, promise exactly, append what each sample generated
+ * before a preemption). Appends go through the lease (lease_append): a
+ * computed lease adds a decoder job, an allocator-only one appends zero
+ * rows at once, so the phases read the same for both.
+ *
+ * Invariants: the admitted requests' slots are [first, running_count), in
+ * plan order, each request's samples together; the prompt batch runs in
+ * the decoder's step slot the step reserved before admitting, so it
+ * cannot be refused; a failed job fails its whole request after the phase
+ * (mark, then fail), and a request that failed publishes and forks
+ * nothing; the statistics count the requests that did not fail.
+ * Callers: scheduler_step.c (kvp_scheduler_step, after admit). Calls the
+ * queue room and leases.
+ */
+#include <string.h>
+
+#include "pager/cache_internal.h"
+#include "pager/pool_internal.h"
+#include "serve/scheduler_internal.h"
+#include "serve/sequence_internal.h"
+
+/*
+ * Runs the prefill jobs [0, count) on the decoder, whose job j belongs to
+ * the slot whose `job` is j. A refusal (DECODER_BUSY) runs them on this
+ * thread instead, one after another (the same results, bit for bit).
+ */
+static void run_jobs(kvp_scheduler *s, size_t count)
+{
+    if (count == 0 ||
+        kvp_decoder_step(s->decoder, s->jobs, count, NULL, NULL, NULL) == KVP_OK) {
+        return;
+    }
+    for (size_t j = 0; j < count; j++) {
+        kvp_decode_job *job = &s->jobs[j];
+        memset(&job->error, 0, sizeof job->error);
+        job->status = kvp_sequence_prefill(job->sequence, &job->input, NULL, NULL, NULL, 0,
+                                           &job->error);
+    }
+}
+
+/* After run_jobs: marks the requests whose jobs failed, and forgets the jobs. */
+static void collect_jobs(kvp_scheduler *s, size_t first)
+{
+    for (size_t i = first; i < s->running_count; i++) {
+        slot *r = &s->running[i];
+        if (r->job != NO_JOB && s->jobs[r->job].status != KVP_OK) {
+            kvpi_sched_mark_failed(s, r->id, &s->jobs[r->job].error);
+        }
+        r->job = NO_JOB;
+    }
+}
+
+/* A failed allocator-only append fails slot r's request (a computed one's job tells later). */
+static void append(kvp_scheduler *s, slot *r, size_t row, size_t tokens, size_t *jobs)
+{
+    kvp_error e;
+    memset(&e, 0, sizeof e);
+    if (lease_append(s, r, row, tokens, jobs, &e) != KVP_OK) {
+        kvpi_sched_mark_failed(s, r->id, &e);
+    }
+}
+
+/* Tokens the planned request adopts from the prefix index into sample 0's lease `l0`. */
+static size_t adopt_prompt(kvp_scheduler *s, const planned *pl, size_t prompt, lease *l0)
+{
+    size_t bt = s->block_tokens;
+    if (pl->key_blocks == 0) {
+        return 0;
+    }
+    size_t adoptable = (prompt - 1) / bt;
+    size_t blocks = 0;
+    /* A page published under another binding (a forged key) is no hit: adopt nothing. */
+    if (kvp_cache_group_adopt(lease_caches(l0), s->layers, s->keys + pl->keys,
+                              adoptable < pl->key_blocks ? adoptable : pl->key_blocks, &blocks,
+                              NULL) != KVP_OK) {
+        blocks = 0;
+    }
+    return blocks * bt;
+}
+
+/*
+ * Promises: what each of the request's leases (slots at..at + n) will newly
+ * take; forked samples' pages past the prompt are promised to their own
+ * (still empty) leases. A lease's promise is capped at what one sequence
+ * can hold; the promises are set exactly after the fork (prefill_forks).
+ */
+static void promise_samples(kvp_scheduler *s, const record *rec, size_t at)
+{
+    size_t n = rec->request.samples;
+    size_t x = sample_tokens(s, rec);
+    size_t cap = s->layers * blocks_of(s, s->config.capacity);
+    for (size_t k = 0; k < n; k++) {
+        lease *l = &s->running[at + k].lease;
+        size_t want;
+        if (n == 1 || !s->config.sharing || k == 0) {
+            want = lease_pages_for(s, l, rec->request.prompt_tokens + x);
+        } else {
+            want = sample_pages(s, rec, x);
+        }
+        kvp_status status = lease_promise(s, l, want < cap ? want : cap, NULL);
+        assert(status == KVP_OK); /* within the cap */
+        (void)status;
+    }
+}
+
+/*
+ * Phase 1 of the admitted requests' prefill (slots [first, running_count),
+ * in plan order, each request's samples together): adopt the indexed
+ * prefix (sharing), promise, and append the prompt (sharing: once, in
+ * sample 0; off: every sample its prompt and continuation). Computed
+ * leases' appends are one batch of decoder jobs, in the decoder's step
+ * slot the step reserved (prefills_on_decoder), so it cannot be refused.
+ */
+void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
+{
+    size_t count = 0;
+    size_t at = first;
+    for (size_t i = 0; i < p->popped; i++) {
+        planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        const record *rec = record_of(s, pl->id);
+        size_t n = rec->request.samples;
+        size_t prompt = rec->request.prompt_tokens;
+        size_t g = rec->generated;
+        pl->adopted = adopt_prompt(s, pl, prompt, &s->running[at].lease);
+        promise_samples(s, rec, at);
+        if (s->config.sharing) {
+            size_t tokens = prompt - pl->adopted + (n == 1 ? g : 0);
+            append(s, &s->running[at], pl->rows + pl->adopted, tokens, &count);
+        } else {
+            for (size_t k = 0; k < n; k++) {
+                append(s, &s->running[at + k], pl->rows + k * (prompt + g), prompt + g, &count);
+            }
+        }
+        at += n;
+    }
+    if (prefills_on_decoder(s, p)) {
+        kvpi_decoder_step_reserved(s->decoder, s->jobs, count);
+        collect_jobs(s, first);
+    }
+}
+
+/*
+ * Sharing: the request's prompt blocks are published, sample 0 (slot
+ * `here`) forks into its other samples' leases, each lease is promised
+ * exactly its pages to come, and each forked sample appends the tokens it
+ * generated before a preemption (its rows after the prompt's).
+ */
+static void fork_samples(kvp_scheduler *s, const planned *pl, const record *rec, size_t here,
+                         size_t *count)
+{
+    size_t n = rec->request.samples;
+    size_t prompt = rec->request.prompt_tokens;
+    size_t g = rec->generated;
+    kvp_cache *const *parent = lease_caches(&s->running[here].lease);
+    if (pl->key_blocks != 0) {
+        /* Fresh pages, or pages registered under these very keys: cannot be refused. */
+        kvp_status status = kvp_cache_group_publish(parent, s->layers, s->keys + pl->keys,
+                                                    pl->key_blocks, NULL);
+        assert(status == KVP_OK);
+        (void)status;
+    }
+    kvpi_pool_lock(s->pool);
+    for (size_t k = 1; k < n; k++) {
+        kvp_cache *const *child = lease_caches(&s->running[here + k].lease);
+        for (size_t l = 0; l < s->layers; l++) {
+            kvpi_cache_fork_writer_locked(parent[l], child[l]); /* sample 0 writes */
+        }
+    }
+    kvpi_pool_unlock(s->pool);
+    s->stats.forks += n - 1;
+    if (n == 1) {
+        return;
+    }
+    size_t x = sample_tokens(s, rec);
+    for (size_t k = 0; k < n; k++) {
+        lease *l = &s->running[here + k].lease;
+        kvp_status status = lease_promise(s, l, lease_pages_for(s, l, prompt + x), NULL);
+        assert(status == KVP_OK);
+        (void)status;
+        if (g != 0) {
+            append(s, &s->running[here + k], pl->rows + prompt + k * g, g, count);
+        }
+    }
+}
+
+/* The prefill statistics of the step's admitted requests that did not fail. */
+static void count_prefill(const kvp_scheduler *s, const plan *p, kvp_step_stats *st)
+{
+    for (size_t i = 0; i < p->popped; i++) {
+        const planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        const record *rec = record_of(s, pl->id);
+        size_t n = rec->request.samples;
+        size_t prompt = rec->request.prompt_tokens;
+        size_t g = rec->generated;
+        if (rec->failed) {
+            continue;
+        }
+        st->prompt_tokens += prompt;
+        st->prefix_hit_tokens += pl->adopted;
+        st->prefill_tokens += s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
+    }
+}
+
+/*
+ * Phase 2 (sharing on): every admitted request that prefilled its prompt
+ * forks its samples (fork_samples), the forked samples' appends a second
+ * batch of decoder jobs (a refusal runs them on this thread). Then the
+ * statistics count, and the requests whose jobs failed finish.
+ */
+void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_step_stats *st)
+{
+    size_t count = 0;
+    size_t at = first;
+    for (size_t i = 0; i < p->popped; i++) {
+        const planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        const record *rec = record_of(s, pl->id);
+        size_t here = at;
+        at += rec->request.samples;
+        if (s->config.sharing && !rec->failed) {
+            fork_samples(s, pl, rec, here, &count);
+        }
+    }
+    run_jobs(s, count); /* a refusal runs them here: cannot fail (no jobs: nothing) */
+    collect_jobs(s, first);
+    count_prefill(s, p, st);
+    kvpi_sched_fail_marked(s, first, st);
+}
