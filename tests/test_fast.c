@@ -664,6 +664,17 @@ static void test_fast_layer_setting(void **state)
         kvp_attention_result r;
         kvpt_assert_ok(kvp_ticket_result(ticket, &r, &err), &err);
         memcpy(out[a], r.output, sizeof out[a]);
+        /* The result's weights are f64 rows summing to 1 at both levels (f32 values when fast). */
+        for (size_t row = 0; row < r.batch_size * r.heads; row++) {
+            double total = 0.0;
+            for (size_t k = 0; k < r.keys; k++) {
+                double wk = r.weights[row * r.keys + k];
+                assert_true(wk >= 0.0 && wk <= 1.0);
+                assert_true(a == KVP_ACCUM_EXACT || (double)(float)wk == wk);
+                total += wk;
+            }
+            assert_true(fabs(total - 1.0) <= 1e-5);
+        }
         kvpt_assert_pool_ok(pool);
         kvpt_destroy_ticket(ticket, pool);
         kvpt_destroy_cache(cache, pool);
