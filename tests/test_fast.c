@@ -6,8 +6,9 @@
  * Proves:
  *   - bit equality: a gather job at KVP_ACCUM_FAST gives exactly the bits of
  *     the fast reference written out here (queries and weights rounded to
- *     f32, 16-lane fmaf dot products with the documented tree, the portable
- *     softmax, one fmaf chain per output over the positions in order), for
+ *     f32 with the scale and log2(e) folded in, 16-lane fmaf dot products
+ *     with the documented tree, the f32 base-2 softmax, one fmaf chain per
+ *     output over the positions in order; the job's f32 weights too), for
  *     every narrow dtype a pool accepts x every ISA level x block_tokens 1,
  *     3, 16 x kv_heads H, H/4, 1 x 1, 2 and 3 threads (this thread, a
  *     decoder of 2 and of 3 threads with the assist forced by the hold
@@ -224,8 +225,44 @@ static float documented_fast_dot(const float *q, const double *k, size_t n)
     return sum;
 }
 
-/* weights [B][H][len + 1] and outputs [B][H][d] of the fast level, serially. */
-static void fast_reference(const fixture *fx, double scale, double *weights, double *outputs)
+/*
+ * The fast softmax as documented: the maximum, e_i = 2^(s_i - m) (the
+ * difference in f32, kvpi_exp2f, tested against exp2 in test_kernels.c),
+ * the sum in sixteen lane sums + the tree + the tail, one divide each.
+ */
+static void documented_softmax(float *s, size_t n)
+{
+    float m = s[0];
+    for (size_t i = 1; i < n; i++) {
+        m = fmaxf(m, s[i]);
+    }
+    float lanes[16] = {0};
+    size_t n16 = n / 16 * 16;
+    for (size_t i = 0; i < n; i++) {
+        s[i] = kvpi_exp2f(s[i] - m);
+        if (i < n16) {
+            lanes[i % 16] += s[i];
+        }
+    }
+    float t[8];
+    for (int l = 0; l < 8; l++) {
+        t[l] = lanes[l] + lanes[l + 8];
+    }
+    float sum = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    for (size_t i = n16; i < n; i++) {
+        sum += s[i];
+    }
+    for (size_t i = 0; i < n; i++) {
+        s[i] /= sum;
+    }
+}
+
+/*
+ * weights [B][H][len + 1] (f32) and outputs [B][H][d] of the fast level,
+ * serially: queries times scale (k_scale) log2(e) rounded to f32, f32 scores
+ * in base 2, the documented softmax, one fmaf chain per output.
+ */
+static void fast_reference(const fixture *fx, double scale, float *weights, double *outputs)
 {
     size_t d = fx->d;
     size_t keys = fx->len + 1;
@@ -235,6 +272,7 @@ static void fast_reference(const fixture *fx, double scale, double *weights, dou
     kvpi_cache_kv_scales(fx->cache, &ks, &vs);
     int fp8 = kvpi_cache_dtype(fx->cache) == KVP_FP8_E4M3;
     double kscale = fp8 ? scale * ks : scale;
+    double c = kscale * KVPI_LOG2E;
     double *row = kvpt_doubles(d);
     float *q32 = malloc(d * sizeof *q32);
     float *acc = malloc(d * sizeof *acc);
@@ -242,19 +280,19 @@ static void fast_reference(const fixture *fx, double scale, double *weights, dou
     for (size_t lane = 0; lane < fx->batch; lane++) {
         for (size_t h = 0; h < fx->heads; h++) {
             const double *q = fx->queries + (lane * fx->heads + h) * d;
-            double *w = weights + (lane * fx->heads + h) * keys;
+            float *w = weights + (lane * fx->heads + h) * keys;
             for (size_t f = 0; f < d; f++) {
-                q32[f] = (float)q[f];
+                q32[f] = (float)(q[f] * c);
             }
             for (size_t p = 0; p < keys; p++) {
                 row_of(fx, lane, h / group, p, 0, row);
-                w[p] = (double)documented_fast_dot(q32, row, d) * kscale;
+                w[p] = documented_fast_dot(q32, row, d);
             }
-            kvpi_kernels_scalar.softmax(w, keys);
+            documented_softmax(w, keys);
             memset(acc, 0, d * sizeof *acc);
             for (size_t p = 0; p < keys; p++) {
                 row_of(fx, lane, h / group, p, 1, row);
-                float wp = (float)w[p];
+                float wp = w[p];
                 for (size_t f = 0; f < d; f++) {
                     acc[f] = fmaf(wp, (float)row[f], acc[f]);
                 }
@@ -314,7 +352,8 @@ static size_t check_fixture_bits(const fixture *fx, kvp_decoder **decoders)
     size_t nw = fx->batch * fx->heads * keys;
     size_t no = fx->batch * fx->heads * fx->d;
     double scale = 1.0 / sqrt((double)fx->d);
-    double *want_w = kvpt_doubles(nw);
+    float *want_w = malloc(nw * sizeof *want_w);
+    assert_non_null(want_w);
     double *want_o = kvpt_doubles(no);
     double *w = kvpt_doubles(nw);
     double *o = kvpt_doubles(no);
@@ -332,7 +371,8 @@ static size_t check_fixture_bits(const fixture *fx, kvp_decoder **decoders)
                 kvpt_fill(w, nw, NAN);
                 kvpt_fill(o, no, NAN);
                 run_job(&job, threads, decoders);
-                if (memcmp(w, want_w, nw * sizeof *w) != 0 ||
+                /* the fast phases keep f32 weights at the buffer's start */
+                if (memcmp(w, want_w, nw * sizeof *want_w) != 0 ||
                     memcmp(o, want_o, no * sizeof *o) != 0) {
                     print_error("fast gather differs: %s dtype %d bt %zu kv %zu/%zu d %zu "
                                 "threads %zu grain %zu\n",
@@ -416,11 +456,27 @@ static void test_fast_f64_pages_stay_exact(void **state)
 #define U32 0x1p-24
 #define TINY 0x1p-149
 
-/* The documented score bound's factor: (m + 2) 2^-24, m = floor(n/16) + 4 + n mod 16. */
+/* The longest chain of roundings of a fast dot product or sum of n: floor(n/16) + 4 + n mod 16. */
+static size_t chain(size_t n)
+{
+    return n / 16 + 4 + n % 16;
+}
+
+/* The documented score bound's factor: (m + 2) 2^-24. */
 static double score_factor(size_t n)
 {
-    return (double)(n / 16 + 4 + n % 16 + 2) * U32;
+    return (double)(chain(n) + 2) * U32;
 }
+
+/* gamma_k = k u / (1 - k u). */
+static double gamma_of(size_t k)
+{
+    return (double)k * U32 / (1.0 - (double)k * U32);
+}
+
+/* kvpi_exp2f's relative error bound on normal results (1.14 u, exhaustive over r). */
+#define EXP2F_REL (1.14 * U32)
+#define LN2 0x1.62e42fefa39efp-1
 
 typedef struct worst {
     double score_ratio;  /* max |fast - exact| / bound over scores */
@@ -438,51 +494,76 @@ static void check_bound(const fixture *fx, worst *wst)
     size_t nw = fx->batch * fx->heads * keys;
     size_t no = fx->batch * fx->heads * d;
     double scale = 1.0 / sqrt((double)d);
+    double ks;
+    double vs;
+    kvpi_cache_kv_scales(fx->cache, &ks, &vs);
+    double kscale = kvpi_cache_dtype(fx->cache) == KVP_FP8_E4M3 ? scale * ks : scale;
     double *w[2] = {kvpt_doubles(nw), kvpt_doubles(nw)};
-    double *s[2] = {kvpt_doubles(nw), kvpt_doubles(nw)};
+    double *exact_s = kvpt_doubles(nw);
+    float *fast_s = malloc(nw * sizeof *fast_s);
+    assert_non_null(fast_s);
     double *o[2] = {kvpt_doubles(no), kvpt_doubles(no)};
     for (int a = 0; a < 2; a++) {
         kvpi_gather_job job = {.cache = fx->cache, .queries = fx->queries, .keys = fx->keys,
                                .values = fx->values, .scale = scale, .weights = w[a],
                                .outputs = o[a], .accum = (kvp_accum)a};
+        assert_int_equal(kvpi_gather_job_fast(&job), a);
         kvpi_gather_scores_on(&job, NULL);
-        memcpy(s[a], w[a], nw * sizeof(double));
+        /* the fast level keeps f32 scores in base 2 at the buffer's start */
+        memcpy(a ? (void *)fast_s : (void *)exact_s, w[a], nw * (a ? sizeof(float) : sizeof(double)));
         kvpi_gather_softmax_on(&job, NULL);
         kvpi_gather_values_on(&job, NULL);
     }
     double *row = kvpt_doubles(d);
     double *abs_mix = kvpt_doubles(d);
+    double *rel_mix = kvpt_doubles(d);
+    double gamma_sum = gamma_of(chain(keys));
     for (size_t lane = 0; lane < fx->batch; lane++) {
         for (size_t h = 0; h < fx->heads; h++) {
             const double *q = fx->queries + (lane * fx->heads + h) * d;
             size_t at = (lane * fx->heads + h) * keys;
-            double e_max = 0.0; /* the row's largest score bound */
+            double e_max = 0.0; /* the row's largest score bound, natural units */
+            float m = fast_s[at];
             for (size_t p = 0; p < keys; p++) {
                 row_of(fx, lane, h / group, p, 0, row);
                 double qk = 0.0;
+                double kabs = 0.0;
                 for (size_t f = 0; f < d; f++) {
                     qk += fabs(q[f] * row[f]);
+                    kabs += fabs(row[f]);
                 }
-                double bound = scale * (score_factor(d) * qk + (double)(d + 4) * TINY);
-                double err = fabs(s[1][at + p] - s[0][at + p]);
-                assert_true(err <= bound);
+                /* base 2: (m + 2) u c sum|q k| + underflow (dot, and a subnormal query) */
+                double c = kscale * KVPI_LOG2E;
+                double bound2 = score_factor(d) * c * qk + (double)(d + 4) * TINY +
+                                0x1p-150 * kabs;
+                double err2 = fabs((double)fast_s[at + p] - exact_s[at + p] * KVPI_LOG2E);
+                assert_true(err2 <= bound2);
+                double bound = bound2 * LN2;
                 e_max = bound > e_max ? bound : e_max;
-                wst->score_ratio = fmax(wst->score_ratio, err / bound);
-                wst->score_rel = fmax(wst->score_rel, qk > 0 ? err / (scale * qk) : 0.0);
+                wst->score_ratio = fmax(wst->score_ratio, err2 / bound2);
+                wst->score_rel = fmax(wst->score_rel, qk > 0 ? err2 / (c * qk) : 0.0);
+                m = fmaxf(m, fast_s[at + p]);
             }
-            /* outputs: [(e^{2E} - 1) + gamma_{keys+1} e^{2E}] sum_p w_p |v_p| + slack */
+            /*
+             * outputs: sum_p w_p |v_p| [e^{2E} (1 + a_p)(1 + gamma_{keys+1}) - 1], a_p the
+             * f32 softmax's own rounding at p, + the exact level's rounding + underflow.
+             */
             memset(abs_mix, 0, d * sizeof *abs_mix);
+            memset(rel_mix, 0, d * sizeof *rel_mix);
             double vmax = 0.0;
             for (size_t p = 0; p < keys; p++) {
+                double t = fabs((double)(fast_s[at + p] - m));
+                double a_p = exp(U32 * t * LN2) * (1.0 + EXP2F_REL) * (1.0 + U32) /
+                                 (1.0 - gamma_sum) -
+                             1.0;
                 row_of(fx, lane, h / group, p, 1, row);
                 for (size_t f = 0; f < d; f++) {
                     abs_mix[f] += w[0][at + p] * fabs(row[f]);
+                    rel_mix[f] += w[0][at + p] * (1.0 + a_p) * fabs(row[f]);
                     vmax = fmax(vmax, fabs(row[f]));
                 }
             }
-            double grow = exp(2.0 * e_max);
-            double gamma = (double)(keys + 1) * U32 / (1.0 - (double)(keys + 1) * U32);
-            double factor = (grow - 1.0) + gamma * grow + 4.0 * (double)keys * 0x1p-53;
+            double grow = exp(2.0 * e_max) * (1.0 + gamma_of(keys + 1));
             const double *exact = o[0] + (lane * fx->heads + h) * d;
             const double *fast = o[1] + (lane * fx->heads + h) * d;
             double omax = 0.0;
@@ -490,7 +571,9 @@ static void check_bound(const fixture *fx, worst *wst)
                 omax = fmax(omax, fabs(exact[f]));
             }
             for (size_t f = 0; f < d; f++) {
-                double bound = factor * abs_mix[f] + (double)(keys + 1) * TINY * vmax;
+                double bound = grow * rel_mix[f] - abs_mix[f] +
+                               4.0 * (double)keys * 0x1p-53 * abs_mix[f] +
+                               (double)(2 * keys + 1) * TINY * vmax;
                 double err = fabs(fast[f] - exact[f]);
                 assert_true(err <= bound);
                 wst->output_ratio = fmax(wst->output_ratio, bound > 0 ? err / bound : 0.0);
@@ -500,9 +583,11 @@ static void check_bound(const fixture *fx, worst *wst)
     }
     free(row);
     free(abs_mix);
+    free(rel_mix);
+    free(exact_s);
+    free(fast_s);
     for (int a = 0; a < 2; a++) {
         free(w[a]);
-        free(s[a]);
         free(o[a]);
     }
 }
@@ -579,6 +664,17 @@ static void test_fast_layer_setting(void **state)
         kvp_attention_result r;
         kvpt_assert_ok(kvp_ticket_result(ticket, &r, &err), &err);
         memcpy(out[a], r.output, sizeof out[a]);
+        /* The result's weights are f64 rows summing to 1 at both levels (f32 values when fast). */
+        for (size_t row = 0; row < r.batch_size * r.heads; row++) {
+            double total = 0.0;
+            for (size_t k = 0; k < r.keys; k++) {
+                double wk = r.weights[row * r.keys + k];
+                assert_true(wk >= 0.0 && wk <= 1.0);
+                assert_true(a == KVP_ACCUM_EXACT || (double)(float)wk == wk);
+                total += wk;
+            }
+            assert_true(fabs(total - 1.0) <= 1e-5);
+        }
         kvpt_assert_pool_ok(pool);
         kvpt_destroy_ticket(ticket, pool);
         kvpt_destroy_cache(cache, pool);

@@ -23,11 +23,15 @@
  * k_scale, outputs are multiplied by v_scale at the end (kvpi_cache_kv_scales).
  *
  * A job at KVP_ACCUM_FAST on narrow pages runs the fast level instead
- * (docs/DESIGN.md, Accumulation levels): the lane's queries rounded to f32
- * once (in runs of heads that fit FAST_FLOATS on the stack), the fast
- * grouped kernels, weights rounded to f32 a run of rows at a time, and f32
- * accumulators on the stack written to the f64 outputs at the end of the
- * part. Each output is still one chain over the positions in order inside
+ * (docs/DESIGN.md, Accumulation levels): the lane's queries times scale and
+ * log2(e) rounded to f32 once (in runs of heads that fit FAST_FLOATS on the
+ * stack), the fast grouped kernels writing f32 scores in base 2, the f32
+ * softmax (softmax_fast) in place, the f32 weights read in place by the
+ * fast axpy, and f32 accumulators on the stack written to the f64 outputs
+ * at the end of the part. The f32 scores and weights live packed in the
+ * first half of the job's f64 weights buffer ([B][H][keys] floats), so no
+ * caller sizes anything new: a quarter less traffic per position than f64
+ * scores. Each output is still one chain over the positions in order inside
  * one part, so the partition below holds for both levels.
  *
  * The partition (one decode step, every lane): each phase is cut into parts
@@ -61,10 +65,12 @@
  */
 #include "attention/gather.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "attention/kernels.h"
 #include "attention/layer_internal.h"
+#include "pager/error.h"
 
 /*
  * The grain of the partition (gather.h): defaults, and the test hook's
@@ -102,9 +108,6 @@ static size_t blocks_of(const kvp_cache *cache)
  * values. Heads wider than FAST_FLOATS features are computed exactly.
  */
 #define FAST_FLOATS 4096
-/* Value rows per weight conversion, and heads per grouped call (8: a full tile). */
-#define FAST_ROWS 64
-#define FAST_HEADS 8
 
 /* What a phase needs of a lane of its cache: shape, kernels, row format, scales. */
 typedef struct gather_view {
@@ -228,8 +231,7 @@ static const void *fast_ahead_keys(const gather_view *v, size_t block, size_t kv
  * one kvpi_fast_dot per head (the candidate's elements are exact in f32).
  */
 static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, size_t h1,
-                            const double *candidates, size_t b0, size_t b1, double scale,
-                            double *scores)
+                            const double *candidates, size_t b0, size_t b1, float *scores)
 {
     for (size_t block = b0; block < b1; block++) {
         size_t start = block * v->bt;
@@ -238,7 +240,7 @@ static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, s
             size_t kv = h / v->group;
             size_t end = (kv + 1) * v->group < h1 ? (kv + 1) * v->group : h1;
             v->k->dot_group_fast(v->kind, q32 + (h - h0) * v->d, end - h,
-                                 block_keys(v, block, kv), v->d, rows, v->d, scale,
+                                 block_keys(v, block, kv), v->d, rows, v->d,
                                  scores + h * v->kph + start, v->kph,
                                  fast_ahead_keys(v, block, kv));
             h = end;
@@ -252,24 +254,29 @@ static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, s
             cand32[f] = (float)candidates[kv * v->d + f];
         }
         v->k->dot_group_fast(KVPI_ROWS_F32, q32 + (h - h0) * v->d, end - h, cand32, v->d, 1,
-                             v->d, scale, scores + h * v->kph + v->cache->len, v->kph, NULL);
+                             v->d, scores + h * v->kph + v->cache->len, v->kph, NULL);
         h = end;
     }
 }
 
-/* Fast scores: the queries rounded to f32 once, in runs of heads that fit the scratch. */
+/*
+ * Fast scores, f32 and in base 2: each query element times c = scale *
+ * log2(e) (in f64; scale includes an fp8 k_scale) rounded to f32 once, in
+ * runs of heads that fit the scratch; then one kvpi_fast_dot per score.
+ */
 static void scores_fast(const gather_view *v, size_t heads, const double *queries,
                         const double *candidates, size_t b0, size_t b1, double scale,
-                        double *scores)
+                        float *scores)
 {
     float q32[FAST_FLOATS];
+    double c = scale * KVPI_LOG2E;
     size_t per = FAST_FLOATS / v->d;
     for (size_t h0 = 0; h0 < heads; h0 += per) {
         size_t h1 = h0 + per < heads ? h0 + per : heads;
         for (size_t i = 0; i < (h1 - h0) * v->d; i++) {
-            q32[i] = (float)queries[h0 * v->d + i];
+            q32[i] = (float)(queries[h0 * v->d + i] * c);
         }
-        scores_fast_run(v, q32, h0, h1, candidates, b0, b1, scale, scores);
+        scores_fast_run(v, q32, h0, h1, candidates, b0, b1, scores);
     }
 }
 
@@ -278,11 +285,12 @@ static void scores_fast(const gather_view *v, size_t heads, const double *querie
  * blocks [b0, b1), and of the candidate unless candidates is NULL. scores is
  * the lane's [H][keys_per_head] (len + 1 when the job has a candidate, len
  * without). For fp8 pages the candidate holds elements, like the pages, and
- * scale is multiplied by the cache's k_scale once.
+ * scale is multiplied by the cache's k_scale once. At the fast level scores
+ * are f32 (the lane's [H][keys_per_head] floats), else f64.
  */
 static void scores_blocks(const kvp_cache *cache, size_t heads, size_t keys_per_head,
                           const double *queries, const double *candidates, size_t lane,
-                          size_t b0, size_t b1, double scale, double *scores, kvp_accum accum)
+                          size_t b0, size_t b1, double scale, void *scores, kvp_accum accum)
 {
     gather_view v = view_of(cache, heads, keys_per_head, lane, accum);
     scale *= v.k_scale;
@@ -342,42 +350,25 @@ static void values_exact(const gather_view *v, const double *weights, const doub
 /*
  * One pass of the fast values: the heads j0 .. j1-1 of each group of KV
  * heads [k0, k1) over features [f0, f0 + w), their f32 accumulators at acc
- * ([k][j][w]). Adds rows `r0 .. r0 + rows` of each block, in order, a run of
- * FAST_ROWS at a time with the weights rounded to f32.
+ * ([k][j][w]). The weights are the softmax's f32 rows, read in place.
  */
 typedef struct fast_pass {
     size_t k0, k1, j0, j1, f0, w;
 } fast_pass;
 
-static void fast_add_rows(const gather_view *v, const fast_pass *p, const double *weights,
+/* Rows [0, count) of a block (or the candidate, start == len) added to the pass's heads. */
+static void fast_add_rows(const gather_view *v, const fast_pass *p, const float *weights,
                           const void *rows, size_t start, size_t count, size_t kv,
                           const unsigned char *ahead, float *acc)
 {
-    float w32[FAST_HEADS * FAST_ROWS];
     size_t nj = p->j1 - p->j0;
-    for (size_t j = p->j0; j < p->j1; j += FAST_HEADS) {
-        size_t g = p->j1 - j < FAST_HEADS ? p->j1 - j : FAST_HEADS;
-        const double *wh = weights + (kv * v->group + j) * v->kph + start;
-        for (size_t r0 = 0; r0 < count; r0 += FAST_ROWS) {
-            size_t rc = count - r0 < FAST_ROWS ? count - r0 : FAST_ROWS;
-            for (size_t i = 0; i < g; i++) {
-                for (size_t r = 0; r < rc; r++) {
-                    w32[i * FAST_ROWS + r] = (float)wh[i * v->kph + r0 + r];
-                }
-            }
-            kvpi_rows kind = start == v->cache->len ? KVPI_ROWS_F32 : v->kind;
-            size_t elem = kvpi_rows_bytes(kind);
-            /* The first run of heads reads the rows from memory: it asks for the next. */
-            const unsigned char *pa = ahead != NULL && j == p->j0 ? ahead + r0 * v->d * elem
-                                                                  : NULL;
-            v->k->axpy_group_fast(kind, acc + ((kv - p->k0) * nj + (j - p->j0)) * p->w, p->w,
-                                  w32, FAST_ROWS, g, (const unsigned char *)rows +
-                                  r0 * v->d * elem, v->d, rc, p->w, pa);
-        }
-    }
+    kvpi_rows kind = start == v->cache->len ? KVPI_ROWS_F32 : v->kind;
+    v->k->axpy_group_fast(kind, acc + (kv - p->k0) * nj * p->w, p->w,
+                          weights + (kv * v->group + p->j0) * v->kph + start, v->kph, nj, rows,
+                          v->d, count, p->w, ahead);
 }
 
-static void fast_pass_run(const gather_view *v, const fast_pass *p, const double *weights,
+static void fast_pass_run(const gather_view *v, const fast_pass *p, const float *weights,
                           const double *candidates, double *outputs)
 {
     float acc[FAST_FLOATS];
@@ -424,7 +415,7 @@ static void fast_pass_run(const gather_view *v, const fast_pass *p, const double
  * output is one fmaf chain over the positions in order inside one pass, so
  * the passes change no bit.
  */
-static void values_fast(const gather_view *v, const double *weights, const double *candidates,
+static void values_fast(const gather_view *v, const float *weights, const double *candidates,
                         size_t k0, size_t k1, size_t f0, size_t w, double *outputs)
 {
     if (w == 0) {
@@ -450,10 +441,10 @@ static void values_fast(const gather_view *v, const double *weights, const doubl
  * all) of KV heads [k0, k1) in `lane`: zero, every retained position in
  * order, then the candidate unless candidates is NULL. Blocks outer, heads
  * inner, so a block's value rows of the range are read as one stream.
- * weights is the lane's [H][keys], candidates its [H_kv][d_h] (elements,
- * for fp8), outputs its [H][d_h].
+ * weights is the lane's [H][keys] (f32 at the fast level, else f64),
+ * candidates its [H_kv][d_h] (elements, for fp8), outputs its [H][d_h].
  */
-static void values_range(const kvp_cache *cache, size_t heads, const double *weights,
+static void values_range(const kvp_cache *cache, size_t heads, const void *weights,
                          const double *candidates, size_t lane, size_t k0, size_t k1, size_t f0,
                          size_t w, double *outputs, kvp_accum accum)
 {
@@ -530,6 +521,21 @@ static size_t job_heads(const kvpi_gather_job *job)
     return job->heads != 0 ? job->heads : kvpi_cache_query_heads(job->cache);
 }
 
+/* The job runs the fast level (view_of's test): its scores and weights are f32. */
+static int job_fast(const kvpi_gather_job *job)
+{
+    return job->accum == KVP_ACCUM_FAST && kvpi_cache_dtype(job->cache) != KVP_F64 &&
+           job->cache->head_width <= FAST_FLOATS;
+}
+
+/* The lane's scores (weights) row block, [H][keys], in the job's element type. */
+static void *job_lane_weights(const kvpi_gather_job *job, size_t lane, size_t heads, size_t keys)
+{
+    size_t at = lane * heads * keys;
+    return job_fast(job) ? (void *)((float *)(void *)job->weights + at)
+                         : (void *)(job->weights + at);
+}
+
 /* Scores per (lane, query head) row: the retained positions, and the candidate if any. */
 static size_t job_keys(const kvpi_gather_job *job)
 {
@@ -588,7 +594,8 @@ static void score_part(void *ctx, size_t part)
         job->keys != NULL && chunk + 1 == chunks ? job->keys + lane * kv_width : NULL;
     size_t keys = job_keys(job);
     scores_blocks(cache, heads, keys, job->queries + lane * heads * cache->head_width, candidates,
-                  lane, b0, b1, job->scale, job->weights + lane * heads * keys, job->accum);
+                  lane, b0, b1, job->scale, job_lane_weights(job, lane, heads, keys),
+                  job->accum);
 }
 
 static void softmax_part(void *ctx, size_t part)
@@ -599,7 +606,11 @@ static void softmax_part(void *ctx, size_t part)
     size_t per = grain.softmax_elements / keys > 0 ? grain.softmax_elements / keys : 1;
     size_t end = (part + 1) * per < rows ? (part + 1) * per : rows;
     for (size_t row = part * per; row < end; row++) {
-        kvpi_softmax(job->weights + row * keys, keys);
+        if (job_fast(job)) {
+            kvpi_softmax_fast((float *)(void *)job->weights + row * keys, keys);
+        } else {
+            kvpi_softmax(job->weights + row * keys, keys);
+        }
     }
 }
 
@@ -614,7 +625,7 @@ static void value_part(void *ctx, size_t part)
     size_t width = cache->head_width / v.slices;
     size_t heads = job_heads(job);
     size_t kv_width = cache->heads * cache->head_width;
-    values_range(cache, heads, job->weights + lane * heads * job_keys(job),
+    values_range(cache, heads, job_lane_weights(job, lane, heads, job_keys(job)),
                  job->values != NULL ? job->values + lane * kv_width : NULL, lane,
                  range * cache->heads / v.ranges, (range + 1) * cache->heads / v.ranges,
                  part % v.slices * width, width, job->outputs + lane * heads * cache->head_width,
@@ -627,7 +638,7 @@ static void value_lane(void *ctx, size_t lane)
     const kvpi_gather_job *job = ctx;
     const kvp_cache *cache = job->cache;
     size_t heads = job_heads(job);
-    values_range(cache, heads, job->weights + lane * heads * job_keys(job),
+    values_range(cache, heads, job_lane_weights(job, lane, heads, job_keys(job)),
                  job->values != NULL ? job->values + lane * cache->heads * cache->head_width
                                      : NULL,
                  lane, 0, cache->heads, 0, cache->head_width,
@@ -638,6 +649,44 @@ void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par)
 {
     kvpi_parallel_run(worth(job->cache, par), score_part, (void *)job,
                       kvpi_gather_score_parts(job->cache));
+}
+
+kvp_status kvpi_gather_check_scores(const kvpi_gather_job *job, kvp_error *err)
+{
+    size_t n = job->cache->batch_size * job_heads(job) * job_keys(job);
+    if (!job_fast(job)) {
+        return kvpi_check_finite(job->weights, n, KVP_NONFINITE_SCORE, "score", err);
+    }
+    const float *s = (const float *)(const void *)job->weights;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(s[i])) {
+            kvp_error e = kvpi_error_begin(KVP_NONFINITE_SCORE);
+            e.what = "score";
+            e.index = i;
+            e.value = (double)s[i];
+            return kvpi_error_emit(err, &e);
+        }
+    }
+    return KVP_OK;
+}
+
+void kvpi_gather_widen_weights(const kvpi_gather_job *job)
+{
+    if (!job_fast(job)) {
+        return;
+    }
+    size_t n = job->cache->batch_size * job_heads(job) * job_keys(job);
+    const float *w32 = (const float *)(const void *)job->weights;
+    /* Backwards: double i (bytes 8i..8i+7) covers only floats i and above, already read. */
+    for (size_t i = n; i-- > 0;) {
+        float w = w32[i];
+        job->weights[i] = (double)w;
+    }
+}
+
+int kvpi_gather_job_fast(const kvpi_gather_job *job)
+{
+    return job_fast(job);
 }
 
 void kvpi_gather_softmax_on(const kvpi_gather_job *job, const kvpi_parallel *par)

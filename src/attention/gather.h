@@ -72,7 +72,11 @@ typedef struct kvpi_gather_job {
     const double *values;     /* [B][H_kv][d_h]: the candidate values, likewise */
     double scale;             /* 1 / sqrt(d_h) for a layer */
     double *weights;          /* [B][H][keys]: scores, then the softmax in place; keys is
-                                 len + 1 with a candidate, len without (at least 1) */
+                                 len + 1 with a candidate, len without (at least 1).
+                                 At the fast level (kvpi_gather_job_fast) the phases keep
+                                 f32 scores in base 2 and f32 weights there instead, packed
+                                 [B][H][keys] floats from its start (docs/DESIGN.md,
+                                 Accumulation levels): half the buffer is used */
     double *outputs;          /* [B][H][d_h]: the head outputs */
     size_t heads;             /* H, query heads, a multiple of the cache's KV heads;
                                  0: the binding's heads */
@@ -108,6 +112,23 @@ size_t kvpi_gather_value_parts(const kvp_cache *cache);
 void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par);
 void kvpi_gather_softmax_on(const kvpi_gather_job *job, const kvpi_parallel *par);
 void kvpi_gather_values_on(const kvpi_gather_job *job, const kvpi_parallel *par);
+
+/* 1 if the job runs the fast level: its weights buffer then holds f32 (above). */
+int kvpi_gather_job_fast(const kvpi_gather_job *job);
+
+/*
+ * After the values phase: a fast job's f32 weights widened in place to the
+ * f64 [B][H][keys] layout (exact), so a ticket's result reads them as at the
+ * exact level. Nothing for an exact job.
+ */
+void kvpi_gather_widen_weights(const kvpi_gather_job *job);
+
+/*
+ * After the scores phase: KVP_OK if every score is finite, else
+ * KVP_NONFINITE_SCORE ("score", the first index and its value) in err. Reads
+ * the scores in the job's type (f32 at the fast level).
+ */
+kvp_status kvpi_gather_check_scores(const kvpi_gather_job *job, kvp_error *err);
 
 /*
  * The three phases in turn, without incremental.c's finite checks: what a

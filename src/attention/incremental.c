@@ -179,9 +179,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
                          const kvpi_parallel *par, kvp_error *err)
 {
     size_t batch = cache->batch_size;
-    size_t heads = layer->heads;
     size_t d = layer->model_width;
-    size_t keys = cache->len + 1;
     kvpi_gather_job job = {
         .cache = cache,
         .queries = t->query,
@@ -193,13 +191,13 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
         .accum = layer->accum,
     };
     kvpi_gather_scores_on(&job, par);
-    kvp_status status =
-        kvpi_check_finite(t->weights, batch * heads * keys, KVP_NONFINITE_SCORE, "score", err);
+    kvp_status status = kvpi_gather_check_scores(&job, err);
     if (status != KVP_OK) {
         return status;
     }
     kvpi_gather_softmax_on(&job, par);
     kvpi_gather_values_on(&job, par);
+    kvpi_gather_widen_weights(&job); /* the result's weights are f64 at both levels */
     /* [B, H, 1, d_h] is already the merged [B, 1, D] layout. */
     const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
     kvpi_project_rows(t->head_outputs, d, batch, w_output, d, d, t->output, d);

@@ -43,7 +43,8 @@
  * levels): the one place that fuses. f32 queries, weights and accumulators,
  * narrow rows widened to f32 (exact); a dot product is kvpi_fast_dot below
  * (sixteen fmaf lane sums, kvpi_fast_tree, an fmaf tail), an axpy is
- * acc = fmaf(w, v, acc) per element, rows in order. The vector levels use
+ * acc = fmaf(w, v, acc) per element, rows in order; the softmax is f32 in
+ * base 2 with our own exp2f (kvpi_softmax_fast_ref). The vector levels use
  * FMA instructions (explicit intrinsics; -ffp-contract=off still holds),
  * the portable level libm's correctly rounded fmaf: every level gives the
  * portable bits.
@@ -161,8 +162,8 @@ typedef struct kvpi_kernels {
     /*
      * The fast level (Fast accumulation, below) of the same two, for narrow
      * rows (kind != KVPI_ROWS_F64): q, w and acc are f32.
-     *   dot_group_fast:  out[h * out_stride + r] = (double)kvpi_fast_dot(q + h
-     *                    * n, row r, n) * scale (the product in f64).
+     *   dot_group_fast:  out[h * out_stride + r] = kvpi_fast_dot(q + h * n,
+     *                    row r, n), f32 (the caller folds the scale into q).
      *   axpy_group_fast: acc[h * acc_stride + f] = fmaf(w[h * w_stride + r],
      *                    row r [f], acc[..]) for rows r in order.
      * ahead: NULL, or rows laid out as `rows` (same stride, count and n) that
@@ -173,13 +174,15 @@ typedef struct kvpi_kernels {
      * which serializes memory and compute. Never read, never a result's bit.
      */
     void (*dot_group_fast)(kvpi_rows kind, const float *q, size_t g, const void *rows,
-                           size_t stride, size_t count, size_t n, double scale, double *out,
-                           size_t out_stride, const void *ahead);
+                           size_t stride, size_t count, size_t n, float *out, size_t out_stride,
+                           const void *ahead);
     void (*axpy_group_fast)(kvpi_rows kind, float *acc, size_t acc_stride, const float *w,
                             size_t w_stride, size_t g, const void *rows, size_t stride,
                             size_t count, size_t n, const void *ahead);
     /* kvpi_softmax (below), the bits of the portable level. */
     void (*softmax)(double *s, size_t n);
+    /* kvpi_softmax_fast_ref (below) in place on s[0..n): the portable level's bits. */
+    void (*softmax_fast)(float *s, size_t n);
 } kvpi_kernels;
 
 /* Bounds of every level's projection tile (kvpi_project_rows packs W slivers this wide). */
@@ -364,6 +367,88 @@ static inline float kvpi_fast_dot(const float *q, kvpi_rows kind, const void *ro
     return sum;
 }
 
+/*
+ * The fast level's 2^t for the softmax's domain, t <= 0 (or -inf), in f32,
+ * the same bits at every level: t' = max(t, -160); k = t' rounded to the
+ * nearest integer (ties to even, by adding and subtracting 1.5 * 2^23);
+ * r = t' - k (exact, |r| <= 1/2); p = a degree-6 polynomial in r by
+ * Horner's rule with fmaf (coefficients below, fitted for relative error,
+ * c0 = 1 so 2^0 = 1 exactly); then (p * 2^(k + 64)) * 2^-64: the first
+ * product exact (normal), the second exact unless the result is subnormal
+ * (one rounding; below about 2^-150 it is +0).
+ * Relative error of p against 2^r: at most 1.14 * 2^-24 (0.80 ulp), checked
+ * exhaustively over every f32 r in [-1/2, 1/2]; tests/test_kernels.c
+ * checks a grid. Only IEEE add, subtract, multiply and fused multiply-add.
+ */
+#define KVPI_EXP2F_MIN (-160.0f)
+#define KVPI_EXP2F_SHIFT 0x1.8p+23f
+#define KVPI_EXP2F_C1 0x1.62e43p-1f
+#define KVPI_EXP2F_C2 0x1.ebfbdcp-3f
+#define KVPI_EXP2F_C3 0x1.c6af7cp-5f
+#define KVPI_EXP2F_C4 0x1.3b2de0p-7f
+#define KVPI_EXP2F_C5 0x1.5f083p-10f
+#define KVPI_EXP2F_C6 0x1.416b6p-13f
+#define KVPI_EXP2F_DOWN 0x1p-64f
+/* log2(e), the factor the fast level folds into its queries (scores in base 2). */
+#define KVPI_LOG2E 0x1.71547652b82fep+0
+
+static inline float kvpi_exp2f(float t)
+{
+    float x = t < KVPI_EXP2F_MIN ? KVPI_EXP2F_MIN : t;
+    float k = (x + KVPI_EXP2F_SHIFT) - KVPI_EXP2F_SHIFT;
+    float r = x - k;
+    float p = KVPI_EXP2F_C6;
+    p = fmaf(p, r, KVPI_EXP2F_C5);
+    p = fmaf(p, r, KVPI_EXP2F_C4);
+    p = fmaf(p, r, KVPI_EXP2F_C3);
+    p = fmaf(p, r, KVPI_EXP2F_C2);
+    p = fmaf(p, r, KVPI_EXP2F_C1);
+    p = fmaf(p, r, 1.0f);
+    uint32_t bits = (uint32_t)((int32_t)k + 64 + 127) << 23; /* 2^(k + 64) */
+    float up;
+    memcpy(&up, &bits, sizeof up);
+    return (p * up) * KVPI_EXP2F_DOWN;
+}
+
+/*
+ * The fast level's softmax of n finite f32 scores in base 2, in place (n = 0: nothing)
+ * (docs/DESIGN.md, Accumulation levels): m = the maximum (exact in any
+ * order); e_i = kvpi_exp2f(s_i - m) (the difference rounded to f32); the sum
+ * of the e_i in kvpi_fast_dot's order with adds (sixteen lane sums over
+ * i = l mod 16 below 16 floor(n / 16), kvpi_fast_tree, then the tail added
+ * one by one); s_i = e_i / sum, one f32 divide each. Every level's
+ * softmax_fast gives these bits; this is the portable one's.
+ */
+static inline void kvpi_softmax_fast_ref(float *s, size_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    float m = s[0];
+    for (size_t i = 1; i < n; i++) {
+        m = s[i] > m ? s[i] : m;
+    }
+    float lanes[16];
+    for (int l = 0; l < 16; l++) {
+        lanes[l] = 0.0f;
+    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (size_t l = 0; l < 16; l++) {
+            s[i + l] = kvpi_exp2f(s[i + l] - m);
+            lanes[l] += s[i + l];
+        }
+    }
+    float sum = kvpi_fast_tree(lanes);
+    for (; i < n; i++) {
+        s[i] = kvpi_exp2f(s[i] - m);
+        sum += s[i];
+    }
+    for (i = 0; i < n; i++) {
+        s[i] /= sum;
+    }
+}
+
 /* The tree of the summation order above over eight lane sums. */
 static inline double kvpi_sum_tree(const double s[8])
 {
@@ -470,6 +555,12 @@ void kvpi_project_rows(const double *x, size_t x_stride, size_t rows, const doub
  * order (the active level's exp_sum). Requires finite input, n >= 1.
  */
 void kvpi_softmax(double *s, size_t n);
+
+/* kvpi_softmax_fast_ref through the active level (the same bits). */
+static inline void kvpi_softmax_fast(float *s, size_t n)
+{
+    kvpi_kernels_active()->softmax_fast(s, n);
+}
 
 /*
  * RoPE's frequency of pair i: theta_i = base^(-2i / width), the one formula

@@ -562,6 +562,28 @@ AVX2_AI void vf_storeu(float *p, VF x)
     _mm256_storeu_ps(p + 8, x.hi);
 }
 
+#define AVX2_VF2(name, op)                                                                  \
+    AVX2_AI VF name(VF a, VF b) { return (VF){op(a.lo, b.lo), op(a.hi, b.hi)}; }
+AVX2_VF2(vf_add, _mm256_add_ps)
+AVX2_VF2(vf_sub, _mm256_sub_ps)
+AVX2_VF2(vf_mul, _mm256_mul_ps)
+AVX2_VF2(vf_div, _mm256_div_ps)
+AVX2_VF2(vf_max, _mm256_max_ps)
+AVX2_AI float vf_hmax(VF a)
+{
+    __m256 m = _mm256_max_ps(a.lo, a.hi);
+    __m128 u = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    u = _mm_max_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_max_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+/* 2^(k + 64) for integral k in [-160, 0]: the biased exponent shifted into place. */
+AVX2_AI __m256 pow2_64_8(__m256 k)
+{
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(64 + 127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+AVX2_AI VF vf_pow2_64(VF k) { return (VF){pow2_64_8(k.lo), pow2_64_8(k.hi)}; }
+
 /* kvpi_fast_tree: lanes l + 8 (lo + hi), then l + 4, l + 2, l + 1. */
 AVX2_AI float vf_tree(VF s)
 {
@@ -658,5 +680,5 @@ const kvpi_kernels kvpi_kernels_avx2 = {
     KVPI_ISA_AVX2,  "avx2",    avx2_dot, avx2_dot_rows, avx2_axpy, avx2_axpy_rows,
     avx2_exps, avx2_exp_sum, avx2_dot_rows_f32, avx2_dot_rows_bf16, avx2_axpy_rows_f32,
     avx2_axpy_rows_bf16, avx2_project_tile, AVX2_MR, AVX2_NR, avx2_dot_group,
-    avx2_axpy_group, group_dot_fast, group_axpy_fast, group_softmax,
+    avx2_axpy_group, group_dot_fast, group_axpy_fast, group_softmax, group_softmax_fast,
 };

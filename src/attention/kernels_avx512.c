@@ -565,6 +565,18 @@ static inline __attribute__((always_inline)) VF vf_loadu(const float *p) { retur
 static inline __attribute__((always_inline)) VF vf_set1(float x) { return _mm512_set1_ps(x); }
 static inline __attribute__((always_inline)) VF vf_fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
 static inline __attribute__((always_inline)) void vf_storeu(float *p, VF x) { _mm512_storeu_ps(p, x); }
+static inline __attribute__((always_inline)) VF vf_add(VF a, VF b) { return _mm512_add_ps(a, b); }
+static inline __attribute__((always_inline)) VF vf_sub(VF a, VF b) { return _mm512_sub_ps(a, b); }
+static inline __attribute__((always_inline)) VF vf_mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+static inline __attribute__((always_inline)) VF vf_div(VF a, VF b) { return _mm512_div_ps(a, b); }
+static inline __attribute__((always_inline)) VF vf_max(VF a, VF b) { return _mm512_max_ps(a, b); }
+static inline __attribute__((always_inline)) float vf_hmax(VF a) { return _mm512_reduce_max_ps(a); }
+/* 2^(k + 64) for integral k in [-160, 0]: the biased exponent shifted into place. */
+static inline __attribute__((always_inline)) VF vf_pow2_64(VF k)
+{
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(64 + 127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
 
 /* kvpi_fast_tree: lanes l + 8, then l + 4, l + 2, l + 1. */
 static inline __attribute__((always_inline)) float vf_tree(VF s)
@@ -666,8 +678,7 @@ static inline __attribute__((always_inline)) __m512 trees16(const __m512 a[16])
 /* R rows from element `at` (stride apart) x G heads; n a multiple of 16. */
 static inline __attribute__((always_inline)) void
 fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at, size_t stride,
-            double scale, double *out, size_t out_stride, const void *ahead, const int R,
-            const int G)
+            float *out, size_t out_stride, const void *ahead, const int R, const int G)
 {
     __m512 a[16];
     _Pragma("GCC unroll 16")
@@ -687,12 +698,8 @@ fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t a
         }
     }
     __m512 t = trees16(a);
-    double d[16];
-    __m512d sc = _mm512_set1_pd(scale);
-    _mm512_storeu_pd(d, _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(t)), sc));
-    _mm512_storeu_pd(d + 8, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castpd_ps(
-                                              _mm512_extractf64x4_pd(_mm512_castps_pd(t), 1))),
-                                          sc));
+    float d[16];
+    _mm512_storeu_ps(d, t);
     for (int i = 0; i < 16; i++) {
         out[(size_t)(i % G) * out_stride + (size_t)(i / G)] = d[4 * (i % 4) + i / 4];
     }
@@ -701,43 +708,40 @@ fdot_tile16(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t a
 /* G heads (1, 2, 4 or 8) over rows in tiles of 16 / G, the rest one row at a time. */
 static inline __attribute__((always_inline)) void
 fdot_tiled(kvpi_rows kind, const float *q, const void *rows, size_t stride, size_t count,
-           size_t n, double scale, double *out, size_t out_stride, const void *ahead,
-           const int G)
+           size_t n, float *out, size_t out_stride, const void *ahead, const int G)
 {
     const int R = 16 / G;
     size_t r = 0;
     for (; r + (size_t)R <= count; r += (size_t)R) {
-        fdot_tile16(kind, q, n, rows, r * stride, stride, scale, out + r, out_stride, ahead, R,
-                    G);
+        fdot_tile16(kind, q, n, rows, r * stride, stride, out + r, out_stride, ahead, R, G);
     }
     size_t skip = r * stride * kvpi_rows_bytes(kind);
-    fdot_heads(kind, q, (const unsigned char *)rows + skip, stride, count - r, n, scale,
-               out + r, out_stride,
+    fdot_heads(kind, q, (const unsigned char *)rows + skip, stride, count - r, n, out + r,
+               out_stride,
                ahead != NULL ? (const unsigned char *)ahead + skip : NULL, G);
 }
 
 static inline __attribute__((always_inline)) void
 fdot_tiled_kind(kvpi_rows kind, const float *q, size_t g, const void *rows, size_t stride,
-                size_t count, size_t n, double scale, double *out, size_t out_stride,
-                const void *ahead)
+                size_t count, size_t n, float *out, size_t out_stride, const void *ahead)
 {
     size_t h = 0;
     while (h < g) {
         const float *qh = q + h * n;
-        double *oh = out + h * out_stride;
+        float *oh = out + h * out_stride;
         const void *ah = h == 0 ? ahead : NULL; /* the first tile reads from memory */
         size_t left = g - h;
         if (left >= 8) {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 8);
+            fdot_tiled(kind, qh, rows, stride, count, n, oh, out_stride, ah, 8);
             h += 8;
         } else if (left >= 4) {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 4);
+            fdot_tiled(kind, qh, rows, stride, count, n, oh, out_stride, ah, 4);
             h += 4;
         } else if (left >= 2) {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 2);
+            fdot_tiled(kind, qh, rows, stride, count, n, oh, out_stride, ah, 2);
             h += 2;
         } else {
-            fdot_tiled(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 1);
+            fdot_tiled(kind, qh, rows, stride, count, n, oh, out_stride, ah, 1);
             h += 1;
         }
     }
@@ -745,28 +749,28 @@ fdot_tiled_kind(kvpi_rows kind, const float *q, size_t g, const void *rows, size
 
 /* The fast scores: whole tiles of sixteen dots when n is a multiple of 16. */
 static void avx512_dot_group_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
-                                  size_t stride, size_t count, size_t n, double scale,
-                                  double *out, size_t out_stride, const void *ahead)
+                                  size_t stride, size_t count, size_t n, float *out,
+                                  size_t out_stride, const void *ahead)
 {
     if (n % 16 != 0) {
-        group_dot_fast(kind, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
+        group_dot_fast(kind, q, g, rows, stride, count, n, out, out_stride, ahead);
         return;
     }
     switch (kind) {
     case KVPI_ROWS_BF16:
-        fdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride,
+        fdot_tiled_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, out, out_stride,
                         ahead);
         return;
     case KVPI_ROWS_F16:
-        fdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride,
+        fdot_tiled_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, out, out_stride,
                         ahead);
         return;
     case KVPI_ROWS_E4M3:
-        fdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride,
+        fdot_tiled_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, out, out_stride,
                         ahead);
         return;
     default:
-        fdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride,
+        fdot_tiled_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, out, out_stride,
                         ahead);
         return;
     }
@@ -952,5 +956,5 @@ const kvpi_kernels kvpi_kernels_avx512 = {
     avx512_exps,     avx512_exp_sum, avx512_dot_rows_f32, avx512_dot_rows_bf16,
     avx512_axpy_rows_f32, avx512_axpy_rows_bf16, avx512_project_tile, AVX512_MR,
     AVX512_NR, avx512_dot_group, avx512_axpy_group, avx512_dot_group_fast, group_axpy_fast,
-    group_softmax,
+    group_softmax, group_softmax_fast,
 };

@@ -10,7 +10,9 @@
  *   vf_tree (kvpi_fast_tree's order), vf_rows(kind, rows, i) (16 to f32);
  *   GROUP_GMAX      the most heads one tile keeps (8 or 4),
  *   XCOLS(G), FCOLS(G)  vectors of columns an axpy tile keeps per head;
- *   level_max(s, n), level_exp_sum(s, n, shift), level_div(s, n, sum).
+ *   level_max(s, n), level_exp_sum(s, n, shift), level_div(s, n, sum);
+ *   vf_add/sub/mul/div/max (IEEE, lane by lane), vf_hmax (the largest lane),
+ *   vf_pow2_64(k)  2^(k + 64) per lane for integral k in [-160, 0].
  *
  * Exactness (kernels.h): a tile loads each widened chunk of a row once and
  * multiplies it into the G heads' own accumulators; every accumulator gets
@@ -217,10 +219,9 @@ GROUP_AI void xaxpy_kind(kvpi_rows kind, double *acc, size_t acc_stride, const d
 /* ---- the fast level ----------------------------------------------------------- */
 
 
-/* One row against G heads of q ([G][n], f32): kvpi_fast_dot each, times scale in f64. */
+/* One row against G heads of q ([G][n], f32, the scale folded in): kvpi_fast_dot each. */
 GROUP_AI void fdot_row(kvpi_rows kind, const float *q, size_t n, const void *rows, size_t at,
-                       double scale, double *out, size_t out_stride, const void *ahead,
-                       const int G)
+                       float *out, size_t out_stride, const void *ahead, const int G)
 {
     size_t n16 = n & ~(size_t)15;
     VF s[GROUP_GMAX];
@@ -242,42 +243,42 @@ GROUP_AI void fdot_row(kvpi_rows kind, const float *q, size_t n, const void *row
         for (size_t f = n16; f < n; f++) {
             sum = fmaf(q[(size_t)h * n + f], kvpi_rows_widen_f32(kind, rows, at + f), sum);
         }
-        out[(size_t)h * out_stride] = (double)sum * scale;
+        out[(size_t)h * out_stride] = sum;
     }
 }
 
 /* ahead: asked for as the rows are read (NULL: not). */
 GROUP_AI void fdot_heads(kvpi_rows kind, const float *q, const void *rows, size_t stride,
-                         size_t count, size_t n, double scale, double *out, size_t out_stride,
+                         size_t count, size_t n, float *out, size_t out_stride,
                          const void *ahead, const int G)
 {
     for (size_t r = 0; r < count; r++) {
-        fdot_row(kind, q, n, rows, r * stride, scale, out + r, out_stride, ahead, G);
+        fdot_row(kind, q, n, rows, r * stride, out + r, out_stride, ahead, G);
     }
 }
 
 /* The first tile of heads reads the rows from memory, so it alone asks for `ahead`. */
 GROUP_AI void fdot_kind(kvpi_rows kind, const float *q, size_t g, const void *rows,
-                        size_t stride, size_t count, size_t n, double scale, double *out,
-                        size_t out_stride, const void *ahead)
+                        size_t stride, size_t count, size_t n, float *out, size_t out_stride,
+                        const void *ahead)
 {
     size_t h = 0;
     while (h < g) {
         const float *qh = q + h * n;
-        double *oh = out + h * out_stride;
+        float *oh = out + h * out_stride;
         const void *ah = h == 0 ? ahead : NULL;
         size_t left = g - h;
         if (GROUP_GMAX >= 8 && left >= 8) {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 8);
+            fdot_heads(kind, qh, rows, stride, count, n, oh, out_stride, ah, 8);
             h += 8;
         } else if (left >= 4) {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 4);
+            fdot_heads(kind, qh, rows, stride, count, n, oh, out_stride, ah, 4);
             h += 4;
         } else if (left >= 2) {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 2);
+            fdot_heads(kind, qh, rows, stride, count, n, oh, out_stride, ah, 2);
             h += 2;
         } else {
-            fdot_heads(kind, qh, rows, stride, count, n, scale, oh, out_stride, ah, 1);
+            fdot_heads(kind, qh, rows, stride, count, n, oh, out_stride, ah, 1);
             h += 1;
         }
     }
@@ -431,21 +432,21 @@ static void group_axpy(kvpi_rows kind, double *acc, size_t acc_stride, const dou
 
 /* kind must be narrow (not F64): f64 pages are always exact. */
 static void group_dot_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
-                           size_t stride, size_t count, size_t n, double scale, double *out,
+                           size_t stride, size_t count, size_t n, float *out,
                            size_t out_stride, const void *ahead)
 {
     switch (kind) {
     case KVPI_ROWS_BF16:
-        fdot_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
+        fdot_kind(KVPI_ROWS_BF16, q, g, rows, stride, count, n, out, out_stride, ahead);
         return;
     case KVPI_ROWS_F16:
-        fdot_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
+        fdot_kind(KVPI_ROWS_F16, q, g, rows, stride, count, n, out, out_stride, ahead);
         return;
     case KVPI_ROWS_E4M3:
-        fdot_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
+        fdot_kind(KVPI_ROWS_E4M3, q, g, rows, stride, count, n, out, out_stride, ahead);
         return;
     default:
-        fdot_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, scale, out, out_stride, ahead);
+        fdot_kind(KVPI_ROWS_F32, q, g, rows, stride, count, n, out, out_stride, ahead);
         return;
     }
 }
@@ -480,6 +481,65 @@ static void group_softmax(double *s, size_t n)
     double max = level_max(s, n);
     double sum = level_exp_sum(s, n, max);
     level_div(s, n, sum);
+}
+
+/* kvpi_exp2f on sixteen lanes: the same operations, so each lane has its bits. */
+GROUP_AI VF vf_exp2(VF t)
+{
+    VF x = vf_max(t, vf_set1(KVPI_EXP2F_MIN));
+    VF k = vf_sub(vf_add(x, vf_set1(KVPI_EXP2F_SHIFT)), vf_set1(KVPI_EXP2F_SHIFT));
+    VF r = vf_sub(x, k);
+    VF p = vf_set1(KVPI_EXP2F_C6);
+    p = vf_fma(p, r, vf_set1(KVPI_EXP2F_C5));
+    p = vf_fma(p, r, vf_set1(KVPI_EXP2F_C4));
+    p = vf_fma(p, r, vf_set1(KVPI_EXP2F_C3));
+    p = vf_fma(p, r, vf_set1(KVPI_EXP2F_C2));
+    p = vf_fma(p, r, vf_set1(KVPI_EXP2F_C1));
+    p = vf_fma(p, r, vf_set1(1.0f));
+    return vf_mul(vf_mul(p, vf_pow2_64(k)), vf_set1(KVPI_EXP2F_DOWN));
+}
+
+/*
+ * kvpi_softmax_fast_ref: the maximum (exact: any order), the exps with the
+ * sum's sixteen lanes in one register (lane l takes i = l mod 16), its tree,
+ * the tail one by one, then a divide per element.
+ */
+static void group_softmax_fast(float *s, size_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    size_t n16 = n & ~(size_t)15;
+    float m = s[0];
+    if (n16 > 0) {
+        VF vm = vf_loadu(s);
+        for (size_t i = 16; i < n16; i += 16) {
+            vm = vf_max(vm, vf_loadu(s + i));
+        }
+        m = vf_hmax(vm);
+    }
+    for (size_t i = n16; i < n; i++) {
+        m = s[i] > m ? s[i] : m;
+    }
+    VF vmax = vf_set1(m);
+    VF lanes = vf_zero();
+    for (size_t i = 0; i < n16; i += 16) {
+        VF e = vf_exp2(vf_sub(vf_loadu(s + i), vmax));
+        vf_storeu(s + i, e);
+        lanes = vf_add(lanes, e);
+    }
+    float sum = vf_tree(lanes);
+    for (size_t i = n16; i < n; i++) {
+        s[i] = kvpi_exp2f(s[i] - m);
+        sum += s[i];
+    }
+    VF vs = vf_set1(sum);
+    for (size_t i = 0; i < n16; i += 16) {
+        vf_storeu(s + i, vf_div(vf_loadu(s + i), vs));
+    }
+    for (size_t i = n16; i < n; i++) {
+        s[i] /= sum;
+    }
 }
 
 #endif /* KVPAGER_ATTENTION_KERNELS_GROUP_H */

@@ -224,14 +224,13 @@ static void scalar_axpy_group(kvpi_rows kind, double *acc, size_t acc_stride, co
 
 /* The fast level's reference: kvpi_fast_dot and fmaf (libm's, correctly rounded). */
 static void scalar_dot_group_fast(kvpi_rows kind, const float *q, size_t g, const void *rows,
-                                  size_t stride, size_t count, size_t n, double scale,
-                                  double *out, size_t out_stride, const void *ahead)
+                                  size_t stride, size_t count, size_t n, float *out,
+                                  size_t out_stride, const void *ahead)
 {
     (void)ahead; /* a prefetch hint: the portable level has none */
     for (size_t h = 0; h < g; h++) {
         for (size_t r = 0; r < count; r++) {
-            out[h * out_stride + r] =
-                (double)kvpi_fast_dot(q + h * n, kind, rows, r * stride, n) * scale;
+            out[h * out_stride + r] = kvpi_fast_dot(q + h * n, kind, rows, r * stride, n);
         }
     }
 }
@@ -272,5 +271,5 @@ const kvpi_kernels kvpi_kernels_scalar = {
     scalar_axpy_rows, scalar_exps, scalar_exp_sum, scalar_dot_rows_f32, scalar_dot_rows_bf16,
     scalar_axpy_rows_f32, scalar_axpy_rows_bf16, scalar_project_tile, SCALAR_MR, SCALAR_NR,
     scalar_dot_group, scalar_axpy_group, scalar_dot_group_fast, scalar_axpy_group_fast,
-    scalar_softmax,
+    scalar_softmax, kvpi_softmax_fast_ref,
 };

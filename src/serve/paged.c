@@ -293,7 +293,6 @@ static kvp_status prepare_candidates(const kvp_paged_attention_args *a, const pa
 
 typedef struct paged_run {
     kvpi_gather_job job;
-    size_t scores;    /* B * H * keys */
     kvp_status status;
     kvp_error err;
 } paged_run;
@@ -303,8 +302,7 @@ static void paged_attend(void *ctx, const kvpi_parallel *par)
 {
     paged_run *run = ctx;
     kvpi_gather_scores_on(&run->job, par);
-    run->status = kvpi_check_finite(run->job.weights, run->scores, KVP_NONFINITE_SCORE, "score",
-                                    &run->err);
+    run->status = kvpi_gather_check_scores(&run->job, &run->err);
     if (run->status != KVP_OK) {
         return;
     }
@@ -344,7 +342,6 @@ kvp_status kvp_paged_attention(const kvp_paged_attention_args *args, kvp_decoder
                 .outputs = a.outputs,
                 .heads = s.heads,
                 .accum = a.accum},
-        .scores = s.batch * s.heads * s.keys,
         .status = KVP_OK,
     };
     if (a.io_dtype == KVP_F32) {
