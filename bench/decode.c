@@ -18,8 +18,10 @@
  * Usage: bench-decode [--dtype f64|f32|bf16|f16|fp8] [--heads 32] [--kv-heads 8]
  *        [--head-width 128] [--block 16] [--len 4096] [--repetitions 9]
  *        [--min-ns 200000000] [--phases] [--only read|read2|exact|fast|
- *        fast-scores|fast-softmax|fast-values] (that case alone: perf stat)
- * Exit status 0, 2 on usage errors or when the cache cannot be built.
+ *        fast-scores|fast-softmax|fast-values] (that case alone: perf stat);
+ *        --help, and --flag=value as well (bench/args.h).
+ * Exit status 0, 2 on usage errors (one line naming the flag and the value)
+ * or when the cache cannot be built.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -29,6 +31,7 @@
 
 #include "attention/gather.h"
 #include "attention/kernels.h"
+#include "args.h"
 #include "measure.h"
 #include "pager/cache_internal.h"
 
@@ -146,67 +149,45 @@ static void run_job(void *ctx, size_t iterations)
 static int parse(int argc, char **argv, decode_config *c)
 {
     *c = (decode_config){32, 8, 128, 16, 4096, 9, 200000000, KVP_BF16, 0, NULL};
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--phases") == 0) {
-            c->phases = 1;
-            continue;
-        }
-        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-            c->only = argv[++i];
-            size_t k = 0;
-            while (k < CASES && strcmp(c->only, case_names[k]) != 0) {
-                k++;
-            }
-            if (k == CASES) {
-                fprintf(stderr, "bench-decode: bad --only '%s' (read, read2, exact, fast, "
-                                "fast-scores, fast-softmax, fast-values)\n", c->only);
-                return 2;
-            }
-            continue;
-        }
-        if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
-            i++;
-            if (strcmp(argv[i], "f64") == 0) {
-                c->dtype = KVP_F64;
-            } else if (strcmp(argv[i], "f32") == 0) {
-                c->dtype = KVP_F32;
-            } else if (strcmp(argv[i], "bf16") == 0) {
-                c->dtype = KVP_BF16;
-            } else if (strcmp(argv[i], "f16") == 0) {
-                c->dtype = KVP_F16;
-            } else if (strcmp(argv[i], "fp8") == 0) {
-                c->dtype = KVP_FP8_E4M3;
-            } else {
-                fprintf(stderr, "bench-decode: bad --dtype '%s' (f64, f32, bf16, f16, fp8)\n",
-                        argv[i]);
-                return 2;
-            }
-            continue;
-        }
-        static const char *const names[] = {"--heads", "--kv-heads", "--head-width", "--block",
-                                            "--len", "--repetitions", "--min-ns"};
-        size_t *fields[] = {&c->heads, &c->kv_heads, &c->head_width, &c->block,
-                            &c->len,   &c->repetitions, &c->min_ns};
-        size_t *field = NULL;
-        for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
-            if (strcmp(argv[i], names[k]) == 0) {
-                field = fields[k];
-            }
-        }
-        char *end = NULL;
-        if (field == NULL || i + 1 >= argc || (*field = strtoull(argv[i + 1], &end, 10)) == 0 ||
-            *end != '\0') {
-            fprintf(stderr, "bench-decode: bad option '%s'%s%s\n", argv[i],
-                    i + 1 < argc ? " value " : "", i + 1 < argc ? argv[i + 1] : "");
-            return 2;
-        }
-        i++;
+    static const char *const dtype_names[] = {"f64", "f32", "bf16", "f16", "fp8", NULL};
+    static const kvp_dtype dtypes[] = {KVP_F64, KVP_F32, KVP_BF16, KVP_F16, KVP_FP8_E4M3};
+    const char *only_names[CASES + 1] = {NULL};
+    for (size_t k = 0; k < CASES; k++) {
+        only_names[k] = case_names[k];
     }
-    if (c->heads % c->kv_heads != 0 || c->head_width % 2 != 0) {
-        fprintf(stderr, "bench-decode: --kv-heads must divide --heads, --head-width be even\n");
-        return 2;
+    int dtype = 2; /* bf16 */
+    int only = -1;
+    bench_arg table[] = {
+        BENCH_CHOICE("--dtype", &dtype, dtype_names, "DTYPE", "the pages' dtype"),
+        BENCH_SIZE("--heads", &c->heads, 1, 4096, "N", "query heads"),
+        BENCH_SIZE("--kv-heads", &c->kv_heads, 1, 4096, "N", "KV heads, dividing --heads"),
+        BENCH_SIZE("--head-width", &c->head_width, 2, 65536, "N", "d_h, even"),
+        BENCH_SIZE("--block", &c->block, 1, 65536, "N", "block_tokens of the pool's pages"),
+        BENCH_SIZE("--len", &c->len, 1, (size_t)1 << 26, "N", "retained positions of the lane"),
+        BENCH_SIZE("--repetitions", &c->repetitions, 1, 1000000, "N", "alternating repetitions"),
+        BENCH_SIZE("--min-ns", &c->min_ns, 0, 1000000000000, "N",
+                   "each sample's minimum duration"),
+        BENCH_SWITCH("--phases", &c->phases, "also time the fast level's three phases apart"),
+        BENCH_CHOICE("--only", &only, only_names, "CASE",
+                     "time that case alone, for perf stat (default: every case)"),
+    };
+    bench_args args = BENCH_ARGS("bench-decode",
+                                 "One lane's decode attention at the exact and the fast level "
+                                 "against a\nplain read of the same pages, on one thread.",
+                                 table);
+    int parsed = bench_args_parse(&args, argc, argv);
+    if (parsed != BENCH_ARGS_RUN) {
+        return parsed;
     }
-    return 0;
+    c->dtype = dtypes[dtype];
+    c->only = only >= 0 ? case_names[only] : NULL;
+    if (c->heads % c->kv_heads != 0) {
+        return bench_args_refuse(&args, "--kv-heads", "a divisor of --heads %zu", c->heads);
+    }
+    if (c->head_width % 2 != 0) {
+        return bench_args_refuse(&args, "--head-width", "an even number");
+    }
+    return BENCH_ARGS_RUN;
 }
 
 /* One lane of len random rows in a shuffled pool. Returns 0, or -1. */
@@ -255,7 +236,7 @@ int main(int argc, char **argv)
 {
     decode_config c;
     int status = parse(argc, argv, &c);
-    if (status != 0) {
+    if (status != BENCH_ARGS_RUN) {
         return status;
     }
     kvp_pool *pool = NULL;

@@ -7,7 +7,6 @@
 #   on a switch) and values a check between flags refuses: exit 2, exactly
 #   one line on stderr naming the flag and the value, nothing on stdout;
 #   --flag=value: a tiny run that must succeed (exit 0).
-# bench-decode is not in this list yet: its flags are parsed on their own.
 set -u
 work=$1
 bin=$2
@@ -156,6 +155,17 @@ common $p
 refuse min_ns_above --min-ns "'1e13'" $p --min-ns 1e13
 refuse min_ns_hex --min-ns "'0x10'" $p --min-ns=0x10
 runs $p --repetitions=1 --min-ns=1
+
+p=bench-decode
+help $p --dtype --heads --kv-heads --head-width --block --len --repetitions --min-ns --phases --only
+common $p
+refuse dtype_unknown --dtype "'fp16'" $p --dtype fp16
+refuse only_unknown --only "'fast2'" $p --only=fast2
+refuse kv_heads_not_dividing --kv-heads "'3'" $p --kv-heads 3
+refuse head_width_odd --head-width "'33'" $p --head-width 33
+refuse phases_value --phases "'1'" $p --phases=1
+runs $p --dtype=fp8 --len=64 --heads=4 --kv-heads=2 --head-width=32 --block=16 \
+    --repetitions=1 --min-ns=1 --only=fast
 
 echo "check_bench_args: $rows bad inputs refused with exit 2 and one line;" \
     "--help and --flag=value ok"
