@@ -368,8 +368,8 @@ static const word_flag word_flags[] = {
     {FLAG_PROFILE, parse_profile, "not a profile (sharegpt, alpaca, uniform or conversation)"},
     {FLAG_ARRIVAL, parse_arrival, "not an arrival process (poisson, uniform or burst)"},
     {FLAG_SCHEDULE, parse_schedule, "not a schedule (fcfs or cache-aware)"},
-    {FLAG_TRACE, parse_trace, NULL},
-    {FLAG_PLOT, parse_plot, NULL},
+    {FLAG_TRACE, parse_trace, "never refused here (the file is read later)"},
+    {FLAG_PLOT, parse_plot, "never refused here (the file is written later)"},
 };
 
 /* Reads one flag's value; its syntax only (ranges are checked later). */
