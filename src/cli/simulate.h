@@ -26,6 +26,7 @@
 
 #include "cli.h"
 #include "sim.h"
+#include "trace_stats.h"
 #include "workload.h"
 
 /* The flags that take a value, in --help order. */
@@ -48,6 +49,8 @@
     X(ARRIVAL, "--arrival")                                                               \
     X(RATE, "--rate")                                                                     \
     X(TRACE, "--trace")                                                                   \
+    X(TRACE_FORMAT, "--trace-format")                                                     \
+    X(MS_PER_STEP, "--ms-per-step")                                                       \
     X(SHARED_PREFIX, "--shared-prefix")                                                   \
     X(SAMPLES, "--samples")                                                               \
     X(SCHEDULE, "--schedule")                                                             \
@@ -81,6 +84,23 @@ extern const char *const kvp_simulate_flag_names[FLAG_COUNT_];
 #define MAX_POOL_PAGES 4294967294u /* pages are named by 32-bit ids (kvpager/pool.h) */
 #define MAX_SAMPLES 256
 
+/* --ms-per-step's default: a Mooncake timestamp's milliseconds per scheduler step. */
+#define DEFAULT_MS_PER_STEP 25
+
+/*
+ * The reference figures of a trace with block ids (trace_stats.h), computed
+ * by the driver after the run: the ceiling, and an LRU of the blocks the
+ * pool's pages hold (kvp_trace_blocks_of_pages); workload_prompt_tokens is
+ * the sum of the requests' prompts, each once.
+ */
+typedef struct simulate_trace_figures {
+    int present; /* the workload carries block ids and the figures were computed */
+    kvp_trace_hits ceiling;
+    size_t lru_blocks;
+    kvp_trace_hits lru;
+    uint64_t workload_prompt_tokens;
+} simulate_trace_figures;
+
 typedef struct simulate_options {
     kvp_sim_config sim;
     kvp_workload_spec workload;
@@ -92,6 +112,9 @@ typedef struct simulate_options {
     int help;
     int allow_overcommit;
     int no_sharing;
+    int mooncake;        /* --trace-format mooncake (0: csv) */
+    size_t ms_per_step;  /* --ms-per-step */
+    simulate_trace_figures figures; /* filled by the driver after the run */
 } simulate_options;
 
 /* simulate_flags.c */

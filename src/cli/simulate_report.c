@@ -93,6 +93,54 @@ static void print_ratio(const char *label, double on, double off, int decimals)
     }
 }
 
+/* The first-admission hit rate: prefix hits over the workload's prompt tokens, each once. */
+static double first_admission_rate(const simulate_options *o, const kvp_sim_result *r)
+{
+    return ratio((double)r->first_hit_tokens, (double)o->figures.workload_prompt_tokens);
+}
+
+/* A trace with block ids: its ceiling, the same-capacity LRU, kvpager against the ceiling. */
+static void print_trace(const simulate_options *o, const kvp_sim_result *r)
+{
+    const simulate_trace_figures *f = &o->figures;
+    if (!f->present) {
+        return;
+    }
+    double ceiling = kvp_trace_token_rate(&f->ceiling);
+    printf("trace ceiling           %.1f%% of prompt tokens (%zu of %zu; %.1f%% of %zu block "
+           "references):\n"
+           "                        what a prefix cache that never forgets would hit\n",
+           100.0 * ceiling, f->ceiling.hit_tokens, f->ceiling.tokens,
+           100.0 * kvp_trace_rate(&f->ceiling), f->ceiling.references);
+    printf("same-capacity LRU       %.1f%% of prompt tokens (%.1f%% of blocks): an LRU of %zu "
+           "blocks of %d tokens,\n"
+           "                        what the pool's pages hold\n",
+           100.0 * kvp_trace_token_rate(&f->lru), 100.0 * kvp_trace_rate(&f->lru),
+           f->lru_blocks, KVP_MOONCAKE_BLOCK_TOKENS);
+    double rate = first_admission_rate(o, r);
+    printf("kvpager prefix hits     %.1f%% of prompt tokens (%llu of %llu, first admissions "
+           "only): %.1f%% of the ceiling\n",
+           100.0 * rate, (unsigned long long)r->first_hit_tokens,
+           (unsigned long long)f->workload_prompt_tokens, 100.0 * ratio(rate, ceiling));
+}
+
+/* The --json keys of print_trace (null without block ids). */
+static void json_trace(kvp_json *json, const simulate_options *o, const kvp_sim_result *r)
+{
+    const simulate_trace_figures *f = &o->figures;
+    int on = f->present;
+    double ceiling = on ? kvp_trace_token_rate(&f->ceiling) : NAN;
+    double rate = on ? first_admission_rate(o, r) : NAN;
+    kvp_json_double(json, "trace_ceiling_hit_rate", ceiling);
+    kvp_json_double(json, "trace_ceiling_block_hit_rate", on ? kvp_trace_rate(&f->ceiling) : NAN);
+    kvp_json_double(json, "trace_lru_blocks", on ? (double)f->lru_blocks : NAN);
+    kvp_json_double(json, "trace_lru_hit_rate", on ? kvp_trace_token_rate(&f->lru) : NAN);
+    kvp_json_double(json, "trace_lru_block_hit_rate", on ? kvp_trace_rate(&f->lru) : NAN);
+    kvp_json_uint(json, "first_admission_hit_tokens", r->first_hit_tokens);
+    kvp_json_double(json, "first_admission_hit_rate", rate);
+    kvp_json_double(json, "hit_rate_of_ceiling", on ? ratio(rate, ceiling) : NAN);
+}
+
 /* The sharing figures, the weight updates, verification and the run without sharing. */
 static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
                           const kvp_sim_result *off)
@@ -193,6 +241,7 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
     printf("internal fragmentation  %.2f%% of held slots\n", 100.0 * r->internal_fragmentation);
     printf("preemptions             %zu\n", r->preemptions);
     print_sharing(o, r, off);
+    print_trace(o, r);
     if (r->contiguous_baseline > 0) {
         printf("contiguous baseline     %zu sequences fit when each reserves its full capacity;\n"
                "                        paging held %zu at peak: %.2fx\n",
@@ -322,9 +371,12 @@ void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
     kvp_json_double(&json, "output_checksum", r->output_checksum);
     kvp_json_bool(&json, "targets_met", targets_met(r));
     json_sharing(&json, r, off);
+    json_trace(&json, o, r);
     kvp_json_object_begin(&json, "config");
     kvp_json_string(&json, "workload", o->trace ? o->trace : kvp_profile_name(o->workload.profile));
     kvp_json_string(&json, "arrival", o->trace ? "trace" : kvp_arrival_name(o->workload.arrival));
+    kvp_json_string(&json, "trace_format", o->trace ? (o->mooncake ? "mooncake" : "csv") : "none");
+    kvp_json_uint(&json, "ms_per_step", o->ms_per_step);
     kvp_json_double(&json, "rate", o->workload.rate);
     kvp_json_double(&json, "mean_prompt_tokens", mean_of(w, 1));
     kvp_json_double(&json, "mean_output_tokens", mean_of(w, 0));

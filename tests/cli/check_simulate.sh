@@ -249,12 +249,15 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "weight_updates", "stale_preemptions", "update_windows", "verified",
        "verify_mismatches", "verify_segments", "verify_skipped", "later_turns", "turn_gap_min",
        "session_keeps", "session_hits", "session_drops",
-       "sharing_concurrency_ratio", "no_sharing"}
+       "sharing_concurrency_ratio", "no_sharing",
+       "trace_ceiling_hit_rate", "trace_ceiling_block_hit_rate", "trace_lru_blocks",
+       "trace_lru_hit_rate", "trace_lru_block_hit_rate", "first_admission_hit_tokens",
+       "first_admission_hit_rate", "hit_rate_of_ceiling"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
           "budget_bytes", "kv_dtype", "accum", "capacity", "threads", "seed", "watermark",
           "reserve_tokens", "compute", "samples", "shared_prefix", "sharing", "schedule",
-          "update_weights_every", "verify_every", "session_ttl"}
+          "update_weights_every", "verify_every", "session_ttl", "trace_format", "ms_per_step"}
 assert set(r) == top, f"keys: missing {sorted(top - set(r))}, unexpected {sorted(set(r) - top)}"
 assert set(r["config"]) == config, \
     f"config keys: missing {sorted(config - set(r['config']))}, " \
@@ -380,6 +383,54 @@ for k in same:
 assert two["output_checksum"] == one["output_checksum"], "threads changed the outputs"
 print(f"check_simulate: conversation turns closed-loop, hit rate {two['prefix_hit_rate']:.2f}")
 PY
+
+# A Mooncake trace (--trace-format mooncake), made by hand. Three requests
+# 100 ms apart, 4 steps apart at the default 25 ms per step, so each has
+# finished before the next arrives:
+#   0: 1024 tokens, blocks [1, 2]      nothing cached;
+#   1:  700 tokens, blocks [1, 3]      block 1 (512 tokens) is request 0's;
+#   2: 1536 tokens, blocks [1, 2, 4]   blocks 1 and 2 (1024 tokens) are.
+# Ceiling: hits 512 + 1024 = 1536 of 1024 + 700 + 1536 = 3260 prompt tokens;
+# 3 of 7 block references. The pool (1 MiB of 2 KiB pages, 16 positions, one
+# layer) holds 512 x 16 / 512 = 16 blocks, more than the 5 distinct ones, so
+# the LRU equals the ceiling; so does kvpager, every block hitting. Without
+# --capacity the capacity is the longest request, 1536 + 1 = 1537.
+cat > "$work/tiny.jsonl" <<'JSONL'
+{"timestamp": 0, "input_length": 1024, "output_length": 2, "hash_ids": [1, 2]}
+{"timestamp": 100, "input_length": 700, "output_length": 2, "hash_ids": [1, 3]}
+{"timestamp": 200, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 4]}
+JSONL
+moon="--trace $work/tiny.jsonl --trace-format mooncake --layers 1 --model-width 8 --heads 1 \
+      --block-tokens 16 --budget 1MiB --quiet"
+"$@" simulate $moon --json > "$work/tiny.json"
+"$@" simulate $moon > "$work/tiny.txt"
+python3 - "$work/tiny.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+def exact(key, want, tolerance=1e-12):
+    assert abs(r[key] - want) <= tolerance, f"{key}: {r[key]}, by hand {want}"
+exact("trace_ceiling_hit_rate", 1536 / 3260)
+exact("trace_ceiling_block_hit_rate", 3 / 7)
+exact("trace_lru_blocks", 16)
+exact("trace_lru_hit_rate", 1536 / 3260)
+exact("first_admission_hit_tokens", 1536)
+exact("first_admission_hit_rate", 1536 / 3260)
+exact("hit_rate_of_ceiling", 1)
+exact("requests_completed", 3)
+assert r["config"]["capacity"] == 1537 and r["config"]["trace_format"] == "mooncake"
+assert r["config"]["ms_per_step"] == 25
+assert r["pages_leaked"] == 0 and r["audit_failures"] == 0
+PY
+grep -q '^trace ceiling           47.1% of prompt tokens (1536 of 3260; 42.9% of 7 block' \
+    "$work/tiny.txt" || fail "the report's trace ceiling line: $(grep ceiling "$work/tiny.txt")"
+grep -q '^kvpager prefix hits     47.1% of prompt tokens (1536 of 3260, first admissions only): 100.0% of the ceiling' \
+    "$work/tiny.txt" || fail "the report's kvpager hit line: $(grep 'prefix hits' "$work/tiny.txt")"
+grep -q '^same-capacity LRU       47.1% of prompt tokens (42.9% of blocks): an LRU of 16' \
+    "$work/tiny.txt" || fail "the report's LRU line: $(grep LRU "$work/tiny.txt")"
+# The same file read as CSV is refused: the format is never guessed.
+if "$@" simulate --trace "$work/tiny.jsonl" --quiet > /dev/null 2>&1; then
+    fail "a Mooncake file was read without --trace-format mooncake"
+fi
 
 # The sharegpt targets at the default budget. The schedule does not depend on
 # the attention arithmetic (checked above), so the allocator-only run shows
