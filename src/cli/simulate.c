@@ -238,10 +238,18 @@ static int report(const simulate_options *o, const kvp_workload *workload,
 {
     const kvp_sim_result *r = &runs->result;
     const kvp_sim_result *off = runs->compare ? &runs->off : NULL;
+    kvp_latency latency;
+    if (kvp_latency_compute(r, &latency) != 0) {
+        kvp_cli_report_oom("simulate", "the latency figures", r->requests * sizeof(double));
+        if (o->plot != NULL) {
+            kvp_plot_abandon(plot);
+        }
+        return KVP_CLI_USAGE;
+    }
     if (o->json) {
-        kvp_simulate_print_json(o, workload, r, off);
+        kvp_simulate_print_json(o, workload, r, off, &latency);
     } else {
-        kvp_simulate_print_report(o, workload, r, off);
+        kvp_simulate_print_report(o, workload, r, off, &latency);
     }
     int clean = r->audit_failures == 0 && r->pages_leaked == 0 &&
                 runs->off.audit_failures == 0 && runs->off.pages_leaked == 0;

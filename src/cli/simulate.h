@@ -25,6 +25,7 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "latency.h"
 #include "sim.h"
 #include "trace_stats.h"
 #include "workload.h"
@@ -149,8 +150,10 @@ void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page
 /* simulate_report.c: the outputs of a finished run (off: the run without sharing, or NULL). */
 
 void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
-                               const kvp_sim_result *r, const kvp_sim_result *off);
+                               const kvp_sim_result *r, const kvp_sim_result *off,
+                               const kvp_latency *latency);
 void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
-                             const kvp_sim_result *r, const kvp_sim_result *off);
+                             const kvp_sim_result *r, const kvp_sim_result *off,
+                             const kvp_latency *latency);
 
 #endif /* KVPAGER_CLI_SIMULATE_H */

@@ -12,9 +12,11 @@
  * Callers: simulate.c, once per finished run.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "json.h"
+#include "latency.h"
 #include "simulate.h"
 
 /* The level decode attention ran at: f64 pages are always exact. */
@@ -141,6 +143,71 @@ static void json_trace(kvp_json *json, const simulate_options *o, const kvp_sim_
     kvp_json_double(json, "hit_rate_of_ceiling", on ? ratio(rate, ceiling) : NAN);
 }
 
+/* The figures of the latency lines: label, --json key, unit (1: seconds), decimals. */
+typedef struct latency_row {
+    const char *label;
+    const char *key;
+    size_t offset; /* of its kvp_latency_stat in kvp_latency */
+    int seconds;
+    int decimals;
+} latency_row;
+
+#define LATENCY_ROW(label, field, seconds, decimals) \
+    {label, #field, offsetof(kvp_latency, field), seconds, decimals}
+
+static const latency_row latency_rows[] = {
+    LATENCY_ROW("queueing", queue_steps, 0, 0),
+    LATENCY_ROW("time to first token", ttft_steps, 0, 0),
+    LATENCY_ROW("time per output token", tpot_steps, 0, 2),
+    LATENCY_ROW("end to end", e2e_steps, 0, 0),
+    LATENCY_ROW("recomputed tokens", recomputed_tokens, 0, 0),
+    LATENCY_ROW("queueing", queue_seconds, 1, 4),
+    LATENCY_ROW("time to first token", ttft_seconds, 1, 4),
+    LATENCY_ROW("time per output token", tpot_seconds, 1, 4),
+    LATENCY_ROW("end to end", e2e_seconds, 1, 4),
+};
+#define LATENCY_ROWS (sizeof latency_rows / sizeof latency_rows[0])
+
+static const kvp_latency_stat *latency_stat(const kvp_latency *l, const latency_row *row)
+{
+    return (const kvp_latency_stat *)(const void *)((const char *)l + row->offset);
+}
+
+/* Per-request latency percentiles (latency.h); seconds only for a computed run. */
+static void print_latency(const simulate_options *o, const kvp_latency *l)
+{
+    printf("latency (nearest-rank p50 / p90 / p99 over %zu completed requests; steps%s)\n",
+           l->e2e_steps.count, o->sim.compute ? ", then seconds" : "");
+    for (size_t i = 0; i < LATENCY_ROWS; i++) {
+        const latency_row *row = &latency_rows[i];
+        if (row->seconds && !o->sim.compute) {
+            continue;
+        }
+        const kvp_latency_stat *st = latency_stat(l, row);
+        char unit[16];
+        snprintf(unit, sizeof unit, "%s", row->seconds ? " s" : i == 4 ? " tokens" : " steps");
+        printf("  %-22s%.*f / %.*f / %.*f%s\n", row->label, row->decimals, st->p50,
+               row->decimals, st->p90, row->decimals, st->p99, unit);
+    }
+}
+
+static void json_latency(kvp_json *json, const simulate_options *o, const kvp_latency *l)
+{
+    kvp_json_object_begin(json, "latency");
+    kvp_json_uint(json, "requests", l->e2e_steps.count);
+    for (size_t i = 0; i < LATENCY_ROWS; i++) {
+        const latency_row *row = &latency_rows[i];
+        const kvp_latency_stat *st = latency_stat(l, row);
+        int shown = !row->seconds || o->sim.compute;
+        kvp_json_object_begin(json, row->key);
+        kvp_json_double(json, "p50", shown ? st->p50 : NAN);
+        kvp_json_double(json, "p90", shown ? st->p90 : NAN);
+        kvp_json_double(json, "p99", shown ? st->p99 : NAN);
+        kvp_json_object_end(json);
+    }
+    kvp_json_object_end(json);
+}
+
 /* The sharing figures, the weight updates, verification and the run without sharing. */
 static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
                           const kvp_sim_result *off)
@@ -209,7 +276,8 @@ static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
 }
 
 void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
-                               const kvp_sim_result *r, const kvp_sim_result *off)
+                               const kvp_sim_result *r, const kvp_sim_result *off,
+                               const kvp_latency *latency)
 {
     const kvp_sim_config *c = &o->sim;
     char budget[32];
@@ -240,6 +308,7 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
            100.0 * r->mean_utilization);
     printf("internal fragmentation  %.2f%% of held slots\n", 100.0 * r->internal_fragmentation);
     printf("preemptions             %zu\n", r->preemptions);
+    print_latency(o, latency);
     print_sharing(o, r, off);
     print_trace(o, r);
     if (r->contiguous_baseline > 0) {
@@ -334,7 +403,8 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
 }
 
 void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
-                             const kvp_sim_result *r, const kvp_sim_result *off)
+                             const kvp_sim_result *r, const kvp_sim_result *off,
+                             const kvp_latency *latency)
 {
     const kvp_sim_config *c = &o->sim;
     kvp_json json;
@@ -372,6 +442,7 @@ void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
     kvp_json_bool(&json, "targets_met", targets_met(r));
     json_sharing(&json, r, off);
     json_trace(&json, o, r);
+    json_latency(&json, o, latency);
     kvp_json_object_begin(&json, "config");
     kvp_json_string(&json, "workload", o->trace ? o->trace : kvp_profile_name(o->workload.profile));
     kvp_json_string(&json, "arrival", o->trace ? "trace" : kvp_arrival_name(o->workload.arrival));

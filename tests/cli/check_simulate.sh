@@ -221,7 +221,23 @@ exact("mean_concurrent_sequences", 1)
 exact("page_acquires", 4); exact("page_releases", 4)
 exact("full_capacity_sequences", 2); exact("sequences_vs_f64", 1)
 assert r["targets_met"] is False  # fragmentation 30% and ratio 0.5 miss both targets
+# Latency (nearest rank over the one request): arrived, admitted and first token
+# in step 0, its 5th token in step 4: queue 0, TTFT 1, E2E 5, TPOT (5 - 1) / 4 = 1.
+lat = r["latency"]
+assert lat["requests"] == 1, lat
+for key, want in (("queue_steps", 0), ("ttft_steps", 1), ("e2e_steps", 5), ("tpot_steps", 1),
+                  ("recomputed_tokens", 0)):
+    assert lat[key] == {"p50": want, "p90": want, "p99": want}, (key, lat[key])
+seconds = ("queue_seconds", "ttft_seconds", "tpot_seconds", "e2e_seconds")
+if r["config"]["compute"]:
+    assert all(lat[k]["p50"] is not None and lat[k]["p50"] >= 0 for k in seconds), lat
+else:  # allocator only: no seconds
+    assert all(lat[k]["p50"] is None for k in seconds), lat
 PY
+    grep -qx '  queueing              0 / 0 / 0 steps' "$work/one$compute.txt" ||
+        fail "the report's queueing line: $(grep queueing "$work/one$compute.txt")"
+    grep -qx '  end to end            5 / 5 / 5 steps' "$work/one$compute.txt" ||
+        fail "the report's end-to-end line: $(grep 'end to end' "$work/one$compute.txt")"
     grep -qx 'internal fragmentation  29.69% of held slots' "$work/one$compute.txt" ||
         fail "the report's fragmentation is not 29.69%: $(grep fragmentation "$work/one$compute.txt")"
     grep -qx 'contiguous baseline     2 sequences fit when each reserves its full capacity;' \
@@ -252,7 +268,7 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "sharing_concurrency_ratio", "no_sharing",
        "trace_ceiling_hit_rate", "trace_ceiling_block_hit_rate", "trace_lru_blocks",
        "trace_lru_hit_rate", "trace_lru_block_hit_rate", "first_admission_hit_tokens",
-       "first_admission_hit_rate", "hit_rate_of_ceiling"}
+       "first_admission_hit_rate", "hit_rate_of_ceiling", "latency"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
           "budget_bytes", "kv_dtype", "accum", "capacity", "threads", "seed", "watermark",
