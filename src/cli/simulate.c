@@ -215,13 +215,14 @@ static int trace_figures(simulate_options *o, const kvp_workload *w, const kvp_s
 
 /* Step 4's end: the chart's title and closing; a write error exits 2. */
 static int finish_plot(const simulate_options *o, const kvp_workload *workload,
-                       const kvp_sim_result *result, kvp_plot *plot, int exit_code)
+                       const kvp_sim_result *result, const kvp_sim_result *off, kvp_plot *plot,
+                       int exit_code)
 {
     char title[160];
     snprintf(title, sizeof title, "kvpager simulate: %s, %zu requests, %zu pages",
              o->trace ? "trace" : kvp_profile_name(o->workload.profile), workload->count,
              result->total_pages);
-    int error = kvp_plot_finish(plot, result, title);
+    int error = kvp_plot_finish(plot, result, off, title);
     if (error != 0) {
         fprintf(stderr, "kvpager simulate: --plot %s: %s\n", o->plot, strerror(error));
         return KVP_CLI_USAGE;
@@ -254,7 +255,7 @@ static int report(const simulate_options *o, const kvp_workload *workload,
     int clean = r->audit_failures == 0 && r->pages_leaked == 0 &&
                 runs->off.audit_failures == 0 && runs->off.pages_leaked == 0;
     int exit_code = clean ? KVP_CLI_OK : KVP_CLI_FAILED;
-    return o->plot != NULL ? finish_plot(o, workload, r, plot, exit_code) : exit_code;
+    return o->plot != NULL ? finish_plot(o, workload, r, off, plot, exit_code) : exit_code;
 }
 
 int kvp_cli_simulate(int argc, char **argv)

@@ -25,6 +25,26 @@ static const char *accum_name(const kvp_sim_config *c)
     return c->accum == KVP_ACCUM_FAST && c->kv_dtype != KVP_F64 ? "fast" : "exact";
 }
 
+/* The workload's prompt tokens, each request's once (samples share a prompt). */
+static uint64_t workload_prompt_tokens(const kvp_workload *w)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < w->count; i++) {
+        sum += w->requests[i].prompt_tokens;
+    }
+    return sum;
+}
+
+/* Tokens prefilled again after preemption, over every request (kvp_request_result's). */
+static uint64_t recomputed_tokens(const kvp_sim_result *r)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; r->request_log != NULL && i < r->requests; i++) {
+        sum += r->request_log[i].recomputed_tokens;
+    }
+    return sum;
+}
+
 static double mean_of(const kvp_workload *w, int prompt)
 {
     double sum = 0.0;
@@ -213,8 +233,9 @@ static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
                           const kvp_sim_result *off)
 {
     const kvp_sim_config *c = &o->sim;
-    printf("sharing                 %s: prefix hits %llu of %llu prompt tokens (%.1f%%), "
-           "%llu forks\n",
+    printf("sharing                 %s: prefix hits %llu of %llu prompt tokens admitted "
+           "(%.1f%%;\n"
+           "                        recomputation included), %llu forks\n",
            c->sharing ? "on" : "off (--no-sharing)", (unsigned long long)r->prefix_hit_tokens,
            (unsigned long long)r->prompt_tokens, 100.0 * r->prefix_hit_rate,
            (unsigned long long)r->forks);
@@ -259,6 +280,9 @@ static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
                r->verify_segments, r->verify_skipped);
     }
     if (off != NULL) {
+        printf("comparison run          the same workload again without sharing (--no-sharing),\n"
+               "                        run after this one for the figures below: %.2f s\n",
+               off->seconds);
         printf("side by side            %-14s%-14sratio\n", "sharing", "--no-sharing");
         print_ratio("concurrent peak", (double)r->peak_concurrent,
                     (double)off->peak_concurrent, 0);
@@ -297,10 +321,21 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
            c->compute ? "" : ", allocator only");
     printf("requests completed      %zu of %zu (%zu rejected as never fitting)\n",
            r->requests_completed, r->requests, r->requests_rejected);
-    printf("tokens generated        %llu (plus %llu prompt tokens prefilled)\n",
-           (unsigned long long)r->tokens_generated, (unsigned long long)r->prefill_tokens);
-    printf("throughput              %.1f generated tokens/s over %.2f s\n", r->tokens_per_second,
-           r->seconds);
+    printf("tokens generated        %llu\n", (unsigned long long)r->tokens_generated);
+    printf("prompt tokens           %llu (the workload's, each request's once), %llu of them "
+           "adopted\n"
+           "                        from the prefix cache at first admission\n",
+           (unsigned long long)workload_prompt_tokens(w), (unsigned long long)r->first_hit_tokens);
+    printf("recomputed tokens       %llu (prefilled again after preemption)\n",
+           (unsigned long long)recomputed_tokens(r));
+    if (c->compute) {
+        printf("throughput              %.1f generated tokens/s over %.2f s\n",
+               r->tokens_per_second, r->seconds);
+    } else {
+        printf("throughput              %.1f steps/s over %.2f s (allocator only: no token is "
+               "computed)\n",
+               ratio((double)r->steps, r->seconds), r->seconds);
+    }
     printf("steps                   %zu\n", r->steps);
     printf("concurrent sequences    peak %zu, mean %.1f\n", r->peak_concurrent,
            r->mean_concurrent);
@@ -319,23 +354,23 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
         printf("contiguous baseline     0 sequences: one full-capacity reservation exceeds the "
                "budget\n");
     }
-    printf("kv dtype                %s, %zu bytes per element: the pages hold %zu full-capacity "
-           "sequences,\n"
-           "                        %zu in f64 pages of the same budget: %+lld (%.2fx)\n",
-           kvp_dtype_name(r->kv_dtype), r->element_bytes, r->full_sequences,
-           r->f64_full_sequences,
-           (long long)r->full_sequences - (long long)r->f64_full_sequences, dtype_gain(r));
+    if (r->kv_dtype == KVP_F64) {
+        printf("kv dtype                f64, 8 bytes per element: the pages hold %zu "
+               "full-capacity sequences\n",
+               r->full_sequences);
+    } else {
+        printf("kv dtype                %s, %zu bytes per element: the pages hold %zu "
+               "full-capacity sequences,\n"
+               "                        %zu in f64 pages of the same budget: %+lld (%.2fx)\n",
+               kvp_dtype_name(r->kv_dtype), r->element_bytes, r->full_sequences,
+               r->f64_full_sequences,
+               (long long)r->full_sequences - (long long)r->f64_full_sequences, dtype_gain(r));
+    }
     printf("final audit             %s: %zu of %zu audits failed, %zu pages leaked, "
            "acquires %llu, releases %llu\n",
            r->audit_failures == 0 && r->pages_leaked == 0 ? "ok" : "FAILED", r->audit_failures,
            r->audits, r->pages_leaked, (unsigned long long)r->acquires,
            (unsigned long long)r->releases);
-    if (o->trace == NULL && o->workload.profile == KVP_PROFILE_SHAREGPT) {
-        printf("sharegpt targets        concurrency ratio >= 3: %s, fragmentation < 5%%: %s, "
-               "no leaks: %s, clean audits: %s\n",
-               ratio_met(r) ? "yes" : "no", fragmentation_met(r) ? "yes" : "no",
-               r->pages_leaked == 0 ? "yes" : "no", r->audit_failures == 0 ? "yes" : "no");
-    }
 }
 
 /* The sharing keys of --json (print_sharing's figures). */
@@ -388,6 +423,7 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_uint(json, "tokens_generated", off->tokens_generated);
     kvp_json_uint(json, "prefill_tokens", off->prefill_tokens);
     kvp_json_double(json, "tokens_per_second", off->tokens_per_second);
+    kvp_json_double(json, "seconds", off->seconds);
     kvp_json_uint(json, "steps", off->steps);
     kvp_json_uint(json, "peak_concurrent_sequences", off->peak_concurrent);
     kvp_json_double(json, "mean_concurrent_sequences", off->mean_concurrent);
@@ -415,6 +451,9 @@ void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
     kvp_json_uint(&json, "requests_rejected", r->requests_rejected);
     kvp_json_uint(&json, "tokens_generated", r->tokens_generated);
     kvp_json_uint(&json, "prefill_tokens", r->prefill_tokens);
+    kvp_json_uint(&json, "workload_prompt_tokens", workload_prompt_tokens(w));
+    kvp_json_uint(&json, "recomputed_tokens", recomputed_tokens(r));
+    kvp_json_double(&json, "steps_per_second", ratio((double)r->steps, r->seconds));
     kvp_json_double(&json, "tokens_per_second", r->tokens_per_second);
     kvp_json_double(&json, "seconds", r->seconds);
     kvp_json_uint(&json, "steps", r->steps);

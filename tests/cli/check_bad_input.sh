@@ -270,8 +270,9 @@ $S --layers 1000 --no-compute --quiet --json > "$work/none.json" || fail "--laye
 [ "$(json_get "$work/none.json" requests_completed)" = 0 ] || fail "--layers 1000 completed requests"
 [ "$(json_get "$work/none.json" targets_met)" = False ] || fail "0 completed yet targets met"
 $S --layers 1000 --no-compute --quiet > "$work/none.txt" || fail "--layers 1000 failed"
-grep -q 'concurrency ratio >= 3: no, fragmentation < 5%: no' "$work/none.txt" \
-    || fail "0 completed yet the report says the targets hold: $(grep targets "$work/none.txt")"
+if grep -q 'targets' "$work/none.txt"; then
+    fail "the report still prints the internal targets line: $(grep targets "$work/none.txt")"
+fi
 
 # --help documents every option with its default, and exits 0.
 $S --help > "$work/help.txt" || fail "simulate --help failed"

@@ -9,7 +9,7 @@
 #          outputs, trace files (good ones run; bad ones are refused with
 #          line, column and value, and run nothing), a one-row trace's
 #          figures against values computed by hand, the exact --json key
-#          set, the targets line, the SVG plot, and the sharegpt targets at
+#          set, the labels (what each line counts), the SVG plot, the sharegpt targets at
 #          the default budget, and conversations' closed-loop turns.
 #   quick  one small simulation with real attention on two threads.
 set -eu
@@ -254,6 +254,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 top = {"requests", "requests_completed", "requests_rejected", "tokens_generated",
        "prefill_tokens", "tokens_per_second", "seconds", "steps", "peak_concurrent_sequences",
+       "workload_prompt_tokens", "recomputed_tokens", "steps_per_second",
        "mean_concurrent_sequences", "contiguous_baseline_sequences", "concurrency_ratio",
        "peak_pool_utilization", "mean_pool_utilization", "internal_fragmentation",
        "preemptions", "pages_leaked", "audit_failures", "audits", "page_acquires",
@@ -286,23 +287,66 @@ assert r["audits"] >= 1 and r["seconds"] >= 0.0
 print("check_simulate: a one-row trace matches its hand-computed figures; the JSON keys are exact")
 PY
 
-# The sharegpt targets line says yes or no from the figures themselves: a run
-# with a ratio of 1.5 and 18% fragmentation misses both.
-tgt="--requests 12 --no-compute --quiet --block-tokens 256"
-"$@" simulate $tgt --json > "$work/targets.json"
-"$@" simulate $tgt > "$work/targets.txt"
-expected=$(python3 - "$work/targets.json" <<'PY'
+# Labels that say what they count (issue 19, section 5). A tight pool, so
+# requests are preempted and recomputed:
+#   - no "targets" line (internal goals; targets_met stays in --json);
+#   (no request is rejected, so every prompt is admitted once at least)
+#   - "tokens generated" alone; "prompt tokens": the workload's prompts, each
+#     once; "recomputed tokens": prefilled again after preemption. With one
+#     sample, prefill = prompts - first-admission hits + recomputed, exactly;
+#   - an allocator-only run's throughput is in steps/s, not generated tokens/s;
+#   - an f64 run's kv dtype line has no "+0 (1.00x)" against itself.
+lab="--requests 30 --prompt-mean 40 --output-mean 30 --capacity 256 --budget 768KiB --quiet"
+"$@" simulate $lab --no-compute --json > "$work/labels.json"
+"$@" simulate $lab --no-compute > "$work/labels.txt"
+expected=$(python3 - "$work/labels.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert 0.5 < r["concurrency_ratio"] < 3.0 and 0.05 < r["internal_fragmentation"] < 0.5, r
-yes = lambda b: "yes" if b else "no"
-print(f"sharegpt targets        concurrency ratio >= 3: {yes(r['concurrency_ratio'] >= 3)}, "
-      f"fragmentation < 5%: {yes(r['internal_fragmentation'] < 0.05)}, "
-      f"no leaks: {yes(r['pages_leaked'] == 0)}, clean audits: {yes(r['audit_failures'] == 0)}")
+assert r["preemptions"] > 0 and r["recomputed_tokens"] > 0 and r["requests_rejected"] == 0, r
+assert r["prefill_tokens"] == (r["workload_prompt_tokens"] - r["first_admission_hit_tokens"]
+                               + r["recomputed_tokens"]), r
+assert r["steps_per_second"] > 0
+print(f"tokens generated        {r['tokens_generated']}")
+print(f"prompt tokens           {r['workload_prompt_tokens']} (the workload's, each request's "
+      f"once), {r['first_admission_hit_tokens']} of them adopted")
+print(f"recomputed tokens       {r['recomputed_tokens']} (prefilled again after preemption)")
 PY
 )
-grep -qxF "$expected" "$work/targets.txt" ||
-    fail "expected '$expected', got '$(grep 'sharegpt targets' "$work/targets.txt")'"
+printf '%s\n' "$expected" | while IFS= read -r line; do
+    grep -qxF "$line" "$work/labels.txt" || fail "the report lacks '$line'"
+done
+if grep -q 'targets' "$work/labels.txt"; then
+    fail "the report still prints the internal targets line"
+fi
+grep -q '^throughput              [0-9.]* steps/s over' "$work/labels.txt" ||
+    fail "an allocator-only run's throughput is not in steps/s: $(grep throughput "$work/labels.txt")"
+if grep -q 'generated tokens/s' "$work/labels.txt"; then
+    fail "an allocator-only run reports generated tokens/s"
+fi
+grep -qx 'kv dtype                f64, 8 bytes per element: the pages hold [0-9]* full-capacity sequences' \
+    "$work/labels.txt" || fail "the f64 dtype line: $(grep -A1 'kv dtype' "$work/labels.txt")"
+if grep -q '(1.00x)' "$work/labels.txt"; then
+    fail "the f64 run compares f64 with itself"
+fi
+# A computed run keeps generated tokens/s.
+"$@" simulate --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet \
+    > "$work/labels-compute.txt"
+grep -q '^throughput              [0-9.]* generated tokens/s over' "$work/labels-compute.txt" ||
+    fail "a computed run's throughput: $(grep throughput "$work/labels-compute.txt")"
+# A sharing workload's comparison run is announced in the report, with its time,
+# and its seconds are in --json.
+cmp_="--requests 6 --prompt-mean 12 --output-mean 8 --capacity 64 --samples 2 --no-compute --quiet"
+"$@" simulate $cmp_ > "$work/compare.txt"
+"$@" simulate $cmp_ --json > "$work/compare.json"
+grep -qx 'comparison run          the same workload again without sharing (--no-sharing),' \
+    "$work/compare.txt" || fail "the comparison run is not announced"
+grep -q '^                        run after this one for the figures below: [0-9.]* s$' \
+    "$work/compare.txt" || fail "the comparison run's time is not reported"
+python3 - "$work/compare.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["no_sharing"]["seconds"] >= 0, r["no_sharing"]
+PY
 
 # Bad traces: a clear error with line, column and value, and nothing runs.
 while IFS='|' read -r content expected; do
