@@ -392,9 +392,9 @@ static const word_flag word_flags[] = {
     {FLAG_PROFILE, parse_profile, "not a profile (sharegpt, alpaca, uniform or conversation)"},
     {FLAG_ARRIVAL, parse_arrival, "not an arrival process (poisson, uniform or burst)"},
     {FLAG_SCHEDULE, parse_schedule, "not a schedule (fcfs or cache-aware)"},
-    {FLAG_TRACE, parse_trace, NULL},
+    {FLAG_TRACE, parse_trace, "not a file name"}, /* never refused here */
     {FLAG_TRACE_FORMAT, parse_trace_format, "not a trace format (csv or mooncake)"},
-    {FLAG_PLOT, parse_plot, NULL},
+    {FLAG_PLOT, parse_plot, "not a file name"},   /* never refused here */
 };
 
 /* Reads one flag's value; its syntax only (ranges are checked later). */
