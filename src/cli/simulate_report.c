@@ -196,12 +196,15 @@ static const kvp_latency_stat *latency_stat(const kvp_latency *l, const latency_
 /* Per-request latency percentiles (latency.h); seconds only for a computed run. */
 static void print_latency(const simulate_options *o, const kvp_latency *l)
 {
-    printf("latency (nearest-rank p50 / p90 / p99 over %zu completed requests; steps%s)\n",
-           l->e2e_steps.count, o->sim.compute ? ", then seconds" : "");
+    printf("latency in steps        p50 / p90 / p99 (nearest rank) over %zu completed requests\n",
+           l->e2e_steps.count);
     for (size_t i = 0; i < LATENCY_ROWS; i++) {
         const latency_row *row = &latency_rows[i];
         if (row->seconds && !o->sim.compute) {
             continue;
+        }
+        if (row->seconds && !latency_rows[i - 1].seconds) {
+            printf("latency in seconds      p50 / p90 / p99, from the steps' timestamps\n");
         }
         const kvp_latency_stat *st = latency_stat(l, row);
         char unit[16];
