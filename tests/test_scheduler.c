@@ -401,6 +401,7 @@ static void run_five(size_t pages, size_t threads, int prompt_rows, size_t *pree
     size_t seen = 0;
     uint64_t tokens = 0;
     size_t preempted = 0;
+    size_t recomputed = 0;
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(done[i].status, KVP_OK);
         assert_false(done[i].rejected);
@@ -409,6 +410,15 @@ static void run_five(size_t pages, size_t threads, int prompt_rows, size_t *pree
         assert_int_equal(done[i].tokens_generated, lengths[done[i].id][1]);
         tokens += done[i].tokens_generated;
         preempted += done[i].preemptions;
+        /* Each request's schedule: admitted 1 + preemptions times; no prefix is shared, so
+         * the first admission adopts nothing and every later one recomputes. */
+        assert_int_equal(done[i].admissions, 1 + done[i].preemptions);
+        assert_int_equal(done[i].first_hit_tokens, 0);
+        assert_true(done[i].preemptions > 0 || done[i].recomputed_tokens == 0);
+        assert_true(done[i].preemptions == 0 || done[i].recomputed_tokens > 0);
+        recomputed += done[i].recomputed_tokens;
+        assert_true(done[i].admitted_step <= done[i].first_token_step);
+        assert_true(done[i].first_token_step <= done[i].finished_step);
     }
     assert_int_equal(seen, 0x1f);
     kvp_scheduler_stats s = stats_of(&f);
@@ -421,6 +431,8 @@ static void run_five(size_t pages, size_t threads, int prompt_rows, size_t *pree
     /* Prefill tokens: every prompt once, plus each recomputation's prompt and output so far. */
     assert_true(s.prefill_tokens >= 5 + 12 + 1 + 8 + 3);
     assert_true(s.preemptions > 0 || s.prefill_tokens == 5 + 12 + 1 + 8 + 3);
+    /* The requests' recomputed tokens are exactly the prefill beyond every prompt once. */
+    assert_int_equal(s.prefill_tokens, 5 + 12 + 1 + 8 + 3 + recomputed);
     for (size_t i = 0; i < 5; i++) {
         assert_outputs_exact(&b, i, lengths[i][0], lengths[i][1]);
     }
@@ -1104,6 +1116,17 @@ static void test_scheduler_shared_prefixes_hit_the_index(void **state)
         }
         kvp_request_result done[8];
         assert_int_equal(collect_all(&f, done, 8), 5);
+        for (size_t k = 0; k < 5; k++) {
+            /* Request i was admitted alone in step i, with its hits; it decoded its first
+             * token in that step and its 3 tokens in steps i .. i + 2. */
+            uint64_t i = done[k].id;
+            assert_int_equal(done[k].admissions, 1);
+            assert_int_equal(done[k].first_hit_tokens, sharing ? hits[i] : 0);
+            assert_int_equal(done[k].recomputed_tokens, 0);
+            assert_int_equal(done[k].admitted_step, i);
+            assert_int_equal(done[k].first_token_step, i);
+            assert_int_equal(done[k].finished_step, i + 2);
+        }
         teardown_fixture(&f);
     }
 }

@@ -258,6 +258,15 @@ typedef struct kvp_request_result {
     int rejected;        /* 1: its whole length can never fit the pool; nothing was run */
     kvp_status status;   /* KVP_OK, or why its prefill or a decode step failed */
     kvp_error error;     /* the failure's detail when status is not KVP_OK */
+    /* first release ends here; the steps below count kvp_scheduler_step calls from 0
+       (kvp_scheduler_stats.steps when the step began) */
+    size_t admissions;        /* times admitted: 1 + re-admissions after preemption; 0: never */
+    size_t first_hit_tokens;  /* prompt tokens adopted from the prefix index at its first
+                                 admission (later admissions' hits not counted) */
+    size_t recomputed_tokens; /* tokens prefilled again at its re-admissions after preemption */
+    uint64_t admitted_step;   /* the step of its first admission (0 when never admitted) */
+    uint64_t first_token_step; /* the step that decoded its first token (0 when none) */
+    uint64_t finished_step;   /* the step it finished or was rejected in */
 } kvp_request_result;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.

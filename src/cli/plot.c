@@ -71,12 +71,18 @@ static double sample_value(const kvp_sim_result *r, size_t i, int which)
     }
 }
 
+/* A series' polyline; the run without sharing (dashed) gets class "<name>-no-sharing". */
 static void series(FILE *out, const kvp_sim_result *r, int which, axis x, axis y,
-                   const char *color)
+                   const char *color, int dashed)
 {
+    static const char *const classes[] = {"held", "running", "cached", "evictable"};
     size_t steps = r->steps;
     size_t buckets = steps < MAX_POINTS ? steps : MAX_POINTS;
-    fprintf(out, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+    fprintf(out,
+            "<polyline class=\"series-%s%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"%s "
+            "points=\"",
+            classes[which], dashed ? "-no-sharing" : "", color,
+            dashed ? " stroke-dasharray=\"5 3\" stroke-opacity=\"0.7\"" : "");
     for (size_t b = 0; b < buckets; b++) {
         size_t first = b * steps / buckets;
         size_t last = (b + 1) * steps / buckets;
@@ -187,18 +193,51 @@ int kvp_plot_open(kvp_plot *plot, const char *path)
     return 0;
 }
 
-int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const char *title)
+/* The largest pages and running sequences of a run's steps, into *pages and *running. */
+static void maxima(const kvp_sim_result *r, double *pages, double *running)
+{
+    for (size_t i = 0; i < r->steps; i++) {
+        *pages = r->samples[i].held_pages > *pages ? r->samples[i].held_pages : *pages;
+        *pages = r->samples[i].cached_pages > *pages ? r->samples[i].cached_pages : *pages;
+        *running = r->samples[i].running > *running ? r->samples[i].running : *running;
+    }
+}
+
+/* The legend, above the plot's top: each series' color and name, dashed for the
+ * run without sharing. */
+static void legend(FILE *out, int with_off)
+{
+    static const char *const names[] = {"held", "cached (held or evictable)", "evictable",
+                                        "running sequences (right)", "dashed: --no-sharing run"};
+    static const char *const colors[] = {"#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#555"};
+    double lx = LEFT;
+    const double ly = TOP - 8.0;
+    for (size_t i = 0; i < 4 + (size_t)with_off; i++) {
+        double wide = 44.0 + 6.5 * (double)strlen(names[i]); /* one row: 792 of 800 wide */
+        fprintf(out,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                "stroke-width=\"2\"%s/>\n"
+                "<text class=\"legend\" x=\"%.1f\" y=\"%.1f\" font-size=\"12\" "
+                "fill=\"%s\">%s</text>\n",
+                lx, ly, lx + 16.0, ly, colors[i], i == 4 ? " stroke-dasharray=\"5 3\"" : "",
+                lx + 20.0, ly + 4.0, colors[i], names[i]);
+        lx += wide;
+    }
+}
+
+int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const kvp_sim_result *off,
+                    const char *title)
 {
     FILE *out = plot->out;
     double max_pages = (double)r->total_pages;
     double max_running = 1.0;
-    for (size_t i = 0; i < r->steps; i++) {
-        max_pages = r->samples[i].held_pages > max_pages ? r->samples[i].held_pages : max_pages;
-        max_pages = r->samples[i].cached_pages > max_pages ? r->samples[i].cached_pages
-                                                           : max_pages;
-        max_running = r->samples[i].running > max_running ? r->samples[i].running : max_running;
+    maxima(r, &max_pages, &max_running);
+    size_t steps = r->steps;
+    if (off != NULL) {
+        maxima(off, &max_pages, &max_running);
+        steps = off->steps > steps ? off->steps : steps;
     }
-    axis x = axis_for(r->steps > 1 ? (double)(r->steps - 1) : 1.0);
+    axis x = axis_for(steps > 1 ? (double)(steps - 1) : 1.0);
     axis pages = axis_for(max_pages > 1.0 ? max_pages : 1.0);
     axis running = axis_for(max_running);
     write_title(out, title);
@@ -216,29 +255,28 @@ int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *r, const char *title)
                 "stroke-dasharray=\"6 4\"/>\n",
                 LEFT, y, WIDTH - RIGHT, y);
     }
+    if (off != NULL && off->steps > 0) {
+        series(out, off, SERIES_HELD, x, pages, "#1f77b4", 1);
+        series(out, off, SERIES_RUNNING, x, running, "#d62728", 1);
+    }
     if (r->steps > 0) {
-        series(out, r, SERIES_HELD, x, pages, "#1f77b4");
-        series(out, r, SERIES_CACHED, x, pages, "#2ca02c");
-        series(out, r, SERIES_EVICTABLE, x, pages, "#ff7f0e");
-        series(out, r, SERIES_RUNNING, x, running, "#d62728");
+        series(out, r, SERIES_HELD, x, pages, "#1f77b4", 0);
+        series(out, r, SERIES_CACHED, x, pages, "#2ca02c", 0);
+        series(out, r, SERIES_EVICTABLE, x, pages, "#ff7f0e", 0);
+        series(out, r, SERIES_RUNNING, x, running, "#d62728", 0);
     }
-    /* The legend of the pages series, above the plot's top right corner. */
-    static const char *const names[] = {"held", "cached (held or evictable)", "evictable"};
-    static const char *const colors[] = {"#1f77b4", "#2ca02c", "#ff7f0e"};
-    double lx = LEFT;
-    for (size_t i = 0; i < 3; i++) {
+    legend(out, off != NULL);
+    if (off != NULL) {
         fprintf(out,
-                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
-                "stroke-width=\"2\"/>\n"
-                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" fill=\"%s\">%s</text>\n",
-                lx, TOP - 8.0, lx + 16.0, TOP - 8.0, colors[i], lx + 20.0, TOP - 4.0, colors[i],
-                names[i]);
-        lx += 44.0 + 7.0 * (double)strlen(names[i]);
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">scheduler "
+                "step (%zu steps; --no-sharing: %zu)</text>\n",
+                LEFT + PLOT_W / 2.0, HEIGHT - 18.0, r->steps, off->steps);
+    } else {
+        fprintf(out,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">scheduler "
+                "step (%zu steps)</text>\n",
+                LEFT + PLOT_W / 2.0, HEIGHT - 18.0, r->steps);
     }
-    fprintf(out,
-            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">scheduler step "
-            "(%zu steps)</text>\n",
-            LEFT + PLOT_W / 2.0, HEIGHT - 18.0, r->steps);
     fprintf(out,
             "<text x=\"18\" y=\"%.1f\" font-size=\"13\" fill=\"#1f77b4\" "
             "transform=\"rotate(-90 18 %.1f)\" text-anchor=\"middle\">pages (dashed: "

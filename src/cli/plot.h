@@ -1,8 +1,10 @@
 /*
  * plot.h: an SVG chart of a simulation, drawn by the program itself: pages
  * in use, cached pages (the prefix index's, held or evictable) and evictable
- * pages (left axis, with a legend) and running sequences (right axis) over
- * the scheduler steps (x axis). Every axis is labelled at round steps (1, 2 or 5 x 10^k,
+ * pages (left axis) and running sequences (right axis) over the scheduler
+ * steps (x axis), with a legend naming every series; a sharing workload's
+ * run without sharing is drawn too, dashed (its held pages and running
+ * sequences). Every axis is labelled at round steps (1, 2 or 5 x 10^k,
  * never below 1, since all three count whole things), from 0 to the first
  * such multiple at or above the axis's largest value. Tick labels carry
  * class="tick-x", "tick-left" or "tick-right" so tests can read them.
@@ -35,8 +37,14 @@ typedef struct kvp_plot {
  */
 int kvp_plot_open(kvp_plot *plot, const char *path);
 
-/* Writes the chart and closes the file: 0, or an errno value (the file is closed either way). */
-int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *result, const char *title);
+/*
+ * Writes the chart and closes the file: 0, or an errno value (the file is
+ * closed either way). `off`, when not NULL, is the run without sharing of
+ * the same workload: its held pages and running sequences are drawn dashed
+ * on the same axes (which then cover both runs), and the legend says so.
+ */
+int kvp_plot_finish(kvp_plot *plot, const kvp_sim_result *result, const kvp_sim_result *off,
+                    const char *title);
 
 /*
  * Writes the SVG's closing tag and closes the file: 0, or an errno value (the

@@ -73,6 +73,8 @@ void kvp_sim_config_init(kvp_sim_config *config)
 
 /* The stream every request's shared prefix is drawn from (no request index reaches it). */
 #define SHARED_STREAM UINT64_MAX
+/* Mixed into the seed for a trace's prompt blocks, whose ids are their streams. */
+#define BLOCK_SALT 0xA5C3E1F00F1E3C5Aull
 
 typedef struct sim {
     const kvp_sim_config *config;
@@ -104,6 +106,7 @@ typedef struct sim {
     int verifying;
     kvp_sim_verifier verifier;
     size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
+    double start;          /* now_seconds() when the run loop began */
 } sim;
 
 static int fail(sim *s, const char *context)
@@ -136,11 +139,18 @@ static void embed(uint64_t seed, uint64_t stream, size_t position, double *row, 
 /*
  * The row of `position` of `sample` of workload request `r` (the top of this
  * file): the prompt is every sample's, and a generated position of sample
- * s > 0 is drawn with the seed mixed with s.
+ * s > 0 is drawn with the seed mixed with s. A prompt position of a request
+ * with block ids is its block's: (id, position within the block), salted.
  */
 static void request_row(uint64_t seed, const kvp_workload_request *r, size_t sample,
                         size_t position, double *row, size_t width)
 {
+    if (r->block_ids != NULL && position < r->prompt_tokens) {
+        /* A trace block: its id is its stream, so equal ids give equal rows (sim.h). */
+        embed(seed ^ BLOCK_SALT, r->block_ids[position / KVP_MOONCAKE_BLOCK_TOKENS],
+              position % KVP_MOONCAKE_BLOCK_TOKENS, row, width);
+        return;
+    }
     uint64_t stream = position < r->shared_tokens ? SHARED_STREAM : r->stream;
     if (position >= r->prompt_tokens && sample > 0) {
         seed ^= 0xD6E8FEB86659FD93ull * (uint64_t)sample;
@@ -334,6 +344,8 @@ static int submit(sim *s, size_t i, size_t step)
         res->later_turns++;
     }
     s->index_of[s->submitted] = i; /* before submitting: the callbacks may look it up */
+    res->request_log[i].submit_step = res->steps;
+    res->request_log[i].output_tokens = w->output_tokens;
     kvp_request request;
     kvp_request_init(&request);
     request.prompt_tokens = w->prompt_tokens;
@@ -456,6 +468,21 @@ static int check_finished(sim *s, const kvp_request_result *done)
                                   s->context);
 }
 
+/* A collected request's schedule into the request log. */
+static void log_finished(sim *s, const kvp_request_result *done)
+{
+    kvp_sim_request *q = &s->result->request_log[s->index_of[done->id]];
+    q->finished = 1;
+    q->rejected = done->rejected;
+    q->admissions = done->admissions;
+    q->first_hit_tokens = done->first_hit_tokens;
+    q->recomputed_tokens = done->recomputed_tokens;
+    q->admitted_step = (size_t)done->admitted_step;
+    q->first_token_step = (size_t)done->first_token_step;
+    q->finished_step = (size_t)done->finished_step;
+    s->result->first_hit_tokens += done->first_hit_tokens;
+}
+
 /*
  * Takes the requests that finished in `step`; one that failed fails the run
  * with its error.
@@ -475,6 +502,7 @@ static int collect(sim *s, size_t step)
             *s->err = s->finished[i].error;
             return fail(s, "serving a request");
         }
+        log_finished(s, &s->finished[i]);
         finished_at(s, s->index_of[s->finished[i].id], step);
         if (check_finished(s, &s->finished[i]) != 0) {
             return -1;
@@ -508,7 +536,7 @@ static int update_weights(sim *s)
 }
 
 /* Records the step for the report and the plot. */
-static int record_step(sim *s, const kvp_step_stats *st)
+static int record_step(sim *s, const kvp_step_stats *st, size_t clock, double start)
 {
     kvp_sim_result *res = s->result;
     if (grow((void **)&res->samples, &s->samples_room, res->steps + 1, sizeof *res->samples) != 0) {
@@ -522,7 +550,8 @@ static int record_step(sim *s, const kvp_step_stats *st)
     double held = (double)st->held_pages;
     res->samples[res->steps] = (kvp_sim_sample){(uint32_t)st->held_pages, (uint32_t)st->running,
                                                 (uint32_t)st->cached_pages,
-                                                (uint32_t)st->evictable_pages};
+                                                (uint32_t)st->evictable_pages, clock,
+                                                start - s->start, now_seconds() - s->start};
     kvp_sim_window *window = &res->windows[res->window_count - 1];
     window->prompt_tokens += st->prompt_tokens;
     window->prefix_hit_tokens += st->prefix_hit_tokens;
@@ -586,6 +615,7 @@ static void read_counters(sim *s)
 
 static int step_once(sim *s, size_t step)
 {
+    double start = now_seconds();
     if (submit_due(s, step) != 0) {
         return -1;
     }
@@ -614,7 +644,7 @@ static int step_once(sim *s, size_t step)
         *s->err = (kvp_error){.status = KVP_POOL_EXHAUSTED, .available = free_pages};
         return fail(s, "admitting the first waiting request into an idle pool");
     }
-    if (record_step(s, &st) != 0) {
+    if (record_step(s, &st, step, start) != 0) {
         return -1;
     }
     read_counters(s);
@@ -629,6 +659,7 @@ static int run_loop(sim *s, kvp_sim_progress_fn progress, void *ctx)
     const kvp_workload *w = s->workload;
     size_t step = 0;
     double start = now_seconds();
+    s->start = start;
     while (s->result->requests_completed + s->result->requests_rejected < w->count) {
         kvp_scheduler_stats stats;
         kvp_scheduler_stats_init(&stats);
@@ -749,7 +780,12 @@ int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
     s.err = err;
     s.context = context;
     out->requests = workload->count;
-    int status = setup(&s);
+    out->request_log = kvp_cli_calloc(workload->count > 0 ? workload->count : 1,
+                                      sizeof *out->request_log);
+    int status = out->request_log != NULL
+                     ? setup(&s)
+                     : out_of_memory(&s, "the request log",
+                                     workload->count * sizeof *out->request_log);
     if (status == 0) {
         status = run_loop(&s, progress, progress_ctx);
     }
@@ -762,6 +798,8 @@ void kvp_sim_result_free(kvp_sim_result *result)
 {
     kvp_cli_free(result->samples);
     result->samples = NULL;
+    kvp_cli_free(result->request_log);
+    result->request_log = NULL;
     kvp_cli_free(result->windows);
     result->windows = NULL;
     result->window_count = 0;

@@ -14,7 +14,10 @@
  * is id i when there are no later turns).
  * Token inputs are pseudo-embeddings of (stream, sample, position) drawn
  * from the seed (workload.h: a request's stream, and its shared prefix), so a
- * recomputed request sees exactly the inputs it saw before.
+ * recomputed request sees exactly the inputs it saw before. A prompt position
+ * p of a request with block ids (a Mooncake trace) is the row of (block id
+ * block_ids[p / 512], p % 512) under a fixed salt: equal ids, equal rows,
+ * equal chain keys.
  * Optionally, between steps, every layer's parameters are updated in place
  * (a revision bump with a small seeded perturbation: update_every), and
  * finished requests are recomputed from scratch on a private pool, each
@@ -56,13 +59,34 @@ typedef struct kvp_sim_config {
                                requests with a session, conversation turns, use it) */
 } kvp_sim_config;
 
-/* One scheduler step, for the plot. */
+/* One scheduler step, for the plot and the latency figures. */
 typedef struct kvp_sim_sample {
     uint32_t held_pages;
     uint32_t running;
     uint32_t cached_pages;    /* pages the prefix index names, held or evictable */
     uint32_t evictable_pages; /* cached pages no sequence holds */
+    size_t clock;             /* the run's step number (arrivals' clock: idle steps skipped
+                                 between requests still count) */
+    double start_seconds;     /* wall-clock seconds from the run's start to the step's start */
+    double end_seconds;       /* ... and to its end (after its finished requests are taken) */
 } kvp_sim_sample;
+
+/*
+ * One workload request's schedule (list order). Steps here are scheduler
+ * step indexes: samples[k] is the k-th step (its clock and timestamps).
+ */
+typedef struct kvp_sim_request {
+    size_t submit_step;       /* the index of the step it was submitted before */
+    size_t output_tokens;     /* tokens each sample generates */
+    int finished;             /* collected: completed, or rejected */
+    int rejected;
+    size_t admissions;        /* kvp_request_result's: 0 never admitted, 2+ preempted */
+    size_t first_hit_tokens;  /* prompt tokens adopted at its first admission */
+    size_t recomputed_tokens; /* tokens prefilled again after preemption */
+    size_t admitted_step;     /* first admission, first token, finish: step indexes */
+    size_t first_token_step;
+    size_t finished_step;
+} kvp_sim_request;
 
 /*
  * The steps from one weight update to the next (the first window starts at
@@ -110,6 +134,9 @@ typedef struct kvp_sim_result {
     size_t threads;
     double output_checksum;        /* sum of every decode output's first value */
     kvp_sim_sample *samples;       /* [steps] */
+    kvp_sim_request *request_log;  /* [requests]: each request's schedule, list order */
+    uint64_t first_hit_tokens;     /* prompt tokens adopted at requests' first admissions
+                                      (each request's prompt once, no recomputation) */
     /* sharing (kvpager/scheduler.h) */
     uint64_t prompt_tokens;        /* prompt tokens of admissions, recomputation included */
     uint64_t prefix_hit_tokens;    /* of those, adopted from the prefix index */

@@ -40,6 +40,40 @@ static int sharing_workload(const simulate_options *o)
                                  o->workload.profile == KVP_PROFILE_CONVERSATION));
 }
 
+/*
+ * --trace's rows, in its --trace-format. A Mooncake trace without --capacity
+ * sets the capacity to its longest request (prompt + output); with it, a
+ * longer line is refused by its number. 0, or -1 with the message printed.
+ */
+static int load_trace(simulate_options *o, kvp_workload *workload)
+{
+    char message[512];
+    int explicit_capacity = o->value[FLAG_CAPACITY] != NULL;
+    int status = o->mooncake
+                     ? kvp_workload_load_mooncake(o->trace,
+                                                  explicit_capacity ? o->sim.capacity : SIZE_MAX,
+                                                  o->ms_per_step, workload, message,
+                                                  sizeof message)
+                     : kvp_workload_load_trace(o->trace, o->sim.capacity, workload, message,
+                                               sizeof message);
+    if (status != 0) {
+        fprintf(stderr, "kvpager simulate: %s%s\n",
+                status == KVP_TRACE_OUT_OF_MEMORY ? "" : "--trace ", message);
+        return -1;
+    }
+    if (o->mooncake && !explicit_capacity) {
+        size_t longest = MIN_CAPACITY;
+        for (size_t i = 0; i < workload->count; i++) {
+            const kvp_workload_request *r = &workload->requests[i];
+            longest = r->prompt_tokens + r->output_tokens > longest
+                          ? r->prompt_tokens + r->output_tokens
+                          : longest;
+        }
+        o->sim.capacity = longest;
+    }
+    return 0;
+}
+
 /* Steps 1 and 2: every input read and checked; the workload made. */
 static int prepare(int argc, char **argv, simulate_options *o, kvp_workload *workload)
 {
@@ -63,12 +97,7 @@ static int prepare(int argc, char **argv, simulate_options *o, kvp_workload *wor
     /* The workload is input too: a bad trace row is refused before anything runs. */
     size_t requests = o->workload.requests;
     if (o->trace != NULL) {
-        char message[512];
-        int status = kvp_workload_load_trace(o->trace, o->sim.capacity, workload, message,
-                                             sizeof message);
-        if (status != 0) {
-            fprintf(stderr, "kvpager simulate: %s%s\n",
-                    status == KVP_TRACE_OUT_OF_MEMORY ? "" : "--trace ", message);
+        if (load_trace(o, workload) != 0) {
             return KVP_CLI_USAGE;
         }
         requests = workload->count;
@@ -144,15 +173,56 @@ static int run_all(const simulate_options *o, const kvp_workload *workload, simu
     return failed;
 }
 
+/* The block references of a workload with block ids (0 without). */
+static size_t trace_references(const kvp_workload *w)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < w->count; i++) {
+        n += w->requests[i].block_count;
+    }
+    return n;
+}
+
+/*
+ * The trace's reference figures (simulate.h), for a workload with block ids:
+ * its ceiling and an LRU of the blocks the run's pool holds. 0, or -1 when
+ * out of memory.
+ */
+static int trace_figures(simulate_options *o, const kvp_workload *w, const kvp_sim_result *r)
+{
+    simulate_trace_figures *f = &o->figures;
+    memset(f, 0, sizeof *f);
+    if (trace_references(w) == 0) {
+        return 0;
+    }
+    kvp_trace_keys keys;
+    if (kvp_trace_keys_build(w, KVP_TRACE_KEY_CHAIN, &keys) != 0) {
+        return -1;
+    }
+    kvp_trace_keys_ceiling(&keys, &f->ceiling);
+    /* A position takes a page slot in every layer: the pool holds pages / layers positions
+     * of every layer, in pages of block_tokens positions. */
+    f->lru_blocks = kvp_trace_blocks_of_pages(r->total_pages / o->sim.layers,
+                                              o->sim.block_tokens);
+    int status = kvp_trace_keys_lru(&keys, f->lru_blocks, &f->lru);
+    kvp_trace_keys_free(&keys);
+    for (size_t i = 0; i < w->count; i++) {
+        f->workload_prompt_tokens += w->requests[i].prompt_tokens;
+    }
+    f->present = status == 0;
+    return status;
+}
+
 /* Step 4's end: the chart's title and closing; a write error exits 2. */
 static int finish_plot(const simulate_options *o, const kvp_workload *workload,
-                       const kvp_sim_result *result, kvp_plot *plot, int exit_code)
+                       const kvp_sim_result *result, const kvp_sim_result *off, kvp_plot *plot,
+                       int exit_code)
 {
     char title[160];
     snprintf(title, sizeof title, "kvpager simulate: %s, %zu requests, %zu pages",
              o->trace ? "trace" : kvp_profile_name(o->workload.profile), workload->count,
              result->total_pages);
-    int error = kvp_plot_finish(plot, result, title);
+    int error = kvp_plot_finish(plot, result, off, title);
     if (error != 0) {
         fprintf(stderr, "kvpager simulate: --plot %s: %s\n", o->plot, strerror(error));
         return KVP_CLI_USAGE;
@@ -169,15 +239,23 @@ static int report(const simulate_options *o, const kvp_workload *workload,
 {
     const kvp_sim_result *r = &runs->result;
     const kvp_sim_result *off = runs->compare ? &runs->off : NULL;
+    kvp_latency latency;
+    if (kvp_latency_compute(r, &latency) != 0) {
+        kvp_cli_report_oom("simulate", "the latency figures", r->requests * sizeof(double));
+        if (o->plot != NULL) {
+            kvp_plot_abandon(plot);
+        }
+        return KVP_CLI_USAGE;
+    }
     if (o->json) {
-        kvp_simulate_print_json(o, workload, r, off);
+        kvp_simulate_print_json(o, workload, r, off, &latency);
     } else {
-        kvp_simulate_print_report(o, workload, r, off);
+        kvp_simulate_print_report(o, workload, r, off, &latency);
     }
     int clean = r->audit_failures == 0 && r->pages_leaked == 0 &&
                 runs->off.audit_failures == 0 && runs->off.pages_leaked == 0;
     int exit_code = clean ? KVP_CLI_OK : KVP_CLI_FAILED;
-    return o->plot != NULL ? finish_plot(o, workload, r, plot, exit_code) : exit_code;
+    return o->plot != NULL ? finish_plot(o, workload, r, off, plot, exit_code) : exit_code;
 }
 
 int kvp_cli_simulate(int argc, char **argv)
@@ -199,6 +277,13 @@ int kvp_cli_simulate(int argc, char **argv)
     const char *context = NULL;
     if (run_all(&o, &workload, &runs, &err, &context) != 0) {
         kvp_cli_report("simulate", context != NULL ? context : "running", &err);
+        if (o.plot != NULL) {
+            kvp_plot_abandon(&plot);
+        }
+        status = KVP_CLI_USAGE;
+    } else if (trace_figures(&o, &workload, &runs.result) != 0) {
+        kvp_cli_report_oom("simulate", "the trace's block keys",
+                           trace_references(&workload) * 2 * sizeof(size_t));
         if (o.plot != NULL) {
             kvp_plot_abandon(&plot);
         }

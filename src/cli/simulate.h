@@ -25,7 +25,9 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "latency.h"
 #include "sim.h"
+#include "trace_stats.h"
 #include "workload.h"
 
 /* The flags that take a value, in --help order. */
@@ -48,6 +50,8 @@
     X(ARRIVAL, "--arrival")                                                               \
     X(RATE, "--rate")                                                                     \
     X(TRACE, "--trace")                                                                   \
+    X(TRACE_FORMAT, "--trace-format")                                                     \
+    X(MS_PER_STEP, "--ms-per-step")                                                       \
     X(SHARED_PREFIX, "--shared-prefix")                                                   \
     X(SAMPLES, "--samples")                                                               \
     X(SCHEDULE, "--schedule")                                                             \
@@ -81,6 +85,23 @@ extern const char *const kvp_simulate_flag_names[FLAG_COUNT_];
 #define MAX_POOL_PAGES 4294967294u /* pages are named by 32-bit ids (kvpager/pool.h) */
 #define MAX_SAMPLES 256
 
+/* --ms-per-step's default: a Mooncake timestamp's milliseconds per scheduler step. */
+#define DEFAULT_MS_PER_STEP 25
+
+/*
+ * The reference figures of a trace with block ids (trace_stats.h), computed
+ * by the driver after the run: the ceiling, and an LRU of the blocks the
+ * pool's pages hold (kvp_trace_blocks_of_pages); workload_prompt_tokens is
+ * the sum of the requests' prompts, each once.
+ */
+typedef struct simulate_trace_figures {
+    int present; /* the workload carries block ids and the figures were computed */
+    kvp_trace_hits ceiling;
+    size_t lru_blocks;
+    kvp_trace_hits lru;
+    uint64_t workload_prompt_tokens;
+} simulate_trace_figures;
+
 typedef struct simulate_options {
     kvp_sim_config sim;
     kvp_workload_spec workload;
@@ -92,6 +113,9 @@ typedef struct simulate_options {
     int help;
     int allow_overcommit;
     int no_sharing;
+    int mooncake;        /* --trace-format mooncake (0: csv) */
+    size_t ms_per_step;  /* --ms-per-step */
+    simulate_trace_figures figures; /* filled by the driver after the run */
 } simulate_options;
 
 /* simulate_flags.c */
@@ -126,8 +150,10 @@ void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page
 /* simulate_report.c: the outputs of a finished run (off: the run without sharing, or NULL). */
 
 void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
-                               const kvp_sim_result *r, const kvp_sim_result *off);
+                               const kvp_sim_result *r, const kvp_sim_result *off,
+                               const kvp_latency *latency);
 void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
-                             const kvp_sim_result *r, const kvp_sim_result *off);
+                             const kvp_sim_result *r, const kvp_sim_result *off,
+                             const kvp_latency *latency);
 
 #endif /* KVPAGER_CLI_SIMULATE_H */

@@ -72,6 +72,22 @@ static void trace_conflicts(simulate_options *o, simulate_flag f, kvp_cli_proble
     }
 }
 
+/* --trace-format needs --trace, and --ms-per-step the mooncake format. */
+static void trace_format_rules(simulate_options *o, simulate_flag f, kvp_cli_problems *p)
+{
+    if (o->value[f] == NULL) {
+        return;
+    }
+    if (f == FLAG_TRACE_FORMAT && o->trace == NULL) {
+        kvp_cli_problem(p, "--trace-format %s needs --trace FILE", o->value[f]);
+    } else if (f == FLAG_MS_PER_STEP && !o->mooncake) {
+        kvp_cli_problem(p,
+                        "--ms-per-step %s needs --trace-format mooncake (a CSV trace's arrivals "
+                        "are steps already)",
+                        o->value[f]);
+    }
+}
+
 /* --heads divides --model-width: named by --heads when given, else by --model-width. */
 static void heads_divide_width(simulate_options *o, simulate_flag f, kvp_cli_problems *p)
 {
@@ -173,6 +189,10 @@ static void sigma_needs_lognormal(simulate_options *o, simulate_flag f, kvp_cli_
 
 static const range_check ranges[] = {
     RULE(FLAG_TRACE, trace_conflicts),
+    RULE(FLAG_TRACE_FORMAT, trace_format_rules),
+    {FLAG_MS_PER_STEP, 1.0, INFINITY, IF_GIVEN, "must be at least 1 (milliseconds per step)",
+     NULL},
+    RULE(FLAG_MS_PER_STEP, trace_format_rules),
     {FLAG_LAYERS, AT_LEAST_1, NULL},
     {FLAG_MODEL_WIDTH, AT_LEAST_1, NULL},
     {FLAG_HEADS, AT_LEAST_1, NULL},

@@ -103,6 +103,20 @@ void kvp_simulate_usage(FILE *out)
             "                       optional header and UTF-8 byte order mark, rows sorted\n"
             "                       by arrival, prompt >= 1, output >= 1, prompt + output\n"
             "                       <= capacity\n"
+            "  --trace-format NAME  csv (the rows above) or mooncake: the Mooncake trace's\n"
+            "                       JSONL (timestamp in ms, input_length, output_length,\n"
+            "                       hash_ids: one id per 512-token prompt block; the\n"
+            "                       repository's data/traces/mooncake_synthetic_trace.jsonl).\n"
+            "                       Never guessed from the file (default csv). A mooncake\n"
+            "                       prompt block's inputs are drawn from its hash id, so\n"
+            "                       equal ids are real prefix hits, and the report adds the\n"
+            "                       trace's ceiling (the hit rate of a cache that never\n"
+            "                       forgets) and the hit rate of an LRU of the blocks the\n"
+            "                       pool's pages hold. Without --capacity, the capacity is\n"
+            "                       the longest request (prompt + output)\n"
+            "  --ms-per-step N      mooncake: milliseconds of the trace per scheduler step,\n"
+            "                       >= 1; a request arrives at step floor(timestamp / N)\n"
+            "                       (default %d)\n"
             "  --shared-prefix N    every prompt starts with the same N tokens (a system\n"
             "                       prompt: the same inputs at those positions), 0 to\n"
             "                       capacity - 2; generated workloads only (default 0)\n"
@@ -179,7 +193,7 @@ void kvp_simulate_usage(FILE *out)
             "error (out of memory included).\n",
             d.layers, d.model_width, d.heads, d.block_tokens,
             kvp_cli_format_bytes(d.budget_bytes, budget, sizeof budget), MIN_CAPACITY,
-            d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, d.samples, d.session_ttl,
+            d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, DEFAULT_MS_PER_STEP, d.samples, d.session_ttl,
             d.watermark,
             d.reserve_tokens,
             MAX_THREADS, (unsigned long long)d.seed, d.audit_every);
@@ -208,6 +222,7 @@ size_t *kvp_simulate_size_field(simulate_options *o, simulate_flag f)
     case FLAG_UPDATE_WEIGHTS_EVERY: return &o->sim.update_every;
     case FLAG_VERIFY: return &o->sim.verify_every;
     case FLAG_SESSION_TTL: return &o->sim.session_ttl;
+    case FLAG_MS_PER_STEP: return &o->ms_per_step;
     default: return NULL;
     }
 }
@@ -342,6 +357,15 @@ static int parse_trace(simulate_options *o, const char *value)
     return 0;
 }
 
+static int parse_trace_format(simulate_options *o, const char *value)
+{
+    if (strcmp(value, "csv") != 0 && strcmp(value, "mooncake") != 0) {
+        return -1;
+    }
+    o->mooncake = value[0] == 'm';
+    return 0;
+}
+
 static int parse_plot(simulate_options *o, const char *value)
 {
     o->plot = value;
@@ -368,8 +392,9 @@ static const word_flag word_flags[] = {
     {FLAG_PROFILE, parse_profile, "not a profile (sharegpt, alpaca, uniform or conversation)"},
     {FLAG_ARRIVAL, parse_arrival, "not an arrival process (poisson, uniform or burst)"},
     {FLAG_SCHEDULE, parse_schedule, "not a schedule (fcfs or cache-aware)"},
-    {FLAG_TRACE, parse_trace, "never refused here (the file is read later)"},
-    {FLAG_PLOT, parse_plot, "never refused here (the file is written later)"},
+    {FLAG_TRACE, parse_trace, "not a file name"}, /* never refused here */
+    {FLAG_TRACE_FORMAT, parse_trace_format, "not a trace format (csv or mooncake)"},
+    {FLAG_PLOT, parse_plot, "not a file name"},   /* never refused here */
 };
 
 /* Reads one flag's value; its syntax only (ranges are checked later). */
@@ -406,6 +431,7 @@ static void defaults(simulate_options *o)
     o->workload.rate = 1.0;
     o->workload.requests = 128;
     o->workload.seed = o->sim.seed;
+    o->ms_per_step = DEFAULT_MS_PER_STEP;
 }
 
 /* Step 1: reads the whole command line; remembers the first problem (simulate.h). */

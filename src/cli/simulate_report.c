@@ -12,15 +12,37 @@
  * Callers: simulate.c, once per finished run.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "json.h"
+#include "latency.h"
 #include "simulate.h"
 
 /* The level decode attention ran at: f64 pages are always exact. */
 static const char *accum_name(const kvp_sim_config *c)
 {
     return c->accum == KVP_ACCUM_FAST && c->kv_dtype != KVP_F64 ? "fast" : "exact";
+}
+
+/* The workload's prompt tokens, each request's once (samples share a prompt). */
+static uint64_t workload_prompt_tokens(const kvp_workload *w)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < w->count; i++) {
+        sum += w->requests[i].prompt_tokens;
+    }
+    return sum;
+}
+
+/* Tokens prefilled again after preemption, over every request (kvp_request_result's). */
+static uint64_t recomputed_tokens(const kvp_sim_result *r)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; r->request_log != NULL && i < r->requests; i++) {
+        sum += r->request_log[i].recomputed_tokens;
+    }
+    return sum;
 }
 
 static double mean_of(const kvp_workload *w, int prompt)
@@ -93,13 +115,130 @@ static void print_ratio(const char *label, double on, double off, int decimals)
     }
 }
 
+/* The first-admission hit rate: prefix hits over the workload's prompt tokens, each once. */
+static double first_admission_rate(const simulate_options *o, const kvp_sim_result *r)
+{
+    return ratio((double)r->first_hit_tokens, (double)o->figures.workload_prompt_tokens);
+}
+
+/* A trace with block ids: its ceiling, the same-capacity LRU, kvpager against the ceiling. */
+static void print_trace(const simulate_options *o, const kvp_sim_result *r)
+{
+    const simulate_trace_figures *f = &o->figures;
+    if (!f->present) {
+        return;
+    }
+    double ceiling = kvp_trace_token_rate(&f->ceiling);
+    printf("trace ceiling           %.1f%% of prompt tokens (%zu of %zu; %.1f%% of %zu block "
+           "references):\n"
+           "                        what a prefix cache that never forgets would hit\n",
+           100.0 * ceiling, f->ceiling.hit_tokens, f->ceiling.tokens,
+           100.0 * kvp_trace_rate(&f->ceiling), f->ceiling.references);
+    printf("same-capacity LRU       %.1f%% of prompt tokens (%.1f%% of blocks): an LRU of %zu "
+           "blocks of %d tokens,\n"
+           "                        what the pool's pages hold\n",
+           100.0 * kvp_trace_token_rate(&f->lru), 100.0 * kvp_trace_rate(&f->lru),
+           f->lru_blocks, KVP_MOONCAKE_BLOCK_TOKENS);
+    double rate = first_admission_rate(o, r);
+    printf("kvpager prefix hits     %.1f%% of prompt tokens (%llu of %llu, first admissions "
+           "only): %.1f%% of the ceiling\n",
+           100.0 * rate, (unsigned long long)r->first_hit_tokens,
+           (unsigned long long)f->workload_prompt_tokens, 100.0 * ratio(rate, ceiling));
+}
+
+/* The --json keys of print_trace (null without block ids). */
+static void json_trace(kvp_json *json, const simulate_options *o, const kvp_sim_result *r)
+{
+    const simulate_trace_figures *f = &o->figures;
+    int on = f->present;
+    double ceiling = on ? kvp_trace_token_rate(&f->ceiling) : NAN;
+    double rate = on ? first_admission_rate(o, r) : NAN;
+    kvp_json_double(json, "trace_ceiling_hit_rate", ceiling);
+    kvp_json_double(json, "trace_ceiling_block_hit_rate", on ? kvp_trace_rate(&f->ceiling) : NAN);
+    kvp_json_double(json, "trace_lru_blocks", on ? (double)f->lru_blocks : NAN);
+    kvp_json_double(json, "trace_lru_hit_rate", on ? kvp_trace_token_rate(&f->lru) : NAN);
+    kvp_json_double(json, "trace_lru_block_hit_rate", on ? kvp_trace_rate(&f->lru) : NAN);
+    kvp_json_uint(json, "first_admission_hit_tokens", r->first_hit_tokens);
+    kvp_json_double(json, "first_admission_hit_rate", rate);
+    kvp_json_double(json, "hit_rate_of_ceiling", on ? ratio(rate, ceiling) : NAN);
+}
+
+/* The figures of the latency lines: label, --json key, unit (1: seconds), decimals. */
+typedef struct latency_row {
+    const char *label;
+    const char *key;
+    size_t offset; /* of its kvp_latency_stat in kvp_latency */
+    int seconds;
+    int decimals;
+} latency_row;
+
+#define LATENCY_ROW(label, field, seconds, decimals) \
+    {label, #field, offsetof(kvp_latency, field), seconds, decimals}
+
+static const latency_row latency_rows[] = {
+    LATENCY_ROW("queueing", queue_steps, 0, 0),
+    LATENCY_ROW("time to first token", ttft_steps, 0, 0),
+    LATENCY_ROW("time per output token", tpot_steps, 0, 2),
+    LATENCY_ROW("end to end", e2e_steps, 0, 0),
+    LATENCY_ROW("recomputed tokens", recomputed_tokens, 0, 0),
+    LATENCY_ROW("queueing", queue_seconds, 1, 4),
+    LATENCY_ROW("time to first token", ttft_seconds, 1, 4),
+    LATENCY_ROW("time per output token", tpot_seconds, 1, 4),
+    LATENCY_ROW("end to end", e2e_seconds, 1, 4),
+};
+#define LATENCY_ROWS (sizeof latency_rows / sizeof latency_rows[0])
+
+static const kvp_latency_stat *latency_stat(const kvp_latency *l, const latency_row *row)
+{
+    return (const kvp_latency_stat *)(const void *)((const char *)l + row->offset);
+}
+
+/* Per-request latency percentiles (latency.h); seconds only for a computed run. */
+static void print_latency(const simulate_options *o, const kvp_latency *l)
+{
+    printf("latency in steps        p50 / p90 / p99 (nearest rank) over %zu completed requests\n",
+           l->e2e_steps.count);
+    for (size_t i = 0; i < LATENCY_ROWS; i++) {
+        const latency_row *row = &latency_rows[i];
+        if (row->seconds && !o->sim.compute) {
+            continue;
+        }
+        if (row->seconds && !latency_rows[i - 1].seconds) {
+            printf("latency in seconds      p50 / p90 / p99, from the steps' timestamps\n");
+        }
+        const kvp_latency_stat *st = latency_stat(l, row);
+        char unit[16];
+        snprintf(unit, sizeof unit, "%s", row->seconds ? " s" : i == 4 ? " tokens" : " steps");
+        printf("  %-22s%.*f / %.*f / %.*f%s\n", row->label, row->decimals, st->p50,
+               row->decimals, st->p90, row->decimals, st->p99, unit);
+    }
+}
+
+static void json_latency(kvp_json *json, const simulate_options *o, const kvp_latency *l)
+{
+    kvp_json_object_begin(json, "latency");
+    kvp_json_uint(json, "requests", l->e2e_steps.count);
+    for (size_t i = 0; i < LATENCY_ROWS; i++) {
+        const latency_row *row = &latency_rows[i];
+        const kvp_latency_stat *st = latency_stat(l, row);
+        int shown = !row->seconds || o->sim.compute;
+        kvp_json_object_begin(json, row->key);
+        kvp_json_double(json, "p50", shown ? st->p50 : NAN);
+        kvp_json_double(json, "p90", shown ? st->p90 : NAN);
+        kvp_json_double(json, "p99", shown ? st->p99 : NAN);
+        kvp_json_object_end(json);
+    }
+    kvp_json_object_end(json);
+}
+
 /* The sharing figures, the weight updates, verification and the run without sharing. */
 static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
                           const kvp_sim_result *off)
 {
     const kvp_sim_config *c = &o->sim;
-    printf("sharing                 %s: prefix hits %llu of %llu prompt tokens (%.1f%%), "
-           "%llu forks\n",
+    printf("sharing                 %s: prefix hits %llu of %llu prompt tokens admitted "
+           "(%.1f%%;\n"
+           "                        recomputation included), %llu forks\n",
            c->sharing ? "on" : "off (--no-sharing)", (unsigned long long)r->prefix_hit_tokens,
            (unsigned long long)r->prompt_tokens, 100.0 * r->prefix_hit_rate,
            (unsigned long long)r->forks);
@@ -144,6 +283,9 @@ static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
                r->verify_segments, r->verify_skipped);
     }
     if (off != NULL) {
+        printf("comparison run          the same workload again without sharing (--no-sharing),\n"
+               "                        run after this one for the figures below: %.2f s\n",
+               off->seconds);
         printf("side by side            %-14s%-14sratio\n", "sharing", "--no-sharing");
         print_ratio("concurrent peak", (double)r->peak_concurrent,
                     (double)off->peak_concurrent, 0);
@@ -161,7 +303,8 @@ static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
 }
 
 void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
-                               const kvp_sim_result *r, const kvp_sim_result *off)
+                               const kvp_sim_result *r, const kvp_sim_result *off,
+                               const kvp_latency *latency)
 {
     const kvp_sim_config *c = &o->sim;
     char budget[32];
@@ -181,10 +324,21 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
            c->compute ? "" : ", allocator only");
     printf("requests completed      %zu of %zu (%zu rejected as never fitting)\n",
            r->requests_completed, r->requests, r->requests_rejected);
-    printf("tokens generated        %llu (plus %llu prompt tokens prefilled)\n",
-           (unsigned long long)r->tokens_generated, (unsigned long long)r->prefill_tokens);
-    printf("throughput              %.1f generated tokens/s over %.2f s\n", r->tokens_per_second,
-           r->seconds);
+    printf("tokens generated        %llu\n", (unsigned long long)r->tokens_generated);
+    printf("prompt tokens           %llu (the workload's, each request's once), %llu of them "
+           "adopted\n"
+           "                        from the prefix cache at first admission\n",
+           (unsigned long long)workload_prompt_tokens(w), (unsigned long long)r->first_hit_tokens);
+    printf("recomputed tokens       %llu (prefilled again after preemption)\n",
+           (unsigned long long)recomputed_tokens(r));
+    if (c->compute) {
+        printf("throughput              %.1f generated tokens/s over %.2f s\n",
+               r->tokens_per_second, r->seconds);
+    } else {
+        printf("throughput              %.1f steps/s over %.2f s (allocator only: no token is "
+               "computed)\n",
+               ratio((double)r->steps, r->seconds), r->seconds);
+    }
     printf("steps                   %zu\n", r->steps);
     printf("concurrent sequences    peak %zu, mean %.1f\n", r->peak_concurrent,
            r->mean_concurrent);
@@ -192,7 +346,9 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
            100.0 * r->mean_utilization);
     printf("internal fragmentation  %.2f%% of held slots\n", 100.0 * r->internal_fragmentation);
     printf("preemptions             %zu\n", r->preemptions);
+    print_latency(o, latency);
     print_sharing(o, r, off);
+    print_trace(o, r);
     if (r->contiguous_baseline > 0) {
         printf("contiguous baseline     %zu sequences fit when each reserves its full capacity;\n"
                "                        paging held %zu at peak: %.2fx\n",
@@ -201,23 +357,23 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
         printf("contiguous baseline     0 sequences: one full-capacity reservation exceeds the "
                "budget\n");
     }
-    printf("kv dtype                %s, %zu bytes per element: the pages hold %zu full-capacity "
-           "sequences,\n"
-           "                        %zu in f64 pages of the same budget: %+lld (%.2fx)\n",
-           kvp_dtype_name(r->kv_dtype), r->element_bytes, r->full_sequences,
-           r->f64_full_sequences,
-           (long long)r->full_sequences - (long long)r->f64_full_sequences, dtype_gain(r));
+    if (r->kv_dtype == KVP_F64) {
+        printf("kv dtype                f64, 8 bytes per element: the pages hold %zu "
+               "full-capacity sequences\n",
+               r->full_sequences);
+    } else {
+        printf("kv dtype                %s, %zu bytes per element: the pages hold %zu "
+               "full-capacity sequences,\n"
+               "                        %zu in f64 pages of the same budget: %+lld (%.2fx)\n",
+               kvp_dtype_name(r->kv_dtype), r->element_bytes, r->full_sequences,
+               r->f64_full_sequences,
+               (long long)r->full_sequences - (long long)r->f64_full_sequences, dtype_gain(r));
+    }
     printf("final audit             %s: %zu of %zu audits failed, %zu pages leaked, "
            "acquires %llu, releases %llu\n",
            r->audit_failures == 0 && r->pages_leaked == 0 ? "ok" : "FAILED", r->audit_failures,
            r->audits, r->pages_leaked, (unsigned long long)r->acquires,
            (unsigned long long)r->releases);
-    if (o->trace == NULL && o->workload.profile == KVP_PROFILE_SHAREGPT) {
-        printf("sharegpt targets        concurrency ratio >= 3: %s, fragmentation < 5%%: %s, "
-               "no leaks: %s, clean audits: %s\n",
-               ratio_met(r) ? "yes" : "no", fragmentation_met(r) ? "yes" : "no",
-               r->pages_leaked == 0 ? "yes" : "no", r->audit_failures == 0 ? "yes" : "no");
-    }
 }
 
 /* The sharing keys of --json (print_sharing's figures). */
@@ -270,6 +426,7 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
     kvp_json_uint(json, "tokens_generated", off->tokens_generated);
     kvp_json_uint(json, "prefill_tokens", off->prefill_tokens);
     kvp_json_double(json, "tokens_per_second", off->tokens_per_second);
+    kvp_json_double(json, "seconds", off->seconds);
     kvp_json_uint(json, "steps", off->steps);
     kvp_json_uint(json, "peak_concurrent_sequences", off->peak_concurrent);
     kvp_json_double(json, "mean_concurrent_sequences", off->mean_concurrent);
@@ -285,7 +442,8 @@ static void json_sharing(kvp_json *json, const kvp_sim_result *r, const kvp_sim_
 }
 
 void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
-                             const kvp_sim_result *r, const kvp_sim_result *off)
+                             const kvp_sim_result *r, const kvp_sim_result *off,
+                             const kvp_latency *latency)
 {
     const kvp_sim_config *c = &o->sim;
     kvp_json json;
@@ -296,6 +454,9 @@ void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
     kvp_json_uint(&json, "requests_rejected", r->requests_rejected);
     kvp_json_uint(&json, "tokens_generated", r->tokens_generated);
     kvp_json_uint(&json, "prefill_tokens", r->prefill_tokens);
+    kvp_json_uint(&json, "workload_prompt_tokens", workload_prompt_tokens(w));
+    kvp_json_uint(&json, "recomputed_tokens", recomputed_tokens(r));
+    kvp_json_double(&json, "steps_per_second", ratio((double)r->steps, r->seconds));
     kvp_json_double(&json, "tokens_per_second", r->tokens_per_second);
     kvp_json_double(&json, "seconds", r->seconds);
     kvp_json_uint(&json, "steps", r->steps);
@@ -322,9 +483,13 @@ void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
     kvp_json_double(&json, "output_checksum", r->output_checksum);
     kvp_json_bool(&json, "targets_met", targets_met(r));
     json_sharing(&json, r, off);
+    json_trace(&json, o, r);
+    json_latency(&json, o, latency);
     kvp_json_object_begin(&json, "config");
     kvp_json_string(&json, "workload", o->trace ? o->trace : kvp_profile_name(o->workload.profile));
     kvp_json_string(&json, "arrival", o->trace ? "trace" : kvp_arrival_name(o->workload.arrival));
+    kvp_json_string(&json, "trace_format", o->trace ? (o->mooncake ? "mooncake" : "csv") : "none");
+    kvp_json_uint(&json, "ms_per_step", o->ms_per_step);
     kvp_json_double(&json, "rate", o->workload.rate);
     kvp_json_double(&json, "mean_prompt_tokens", mean_of(w, 1));
     kvp_json_double(&json, "mean_output_tokens", mean_of(w, 0));

@@ -45,6 +45,11 @@ typedef struct kvpi_record {
     kvp_request request;  /* the caller's, copied (struct_size the library's) */
     size_t generated;     /* tokens each sample generated so far, kept across preemption */
     size_t preemptions;
+    size_t admissions;        /* kvp_request_result's: times admitted, */
+    size_t first_hit_tokens;  /* adopted at the first admission, */
+    size_t recomputed_tokens; /* prefilled again at later admissions, */
+    uint64_t admitted_step;   /* the step of the first admission */
+    uint64_t first_token_step; /* and of the first token */
     size_t skips;         /* cache-aware: steps that admitted a request behind it in the queue
                              while it waited in the window */
     size_t overtaken;     /* session requests placed ahead of it while it waited (queue_jump) */

@@ -201,16 +201,23 @@ static void count_prefill(const kvp_scheduler *s, const plan *p, kvp_step_stats 
         if (!pl->admit) {
             continue;
         }
-        const record *rec = record_of(s, pl->id);
+        record *rec = record_of(s, pl->id);
         size_t n = rec->request.samples;
         size_t prompt = rec->request.prompt_tokens;
         size_t g = rec->generated;
         if (rec->failed) {
             continue;
         }
+        size_t computed = s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
         st->prompt_tokens += prompt;
         st->prefix_hit_tokens += pl->adopted;
-        st->prefill_tokens += s->config.sharing ? prompt - pl->adopted + n * g : n * (prompt + g);
+        st->prefill_tokens += computed;
+        if (rec->admissions++ == 0) { /* the request's figures (kvp_request_result) */
+            rec->first_hit_tokens = pl->adopted;
+            rec->admitted_step = s->stats.steps;
+        } else {
+            rec->recomputed_tokens += computed;
+        }
     }
 }
 

@@ -196,6 +196,12 @@ void kvpi_sched_finish(kvp_scheduler *s, uint64_t id, int rejected, kvp_status s
     out->id = id;
     out->tokens_generated = r->generated * r->request.samples;
     out->preemptions = r->preemptions;
+    out->admissions = r->admissions;
+    out->first_hit_tokens = r->first_hit_tokens;
+    out->recomputed_tokens = r->recomputed_tokens;
+    out->admitted_step = r->admitted_step;
+    out->first_token_step = r->first_token_step;
+    out->finished_step = s->stats.steps;
     out->rejected = rejected;
     out->status = status;
     if (error != NULL) {

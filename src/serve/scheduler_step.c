@@ -262,6 +262,9 @@ static void count_decoded(kvp_scheduler *s, size_t count, kvp_step_stats *st)
         if (!rec->failed) {
             s->stats.tokens_generated++;
             st->decoded++;
+            if (r->sample == 0 && rec->generated == 0) {
+                rec->first_token_step = s->stats.steps;
+            }
             rec->generated += r->sample == 0; /* the samples advance together */
         }
         r->job = NO_JOB;

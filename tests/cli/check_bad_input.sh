@@ -80,6 +80,21 @@ run trace_with_profile "--profile alpaca" "--trace $work/good.csv" \
     $S --trace "$work/good.csv" --profile alpaca --requests 5
 run trace_with_requests "--requests 5" "--trace $work/good.csv" \
     $S --trace "$work/good.csv" --requests 5
+printf '{"timestamp": 0, "input_length": 5, "output_length": 4, "hash_ids": [7]}\n' > "$work/moon.jsonl"
+printf '{"timestamp": 0, "input_length": 5, "output_length": 4, "hash_ids": [7]}\n{"timestamp": 1, "input_length": 600, "output_length": 4, "hash_ids": [7, 8]}\n' > "$work/moon2.jsonl"
+run trace_format_bogus --trace-format "'json'" $S --trace "$work/moon.jsonl" --trace-format json
+run trace_format_without_trace --trace-format "mooncake" $S --trace-format mooncake
+run ms_per_step_zero --ms-per-step "'0'" $S --trace "$work/moon.jsonl" --trace-format mooncake \
+    --ms-per-step 0
+run ms_per_step_fraction --ms-per-step "'2.5'" $S --trace "$work/moon.jsonl" \
+    --trace-format mooncake --ms-per-step 2.5
+run ms_per_step_without_mooncake --ms-per-step "--trace-format mooncake" \
+    $S --trace "$work/good.csv" --ms-per-step 5
+run ms_per_step_csv_format --ms-per-step "--trace-format mooncake" \
+    $S --trace "$work/good.csv" --trace-format csv --ms-per-step 5
+run mooncake_capacity "--trace $work/moon2.jsonl:2" "--capacity 100" \
+    $S --trace "$work/moon2.jsonl" --trace-format mooncake --capacity 100
+run mooncake_read_as_csv "--trace $work/moon.jsonl:1" "3 columns" $S --trace "$work/moon.jsonl"
 run plot_missing_dir "--plot /nonexistent/x.svg" "No such file or directory" \
     $S --plot /nonexistent/x.svg --requests 2
 run plot_full_device "--plot /dev/full" "No space left on device" $S --plot /dev/full --requests 2
@@ -255,8 +270,9 @@ $S --layers 1000 --no-compute --quiet --json > "$work/none.json" || fail "--laye
 [ "$(json_get "$work/none.json" requests_completed)" = 0 ] || fail "--layers 1000 completed requests"
 [ "$(json_get "$work/none.json" targets_met)" = False ] || fail "0 completed yet targets met"
 $S --layers 1000 --no-compute --quiet > "$work/none.txt" || fail "--layers 1000 failed"
-grep -q 'concurrency ratio >= 3: no, fragmentation < 5%: no' "$work/none.txt" \
-    || fail "0 completed yet the report says the targets hold: $(grep targets "$work/none.txt")"
+if grep -q 'targets' "$work/none.txt"; then
+    fail "the report still prints the internal targets line: $(grep targets "$work/none.txt")"
+fi
 
 # --help documents every option with its default, and exits 0.
 $S --help > "$work/help.txt" || fail "simulate --help failed"

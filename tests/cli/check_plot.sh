@@ -47,4 +47,31 @@ for cls, coord in (("tick-x", "x"), ("tick-left", "y"), ("tick-right", "y")):
     print("%s %s: %s" % (sys.argv[1].rsplit("/", 1)[-1], cls, " ".join("%g" % v for v in labels)))
 PY
 done
+# Every series is in the legend, running sequences included; a sharing
+# workload draws its run without sharing too (dashed held pages and running
+# sequences), on axes that cover both runs, and the legend says so.
+"$@" simulate --requests 6 --prompt-mean 12 --output-mean 8 --capacity 64 --samples 2 \
+    --no-compute --quiet --json --plot "$work/sharing.svg" > "$work/sharing.json" ||
+    fail "the sharing run failed"
+"$@" simulate --requests 6 --prompt-mean 12 --output-mean 8 --capacity 64 --no-compute \
+    --quiet --json --plot "$work/plain.svg" > "$work/plain.json" || fail "the plain run failed"
+python3 - "$work/sharing.svg" "$work/sharing.json" "$work/plain.svg" <<'PY' || fail "the legend or the runs drawn"
+import json, re, sys
+svg, run, plain = open(sys.argv[1]).read(), json.load(open(sys.argv[2])), open(sys.argv[3]).read()
+legend = re.findall(r'<text class="legend"[^>]*>([^<]*)</text>', svg)
+assert any("running sequences" in t for t in legend), legend
+assert any("--no-sharing" in t for t in legend), legend
+series = re.findall(r'<polyline class="series-([a-z-]+)"', svg)
+assert sorted(series) == sorted(["held", "cached", "evictable", "running",
+                                 "held-no-sharing", "running-no-sharing"]), series
+steps = max(run["steps"], run["no_sharing"]["steps"])
+x = [float(v) for v in re.findall(r'<text class="tick-x"[^>]*>([^<]*)</text>', svg)]
+assert x[-1] >= steps - 1, (x, steps)
+assert "(%d steps; --no-sharing: %d)" % (run["steps"], run["no_sharing"]["steps"]) in svg
+plain_legend = re.findall(r'<text class="legend"[^>]*>([^<]*)</text>', plain)
+assert any("running sequences" in t for t in plain_legend), plain_legend
+assert not any("--no-sharing" in t for t in plain_legend), plain_legend
+assert "no-sharing" not in "".join(re.findall(r'<polyline class="series-([a-z-]+)"', plain))
+print("check_plot: both runs drawn; legend", legend)
+PY
 echo "check_plot: ok"

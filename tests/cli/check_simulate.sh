@@ -9,7 +9,7 @@
 #          outputs, trace files (good ones run; bad ones are refused with
 #          line, column and value, and run nothing), a one-row trace's
 #          figures against values computed by hand, the exact --json key
-#          set, the targets line, the SVG plot, and the sharegpt targets at
+#          set, the labels (what each line counts), the SVG plot, the sharegpt targets at
 #          the default budget, and conversations' closed-loop turns.
 #   quick  one small simulation with real attention on two threads.
 set -eu
@@ -221,7 +221,23 @@ exact("mean_concurrent_sequences", 1)
 exact("page_acquires", 4); exact("page_releases", 4)
 exact("full_capacity_sequences", 2); exact("sequences_vs_f64", 1)
 assert r["targets_met"] is False  # fragmentation 30% and ratio 0.5 miss both targets
+# Latency (nearest rank over the one request): arrived, admitted and first token
+# in step 0, its 5th token in step 4: queue 0, TTFT 1, E2E 5, TPOT (5 - 1) / 4 = 1.
+lat = r["latency"]
+assert lat["requests"] == 1, lat
+for key, want in (("queue_steps", 0), ("ttft_steps", 1), ("e2e_steps", 5), ("tpot_steps", 1),
+                  ("recomputed_tokens", 0)):
+    assert lat[key] == {"p50": want, "p90": want, "p99": want}, (key, lat[key])
+seconds = ("queue_seconds", "ttft_seconds", "tpot_seconds", "e2e_seconds")
+if r["config"]["compute"]:
+    assert all(lat[k]["p50"] is not None and lat[k]["p50"] >= 0 for k in seconds), lat
+else:  # allocator only: no seconds
+    assert all(lat[k]["p50"] is None for k in seconds), lat
 PY
+    grep -qx '  queueing              0 / 0 / 0 steps' "$work/one$compute.txt" ||
+        fail "the report's queueing line: $(grep queueing "$work/one$compute.txt")"
+    grep -qx '  end to end            5 / 5 / 5 steps' "$work/one$compute.txt" ||
+        fail "the report's end-to-end line: $(grep 'end to end' "$work/one$compute.txt")"
     grep -qx 'internal fragmentation  29.69% of held slots' "$work/one$compute.txt" ||
         fail "the report's fragmentation is not 29.69%: $(grep fragmentation "$work/one$compute.txt")"
     grep -qx 'contiguous baseline     2 sequences fit when each reserves its full capacity;' \
@@ -238,6 +254,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 top = {"requests", "requests_completed", "requests_rejected", "tokens_generated",
        "prefill_tokens", "tokens_per_second", "seconds", "steps", "peak_concurrent_sequences",
+       "workload_prompt_tokens", "recomputed_tokens", "steps_per_second",
        "mean_concurrent_sequences", "contiguous_baseline_sequences", "concurrency_ratio",
        "peak_pool_utilization", "mean_pool_utilization", "internal_fragmentation",
        "preemptions", "pages_leaked", "audit_failures", "audits", "page_acquires",
@@ -249,12 +266,15 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "weight_updates", "stale_preemptions", "update_windows", "verified",
        "verify_mismatches", "verify_segments", "verify_skipped", "later_turns", "turn_gap_min",
        "session_keeps", "session_hits", "session_drops",
-       "sharing_concurrency_ratio", "no_sharing"}
+       "sharing_concurrency_ratio", "no_sharing",
+       "trace_ceiling_hit_rate", "trace_ceiling_block_hit_rate", "trace_lru_blocks",
+       "trace_lru_hit_rate", "trace_lru_block_hit_rate", "first_admission_hit_tokens",
+       "first_admission_hit_rate", "hit_rate_of_ceiling", "latency"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",
           "budget_bytes", "kv_dtype", "accum", "capacity", "threads", "seed", "watermark",
           "reserve_tokens", "compute", "samples", "shared_prefix", "sharing", "schedule",
-          "update_weights_every", "verify_every", "session_ttl"}
+          "update_weights_every", "verify_every", "session_ttl", "trace_format", "ms_per_step"}
 assert set(r) == top, f"keys: missing {sorted(top - set(r))}, unexpected {sorted(set(r) - top)}"
 assert set(r["config"]) == config, \
     f"config keys: missing {sorted(config - set(r['config']))}, " \
@@ -267,23 +287,66 @@ assert r["audits"] >= 1 and r["seconds"] >= 0.0
 print("check_simulate: a one-row trace matches its hand-computed figures; the JSON keys are exact")
 PY
 
-# The sharegpt targets line says yes or no from the figures themselves: a run
-# with a ratio of 1.5 and 18% fragmentation misses both.
-tgt="--requests 12 --no-compute --quiet --block-tokens 256"
-"$@" simulate $tgt --json > "$work/targets.json"
-"$@" simulate $tgt > "$work/targets.txt"
-expected=$(python3 - "$work/targets.json" <<'PY'
+# Labels that say what they count (issue 19, section 5). A tight pool, so
+# requests are preempted and recomputed:
+#   - no "targets" line (internal goals; targets_met stays in --json);
+#   (no request is rejected, so every prompt is admitted once at least)
+#   - "tokens generated" alone; "prompt tokens": the workload's prompts, each
+#     once; "recomputed tokens": prefilled again after preemption. With one
+#     sample, prefill = prompts - first-admission hits + recomputed, exactly;
+#   - an allocator-only run's throughput is in steps/s, not generated tokens/s;
+#   - an f64 run's kv dtype line has no "+0 (1.00x)" against itself.
+lab="--requests 30 --prompt-mean 40 --output-mean 30 --capacity 256 --budget 768KiB --quiet"
+"$@" simulate $lab --no-compute --json > "$work/labels.json"
+"$@" simulate $lab --no-compute > "$work/labels.txt"
+expected=$(python3 - "$work/labels.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert 0.5 < r["concurrency_ratio"] < 3.0 and 0.05 < r["internal_fragmentation"] < 0.5, r
-yes = lambda b: "yes" if b else "no"
-print(f"sharegpt targets        concurrency ratio >= 3: {yes(r['concurrency_ratio'] >= 3)}, "
-      f"fragmentation < 5%: {yes(r['internal_fragmentation'] < 0.05)}, "
-      f"no leaks: {yes(r['pages_leaked'] == 0)}, clean audits: {yes(r['audit_failures'] == 0)}")
+assert r["preemptions"] > 0 and r["recomputed_tokens"] > 0 and r["requests_rejected"] == 0, r
+assert r["prefill_tokens"] == (r["workload_prompt_tokens"] - r["first_admission_hit_tokens"]
+                               + r["recomputed_tokens"]), r
+assert r["steps_per_second"] > 0
+print(f"tokens generated        {r['tokens_generated']}")
+print(f"prompt tokens           {r['workload_prompt_tokens']} (the workload's, each request's "
+      f"once), {r['first_admission_hit_tokens']} of them adopted")
+print(f"recomputed tokens       {r['recomputed_tokens']} (prefilled again after preemption)")
 PY
 )
-grep -qxF "$expected" "$work/targets.txt" ||
-    fail "expected '$expected', got '$(grep 'sharegpt targets' "$work/targets.txt")'"
+printf '%s\n' "$expected" | while IFS= read -r line; do
+    grep -qxF "$line" "$work/labels.txt" || fail "the report lacks '$line'"
+done
+if grep -q 'targets' "$work/labels.txt"; then
+    fail "the report still prints the internal targets line"
+fi
+grep -q '^throughput              [0-9.]* steps/s over' "$work/labels.txt" ||
+    fail "an allocator-only run's throughput is not in steps/s: $(grep throughput "$work/labels.txt")"
+if grep -q 'generated tokens/s' "$work/labels.txt"; then
+    fail "an allocator-only run reports generated tokens/s"
+fi
+grep -qx 'kv dtype                f64, 8 bytes per element: the pages hold [0-9]* full-capacity sequences' \
+    "$work/labels.txt" || fail "the f64 dtype line: $(grep -A1 'kv dtype' "$work/labels.txt")"
+if grep -q '(1.00x)' "$work/labels.txt"; then
+    fail "the f64 run compares f64 with itself"
+fi
+# A computed run keeps generated tokens/s.
+"$@" simulate --requests 4 --prompt-mean 8 --output-mean 8 --capacity 64 --quiet \
+    > "$work/labels-compute.txt"
+grep -q '^throughput              [0-9.]* generated tokens/s over' "$work/labels-compute.txt" ||
+    fail "a computed run's throughput: $(grep throughput "$work/labels-compute.txt")"
+# A sharing workload's comparison run is announced in the report, with its time,
+# and its seconds are in --json.
+cmp_="--requests 6 --prompt-mean 12 --output-mean 8 --capacity 64 --samples 2 --no-compute --quiet"
+"$@" simulate $cmp_ > "$work/compare.txt"
+"$@" simulate $cmp_ --json > "$work/compare.json"
+grep -qx 'comparison run          the same workload again without sharing (--no-sharing),' \
+    "$work/compare.txt" || fail "the comparison run is not announced"
+grep -q '^                        run after this one for the figures below: [0-9.]* s$' \
+    "$work/compare.txt" || fail "the comparison run's time is not reported"
+python3 - "$work/compare.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["no_sharing"]["seconds"] >= 0, r["no_sharing"]
+PY
 
 # Bad traces: a clear error with line, column and value, and nothing runs.
 while IFS='|' read -r content expected; do
@@ -380,6 +443,54 @@ for k in same:
 assert two["output_checksum"] == one["output_checksum"], "threads changed the outputs"
 print(f"check_simulate: conversation turns closed-loop, hit rate {two['prefix_hit_rate']:.2f}")
 PY
+
+# A Mooncake trace (--trace-format mooncake), made by hand. Three requests
+# 100 ms apart, 4 steps apart at the default 25 ms per step, so each has
+# finished before the next arrives:
+#   0: 1024 tokens, blocks [1, 2]      nothing cached;
+#   1:  700 tokens, blocks [1, 3]      block 1 (512 tokens) is request 0's;
+#   2: 1536 tokens, blocks [1, 2, 4]   blocks 1 and 2 (1024 tokens) are.
+# Ceiling: hits 512 + 1024 = 1536 of 1024 + 700 + 1536 = 3260 prompt tokens;
+# 3 of 7 block references. The pool (1 MiB of 2 KiB pages, 16 positions, one
+# layer) holds 512 x 16 / 512 = 16 blocks, more than the 5 distinct ones, so
+# the LRU equals the ceiling; so does kvpager, every block hitting. Without
+# --capacity the capacity is the longest request, 1536 + 1 = 1537.
+cat > "$work/tiny.jsonl" <<'JSONL'
+{"timestamp": 0, "input_length": 1024, "output_length": 2, "hash_ids": [1, 2]}
+{"timestamp": 100, "input_length": 700, "output_length": 2, "hash_ids": [1, 3]}
+{"timestamp": 200, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 4]}
+JSONL
+moon="--trace $work/tiny.jsonl --trace-format mooncake --layers 1 --model-width 8 --heads 1 \
+      --block-tokens 16 --budget 1MiB --quiet"
+"$@" simulate $moon --json > "$work/tiny.json"
+"$@" simulate $moon > "$work/tiny.txt"
+python3 - "$work/tiny.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+def exact(key, want, tolerance=1e-12):
+    assert abs(r[key] - want) <= tolerance, f"{key}: {r[key]}, by hand {want}"
+exact("trace_ceiling_hit_rate", 1536 / 3260)
+exact("trace_ceiling_block_hit_rate", 3 / 7)
+exact("trace_lru_blocks", 16)
+exact("trace_lru_hit_rate", 1536 / 3260)
+exact("first_admission_hit_tokens", 1536)
+exact("first_admission_hit_rate", 1536 / 3260)
+exact("hit_rate_of_ceiling", 1)
+exact("requests_completed", 3)
+assert r["config"]["capacity"] == 1537 and r["config"]["trace_format"] == "mooncake"
+assert r["config"]["ms_per_step"] == 25
+assert r["pages_leaked"] == 0 and r["audit_failures"] == 0
+PY
+grep -q '^trace ceiling           47.1% of prompt tokens (1536 of 3260; 42.9% of 7 block' \
+    "$work/tiny.txt" || fail "the report's trace ceiling line: $(grep ceiling "$work/tiny.txt")"
+grep -q '^kvpager prefix hits     47.1% of prompt tokens (1536 of 3260, first admissions only): 100.0% of the ceiling' \
+    "$work/tiny.txt" || fail "the report's kvpager hit line: $(grep 'prefix hits' "$work/tiny.txt")"
+grep -q '^same-capacity LRU       47.1% of prompt tokens (42.9% of blocks): an LRU of 16' \
+    "$work/tiny.txt" || fail "the report's LRU line: $(grep LRU "$work/tiny.txt")"
+# The same file read as CSV is refused: the format is never guessed.
+if "$@" simulate --trace "$work/tiny.jsonl" --quiet > /dev/null 2>&1; then
+    fail "a Mooncake file was read without --trace-format mooncake"
+fi
 
 # The sharegpt targets at the default budget. The schedule does not depend on
 # the attention arithmetic (checked above), so the allocator-only run shows

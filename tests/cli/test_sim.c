@@ -12,7 +12,13 @@
  *   - prefix_hit_rate and pages_saved_ratio equal figures computed by hand
  *     from the scheduler's rules (scheduler.h), written out below, with
  *     compute on and off.
+ *   - a request with block ids (a Mooncake trace) takes its prompt rows
+ *     from its ids: equal leading ids hit, an equal later id after a
+ *     different first one does not (chain keys).
+ *   - latency (latency.h): the nearest-rank rule on hand-picked values, the
+ *     percentiles of a hand-made schedule, and a real run's exact figures.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "latency.h"
 #include "sim.h"
 #include "verify.h"
 #include "workload.h"
@@ -226,6 +233,142 @@ static void test_sim_pages_saved_ratio_by_hand(void **state)
     }
 }
 
+/*
+ * Block ids. Pages of 4 positions, 1 MiB (2048 pages), requests far apart:
+ *   r0: 600 tokens, ids [5, 9]: nothing cached.
+ *   r1: 520 tokens, ids [5, 11]: block 5 is r0's first 512 positions: 512 hits.
+ *   r2: 520 tokens, ids [6, 9]: its first block differs, so nothing hits,
+ *       though its second id is r0's (a chain key covers every earlier token).
+ * Hits 512 of 1640 prompt tokens, all at first admissions.
+ */
+static void test_sim_block_ids_give_prefix_hits(void **state)
+{
+    (void)state;
+    static const uint64_t ids[3][2] = {{5, 9}, {5, 11}, {6, 9}};
+    for (int compute = 1; compute >= 0; compute--) {
+        kvp_sim_config c = tiny_config();
+        c.compute = compute;
+        c.budget_bytes = 1 << 20;
+        c.capacity = 640;
+        kvp_workload_request r[3] = {plain(0, 600, 2, 0, 0), plain(10, 520, 2, 0, 1),
+                                     plain(20, 520, 2, 0, 2)};
+        for (size_t i = 0; i < 3; i++) {
+            r[i].block_ids = ids[i];
+            r[i].block_count = 2;
+        }
+        kvp_sim_result res;
+        run(&c, r, 3, &res);
+        assert_int_equal(res.prompt_tokens, 1640);
+        assert_int_equal(res.prefix_hit_tokens, 512);
+        assert_int_equal(res.first_hit_tokens, 512);
+        assert_int_equal(res.request_log[1].first_hit_tokens, 512);
+        assert_int_equal(res.request_log[2].first_hit_tokens, 0);
+        kvp_sim_result_free(&res);
+    }
+}
+
+static void test_sim_percentile_nearest_rank(void **state)
+{
+    (void)state;
+    double v[200];
+    for (size_t i = 0; i < 200; i++) {
+        v[i] = (double)(i + 1);
+    }
+    /* n = 10: ranks ceil(5) = 5, ceil(9) = 9, ceil(9.9) = 10. */
+    assert_true(kvp_percentile_nearest_rank(v, 10, 50) == 5.0);
+    assert_true(kvp_percentile_nearest_rank(v, 10, 90) == 9.0);
+    assert_true(kvp_percentile_nearest_rank(v, 10, 99) == 10.0);
+    /* n = 200: ranks 100, 180, 198. n = 4: ranks 2, ceil(3.6) = 4, 4. n = 1: the value. */
+    assert_true(kvp_percentile_nearest_rank(v, 200, 50) == 100.0);
+    assert_true(kvp_percentile_nearest_rank(v, 200, 90) == 180.0);
+    assert_true(kvp_percentile_nearest_rank(v, 200, 99) == 198.0);
+    assert_true(kvp_percentile_nearest_rank(v, 4, 50) == 2.0);
+    assert_true(kvp_percentile_nearest_rank(v, 4, 90) == 4.0);
+    assert_true(kvp_percentile_nearest_rank(v, 1, 99) == 1.0);
+    assert_true(isnan(kvp_percentile_nearest_rank(v, 0, 50)));
+}
+
+/*
+ * A schedule by hand: 5 steps with clocks 0, 1, 2, 5, 6 (idle steps 3 and 4
+ * skipped), step k starting at k s and ending at k + 0.5 s.
+ *   r0: submitted before step 0, admitted 0, first token 0, finished 2, 3 tokens:
+ *       queue 0, TTFT 1, E2E 3, TPOT (3 - 1) / 2 = 1 steps; queue 0 s, E2E 2.5 s
+ *   r1: submitted 0, admitted 1, first token 1, finished 4, 4 tokens:
+ *       queue 1, TTFT 2, E2E 6 - 0 + 1 = 7, TPOT 5 / 3; queue 1 s
+ *   r2: submitted 1, admitted 3 (preempted once: 7 tokens recomputed), first
+ *       token 3, finished 3, 1 token: queue 5 - 1 = 4, TTFT 5, E2E 5, no TPOT;
+ *       queue start(3) - start(1) = 2 s
+ *   r3: rejected: no figures.
+ *   r4: submitted 2, admitted 2, first token 3, finished 4, 2 tokens:
+ *       queue 0, TTFT 5 - 2 + 1 = 4, E2E 6 - 2 + 1 = 5, TPOT 1; queue 0 s
+ * Sorted: queue 0 0 1 4 (p50 rank 2: 0; p90 rank 4: 4), TTFT 1 2 4 5 (2, 5),
+ * E2E 3 5 5 7 (5, 7), TPOT 1 1 5/3 (rank 2: 1; rank 3: 5/3), recomputed
+ * 0 0 0 7 (0, 7), queue seconds 0 0 1 2 (0, 2).
+ */
+static void test_sim_latency_of_a_hand_made_schedule(void **state)
+{
+    (void)state;
+    kvp_sim_sample steps[5];
+    static const size_t clocks[5] = {0, 1, 2, 5, 6};
+    for (size_t k = 0; k < 5; k++) {
+        memset(&steps[k], 0, sizeof steps[k]);
+        steps[k].clock = clocks[k];
+        steps[k].start_seconds = (double)k;
+        steps[k].end_seconds = (double)k + 0.5;
+    }
+    kvp_sim_request log[5];
+    memset(log, 0, sizeof log);
+    /* submit, output, finished, rejected, admissions, hits, recomputed, admitted, first, end */
+    log[0] = (kvp_sim_request){0, 3, 1, 0, 1, 0, 0, 0, 0, 2};
+    log[1] = (kvp_sim_request){0, 4, 1, 0, 1, 0, 0, 1, 1, 4};
+    log[2] = (kvp_sim_request){1, 1, 1, 0, 2, 0, 7, 3, 3, 3};
+    log[3] = (kvp_sim_request){1, 5, 1, 1, 0, 0, 0, 0, 0, 1};
+    log[4] = (kvp_sim_request){2, 2, 1, 0, 1, 0, 0, 2, 3, 4};
+    kvp_sim_result r;
+    memset(&r, 0, sizeof r);
+    r.requests = 5;
+    r.steps = 5;
+    r.samples = steps;
+    r.request_log = log;
+    kvp_latency l;
+    assert_int_equal(kvp_latency_compute(&r, &l), 0);
+    assert_int_equal(l.queue_steps.count, 4);
+    assert_true(l.queue_steps.p50 == 0.0 && l.queue_steps.p90 == 4.0 && l.queue_steps.p99 == 4.0);
+    assert_true(l.ttft_steps.p50 == 2.0 && l.ttft_steps.p90 == 5.0);
+    assert_true(l.e2e_steps.p50 == 5.0 && l.e2e_steps.p90 == 7.0);
+    assert_int_equal(l.tpot_steps.count, 3);
+    assert_true(l.tpot_steps.p50 == 1.0 && l.tpot_steps.p90 == 5.0 / 3.0);
+    assert_true(l.recomputed_tokens.p50 == 0.0 && l.recomputed_tokens.p90 == 7.0);
+    assert_true(l.queue_seconds.p50 == 0.0 && l.queue_seconds.p90 == 2.0);
+    /* TTFT seconds: end(first) - start(submit): 0.5, 1.5, 2.5, 1.5: sorted p50 1.5, p90 2.5. */
+    assert_true(l.ttft_seconds.p50 == 1.5 && l.ttft_seconds.p90 == 2.5);
+}
+
+/*
+ * A real run's latency: the prefix-hit workload above (4 requests far
+ * apart, 2 tokens each, nothing queued): each is admitted in its arrival
+ * step and decodes its first token there (queue 0, TTFT 1 step) and its
+ * second in the next (E2E 2, TPOT 1); nothing recomputed.
+ */
+static void test_sim_latency_of_a_run(void **state)
+{
+    (void)state;
+    kvp_sim_config c = tiny_config();
+    kvp_workload_request r[4] = {plain(0, 9, 2, 8, 0), plain(10, 9, 2, 8, 1),
+                                 plain(20, 6, 2, 0, 2), plain(30, 8, 2, 8, 3)};
+    kvp_sim_result res;
+    run(&c, r, 4, &res);
+    kvp_latency l;
+    assert_int_equal(kvp_latency_compute(&res, &l), 0);
+    assert_int_equal(l.e2e_steps.count, 4);
+    assert_true(l.queue_steps.p99 == 0.0 && l.ttft_steps.p50 == 1.0 && l.ttft_steps.p99 == 1.0);
+    assert_true(l.e2e_steps.p50 == 2.0 && l.e2e_steps.p99 == 2.0);
+    assert_true(l.tpot_steps.p99 == 1.0 && l.recomputed_tokens.p99 == 0.0);
+    assert_true(l.queue_seconds.p99 >= 0.0 && l.e2e_seconds.p50 > 0.0);
+    assert_int_equal(res.first_hit_tokens, 12);
+    kvp_sim_result_free(&res);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -234,6 +377,10 @@ int main(void)
         cmocka_unit_test(test_sim_verify_counts_a_missing_output),
         cmocka_unit_test(test_sim_prefix_hit_rate_by_hand),
         cmocka_unit_test(test_sim_pages_saved_ratio_by_hand),
+        cmocka_unit_test(test_sim_block_ids_give_prefix_hits),
+        cmocka_unit_test(test_sim_percentile_nearest_rank),
+        cmocka_unit_test(test_sim_latency_of_a_hand_made_schedule),
+        cmocka_unit_test(test_sim_latency_of_a_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
