@@ -144,12 +144,15 @@ static kvp_model *make_model(void)
     return model;
 }
 
+/* 1: an allocator-only fixture (compute 0) gets no model: the config gives the geometry. */
+static int fixture_without_model;
+
 static void setup_fixture_full(fixture *f, size_t pages, size_t threads, int compute,
                                size_t max_running, int sharing, kvp_schedule schedule,
                                size_t session_ttl, double session_fraction)
 {
     memset(f, 0, sizeof *f);
-    f->model = make_model();
+    f->model = compute || !fixture_without_model ? make_model() : NULL;
     f->pool = kvpt_pool(BLOCK, KV_HEADS, HEAD_WIDTH, pages);
     f->decoder = compute ? kvpt_decoder(threads) : NULL;
     kvp_scheduler_config config;
@@ -164,6 +167,10 @@ static void setup_fixture_full(fixture *f, size_t pages, size_t threads, int com
     config.schedule = schedule;
     config.session_ttl = session_ttl;
     config.session_fraction = session_fraction;
+    if (f->model == NULL) {
+        config.layers = LAYERS;
+        config.model_width = WIDTH;
+    }
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
                                         &err),
@@ -1221,7 +1228,88 @@ static void test_scheduler_compute_off_shares_alike(void **state)
             hit += on[k].prefix_hit_tokens;
         }
         assert_true(hit > 0);
+        /* Without a model (the config's geometry): the same steps, hits included. */
+        fixture_without_model = 1;
+        schedule_shared(0, pages[i], off, &n_off);
+        fixture_without_model = 0;
+        assert_int_equal(n_on, n_off);
+        for (size_t k = 0; k < n_on; k++) {
+            assert_memory_equal(&on[k], &off[k], sizeof on[k]);
+        }
     }
+}
+
+/*
+ * An allocator-only scheduler needs no model: with model NULL the config
+ * gives the layers and the rows' width. Each refusal names its argument,
+ * writes no handle and changes nothing in the pool (audited snapshot): a
+ * NULL model when computing, layers or model_width 0 without a model, and
+ * with a model a value that is neither 0 nor the model's.
+ */
+static void test_scheduler_create_without_model(void **state)
+{
+    (void)state;
+    kvp_model *model = make_model();
+    kvp_pool *pool = kvpt_pool(BLOCK, KV_HEADS, HEAD_WIDTH, 16);
+    kvp_decoder *decoder = kvpt_decoder(1);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    assert_int_equal(config.layers, 0);
+    assert_int_equal(config.model_width, 0);
+    config.capacity = CAPACITY;
+    kvp_scheduler *out = (kvp_scheduler *)&config; /* a sentinel: must stay untouched */
+    kvp_scheduler *const sentinel = out;
+    kvpt_snapshot snap;
+    kvpt_snapshot_init(&snap, pool);
+    kvpt_snapshot_take(&snap);
+    kvp_error err;
+    /* compute 1: a model is required, after the config's checks. */
+    assert_int_equal(kvp_scheduler_create(NULL, pool, decoder, &config, &out, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "model");
+    config.watermark = 1.0;
+    assert_int_equal(kvp_scheduler_create(NULL, pool, decoder, &config, &out, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "watermark");
+    config.watermark = 0.0;
+    config.compute = 0;
+    const struct {
+        const kvp_model *model;
+        size_t layers;
+        size_t width;
+        const char *argument;
+    } refused[] = {
+        {NULL, 0, WIDTH, "layers"},     {NULL, LAYERS, 0, "model_width"},
+        {NULL, 0, 0, "layers"},         {model, LAYERS + 1, 0, "layers"},
+        {model, 0, WIDTH * 2, "model_width"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        config.layers = refused[i].layers;
+        config.model_width = refused[i].width;
+        memset(&err, 0, sizeof err);
+        assert_int_equal(kvp_scheduler_create(refused[i].model, pool, NULL, &config, &out, &err),
+                         KVP_INVALID_ARGUMENT);
+        assert_string_equal(err.argument, refused[i].argument);
+        assert_ptr_equal(out, sentinel);
+        kvpt_assert_unchanged(&snap, 0);
+    }
+    /* With a model, 0 or the model's own values are accepted. */
+    config.layers = LAYERS;
+    config.model_width = WIDTH;
+    kvp_scheduler *made = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, NULL, &config, &made, &err), &err);
+    kvpt_assert_ok(kvp_scheduler_destroy(made, NULL), NULL);
+    /* Without one: one external cache per configured layer, of the pool's heads. */
+    kvpt_assert_ok(kvp_scheduler_create(NULL, pool, NULL, &config, &made, &err), &err);
+    kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
+    kvpt_assert_ok(kvp_pool_stats_get(pool, &stats, NULL), NULL);
+    assert_int_equal(stats.attached_caches, LAYERS); /* the first lease */
+    kvpt_assert_ok(kvp_scheduler_destroy(made, NULL), NULL);
+    kvpt_assert_unchanged(&snap, 0);
+    kvpt_destroy_decoder(decoder);
+    kvpt_assert_ok(kvp_pool_destroy(pool, NULL), NULL);
+    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
 }
 
 /*
@@ -2533,6 +2621,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_scheduler_compute_off_takes_the_same_schedule),
         cmocka_unit_test(test_scheduler_max_running_caps_the_batch),
         cmocka_unit_test(test_scheduler_create_refuses_bad_input),
+        cmocka_unit_test(test_scheduler_create_without_model),
         cmocka_unit_test(test_scheduler_submit_refusals_change_nothing),
         cmocka_unit_test(test_scheduler_step_and_collect_refusals_change_nothing),
         cmocka_unit_test(test_scheduler_step_allocation_faults_change_nothing),

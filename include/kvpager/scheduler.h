@@ -182,6 +182,12 @@ typedef struct kvp_scheduler_config {
                               kept for its session's next request; 0: none are kept */
     double session_fraction; /* sessions: most of the pool's pages kept sequences may hold,
                                 in [0, 1] */
+    /* Allocator-only runs without a model (compute 0, model NULL): the geometry the
+       model would give. The KV heads and head width are the pool's. 0: the model's
+       (with a model they must be 0 or equal the model's) */
+    size_t layers;         /* layers, each one external cache per lease */
+    size_t model_width;    /* the width of the input rows the `input` callback gives
+                              (prefix keys chain them) */
 } kvp_scheduler_config;
 
 /* kvp_scheduler_config.schedule: the order admission considers waiting requests in. */
@@ -201,7 +207,7 @@ typedef enum kvp_schedule {
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),
  * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0,
  * sharing 1, schedule KVP_SCHEDULE_FCFS, session_ttl 0 (no session keeps
- * a sequence), session_fraction 0.5.
+ * a sequence), session_fraction 0.5, layers 0 and model_width 0 (the model's).
  * NULL is ignored.
  * Threads: thread-safe (touches only *config).
  */
@@ -336,10 +342,15 @@ KVP_API void kvp_scheduler_stats_init(kvp_scheduler_stats *stats);
 /*
  * A scheduler over `model`'s layers, drawing pages from `pool`, decoding on
  * `decoder` (NULL allowed only with compute 0). It holds the three without
- * owning them: they must outlive it. Errors, in order: NULL_ARGUMENT (model,
- * pool, cfg, out; decoder when compute is 1); INVALID_ARGUMENT (cfg's
- * struct_size; "watermark" not in [0, 1); "schedule" not a kvp_schedule;
- * "session_fraction" not in [0, 1]);
+ * owning them: they must outlive it. An allocator-only scheduler (compute 0)
+ * needs no model: with `model` NULL it takes the layers and the input rows'
+ * width from cfg (layers, model_width) and the KV heads and head width from
+ * the pool, so it builds and reads no weights. Errors, in order:
+ * NULL_ARGUMENT (pool, cfg, out); INVALID_ARGUMENT (cfg's struct_size;
+ * "watermark" not in [0, 1); "schedule" not a kvp_schedule;
+ * "session_fraction" not in [0, 1]); NULL_ARGUMENT ("model" when compute is
+ * 1; "decoder" when compute is 1); INVALID_ARGUMENT ("layers" or
+ * "model_width": 0 without a model, or, with one, neither 0 nor the model's);
  * then the errors of creating its first sequence, which checks the model
  * and pool against each other
  * (ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH, ...: see

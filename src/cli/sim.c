@@ -232,7 +232,9 @@ static int setup(sim *s)
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
-    if (kvp_sim_model_create(c, &s->model, s->err) != KVP_OK) {
+    /* An allocator-only run builds no weights: the scheduler takes the geometry
+       from its config and the pool. */
+    if (c->compute && kvp_sim_model_create(c, &s->model, s->err) != KVP_OK) {
         return fail(s, "creating the model");
     }
     if (c->compute && kvp_decoder_create(c->threads, &s->decoder, s->err) != KVP_OK) {
@@ -248,6 +250,8 @@ static int setup(sim *s)
     scheduler_config.sharing = c->sharing;
     scheduler_config.schedule = (uint64_t)c->schedule;
     scheduler_config.session_ttl = c->session_ttl;
+    scheduler_config.layers = c->layers;
+    scheduler_config.model_width = c->model_width;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
                              s->err) != KVP_OK) {
         return fail(s, "creating the scheduler");

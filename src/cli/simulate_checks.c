@@ -430,7 +430,7 @@ static void memory_parts(const simulate_options *o, size_t requests, size_t page
     size_t sequences = pages / c->layers;
     sequences = sequences < requests ? sequences : requests;
     sequences = sequences > 0 ? sequences : 1;
-    size_t model = model_bytes(c, overflow);
+    size_t model = c->compute ? model_bytes(c, overflow) : 0; /* allocator-only: no weights */
     size_t per_sequence = sequences_bytes(c, sequences, overflow);
     size_t prompt = prompt_bytes(c, pages, overflow);
     size_t list = mul(requests, sizeof(kvp_workload_request) + 7 * sizeof(size_t), overflow);
