@@ -583,6 +583,19 @@ kvp_status kvp_cache_commit_written(kvp_cache *cache, size_t rows, kvp_error *er
     return KVP_OK;
 }
 
+kvp_status kvpi_cache_commit_unwritten(kvp_cache *cache, size_t rows, kvp_error *err)
+{
+    kvp_status status = check_row_cache(cache, 0, err);
+    if (status == KVP_OK) {
+        status = check_reserved(cache, rows, err);
+    }
+    if (status != KVP_OK || rows == 0) {
+        return status;
+    }
+    commit_rows(cache, NULL, rows); /* no source: nothing written, nothing read */
+    return KVP_OK;
+}
+
 kvp_status kvp_cache_discard_rows(kvp_cache *cache, kvp_error *err)
 {
     if (cache == NULL) {

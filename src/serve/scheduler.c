@@ -117,7 +117,6 @@ static void scheduler_free(kvp_scheduler *s)
     kvpi_free(s->done);
     kvpi_free(s->jobs);
     kvpi_free(s->rows);
-    kvpi_free(s->zeros);
     kvpi_free(s->plan);
     kvpi_free(s->keys);
     kvpi_free(s->parked.keys);
@@ -245,7 +244,7 @@ static void scheduler_init(kvp_scheduler *s, const create_inputs *in)
 
 /*
  * What a scheduler allocates up front: the kept page counts (sessions on),
- * what its lease kind needs (allocator-only: the zero rows), and the first lease, made now: it checks
+ * what its lease kind needs (nothing yet), and the first lease, made now: it checks
  * the model and pool against each other. On failure the caller frees s.
  */
 static kvp_status scheduler_alloc(kvp_scheduler *s, size_t total_pages, kvp_error *err)
