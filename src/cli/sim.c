@@ -229,6 +229,8 @@ static int setup(sim *s)
     pool_config.head_width = c->model_width / c->heads;
     pool_config.budget_bytes = c->budget_bytes;
     pool_config.dtype = c->kv_dtype;
+    /* The allocator alone never touches a page: no memory behind them (pool.h). */
+    pool_config.slab_source = c->compute ? KVP_SLAB_DEFAULT : KVP_SLAB_RESERVED;
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }

@@ -109,6 +109,12 @@ static inline const uint32_t *kvpi_cache_lane_table(const kvp_cache *cache, size
 }
 
 /* The pool's storage type: every page of this cache holds elements of it. */
+/* 0 when the cache's pool holds no page data (KVP_SLAB_RESERVED): its rows cannot be read. */
+static inline int kvpi_cache_has_data(const kvp_cache *cache)
+{
+    return kvpi_pool_has_data(cache->pool);
+}
+
 static inline kvp_dtype kvpi_cache_dtype(const kvp_cache *cache)
 {
     return cache->pool->dtype;

@@ -111,6 +111,12 @@ static kvp_status check_row_cache(const kvp_cache *cache, int no_reservation, kv
     return KVP_OK;
 }
 
+/* The calls that read or write rows: a reserved pool's pages hold none (pool.h). */
+static kvp_status check_has_data(const kvp_cache *cache, kvp_error *err)
+{
+    return kvpi_pool_has_data(cache->pool) ? KVP_OK : kvpi_pool_fail_no_data(err);
+}
+
 size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens)
 {
     if (cache == NULL || tokens <= cache->len) {
@@ -350,6 +356,9 @@ kvp_status kvp_cache_append_rows_typed(kvp_cache *cache, kvp_dtype src_dtype, co
     if (status == KVP_OK) {
         status = check_source_dtype(src_dtype, err);
     }
+    if (status == KVP_OK) {
+        status = check_has_data(cache, err);
+    }
     if (status != KVP_OK || rows == 0) {
         return status;
     }
@@ -411,6 +420,9 @@ kvp_status kvp_cache_commit_rows_typed(kvp_cache *cache, kvp_dtype src_dtype, co
     kvp_status status = check_row_cache(cache, 0, err);
     if (status == KVP_OK) {
         status = check_source_dtype(src_dtype, err);
+    }
+    if (status == KVP_OK) {
+        status = check_has_data(cache, err);
     }
     if (status == KVP_OK) {
         status = check_reserved(cache, rows, err);
@@ -502,6 +514,9 @@ kvp_status kvp_cache_reserved_slots(kvp_cache *cache, size_t lane, kvp_slot_span
         return kvpi_fail_null(err, "out");
     }
     kvp_status status = check_row_cache(cache, 0, err);
+    if (status == KVP_OK) {
+        status = check_has_data(cache, err);
+    }
     if (status != KVP_OK) {
         return status;
     }
@@ -566,6 +581,9 @@ static kvp_status check_written(const kvp_cache *cache, int values, size_t rows,
 kvp_status kvp_cache_commit_written(kvp_cache *cache, size_t rows, kvp_error *err)
 {
     kvp_status status = check_row_cache(cache, 0, err);
+    if (status == KVP_OK) {
+        status = check_has_data(cache, err);
+    }
     if (status == KVP_OK) {
         status = check_reserved(cache, rows, err);
     }
