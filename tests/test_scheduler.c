@@ -8,7 +8,9 @@
  *     with 1 and 2 decoder threads, with prompt rows or an input callback;
  *   - a request that can never fit is rejected, and the others still run;
  *   - compute off (external caches) takes the same schedule: the same
- *     counters, preemptions included;
+ *     counters, preemptions included, with a model or without one (the
+ *     config's geometry), prefix keys from rows or from block digests;
+ *     create refuses a missing model or geometry, changing nothing;
  *   - max_running caps the sequences decoded per step;
  *   - create, submit, step and collect refuse bad input with typed errors
  *     and change nothing (stats, ids, pool); samples > 1 is refused until
@@ -217,6 +219,38 @@ static void teardown_fixture(fixture *f)
     kvpt_assert_ok(kvp_model_destroy(f->model, NULL), NULL);
 }
 
+/*
+ * 1: requests give block digests and no rows (allocator-only fixtures): the
+ * digest of a block hashes its rows' bits (row_at), so equal content gives
+ * equal digests and prefix keys match exactly where row keys would.
+ */
+static int requests_by_digest;
+static size_t digest_calls;
+
+static void digest_cb(void *ctx, uint64_t id, size_t sample, size_t block, kvp_block_key *digest)
+{
+    const book *b = ctx;
+    assert_true(sample < SAMPLES);
+    if ((block + 1) * BLOCK <= b->prompt[id]) {
+        assert_int_equal(sample, 0); /* a prompt block is every sample's */
+    }
+    uint64_t lo = 0xcbf29ce484222325ull;
+    uint64_t hi = 0x84222325cbf29ce4ull;
+    for (size_t p = block * BLOCK; p < (block + 1) * BLOCK; p++) {
+        double row[WIDTH];
+        row_at(b, id, sample, p, row);
+        for (size_t i = 0; i < WIDTH; i++) {
+            uint64_t bits;
+            memcpy(&bits, &row[i], sizeof bits);
+            lo = (lo ^ bits) * 0x100000001b3ull;
+            hi = (hi ^ (bits >> 7)) * 0x100000001b3ull + 1;
+        }
+    }
+    digest->lo = lo;
+    digest->hi = hi;
+    digest_calls++;
+}
+
 static uint64_t submit_session(fixture *f, book *b, size_t prompt, size_t new_tokens,
                                const double *rows, size_t samples, uint64_t session)
 {
@@ -234,6 +268,11 @@ static uint64_t submit_session(fixture *f, book *b, size_t prompt, size_t new_to
     request.max_new_tokens = new_tokens;
     request.samples = samples;
     request.session = session;
+    if (requests_by_digest) {
+        request.prompt = NULL; /* no rows at all: a row read would crash the test */
+        request.input = NULL;
+        request.block_digest = digest_cb;
+    }
     uint64_t id = UINT64_MAX;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &id, &err), &err);
@@ -1228,14 +1267,21 @@ static void test_scheduler_compute_off_shares_alike(void **state)
             hit += on[k].prefix_hit_tokens;
         }
         assert_true(hit > 0);
-        /* Without a model (the config's geometry): the same steps, hits included. */
+        /* Without a model (the config's geometry): the same steps, hits included;
+           and with block digests instead of rows too. */
         fixture_without_model = 1;
-        schedule_shared(0, pages[i], off, &n_off);
-        fixture_without_model = 0;
-        assert_int_equal(n_on, n_off);
-        for (size_t k = 0; k < n_on; k++) {
-            assert_memory_equal(&on[k], &off[k], sizeof on[k]);
+        for (int digests = 0; digests <= 1; digests++) {
+            requests_by_digest = digests;
+            digest_calls = 0;
+            schedule_shared(0, pages[i], off, &n_off);
+            assert_true(digests ? digest_calls > 0 : digest_calls == 0);
+            assert_int_equal(n_on, n_off);
+            for (size_t k = 0; k < n_on; k++) {
+                assert_memory_equal(&on[k], &off[k], sizeof on[k]);
+            }
         }
+        requests_by_digest = 0;
+        fixture_without_model = 0;
     }
 }
 
@@ -1320,14 +1366,18 @@ static void test_scheduler_create_without_model(void **state)
  * 16 tokens), not only the prompt's first. With 2 samples each sample
  * publishes its own blocks (here their rows are the same: the second finds
  * the keys taken and leaves them). Outputs equal a fresh sequence's, and
- * sharing off's, bit for bit; compute off hits alike; after a weight update
+ * sharing off's, bit for bit; compute off hits alike, keyed by rows or,
+ * with no model, by block digests (no row read); after a weight update
  * nothing of the old blocks is adopted.
  */
 static void test_scheduler_publishes_decoded_blocks(void **state)
 {
     (void)state;
     static double off_outputs[3][2][CAPACITY][WIDTH]; /* request 1's, sharing off, by samples */
-    for (int compute = 1; compute >= 0; compute--) {
+    /* mode 2: computed; 1: allocator-only; 0: allocator-only, no model, block digests */
+    for (int mode = 2; mode >= 0; mode--) {
+        int compute = mode == 2;
+        fixture_without_model = requests_by_digest = mode == 0;
         for (size_t samples = 1; samples <= 2; samples++) {
             for (int sharing = 0; sharing <= 1; sharing++) {
                 /* compute off binds the configured identity: no update to make */
@@ -1367,6 +1417,7 @@ static void test_scheduler_publishes_decoded_blocks(void **state)
             }
         }
     }
+    fixture_without_model = requests_by_digest = 0;
 }
 
 /*

@@ -111,7 +111,8 @@
  *      one per session.
  * Finished requests wait for kvp_scheduler_collect.
  *
- * Inputs: a request's rows come from its `prompt` array, or from its `input`
+ * Inputs (prefix keys from block digests instead: kvp_request.block_digest):
+ * a request's rows come from its `prompt` array, or from its `input`
  * callback, called with (request id, sample, position) for every position it
  * needs, again when a preempted request is recomputed and when a finished
  * one keys its decoded blocks (sharing); it must give the same row for the
@@ -229,6 +230,22 @@ typedef void (*kvp_scheduler_input_fn)(void *ctx, uint64_t request_id, size_t sa
 typedef void (*kvp_scheduler_token_fn)(void *ctx, uint64_t request_id, size_t sample,
                                        size_t position, const double *output, size_t width);
 
+/*
+ * The content digest of block `block` of sample `sample` of request
+ * `request_id`: positions [block x block_tokens, (block + 1) x
+ * block_tokens) (the pool's block_tokens), 16 bytes into *digest. For a
+ * block wholly below the request's prompt_tokens the scheduler passes
+ * sample 0 and the digest is every sample's. Must be deterministic in
+ * (request_id, sample, block), and equal for equal content: two blocks
+ * with equal digests (under the same earlier blocks, bindings and salt)
+ * share one key, so one adopts the other's pages. A trace that names its
+ * blocks by hash (Mooncake's hash_ids, one per 512 tokens) gives block b
+ * the digest of (hash_ids[b x block_tokens / 512], b x block_tokens % 512 /
+ * block_tokens) when block_tokens divides 512.
+ */
+typedef void (*kvp_scheduler_block_fn)(void *ctx, uint64_t request_id, size_t sample,
+                                       size_t block, kvp_block_key *digest);
+
 /* A growing struct (pool.h): struct_size first, set by kvp_request_init. */
 typedef struct kvp_request {
     size_t struct_size;
@@ -249,6 +266,14 @@ typedef struct kvp_request {
                                        under this salt (vLLM's cache_salt), so it adopts and
                                        publishes only blocks of requests with the same salt
                                        (kvp_sequence_adopt_prefix_salted). One per tenant */
+    kvp_scheduler_block_fn block_digest; /* optional: prefix keys chain each block's 16-byte
+                                       digest (with sharing) instead of its rows, so an
+                                       allocator-only request needs neither `prompt` nor
+                                       `input`, and a key costs a block, not its
+                                       block_tokens x width doubles. The decoded blocks a
+                                       finished request publishes are keyed by it too.
+                                       Keys of digests never equal keys of rows: give the
+                                       requests that should share one kind */
 } kvp_request;
 
 /* Sets struct_size, samples 1 and every other field 0 / NULL. NULL is ignored.

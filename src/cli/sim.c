@@ -163,6 +163,46 @@ static void input_row(void *ctx, uint64_t id, size_t sample, size_t position, do
     request_row(s->config->seed, &s->workload->requests[i], sample, position, row, width);
 }
 
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/*
+ * The scheduler's block digest (allocator-only runs, which read no rows):
+ * block `block` of sample `sample` of request `id` named by what each of
+ * its rows is drawn from, (seed, stream, position), by request_row's rule
+ * (the shared stream below shared_tokens, the request's own above; a
+ * generated position of sample s > 0 under the seed mixed with s), into two
+ * independent 64-bit lanes. Equal rows give equal digests, and different
+ * draws different ones (but for a 2^-128 collision), so the prefix keys
+ * match exactly where the rows' keys would, at the cost of a few
+ * multiplications per position instead of drawing and hashing width
+ * doubles. Keep it in step with request_row.
+ */
+static void block_digest(void *ctx, uint64_t id, size_t sample, size_t block,
+                         kvp_block_key *digest)
+{
+    const sim *s = ctx;
+    const kvp_workload_request *r = &s->workload->requests[s->index_of[id]];
+    size_t bt = s->config->block_tokens;
+    uint64_t lo = 0x6A09E667F3BCC908ull;
+    uint64_t hi = 0xBB67AE8584CAA73Bull;
+    for (size_t p = block * bt; p < (block + 1) * bt; p++) {
+        uint64_t stream = p < r->shared_tokens ? SHARED_STREAM : r->stream;
+        uint64_t seed = s->config->seed;
+        if (p >= r->prompt_tokens && sample > 0) {
+            seed ^= 0xD6E8FEB86659FD93ull * (uint64_t)sample;
+        }
+        lo = mix64(mix64(mix64(lo ^ seed) ^ stream) ^ (uint64_t)p);
+        hi = mix64(mix64(mix64(hi + seed) + stream) + (uint64_t)p + 0x9E3779B97F4A7C15ull);
+    }
+    digest->lo = lo;
+    digest->hi = hi;
+}
+
 /*
  * The scheduler's token callback: the checksum sums every decode output's
  * first value; a chosen request's outputs are kept for verification with
@@ -344,6 +384,8 @@ static int submit(sim *s, size_t i, size_t step)
     kvp_request_init(&request);
     request.prompt_tokens = w->prompt_tokens;
     request.input = input_row;
+    /* Allocator-only: keys from block digests, no row drawn (block_digest). */
+    request.block_digest = s->config->compute ? NULL : block_digest;
     request.on_token = on_token;
     request.ctx = s;
     request.max_new_tokens = w->output_tokens;

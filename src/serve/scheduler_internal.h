@@ -368,8 +368,19 @@ static inline size_t sample_pages(const kvp_scheduler *s, const record *r, size_
 /* 1 when a completed request publishes its decoded blocks (sharing on, and their rows to key). */
 static inline int publishes(const kvp_scheduler *s, const kvp_request *q)
 {
-    return s->config.sharing && q->input != NULL;
+    return s->config.sharing && (q->input != NULL || q->block_digest != NULL);
 }
+
+/*
+ * Request `id`'s chain keys of blocks [from, blocks) of sample `sample`
+ * over `caches`' bindings, keys of blocks [0, from) given (the layout of
+ * kvpi_prompt_keys, room for its count): from the request's block digests
+ * when it has them, else from `rows` (len rows: the prompt's, then the
+ * sample's), as kvpi_prompt_keys_from (scheduler_plan.c).
+ */
+void kvpi_sched_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
+                     size_t sample, const double *rows, size_t len, size_t from, size_t blocks,
+                     kvp_block_key *keys);
 
 /*
  * 1 when the step's prompts are prefilled on the decoder (computed leases
