@@ -22,7 +22,10 @@
  * turn's reply, sees the rows sample 0 decoded), and sample s > 0 draws its
  * generated positions from a stream of its own. So a recomputed request sees
  * exactly the inputs it saw before, and two requests that share a prefix see
- * the same rows for it.
+ * the same rows for it. An allocator-only run (compute off) builds no model,
+ * its pool is KVP_SLAB_RESERVED (no memory behind the pages), and its
+ * prefix keys come from block digests of what the rows are drawn from
+ * (block_digest), so it draws no row at all.
  * Weight updates (update_every): between two steps, every parameter of
  * every layer gets a small seeded perturbation through kvp_param_update_with,
  * which bumps its revision; the scheduler then preempts the running requests

@@ -6,8 +6,10 @@
  * step takes, each admitted or rejected), the pages a request asks
  * admission for (request_pages), the parked and ranked prompt keys
  * (s->parked, s->ranked: keysets kept across steps so a waiting request
- * is not read and hashed again), the cache-aware window's order, and
- * taking the plan (admit: leases to slots, entries out of the queue).
+ * is not read and hashed again), the cache-aware window's order,
+ * taking the plan (admit: leases to slots, entries out of the queue), and
+ * a request's chain keys (kvpi_sched_keys: from its block digests, or from
+ * its rows), which publication in scheduler_step.c uses too.
  *
  * Invariants: planning changes nothing but the scratch it grows (rows,
  * keys, plan) and the keysets it parks, which change no decision: the
