@@ -8,7 +8,9 @@
  *     with 1 and 2 decoder threads, with prompt rows or an input callback;
  *   - a request that can never fit is rejected, and the others still run;
  *   - compute off (external caches) takes the same schedule: the same
- *     counters, preemptions included;
+ *     counters, preemptions included, with a model or without one (the
+ *     config's geometry), prefix keys from rows or from block digests;
+ *     create refuses a missing model or geometry, changing nothing;
  *   - max_running caps the sequences decoded per step;
  *   - create, submit, step and collect refuse bad input with typed errors
  *     and change nothing (stats, ids, pool); samples > 1 is refused until
@@ -144,12 +146,15 @@ static kvp_model *make_model(void)
     return model;
 }
 
+/* 1: an allocator-only fixture (compute 0) gets no model: the config gives the geometry. */
+static int fixture_without_model;
+
 static void setup_fixture_full(fixture *f, size_t pages, size_t threads, int compute,
                                size_t max_running, int sharing, kvp_schedule schedule,
                                size_t session_ttl, double session_fraction)
 {
     memset(f, 0, sizeof *f);
-    f->model = make_model();
+    f->model = compute || !fixture_without_model ? make_model() : NULL;
     f->pool = kvpt_pool(BLOCK, KV_HEADS, HEAD_WIDTH, pages);
     f->decoder = compute ? kvpt_decoder(threads) : NULL;
     kvp_scheduler_config config;
@@ -164,6 +169,10 @@ static void setup_fixture_full(fixture *f, size_t pages, size_t threads, int com
     config.schedule = schedule;
     config.session_ttl = session_ttl;
     config.session_fraction = session_fraction;
+    if (f->model == NULL) {
+        config.layers = LAYERS;
+        config.model_width = WIDTH;
+    }
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
                                         &err),
@@ -210,6 +219,38 @@ static void teardown_fixture(fixture *f)
     kvpt_assert_ok(kvp_model_destroy(f->model, NULL), NULL);
 }
 
+/*
+ * 1: requests give block digests and no rows (allocator-only fixtures): the
+ * digest of a block hashes its rows' bits (row_at), so equal content gives
+ * equal digests and prefix keys match exactly where row keys would.
+ */
+static int requests_by_digest;
+static size_t digest_calls;
+
+static void digest_cb(void *ctx, uint64_t id, size_t sample, size_t block, kvp_block_key *digest)
+{
+    const book *b = ctx;
+    assert_true(sample < SAMPLES);
+    if ((block + 1) * BLOCK <= b->prompt[id]) {
+        assert_int_equal(sample, 0); /* a prompt block is every sample's */
+    }
+    uint64_t lo = 0xcbf29ce484222325ull;
+    uint64_t hi = 0x84222325cbf29ce4ull;
+    for (size_t p = block * BLOCK; p < (block + 1) * BLOCK; p++) {
+        double row[WIDTH];
+        row_at(b, id, sample, p, row);
+        for (size_t i = 0; i < WIDTH; i++) {
+            uint64_t bits;
+            memcpy(&bits, &row[i], sizeof bits);
+            lo = (lo ^ bits) * 0x100000001b3ull;
+            hi = (hi ^ (bits >> 7)) * 0x100000001b3ull + 1;
+        }
+    }
+    digest->lo = lo;
+    digest->hi = hi;
+    digest_calls++;
+}
+
 static uint64_t submit_session(fixture *f, book *b, size_t prompt, size_t new_tokens,
                                const double *rows, size_t samples, uint64_t session)
 {
@@ -227,6 +268,11 @@ static uint64_t submit_session(fixture *f, book *b, size_t prompt, size_t new_to
     request.max_new_tokens = new_tokens;
     request.samples = samples;
     request.session = session;
+    if (requests_by_digest) {
+        request.prompt = NULL; /* no rows at all: a row read would crash the test */
+        request.input = NULL;
+        request.block_digest = digest_cb;
+    }
     uint64_t id = UINT64_MAX;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &id, &err), &err);
@@ -1244,7 +1290,95 @@ static void test_scheduler_compute_off_shares_alike(void **state)
             hit += on[k].prefix_hit_tokens;
         }
         assert_true(hit > 0);
+        /* Without a model (the config's geometry): the same steps, hits included;
+           and with block digests instead of rows too. */
+        fixture_without_model = 1;
+        for (int digests = 0; digests <= 1; digests++) {
+            requests_by_digest = digests;
+            digest_calls = 0;
+            schedule_shared(0, pages[i], off, &n_off);
+            assert_true(digests ? digest_calls > 0 : digest_calls == 0);
+            assert_int_equal(n_on, n_off);
+            for (size_t k = 0; k < n_on; k++) {
+                assert_memory_equal(&on[k], &off[k], sizeof on[k]);
+            }
+        }
+        requests_by_digest = 0;
+        fixture_without_model = 0;
     }
+}
+
+/*
+ * An allocator-only scheduler needs no model: with model NULL the config
+ * gives the layers and the rows' width. Each refusal names its argument,
+ * writes no handle and changes nothing in the pool (audited snapshot): a
+ * NULL model when computing, layers or model_width 0 without a model, and
+ * with a model a value that is neither 0 nor the model's.
+ */
+static void test_scheduler_create_without_model(void **state)
+{
+    (void)state;
+    kvp_model *model = make_model();
+    kvp_pool *pool = kvpt_pool(BLOCK, KV_HEADS, HEAD_WIDTH, 16);
+    kvp_decoder *decoder = kvpt_decoder(1);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    assert_int_equal(config.layers, 0);
+    assert_int_equal(config.model_width, 0);
+    config.capacity = CAPACITY;
+    kvp_scheduler *out = (kvp_scheduler *)&config; /* a sentinel: must stay untouched */
+    kvp_scheduler *const sentinel = out;
+    kvpt_snapshot snap;
+    kvpt_snapshot_init(&snap, pool);
+    kvpt_snapshot_take(&snap);
+    kvp_error err;
+    /* compute 1: a model is required, after the config's checks. */
+    assert_int_equal(kvp_scheduler_create(NULL, pool, decoder, &config, &out, &err),
+                     KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "model");
+    config.watermark = 1.0;
+    assert_int_equal(kvp_scheduler_create(NULL, pool, decoder, &config, &out, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "watermark");
+    config.watermark = 0.0;
+    config.compute = 0;
+    const struct {
+        const kvp_model *model;
+        size_t layers;
+        size_t width;
+        const char *argument;
+    } refused[] = {
+        {NULL, 0, WIDTH, "layers"},     {NULL, LAYERS, 0, "model_width"},
+        {NULL, 0, 0, "layers"},         {model, LAYERS + 1, 0, "layers"},
+        {model, 0, WIDTH * 2, "model_width"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        config.layers = refused[i].layers;
+        config.model_width = refused[i].width;
+        memset(&err, 0, sizeof err);
+        assert_int_equal(kvp_scheduler_create(refused[i].model, pool, NULL, &config, &out, &err),
+                         KVP_INVALID_ARGUMENT);
+        assert_string_equal(err.argument, refused[i].argument);
+        assert_ptr_equal(out, sentinel);
+        kvpt_assert_unchanged(&snap, 0);
+    }
+    /* With a model, 0 or the model's own values are accepted. */
+    config.layers = LAYERS;
+    config.model_width = WIDTH;
+    kvp_scheduler *made = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, NULL, &config, &made, &err), &err);
+    kvpt_assert_ok(kvp_scheduler_destroy(made, NULL), NULL);
+    /* Without one: one external cache per configured layer, of the pool's heads. */
+    kvpt_assert_ok(kvp_scheduler_create(NULL, pool, NULL, &config, &made, &err), &err);
+    kvp_pool_stats stats;
+    kvp_pool_stats_init(&stats);
+    kvpt_assert_ok(kvp_pool_stats_get(pool, &stats, NULL), NULL);
+    assert_int_equal(stats.attached_caches, LAYERS); /* the first lease */
+    kvpt_assert_ok(kvp_scheduler_destroy(made, NULL), NULL);
+    kvpt_assert_unchanged(&snap, 0);
+    kvpt_destroy_decoder(decoder);
+    kvpt_assert_ok(kvp_pool_destroy(pool, NULL), NULL);
+    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
 }
 
 /*
@@ -1255,14 +1389,18 @@ static void test_scheduler_compute_off_shares_alike(void **state)
  * 16 tokens), not only the prompt's first. With 2 samples each sample
  * publishes its own blocks (here their rows are the same: the second finds
  * the keys taken and leaves them). Outputs equal a fresh sequence's, and
- * sharing off's, bit for bit; compute off hits alike; after a weight update
+ * sharing off's, bit for bit; compute off hits alike, keyed by rows or,
+ * with no model, by block digests (no row read); after a weight update
  * nothing of the old blocks is adopted.
  */
 static void test_scheduler_publishes_decoded_blocks(void **state)
 {
     (void)state;
     static double off_outputs[3][2][CAPACITY][WIDTH]; /* request 1's, sharing off, by samples */
-    for (int compute = 1; compute >= 0; compute--) {
+    /* mode 2: computed; 1: allocator-only; 0: allocator-only, no model, block digests */
+    for (int mode = 2; mode >= 0; mode--) {
+        int compute = mode == 2;
+        fixture_without_model = requests_by_digest = mode == 0;
         for (size_t samples = 1; samples <= 2; samples++) {
             for (int sharing = 0; sharing <= 1; sharing++) {
                 /* compute off binds the configured identity: no update to make */
@@ -1302,6 +1440,7 @@ static void test_scheduler_publishes_decoded_blocks(void **state)
             }
         }
     }
+    fixture_without_model = requests_by_digest = 0;
 }
 
 /*
@@ -2556,6 +2695,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_scheduler_compute_off_takes_the_same_schedule),
         cmocka_unit_test(test_scheduler_max_running_caps_the_batch),
         cmocka_unit_test(test_scheduler_create_refuses_bad_input),
+        cmocka_unit_test(test_scheduler_create_without_model),
         cmocka_unit_test(test_scheduler_submit_refusals_change_nothing),
         cmocka_unit_test(test_scheduler_step_and_collect_refusals_change_nothing),
         cmocka_unit_test(test_scheduler_step_allocation_faults_change_nothing),

@@ -10,11 +10,14 @@
  */
 #include "support.h"
 
+#include "kvpager/paged.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <valgrind/memcheck.h>
 
 #include "pager/alloc.h"
+#include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
 #include "pager/reservation.h"
 
@@ -293,11 +296,119 @@ static void test_slab_source_names(void **state)
     assert_string_equal(kvp_slab_source_name(KVP_SLAB_JEMALLOC), "jemalloc");
     assert_string_equal(kvp_slab_source_name(KVP_SLAB_MMAP), "mmap");
     assert_string_equal(kvp_slab_source_name(KVP_SLAB_CUSTOM), "custom");
-    assert_string_equal(kvp_slab_source_name((kvp_slab_source)4), "unknown");
+    assert_string_equal(kvp_slab_source_name(KVP_SLAB_RESERVED), "reserved");
+    assert_string_equal(kvp_slab_source_name((kvp_slab_source)5), "unknown");
     assert_int_equal(KVP_SLAB_DEFAULT, 0);
     assert_int_equal(KVP_SLAB_JEMALLOC, 1);
     assert_int_equal(KVP_SLAB_MMAP, 2);
     assert_int_equal(KVP_SLAB_CUSTOM, 3);
+    assert_int_equal(KVP_SLAB_RESERVED, 4);
+}
+
+/* The refusal of every page-data call on a reserved pool: INVALID_ARGUMENT naming the pool. */
+static void assert_no_data(kvp_status status, const kvp_error *err)
+{
+    assert_int_equal(status, KVP_INVALID_ARGUMENT);
+    assert_int_equal(err->status, KVP_INVALID_ARGUMENT);
+    assert_string_equal(err->argument, "pool");
+}
+
+/*
+ * KVP_SLAB_RESERVED: a PROT_NONE range, never touched. Pages are taken,
+ * held, shared by prefix keys and released as in any pool, and the audit
+ * passes; every call that would read or write page data is refused with
+ * INVALID_ARGUMENT ("pool"), changing nothing (audited snapshot); the
+ * allocator-only commit (no data) works. A budget far past physical memory
+ * (1 TiB) is created, used and destroyed: only metadata is allocated.
+ */
+static void test_slab_reserved_holds_no_data(void **state)
+{
+    (void)state;
+    kvp_pool_config config = config_for(KVP_SLAB_RESERVED, NULL);
+    kvp_pool *pool = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
+    kvp_pool_stats stats = kvpt_stats(pool);
+    assert_int_equal(stats.slab_source, KVP_SLAB_RESERVED);
+    assert_int_equal(stats.total_pages, PAGES);
+    assert_int_equal(stats.slab_address % 4096, 0);
+    kvp_binding binding;
+    kvpt_assert_ok(kvp_binding_init_external(&binding, HEADS, HD, 64, 7, 0, &err), &err);
+    kvp_cache *cache = NULL;
+    kvpt_assert_ok(kvp_cache_create(pool, &binding, 1, 64, &cache, &err), &err);
+    kvpt_snapshot snap;
+    kvpt_snapshot_init(&snap, pool);
+    kvpt_snapshot_add_cache(&snap, cache);
+    kvpt_snapshot_take(&snap);
+    /* Page data: refused before anything else is read. */
+    const void *keys = NULL;
+    const void *values = NULL;
+    assert_no_data(kvp_pool_page_data(pool, 0, &keys, &values, NULL, &err), &err);
+    void *base = NULL;
+    size_t stride = 0;
+    assert_no_data(kvp_pool_page_base(pool, &base, &stride, NULL, &err), &err);
+    assert_null(base);
+    uint64_t digest = 0;
+    assert_no_data(kvp_pool_digest(pool, &digest, &err), &err);
+    assert_no_data(kvp_cache_digest(cache, &digest, &err), &err);
+    double rows[2 * HEADS * HD] = {0};
+    assert_no_data(kvp_cache_append_rows(cache, rows, rows, 1, &err), &err);
+    kvpt_assert_unchanged(&snap, 0);
+    /* A reservation is page accounting: allowed; its slots and written commit are not. */
+    kvpt_assert_ok(kvp_cache_reserve_rows(cache, BT + 1, &err), &err);
+    kvp_slot_span spans[4];
+    size_t count = 0;
+    assert_no_data(kvp_cache_reserved_slots(cache, 0, spans, 4, &count, &err), &err);
+    assert_no_data(kvp_cache_commit_written(cache, 1, &err), &err);
+    assert_no_data(kvp_cache_commit_rows(cache, rows, rows, 1, &err), &err);
+    assert_int_equal(kvp_cache_reserved_rows(cache), BT + 1);
+    /* The allocator alone commits them unwritten: two pages held, the audit passes. */
+    kvpt_assert_ok(kvpi_cache_commit_unwritten(cache, BT + 1, &err), &err);
+    assert_int_equal(kvp_cache_len(cache), BT + 1);
+    assert_int_equal(kvpt_stats(pool).held_pages, 2);
+    kvpt_assert_pool_ok(pool);
+    /* Its rows are in no memory: attention over them is refused, outputs untouched. */
+    double queries[HEADS * HD] = {0};
+    double outputs[HEADS * HD];
+    memset(outputs, 0x5A, sizeof outputs);
+    kvp_paged_attention_args args;
+    kvp_paged_attention_args_init(&args);
+    args.cache = cache;
+    args.queries = queries;
+    args.outputs = outputs;
+    assert_no_data(kvp_paged_attention(&args, NULL, &err), &err);
+    for (size_t i = 0; i < sizeof outputs; i++) {
+        assert_int_equal(((unsigned char *)outputs)[i], 0x5A);
+    }
+    /* A layer-bound cache (a sequence's) would write its rows: refused at create. */
+    kvp_model *model = kvpt_random_model(1, HEADS * HD, HEADS, 64, 10000.0, 3);
+    kvp_sequence *sequence = NULL;
+    assert_no_data(kvp_sequence_create(model, pool, 1, 64, &sequence, &err), &err);
+    assert_null(sequence);
+    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
+    kvpt_assert_ok(kvp_cache_destroy(cache, NULL), NULL);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+
+    /* 1 TiB of pages: address space only (not under Valgrind, whose client
+       address space is smaller than the range). */
+    if (RUNNING_ON_VALGRIND) {
+        return;
+    }
+    config.budget_bytes = (size_t)1 << 40;
+    config.block_tokens = 16;
+    config.heads = 8;
+    config.head_width = 128; /* 256 KiB f64 pages: 4 Mi pages */
+    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
+    stats = kvpt_stats(pool);
+    assert_int_equal(stats.total_pages, ((size_t)1 << 40) / (2 * 8 * 16 * 128 * 8));
+    kvpt_assert_ok(kvp_binding_init_external(&binding, 8, 128, 64, 7, 0, &err), &err);
+    kvpt_assert_ok(kvp_cache_create(pool, &binding, 1, 64, &cache, &err), &err);
+    kvpt_assert_ok(kvp_cache_reserve_rows(cache, 64, &err), &err);
+    kvpt_assert_ok(kvpi_cache_commit_unwritten(cache, 64, &err), &err);
+    assert_int_equal(kvpt_stats(pool).held_pages, 4);
+    kvpt_assert_ok(kvp_cache_destroy(cache, NULL), NULL);
+    kvpt_destroy_pool(pool);
 }
 
 int main(void)
@@ -310,6 +421,7 @@ int main(void)
         cmocka_unit_test(test_slab_custom_fault_calls_no_hook),
         cmocka_unit_test(test_slab_refusals_in_order),
         cmocka_unit_test(test_slab_source_names),
+        cmocka_unit_test(test_slab_reserved_holds_no_data),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -150,12 +150,29 @@ typedef enum kvp_dtype {
  *                      budget is address space, and memory is committed only
  *                      as pages are first written.
  *   KVP_SLAB_CUSTOM    the config's slab_alloc / slab_free hooks.
+ *   KVP_SLAB_RESERVED  pages with no memory behind them, for the allocator
+ *                      alone (kvp_scheduler with compute 0, capacity
+ *                      planning): mmap(PROT_NONE, MAP_PRIVATE |
+ *                      MAP_ANONYMOUS | MAP_NORESERVE), never touched, so a
+ *                      budget past physical memory costs only the pool's
+ *                      metadata (and address space). Pages are taken,
+ *                      shared, promised, evicted and audited as in any
+ *                      pool, but hold no data: what would read or write it
+ *                      is refused with INVALID_ARGUMENT (argument "pool"):
+ *                      kvp_pool_page_data, kvp_pool_page_base,
+ *                      kvp_pool_digest, kvp_cache_digest;
+ *                      kvp_cache_create of a layer-bound
+ *                      binding (so no sequence); an external cache's
+ *                      append_rows, commit_rows, reserved_slots and
+ *                      commit_written; kvp_paged_attention over its
+ *                      caches. A copy-on-write copies nothing.
  */
 typedef enum kvp_slab_source {
     KVP_SLAB_DEFAULT = 0,
     KVP_SLAB_JEMALLOC = 1,
     KVP_SLAB_MMAP = 2,
-    KVP_SLAB_CUSTOM = 3
+    KVP_SLAB_CUSTOM = 3,
+    KVP_SLAB_RESERVED = 4
 } kvp_slab_source;
 
 /* The alignment every slab has, in bytes (a cache line). */

@@ -111,7 +111,8 @@
  *      one per session.
  * Finished requests wait for kvp_scheduler_collect.
  *
- * Inputs: a request's rows come from its `prompt` array, or from its `input`
+ * Inputs (prefix keys from block digests instead: kvp_request.block_digest):
+ * a request's rows come from its `prompt` array, or from its `input`
  * callback, called with (request id, sample, position) for every position it
  * needs, again when a preempted request is recomputed and when a finished
  * one keys its decoded blocks (sharing); it must give the same row for the
@@ -182,6 +183,12 @@ typedef struct kvp_scheduler_config {
                               kept for its session's next request; 0: none are kept */
     double session_fraction; /* sessions: most of the pool's pages kept sequences may hold,
                                 in [0, 1] */
+    /* Allocator-only runs without a model (compute 0, model NULL): the geometry the
+       model would give. The KV heads and head width are the pool's. 0: the model's
+       (with a model they must be 0 or equal the model's) */
+    size_t layers;         /* layers, each one external cache per lease */
+    size_t model_width;    /* the width of the input rows the `input` callback gives
+                              (prefix keys chain them) */
 } kvp_scheduler_config;
 
 /* kvp_scheduler_config.schedule: the order admission considers waiting requests in. */
@@ -201,7 +208,7 @@ typedef enum kvp_schedule {
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),
  * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0,
  * sharing 1, schedule KVP_SCHEDULE_FCFS, session_ttl 0 (no session keeps
- * a sequence), session_fraction 0.5.
+ * a sequence), session_fraction 0.5, layers 0 and model_width 0 (the model's).
  * NULL is ignored.
  * Threads: thread-safe (touches only *config).
  */
@@ -223,6 +230,22 @@ typedef void (*kvp_scheduler_input_fn)(void *ctx, uint64_t request_id, size_t sa
 typedef void (*kvp_scheduler_token_fn)(void *ctx, uint64_t request_id, size_t sample,
                                        size_t position, const double *output, size_t width);
 
+/*
+ * The content digest of block `block` of sample `sample` of request
+ * `request_id`: positions [block x block_tokens, (block + 1) x
+ * block_tokens) (the pool's block_tokens), 16 bytes into *digest. For a
+ * block wholly below the request's prompt_tokens the scheduler passes
+ * sample 0 and the digest is every sample's. Must be deterministic in
+ * (request_id, sample, block), and equal for equal content: two blocks
+ * with equal digests (under the same earlier blocks, bindings and salt)
+ * share one key, so one adopts the other's pages. A trace that names its
+ * blocks by hash (Mooncake's hash_ids, one per 512 tokens) gives block b
+ * the digest of (hash_ids[b x block_tokens / 512], b x block_tokens % 512 /
+ * block_tokens) when block_tokens divides 512.
+ */
+typedef void (*kvp_scheduler_block_fn)(void *ctx, uint64_t request_id, size_t sample,
+                                       size_t block, kvp_block_key *digest);
+
 /* A growing struct (pool.h): struct_size first, set by kvp_request_init. */
 typedef struct kvp_request {
     size_t struct_size;
@@ -243,6 +266,14 @@ typedef struct kvp_request {
                                        under this salt (vLLM's cache_salt), so it adopts and
                                        publishes only blocks of requests with the same salt
                                        (kvp_sequence_adopt_prefix_salted). One per tenant */
+    kvp_scheduler_block_fn block_digest; /* optional: prefix keys chain each block's 16-byte
+                                       digest (with sharing) instead of its rows, so an
+                                       allocator-only request needs neither `prompt` nor
+                                       `input`, and a key costs a block, not its
+                                       block_tokens x width doubles. The decoded blocks a
+                                       finished request publishes are keyed by it too.
+                                       Keys of digests never equal keys of rows: give the
+                                       requests that should share one kind */
 } kvp_request;
 
 /* Sets struct_size, samples 1 and every other field 0 / NULL. NULL is ignored.
@@ -345,10 +376,15 @@ KVP_API void kvp_scheduler_stats_init(kvp_scheduler_stats *stats);
 /*
  * A scheduler over `model`'s layers, drawing pages from `pool`, decoding on
  * `decoder` (NULL allowed only with compute 0). It holds the three without
- * owning them: they must outlive it. Errors, in order: NULL_ARGUMENT (model,
- * pool, cfg, out; decoder when compute is 1); INVALID_ARGUMENT (cfg's
- * struct_size; "watermark" not in [0, 1); "schedule" not a kvp_schedule;
- * "session_fraction" not in [0, 1]);
+ * owning them: they must outlive it. An allocator-only scheduler (compute 0)
+ * needs no model: with `model` NULL it takes the layers and the input rows'
+ * width from cfg (layers, model_width) and the KV heads and head width from
+ * the pool, so it builds and reads no weights. Errors, in order:
+ * NULL_ARGUMENT (pool, cfg, out); INVALID_ARGUMENT (cfg's struct_size;
+ * "watermark" not in [0, 1); "schedule" not a kvp_schedule;
+ * "session_fraction" not in [0, 1]); NULL_ARGUMENT ("model" when compute is
+ * 1; "decoder" when compute is 1); INVALID_ARGUMENT ("layers" or
+ * "model_width": 0 without a model, or, with one, neither 0 nor the model's);
  * then the errors of creating its first sequence, which checks the model
  * and pool against each other
  * (ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH, ...: see

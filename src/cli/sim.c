@@ -22,7 +22,10 @@
  * turn's reply, sees the rows sample 0 decoded), and sample s > 0 draws its
  * generated positions from a stream of its own. So a recomputed request sees
  * exactly the inputs it saw before, and two requests that share a prefix see
- * the same rows for it.
+ * the same rows for it. An allocator-only run (compute off) builds no model,
+ * its pool is KVP_SLAB_RESERVED (no memory behind the pages), and its
+ * prefix keys come from block digests of what the rows are drawn from
+ * (block_digest), so it draws no row at all.
  * Weight updates (update_every): between two steps, every parameter of
  * every layer gets a small seeded perturbation through kvp_param_update_with,
  * which bumps its revision; the scheduler then preempts the running requests
@@ -136,26 +139,41 @@ static void embed(uint64_t seed, uint64_t stream, size_t position, double *row, 
     }
 }
 
+/* What a row is drawn from: embed's seed, stream and position. */
+typedef struct row_source {
+    uint64_t seed;
+    uint64_t stream;
+    size_t position;
+} row_source;
+
 /*
- * The row of `position` of `sample` of workload request `r` (the top of this
- * file): the prompt is every sample's, and a generated position of sample
- * s > 0 is drawn with the seed mixed with s. A prompt position of a request
- * with block ids is its block's: (id, position within the block), salted.
+ * The source of the row of `position` of `sample` of workload request `r`
+ * (the top of this file): the prompt is every sample's, and a generated
+ * position of sample s > 0 is drawn with the seed mixed with s. A prompt
+ * position of a request with block ids is its block's: (id, position within
+ * the block), salted, so equal ids give equal rows (sim.h). request_row
+ * draws the row; block_digest names a block by its rows' sources.
  */
-static void request_row(uint64_t seed, const kvp_workload_request *r, size_t sample,
-                        size_t position, double *row, size_t width)
+static row_source source_of(uint64_t seed, const kvp_workload_request *r, size_t sample,
+                            size_t position)
 {
     if (r->block_ids != NULL && position < r->prompt_tokens) {
-        /* A trace block: its id is its stream, so equal ids give equal rows (sim.h). */
-        embed(seed ^ BLOCK_SALT, r->block_ids[position / KVP_MOONCAKE_BLOCK_TOKENS],
-              position % KVP_MOONCAKE_BLOCK_TOKENS, row, width);
-        return;
+        return (row_source){seed ^ BLOCK_SALT,
+                            r->block_ids[position / KVP_MOONCAKE_BLOCK_TOKENS],
+                            position % KVP_MOONCAKE_BLOCK_TOKENS};
     }
     uint64_t stream = position < r->shared_tokens ? SHARED_STREAM : r->stream;
     if (position >= r->prompt_tokens && sample > 0) {
         seed ^= 0xD6E8FEB86659FD93ull * (uint64_t)sample;
     }
-    embed(seed, stream, position, row, width);
+    return (row_source){seed, stream, position};
+}
+
+static void request_row(uint64_t seed, const kvp_workload_request *r, size_t sample,
+                        size_t position, double *row, size_t width)
+{
+    row_source k = source_of(seed, r, sample, position);
+    embed(k.seed, k.stream, k.position, row, width);
 }
 
 /* Whether list request `i`'s outputs are verified: 0, N, 2N, ... */
@@ -171,6 +189,41 @@ static void input_row(void *ctx, uint64_t id, size_t sample, size_t position, do
     sim *s = ctx;
     size_t i = s->index_of[id];
     request_row(s->config->seed, &s->workload->requests[i], sample, position, row, width);
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/*
+ * The scheduler's block digest (allocator-only runs, which read no rows):
+ * block `block` of sample `sample` of request `id` named by what each of
+ * its rows is drawn from (source_of, the rule request_row draws by), into
+ * two independent 64-bit lanes. Equal rows give equal digests, and
+ * different draws different ones (but for a 2^-128 collision), so the
+ * prefix keys match exactly where the rows' keys would, at the cost of a
+ * few multiplications per position instead of drawing and hashing width
+ * doubles.
+ */
+static void block_digest(void *ctx, uint64_t id, size_t sample, size_t block,
+                         kvp_block_key *digest)
+{
+    const sim *s = ctx;
+    const kvp_workload_request *r = &s->workload->requests[s->index_of[id]];
+    size_t bt = s->config->block_tokens;
+    uint64_t lo = 0x6A09E667F3BCC908ull;
+    uint64_t hi = 0xBB67AE8584CAA73Bull;
+    for (size_t p = block * bt; p < (block + 1) * bt; p++) {
+        row_source k = source_of(s->config->seed, r, sample, p);
+        lo = mix64(mix64(mix64(lo ^ k.seed) ^ k.stream) ^ (uint64_t)k.position);
+        hi = mix64(mix64(mix64(hi + k.seed) + k.stream) + (uint64_t)k.position +
+                   0x9E3779B97F4A7C15ull);
+    }
+    digest->lo = lo;
+    digest->hi = hi;
 }
 
 /*
@@ -239,10 +292,14 @@ static int setup(sim *s)
     pool_config.head_width = c->model_width / c->heads;
     pool_config.budget_bytes = c->budget_bytes;
     pool_config.dtype = c->kv_dtype;
+    /* The allocator alone never touches a page: no memory behind them (pool.h). */
+    pool_config.slab_source = c->compute ? KVP_SLAB_DEFAULT : KVP_SLAB_RESERVED;
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
-    if (kvp_sim_model_create(c, &s->model, s->err) != KVP_OK) {
+    /* An allocator-only run builds no weights: the scheduler takes the geometry
+       from its config and the pool. */
+    if (c->compute && kvp_sim_model_create(c, &s->model, s->err) != KVP_OK) {
         return fail(s, "creating the model");
     }
     if (c->compute && kvp_decoder_create(c->threads, &s->decoder, s->err) != KVP_OK) {
@@ -258,6 +315,8 @@ static int setup(sim *s)
     scheduler_config.sharing = c->sharing;
     scheduler_config.schedule = (uint64_t)c->schedule;
     scheduler_config.session_ttl = c->session_ttl;
+    scheduler_config.layers = c->layers;
+    scheduler_config.model_width = c->model_width;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
                              s->err) != KVP_OK) {
         return fail(s, "creating the scheduler");
@@ -350,6 +409,8 @@ static int submit(sim *s, size_t i, size_t step)
     kvp_request_init(&request);
     request.prompt_tokens = w->prompt_tokens;
     request.input = input_row;
+    /* Allocator-only: keys from block digests, no row drawn (block_digest). */
+    request.block_digest = s->config->compute ? NULL : block_digest;
     request.on_token = on_token;
     request.ctx = s;
     request.max_new_tokens = w->output_tokens;

@@ -450,14 +450,20 @@ static void memory_parts(const simulate_options *o, size_t requests, size_t page
     size_t sequences = pages / c->layers;
     sequences = sequences < requests ? sequences : requests;
     sequences = sequences > 0 ? sequences : 1;
-    size_t model = model_bytes(c, overflow);
+    size_t model = c->compute ? model_bytes(c, overflow) : 0; /* allocator-only: no weights */
     size_t per_sequence = sequences_bytes(c, sequences, overflow);
     size_t prompt = prompt_bytes(c, pages, overflow);
     size_t list = mul(requests, sizeof(kvp_workload_request) + 7 * sizeof(size_t), overflow);
     size_t metadata = mul(pages, 3 * sizeof(uint32_t), overflow);
+    if (!c->compute) {
+        /* Pages with no memory behind them (KVP_SLAB_RESERVED): only the pool's
+           metadata, keys, LRU and index included, about 80 bytes a page. */
+        metadata = mul(pages, 80, overflow);
+    }
     const memory_part all[MEMORY_PARTS] = {
         {"the pool", FLAG_BUDGET, FLAG_COUNT_,
-         o->allow_overcommit ? metadata : add(c->budget_bytes, metadata, overflow)},
+         o->allow_overcommit || !c->compute ? metadata
+                                            : add(c->budget_bytes, metadata, overflow)},
         {"the model", FLAG_MODEL_WIDTH, FLAG_LAYERS, model},
         {"the sequences", FLAG_CAPACITY, FLAG_LAYERS, per_sequence},
         {"the prompt buffer", FLAG_CAPACITY, FLAG_MODEL_WIDTH, c->compute ? prompt : 0},
@@ -501,7 +507,8 @@ void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page
                                kvp_cli_problems *p)
 {
     size_t physical = kvp_cli_physical_memory();
-    if (p->found || physical == 0 || budget_above_physical(o, physical, p)) {
+    /* An allocator-only run's pages have no memory behind them: only its metadata counts. */
+    if (p->found || physical == 0 || (o->sim.compute && budget_above_physical(o, physical, p))) {
         return;
     }
     int overflow = 0;

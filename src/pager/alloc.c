@@ -193,6 +193,13 @@ static void *slab_mmap(size_t bytes)
     return slab == MAP_FAILED ? NULL : slab;
 }
 
+/* Address space only: never readable or writable, so never committed. */
+static void *slab_reserved(size_t bytes)
+{
+    void *slab = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return slab == MAP_FAILED ? NULL : slab;
+}
+
 /*
  * Asks the kernel to back the 2 MiB-aligned interior of a slab with
  * transparent huge pages (MADV_HUGEPAGE; only a hint: a kernel without THP,
@@ -227,6 +234,9 @@ int kvpi_slab_alloc(kvp_slab_source source, kvp_slab_alloc_fn alloc_fn, kvp_slab
     case KVP_SLAB_MMAP:
         slab.base = slab_mmap(bytes);
         break;
+    case KVP_SLAB_RESERVED:
+        slab.base = slab_reserved(bytes);
+        break;
     case KVP_SLAB_CUSTOM:
         if (alloc_fn == NULL || free_fn == NULL) {
             return -1;
@@ -245,7 +255,8 @@ int kvpi_slab_alloc(kvp_slab_source source, kvp_slab_alloc_fn alloc_fn, kvp_slab
     if (slab.base == NULL) {
         return -1;
     }
-    if (source != KVP_SLAB_CUSTOM) { /* a caller's memory is the caller's to advise */
+    /* a caller's memory is the caller's to advise; a reserved range has none */
+    if (source != KVP_SLAB_CUSTOM && source != KVP_SLAB_RESERVED) {
         advise_huge(slab.base, bytes);
     }
     *out = slab;
@@ -263,6 +274,7 @@ void kvpi_slab_free(const kvpi_slab *slab)
         arena_give_back(slab->arena);
         break;
     case KVP_SLAB_MMAP:
+    case KVP_SLAB_RESERVED:
         (void)munmap(slab->base, slab->bytes);
         break;
     case KVP_SLAB_CUSTOM:

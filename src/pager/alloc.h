@@ -95,6 +95,7 @@ int kvpi_slab_jemalloc_available(void);
  *   JEMALLOC  an arena that serves nothing else while the slab lives (a
  *             parked one, or a new one); needs kvpi_slab_jemalloc_available;
  *   MMAP      an anonymous private MAP_NORESERVE mapping;
+ *   RESERVED  the same, PROT_NONE: address space, never touched;
  *   CUSTOM    alloc_fn(ctx, bytes, KVP_SLAB_ALIGNMENT), once; a pointer that
  *             is not aligned goes straight back to free_fn and counts as a
  *             failure.

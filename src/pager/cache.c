@@ -165,6 +165,9 @@ static kvp_status validate_create(const kvp_pool *pool, const kvp_binding *bindi
         e.binding_geometry = (kvp_geometry){binding->kv_heads, binding->head_width};
         return kvpi_error_emit(err, &e);
     }
+    if (!kvpi_pool_has_data(pool) && !kvp_binding_is_external(binding)) {
+        return kvpi_pool_fail_no_data(err); /* a layer's cache writes its rows */
+    }
     return KVP_OK;
 }
 
@@ -479,6 +482,9 @@ kvp_status kvp_cache_digest(const kvp_cache *cache, uint64_t *out, kvp_error *er
     }
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
+    }
+    if (!kvpi_pool_has_data(cache->pool)) {
+        return kvpi_pool_fail_no_data(err); /* its rows are in no memory */
     }
     uint64_t hash = 0xcbf29ce484222325ull;
     hash = fnv1a(hash, &cache->len, sizeof cache->len);

@@ -22,6 +22,9 @@
 
 void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows)
 {
+    if (!kvpi_pool_has_data(cache->pool)) {
+        return; /* a reserved pool's pages hold no rows to copy */
+    }
     size_t row_bytes = cache->head_width * cache->pool->element_bytes;
     size_t slab_bytes = cache->block_tokens * row_bytes; /* one head's keys or values */
     unsigned char *dst = kvpi_pool_page(cache->pool, to);

@@ -109,6 +109,12 @@ static inline const uint32_t *kvpi_cache_lane_table(const kvp_cache *cache, size
 }
 
 /* The pool's storage type: every page of this cache holds elements of it. */
+/* 0 when the cache's pool holds no page data (KVP_SLAB_RESERVED): its rows cannot be read. */
+static inline int kvpi_cache_has_data(const kvp_cache *cache)
+{
+    return kvpi_pool_has_data(cache->pool);
+}
+
 static inline kvp_dtype kvpi_cache_dtype(const kvp_cache *cache)
 {
     return cache->pool->dtype;
@@ -276,6 +282,15 @@ kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache);
 kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *parent,
                                    const kvp_block_key *binding, const void *input, size_t bytes,
                                    const kvp_block_key *context);
+/*
+ * Commits the first `rows` reserved rows of an external cache as
+ * kvp_cache_commit_written does (the same pages, copy-on-write, counters
+ * and epoch), without writing or reading them: the allocator alone (the
+ * scheduler with compute off), whose rows nobody reads. Their content is
+ * whatever the pages held. Errors as kvp_cache_commit_written's but the
+ * nonfinite ones; nothing changes on error (external.c).
+ */
+kvp_status kvpi_cache_commit_unwritten(kvp_cache *cache, size_t rows, kvp_error *err);
 /* Copies rows [0, rows) of every head's keys and values from page `from` to `to` (cache_cow.c). */
 void kvpi_cache_copy_rows(const kvp_cache *cache, uint32_t to, uint32_t from, size_t rows);
 

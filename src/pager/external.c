@@ -111,6 +111,12 @@ static kvp_status check_row_cache(const kvp_cache *cache, int no_reservation, kv
     return KVP_OK;
 }
 
+/* The calls that read or write rows: a reserved pool's pages hold none (pool.h). */
+static kvp_status check_has_data(const kvp_cache *cache, kvp_error *err)
+{
+    return kvpi_pool_has_data(cache->pool) ? KVP_OK : kvpi_pool_fail_no_data(err);
+}
+
 size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens)
 {
     if (cache == NULL || tokens <= cache->len) {
@@ -350,6 +356,9 @@ kvp_status kvp_cache_append_rows_typed(kvp_cache *cache, kvp_dtype src_dtype, co
     if (status == KVP_OK) {
         status = check_source_dtype(src_dtype, err);
     }
+    if (status == KVP_OK) {
+        status = check_has_data(cache, err);
+    }
     if (status != KVP_OK || rows == 0) {
         return status;
     }
@@ -411,6 +420,9 @@ kvp_status kvp_cache_commit_rows_typed(kvp_cache *cache, kvp_dtype src_dtype, co
     kvp_status status = check_row_cache(cache, 0, err);
     if (status == KVP_OK) {
         status = check_source_dtype(src_dtype, err);
+    }
+    if (status == KVP_OK) {
+        status = check_has_data(cache, err);
     }
     if (status == KVP_OK) {
         status = check_reserved(cache, rows, err);
@@ -502,6 +514,9 @@ kvp_status kvp_cache_reserved_slots(kvp_cache *cache, size_t lane, kvp_slot_span
         return kvpi_fail_null(err, "out");
     }
     kvp_status status = check_row_cache(cache, 0, err);
+    if (status == KVP_OK) {
+        status = check_has_data(cache, err);
+    }
     if (status != KVP_OK) {
         return status;
     }
@@ -567,6 +582,9 @@ kvp_status kvp_cache_commit_written(kvp_cache *cache, size_t rows, kvp_error *er
 {
     kvp_status status = check_row_cache(cache, 0, err);
     if (status == KVP_OK) {
+        status = check_has_data(cache, err);
+    }
+    if (status == KVP_OK) {
         status = check_reserved(cache, rows, err);
     }
     if (status != KVP_OK || rows == 0) {
@@ -580,6 +598,19 @@ kvp_status kvp_cache_commit_written(kvp_cache *cache, size_t rows, kvp_error *er
         return status;
     }
     commit_rows(cache, NULL, rows);
+    return KVP_OK;
+}
+
+kvp_status kvpi_cache_commit_unwritten(kvp_cache *cache, size_t rows, kvp_error *err)
+{
+    kvp_status status = check_row_cache(cache, 0, err);
+    if (status == KVP_OK) {
+        status = check_reserved(cache, rows, err);
+    }
+    if (status != KVP_OK || rows == 0) {
+        return status;
+    }
+    commit_rows(cache, NULL, rows); /* no source: nothing written, nothing read */
     return KVP_OK;
 }
 

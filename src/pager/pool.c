@@ -90,6 +90,8 @@ const char *kvp_slab_source_name(kvp_slab_source source)
         return "mmap";
     case KVP_SLAB_CUSTOM:
         return "custom";
+    case KVP_SLAB_RESERVED:
+        return "reserved";
     default:
         return "unknown";
     }
@@ -185,6 +187,7 @@ static kvp_status pool_slab_source(const kvp_pool_config *config, kvp_slab_sourc
         }
         break;
     case KVP_SLAB_MMAP:
+    case KVP_SLAB_RESERVED:
         break;
     case KVP_SLAB_CUSTOM:
         if (config->slab_alloc == NULL) {
@@ -495,6 +498,12 @@ void kvpi_pool_promise_consume_locked(kvp_pool *pool, size_t *promise, size_t ta
     pool->promised -= consumed;
 }
 
+kvp_status kvpi_pool_fail_no_data(kvp_error *err)
+{
+    return kvpi_fail_invalid(err, "pool",
+                             "its pages hold no data (slab_source KVP_SLAB_RESERVED)");
+}
+
 kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err)
 {
     if (pool == NULL) {
@@ -502,6 +511,9 @@ kvp_status kvp_pool_digest(kvp_pool *pool, uint64_t *out, kvp_error *err)
     }
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
+    }
+    if (!kvpi_pool_has_data(pool)) {
+        return kvpi_pool_fail_no_data(err);
     }
     kvpi_pool_lock(pool);
     size_t bytes = pool->total_pages * pool->page_bytes;
@@ -549,6 +561,9 @@ kvp_status kvp_pool_page_data(kvp_pool *pool, uint32_t page, const void **keys,
     }
     if (values == NULL) {
         return kvpi_fail_null(err, "values");
+    }
+    if (!kvpi_pool_has_data(pool)) {
+        return kvpi_pool_fail_no_data(err);
     }
     if (layout != NULL) {
         kvp_status status = kvpi_struct_size_check(layout->struct_size,
@@ -600,6 +615,9 @@ kvp_status kvp_pool_page_base(const kvp_pool *pool, void **base, size_t *page_st
     }
     if (page_stride == NULL) {
         return kvpi_fail_null(err, "page_stride");
+    }
+    if (!kvpi_pool_has_data(pool)) {
+        return kvpi_pool_fail_no_data(err);
     }
     /* Fixed at creation: slab, page_bytes and total_pages never change. */
     *base = pool->slab;

@@ -118,6 +118,15 @@ struct kvp_pool {
 };
 
 /* The first byte of `page`; its elements are of type pool->dtype. */
+/* 0 for a KVP_SLAB_RESERVED pool: its pages hold no data (fixed at creation). */
+static inline int kvpi_pool_has_data(const kvp_pool *pool)
+{
+    return pool->slab_from.source != KVP_SLAB_RESERVED;
+}
+
+/* INVALID_ARGUMENT ("pool"): a reserved pool's page data was asked for (pool.c). */
+kvp_status kvpi_pool_fail_no_data(kvp_error *err);
+
 static inline void *kvpi_pool_page(const kvp_pool *pool, uint32_t page)
 {
     return (unsigned char *)pool->slab + (size_t)page * pool->page_bytes;

@@ -246,6 +246,9 @@ static kvp_status check_args(const kvp_paged_attention_args *a, paged_shape *s, 
     if (status == KVP_OK) {
         status = check_fields(a, &info, err);
     }
+    if (status == KVP_OK && !kvpi_cache_has_data(a->cache)) {
+        status = kvpi_pool_fail_no_data(err); /* a reserved pool's pages hold no rows */
+    }
     if (status != KVP_OK) {
         return status;
     }

@@ -117,7 +117,6 @@ static void scheduler_free(kvp_scheduler *s)
     kvpi_free(s->done);
     kvpi_free(s->jobs);
     kvpi_free(s->rows);
-    kvpi_free(s->zeros);
     kvpi_free(s->plan);
     kvpi_free(s->keys);
     kvpi_free(s->parked.keys);
@@ -145,7 +144,7 @@ static kvp_status check_arguments(create_inputs *in, kvp_error *err)
         const void *pointer;
         const char *name;
     } arguments[] = {
-        {in->model, "model"}, {in->pool, "pool"}, {in->cfg, "cfg"}, {in->out, "out"}};
+        {in->pool, "pool"}, {in->cfg, "cfg"}, {in->out, "out"}};
     for (size_t i = 0; i < sizeof arguments / sizeof arguments[0]; i++) {
         if (arguments[i].pointer == NULL) {
             return kvpi_fail_null(err, arguments[i].name);
@@ -157,16 +156,52 @@ static kvp_status check_arguments(create_inputs *in, kvp_error *err)
 static kvp_status check_config(create_inputs *in, kvp_error *err)
 {
     kvp_status status = config_read(in->cfg, &in->config, err);
+    if (status == KVP_OK && in->config.compute && in->model == NULL) {
+        return kvpi_fail_null(err, "model");
+    }
     if (status == KVP_OK && in->config.compute && in->decoder == NULL) {
         return kvpi_fail_null(err, "decoder");
     }
     return status;
 }
 
+/* A configured geometry field: 0 takes the model's; without a model it must be set. */
+static kvp_status check_geometry(const create_inputs *in, size_t configured, size_t model,
+                                 const char *name, kvp_error *err)
+{
+    if (in->model == NULL && configured == 0) {
+        return kvpi_fail_invalid(err, name, "must be at least 1 without a model");
+    }
+    if (in->model != NULL && configured != 0 && configured != model) {
+        return kvpi_fail_invalid(err, name, "must be 0 or the model's");
+    }
+    return KVP_OK;
+}
+
+/*
+ * The geometry: the model's, or without one (compute 0) cfg's layers and
+ * model_width and the pool's KV heads and head width.
+ */
 static kvp_status read_model(create_inputs *in, kvp_error *err)
 {
     kvp_model_info_init(&in->info);
-    return kvp_model_info_get(in->model, &in->info, err);
+    if (in->model != NULL) {
+        kvp_status status = kvp_model_info_get(in->model, &in->info, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    } else {
+        in->info.layers = in->config.layers;
+        in->info.model_width = in->config.model_width;
+        in->info.kv_heads = in->pool->heads; /* fixed at the pool's creation */
+        in->info.head_width = in->pool->head_width;
+    }
+    kvp_status status = check_geometry(in, in->config.layers, in->info.layers, "layers", err);
+    if (status == KVP_OK) {
+        status = check_geometry(in, in->config.model_width, in->info.model_width,
+                                "model_width", err);
+    }
+    return status;
 }
 
 static kvp_status read_pool(create_inputs *in, kvp_error *err)
@@ -177,9 +212,9 @@ static kvp_status read_pool(create_inputs *in, kvp_error *err)
 
 /* Create's checks, in the order it reports the first failure. */
 static kvp_status (*const create_checks[])(create_inputs *, kvp_error *) = {
-    check_arguments, /* NULL model, pool, cfg, out */
-    check_config,    /* config_read's checks, then a decoder when computing */
-    read_model,
+    check_arguments, /* NULL pool, cfg, out */
+    check_config,    /* config_read's checks, then a model and a decoder when computing */
+    read_model,      /* the model's geometry, or cfg's and the pool's without one */
     read_pool,
 };
 
@@ -209,7 +244,7 @@ static void scheduler_init(kvp_scheduler *s, const create_inputs *in)
 
 /*
  * What a scheduler allocates up front: the kept page counts (sessions on),
- * what its lease kind needs (allocator-only: the zero rows), and the first lease, made now: it checks
+ * what its lease kind needs (nothing yet), and the first lease, made now: it checks
  * the model and pool against each other. On failure the caller frees s.
  */
 static kvp_status scheduler_alloc(kvp_scheduler *s, size_t total_pages, kvp_error *err)

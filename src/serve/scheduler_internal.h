@@ -182,7 +182,6 @@ struct kvp_scheduler {
     size_t jobs_room;
     double *rows;       /* the step's prompt rows, back to back */
     size_t rows_room;   /* rows; grown, never shrunk */
-    double *zeros;      /* compute off: one block of zero rows */
     planned *plan;      /* the step's plan: queue entries taken, in queue order */
     size_t plan_room;
     kvp_block_key *keys; /* the step's prefix keys, back to back (share_internal.h layout) */
@@ -213,7 +212,7 @@ typedef struct plan {
  * What a lease's run is made of, behind one set of calls: a computed run
  * holds a sequence of the model and its appends and decodes are decoder
  * jobs; an allocator-only run (compute off) holds one external cache per
- * layer and appends zero rows at once. Every lease of a scheduler has its
+ * layer and appends rows at once, unwritten. Every lease of a scheduler has its
  * scheduler's kind (s->leases).
  */
 struct lease_kind {
@@ -291,7 +290,7 @@ static inline void lease_reset(const kvp_scheduler *s, lease *l)
  * Slot r's lease takes `tokens` rows, those at s->rows + row * width: a
  * computed lease adds a prefill job over them to s->jobs[*jobs] (run with
  * the step's batch, its failure found in the job), an allocator-only one
- * appends that many zero rows now, all or nothing (a failure returned).
+ * appends that many rows now (unwritten), all or nothing (a failure returned).
  */
 static inline kvp_status lease_append(kvp_scheduler *s, slot *r, size_t row, size_t tokens,
                                       size_t *jobs, kvp_error *err)
@@ -302,7 +301,7 @@ static inline kvp_status lease_append(kvp_scheduler *s, slot *r, size_t row, siz
 /*
  * A decode in three calls: lease_decode_input readies slot r's job (a
  * computed lease reads its next input row; an allocator-only one appends
- * its zero row now, the outcome in the job); leases_decode runs the jobs
+ * its row now, the outcome in the job); leases_decode runs the jobs
  * (the decoder, or nothing; a refusal returned, nothing decoded);
  * lease_decode_output hands a computed job's output to on_token.
  */
@@ -369,8 +368,19 @@ static inline size_t sample_pages(const kvp_scheduler *s, const record *r, size_
 /* 1 when a completed request publishes its decoded blocks (sharing on, and their rows to key). */
 static inline int publishes(const kvp_scheduler *s, const kvp_request *q)
 {
-    return s->config.sharing && q->input != NULL;
+    return s->config.sharing && (q->input != NULL || q->block_digest != NULL);
 }
+
+/*
+ * Request `id`'s chain keys of blocks [from, blocks) of sample `sample`
+ * over `caches`' bindings, keys of blocks [0, from) given (the layout of
+ * kvpi_prompt_keys, room for its count): from the request's block digests
+ * when it has them, else from `rows` (len rows: the prompt's, then the
+ * sample's), as kvpi_prompt_keys_from (scheduler_plan.c).
+ */
+void kvpi_sched_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
+                     size_t sample, const double *rows, size_t len, size_t from, size_t blocks,
+                     kvp_block_key *keys);
 
 /*
  * 1 when the step's prompts are prefilled on the decoder (computed leases

@@ -5,9 +5,9 @@
  * Owns: the two lease kinds. A computed lease holds a one-lane sequence of
  * the model; its appends and decodes are decoder jobs. An allocator-only
  * lease (compute off) holds one external cache per layer, bound to the
- * configured identity, and appends zero rows at once: pages move, no
- * attention math (its kind's setup makes the block of zero rows,
- * s->zeros). Both hold the token buffers of one row in and one out.
+ * configured identity, and appends rows at once without writing them
+ * (kvpi_cache_commit_unwritten): pages move per block, no attention math
+ * and no page is touched. Both hold the token buffers of one row in and one out.
  * The rest of the scheduler asks a lease through the lease_* calls of
  * scheduler_internal.h and never tests which kind it has.
  *
@@ -174,15 +174,11 @@ const lease_kind kvpi_lease_computed = {
 
 /* ---- allocator-only: one external cache per layer ------------------------ */
 
-/* One block of zero rows, what every append commits. */
 static kvp_status ext_setup(kvp_scheduler *s, kvp_error *err)
 {
-    size_t zeros = s->block_tokens * s->kv_heads * s->head_width;
-    s->zeros = kvpi_calloc(KVPI_SITE_SCRATCH, zeros, sizeof *s->zeros);
-    if (s->zeros == NULL) {
-        return kvpi_fail_alloc(err, "scheduler zero rows", zeros * sizeof(double));
-    }
-    return KVP_OK;
+    (void)s;
+    (void)err;
+    return KVP_OK; /* rows are committed unwritten: nothing to make */
 }
 
 static void ext_free(lease *l)
@@ -257,7 +253,7 @@ static kvp_status ext_promise(const kvp_scheduler *s, lease *l, size_t pages, kv
  * Promises to 0, then every layer at once, so pages go back (to the free or
  * evictable list) in the order a sequence's reset gives them back: both
  * runs see the same LRU order. No rows are reserved between steps
- * (append_zeros commits or discards).
+ * (append_rows commits or discards).
  */
 static void ext_reset(const kvp_scheduler *s, lease *l)
 {
@@ -272,11 +268,13 @@ static void ext_reset(const kvp_scheduler *s, lease *l)
 }
 
 /*
- * `tokens` zero rows in every layer, all or nothing. Every layer's pages
- * are reserved first (a refusal discards the ones reserved); then the rows
- * are committed a block at a time, which cannot fail.
+ * `tokens` rows in every layer, all or nothing, neither written nor read
+ * (nobody reads an allocator-only run's rows): every layer's pages are
+ * reserved first (a refusal discards the ones reserved); then each layer
+ * commits them at once, which cannot fail. Pages move per block: the cost
+ * does not grow with the rows' width.
  */
-static kvp_status append_zeros(const kvp_scheduler *s, lease *l, size_t tokens, kvp_error *err)
+static kvp_status append_rows(const kvp_scheduler *s, lease *l, size_t tokens, kvp_error *err)
 {
     for (size_t i = 0; i < s->layers; i++) {
         kvp_status status = kvp_cache_reserve_rows(l->caches[i], tokens, err);
@@ -287,33 +285,29 @@ static kvp_status append_zeros(const kvp_scheduler *s, lease *l, size_t tokens, 
             return status;
         }
     }
-    size_t block = s->block_tokens;
     for (size_t i = 0; i < s->layers; i++) {
-        for (size_t done = 0; done < tokens; done += block) {
-            size_t rows = tokens - done < block ? tokens - done : block;
-            kvp_status status = kvp_cache_commit_rows(l->caches[i], s->zeros, s->zeros, rows, err);
-            if (status != KVP_OK) {
-                return status;
-            }
+        kvp_status status = kvpi_cache_commit_unwritten(l->caches[i], tokens, err);
+        if (status != KVP_OK) {
+            return status;
         }
     }
     return KVP_OK;
 }
 
-/* Zero rows now; the rows at `row` are not read (an allocator-only run has none to compute). */
+/* Rows now, unwritten; the rows at `row` are not read (an allocator-only run has none to compute). */
 static kvp_status ext_append(kvp_scheduler *s, slot *r, size_t row, size_t tokens, size_t *jobs,
                              kvp_error *err)
 {
     (void)row;
     (void)jobs;
-    return tokens > 0 ? append_zeros(s, &r->lease, tokens, err) : KVP_OK;
+    return tokens > 0 ? append_rows(s, &r->lease, tokens, err) : KVP_OK;
 }
 
 static void ext_decode_input(kvp_scheduler *s, slot *r, const kvp_request *q,
                              kvp_decode_job *job)
 {
     (void)q;
-    job->status = append_zeros(s, &r->lease, 1, &job->error);
+    job->status = append_rows(s, &r->lease, 1, &job->error);
 }
 
 static kvp_status ext_decode_run(kvp_scheduler *s, size_t count, kvp_error *err)

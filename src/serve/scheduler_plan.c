@@ -6,8 +6,10 @@
  * step takes, each admitted or rejected), the pages a request asks
  * admission for (request_pages), the parked and ranked prompt keys
  * (s->parked, s->ranked: keysets kept across steps so a waiting request
- * is not read and hashed again), the cache-aware window's order, and
- * taking the plan (admit: leases to slots, entries out of the queue).
+ * is not read and hashed again), the cache-aware window's order,
+ * taking the plan (admit: leases to slots, entries out of the queue), and
+ * a request's chain keys (kvpi_sched_keys: from its block digests, or from
+ * its rows), which publication in scheduler_step.c uses too.
  *
  * Invariants: planning changes nothing but the scratch it grows (rows,
  * keys, plan) and the keysets it parks, which change no decision: the
@@ -46,6 +48,57 @@ static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past
                (n - 1) * sample_pages(s, r, past_prompt);
     }
     return n * own;
+}
+
+/*
+ * Keys from block digests, as kvpi_prompt_keys_from chains rows (one lane):
+ * the same context (every layer's binding digest and the salt) and per-layer
+ * bindings, but each block's input is its 16-byte digest, chained under the
+ * context as a context of its own, so no digest's key equals a row key.
+ */
+static void digest_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
+                        size_t sample, size_t from, size_t blocks, kvp_block_key *keys)
+{
+    const kvp_request *q = &record_of(s, id)->request;
+    size_t layers = s->layers;
+    kvp_block_key *bindings = keys + blocks * layers;
+    for (size_t l = 0; l < layers; l++) {
+        bindings[l] = kvpi_cache_binding_key(caches[l]);
+    }
+    int salted = q->salt.lo != 0 || q->salt.hi != 0;
+    kvp_block_key context = kvpi_block_key_chain(s->pool, NULL, &bindings[0], bindings,
+                                                 layers * sizeof *bindings,
+                                                 salted ? &q->salt : NULL);
+    for (size_t l = 0; l < layers; l++) {
+        uint64_t index = l;
+        bindings[l] = kvpi_block_key_chain(s->pool, NULL, &bindings[l], &index, sizeof index,
+                                           NULL);
+    }
+    size_t bt = s->block_tokens;
+    for (size_t j = from; j < blocks; j++) {
+        kvp_block_key digest = {0, 0};
+        q->block_digest(q->ctx, id, (j + 1) * bt <= q->prompt_tokens ? 0 : sample, j, &digest);
+        kvp_block_key input = kvpi_block_key_chain(s->pool, NULL, &context, &digest,
+                                                   sizeof digest, &context);
+        for (size_t l = 0; l < layers; l++) {
+            const kvp_block_key *parent = j == 0 ? NULL : &keys[(j - 1) * layers + l];
+            keys[j * layers + l] = kvpi_block_key_chain(s->pool, parent, &bindings[l], &input,
+                                                        sizeof input, &context);
+        }
+    }
+}
+
+void kvpi_sched_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
+                     size_t sample, const double *rows, size_t len, size_t from, size_t blocks,
+                     kvp_block_key *keys)
+{
+    const kvp_request *q = &record_of(s, id)->request;
+    if (q->block_digest != NULL) {
+        digest_keys(s, caches, id, sample, from, blocks, keys);
+    } else {
+        kvpi_prompt_keys_from(caches, s->layers, &q->salt, rows, len, s->width, from, blocks,
+                              keys);
+    }
 }
 
 static size_t add_sat(size_t a, size_t b)
@@ -204,8 +257,8 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
     }
     if (!unpark_keys(s, id, s->keys, key_count)) {
         kvpi_sched_fill_request(s, id, s->rows);
-        kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, s->rows,
-                         q->prompt_tokens, s->width, key_blocks, s->keys);
+        kvpi_sched_keys(s, lease_caches(&s->idle[0]), id, 0, s->rows, q->prompt_tokens, 0,
+                        key_blocks, s->keys);
         park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
     }
     size_t evictable;
@@ -343,8 +396,8 @@ static kvp_status key_prompt(kvp_scheduler *s, candidate *c, const totals *t, kv
     if (!unpark_keys(s, c->id, k, c->key_count)) {
         kvpi_sched_fill_request(s, c->id, c->at);
         c->filled = 1;
-        kvpi_prompt_keys(lease_caches(&s->idle[0]), s->layers, &q->salt, c->at,
-                         q->prompt_tokens, s->width, c->key_blocks, k);
+        kvpi_sched_keys(s, lease_caches(&s->idle[0]), c->id, 0, c->at, q->prompt_tokens, 0,
+                        c->key_blocks, k);
     }
     c->hits = kvpi_prefix_probe(s->pool, k, s->layers, c->adoptable, &c->evictable);
     return KVP_OK;

@@ -119,20 +119,22 @@ int kvpi_sched_queue_grow(kvp_scheduler *s, size_t need)
 /* 1 when the request's prompt rows can be keyed (sharing on, and rows to read). */
 int kvpi_sched_keyed(const kvp_scheduler *s, const kvp_request *q)
 {
-    return s->config.sharing && (s->config.compute || q->prompt != NULL || q->input != NULL);
+    return s->config.sharing && (s->config.compute || q->prompt != NULL || q->input != NULL ||
+                                 q->block_digest != NULL);
 }
 
 /*
  * The rows a request's admission reads, back to back:
  *   compute, sharing on: the prompt, then each sample's generated tokens;
  *   compute, sharing off: each sample's prompt and generated tokens;
- *   compute off: the prompt when it is keyed (its keys), else nothing.
+ *   compute off: the prompt when it is keyed by rows (its keys), else
+ *   nothing (block digests key it without rows).
  */
 size_t kvpi_sched_rows_needed(const kvp_scheduler *s, const record *r)
 {
     const kvp_request *q = &r->request;
     if (!s->config.compute) {
-        return kvpi_sched_keyed(s, q) ? q->prompt_tokens : 0;
+        return kvpi_sched_keyed(s, q) && q->block_digest == NULL ? q->prompt_tokens : 0;
     }
     if (s->config.sharing) {
         return q->prompt_tokens + q->samples * r->generated;

@@ -227,7 +227,10 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
     if (!publishes(s, q) || blocks == from) {
         return; /* nothing to key, or no full block holds a decoded token */
     }
-    kvpi_sched_fill_rows(s, id, 0, 0, prompt, s->rows);
+    int rows = q->block_digest == NULL; /* digests key it without rows */
+    if (rows) {
+        kvpi_sched_fill_rows(s, id, 0, 0, prompt, s->rows);
+    }
     int prompt_keyed = 0;
     for (size_t i = 0; i < s->running_count; i++) {
         const slot *r = &s->running[i];
@@ -236,9 +239,11 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
         }
         assert(lease_len(&r->lease) == len);
         kvp_cache *const *caches = lease_caches(&r->lease);
-        kvpi_sched_fill_rows(s, id, r->sample, prompt, len, s->rows + prompt * s->width);
-        kvpi_prompt_keys_from(caches, s->layers, &q->salt, s->rows, len, s->width,
-                              prompt_keyed ? from : 0, blocks, s->keys);
+        if (rows) {
+            kvpi_sched_fill_rows(s, id, r->sample, prompt, len, s->rows + prompt * s->width);
+        }
+        kvpi_sched_keys(s, caches, id, r->sample, s->rows, len, prompt_keyed ? from : 0, blocks,
+                        s->keys);
         prompt_keyed = 1;
         /* The prompt's pages are registered under these very keys, the rest are fresh. */
         kvp_status status = kvp_cache_group_publish(caches, s->layers, s->keys, blocks, NULL);

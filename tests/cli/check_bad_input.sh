@@ -237,6 +237,22 @@ $S --budget 1.5KiB --block-tokens 4 --model-width 8 --heads 2 --requests 1 --pro
     || fail "1.5KiB (a whole byte count) was refused"
 [ "$(json_get "$work/frac.json" config.budget_bytes)" = 1536 ] || fail "1.5KiB is not 1536 bytes"
 
+# An allocator-only run's pages have no memory behind them (KVP_SLAB_RESERVED): a 1 TiB
+# Llama-3-70B pool runs on any machine without --allow-overcommit; only metadata counts.
+# Not under Valgrind, whose client address space is smaller than the range.
+case "$1" in
+*valgrind*) ;;
+*)
+    $S --model llama-3-70b --no-compute --budget 1TiB --kv-dtype bf16 --requests 2 \
+        --prompt-mean 40 --output-mean 8 --quiet --json > "$work/tib70b.json" \
+        || fail "--no-compute --budget 1TiB of llama-3-70b was refused"
+    [ "$(json_get "$work/tib70b.json" total_pages)" = 16777216 ] \
+        || fail "1 TiB is not 2^24 64 KiB pages"
+    [ "$(json_get "$work/tib70b.json" requests_completed)" = 2 ] \
+        || fail "the 1 TiB run did not complete"
+    ;;
+esac
+
 # --flag=value is --flag value; --model's geometry yields to explicit flags; --accum is reported.
 $S --model=llama-3-8b --layers=1 --model-width=256 --heads 16 --requests=2 --prompt-mean 8 \
     --output-mean 8 --capacity 64 --budget 1MiB --kv-dtype=bf16 --accum=fast --quiet --json \

@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include "latency.h"
+#include "pager/alloc.h"
 #include "sim.h"
 #include "verify.h"
 #include "workload.h"
@@ -367,6 +368,56 @@ static void test_sim_latency_of_a_run(void **state)
     assert_true(l.queue_seconds.p99 >= 0.0 && l.e2e_seconds.p50 > 0.0);
     assert_int_equal(res.first_hit_tokens, 12);
     kvp_sim_result_free(&res);
+ * The library allocation sites of a run, counted through the fault
+ * injector (pager/alloc.h): the nth allocation is made to fail, for n = 1,
+ * 2, ... until a run makes fewer than n, and the site each one hit is
+ * counted. A run a fault stops fails cleanly (the sanitizers watch it).
+ */
+static void sites_of_run(int compute, uint64_t counts[KVPI_SITE_COUNT_])
+{
+    memset(counts, 0, KVPI_SITE_COUNT_ * sizeof counts[0]);
+    kvp_sim_config c = tiny_config();
+    c.compute = compute;
+    kvp_workload_request r[2] = {plain(0, 9, 2, 8, 0), plain(1, 6, 2, 0, 1)};
+    kvp_workload w = {r, 2};
+    for (uint64_t nth = 1;; nth++) {
+        kvp_sim_result res;
+        kvp_error err;
+        const char *context = NULL;
+        kvpi_fault_arm(nth);
+        int rc = kvp_sim_run(&c, &w, NULL, NULL, &res, &err, &context);
+        int fired = kvpi_fault_fired();
+        kvpi_fault_site site = kvpi_fault_last_site();
+        kvpi_fault_arm(0);
+        kvp_sim_result_free(&res); /* failed or not (sim.h) */
+        if (!fired) {
+            assert_int_equal(rc, 0);
+            break;
+        }
+        assert_true((unsigned)site < (unsigned)KVPI_SITE_COUNT_);
+        counts[site]++;
+        assert_true(nth < 100000);
+    }
+}
+
+/*
+ * An allocator-only run (--no-compute) builds no weights: no parameter and
+ * no model is allocated, while the computed run of the same workload
+ * allocates both (so the count sees them).
+ */
+static void test_sim_allocator_only_creates_no_parameter(void **state)
+{
+    (void)state;
+    uint64_t computed[KVPI_SITE_COUNT_];
+    uint64_t allocator_only[KVPI_SITE_COUNT_];
+    sites_of_run(1, computed);
+    sites_of_run(0, allocator_only);
+    assert_true(computed[KVPI_SITE_PARAM] > 0);
+    assert_true(computed[KVPI_SITE_MODEL] > 0);
+    assert_int_equal(allocator_only[KVPI_SITE_PARAM], 0);
+    assert_int_equal(allocator_only[KVPI_SITE_MODEL], 0);
+    assert_int_equal(allocator_only[KVPI_SITE_LAYER], 0);
+    assert_true(allocator_only[KVPI_SITE_CACHE_STRUCT] > 0); /* its external caches */
 }
 
 int main(void)
@@ -381,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_sim_percentile_nearest_rank),
         cmocka_unit_test(test_sim_latency_of_a_hand_made_schedule),
         cmocka_unit_test(test_sim_latency_of_a_run),
+        cmocka_unit_test(test_sim_allocator_only_creates_no_parameter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
