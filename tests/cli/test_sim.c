@@ -368,6 +368,9 @@ static void test_sim_latency_of_a_run(void **state)
     assert_true(l.queue_seconds.p99 >= 0.0 && l.e2e_seconds.p50 > 0.0);
     assert_int_equal(res.first_hit_tokens, 12);
     kvp_sim_result_free(&res);
+}
+
+/*
  * The library allocation sites of a run, counted through the fault
  * injector (pager/alloc.h): the nth allocation is made to fail, for n = 1,
  * 2, ... until a run makes fewer than n, and the site each one hit is
