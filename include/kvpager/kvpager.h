@@ -40,22 +40,4 @@
 #include "kvpager/scheduler.h"
 #include "kvpager/paged.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/*
- * The version of the library running, "MAJOR.MINOR.PATCH", and as a number
- * (MAJOR * 1000000 + MINOR * 1000 + PATCH). They may differ from the
- * KVP_VERSION_* macros of kvpager/version.h, which give the headers a program
- * was compiled against. Static storage.
- * Threads: thread-safe.
- */
-KVP_API const char *kvp_version(void);
-KVP_API long kvp_version_number(void);
-
-#ifdef __cplusplus
-}
-#endif
-
 #endif /* KVPAGER_KVPAGER_H */

@@ -4,7 +4,9 @@
  * Owns: kvp_shape and kvp_tensor (borrowed, row-major f64 views with an
  * explicit shape), kvp_geometry and kvp_rope_config. The caller fills them
  * in; kvpager never keeps a kvp_tensor past the call it was passed to and
- * never writes through one.
+ * never writes through one. Also kvp_version() and kvp_version_number(), the
+ * running library's version (the pager's src/pager/types.c defines them, so
+ * they are declared in a pager header, not the umbrella).
  * Invariant: a view of shape [d0, ..., dn-1] covers exactly d0*...*dn-1
  * doubles at `data`, in row-major order (the last axis is contiguous).
  */
@@ -57,6 +59,16 @@ KVP_API kvp_tensor kvp_tensor4(const double *data, size_t d0, size_t d1, size_t 
  * Threads: thread-safe (pure).
  */
 KVP_API kvp_tensor kvp_tensor3(const double *data, size_t d0, size_t d1, size_t d2);
+
+/*
+ * The version of the library running, "MAJOR.MINOR.PATCH", and as a number
+ * (MAJOR * 1000000 + MINOR * 1000 + PATCH). They may differ from the
+ * KVP_VERSION_* macros of kvpager/version.h, which give the headers a program
+ * was compiled against. Static storage.
+ * Threads: thread-safe.
+ */
+KVP_API const char *kvp_version(void);
+KVP_API long kvp_version_number(void);
 
 #ifdef __cplusplus
 }

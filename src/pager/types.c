@@ -3,7 +3,7 @@
  * running library's version (kvpager/version.h).
  * Pure functions; no state. Callers: anyone.
  */
-#include "kvpager/kvpager.h"
+#include "kvpager/types.h"
 
 #include <string.h>
 

@@ -2,7 +2,9 @@
 # run.sh BUILD_DIR SOURCE_DIR
 # Installs the build into a scratch prefix, extracts the API tour (docs/embedding.md),
 # and builds and runs it against the installed package: through
-# find_package(kvpager) and through pkg-config (kvpager.pc). Checks that the
+# find_package(kvpager) and through pkg-config (kvpager.pc). Builds README.md's
+# C example (under "## In C") as the README shows, with -Wall -Wextra -Werror,
+# and checks it prints what the README says. Checks that the
 # generated kvpager/version.h is installed and agrees with the package
 # version and the library (tests/package/version_check.c), and that the
 # soname is libkvpager.so.0.MINOR before 1.0. Then embeds the source tree
@@ -61,6 +63,33 @@ cc -std=c11 -Wall -Wextra -Werror $(pc --cflags kvpager) "$tour" $(pc --libs kvp
    -lm -Wl,-rpath,"$libdir" -o "$work/api_tour_pc"
 echo "== pkg-config build"
 "$work/api_tour_pc"
+# The README's C example ("## In C": the first ```c block after the heading)
+# builds as the README shows (cc tiny.c $(pkg-config --cflags --libs kvpager)),
+# warnings fatal, and prints what the README says it prints.
+readme_c=$work/tiny.c
+awk '/^## In C$/ {armed = 1; next}
+     armed && /^```c$/ {inside = 1; next}
+     inside && /^```$/ {exit}
+     inside {print}' "$source_dir/README.md" > "$readme_c"
+if [ ! -s "$readme_c" ]; then
+    echo "package test: README.md has no C block under '## In C'" >&2
+    exit 1
+fi
+readme_says=$(sed -n 's/.*(it prints `\([^`]*\)`).*/\1/p' "$source_dir/README.md" | head -n 1)
+if [ -z "$readme_says" ]; then
+    echo "package test: README.md no longer says what its C example prints ('(it prints \`...\`)')" >&2
+    exit 1
+fi
+echo "== README.md's C example: cc -std=c11 -Wall -Wextra -Werror tiny.c \$(pkg-config --cflags --libs kvpager)"
+cc -std=c11 -Wall -Wextra -Werror "$readme_c" $(pc --cflags --libs kvpager) \
+   -Wl,-rpath,"$libdir" -o "$work/readme_tiny"
+readme_out=$("$work/readme_tiny")
+echo "$readme_out"
+if [ "$readme_out" != "$readme_says" ]; then
+    echo "package test: README.md's C example printed '$readme_out', the README says '$readme_says'" >&2
+    exit 1
+fi
+
 # Static: -Bstatic picks libkvpager.a; --static adds jemalloc, pthread and libm.
 static_libs=$(pc --static --libs kvpager)
 for flag in -lkvpager -ljemalloc -lsodium -lpthread -lm; do
