@@ -9,8 +9,9 @@
  * caller's callback after the lock is released.
  * Invariants: the ones pool.c lists (DESIGN.md numbering); the audit only
  * reads the pool and allocates nothing.
- * Callers: the public API (kvp_pool_check) and src/pager (holders report
- * their findings through kvpi_audit_report and kvpi_audit_reference).
+ * Callers: the public API (kvp_pool_check). Holders report their findings
+ * through audit_findings.c, which calls nothing here, so the holders' audit
+ * parts (cache.c, prefix.c) and this file call one way.
  */
 #include "pager/pool_internal.h"
 
@@ -20,39 +21,6 @@
 #include "pager/error.h"
 
 /* ---- audit ------------------------------------------------------------- */
-
-/*
- * The findings of one audit, gathered under the pool lock and handed to the
- * caller's callback only after the lock is released (so the callback may call
- * back into the pool). A fixed array, on the auditor's stack: the audit
- * allocates nothing. `mismatches` counts every finding; found[] keeps the
- * first KVP_POOL_CHECK_REPORTS of them, in the order found.
- */
-struct kvpi_audit {
-    const kvp_pool *pool;
-    size_t mismatches;
-    kvp_mismatch found[KVP_POOL_CHECK_REPORTS];
-};
-
-void kvpi_audit_report(kvpi_audit *audit, kvp_invariant invariant, const char *what, size_t page,
-                       size_t lane, size_t expected, size_t actual)
-{
-    if (audit->mismatches < KVP_POOL_CHECK_REPORTS) {
-        audit->found[audit->mismatches] =
-            (kvp_mismatch){invariant, what, page, lane, expected, actual};
-    }
-    audit->mismatches++;
-}
-
-void kvpi_audit_reference(kvpi_audit *audit, uint32_t page)
-{
-    if (page >= audit->pool->total_pages) {
-        kvpi_audit_report(audit, KVP_INVARIANT_REFERENCES, "page id below total pages", page,
-                          SIZE_MAX, audit->pool->total_pages, page);
-        return;
-    }
-    audit->pool->audit_counts[page]++;
-}
 
 /* I2 and the free side of I1: walks the free list. Returns pages found free. */
 static size_t audit_free_list(const kvp_pool *pool, kvpi_audit *audit)

@@ -1,8 +1,9 @@
 /*
  * cache.c: the paged layer cache (see kvpager/cache.h, cache_internal.h).
  *
- * Owns: page tables, the logical length, the binding captured at creation,
- * and the cache's registration with its pool.
+ * Owns: page tables, the logical length, the binding captured at creation
+ * (and its kind, kvp_binding_is_external), the pages a length needs
+ * (kvp_cache_pages_for), and the cache's registration with its pool.
  *
  * Transitions (all under the pool lock; row copies happen before it is taken):
  *   create          tables all KVPI_NO_PAGE, len 0, attached to the pool
@@ -28,6 +29,26 @@
 #include "pager/alloc.h"
 #include "pager/dtype.h"
 #include "pager/error.h"
+
+/* A binding of the external kind (cache.h). */
+int kvp_binding_is_external(const kvp_binding *binding)
+{
+    return binding != NULL && binding->kind == KVP_BINDING_EXTERNAL;
+}
+
+/* The pages `tokens` positions need beyond what the cache maps (cache.h). */
+size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens)
+{
+    if (cache == NULL || tokens <= cache->len) {
+        return 0;
+    }
+    size_t bt = cache->block_tokens;
+    size_t blocks = tokens / bt + (tokens % bt != 0) - kvpi_cache_mapped_blocks(cache);
+    if (blocks != 0 && cache->batch_size > (SIZE_MAX - cache->batch_size) / blocks) {
+        return SIZE_MAX; /* saturate, as kvp_pool_pages_for */
+    }
+    return cache->batch_size * blocks + kvpi_cache_cow_pages(cache);
+}
 
 static atomic_uint_fast64_t next_serial = 1;
 

@@ -70,11 +70,6 @@ kvp_status kvp_binding_init_external(kvp_binding *out, size_t kv_heads, size_t h
     return KVP_OK;
 }
 
-int kvp_binding_is_external(const kvp_binding *binding)
-{
-    return binding != NULL && binding->kind == KVP_BINDING_EXTERNAL;
-}
-
 static int cache_is_external(const kvp_cache *cache)
 {
     return kvp_binding_is_external(&cache->binding);
@@ -115,19 +110,6 @@ static kvp_status check_row_cache(const kvp_cache *cache, int no_reservation, kv
 static kvp_status check_has_data(const kvp_cache *cache, kvp_error *err)
 {
     return kvpi_pool_has_data(cache->pool) ? KVP_OK : kvpi_pool_fail_no_data(err);
-}
-
-size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens)
-{
-    if (cache == NULL || tokens <= cache->len) {
-        return 0;
-    }
-    size_t bt = cache->block_tokens;
-    size_t blocks = tokens / bt + (tokens % bt != 0) - kvpi_cache_mapped_blocks(cache);
-    if (blocks != 0 && cache->batch_size > (SIZE_MAX - cache->batch_size) / blocks) {
-        return SIZE_MAX; /* saturate, as kvp_pool_pages_for */
-    }
-    return cache->batch_size * blocks + kvpi_cache_cow_pages(cache);
 }
 
 /* FULL for `rows` more rows, with the prompt-style detail ("rows"). */

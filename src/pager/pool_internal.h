@@ -233,6 +233,19 @@ void kvpi_pool_promise_set_locked(kvp_pool *pool, size_t *promise, size_t pages)
 void kvpi_pool_promise_consume_locked(kvp_pool *pool, size_t *promise, size_t taken);
 
 /* Audit callbacks for holders. */
+/*
+ * The findings of one audit (audit.c runs it, audit_findings.c records into it), gathered under the pool lock and handed to the
+ * caller's callback only after the lock is released (so the callback may call
+ * back into the pool). A fixed array, on the auditor's stack: the audit
+ * allocates nothing. `mismatches` counts every finding; found[] keeps the
+ * first KVP_POOL_CHECK_REPORTS of them, in the order found.
+ */
+struct kvpi_audit {
+    const kvp_pool *pool;
+    size_t mismatches;
+    kvp_mismatch found[KVP_POOL_CHECK_REPORTS];
+};
+
 void kvpi_audit_reference(kvpi_audit *audit, uint32_t page);
 void kvpi_audit_report(kvpi_audit *audit, kvp_invariant invariant, const char *what, size_t page,
                        size_t lane, size_t expected, size_t actual);
