@@ -4,16 +4,18 @@
  * arrays (no pool: f16 and fp8 pages do not exist in pools yet).
  *
  * Proves: f16 and e4m3 widen exactly to the values their formats define
- * (every code); at every level, dot_group and axpy_group give the bits of
- * the portable dot_rows and axpy_rows on the widened rows, one head at a
- * time, for every row format, any number of heads, lengths, row counts and
- * strides, writing nothing else; the fast kernels give the bits of the fast
- * order written out here independently (16 fmaf lanes, the tree, the tail;
- * fmaf chains for the values), for f32, bf16, f16 and e4m3 rows; rows split
- * into calls of 1, 3 and 16 (the block sizes) give the same bits; and the
- * dispatched softmax of each level equals the portable one; the fast
- * softmax (f32, base 2) of each level equals the documented order written
- * out here, for every length 0..300 and score spreads up to 3e38.
+ * (every code), and every level's grouped kernels widen every e4m3 code to
+ * kvpi_e4m3_widen's bits (NaN codes and -0 included); at every level,
+ * dot_group and axpy_group give the bits of the portable dot_rows and
+ * axpy_rows on the widened rows, one head at a time, for every row format,
+ * any number of heads, lengths, row counts and strides, writing nothing
+ * else; the fast kernels give the bits of the fast order written out here
+ * independently (16 fmaf lanes, the tree, the tail; fmaf chains for the
+ * values), for f32, bf16, f16 and e4m3 rows; rows split into calls of 1, 3
+ * and 16 (the block sizes) give the same bits; and the dispatched softmax
+ * of each level equals the portable one; the fast softmax (f32, base 2) of
+ * each level equals the documented order written out here, for every length
+ * 0..300 and score spreads up to 3e38.
  * Levels are read with kvpi_kernels_level; under Valgrind AVX-512 is skipped.
  */
 #include <math.h>
@@ -113,6 +115,47 @@ static void test_fast_widening_is_exact_for_every_code(void **state)
     assert_true(kvpi_e4m3_widen(0x7E) == 448.0f);
     assert_true(kvpi_e4m3_widen(0x01) == 0x1p-9f);
     assert_true(kvpi_f16_widen(0x7BFF) == 65504.0f);
+}
+
+/*
+ * Every e4m3 code, widened by each level's grouped kernels: an axpy with
+ * weight 1 onto -0 gives each element's widening itself (its bits, -0 and
+ * the NaN codes' sign | KVPI_E4M3_NAN_BITS included), at the fast level (f32)
+ * and the exact one (f64), each code in several lanes and in a tail.
+ */
+static void test_fast_every_e4m3_code_at_every_level(void **state)
+{
+    (void)state;
+    enum { N = 263 };
+    const kvpi_kernels *levels[KVPI_ISA_COUNT];
+    size_t nlevels = test_levels(levels);
+    uint8_t codes[N];
+    float fast[N];
+    double exact[N];
+    const float w1f = 1.0f;
+    const double w1 = 1.0;
+    for (size_t l = 0; l < nlevels; l++) {
+        const kvpi_kernels *k = levels[l];
+        for (size_t shift = 0; shift < 16; shift += 5) {
+            for (size_t j = 0; j < N; j++) {
+                codes[j] = (uint8_t)(j + shift);
+                fast[j] = -0.0f;
+                exact[j] = -0.0;
+            }
+            k->axpy_group_fast(KVPI_ROWS_E4M3, fast, N, &w1f, 1, 1, codes, N, 1, N, NULL);
+            k->axpy_group(KVPI_ROWS_E4M3, exact, N, &w1, 1, 1, codes, N, 1, N, NULL);
+            for (size_t j = 0; j < N; j++) {
+                float want = kvpi_e4m3_widen(codes[j]);
+                double want_d = (double)want;
+                if (memcmp(&fast[j], &want, sizeof want) != 0 ||
+                    memcmp(&exact[j], &want_d, sizeof want_d) != 0) {
+                    print_error("%s: e4m3 code 0x%02x at %zu widened to %a / %a, not %a\n",
+                                k->name, codes[j], j, (double)fast[j], exact[j], want_d);
+                    fail();
+                }
+            }
+        }
+    }
 }
 
 /* ---- rows of every format -------------------------------------------------------- */
@@ -578,6 +621,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fast_widening_is_exact_for_every_code),
+        cmocka_unit_test(test_fast_every_e4m3_code_at_every_level),
         cmocka_unit_test(test_fast_exact_group_equals_one_head_at_a_time),
         cmocka_unit_test(test_fast_kernels_equal_documented_order),
         cmocka_unit_test(test_fast_level_differs_from_exact),

@@ -277,11 +277,11 @@ static inline float kvpi_f16_widen(uint16_t h)
  * e4m3 bits widened to f32 (exact), by bits: sign | exponent-and-fraction
  * << 20 is a binary32 of value 2^(e - 127) (1 + m/8) (2^-149 * (m << 20) for
  * e = 0), and one exact product with 2^120 rebiases it to e4m3's 2^(e - 7)
- * (1 + m/8) and m 2^-9. The vector levels give the same values another way,
+ * (1 + m/8) and m 2^-9. The vector levels give the same bits another way,
  * so that no operand is an f32 subnormal (a microcode assist that made fp8
- * pages 8x slower than bf16): normal codes by adding 120 to the exponent
- * field of (e, m) << 20, subnormal ones as the exact product m * 2^-9. No
- * table at any level; tests/test_fast_kernels.c checks every code.
+ * pages 8x slower than bf16): the bits as an f16 of the value times 2^-8,
+ * vcvtph2ps, and a product with 2^8 (kernels_widen.h). No table at any
+ * level; tests/test_fast_kernels.c checks every code at every level.
  */
 static inline float kvpi_e4m3_widen(uint8_t x)
 {

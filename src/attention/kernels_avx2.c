@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include "attention/kernels.h"
+#include "attention/kernels_widen.h" /* kvpi_e4m3_8 */
 
 /* [t_0 + t_2, t_1 + t_3] of a row's first-level sums t. */
 static inline __m128d half_sums(__m256d t)
@@ -473,23 +474,6 @@ static void avx2_project_tile(const double *x, size_t x_stride, size_t mr, const
 
 /* ---- grouped kernels, the fast level and the softmax (kernels_group.h) ---------- */
 
-/* e4m3 bytes (zero-extended to 32 bits) widened to f32 as kvpi_e4m3_widen does. */
-static inline __attribute__((always_inline)) __m256 e4m3_8(__m256i x)
-{
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
-    /* As kvpi_e4m3_widen's vector form (kernels.h): never an f32 subnormal operand. */
-    __m256 normal = _mm256_castsi256_ps(
-        _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
-    __m256 tiny = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
-    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag);
-    __m256 f = _mm256_blendv_ps(normal, tiny, _mm256_castsi256_ps(small));
-    f = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f), sign));
-    __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
-    __m256i nan_bits = _mm256_or_si256(sign, _mm256_set1_epi32((int)KVPI_E4M3_NAN_BITS));
-    return _mm256_blendv_ps(f, _mm256_castsi256_ps(nan_bits), _mm256_castsi256_ps(nan));
-}
-
 /* Eight narrow elements at i widened to f32 (exact), in one register. */
 static inline __attribute__((always_inline)) __m256 narrow8(kvpi_rows kind, const void *rows,
                                                             size_t i)
@@ -505,7 +489,7 @@ static inline __attribute__((always_inline)) __m256 narrow8(kvpi_rows kind, cons
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     case KVPI_ROWS_E4M3:
         p = (const uint8_t *)rows + i;
-        return e4m3_8(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+        return kvpi_e4m3_8(p);
     default:
         return _mm256_loadu_ps((const float *)rows + i);
     }

@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include "attention/kernels.h"
+#include "attention/kernels_widen.h" /* kvpi_e4m3_8, kvpi_e4m3_16 */
 
 /* The first tree level of the lane sums s: [s_0 + s_4, .., s_3 + s_7]. */
 static inline __m256d first_level(__m512d s)
@@ -487,40 +488,6 @@ static void avx512_project_tile(const double *x, size_t x_stride, size_t mr, con
 
 /* ---- grouped kernels, the fast level and the softmax (kernels_group.h) ---------- */
 
-/* e4m3 bytes (zero-extended to 32 bits) widened to f32 as kvpi_e4m3_widen does. */
-static inline __attribute__((always_inline)) __m512 e4m3_16(__m512i x)
-{
-    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-    __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
-    /* Normal codes rebiased by adding 120 to the exponent field, subnormal ones m * 2^-9:
-     * no operand is ever an f32 subnormal (which would cost a microcode assist). */
-    __m512 normal = _mm512_castsi512_ps(
-        _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
-    __m512 tiny = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f));
-    __m512 f = _mm512_mask_mov_ps(normal, _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)),
-                                  tiny);
-    f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), sign));
-    __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
-    __m512i nan_bits = _mm512_or_si512(sign, _mm512_set1_epi32((int)KVPI_E4M3_NAN_BITS));
-    return _mm512_mask_mov_ps(f, nan, _mm512_castsi512_ps(nan_bits));
-}
-
-static inline __attribute__((always_inline)) __m256 e4m3_8(__m256i x)
-{
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
-    /* As kvpi_e4m3_widen's vector form (kernels.h): never an f32 subnormal operand. */
-    __m256 normal = _mm256_castsi256_ps(
-        _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
-    __m256 tiny = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
-    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag);
-    __m256 f = _mm256_blendv_ps(normal, tiny, _mm256_castsi256_ps(small));
-    f = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f), sign));
-    __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
-    __m256i nan_bits = _mm256_or_si256(sign, _mm256_set1_epi32((int)KVPI_E4M3_NAN_BITS));
-    return _mm256_blendv_ps(f, _mm256_castsi256_ps(nan_bits), _mm256_castsi256_ps(nan));
-}
-
 typedef __m512d VD;
 typedef __m512 VF;
 #define GROUP_GMAX 8
@@ -555,8 +522,7 @@ static inline __attribute__((always_inline)) VD vd_rows(kvpi_rows kind, const vo
         return _mm512_cvtps_pd(
             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)rows + i))));
     default:
-        return _mm512_cvtps_pd(e4m3_8(
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)rows + i)))));
+        return _mm512_cvtps_pd(kvpi_e4m3_8((const uint8_t *)rows + i));
     }
 }
 
@@ -602,7 +568,7 @@ static inline __attribute__((always_inline)) VF vf_rows(kvpi_rows kind, const vo
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     case KVPI_ROWS_E4M3:
         p = (const uint8_t *)rows + i;
-        return e4m3_16(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+        return kvpi_e4m3_16(p);
     default:
         return _mm512_loadu_ps((const float *)rows + i);
     }
