@@ -14,7 +14,9 @@
  * problem of a command line is kept (kvp_cli_problems), so the order of the
  * checks is the order of the messages; a message names the flag the user
  * typed and the value as typed (a flag left at its default is shown with
- * its value); nothing here allocates or runs.
+ * its value; a geometry --model set is named --model, a capacity a Mooncake
+ * trace's longest request set is named --trace); nothing here allocates or
+ * runs.
  * Callers: simulate.c's prepare, in simulate.h's order.
  */
 #include <math.h>
