@@ -315,6 +315,7 @@ static int setup(sim *s)
     scheduler_config.sharing = c->sharing;
     scheduler_config.schedule = (uint64_t)c->schedule;
     scheduler_config.session_ttl = c->session_ttl;
+    scheduler_config.max_running = c->max_running;
     scheduler_config.layers = c->layers;
     scheduler_config.model_width = c->model_width;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,

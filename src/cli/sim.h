@@ -57,6 +57,9 @@ typedef struct kvp_sim_config {
     size_t session_ttl;     /* kvp_scheduler_config.session_ttl: steps a finished turn's
                                sequence is kept for its conversation (default 128; only
                                requests with a session, conversation turns, use it) */
+    size_t max_running;     /* kvp_scheduler_config.max_running: most sequences running
+                               at once; 0: no limit but the pool (default 0; simulate's
+                               --max-running defaults to 256) */
 } kvp_sim_config;
 
 /* One scheduler step, for the plot and the latency figures. */

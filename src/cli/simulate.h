@@ -56,6 +56,7 @@
     X(SAMPLES, "--samples")                                                               \
     X(SCHEDULE, "--schedule")                                                             \
     X(SESSION_TTL, "--session-ttl")                                                       \
+    X(MAX_RUNNING, "--max-running")                                                       \
     X(UPDATE_WEIGHTS_EVERY, "--update-weights-every")                                     \
     X(VERIFY, "--verify")                                                                 \
     X(WATERMARK, "--watermark")                                                           \
@@ -84,6 +85,10 @@ extern const char *const kvp_simulate_flag_names[FLAG_COUNT_];
 #define MAX_SIGMA 4.0
 #define MAX_POOL_PAGES 4294967294u /* pages are named by 32-bit ids (kvpager/pool.h) */
 #define MAX_SAMPLES 256
+
+/* --max-running's default: vLLM's max_num_seqs default. It bounds the leases a run
+ * makes, so the memory check (simulate_checks.c) charges at most this many sequences. */
+#define DEFAULT_MAX_RUNNING 256
 
 /* --ms-per-step's default: a Mooncake timestamp's milliseconds per scheduler step. */
 #define DEFAULT_MS_PER_STEP 25

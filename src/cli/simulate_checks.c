@@ -14,7 +14,9 @@
  * problem of a command line is kept (kvp_cli_problems), so the order of the
  * checks is the order of the messages; a message names the flag the user
  * typed and the value as typed (a flag left at its default is shown with
- * its value); nothing here allocates or runs.
+ * its value; a geometry --model set is named --model, a capacity a Mooncake
+ * trace's longest request set is named --trace); nothing here allocates or
+ * runs.
  * Callers: simulate.c's prepare, in simulate.h's order.
  */
 #include <math.h>
@@ -375,13 +377,24 @@ enum { MEMORY_PARTS = 6 };
 /*
  * Step 2e: what the run will hold at most, against physical memory. The parts
  * are the library's own sizes: the page slab (the budget) and its metadata
- * (12 bytes per page); the model (4 D x D parameters per layer, plus one
- * more while a layer is made, and RoPE tables); per sequence, one ticket per
- * layer (5 D + heads x capacity doubles), page tables and activations; the
- * prompt buffer, which holds the prompts admitted in one step (at most what
+ * (12 bytes per page; allocator-only: no slab, about 80 bytes a page); the
+ * model (4 D x D parameters per layer, plus one more while a layer is made,
+ * and RoPE tables; allocator-only: none); per sequence (a lease of the
+ * scheduler), computed: one ticket per layer (5 D + heads x capacity
+ * doubles), page tables and activations, allocator-only: what ext_make
+ * allocates, one external cache per layer (its struct and 2 ceil(capacity /
+ * block-tokens) + 2 table entries) and two token rows; the prompt buffer
+ * (computed only), which holds the prompts admitted in one step (at most what
  * the pool can hold, pages x block-tokens / layers positions, and at least
- * capacity) of D doubles each; the request list. At most min(requests,
- * pages / layers) sequences exist at once, since each holds a page per layer.
+ * capacity) of D doubles each; the request list.
+ * The sequences: the scheduler keeps every lease it made (idle ones are
+ * reused), so it holds at most the peak of running + kept sequences, plus one
+ * lease it keys prompts with. Running ones are at most --max-running (a request
+ * with more samples runs alone: at most --samples), kept ones (conversation
+ * turns only) at most one per request; and every running or kept sequence
+ * holds a page per layer, so at most min(requests, pages / layers) exist.
+ * --max-running 0 leaves the pool's bound alone, which at a large budget is
+ * far above the real concurrency (1 TiB of Llama-3-8B bf16 pages: 524,288).
  * With --verify, its own model, pool, buffers and kept outputs (verify.h).
  */
 /* The largest RoPE cos/sin table a layer keeps (the library's cap). */
@@ -416,21 +429,55 @@ static size_t model_bytes(const kvp_sim_config *c, int *overflow)
     return add(model, mul(mul(2, c->layers, overflow), rope, overflow), overflow);
 }
 
-/* `sequences` sequences: per layer a ticket of 5 D + heads x capacity doubles and
- * page tables; per sequence activations and token buffers of (L + 4) D doubles. */
+/* The struct of one cache (kvp_cache), rounded up generously: the CLI cannot see it. */
+#define CACHE_STRUCT_BYTES 1024
+
+/* `sequences` sequences. Computed: per layer a ticket of 5 D + heads x capacity
+ * doubles and page tables; per sequence activations and token buffers of
+ * (L + 4) D doubles. Allocator-only: per layer a cache of 2 ceil(capacity /
+ * block-tokens) + 2 entries; per sequence L + 1 cache pointers and 2 D doubles. */
 static size_t sequences_bytes(const kvp_sim_config *c, size_t sequences, int *overflow)
 {
     size_t d = c->model_width;
+    size_t per_sequence = 0;
+    if (!c->compute) {
+        size_t blocks = c->capacity / c->block_tokens + (c->capacity % c->block_tokens != 0);
+        size_t cache = add(mul(add(mul(2, blocks, overflow), 2, overflow), sizeof(uint32_t),
+                               overflow),
+                           CACHE_STRUCT_BYTES, overflow);
+        per_sequence = add(mul(cache, c->layers, overflow),
+                           add(mul(add(c->layers, 1, overflow), sizeof(void *), overflow),
+                               mul(mul(2, d, overflow), sizeof(double), overflow), overflow),
+                           overflow);
+        return mul(per_sequence, sequences, overflow);
+    }
     size_t blocks = c->capacity / c->block_tokens + 1;
     size_t ticket = mul(add(mul(c->heads, c->capacity, overflow), mul(5, d, overflow), overflow),
                         sizeof(double), overflow);
     ticket = add(ticket, add(mul(2 * sizeof(uint32_t), blocks, overflow), 512, overflow),
                  overflow);
-    size_t per_sequence = add(mul(ticket, c->layers, overflow),
-                              mul(mul(add(c->layers, 4, overflow), d, overflow), sizeof(double),
-                                  overflow),
-                              overflow);
+    per_sequence = add(mul(ticket, c->layers, overflow),
+                       mul(mul(add(c->layers, 4, overflow), d, overflow), sizeof(double),
+                           overflow),
+                       overflow);
     return mul(per_sequence, sequences, overflow);
+}
+
+/* The most sequences (leases) the run holds at once (step 2e's comment). */
+static size_t sequences_bound(const simulate_options *o, size_t requests, size_t pages)
+{
+    const kvp_sim_config *c = &o->sim;
+    size_t sequences = pages / c->layers;
+    sequences = sequences < requests ? sequences : requests;
+    if (c->max_running != 0) {
+        size_t running = c->max_running > c->samples ? c->max_running : c->samples;
+        int sessions = o->trace == NULL && o->workload.profile == KVP_PROFILE_CONVERSATION &&
+                       c->session_ttl > 0;
+        size_t kept = sessions ? sequences : 0;
+        size_t leases = running + kept + 1; /* + the lease prompts are keyed with */
+        sequences = leases < sequences ? leases : sequences;
+    }
+    return sequences > 0 ? sequences : 1;
 }
 
 /* The prompt buffer: max(pages x block-tokens / layers, capacity) rows of D doubles. */
@@ -447,9 +494,7 @@ static void memory_parts(const simulate_options *o, size_t requests, size_t page
 {
     const kvp_sim_config *c = &o->sim;
     size_t pages = c->budget_bytes / page_bytes;
-    size_t sequences = pages / c->layers;
-    sequences = sequences < requests ? sequences : requests;
-    sequences = sequences > 0 ? sequences : 1;
+    size_t sequences = sequences_bound(o, requests, pages);
     size_t model = c->compute ? model_bytes(c, overflow) : 0; /* allocator-only: no weights */
     size_t per_sequence = sequences_bytes(c, sequences, overflow);
     size_t prompt = prompt_bytes(c, pages, overflow);
@@ -474,10 +519,36 @@ static void memory_parts(const simulate_options *o, size_t requests, size_t page
     memcpy(parts, all, sizeof all);
 }
 
+/* The capacity was set by --trace (a Mooncake trace's longest request), not typed. */
+static int capacity_from_trace(const simulate_options *o)
+{
+    return o->mooncake && o->value[FLAG_CAPACITY] == NULL;
+}
+
+/* " <flag> <value>" of a part's flag as the user set it: --model for the geometry a
+ * preset set, the trace's longest request for a capacity the trace set. */
+static void flag_text(const simulate_options *o, simulate_flag f, size_t requests, char *out,
+                      size_t size)
+{
+    char buf[32];
+    if (f == FLAG_CAPACITY && capacity_from_trace(o)) {
+        snprintf(out, size, " a capacity of %zu tokens (--trace's longest request)",
+                 o->sim.capacity);
+    } else if (o->value[f] == NULL && o->value[FLAG_MODEL] != NULL &&
+               (f == FLAG_MODEL_WIDTH || f == FLAG_LAYERS)) {
+        snprintf(out, size, " --model %s", o->value[FLAG_MODEL]);
+    } else {
+        snprintf(out, size, " %s %s", kvp_simulate_flag_names[f],
+                 shown(o, f, buf, sizeof buf, flag_value(o, f, requests)));
+    }
+}
+
 /*
  * The flag a memory refusal names, and the text of its value: of the part's
  * two flags the given one (the first if both, or neither); --model when the
- * preset set the width or the layers. *with: " with <other flag> <value>".
+ * preset set the width or the layers; --trace when the trace's longest request
+ * set the capacity. *with: " with <other flag> <value>" (the capacity a trace
+ * set as " with a capacity of N tokens (--trace's longest request)").
  */
 static simulate_flag memory_flag(const simulate_options *o, const memory_part *big,
                                  size_t requests, char given[2][32], const char **value,
@@ -496,9 +567,22 @@ static simulate_flag memory_flag(const simulate_options *o, const memory_part *b
         named = FLAG_MODEL;
     }
     with[0] = '\0';
+    if (named == FLAG_CAPACITY && capacity_from_trace(o)) {
+        *value = o->trace; /* the trace set it: name what the user typed */
+        named = FLAG_TRACE;
+        snprintf(with, with_size, " with a capacity of %zu tokens (its longest request)",
+                 o->sim.capacity);
+        if (other != FLAG_COUNT_) {
+            size_t used = strlen(with);
+            snprintf(with + used, with_size - used, " and");
+            used = strlen(with);
+            flag_text(o, other, requests, with + used, with_size - used);
+        }
+        return named;
+    }
     if (other != FLAG_COUNT_) {
-        snprintf(with, with_size, " with %s %s", kvp_simulate_flag_names[other],
-                 shown(o, other, given[1], 32, flag_value(o, other, requests)));
+        snprintf(with, with_size, " with");
+        flag_text(o, other, requests, with + 5, with_size - 5);
     }
     return named;
 }
@@ -525,7 +609,7 @@ void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page
     }
     const memory_part *big = &parts[largest];
     char given[2][32];
-    char with[96];
+    char with[160];
     const char *value = NULL;
     simulate_flag named = memory_flag(o, big, requests, given, &value, with, sizeof with);
     if (overflow) {

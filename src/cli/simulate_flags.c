@@ -144,6 +144,10 @@ void kvp_simulate_usage(FILE *out)
             "                       count as held (at most half the pool) and go back\n"
             "                       first when running sequences need pages; 0 keeps\n"
             "                       none (default %zu)\n"
+            "  --max-running N      most sequences running at once (vLLM's max_num_seqs);\n"
+            "                       a request with more samples runs alone; 0: no limit\n"
+            "                       but the pool. It also bounds the sequences the memory\n"
+            "                       check charges (default %d)\n"
             "  --update-weights-every N\n"
             "                       between steps, every N steps, update every layer's\n"
             "                       parameters in place (a small seeded perturbation: a\n"
@@ -194,6 +198,7 @@ void kvp_simulate_usage(FILE *out)
             d.layers, d.model_width, d.heads, d.block_tokens,
             kvp_cli_format_bytes(d.budget_bytes, budget, sizeof budget), MIN_CAPACITY,
             d.capacity, MIN_SIGMA, MAX_SIGMA, MIN_RATE, MAX_RATE, DEFAULT_MS_PER_STEP, d.samples, d.session_ttl,
+            DEFAULT_MAX_RUNNING,
             d.watermark,
             d.reserve_tokens,
             MAX_THREADS, (unsigned long long)d.seed, d.audit_every);
@@ -222,6 +227,7 @@ size_t *kvp_simulate_size_field(simulate_options *o, simulate_flag f)
     case FLAG_UPDATE_WEIGHTS_EVERY: return &o->sim.update_every;
     case FLAG_VERIFY: return &o->sim.verify_every;
     case FLAG_SESSION_TTL: return &o->sim.session_ttl;
+    case FLAG_MAX_RUNNING: return &o->sim.max_running;
     case FLAG_MS_PER_STEP: return &o->ms_per_step;
     default: return NULL;
     }
@@ -432,6 +438,7 @@ static void defaults(simulate_options *o)
     o->workload.requests = 128;
     o->workload.seed = o->sim.seed;
     o->ms_per_step = DEFAULT_MS_PER_STEP;
+    o->sim.max_running = DEFAULT_MAX_RUNNING;
 }
 
 /* Step 1: reads the whole command line; remembers the first problem (simulate.h). */

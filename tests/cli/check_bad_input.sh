@@ -95,6 +95,33 @@ run ms_per_step_csv_format --ms-per-step "--trace-format mooncake" \
 run mooncake_capacity "--trace $work/moon2.jsonl:2" "--capacity 100" \
     $S --trace "$work/moon2.jsonl" --trace-format mooncake --capacity 100
 run mooncake_read_as_csv "--trace $work/moon.jsonl:1" "3 columns" $S --trace "$work/moon.jsonl"
+# A capacity nobody typed (a Mooncake trace's longest request, 65536 + 1 tokens): a
+# memory refusal names --trace, or says where the capacity came from. Enough requests
+# that, with --max-running 0 (no limit but the pool: each running sequence holds a page
+# per layer), their allocator-only page tables exceed physical memory about twice:
+# 80 layers x (2 x 65537 + 2) entries of 4 bytes, about 42 MB a sequence, here with
+# 1-token pages (4 KiB at llama-3-70b bf16) and 160 pages per request in the budget.
+many=$(( physical / 20000000 + 2 ))
+python3 -c 'import json, sys
+ids = list(range(1, 129))
+with open(sys.argv[1], "w") as f:
+    for i in range(int(sys.argv[2])):
+        f.write(json.dumps({"timestamp": i, "input_length": 65536, "output_length": 1,
+                            "hash_ids": ids}) + "\n")' "$work/many.jsonl" "$many"
+many_budget=$(( many * 160 * 4096 ))
+run mooncake_memory_names_trace "invalid value for --trace: '$work/many.jsonl'" \
+    "(the sequences" $S --trace "$work/many.jsonl" --trace-format mooncake --model llama-3-70b \
+    --kv-dtype bf16 --block-tokens 1 --budget "$many_budget" --no-compute --max-running 0
+run mooncake_memory_capacity_source "invalid value for --trace" \
+    "with a capacity of 65537 tokens (its longest request) and --model llama-3-70b" \
+    $S --trace "$work/many.jsonl" --trace-format mooncake --model llama-3-70b \
+    --kv-dtype bf16 --block-tokens 1 --budget "$many_budget" --no-compute --max-running 0
+run mooncake_memory_names_layers "invalid value for --layers: '80'" \
+    "with a capacity of 65537 tokens (--trace's longest request)" \
+    $S --trace "$work/many.jsonl" --trace-format mooncake --model llama-3-70b --layers 80 \
+    --kv-dtype bf16 --block-tokens 1 --budget "$many_budget" --no-compute --max-running 0
+run max_running_word --max-running "'all'" $S --max-running all
+run max_running_negative --max-running "'-1'" $S --max-running -1
 run plot_missing_dir "--plot /nonexistent/x.svg" "No such file or directory" \
     $S --plot /nonexistent/x.svg --requests 2
 run plot_full_device "--plot /dev/full" "No space left on device" $S --plot /dev/full --requests 2
@@ -294,7 +321,8 @@ fi
 $S --help > "$work/help.txt" || fail "simulate --help failed"
 for option in --layers --model-width --heads --kv-heads --block-tokens --budget --allow-overcommit \
     --capacity --requests --profile --prompt-mean --output-mean --sigma --arrival --rate \
-    --trace --shared-prefix --samples --no-sharing --update-weights-every --verify --watermark \
+    --trace --shared-prefix --samples --no-sharing --max-running --update-weights-every --verify \
+    --watermark \
     --reserve-tokens --threads --seed --no-compute --audit-every --json --plot --quiet --help; do
     grep -q -- "^  $option" "$work/help.txt" || fail "simulate --help lacks $option"
 done

@@ -487,6 +487,40 @@ grep -q '^kvpager prefix hits     47.1% of prompt tokens (1536 of 3260, first ad
     "$work/tiny.txt" || fail "the report's kvpager hit line: $(grep 'prefix hits' "$work/tiny.txt")"
 grep -q '^same-capacity LRU       47.1% of prompt tokens (42.9% of blocks): an LRU of 16' \
     "$work/tiny.txt" || fail "the report's LRU line: $(grep LRU "$work/tiny.txt")"
+# Allocator-only memory is the page tables an external cache per layer holds, not a
+# computed run's tickets of heads x capacity doubles. A hand-made trace of 256
+# requests: request 0 of 8192 tokens (blocks 1-16), the others of 1024 (block 1 and
+# one of their own), 100 ms apart; its longest request makes the capacity 8193. At
+# 32 layers of width 4096 in 4096 heads (8 KV heads of 1), the check before charged
+# each of the 256 sequences 32 x 4096 x 8193 doubles, 2 TiB in all, and refused; now
+# it charges their page tables (about 40 MiB) and the run goes. The pool holds every
+# block, so the 255 adoptions of block 1 (512 tokens each) are the ceiling.
+# Not under Valgrind: the scheduler's publication scratch (prompt tokens x width
+# doubles, 256 MiB here) is zeroed there.
+case "$1" in
+*valgrind*) ;;
+*)
+    python3 -c 'import json
+print(json.dumps({"timestamp": 0, "input_length": 8192, "output_length": 1,
+                  "hash_ids": list(range(1, 17))}))
+for i in range(1, 256):
+    print(json.dumps({"timestamp": 100 * i, "input_length": 1024, "output_length": 1,
+                      "hash_ids": [1, 1000 + i]}))' > "$work/wide.jsonl"
+    "$@" simulate --trace "$work/wide.jsonl" --trace-format mooncake --layers 32 \
+        --model-width 4096 --heads 4096 --kv-heads 8 --kv-dtype bf16 --budget 256MiB \
+        --no-compute --quiet --json > "$work/wide.json" \
+        || fail "an allocator-only Mooncake run at width 4096 in 4096 heads was refused"
+    python3 - "$work/wide.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["capacity"] == 8193, r["config"]["capacity"]
+assert r["requests_completed"] == 256, r["requests_completed"]
+assert r["first_admission_hit_tokens"] == 255 * 512, r["first_admission_hit_tokens"]
+assert abs(r["trace_ceiling_hit_rate"] - 255 * 512 / (8192 + 255 * 1024)) < 1e-12
+assert r["hit_rate_of_ceiling"] == 1 and r["pages_leaked"] == 0 and r["audit_failures"] == 0
+PY
+    ;;
+esac
 # The same file read as CSV is refused: the format is never guessed.
 if "$@" simulate --trace "$work/tiny.jsonl" --quiet > /dev/null 2>&1; then
     fail "a Mooncake file was read without --trace-format mooncake"
