@@ -12,6 +12,7 @@
 #include <time.h>
 #include <valgrind/valgrind.h>
 
+#include "attention/kernels.h"
 #include "attention/layer_internal.h"
 #include "pager/cache_internal.h"
 
@@ -780,6 +781,36 @@ size_t kvpt_lru_order(kvp_pool *pool, uint32_t *order)
     }
     kvpi_pool_unlock(pool);
     return n;
+}
+
+void kvpt_documented_softmax_fast(float *s, size_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    float m = s[0];
+    for (size_t i = 1; i < n; i++) {
+        m = fmaxf(m, s[i]);
+    }
+    float lanes[16] = {0};
+    size_t n16 = n / 16 * 16;
+    for (size_t i = 0; i < n; i++) {
+        s[i] = kvpi_exp2f(s[i] - m);
+        if (i < n16) {
+            lanes[i % 16] += s[i];
+        }
+    }
+    float t[8];
+    for (int l = 0; l < 8; l++) {
+        t[l] = lanes[l] + lanes[l + 8];
+    }
+    float sum = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    for (size_t i = n16; i < n; i++) {
+        sum += s[i];
+    }
+    for (size_t i = 0; i < n; i++) {
+        s[i] /= sum;
+    }
 }
 
 int kvpt_same_bits(double a, double b)

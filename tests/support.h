@@ -343,6 +343,15 @@ double kvpt_rand_unit(uint64_t *state);
 /* n values uniform in [-1, 1) from SplitMix64(seed). */
 void kvpt_fill_random(double *out, size_t n, uint64_t seed);
 
+/*
+ * The fast level's softmax written out from its definition (docs/DESIGN.md,
+ * Accumulation levels), the tests' reference: the maximum m, then
+ * 2^(s_i - m) by kvpi_exp2f on the f32 difference, the sum in sixteen lane
+ * sums (i mod 16) + the fixed tree + the tail in order, one divide each.
+ * n == 0 does nothing.
+ */
+void kvpt_documented_softmax_fast(float *s, size_t n);
+
 /* 1 when a and b have the same bits (so -0 != +0 and a NaN can equal itself). */
 int kvpt_same_bits(double a, double b);
 

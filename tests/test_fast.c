@@ -226,38 +226,6 @@ static float documented_fast_dot(const float *q, const double *k, size_t n)
 }
 
 /*
- * The fast softmax as documented: the maximum, e_i = 2^(s_i - m) (the
- * difference in f32, kvpi_exp2f, tested against exp2 in test_kernels.c),
- * the sum in sixteen lane sums + the tree + the tail, one divide each.
- */
-static void documented_softmax(float *s, size_t n)
-{
-    float m = s[0];
-    for (size_t i = 1; i < n; i++) {
-        m = fmaxf(m, s[i]);
-    }
-    float lanes[16] = {0};
-    size_t n16 = n / 16 * 16;
-    for (size_t i = 0; i < n; i++) {
-        s[i] = kvpi_exp2f(s[i] - m);
-        if (i < n16) {
-            lanes[i % 16] += s[i];
-        }
-    }
-    float t[8];
-    for (int l = 0; l < 8; l++) {
-        t[l] = lanes[l] + lanes[l + 8];
-    }
-    float sum = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
-    for (size_t i = n16; i < n; i++) {
-        sum += s[i];
-    }
-    for (size_t i = 0; i < n; i++) {
-        s[i] /= sum;
-    }
-}
-
-/*
  * weights [B][H][len + 1] (f32) and outputs [B][H][d] of the fast level,
  * serially: queries times scale (k_scale) log2(e) rounded to f32, f32 scores
  * in base 2, the documented softmax, one fmaf chain per output.
@@ -288,7 +256,7 @@ static void fast_reference(const fixture *fx, double scale, float *weights, doub
                 row_of(fx, lane, h / group, p, 0, row);
                 w[p] = documented_fast_dot(q32, row, d);
             }
-            documented_softmax(w, keys);
+            kvpt_documented_softmax_fast(w, keys);
             memset(acc, 0, d * sizeof *acc);
             for (size_t p = 0; p < keys; p++) {
                 row_of(fx, lane, h / group, p, 1, row);

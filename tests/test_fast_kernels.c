@@ -488,41 +488,6 @@ static void test_fast_softmax_entry_same_bits(void **state)
 }
 
 /*
- * The fast softmax as documented (docs/DESIGN.md, Accumulation levels),
- * written out here: the maximum, 2^(s_i - m) by kvpi_exp2f on the f32
- * difference, the sum in sixteen lane sums + the tree + the tail, a divide.
- */
-static void documented_softmax_fast(float *s, size_t n)
-{
-    if (n == 0) {
-        return;
-    }
-    float m = s[0];
-    for (size_t i = 1; i < n; i++) {
-        m = fmaxf(m, s[i]);
-    }
-    float lanes[16] = {0};
-    size_t n16 = n / 16 * 16;
-    for (size_t i = 0; i < n; i++) {
-        s[i] = kvpi_exp2f(s[i] - m);
-        if (i < n16) {
-            lanes[i % 16] += s[i];
-        }
-    }
-    float t[8];
-    for (int l = 0; l < 8; l++) {
-        t[l] = lanes[l] + lanes[l + 8];
-    }
-    float sum = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
-    for (size_t i = n16; i < n; i++) {
-        sum += s[i];
-    }
-    for (size_t i = 0; i < n; i++) {
-        s[i] /= sum;
-    }
-}
-
-/*
  * kvpi_exp2f against libm's exp2 (f64): within 1.14 * 2^-24 relative plus
  * 2^-150 (a subnormal's rounding) on a grid of [-160, 0] and a finer one of
  * [-1/2, 1/2] (the polynomial's whole domain; the bound was found
@@ -592,7 +557,7 @@ static void test_fast_softmax_same_bits(void **state)
                 x[i] = 123.0f; /* past the end: never touched */
             }
             memcpy(want, x, sizeof x);
-            documented_softmax_fast(want, n);
+            kvpt_documented_softmax_fast(want, n);
             memcpy(got, x, sizeof x);
             kvpi_softmax_fast_ref(got, n);
             assert_memory_equal(got, want, sizeof got);
