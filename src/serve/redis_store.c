@@ -1,0 +1,707 @@
+/*
+ * redis_store.c: the Redis store of blocks (redis_store.h): config, the
+ * reader thread (batch lookups, one pipelined round trip each, completion
+ * on that thread), the writer thread (the bounded put queue, written in
+ * pipelined batches of SET [EX ttl]), drain, hold and the counters.
+ *
+ * Invariants, all under `mu`: queued/queued_bytes are the entries and value
+ * bytes on the put list, never above config.queue_entries/queue_bytes;
+ * read_queued counts the lookup list, never above config.read_jobs;
+ * writer_busy while the writer holds entries it took off the list; no
+ * network I/O and no callback run with `mu` held; once `closing`, nothing
+ * is accepted, the writer empties the list (hold ignored) and the reader
+ * completes what waits with CLOSED. Each connection is touched only by its
+ * thread; both threads run with every signal blocked (SIGPIPE from a
+ * closed socket stays pending on them, harmlessly).
+ * Callers: see redis_store.h.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "serve/redis_conn.h"
+#include "serve/redis_store.h"
+
+typedef struct put_entry {
+    struct put_entry *next;
+    kvp_block_key key;
+    size_t length;
+    unsigned char data[];
+} put_entry;
+
+struct kvpi_redis_store {
+    kvpi_redis_config config; /* defaults filled; url and name_space not kept */
+    kvpi_redis_url url;
+    char name_space[KVPI_REDIS_NAMESPACE_MAX + 1];
+    char ttl[16];
+
+    pthread_mutex_t mu;
+    pthread_cond_t writer_wake, reader_wake, idle;
+    bool closing, hold, writer_busy;
+    put_entry *put_head, *put_tail;
+    kvpi_redis_lookup *read_head, *read_tail;
+    size_t read_queued;
+    kvpi_redis_stats stats;
+
+    pthread_t writer, reader;
+    kvpi_redis_conn writer_conn, reader_conn;
+    /* the writer's pipeline, for config.write_batch SETs */
+    char *w_names;
+    const char **w_argv;
+    size_t *w_lens;
+    int *w_argc;
+    const char *const **w_argvp;
+    const size_t **w_lensp;
+    void **w_replies;
+};
+
+static void add_events(kvpi_redis_stats *s, const kvpi_redis_events *ev) {
+    s->round_trips += ev->round_trips;
+    s->errors += ev->errors;
+    s->timeouts += ev->timeouts;
+    s->connects += ev->connects;
+    s->reconnects += ev->reconnects;
+}
+
+/* ---- the writer ------------------------------------------------------------- */
+
+/* SET per entry in one round trip; frees the entries. */
+static void write_entries(kvpi_redis_store *st, put_entry *list, size_t count) {
+    size_t args = st->config.ttl_seconds != 0 ? 5 : 3;
+    size_t i = 0;
+    for (put_entry *e = list; e != NULL; e = e->next, i++) {
+        char *name = st->w_names + i * KVPI_REDIS_KEY_MAX;
+        const char **argv = st->w_argv + i * 5;
+        size_t *lens = st->w_lens + i * 5;
+        argv[0] = "SET";
+        lens[0] = 3;
+        argv[1] = name;
+        lens[1] = kvpi_redis_key_name(st->name_space, &e->key, name);
+        argv[2] = (const char *)e->data;
+        lens[2] = e->length;
+        argv[3] = "EX";
+        lens[3] = 2;
+        argv[4] = st->ttl;
+        lens[4] = strlen(st->ttl);
+        st->w_argc[i] = (int)args;
+        st->w_argvp[i] = argv;
+        st->w_lensp[i] = lens;
+    }
+    kvpi_redis_events ev = {0};
+    kvpi_redis_error err;
+    kvpi_redis_code code = kvpi_redis_conn_exchange(&st->writer_conn, count, st->w_argc,
+                                                    st->w_argvp, st->w_lensp, st->w_replies, "SET",
+                                                    &ev, &err);
+    uint64_t written = 0, bytes = 0;
+    i = 0;
+    for (put_entry *e = list; code == KVPI_REDIS_OK && e != NULL; e = e->next, i++) {
+        const redisReply *r = st->w_replies[i];
+        if (r->type == REDIS_REPLY_STATUS) {
+            written++;
+            bytes += e->length;
+        }
+    }
+    if (code == KVPI_REDIS_OK && written < count) {
+        ev.errors++; /* error replies (OOM under maxmemory, ...) */
+    }
+    kvpi_redis_replies_free(st->w_replies, code == KVPI_REDIS_OK ? count : 0);
+    while (list != NULL) {
+        put_entry *next = list->next;
+        free(list);
+        list = next;
+    }
+    pthread_mutex_lock(&st->mu);
+    add_events(&st->stats, &ev);
+    st->stats.writes += written;
+    st->stats.bytes_written += bytes;
+    st->stats.write_errors += count - written;
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void *writer_main(void *arg) {
+    kvpi_redis_store *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->closing && (st->hold || st->put_head == NULL)) {
+            pthread_cond_wait(&st->writer_wake, &st->mu);
+        }
+        if (st->put_head == NULL) {
+            break; /* closing, and nothing left */
+        }
+        put_entry *list = st->put_head, *last = list;
+        size_t count = 1;
+        st->stats.queued_bytes -= last->length;
+        while (count < st->config.write_batch && last->next != NULL) {
+            last = last->next;
+            st->stats.queued_bytes -= last->length;
+            count++;
+        }
+        st->put_head = last->next;
+        if (st->put_head == NULL) {
+            st->put_tail = NULL;
+        }
+        last->next = NULL;
+        st->stats.queued -= count;
+        st->writer_busy = true;
+        pthread_mutex_unlock(&st->mu);
+        write_entries(st, list, count);
+        pthread_mutex_lock(&st->mu);
+        st->writer_busy = false;
+        pthread_cond_broadcast(&st->idle);
+    }
+    pthread_mutex_unlock(&st->mu);
+    kvpi_redis_conn_close(&st->writer_conn);
+    return NULL;
+}
+
+/* ---- the reader ------------------------------------------------------------- */
+
+/* Checks every reply of a lookup; the first bad one as an error. */
+static kvpi_redis_code check_replies(const kvpi_redis_store *st, const kvpi_redis_lookup *lk,
+                                     void *const *replies, const char *what,
+                                     kvpi_redis_error *err) {
+    for (size_t i = 0; i < lk->count; i++) {
+        const redisReply *r = replies[i];
+        bool ok = lk->values != NULL
+                      ? r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_NIL
+                      : r->type == REDIS_REPLY_INTEGER;
+        if (ok) {
+            continue;
+        }
+        bool noauth = r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0;
+        kvpi_redis_fail(err, noauth ? KVPI_REDIS_AUTH : KVPI_REDIS_REPLY, what,
+                        "redis at %s:%u answered %s with %s%.80s", st->url.host, st->url.port,
+                        what, r->type == REDIS_REPLY_ERROR ? "an error: " : "an unexpected reply",
+                        r->type == REDIS_REPLY_ERROR ? r->str : "");
+        return err->code;
+    }
+    return KVPI_REDIS_OK;
+}
+
+/* Copies the checked replies out; returns hits, counts the rest. */
+static void copy_results(kvpi_redis_lookup *lk, void *const *replies, kvpi_redis_stats *s) {
+    for (size_t i = 0; i < lk->count; i++) {
+        const redisReply *r = replies[i];
+        bool hit;
+        if (lk->values == NULL) {
+            hit = r->integer > 0;
+        } else {
+            kvpi_redis_value *v = &lk->values[i];
+            hit = r->type == REDIS_REPLY_STRING;
+            v->length = hit ? r->len : 0;
+            v->found = KVPI_REDIS_MISS;
+            if (hit && r->len > v->capacity) {
+                v->found = KVPI_REDIS_TOO_BIG;
+                s->too_big++;
+            } else if (hit) {
+                memcpy(v->data, r->str, r->len);
+                v->found = KVPI_REDIS_HIT;
+                s->bytes_read += r->len;
+            }
+        }
+        if (lk->found != NULL) {
+            lk->found[i] = hit;
+        }
+        s->hits += hit;
+        s->misses += !hit;
+    }
+    s->lookups += lk->count;
+}
+
+/* One lookup: EXISTS or GET per key (or one PING), in one round trip. */
+static void run_lookup(kvpi_redis_store *st, kvpi_redis_lookup *lk) {
+    size_t count = lk->ping_ ? 1 : lk->count;
+    const char *what = lk->ping_ ? "PING" : lk->values != NULL ? "GET" : "EXISTS";
+    lk->error.code = KVPI_REDIS_OK;
+    lk->error.part = NULL;
+    lk->error.text[0] = '\0';
+    if (count == 0) {
+        return;
+    }
+    size_t bytes = count * (KVPI_REDIS_KEY_MAX + 2 * sizeof(char *) + 2 * sizeof(size_t) +
+                            sizeof(int) + sizeof(char **) + sizeof(size_t *) + sizeof(void *));
+    char *block = malloc(bytes);
+    if (block == NULL) {
+        kvpi_redis_fail(&lk->error, KVPI_REDIS_NO_MEMORY, what,
+                        "out of memory for a redis lookup of %zu keys", count);
+        return;
+    }
+    /* pointers first (alignment), then the lengths, argc and the names */
+    const char **argv = (const char **)block;
+    const char *const **argvp = (const char *const **)(argv + 2 * count);
+    const size_t **lensp = (const size_t **)(argvp + count);
+    void **replies = (void **)(lensp + count);
+    size_t *lens = (size_t *)(replies + count);
+    int *argc = (int *)(lens + 2 * count);
+    char *names = (char *)(argc + count);
+    for (size_t i = 0; i < count; i++) {
+        argv[2 * i] = what;
+        lens[2 * i] = strlen(what);
+        argc[i] = lk->ping_ ? 1 : 2;
+        if (!lk->ping_) {
+            argv[2 * i + 1] = names + i * KVPI_REDIS_KEY_MAX;
+            lens[2 * i + 1] = kvpi_redis_key_name(st->name_space, &lk->keys[i],
+                                                  names + i * KVPI_REDIS_KEY_MAX);
+        }
+        argvp[i] = argv + 2 * i;
+        lensp[i] = lens + 2 * i;
+        replies[i] = NULL;
+    }
+    kvpi_redis_events ev = {0};
+    kvpi_redis_code code = kvpi_redis_conn_exchange(&st->reader_conn, count, argc, argvp, lensp,
+                                                    replies, what, &ev, &lk->error);
+    if (code == KVPI_REDIS_OK && !lk->ping_) {
+        code = check_replies(st, lk, replies, what, &lk->error);
+        ev.errors += code != KVPI_REDIS_OK;
+    }
+    pthread_mutex_lock(&st->mu);
+    add_events(&st->stats, &ev);
+    if (code == KVPI_REDIS_OK && !lk->ping_) {
+        copy_results(lk, replies, &st->stats);
+    }
+    pthread_mutex_unlock(&st->mu);
+    kvpi_redis_replies_free(replies, code == KVPI_REDIS_OK ? count : 0);
+    free(block);
+}
+
+static void *reader_main(void *arg) {
+    kvpi_redis_store *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->closing && st->read_head == NULL) {
+            pthread_cond_wait(&st->reader_wake, &st->mu);
+        }
+        kvpi_redis_lookup *lk = st->read_head;
+        if (lk == NULL) {
+            break;
+        }
+        st->read_head = lk->next_;
+        if (st->read_head == NULL) {
+            st->read_tail = NULL;
+        }
+        st->read_queued--;
+        bool closing = st->closing;
+        pthread_mutex_unlock(&st->mu);
+        if (closing) {
+            kvpi_redis_fail(&lk->error, KVPI_REDIS_CLOSED, "queue",
+                            "the redis store closed before this lookup ran");
+        } else {
+            run_lookup(st, lk);
+        }
+        lk->done(lk, lk->context); /* lk may be gone after this */
+        pthread_mutex_lock(&st->mu);
+    }
+    pthread_mutex_unlock(&st->mu);
+    kvpi_redis_conn_close(&st->reader_conn);
+    return NULL;
+}
+
+/* ---- create and destroy ------------------------------------------------------ */
+
+static kvpi_redis_code check_config(const kvpi_redis_config *in, kvpi_redis_config *c,
+                                    kvpi_redis_error *err) {
+    *c = *in;
+    c->connect_timeout_ms = c->connect_timeout_ms ? c->connect_timeout_ms : 1000;
+    c->command_timeout_ms = c->command_timeout_ms ? c->command_timeout_ms : 1000;
+    c->queue_entries = c->queue_entries ? c->queue_entries : 1024;
+    c->write_batch = c->write_batch ? c->write_batch : 64;
+    c->read_jobs = c->read_jobs ? c->read_jobs : 64;
+    c->backoff_max_ms = c->backoff_max_ms ? c->backoff_max_ms : 30000;
+    const char *bad = NULL;
+    if (c->name_space != NULL && c->name_space[0] != '\0' &&
+        !kvpi_redis_namespace_valid(c->name_space)) {
+        bad = "name_space";
+    } else if (c->backoff_min_ms > c->backoff_max_ms) {
+        bad = "backoff_min_ms";
+    } else if (c->write_batch > 100000) {
+        bad = "write_batch";
+    }
+    if (bad != NULL) {
+        kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, bad,
+                        "redis store config: bad %s (name_space: 1-%d of [A-Za-z0-9_.-]; "
+                        "backoff_min_ms <= backoff_max_ms; write_batch <= 100000)",
+                        bad, KVPI_REDIS_NAMESPACE_MAX);
+        return KVPI_REDIS_BAD_ARGUMENT;
+    }
+    return KVPI_REDIS_OK;
+}
+
+static void free_store(kvpi_redis_store *st) {
+    free(st->w_names);
+    free(st->w_argv);
+    free(st->w_lens);
+    free(st->w_argc);
+    free(st->w_argvp);
+    free(st->w_lensp);
+    free(st->w_replies);
+    free(st);
+}
+
+static kvpi_redis_store *alloc_store(size_t batch) {
+    kvpi_redis_store *st = calloc(1, sizeof *st);
+    if (st == NULL) {
+        return NULL;
+    }
+    st->w_names = malloc(batch * KVPI_REDIS_KEY_MAX);
+    st->w_argv = malloc(batch * 5 * sizeof *st->w_argv);
+    st->w_lens = malloc(batch * 5 * sizeof *st->w_lens);
+    st->w_argc = malloc(batch * sizeof *st->w_argc);
+    st->w_argvp = malloc(batch * sizeof *st->w_argvp);
+    st->w_lensp = malloc(batch * sizeof *st->w_lensp);
+    st->w_replies = calloc(batch, sizeof *st->w_replies);
+    if (st->w_names == NULL || st->w_argv == NULL || st->w_lens == NULL || st->w_argc == NULL ||
+        st->w_argvp == NULL || st->w_lensp == NULL || st->w_replies == NULL) {
+        free_store(st);
+        return NULL;
+    }
+    return st;
+}
+
+static int init_sync(kvpi_redis_store *st) {
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        return -1;
+    }
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int failed = pthread_mutex_init(&st->mu, NULL);
+    failed |= pthread_cond_init(&st->writer_wake, &attr);
+    failed |= pthread_cond_init(&st->reader_wake, &attr);
+    failed |= pthread_cond_init(&st->idle, &attr);
+    pthread_condattr_destroy(&attr);
+    return failed != 0 ? -1 : 0;
+}
+
+static void destroy_sync(kvpi_redis_store *st) {
+    pthread_cond_destroy(&st->idle);
+    pthread_cond_destroy(&st->reader_wake);
+    pthread_cond_destroy(&st->writer_wake);
+    pthread_mutex_destroy(&st->mu);
+}
+
+/* Both threads, with every signal blocked; on failure none runs. */
+static kvpi_redis_code start_threads(kvpi_redis_store *st, kvpi_redis_error *err) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int failed = pthread_create(&st->writer, NULL, writer_main, st);
+    if (failed == 0) {
+        failed = pthread_create(&st->reader, NULL, reader_main, st);
+        if (failed != 0) {
+            pthread_mutex_lock(&st->mu);
+            st->closing = true;
+            pthread_cond_broadcast(&st->writer_wake);
+            pthread_mutex_unlock(&st->mu);
+            pthread_join(st->writer, NULL);
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (failed != 0) {
+        kvpi_redis_fail(err, KVPI_REDIS_THREAD, "thread",
+                        "cannot start the redis store's threads");
+        return KVPI_REDIS_THREAD;
+    }
+    return KVPI_REDIS_OK;
+}
+
+kvpi_redis_code kvpi_redis_create(const kvpi_redis_config *config, kvpi_redis_store **out,
+                                  kvpi_redis_error *err) {
+    if (config == NULL || out == NULL) {
+        kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, config == NULL ? "config" : "out",
+                        "redis store: %s is NULL", config == NULL ? "config" : "out");
+        return KVPI_REDIS_BAD_ARGUMENT;
+    }
+    kvpi_redis_config c;
+    kvpi_redis_url url;
+    kvpi_redis_code code = check_config(config, &c, err);
+    if (code == KVPI_REDIS_OK) {
+        code = kvpi_redis_url_parse(config->url, &url, err);
+    }
+    if (code != KVPI_REDIS_OK) {
+        return code;
+    }
+    kvpi_redis_store *st = alloc_store(c.write_batch);
+    if (st == NULL || init_sync(st) != 0) {
+        if (st != NULL) {
+            free_store(st);
+        }
+        kvpi_redis_fail(err, KVPI_REDIS_NO_MEMORY, "store", "out of memory for a redis store");
+        return KVPI_REDIS_NO_MEMORY;
+    }
+    st->url = url;
+    st->config = c;
+    st->config.url = NULL;
+    st->config.name_space = NULL;
+    if (c.name_space != NULL) {
+        strcpy(st->name_space, c.name_space); /* length checked by check_config */
+    }
+    snprintf(st->ttl, sizeof st->ttl, "%u", c.ttl_seconds);
+    kvpi_redis_conn_init(&st->writer_conn, &st->url, &st->config);
+    kvpi_redis_conn_init(&st->reader_conn, &st->url, &st->config);
+    code = start_threads(st, err);
+    if (code != KVPI_REDIS_OK) {
+        destroy_sync(st);
+        free_store(st);
+        return code;
+    }
+    *out = st;
+    return KVPI_REDIS_OK;
+}
+
+void kvpi_redis_destroy(kvpi_redis_store *st) {
+    if (st == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&st->mu);
+    st->closing = true;
+    pthread_cond_broadcast(&st->writer_wake);
+    pthread_cond_broadcast(&st->reader_wake);
+    pthread_mutex_unlock(&st->mu);
+    pthread_join(st->writer, NULL);
+    pthread_join(st->reader, NULL);
+    destroy_sync(st);
+    free_store(st);
+}
+
+/* ---- calls ---------------------------------------------------------------------- */
+
+static kvpi_redis_code submit(kvpi_redis_store *st, kvpi_redis_lookup *lk, bool ping,
+                              kvpi_redis_error *err) {
+    if (st == NULL || lk == NULL || lk->done == NULL ||
+        (lk->count > 0 && (lk->keys == NULL || (lk->found == NULL && lk->values == NULL)))) {
+        const char *what = st == NULL ? "store" : lk == NULL ? "lookup"
+                                                  : lk->done == NULL ? "done"
+                                                  : lk->keys == NULL ? "keys" : "found";
+        kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, what, "redis lookup: %s is NULL", what);
+        return KVPI_REDIS_BAD_ARGUMENT;
+    }
+    for (size_t i = 0; lk->values != NULL && i < lk->count; i++) {
+        if (lk->values[i].data == NULL && lk->values[i].capacity > 0) {
+            kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, "values",
+                            "redis lookup: values[%zu].data is NULL", i);
+            return KVPI_REDIS_BAD_ARGUMENT;
+        }
+    }
+    pthread_mutex_lock(&st->mu);
+    kvpi_redis_code code = KVPI_REDIS_OK;
+    if (st->closing) {
+        code = KVPI_REDIS_CLOSED;
+        kvpi_redis_fail(err, code, "queue", "the redis store is closing");
+    } else if (st->read_queued >= st->config.read_jobs) {
+        code = KVPI_REDIS_QUEUE_FULL;
+        st->stats.read_drops++;
+        kvpi_redis_fail(err, code, "queue", "the redis reader's queue holds %zu lookups already",
+                        st->read_queued);
+    } else {
+        lk->next_ = NULL;
+        lk->ping_ = ping;
+        if (st->read_tail != NULL) {
+            st->read_tail->next_ = lk;
+        } else {
+            st->read_head = lk;
+        }
+        st->read_tail = lk;
+        st->read_queued++;
+        pthread_cond_signal(&st->reader_wake);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return code;
+}
+
+kvpi_redis_code kvpi_redis_submit(kvpi_redis_store *store, kvpi_redis_lookup *lookup,
+                                  kvpi_redis_error *err) {
+    return submit(store, lookup, false, err);
+}
+
+/* A synchronous call: submit, then wait on this waiter for `done`. */
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+} waiter;
+
+static void wake_waiter(kvpi_redis_lookup *lk, void *context) {
+    (void)lk;
+    waiter *w = context;
+    pthread_mutex_lock(&w->mu);
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static kvpi_redis_code run_sync(kvpi_redis_store *st, kvpi_redis_lookup *lk, bool ping,
+                                kvpi_redis_error *err) {
+    waiter w = {.done = false};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    lk->done = wake_waiter;
+    lk->context = &w;
+    kvpi_redis_code code = submit(st, lk, ping, err);
+    if (code == KVPI_REDIS_OK) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done) {
+            pthread_cond_wait(&w.cond, &w.mu);
+        }
+        pthread_mutex_unlock(&w.mu);
+        code = lk->error.code;
+        if (code != KVPI_REDIS_OK && err != NULL) {
+            *err = lk->error;
+        }
+    }
+    pthread_cond_destroy(&w.cond);
+    pthread_mutex_destroy(&w.mu);
+    return code;
+}
+
+kvpi_redis_code kvpi_redis_contains(kvpi_redis_store *store, const kvp_block_key *keys,
+                                    size_t count, bool *found, kvpi_redis_error *err) {
+    kvpi_redis_lookup lk = {.keys = keys, .count = count, .found = found};
+    if (found == NULL && count > 0) {
+        kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, "found", "redis lookup: found is NULL");
+        return KVPI_REDIS_BAD_ARGUMENT;
+    }
+    return run_sync(store, &lk, false, err);
+}
+
+kvpi_redis_code kvpi_redis_get(kvpi_redis_store *store, const kvp_block_key *keys, size_t count,
+                               kvpi_redis_value *values, kvpi_redis_error *err) {
+    kvpi_redis_lookup lk = {.keys = keys, .count = count, .values = values};
+    if (values == NULL && count > 0) {
+        kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, "values", "redis lookup: values is NULL");
+        return KVPI_REDIS_BAD_ARGUMENT;
+    }
+    return run_sync(store, &lk, false, err);
+}
+
+kvpi_redis_code kvpi_redis_ping(kvpi_redis_store *store, kvpi_redis_error *err) {
+    kvpi_redis_lookup lk = {.count = 0};
+    return run_sync(store, &lk, true, err);
+}
+
+/* Queues one copy of a block, or drops it (counted). */
+static kvpi_redis_code put_one(kvpi_redis_store *st, const kvp_block_key *key, const void *data,
+                               size_t length, kvpi_redis_error *err) {
+    put_entry *e = malloc(sizeof *e + length);
+    if (e != NULL) {
+        e->next = NULL;
+        e->key = *key;
+        e->length = length;
+        memcpy(e->data, data, length);
+    }
+    pthread_mutex_lock(&st->mu);
+    kvpi_redis_stats *s = &st->stats;
+    kvpi_redis_code code = KVPI_REDIS_OK;
+    if (st->closing) {
+        code = KVPI_REDIS_CLOSED;
+        kvpi_redis_fail(err, code, "queue", "the redis store is closing");
+    } else if (e == NULL) {
+        code = KVPI_REDIS_NO_MEMORY;
+        s->queue_drops++;
+        kvpi_redis_fail(err, code, "queue", "out of memory copying a %zu-byte block", length);
+    } else if (s->queued >= st->config.queue_entries ||
+               (st->config.queue_bytes != 0 && length > st->config.queue_bytes - s->queued_bytes)) {
+        code = KVPI_REDIS_QUEUE_FULL;
+        s->queue_drops++;
+        kvpi_redis_fail(err, code, "queue",
+                        "the redis write queue is full (%zu blocks, %zu bytes): block dropped",
+                        s->queued, s->queued_bytes);
+    } else {
+        if (st->put_tail != NULL) {
+            st->put_tail->next = e;
+        } else {
+            st->put_head = e;
+        }
+        st->put_tail = e;
+        s->queued++;
+        s->queued_bytes += length;
+        s->puts++;
+        e = NULL;
+    }
+    pthread_mutex_unlock(&st->mu);
+    free(e);
+    return code;
+}
+
+kvpi_redis_code kvpi_redis_put(kvpi_redis_store *store, const kvp_block_key *keys,
+                               const void *const *data, const size_t *lengths, size_t count,
+                               size_t *accepted, kvpi_redis_error *err) {
+    if (store == NULL || (count > 0 && (keys == NULL || data == NULL || lengths == NULL))) {
+        const char *what = store == NULL ? "store" : keys == NULL ? "keys"
+                                                     : data == NULL ? "data" : "lengths";
+        kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, what, "redis put: %s is NULL", what);
+        return KVPI_REDIS_BAD_ARGUMENT;
+    }
+    size_t queued = 0;
+    kvpi_redis_code result = KVPI_REDIS_OK;
+    kvpi_redis_error first;
+    for (size_t i = 0; i < count && result != KVPI_REDIS_CLOSED; i++) {
+        kvpi_redis_error e;
+        kvpi_redis_code code = put_one(store, &keys[i], data[i], lengths[i], &e);
+        if (code == KVPI_REDIS_OK) {
+            queued++;
+        } else if (result == KVPI_REDIS_OK || code == KVPI_REDIS_CLOSED) {
+            result = code;
+            first = e;
+        }
+    }
+    if (queued > 0) {
+        pthread_mutex_lock(&store->mu);
+        pthread_cond_signal(&store->writer_wake);
+        pthread_mutex_unlock(&store->mu);
+    }
+    if (accepted != NULL) {
+        *accepted = queued;
+    }
+    if (result != KVPI_REDIS_OK && err != NULL) {
+        *err = first;
+    }
+    return result;
+}
+
+kvpi_redis_code kvpi_redis_drain(kvpi_redis_store *st, unsigned timeout_ms,
+                                 kvpi_redis_error *err) {
+    if (st == NULL) {
+        kvpi_redis_fail(err, KVPI_REDIS_BAD_ARGUMENT, "store", "redis drain: store is NULL");
+        return KVPI_REDIS_BAD_ARGUMENT;
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    kvpi_redis_code code = KVPI_REDIS_OK;
+    pthread_mutex_lock(&st->mu);
+    while (st->put_head != NULL || st->writer_busy) {
+        if (pthread_cond_timedwait(&st->idle, &st->mu, &deadline) != 0 &&
+            (st->put_head != NULL || st->writer_busy)) {
+            code = KVPI_REDIS_TIMEOUT;
+            kvpi_redis_fail(err, code, "drain",
+                            "the redis write queue did not drain within %u ms (%zu blocks "
+                            "queued%s)",
+                            timeout_ms, st->stats.queued,
+                            st->writer_busy ? ", a batch in flight" : "");
+            break;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return code;
+}
+
+void kvpi_redis_hold_writes(kvpi_redis_store *st, bool hold) {
+    pthread_mutex_lock(&st->mu);
+    st->hold = hold;
+    pthread_cond_signal(&st->writer_wake);
+    pthread_mutex_unlock(&st->mu);
+}
+
+void kvpi_redis_stats_get(kvpi_redis_store *st, kvpi_redis_stats *out) {
+    pthread_mutex_lock(&st->mu);
+    *out = st->stats;
+    pthread_mutex_unlock(&st->mu);
+}
