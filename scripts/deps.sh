@@ -5,8 +5,10 @@
 # build the fuzz target (tests/fuzz/). abigail-tools (abidw, abidiff) checks
 # the ABI against its committed baseline (scripts/abi-update.sh). libsodium-dev
 # gives the keyed BLAKE2b of the prefix index's keys and each pool's random
-# secret (docs/DESIGN.md, Threat model).
-kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools"
+# secret (docs/DESIGN.md, Threat model). libhiredis-dev (build) is the Redis
+# store's client; redis-server (tests) is the server each of its tests starts
+# on its own port (docs/DESIGN.md, The Redis store).
+kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools libhiredis-dev redis-server"
 
 kvp_missing_packages() {
     for package in $kvp_packages; do

@@ -113,7 +113,7 @@ typedef struct kvpi_redis_config {
     const char *url;       /* required; parsed by kvpi_redis_url_parse */
     const char *name_space; /* NULL or "": keys "kvp:<hex>"; else "kvp:<ns>:<hex>" */
     unsigned connect_timeout_ms; /* 0: 1000 */
-    unsigned command_timeout_ms; /* 0: 1000; a round trip longer than this fails (TIMEOUT) */
+    unsigned command_timeout_ms; /* 0: 1000; a socket silent this long fails (TIMEOUT) */
     unsigned ttl_seconds;        /* 0: blocks never expire; else SET ... EX ttl */
     size_t queue_entries;        /* 0: 1024; most puts waiting for the writer */
     size_t queue_bytes;          /* 0: no byte bound; else most value bytes waiting */
@@ -124,7 +124,7 @@ typedef struct kvpi_redis_config {
 } kvpi_redis_config;
 
 typedef struct kvpi_redis_stats {
-    uint64_t round_trips;   /* pipelined exchanges of lookups and writes (handshakes apart) */
+    uint64_t round_trips;   /* completed exchanges of lookups and writes (handshakes apart) */
     uint64_t lookups;       /* keys looked up (contains and get) */
     uint64_t hits;          /* keys found */
     uint64_t misses;        /* keys not found */
