@@ -475,6 +475,8 @@ static void test_down_and_backoff(void **state) {
     assert_int_equal(stats.writes, 0);
     assert_int_equal(stats.errors, 2); /* one refused connect per thread; DOWN is no attempt */
     assert_int_equal(stats.connects, 0);
+    assert_true(kvpi_redis_last_write_error(st, &err));
+    assert_true(err.code == KVPI_REDIS_CONNECT || err.code == KVPI_REDIS_DOWN);
     kvpi_redis_destroy(st);
     kvpt_redis_stop(&s);
 }
@@ -588,6 +590,45 @@ static void test_queue_drops(void **state) {
     st = open_store(url, &c);
     expect_ok(kvpi_redis_contains(st, keys, 3, found, &err), &err);
     assert_true(found[0] && found[1]);
+    kvpi_redis_destroy(st);
+    kvpt_redis_stop(&s);
+}
+
+/* A full server (maxmemory, noeviction): writes fail with OOM, counted and
+ * named; lookups go on. */
+static void test_full_server(void **state) {
+    (void)state;
+    kvpt_redis_server s;
+    START(&s, "maxmemory 1\nmaxmemory-policy noeviction");
+    char url[128], want[256];
+    url_of(&s, "", url, sizeof url);
+    kvpi_redis_config c = {.command_timeout_ms = 5000};
+    kvpi_redis_store *st = open_store(url, &c);
+    kvpi_redis_error err;
+    assert_false(kvpi_redis_last_write_error(st, &err));
+    kvpi_redis_hold_writes(st, true); /* the three in one batch: one error */
+    unsigned char block[100] = {0};
+    const void *data[3] = {block, block, block};
+    size_t lens[3] = {100, 100, 100};
+    kvp_block_key keys[3] = {key_of(0), key_of(1), key_of(2)};
+    expect_ok(kvpi_redis_put(st, keys, data, lens, 3, NULL, &err), &err);
+    kvpi_redis_hold_writes(st, false);
+    expect_ok(kvpi_redis_drain(st, 10000, &err), &err);
+    kvpi_redis_stats stats;
+    kvpi_redis_stats_get(st, &stats);
+    assert_int_equal(stats.write_errors, 3);
+    assert_int_equal(stats.writes, 0);
+    assert_int_equal(stats.errors, 1);
+    assert_true(kvpi_redis_last_write_error(st, &err));
+    assert_int_equal(err.code, KVPI_REDIS_REPLY);
+    snprintf(want, sizeof want,
+             "redis at 127.0.0.1:%u answered SET with an error: OOM command not allowed when "
+             "used memory > 'maxmemory'.",
+             s.port);
+    assert_string_equal(err.text, want);
+    bool found[3] = {true, true, true};
+    expect_ok(kvpi_redis_contains(st, keys, 3, found, &err), &err);
+    assert_false(found[0] || found[1] || found[2]);
     kvpi_redis_destroy(st);
     kvpt_redis_stop(&s);
 }
@@ -738,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_down_and_backoff),
         cmocka_unit_test(test_command_timeout),
         cmocka_unit_test(test_queue_drops),
+        cmocka_unit_test(test_full_server),
         cmocka_unit_test(test_key_names_hold_no_payload),
         cmocka_unit_test(test_async_lookups),
     };

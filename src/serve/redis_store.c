@@ -46,6 +46,7 @@ struct kvpi_redis_store {
     kvpi_redis_lookup *read_head, *read_tail;
     size_t read_queued;
     kvpi_redis_stats stats;
+    kvpi_redis_error write_error; /* the last failed write's; code OK when none */
 
     pthread_t writer, reader;
     kvpi_redis_conn writer_conn, reader_conn;
@@ -92,7 +93,7 @@ static void write_entries(kvpi_redis_store *st, put_entry *list, size_t count) {
         st->w_lensp[i] = lens;
     }
     kvpi_redis_events ev = {0};
-    kvpi_redis_error err;
+    kvpi_redis_error err = {.code = KVPI_REDIS_OK};
     kvpi_redis_code code = kvpi_redis_conn_exchange(&st->writer_conn, count, st->w_argc,
                                                     st->w_argvp, st->w_lensp, st->w_replies, "SET",
                                                     &ev, &err);
@@ -103,6 +104,11 @@ static void write_entries(kvpi_redis_store *st, put_entry *list, size_t count) {
         if (r->type == REDIS_REPLY_STATUS) {
             written++;
             bytes += e->length;
+        } else if (err.code == KVPI_REDIS_OK) { /* the first bad reply names the failure */
+            bool error = r->type == REDIS_REPLY_ERROR;
+            kvpi_redis_fail(&err, KVPI_REDIS_REPLY, "SET", "redis at %s:%u answered SET with %s%.80s",
+                            st->url.host, st->url.port,
+                            error ? "an error: " : "an unexpected reply", error ? r->str : "");
         }
     }
     if (code == KVPI_REDIS_OK && written < count) {
@@ -119,6 +125,9 @@ static void write_entries(kvpi_redis_store *st, put_entry *list, size_t count) {
     st->stats.writes += written;
     st->stats.bytes_written += bytes;
     st->stats.write_errors += count - written;
+    if (err.code != KVPI_REDIS_OK) {
+        st->write_error = err;
+    }
     pthread_mutex_unlock(&st->mu);
 }
 
@@ -698,6 +707,16 @@ void kvpi_redis_hold_writes(kvpi_redis_store *st, bool hold) {
     st->hold = hold;
     pthread_cond_signal(&st->writer_wake);
     pthread_mutex_unlock(&st->mu);
+}
+
+bool kvpi_redis_last_write_error(kvpi_redis_store *st, kvpi_redis_error *out) {
+    pthread_mutex_lock(&st->mu);
+    bool any = st->write_error.code != KVPI_REDIS_OK;
+    if (any) {
+        *out = st->write_error;
+    }
+    pthread_mutex_unlock(&st->mu);
+    return any;
 }
 
 void kvpi_redis_stats_get(kvpi_redis_store *st, kvpi_redis_stats *out) {

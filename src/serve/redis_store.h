@@ -267,6 +267,13 @@ void kvpi_redis_hold_writes(kvpi_redis_store *store, bool hold);
  */
 kvpi_redis_code kvpi_redis_ping(kvpi_redis_store *store, kvpi_redis_error *err);
 
+/*
+ * The last failed write's error (the writer has no caller to return it to):
+ * false when no write failed yet, else true with *out filled.
+ * Threads: thread-safe.
+ */
+bool kvpi_redis_last_write_error(kvpi_redis_store *store, kvpi_redis_error *out);
+
 /* A consistent copy of the counters. Threads: thread-safe. */
 void kvpi_redis_stats_get(kvpi_redis_store *store, kvpi_redis_stats *out);
 
