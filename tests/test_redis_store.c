@@ -524,6 +524,38 @@ static void test_command_timeout(void **state) {
     kvpt_redis_stop(&s);
 }
 
+/* Destroy against a silent server: one batch waits out the timeout, the rest
+ * fail at once (20 batches of one would wait 20 timeouts, >= 4 s). */
+static void test_destroy_with_silent_server(void **state) {
+    (void)state;
+    kvpt_redis_server s;
+    START(&s, NULL);
+    char url[128];
+    url_of(&s, "", url, sizeof url);
+    kvpi_redis_config c = {.command_timeout_ms = 200, .write_batch = 1};
+    kvpi_redis_store *st = open_store(url, &c);
+    kvpi_redis_error err;
+    expect_ok(kvpi_redis_ping(st, &err), &err);
+    kvpi_redis_hold_writes(st, true);
+    enum { N = 20 };
+    unsigned char block[8] = {0};
+    for (size_t i = 0; i < N; i++) {
+        kvp_block_key k = key_of(i);
+        const void *data[1] = {block};
+        size_t len = sizeof block;
+        expect_ok(kvpi_redis_put(st, &k, data, &len, 1, NULL, &err), &err);
+    }
+    kvpt_redis_pause(&s, true);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kvpi_redis_destroy(st);
+    double took = seconds_since(&t0);
+    kvpt_redis_pause(&s, false);
+    assert_true(took >= 0.19); /* the first batch did wait its timeout */
+    assert_true(took < 2.0);
+    kvpt_redis_stop(&s);
+}
+
 /* A held writer: the queue fills exactly, the rest drop (counted), nothing waits. */
 static void test_queue_drops(void **state) {
     (void)state;
@@ -778,6 +810,7 @@ int main(void) {
         cmocka_unit_test(test_reconnect_after_restart),
         cmocka_unit_test(test_down_and_backoff),
         cmocka_unit_test(test_command_timeout),
+        cmocka_unit_test(test_destroy_with_silent_server),
         cmocka_unit_test(test_queue_drops),
         cmocka_unit_test(test_full_server),
         cmocka_unit_test(test_key_names_hold_no_payload),

@@ -70,8 +70,12 @@ static void add_events(kvpi_redis_stats *s, const kvpi_redis_events *ev) {
 
 /* ---- the writer ------------------------------------------------------------- */
 
-/* SET per entry in one round trip; frees the entries. */
-static void write_entries(kvpi_redis_store *st, put_entry *list, size_t count) {
+/*
+ * SET per entry in one round trip; frees the entries. `give_up`: count them
+ * failed without I/O (closing after a failed batch). Returns whether the
+ * exchange itself failed.
+ */
+static bool write_entries(kvpi_redis_store *st, put_entry *list, size_t count, bool give_up) {
     size_t args = st->config.ttl_seconds != 0 ? 5 : 3;
     size_t i = 0;
     for (put_entry *e = list; e != NULL; e = e->next, i++) {
@@ -94,9 +98,13 @@ static void write_entries(kvpi_redis_store *st, put_entry *list, size_t count) {
     }
     kvpi_redis_events ev = {0};
     kvpi_redis_error err = {.code = KVPI_REDIS_OK};
-    kvpi_redis_code code = kvpi_redis_conn_exchange(&st->writer_conn, count, st->w_argc,
-                                                    st->w_argvp, st->w_lensp, st->w_replies, "SET",
-                                                    &ev, &err);
+    kvpi_redis_code code = KVPI_REDIS_CLOSED;
+    if (give_up) {
+        kvpi_redis_fail(&err, code, "SET", "the redis store closed after a failed write");
+    } else {
+        code = kvpi_redis_conn_exchange(&st->writer_conn, count, st->w_argc, st->w_argvp,
+                                        st->w_lensp, st->w_replies, "SET", &ev, &err);
+    }
     uint64_t written = 0, bytes = 0;
     i = 0;
     for (put_entry *e = list; code == KVPI_REDIS_OK && e != NULL; e = e->next, i++) {
@@ -129,10 +137,12 @@ static void write_entries(kvpi_redis_store *st, put_entry *list, size_t count) {
         st->write_error = err;
     }
     pthread_mutex_unlock(&st->mu);
+    return code != KVPI_REDIS_OK;
 }
 
 static void *writer_main(void *arg) {
     kvpi_redis_store *st = arg;
+    bool give_up = false; /* closing, and a batch failed: fail the rest at once */
     pthread_mutex_lock(&st->mu);
     for (;;) {
         while (!st->closing && (st->hold || st->put_head == NULL)) {
@@ -156,8 +166,10 @@ static void *writer_main(void *arg) {
         last->next = NULL;
         st->stats.queued -= count;
         st->writer_busy = true;
+        bool closing = st->closing;
         pthread_mutex_unlock(&st->mu);
-        write_entries(st, list, count);
+        bool failed = write_entries(st, list, count, give_up);
+        give_up |= closing && failed;
         pthread_mutex_lock(&st->mu);
         st->writer_busy = false;
         pthread_cond_broadcast(&st->idle);

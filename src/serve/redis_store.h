@@ -157,8 +157,9 @@ kvpi_redis_code kvpi_redis_create(const kvpi_redis_config *config, kvpi_redis_st
                                   kvpi_redis_error *err);
 
 /*
- * Stops accepting work, lets the writer write what is queued (each batch
- * bounded by the command timeout; a dead connection fails them at once),
+ * Stops accepting work, lets the writer write what is queued (once a batch
+ * fails, the rest fail at once, so a dead or silent server costs at most
+ * one connect and command timeout or two),
  * completes queued lookups with KVPI_REDIS_CLOSED, joins both threads and
  * frees everything. NULL is a no-op.
  * Threads: not while another call on the store runs.
