@@ -396,6 +396,60 @@ static void test_auth_acl_user(void **state) {
     kvpt_redis_stop(&s);
 }
 
+/* An error reply inside a batch (a key of another type): the batch fails
+ * whole, outputs untouched, the connection stays (every reply was read). */
+static void test_error_reply_in_batch(void **state) {
+    (void)state;
+    kvpt_redis_server s;
+    START(&s, NULL);
+    char url[128], want[256];
+    url_of(&s, "", url, sizeof url);
+    kvpi_redis_config c = {.command_timeout_ms = 5000};
+    kvpi_redis_store *st = open_store(url, &c);
+    put_blocks(st, 1, 10);
+    kvp_block_key keys[3] = {key_of(0), key_of(1), key_of(2)};
+    char name[KVPI_REDIS_KEY_MAX];
+    kvpi_redis_key_name(NULL, &keys[1], name);
+    redisContext *raw = redisConnect("127.0.0.1", (int)s.port);
+    assert_true(raw != NULL && raw->err == 0);
+    redisReply *r = redisCommand(raw, "LPUSH %s x", name);
+    assert_non_null(r);
+    freeReplyObject(r);
+    redisFree(raw);
+    unsigned char bufs[3][64];
+    memset(bufs, 0xab, sizeof bufs);
+    kvpi_redis_value values[3];
+    for (size_t i = 0; i < 3; i++) {
+        values[i] = (kvpi_redis_value){.data = bufs[i], .capacity = 64, .length = 5, .found = 9};
+    }
+    kvpi_redis_error err;
+    expect_ok(kvpi_redis_ping(st, &err), &err);
+    kvpi_redis_stats before, after;
+    kvpi_redis_stats_get(st, &before);
+    assert_int_equal(kvpi_redis_get(st, keys, 3, values, &err), KVPI_REDIS_REPLY);
+    snprintf(want, sizeof want,
+             "redis at 127.0.0.1:%u answered GET with an error: WRONGTYPE Operation against a "
+             "key holding the wrong kind of value",
+             s.port);
+    assert_string_equal(err.text, want);
+    assert_string_equal(err.part, "GET");
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(values[i].length, 5);
+        assert_int_equal(values[i].found, 9);
+        assert_int_equal(bufs[i][0], 0xab);
+    }
+    kvpi_redis_stats_get(st, &after);
+    assert_int_equal(after.errors, before.errors + 1);
+    assert_int_equal(after.hits + after.misses, before.hits + before.misses);
+    bool found[3];
+    expect_ok(kvpi_redis_contains(st, keys, 3, found, &err), &err); /* EXISTS has no type */
+    assert_true(found[0] && found[1] && !found[2]);
+    kvpi_redis_stats_get(st, &after);
+    assert_int_equal(after.connects, before.connects); /* the same connection */
+    kvpi_redis_destroy(st);
+    kvpt_redis_stop(&s);
+}
+
 /* Killed, then restarted on the same port: both threads reconnect, no batch lost. */
 static void test_reconnect_after_restart(void **state) {
     (void)state;
@@ -807,6 +861,7 @@ int main(void) {
         cmocka_unit_test(test_batch_is_one_round_trip),
         cmocka_unit_test(test_auth_requirepass),
         cmocka_unit_test(test_auth_acl_user),
+        cmocka_unit_test(test_error_reply_in_batch),
         cmocka_unit_test(test_reconnect_after_restart),
         cmocka_unit_test(test_down_and_backoff),
         cmocka_unit_test(test_command_timeout),

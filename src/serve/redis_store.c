@@ -203,7 +203,8 @@ static kvpi_redis_code check_replies(const kvpi_redis_store *st, const kvpi_redi
     return KVPI_REDIS_OK;
 }
 
-/* Copies the checked replies out; returns hits, counts the rest. */
+/* Copies the checked replies out and counts them into *s (a local tally:
+ * the copy runs without the store's lock, so puts never wait on it). */
 static void copy_results(kvpi_redis_lookup *lk, void *const *replies, kvpi_redis_stats *s) {
     for (size_t i = 0; i < lk->count; i++) {
         const redisReply *r = replies[i];
@@ -275,18 +276,25 @@ static void run_lookup(kvpi_redis_store *st, kvpi_redis_lookup *lk) {
     kvpi_redis_events ev = {0};
     kvpi_redis_code code = kvpi_redis_conn_exchange(&st->reader_conn, count, argc, argvp, lensp,
                                                     replies, what, &ev, &lk->error);
-    if (code == KVPI_REDIS_OK && !lk->ping_) {
+    bool exchanged = code == KVPI_REDIS_OK; /* then replies[] holds count replies */
+    if (exchanged && !lk->ping_) {
         code = check_replies(st, lk, replies, what, &lk->error);
         ev.errors += code != KVPI_REDIS_OK;
     }
+    kvpi_redis_stats tally = {0};
+    if (code == KVPI_REDIS_OK && !lk->ping_) {
+        copy_results(lk, replies, &tally);
+    }
+    kvpi_redis_replies_free(replies, exchanged ? count : 0);
+    free(block);
     pthread_mutex_lock(&st->mu);
     add_events(&st->stats, &ev);
-    if (code == KVPI_REDIS_OK && !lk->ping_) {
-        copy_results(lk, replies, &st->stats);
-    }
+    st->stats.lookups += tally.lookups;
+    st->stats.hits += tally.hits;
+    st->stats.misses += tally.misses;
+    st->stats.too_big += tally.too_big;
+    st->stats.bytes_read += tally.bytes_read;
     pthread_mutex_unlock(&st->mu);
-    kvpi_redis_replies_free(replies, code == KVPI_REDIS_OK ? count : 0);
-    free(block);
 }
 
 static void *reader_main(void *arg) {
