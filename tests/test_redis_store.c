@@ -34,6 +34,15 @@
         }                                                                                      \
     } while (0)
 
+/* The test's server; the teardown stops it even when the test failed. */
+static kvpt_redis_server server;
+
+static int stop_server(void **state) {
+    (void)state;
+    kvpt_redis_stop(&server);
+    return 0;
+}
+
 static kvp_block_key key_of(uint64_t i) {
     kvp_block_key k = {.lo = 0x9e3779b97f4a7c15ull * (i + 1), .hi = 0xc2b2ae3d27d4eb4full ^ i};
     return k;
@@ -222,10 +231,10 @@ static void test_key_names(void **state) {
 /* Blocks put then got back byte for byte; a short buffer gets TOO_BIG. */
 static void test_put_get_round_trip(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000};
     kvpi_redis_store *st = open_store(url, &c);
     enum { N = 8, LEN = 4096 };
@@ -273,16 +282,16 @@ static void test_put_get_round_trip(void **state) {
         free(bufs[i]);
     }
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* A prompt's whole chain: one round trip per lookup, hits and misses counted. */
 static void test_batch_is_one_round_trip(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000};
     kvpi_redis_store *st = open_store(url, &c);
     enum { PRESENT = 24, N = 64 };
@@ -327,7 +336,7 @@ static void test_batch_is_one_round_trip(void **state) {
     kvpi_redis_stats_get(st, &after);
     assert_int_equal(after.round_trips, before.round_trips);
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 static kvpi_redis_code try_url(const char *url, kvpi_redis_error *err) {
@@ -346,33 +355,33 @@ static kvpi_redis_code try_url(const char *url, kvpi_redis_error *err) {
 
 static void test_auth_requirepass(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, "requirepass s3cr%t");
+    kvpt_redis_server *const srv = &server;
+    START(srv, "requirepass s3cr%t");
     char url[160], want[256];
     kvpi_redis_error err;
-    url_of(&s, ":s3cr%25t@", url, sizeof url);
+    url_of(srv, ":s3cr%25t@", url, sizeof url);
     expect_ok(try_url(url, &err), &err);
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     assert_int_equal(try_url(url, &err), KVPI_REDIS_AUTH);
     snprintf(want, sizeof want, "redis at 127.0.0.1:%u refused AUTH: NOAUTH Authentication required.",
-             s.port);
+             srv->port);
     assert_string_equal(err.text, want);
-    url_of(&s, ":wrong-secret@", url, sizeof url);
+    url_of(srv, ":wrong-secret@", url, sizeof url);
     assert_int_equal(try_url(url, &err), KVPI_REDIS_AUTH);
     assert_string_equal(err.part, "AUTH");
     assert_null(strstr(err.text, "wrong-secret"));
     assert_non_null(strstr(err.text, "refused AUTH: WRONGPASS"));
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* An ACL user (AUTH user pass) limited to the store's keys; the default user off. */
 static void test_auth_acl_user(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, "user default off\nuser alice on >alice-pw ~kvp:* +@all");
+    kvpt_redis_server *const srv = &server;
+    START(srv, "user default off\nuser alice on >alice-pw ~kvp:* +@all");
     char url[160], want[256];
     kvpi_redis_error err;
-    url_of(&s, "alice:alice-pw@", url, sizeof url);
+    url_of(srv, "alice:alice-pw@", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000};
     kvpi_redis_store *st = open_store(url, &c);
     put_blocks(st, 3, 100);
@@ -384,33 +393,33 @@ static void test_auth_acl_user(void **state) {
     kvpi_redis_stats_get(st, &stats);
     assert_int_equal(stats.writes, 3); /* ~kvp:* let every SET through */
     kvpi_redis_destroy(st);
-    url_of(&s, "alice:not-alices@", url, sizeof url);
+    url_of(srv, "alice:not-alices@", url, sizeof url);
     assert_int_equal(try_url(url, &err), KVPI_REDIS_AUTH);
     snprintf(want, sizeof want,
              "redis at 127.0.0.1:%u refused AUTH as user \"alice\": WRONGPASS invalid "
              "username-password pair or user is disabled.",
-             s.port);
+             srv->port);
     assert_string_equal(err.text, want);
-    url_of(&s, "", url, sizeof url); /* the default user is off */
+    url_of(srv, "", url, sizeof url); /* the default user is off */
     assert_int_equal(try_url(url, &err), KVPI_REDIS_AUTH);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* An error reply inside a batch (a key of another type): the batch fails
  * whole, outputs untouched, the connection stays (every reply was read). */
 static void test_error_reply_in_batch(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128], want[256];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000};
     kvpi_redis_store *st = open_store(url, &c);
     put_blocks(st, 1, 10);
     kvp_block_key keys[3] = {key_of(0), key_of(1), key_of(2)};
     char name[KVPI_REDIS_KEY_MAX];
     kvpi_redis_key_name(NULL, &keys[1], name);
-    redisContext *raw = redisConnect("127.0.0.1", (int)s.port);
+    redisContext *raw = redisConnect("127.0.0.1", (int)srv->port);
     assert_true(raw != NULL && raw->err == 0);
     redisReply *r = redisCommand(raw, "LPUSH %s x", name);
     assert_non_null(r);
@@ -430,7 +439,7 @@ static void test_error_reply_in_batch(void **state) {
     snprintf(want, sizeof want,
              "redis at 127.0.0.1:%u answered GET with an error: WRONGTYPE Operation against a "
              "key holding the wrong kind of value",
-             s.port);
+             srv->port);
     assert_string_equal(err.text, want);
     assert_string_equal(err.part, "GET");
     for (size_t i = 0; i < 3; i++) {
@@ -447,16 +456,16 @@ static void test_error_reply_in_batch(void **state) {
     kvpi_redis_stats_get(st, &after);
     assert_int_equal(after.connects, before.connects); /* the same connection */
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* Killed, then restarted on the same port: both threads reconnect, no batch lost. */
 static void test_reconnect_after_restart(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000, .backoff_min_ms = 50,
                            .backoff_max_ms = 50};
     kvpi_redis_store *st = open_store(url, &c);
@@ -466,14 +475,14 @@ static void test_reconnect_after_restart(void **state) {
     kvpi_redis_error err;
     expect_ok(kvpi_redis_contains(st, keys, 2, found, &err), &err);
     assert_true(found[0] && found[1]);
-    kvpt_redis_kill(&s);
+    kvpt_redis_kill(srv);
     found[0] = false;
     /* the old connection breaks; the one retry finds nothing listening */
     assert_int_equal(kvpi_redis_contains(st, keys, 2, found, &err), KVPI_REDIS_CONNECT);
     assert_string_equal(err.part, "connect");
     assert_false(found[0]); /* outputs unchanged on failure */
-    if (!kvpt_redis_restart(&s)) {
-        fail_msg("redis-server did not restart: %s", s.why);
+    if (!kvpt_redis_restart(srv)) {
+        fail_msg("redis-server did not restart: %s", srv->why);
     }
     struct timespec wait = {0, 60000000L}; /* past the 50 ms backoff, by the clock */
     nanosleep(&wait, NULL);
@@ -490,28 +499,28 @@ static void test_reconnect_after_restart(void **state) {
     assert_int_equal(stats.writes, 4);
     assert_int_equal(stats.write_errors, 0);
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* Down at start: create succeeds, the first call says why, the backoff holds retries. */
 static void test_down_and_backoff(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
-    kvpt_redis_kill(&s);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
+    kvpt_redis_kill(srv);
     char url[128], want[160];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.backoff_min_ms = 60000, .backoff_max_ms = 60000};
     kvpi_redis_store *st = open_store(url, &c);
     kvpi_redis_error err;
     assert_int_equal(kvpi_redis_ping(st, &err), KVPI_REDIS_CONNECT);
     snprintf(want, sizeof want, "cannot connect to redis at 127.0.0.1:%u: Connection refused",
-             s.port);
+             srv->port);
     assert_string_equal(err.text, want);
     kvp_block_key k = key_of(0);
     bool found = true;
     assert_int_equal(kvpi_redis_contains(st, &k, 1, &found, &err), KVPI_REDIS_DOWN);
-    snprintf(want, sizeof want, "redis at 127.0.0.1:%u is down; next attempt in ", s.port);
+    snprintf(want, sizeof want, "redis at 127.0.0.1:%u is down; next attempt in ", srv->port);
     assert_memory_equal(err.text, want, strlen(want));
     assert_true(found);
     /* writes while down fail at once, counted; a put never waits */
@@ -532,7 +541,7 @@ static void test_down_and_backoff(void **state) {
     assert_true(kvpi_redis_last_write_error(st, &err));
     assert_true(err.code == KVPI_REDIS_CONNECT || err.code == KVPI_REDIS_DOWN);
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 static double seconds_since(const struct timespec *t0) {
@@ -544,25 +553,25 @@ static double seconds_since(const struct timespec *t0) {
 /* A server that stops answering (SIGSTOP): TIMEOUT within the bound, then back. */
 static void test_command_timeout(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128], want[160];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 200};
     kvpi_redis_store *st = open_store(url, &c);
     kvpi_redis_error err;
     expect_ok(kvpi_redis_ping(st, &err), &err);
-    kvpt_redis_pause(&s, true);
+    kvpt_redis_pause(srv, true);
     kvp_block_key k = key_of(0);
     bool found = true;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     kvpi_redis_code code = kvpi_redis_contains(st, &k, 1, &found, &err);
     double took = seconds_since(&t0);
-    kvpt_redis_pause(&s, false);
+    kvpt_redis_pause(srv, false);
     assert_int_equal(code, KVPI_REDIS_TIMEOUT);
     snprintf(want, sizeof want, "redis at 127.0.0.1:%u did not answer EXISTS within 200 ms",
-             s.port);
+             srv->port);
     assert_string_equal(err.text, want);
     assert_string_equal(err.part, "EXISTS");
     assert_true(took >= 0.19);
@@ -575,17 +584,17 @@ static void test_command_timeout(void **state) {
     assert_int_equal(stats.timeouts, 1);
     assert_int_equal(stats.reconnects, 1);
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* Destroy against a silent server: one batch waits out the timeout, the rest
  * fail at once (20 batches of one would wait 20 timeouts, >= 4 s). */
 static void test_destroy_with_silent_server(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 200, .write_batch = 1};
     kvpi_redis_store *st = open_store(url, &c);
     kvpi_redis_error err;
@@ -599,24 +608,24 @@ static void test_destroy_with_silent_server(void **state) {
         size_t len = sizeof block;
         expect_ok(kvpi_redis_put(st, &k, data, &len, 1, NULL, &err), &err);
     }
-    kvpt_redis_pause(&s, true);
+    kvpt_redis_pause(srv, true);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     kvpi_redis_destroy(st);
     double took = seconds_since(&t0);
-    kvpt_redis_pause(&s, false);
+    kvpt_redis_pause(srv, false);
     assert_true(took >= 0.19); /* the first batch did wait its timeout */
     assert_true(took < 2.0);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* A held writer: the queue fills exactly, the rest drop (counted), nothing waits. */
 static void test_queue_drops(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000, .queue_entries = 4};
     kvpi_redis_store *st = open_store(url, &c);
     kvpi_redis_hold_writes(st, true);
@@ -677,17 +686,17 @@ static void test_queue_drops(void **state) {
     expect_ok(kvpi_redis_contains(st, keys, 3, found, &err), &err);
     assert_true(found[0] && found[1]);
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* A full server (maxmemory, noeviction): writes fail with OOM, counted and
  * named; lookups go on. */
 static void test_full_server(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, "maxmemory 1\nmaxmemory-policy noeviction");
+    kvpt_redis_server *const srv = &server;
+    START(srv, "maxmemory 1\nmaxmemory-policy noeviction");
     char url[128], want[256];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000};
     kvpi_redis_store *st = open_store(url, &c);
     kvpi_redis_error err;
@@ -710,22 +719,22 @@ static void test_full_server(void **state) {
     snprintf(want, sizeof want,
              "redis at 127.0.0.1:%u answered SET with an error: OOM command not allowed when "
              "used memory > 'maxmemory'.",
-             s.port);
+             srv->port);
     assert_string_equal(err.text, want);
     bool found[3] = {true, true, true};
     expect_ok(kvpi_redis_contains(st, keys, 3, found, &err), &err);
     assert_false(found[0] || found[1] || found[2]);
     kvpi_redis_destroy(st);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* Key names: the prefix, the namespace and hex of the chain key; no payload; TTL. */
 static void test_key_names_hold_no_payload(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000, .name_space = "m1", .ttl_seconds = 100};
     kvpi_redis_store *st = open_store(url, &c);
     enum { N = 5 };
@@ -743,7 +752,7 @@ static void test_key_names_hold_no_payload(void **state) {
     expect_ok(kvpi_redis_drain(st, 10000, &err), &err);
     kvpi_redis_destroy(st);
 
-    redisContext *raw = redisConnect("127.0.0.1", (int)s.port);
+    redisContext *raw = redisConnect("127.0.0.1", (int)srv->port);
     assert_non_null(raw);
     assert_int_equal(raw->err, 0);
     redisReply *r = redisCommand(raw, "KEYS *");
@@ -776,7 +785,7 @@ static void test_key_names_hold_no_payload(void **state) {
     }
     freeReplyObject(r);
     redisFree(raw);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 /* Lookups complete on the reader thread; a full reader queue refuses (counted). */
@@ -805,10 +814,10 @@ static void gated_done(kvpi_redis_lookup *lk, void *context) {
 
 static void test_async_lookups(void **state) {
     (void)state;
-    kvpt_redis_server s;
-    START(&s, NULL);
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
     char url[128];
-    url_of(&s, "", url, sizeof url);
+    url_of(srv, "", url, sizeof url);
     kvpi_redis_config c = {.command_timeout_ms = 5000, .read_jobs = 1};
     kvpi_redis_store *st = open_store(url, &c);
     put_blocks(st, 2, 10);
@@ -849,27 +858,27 @@ static void test_async_lookups(void **state) {
     kvpi_redis_destroy(st);
     pthread_cond_destroy(&g.cond);
     pthread_mutex_destroy(&g.mu);
-    kvpt_redis_stop(&s);
+    kvpt_redis_stop(srv);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_url_parse_good),
-        cmocka_unit_test(test_url_parse_bad),
-        cmocka_unit_test(test_key_names),
-        cmocka_unit_test(test_put_get_round_trip),
-        cmocka_unit_test(test_batch_is_one_round_trip),
-        cmocka_unit_test(test_auth_requirepass),
-        cmocka_unit_test(test_auth_acl_user),
-        cmocka_unit_test(test_error_reply_in_batch),
-        cmocka_unit_test(test_reconnect_after_restart),
-        cmocka_unit_test(test_down_and_backoff),
-        cmocka_unit_test(test_command_timeout),
-        cmocka_unit_test(test_destroy_with_silent_server),
-        cmocka_unit_test(test_queue_drops),
-        cmocka_unit_test(test_full_server),
-        cmocka_unit_test(test_key_names_hold_no_payload),
-        cmocka_unit_test(test_async_lookups),
+        cmocka_unit_test_teardown(test_url_parse_good, stop_server),
+        cmocka_unit_test_teardown(test_url_parse_bad, stop_server),
+        cmocka_unit_test_teardown(test_key_names, stop_server),
+        cmocka_unit_test_teardown(test_put_get_round_trip, stop_server),
+        cmocka_unit_test_teardown(test_batch_is_one_round_trip, stop_server),
+        cmocka_unit_test_teardown(test_auth_requirepass, stop_server),
+        cmocka_unit_test_teardown(test_auth_acl_user, stop_server),
+        cmocka_unit_test_teardown(test_error_reply_in_batch, stop_server),
+        cmocka_unit_test_teardown(test_reconnect_after_restart, stop_server),
+        cmocka_unit_test_teardown(test_down_and_backoff, stop_server),
+        cmocka_unit_test_teardown(test_command_timeout, stop_server),
+        cmocka_unit_test_teardown(test_destroy_with_silent_server, stop_server),
+        cmocka_unit_test_teardown(test_queue_drops, stop_server),
+        cmocka_unit_test_teardown(test_full_server, stop_server),
+        cmocka_unit_test_teardown(test_key_names_hold_no_payload, stop_server),
+        cmocka_unit_test_teardown(test_async_lookups, stop_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
