@@ -276,6 +276,7 @@ static void test_put_get_round_trip(void **state) {
     assert_int_equal(stats.bytes_written, total);
     assert_int_equal(stats.bytes_read, total - (LEN + 37 * (N - 1)));
     assert_int_equal(stats.too_big, 1);
+    assert_true(stats.read_ns > 0 && stats.write_ns > 0);
     assert_int_equal(stats.hits, N);
     assert_int_equal(stats.queue_drops + stats.write_errors + stats.errors, 0);
     assert_int_equal(stats.connects, 2); /* the writer's and the reader's */

@@ -99,12 +99,14 @@ static bool write_entries(kvpi_redis_store *st, put_entry *list, size_t count, b
     kvpi_redis_events ev = {0};
     kvpi_redis_error err = {.code = KVPI_REDIS_OK};
     kvpi_redis_code code = KVPI_REDIS_CLOSED;
+    uint64_t t0 = kvpi_redis_now_ns();
     if (give_up) {
         kvpi_redis_fail(&err, code, "SET", "the redis store closed after a failed write");
     } else {
         code = kvpi_redis_conn_exchange(&st->writer_conn, count, st->w_argc, st->w_argvp,
                                         st->w_lensp, st->w_replies, "SET", &ev, &err);
     }
+    uint64_t took = kvpi_redis_now_ns() - t0;
     uint64_t written = 0, bytes = 0;
     i = 0;
     for (put_entry *e = list; code == KVPI_REDIS_OK && e != NULL; e = e->next, i++) {
@@ -130,6 +132,7 @@ static bool write_entries(kvpi_redis_store *st, put_entry *list, size_t count, b
     }
     pthread_mutex_lock(&st->mu);
     add_events(&st->stats, &ev);
+    st->stats.write_ns += took;
     st->stats.writes += written;
     st->stats.bytes_written += bytes;
     st->stats.write_errors += count - written;
@@ -274,8 +277,10 @@ static void run_lookup(kvpi_redis_store *st, kvpi_redis_lookup *lk) {
         replies[i] = NULL;
     }
     kvpi_redis_events ev = {0};
+    uint64_t t0 = kvpi_redis_now_ns();
     kvpi_redis_code code = kvpi_redis_conn_exchange(&st->reader_conn, count, argc, argvp, lensp,
                                                     replies, what, &ev, &lk->error);
+    uint64_t took = kvpi_redis_now_ns() - t0;
     bool exchanged = code == KVPI_REDIS_OK; /* then replies[] holds count replies */
     if (exchanged && !lk->ping_) {
         code = check_replies(st, lk, replies, what, &lk->error);
@@ -289,6 +294,7 @@ static void run_lookup(kvpi_redis_store *st, kvpi_redis_lookup *lk) {
     free(block);
     pthread_mutex_lock(&st->mu);
     add_events(&st->stats, &ev);
+    st->stats.read_ns += took;
     st->stats.lookups += tally.lookups;
     st->stats.hits += tally.hits;
     st->stats.misses += tally.misses;

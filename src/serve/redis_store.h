@@ -138,6 +138,9 @@ typedef struct kvpi_redis_stats {
     uint64_t read_drops;    /* lookups refused because the reader's queue was full */
     uint64_t errors;        /* failed exchanges or connect attempts, every kind */
     uint64_t timeouts;      /* of those, timeouts */
+    uint64_t read_ns;       /* time in lookups' exchanges (bytes_read / read_ns: the
+                             * observed load bandwidth a cost model weighs) */
+    uint64_t write_ns;      /* time in the writer's exchanges */
     uint64_t connects;      /* successful connections (handshake done), both threads */
     uint64_t reconnects;    /* of those, the ones after a connection of that thread died */
     size_t queued;          /* puts waiting now */
