@@ -4,7 +4,7 @@
  * Owns the server's process, its scratch directory (config, log) and its
  * port: 127.0.0.1 only, a free port found by binding 127.0.0.1:0, retried
  * on a collision; `save ""`, `appendonly no`, so nothing outlives the test.
- * The server dies with the test process (PR_SET_PDEATHSIG) and is never one
+ * The server dies with the test process (a parent-death signal) and is never one
  * a user runs. Start failures are returned with the reason (the log's tail)
  * for the test to fail on: a tier test never skips.
  * Callers: tests/test_redis_store.c (one thread).

@@ -40,7 +40,7 @@ struct kvpi_redis_store {
     char ttl[16];
 
     pthread_mutex_t mu;
-    pthread_cond_t writer_wake, reader_wake, idle;
+    pthread_cond_t writer_wake, reader_wake, idle, sync_done;
     bool closing, hold, writer_busy;
     put_entry *put_head, *put_tail;
     kvpi_redis_lookup *read_head, *read_tail;
@@ -406,11 +406,13 @@ static int init_sync(kvpi_redis_store *st) {
     failed |= pthread_cond_init(&st->writer_wake, &attr);
     failed |= pthread_cond_init(&st->reader_wake, &attr);
     failed |= pthread_cond_init(&st->idle, &attr);
+    failed |= pthread_cond_init(&st->sync_done, &attr);
     pthread_condattr_destroy(&attr);
     return failed != 0 ? -1 : 0;
 }
 
 static void destroy_sync(kvpi_redis_store *st) {
+    pthread_cond_destroy(&st->sync_done);
     pthread_cond_destroy(&st->idle);
     pthread_cond_destroy(&st->reader_wake);
     pthread_cond_destroy(&st->writer_wake);
@@ -551,43 +553,44 @@ kvpi_redis_code kvpi_redis_submit(kvpi_redis_store *store, kvpi_redis_lookup *lo
     return submit(store, lookup, false, err);
 }
 
-/* A synchronous call: submit, then wait on this waiter for `done`. */
+/*
+ * A synchronous call: submit, then wait for `done`, which sets the flag
+ * under the store's lock and wakes `sync_done`. The store's mutex and
+ * condition outlive the wait (a per-call pair on the stack would be
+ * destroyed while the reader may still be returning from its unlock).
+ */
 typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
+    kvpi_redis_store *store;
     bool done;
 } waiter;
 
 static void wake_waiter(kvpi_redis_lookup *lk, void *context) {
     (void)lk;
     waiter *w = context;
-    pthread_mutex_lock(&w->mu);
+    kvpi_redis_store *st = w->store;
+    pthread_mutex_lock(&st->mu);
     w->done = true;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->mu);
+    pthread_cond_broadcast(&st->sync_done);
+    pthread_mutex_unlock(&st->mu);
 }
 
 static kvpi_redis_code run_sync(kvpi_redis_store *st, kvpi_redis_lookup *lk, bool ping,
                                 kvpi_redis_error *err) {
-    waiter w = {.done = false};
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    waiter w = {.store = st, .done = false};
     lk->done = wake_waiter;
     lk->context = &w;
     kvpi_redis_code code = submit(st, lk, ping, err);
     if (code == KVPI_REDIS_OK) {
-        pthread_mutex_lock(&w.mu);
+        pthread_mutex_lock(&st->mu);
         while (!w.done) {
-            pthread_cond_wait(&w.cond, &w.mu);
+            pthread_cond_wait(&st->sync_done, &st->mu);
         }
-        pthread_mutex_unlock(&w.mu);
+        pthread_mutex_unlock(&st->mu);
         code = lk->error.code;
         if (code != KVPI_REDIS_OK && err != NULL) {
             *err = lk->error;
         }
     }
-    pthread_cond_destroy(&w.cond);
-    pthread_mutex_destroy(&w.mu);
     return code;
 }
 
