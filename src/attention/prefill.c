@@ -154,7 +154,7 @@ static row_piece row_piece_of(const block_job *job, size_t t, size_t block, int 
     kvpi_window_span sp = row_span(job, t);
     size_t bt = job->cache->block_tokens;
     size_t p0 = which == 0 ? 0 : sp.lo;
-    size_t p1 = which == 0 ? sp.sinks : job->first;
+    size_t p1 = which == 0 ? (sp.sinks < job->first ? sp.sinks : job->first) : job->first;
     size_t start = block * bt > p0 ? block * bt : p0;
     size_t end = (block + 1) * bt < p1 ? (block + 1) * bt : p1;
     if (end <= start) {
@@ -164,13 +164,23 @@ static row_piece row_piece_of(const block_job *job, size_t t, size_t block, int 
                        (which == 0 ? 0 : sp.sinks) + (start - p0)};
 }
 
-/* Row t's first block row it attends to, and where its score sits. */
-static size_t row_block_first(const block_job *job, size_t t, size_t *at)
+/*
+ * Row t's attended rows of the block itself (positions first .. P_t), in
+ * position order: seg 0 the sinks past the retained rows, [first, sinks);
+ * seg 1 the window's part, [max(lo, first), P_t]. Block rows [r0, r0 + n),
+ * scores at `at`. When seg 0 has rows the window starts past them (lo >=
+ * sinks > first), so no retained window row comes between: the order of
+ * the row's positions is retained sinks, retained window, seg 0, seg 1.
+ */
+static row_piece row_block_piece(const block_job *job, size_t t, int seg)
 {
     kvpi_window_span sp = row_span(job, t);
+    if (seg == 0) {
+        size_t n = sp.sinks > job->first ? sp.sinks - job->first : 0;
+        return (row_piece){0, n, job->first};
+    }
     size_t r0 = sp.lo > job->first ? sp.lo - job->first : 0;
-    *at = sp.sinks + (job->first + r0 - sp.lo);
-    return r0;
+    return (row_piece){r0, t + 1 - r0, sp.sinks + (job->first + r0 - sp.lo)};
 }
 
 /* The block of row t0's window start: rows after it start no earlier. */
@@ -248,7 +258,9 @@ static void part_blocks(const block_job *job, const part_view *v, int which, siz
         return;
     }
     if (which == 0) {
-        *b1 = (row_span(job, v->t1 - 1).sinks + bt - 1) / bt;
+        size_t sinks = row_span(job, v->t1 - 1).sinks;
+        sinks = sinks < job->first ? sinks : job->first; /* retained sinks only */
+        *b1 = (sinks + bt - 1) / bt;
     } else {
         *b0 = first_window_block(job, v->t0);
         *b1 = v->blocks;
@@ -270,11 +282,12 @@ static void score_part(void *ctx, size_t part)
     const double *block_keys = job->keys + v.lane * v.kv_width + v.g * v.d;
     for (size_t t = v.t0; t < v.t1; t++) {
         const double *q = w->query + (t * w->batch + v.lane) * w->model_width;
-        size_t at = 0;
-        size_t r0 = row_block_first(job, t, &at);
-        for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
-            v.k->dot_rows(q + head * v.d, block_keys + r0 * v.row_stride, v.row_stride,
-                          t + 1 - r0, v.d, job->scale, row_scores(job, t, v.lane, head) + at);
+        for (int seg = 0; seg < 2; seg++) {
+            row_piece pc = row_block_piece(job, t, seg);
+            for (size_t head = v.g * v.group; pc.n > 0 && head < (v.g + 1) * v.group; head++) {
+                v.k->dot_rows(q + head * v.d, block_keys + pc.r0 * v.row_stride, v.row_stride,
+                              pc.n, v.d, job->scale, row_scores(job, t, v.lane, head) + pc.at);
+            }
         }
     }
 }
@@ -319,11 +332,15 @@ static void value_part(void *ctx, size_t part)
     const double *block_values = job->values + v.lane * v.kv_width + v.g * v.d;
     for (size_t t = v.t0; t < v.t1; t++) {
         double *acc = w->head_outputs + (t * w->batch + v.lane) * w->model_width;
-        size_t at = 0;
-        size_t r0 = row_block_first(job, t, &at);
         for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
-            v.k->axpy_rows(acc + head * v.d, row_scores(job, t, v.lane, head) + at,
-                           block_values + r0 * v.row_stride, v.row_stride, t + 1 - r0, v.d);
+            for (int seg = 0; seg < 2; seg++) {
+                row_piece pc = row_block_piece(job, t, seg);
+                if (pc.n == 0) {
+                    continue;
+                }
+                v.k->axpy_rows(acc + head * v.d, row_scores(job, t, v.lane, head) + pc.at,
+                               block_values + pc.r0 * v.row_stride, v.row_stride, pc.n, v.d);
+            }
             for (size_t f = 0; job->v_scale != 1.0 && f < v.d; f++) {
                 acc[head * v.d + f] *= job->v_scale;
             }
