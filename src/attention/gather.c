@@ -22,6 +22,16 @@
  * to the dtype (incremental.c). fp8 pages hold elements: scores use scale *
  * k_scale, outputs are multiplied by v_scale at the end (kvpi_cache_kv_scales).
  *
+ * Windows (docs/DESIGN.md, Sliding windows and sinks): a cache bound with
+ * a window W and sinks S (kvpi_cache_window, its record's) attends to the
+ * retained positions [0, sinks) and [lo, len) only. The loops walk pieces,
+ * not blocks: the blocks covering [0, sinks), then those covering
+ * [lo, len), each clipped to its range (piece_at), so no position is tested
+ * and no other block's table entry is read (the pager may release it).
+ * Scores and weights are packed per head, [keys] = the attended positions
+ * in order, then the candidate; without a window a piece is a whole block
+ * and the loops are those of full attention.
+ *
  * A job at KVP_ACCUM_FAST on narrow pages runs the fast level instead
  * (docs/DESIGN.md, Accumulation levels): the lane's queries times scale and
  * log2(e) rounded to f32 once (in runs of heads that fit FAST_FLOATS on the
@@ -41,7 +51,7 @@
  * parts; the partition is a function of the shape only, and it is exact, not
  * a "flash-decoding" split (whose per-chunk max and sum would round the
  * softmax differently; docs/DESIGN.md, Threads).
- *   scores   part = (lane, chunk of whole blocks): a score is one dot
+ *   scores   part = (lane, chunk of whole pieces): a score is one dot
  *            product, independent of every other. A chunk holds about
  *            chunk_bytes of keys (256 KiB); a lane's last chunk also scores
  *            the candidate.
@@ -251,11 +261,11 @@ static void scores_exact(const gather_view *v, const double *queries, const doub
     size_t kv_heads = v->cache->heads;
     for (size_t i = b0; i < b1; i++) {
         piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t kv = 0; kv < kv_heads; kv++) {
             size_t h = kv * v->group;
             const void *ahead = NULL;
             if (i + 1 < v->pieces) {
-                piece next = piece_at(v, i + 1);
                 if (v->prefetch) {
                     prefetch_rows(piece_keys(v, next, kv), next.rows * v->d * v->elem);
                 } else if (v->group > 1) {
@@ -274,15 +284,15 @@ static void scores_exact(const gather_view *v, const double *queries, const doub
 
 /*
  * The fast kernels' prefetch hint (kernels.h, dot_group_fast's `ahead`): KV
- * head kv's keys in the lane's next block, which the kernels ask for one
+ * head kv's keys in the lane's next piece (`next`), which the kernels ask for one
  * line per 64 bytes they read of this block's: memory streams while they
  * compute. (A burst of requests per block, as the exact level makes, stalls
  * until the fill buffers free, so memory and compute took turns: bf16 GQA
- * scores ran at their sum.) NULL after the last block.
+ * scores ran at their sum.) NULL after the last piece.
  */
-static const void *fast_ahead_keys(const gather_view *v, size_t i, size_t kv)
+static const void *fast_ahead_keys(const gather_view *v, size_t i, piece next, size_t kv)
 {
-    return v->prefetch && i + 1 < v->pieces ? piece_keys(v, piece_at(v, i + 1), kv) : NULL;
+    return v->prefetch && i + 1 < v->pieces ? piece_keys(v, next, kv) : NULL;
 }
 
 /*
@@ -295,12 +305,13 @@ static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, s
 {
     for (size_t i = b0; i < b1; i++) {
         piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t h = h0; h < h1;) {
             size_t kv = h / v->group;
             size_t end = (kv + 1) * v->group < h1 ? (kv + 1) * v->group : h1;
             v->k->dot_group_fast(v->kind, q32 + (h - h0) * v->d, end - h, piece_keys(v, pc, kv),
                                  v->d, pc.rows, v->d, scores + h * v->kph + pc.at, v->kph,
-                                 fast_ahead_keys(v, i, kv));
+                                 fast_ahead_keys(v, i, next, kv));
             h = end;
         }
     }
@@ -374,12 +385,12 @@ static void values_exact(const gather_view *v, const double *weights, const doub
     }
     for (size_t i = 0; i < v->pieces; i++) {
         piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t kv = k0; kv < k1; kv++) {
             const unsigned char *vals = piece_values(v, pc, kv);
             size_t h = kv * v->group;
             const unsigned char *ahead = NULL;
             if (i + 1 < v->pieces) {
-                piece next = piece_at(v, i + 1);
                 ahead = piece_values(v, next, kv) + f0 * v->elem;
                 if (v->prefetch) {
                     prefetch_rows(ahead, next.rows * v->d * v->elem);
@@ -433,13 +444,13 @@ static void fast_pass_run(const gather_view *v, const fast_pass *p, const float 
     memset(acc, 0, (p->k1 - p->k0) * nj * p->w * sizeof *acc);
     for (size_t i = 0; i < v->pieces; i++) {
         piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t kv = p->k0; kv < p->k1; kv++) {
             const unsigned char *vals = piece_values(v, pc, kv);
             /* The next piece's value rows, asked for by the kernels as they go (scores). */
             const unsigned char *ahead =
-                v->prefetch && i + 1 < v->pieces
-                    ? piece_values(v, piece_at(v, i + 1), kv) + p->f0 * v->elem
-                    : NULL;
+                v->prefetch && i + 1 < v->pieces ? piece_values(v, next, kv) + p->f0 * v->elem
+                                                 : NULL;
             fast_add_rows(v, p, weights, v->kind, vals + p->f0 * v->elem, pc.at, pc.rows, kv,
                           ahead, acc);
         }

@@ -35,6 +35,12 @@
  * stages run on fewer rows. The caller commits the rows' keys and values,
  * token after token, when the block has passed every layer.
  *
+ * Windows (docs/DESIGN.md, Sliding windows and sinks): row t attends to
+ * its positions of the cache's window rule, in order: the retained sink
+ * rows, the retained window rows [lo_t, len), then the block's own rows
+ * (sinks reaching past len, then its window rows); only the pages covering
+ * the retained ranges are read, and scores are packed [row_keys].
+ *
  * Threads: steps 3 and 5 run on `par` in parts (lane, KV head, run of
  * rows): parts write disjoint scores and accumulators, and each element is
  * computed inside one part as above, so the bits do not depend on the
