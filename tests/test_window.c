@@ -665,6 +665,8 @@ static void test_window_layer_settings_and_refusals(void **state)
     assert_int_equal(kvp_layer_set_window(NULL, 1, 0, &err), KVP_NULL_ARGUMENT);
     assert_string_equal(err.argument, "layer");
     kvpt_assert_ok(kvp_layer_set_window(layer, 4, 2, &err), &err);
+    kvp_binding set;
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &set, &err), &err);
     const size_t bad[][2] = {{D_POSITIONS + 1, 0}, {D_POSITIONS + 1, D_POSITIONS + 1},
                              {4, D_POSITIONS + 1}, {0, 1}};
     const char *field[] = {"window", "window", "sink_tokens", "sink_tokens"};
@@ -677,6 +679,10 @@ static void test_window_layer_settings_and_refusals(void **state)
         kvpt_assert_ok(kvp_layer_info_get(layer, &info, &err), &err);
         assert_int_equal(info.window, 4);
         assert_int_equal(info.sink_tokens, 2);
+        kvp_binding now;
+        kvpt_assert_ok(kvp_layer_binding_get(layer, &now, &err), &err);
+        assert_memory_equal(now.owner_digest, set.owner_digest, sizeof now.owner_digest);
+        assert_memory_equal(now.record, set.record, sizeof now.record);
     }
     /* W and S at the RoPE positions are accepted. */
     kvpt_assert_ok(kvp_layer_set_window(layer, D_POSITIONS, D_POSITIONS, &err), &err);
