@@ -578,7 +578,8 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_PAGE_PUBLISHED, 58);
     assert_int_equal(KVP_BLOCK_BINDING_MISMATCH, 59);
     assert_int_equal(KVP_REQUEST_UNKNOWN, 60);
-    assert_int_equal(KVP_STATUS_COUNT_, 61);
+    assert_int_equal(KVP_CACHE_WINDOW_MISMATCH, 61);
+    assert_int_equal(KVP_STATUS_COUNT_, 62);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -665,6 +666,17 @@ static void test_status_format_external_cache_errors(void **state)
     e.index = 9;
     kvpt_assert_error_text(&e, "request 9 is not held by the scheduler: never submitted (ids "
                                "below 9 were given)");
+    assert_string_equal(kvp_status_name(KVP_CACHE_WINDOW_MISMATCH), "CacheWindowMismatch");
+    e = error_of(KVP_CACHE_WINDOW_MISMATCH);
+    e.what = "window";
+    e.cache_size = 0;
+    e.layer_size = 1024;
+    kvpt_assert_error_text(&e, "KV cache attention window 0 must match attention layer "
+                               "attention window 1024");
+    e.what = "sink_tokens";
+    e.cache_size = 4;
+    e.layer_size = 0;
+    kvpt_assert_error_text(&e, "KV cache sink tokens 4 must match attention layer sink tokens 0");
 }
 
 /* The shape helpers every validation uses. */

@@ -17,7 +17,8 @@
  * Every prepare error leaves the cache's len, logical rows, page tables and
  * the pool exactly as they were: rank, tokens, batch, width, cache model
  * width, head count, KV head count, head width, parameter identities,
- * revisions, RoPE configuration, capacity (FULL), ticket state and geometry,
+ * revisions, RoPE configuration, window then sink tokens
+ * (CACHE_WINDOW_MISMATCH, err.what the field), capacity (FULL), ticket state and geometry,
  * non-finite projection, a rotated candidate key (then value) element that
  * the pool's dtype cannot hold (NONFINITE_KEY / NONFINITE_VALUE with err.what
  * "f32" or "bf16"; checked right after the projections, never for f64),
@@ -38,6 +39,9 @@
  * position = old len; scores are (q . k) * (1 / sqrt(d_h)); the
  * softmax subtracts the row maximum; head outputs sum weight * value over
  * positions in order; heads merge back in order; output = merged W_o.
+ * A layer with a window W (kvp_layer_set_window) lets the token at position
+ * t attend to [0, min(S, lo)) then [lo, t], lo = max(0, t - W + 1): the
+ * softmax and the sums run over those positions only, in that order.
  *
  * Threads: a ticket, like a cache, has one owner at a time. A prepare only
  * reads its layer and cache, so prepares on different tickets may share
@@ -76,7 +80,9 @@ typedef struct kvp_attention_result {
     size_t batch_size;
     size_t heads;
     size_t model_width;
-    size_t keys;           /* len + 1: retained rows plus the candidate */
+    size_t keys;           /* len + 1: retained rows plus the candidate; with a window
+                              (kvp_layer_set_window) the positions attended, sinks then
+                              window, the candidate last */
     kvp_attention_work work;
     size_t reserved_pages; /* pages held for the commit (B at a block boundary, else 0) */
     int committed;         /* 1 once kvp_ticket_commit has made the row visible */
@@ -152,7 +158,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
 
 /*
  * The full-prefix causal reference, independent of any cache: input
- * [B, T, D] -> output [B, T, D], position t attending to 0..t. Optionally also
+ * [B, T, D] -> output [B, T, D], position t attending to 0..t, or with a
+ * window to the positions of the layer's rule (kvp_layer_set_window). Optionally also
  * writes the rotated keys and unrotated values, [B, H_kv, T, d_h] each, the
  * layer's KV heads as a cache stores them (pass NULL to skip; kv_len is their
  * capacity in doubles). Errors: NULL_ARGUMENT,
@@ -162,7 +169,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_attention_forward(const kvp_layer *layer,
  * NONFINITE_SCORE, NONFINITE_OUTPUT, NONFINITE_KEY and NONFINITE_VALUE: token
  * t is checked where and in the order prepare checks its one token when the
  * cache holds tokens 0..t-1, so the status, `what`, flat `index` (within
- * that token's [B, 1, D] rows or [B, H, 1, t + 1] scores) and `value` are
+ * that token's [B, 1, D] rows or [B, H, 1, keys] scores, keys = t + 1 or the
+ * attended positions) and `value` are
  * prepare's; err.token is t. Nothing is written on error. It is the oracle
  * the tests compare against; it allocates its own scratch.
  * Threads: not safe while a parameter of `layer` is updated; otherwise any

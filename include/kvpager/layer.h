@@ -13,8 +13,15 @@
  * record only attention reads: the model width and heads, the four
  * parameters' identities and revisions and the RoPE configuration.
  *
+ * A layer may attend through a sliding window (kvp_layer_set_window): the
+ * token at position t attends to positions max(0, t - W + 1) .. t, plus the
+ * attention sinks 0 .. S-1 when S > 0, each position once (DESIGN.md,
+ * "Sliding windows and sinks"). W and S are part of the binding's record and
+ * digest, so caches of different windows never share blocks.
+ *
  * Threads: a layer is immutable after creation except through its
- * parameters' updates and kvp_layer_set_kv_scales; any number of threads may
+ * parameters' updates, kvp_layer_set_kv_scales, kvp_layer_set_accum and
+ * kvp_layer_set_window; any number of threads may
  * compute with it at once, but not while one of its parameters is updated
  * (kvpager/param.h) or its scales are set.
  */
@@ -58,6 +65,9 @@ typedef struct kvp_layer_info {
     kvp_rope_config rope;
     /* Added after the first release (pool.h, "Growing structs"): */
     kvp_accum accum; /* the level of the layer's decode steps (kvp_layer_set_accum) */
+    /* Added with sliding windows (kvp_layer_set_window); an older struct_size gets neither: */
+    size_t window;      /* W: attention covers the last W positions; 0 = full attention */
+    size_t sink_tokens; /* S: plus positions 0 .. S-1 (attention sinks); 0 = none */
 } kvp_layer_info;
 
 /*
@@ -154,6 +164,27 @@ KVP_API KVP_NODISCARD kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_
  */
 KVP_API KVP_NODISCARD kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum accum,
                                                      kvp_error *err);
+
+/*
+ * Sets the layer's attention window W and attention sinks S (StreamingLLM):
+ * the token at position t attends to the positions of
+ *   [0, min(S, lo)) and [lo, t], lo = max(0, t - W + 1),
+ * in that order, each position once (when S >= lo the two ranges meet and
+ * the token attends to 0 .. t). W = 0 is full attention (0 .. t), the
+ * default; RoPE positions stay absolute. Bindings handed out from now on
+ * (kvp_layer_binding_get) carry W and S in their record and digest; a cache
+ * created before keeps its own and prepare refuses it
+ * (CACHE_WINDOW_MISMATCH). A windowed token's kvp_attention_result lists
+ * only the attended positions (keys = their count, weights in the order
+ * above); the reference applies the same rule.
+ * Errors, in order: NULL_ARGUMENT ("layer"); INVALID_ARGUMENT ("window":
+ * above the layer's RoPE positions; "sink_tokens": above them, or nonzero
+ * with W = 0). Nothing changes on failure.
+ * Threads: not safe while any computation uses the layer or a cache is
+ * created for it (like kvp_layer_set_accum): set it before steps run.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_layer_set_window(kvp_layer *layer, size_t window,
+                                                      size_t sink_tokens, kvp_error *err);
 
 /*
  * The layer's current binding, as a cache created now would capture it:

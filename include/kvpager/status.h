@@ -136,7 +136,9 @@ extern "C" {
     X(BLOCK_BINDING_MISMATCH, 59, "BlockBindingMismatch",                                          \
       "a published block was computed under another binding than the adopting cache's")            \
     X(REQUEST_UNKNOWN, 60, "RequestUnknown",                                                       \
-      "the scheduler holds no request with this id: collected, or never submitted")
+      "the scheduler holds no request with this id: collected, or never submitted")             \
+    X(CACHE_WINDOW_MISMATCH, 61, "CacheWindowMismatch",                                            \
+      "KV cache attention window or sink tokens differ from the layer's")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -253,7 +255,8 @@ typedef struct kvp_error {
     size_t expected_size;
     size_t actual_size;
     /* CACHE_MODEL_WIDTH/HEAD_COUNT/KV_HEAD_COUNT/HEAD_WIDTH_MISMATCH: the layer's and
-     * the cache's. */
+     * the cache's. CACHE_WINDOW_MISMATCH: the same, of the field named in `what`
+     * ("window", then "sink_tokens"). */
     size_t layer_size;
     size_t cache_size;
     /* CACHE_LAYER_REVISION_MISMATCH, PARAMETER_WIDTH_MISMATCH: parameter index. */

@@ -4,7 +4,9 @@
  *
  * Owns: what attention writes into a layer binding's opaque parts and how it
  * reads them back from a cache: the record (model width, query heads, each
- * parameter's node id and revision, the RoPE configuration), the owner
+ * parameter's node id and revision, the RoPE configuration, the attention
+ * window W and sink tokens S (zero for a full layer, so its record bytes are
+ * those from before windows)), the owner
  * digest (BLAKE2b-128 of the record bytes, so it covers every field above)
  * and the owner revision (the sum of the four parameter revisions: it grows
  * with every in-place update). The pager copies these at cache creation,
@@ -63,6 +65,8 @@ void kvpi_layer_record_of(const kvp_layer *layer, kvpi_layer_record *out)
     r.rope_feature_width = layer->rope.feature_width;
     r.rope_max_positions = layer->rope.max_positions;
     memcpy(&r.rope_base_bits, &layer->rope.base, sizeof r.rope_base_bits);
+    r.window = layer->window;
+    r.sink_tokens = layer->sink_tokens;
     for (size_t i = 0; i < KVP_PARAM_COUNT; i++) {
         r.node_id[i] = kvp_param_id(layer->params[i]);
         r.revision[i] = kvp_param_revision(layer->params[i]);

@@ -22,6 +22,16 @@
  * to the dtype (incremental.c). fp8 pages hold elements: scores use scale *
  * k_scale, outputs are multiplied by v_scale at the end (kvpi_cache_kv_scales).
  *
+ * Windows (docs/DESIGN.md, Sliding windows and sinks): a cache bound with
+ * a window W and sinks S (kvpi_cache_window, its record's) attends to the
+ * retained positions [0, sinks) and [lo, len) only. The loops walk pieces,
+ * not blocks: the blocks covering [0, sinks), then those covering
+ * [lo, len), each clipped to its range (piece_at), so no position is tested
+ * and no other block's table entry is read (the pager may release it).
+ * Scores and weights are packed per head, [keys] = the attended positions
+ * in order, then the candidate; without a window a piece is a whole block
+ * and the loops are those of full attention.
+ *
  * A job at KVP_ACCUM_FAST on narrow pages runs the fast level instead
  * (docs/DESIGN.md, Accumulation levels): the lane's queries times scale and
  * log2(e) rounded to f32 once (in runs of heads that fit FAST_FLOATS on the
@@ -41,7 +51,7 @@
  * parts; the partition is a function of the shape only, and it is exact, not
  * a "flash-decoding" split (whose per-chunk max and sum would round the
  * softmax differently; docs/DESIGN.md, Threads).
- *   scores   part = (lane, chunk of whole blocks): a score is one dot
+ *   scores   part = (lane, chunk of whole pieces): a score is one dot
  *            product, independent of every other. A chunk holds about
  *            chunk_bytes of keys (256 KiB); a lane's last chunk also scores
  *            the candidate.
@@ -97,9 +107,36 @@ kvpi_gather_grain kvpi_gather_grain_get(void)
     return grain;
 }
 
-static size_t blocks_of(const kvp_cache *cache)
+/*
+ * The attended retained positions of a lane whose query sits at q = len
+ * with a candidate, len - 1 without (0 for an empty cache): the cache's
+ * window rule (layer_internal.h, kvpi_window_span_at).
+ */
+static kvpi_window_span span_of(const kvp_cache *cache, int candidate)
 {
-    return cache->len / cache->block_tokens + (cache->len % cache->block_tokens != 0);
+    size_t window = 0;
+    size_t sinks = 0;
+    kvpi_cache_window(cache, &window, &sinks);
+    size_t q = candidate || cache->len == 0 ? cache->len : cache->len - 1;
+    return kvpi_window_span_at(window, sinks, q);
+}
+
+/* Blocks holding positions [p0, p1). */
+static size_t blocks_between(size_t p0, size_t p1, size_t bt)
+{
+    return p1 <= p0 ? 0 : (p1 - 1) / bt - p0 / bt + 1;
+}
+
+/*
+ * The pieces of a lane's retained attended positions: the blocks covering
+ * the sinks [0, sinks), then those covering the window's retained part
+ * [lo, len). A block holding both is two pieces. Full attention: one piece
+ * per block, whole blocks, in order.
+ */
+static size_t pieces_of(const kvp_cache *cache, kvpi_window_span sp)
+{
+    size_t bt = cache->block_tokens;
+    return blocks_between(0, sp.sinks, bt) + blocks_between(sp.lo, cache->len, bt);
 }
 
 /*
@@ -118,7 +155,10 @@ typedef struct gather_view {
     size_t d;          /* head width */
     size_t bt;         /* block tokens */
     size_t group;      /* query heads per KV head */
-    size_t kph;        /* scores per (lane, query head): len, + 1 with a candidate */
+    size_t kph;        /* scores per (lane, query head): the attended retained positions,
+                          + 1 with a candidate (last) */
+    kvpi_window_span sp; /* the attended retained positions: [0, sinks), [lo, len) */
+    size_t pieces;     /* pieces_of */
     size_t elem;       /* bytes per stored element */
     int fast;          /* the fast level applies */
     int prefetch;      /* ask for the next block's rows ahead (narrow rows) */
@@ -126,9 +166,10 @@ typedef struct gather_view {
     double v_scale;
 } gather_view;
 
-static gather_view view_of(const kvp_cache *cache, size_t heads, size_t kph, size_t lane,
+static gather_view view_of(const kvp_cache *cache, size_t heads, int candidate, size_t lane,
                            kvp_accum accum)
 {
+    kvpi_window_span sp = span_of(cache, candidate);
     gather_view v = {
         .cache = cache,
         .k = kvpi_kernels_active(),
@@ -137,7 +178,9 @@ static gather_view view_of(const kvp_cache *cache, size_t heads, size_t kph, siz
         .d = cache->head_width,
         .bt = cache->block_tokens,
         .group = heads / cache->heads,
-        .kph = kph,
+        .kph = sp.sinks + (cache->len - sp.lo) + (candidate != 0),
+        .sp = sp,
+        .pieces = pieces_of(cache, sp),
         .elem = cache->pool->element_bytes,
     };
     v.fast = accum == KVP_ACCUM_FAST && v.kind != KVPI_ROWS_F64 && v.d <= FAST_FLOATS;
@@ -168,16 +211,43 @@ static void prefetch_rows(const void *p, size_t bytes)
     }
 }
 
-static size_t rows_in_block(const gather_view *v, size_t block)
+/*
+ * Piece i of the lane (pieces_of): rows [r0, r0 + rows) of block `block`,
+ * whose scores and weights sit at [at, at + rows) of a head's row.
+ */
+typedef struct piece {
+    size_t block, r0, rows, at;
+} piece;
+
+static piece piece_at(const gather_view *v, size_t i)
 {
-    size_t start = block * v->bt;
-    return v->cache->len - start < v->bt ? v->cache->len - start : v->bt;
+    size_t sink_blocks = blocks_between(0, v->sp.sinks, v->bt);
+    size_t p0 = 0;
+    size_t p1 = v->sp.sinks;
+    size_t block = i;
+    size_t base = 0; /* the compact index of position p0 */
+    if (i >= sink_blocks) {
+        p0 = v->sp.lo;
+        p1 = v->cache->len;
+        block = v->sp.lo / v->bt + (i - sink_blocks);
+        base = v->sp.sinks;
+    }
+    size_t start = block * v->bt > p0 ? block * v->bt : p0;
+    size_t end = (block + 1) * v->bt < p1 ? (block + 1) * v->bt : p1;
+    return (piece){block, start - block * v->bt, end - start, base + (start - p0)};
 }
 
-/* The key rows of KV head kv in `block`. */
-static const void *block_keys(const gather_view *v, size_t block, size_t kv)
+/* The key (value) rows of KV head kv in piece `pc`. */
+static const void *piece_keys(const gather_view *v, piece pc, size_t kv)
 {
-    return kvpi_cache_page_keys(v->cache, v->table[block], kv);
+    return (const unsigned char *)kvpi_cache_page_keys(v->cache, v->table[pc.block], kv) +
+           pc.r0 * v->d * v->elem;
+}
+
+static const unsigned char *piece_values(const gather_view *v, piece pc, size_t kv)
+{
+    return (const unsigned char *)kvpi_cache_page_values(v->cache, v->table[pc.block], kv) +
+           pc.r0 * v->d * v->elem;
 }
 
 /*
@@ -189,40 +259,40 @@ static void scores_exact(const gather_view *v, const double *queries, const doub
                          size_t b0, size_t b1, double scale, double *scores)
 {
     size_t kv_heads = v->cache->heads;
-    for (size_t block = b0; block < b1; block++) {
-        size_t start = block * v->bt;
-        size_t rows = rows_in_block(v, block);
+    for (size_t i = b0; i < b1; i++) {
+        piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t kv = 0; kv < kv_heads; kv++) {
             size_t h = kv * v->group;
             const void *ahead = NULL;
-            if (block + 1 < blocks_of(v->cache)) {
+            if (i + 1 < v->pieces) {
                 if (v->prefetch) {
-                    prefetch_rows(block_keys(v, block + 1, kv), v->bt * v->d * v->elem);
+                    prefetch_rows(piece_keys(v, next, kv), next.rows * v->d * v->elem);
                 } else if (v->group > 1) {
-                    ahead = block_keys(v, block + 1, kv); /* f64: the kernel asks as it goes */
+                    ahead = piece_keys(v, next, kv); /* f64: the kernel asks as it goes */
                 }
             }
-            v->k->dot_group(v->kind, queries + h * v->d, v->group, block_keys(v, block, kv),
-                            v->d, rows, v->d, scale, scores + h * v->kph + start, v->kph, ahead);
+            v->k->dot_group(v->kind, queries + h * v->d, v->group, piece_keys(v, pc, kv), v->d,
+                            pc.rows, v->d, scale, scores + h * v->kph + pc.at, v->kph, ahead);
         }
     }
     for (size_t head = 0; candidates != NULL && head < kv_heads * v->group; head++) {
-        scores[head * v->kph + v->cache->len] =
+        scores[head * v->kph + v->kph - 1] =
             v->k->dot(queries + head * v->d, candidates + (head / v->group) * v->d, v->d) * scale;
     }
 }
 
 /*
  * The fast kernels' prefetch hint (kernels.h, dot_group_fast's `ahead`): KV
- * head kv's keys in the lane's next block, which the kernels ask for one
+ * head kv's keys in the lane's next piece (`next`), which the kernels ask for one
  * line per 64 bytes they read of this block's: memory streams while they
  * compute. (A burst of requests per block, as the exact level makes, stalls
  * until the fill buffers free, so memory and compute took turns: bf16 GQA
- * scores ran at their sum.) NULL after the last block.
+ * scores ran at their sum.) NULL after the last piece.
  */
-static const void *fast_ahead_keys(const gather_view *v, size_t block, size_t kv)
+static const void *fast_ahead_keys(const gather_view *v, size_t i, piece next, size_t kv)
 {
-    return v->prefetch && block + 1 < blocks_of(v->cache) ? block_keys(v, block + 1, kv) : NULL;
+    return v->prefetch && i + 1 < v->pieces ? piece_keys(v, next, kv) : NULL;
 }
 
 /*
@@ -233,16 +303,15 @@ static const void *fast_ahead_keys(const gather_view *v, size_t block, size_t kv
 static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, size_t h1,
                             const double *candidates, size_t b0, size_t b1, float *scores)
 {
-    for (size_t block = b0; block < b1; block++) {
-        size_t start = block * v->bt;
-        size_t rows = rows_in_block(v, block);
+    for (size_t i = b0; i < b1; i++) {
+        piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t h = h0; h < h1;) {
             size_t kv = h / v->group;
             size_t end = (kv + 1) * v->group < h1 ? (kv + 1) * v->group : h1;
-            v->k->dot_group_fast(v->kind, q32 + (h - h0) * v->d, end - h,
-                                 block_keys(v, block, kv), v->d, rows, v->d,
-                                 scores + h * v->kph + start, v->kph,
-                                 fast_ahead_keys(v, block, kv));
+            v->k->dot_group_fast(v->kind, q32 + (h - h0) * v->d, end - h, piece_keys(v, pc, kv),
+                                 v->d, pc.rows, v->d, scores + h * v->kph + pc.at, v->kph,
+                                 fast_ahead_keys(v, i, next, kv));
             h = end;
         }
     }
@@ -254,7 +323,7 @@ static void scores_fast_run(const gather_view *v, const float *q32, size_t h0, s
             cand32[f] = (float)candidates[kv * v->d + f];
         }
         v->k->dot_group_fast(KVPI_ROWS_F32, q32 + (h - h0) * v->d, end - h, cand32, v->d, 1,
-                             v->d, scores + h * v->kph + v->cache->len, v->kph, NULL);
+                             v->d, scores + h * v->kph + v->kph - 1, v->kph, NULL);
         h = end;
     }
 }
@@ -288,11 +357,11 @@ static void scores_fast(const gather_view *v, size_t heads, const double *querie
  * scale is multiplied by the cache's k_scale once. At the fast level scores
  * are f32 (the lane's [H][keys_per_head] floats), else f64.
  */
-static void scores_blocks(const kvp_cache *cache, size_t heads, size_t keys_per_head,
+static void scores_blocks(const kvp_cache *cache, size_t heads, int candidate,
                           const double *queries, const double *candidates, size_t lane,
                           size_t b0, size_t b1, double scale, void *scores, kvp_accum accum)
 {
-    gather_view v = view_of(cache, heads, keys_per_head, lane, accum);
+    gather_view v = view_of(cache, heads, candidate, lane, accum);
     scale *= v.k_scale;
     if (v.fast) {
         scores_fast(&v, heads, queries, candidates, b0, b1, scale, scores);
@@ -314,29 +383,26 @@ static void values_exact(const gather_view *v, const double *weights, const doub
     for (size_t head = k0 * v->group; head < k1 * v->group; head++) {
         memset(outputs + head * d + f0, 0, w * sizeof *outputs);
     }
-    size_t blocks = blocks_of(v->cache);
-    for (size_t block = 0; block < blocks; block++) {
-        size_t start = block * v->bt;
-        size_t rows = rows_in_block(v, block);
+    for (size_t i = 0; i < v->pieces; i++) {
+        piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t kv = k0; kv < k1; kv++) {
-            const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
+            const unsigned char *vals = piece_values(v, pc, kv);
             size_t h = kv * v->group;
             const unsigned char *ahead = NULL;
-            if (block + 1 < blocks) {
-                ahead = (const unsigned char *)kvpi_cache_page_values(v->cache,
-                                                                      v->table[block + 1], kv) +
-                        f0 * v->elem;
+            if (i + 1 < v->pieces) {
+                ahead = piece_values(v, next, kv) + f0 * v->elem;
                 if (v->prefetch) {
-                    prefetch_rows(ahead, v->bt * v->d * v->elem);
+                    prefetch_rows(ahead, next.rows * v->d * v->elem);
                 }
                 ahead = v->prefetch || v->group == 1 ? NULL : ahead;
             }
-            v->k->axpy_group(v->kind, outputs + h * d + f0, d, weights + h * v->kph + start,
-                             v->kph, v->group, vals + f0 * v->elem, d, rows, w, ahead);
+            v->k->axpy_group(v->kind, outputs + h * d + f0, d, weights + h * v->kph + pc.at,
+                             v->kph, v->group, vals + f0 * v->elem, d, pc.rows, w, ahead);
         }
     }
     for (size_t head = k0 * v->group; candidates != NULL && head < k1 * v->group; head++) {
-        v->k->axpy(outputs + head * d + f0, weights[head * v->kph + v->cache->len],
+        v->k->axpy(outputs + head * d + f0, weights[head * v->kph + v->kph - 1],
                    candidates + head / v->group * d + f0, w);
     }
     for (size_t head = k0 * v->group; v->kind == KVPI_ROWS_E4M3 && head < k1 * v->group;
@@ -356,15 +422,17 @@ typedef struct fast_pass {
     size_t k0, k1, j0, j1, f0, w;
 } fast_pass;
 
-/* Rows [0, count) of a block (or the candidate, start == len) added to the pass's heads. */
+/*
+ * `count` rows of `kind` (a piece's, or the candidate's one f32 row) whose
+ * weights sit at `at` of each head's row, added to the pass's heads.
+ */
 static void fast_add_rows(const gather_view *v, const fast_pass *p, const float *weights,
-                          const void *rows, size_t start, size_t count, size_t kv,
+                          kvpi_rows kind, const void *rows, size_t at, size_t count, size_t kv,
                           const unsigned char *ahead, float *acc)
 {
     size_t nj = p->j1 - p->j0;
-    kvpi_rows kind = start == v->cache->len ? KVPI_ROWS_F32 : v->kind;
     v->k->axpy_group_fast(kind, acc + (kv - p->k0) * nj * p->w, p->w,
-                          weights + (kv * v->group + p->j0) * v->kph + start, v->kph, nj, rows,
+                          weights + (kv * v->group + p->j0) * v->kph + at, v->kph, nj, rows,
                           v->d, count, p->w, ahead);
 }
 
@@ -374,19 +442,17 @@ static void fast_pass_run(const gather_view *v, const fast_pass *p, const float 
     float acc[FAST_FLOATS];
     size_t nj = p->j1 - p->j0;
     memset(acc, 0, (p->k1 - p->k0) * nj * p->w * sizeof *acc);
-    size_t blocks = blocks_of(v->cache);
-    for (size_t block = 0; block < blocks; block++) {
+    for (size_t i = 0; i < v->pieces; i++) {
+        piece pc = piece_at(v, i);
+        piece next = i + 1 < v->pieces ? piece_at(v, i + 1) : pc;
         for (size_t kv = p->k0; kv < p->k1; kv++) {
-            const unsigned char *vals = kvpi_cache_page_values(v->cache, v->table[block], kv);
-            /* The next block's value rows, asked for by the kernels as they go (scores). */
+            const unsigned char *vals = piece_values(v, pc, kv);
+            /* The next piece's value rows, asked for by the kernels as they go (scores). */
             const unsigned char *ahead =
-                v->prefetch && block + 1 < blocks
-                    ? (const unsigned char *)kvpi_cache_page_values(v->cache,
-                                                                    v->table[block + 1], kv) +
-                          p->f0 * v->elem
-                    : NULL;
-            fast_add_rows(v, p, weights, vals + p->f0 * v->elem, block * v->bt,
-                          rows_in_block(v, block), kv, ahead, acc);
+                v->prefetch && i + 1 < v->pieces ? piece_values(v, next, kv) + p->f0 * v->elem
+                                                 : NULL;
+            fast_add_rows(v, p, weights, v->kind, vals + p->f0 * v->elem, pc.at, pc.rows, kv,
+                          ahead, acc);
         }
     }
     float cand32[FAST_FLOATS];
@@ -394,8 +460,8 @@ static void fast_pass_run(const gather_view *v, const fast_pass *p, const float 
         for (size_t f = 0; f < p->w; f++) {
             cand32[f] = (float)candidates[kv * v->d + p->f0 + f];
         }
-        /* start == len marks the candidate: one f32 row. */
-        fast_add_rows(v, p, weights, cand32, v->cache->len, 1, kv, NULL, acc);
+        /* The candidate: one f32 row, the last weight of each head. */
+        fast_add_rows(v, p, weights, KVPI_ROWS_F32, cand32, v->kph - 1, 1, kv, NULL, acc);
     }
     for (size_t kv = p->k0; kv < p->k1; kv++) {
         for (size_t j = p->j0; j < p->j1; j++) {
@@ -448,7 +514,7 @@ static void values_range(const kvp_cache *cache, size_t heads, const void *weigh
                          const double *candidates, size_t lane, size_t k0, size_t k1, size_t f0,
                          size_t w, double *outputs, kvp_accum accum)
 {
-    gather_view v = view_of(cache, heads, cache->len + (candidates != NULL), lane, accum);
+    gather_view v = view_of(cache, heads, candidates != NULL, lane, accum);
     if (v.fast) {
         values_fast(&v, weights, candidates, k0, k1, f0, w, outputs);
     } else {
@@ -460,8 +526,8 @@ void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const dou
                         size_t lane, double scale, double *scores)
 {
     size_t heads = kvpi_cache_query_heads(cache);
-    scores_blocks(cache, heads, cache->len + 1, queries, candidates, lane, 0, blocks_of(cache),
-                  scale, scores, KVP_ACCUM_EXACT);
+    scores_blocks(cache, heads, 1, queries, candidates, lane, 0,
+                  pieces_of(cache, span_of(cache, 1)), scale, scores, KVP_ACCUM_EXACT);
 }
 
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
@@ -483,10 +549,13 @@ static size_t chunk_blocks(const kvp_cache *cache)
     return blocks > 0 ? blocks : 1;
 }
 
-/* Scores chunks per lane: at least one (the candidate's, when len is 0). */
-static size_t lane_chunks(const kvp_cache *cache)
+/*
+ * Scores chunks per lane, of whole pieces (a window's blocks, gather's
+ * pieces_of): at least one (the candidate's, when there is no piece).
+ */
+static size_t lane_chunks(const kvp_cache *cache, int candidate)
 {
-    size_t blocks = blocks_of(cache);
+    size_t blocks = pieces_of(cache, span_of(cache, candidate));
     size_t per = chunk_blocks(cache);
     return blocks == 0 ? 1 : blocks / per + (blocks % per != 0);
 }
@@ -536,10 +605,14 @@ static void *job_lane_weights(const kvpi_gather_job *job, size_t lane, size_t he
                          : (void *)(job->weights + at);
 }
 
-/* Scores per (lane, query head) row: the retained positions, and the candidate if any. */
+/*
+ * Scores per (lane, query head) row: the attended retained positions (all
+ * of them without a window), and the candidate if any.
+ */
 static size_t job_keys(const kvpi_gather_job *job)
 {
-    return job->cache->len + (job->keys != NULL);
+    kvpi_window_span sp = span_of(job->cache, job->keys != NULL);
+    return sp.sinks + (job->cache->len - sp.lo) + (job->keys != NULL);
 }
 
 /* Softmax parts of `rows` rows of `keys` scores each (none when keys is 0). */
@@ -555,12 +628,14 @@ static size_t softmax_parts(size_t rows, size_t keys)
 
 size_t kvpi_gather_score_parts(const kvp_cache *cache)
 {
-    return cache->batch_size * lane_chunks(cache);
+    return cache->batch_size * lane_chunks(cache, 1);
 }
 
 size_t kvpi_gather_softmax_parts(const kvp_cache *cache)
 {
-    return softmax_parts(cache->batch_size * kvpi_cache_query_heads(cache), cache->len + 1);
+    kvpi_window_span sp = span_of(cache, 1);
+    return softmax_parts(cache->batch_size * kvpi_cache_query_heads(cache),
+                         kvpi_window_keys(sp, cache->len));
 }
 
 size_t kvpi_gather_value_parts(const kvp_cache *cache)
@@ -569,10 +644,11 @@ size_t kvpi_gather_value_parts(const kvp_cache *cache)
     return cache->batch_size * v.ranges * v.slices;
 }
 
-/* par, unless the cache holds too few bytes of keys for a hand-off to pay. */
-static const kvpi_parallel *worth(const kvp_cache *cache, const kvpi_parallel *par)
+/* par, unless the job reads too few bytes of keys for a hand-off to pay. */
+static const kvpi_parallel *worth(const kvpi_gather_job *job, const kvpi_parallel *par)
 {
-    size_t bytes = cache->batch_size * cache->len * cache->heads * cache->head_width *
+    const kvp_cache *cache = job->cache;
+    size_t bytes = cache->batch_size * job_keys(job) * cache->heads * cache->head_width *
                    cache->pool->element_bytes;
     return bytes >= grain.min_parallel_bytes ? par : NULL;
 }
@@ -581,11 +657,12 @@ static void score_part(void *ctx, size_t part)
 {
     const kvpi_gather_job *job = ctx;
     const kvp_cache *cache = job->cache;
-    size_t chunks = lane_chunks(cache);
+    int candidate = job->keys != NULL;
+    size_t chunks = lane_chunks(cache, candidate);
     size_t lane = part / chunks;
     size_t chunk = part % chunks;
     size_t per = chunk_blocks(cache);
-    size_t blocks = blocks_of(cache);
+    size_t blocks = pieces_of(cache, span_of(cache, candidate));
     size_t b0 = chunk * per;
     size_t b1 = b0 + per < blocks ? b0 + per : blocks;
     size_t heads = job_heads(job);
@@ -593,7 +670,7 @@ static void score_part(void *ctx, size_t part)
     const double *candidates =
         job->keys != NULL && chunk + 1 == chunks ? job->keys + lane * kv_width : NULL;
     size_t keys = job_keys(job);
-    scores_blocks(cache, heads, keys, job->queries + lane * heads * cache->head_width, candidates,
+    scores_blocks(cache, heads, candidate, job->queries + lane * heads * cache->head_width, candidates,
                   lane, b0, b1, job->scale, job_lane_weights(job, lane, heads, keys),
                   job->accum);
 }
@@ -647,8 +724,8 @@ static void value_lane(void *ctx, size_t lane)
 
 void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par)
 {
-    kvpi_parallel_run(worth(job->cache, par), score_part, (void *)job,
-                      kvpi_gather_score_parts(job->cache));
+    kvpi_parallel_run(worth(job, par), score_part, (void *)job,
+                      job->cache->batch_size * lane_chunks(job->cache, job->keys != NULL));
 }
 
 kvp_status kvpi_gather_check_scores(const kvpi_gather_job *job, kvp_error *err)
@@ -684,6 +761,11 @@ void kvpi_gather_widen_weights(const kvpi_gather_job *job)
     }
 }
 
+size_t kvpi_gather_job_keys(const kvpi_gather_job *job)
+{
+    return job_keys(job);
+}
+
 int kvpi_gather_job_fast(const kvpi_gather_job *job)
 {
     return job_fast(job);
@@ -691,13 +773,13 @@ int kvpi_gather_job_fast(const kvpi_gather_job *job)
 
 void kvpi_gather_softmax_on(const kvpi_gather_job *job, const kvpi_parallel *par)
 {
-    kvpi_parallel_run(worth(job->cache, par), softmax_part, (void *)job,
+    kvpi_parallel_run(worth(job, par), softmax_part, (void *)job,
                       softmax_parts(job->cache->batch_size * job_heads(job), job_keys(job)));
 }
 
 void kvpi_gather_values_on(const kvpi_gather_job *job, const kvpi_parallel *par)
 {
-    par = worth(job->cache, par);
+    par = worth(job, par);
     if (par == NULL) {
         kvpi_parallel_run(NULL, value_lane, (void *)job, job->cache->batch_size);
     } else {

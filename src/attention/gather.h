@@ -39,9 +39,10 @@ static inline void kvpi_axpy_stored_rows(const kvpi_kernels *k, kvp_dtype dtype,
 }
 
 /*
- * Scores of every query head of `lane`, [H][len + 1]: (query_h . key_p) *
- * scale for the len retained keys of KV head h / (H / H_kv), then for its
- * candidate key. queries are [H][d_h] and candidates [H_kv][d_h], the lane's
+ * Scores of every query head of `lane`, [H][keys]: (query_h . key_p) *
+ * scale for the retained keys of KV head h / (H / H_kv) the cache's window
+ * attends to (all len without a window), then for its candidate key; keys
+ * is kvpi_gather_job_keys of a job with a candidate. queries are [H][d_h] and candidates [H_kv][d_h], the lane's
  * slices of the ticket's rows; H is kvpi_cache_query_heads(cache), H_kv cache->heads.
  */
 void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const double *candidates,
@@ -49,9 +50,9 @@ void kvpi_gather_scores(const kvp_cache *cache, const double *queries, const dou
 
 /*
  * Head outputs of `lane`, [H][d_h]: for each query head the sum over
- * positions of weights[h][p] * value_p of its KV head, retained values first,
- * then the candidate's ([H_kv][d_h]) with weights[h][len]. weights is
- * [H][len + 1].
+ * attended positions of weights[h][i] * value of its KV head, the retained
+ * values first (in kvpi_gather_scores' order), then the candidate's
+ * ([H_kv][d_h]) with the row's last weight. weights is [H][keys] as above.
  */
 void kvpi_gather_values(const kvp_cache *cache, const double *weights, const double *candidates,
                         size_t lane, double *outputs);
@@ -72,7 +73,10 @@ typedef struct kvpi_gather_job {
     const double *values;     /* [B][H_kv][d_h]: the candidate values, likewise */
     double scale;             /* 1 / sqrt(d_h) for a layer */
     double *weights;          /* [B][H][keys]: scores, then the softmax in place; keys is
-                                 len + 1 with a candidate, len without (at least 1).
+                                 kvpi_gather_job_keys: without a window len + 1 with a
+                                 candidate, len without (at least 1); with one (the
+                                 cache's binding: kvpi_cache_window) the attended
+                                 positions, sinks then window, then the candidate.
                                  At the fast level (kvpi_gather_job_fast) the phases keep
                                  f32 scores in base 2 and f32 weights there instead, packed
                                  [B][H][keys] floats from its start (docs/DESIGN.md,
@@ -112,6 +116,13 @@ size_t kvpi_gather_value_parts(const kvp_cache *cache);
 void kvpi_gather_scores_on(const kvpi_gather_job *job, const kvpi_parallel *par);
 void kvpi_gather_softmax_on(const kvpi_gather_job *job, const kvpi_parallel *par);
 void kvpi_gather_values_on(const kvpi_gather_job *job, const kvpi_parallel *par);
+
+/*
+ * Scores (weights) per (lane, query head) row of the job: the retained
+ * positions its cache's window attends to (every one without a window;
+ * docs/DESIGN.md, Sliding windows and sinks), plus the candidate if any.
+ */
+size_t kvpi_gather_job_keys(const kvpi_gather_job *job);
 
 /* 1 if the job runs the fast level: its weights buffer then holds f32 (above). */
 int kvpi_gather_job_fast(const kvpi_gather_job *job);

@@ -23,6 +23,27 @@
 #include "pager/dtype.h"
 #include "pager/error.h"
 
+/*
+ * Step 7a of the validation order (DESIGN.md): the window, then the sink
+ * tokens, the cache captured against the layer's; sets e->status on a
+ * mismatch (CACHE_WINDOW_MISMATCH, what = the field).
+ */
+static void status_window(const kvp_layer *layer, const kvpi_layer_record *rec, kvp_error *e)
+{
+    static const char *const names[2] = {"window", "sink_tokens"};
+    const uint64_t cached[2] = {rec->window, rec->sink_tokens};
+    const size_t own[2] = {layer->window, layer->sink_tokens};
+    for (size_t i = 0; i < 2; i++) {
+        if (cached[i] != own[i]) {
+            e->status = KVP_CACHE_WINDOW_MISMATCH;
+            e->what = names[i];
+            e->layer_size = own[i];
+            e->cache_size = (size_t)cached[i];
+            return;
+        }
+    }
+}
+
 /* The seed's validate_incremental_request, up to and including capacity. */
 static kvp_status validate_request(const kvp_layer *layer, const kvp_tensor *input,
                                    const kvp_cache *cache, kvp_error *err)
@@ -90,6 +111,10 @@ static kvp_status validate_request(const kvp_layer *layer, const kvp_tensor *inp
         e.cache_rope.max_positions = (size_t)rec.rope_max_positions;
         memcpy(&e.cache_rope.base, &rec.rope_base_bits, sizeof e.cache_rope.base);
         e.layer_rope = layer->rope;
+        return kvpi_error_emit(err, &e);
+    }
+    status_window(layer, &rec, &e);
+    if (e.status != KVP_OK) {
         return kvpi_error_emit(err, &e);
     }
     if (cache->len == cache->capacity) {
@@ -198,6 +223,7 @@ static kvp_status attend(const kvp_layer *layer, const kvp_cache *cache, kvp_tic
     kvpi_gather_softmax_on(&job, par);
     kvpi_gather_values_on(&job, par);
     kvpi_gather_widen_weights(&job); /* the result's weights are f64 at both levels */
+    t->keys = kvpi_gather_job_keys(&job);
     /* [B, H, 1, d_h] is already the merged [B, 1, D] layout. */
     const double *w_output = kvp_param_values(layer->params[KVP_PARAM_OUTPUT]);
     kvpi_project_rows(t->head_outputs, d, batch, w_output, d, d, t->output, d);

@@ -361,6 +361,8 @@ kvp_status kvp_layer_info_get(const kvp_layer *layer, kvp_layer_info *out, kvp_e
     info.head_width = layer->head_width;
     info.rope = layer->rope;
     info.accum = layer->accum;
+    info.window = layer->window;
+    info.sink_tokens = layer->sink_tokens;
     return kvpi_struct_out(out, &info, sizeof info, KVPI_LAYER_INFO_SIZE_FIRST, err);
 }
 
@@ -373,6 +375,27 @@ kvp_status kvp_layer_set_accum(kvp_layer *layer, kvp_accum accum, kvp_error *err
         return kvpi_fail_invalid(err, "accum", "must be KVP_ACCUM_EXACT or KVP_ACCUM_FAST");
     }
     layer->accum = accum;
+    return KVP_OK;
+}
+
+kvp_status kvp_layer_set_window(kvp_layer *layer, size_t window, size_t sink_tokens,
+                                kvp_error *err)
+{
+    if (layer == NULL) {
+        return kvpi_fail_null(err, "layer");
+    }
+    if (window > layer->rope.max_positions) {
+        return kvpi_fail_invalid(err, "window", "must be at most the layer's RoPE positions");
+    }
+    if (sink_tokens > layer->rope.max_positions) {
+        return kvpi_fail_invalid(err, "sink_tokens",
+                                 "must be at most the layer's RoPE positions");
+    }
+    if (sink_tokens != 0 && window == 0) {
+        return kvpi_fail_invalid(err, "sink_tokens", "needs a window (full attention has none)");
+    }
+    layer->window = window;
+    layer->sink_tokens = sink_tokens;
     return KVP_OK;
 }
 

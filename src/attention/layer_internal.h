@@ -55,6 +55,8 @@ struct kvp_layer {
     double k_scale, v_scale;  /* fp8 K and V scales its bindings carry (kvp_layer_set_kv_scales) */
     kvp_rope_config rope;
     kvp_accum accum;          /* decode steps' level (kvp_layer_set_accum); 0: EXACT */
+    size_t window;            /* W (kvp_layer_set_window); 0: full attention */
+    size_t sink_tokens;       /* S; 0 when window is 0 */
     const double *rope_theta; /* [d_h / 2], in the owner's rope_data */
     const double *rope_table; /* [max_positions][d_h / 2][cos, sin] there too, or NULL */
     struct kvp_layer *rope_owner; /* the layer whose allocation holds the angles */
@@ -107,6 +109,10 @@ typedef struct kvpi_layer_record {
     uint64_t rope_base_bits; /* the RoPE base's f64 bits */
     uint64_t node_id[KVP_PARAM_COUNT];
     uint64_t revision[KVP_PARAM_COUNT];
+    /* Sliding windows: 0 and 0 for full attention, so a full layer's record
+     * bytes (and digest) are those before windows existed. */
+    uint64_t window;
+    uint64_t sink_tokens;
 } kvpi_layer_record;
 
 /* kvp_layer_binding_get for a layer known to exist: cannot fail. */
@@ -146,6 +152,50 @@ static inline size_t kvpi_cache_query_heads(const kvp_cache *cache)
     memcpy(&magic, b->record + offsetof(kvpi_layer_record, magic), sizeof magic);
     memcpy(&heads, b->record + offsetof(kvpi_layer_record, heads), sizeof heads);
     return magic == KVPI_LAYER_RECORD_MAGIC ? (size_t)heads : 0;
+}
+
+/*
+ * The attention window W and sink tokens S a cache was bound with (its
+ * record's; 0 and 0, full attention, for an external cache or a record that
+ * is not attention's). Inline: gathers ask per call.
+ */
+static inline void kvpi_cache_window(const kvp_cache *cache, size_t *window, size_t *sinks)
+{
+    const kvp_binding *b = kvpi_cache_binding(cache);
+    uint64_t magic = 0, w = 0, s = 0;
+    if (b->kind != KVP_BINDING_EXTERNAL) {
+        memcpy(&magic, b->record + offsetof(kvpi_layer_record, magic), sizeof magic);
+        memcpy(&w, b->record + offsetof(kvpi_layer_record, window), sizeof w);
+        memcpy(&s, b->record + offsetof(kvpi_layer_record, sink_tokens), sizeof s);
+    }
+    *window = magic == KVPI_LAYER_RECORD_MAGIC ? (size_t)w : 0;
+    *sinks = magic == KVPI_LAYER_RECORD_MAGIC && w != 0 ? (size_t)s : 0;
+}
+
+/*
+ * The positions a query at position q attends to under window W and sinks
+ * S (layer.h, kvp_layer_set_window): [0, sinks) then [lo, q], each once.
+ * W = 0: sinks = 0, lo = 0.
+ */
+typedef struct kvpi_window_span {
+    size_t sinks; /* min(S, lo): the sink positions before the window */
+    size_t lo;    /* the window's first position */
+} kvpi_window_span;
+
+static inline kvpi_window_span kvpi_window_span_at(size_t window, size_t sink_tokens, size_t q)
+{
+    kvpi_window_span s = {0, 0};
+    if (window != 0 && q + 1 > window) {
+        s.lo = q + 1 - window;
+        s.sinks = sink_tokens < s.lo ? sink_tokens : s.lo;
+    }
+    return s;
+}
+
+/* Positions attended at q: the sinks plus the window's q - lo + 1. */
+static inline size_t kvpi_window_keys(kvpi_window_span s, size_t q)
+{
+    return s.sinks + (q - s.lo + 1);
 }
 
 /*

@@ -35,6 +35,12 @@
  * stages run on fewer rows. The caller commits the rows' keys and values,
  * token after token, when the block has passed every layer.
  *
+ * Windows (docs/DESIGN.md, Sliding windows and sinks): row t attends to
+ * its positions of the cache's window rule, in order: the retained sink
+ * rows, the retained window rows [lo_t, len), then the block's own rows
+ * (sinks reaching past len, then its window rows); only the pages covering
+ * the retained ranges are read, and scores are packed [row_keys].
+ *
  * Threads: steps 3 and 5 run on `par` in parts (lane, KV head, run of
  * rows): parts write disjoint scores and accumulators, and each element is
  * computed inside one part as above, so the bits do not depend on the
@@ -112,15 +118,81 @@ typedef struct block_job {
     size_t first;         /* P_0 = cache->len: the retained positions */
     size_t runs;          /* runs of rows per (lane, KV head) */
     double scale;         /* 1 / sqrt(d_h), times an fp8 cache's k_scale (once) */
+    size_t window;        /* the cache's window W and sinks S (0, 0: full attention) */
+    size_t sinks;
     double v_scale;       /* an fp8 cache's v_scale, multiplied once at the end; else 1 */
 } block_job;
 
-/* Row t's scores of lane `lane`, query head `head`: [P_t + 1]. */
+/* Row t's attended positions (P_t = first + t; the cache's window rule). */
+static kvpi_window_span row_span(const block_job *job, size_t t)
+{
+    return kvpi_window_span_at(job->window, job->sinks, job->first + t);
+}
+
+/* Row t's scores per head: its attended positions, P_t + 1 without a window. */
+static size_t row_keys(const block_job *job, size_t t)
+{
+    return kvpi_window_keys(row_span(job, t), job->first + t);
+}
+
+/*
+ * Row t's scores of lane `lane`, query head `head`: [row_keys], the sinks,
+ * then the window's retained positions, then the block's rows up to t.
+ */
 static double *row_scores(const block_job *job, size_t t, size_t lane, size_t head)
 {
     const kvpi_prefill_work *w = job->w;
     double *row = w->weights + t * w->batch * w->heads * w->keys;
-    return row + (lane * kvpi_cache_query_heads(job->cache) + head) * (job->first + t + 1);
+    return row + (lane * kvpi_cache_query_heads(job->cache) + head) * row_keys(job, t);
+}
+
+/*
+ * The part of block `block`'s retained rows [0, first) that row t attends
+ * to, sinks first (which = 0) then window (which = 1): rows [r0, r0 + n)
+ * of the block, scores at `at` of the row. n == 0 when none.
+ */
+typedef struct row_piece {
+    size_t r0, n, at;
+} row_piece;
+
+static row_piece row_piece_of(const block_job *job, size_t t, size_t block, int which)
+{
+    kvpi_window_span sp = row_span(job, t);
+    size_t bt = job->cache->block_tokens;
+    size_t p0 = which == 0 ? 0 : sp.lo;
+    size_t p1 = which == 0 ? (sp.sinks < job->first ? sp.sinks : job->first) : job->first;
+    size_t start = block * bt > p0 ? block * bt : p0;
+    size_t end = (block + 1) * bt < p1 ? (block + 1) * bt : p1;
+    if (end <= start) {
+        return (row_piece){0, 0, 0};
+    }
+    return (row_piece){start - block * bt, end - start,
+                       (which == 0 ? 0 : sp.sinks) + (start - p0)};
+}
+
+/*
+ * Row t's attended rows of the block itself (positions first .. P_t), in
+ * position order: seg 0 the sinks past the retained rows, [first, sinks);
+ * seg 1 the window's part, [max(lo, first), P_t]. Block rows [r0, r0 + n),
+ * scores at `at`. When seg 0 has rows the window starts past them (lo >=
+ * sinks > first), so no retained window row comes between: the order of
+ * the row's positions is retained sinks, retained window, seg 0, seg 1.
+ */
+static row_piece row_block_piece(const block_job *job, size_t t, int seg)
+{
+    kvpi_window_span sp = row_span(job, t);
+    if (seg == 0) {
+        size_t n = sp.sinks > job->first ? sp.sinks - job->first : 0;
+        return (row_piece){0, n, job->first};
+    }
+    size_t r0 = sp.lo > job->first ? sp.lo - job->first : 0;
+    return (row_piece){r0, t + 1 - r0, sp.sinks + (job->first + r0 - sp.lo)};
+}
+
+/* The block of row t0's window start: rows after it start no earlier. */
+static size_t first_window_block(const block_job *job, size_t t0)
+{
+    return row_span(job, t0).lo / job->cache->block_tokens;
 }
 
 /* What one part (a lane, a KV head, rows [t0, t1) of the block) reads, and where. */
@@ -156,29 +228,90 @@ static part_view view_of(const block_job *job, size_t part)
     return v;
 }
 
+/*
+ * Block `block`'s keys (which: sinks 0, window 1) against rows [t0, t1):
+ * each row scores the block rows it attends to, at their place in its row.
+ */
+static void score_block(const block_job *job, const part_view *v, size_t block, int which)
+{
+    const kvpi_prefill_work *w = job->w;
+    size_t row_bytes = v->d * job->cache->pool->element_bytes;
+    const unsigned char *page_keys = kvpi_cache_page_keys(job->cache, v->table[block], v->g);
+    for (size_t t = v->t0; t < v->t1; t++) {
+        row_piece pc = row_piece_of(job, t, block, which);
+        const double *q = w->query + (t * w->batch + v->lane) * w->model_width;
+        for (size_t head = v->g * v->group; pc.n > 0 && head < (v->g + 1) * v->group; head++) {
+            kvpi_dot_stored_rows(v->k, v->dtype, q + head * v->d, page_keys + pc.r0 * row_bytes,
+                                 pc.n, v->d, job->scale,
+                                 row_scores(job, t, v->lane, head) + pc.at);
+        }
+    }
+}
+
+/*
+ * The blocks [*b0, *b1) any row of the part may read of one kind (which:
+ * 0 the sinks, 1 the window's retained part): the sinks of its last row
+ * (min(S, lo) grows with t), the window from its first row's start (lo
+ * grows with t) to the mapped end. Empty for a part without rows.
+ */
+static void part_blocks(const block_job *job, const part_view *v, int which, size_t *b0,
+                        size_t *b1)
+{
+    size_t bt = job->cache->block_tokens;
+    *b0 = 0;
+    *b1 = 0;
+    if (v->t0 >= v->t1) {
+        return;
+    }
+    if (which == 0) {
+        size_t sinks = row_span(job, v->t1 - 1).sinks;
+        sinks = sinks < job->first ? sinks : job->first; /* retained sinks only */
+        *b1 = (sinks + bt - 1) / bt;
+    } else {
+        *b0 = first_window_block(job, v->t0);
+        *b1 = v->blocks;
+    }
+}
+
 static void score_part(void *ctx, size_t part)
 {
     const block_job *job = ctx;
     const kvpi_prefill_work *w = job->w;
     part_view v = view_of(job, part);
-    for (size_t block = 0; block < v.blocks && v.t0 < v.t1; block++) {
-        size_t start = block * v.bt;
-        size_t rows = job->first - start < v.bt ? job->first - start : v.bt;
-        const void *page_keys = kvpi_cache_page_keys(job->cache, v.table[block], v.g);
-        for (size_t t = v.t0; t < v.t1; t++) {
-            const double *q = w->query + (t * w->batch + v.lane) * w->model_width;
-            for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
-                kvpi_dot_stored_rows(v.k, v.dtype, q + head * v.d, page_keys, rows, v.d,
-                                     job->scale, row_scores(job, t, v.lane, head) + start);
-            }
+    for (int which = 0; which < 2; which++) {
+        size_t b0, b1;
+        part_blocks(job, &v, which, &b0, &b1);
+        for (size_t block = b0; block < b1; block++) {
+            score_block(job, &v, block, which);
         }
     }
     const double *block_keys = job->keys + v.lane * v.kv_width + v.g * v.d;
     for (size_t t = v.t0; t < v.t1; t++) {
         const double *q = w->query + (t * w->batch + v.lane) * w->model_width;
-        for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
-            v.k->dot_rows(q + head * v.d, block_keys, v.row_stride, t + 1, v.d, job->scale,
-                          row_scores(job, t, v.lane, head) + job->first);
+        for (int seg = 0; seg < 2; seg++) {
+            row_piece pc = row_block_piece(job, t, seg);
+            for (size_t head = v.g * v.group; pc.n > 0 && head < (v.g + 1) * v.group; head++) {
+                v.k->dot_rows(q + head * v.d, block_keys + pc.r0 * v.row_stride, v.row_stride,
+                              pc.n, v.d, job->scale, row_scores(job, t, v.lane, head) + pc.at);
+            }
+        }
+    }
+}
+
+/* Block `block`'s values (which: sinks 0, window 1) into rows [t0, t1), as score_block. */
+static void value_block(const block_job *job, const part_view *v, size_t block, int which)
+{
+    const kvpi_prefill_work *w = job->w;
+    size_t row_bytes = v->d * job->cache->pool->element_bytes;
+    const unsigned char *page_values =
+        kvpi_cache_page_values(job->cache, v->table[block], v->g);
+    for (size_t t = v->t0; t < v->t1; t++) {
+        row_piece pc = row_piece_of(job, t, block, which);
+        double *acc = w->head_outputs + (t * w->batch + v->lane) * w->model_width;
+        for (size_t head = v->g * v->group; pc.n > 0 && head < (v->g + 1) * v->group; head++) {
+            kvpi_axpy_stored_rows(v->k, v->dtype, acc + head * v->d,
+                                  row_scores(job, t, v->lane, head) + pc.at,
+                                  page_values + pc.r0 * row_bytes, pc.n, v->d, 0, v->d);
         }
     }
 }
@@ -190,30 +323,30 @@ static void value_part(void *ctx, size_t part)
     part_view v = view_of(job, part);
     for (size_t t = v.t0; t < v.t1; t++) {
         for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
-            kvpi_softmax(row_scores(job, t, v.lane, head), job->first + t + 1);
+            kvpi_softmax(row_scores(job, t, v.lane, head), row_keys(job, t));
             memset(w->head_outputs + (t * w->batch + v.lane) * w->model_width + head * v.d, 0,
                    v.d * sizeof(double));
         }
     }
-    for (size_t block = 0; block < v.blocks && v.t0 < v.t1; block++) {
-        size_t start = block * v.bt;
-        size_t rows = job->first - start < v.bt ? job->first - start : v.bt;
-        const void *page_values = kvpi_cache_page_values(job->cache, v.table[block], v.g);
-        for (size_t t = v.t0; t < v.t1; t++) {
-            double *acc = w->head_outputs + (t * w->batch + v.lane) * w->model_width;
-            for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
-                kvpi_axpy_stored_rows(v.k, v.dtype, acc + head * v.d,
-                                      row_scores(job, t, v.lane, head) + start, page_values,
-                                      rows, v.d, 0, v.d);
-            }
+    for (int which = 0; which < 2; which++) {
+        size_t b0, b1;
+        part_blocks(job, &v, which, &b0, &b1);
+        for (size_t block = b0; block < b1; block++) {
+            value_block(job, &v, block, which);
         }
     }
     const double *block_values = job->values + v.lane * v.kv_width + v.g * v.d;
     for (size_t t = v.t0; t < v.t1; t++) {
         double *acc = w->head_outputs + (t * w->batch + v.lane) * w->model_width;
         for (size_t head = v.g * v.group; head < (v.g + 1) * v.group; head++) {
-            v.k->axpy_rows(acc + head * v.d, row_scores(job, t, v.lane, head) + job->first,
-                           block_values, v.row_stride, t + 1, v.d);
+            for (int seg = 0; seg < 2; seg++) {
+                row_piece pc = row_block_piece(job, t, seg);
+                if (pc.n == 0) {
+                    continue;
+                }
+                v.k->axpy_rows(acc + head * v.d, row_scores(job, t, v.lane, head) + pc.at,
+                               block_values + pc.r0 * v.row_stride, v.row_stride, pc.n, v.d);
+            }
             for (size_t f = 0; job->v_scale != 1.0 && f < v.d; f++) {
                 acc[head * v.d + f] *= job->v_scale;
             }
@@ -305,6 +438,7 @@ size_t kvpi_prefill_layer(const kvp_layer *layer, const kvp_cache *cache, size_t
         .tokens = passed,
         .first = first,
     };
+    kvpi_cache_window(cache, &job.window, &job.sinks);
     /* fp8 pages: the gather's rule (gather.c), so blocked and stepped rows agree. */
     double k_scale;
     kvpi_cache_kv_scales(cache, &k_scale, &job.v_scale);
@@ -314,7 +448,7 @@ size_t kvpi_prefill_layer(const kvp_layer *layer, const kvp_cache *cache, size_t
     kvpi_parallel_run(on, score_part, &job, parts);
     for (size_t t = 0; t < job.tokens; t++) {
         const double *scores = w->weights + t * w->batch * w->heads * w->keys;
-        if (kvpi_check_finite(scores, w->batch * layer->heads * (first + t + 1),
+        if (kvpi_check_finite(scores, w->batch * layer->heads * row_keys(&job, t),
                               KVP_NONFINITE_SCORE, "score", failure) != KVP_OK) {
             job.tokens = t;
             break;

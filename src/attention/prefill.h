@@ -37,7 +37,8 @@ typedef struct kvpi_prefill_work {
     double *output;       /* [tokens][B][D]: the attention outputs */
     double *key;          /* [layers][tokens][B][kv_width] (see below): rotated keys, rounded */
     double *value;        /* likewise: values, rounded to the dtype */
-    double *weights;      /* row t at t * B * heads * keys: [B][H][P_t + 1] */
+    double *weights;      /* row t at t * B * heads * keys: [B][H][P_t + 1], or with a
+                             window [B][H][its attended positions] */
 } kvpi_prefill_work;
 
 /* Doubles of storage per token of a block, saturated at SIZE_MAX. */

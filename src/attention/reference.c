@@ -5,6 +5,9 @@
  * Owns: the oracle. It projects every position of the input, rotates Q and K
  * at their absolute positions, and lets position t attend to 0..t, keeping
  * K and V in contiguous arrays of its own; no cache, page or pool is used.
+ * With a window W and sinks S (kvp_layer_set_window) position t attends to
+ * [0, min(S, lo)) then [lo, t], lo = max(0, t - W + 1), each once and in
+ * that order: the scores, the softmax and the value sum run over that list.
  * It shares only the arithmetic kernels with the incremental path.
  * It goes token by token and checks each token exactly where and in the
  * order the incremental path checks its one token, so a non-finite input,
@@ -121,11 +124,20 @@ typedef struct reference_scratch {
     double *v;       /* [B, T, H_kv * d_h] */
     double *out;     /* [B, T, D], copied to the caller's output on success */
     double *row;     /* [B, D]: one token of every lane, in the incremental layout */
-    double *scores;  /* [B, H, t + 1] for the current token t */
+    double *scores;  /* [B, H, keys] for the current token t (t + 1 without a window) */
     double *merged;  /* [B, D]: token t's heads merged, every lane */
     double k_scale;  /* fp8's K and V scales (the layer's); 1.0 for every other dtype */
     double v_scale;
 } reference_scratch;
+
+/*
+ * The i-th position token t attends to (its span sp, the layer's window
+ * rule): the sinks [0, sp.sinks), then the window from sp.lo on.
+ */
+static size_t attended(kvpi_window_span sp, size_t i)
+{
+    return i < sp.sinks ? i : sp.lo + (i - sp.sinks);
+}
 
 /*
  * Checks token t the way the incremental path checks its one token, in its
@@ -142,16 +154,18 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
     size_t heads = layer->heads;
     size_t group = heads / layer->kv_heads;
     size_t kv_width = layer->kv_heads * hd;
-    size_t keys = t + 1;
+    kvpi_window_span sp = kvpi_window_span_at(layer->window, layer->sink_tokens, t);
+    size_t keys = kvpi_window_keys(sp, t);
     double scale = 1.0 / sqrt((double)hd) * s->k_scale; /* exact when k_scale is 1 */
     kvp_status status = KVP_OK;
     for (size_t b = 0; b < batch; b++) {
         for (size_t h = 0; h < heads; h++) {
             const double *query = s->q + (b * tokens + t) * d + h * hd;
             double *scores = s->scores + (b * heads + h) * keys;
-            for (size_t p = 0; p <= t; p++) {
-                const double *key = s->k + (b * tokens + p) * kv_width + (h / group) * hd;
-                scores[p] = kvpi_dot(query, key, hd) * scale;
+            for (size_t i = 0; i < keys; i++) {
+                const double *key =
+                    s->k + (b * tokens + attended(sp, i)) * kv_width + (h / group) * hd;
+                scores[i] = kvpi_dot(query, key, hd) * scale;
             }
         }
     }
@@ -166,8 +180,9 @@ static kvp_status reference_token(const kvp_layer *layer, const reference_scratc
             kvpi_softmax(weights, keys);
             double *head = s->merged + b * d + h * hd;
             memset(head, 0, hd * sizeof *head);
-            for (size_t p = 0; p <= t; p++) {
-                kvpi_axpy(head, weights[p], s->v + (b * tokens + p) * kv_width + (h / group) * hd,
+            for (size_t i = 0; i < keys; i++) {
+                kvpi_axpy(head, weights[i],
+                          s->v + (b * tokens + attended(sp, i)) * kv_width + (h / group) * hd,
                           hd);
             }
             for (size_t i = 0; s->v_scale != 1.0 && i < hd; i++) {

@@ -146,7 +146,7 @@ kvp_status kvp_ticket_result(const kvp_ticket *ticket, kvp_attention_result *out
     result.batch_size = ticket->batch_size;
     result.heads = ticket->heads;
     result.model_width = ticket->model_width;
-    result.keys = ticket->cache_len + 1;
+    result.keys = ticket->keys;
     result.work = ticket->work;
     result.reserved_pages = kvpi_reservation_remaining(&ticket->reservation);
     result.committed = ticket->state == KVPI_TICKET_COMMITTED;

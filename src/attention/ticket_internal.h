@@ -38,11 +38,12 @@ struct kvp_ticket {
     uint64_t cache_serial;
     uint64_t cache_epoch;
     size_t cache_len;          /* len at prepare */
+    size_t keys;               /* positions the prepared token attended to (result.keys) */
     kvp_attention_work work;
     double *query;             /* [B, D]: rotated query, heads as contiguous slices */
     double *key;               /* [B, H_kv, 1, d_h]: the candidate rotated key */
     double *value;             /* [B, H_kv, 1, d_h]: the candidate value */
-    double *weights;           /* [B, H, 1, len + 1] within B * H * capacity */
+    double *weights;           /* [B, H, 1, keys] within B * H * capacity */
     double *head_outputs;      /* [B, H, 1, d_h] == merged [B, 1, D] */
     double *output;            /* [B, 1, D] */
     uint32_t *reserved;        /* [B]: storage of `reservation` */

@@ -613,6 +613,14 @@ static void text_REQUEST_UNKNOWN(text_sink *sink, const kvp_error *e)
                 e->limit);
 }
 
+static void text_CACHE_WINDOW_MISMATCH(text_sink *sink, const kvp_error *e)
+{
+    const char *what = e->what != NULL && strcmp(e->what, "sink_tokens") == 0
+                           ? "sink tokens"
+                           : "attention window";
+    sink_cache_vs_layer(sink, e, what, what);
+}
+
 /* Statuses that share one formatter (it reads e->status). */
 #define text_VALUE_SHAPE_MISMATCH text_KEY_SHAPE_MISMATCH
 #define text_NONFINITE_VALUE text_NONFINITE_KEY
