@@ -578,7 +578,9 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_PAGE_PUBLISHED, 58);
     assert_int_equal(KVP_BLOCK_BINDING_MISMATCH, 59);
     assert_int_equal(KVP_REQUEST_UNKNOWN, 60);
-    assert_int_equal(KVP_STATUS_COUNT_, 61);
+    assert_int_equal(KVP_TIER_BLOCK_REJECTED, 61);
+    assert_int_equal(KVP_TIER_UNAVAILABLE, 62);
+    assert_int_equal(KVP_STATUS_COUNT_, 63);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -665,6 +667,15 @@ static void test_status_format_external_cache_errors(void **state)
     e.index = 9;
     kvpt_assert_error_text(&e, "request 9 is not held by the scheduler: never submitted (ids "
                                "below 9 were given)");
+    assert_string_equal(kvp_status_name(KVP_TIER_BLOCK_REJECTED), "TierBlockRejected");
+    e = error_of(KVP_TIER_BLOCK_REJECTED);
+    e.bytes = 240;
+    e.what = "mac";
+    kvpt_assert_error_text(&e, "tier block of 240 bytes rejected: its mac does not match");
+    assert_string_equal(kvp_status_name(KVP_TIER_UNAVAILABLE), "TierUnavailable");
+    e = error_of(KVP_TIER_UNAVAILABLE);
+    e.what = "redis";
+    kvpt_assert_error_text(&e, "the redis tier could not serve the request");
 }
 
 /* The shape helpers every validation uses. */

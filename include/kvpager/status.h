@@ -136,7 +136,10 @@ extern "C" {
     X(BLOCK_BINDING_MISMATCH, 59, "BlockBindingMismatch",                                          \
       "a published block was computed under another binding than the adopting cache's")            \
     X(REQUEST_UNKNOWN, 60, "RequestUnknown",                                                       \
-      "the scheduler holds no request with this id: collected, or never submitted")
+      "the scheduler holds no request with this id: collected, or never submitted")              \
+    X(TIER_BLOCK_REJECTED, 61, "TierBlockRejected",                                               \
+      "a tier block failed verification: it is never mapped")                                    \
+    X(TIER_UNAVAILABLE, 62, "TierUnavailable", "the tier could not serve the block or batch")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -198,6 +201,9 @@ typedef struct kvp_error {
      * cache within the group (the sequence's layer; 0 for one cache), and for
      * BLOCK_BINDING_MISMATCH `position` the block's first position.
      * REQUEST_UNKNOWN: index is the request id, limit the next id submit gives.
+     * TIER_BLOCK_REJECTED: `what` the check that failed ("size", "magic",
+     * "version", "mac", "geometry", "key", "binding"; kvpager/tier.h),
+     * `bytes` the block's size. TIER_UNAVAILABLE: `what` the tier's name.
      * NONFINITE_*: flat index and the value found (NONFINITE_PROJECTION names
      * the projection, "query", "key" or "value", in `what`). */
     size_t index;
