@@ -128,7 +128,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_tier_create(const kvp_tier_vtable *vtable, 
  */
 KVP_API kvp_status kvp_tier_destroy(kvp_tier *tier, kvp_error *err);
 
-/* The vtable's name ("host", ...); "none" for NULL. Threads: thread-safe. */
+/*
+ * The vtable's name ("host", ...); "none" for NULL.
+ * Threads: thread-safe.
+ */
 KVP_API const char *kvp_tier_name(const kvp_tier *tier);
 
 /* Which batch call (kvp_tier_run). Values are stable (ABI). */
@@ -179,7 +182,10 @@ typedef struct kvp_tier_host_stats {
     /* first release ends here */
 } kvp_tier_host_stats;
 
-/* Zeroes *stats, sets struct_size. NULL is ignored. Threads: thread-safe. */
+/*
+ * Zeroes *stats, sets struct_size. NULL is ignored.
+ * Threads: thread-safe (touches only *stats).
+ */
 KVP_API void kvp_tier_host_stats_init(kvp_tier_host_stats *stats);
 
 /*
@@ -219,7 +225,10 @@ typedef struct kvp_tier_policy {
     /* first release ends here */
 } kvp_tier_policy;
 
-/* Zeroes *policy (write-back, no secret), sets struct_size. Threads: thread-safe. */
+/*
+ * Zeroes *policy (write-back, no secret), sets struct_size. NULL is ignored.
+ * Threads: thread-safe (touches only *policy).
+ */
 KVP_API void kvp_tier_policy_init(kvp_tier_policy *policy);
 
 /*
@@ -254,7 +263,10 @@ typedef struct kvp_pool_tier_stats {
     /* first release ends here */
 } kvp_pool_tier_stats;
 
-/* Zeroes *stats, sets struct_size. Threads: thread-safe. */
+/*
+ * Zeroes *stats, sets struct_size. NULL is ignored.
+ * Threads: thread-safe (touches only *stats).
+ */
 KVP_API void kvp_pool_tier_stats_init(kvp_pool_tier_stats *stats);
 
 /*

@@ -447,17 +447,15 @@ static kvp_status load_map_locked(kvp_cache *const *caches, size_t count, load_b
     return KVP_OK;
 }
 
-/* The batch for blocks [0, room) of the group's keys, fetched and verified. */
-static kvp_status load_fetch(kvp_cache *const *caches, size_t count, const kvp_block_key *keys,
-                             kvpi_pool_tier *t, load_batch *b, kvp_error *err)
+/* Gets keys[0, b->total) from the tier in one batch, waiting for its completion. */
+static kvp_status load_fetch(const kvp_block_key *keys, kvpi_pool_tier *t, load_batch *b,
+                             kvp_error *err)
 {
     for (size_t i = 0; i < b->total; i++) {
         b->blocks[i].key = keys[i];
         b->blocks[i].data = b->buffers + i * t->block_bytes;
         b->blocks[i].capacity = t->block_bytes;
     }
-    (void)caches;
-    (void)count;
     return kvp_tier_run(t->tier, KVP_TIER_GET, b->blocks, b->total, err);
 }
 
@@ -486,7 +484,7 @@ kvp_status kvp_cache_group_tier_load(kvp_cache *const *caches, size_t count,
     if (room != 0) {
         status = load_batch_new(&b, room * per, t->block_bytes, err);
         if (status == KVP_OK) {
-            status = load_fetch(caches, count, keys, t, &b, err);
+            status = load_fetch(keys, t, &b, err);
         }
         if (status == KVP_OK) {
             run = load_verify(caches, count, t, &b, per, &why);

@@ -1,0 +1,262 @@
+/*
+ * test_tier_async.c: a tier that completes its batches on its own thread
+ * (as a network tier does): the pool's evictions never wait for it, detach
+ * waits for every write in flight, and a load through it maps bit-identical
+ * rows. Threaded: the pass conditions hold under any scheduling (a gate the
+ * test opens holds every completion back). kvp_pool_check after every
+ * operation.
+ */
+#include "tier_support.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a tier that completes on its own thread --------------------------------------- */
+
+/*
+ * An asynchronous tier over a host tier: batches are queued (puts copy their
+ * bytes first) and completed by a worker thread, which waits at a gate the
+ * test opens. So while the gate is closed, every write the pool issued is
+ * provably in flight; the pass conditions hold under any scheduling.
+ */
+typedef struct job {
+    struct job *next;
+    kvp_tier_op op;
+    kvp_tier_block *blocks; /* the caller's array: completed in place */
+    size_t count;
+    kvp_tier_done_fn done;
+    void *ctx;
+    kvp_tier_block *copies; /* put: blocks over own copies of the bytes */
+} job;
+
+typedef struct async_tier {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int open;
+    int stop;
+    job *head;
+    job *tail;
+    size_t queued;
+    kvp_tier *inner;
+    pthread_t thread;
+} async_tier;
+
+static void job_run(async_tier *a, job *j)
+{
+    kvp_error err;
+    kvp_tier_block *blocks = j->op == KVP_TIER_PUT ? j->copies : j->blocks;
+    kvpt_assert_ok(kvp_tier_run(a->inner, j->op, blocks, j->count, &err), &err);
+    for (size_t i = 0; j->op == KVP_TIER_PUT && i < j->count; i++) {
+        j->blocks[i].status = j->copies[i].status;
+        free(j->copies[i].data);
+    }
+    j->done(j->ctx, j->blocks, j->count);
+    free(j->copies);
+    free(j);
+}
+
+static void *async_worker(void *arg)
+{
+    async_tier *a = arg;
+    pthread_mutex_lock(&a->lock);
+    for (;;) {
+        while (!(a->open && a->head != NULL) && !(a->stop && a->head == NULL)) {
+            pthread_cond_wait(&a->wake, &a->lock);
+        }
+        if (a->head == NULL) {
+            break; /* stopping, and nothing left */
+        }
+        job *j = a->head;
+        a->head = j->next;
+        if (a->head == NULL) {
+            a->tail = NULL;
+        }
+        a->queued--;
+        pthread_mutex_unlock(&a->lock);
+        job_run(a, j);
+        pthread_mutex_lock(&a->lock);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
+
+static kvp_status async_enqueue(async_tier *a, kvp_tier_op op, kvp_tier_block *blocks,
+                                size_t count, kvp_tier_done_fn done, void *ctx)
+{
+    job *j = calloc(1, sizeof *j);
+    assert_non_null(j);
+    j->op = op;
+    j->blocks = blocks;
+    j->count = count;
+    j->done = done;
+    j->ctx = ctx;
+    if (op == KVP_TIER_PUT) {
+        j->copies = calloc(count, sizeof *j->copies);
+        for (size_t i = 0; i < count; i++) {
+            j->copies[i] = blocks[i];
+            j->copies[i].data = malloc(blocks[i].bytes);
+            memcpy(j->copies[i].data, blocks[i].data, blocks[i].bytes);
+        }
+    }
+    pthread_mutex_lock(&a->lock);
+    if (a->tail != NULL) {
+        a->tail->next = j;
+    } else {
+        a->head = j;
+    }
+    a->tail = j;
+    a->queued++;
+    pthread_cond_signal(&a->wake);
+    pthread_mutex_unlock(&a->lock);
+    return KVP_OK;
+}
+
+static kvp_status async_contains(void *impl, kvp_tier_block *blocks, size_t count,
+                                 kvp_tier_done_fn done, void *ctx, kvp_error *err)
+{
+    (void)err;
+    return async_enqueue(impl, KVP_TIER_CONTAINS, blocks, count, done, ctx);
+}
+
+static kvp_status async_get(void *impl, kvp_tier_block *blocks, size_t count,
+                            kvp_tier_done_fn done, void *ctx, kvp_error *err)
+{
+    (void)err;
+    return async_enqueue(impl, KVP_TIER_GET, blocks, count, done, ctx);
+}
+
+static kvp_status async_put(void *impl, kvp_tier_block *blocks, size_t count,
+                            kvp_tier_done_fn done, void *ctx, kvp_error *err)
+{
+    (void)err;
+    return async_enqueue(impl, KVP_TIER_PUT, blocks, count, done, ctx);
+}
+
+static void async_destroy(void *impl)
+{
+    async_tier *a = impl;
+    pthread_mutex_lock(&a->lock);
+    a->stop = 1;
+    a->open = 1;
+    pthread_cond_broadcast(&a->wake);
+    pthread_mutex_unlock(&a->lock);
+    pthread_join(a->thread, NULL);
+    pthread_cond_destroy(&a->wake);
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
+static kvp_tier *async_tier_create(kvp_tier *inner, async_tier **out)
+{
+    async_tier *a = calloc(1, sizeof *a);
+    assert_non_null(a);
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_cond_init(&a->wake, NULL);
+    a->inner = inner;
+    assert_int_equal(pthread_create(&a->thread, NULL, async_worker, a), 0);
+    kvp_tier_vtable v;
+    kvp_tier_vtable_init(&v);
+    v.name = "async";
+    v.contains = async_contains;
+    v.get = async_get;
+    v.put = async_put;
+    v.destroy = async_destroy;
+    kvp_tier *tier = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_tier_create(&v, a, &tier, &err), &err);
+    *out = a;
+    return tier;
+}
+
+static void async_open(async_tier *a, int open)
+{
+    pthread_mutex_lock(&a->lock);
+    a->open = open;
+    pthread_cond_broadcast(&a->wake);
+    pthread_mutex_unlock(&a->lock);
+}
+
+static size_t async_queued(async_tier *a)
+{
+    pthread_mutex_lock(&a->lock);
+    size_t n = a->queued;
+    pthread_mutex_unlock(&a->lock);
+    return n;
+}
+
+/* A thread that detaches the pool's tier: it must wait for the writes in flight. */
+static void *detacher(void *arg)
+{
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_tier_detach(arg, &err), &err);
+    return NULL;
+}
+
+/*
+ * Evictions hand their blocks to a tier that completes later, on its own
+ * thread: the evicting takes never wait (the gate is closed while they run),
+ * detach waits for every completion, and then the blocks are in the store.
+ * A load through the same asynchronous tier completes from its thread and
+ * maps bit-identical rows.
+ */
+static void test_tier_async_completion(void **state)
+{
+    (void)state;
+    enum { B = 2, PAGES = 8 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, PAGES);
+    kvp_tier *store = host_tier(1 << 20);
+    async_tier *a = NULL;
+    kvp_tier *tier = async_tier_create(store, &a);
+    assert_string_equal(kvp_tier_name(tier), "async");
+    attach(pool, tier, 0);
+    kvp_block_key keys[2 * B];
+    kvp_cache *src = published_cache(pool, B, keys);
+    size_t n = B * KV_HEADS * 2 * BT * HEAD_WIDTH;
+    double *ks = kvpt_doubles(n);
+    double *vs = kvpt_doubles(n);
+    export_rows(src, n, ks, vs);
+    kvpt_destroy_cache(src, pool);
+    churn(pool, PAGES); /* the gate is closed: all four writes stay queued */
+    assert_int_equal(tier_stats(pool).writes, 4);
+    assert_int_equal(async_queued(a), 4);
+    assert_int_equal(host_stats(store).puts, 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, detacher, pool), 0);
+    async_open(a, 1); /* the detacher returns only once all four completed */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(host_stats(store).puts, 4);
+    assert_int_equal(host_stats(store).blocks, 4);
+    assert_int_equal(async_queued(a), 0);
+    /* Load through the asynchronous tier. */
+    attach(pool, tier, 0);
+    kvp_cache *c = external_cache(pool, B, 1);
+    size_t loaded = 0;
+    kvp_status stop = KVP_FULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_cache_group_tier_load(&c, 1, keys, 2, &loaded, &stop, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(loaded, 2);
+    double *kc = kvpt_doubles(n);
+    double *vc = kvpt_doubles(n);
+    export_rows(c, n, kc, vc);
+    assert_memory_equal(kc, ks, n * sizeof(double));
+    assert_memory_equal(vc, vs, n * sizeof(double));
+    assert_int_equal(tier_stats(pool).loads, 4);
+    kvpt_destroy_cache(c, pool);
+    free(ks);
+    free(vs);
+    free(kc);
+    free(vc);
+    detach_and_destroy(pool, tier);
+    kvpt_assert_ok(kvp_tier_destroy(store, &err), &err);
+    destroy_pool(pool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tier_async_completion),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
