@@ -678,6 +678,87 @@ static void test_tier_failures_change_nothing(void **state)
     destroy_pool(pool);
 }
 
+/*
+ * Each allocation of a load, an attach and a host tier's creation, made to
+ * fail in turn: ALLOCATION_FAILED, stopped at that call, and nothing changed
+ * (pool, cache, pool and host tier counters); then the call succeeds.
+ */
+static void test_tier_allocation_failures_change_nothing(void **state)
+{
+    (void)state;
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, 8);
+    kvp_tier *tier = host_tier(1 << 20);
+    kvp_block_key keys[2];
+    kvp_cache *src = published_cache(pool, 1, keys);
+    for (size_t j = 0; j < 2; j++) {
+        unsigned char *b = pack(src, pool, j);
+        tier_put(tier, &keys[j], b, block_bytes(pool));
+        free(b);
+    }
+    kvpt_destroy_cache(src, pool);
+    kvp_tier_policy policy;
+    kvp_tier_policy_init(&policy);
+    secret_fill(policy.secret, 1);
+    kvpt_fault_step s;
+    uint64_t nth = 1;
+    for (;; nth++) {
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_pool_tier_attach(pool, tier, &policy, &s.err));
+        if (!s.fired) {
+            break;
+        }
+        kvpt_assert_fault_failed(&s, nth);
+        assert_int_equal(kvp_pool_tier_stats_get(pool, &(kvp_pool_tier_stats){
+                                                           .struct_size =
+                                                               sizeof(kvp_pool_tier_stats)},
+                                                 NULL),
+                         KVP_INVALID_ARGUMENT); /* still no tier */
+    }
+    kvpt_assert_ok(s.status, &s.err);
+    assert_int_equal(nth, 3); /* the state and the pack buffer */
+    kvp_cache *c = external_cache(pool, 1, 1);
+    kvpt_state before;
+    kvpt_state_capture(c, pool, &before);
+    kvp_pool_tier_stats ts = tier_stats(pool);
+    kvp_tier_host_stats hs = host_stats(tier);
+    size_t loaded = 7;
+    for (nth = 1;; nth++) {
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(
+            &s, kvp_cache_group_tier_load(&c, 1, keys, 2, &loaded, NULL, &s.err));
+        if (!s.fired) {
+            break;
+        }
+        kvpt_assert_fault_failed(&s, nth);
+        assert_int_equal(loaded, 7);
+        kvpt_assert_state_unchanged(&before, c, pool, 0);
+        kvp_pool_tier_stats tnow = tier_stats(pool);
+        assert_memory_equal(&tnow, &ts, sizeof ts);
+        kvp_tier_host_stats hnow = host_stats(tier);
+        assert_memory_equal(&hnow, &hs, sizeof hs);
+    }
+    kvpt_assert_ok(s.status, &s.err);
+    assert_int_equal(nth, 6); /* five arrays of the batch */
+    assert_int_equal(loaded, 2);
+    kvpt_state_free(&before);
+    kvpt_destroy_cache(c, pool);
+    detach_and_destroy(pool, tier);
+    kvp_tier *made = NULL;
+    for (nth = 1;; nth++) {
+        kvpt_fault_step_arm(&s, nth);
+        kvpt_fault_step_finish(&s, kvp_tier_host_create(64, &made, &s.err));
+        if (!s.fired) {
+            break;
+        }
+        kvpt_assert_fault_failed(&s, nth);
+        assert_null(made);
+    }
+    assert_int_equal(nth, 4); /* the tier's state, its buckets, the handle */
+    kvp_error err;
+    kvpt_assert_ok(kvp_tier_destroy(made, &err), &err);
+    destroy_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -689,6 +770,7 @@ int main(void)
         cmocka_unit_test(test_tier_load_rejects_and_never_maps),
         cmocka_unit_test(test_tier_layer_bound_outputs_bit_identical),
         cmocka_unit_test(test_tier_failures_change_nothing),
+        cmocka_unit_test_teardown(test_tier_allocation_failures_change_nothing, kvpt_disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -245,8 +245,8 @@ kvp_status kvp_tier_host_create(size_t budget_bytes, kvp_tier **out, kvp_error *
         return kvpi_error_emit(err, &e);
     }
     host_tier *h = kvpi_calloc(KVPI_SITE_SCRATCH, 1, sizeof *h);
-    entry **buckets = kvpi_calloc(KVPI_SITE_SCRATCH, 64, sizeof *buckets);
-    if (h == NULL || buckets == NULL) {
+    entry **buckets = h == NULL ? NULL : kvpi_calloc(KVPI_SITE_SCRATCH, 64, sizeof *buckets);
+    if (buckets == NULL) {
         kvpi_free(h);
         kvpi_free(buckets);
         return kvpi_fail_alloc(err, "host tier", sizeof *h + 64 * sizeof *buckets);

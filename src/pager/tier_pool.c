@@ -202,10 +202,9 @@ static kvpi_pool_tier *tier_state_new(kvp_pool *pool, kvp_tier *tier,
 {
     kvpi_pool_tier *t = kvpi_calloc(KVPI_SITE_SCRATCH, 1, sizeof *t);
     size_t block_bytes = kvpi_tier_block_bytes(pool);
-    unsigned char *buffer = kvpi_alloc(KVPI_SITE_SCRATCH, block_bytes);
-    if (t == NULL || buffer == NULL) {
+    unsigned char *buffer = t == NULL ? NULL : kvpi_alloc(KVPI_SITE_SCRATCH, block_bytes);
+    if (buffer == NULL) {
         kvpi_free(t);
-        kvpi_free(buffer);
         return NULL;
     }
     pthread_mutex_init(&t->lock, NULL);
@@ -337,6 +336,7 @@ static void load_batch_free(load_batch *b)
     kvpi_free(b->payload);
     kvpi_free(b->pages);
     kvpi_free(b->verdict);
+    memset(b, 0, sizeof *b); /* freeing twice is harmless */
 }
 
 static kvp_status load_batch_new(load_batch *b, size_t total, size_t block_bytes,
@@ -344,13 +344,12 @@ static kvp_status load_batch_new(load_batch *b, size_t total, size_t block_bytes
 {
     memset(b, 0, sizeof *b);
     b->total = total;
-    b->blocks = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->blocks);
-    b->buffers = kvpi_calloc(KVPI_SITE_SCRATCH, total, block_bytes);
-    b->payload = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->payload);
-    b->pages = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->pages);
-    b->verdict = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->verdict);
-    if (b->blocks == NULL || b->buffers == NULL || b->payload == NULL || b->pages == NULL ||
-        b->verdict == NULL) {
+    /* One at a time, stopping at the first failure (the fault injector counts calls). */
+    if ((b->blocks = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->blocks)) == NULL ||
+        (b->buffers = kvpi_calloc(KVPI_SITE_SCRATCH, total, block_bytes)) == NULL ||
+        (b->payload = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->payload)) == NULL ||
+        (b->pages = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->pages)) == NULL ||
+        (b->verdict = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->verdict)) == NULL) {
         load_batch_free(b);
         return kvpi_fail_alloc(err, "tier load batch", total * block_bytes);
     }
