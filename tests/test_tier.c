@@ -235,6 +235,56 @@ static void test_tier_host_lru_and_budget(void **state)
     kvpt_assert_ok(kvp_tier_destroy(tier, &err), &err);
 }
 
+/*
+ * Two host tiers composed: near (300 bytes) in front of far. Puts reach
+ * both; a get near no longer holds is served by far and promoted to near;
+ * contains looks through to far; exact counters on both sides.
+ */
+static void test_tier_compose_near_then_far(void **state)
+{
+    (void)state;
+    kvp_tier *near = host_tier(300);
+    kvp_tier *far = host_tier(1 << 20);
+    kvp_tier *both = NULL;
+    kvp_error err;
+    assert_int_equal(kvp_tier_compose_create(near, near, &both, &err), KVP_INVALID_ARGUMENT);
+    assert_int_equal(kvp_tier_compose_create(near, NULL, &both, &err), KVP_NULL_ARGUMENT);
+    assert_null(both);
+    kvpt_assert_ok(kvp_tier_compose_create(near, far, &both, &err), &err);
+    assert_string_equal(kvp_tier_name(both), "compose");
+    unsigned char data[500];
+    for (size_t i = 0; i < sizeof data; i++) {
+        data[i] = (unsigned char)(3 * i);
+    }
+    for (uint64_t n = 1; n <= 4; n++) {
+        tier_put(both, &(kvp_block_key){n, n * 31 + 5}, data + n, 100);
+    }
+    assert_host(near, 300, 3, 0, 0, 4, 1, 0); /* 1 dropped from near */
+    kvp_tier_host_stats f = host_stats(far);
+    assert_int_equal(f.blocks, 4);
+    assert_int_equal(f.puts, 4);
+    unsigned char buf[200];
+    kvp_status status;
+    assert_int_equal(tier_get(both, 1, buf, sizeof buf, &status), 100);
+    kvpt_assert_ok(status, NULL);
+    assert_memory_equal(buf, data + 1, 100);
+    assert_host(near, 300, 3, 0, 1, 5, 2, 0); /* a miss near, then 1 promoted (2 dropped) */
+    f = host_stats(far);
+    assert_int_equal(f.hits, 1);
+    assert_int_equal(f.misses, 0);
+    assert_int_equal(tier_get(both, 1, buf, sizeof buf, &status), 100); /* near now */
+    assert_host(near, 300, 3, 1, 1, 5, 2, 0);
+    assert_int_equal(host_stats(far).hits, 1);
+    assert_int_equal(tier_contains(both, 2), 100); /* only far holds it */
+    assert_int_equal(tier_get(both, 9, buf, sizeof buf, &status), 0);
+    kvpt_assert_ok(status, NULL);
+    assert_host(near, 300, 3, 1, 2, 5, 2, 0);
+    assert_int_equal(host_stats(far).misses, 1);
+    kvpt_assert_ok(kvp_tier_destroy(both, &err), &err);
+    kvpt_assert_ok(kvp_tier_destroy(far, &err), &err);
+    kvpt_assert_ok(kvp_tier_destroy(near, &err), &err);
+}
+
 /* ---- write-back and load ---------------------------------------------------------- */
 
 /*
@@ -765,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_tier_pack_verify_round_trip),
         cmocka_unit_test(test_tier_verify_names_each_rejection),
         cmocka_unit_test(test_tier_host_lru_and_budget),
+        cmocka_unit_test(test_tier_compose_near_then_far),
         cmocka_unit_test(test_tier_evict_then_load_external),
         cmocka_unit_test(test_tier_miss_stops_the_chain_and_write_through),
         cmocka_unit_test(test_tier_load_rejects_and_never_maps),

@@ -2,7 +2,8 @@
  * test_tier_async.c: a tier that completes its batches on its own thread
  * (as a network tier does): the pool's evictions never wait for it, detach
  * waits for every write in flight, and a load through it maps bit-identical
- * rows. Threaded: the pass conditions hold under any scheduling (a gate the
+ * rows, alone and behind a host tier (kvp_tier_compose_create). Threaded:
+ * the pass conditions hold under any scheduling (a gate the
  * test opens holds every completion back). kvp_pool_check after every
  * operation.
  */
@@ -253,10 +254,72 @@ static void test_tier_async_completion(void **state)
     destroy_pool(pool);
 }
 
+/*
+ * A host tier of one block's budget in front of the asynchronous tier: the
+ * pool's evictions reach both (the far half completes on the worker
+ * thread once the gate opens); a load finds at most one block near and the
+ * rest far, completed from the worker thread, and maps bit-identical rows.
+ */
+static void test_tier_async_composed(void **state)
+{
+    (void)state;
+    enum { B = 2, PAGES = 8 };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, PAGES);
+    kvp_tier *store = host_tier(1 << 20);
+    async_tier *a = NULL;
+    kvp_tier *far = async_tier_create(store, &a);
+    kvp_tier *near = host_tier(block_bytes(pool));
+    kvp_tier *both = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_tier_compose_create(near, far, &both, &err), &err);
+    attach(pool, both, 0);
+    kvp_block_key keys[2 * B];
+    kvp_cache *src = published_cache(pool, B, keys);
+    size_t n = B * KV_HEADS * 2 * BT * HEAD_WIDTH;
+    double *ks = kvpt_doubles(n);
+    double *vs = kvpt_doubles(n);
+    export_rows(src, n, ks, vs);
+    kvpt_destroy_cache(src, pool);
+    churn(pool, PAGES);
+    assert_int_equal(tier_stats(pool).writes, 4);
+    assert_int_equal(host_stats(near).puts, 4); /* inline: each evicted the one before */
+    assert_int_equal(host_stats(near).blocks, 1);
+    assert_int_equal(async_queued(a), 4); /* the far halves wait at the gate */
+    async_open(a, 1);
+    kvp_cache *c = external_cache(pool, B, 1);
+    size_t loaded = 0;
+    kvp_status stop = KVP_FULL;
+    kvpt_assert_ok(kvp_cache_group_tier_load(&c, 1, keys, 2, &loaded, &stop, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(loaded, 2);
+    assert_int_equal(stop, KVP_OK);
+    double *kc = kvpt_doubles(n);
+    double *vc = kvpt_doubles(n);
+    export_rows(c, n, kc, vc);
+    assert_memory_equal(kc, ks, n * sizeof(double));
+    assert_memory_equal(vc, vs, n * sizeof(double));
+    kvp_pool_tier_stats ts = tier_stats(pool);
+    assert_int_equal(ts.loads, 4);
+    assert_int_equal(ts.write_failures, 0);
+    assert_int_equal(host_stats(near).hits + host_stats(store).hits, 4);
+    assert_true(host_stats(store).hits >= 3);
+    kvpt_destroy_cache(c, pool);
+    free(ks);
+    free(vs);
+    free(kc);
+    free(vc);
+    detach_and_destroy(pool, both);
+    kvpt_assert_ok(kvp_tier_destroy(far, &err), &err);
+    kvpt_assert_ok(kvp_tier_destroy(near, &err), &err);
+    kvpt_assert_ok(kvp_tier_destroy(store, &err), &err);
+    destroy_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tier_async_completion),
+        cmocka_unit_test(test_tier_async_composed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

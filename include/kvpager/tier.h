@@ -208,6 +208,23 @@ KVP_API KVP_NODISCARD kvp_status kvp_tier_host_stats_get(kvp_tier *tier,
                                                          kvp_tier_host_stats *out,
                                                          kvp_error *err);
 
+/* ---- two tiers as one ------------------------------------------------------ */
+
+/*
+ * A tier made of two: `near` (host memory) in front of `far` (a shared
+ * store). contains and get ask near first, then far for the blocks near did
+ * not hold (or failed), in one batch; a get far serves is put to near
+ * (promoted) before the caller's done. put goes to both (a block is stored,
+ * KVP_OK, when either took it; else it has far's failure). The composition does not own the two tiers:
+ * destroy it first (its destroy waits for its batches in flight), then them.
+ * near's calls run inside far's completions, so near must complete without
+ * blocking (the host tier does). Errors: NULL_ARGUMENT (near, far, out);
+ * INVALID_ARGUMENT ("far": the same tier as near); ALLOCATION_FAILED.
+ * Threads: thread-safe; the composed tier's calls are thread-safe.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_tier_compose_create(kvp_tier *near, kvp_tier *far,
+                                                         kvp_tier **out, kvp_error *err);
+
 /* ---- a pool's tier --------------------------------------------------------- */
 
 /*
