@@ -4,7 +4,7 @@
  * host-memory tier's LRU and byte budget with exact figures, write-back on
  * evict and write-through on publish, and loads that give bit-identical
  * pages and attention outputs for an external and a layer-bound cache
- * (a tier completing on its own thread: test_tier_async.c).
+ * (a tier completing on its own thread, and one that fails: test_tier_async.c).
  * Every failing call changes nothing (pool state, pool and tier counters);
  * kvp_pool_check runs after every operation (kvpt_assert_pool_ok).
  */

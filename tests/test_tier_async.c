@@ -4,8 +4,9 @@
  * waits for every write in flight, and a load through it maps bit-identical
  * rows, alone and behind a host tier (kvp_tier_compose_create). Threaded:
  * the pass conditions hold under any scheduling (a gate the
- * test opens holds every completion back). kvp_pool_check after every
- * operation.
+ * test opens holds every completion back). And a tier that fails: refused
+ * writes, failed blocks and a refused batch are counted or change nothing.
+ * kvp_pool_check after every operation.
  */
 #include "tier_support.h"
 
@@ -315,11 +316,116 @@ static void test_tier_async_composed(void **state)
     destroy_pool(pool);
 }
 
+/* ---- a tier that fails ---------------------------------------------------------- */
+
+/* refuse_gets: the get batch itself is refused; else every block fails TIER_UNAVAILABLE. */
+typedef struct failing_tier {
+    int refuse_gets;
+    size_t puts_refused;
+} failing_tier;
+
+static kvp_status failing_fail_each(void *impl, kvp_tier_block *blocks, size_t count,
+                                    kvp_tier_done_fn done, void *ctx, kvp_error *err)
+{
+    failing_tier *f = impl;
+    if (f->refuse_gets) {
+        if (err != NULL) {
+            memset(err, 0, sizeof *err);
+            err->status = KVP_TIER_UNAVAILABLE;
+            err->what = "failing";
+        }
+        return KVP_TIER_UNAVAILABLE;
+    }
+    for (size_t i = 0; i < count; i++) {
+        blocks[i].bytes = 0;
+        blocks[i].status = KVP_TIER_UNAVAILABLE;
+    }
+    done(ctx, blocks, count);
+    return KVP_OK;
+}
+
+static kvp_status failing_put(void *impl, kvp_tier_block *blocks, size_t count,
+                              kvp_tier_done_fn done, void *ctx, kvp_error *err)
+{
+    (void)blocks;
+    (void)done;
+    (void)ctx;
+    (void)err;
+    failing_tier *f = impl;
+    f->puts_refused += count;
+    return KVP_TIER_UNAVAILABLE; /* refused: done is never called */
+}
+
+static void failing_destroy(void *impl)
+{
+    (void)impl;
+}
+
+/*
+ * Writes the tier refuses are counted as failures and change nothing else;
+ * blocks it fails stop a load at once (TIER_UNAVAILABLE, counted); a get
+ * batch it refuses fails the load, changing nothing.
+ */
+static void test_tier_failing_tier(void **state)
+{
+    (void)state;
+    enum { PAGES = 4 };
+    failing_tier f = {0, 0};
+    kvp_tier_vtable v;
+    kvp_tier_vtable_init(&v);
+    v.name = "failing";
+    v.contains = failing_fail_each;
+    v.get = failing_fail_each;
+    v.put = failing_put;
+    kvp_tier *tier = NULL;
+    kvp_error err;
+    assert_int_equal(kvp_tier_create(&v, &f, &tier, &err), KVP_NULL_ARGUMENT);
+    assert_string_equal(err.argument, "destroy");
+    v.destroy = failing_destroy;
+    kvpt_assert_ok(kvp_tier_create(&v, &f, &tier, &err), &err);
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, PAGES);
+    attach(pool, tier, 0);
+    kvp_block_key keys[2];
+    kvp_cache *src = published_cache(pool, 1, keys);
+    kvpt_destroy_cache(src, pool);
+    churn(pool, PAGES);
+    assert_int_equal(f.puts_refused, 2);
+    kvp_pool_tier_stats ts = tier_stats(pool);
+    assert_int_equal(ts.writes, 2);
+    assert_int_equal(ts.write_failures, 2);
+    kvp_cache *c = external_cache(pool, 1, 1);
+    size_t loaded = 9;
+    kvp_status stop = KVP_OK;
+    kvpt_assert_ok(kvp_cache_group_tier_load(&c, 1, keys, 2, &loaded, &stop, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(loaded, 0);
+    assert_int_equal(stop, KVP_TIER_UNAVAILABLE);
+    assert_int_equal(tier_stats(pool).load_failures, 2);
+    assert_int_equal(kvp_cache_len(c), 0);
+    f.refuse_gets = 1;
+    kvpt_state before;
+    kvpt_state_capture(c, pool, &before);
+    ts = tier_stats(pool);
+    loaded = 9;
+    assert_int_equal(kvp_cache_group_tier_load(&c, 1, keys, 2, &loaded, &stop, &err),
+                     KVP_TIER_UNAVAILABLE);
+    assert_string_equal(err.what, "failing");
+    assert_int_equal(loaded, 9);
+    kvpt_assert_state_unchanged(&before, c, pool, 0);
+    kvp_pool_tier_stats now = tier_stats(pool);
+    assert_memory_equal(&now, &ts, sizeof ts);
+    kvpt_state_free(&before);
+    kvpt_destroy_cache(c, pool);
+    detach_and_destroy(pool, tier);
+    destroy_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tier_async_completion),
         cmocka_unit_test(test_tier_async_composed),
+        cmocka_unit_test(test_tier_failing_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
