@@ -167,7 +167,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_tier_run(kvp_tier *tier, kvp_tier_op op,
  * hits and misses count get blocks (contains asks count neither); puts count
  * blocks stored (a put of a key already held replaces it and counts);
  * evictions count blocks dropped to stay within the budget; rejected_puts
- * blocks larger than the whole budget (completed TIER_UNAVAILABLE).
+ * blocks larger than the whole budget, empty or without data (completed
+ * TIER_UNAVAILABLE).
  */
 typedef struct kvp_tier_host_stats {
     size_t struct_size;

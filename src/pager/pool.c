@@ -728,10 +728,10 @@ static kvp_status take_pages_locked(kvp_pool *pool, size_t n, uint32_t *out, int
              * reservation maps it (evicted) or gives it back (restored). Its
              * rows stay defined for Valgrind: a restored page is read again.
              */
-            page = pool->lru_head;
-            if (pool->tier != NULL) {
-                pool->tier_write_locked(pool, page, 0); /* write-back: rows still intact */
+            if (pool->tier != NULL) { /* write-back: its rows are still intact */
+                pool->tier_write_locked(pool, pool->lru_head, 0);
             }
+            page = pool->lru_head;
             kvpi_lru_unlink_locked(pool, page);
             pool->registered[page] = KVPI_PAGE_BORROWED;
         }

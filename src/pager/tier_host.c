@@ -126,7 +126,7 @@ static void maybe_grow(host_tier *h)
 
 static kvp_status put_one(host_tier *h, const kvp_tier_block *b)
 {
-    if (b->bytes > h->stats.budget_bytes || b->data == NULL) {
+    if (b->bytes == 0 || b->bytes > h->stats.budget_bytes || b->data == NULL) {
         h->stats.rejected_puts++;
         return KVP_TIER_UNAVAILABLE;
     }
