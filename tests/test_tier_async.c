@@ -4,7 +4,8 @@
  * waits for every write in flight, and a load through it maps bit-identical
  * rows, alone and behind a host tier (kvp_tier_compose_create). Threaded:
  * the pass conditions hold under any scheduling (a gate the
- * test opens holds every completion back). And a tier that fails: refused
+ * test opens holds every completion back); one that never completes drops
+ * the writes past the pool's ring of 64. And a tier that fails: refused
  * writes, failed blocks and a refused batch are counted or change nothing.
  * kvp_pool_check after every operation.
  */
@@ -420,11 +421,68 @@ static void test_tier_failing_tier(void **state)
     destroy_pool(pool);
 }
 
+/*
+ * A tier that does not complete (its gate stays closed) never holds up an
+ * eviction: 80 published pages are evicted, the first 64 writes wait in
+ * flight (the pool's ring), the other 16 are dropped and counted; once the
+ * gate opens, detach returns with all 64 completed.
+ */
+static void test_tier_async_stuck_tier_drops_writes(void **state)
+{
+    (void)state;
+    enum { CACHES = 5, LANES = 4, PAGES = CACHES * LANES * (CAPACITY / BT) };
+    kvp_pool *pool = kvpt_pool(BT, KV_HEADS, HEAD_WIDTH, PAGES);
+    kvp_tier *store = host_tier(1 << 24);
+    async_tier *a = NULL;
+    kvp_tier *tier = async_tier_create(store, &a);
+    attach(pool, tier, 0);
+    kvp_error err;
+    for (size_t c = 0; c < CACHES; c++) {
+        kvp_cache *cache = external_cache(pool, LANES, 1);
+        append(cache, pool, LANES, CAPACITY, (double)c);
+        kvp_block_key keys[LANES * (CAPACITY / BT)];
+        for (size_t j = 0; j < CAPACITY / BT; j++) {
+            for (size_t lane = 0; lane < LANES; lane++) {
+                keys[j * LANES + lane].lo = 1 + c * 1000 + j * 10 + lane;
+                keys[j * LANES + lane].hi = 7;
+                kvpt_assert_ok(kvp_cache_publish_block(cache, lane, j, &keys[j * LANES + lane],
+                                                       &err),
+                               &err);
+            }
+        }
+        kvpt_destroy_cache(cache, pool);
+    }
+    assert_int_equal(kvpt_stats(pool).evictable_pages, PAGES);
+    kvp_cache *fillers[CACHES];
+    for (size_t c = 0; c < CACHES; c++) { /* every page taken: all 80 evicted */
+        fillers[c] = external_cache(pool, LANES, 2);
+        append(fillers[c], pool, LANES, CAPACITY, 50.0);
+    }
+    for (size_t c = 0; c < CACHES; c++) {
+        kvpt_destroy_cache(fillers[c], pool);
+    }
+    assert_int_equal(kvpt_stats(pool).evictions, PAGES);
+    kvp_pool_tier_stats ts = tier_stats(pool);
+    assert_int_equal(ts.writes, PAGES);
+    assert_int_equal(ts.write_failures, PAGES - 64);
+    assert_int_equal(async_queued(a), 64);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, detacher, pool), 0);
+    async_open(a, 1);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(host_stats(store).puts, 64);
+    assert_int_equal(async_queued(a), 0);
+    kvpt_assert_ok(kvp_tier_destroy(tier, &err), &err);
+    kvpt_assert_ok(kvp_tier_destroy(store, &err), &err);
+    destroy_pool(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tier_async_completion),
         cmocka_unit_test(test_tier_async_composed),
+        cmocka_unit_test(test_tier_async_stuck_tier_drops_writes),
         cmocka_unit_test(test_tier_failing_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
