@@ -233,8 +233,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_tier_compose_create(kvp_tier *near, kvp_tie
  * secret: the deployment secret that keys the blocks' MAC; all zero is
  * refused (every process sharing a tier must agree on it, so it cannot be
  * drawn at random). write_through: 0 (the default) writes a page when the
- * pool evicts it (write-back); 1 also writes every page when it is first
- * published (DESIGN.md says which suits which workload).
+ * pool evicts it (write-back); 1 writes every page when it is first
+ * published instead, and nothing at eviction (write-through; DESIGN.md
+ * says which suits which workload).
  */
 typedef struct kvp_tier_policy {
     size_t struct_size;
@@ -253,7 +254,8 @@ KVP_API void kvp_tier_policy_init(kvp_tier_policy *policy);
  * The pool's tier counters (kvp_pool_tier_stats_get). A growing struct.
  *   writes:          blocks handed to the tier's put (evictions and, under
  *                    write-through, publishes);
- *   write_failures:  of those, blocks the tier refused or failed;
+ *   write_failures:  of those, blocks the tier refused or failed, and writes
+ *                    dropped because 64 were in flight already;
  *   loads:           pages mapped from tier blocks (kvp_cache_group_tier_load);
  *   load_bytes:      block bytes those pages came from;
  *   misses:          pages a load asked for that the tier did not hold;
@@ -289,14 +291,16 @@ KVP_API void kvp_pool_tier_stats_init(kvp_pool_tier_stats *stats);
 
 /*
  * Gives `pool` a tier (it does not own it: the tier outlives the
- * attachment). From now on, each published page the pool evicts is packed
- * into a block and put to the tier: at the moment a take borrows it from
+ * attachment). From now on, each published page the pool evicts (under
+ * write-through: each page it publishes) is packed into a block and put to
+ * the tier: at the moment a take borrows it from
  * the LRU list (the last moment its rows are intact; DESIGN.md), copied
  * under the pool lock into a buffer of the pool's, handed to put, which
  * copies it and returns without waiting on I/O; its completion only counts.
  * Errors: NULL_ARGUMENT (pool, tier, policy); INVALID_ARGUMENT
- * ("struct_size"; "secret": all zero; "pool": a tier is attached already,
- * or the pool holds no data, KVP_SLAB_RESERVED); ALLOCATION_FAILED.
+ * ("struct_size"; "secret": all zero; "write_through": not 0 or 1; "pool":
+ * a tier is attached already, or the pool holds no data, KVP_SLAB_RESERVED);
+ * ALLOCATION_FAILED.
  * Counters start at zero.
  * Threads: thread-safe (under the pool's mutex).
  */
