@@ -30,6 +30,7 @@ PUBLIC = {
     "types.h": "pager",      # shapes, tensor views, geometry, RoPE config, kvp_version()
     "status.h": "pager",     # kvp_status, kvp_error, the formatter
     "pool.h": "pager",       # the pool, page layout, storage dtypes
+    "tier.h": "pager",       # the second tier: vtable, block format, load
     "cache.h": "pager",      # caches, bindings, rows, reservations, sharing
     "param.h": "attention",  # parameters with identity and revision
     "rope.h": "attention",   # RoPE

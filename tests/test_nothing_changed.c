@@ -133,6 +133,10 @@
  *               kvp_decoder_destroy  NULL;  kvp_decoder_threads  infallible
  *               kvp_decoder_step     NULL x3, INVALID_ARGUMENT (shared sequence),
  *                                    DECODER_BUSY (test_decoder.c)
+ *   tier.h      the tier's calls, attach, detach, stats, pack, verify and
+ *               kvp_cache_group_tier_load: their refusals, allocation sweeps
+ *               and tier failures are snapshot-checked in test_tier.c and
+ *               test_tier_async.c (pool, cache, pool and host tier counters)
  *
  * Every check also compares the prefix cache (prefix_state: the index's
  * entries, the LRU order, cached, evictable, evictions), and every world

@@ -579,7 +579,9 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_BLOCK_BINDING_MISMATCH, 59);
     assert_int_equal(KVP_REQUEST_UNKNOWN, 60);
     assert_int_equal(KVP_CACHE_WINDOW_MISMATCH, 61);
-    assert_int_equal(KVP_STATUS_COUNT_, 62);
+    assert_int_equal(KVP_TIER_BLOCK_REJECTED, 62);
+    assert_int_equal(KVP_TIER_UNAVAILABLE, 63);
+    assert_int_equal(KVP_STATUS_COUNT_, 64);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -677,6 +679,15 @@ static void test_status_format_external_cache_errors(void **state)
     e.cache_size = 4;
     e.layer_size = 0;
     kvpt_assert_error_text(&e, "KV cache sink tokens 4 must match attention layer sink tokens 0");
+    assert_string_equal(kvp_status_name(KVP_TIER_BLOCK_REJECTED), "TierBlockRejected");
+    e = error_of(KVP_TIER_BLOCK_REJECTED);
+    e.bytes = 240;
+    e.what = "mac";
+    kvpt_assert_error_text(&e, "tier block of 240 bytes rejected: its mac does not match");
+    assert_string_equal(kvp_status_name(KVP_TIER_UNAVAILABLE), "TierUnavailable");
+    e = error_of(KVP_TIER_UNAVAILABLE);
+    e.what = "redis";
+    kvpt_assert_error_text(&e, "the redis tier could not serve the request");
 }
 
 /* The shape helpers every validation uses. */

@@ -39,5 +39,6 @@
 #include "kvpager/sequence.h"
 #include "kvpager/scheduler.h"
 #include "kvpager/paged.h"
+#include "kvpager/tier.h"
 
 #endif /* KVPAGER_KVPAGER_H */

@@ -138,7 +138,10 @@ extern "C" {
     X(REQUEST_UNKNOWN, 60, "RequestUnknown",                                                       \
       "the scheduler holds no request with this id: collected, or never submitted")             \
     X(CACHE_WINDOW_MISMATCH, 61, "CacheWindowMismatch",                                            \
-      "KV cache attention window or sink tokens differ from the layer's")
+      "KV cache attention window or sink tokens differ from the layer's")                          \
+    X(TIER_BLOCK_REJECTED, 62, "TierBlockRejected",                                               \
+      "a tier block failed verification: it is never mapped")                                    \
+    X(TIER_UNAVAILABLE, 63, "TierUnavailable", "the tier could not serve the block or batch")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,
@@ -200,6 +203,9 @@ typedef struct kvp_error {
      * cache within the group (the sequence's layer; 0 for one cache), and for
      * BLOCK_BINDING_MISMATCH `position` the block's first position.
      * REQUEST_UNKNOWN: index is the request id, limit the next id submit gives.
+     * TIER_BLOCK_REJECTED: `what` the check that failed ("size", "magic",
+     * "version", "mac", "geometry", "key", "binding"; kvpager/tier.h),
+     * `bytes` the block's size. TIER_UNAVAILABLE: `what` the tier's name.
      * NONFINITE_*: flat index and the value found (NONFINITE_PROJECTION names
      * the projection, "query", "key" or "value", in `what`). */
     size_t index;

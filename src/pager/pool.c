@@ -402,6 +402,9 @@ kvp_status kvp_pool_destroy(kvp_pool *pool, kvp_error *err)
         return kvpi_error_emit(err, &e);
     }
     kvpi_pool_unlock(pool);
+    if (pool->tier != NULL) {
+        pool->tier_release(pool); /* waits for the puts in flight */
+    }
     pthread_mutex_destroy(&pool->lock);
     size_t slab_bytes = pool->total_pages * pool->page_bytes;
     kvpi_track_pool_destroy(pool->slab, slab_bytes);
@@ -725,6 +728,9 @@ static kvp_status take_pages_locked(kvp_pool *pool, size_t n, uint32_t *out, int
              * reservation maps it (evicted) or gives it back (restored). Its
              * rows stay defined for Valgrind: a restored page is read again.
              */
+            if (pool->tier != NULL) { /* write-back: its rows are still intact */
+                pool->tier_write_locked(pool, pool->lru_head, 0);
+            }
             page = pool->lru_head;
             kvpi_lru_unlink_locked(pool, page);
             pool->registered[page] = KVPI_PAGE_BORROWED;

@@ -115,6 +115,18 @@ struct kvp_pool {
     uint64_t cow_copies;
     /* The key of the prefix-index hash (share.c): the config's, or random. Never changes. */
     unsigned char key_secret[KVP_KEY_SECRET_BYTES];
+    /*
+     * The second tier (tier_pool.c, kvpager/tier.h), NULL when none; set and
+     * cleared under `lock`. While set, the two hooks are too: pool.c and
+     * share.c call them under the lock, never tier_pool.c itself.
+     * tier_write_locked: `page` (registered, its rows intact) is about to be
+     * evicted (publish 0: a take borrowed it) or was just published
+     * (publish 1); it packs the page and puts it to the tier when the policy
+     * says so, never waiting. tier_release: kvp_pool_destroy detaches.
+     */
+    struct kvpi_pool_tier *tier;
+    void (*tier_write_locked)(kvp_pool *pool, uint32_t page, int publish);
+    void (*tier_release)(kvp_pool *pool);
 };
 
 /* The first byte of `page`; its elements are of type pool->dtype. */

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "pager/error.h"
+#include "pager/tier_internal.h"
 
 /* ---- fork ---------------------------------------------------------------- */
 
@@ -329,6 +330,9 @@ static void publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block
 {
     if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
         kvpi_prefix_insert_locked(pool, page, key, binding);
+        if (pool->tier != NULL) {
+            pool->tier_write_locked(pool, page, 1); /* write-through, when the policy says */
+        }
     }
 }
 
@@ -636,4 +640,27 @@ kvp_status kvp_cache_adopt_prefix(kvp_cache *cache, const kvp_block_key *keys, s
         return kvpi_fail_null(err, "cache");
     }
     return kvp_cache_group_adopt(&cache, 1, keys, n, adopted, err);
+}
+
+/* ---- for the tier's load (tier_pool.c) -------------------------------------- */
+
+kvp_status kvpi_cache_group_adopt_check(kvp_cache *const *caches, size_t count,
+                                        const kvp_block_key *keys, size_t n, size_t *room,
+                                        kvp_error *err)
+{
+    kvp_status status = group_check((const kvp_cache *const *)caches, count, err);
+    if (status != KVP_OK) {
+        return status;
+    }
+    if (keys == NULL && n != 0) {
+        return kvpi_fail_null(err, "keys");
+    }
+    for (size_t c = 0; c < count; c++) {
+        status = adopt_check(caches[c], err);
+        if (status != KVP_OK) {
+            return status;
+        }
+    }
+    *room = group_room((const kvp_cache *const *)caches, count, n);
+    return KVP_OK;
 }

@@ -621,6 +621,18 @@ static void text_CACHE_WINDOW_MISMATCH(text_sink *sink, const kvp_error *e)
     sink_cache_vs_layer(sink, e, what, what);
 }
 
+static void text_TIER_BLOCK_REJECTED(text_sink *sink, const kvp_error *e)
+{
+    sink_printf(sink, "tier block of %zu bytes rejected: its %s does not match", e->bytes,
+                e->what != NULL ? e->what : "content");
+}
+
+static void text_TIER_UNAVAILABLE(text_sink *sink, const kvp_error *e)
+{
+    sink_printf(sink, "the %s tier could not serve the request",
+                e->what != NULL ? e->what : "unnamed");
+}
+
 /* Statuses that share one formatter (it reads e->status). */
 #define text_VALUE_SHAPE_MISMATCH text_KEY_SHAPE_MISMATCH
 #define text_NONFINITE_VALUE text_NONFINITE_KEY

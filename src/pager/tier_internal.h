@@ -1,0 +1,77 @@
+/*
+ * tier_internal.h: tiers as the pager sees them.
+ *
+ * Owns: struct kvp_tier (a copy of the implementation's vtable and its
+ * state), the tier block codec (tier_block.c) and the pool's tier state
+ * (tier_pool.c: the secret, the policy, the pack buffer, the ring of puts in
+ * flight and the counters).
+ *
+ * Calls: tier_pool.c calls pool.c, prefix.c, share.c, tier.c and
+ * tier_block.c; pool.c and share.c reach the tier only through the two hooks
+ * in struct kvp_pool (tier_write_locked, tier_release), which
+ * kvp_pool_tier_attach sets, so no file of src/pager calls another in a
+ * circle (cmake/check_calls.py).
+ * Callers: src/pager only.
+ */
+#ifndef KVPAGER_PAGER_TIER_INTERNAL_H
+#define KVPAGER_PAGER_TIER_INTERNAL_H
+
+#include "kvpager/tier.h"
+#include "pager/pool_internal.h"
+
+struct kvp_tier {
+    kvp_tier_vtable vtable; /* the library's size; the caller's fields copied in */
+    void *impl;
+};
+
+/* Why a block failed verification (kvpi_tier_block_verify). */
+typedef enum kvpi_tier_reject {
+    KVPI_TIER_BLOCK_OK = 0,
+    KVPI_TIER_REJECT_SIZE,
+    KVPI_TIER_REJECT_MAGIC,
+    KVPI_TIER_REJECT_VERSION,
+    KVPI_TIER_REJECT_MAC,
+    KVPI_TIER_REJECT_GEOMETRY,
+    KVPI_TIER_REJECT_KEY,
+    KVPI_TIER_REJECT_BINDING
+} kvpi_tier_reject;
+
+/* "size", "magic", ... for a rejection; NULL for KVPI_TIER_BLOCK_OK. */
+const char *kvpi_tier_reject_name(kvpi_tier_reject reject);
+
+/*
+ * Packs page `page` of `pool` (its rows as stored) under `key` and `binding`
+ * into out[0 .. KVP_TIER_HEADER_BYTES + page_bytes), MAC'd with `secret`.
+ * Reads the page's bytes: the caller makes sure nobody writes them (the
+ * pool lock for a borrowed or evictable page; the cache's owner otherwise).
+ */
+void kvpi_tier_block_pack(const kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                          const kvp_block_key *binding, const unsigned char *secret,
+                          unsigned char *out);
+
+/*
+ * Verifies block[0..bytes) as the block of `key` under `binding` for pages
+ * of `pool`'s geometry (the checks and their order: kvp_tier_block_verify).
+ * KVPI_TIER_BLOCK_OK, *payload then pointing at its page bytes.
+ */
+kvpi_tier_reject kvpi_tier_block_verify(const kvp_pool *pool, const kvp_block_key *key,
+                                        const kvp_block_key *binding,
+                                        const unsigned char *secret, const void *block,
+                                        size_t bytes, const unsigned char **payload);
+
+/* A block's size for `pool`: KVP_TIER_HEADER_BYTES + page_bytes. */
+static inline size_t kvpi_tier_block_bytes(const kvp_pool *pool)
+{
+    return KVP_TIER_HEADER_BYTES + pool->page_bytes;
+}
+
+/*
+ * The adopt-side checks of a group (share.c, the same ones
+ * kvp_cache_group_adopt makes, in its order): *room = n capped to the
+ * blocks every cache still has room for.
+ */
+kvp_status kvpi_cache_group_adopt_check(kvp_cache *const *caches, size_t count,
+                                        const kvp_block_key *keys, size_t n, size_t *room,
+                                        kvp_error *err);
+
+#endif /* KVPAGER_PAGER_TIER_INTERNAL_H */
