@@ -151,13 +151,20 @@ static void shared_prefix_within_capacity(simulate_options *o, simulate_flag f,
 static void reserve_within_capacity(simulate_options *o, simulate_flag f, kvp_cli_problems *p)
 {
     const kvp_sim_config *c = &o->sim;
-    if (o->value[f] != NULL && c->capacity >= MIN_CAPACITY && c->reserve_tokens > c->capacity) {
-        char capacity[32];
-        kvp_cli_problem(p,
-                        "invalid value for --reserve-tokens: '%s': must be from 0 to --capacity %s",
-                        o->value[f],
-                        shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
+    if (o->value[f] == NULL || o->capacity_pending || c->capacity < MIN_CAPACITY ||
+        c->reserve_tokens <= c->capacity) {
+        return; /* a capacity the trace sets is checked once the trace is read */
     }
+    if (o->trace != NULL && o->mooncake && o->value[FLAG_CAPACITY] == NULL) {
+        kvp_cli_problem(p,
+                        "invalid value for --reserve-tokens: '%s': must be from 0 to %zu (the "
+                        "capacity of --trace %s: its longest request)",
+                        o->value[f], c->capacity, o->trace);
+        return;
+    }
+    char capacity[32];
+    kvp_cli_problem(p, "invalid value for --reserve-tokens: '%s': must be from 0 to --capacity %s",
+                    o->value[f], shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
 }
 
 /* A given --prompt-mean or --output-mean is from 1 to --capacity less one token. */

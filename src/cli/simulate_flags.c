@@ -378,6 +378,18 @@ static int parse_plot(simulate_options *o, const char *value)
     return 0;
 }
 
+static int parse_format(simulate_options *o, const char *value)
+{
+    static const char *const names[] = {"md", "csv", "json"};
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(value, names[i]) == 0) {
+            o->format = SIMULATE_TABLE_MD + i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* The flags that set neither a size_t nor a double field: how each is read, and
  * the refusal's reason. */
 typedef struct word_flag {
@@ -401,6 +413,7 @@ static const word_flag word_flags[] = {
     {FLAG_TRACE, parse_trace, "not a file name"}, /* never refused here */
     {FLAG_TRACE_FORMAT, parse_trace_format, "not a trace format (csv or mooncake)"},
     {FLAG_PLOT, parse_plot, "not a file name"},   /* never refused here */
+    {FLAG_FORMAT, parse_format, "not a table format (md, csv or json)"},
 };
 
 /* Reads one flag's value; its syntax only (ranges are checked later). */
@@ -482,4 +495,5 @@ void kvp_simulate_parse(int argc, char **argv, simulate_options *o, kvp_cli_prob
     if (m != NULL) {
         apply_preset(o, m);
     }
+    o->capacity_pending = o->trace != NULL && o->mooncake && o->value[FLAG_CAPACITY] == NULL;
 }
