@@ -410,6 +410,7 @@ int kvp_simulate_sweep(int argc, char **argv)
 {
     sweep_plan plan;
     simulate_options first;
+    memset(&first, 0, sizeof first);
     int status = plan_make(argc, argv, &plan);
     if (status == KVP_CLI_OK) {
         status = check_all(&plan, argc, argv, &first);
