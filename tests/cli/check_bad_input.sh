@@ -349,12 +349,24 @@ for option in --layers --model-width --heads --kv-heads --block-tokens --budget 
     --capacity --requests --profile --prompt-mean --output-mean --sigma --arrival --rate \
     --trace --shared-prefix --samples --no-sharing --max-running --update-weights-every --verify \
     --watermark \
-    --reserve-tokens --threads --seed --no-compute --audit-every --json --plot --quiet --help; do
+    --reserve-tokens --threads --seed --no-compute --audit-every --json --format --plot --quiet \
+    --help; do
     grep -q -- "^  $option" "$work/help.txt" || fail "simulate --help lacks $option"
 done
 [ "$(grep -c 'default' "$work/help.txt")" -ge 20 ] || fail "simulate --help lacks defaults"
 $D --help | grep -q -- '--json' || fail "demo --help lacks --json"
 $k --help | grep -q -- '--version' || fail "kvpager --help lacks --version"
+# Each command's help states the memory a run takes, and the program's help sums them up.
+grep -q '^Memory (peak resident set' "$work/help.txt" || fail "simulate --help lacks its memory"
+grep -q 'allocator-only run (--no-compute) builds no weights and puts no memory' "$work/help.txt" ||
+    fail "simulate --help lacks the allocator-only run's memory"
+$D --help | grep -q '^memory: one pool of a few pages' || fail "demo --help lacks its memory"
+$k bench --help | grep -q 'peak' || fail "bench --help lacks its memory"
+$k --help > "$work/top-help.txt"
+for command in simulate demo bench; do
+    sed -n '/^memory/,/^options/p' "$work/top-help.txt" | grep -q "^  $command " ||
+        fail "kvpager --help gives no memory for $command"
+done
 # Output that cannot be written is an error too, with its reason.
 code=0
 $k --help > /dev/full 2> "$work/err" || code=$?
