@@ -40,7 +40,7 @@ static void usage(FILE *out)
                  "             about 80 bytes a page of metadata plus the prompts' rows\n"
                  "  demo       about 6 MiB\n"
                  "  bench      two copies of the largest shape (--max-bytes, 2 GiB) and the\n"
-                 "             read array (--read-bytes, 1 GiB): --quick peaks near 5.3 GiB\n");
+                 "             read array (--read-bytes, 1 GiB): --quick peaks at 5.1 to 5.3 GiB\n");
     fprintf(out, "\noptions:\n"
                  "  --help, -h   show this help\n"
                  "  --version    print the library version\n\n"
