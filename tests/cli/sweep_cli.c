@@ -196,7 +196,7 @@ static const scenario scenarios[] = {
     /* Sweeps (simulate_sweep.c): --json's array, and a --format table. */
     {"simulate-sweep-json",
      {"simulate", SMALL, "--requests", "5", "--prompt-mean", "6", "--output-mean", "10",
-      "--arrival", "burst", "--budget", "4KiB,8KiB", "--kv-dtype=f64,bf16", "--no-compute", NULL}},
+      "--arrival", "burst", "--budget=4KiB,8KiB", "--no-compute", NULL}},
     {"simulate-sweep-table",
      {"simulate", "--model-width", "8", "--heads", "2", "--block-tokens", "4,8", "--capacity",
       "24", "--layers", "1", "--quiet", GENERATED, "--threads", "1", "--format", "csv", NULL}},
