@@ -559,7 +559,7 @@ fi
 grep -q -- '--format FMT' "$work/help.txt" || fail "--help does not describe --format"
 grep -q '^Sweeps: --model, --kv-dtype, --block-tokens and --budget take comma lists' \
     "$work/help.txt" || fail "--help does not describe sweeps"
-grep -q '^Memory: a computed run holds the budget' "$work/help.txt" ||
+grep -q '^Memory (peak resident set, /usr/bin/time -v, release build' "$work/help.txt" ||
     fail "--help does not state the memory a run needs"
 sweep="--requests 8 --prompt-mean 12 --output-mean 10 --capacity 128 --threads 2 --quiet"
 "$@" simulate $sweep --budget 64KiB,256KiB --kv-dtype f64,bf16 > "$work/sweep.md"
