@@ -18,6 +18,11 @@
  *   3. open the outputs (--plot), so an unwritable path is refused;
  *   4. run (a sharing workload twice: with sharing, then without, for the
  *      side-by-side figures), report, finish the plot.
+ * A Mooncake trace without --capacity sets the capacity when it is read: the
+ * range checks against the capacity (--reserve-tokens) wait for it, and run
+ * again once it is read. A command line with comma lists or --format goes to
+ * simulate_sweep.c, which calls steps 1-2 (kvp_simulate_prepare) for every
+ * combination before step 4 (kvp_simulate_execute) for each.
  * The first problem found is printed as one line naming the flag and the
  * value. Exit status: 0 when the run finished with every audit clean and no
  * page leaked; 1 when an audit failed or a page leaked; 2 on bad input, an

@@ -9,7 +9,10 @@
  *                      each other, sizes, the workload's mean request, outputs
  *                      that name inputs, and the run's memory against physical
  *                      memory;
- *   simulate_report.c  the human report and the --json object.
+ *   simulate_report.c  the human report and the --json object;
+ *   simulate_sweep.c   comma lists of --model, --kv-dtype, --block-tokens and
+ *                      --budget: every combination prepared (checked) before
+ *                      any runs, then one --format table or --json's array.
  * Invariants: nothing runs on bad input. Parsing reads every argument and
  * checks only syntax; the checks run in a fixed order and only the first
  * problem is kept (kvp_cli_problems), so the line printed for a command
