@@ -15,8 +15,9 @@
  * checks is the order of the messages; a message names the flag the user
  * typed and the value as typed (a flag left at its default is shown with
  * its value; a geometry --model set is named --model, a capacity a Mooncake
- * trace's longest request set is named --trace); nothing here allocates or
- * runs.
+ * trace's longest request set is named --trace); a check against a capacity
+ * a Mooncake trace will set waits while capacity_pending (simulate.c runs 2a
+ * again once the trace is read); nothing here allocates or runs.
  * Callers: simulate.c's prepare, in simulate.h's order.
  */
 #include <math.h>
