@@ -1,14 +1,22 @@
 # deps.sh: sourced by the scripts in this folder. Installs the Debian packages
 # kvpager needs when any is missing (as root, with apt-get install -y), and
-# otherwise says what is missing and stops. clang-14 and libclang-rt-14-dev
-# (libFuzzer and clang's sanitizer runtimes, only recommended by clang-14)
-# build the fuzz target (tests/fuzz/). abigail-tools (abidw, abidiff) checks
-# the ABI against its committed baseline (scripts/abi-update.sh). libsodium-dev
-# gives the keyed BLAKE2b of the prefix index's keys and each pool's random
-# secret (docs/DESIGN.md, Threat model). libhiredis-dev (build) is the Redis
-# store's client; redis-server (tests) is the server each of its tests starts
-# on its own port (docs/DESIGN.md, The Redis store).
-kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools libhiredis-dev redis-server"
+# otherwise says what is missing and stops.
+# Two lists: kvp_program_packages builds the library and the kvpager program
+# (the compiler, CMake, Ninja, pkg-config, jemalloc, libsodium: the keyed
+# BLAKE2b of the prefix index's keys and each pool's random secret,
+# docs/DESIGN.md, Threat model; libhiredis-dev: the Redis store's client,
+# docs/DESIGN.md, The Redis store); scripts/simulate.sh installs only those.
+# kvp_test_packages adds what the tests need: cmocka, Valgrind (memcheck,
+# helgrind and <valgrind/memcheck.h>), python3, clang-14 and
+# libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes, only
+# recommended by clang-14) for the fuzz target (tests/fuzz/), abigail-tools
+# (abidw, abidiff) for the ABI check against its committed baseline
+# (scripts/abi-update.sh), redis-server for the server each Redis test starts
+# on its own loopback port. kvp_packages, what kvp_install_deps installs, is
+# both unless a script narrows it.
+kvp_program_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libhiredis-dev"
+kvp_test_packages="libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools redis-server"
+kvp_packages="$kvp_program_packages $kvp_test_packages"
 
 kvp_missing_packages() {
     for package in $kvp_packages; do

@@ -33,6 +33,14 @@ static void usage(FILE *out)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     }
+    fprintf(out, "\nmemory (each command's --help gives the details):\n"
+                 "  simulate   computed runs: the budget, the model's f64 weights and the\n"
+                 "             running sequences (the defaults: about 120 MiB); allocator-only\n"
+                 "             runs (--no-compute): no weights, nothing behind the pages,\n"
+                 "             about 80 bytes a page of metadata plus the prompts' rows\n"
+                 "  demo       about 6 MiB\n"
+                 "  bench      two copies of the largest shape (--max-bytes, 2 GiB) and the\n"
+                 "             read array (--read-bytes, 1 GiB): --quick peaks at 5.1 to 5.3 GiB\n");
     fprintf(out, "\noptions:\n"
                  "  --help, -h   show this help\n"
                  "  --version    print the library version\n\n"

@@ -14,20 +14,17 @@
  * Invariants: the list is built in two growing arrays (requests, ids) and
  * joined at the end into one allocation, requests first and the ids behind
  * them, so kvp_workload_free frees both; every failure frees what was
- * built and leaves `out` untouched. Lines are read through a buffer that
- * grows to the longest line (at most MC_LINE_MAX), never through stdio.
+ * built and leaves `out` untouched. Lines come from lines.c's reader, whose
+ * buffer grows to the longest line (at most MC_LINE_MAX), never through stdio.
  * Callers: the kvpager program (simulate) and the CLI's tests.
  */
 #include "workload.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "alloc.h"
+#include "lines.h"
 
 #define MC_LINE_MAX ((size_t)1 << 20) /* characters of one line, newline excluded */
 #define MC_SHOWN 40                   /* characters of a value or key a message shows */
@@ -49,12 +46,8 @@ typedef struct mc_reader {
     uint64_t *ids; /* every request's ids in a row; request i's start after request i - 1's */
     size_t id_count;
     size_t id_room;
-    char *text;    /* the line being assembled */
-    size_t len;
-    size_t text_room;
-    size_t line;   /* 1-based number of the line being assembled */
+    size_t line;   /* 1-based number of the line being parsed */
     uint64_t last_timestamp;
-    size_t offset; /* bytes of the file consumed */
     char *message;
     size_t message_size;
 } mc_reader;
@@ -335,18 +328,15 @@ static int check_request(mc_reader *r, const mc_line *l)
     return 0;
 }
 
-/* One complete line (NUL-terminated in r->text, newline removed). */
-static int end_line(mc_reader *r)
+/* One complete line (NUL-terminated, newline removed): a kvp_line_fn. */
+static int end_line(void *context, char *text, size_t len, size_t line)
 {
-    if (r->len == 0) {
-        return 0; /* an empty line (the buffer may not exist yet) */
+    mc_reader *r = context;
+    r->line = line;
+    if (len == 0 || text[strspn(text, " \t\r")] == '\0') {
+        return 0; /* an empty or blank line */
     }
-    r->text[r->len] = '\0';
-    r->len = 0;
-    if (r->text[strspn(r->text, " \t\r")] == '\0') {
-        return 0; /* a blank line */
-    }
-    mc_line l = {.start = r->text, .p = r->text, .first_id = r->id_count};
+    mc_line l = {.start = text, .p = text, .first_id = r->id_count};
     int status = parse_object(r, &l);
     if (status == 0) {
         status = check_request(r, &l);
@@ -368,68 +358,6 @@ static int end_line(mc_reader *r)
     r->last_timestamp = l.values[KEY_TIMESTAMP];
     r->count++;
     return 0;
-}
-
-/* Consumes `n` bytes of the file. */
-static int consume(mc_reader *r, const unsigned char *bytes, size_t n)
-{
-    static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
-    size_t i = 0;
-    if (r->offset == 0 && n >= 3 && memcmp(bytes, bom, 3) == 0) {
-        i = 3;
-    }
-    r->offset += n;
-    for (; i < n; i++) {
-        unsigned char c = bytes[i];
-        if (c == '\n') {
-            int status = end_line(r);
-            if (status != 0) {
-                return status;
-            }
-            r->line++;
-            continue;
-        }
-        if (c == '\0') {
-            snprintf(r->message, r->message_size, "%s:%zu: a NUL byte at column %zu", r->path,
-                     r->line, r->len + 1);
-            return -1;
-        }
-        if (r->len == MC_LINE_MAX) {
-            snprintf(r->message, r->message_size, "%s:%zu: line longer than %zu characters",
-                     r->path, r->line, MC_LINE_MAX);
-            return -1;
-        }
-        int status = grow(r, (void **)&r->text, &r->text_room, r->len + 2, 1, 4096,
-                          "line buffer");
-        if (status != 0) {
-            return status;
-        }
-        r->text[r->len++] = (char)c;
-    }
-    return 0;
-}
-
-/* Reads the whole file through consume(); the last line may lack its newline. */
-static int read_all(mc_reader *r, int fd)
-{
-    unsigned char chunk[16384];
-    for (;;) {
-        ssize_t got = read(fd, chunk, sizeof chunk);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got < 0) {
-            snprintf(r->message, r->message_size, "%s: %s", r->path, strerror(errno));
-            return -1;
-        }
-        if (got == 0) {
-            return r->len > 0 ? end_line(r) : 0;
-        }
-        int status = consume(r, chunk, (size_t)got);
-        if (status != 0) {
-            return status;
-        }
-    }
 }
 
 /* Joins requests and ids into one allocation (requests first) and points each request at its ids. */
@@ -457,21 +385,6 @@ static int join(mc_reader *r, kvp_workload *out)
     return 0;
 }
 
-static int open_trace(const char *path, char *message, size_t message_size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        close(fd);
-        fd = -1;
-        errno = EISDIR;
-    }
-    if (fd < 0) {
-        snprintf(message, message_size, "%s: %s", path, strerror(errno));
-    }
-    return fd;
-}
-
 int kvp_workload_load_mooncake(const char *path, size_t capacity, uint64_t ms_per_step,
                                kvp_workload *out, char *message, size_t message_size)
 {
@@ -479,14 +392,12 @@ int kvp_workload_load_mooncake(const char *path, size_t capacity, uint64_t ms_pe
         snprintf(message, message_size, "%s: milliseconds per step must be at least 1", path);
         return -1;
     }
-    int fd = open_trace(path, message, message_size);
-    if (fd < 0) {
-        return -1;
-    }
     mc_reader r = {.path = path, .capacity = capacity, .ms_per_step = ms_per_step, .line = 1,
                    .message = message, .message_size = message_size};
-    int status = read_all(&r, fd);
-    close(fd);
+    const kvp_lines lines = {.path = path, .max_len = MC_LINE_MAX, .max_shown = MC_LINE_MAX,
+                             .handle = end_line, .context = &r, .message = message,
+                             .message_size = message_size};
+    int status = kvp_lines_read(&lines);
     if (status == 0 && r.count == 0) {
         snprintf(message, message_size, "%s: no requests", path);
         status = -1;
@@ -496,6 +407,5 @@ int kvp_workload_load_mooncake(const char *path, size_t capacity, uint64_t ms_pe
     }
     kvp_cli_free(r.requests);
     kvp_cli_free(r.ids);
-    kvp_cli_free(r.text);
     return status;
 }

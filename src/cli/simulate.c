@@ -18,6 +18,11 @@
  *   3. open the outputs (--plot), so an unwritable path is refused;
  *   4. run (a sharing workload twice: with sharing, then without, for the
  *      side-by-side figures), report, finish the plot.
+ * A Mooncake trace without --capacity sets the capacity when it is read: the
+ * range checks against the capacity (--reserve-tokens) wait for it, and run
+ * again once it is read. A command line with comma lists or --format goes to
+ * simulate_sweep.c, which calls steps 1-2 (kvp_simulate_prepare) for every
+ * combination before step 4 (kvp_simulate_execute) for each.
  * The first problem found is printed as one line naming the flag and the
  * value. Exit status: 0 when the run finished with every audit clean and no
  * page leaked; 1 when an audit failed or a page leaked; 2 on bad input, an
@@ -74,8 +79,8 @@ static int load_trace(simulate_options *o, kvp_workload *workload)
     return 0;
 }
 
-/* Steps 1 and 2: every input read and checked; the workload made. */
-static int prepare(int argc, char **argv, simulate_options *o, kvp_workload *workload)
+/* Steps 1 and 2: every input read and checked; the workload made (simulate.h). */
+int kvp_simulate_prepare(int argc, char **argv, simulate_options *o, kvp_workload *workload)
 {
     kvp_cli_problems p = {.found = 0};
     kvp_simulate_parse(argc, argv, o, &p);
@@ -101,6 +106,9 @@ static int prepare(int argc, char **argv, simulate_options *o, kvp_workload *wor
             return KVP_CLI_USAGE;
         }
         requests = workload->count;
+        /* 2a again: the checks against the capacity a Mooncake trace set waited for it. */
+        o->capacity_pending = 0;
+        kvp_simulate_check_ranges(o, &p);
     }
     kvp_simulate_check_memory(o, requests, page_bytes, &p);
     if (p.found) {
@@ -134,30 +142,30 @@ static int open_outputs(const simulate_options *o, kvp_plot *plot)
     return KVP_CLI_OK;
 }
 
-/* The results of step 4: the run, and the run without sharing when compared. */
-typedef struct simulate_runs {
-    kvp_sim_result result;
-    kvp_sim_result off;
-    int compare; /* off was run: a sharing workload without --no-sharing */
-} simulate_runs;
-
-static void runs_free(simulate_runs *runs)
+void kvp_simulate_runs_free(simulate_runs *runs)
 {
     kvp_sim_result_free(&runs->result);
     kvp_sim_result_free(&runs->off);
 }
 
-/*
- * Step 4: the run, and for a sharing workload (unless --no-sharing) the same
- * workload without sharing, not verified, for the side-by-side figures.
- * 0, or nonzero with *err and *context filled.
- */
-static int run_all(const simulate_options *o, const kvp_workload *workload, simulate_runs *runs,
-                   kvp_error *err, const char **context)
+int kvp_simulate_runs_clean(const simulate_runs *runs)
 {
-    runs->compare = sharing_workload(o) && !o->no_sharing;
-    memset(&runs->off, 0, sizeof runs->off);
+    return runs->result.audit_failures == 0 && runs->result.pages_leaked == 0 &&
+           runs->off.audit_failures == 0 && runs->off.pages_leaked == 0;
+}
+
+/*
+ * Step 4: the run, and for a sharing workload (unless --no-sharing, or in a
+ * sweep) the same workload without sharing, not verified, for the side-by-side
+ * figures. 0, or nonzero with *err and *context filled.
+ */
+static int run_all(const simulate_options *o, const kvp_workload *workload, const char *label,
+                   simulate_runs *runs, kvp_error *err, const char **context)
+{
+    runs->compare = sharing_workload(o) && !o->no_sharing && !o->sweep;
     int failed = 0;
+    char off_label[64];
+    snprintf(off_label, sizeof off_label, "%s --no-sharing", label);
     for (int run = 0; run < 1 + runs->compare && failed == 0; run++) {
         kvp_sim_config config = o->sim;
         if (run == 1) {
@@ -165,7 +173,7 @@ static int run_all(const simulate_options *o, const kvp_workload *workload, simu
             config.verify_every = 0;
         }
         kvp_progress progress;
-        kvp_progress_init(&progress, run == 0 ? "simulate" : "simulate --no-sharing", o->quiet);
+        kvp_progress_init(&progress, run == 0 ? label : off_label, o->quiet);
         failed = kvp_sim_run(&config, workload, kvp_progress_update, &progress,
                              run == 0 ? &runs->result : &runs->off, err, context);
         kvp_progress_finish(&progress);
@@ -213,6 +221,30 @@ static int trace_figures(simulate_options *o, const kvp_workload *w, const kvp_s
     return status;
 }
 
+/* Step 4 without the outputs (simulate.h). */
+int kvp_simulate_execute(simulate_options *o, const kvp_workload *workload, const char *label,
+                         simulate_runs *runs)
+{
+    memset(runs, 0, sizeof *runs);
+    kvp_error err;
+    const char *context = NULL;
+    if (run_all(o, workload, label, runs, &err, &context) != 0) {
+        kvp_cli_report("simulate", context != NULL ? context : "running", &err);
+        return KVP_CLI_USAGE;
+    }
+    if (trace_figures(o, workload, &runs->result) != 0) {
+        kvp_cli_report_oom("simulate", "the trace's block keys",
+                           trace_references(workload) * 2 * sizeof(size_t));
+        return KVP_CLI_USAGE;
+    }
+    if (kvp_latency_compute(&runs->result, &runs->latency) != 0) {
+        kvp_cli_report_oom("simulate", "the latency figures",
+                           runs->result.requests * sizeof(double));
+        return KVP_CLI_USAGE;
+    }
+    return KVP_CLI_OK;
+}
+
 /* Step 4's end: the chart's title and closing; a write error exits 2. */
 static int finish_plot(const simulate_options *o, const kvp_workload *workload,
                        const kvp_sim_result *result, const kvp_sim_result *off, kvp_plot *plot,
@@ -239,32 +271,29 @@ static int report(const simulate_options *o, const kvp_workload *workload,
 {
     const kvp_sim_result *r = &runs->result;
     const kvp_sim_result *off = runs->compare ? &runs->off : NULL;
-    kvp_latency latency;
-    if (kvp_latency_compute(r, &latency) != 0) {
-        kvp_cli_report_oom("simulate", "the latency figures", r->requests * sizeof(double));
-        if (o->plot != NULL) {
-            kvp_plot_abandon(plot);
-        }
-        return KVP_CLI_USAGE;
-    }
     if (o->json) {
-        kvp_simulate_print_json(o, workload, r, off, &latency);
+        kvp_simulate_print_json(o, workload, r, off, &runs->latency);
     } else {
-        kvp_simulate_print_report(o, workload, r, off, &latency);
+        kvp_simulate_print_report(o, workload, r, off, &runs->latency);
     }
-    int clean = r->audit_failures == 0 && r->pages_leaked == 0 &&
-                runs->off.audit_failures == 0 && runs->off.pages_leaked == 0;
-    int exit_code = clean ? KVP_CLI_OK : KVP_CLI_FAILED;
+    int exit_code = kvp_simulate_runs_clean(runs) ? KVP_CLI_OK : KVP_CLI_FAILED;
     return o->plot != NULL ? finish_plot(o, workload, r, off, plot, exit_code) : exit_code;
 }
 
 int kvp_cli_simulate(int argc, char **argv)
 {
+    if (kvp_simulate_has_list(argc, argv)) {
+        return kvp_simulate_sweep(argc, argv);
+    }
     simulate_options o;
     kvp_workload workload = {NULL, 0};
-    int status = prepare(argc, argv, &o, &workload);
+    int status = kvp_simulate_prepare(argc, argv, &o, &workload);
     if (status != KVP_CLI_OK) {
         return status < 0 ? KVP_CLI_OK : status;
+    }
+    if (o.format != SIMULATE_TABLE_NONE) {
+        kvp_workload_free(&workload); /* a one-row table: the sweep's path */
+        return kvp_simulate_sweep(argc, argv);
     }
     kvp_plot plot = {NULL, NULL, 0, NULL};
     status = open_outputs(&o, &plot);
@@ -273,25 +302,13 @@ int kvp_cli_simulate(int argc, char **argv)
         return status;
     }
     simulate_runs runs;
-    kvp_error err;
-    const char *context = NULL;
-    if (run_all(&o, &workload, &runs, &err, &context) != 0) {
-        kvp_cli_report("simulate", context != NULL ? context : "running", &err);
-        if (o.plot != NULL) {
-            kvp_plot_abandon(&plot);
-        }
-        status = KVP_CLI_USAGE;
-    } else if (trace_figures(&o, &workload, &runs.result) != 0) {
-        kvp_cli_report_oom("simulate", "the trace's block keys",
-                           trace_references(&workload) * 2 * sizeof(size_t));
-        if (o.plot != NULL) {
-            kvp_plot_abandon(&plot);
-        }
-        status = KVP_CLI_USAGE;
-    } else {
+    status = kvp_simulate_execute(&o, &workload, "simulate", &runs);
+    if (status == KVP_CLI_OK) {
         status = report(&o, &workload, &runs, &plot);
+    } else if (o.plot != NULL) {
+        kvp_plot_abandon(&plot);
     }
-    runs_free(&runs);
+    kvp_simulate_runs_free(&runs);
     kvp_workload_free(&workload);
     return status;
 }

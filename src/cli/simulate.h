@@ -9,7 +9,10 @@
  *                      each other, sizes, the workload's mean request, outputs
  *                      that name inputs, and the run's memory against physical
  *                      memory;
- *   simulate_report.c  the human report and the --json object.
+ *   simulate_report.c  the human report and the --json object;
+ *   simulate_sweep.c   comma lists of --model, --kv-dtype, --block-tokens and
+ *                      --budget: every combination prepared (checked) before
+ *                      any runs, then one --format table or --json's array.
  * Invariants: nothing runs on bad input. Parsing reads every argument and
  * checks only syntax; the checks run in a fixed order and only the first
  * problem is kept (kvp_cli_problems), so the line printed for a command
@@ -64,7 +67,8 @@
     X(THREADS, "--threads")                                                               \
     X(SEED, "--seed")                                                                     \
     X(AUDIT_EVERY, "--audit-every")                                                       \
-    X(PLOT, "--plot")
+    X(PLOT, "--plot")                                                                     \
+    X(FORMAT, "--format")
 
 typedef enum simulate_flag {
 #define FLAG_ENUM_(name, text) FLAG_##name,
@@ -85,6 +89,7 @@ extern const char *const kvp_simulate_flag_names[FLAG_COUNT_];
 #define MAX_SIGMA 4.0
 #define MAX_POOL_PAGES 4294967294u /* pages are named by 32-bit ids (kvpager/pool.h) */
 #define MAX_SAMPLES 256
+#define MAX_SWEEP_RUNS 256       /* combinations of one sweep (simulate_sweep.c) */
 
 /* --max-running's default: vLLM's max_num_seqs default. It bounds the leases a run
  * makes, so the memory check (simulate_checks.c) charges at most this many sequences. */
@@ -120,8 +125,15 @@ typedef struct simulate_options {
     int no_sharing;
     int mooncake;        /* --trace-format mooncake (0: csv) */
     size_t ms_per_step;  /* --ms-per-step */
+    int format;          /* --format: SIMULATE_TABLE_* (0: the report) */
+    int sweep;           /* one run of a sweep or a --format table: no comparison run */
+    int capacity_pending; /* a Mooncake trace without --capacity sets the capacity: the
+                             checks against it wait until the trace is read */
     simulate_trace_figures figures; /* filled by the driver after the run */
 } simulate_options;
+
+/* --format's tables (simulate_sweep.c). */
+enum { SIMULATE_TABLE_NONE = 0, SIMULATE_TABLE_MD, SIMULATE_TABLE_CSV, SIMULATE_TABLE_JSON };
 
 /* simulate_flags.c */
 
@@ -151,6 +163,37 @@ void kvp_simulate_check_outputs(const simulate_options *o, kvp_cli_problems *p);
  * 2a-2d found a problem; the driver reads --trace's rows first (`requests` is their count). */
 void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page_bytes,
                                kvp_cli_problems *p);
+
+/* simulate.c: what a sweep (simulate_sweep.c) shares with the single run. */
+
+/* The results of one command line: the run, the run without sharing when compared,
+ * the latency figures. */
+typedef struct simulate_runs {
+    kvp_sim_result result;
+    kvp_sim_result off;
+    int compare; /* off was run: a sharing workload without --no-sharing, not in a sweep */
+    kvp_latency latency;
+} simulate_runs;
+
+/* Steps 1 and 2 for one command line: KVP_CLI_OK with the workload made, -1 when
+ * --help was printed, or KVP_CLI_USAGE with the problem printed. */
+int kvp_simulate_prepare(int argc, char **argv, simulate_options *o, kvp_workload *workload);
+/* Step 4 without the outputs: the run(s) (progress labelled `label`), the trace's
+ * figures, the latency. KVP_CLI_OK, or KVP_CLI_USAGE with the error printed
+ * (*runs freed either way by kvp_simulate_runs_free). */
+int kvp_simulate_execute(simulate_options *o, const kvp_workload *workload, const char *label,
+                         simulate_runs *runs);
+void kvp_simulate_runs_free(simulate_runs *runs);
+/* The run finished with every audit clean and no page leaked. */
+int kvp_simulate_runs_clean(const simulate_runs *runs);
+
+/* simulate_sweep.c: comma lists and --format tables. */
+
+/* Whether a --model, --kv-dtype, --block-tokens or --budget value holds a comma. */
+int kvp_simulate_has_list(int argc, char **argv);
+/* The whole command for a command line with lists or --format: every combination
+ * checked, then run, then one table (or --json's array). The exit status. */
+int kvp_simulate_sweep(int argc, char **argv);
 
 /* simulate_report.c: the outputs of a finished run (off: the run without sharing, or NULL). */
 

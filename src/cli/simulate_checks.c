@@ -15,8 +15,9 @@
  * checks is the order of the messages; a message names the flag the user
  * typed and the value as typed (a flag left at its default is shown with
  * its value; a geometry --model set is named --model, a capacity a Mooncake
- * trace's longest request set is named --trace); nothing here allocates or
- * runs.
+ * trace's longest request set is named --trace); a check against a capacity
+ * a Mooncake trace will set waits while capacity_pending (simulate.c runs 2a
+ * again once the trace is read); nothing here allocates or runs.
  * Callers: simulate.c's prepare, in simulate.h's order.
  */
 #include <math.h>
@@ -151,13 +152,20 @@ static void shared_prefix_within_capacity(simulate_options *o, simulate_flag f,
 static void reserve_within_capacity(simulate_options *o, simulate_flag f, kvp_cli_problems *p)
 {
     const kvp_sim_config *c = &o->sim;
-    if (o->value[f] != NULL && c->capacity >= MIN_CAPACITY && c->reserve_tokens > c->capacity) {
-        char capacity[32];
-        kvp_cli_problem(p,
-                        "invalid value for --reserve-tokens: '%s': must be from 0 to --capacity %s",
-                        o->value[f],
-                        shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
+    if (o->value[f] == NULL || o->capacity_pending || c->capacity < MIN_CAPACITY ||
+        c->reserve_tokens <= c->capacity) {
+        return; /* a capacity the trace sets is checked once the trace is read */
     }
+    if (o->trace != NULL && o->mooncake && o->value[FLAG_CAPACITY] == NULL) {
+        kvp_cli_problem(p,
+                        "invalid value for --reserve-tokens: '%s': must be from 0 to %zu (the "
+                        "capacity of --trace %s: its longest request)",
+                        o->value[f], c->capacity, o->trace);
+        return;
+    }
+    char capacity[32];
+    kvp_cli_problem(p, "invalid value for --reserve-tokens: '%s': must be from 0 to --capacity %s",
+                    o->value[f], shown(o, FLAG_CAPACITY, capacity, sizeof capacity, c->capacity));
 }
 
 /* A given --prompt-mean or --output-mean is from 1 to --capacity less one token. */

@@ -47,7 +47,8 @@ void kvp_simulate_usage(FILE *out)
             "                       8 KV heads), llama-3-70b (80, 8192, 64, 8), qwen2.5-7b\n"
             "                       (28, 3584, 28, 4), mistral-7b (32, 4096, 32, 8). Weights\n"
             "                       are random f64; a computed run whose weights do not fit\n"
-            "                       memory is refused (try --layers 2, or --no-compute)\n"
+            "                       memory is refused (try --layers 2, or --no-compute).\n"
+            "                       A comma list sweeps (see Sweeps below)\n"
             "  --layers N           decoder layers, >= 1 (default %zu)\n"
             "  --model-width N      model width D, >= 1 (default %zu)\n"
             "  --heads N            attention heads, >= 1, dividing D (default %zu)\n"
@@ -56,20 +57,23 @@ void kvp_simulate_usage(FILE *out)
             "                       and pages store only the KV heads, so a token takes\n"
             "                       kv-heads / heads of the memory; 1 is multi-query\n"
             "                       (default: --heads, plain multi-head attention)\n"
-            "  --block-tokens N     positions per page, >= 1 (default %zu)\n"
+            "  --block-tokens N     positions per page, >= 1; a comma list sweeps (default\n"
+            "                       %zu)\n"
             "  --budget SIZE        pool budget: bytes, or a number with a unit B, KiB, MiB,\n"
             "                       GiB, TiB (1024-based) or KB, MB, GB, TB (1000-based),\n"
             "                       naming a whole byte count (1.5KiB yes, 1.5 no); at least\n"
             "                       one page (2 x block-tokens x D x element bytes, times\n"
-            "                       kv-heads / heads) and at most physical memory\n"
-            "                       (default %s)\n"
-            "  --kv-dtype NAME      how pages store K and V: f64 (8 bytes), f32 (4), bf16 (2),\n"
-            "                       f16 (2) or fp8_e4m3 (1; also \"fp8\", K/V scales 1),\n"
+            "                       kv-heads / heads) and at most physical memory (not\n"
+            "                       checked for --no-compute: no memory is behind its\n"
+            "                       pages); a comma list sweeps (default %s)\n"
+            "  --kv-dtype NAME      how pages store K and V: f64 (8 bytes), f32 (4), bf16\n"
+            "                       (2), f16 (2) or fp8_e4m3 (1; also \"fp8\", K/V scales 1),\n"
             "                       rounded once to nearest even when appended; the model\n"
             "                       still computes in f64. f64 is the default because it is\n"
             "                       exact: outputs equal the f64 reference bit for bit. The\n"
             "                       others fit 2x, 4x, 4x and 8x the tokens in the budget,\n"
-            "                       within a measured error (DESIGN.md) (default f64)\n"
+            "                       within a measured error (DESIGN.md). A comma list\n"
+            "                       sweeps (default f64)\n"
             "  --accum LEVEL        decode attention over narrow pages: exact (widened to\n"
             "                       f64, the reference's bits) or fast (f32 with FMA, in one\n"
             "                       fixed order; DESIGN.md's Accumulation levels); f64 pages\n"
@@ -178,7 +182,12 @@ void kvp_simulate_usage(FILE *out)
             "  --audit-every N      steps between pool audits, 0 = only the final audit\n"
             "                       (default %zu)\n"
             "output:\n"
-            "  --json               print one JSON object instead of the report\n"
+            "  --json               print one JSON object instead of the report (a sweep: a\n"
+            "                       JSON array of them, one per run, in the table's order)\n"
+            "  --format FMT         print one table instead of the report, one row per run:\n"
+            "                       md (Markdown), csv or json (an array of the rows as\n"
+            "                       objects); a sweep without --format prints md. Not\n"
+            "                       with --json or --plot\n"
             "  --plot FILE.svg      draw pages in use, cached pages (held or evictable),\n"
             "                       evictable pages and running sequences per step; the\n"
             "                       file is opened and its first bytes written before the\n"
@@ -186,13 +195,38 @@ void kvp_simulate_usage(FILE *out)
             "                       a write error after the run also exits 2)\n"
             "  --quiet              no progress line (it shows only on a terminal anyway)\n"
             "  --help, -h           show this help\n\n"
+            "Sweeps: --model, --kv-dtype, --block-tokens and --budget take comma lists, as\n"
+            "llama-bench does (--budget 16GiB,32GiB,64GiB --kv-dtype f64,bf16). Every\n"
+            "combination is one run (--model outermost, --budget varying fastest; at most\n"
+            "256) and one row of the table: the knobs (model, layers, model_width, heads,\n"
+            "kv_heads, kv_dtype, block_tokens, budget_bytes, pages), then peak_concurrent,\n"
+            "mean_concurrent, hit_rate (prompt tokens adopted from the prefix cache at\n"
+            "first admission, over the workload's prompt tokens), preemptions, time to\n"
+            "first token and end to end p50 / p99 in steps, completed, requests, steps and\n"
+            "seconds. Every value of every list is checked, each combination as a run of\n"
+            "its own (sizes, overflow, memory), before the first run. A sweep makes no\n"
+            "comparison run without sharing (sweep --no-sharing for those figures).\n\n"
             "Sharing figures: prefix hit rate = prompt tokens adopted from the prefix cache\n"
             "over all prompt tokens admitted (recomputation included); pages saved = the sum\n"
             "over steps of the pages the running sequences would hold if nothing were\n"
             "shared, over the sum over steps of the pages held (1.00x: nothing saved);\n"
             "evictions and copy-on-write copies are the pool's counters.\n\n"
-            "Sizes whose memory (pool, model, sequences) would exceed physical memory are\n"
-            "refused with the size. A run that completes no request meets no target.\n"
+            "Memory (peak resident set, /usr/bin/time -v, release build, this machine): a\n"
+            "computed run holds the budget (the pages' slab, 12 bytes of metadata a page\n"
+            "beside it), the model's f64 weights, (4 x layers + 1) x D x D x 8 bytes\n"
+            "(llama-3-8b: 16.1 GiB; llama-3-70b: 160 GiB, refused here), per running\n"
+            "sequence a ticket of (5 D + heads x capacity) doubles per layer, and the\n"
+            "prompt rows a step admits, D doubles each: the defaults peak at 120 MiB. An\n"
+            "allocator-only run (--no-compute) builds no weights and puts no memory\n"
+            "behind its pages: about 80 bytes a page of metadata (the pool's, the prefix\n"
+            "index's, the LRU's; 2^24 pages for llama-3-8b bf16 at 1 TiB), each running\n"
+            "sequence's page tables, and the prompt rows the prefix cache is keyed from,\n"
+            "so it grows with pages and prompt lengths, not with the budget's bytes: 7 MiB\n"
+            "at the defaults; the Mooncake trace at llama-3-8b bf16 2.2 GiB at 16 GiB and\n"
+            "6.7 GiB at 1 TiB (docs/simulate.md). --verify adds its own model and pool,\n"
+            "--trace its rows, a sweep only its largest run (runs go one at a time). Sizes\n"
+            "whose memory would exceed physical memory are refused up front, naming the\n"
+            "part and its size. A run that completes no request meets no target.\n\n"
             "exit status: 0 clean run, 1 audit failure or leaked pages, 2 bad input or an\n"
             "error (out of memory included).\n",
             d.layers, d.model_width, d.heads, d.block_tokens,
@@ -378,6 +412,18 @@ static int parse_plot(simulate_options *o, const char *value)
     return 0;
 }
 
+static int parse_format(simulate_options *o, const char *value)
+{
+    static const char *const names[] = {"md", "csv", "json"};
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(value, names[i]) == 0) {
+            o->format = SIMULATE_TABLE_MD + i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* The flags that set neither a size_t nor a double field: how each is read, and
  * the refusal's reason. */
 typedef struct word_flag {
@@ -401,6 +447,7 @@ static const word_flag word_flags[] = {
     {FLAG_TRACE, parse_trace, "not a file name"}, /* never refused here */
     {FLAG_TRACE_FORMAT, parse_trace_format, "not a trace format (csv or mooncake)"},
     {FLAG_PLOT, parse_plot, "not a file name"},   /* never refused here */
+    {FLAG_FORMAT, parse_format, "not a table format (md, csv or json)"},
 };
 
 /* Reads one flag's value; its syntax only (ranges are checked later). */
@@ -482,4 +529,5 @@ void kvp_simulate_parse(int argc, char **argv, simulate_options *o, kvp_cli_prob
     if (m != NULL) {
         apply_preset(o, m);
     }
+    o->capacity_pending = o->trace != NULL && o->mooncake && o->value[FLAG_CAPACITY] == NULL;
 }

@@ -282,6 +282,13 @@ static void print_sharing(const simulate_options *o, const kvp_sim_result *r,
                r->verified, c->verify_every, 2 * c->verify_every, r->verify_mismatches,
                r->verify_segments, r->verify_skipped);
     }
+    if (off == NULL && c->sharing && o->figures.present) {
+        printf("comparison run          none: a trace's sharing is measured against its ceiling "
+               "and the\n"
+               "                        same-capacity LRU below; run it again with --no-sharing "
+               "for the\n"
+               "                        figures without sharing (a second replay of the trace)\n");
+    }
     if (off != NULL) {
         printf("comparison run          the same workload again without sharing (--no-sharing),\n"
                "                        run after this one for the figures below: %.2f s\n",

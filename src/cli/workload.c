@@ -4,15 +4,13 @@
 #include "workload.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "alloc.h"
+#include "lines.h"
 
 static const char *const profile_names[] = {"sharegpt", "alpaca", "uniform", "conversation"};
 static const char *const arrival_names[] = {"poisson", "uniform", "burst"};
@@ -296,20 +294,19 @@ static int parse_row(char *text, const char *path, size_t line, size_t capacity,
     return 0;
 }
 
-/* The reader's state: one line at a time from a fixed buffer, no stdio. */
+/* The CSV reader's state; lines come from lines.c. */
 typedef struct trace_reader {
     const char *path;
     size_t capacity;
     kvp_workload *list;
     size_t room;
-    size_t line;          /* number of the line being assembled (1-based) */
-    size_t len;           /* bytes of it so far */
     size_t last_arrival;  /* arrival step of the previous row */
-    size_t offset;        /* bytes of the file consumed */
-    char text[512];
     char *message;
     size_t message_size;
 } trace_reader;
+
+/* A CSV line's characters, a trailing CR included; the refusal names one fewer. */
+#define TRACE_LINE_MAX 511
 
 static int add_request(trace_reader *t, const kvp_workload_request *r)
 {
@@ -332,110 +329,44 @@ static int add_request(trace_reader *t, const kvp_workload_request *r)
     return 0;
 }
 
-/* One complete line (without its newline). */
-static int end_line(trace_reader *t)
+/* One complete line (without its newline): a kvp_line_fn. */
+static int trace_line(void *context, char *text, size_t len, size_t line)
 {
-    t->text[t->len] = '\0';
-    char *text = t->text;
-    size_t len = t->len;
-    t->len = 0;
+    trace_reader *t = context;
     if (len > 0 && text[len - 1] == '\r') {
         text[--len] = '\0';
     }
     if (text[strspn(text, " \t")] == '\0') {
         return 0;
     }
-    if (t->line == 1 && strcmp(text, "arrival_step,prompt_tokens,output_tokens") == 0) {
+    if (line == 1 && strcmp(text, "arrival_step,prompt_tokens,output_tokens") == 0) {
         return 0;
     }
     kvp_workload_request r;
-    if (parse_row(text, t->path, t->line, t->capacity, &r, t->message, t->message_size) != 0) {
+    if (parse_row(text, t->path, line, t->capacity, &r, t->message, t->message_size) != 0) {
         return -1;
     }
     if (t->list->count > 0 && r.arrival_step < t->last_arrival) {
         snprintf(t->message, t->message_size,
                  "%s:%zu: column arrival_step: '%zu' is before the previous row's step %zu "
                  "(rows must be sorted by arrival)",
-                 t->path, t->line, r.arrival_step, t->last_arrival);
+                 t->path, line, r.arrival_step, t->last_arrival);
         return -1;
     }
     t->last_arrival = r.arrival_step;
     return add_request(t, &r);
 }
 
-/* Consumes `n` bytes of the file. */
-static int consume(trace_reader *t, const unsigned char *bytes, size_t n)
-{
-    static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
-    size_t i = 0;
-    if (t->offset == 0 && n >= 3 && memcmp(bytes, bom, 3) == 0) {
-        i = 3; /* a UTF-8 byte order mark opens the file: skip it */
-    }
-    t->offset += n;
-    for (; i < n; i++) {
-        unsigned char c = bytes[i];
-        if (c == '\n') {
-            int status = end_line(t);
-            if (status != 0) {
-                return status;
-            }
-            t->line++;
-            continue;
-        }
-        if (c == '\0') {
-            snprintf(t->message, t->message_size, "%s:%zu: a NUL byte at column %zu", t->path,
-                     t->line, t->len + 1);
-            return -1;
-        }
-        if (t->len + 1 >= sizeof t->text) {
-            snprintf(t->message, t->message_size, "%s:%zu: line longer than %zu characters",
-                     t->path, t->line, sizeof t->text - 2);
-            return -1;
-        }
-        t->text[t->len++] = (char)c;
-    }
-    return 0;
-}
-
 int kvp_workload_load_trace(const char *path, size_t capacity, kvp_workload *out, char *message,
                             size_t message_size)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        close(fd);
-        fd = -1;
-        errno = EISDIR;
-    }
-    if (fd < 0) {
-        snprintf(message, message_size, "%s: %s", path, strerror(errno));
-        return -1;
-    }
     kvp_workload list = {NULL, 0};
-    trace_reader t = {.path = path, .capacity = capacity, .list = &list, .line = 1,
+    trace_reader t = {.path = path, .capacity = capacity, .list = &list,
                       .message = message, .message_size = message_size};
-    unsigned char chunk[16384];
-    int status = 0;
-    for (;;) {
-        ssize_t got = read(fd, chunk, sizeof chunk);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got < 0) {
-            snprintf(message, message_size, "%s: %s", path, strerror(errno));
-            status = -1;
-            break;
-        }
-        if (got == 0) {
-            status = t.len > 0 ? end_line(&t) : 0;
-            break;
-        }
-        status = consume(&t, chunk, (size_t)got);
-        if (status != 0) {
-            break;
-        }
-    }
-    close(fd);
+    const kvp_lines lines = {.path = path, .max_len = TRACE_LINE_MAX,
+                             .max_shown = TRACE_LINE_MAX - 1, .handle = trace_line,
+                             .context = &t, .message = message, .message_size = message_size};
+    int status = kvp_lines_read(&lines);
     if (status == 0 && list.count == 0) {
         snprintf(message, message_size, "%s: no requests", path);
         status = -1;

@@ -120,6 +120,32 @@ run mooncake_memory_names_layers "invalid value for --layers: '80'" \
     "with a capacity of 65537 tokens (--trace's longest request)" \
     $S --trace "$work/many.jsonl" --trace-format mooncake --model llama-3-70b --layers 80 \
     --kv-dtype bf16 --block-tokens 1 --budget "$many_budget" --no-compute --max-running 0
+# Sweeps: every value of every list is checked, each combination as a run of its own,
+# before anything runs; the one line names the flag and the bad value.
+run sweep_budget_below_page --budget "'1KiB'" $S --budget 64KiB,1KiB --json --requests 2
+run sweep_budget_empty_item --budget "'64KiB,,256KiB'" $S --budget 64KiB,,256KiB
+run sweep_budget_trailing_comma --budget "'64KiB,'" $S --budget=64KiB,
+run sweep_budget_word --budget "'lots'" $S --budget 1MiB,lots
+run sweep_budget_above_physical --budget "'$above'" $S --budget "16MiB,$above" --requests 2
+run sweep_kv_dtype --kv-dtype "'f99'" $S --kv-dtype f64,bf16,f99
+run sweep_kv_dtype_inline --kv-dtype "'f99'" $S --kv-dtype=bf16,f99
+run sweep_block_tokens_zero --block-tokens "'0'" $S --block-tokens 16,0
+run sweep_block_tokens_overflow --block-tokens "'18446744073709551615'" \
+    $S --block-tokens 16,18446744073709551615
+run sweep_model --model "'gpt'" $S --model llama-3-8b,gpt --no-compute
+run sweep_model_memory --model "'llama-3-70b'" $S --model llama-3-70b,llama-3-8b \
+    --budget 16MiB --requests 2
+run sweep_too_many --budget "the lists make more than 256 combinations" \
+    $S --block-tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17 \
+    --budget 1MiB,2MiB,3MiB,4MiB,5MiB,6MiB,7MiB,8MiB,9MiB,10MiB,11MiB,12MiB,13MiB,14MiB,15MiB,16MiB
+run sweep_budget_twice --budget "'lots'" $S --budget 1MiB,2MiB --kv-dtype f64,bf16 --budget lots
+run format_bogus --format "'xml'" $S --format xml
+run format_with_json --format "csv" $S --format csv --json --requests 2
+run sweep_with_plot "--plot $work/sub/x.svg" "a sweep" $S --budget 1MiB,2MiB --plot "$work/sub/x.svg"
+run format_with_plot "--plot $work/sub/x.svg" "--format" $S --format md --plot "$work/sub/x.svg"
+# The capacity a Mooncake trace sets (its longest request, 600 + 4) bounds --reserve-tokens.
+run mooncake_reserve_above_capacity --reserve-tokens "'700'" \
+    $S --trace "$work/moon2.jsonl" --trace-format mooncake --reserve-tokens 700
 run max_running_word --max-running "'all'" $S --max-running all
 run max_running_negative --max-running "'-1'" $S --max-running -1
 run plot_missing_dir "--plot /nonexistent/x.svg" "No such file or directory" \
@@ -323,12 +349,24 @@ for option in --layers --model-width --heads --kv-heads --block-tokens --budget 
     --capacity --requests --profile --prompt-mean --output-mean --sigma --arrival --rate \
     --trace --shared-prefix --samples --no-sharing --max-running --update-weights-every --verify \
     --watermark \
-    --reserve-tokens --threads --seed --no-compute --audit-every --json --plot --quiet --help; do
+    --reserve-tokens --threads --seed --no-compute --audit-every --json --format --plot --quiet \
+    --help; do
     grep -q -- "^  $option" "$work/help.txt" || fail "simulate --help lacks $option"
 done
 [ "$(grep -c 'default' "$work/help.txt")" -ge 20 ] || fail "simulate --help lacks defaults"
 $D --help | grep -q -- '--json' || fail "demo --help lacks --json"
 $k --help | grep -q -- '--version' || fail "kvpager --help lacks --version"
+# Each command's help states the memory a run takes, and the program's help sums them up.
+grep -q '^Memory (peak resident set' "$work/help.txt" || fail "simulate --help lacks its memory"
+grep -q 'allocator-only run (--no-compute) builds no weights and puts no memory' "$work/help.txt" ||
+    fail "simulate --help lacks the allocator-only run's memory"
+$D --help | grep -q '^memory: one pool of a few pages' || fail "demo --help lacks its memory"
+$k bench --help | grep -q 'peak' || fail "bench --help lacks its memory"
+$k --help > "$work/top-help.txt"
+for command in simulate demo bench; do
+    sed -n '/^memory/,/^options/p' "$work/top-help.txt" | grep -q "^  $command " ||
+        fail "kvpager --help gives no memory for $command"
+done
 # Output that cannot be written is an error too, with its reason.
 code=0
 $k --help > /dev/full 2> "$work/err" || code=$?

@@ -521,10 +521,107 @@ assert r["hit_rate_of_ceiling"] == 1 and r["pages_leaked"] == 0 and r["audit_fai
 PY
     ;;
 esac
+# A Mooncake trace with block ids makes no comparison run without sharing, and says so.
+grep -q '^comparison run          none: a trace.s sharing is measured against its ceiling' \
+    "$work/tiny.txt" || fail "the Mooncake report does not announce that no comparison ran"
+grep -q '^side by side' "$work/tiny.txt" && fail "a Mooncake trace ran a comparison"
+# A sweep over a trace with block ids: the hit rate column is the first-admission rate.
+"$@" simulate --trace "$work/tiny.jsonl" --trace-format mooncake --layers 1 --model-width 8 \
+    --heads 1 --block-tokens 16,32 --budget 1MiB --quiet --format csv > "$work/tiny-sweep.csv"
+python3 - "$work/tiny-sweep.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert [(r["block_tokens"], r["pages"], r["completed"]) for r in rows] == [
+    ("16", "512", "3"), ("32", "256", "3")], rows
+for r in rows:
+    assert abs(float(r["hit_rate"]) - 1536 / 3260) < 1e-6, r["hit_rate"]
+PY
+# The checks against the capacity wait for the trace that sets it: a request of
+# 4096 + 4 tokens makes the capacity 4100, so --reserve-tokens 3000 (above the
+# default capacity 2048) is within it.
+printf '{"timestamp": 0, "input_length": 4096, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5, 6, 7, 8]}\n' \
+    > "$work/long.jsonl"
+"$@" simulate --trace "$work/long.jsonl" --trace-format mooncake --layers 1 --model-width 8 \
+    --heads 1 --block-tokens 16 --budget 1MiB --no-compute --reserve-tokens 3000 --quiet --json \
+    > "$work/long-reserve.json" || fail "--reserve-tokens 3000 refused against the default capacity"
+[ "$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["config"]["capacity"], r["config"]["reserve_tokens"], r["requests_completed"])' "$work/long-reserve.json")" = "4100 3000 1" ] \
+    || fail "the trace's capacity and --reserve-tokens: $(cat "$work/long-reserve.json")"
+
 # The same file read as CSV is refused: the format is never guessed.
 if "$@" simulate --trace "$work/tiny.jsonl" --quiet > /dev/null 2>&1; then
     fail "a Mooncake file was read without --trace-format mooncake"
 fi
+
+# Sweeps: comma lists of the main knobs, one run and one table row per combination
+# (--model, --kv-dtype, --block-tokens, --budget; the last varying fastest). A small
+# computed workload whose schedule is deterministic; each row's figures are the
+# single run's (its --json), and the schedule's figures are exact.
+grep -q -- '--format FMT' "$work/help.txt" || fail "--help does not describe --format"
+grep -q '^Sweeps: --model, --kv-dtype, --block-tokens and --budget take comma lists' \
+    "$work/help.txt" || fail "--help does not describe sweeps"
+grep -q '^Memory (peak resident set, /usr/bin/time -v, release build' "$work/help.txt" ||
+    fail "--help does not state the memory a run needs"
+sweep="--requests 8 --prompt-mean 12 --output-mean 10 --capacity 128 --threads 2 --quiet"
+"$@" simulate $sweep --budget 64KiB,256KiB --kv-dtype f64,bf16 > "$work/sweep.md"
+"$@" simulate $sweep --budget=64KiB,256KiB --kv-dtype=f64,bf16 --format csv > "$work/sweep.csv"
+"$@" simulate $sweep --budget 64KiB,256KiB --kv-dtype f64,bf16 --format json > "$work/sweep.json"
+"$@" simulate $sweep --budget 64KiB,256KiB --kv-dtype f64,bf16 --json > "$work/sweep-full.json"
+"$@" simulate $sweep --budget 256KiB --kv-dtype bf16 --format md > "$work/sweep-one.md"
+"$@" simulate $sweep --budget 256KiB --kv-dtype bf16 > "$work/sweep-one.txt"
+for d in f64 bf16; do
+    for b in 64KiB 256KiB; do
+        "$@" simulate $sweep --budget $b --kv-dtype $d --json > "$work/single-$d-$b.json"
+    done
+done
+python3 - "$work" <<'PY'
+import csv, json, sys
+w = sys.argv[1]
+columns = ["model", "layers", "model_width", "heads", "kv_heads", "kv_dtype", "block_tokens",
+           "budget_bytes", "pages", "peak_concurrent", "mean_concurrent", "hit_rate",
+           "preemptions", "ttft_p50_steps", "ttft_p99_steps", "e2e_p50_steps", "e2e_p99_steps",
+           "completed", "requests", "steps", "seconds"]
+order = [("f64", "64KiB", 65536), ("f64", "256KiB", 262144), ("bf16", "64KiB", 65536),
+         ("bf16", "256KiB", 262144)]
+rows = list(csv.DictReader(open(f"{w}/sweep.csv")))
+table = json.load(open(f"{w}/sweep.json"))
+full = json.load(open(f"{w}/sweep-full.json"))
+assert open(f"{w}/sweep.csv").readline().strip() == ",".join(columns)
+assert len(rows) == len(table) == len(full) == 4, (len(rows), len(table), len(full))
+for i, (dtype, budget, budget_bytes) in enumerate(order):
+    one = json.load(open(f"{w}/single-{dtype}-{budget}.json"))
+    c, t, f = rows[i], table[i], full[i]
+    assert list(t) == columns, list(t)
+    assert c["kv_dtype"] == t["kv_dtype"] == f["kv_dtype"] == dtype
+    assert int(c["budget_bytes"]) == t["budget_bytes"] == f["config"]["budget_bytes"] == budget_bytes
+    assert c["model"] == t["model"] == "-" and t["layers"] == 2 and t["block_tokens"] == 16
+    pairs = {"pages": "total_pages", "peak_concurrent": "peak_concurrent_sequences",
+             "preemptions": "preemptions", "completed": "requests_completed",
+             "requests": "requests", "steps": "steps"}
+    for col, key in pairs.items():
+        assert int(c[col]) == t[col] == f[key] == one[key], (i, col, c[col], t[col], one[key])
+    assert abs(t["mean_concurrent"] - one["mean_concurrent_sequences"]) < 1e-12
+    assert abs(float(c["mean_concurrent"]) - one["mean_concurrent_sequences"]) < 1e-5
+    assert t["hit_rate"] == one["first_admission_hit_tokens"] / one["workload_prompt_tokens"] == 0
+    assert t["ttft_p50_steps"] == one["latency"]["ttft_steps"]["p50"]
+    assert t["ttft_p99_steps"] == one["latency"]["ttft_steps"]["p99"]
+    assert t["e2e_p50_steps"] == one["latency"]["e2e_steps"]["p50"]
+    assert t["e2e_p99_steps"] == one["latency"]["e2e_steps"]["p99"]
+    assert t["seconds"] > 0 and f["output_checksum"] == one["output_checksum"]
+# The figures themselves (the same schedule on any machine): pages, peak, steps, completed.
+got = [(t["pages"], t["peak_concurrent"], t["steps"], t["completed"]) for t in table]
+assert got == [(4, 1, 17, 2), (16, 3, 56, 8), (16, 3, 56, 8), (64, 7, 44, 8)], got
+md = open(f"{w}/sweep.md").read().splitlines()
+assert md[0] == "| " + " | ".join(columns) + " |", md[0]
+assert md[1].startswith("| --- | ---: |") and len(md) == 6, md
+assert md[2].startswith("| - | 2 | 64 | 4 | 4 | f64 | 16 | 64.0 KiB | 4 | 1 | 1.00 | 0.0% | 0 |"), md[2]
+assert md[5].startswith("| - | 2 | 64 | 4 | 4 | bf16 | 16 | 256.0 KiB | 64 | 7 |"), md[5]
+one_md = open(f"{w}/sweep-one.md").read().splitlines()
+assert len(one_md) == 3 and one_md[2].startswith("| - | 2 | 64 | 4 | 4 | bf16 | 16 | 256.0 KiB | 64 | 7 |")
+# One value of each: today's report, no table.
+text = open(f"{w}/sweep-one.txt").read()
+assert text.startswith("kvpager simulate: sharegpt, 8 requests") and "| model |" not in text
+print("check_simulate: sweeps (md, csv, json tables and --json's array) match the single runs")
+PY
 
 # The sharegpt targets at the default budget. The schedule does not depend on
 # the attention arithmetic (checked above), so the allocator-only run shows

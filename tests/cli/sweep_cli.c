@@ -3,7 +3,7 @@
  *
  * For each scenario (simulate computed and --no-compute, each with and
  * without --trace, plus a --plot; the issue's reproduction of the old
- * use-after-free; demo) and each N = 1, 2, ...: a forked child arms a fault
+ * use-after-free; two sweeps, --json's array and a --format table; demo) and each N = 1, 2, ...: a forked child arms a fault
  * injector to fail its Nth allocation, runs the command in-process through
  * the kvpager_cli library, and exits with the command's status. The parent
  * asserts the child exited (never a signal) with 0 or 2, and that an exit 2
@@ -193,6 +193,13 @@ static const scenario scenarios[] = {
     {"simulate-issue-7",
      {"simulate", "--trace", "TRACE", "--budget", "1MiB", "--model-width", "16", "--heads", "2",
       "--capacity", "64", "--threads", "1", "--quiet", NULL}},
+    /* Sweeps (simulate_sweep.c): --json's array, and a --format table. */
+    {"simulate-sweep-json",
+     {"simulate", SMALL, "--requests", "5", "--prompt-mean", "6", "--output-mean", "10",
+      "--arrival", "burst", "--budget=4KiB,8KiB", "--no-compute", NULL}},
+    {"simulate-sweep-table",
+     {"simulate", "--model-width", "8", "--heads", "2", "--block-tokens", "4,8", "--capacity",
+      "24", "--layers", "1", "--quiet", GENERATED, "--threads", "1", "--format", "csv", NULL}},
     {"demo", {"demo", NULL}},
 };
 

@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include "alloc.h"
+#include "lines.h"
 #include "trace_stats.h"
 #include "workload.h"
 
@@ -244,6 +245,89 @@ static void test_trace_refuses_bad_files(void **state)
     assert_int_equal(kvp_workload_load_mooncake(path, 1000, 0, &w, message, sizeof message), -1);
     assert_non_null(strstr(message, "milliseconds per step"));
     assert_null(w.requests);
+}
+
+/* What the line reader handed over: each line's length and number, and a copy of line 3. */
+typedef struct seen_lines {
+    size_t count;
+    size_t len[8];
+    size_t number[8];
+    char third[8];
+} seen_lines;
+
+static int record_line(void *context, char *text, size_t len, size_t line)
+{
+    seen_lines *seen = context;
+    assert_int_equal(strlen(text), len); /* NUL-terminated, no newline */
+    if (seen->count < 8) {
+        seen->len[seen->count] = len;
+        seen->number[seen->count] = line;
+    }
+    if (line == 3) {
+        snprintf(seen->third, sizeof seen->third, "%s", text);
+    }
+    seen->count++;
+    return line == 6 ? 42 : 0; /* the handler's status stops the reading */
+}
+
+/*
+ * The shared line reader (src/cli/lines.c) both trace formats use: a byte
+ * order mark skipped, empty lines handed over, lines numbered from 1, a line
+ * far longer than the buffer's first 256 bytes, the last line without its
+ * newline, the handler's status returned; the limit and its message; and the
+ * CSV reader keeps its limit, 510 characters and a CR.
+ */
+static void test_trace_line_reader(void **state)
+{
+    (void)state;
+    char *text = malloc(6000);
+    assert_non_null(text);
+    memcpy(text, "\357\273\277ab\n\nxyz\r\n", 12);
+    memset(text + 12, 'q', 5000);
+    memcpy(text + 5012, "\nend", 5);
+    write_text(text);
+    char message[256] = "";
+    seen_lines seen = {0};
+    kvp_lines lines = {.path = path, .max_len = 5000, .max_shown = 5000,
+                       .handle = record_line, .context = &seen, .message = message,
+                       .message_size = sizeof message};
+    assert_int_equal(kvp_lines_read(&lines), 0);
+    assert_int_equal(seen.count, 5);
+    const size_t lens[5] = {2, 0, 4, 5000, 3};
+    for (size_t i = 0; i < 5; i++) {
+        assert_int_equal(seen.len[i], lens[i]);
+        assert_int_equal(seen.number[i], i + 1);
+    }
+    assert_string_equal(seen.third, "xyz\r");
+    /* one character over the limit: refused with the line and the limit named */
+    lines.max_len = 4999;
+    lines.max_shown = 4998;
+    seen.count = 0;
+    assert_int_equal(kvp_lines_read(&lines), -1);
+    snprintf(text, 6000, "%s:4: line longer than 4998 characters", path);
+    assert_string_equal(message, text);
+    /* the handler's status: line 6 stops the reading */
+    write_text("1\n2\n3\n4\n5\n6\n7\n");
+    lines.max_len = 10;
+    seen.count = 0;
+    assert_int_equal(kvp_lines_read(&lines), 42);
+    assert_int_equal(seen.count, 6);
+    /* CSV: 511 characters, a CR included, are a row; 512 are refused as before */
+    memset(text, '0', 506);
+    memcpy(text + 506, ",5,4\r\n", 7);
+    write_text(text);
+    kvp_workload w = {NULL, 0};
+    assert_int_equal(kvp_workload_load_trace(path, 100, &w, message, sizeof message), 0);
+    assert_int_equal(w.count, 1);
+    assert_int_equal(w.requests[0].prompt_tokens, 5);
+    kvp_workload_free(&w);
+    memset(text, '0', 507);
+    memcpy(text + 507, ",5,4\r\n", 7);
+    write_text(text);
+    assert_int_equal(kvp_workload_load_trace(path, 100, &w, message, sizeof message), -1);
+    assert_non_null(strstr(message, ":1: line longer than 510 characters"));
+    assert_null(w.requests);
+    free(text);
 }
 
 /*
@@ -558,6 +642,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trace_refuses_each_malformed_line),
         cmocka_unit_test(test_trace_refuses_bad_files),
+        cmocka_unit_test(test_trace_line_reader),
         cmocka_unit_test(test_trace_reads_requests_and_their_ids),
         cmocka_unit_test(test_trace_other_workloads_have_no_block_ids),
         cmocka_unit_test(test_trace_hand_made_figures),
