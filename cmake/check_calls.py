@@ -2,10 +2,12 @@
 """check_calls.py [--nm NM] OBJECT...: no two files of one folder call each
 other in a circle.
 
-Reads the library's object files (CMake passes $<TARGET_OBJECTS:kvpager_objects>;
+Reads the library's object files (CMake passes $<TARGET_OBJECTS:kvpager_objects>,
+and the Python module's, $<TARGET_OBJECTS:kvpager_python>, when it is built;
 each is .../src/<folder>/<file>.c.o or .o), lists with `nm` what each defines
 and what it leaves undefined, and builds, within each of src/pager,
-src/attention and src/serve, the graph "file A uses a symbol file B defines".
+src/attention, src/serve and src/python, the graph "file A uses a symbol
+file B defines".
 A cycle of any length in that graph (pool.c -> audit.c -> pool.c, or
 a.c -> b.c -> c.c -> a.c) fails the check: it prints each cycle with the
 symbols on every edge and exits 1. Calls across folders are the layers'
