@@ -1,0 +1,59 @@
+"""Reference counts and memory over many create/destroy cycles."""
+import gc
+import resource
+import sys
+
+import numpy as np
+
+import kvpager
+
+
+def cycle(model):
+    with kvpager.Pool(block_tokens=4, heads=2, head_width=8, budget_bytes=1 << 15) as p:
+        c = kvpager.Cache(p, batch_size=1, capacity=16)
+        k = np.ones((1, 2, 5, 8))
+        c.append_rows(k, k)
+        np.asarray(c.page_view(0, 1)).sum()
+        np.asarray(c.block_table(0)).sum()
+        f = c.fork()
+        c.keys()
+        try:
+            c.append_rows(np.full((1, 2, 20, 8), 1.0), k[:, :, :1])
+        except kvpager.Error:
+            pass
+        f.close()
+        c.close()
+        with kvpager.Sequence(model, p, 1, 8) as s:
+            s.prefill(np.zeros((1, 3, 16)))
+            s.step(np.zeros((1, 1, 16)))
+            s.cache(0).keys()
+
+
+def rss_kib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+
+
+def test_no_reference_or_memory_growth():
+    model = kvpager.Model.random(2, 16, 2, 16, seed=1)
+    for _ in range(200):  # warm up allocators and caches
+        cycle(model)
+    gc.collect()
+    refs = (sys.getrefcount(model), sys.getrefcount(kvpager.Pool), sys.getrefcount(kvpager.Cache),
+            sys.getrefcount(kvpager.Full))
+    rss0 = rss_kib()
+    blocks0 = sys.getallocatedblocks()
+    for _ in range(2000):
+        cycle(model)
+    gc.collect()
+    grown_kib = rss_kib() - rss0
+    grown_blocks = sys.getallocatedblocks() - blocks0
+    assert sys.getrefcount(model) == refs[0]
+    assert sys.getrefcount(kvpager.Pool) == refs[1]
+    assert sys.getrefcount(kvpager.Cache) == refs[2]
+    assert sys.getrefcount(kvpager.Full) == refs[3]
+    # a leak of one object per cycle would be >= 2000 blocks; a pool slab per
+    # cycle would be 32 KiB * 2000
+    assert grown_blocks < 200, grown_blocks
+    assert grown_kib < 4096, grown_kib
+    model.close()
