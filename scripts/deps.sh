@@ -6,7 +6,12 @@
 # the ABI against its committed baseline (scripts/abi-update.sh). libsodium-dev
 # gives the keyed BLAKE2b of the prefix index's keys and each pool's random
 # secret (docs/DESIGN.md, Threat model).
-kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools"
+# python3-dev, python3-numpy and python3-pytest (test/optional packages)
+# build and test the Python module (src/python/, docs/python.md); without
+# them CMake skips the module. python3-torch is not installed here (libtorch
+# and its dependencies are ~180 MB): the torch example runs when it imports,
+# and ctest reports it skipped otherwise.
+kvp_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools python3-dev python3-numpy python3-pytest"
 
 kvp_missing_packages() {
     for package in $kvp_packages; do

@@ -122,3 +122,20 @@ def test_audit_failed_is_typed():
     assert issubclass(kvpager.AuditFailed, kvpager.Error)
     with kvpager.Pool(block_tokens=4, heads=2, head_width=8, budget_bytes=1 << 16) as p:
         assert p.audit() is None
+
+
+def test_stub_lists_every_class():
+    """The .pyi stub names every error class and every public class."""
+    import os
+    stub = os.path.join(os.path.dirname(kvpager.__file__), "__init__.pyi")
+    text = open(stub).read()
+    for cls in list(kvpager.error_classes.values()) + [kvpager.Pool, kvpager.Cache,
+                                                       kvpager.View, kvpager.Model,
+                                                       kvpager.Sequence]:
+        assert "class %s(" % cls.__name__ in text or "class %s:" % cls.__name__ in text, cls
+
+
+def test_help_is_readable():
+    import pydoc
+    text = pydoc.render_doc(kvpager.Pool, renderer=pydoc.plaintext)
+    assert "kvp_pool_create" in text and "audit" in text and "PoolBusy" in text
