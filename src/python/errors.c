@@ -125,7 +125,7 @@ static int set_detail(PyObject *exc, const kvp_error *e)
     return bad ? -1 : 0;
 }
 
-PyObject *kvp_py_raise(const kvp_error *err)
+PyObject *kvp_py_error_new(const kvp_error *err)
 {
     kvp_status s = err->status;
     PyObject *cls = (s > 0 && s < KVP_STATUS_COUNT_) ? error_classes[s] : error_base;
@@ -141,7 +141,15 @@ PyObject *kvp_py_raise(const kvp_error *err)
         return NULL;
     }
     Py_DECREF(msg);
-    PyErr_SetObject(cls, exc);
+    return exc;
+}
+
+PyObject *kvp_py_raise(const kvp_error *err)
+{
+    PyObject *exc = kvp_py_error_new(err);
+    if (!exc)
+        return NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
     Py_DECREF(exc);
     return NULL;
 }

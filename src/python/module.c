@@ -21,14 +21,16 @@ PyMODINIT_FUNC PyInit__kvpager(void);
 PyMODINIT_FUNC PyInit__kvpager(void)
 {
     PyTypeObject *types[] = {&KvpPyPool_Type, &KvpPyCache_Type, &KvpPyView_Type,
-                             &KvpPyModel_Type, &KvpPySequence_Type};
+                             &KvpPyModel_Type, &KvpPySequence_Type, &KvpPyDecoder_Type,
+                             &KvpPyScheduler_Type};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&kvpager_module);
     if (!m)
         return NULL;
-    static const char *names[] = {"Pool", "Cache", "View", "Model", "Sequence"};
+    static const char *names[] = {"Pool",     "Cache",   "View",     "Model",
+                                  "Sequence", "Decoder", "Scheduler"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(m);

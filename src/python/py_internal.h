@@ -55,6 +55,14 @@ typedef struct {
     int busy;
 } KvpPySequence;
 
+typedef struct {
+    PyObject_HEAD
+    kvp_decoder *decoder;
+    int busy; /* a step runs (this object's, or its scheduler's) */
+} KvpPyDecoder;
+
+extern PyTypeObject KvpPyDecoder_Type;
+extern PyTypeObject KvpPyScheduler_Type;
 extern PyTypeObject KvpPyPool_Type;
 extern PyTypeObject KvpPyCache_Type;
 extern PyTypeObject KvpPyView_Type;
@@ -63,6 +71,8 @@ extern PyTypeObject KvpPySequence_Type;
 
 /* errors.c */
 int kvp_py_errors_init(PyObject *module);
+/* A new instance of the kvpager.Error subclass of err->status (not raised). */
+PyObject *kvp_py_error_new(const kvp_error *err);
 /* Raises the kvpager.Error subclass of err->status; returns NULL. */
 PyObject *kvp_py_raise(const kvp_error *err);
 /* Raises ValueError "... is closed"; returns NULL. */

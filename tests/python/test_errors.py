@@ -131,7 +131,8 @@ def test_stub_lists_every_class():
     text = open(stub).read()
     for cls in list(kvpager.error_classes.values()) + [kvpager.Pool, kvpager.Cache,
                                                        kvpager.View, kvpager.Model,
-                                                       kvpager.Sequence]:
+                                                       kvpager.Sequence,
+                                                       kvpager.Decoder, kvpager.Scheduler]:
         assert "class %s(" % cls.__name__ in text or "class %s:" % cls.__name__ in text, cls
 
 
