@@ -32,6 +32,10 @@ KNOWN = set()  # circles allowed for now: none
 
 DEFINED = set("TDBRGSVWiu")  # global text, data, bss, read-only, small, weak, ifunc, unique
 OBJECT = re.compile(r"(?:^|/)src/([a-z_]+)/([A-Za-z0-9_]+\.c)(?:\.o|\.obj)$")
+# A target defined in its own folder's CMakeLists.txt (src/python/) puts its
+# objects at src/<folder>/CMakeFiles/<target>.dir/[./]<file>.c.o.
+OBJECT_IN_FOLDER = re.compile(
+    r"(?:^|/)src/([a-z_]+)/CMakeFiles/[^/]+\.dir/(?:\./)?([A-Za-z0-9_]+\.c)(?:\.o|\.obj)$")
 
 
 def symbols(nm, path):
@@ -54,7 +58,8 @@ def graphs(nm, objects):
     """{folder: {file: {other file: sorted symbols file uses from other}}}."""
     files = {}
     for path in objects:
-        m = OBJECT.search(path.replace(os.sep, "/"))
+        m = (OBJECT_IN_FOLDER.search(path.replace(os.sep, "/")) or
+             OBJECT.search(path.replace(os.sep, "/")))
         if not m:
             raise SystemExit("check_calls: %s is not a src/<folder>/<file>.c object" % path)
         files[(m.group(1), m.group(2))] = symbols(nm, path)
