@@ -1,7 +1,7 @@
 /*
  * src/python/views.c: kvpager.View, a zero-copy read-only buffer over memory
  * a cache owns: a page's rows (kvp_pool_page_data) or a lane's block table
- * (kvp_cache_block_table).
+ * (kvp_cache_block_table), through the buffer protocol and DLPack.
  *
  * The C API makes such memory valid until the next call that changes the
  * cache (cache.h, kvp_cache_block_table and kvp_pool_page_data), and gives
@@ -182,7 +182,126 @@ static PyObject *view_numpy(KvpPyView *v, PyObject *args)
     return arr;
 }
 
+/* ---- DLPack (dlpack.h v0.6+, the stable ABI; written out: Debian has no
+ * dlpack header). torch.from_dlpack(view) wraps the page without copying;
+ * bf16 pages come out as torch.bfloat16. The export counts as one buffer
+ * export of the view until the consumer's tensor dies (the deleter). DLPack
+ * before 1.0 has no read-only flag: the tensor must not be written. */
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} kvp_dl_device;
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} kvp_dl_dtype;
+typedef struct {
+    void *data;
+    kvp_dl_device device;
+    int32_t ndim;
+    kvp_dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} kvp_dl_tensor;
+typedef struct kvp_dl_managed {
+    kvp_dl_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct kvp_dl_managed *self);
+} kvp_dl_managed;
+
+typedef struct {
+    kvp_dl_managed managed;
+    int64_t shape[4];
+    int64_t strides[4];
+    KvpPyView *view;
+} dl_export;
+
+static void dl_deleter(kvp_dl_managed *m)
+{
+    dl_export *e = m->manager_ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    e->view->exports--;
+    (*e->view->exports_of)--;
+    Py_DECREF((PyObject *)e->view);
+    PyMem_Free(e);
+    PyGILState_Release(g);
+}
+
+static void dl_capsule_free(PyObject *capsule)
+{
+    /* Not consumed (still named "dltensor"): the deleter is ours to call. */
+    if (!PyCapsule_IsValid(capsule, "dltensor"))
+        return;
+    kvp_dl_managed *m = PyCapsule_GetPointer(capsule, "dltensor");
+    if (m && m->deleter)
+        m->deleter(m);
+}
+
+static int dl_type_of(const char *format, kvp_dl_dtype *t)
+{
+    static const struct {
+        char format;
+        uint8_t code, bits;
+    } map[] = {{'d', 2, 64}, {'f', 2, 32}, {'e', 2, 16}, {'H', 4, 16}, {'B', 1, 8}, {'I', 1, 32}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        if (format[0] == map[i].format) {
+            t->code = map[i].code;
+            t->bits = map[i].bits;
+            t->lanes = 1;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static PyObject *view_dlpack(KvpPyView *v, PyObject *args, PyObject *kwds)
+{
+    (void)args;
+    (void)kwds; /* stream: CPU memory needs none */
+    Py_buffer probe;
+    if (view_getbuffer(v, &probe, PyBUF_RECORDS_RO) < 0)
+        return NULL; /* a stale view raises PageNotHeld */
+    dl_export *e = PyMem_Calloc(1, sizeof *e);
+    if (!e || dl_type_of(v->format, &e->managed.dl_tensor.dtype) < 0) {
+        PyMem_Free(e);
+        PyBuffer_Release(&probe);
+        return e ? PyErr_Format(PyExc_BufferError, "kvpager: no DLPack type") : PyErr_NoMemory();
+    }
+    for (int i = 0; i < v->ndim; i++) {
+        e->shape[i] = v->shape[i];
+        e->strides[i] = v->strides[i] / v->itemsize;
+    }
+    kvp_dl_tensor *t = &e->managed.dl_tensor;
+    t->data = (void *)v->buf;
+    t->device.device_type = 1; /* kDLCPU */
+    t->ndim = v->ndim;
+    t->shape = e->shape;
+    t->strides = e->strides;
+    e->managed.manager_ctx = e;
+    e->managed.deleter = dl_deleter;
+    /* The probe's export becomes the tensor's: its release is the deleter's. */
+    e->view = (KvpPyView *)probe.obj; /* the reference the probe took */
+    PyObject *capsule = PyCapsule_New(&e->managed, "dltensor", dl_capsule_free);
+    if (!capsule)
+        dl_deleter(&e->managed);
+    return capsule;
+}
+
+static PyObject *view_dlpack_device(KvpPyView *v, PyObject *unused)
+{
+    (void)v;
+    (void)unused;
+    return Py_BuildValue("(ii)", 1, 0); /* kDLCPU, device 0 */
+}
+
 static PyMethodDef view_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))view_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(stream=None): a DLPack capsule over the view (torch.from_dlpack(view)); bf16 "
+     "pages as bfloat16. The view counts it as an export until the tensor dies; do not write "
+     "through it."},
+    {"__dlpack_device__", (PyCFunction)view_dlpack_device, METH_NOARGS, "(kDLCPU, 0)."},
     {"numpy", (PyCFunction)view_numpy, METH_NOARGS,
      "numpy() -> numpy.ndarray over the view's memory, zero-copy (as numpy.asarray(view)). "
      "Raises kvpager.PageNotHeld once the cache changed."},
