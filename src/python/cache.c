@@ -17,11 +17,22 @@
  */
 #include "py_internal.h"
 
+/* A layer cache is its sequence's: closed with it, busy while it steps. */
+static int cache_closed(const KvpPyCache *self)
+{
+    return !self->cache || (self->owner && !((KvpPySequence *)self->owner)->sequence);
+}
+
+static int cache_busy(const KvpPyCache *self)
+{
+    return self->busy || (self->owner && ((KvpPySequence *)self->owner)->busy);
+}
+
 #define CACHE_OPEN(self)                                                                           \
     do {                                                                                           \
-        if (!(self)->cache)                                                                        \
+        if (cache_closed(self))                                                                    \
             return kvp_py_closed("cache");                                                         \
-        if ((self)->busy)                                                                          \
+        if (cache_busy(self))                                                                      \
             return kvp_py_busy("cache");                                                           \
     } while (0)
 
@@ -38,7 +49,7 @@ static Py_ssize_t *exports_of(KvpPyCache *self)
 /* Before a change: open, owned by no sequence, no buffer exported, not busy. */
 static int may_change(KvpPyCache *self)
 {
-    if (!self->cache) {
+    if (cache_closed(self)) {
         kvp_py_closed("cache");
         return -1;
     }
@@ -123,7 +134,7 @@ static void cache_dealloc(KvpPyCache *self)
 static PyObject *cache_close(KvpPyCache *self, PyObject *unused)
 {
     (void)unused;
-    if (!self->cache)
+    if (cache_closed(self))
         Py_RETURN_NONE;
     if (may_change(self) < 0)
         return NULL;
@@ -452,7 +463,7 @@ static PyObject *cache_block_key(KvpPyCache *self, PyObject *args)
     kvp_block_key p, out;
     kvp_error err;
     PyObject *r = NULL;
-    if (!self->cache)
+    if (cache_closed(self))
         kvp_py_closed("cache");
     else if (parent != Py_None && (!PyTuple_Check(parent) || key_from(parent, &p) < 0))
         PyErr_SetString(PyExc_TypeError, "kvpager: block_key: parent is a (lo, hi) tuple");
@@ -590,7 +601,7 @@ static PyObject *cache_get_reserved(KvpPyCache *self, void *closure)
 static PyObject *cache_get_closed(KvpPyCache *self, void *closure)
 {
     (void)closure;
-    return PyBool_FromLong(self->cache == NULL);
+    return PyBool_FromLong(cache_closed(self));
 }
 
 static PyObject *cache_get_pool(KvpPyCache *self, void *closure)

@@ -38,6 +38,7 @@ static PyObject *decoder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->decoder = d;
     self->busy = 0;
+    self->users = 0;
     return (PyObject *)self;
 }
 
@@ -55,8 +56,11 @@ static PyObject *decoder_close(KvpPyDecoder *self, PyObject *unused)
     (void)unused;
     if (!self->decoder)
         Py_RETURN_NONE;
-    if (self->busy)
-        return kvp_py_busy("decoder");
+    if (self->busy || self->users) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "kvpager: the decoder is in use (a step runs, or a Scheduler holds it)");
+        return NULL;
+    }
     kvp_status ignored = kvp_decoder_destroy(self->decoder, NULL);
     (void)ignored;
     self->decoder = NULL;

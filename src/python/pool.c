@@ -217,6 +217,11 @@ static PyObject *pool_close(KvpPyPool *self, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "kvpager: the pool is in use by another thread");
         return NULL;
     }
+    if (self->users) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "kvpager: a Scheduler uses the pool: close the scheduler first");
+        return NULL;
+    }
     kvp_error err;
     if (kvp_pool_destroy(self->pool, &err) != KVP_OK)
         return kvp_py_raise(&err);

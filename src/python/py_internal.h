@@ -26,7 +26,8 @@
 typedef struct {
     PyObject_HEAD
     kvp_pool *pool;
-    int busy; /* calls running with the GIL released: close refuses meanwhile */
+    int busy;  /* calls running with the GIL released: close refuses meanwhile */
+    int users; /* schedulers holding the handle (they hold it without owning it) */
 } KvpPyPool;
 
 typedef struct {
@@ -42,7 +43,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     kvp_model *model;
-    int busy;
+    int busy;  /* steps of its sequences running with the GIL released */
+    int users; /* schedulers holding the handle */
 } KvpPyModel;
 
 typedef struct {
@@ -58,7 +60,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     kvp_decoder *decoder;
-    int busy; /* a step runs (this object's, or its scheduler's) */
+    int busy;  /* a step runs (this object's, or its scheduler's) */
+    int users; /* schedulers holding the handle */
 } KvpPyDecoder;
 
 extern PyTypeObject KvpPyDecoder_Type;

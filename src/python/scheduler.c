@@ -220,6 +220,12 @@ static PyObject *sched_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->pending = NULL;
     self->busy = 0;
     self->width = c.model_width;
+    /* Closing any of the three would free a handle the C scheduler uses. */
+    self->pool->users++;
+    if (self->model)
+        ((KvpPyModel *)self->model)->users++;
+    if (self->decoder)
+        ((KvpPyDecoder *)self->decoder)->users++;
     if (m) {
         kvp_model_info info;
         kvp_model_info_init(&info);
@@ -235,6 +241,11 @@ static void sched_destroy(KvpPyScheduler *self)
         kvp_status ignored = kvp_scheduler_destroy(self->scheduler, NULL);
         (void)ignored;
         self->scheduler = NULL;
+        self->pool->users--;
+        if (self->model)
+            ((KvpPyModel *)self->model)->users--;
+        if (self->decoder)
+            ((KvpPyDecoder *)self->decoder)->users--;
     }
     if (self->records)
         PyDict_Clear(self->records); /* after the destroy: no callback runs any more */

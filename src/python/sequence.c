@@ -50,6 +50,7 @@ static PyObject *model_random(PyTypeObject *type, PyObject *args, PyObject *kwds
     }
     m->model = model;
     m->busy = 0;
+    m->users = 0;
     return (PyObject *)m;
 }
 
@@ -65,6 +66,11 @@ static PyObject *model_close(KvpPyModel *self, PyObject *unused)
     (void)unused;
     if (!self->model)
         Py_RETURN_NONE;
+    if (self->busy || self->users) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "kvpager: the model is in use (a step runs, or a Scheduler holds it)");
+        return NULL;
+    }
     kvp_error err;
     if (kvp_model_destroy(self->model, &err) != KVP_OK)
         return kvp_py_raise(&err);

@@ -173,3 +173,14 @@ def test_scheduler_keeps_its_objects_alive(pool, model):
     s.step()
     assert s.collect()[0]["status"] == "Ok"
     s.close()
+
+
+def test_objects_a_scheduler_uses_refuse_to_close(pool, model):
+    d = kvpager.Decoder(1)
+    s = kvpager.Scheduler(model, pool, d, capacity=8)
+    for obj in (d, pool, model):
+        with pytest.raises(RuntimeError):
+            obj.close()
+    assert not pool.closed
+    s.close()
+    d.close()  # now it may

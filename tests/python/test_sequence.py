@@ -212,3 +212,16 @@ def test_second_thread_on_same_sequence_is_refused(pool, model):
                 refused += 1
         t.join()
         assert s.len == 60 and out[0].shape == (1, 60, WIDTH)
+
+
+def test_layer_cache_dies_with_its_sequence(pool, model):
+    s = kvpager.Sequence(model, pool, 1, 8)
+    s.step(tokens(1, 1))
+    lc = s.cache(0)
+    assert lc.len == 1 and not lc.closed
+    s.close()
+    assert lc.closed
+    with pytest.raises(ValueError):
+        lc.keys()
+    with pytest.raises(ValueError):
+        lc.block_table(0)
