@@ -4,8 +4,8 @@
 A one-layer kvpager.Sequence decodes tokens with the C library's attention,
 its K/V in a bf16 pool. After each step, PyTorch recomputes that token's
 attention from the layer cache's block table and page views: each page is
-wrapped without copying (numpy.asarray(view) -> torch.from_numpy ->
-.view(torch.bfloat16)), widened to f64, and attended over. The result,
+wrapped without copying by torch.from_dlpack(view) (a torch.bfloat16
+tensor over the pool's slab), widened to f64, and attended over. The result,
 plus the residual, must equal the step's output (to 1e-12 relative: both
 compute in f64 over the same stored bf16 rows, in different summation
 orders). The C library's paged attention for engines (kvp_paged_attention,
@@ -17,7 +17,6 @@ does not import.
 Run: PYTHONPATH=<build>/python python3 examples/python/torch_block_tables.py
 """
 import sys
-import warnings
 
 import numpy as np
 
@@ -46,12 +45,11 @@ def rope(x, position):
 
 def page_tensor(cache, lane, block):
     """The page of (lane, block) as a torch.bfloat16 tensor (2, heads, rows, d_h)
-    over the pool's own memory: no copy."""
-    arr = np.asarray(cache.page_view(lane, block))  # uint16: bf16 bits
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the view is read-only; torch warns
-        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    assert t.data_ptr() == arr.__array_interface__["data"][0]  # zero-copy
+    over the pool's own memory, through DLPack: no copy."""
+    view = cache.page_view(lane, block)
+    t = torch.from_dlpack(view)
+    assert t.dtype == torch.bfloat16
+    assert t.data_ptr() == np.asarray(view).__array_interface__["data"][0]  # zero-copy
     return t
 
 
