@@ -17,6 +17,7 @@
  */
 #include "py_internal.h"
 
+#include "kvpager/layer.h"
 #include "kvpager/param.h"
 
 static PyObject *model_random(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -52,6 +53,102 @@ static PyObject *model_random(PyTypeObject *type, PyObject *args, PyObject *kwds
     m->busy = 0;
     m->users = 0;
     return (PyObject *)m;
+}
+
+/* One layer from its four weight arrays (converted once to float64). */
+static int layer_from(PyObject *ws, size_t heads, size_t kv_heads, size_t maxpos, double base,
+                      kvp_layer **out, kvp_error *err)
+{
+    PyObject *fast = PySequence_Fast(ws, "kvpager: a layer is (W_q, W_k, W_v, W_o)");
+    if (!fast)
+        return -1;
+    kvp_param *p[KVP_PARAM_COUNT] = {NULL, NULL, NULL, NULL};
+    int rc = -1;
+    if (PySequence_Fast_GET_SIZE(fast) != KVP_PARAM_COUNT) {
+        PyErr_SetString(PyExc_ValueError, "kvpager: a layer is (W_q, W_k, W_v, W_o)");
+        goto done;
+    }
+    for (int i = 0; i < KVP_PARAM_COUNT; i++) {
+        Py_buffer b;
+        if (kvp_py_f64_buffer(PySequence_Fast_GET_ITEM(fast, i), &b, "a weight") < 0)
+            goto done;
+        size_t rows = b.ndim == 2 ? (size_t)b.shape[0] : 0;
+        size_t cols = b.ndim == 2 ? (size_t)b.shape[1] : 0;
+        kvp_status s = kvp_param_create_matrix(rows, cols, b.buf, &p[i], err);
+        PyBuffer_Release(&b);
+        if (s != KVP_OK) {
+            kvp_py_raise(err);
+            goto done;
+        }
+    }
+    if (kvp_layer_create_grouped(p[0], p[1], p[2], p[3], heads, kv_heads, maxpos, base, out,
+                                 err) != KVP_OK) {
+        kvp_py_raise(err);
+        goto done;
+    }
+    rc = 0;
+done:
+    for (int i = 0; i < KVP_PARAM_COUNT; i++) {
+        kvp_status ignored = kvp_param_release(p[i], NULL); /* the layer holds its own */
+        (void)ignored;
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
+static PyObject *model_create(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"weights", "heads", "max_positions", "rope_base", "kv_heads", NULL};
+    PyObject *weights;
+    Py_ssize_t heads, maxpos, kv_heads = 0;
+    double base = 10000.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Onn|dn:create", kwlist, &weights, &heads,
+                                     &maxpos, &base, &kv_heads))
+        return NULL;
+    if (heads < 0 || maxpos < 0 || kv_heads < 0) {
+        PyErr_SetString(PyExc_ValueError, "kvpager: Model sizes must not be negative");
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(weights, "kvpager: weights is a list of layers");
+    if (!fast)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    kvp_layer **layers = PyMem_Calloc((size_t)n + 1, sizeof *layers);
+    kvp_model *model = NULL;
+    kvp_error err;
+    PyObject *r = NULL;
+    Py_ssize_t made = 0;
+    if (!layers) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; made < n; made++)
+        if (layer_from(PySequence_Fast_GET_ITEM(fast, made), (size_t)heads,
+                       kv_heads ? (size_t)kv_heads : (size_t)heads, (size_t)maxpos, base,
+                       &layers[made], &err) < 0)
+            goto done;
+    if (kvp_model_create((const kvp_layer *const *)layers, (size_t)n, &model, &err) != KVP_OK) {
+        kvp_py_raise(&err);
+        goto done;
+    }
+    KvpPyModel *m = PyObject_New(KvpPyModel, type);
+    if (!m) {
+        kvp_status ignored = kvp_model_destroy(model, NULL);
+        (void)ignored;
+        goto done;
+    }
+    m->model = model;
+    m->busy = 0;
+    m->users = 0;
+    r = (PyObject *)m;
+done:
+    for (Py_ssize_t i = 0; layers && i < made; i++) {
+        kvp_status ignored = kvp_layer_destroy(layers[i], NULL); /* the model keeps its own */
+        (void)ignored;
+    }
+    PyMem_Free(layers);
+    Py_DECREF(fast);
+    return r;
 }
 
 static void model_dealloc(KvpPyModel *self)
@@ -184,6 +281,12 @@ static PyMethodDef model_methods[] = {
      "Model.random(layers, model_width, heads, max_positions, rope_base=10000.0, seed=0, "
      "kv_heads=0) -> Model: random layers for experiments (kvp_model_create_random; "
      "kv_heads > 0: grouped-query, kvp_model_create_random_grouped)."},
+    {"create", (PyCFunction)(void (*)(void))model_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Model.create(weights, heads, max_positions, rope_base=10000.0, kv_heads=0) -> Model: "
+     "layers from weights, a list of (W_q, W_k, W_v, W_o) per layer (y = x W; W_q and W_o "
+     "D x D, W_k and W_v D x (kv_heads * D / heads); converted once to float64; "
+     "kvp_param_create_matrix, kvp_layer_create_grouped, kvp_model_create). Errors: "
+     "ParameterWidthMismatch, HeadsDoNotDivideWidth, KvHeadsDoNotDivideHeads, Rope*."},
     {"info", (PyCFunction)model_info, METH_NOARGS, "info() -> dict: kvp_model_info."},
     {"param", (PyCFunction)model_param, METH_VARARGS,
      "param(layer, index) -> numpy.ndarray: a copy of W_q, W_k, W_v or W_o (index 0..3)."},

@@ -225,3 +225,28 @@ def test_layer_cache_dies_with_its_sequence(pool, model):
         lc.keys()
     with pytest.raises(ValueError):
         lc.block_table(0)
+
+
+def test_model_create_from_weights_equals_random(pool, model):
+    """A model built from another's weights computes the same bits."""
+    weights = [[model.param(layer, i) for i in range(4)] for layer in range(2)]
+    with kvpager.Model.create(weights, HEADS, 64) as copy:
+        assert copy.info() == model.info()
+        x = tokens(5, 30)
+        with kvpager.Sequence(model, pool, 1, 8) as a, kvpager.Sequence(copy, pool, 1, 8) as b:
+            assert np.array_equal(a.prefill(x), b.prefill(x))
+
+
+def test_model_create_errors():
+    w = np.zeros((16, 16))
+    with pytest.raises(kvpager.ParameterWidthMismatch) as e:
+        kvpager.Model.create([(w, np.zeros((8, 16)), w, w)], 2, 16)
+    assert e.value.expected == (16, 16)
+    with pytest.raises(kvpager.HeadsDoNotDivideWidth):
+        kvpager.Model.create([(w, w, w, w)], 3, 16)
+    with pytest.raises(kvpager.KvHeadsDoNotDivideHeads):
+        kvpager.Model.create([(w, w, w, w)], 4, 16, kv_heads=3)
+    with pytest.raises(ValueError):
+        kvpager.Model.create([(w, w, w)], 2, 16)
+    with pytest.raises(kvpager.InvalidArgument):
+        kvpager.Model.create([], 2, 16)

@@ -159,6 +159,9 @@ class Cache:
 
 class Model:
     @classmethod
+    def create(cls, weights: _Seq[_Seq[npt.ArrayLike]], heads: int, max_positions: int,
+               rope_base: float = 10000.0, kv_heads: int = 0) -> "Model": ...
+    @classmethod
     def random(cls, layers: int, model_width: int, heads: int, max_positions: int,
                rope_base: float = 10000.0, seed: int = 0, kv_heads: int = 0) -> "Model": ...
     def info(self) -> Dict[str, int]: ...
