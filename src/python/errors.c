@@ -70,7 +70,7 @@ static PyObject *str_or_none(const char *s)
     Py_RETURN_NONE;
 }
 
-static PyObject *mismatch_dict(const kvp_mismatch *m)
+PyObject *kvp_py_mismatch_dict(const kvp_mismatch *m)
 {
     return Py_BuildValue("{s:i,s:N,s:n,s:n,s:n,s:n}", "invariant", (int)m->invariant, "what",
                          str_or_none(m->what), "page", (Py_ssize_t)m->page, "lane",
@@ -118,7 +118,7 @@ static int set_detail(PyObject *exc, const kvp_error *e)
     SET_("cache_revision", PyLong_FromUnsignedLongLong(e->cache_revision));
     SET_("layer_revision", PyLong_FromUnsignedLongLong(e->layer_revision));
     if (e->status == KVP_AUDIT_FAILED)
-        SET_("first_mismatch", mismatch_dict(&e->first_mismatch));
+        SET_("first_mismatch", kvp_py_mismatch_dict(&e->first_mismatch));
     else
         SET_("first_mismatch", Py_NewRef(Py_None));
 #undef SET_

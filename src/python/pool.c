@@ -147,9 +147,24 @@ static PyObject *pool_audit(KvpPyPool *self, PyObject *unused)
     s = kvp_pool_check(self->pool, collect_finding, &f, &err);
     Py_END_ALLOW_THREADS
     self->busy--;
-    if (s != KVP_OK)
+    if (s == KVP_OK)
+        Py_RETURN_NONE;
+    if (s != KVP_AUDIT_FAILED)
         return kvp_py_raise(&err);
-    Py_RETURN_NONE;
+    /* AuditFailed also carries `findings`: the first KVP_POOL_CHECK_REPORTS, as dicts. */
+    PyObject *exc = kvp_py_error_new(&err);
+    PyObject *list = exc ? PyList_New(0) : NULL;
+    for (size_t i = 0; list && i < f.count; i++) {
+        PyObject *d = kvp_py_mismatch_dict(&f.found[i]);
+        if (!d || PyList_Append(list, d) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(d);
+    }
+    if (list && PyObject_SetAttrString(exc, "findings", list) == 0)
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_XDECREF(list);
+    Py_XDECREF(exc);
+    return NULL;
 }
 
 static PyObject *pool_digest(KvpPyPool *self, PyObject *unused)
@@ -256,7 +271,8 @@ static PyMethodDef pool_methods[] = {
      "stats() -> dict: a consistent snapshot of kvp_pool_stats (thread-safe)."},
     {"audit", (PyCFunction)pool_audit, METH_NOARGS,
      "audit() -> None: kvp_pool_check, the full audit of invariants I1-I5, with the GIL "
-     "released. Raises kvpager.AuditFailed (mismatches, first_mismatch) on a finding. "
+     "released. Raises kvpager.AuditFailed (mismatches, first_mismatch, findings: the "
+     "first 64 as dicts) on a finding. "
      "Changes nothing."},
     {"digest", (PyCFunction)pool_digest, METH_NOARGS,
      "digest() -> int: kvp_pool_digest, FNV-1a of every slab byte (not while rows are "

@@ -76,6 +76,8 @@ extern PyTypeObject KvpPySequence_Type;
 int kvp_py_errors_init(PyObject *module);
 /* A new instance of the kvpager.Error subclass of err->status (not raised). */
 PyObject *kvp_py_error_new(const kvp_error *err);
+/* An audit finding as a dict (invariant, what, page, lane, expected, actual). */
+PyObject *kvp_py_mismatch_dict(const kvp_mismatch *m);
 /* Raises the kvpager.Error subclass of err->status; returns NULL. */
 PyObject *kvp_py_raise(const kvp_error *err);
 /* Raises ValueError "... is closed"; returns NULL. */
