@@ -6,11 +6,10 @@ its K/V in a bf16 pool. After each step, PyTorch recomputes that token's
 attention from the layer cache's block table and page views: each page is
 wrapped without copying by torch.from_dlpack(view) (a torch.bfloat16
 tensor over the pool's slab), widened to f64, and attended over. The result,
-plus the residual, must equal the step's output (to 1e-12 relative: both
-compute in f64 over the same stored bf16 rows, in different summation
-orders). The C library's paged attention for engines (kvp_paged_attention,
-paged.h) is not wrapped in Python yet, so the layer's own attention is the
-reference, as the issue allows.
+must equal kvp_paged_attention's over the same pages (Cache.paged_attention,
+paged.h: vLLM's paged_attention), and, through W_o plus the residual, the
+step's output (both to 1e-12 relative: all compute in f64 over the same
+stored bf16 rows, in different summation orders).
 
 Exit status: 0 when they match, 1 when not, 77 (ctest's skip) when torch
 does not import.
@@ -54,7 +53,8 @@ def page_tensor(cache, lane, block):
 
 
 def torch_attention(cache, x, wq, position):
-    """The new token's attention over every stored row, read page by page."""
+    """The new token's attention over every stored row, read page by page:
+    (head outputs [heads, d_h], the rotated query)."""
     table = torch.from_numpy(np.asarray(cache.block_table(0)).astype(np.int64))
     pages = [page_tensor(cache, 0, b).to(torch.float64) for b in range(len(table))]
     keys = torch.cat([p[0] for p in pages], dim=1)     # (heads, len, d_h)
@@ -62,7 +62,7 @@ def torch_attention(cache, x, wq, position):
     q = rope((x @ wq).reshape(HEADS, HW), position)
     scores = torch.einsum("hd,hnd->hn", q, keys) / np.sqrt(HW)
     weights = torch.softmax(scores, dim=1)
-    return torch.einsum("hn,hnd->hd", weights, values).reshape(WIDTH)
+    return torch.einsum("hn,hnd->hd", weights, values), q
 
 
 def main():
@@ -78,14 +78,21 @@ def main():
     for t in range(len(tokens)):
         x = tokens[t]
         out = torch.from_numpy(seq.step(x.numpy().reshape(1, 1, WIDTH)).reshape(WIDTH))
-        mine = x + torch_attention(cache, x, wq, t) @ wo
-        worst = max(worst, float(((mine - out).abs() / (out.abs() + 1e-300)).max()))
+        heads_out, q = torch_attention(cache, x, wq, t)
+        paged = torch.from_numpy(cache.paged_attention(q.numpy()[None])[0])
+        mine = x + heads_out.reshape(WIDTH) @ wo
+        worst = max(worst, float(((mine - out).abs() / (out.abs() + 1e-300)).max()),
+                    float(((heads_out - paged).abs() / (paged.abs() + 1e-300)).max()))
+        if not torch.allclose(heads_out, paged, rtol=1e-12, atol=1e-12):
+            print("token %d: torch %s != kvp_paged_attention %s" % (t, heads_out[0, :4],
+                                                                   paged[0, :4]))
+            return 1
         if not torch.allclose(mine, out, rtol=1e-12, atol=1e-12):
             print("token %d: torch %s != kvpager %s" % (t, mine[:4], out[:4]))
             return 1
     pool.audit()
     print("torch_block_tables: %d tokens: PyTorch attention over bf16 page views (zero-copy) "
-          "equals kvpager's (largest relative difference %.1e)" % (len(tokens), worst))
+          "equals kvp_paged_attention's and the layer's step (largest relative difference %.1e)" % (len(tokens), worst))
     del cache
     seq.close()
     model.close()

@@ -17,6 +17,8 @@
  */
 #include "py_internal.h"
 
+#include "kvpager/paged.h"
+
 /* A layer cache is its sequence's: closed with it, busy while it steps. */
 static int cache_closed(const KvpPyCache *self)
 {
@@ -433,6 +435,116 @@ static PyObject *cache_page_view(KvpPyCache *self, PyObject *args)
                            strides, 1, page);
 }
 
+/* One [B, H or H_kv, d_h] buffer of the queries' format, or None. */
+static int attention_input(PyObject *obj, Py_buffer *b, kvp_dtype want, const char *name)
+{
+    kvp_dtype got;
+    if (obj == Py_None)
+        return 0;
+    if (kvp_py_rows_buffer(obj, b, &got, name) < 0)
+        return -1;
+    if (got != want || b->ndim != 3) {
+        PyErr_Format(PyExc_ValueError,
+                     "kvpager: paged_attention: %s must be [batch, heads, head_width] of the "
+                     "queries' dtype (float64 or float32)",
+                     name);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *cache_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"queries", "keys", "values", "scale", "accum", "decoder", NULL};
+    PyObject *q_obj, *k_obj = Py_None, *v_obj = Py_None, *dec_obj = Py_None;
+    double scale = 0.0;
+    const char *accum = "exact";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOdsO:paged_attention", kwlist, &q_obj,
+                                     &k_obj, &v_obj, &scale, &accum, &dec_obj))
+        return NULL;
+    CACHE_OPEN(self);
+    KvpPyDecoder *dec = NULL;
+    if (dec_obj != Py_None) {
+        if (!PyObject_TypeCheck(dec_obj, &KvpPyDecoder_Type)) {
+            PyErr_SetString(PyExc_TypeError, "kvpager: paged_attention: decoder is a Decoder");
+            return NULL;
+        }
+        dec = (KvpPyDecoder *)dec_obj;
+        if (!dec->decoder)
+            return kvp_py_closed("decoder");
+        if (dec->busy)
+            return kvp_py_busy("decoder");
+    }
+    kvp_paged_attention_args a;
+    kvp_paged_attention_args_init(&a);
+    if (strcmp(accum, "exact") != 0 && strcmp(accum, "fast") != 0) {
+        PyErr_Format(PyExc_ValueError, "kvpager: accum '%s': not 'exact' or 'fast'", accum);
+        return NULL;
+    }
+    a.accum = accum[0] == 'f' ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT;
+    Py_buffer qb, kb = {0}, vb = {0};
+    kvp_dtype qd;
+    if (kvp_py_rows_buffer(q_obj, &qb, &qd, "queries") < 0)
+        return NULL;
+    if (qd == KVP_F16 || qb.ndim != 3) {
+        PyBuffer_Release(&qb);
+        PyErr_SetString(PyExc_ValueError, "kvpager: paged_attention: queries must be "
+                                          "[batch, heads, head_width] float64 or float32");
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (attention_input(k_obj, &kb, qd, "keys") < 0 ||
+        attention_input(v_obj, &vb, qd, "values") < 0)
+        goto done;
+    size_t dims[3] = {(size_t)qb.shape[0], (size_t)qb.shape[1], (size_t)qb.shape[2]};
+    double *data;
+    out = kvp_py_new_f64(3, dims, &data);
+    if (out && qd == KVP_F32) {
+        PyObject *f32 = PyObject_CallMethod(out, "astype", "s", "float32");
+        Py_SETREF(out, f32);
+        Py_buffer ob;
+        if (out && PyObject_GetBuffer(out, &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0) {
+            data = ob.buf;
+            PyBuffer_Release(&ob);
+        } else {
+            Py_CLEAR(out);
+        }
+    }
+    if (!out)
+        goto done;
+    a.cache = self->cache;
+    a.heads = dims[1];
+    a.io_dtype = qd;
+    a.queries = qb.buf;
+    a.keys = kb.obj ? kb.buf : NULL;
+    a.values = vb.obj ? vb.buf : NULL;
+    a.scale = scale;
+    a.outputs = data;
+    kvp_error err;
+    kvp_status st;
+    /* the cache (and the sequence owning it) must not change meanwhile */
+    int *owner_busy = self->owner ? &((KvpPySequence *)self->owner)->busy : &self->busy;
+    *owner_busy = 1;
+    if (dec)
+        dec->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvp_paged_attention(&a, dec ? dec->decoder : NULL, &err);
+    Py_END_ALLOW_THREADS
+    if (dec)
+        dec->busy = 0;
+    *owner_busy = 0;
+    if (st != KVP_OK) {
+        Py_CLEAR(out);
+        kvp_py_raise(&err);
+    }
+done:
+    PyBuffer_Release(&qb);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&vb);
+    return out;
+}
+
 static PyObject *cache_digest(KvpPyCache *self, PyObject *unused)
 {
     (void)unused;
@@ -640,6 +752,14 @@ static PyMethodDef cache_methods[] = {
      "page_view(lane, block) -> View (2, kv_heads, rows, head_width) of the block's page in "
      "the pool's dtype (bf16 as uint16, fp8 as uint8): keys then values, only the rows the "
      "lane holds; zero-copy, valid until the cache changes."},
+    {"paged_attention", (PyCFunction)(void (*)(void))cache_paged_attention,
+     METH_VARARGS | METH_KEYWORDS,
+     "paged_attention(queries, keys=None, values=None, scale=0.0, accum='exact', decoder=None)"
+     " -> [batch, heads, head_width]: kvp_paged_attention over every lane's retained rows, read "
+     "through the pages (vLLM's paged_attention), plus one candidate row per lane when keys "
+     "and values ([batch, kv_heads, head_width]) are given. queries [batch, heads, head_width] "
+     "(already rotated), float64 or float32 (the outputs' dtype); scale 0: 1/sqrt(head_width). "
+     "The GIL is released; a Decoder spreads the work over its threads (same bits)."},
     {"digest", (PyCFunction)cache_digest, METH_NOARGS, "digest() -> int: kvp_cache_digest."},
     {"block_key", (PyCFunction)cache_block_key, METH_VARARGS,
      "block_key(input: bytes, parent=None) -> (lo, hi): kvp_block_key_chain."},
