@@ -454,6 +454,48 @@ static int attention_input(PyObject *obj, Py_buffer *b, kvp_dtype want, const ch
     return 0;
 }
 
+/* The Decoder argument: None, or an open one no step is using. */
+static int decoder_arg(PyObject *obj, KvpPyDecoder **out)
+{
+    *out = NULL;
+    if (obj == Py_None)
+        return 0;
+    if (!PyObject_TypeCheck(obj, &KvpPyDecoder_Type)) {
+        PyErr_SetString(PyExc_TypeError, "kvpager: paged_attention: decoder is a Decoder");
+        return -1;
+    }
+    KvpPyDecoder *dec = (KvpPyDecoder *)obj;
+    if (!dec->decoder) {
+        kvp_py_closed("decoder");
+        return -1;
+    }
+    if (dec->busy) {
+        kvp_py_busy("decoder");
+        return -1;
+    }
+    *out = dec;
+    return 0;
+}
+
+/* A zeroed [B, H, d_h] array of the io dtype (float64 or float32). */
+static PyObject *attention_output(const size_t dims[3], kvp_dtype io, void **data)
+{
+    double *d64;
+    PyObject *out = kvp_py_new_f64(3, dims, &d64);
+    *data = d64;
+    if (!out || io != KVP_F32)
+        return out;
+    Py_SETREF(out, PyObject_CallMethod(out, "astype", "s", "float32"));
+    Py_buffer ob;
+    if (out && PyObject_GetBuffer(out, &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0) {
+        *data = ob.buf; /* the array owns it; it outlives the release */
+        PyBuffer_Release(&ob);
+        return out;
+    }
+    Py_XDECREF(out);
+    return NULL;
+}
+
 static PyObject *cache_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"queries", "keys", "values", "scale", "accum", "decoder", NULL};
@@ -465,17 +507,8 @@ static PyObject *cache_paged_attention(KvpPyCache *self, PyObject *args, PyObjec
         return NULL;
     CACHE_OPEN(self);
     KvpPyDecoder *dec = NULL;
-    if (dec_obj != Py_None) {
-        if (!PyObject_TypeCheck(dec_obj, &KvpPyDecoder_Type)) {
-            PyErr_SetString(PyExc_TypeError, "kvpager: paged_attention: decoder is a Decoder");
-            return NULL;
-        }
-        dec = (KvpPyDecoder *)dec_obj;
-        if (!dec->decoder)
-            return kvp_py_closed("decoder");
-        if (dec->busy)
-            return kvp_py_busy("decoder");
-    }
+    if (decoder_arg(dec_obj, &dec) < 0)
+        return NULL;
     kvp_paged_attention_args a;
     kvp_paged_attention_args_init(&a);
     if (strcmp(accum, "exact") != 0 && strcmp(accum, "fast") != 0) {
@@ -498,19 +531,8 @@ static PyObject *cache_paged_attention(KvpPyCache *self, PyObject *args, PyObjec
         attention_input(v_obj, &vb, qd, "values") < 0)
         goto done;
     size_t dims[3] = {(size_t)qb.shape[0], (size_t)qb.shape[1], (size_t)qb.shape[2]};
-    double *data;
-    out = kvp_py_new_f64(3, dims, &data);
-    if (out && qd == KVP_F32) {
-        PyObject *f32 = PyObject_CallMethod(out, "astype", "s", "float32");
-        Py_SETREF(out, f32);
-        Py_buffer ob;
-        if (out && PyObject_GetBuffer(out, &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0) {
-            data = ob.buf;
-            PyBuffer_Release(&ob);
-        } else {
-            Py_CLEAR(out);
-        }
-    }
+    void *data;
+    out = attention_output(dims, qd, &data);
     if (!out)
         goto done;
     a.cache = self->cache;
