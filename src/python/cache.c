@@ -454,29 +454,6 @@ static int attention_input(PyObject *obj, Py_buffer *b, kvp_dtype want, const ch
     return 0;
 }
 
-/* The Decoder argument: None, or an open one no step is using. */
-static int decoder_arg(PyObject *obj, KvpPyDecoder **out)
-{
-    *out = NULL;
-    if (obj == Py_None)
-        return 0;
-    if (!PyObject_TypeCheck(obj, &KvpPyDecoder_Type)) {
-        PyErr_SetString(PyExc_TypeError, "kvpager: paged_attention: decoder is a Decoder");
-        return -1;
-    }
-    KvpPyDecoder *dec = (KvpPyDecoder *)obj;
-    if (!dec->decoder) {
-        kvp_py_closed("decoder");
-        return -1;
-    }
-    if (dec->busy) {
-        kvp_py_busy("decoder");
-        return -1;
-    }
-    *out = dec;
-    return 0;
-}
-
 /* A zeroed [B, H, d_h] array of the io dtype (float64 or float32). */
 static PyObject *attention_output(const size_t dims[3], kvp_dtype io, void **data)
 {
@@ -496,19 +473,17 @@ static PyObject *attention_output(const size_t dims[3], kvp_dtype io, void **dat
     return NULL;
 }
 
-static PyObject *cache_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds)
+PyObject *kvp_py_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds,
+                                 KvpPyDecoder *dec)
 {
-    static char *kwlist[] = {"queries", "keys", "values", "scale", "accum", "decoder", NULL};
-    PyObject *q_obj, *k_obj = Py_None, *v_obj = Py_None, *dec_obj = Py_None;
+    static char *kwlist[] = {"queries", "keys", "values", "scale", "accum", NULL};
+    PyObject *q_obj, *k_obj = Py_None, *v_obj = Py_None;
     double scale = 0.0;
     const char *accum = "exact";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOdsO:paged_attention", kwlist, &q_obj,
-                                     &k_obj, &v_obj, &scale, &accum, &dec_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOds:paged_attention", kwlist, &q_obj,
+                                     &k_obj, &v_obj, &scale, &accum))
         return NULL;
     CACHE_OPEN(self);
-    KvpPyDecoder *dec = NULL;
-    if (decoder_arg(dec_obj, &dec) < 0)
-        return NULL;
     kvp_paged_attention_args a;
     kvp_paged_attention_args_init(&a);
     if (strcmp(accum, "exact") != 0 && strcmp(accum, "fast") != 0) {
@@ -565,6 +540,11 @@ done:
     PyBuffer_Release(&kb);
     PyBuffer_Release(&vb);
     return out;
+}
+
+static PyObject *cache_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds)
+{
+    return kvp_py_paged_attention(self, args, kwds, NULL);
 }
 
 static PyObject *cache_digest(KvpPyCache *self, PyObject *unused)
@@ -776,12 +756,13 @@ static PyMethodDef cache_methods[] = {
      "lane holds; zero-copy, valid until the cache changes."},
     {"paged_attention", (PyCFunction)(void (*)(void))cache_paged_attention,
      METH_VARARGS | METH_KEYWORDS,
-     "paged_attention(queries, keys=None, values=None, scale=0.0, accum='exact', decoder=None)"
+     "paged_attention(queries, keys=None, values=None, scale=0.0, accum='exact')"
      " -> [batch, heads, head_width]: kvp_paged_attention over every lane's retained rows, read "
      "through the pages (vLLM's paged_attention), plus one candidate row per lane when keys "
      "and values ([batch, kv_heads, head_width]) are given. queries [batch, heads, head_width] "
      "(already rotated), float64 or float32 (the outputs' dtype); scale 0: 1/sqrt(head_width). "
-     "The GIL is released; a Decoder spreads the work over its threads (same bits)."},
+     "The GIL is released. Decoder.paged_attention(cache, ...) spreads it over the decoder's "
+     "threads (same bits)."},
     {"digest", (PyCFunction)cache_digest, METH_NOARGS, "digest() -> int: kvp_cache_digest."},
     {"block_key", (PyCFunction)cache_block_key, METH_VARARGS,
      "block_key(input: bytes, parent=None) -> (lo, hi): kvp_block_key_chain."},

@@ -202,6 +202,27 @@ done:
     return r;
 }
 
+static PyObject *decoder_paged_attention(KvpPyDecoder *self, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) < 1 || !PyObject_TypeCheck(PyTuple_GET_ITEM(args, 0),
+                                                          &KvpPyCache_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "kvpager: Decoder.paged_attention(cache, queries, ...): a Cache first");
+        return NULL;
+    }
+    if (!self->decoder)
+        return kvp_py_closed("decoder");
+    if (self->busy)
+        return kvp_py_busy("decoder");
+    PyObject *rest = PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args));
+    if (!rest)
+        return NULL;
+    PyObject *r =
+        kvp_py_paged_attention((KvpPyCache *)PyTuple_GET_ITEM(args, 0), rest, kwds, self);
+    Py_DECREF(rest);
+    return r;
+}
+
 static PyObject *decoder_get_threads(KvpPyDecoder *self, void *closure)
 {
     (void)closure;
@@ -233,6 +254,11 @@ static PyMethodDef decoder_methods[] = {
      "(sequence, prompt, 'prefill'). Returns, per job, its output array or the "
      "kvpager.Error its failure gives (a failed job changes nothing). Two jobs on one "
      "sequence raise InvalidArgument and run nothing."},
+    {"paged_attention", (PyCFunction)(void (*)(void))decoder_paged_attention,
+     METH_VARARGS | METH_KEYWORDS,
+     "paged_attention(cache, queries, keys=None, values=None, scale=0.0, accum='exact'): "
+     "Cache.paged_attention on the decoder's threads (kvp_paged_attention with `threads`): "
+     "the same bits."},
     {"close", (PyCFunction)decoder_close, METH_NOARGS, "close(): stop and join the threads."},
     {"__enter__", decoder_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)decoder_exit, METH_VARARGS, NULL},

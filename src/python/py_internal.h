@@ -104,6 +104,11 @@ PyObject *kvp_py_view_new(KvpPyCache *cache, PyObject *keeper, unsigned long *ge
                           Py_ssize_t itemsize, int ndim, const Py_ssize_t *shape,
                           const Py_ssize_t *strides, int is_page, uint32_t page);
 
+/* cache.c: Cache.paged_attention's work, on `dec`'s threads when not NULL
+ * (Decoder.paged_attention; the caller checked it is open and idle). */
+PyObject *kvp_py_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds,
+                                 KvpPyDecoder *dec);
+
 /* A change refused because views of the cache's memory are exported. */
 int kvp_py_check_unexported(Py_ssize_t exports, const char *what);
 

@@ -37,7 +37,7 @@ def test_external_cache_equals_numpy(pool):
     both_k, both_v = np.concatenate([k, k1], 2), np.concatenate([v, v1], 2)
     assert np.allclose(out1, numpy_attention(q, both_k, both_v, 0.5), rtol=1e-12, atol=1e-14)
     with kvpager.Decoder(2) as d:
-        assert np.array_equal(c.paged_attention(q, decoder=d), out)  # same bits on threads
+        assert np.array_equal(d.paged_attention(c, q), out)  # same bits on threads
     q32 = q.astype(np.float32)
     out32 = c.paged_attention(q32)
     assert out32.dtype == np.float32
