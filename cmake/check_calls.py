@@ -2,10 +2,12 @@
 """check_calls.py [--nm NM] OBJECT...: no two files of one folder call each
 other in a circle.
 
-Reads the library's object files (CMake passes $<TARGET_OBJECTS:kvpager_objects>;
+Reads the library's object files (CMake passes $<TARGET_OBJECTS:kvpager_objects>,
+and the Python module's, $<TARGET_OBJECTS:kvpager_python>, when it is built;
 each is .../src/<folder>/<file>.c.o or .o), lists with `nm` what each defines
 and what it leaves undefined, and builds, within each of src/pager,
-src/attention and src/serve, the graph "file A uses a symbol file B defines".
+src/attention, src/serve and src/python, the graph "file A uses a symbol
+file B defines".
 A cycle of any length in that graph (pool.c -> audit.c -> pool.c, or
 a.c -> b.c -> c.c -> a.c) fails the check: it prints each cycle with the
 symbols on every edge and exits 1. Calls across folders are the layers'
@@ -30,6 +32,10 @@ KNOWN = set()  # circles allowed for now: none
 
 DEFINED = set("TDBRGSVWiu")  # global text, data, bss, read-only, small, weak, ifunc, unique
 OBJECT = re.compile(r"(?:^|/)src/([a-z_]+)/([A-Za-z0-9_]+\.c)(?:\.o|\.obj)$")
+# A target defined in its own folder's CMakeLists.txt (src/python/) puts its
+# objects at src/<folder>/CMakeFiles/<target>.dir/[./]<file>.c.o.
+OBJECT_IN_FOLDER = re.compile(
+    r"(?:^|/)src/([a-z_]+)/CMakeFiles/[^/]+\.dir/(?:\./)?([A-Za-z0-9_]+\.c)(?:\.o|\.obj)$")
 
 
 def symbols(nm, path):
@@ -52,7 +58,8 @@ def graphs(nm, objects):
     """{folder: {file: {other file: sorted symbols file uses from other}}}."""
     files = {}
     for path in objects:
-        m = OBJECT.search(path.replace(os.sep, "/"))
+        m = (OBJECT_IN_FOLDER.search(path.replace(os.sep, "/")) or
+             OBJECT.search(path.replace(os.sep, "/")))
         if not m:
             raise SystemExit("check_calls: %s is not a src/<folder>/<file>.c object" % path)
         files[(m.group(1), m.group(2))] = symbols(nm, path)

@@ -2,10 +2,12 @@
 """check_layers.py SOURCE_DIR [--self-test]: the layers' includes run one way.
 
 Layers, bottom to top: pager <- attention <- serve <- cli (docs/DESIGN.md,
-"The rules between the rooms"). A file of a layer may include its own and
+"The rules between the rooms"), with python (the Python module, src/python/)
+a top layer beside cli. A file of a layer may include its own and
 lower layers' internal headers ("pager/x.h", "attention/x.h", "serve/x.h")
 and the public headers that belong to its own or a lower layer (PUBLIC
-below); src/cli/ includes public headers only. A public header may include
+below); src/cli/ and src/python/ include public headers only (and their own
+folder's headers, by bare name: "py_internal.h"). A public header may include
 only public headers of its own or a lower layer. The umbrella kvpager.h
 belongs to no layer below the program: only src/cli/ may include it.
 
@@ -20,7 +22,10 @@ import shutil
 import sys
 import tempfile
 
-LAYERS = ["pager", "attention", "serve", "cli"]
+LAYERS = ["pager", "attention", "serve", "cli", "python"]
+# The top layers: public headers only. python ranks with cli: it may
+# include every public header but the umbrella, which is cli's.
+TOP = ("cli", "python")
 
 # Which layer each public header (include/kvpager/) belongs to. Keep this
 # table and the one in docs/DESIGN.md ("The rules between the rooms") equal.
@@ -47,7 +52,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 
 def rank(layer):
-    return LAYERS.index(layer)
+    return LAYERS.index(layer if layer != "python" else "cli")
 
 
 def verdict(file_layer, target, in_public_header):
@@ -57,6 +62,8 @@ def verdict(file_layer, target, in_public_header):
         owner = PUBLIC.get(name)
         if owner is None:
             return "kvpager/%s is not in check_layers.py's table of public headers" % name
+        if owner == "cli" and file_layer == "python":
+            return "the umbrella %s includes every layer; only src/cli/ may" % target
         if rank(owner) > rank(file_layer):
             if owner == "cli":
                 return "the umbrella %s includes every layer; only src/cli/ may" % target
@@ -66,8 +73,8 @@ def verdict(file_layer, target, in_public_header):
     if top in LAYERS[:3] and "/" in target:
         if in_public_header:
             return "a public header includes the internal header %s" % target
-        if file_layer == "cli":
-            return "src/cli/ includes public headers only, not %s" % target
+        if file_layer in TOP:
+            return "src/%s/ includes public headers only, not %s" % (file_layer, target)
         if rank(top) > rank(file_layer):
             return "%s is %s's internal header, above %s" % (target, top, file_layer)
         return None
@@ -79,6 +86,8 @@ def files_of(source_dir):
     out = []
     for layer in LAYERS:
         folder = os.path.join(source_dir, "src", layer)
+        if layer == "python" and not os.path.isdir(folder):
+            continue
         for name in sorted(os.listdir(folder)):
             if name.endswith((".c", ".h")):
                 out.append((os.path.join(folder, name), layer, False))
@@ -117,6 +126,8 @@ PLANTS = [
     ("src/attention/param.c", '#include "kvpager/sequence.h"', "serve's public header"),
     ("src/serve/paged.c", '#include "kvpager/kvpager.h"', "the umbrella"),
     ("src/cli/main.c", '#include "pager/error.h"', "an internal header"),
+    ("src/python/module.c", '#include "serve/sequence_internal.h"', "an internal header"),
+    ("src/python/cache.c", '#include "kvpager/kvpager.h"', "the umbrella"),
     ("include/kvpager/pool.h", '#include "kvpager/rope.h"', "a public header above"),
     ("include/kvpager/param.h", '#include "kvpager/model.h"', "a public header above"),
 ]
@@ -159,9 +170,10 @@ def main():
         print(p)
     if problems:
         print("check_layers: %d include(s) run against the layers "
-              "(pager <- attention <- serve <- cli)" % len(problems))
+              "(pager <- attention <- serve <- cli, python)" % len(problems))
         return 1
-    print("check_layers: every include runs one way (pager <- attention <- serve <- cli)")
+    print("check_layers: every include runs one way "
+          "(pager <- attention <- serve <- cli, python)")
     return 0
 
 
