@@ -201,6 +201,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_
  * out_len < B*H_kv*len*d_h; nothing is written then. Each stored element
  * is widened exactly; an fp8 element e is exported as the value it stands
  * for, e * k_scale (keys) or e * v_scale (values), one f64 multiplication.
+ * The rows of a block a sliding window released (kvp_cache_page gives
+ * KVP_PAGE_RELEASED for it) read as 0.0.
  * Threads: not safe while a call changes this cache; reads of one cache may
  * overlap, and other caches of the pool may change meanwhile.
  */
@@ -209,9 +211,15 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_keys(const kvp_cache *cache, double *
 KVP_API KVP_NODISCARD kvp_status kvp_cache_values(const kvp_cache *cache, double *out,
                                                   size_t out_len, kvp_error *err);
 
+/* The page id kvp_cache_page gives for a block released by a sliding window. */
+#define KVP_PAGE_RELEASED UINT32_MAX
+
 /*
  * The physical page id of (lane, block), for audits. OUT_OF_RANGE when
- * lane >= batch or block >= ceil(len / block_tokens).
+ * lane >= batch or block >= ceil(len / block_tokens). A block a windowed
+ * cache released (front truncation, DESIGN.md "Sliding windows and sinks":
+ * past the sink blocks and entirely below len - W) reads as
+ * KVP_PAGE_RELEASED, with KVP_OK.
  * Threads: not safe while a call changes this cache; reads of one cache may
  * overlap, and other caches of the pool may change meanwhile.
  */
@@ -450,6 +458,21 @@ KVP_API size_t kvp_cache_promised_pages(const kvp_cache *cache);
  * overlap, and other caches of the pool may change meanwhile.
  */
 KVP_API size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens);
+
+/*
+ * The most pages the cache holds at once while single steps bring it from
+ * empty to `len` positions: for a cache of a sliding layer (window W, sinks
+ * S, front truncation) B * the largest, over n <= len, count of blocks
+ * covering [0, min(S, n)) and [max(0, n - 1 - W), n) (during the commit to
+ * n the new block is taken before the oldest goes), at most
+ * B * (ceil(S / bt) + ceil((W + 1) / bt) + 1); B * ceil(len / bt) for a full
+ * or external cache. Admission of a sliding layer counts this, not the full
+ * length. A prefill (one transaction) releases only at its end, so it holds
+ * every block it writes until then. NULL gives 0.
+ * Threads: thread-safe for a cache no call is destroying (reads fields set
+ * at creation).
+ */
+KVP_API size_t kvp_cache_pages_held_max(const kvp_cache *cache, size_t len);
 
 /*
  * The block table of `lane`: *table receives the page ids of blocks 0 ..
