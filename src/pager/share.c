@@ -365,10 +365,10 @@ kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
     for (size_t i = 0; i < blocks * count * batch; i++) {
         size_t c = (i / batch) % count;
         uint32_t page = kvpi_cache_lane_table(caches[c], i % batch)[i / (count * batch)];
-        kvp_status status = page == KVPI_NO_PAGE
-                                ? released_error(i / (count * batch), caches[c]->block_tokens,
-                                                 c, err)
-                                : publish_check_locked(pool, page, &keys[i], c, err);
+        if (page == KVPI_NO_PAGE) {
+            return released_error(i / (count * batch), caches[c]->block_tokens, c, err);
+        }
+        kvp_status status = publish_check_locked(pool, page, &keys[i], c, err);
         if (status != KVP_OK) {
             return status;
         }
