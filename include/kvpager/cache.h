@@ -479,7 +479,9 @@ KVP_API size_t kvp_cache_pages_held_max(const kvp_cache *cache, size_t len);
  * *blocks - 1, in position order (position p lives in page (*table)[p /
  * block_tokens] at slot p % block_tokens; kvp_pool_page_data gives its
  * address), and *blocks = ceil(len / block_tokens). Any cache, layer-bound or
- * external. The table is the cache's own, read-only, and valid until the next
+ * external. A block a sliding window released (past the sink blocks and
+ * entirely below len - W) reads as KVP_PAGE_RELEASED: no page, never to be
+ * passed to kvp_pool_page_data. The table is the cache's own, read-only, and valid until the next
  * call that changes this cache (an append, commit, reserve, discard, reset,
  * destroy, or a step, prefill or reset of the sequence that owns it); the
  * page ids stay held, and their data valid, as long. Errors: NULL_ARGUMENT
