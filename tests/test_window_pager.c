@@ -19,7 +19,9 @@
  *     (nothing changes) and allowed when not; publishing a released block
  *     is refused; reset gives every page back and a replay runs again;
  *   - a published page the window releases goes to the LRU list and is
- *     adopted by another cache.
+ *     adopted by another cache;
+ *   - on a pool one page short of kvp_cache_pages_held_max, the step that
+ *     needs the peak fails with POOL_EXHAUSTED and changes nothing.
  * Deterministic: no threads, fixed inputs.
  */
 #include "support.h"
@@ -510,6 +512,54 @@ static void test_window_pager_released_published_page_is_adopted(void **state)
     fixture_close(&f);
 }
 
+/*
+ * A pool one page short of kvp_cache_pages_held_max: the step that needs the
+ * peak fails with POOL_EXHAUSTED before it takes or releases anything, and
+ * changes nothing; the pager's count is the exact peak.
+ */
+static void test_window_pager_exhaustion_changes_nothing(void **state)
+{
+    (void)state;
+    enum { T = 20, W = 3, S = 1, BT = 2 };
+    kvp_error err;
+    kvp_layer *layer = windowed_layer(W, S, 5);
+    size_t most = kvpi_window_pages_held_max(W, S, BT, T);
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, BATCH * most - 1);
+    kvp_binding binding;
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
+    kvp_cache *cache = kvpt_cache(pool, &binding, BATCH, T);
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    double *input = kvpt_doubles(BATCH * T * WIDTH);
+    kvpt_fill_random(input, BATCH * T * WIDTH, 0xE7);
+    size_t failed_at = SIZE_MAX;
+    for (size_t t = 0; t < T && failed_at == SIZE_MAX; t++) {
+        kvpt_state before;
+        kvpt_state_capture(cache, pool, &before);
+        double row[BATCH * WIDTH];
+        row_of(input, T, t, row);
+        kvp_tensor x = kvp_tensor3(row, BATCH, 1, WIDTH);
+        kvp_status status = kvp_attention_forward(layer, &x, cache, ticket, &err);
+        if (status == KVP_POOL_EXHAUSTED) {
+            kvpt_assert_state_unchanged(&before, cache, pool, 1);
+            failed_at = t;
+        } else {
+            kvpt_assert_ok(status, &err);
+            kvpt_assert_pool_ok(pool);
+            check_tables(cache, W, S, BT);
+        }
+        kvpt_state_free(&before);
+    }
+    /* The first step whose commit needs the peak: len -> n with the held blocks of n - 1 - W. */
+    assert_true(failed_at != SIZE_MAX);
+    assert_int_equal(kvpi_window_pages_held_max(W, S, BT, failed_at), most - 1);
+    assert_int_equal(kvpi_window_pages_held_max(W, S, BT, failed_at + 1), most);
+    kvpt_destroy_ticket(ticket, pool);
+    kvpt_destroy_cache(cache, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_layer(layer);
+    free(input);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -521,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_window_pager_publish_of_released_block_refused),
         cmocka_unit_test(test_window_pager_reset_reuses_pages),
         cmocka_unit_test(test_window_pager_released_published_page_is_adopted),
+        cmocka_unit_test(test_window_pager_exhaustion_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
