@@ -191,7 +191,7 @@ static void test_window_pager_releases_exactly_outside_the_window(void **state)
 static void test_window_pager_model_copies_the_window(void **state)
 {
     (void)state;
-    enum { T = 23, PRE = 9, L = 2, W = 3, S = 1, BT = 2 };
+    enum { T = 23, PRE = 9, MID = 16, L = 2, W = 3, S = 1, BT = 2 };
     kvp_error err;
     const kvp_layer *layers[L];
     kvp_layer *made[L];
@@ -246,7 +246,7 @@ static void test_window_pager_model_copies_the_window(void **state)
     assert_true(kvpt_stats(pool).held_pages < L * BATCH * ceil_div(PRE, BT));
     double row[BATCH * WIDTH];
     double o[BATCH * WIDTH];
-    for (size_t t = PRE; t < T; t++) {
+    for (size_t t = PRE; t < MID; t++) {
         row_of(input, T, t, row);
         kvp_tensor x = kvp_tensor3(row, BATCH, 1, WIDTH);
         kvpt_assert_ok(kvp_sequence_step(seq, &x, NULL, NULL, o, BATCH * WIDTH, &err), &err);
@@ -255,6 +255,27 @@ static void test_window_pager_model_copies_the_window(void **state)
         for (size_t b = 0; b < BATCH; b++) {
             memcpy(out + (b * T + t) * WIDTH, o + b * WIDTH, WIDTH * sizeof *out);
         }
+    }
+    /* A second prefill on caches that released blocks reads only live ones. */
+    enum { REST = T - MID };
+    double rest[BATCH * REST * WIDTH];
+    double rout[BATCH * REST * WIDTH];
+    for (size_t b = 0; b < BATCH; b++) {
+        memcpy(rest + b * REST * WIDTH, input + (b * T + MID) * WIDTH, REST * WIDTH * sizeof *rest);
+    }
+    kvp_tensor r = kvp_tensor3(rest, BATCH, REST, WIDTH);
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &r, NULL, NULL, rout, BATCH * REST * WIDTH, &err),
+                   &err);
+    kvpt_assert_pool_ok(pool);
+    assert_true(kvpt_stats(pool).held_pages <= bound);
+    for (size_t l = 0; l < L; l++) {
+        kvp_cache_info ci;
+        kvp_cache_info_init(&ci);
+        kvpt_assert_ok(kvp_cache_info_get(kvp_sequence_cache(seq, l), &ci, &err), &err);
+        assert_int_equal(ci.mapped_pages, check_tables(kvp_sequence_cache(seq, l), W, S, BT));
+    }
+    for (size_t b = 0; b < BATCH; b++) {
+        memcpy(out + (b * T + MID) * WIDTH, rout + b * REST * WIDTH, REST * WIDTH * sizeof *out);
     }
     assert_true(kvpt_max_abs_diff(out, ref, n) <= 1e-12);
     assert_same_bits(out, ref, n);
@@ -423,12 +444,25 @@ static void test_window_pager_publish_of_released_block_refused(void **state)
     kvp_block_key key;
     uint64_t data = 42;
     kvpt_assert_ok(kvp_block_key_chain(NULL, f.cache, &data, sizeof data, NULL, &key, &err), &err);
-    kvp_pool_stats before = kvpt_stats(f.pool);
+    kvpt_state before;
+    kvpt_state_capture(f.cache, f.pool, &before);
     assert_int_equal(kvp_cache_publish_block(f.cache, 0, 1, &key, &err), KVP_BLOCK_RELEASED);
     assert_int_equal(err.index, 1);
-    kvp_pool_stats after = kvpt_stats(f.pool);
-    assert_int_equal(after.cached_pages, before.cached_pages);
-    kvpt_assert_pool_ok(f.pool);
+    kvpt_assert_state_unchanged(&before, f.cache, f.pool, 0);
+    assert_int_equal(kvpt_stats(f.pool).cached_pages, 0);
+    /* The group call refuses before it registers anything: blocks 0..5, 0..3 released. */
+    kvp_block_key keys[6 * BATCH];
+    for (size_t i = 0; i < 6 * BATCH; i++) {
+        uint64_t d = 1000 + i;
+        kvpt_assert_ok(kvp_block_key_chain(NULL, f.cache, &d, sizeof d, NULL, &keys[i], &err),
+                       &err);
+    }
+    kvp_cache *group[1] = {f.cache};
+    assert_int_equal(kvp_cache_group_publish(group, 1, keys, 6, &err), KVP_BLOCK_RELEASED);
+    assert_int_equal(err.index, 0);
+    kvpt_assert_state_unchanged(&before, f.cache, f.pool, 0);
+    assert_int_equal(kvpt_stats(f.pool).cached_pages, 0);
+    kvpt_state_free(&before);
     /* A live full block publishes. */
     kvpt_assert_ok(kvp_cache_publish_block(f.cache, 0, 4, &key, &err), &err);
     kvpt_assert_pool_ok(f.pool);

@@ -139,7 +139,8 @@ typedef struct kvp_cache_info {
     size_t len;
     size_t block_tokens;
     size_t blocks_per_lane;   /* ceil(capacity / block_tokens) */
-    size_t mapped_pages;      /* pages held across all lanes: batch * ceil(len / block) */
+    size_t mapped_pages;      /* pages held across all lanes: batch * ceil(len / block), less
+                                 the blocks a sliding window released */
     uintptr_t tables_address; /* for audits: page tables are allocated once */
     kvp_binding binding;
 } kvp_cache_info;

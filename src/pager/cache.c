@@ -402,7 +402,10 @@ kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_e
     info.len = cache->len;
     info.block_tokens = cache->block_tokens;
     info.blocks_per_lane = cache->blocks_per_lane;
-    info.mapped_pages = cache->batch_size * kvpi_cache_mapped_blocks(cache);
+    size_t blocks = kvpi_cache_mapped_blocks(cache);
+    size_t sb = kvpi_cache_sink_blocks(cache);
+    size_t released = cache->released_end > sb ? cache->released_end - sb : 0;
+    info.mapped_pages = cache->batch_size * (blocks - released); /* released blocks hold none */
     info.tables_address = (uintptr_t)cache->tables;
     info.binding = cache->binding;
     return kvpi_struct_out(out, &info, sizeof info, KVPI_CACHE_INFO_SIZE_FIRST, err);
