@@ -2,7 +2,8 @@
  * test_window_pager.c: the pager frees what no window needs (issue 21, part
  * 2: front truncation; docs/DESIGN.md, "Sliding windows and sinks").
  *
- * Checks, with kvp_pool_check after every operation:
+ * Checks, with kvp_pool_check after every operation (and that it reports
+ * a cache whose released run disagrees with its null entries):
  *   - a block is released exactly when it lies past the sink blocks and
  *     entirely below len - W, for W and the length on either side of block
  *     edges, W = 1, sinks inside, at and past a block edge, block sizes 1..4;
@@ -594,6 +595,53 @@ static void test_window_pager_exhaustion_changes_nothing(void **state)
     free(input);
 }
 
+/* Findings of kvp_pool_check naming `what` (any when NULL). */
+static size_t findings_of(kvp_pool *pool, const char *what, kvp_invariant invariant)
+{
+    kvpt_findings f;
+    memset(&f, 0, sizeof f);
+    kvp_error err;
+    kvp_status status = kvp_pool_check(pool, kvpt_collect_finding, &f, &err);
+    assert_int_equal(status, f.count == 0 ? KVP_OK : KVP_AUDIT_FAILED);
+    size_t n = 0;
+    for (size_t i = 0; i < f.count && i < KVPT_FINDINGS_KEPT; i++) {
+        n += f.items[i].invariant == invariant &&
+             (what == NULL || strcmp(f.items[i].what, what) == 0);
+    }
+    return n;
+}
+
+/*
+ * The audit knows null entries: a cache that claims one more released block
+ * (its page still mapped) or a released block inside the window is reported
+ * (I4); the true state is not.
+ */
+static void test_window_pager_audit_knows_null_entries(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, F_W, 1, 64);
+    fixture_decode(&f, 0, 15); /* sink block 0; blocks 1..4 released, 5..7 live */
+    assert_int_equal(f.cache->released_end, 5);
+    assert_int_equal(findings_of(f.pool, NULL, KVP_INVARIANT_LANE_COVERAGE), 0);
+    f.cache->released_end = 6; /* block 5 is mapped, and inside the window at 15 */
+    assert_int_equal(
+        findings_of(f.pool, "pages mapped by a lane, ceil(len / block_tokens)",
+                    KVP_INVARIANT_LANE_COVERAGE),
+        BATCH);
+    assert_int_equal(findings_of(f.pool, "released blocks lie entirely below len - window",
+                                 KVP_INVARIANT_LANE_COVERAGE),
+                     1);
+    f.cache->released_end = 4; /* block 4 is null but not released */
+    assert_int_equal(
+        findings_of(f.pool, "pages mapped by a lane, ceil(len / block_tokens)",
+                    KVP_INVARIANT_LANE_COVERAGE),
+        BATCH);
+    f.cache->released_end = 5;
+    kvpt_assert_pool_ok(f.pool);
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_window_pager_reset_reuses_pages),
         cmocka_unit_test(test_window_pager_released_published_page_is_adopted),
         cmocka_unit_test(test_window_pager_exhaustion_changes_nothing),
+        cmocka_unit_test(test_window_pager_audit_knows_null_entries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
