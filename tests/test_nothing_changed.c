@@ -137,6 +137,9 @@
  *               kvp_cache_group_tier_load: their refusals, allocation sweeps
  *               and tier failures are snapshot-checked in test_tier.c and
  *               test_tier_async.c (pool, cache, pool and host tier counters)
+ *   windows     BLOCK_RELEASED of kvp_cache_truncate (state snapshot) and of
+ *               kvp_cache_publish_block, POOL_EXHAUSTED of a windowed step at
+ *               its page peak: test_window_pager.c
  *
  * Every check also compares the prefix cache (prefix_state: the index's
  * entries, the LRU order, cached, evictable, evictions), and every world

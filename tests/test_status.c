@@ -581,7 +581,8 @@ static void test_status_values_are_pinned_and_append_only(void **state)
     assert_int_equal(KVP_CACHE_WINDOW_MISMATCH, 61);
     assert_int_equal(KVP_TIER_BLOCK_REJECTED, 62);
     assert_int_equal(KVP_TIER_UNAVAILABLE, 63);
-    assert_int_equal(KVP_STATUS_COUNT_, 64);
+    assert_int_equal(KVP_BLOCK_RELEASED, 64);
+    assert_int_equal(KVP_STATUS_COUNT_, 65);
 
     static const int values[] = {
 #define KVPT_VALUE_(suffix, value, name, message) value,
@@ -688,6 +689,13 @@ static void test_status_format_external_cache_errors(void **state)
     e = error_of(KVP_TIER_UNAVAILABLE);
     e.what = "redis";
     kvpt_assert_error_text(&e, "the redis tier could not serve the request");
+    assert_string_equal(kvp_status_name(KVP_BLOCK_RELEASED), "BlockReleased");
+    e = error_of(KVP_BLOCK_RELEASED);
+    e.index = 2;
+    e.position = 8;
+    e.what = "new_len";
+    kvpt_assert_error_text(&e, "block 2 (position 8) was released: it fell outside the attention "
+                               "window, so new_len cannot use it");
 }
 
 /* The shape helpers every validation uses. */

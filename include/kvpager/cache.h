@@ -139,7 +139,8 @@ typedef struct kvp_cache_info {
     size_t len;
     size_t block_tokens;
     size_t blocks_per_lane;   /* ceil(capacity / block_tokens) */
-    size_t mapped_pages;      /* pages held across all lanes: batch * ceil(len / block) */
+    size_t mapped_pages;      /* pages held across all lanes: batch * ceil(len / block), less
+                                 the blocks a sliding window released */
     uintptr_t tables_address; /* for audits: page tables are allocated once */
     kvp_binding binding;
 } kvp_cache_info;
@@ -201,6 +202,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_
  * out_len < B*H_kv*len*d_h; nothing is written then. Each stored element
  * is widened exactly; an fp8 element e is exported as the value it stands
  * for, e * k_scale (keys) or e * v_scale (values), one f64 multiplication.
+ * The rows of a block a sliding window released (kvp_cache_page gives
+ * KVP_PAGE_RELEASED for it) read as 0.0.
  * Threads: not safe while a call changes this cache; reads of one cache may
  * overlap, and other caches of the pool may change meanwhile.
  */
@@ -209,9 +212,15 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_keys(const kvp_cache *cache, double *
 KVP_API KVP_NODISCARD kvp_status kvp_cache_values(const kvp_cache *cache, double *out,
                                                   size_t out_len, kvp_error *err);
 
+/* The page id kvp_cache_page gives for a block released by a sliding window. */
+#define KVP_PAGE_RELEASED UINT32_MAX
+
 /*
  * The physical page id of (lane, block), for audits. OUT_OF_RANGE when
- * lane >= batch or block >= ceil(len / block_tokens).
+ * lane >= batch or block >= ceil(len / block_tokens). A block a windowed
+ * cache released (front truncation, DESIGN.md "Sliding windows and sinks":
+ * past the sink blocks and entirely below len - W) reads as
+ * KVP_PAGE_RELEASED, with KVP_OK.
  * Threads: not safe while a call changes this cache; reads of one cache may
  * overlap, and other caches of the pool may change meanwhile.
  */
@@ -452,11 +461,28 @@ KVP_API size_t kvp_cache_promised_pages(const kvp_cache *cache);
 KVP_API size_t kvp_cache_pages_for(const kvp_cache *cache, size_t tokens);
 
 /*
+ * The most pages the cache holds at once while single steps bring it from
+ * empty to `len` positions: for a cache of a sliding layer (window W, sinks
+ * S, front truncation) B * the largest, over n <= len, count of blocks
+ * covering [0, min(S, n)) and [max(0, n - 1 - W), n) (during the commit to
+ * n the new block is taken before the oldest goes), at most
+ * B * (ceil(S / bt) + ceil((W + 1) / bt) + 1); B * ceil(len / bt) for a full
+ * or external cache. Admission of a sliding layer counts this, not the full
+ * length. A prefill (one transaction) releases only at its end, so it holds
+ * every block it writes until then. NULL gives 0.
+ * Threads: thread-safe for a cache no call is destroying (reads fields set
+ * at creation).
+ */
+KVP_API size_t kvp_cache_pages_held_max(const kvp_cache *cache, size_t len);
+
+/*
  * The block table of `lane`: *table receives the page ids of blocks 0 ..
  * *blocks - 1, in position order (position p lives in page (*table)[p /
  * block_tokens] at slot p % block_tokens; kvp_pool_page_data gives its
  * address), and *blocks = ceil(len / block_tokens). Any cache, layer-bound or
- * external. The table is the cache's own, read-only, and valid until the next
+ * external. A block a sliding window released (past the sink blocks and
+ * entirely below len - W) reads as KVP_PAGE_RELEASED: no page, never to be
+ * passed to kvp_pool_page_data. The table is the cache's own, read-only, and valid until the next
  * call that changes this cache (an append, commit, reserve, discard, reset,
  * destroy, or a step, prefill or reset of the sequence that owns it); the
  * page ids stay held, and their data valid, as long. Errors: NULL_ARGUMENT

@@ -141,7 +141,9 @@ extern "C" {
       "KV cache attention window or sink tokens differ from the layer's")                          \
     X(TIER_BLOCK_REJECTED, 62, "TierBlockRejected",                                               \
       "a tier block failed verification: it is never mapped")                                    \
-    X(TIER_UNAVAILABLE, 63, "TierUnavailable", "the tier could not serve the block or batch")
+    X(TIER_UNAVAILABLE, 63, "TierUnavailable", "the tier could not serve the block or batch")    \
+    X(BLOCK_RELEASED, 64, "BlockReleased",                                                         \
+      "the block's page was released: it fell outside the attention window")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(suffix, value, name, message) KVP_##suffix = value,

@@ -24,6 +24,7 @@
 #include "attention/layer_internal.h"
 
 #include <sodium.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "pager/cache_internal.h"
@@ -31,10 +32,27 @@
 _Static_assert(sizeof(kvpi_layer_record) <= KVP_BINDING_RECORD_BYTES,
                "attention's record fits a binding's record bytes");
 
+/*
+ * The pager's window reader (kvpi_pager_set_window_reader): W and S of a
+ * layer binding's record, the way kvpi_cache_window reads them. Registered
+ * before the first layer binding exists, so every cache of one releases the
+ * blocks its window no longer needs.
+ */
+static void binding_window(const kvp_binding *b, size_t *window, size_t *sinks)
+{
+    uint64_t magic = 0, w = 0, s = 0;
+    memcpy(&magic, b->record + offsetof(kvpi_layer_record, magic), sizeof magic);
+    memcpy(&w, b->record + offsetof(kvpi_layer_record, window), sizeof w);
+    memcpy(&s, b->record + offsetof(kvpi_layer_record, sink_tokens), sizeof s);
+    *window = magic == KVPI_LAYER_RECORD_MAGIC ? (size_t)w : 0;
+    *sinks = magic == KVPI_LAYER_RECORD_MAGIC && w != 0 ? (size_t)s : 0;
+}
+
 void kvpi_layer_record_binding(const kvpi_layer_record *record, size_t kv_heads,
                                size_t head_width, double k_scale, double v_scale,
                                kvp_binding *out)
 {
+    kvpi_pager_set_window_reader(binding_window);
     kvp_binding binding;
     memset(&binding, 0, sizeof binding);
     binding.kind = KVP_BINDING_LAYER;

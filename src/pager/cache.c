@@ -61,6 +61,42 @@ static const kvp_cache *cache_of(const kvpi_holder *holder)
     return (const kvp_cache *)(const void *)((const char *)holder - offsetof(kvp_cache, holder));
 }
 
+/* I4 for one lane (null entries exactly at released blocks), and I3's references from it. */
+static void cache_audit_lane(const kvp_cache *cache, size_t lane, size_t mapped_blocks,
+                             kvpi_audit *audit)
+{
+    const uint32_t *table = kvpi_cache_lane_table(cache, lane);
+    size_t expected = 0;
+    size_t mapped = 0;
+    size_t placed = 0; /* mapped where a page belongs */
+    for (size_t block = 0; block < cache->blocks_per_lane; block++) {
+        int belongs = block < mapped_blocks && !kvpi_cache_block_released(cache, block);
+        expected += belongs;
+        if (table[block] == KVPI_NO_PAGE) {
+            continue;
+        }
+        mapped++;
+        placed += belongs;
+        kvpi_audit_reference(audit, table[block]);
+        /* A mapped page was written: it must have left the index (I5). */
+        if (table[block] < cache->pool->total_pages &&
+            cache->pool->registered[table[block]] == KVPI_PAGE_BORROWED) {
+            kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
+                              "a mapped page is not borrowed from the LRU list", table[block],
+                              lane, 0, 1);
+        }
+    }
+    if (mapped != expected) {
+        kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,
+                          "pages mapped by a lane, ceil(len / block_tokens)",
+                          SIZE_MAX, lane, expected, mapped);
+    } else if (placed != mapped) {
+        kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,
+                          "pages mapped contiguously from block 0",
+                          SIZE_MAX, lane, mapped, placed);
+    }
+}
+
 /* I4 for every lane, and I3's references from this cache's page tables. */
 static void cache_audit(const kvpi_holder *holder, kvpi_audit *audit)
 {
@@ -69,35 +105,20 @@ static void cache_audit(const kvpi_holder *holder, kvpi_audit *audit)
         kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE, "cache length within capacity",
                           SIZE_MAX, SIZE_MAX, cache->capacity, cache->len);
     }
-    size_t expected = kvpi_cache_mapped_blocks(cache);
+    /*
+     * I4 with released blocks: a lane maps every block below ceil(len / bt)
+     * except the released ones ([sink_blocks, released_end), null entries),
+     * which lie entirely below len - W; nothing past ceil(len / bt).
+     */
+    size_t mapped_blocks = kvpi_cache_mapped_blocks(cache);
+    if (cache->released_end > kvpi_cache_sink_blocks(cache) &&
+        cache->released_end > kvpi_cache_live_from(cache, cache->len)) {
+        kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,
+                          "released blocks lie entirely below len - window", SIZE_MAX, SIZE_MAX,
+                          kvpi_cache_live_from(cache, cache->len), cache->released_end);
+    }
     for (size_t lane = 0; lane < cache->batch_size; lane++) {
-        const uint32_t *table = kvpi_cache_lane_table(cache, lane);
-        size_t mapped = 0;
-        size_t prefix = 0;
-        for (size_t block = 0; block < cache->blocks_per_lane; block++) {
-            if (table[block] == KVPI_NO_PAGE) {
-                continue;
-            }
-            mapped++;
-            prefix += block == mapped - 1;
-            kvpi_audit_reference(audit, table[block]);
-            /* A mapped page was written: it must have left the index (I5). */
-            if (table[block] < cache->pool->total_pages &&
-                cache->pool->registered[table[block]] == KVPI_PAGE_BORROWED) {
-                kvpi_audit_report(audit, KVP_INVARIANT_PREFIX,
-                                  "a mapped page is not borrowed from the LRU list", table[block],
-                                  lane, 0, 1);
-            }
-        }
-        if (mapped != expected) {
-            kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,
-                              "pages mapped by a lane, ceil(len / block_tokens)", SIZE_MAX, lane,
-                              expected, mapped);
-        } else if (prefix != mapped) {
-            kvpi_audit_report(audit, KVP_INVARIANT_LANE_COVERAGE,
-                              "pages mapped contiguously from block 0", SIZE_MAX, lane, mapped,
-                              prefix);
-        }
+        cache_audit_lane(cache, lane, mapped_blocks, audit);
     }
     /* I3: the originals a deferred copy-on-write still holds. */
     for (size_t lane = 0; lane < cache->batch_size; lane++) {
@@ -261,6 +282,7 @@ kvp_status kvp_cache_create(kvp_pool *pool, const kvp_binding *binding, size_t b
     cache->promise = 0;
     cache->serial = atomic_fetch_add(&next_serial, 1);
     cache->epoch = 0;
+    kvpi_cache_window_init(cache, binding);
     kvpi_pool_lock(pool);
     kvpi_pool_attach_locked(pool, &cache->holder);
     kvpi_pool_unlock(pool);
@@ -283,12 +305,17 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
             kvp_cache *cache = caches[c];
             for (size_t lane = cache->batch_size; lane-- > 0;) {
                 uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
-                kvpi_pool_put_locked(cache->pool, *slot);
-                *slot = KVPI_NO_PAGE;
+                if (*slot != KVPI_NO_PAGE) { /* a released block has no page to give back */
+                    kvpi_pool_put_locked(cache->pool, *slot);
+                    *slot = KVPI_NO_PAGE;
+                }
             }
         }
     }
     for (size_t c = 0; c < count; c++) {
+        if (caches[c]->released_end > keep) {
+            caches[c]->released_end = 0; /* every released block was dropped (len 0: reset) */
+        }
         caches[c]->len = len;
         caches[c]->epoch++;
         kvpi_cache_cow_refresh_locked(caches[c]);
@@ -375,7 +402,10 @@ kvp_status kvp_cache_info_get(const kvp_cache *cache, kvp_cache_info *out, kvp_e
     info.len = cache->len;
     info.block_tokens = cache->block_tokens;
     info.blocks_per_lane = cache->blocks_per_lane;
-    info.mapped_pages = cache->batch_size * kvpi_cache_mapped_blocks(cache);
+    size_t blocks = kvpi_cache_mapped_blocks(cache);
+    size_t sb = kvpi_cache_sink_blocks(cache);
+    size_t released = cache->released_end > sb ? cache->released_end - sb : 0;
+    info.mapped_pages = cache->batch_size * (blocks - released); /* released blocks hold none */
     info.tables_address = (uintptr_t)cache->tables;
     info.binding = cache->binding;
     return kvpi_struct_out(out, &info, sizeof info, KVPI_CACHE_INFO_SIZE_FIRST, err);
@@ -398,6 +428,9 @@ static void cache_visit_rows(const kvp_cache *cache, int values, row_visit_fn fn
             for (size_t start = 0; start < cache->len; start += bt) {
                 size_t rows = cache->len - start < bt ? cache->len - start : bt;
                 uint32_t page = table[start / bt];
+                if (page == KVPI_NO_PAGE) {
+                    continue; /* released: the snapshot's zeros stay */
+                }
                 const void *src = values ? kvpi_cache_page_values(cache, page, head)
                                            : kvpi_cache_page_keys(cache, page, head);
                 fn(ctx, lane, head, start, src, rows);
@@ -436,6 +469,9 @@ static kvp_status cache_snapshot(const kvp_cache *cache, int values, double *out
     if (out_len < needed) {
         return kvpi_fail_buffer(err, "out", needed, out_len);
     }
+    if (cache->released_end > kvpi_cache_sink_blocks(cache)) {
+        memset(out, 0, needed * sizeof *out); /* released rows read as 0.0 */
+    }
     snapshot_ctx snap = {cache, out, kvpi_cache_row_scale(cache, values)};
     cache_visit_rows(cache, values, snapshot_rows, &snap);
     return KVP_OK;
@@ -467,7 +503,8 @@ kvp_status kvp_cache_page(const kvp_cache *cache, size_t lane, size_t block, uin
     if (block >= mapped) {
         return kvpi_fail_out_of_range(err, "block", block, mapped);
     }
-    *out = kvpi_cache_lane_table(cache, lane)[block];
+    uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
+    *out = page == KVPI_NO_PAGE ? KVP_PAGE_RELEASED : page;
     return KVP_OK;
 }
 
@@ -694,6 +731,7 @@ static void commit_scaled(kvp_cache *cache, const double *key, const double *val
     }
     cache->len++;
     cache->epoch++;
+    kvpi_cache_release_front_locked(cache);
     kvpi_pool_unlock(cache->pool);
 }
 

@@ -68,6 +68,7 @@ void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count)
             }
         }
         cache->cow_defer = 0;
+        kvpi_cache_release_front_locked(cache); /* what the transaction's rows left behind */
     }
 }
 

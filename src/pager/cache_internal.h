@@ -79,7 +79,73 @@ struct kvp_cache {
     int cow;
     int cow_defer;
     uint32_t *cow_saved;     /* [batch_size], in the tables allocation */
+    /*
+     * Front truncation (sliding windows, DESIGN "Sliding windows and
+     * sinks"). window and sinks: the owner's W and S, read once at creation
+     * through the binding's window reader (kvpi_pager_set_window_reader; 0
+     * and 0, never released, for an external binding or when no reader is
+     * set). released_end: every lane's blocks [sink_blocks, released_end)
+     * are KVPI_NO_PAGE, released; none when released_end <= sink_blocks
+     * (kvpi_cache_sink_blocks). Changes under the pool lock.
+     */
+    size_t window;
+    size_t sinks;
+    size_t released_end;
 };
+
+/*
+ * The owner's reading of a binding's window: W and S of a layer-bound
+ * binding (attention registers it, src/attention/layer.c), so the pager
+ * never reads the record itself. Set once per process; later calls with
+ * the same function change nothing. Threads: thread-safe (atomic).
+ */
+typedef void (*kvpi_binding_window_fn)(const kvp_binding *binding, size_t *window,
+                                       size_t *sinks);
+void kvpi_pager_set_window_reader(kvpi_binding_window_fn fn);
+
+/* Blocks covering the sink tokens [0, S): never released. */
+static inline size_t kvpi_cache_sink_blocks(const kvp_cache *cache)
+{
+    return (cache->sinks + cache->block_tokens - 1) / cache->block_tokens;
+}
+
+/*
+ * The first block still needed at length len past the sinks: blocks
+ * entirely below len - W (every reader's window start, the paged read
+ * without a candidate's q = len - 1 included) are never read again.
+ */
+static inline size_t kvpi_cache_live_from(const kvp_cache *cache, size_t len)
+{
+    return cache->window == 0 || len <= cache->window ? 0
+                                                      : (len - cache->window) / cache->block_tokens;
+}
+
+/* 1 when every lane's block `block` was released (a null entry). */
+static inline int kvpi_cache_block_released(const kvp_cache *cache, size_t block)
+{
+    return block >= kvpi_cache_sink_blocks(cache) && block < cache->released_end;
+}
+
+/*
+ * Under the pool lock: releases every lane's blocks past the sinks that lie
+ * entirely below len - W (kvpi_cache_live_from), block by block, lane by
+ * lane: a page whose last reference this was goes to the free list, or to
+ * the LRU list when published; a shared page drops this table's reference.
+ * Does nothing under cow_defer (a transaction releases at its settle) or for
+ * a cache without a window. Cannot fail.
+ */
+void kvpi_cache_release_front_locked(kvp_cache *cache);
+/* Sets window, sinks (the reader's) and released_end = 0 at creation (cache_window.c). */
+void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding);
+/*
+ * KVP_OK when truncating to `len` keeps every block the window at len needs
+ * (the sinks and [len - W, len)); else BLOCK_RELEASED (index = the first
+ * released block needed, position its first needed position, tokens = len,
+ * what "new_len"). len 0 needs nothing.
+ */
+kvp_status kvpi_cache_truncate_check(const kvp_cache *cache, size_t len, kvp_error *err);
+/* Per lane: kvp_cache_pages_held_max for a window, sinks and block size. */
+size_t kvpi_window_pages_held_max(size_t window, size_t sinks, size_t bt, size_t len);
 
 /*
  * The binding the cache captured at creation, owner record included: the

@@ -59,10 +59,14 @@ static void fork_locked(kvp_cache *parent, kvp_cache *child, int parent_writes)
         const uint32_t *from = kvpi_cache_lane_table(parent, lane);
         uint32_t *to = child->tables + lane * child->blocks_per_lane;
         for (size_t block = 0; block < mapped; block++) {
+            if (from[block] == KVPI_NO_PAGE) {
+                continue; /* released: a fork shares only the live blocks */
+            }
             kvpi_pool_ref_locked(parent->pool, from[block]);
             to[block] = from[block];
         }
     }
+    child->released_end = parent->released_end;
     child->len = parent->len;
     child->epoch++;
     if (parent->len % parent->block_tokens != 0 && !parent_writes) {
@@ -147,6 +151,11 @@ kvp_status kvp_cache_truncate(kvp_cache *cache, size_t new_len, kvp_error *err)
         return KVP_OK;
     }
     kvpi_pool_lock(cache->pool);
+    kvp_status status = kvpi_cache_truncate_check(cache, new_len, err);
+    if (status != KVP_OK) {
+        kvpi_pool_unlock(cache->pool);
+        return status;
+    }
     kvpi_cache_truncate_many_locked(&cache, 1, new_len);
     kvpi_pool_unlock(cache->pool);
     return KVP_OK;
@@ -336,6 +345,17 @@ static void publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block
     }
 }
 
+/* BLOCK_RELEASED for publishing released block `block` (of cache `layer` of a group). */
+static kvp_status released_error(size_t block, size_t bt, size_t layer, kvp_error *err)
+{
+    kvp_error e = kvpi_error_begin(KVP_BLOCK_RELEASED);
+    e.index = block;
+    e.position = block * bt;
+    e.layer = layer;
+    e.what = "publish";
+    return kvpi_error_emit(err, &e);
+}
+
 kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
                                      const kvp_block_key *keys, size_t blocks, kvp_error *err)
 {
@@ -345,6 +365,9 @@ kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
     for (size_t i = 0; i < blocks * count * batch; i++) {
         size_t c = (i / batch) % count;
         uint32_t page = kvpi_cache_lane_table(caches[c], i % batch)[i / (count * batch)];
+        if (page == KVPI_NO_PAGE) {
+            return released_error(i / (count * batch), caches[c]->block_tokens, c, err);
+        }
         kvp_status status = publish_check_locked(pool, page, &keys[i], c, err);
         if (status != KVP_OK) {
             return status;
@@ -381,6 +404,9 @@ kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
     }
     kvp_pool *pool = cache->pool;
     uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
+    if (page == KVPI_NO_PAGE) {
+        return released_error(block, cache->block_tokens, 0, err);
+    }
     kvp_block_key binding = kvpi_cache_binding_key(cache);
     kvpi_pool_lock(pool);
     kvp_status status = publish_check_locked(pool, page, key, 0, err);
@@ -486,6 +512,7 @@ kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
         for (size_t c = 0; c < count; c++) {
             caches[c]->len += hits * caches[c]->block_tokens;
             caches[c]->epoch++;
+            kvpi_cache_release_front_locked(caches[c]);
         }
     }
     *adopted = hits;

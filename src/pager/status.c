@@ -633,6 +633,14 @@ static void text_TIER_UNAVAILABLE(text_sink *sink, const kvp_error *e)
                 e->what != NULL ? e->what : "unnamed");
 }
 
+static void text_BLOCK_RELEASED(text_sink *sink, const kvp_error *e)
+{
+    sink_printf(sink,
+                "block %zu (position %zu) was released: it fell outside the attention window, "
+                "so %s cannot use it",
+                e->index, e->position, e->what != NULL ? e->what : "the call");
+}
+
 /* Statuses that share one formatter (it reads e->status). */
 #define text_VALUE_SHAPE_MISMATCH text_KEY_SHAPE_MISMATCH
 #define text_NONFINITE_VALUE text_NONFINITE_KEY

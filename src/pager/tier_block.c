@@ -179,6 +179,13 @@ kvp_status kvp_tier_block_pack(const kvp_cache *cache, size_t lane, size_t block
         return kvpi_fail_buffer(err, "out", need, capacity);
     }
     uint32_t page = kvpi_cache_lane_table(cache, lane)[block];
+    if (page == KVPI_NO_PAGE) {
+        kvp_error e = kvpi_error_begin(KVP_BLOCK_RELEASED);
+        e.index = block;
+        e.position = block * cache->block_tokens;
+        e.what = "pack";
+        return kvpi_error_emit(err, &e);
+    }
     kvpi_pool_lock(pool);
     int published = pool->registered[page] != 0;
     kvp_block_key key = pool->page_key[page];

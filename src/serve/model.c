@@ -95,6 +95,10 @@ kvp_status kvp_model_create(const kvp_layer *const *layers, size_t count, kvp_mo
         if (status == KVP_OK) {
             status = kvp_layer_set_kv_scales(model->layers[i], src->k_scale, src->v_scale, err);
         }
+        if (status == KVP_OK) {
+            /* The window and sinks: a model's sliding layers stay sliding. */
+            status = kvp_layer_set_window(model->layers[i], src->window, src->sink_tokens, err);
+        }
         if (status != KVP_OK) {
             free_model(model);
             return status;
