@@ -283,6 +283,15 @@ kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *pa
                                    const kvp_block_key *binding, const void *input, size_t bytes,
                                    const kvp_block_key *context);
 /*
+ * One block's key for each of `layers` layers, out[l * stride], from its
+ * block key (a kvpi_block_key_chain output) and each layer's id (ids[l]):
+ * SipHash-2-4-128 keyed with the block key over the id (share.c). Never
+ * the all-zero key. The serve layer keys a sequence's blocks once per
+ * block this way, not once per layer (src/serve/share.c).
+ */
+void kvpi_block_key_layers(const kvp_block_key *block, const kvp_block_key *ids, size_t layers,
+                           kvp_block_key *out, size_t stride);
+/*
  * Commits the first `rows` reserved rows of an external cache as
  * kvp_cache_commit_written does (the same pages, copy-on-write, counters
  * and epoch), without writing or reading them: the allocator alone (the

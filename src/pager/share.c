@@ -5,7 +5,8 @@
  * of the shared partial page), truncate, the chain keys of the prefix
  * index (a 128-bit BLAKE2b stream keyed with the pool's secret, over the
  * binding digest, the parent key, an optional context and the block's
- * input bytes), publishing full blocks and adopting published prefixes,
+ * input bytes; and the per-layer keys a block key derives, SipHash-2-4-128
+ * keyed with it: kvpi_block_key_layers), publishing full blocks and adopting published prefixes,
  * for one cache or a group of caches (a sequence's layers) in one hold of
  * the pool lock: publish and adopt exist only here.
  *
@@ -294,6 +295,38 @@ kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *pa
         hash_bytes(&h, input, bytes);
     }
     return hash_final(&h);
+}
+
+/*
+ * Per-layer keys of one block from its block key: SipHash-2-4 with a
+ * 128-bit output (libsodium's crypto_shorthash_siphashx24, a PRF) keyed
+ * with the block key over each layer's id. The block key is a keyed
+ * BLAKE2b output under the pool's secret (kvpi_block_key_chain), so it is
+ * as secret as the secret, and each derived key is unpredictable without
+ * it; distinct (block key, id) pairs collide only by chance (2^-128 a pair).
+ */
+void kvpi_block_key_layers(const kvp_block_key *block, const kvp_block_key *ids, size_t layers,
+                           kvp_block_key *out, size_t stride)
+{
+    unsigned char k[crypto_shorthash_siphashx24_KEYBYTES];
+    for (int i = 0; i < 8; i++) {
+        k[i] = (unsigned char)(block->lo >> (8 * i));
+        k[8 + i] = (unsigned char)(block->hi >> (8 * i));
+    }
+    for (size_t l = 0; l < layers; l++) {
+        unsigned char in[sizeof(kvp_block_key)];
+        for (int i = 0; i < 8; i++) {
+            in[i] = (unsigned char)(ids[l].lo >> (8 * i));
+            in[8 + i] = (unsigned char)(ids[l].hi >> (8 * i));
+        }
+        unsigned char o[crypto_shorthash_siphashx24_BYTES];
+        (void)crypto_shorthash_siphashx24(o, in, sizeof in, k);
+        kvp_block_key key = {load64(o), load64(o + 8)};
+        if (key.lo == 0 && key.hi == 0) {
+            key.lo = 1; /* the zero key is never produced */
+        }
+        out[l * stride] = key;
+    }
 }
 
 /* ---- publish and adopt ------------------------------------------------------ */

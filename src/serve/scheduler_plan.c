@@ -7,7 +7,8 @@
  * admission for (request_pages), the parked and ranked prompt keys
  * (s->parked, s->ranked: keysets kept across steps so a waiting request
  * is not read and hashed again), the cache-aware window's order,
- * taking the plan (admit: leases to slots, entries out of the queue), and
+ * taking the plan (admit: leases to slots, entries out of the queue, the
+ * prompt's block keys into the record for publication: keep_chain), and
  * a request's chain keys (kvpi_sched_keys: from its block digests, or from
  * its rows), which publication in scheduler_step.c uses too.
  *
@@ -52,40 +53,25 @@ static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past
 
 /*
  * Keys from block digests, as kvpi_prompt_keys_from chains rows (one lane):
- * the same context (every layer's binding digest and the salt) and per-layer
- * bindings, but each block's input is its 16-byte digest, chained under the
- * context as a context of its own, so no digest's key equals a row key.
+ * the same context (every layer's binding digest and the salt) and layer
+ * ids, but each block's chain key is over its 16-byte digest with the
+ * context passed as a context too, so no digest's key equals a row key.
  */
 static void digest_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
                         size_t sample, size_t from, size_t blocks, kvp_block_key *keys)
 {
     const kvp_request *q = &record_of(s, id)->request;
     size_t layers = s->layers;
-    kvp_block_key *bindings = keys + blocks * layers;
-    for (size_t l = 0; l < layers; l++) {
-        bindings[l] = kvpi_cache_binding_key(caches[l]);
-    }
-    int salted = q->salt.lo != 0 || q->salt.hi != 0;
-    kvp_block_key context = kvpi_block_key_chain(s->pool, NULL, &bindings[0], bindings,
-                                                 layers * sizeof *bindings,
-                                                 salted ? &q->salt : NULL);
-    for (size_t l = 0; l < layers; l++) {
-        uint64_t index = l;
-        bindings[l] = kvpi_block_key_chain(s->pool, NULL, &bindings[l], &index, sizeof index,
-                                           NULL);
-    }
+    kvp_block_key *chain = kvpi_prompt_keys_chain(keys, layers, 1, blocks);
+    kvp_block_key context = kvpi_prompt_keys_context(caches, layers, &q->salt, chain + blocks);
     size_t bt = s->block_tokens;
     for (size_t j = from; j < blocks; j++) {
         kvp_block_key digest = {0, 0};
         q->block_digest(q->ctx, id, (j + 1) * bt <= q->prompt_tokens ? 0 : sample, j, &digest);
-        kvp_block_key input = kvpi_block_key_chain(s->pool, NULL, &context, &digest,
-                                                   sizeof digest, &context);
-        for (size_t l = 0; l < layers; l++) {
-            const kvp_block_key *parent = j == 0 ? NULL : &keys[(j - 1) * layers + l];
-            keys[j * layers + l] = kvpi_block_key_chain(s->pool, parent, &bindings[l], &input,
-                                                        sizeof input, &context);
-        }
+        chain[j] = kvpi_block_key_chain(s->pool, j == 0 ? NULL : &chain[j - 1], &context,
+                                        &digest, sizeof digest, &context);
     }
+    kvpi_prompt_keys_derive(layers, 1, blocks, from, blocks, keys);
 }
 
 void kvpi_sched_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
@@ -526,6 +512,24 @@ static void queue_remove_taken(kvp_scheduler *s, size_t span)
     }
 }
 
+/*
+ * The record keeps the prompt's block keys and layer ids the plan made
+ * (planned.keys), for publication to continue (scheduler_step.c: prepare
+ * made the room).
+ */
+static void keep_chain(kvp_scheduler *s, const planned *pl, record *rec)
+{
+    rec->chain_blocks = 0;
+    size_t count = pl->key_blocks + s->layers;
+    if (pl->key_blocks == 0 || rec->chain_room < count) {
+        return;
+    }
+    const kvp_block_key *chain =
+        kvpi_prompt_keys_chain(s->keys + pl->keys, s->layers, 1, pl->key_blocks);
+    memcpy(rec->chain, chain, count * sizeof *chain);
+    rec->chain_blocks = pl->key_blocks;
+}
+
 /* Takes the plan's entries: rejected ones finish, admitted ones take a lease per sample. */
 void kvpi_sched_admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
 {
@@ -537,6 +541,7 @@ void kvpi_sched_admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
             continue;
         }
         record *rec = record_of(s, id);
+        keep_chain(s, &s->plan[i], rec);
         for (size_t k = 0; k < rec->request.samples; k++) {
             slot *r = &s->running[s->running_count++];
             r->lease = s->idle[--s->idle_count];
