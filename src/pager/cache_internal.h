@@ -267,6 +267,20 @@ kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
  */
 kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
                                      const kvp_block_key *keys, size_t blocks, kvp_error *err);
+/*
+ * publish_range_locked: publish_locked for blocks [from, blocks) only
+ *   (keys laid out from block 0; those of blocks below `from` are not
+ *   read), and *left (may be NULL) = the pages it left unregistered because
+ *   their key names another page. group_publish_range: the same, taking the
+ *   pool lock; the caller checked the arguments as kvp_cache_group_publish
+ *   does (the scheduler: its own leases, full blocks).
+ */
+kvp_status kvpi_cache_publish_range_locked(kvp_cache *const *caches, size_t count,
+                                           const kvp_block_key *keys, size_t from, size_t blocks,
+                                           size_t *left, kvp_error *err);
+kvp_status kvpi_cache_group_publish_range(kvp_cache *const *caches, size_t count,
+                                          const kvp_block_key *keys, size_t from, size_t blocks,
+                                          size_t *left, kvp_error *err);
 size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
                          size_t blocks, size_t *evictable_pages);
 void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);

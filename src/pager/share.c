@@ -356,22 +356,48 @@ static kvp_status publish_check_locked(const kvp_pool *pool, uint32_t page,
     return KVP_OK;
 }
 
-/* Registers `page` under `key` unless it is registered or the key names another page. */
-static void publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
-                                  const kvp_block_key *binding)
+/*
+ * Registers `page` under `key` unless it is registered or the key names
+ * another page; 1 when the page is left unregistered (the key's).
+ */
+static int publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                                 const kvp_block_key *binding)
 {
-    if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
-        kvpi_prefix_insert_locked(pool, page, key, binding);
+    if (pool->registered[page]) {
+        return 0;
     }
+    if (kvpi_prefix_lookup_locked(pool, key) != KVPI_NO_PAGE) {
+        return 1;
+    }
+    kvpi_prefix_insert_locked(pool, page, key, binding);
+    return 0;
 }
 
 kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
                                      const kvp_block_key *keys, size_t blocks, kvp_error *err)
 {
+    return kvpi_cache_publish_range_locked(caches, count, keys, 0, blocks, NULL, err);
+}
+
+kvp_status kvpi_cache_group_publish_range(kvp_cache *const *caches, size_t count,
+                                          const kvp_block_key *keys, size_t from, size_t blocks,
+                                          size_t *left, kvp_error *err)
+{
+    kvpi_pool_lock(caches[0]->pool);
+    kvp_status status =
+        kvpi_cache_publish_range_locked(caches, count, keys, from, blocks, left, err);
+    kvpi_pool_unlock(caches[0]->pool);
+    return status;
+}
+
+kvp_status kvpi_cache_publish_range_locked(kvp_cache *const *caches, size_t count,
+                                           const kvp_block_key *keys, size_t from, size_t blocks,
+                                           size_t *left, kvp_error *err)
+{
     kvp_pool *pool = caches[0]->pool;
     size_t batch = caches[0]->batch_size;
     /* First pass: refuse before registering anything. */
-    for (size_t i = 0; i < blocks * count * batch; i++) {
+    for (size_t i = from * count * batch; i < blocks * count * batch; i++) {
         size_t c = (i / batch) % count;
         uint32_t page = kvpi_cache_lane_table(caches[c], i % batch)[i / (count * batch)];
         kvp_status status = publish_check_locked(pool, page, &keys[i], c, err);
@@ -379,15 +405,19 @@ kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
             return status;
         }
     }
+    size_t unregistered = 0;
     for (size_t c = 0; c < count; c++) {
         kvp_block_key binding = kvpi_cache_binding_key(caches[c]);
-        for (size_t j = 0; j < blocks; j++) {
+        for (size_t j = from; j < blocks; j++) {
             for (size_t lane = 0; lane < batch; lane++) {
                 uint32_t page = kvpi_cache_lane_table(caches[c], lane)[j];
-                publish_insert_locked(pool, page, &keys[(j * count + c) * batch + lane],
-                                      &binding);
+                unregistered += (size_t)publish_insert_locked(
+                    pool, page, &keys[(j * count + c) * batch + lane], &binding);
             }
         }
+    }
+    if (left != NULL) {
+        *left = unregistered;
     }
     return KVP_OK;
 }

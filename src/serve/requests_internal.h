@@ -69,6 +69,9 @@ typedef struct kvpi_record {
     kvp_block_key *chain;
     size_t chain_room;
     size_t chain_blocks;
+    /* Every page of the prompt's chain_blocks blocks was registered under its key by
+       the last prefill's publication (sample 0's: the samples share them). */
+    int prompt_registered;
 } kvpi_record;
 
 #define KVPI_RECORD_FREE (-1)

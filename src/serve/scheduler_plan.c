@@ -108,7 +108,7 @@ static void park_keys(kvp_scheduler *s, keyset *set, uint64_t id, const kvp_bloc
                       size_t count)
 {
     if (count == 0 || set->id == id) {
-        return; /* nothing keyed, or parked already (unpark_keys checked the digests) */
+        return; /* nothing keyed, or parked already (parked_keys checked the digests) */
     }
     set->id = NO_REQUEST;
     if (kvpi_sched_grow((void **)&set->keys, &set->room, count + s->layers,
@@ -139,24 +139,21 @@ static int keyset_valid(const kvp_scheduler *s, const keyset *set, uint64_t id, 
 }
 
 /*
- * 1 when request `id`'s prompt keys are parked (s->parked, or a slot of
- * s->ranked), made under the bindings idle[0] has now, and copied to
- * `keys`; 0 when they must be computed. The same id, rows and bindings give
- * the same keys (kvpi_prompt_keys reads nothing else), so no admission
- * changes: the plan only skips the rows and the hashing a waiting request
- * would redo.
+ * Request `id`'s prompt keys when they are parked (s->parked, or a slot of
+ * s->ranked), made under the bindings idle[0] has now; NULL when they must
+ * be computed. The same id, rows and bindings give the same keys
+ * (kvpi_prompt_keys reads nothing else), so no admission changes: the plan
+ * only skips the rows and the hashing a waiting request would redo, and
+ * probes the parked keys where they are (copied to the step's keys only
+ * when admitted).
  */
-static int unpark_keys(const kvp_scheduler *s, uint64_t id, kvp_block_key *keys, size_t count)
+static const kvp_block_key *parked_keys(const kvp_scheduler *s, uint64_t id, size_t count)
 {
     const keyset *set = keyset_valid(s, &s->parked, id, count) ? &s->parked : NULL;
     for (size_t i = 0; set == NULL && i < WINDOW; i++) {
         set = keyset_valid(s, &s->ranked[i], id, count) ? &s->ranked[i] : NULL;
     }
-    if (set == NULL) {
-        return 0;
-    }
-    memcpy(keys, set->keys, count * sizeof *keys);
-    return 1;
+    return set != NULL ? set->keys : NULL;
 }
 
 /*
@@ -241,14 +238,16 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
                         s->width * sizeof *s->rows) != 0) {
         return kvpi_fail_alloc(err, "scheduler prefix keys", key_count * sizeof *s->keys);
     }
-    if (!unpark_keys(s, id, s->keys, key_count)) {
+    const kvp_block_key *keys = parked_keys(s, id, key_count);
+    if (keys == NULL) {
         kvpi_sched_fill_request(s, id, s->rows);
         kvpi_sched_keys(s, lease_caches(&s->idle[0]), id, 0, s->rows, q->prompt_tokens, 0,
                         key_blocks, s->keys);
         park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
+        keys = s->keys;
     }
     size_t evictable;
-    *hits = kvpi_prefix_probe(s->pool, s->keys, s->layers, adoptable, &evictable);
+    *hits = kvpi_prefix_probe(s->pool, keys, s->layers, adoptable, &evictable);
     return KVP_OK;
 }
 
@@ -318,7 +317,8 @@ typedef struct candidate {
     size_t need_rows;    /* rows its admission reads (rows_needed) */
     double *at;          /* where they go: s->rows + totals.rows * width, or NULL (none) */
     int filled;          /* its rows are read */
-    size_t key_count;    /* its keys, at s->keys + totals.keys */
+    size_t key_count;    /* its keys, at s->keys + totals.keys once admitted */
+    const kvp_block_key *keys; /* where they are now: there, or parked */
     size_t hits;         /* prompt blocks the index holds now */
     size_t evictable;    /* of their pages, those evictable (adopting takes them) */
 } candidate;
@@ -379,13 +379,15 @@ static kvp_status key_prompt(kvp_scheduler *s, candidate *c, const totals *t, kv
                                (t->keys + c->key_count) * sizeof *s->keys);
     }
     kvp_block_key *k = s->keys + t->keys;
-    if (!unpark_keys(s, c->id, k, c->key_count)) {
+    c->keys = parked_keys(s, c->id, c->key_count);
+    if (c->keys == NULL) {
         kvpi_sched_fill_request(s, c->id, c->at);
         c->filled = 1;
         kvpi_sched_keys(s, lease_caches(&s->idle[0]), c->id, 0, c->at, q->prompt_tokens, 0,
                         c->key_blocks, k);
+        c->keys = k;
     }
-    c->hits = kvpi_prefix_probe(s->pool, k, s->layers, c->adoptable, &c->evictable);
+    c->hits = kvpi_prefix_probe(s->pool, c->keys, s->layers, c->adoptable, &c->evictable);
     return KVP_OK;
 }
 
@@ -442,12 +444,15 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
     }
     if (status != KVP_OK || !now) {
         if (status == KVP_OK) {
-            park_keys(s, &s->parked, c.id, s->keys + t->keys, c.key_count);
+            park_keys(s, &s->parked, c.id, c.keys, c.key_count);
         }
         return status;
     }
     if (!c.filled) {
         kvpi_sched_fill_request(s, c.id, c.at);
+    }
+    if (c.key_count != 0 && c.keys != s->keys + t->keys) {
+        memcpy(s->keys + t->keys, c.keys, c.key_count * sizeof *c.keys); /* parked ones */
     }
     t->asked = add_sat(t->asked, need);
     plan_take(s, p, &c, 1, t);
@@ -520,6 +525,7 @@ static void queue_remove_taken(kvp_scheduler *s, size_t span)
 static void keep_chain(kvp_scheduler *s, const planned *pl, record *rec)
 {
     rec->chain_blocks = 0;
+    rec->prompt_registered = 0; /* until its prefill publishes the prompt (fork_samples) */
     size_t count = pl->key_blocks + s->layers;
     if (pl->key_blocks == 0 || rec->chain_room < count) {
         return;

@@ -246,12 +246,15 @@ static void make_room(kvp_scheduler *s, kvp_step_stats *st)
  * sample's reply (a conversation's next turn) adopts them. The prompt is
  * not keyed again: its block keys are the record's, kept from admission
  * (keep_chain), made under the layer ids checked here (a lease that is not
- * stale has them; one that is publishes nothing); only their per-layer
- * keys are derived again, once (they are published already: publishing
- * them again changes nothing). Each sample continues the chain over its
- * own blocks, as any sample's reply may be the one a later prompt holds.
- * Without kept keys (prepare could not make room) the prompt is keyed
- * again, from its rows or digests. The rows and keys are the step's
+ * stale has them; one that is publishes nothing). When its prefill
+ * registered every prompt page (rec->prompt_registered; held since, they
+ * still are) only the blocks past the prompt's are published; else the
+ * prompt's per-layer keys are derived again, once, and published with them
+ * (pages registered under their keys stay so; one the prefill left
+ * unregistered, its key naming another page then, may be registered now).
+ * Each sample continues the chain over its own blocks, as any sample's
+ * reply may be the one a later prompt holds. Without kept keys (a prompt
+ * with no full block) the prompt is keyed again, from its rows or digests. The rows and keys are the step's
  * scratch, free once the prefills ran (prepare made the room:
  * publish_tokens).
  */
@@ -268,6 +271,8 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
     }
     int rows = q->block_digest == NULL; /* digests key it without rows */
     int kept = rec->chain_blocks == from && from != 0;
+    /* Its prompt's pages are registered under these keys (held since): publish past them. */
+    size_t first_block = kept && rec->prompt_registered ? from : 0;
     if (rows) { /* the prompt's, or with kept keys only those of its partial last block */
         size_t first = kept ? from * s->block_tokens : 0;
         kvpi_sched_fill_rows(s, id, 0, first, prompt, s->rows + first * s->width);
@@ -292,12 +297,13 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
         if (kept && memcmp(chain + blocks, rec->chain + from, s->layers * sizeof *chain) != 0) {
             continue; /* the prompt was keyed under other bindings: not reached (not stale) */
         }
-        if (kept && !prompt_keyed) {
+        if (kept && !prompt_keyed && first_block == 0) {
             kvpi_prompt_keys_derive(s->layers, 1, blocks, 0, from, s->keys);
         }
         prompt_keyed = 1;
         /* The prompt's pages are registered under these very keys, the rest are fresh. */
-        kvp_status status = kvp_cache_group_publish(caches, s->layers, s->keys, blocks, NULL);
+        kvp_status status = kvpi_cache_group_publish_range(caches, s->layers, s->keys,
+                                                           first_block, blocks, NULL, NULL);
         assert(status == KVP_OK);
         (void)status;
     }
