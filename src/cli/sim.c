@@ -119,6 +119,9 @@ size_t kvp_sim_audit_interval(size_t audit_every, size_t pages)
         return audit_every;
     }
     size_t units = pages / KVP_SIM_AUDIT_PAGES + (pages % KVP_SIM_AUDIT_PAGES != 0);
+    if (units > KVP_SIM_AUDIT_MAX / KVP_SIM_AUDIT_STEPS) {
+        return KVP_SIM_AUDIT_MAX;
+    }
     return KVP_SIM_AUDIT_STEPS * (units > 0 ? units : 1);
 }
 

@@ -36,12 +36,15 @@
 /*
  * The default --audit-every: an audit every KVP_SIM_AUDIT_STEPS steps for
  * each KVP_SIM_AUDIT_PAGES pages of the pool, rounded up, so the audits
- * (each checks every page) cost about as much per step at any budget. An
- * explicit N (the largest size_t aside) audits every N steps.
+ * (each checks every page) cost about as much per step at any budget (a
+ * few percent of a Mooncake replay's), but at most KVP_SIM_AUDIT_MAX steps
+ * apart, so a long run is audited along the way at any budget. An explicit
+ * N (the largest size_t aside) audits every N steps.
  */
 #define KVP_SIM_AUDIT_SCALED SIZE_MAX
 #define KVP_SIM_AUDIT_STEPS 64
-#define KVP_SIM_AUDIT_PAGES 65536
+#define KVP_SIM_AUDIT_PAGES 16384
+#define KVP_SIM_AUDIT_MAX 16384
 
 typedef struct kvp_sim_config {
     size_t layers;
