@@ -167,7 +167,7 @@ typedef struct prompt_ctx {
     kvp_cache *caches[LAYERS];
     const double *rows;
     size_t width;
-    kvp_block_key keys[LAYERS + LAYERS];
+    kvp_block_key keys[LAYERS + 1 + LAYERS]; /* kvpi_prompt_keys_count(LAYERS, 1, 1) */
     unsigned char header[64];
     uint64_t sink;
 } prompt_ctx;

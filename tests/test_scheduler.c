@@ -1444,6 +1444,50 @@ static void test_scheduler_publishes_decoded_blocks(void **state)
 }
 
 /*
+ * Publication continues the prompt's block keys kept from its admission, and
+ * reads its own rows for the rest: request 0 (6 prompt tokens, the last 2
+ * in a partial block, 10 decoded) is admitted, then request 1 (rows of its
+ * own, 6 tokens, 2 decoded) in the next step, whose rows replace request
+ * 0's in the step's scratch; request 0 completes after it. Request 2,
+ * request 0's 16 rows and 3 more, adopts 4 blocks (16 tokens): the block
+ * holding the prompt's partial rows and the decoded ones was keyed from
+ * request 0's rows, not the scratch's (computed, and allocator-only keyed
+ * by rows or by block digests).
+ */
+static void test_scheduler_publication_keys_its_own_partial_block(void **state)
+{
+    (void)state;
+    for (int mode = 2; mode >= 0; mode--) {
+        int compute = mode == 2;
+        fixture_without_model = requests_by_digest = mode == 0;
+        fixture f;
+        setup_fixture_sharing(&f, 64, 1, compute, 0, 1);
+        static book b;
+        memset(&b, 0, sizeof b);
+        b.shared[0] = b.shared[2] = CAPACITY; /* requests 0 and 2: group 0's rows */
+        b.group[0] = b.group[2] = 0;
+        submit_samples(&f, &b, 6, 10, NULL, 1);
+        assert_int_equal(step_once(&f).admitted, 1);
+        submit_samples(&f, &b, 6, 2, NULL, 1); /* rows of its own */
+        assert_int_equal(step_once(&f).admitted, 1);
+        run(&f, 0);
+        assert_int_equal(stats_of(&f).completed, 2);
+        submit_samples(&f, &b, 19, 2, NULL, 1);
+        kvp_step_stats st = step_once(&f);
+        assert_int_equal(st.admitted, 1);
+        assert_int_equal(st.prompt_tokens, 19);
+        assert_int_equal(st.prefix_hit_tokens, 16);
+        run(&f, 0);
+        if (compute) {
+            assert_samples_exact(&b, 0, 1, 6, 10);
+            assert_samples_exact(&b, 2, 1, 19, 2);
+        }
+        teardown_collected(&f, 3);
+    }
+    fixture_without_model = requests_by_digest = 0;
+}
+
+/*
  * Outputs of a request whose prompt rows were given (`rows`, its first
  * `prompt`) and whose decoded rows come from the book, against a fresh
  * sequence fed the same rows alone, bit for bit.
@@ -2706,6 +2750,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_scheduler_weight_update_recomputes),
         cmocka_unit_test(test_scheduler_compute_off_shares_alike),
         cmocka_unit_test(test_scheduler_publishes_decoded_blocks),
+        cmocka_unit_test(test_scheduler_publication_keys_its_own_partial_block),
         cmocka_unit_test(test_scheduler_publishes_each_samples_decoded_blocks),
         cmocka_unit_test(test_scheduler_cache_aware_admits_cached_prefix_first),
         cmocka_unit_test(test_scheduler_session_keeps_turn_across_pressure),

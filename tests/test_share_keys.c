@@ -674,7 +674,7 @@ static void test_share_any_parameter_update_makes_old_keys_stale(void **state)
             /* Layer by layer: no key of the updated layer or a later one is indexed. */
             kvp_sequence *seq = kvpt_sequence(model, pool, SB, SCAP);
             enum { BLOCKS = PROMPT / BT };
-            kvp_block_key keys[BLOCKS * L3 * SB + L3];
+            kvp_block_key keys[BLOCKS * (L3 + 1) * SB + L3]; /* kvpi_prompt_keys_count */
             kvpi_prompt_keys(seq->caches, L3, NULL, prompt, PROMPT, D, BLOCKS, keys);
             for (size_t j = 0; j < BLOCKS; j++) {
                 for (size_t l = layer; l < L3; l++) {

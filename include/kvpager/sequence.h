@@ -222,8 +222,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_truncate(kvp_sequence *sequence, s
  * tokens_adopted .. T-1) computes only those, and its outputs, and every
  * later step's, are bit for bit those of a fresh sequence prefilled with the
  * whole prompt. Keys chain every block to the ones before it, the block's
- * input rows, each layer's binding digest and the digest of all the
- * model's layer bindings (kvp_block_key_chain), so a parameter update
+ * input rows and the digest of all the model's layer bindings (one keyed
+ * chain per block, as kvp_block_key_chain), and each layer's key derives
+ * from its block's with the layer's binding digest, so a parameter update
  * (a revision bump), another model, RoPE, geometry or dtype can never hit an
  * old block. The hash is keyed with the pool's secret (kvp_pool_config):
  * nobody without it can build colliding prompts. They do not cover a

@@ -65,7 +65,7 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->watermark = 0.01;
     config->reserve_tokens = 16;
     config->compute = 1;
-    config->audit_every = 64;
+    config->audit_every = KVP_SIM_AUDIT_SCALED;
     config->samples = 1;
     config->sharing = 1;
     config->schedule = KVP_SCHEDULE_FCFS;
@@ -110,7 +110,20 @@ typedef struct sim {
     kvp_sim_verifier verifier;
     size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
     double start;          /* now_seconds() when the run loop began */
+    size_t audit_interval; /* steps between audits (0: only the final one) */
 } sim;
+
+size_t kvp_sim_audit_interval(size_t audit_every, size_t pages)
+{
+    if (audit_every != KVP_SIM_AUDIT_SCALED) {
+        return audit_every;
+    }
+    size_t units = pages / KVP_SIM_AUDIT_PAGES + (pages % KVP_SIM_AUDIT_PAGES != 0);
+    if (units > KVP_SIM_AUDIT_MAX / KVP_SIM_AUDIT_STEPS) {
+        return KVP_SIM_AUDIT_MAX;
+    }
+    return KVP_SIM_AUDIT_STEPS * (units > 0 ? units : 1);
+}
 
 static int fail(sim *s, const char *context)
 {
@@ -297,6 +310,12 @@ static int setup(sim *s)
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }
+    kvp_pool_stats pool_stats;
+    kvp_pool_stats_init(&pool_stats);
+    size_t pages = kvp_pool_stats_get(s->pool, &pool_stats, NULL) == KVP_OK
+                       ? pool_stats.total_pages
+                       : 0;
+    s->audit_interval = kvp_sim_audit_interval(c->audit_every, pages);
     /* An allocator-only run builds no weights: the scheduler takes the geometry
        from its config and the pool. */
     if (c->compute && kvp_sim_model_create(c, &s->model, s->err) != KVP_OK) {
@@ -710,7 +729,7 @@ static int step_once(sim *s, size_t step)
         return -1;
     }
     read_counters(s);
-    if (s->config->audit_every != 0 && s->result->steps % s->config->audit_every == 0) {
+    if (s->audit_interval != 0 && s->result->steps % s->audit_interval == 0) {
         audit(s);
     }
     return 0;

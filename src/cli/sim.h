@@ -33,6 +33,19 @@
 #include "kvpager/kvpager.h"
 #include "workload.h"
 
+/*
+ * The default --audit-every: an audit every KVP_SIM_AUDIT_STEPS steps for
+ * each KVP_SIM_AUDIT_PAGES pages of the pool, rounded up, so the audits
+ * (each checks every page) cost about as much per step at any budget (a
+ * few percent of a Mooncake replay's), but at most KVP_SIM_AUDIT_MAX steps
+ * apart, so a long run is audited along the way at any budget. An explicit
+ * N (the largest size_t aside) audits every N steps.
+ */
+#define KVP_SIM_AUDIT_SCALED SIZE_MAX
+#define KVP_SIM_AUDIT_STEPS 64
+#define KVP_SIM_AUDIT_PAGES 16384
+#define KVP_SIM_AUDIT_MAX 16384
+
 typedef struct kvp_sim_config {
     size_t layers;
     size_t model_width;
@@ -48,7 +61,8 @@ typedef struct kvp_sim_config {
     double watermark;       /* fraction of all pages kept free at admission */
     size_t reserve_tokens;  /* decoding reserve promised at admission */
     int compute;            /* 0: allocator-only */
-    size_t audit_every;     /* steps between pool audits */
+    size_t audit_every;     /* steps between pool audits (0: only the final one);
+                               KVP_SIM_AUDIT_SCALED, the default: kvp_sim_audit_interval */
     size_t samples;         /* continuations per request (kvp_request.samples) */
     int sharing;            /* kvp_scheduler_config.sharing: fork, prefix index (default 1) */
     int schedule;           /* kvp_scheduler_config.schedule: a kvp_schedule (default FCFS) */
@@ -180,6 +194,9 @@ typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t
 
 /* Defaults of every knob (docs/simulate.md documents them). */
 void kvp_sim_config_init(kvp_sim_config *config);
+
+/* Steps between audits for `audit_every` (KVP_SIM_AUDIT_SCALED: scaled) and a pool of `pages`. */
+size_t kvp_sim_audit_interval(size_t audit_every, size_t pages);
 
 /*
  * The KV heads a run stores: config->kv_heads, or heads when it is 0. Pages

@@ -180,7 +180,8 @@ void kvp_simulate_usage(FILE *out)
             "                       (default %llu)\n"
             "  --no-compute         allocator-only run: pages move, no attention math\n"
             "  --audit-every N      steps between pool audits, 0 = only the final audit\n"
-            "                       (default %zu)\n"
+            "                       (default: %d steps per %d pages of the pool, rounded\n"
+            "                       up, at most %d: audits cost alike at any budget)\n"
             "output:\n"
             "  --json               print one JSON object instead of the report (a sweep: a\n"
             "                       JSON array of them, one per run, in the table's order)\n"
@@ -235,7 +236,8 @@ void kvp_simulate_usage(FILE *out)
             DEFAULT_MAX_RUNNING,
             d.watermark,
             d.reserve_tokens,
-            MAX_THREADS, (unsigned long long)d.seed, d.audit_every);
+            MAX_THREADS, (unsigned long long)d.seed, KVP_SIM_AUDIT_STEPS, KVP_SIM_AUDIT_PAGES,
+            KVP_SIM_AUDIT_MAX);
 }
 
 void kvp_simulate_invalid(kvp_cli_problems *p, simulate_flag f, const char *value, const char *why)

@@ -333,6 +333,20 @@ kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
  */
 kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
                                      const kvp_block_key *keys, size_t blocks, kvp_error *err);
+/*
+ * publish_range_locked: publish_locked for blocks [from, blocks) only
+ *   (keys laid out from block 0; those of blocks below `from` are not
+ *   read), and *left (may be NULL) = the pages it left unregistered because
+ *   their key names another page. group_publish_range: the same, taking the
+ *   pool lock; the caller checked the arguments as kvp_cache_group_publish
+ *   does (the scheduler: its own leases, full blocks).
+ */
+kvp_status kvpi_cache_publish_range_locked(kvp_cache *const *caches, size_t count,
+                                           const kvp_block_key *keys, size_t from, size_t blocks,
+                                           size_t *left, kvp_error *err);
+kvp_status kvpi_cache_group_publish_range(kvp_cache *const *caches, size_t count,
+                                          const kvp_block_key *keys, size_t from, size_t blocks,
+                                          size_t *left, kvp_error *err);
 size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
                          size_t blocks, size_t *evictable_pages);
 void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);
@@ -348,6 +362,15 @@ kvp_block_key kvpi_cache_binding_key(const kvp_cache *cache);
 kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *parent,
                                    const kvp_block_key *binding, const void *input, size_t bytes,
                                    const kvp_block_key *context);
+/*
+ * One block's key for each of `layers` layers, out[l * stride], from its
+ * block key (a kvpi_block_key_chain output) and each layer's id (ids[l]):
+ * SipHash-2-4-128 keyed with the block key over the id (share.c). Never
+ * the all-zero key. The serve layer keys a sequence's blocks once per
+ * block this way, not once per layer (src/serve/share.c).
+ */
+void kvpi_block_key_layers(const kvp_block_key *block, const kvp_block_key *ids, size_t layers,
+                           kvp_block_key *out, size_t stride);
 /*
  * Commits the first `rows` reserved rows of an external cache as
  * kvp_cache_commit_written does (the same pages, copy-on-write, counters

@@ -5,7 +5,8 @@
  * of the shared partial page), truncate, the chain keys of the prefix
  * index (a 128-bit BLAKE2b stream keyed with the pool's secret, over the
  * binding digest, the parent key, an optional context and the block's
- * input bytes), publishing full blocks and adopting published prefixes,
+ * input bytes; and the per-layer keys a block key derives, SipHash-2-4-128
+ * keyed with it: kvpi_block_key_layers), publishing full blocks and adopting published prefixes,
  * for one cache or a group of caches (a sequence's layers) in one hold of
  * the pool lock: publish and adopt exist only here.
  *
@@ -306,6 +307,38 @@ kvp_block_key kvpi_block_key_chain(const kvp_pool *pool, const kvp_block_key *pa
     return hash_final(&h);
 }
 
+/*
+ * Per-layer keys of one block from its block key: SipHash-2-4 with a
+ * 128-bit output (libsodium's crypto_shorthash_siphashx24, a PRF) keyed
+ * with the block key over each layer's id. The block key is a keyed
+ * BLAKE2b output under the pool's secret (kvpi_block_key_chain), so it is
+ * as secret as the secret, and each derived key is unpredictable without
+ * it; distinct (block key, id) pairs collide only by chance (2^-128 a pair).
+ */
+void kvpi_block_key_layers(const kvp_block_key *block, const kvp_block_key *ids, size_t layers,
+                           kvp_block_key *out, size_t stride)
+{
+    unsigned char k[crypto_shorthash_siphashx24_KEYBYTES];
+    for (int i = 0; i < 8; i++) {
+        k[i] = (unsigned char)(block->lo >> (8 * i));
+        k[8 + i] = (unsigned char)(block->hi >> (8 * i));
+    }
+    for (size_t l = 0; l < layers; l++) {
+        unsigned char in[sizeof(kvp_block_key)];
+        for (int i = 0; i < 8; i++) {
+            in[i] = (unsigned char)(ids[l].lo >> (8 * i));
+            in[8 + i] = (unsigned char)(ids[l].hi >> (8 * i));
+        }
+        unsigned char o[crypto_shorthash_siphashx24_BYTES];
+        (void)crypto_shorthash_siphashx24(o, in, sizeof in, k);
+        kvp_block_key key = {load64(o), load64(o + 8)};
+        if (key.lo == 0 && key.hi == 0) {
+            key.lo = 1; /* the zero key is never produced */
+        }
+        out[l * stride] = key;
+    }
+}
+
 /* ---- publish and adopt ------------------------------------------------------ */
 
 /*
@@ -333,16 +366,24 @@ static kvp_status publish_check_locked(const kvp_pool *pool, uint32_t page,
     return KVP_OK;
 }
 
-/* Registers `page` under `key` unless it is registered or the key names another page. */
-static void publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
-                                  const kvp_block_key *binding)
+/*
+ * Registers `page` under `key` unless it is registered or the key names
+ * another page; 1 when the page is left unregistered (the key's).
+ */
+static int publish_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_key *key,
+                                 const kvp_block_key *binding)
 {
-    if (!pool->registered[page] && kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
-        kvpi_prefix_insert_locked(pool, page, key, binding);
-        if (pool->tier != NULL) {
-            pool->tier_write_locked(pool, page, 1); /* write-through, when the policy says */
-        }
+    if (pool->registered[page]) {
+        return 0;
     }
+    if (kvpi_prefix_lookup_locked(pool, key) != KVPI_NO_PAGE) {
+        return 1;
+    }
+    kvpi_prefix_insert_locked(pool, page, key, binding);
+    if (pool->tier != NULL) {
+        pool->tier_write_locked(pool, page, 1); /* write-through, when the policy says */
+    }
+    return 0;
 }
 
 /* BLOCK_RELEASED for publishing released block `block` (of cache `layer` of a group). */
@@ -359,10 +400,28 @@ static kvp_status released_error(size_t block, size_t bt, size_t layer, kvp_erro
 kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
                                      const kvp_block_key *keys, size_t blocks, kvp_error *err)
 {
+    return kvpi_cache_publish_range_locked(caches, count, keys, 0, blocks, NULL, err);
+}
+
+kvp_status kvpi_cache_group_publish_range(kvp_cache *const *caches, size_t count,
+                                          const kvp_block_key *keys, size_t from, size_t blocks,
+                                          size_t *left, kvp_error *err)
+{
+    kvpi_pool_lock(caches[0]->pool);
+    kvp_status status =
+        kvpi_cache_publish_range_locked(caches, count, keys, from, blocks, left, err);
+    kvpi_pool_unlock(caches[0]->pool);
+    return status;
+}
+
+kvp_status kvpi_cache_publish_range_locked(kvp_cache *const *caches, size_t count,
+                                           const kvp_block_key *keys, size_t from, size_t blocks,
+                                           size_t *left, kvp_error *err)
+{
     kvp_pool *pool = caches[0]->pool;
     size_t batch = caches[0]->batch_size;
     /* First pass: refuse before registering anything. */
-    for (size_t i = 0; i < blocks * count * batch; i++) {
+    for (size_t i = from * count * batch; i < blocks * count * batch; i++) {
         size_t c = (i / batch) % count;
         uint32_t page = kvpi_cache_lane_table(caches[c], i % batch)[i / (count * batch)];
         if (page == KVPI_NO_PAGE) {
@@ -373,15 +432,19 @@ kvp_status kvpi_cache_publish_locked(kvp_cache *const *caches, size_t count,
             return status;
         }
     }
+    size_t unregistered = 0;
     for (size_t c = 0; c < count; c++) {
         kvp_block_key binding = kvpi_cache_binding_key(caches[c]);
-        for (size_t j = 0; j < blocks; j++) {
+        for (size_t j = from; j < blocks; j++) {
             for (size_t lane = 0; lane < batch; lane++) {
                 uint32_t page = kvpi_cache_lane_table(caches[c], lane)[j];
-                publish_insert_locked(pool, page, &keys[(j * count + c) * batch + lane],
-                                      &binding);
+                unregistered += (size_t)publish_insert_locked(
+                    pool, page, &keys[(j * count + c) * batch + lane], &binding);
             }
         }
+    }
+    if (left != NULL) {
+        *left = unregistered;
     }
     return KVP_OK;
 }

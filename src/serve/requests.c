@@ -1,7 +1,8 @@
 /*
  * requests.c: the scheduler's request records (requests_internal.h).
  *
- * Owns: the record slots, their free list, and the id index: open
+ * Owns: the record slots (and each slot's prompt-key buffer, which outlives
+ * the requests it serves and goes with the table), their free list, and the id index: open
  * addressing with linear probing over a power-of-two table at least twice
  * the slots, holding slot + 1 (0 empty), deleted by backward shift (no
  * tombstones, so a lookup probes at most the run it hashes into).
@@ -44,6 +45,9 @@ void kvpi_requests_init(kvpi_requests *t)
 
 void kvpi_requests_free(kvpi_requests *t)
 {
+    for (size_t i = 0; i < t->room; i++) {
+        kvpi_free(t->records[i].chain);
+    }
     kvpi_free(t->records);
     kvpi_free(t->index);
     kvpi_requests_init(t);
@@ -97,7 +101,11 @@ kvpi_record *kvpi_requests_add(kvpi_requests *t)
     size_t slot = t->free_head;
     kvpi_record *r = &t->records[slot];
     t->free_head = r->next_free;
+    kvp_block_key *chain = r->chain;
+    size_t chain_room = r->chain_room;
     memset(r, 0, sizeof *r);
+    r->chain = chain; /* the slot's buffer serves the new request */
+    r->chain_room = chain_room;
     r->id = t->next_id++;
     r->next_free = SIZE_MAX;
     t->live++;
@@ -147,7 +155,11 @@ void kvpi_requests_remove(kvpi_requests *t, uint64_t id)
     }
     t->index[hole] = 0;
     kvpi_record *r = &t->records[slot];
+    kvp_block_key *chain = r->chain;
+    size_t chain_room = r->chain_room;
     memset(r, 0, sizeof *r);
+    r->chain = chain;
+    r->chain_room = chain_room;
     r->state = KVPI_RECORD_FREE;
     r->next_free = t->free_head;
     t->free_head = slot;

@@ -58,6 +58,20 @@ typedef struct kvpi_record {
     int failed;           /* a job of this step failed; `error` says why */
     kvp_error error;
     size_t next_free;     /* free slots: the next free slot, or SIZE_MAX */
+    /*
+     * The prompt's block keys of its last admission, lane 0
+     * (share_internal.h's chain entries), then the `layers` layer ids they
+     * were made under: `chain_blocks` blocks (0: none). Publication
+     * continues the chain from them instead of keying the prompt again
+     * (scheduler_step.c). The buffer (chain_room entries) stays with the
+     * slot when the record is recycled, and goes with kvpi_requests_free.
+     */
+    kvp_block_key *chain;
+    size_t chain_room;
+    size_t chain_blocks;
+    /* Every page of the prompt's chain_blocks blocks was registered under its key by
+       the last prefill's publication (sample 0's: the samples share them). */
+    int prompt_registered;
 } kvpi_record;
 
 #define KVPI_RECORD_FREE (-1)
@@ -80,7 +94,7 @@ void kvpi_requests_free(kvpi_requests *t);
 /* Room for `more` adds without allocating: 0, or -1 changing nothing. */
 int kvpi_requests_reserve(kvpi_requests *t, size_t more);
 
-/* A new record, zeroed but its id (the next one); room was reserved. */
+/* A new record, zeroed but its id (the next one) and its slot's chain buffer; room was reserved. */
 kvpi_record *kvpi_requests_add(kvpi_requests *t);
 
 /* The record of `id`, or NULL when the table does not hold it. */

@@ -30,7 +30,8 @@
  *   - a step allocates only before it changes anything: it first grows every
  *     array to what the worst case of this step needs (every waiting request
  *     admitted or rejected, every running one retired, the longest request
- *     that may complete keying its decoded blocks), plans the admissions
+ *     that may complete keying its decoded blocks, each admitted request's
+ *     record room for its prompt's block keys), plans the admissions
  *     without side effects (but parking the prompt keys of the request it
  *     stopped at: a cache that changes no decision), and makes the leases
  *     and prompt rows the plan needs. A failure there changes nothing;

@@ -7,7 +7,8 @@
  * admission for (request_pages), the parked and ranked prompt keys
  * (s->parked, s->ranked: keysets kept across steps so a waiting request
  * is not read and hashed again), the cache-aware window's order,
- * taking the plan (admit: leases to slots, entries out of the queue), and
+ * taking the plan (admit: leases to slots, entries out of the queue, the
+ * prompt's block keys into the record for publication: keep_chain), and
  * a request's chain keys (kvpi_sched_keys: from its block digests, or from
  * its rows), which publication in scheduler_step.c uses too.
  *
@@ -52,40 +53,25 @@ static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past
 
 /*
  * Keys from block digests, as kvpi_prompt_keys_from chains rows (one lane):
- * the same context (every layer's binding digest and the salt) and per-layer
- * bindings, but each block's input is its 16-byte digest, chained under the
- * context as a context of its own, so no digest's key equals a row key.
+ * the same context (every layer's binding digest and the salt) and layer
+ * ids, but each block's chain key is over its 16-byte digest with the
+ * context passed as a context too, so no digest's key equals a row key.
  */
 static void digest_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
                         size_t sample, size_t from, size_t blocks, kvp_block_key *keys)
 {
     const kvp_request *q = &record_of(s, id)->request;
     size_t layers = s->layers;
-    kvp_block_key *bindings = keys + blocks * layers;
-    for (size_t l = 0; l < layers; l++) {
-        bindings[l] = kvpi_cache_binding_key(caches[l]);
-    }
-    int salted = q->salt.lo != 0 || q->salt.hi != 0;
-    kvp_block_key context = kvpi_block_key_chain(s->pool, NULL, &bindings[0], bindings,
-                                                 layers * sizeof *bindings,
-                                                 salted ? &q->salt : NULL);
-    for (size_t l = 0; l < layers; l++) {
-        uint64_t index = l;
-        bindings[l] = kvpi_block_key_chain(s->pool, NULL, &bindings[l], &index, sizeof index,
-                                           NULL);
-    }
+    kvp_block_key *chain = kvpi_prompt_keys_chain(keys, layers, 1, blocks);
+    kvp_block_key context = kvpi_prompt_keys_context(caches, layers, &q->salt, chain + blocks);
     size_t bt = s->block_tokens;
     for (size_t j = from; j < blocks; j++) {
         kvp_block_key digest = {0, 0};
         q->block_digest(q->ctx, id, (j + 1) * bt <= q->prompt_tokens ? 0 : sample, j, &digest);
-        kvp_block_key input = kvpi_block_key_chain(s->pool, NULL, &context, &digest,
-                                                   sizeof digest, &context);
-        for (size_t l = 0; l < layers; l++) {
-            const kvp_block_key *parent = j == 0 ? NULL : &keys[(j - 1) * layers + l];
-            keys[j * layers + l] = kvpi_block_key_chain(s->pool, parent, &bindings[l], &input,
-                                                        sizeof input, &context);
-        }
+        chain[j] = kvpi_block_key_chain(s->pool, j == 0 ? NULL : &chain[j - 1], &context,
+                                        &digest, sizeof digest, &context);
     }
+    kvpi_prompt_keys_derive(layers, 1, blocks, from, blocks, keys);
 }
 
 void kvpi_sched_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t id,
@@ -122,7 +108,7 @@ static void park_keys(kvp_scheduler *s, keyset *set, uint64_t id, const kvp_bloc
                       size_t count)
 {
     if (count == 0 || set->id == id) {
-        return; /* nothing keyed, or parked already (unpark_keys checked the digests) */
+        return; /* nothing keyed, or parked already (parked_keys checked the digests) */
     }
     set->id = NO_REQUEST;
     if (kvpi_sched_grow((void **)&set->keys, &set->room, count + s->layers,
@@ -153,24 +139,21 @@ static int keyset_valid(const kvp_scheduler *s, const keyset *set, uint64_t id, 
 }
 
 /*
- * 1 when request `id`'s prompt keys are parked (s->parked, or a slot of
- * s->ranked), made under the bindings idle[0] has now, and copied to
- * `keys`; 0 when they must be computed. The same id, rows and bindings give
- * the same keys (kvpi_prompt_keys reads nothing else), so no admission
- * changes: the plan only skips the rows and the hashing a waiting request
- * would redo.
+ * Request `id`'s prompt keys when they are parked (s->parked, or a slot of
+ * s->ranked), made under the bindings idle[0] has now; NULL when they must
+ * be computed. The same id, rows and bindings give the same keys
+ * (kvpi_prompt_keys reads nothing else), so no admission changes: the plan
+ * only skips the rows and the hashing a waiting request would redo, and
+ * probes the parked keys where they are (copied to the step's keys only
+ * when admitted).
  */
-static int unpark_keys(const kvp_scheduler *s, uint64_t id, kvp_block_key *keys, size_t count)
+static const kvp_block_key *parked_keys(const kvp_scheduler *s, uint64_t id, size_t count)
 {
     const keyset *set = keyset_valid(s, &s->parked, id, count) ? &s->parked : NULL;
     for (size_t i = 0; set == NULL && i < WINDOW; i++) {
         set = keyset_valid(s, &s->ranked[i], id, count) ? &s->ranked[i] : NULL;
     }
-    if (set == NULL) {
-        return 0;
-    }
-    memcpy(keys, set->keys, count * sizeof *keys);
-    return 1;
+    return set != NULL ? set->keys : NULL;
 }
 
 /*
@@ -255,14 +238,16 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
                         s->width * sizeof *s->rows) != 0) {
         return kvpi_fail_alloc(err, "scheduler prefix keys", key_count * sizeof *s->keys);
     }
-    if (!unpark_keys(s, id, s->keys, key_count)) {
+    const kvp_block_key *keys = parked_keys(s, id, key_count);
+    if (keys == NULL) {
         kvpi_sched_fill_request(s, id, s->rows);
         kvpi_sched_keys(s, lease_caches(&s->idle[0]), id, 0, s->rows, q->prompt_tokens, 0,
                         key_blocks, s->keys);
         park_keys(s, ranked_slot(s, id, p->ids, n), id, s->keys, key_count);
+        keys = s->keys;
     }
     size_t evictable;
-    *hits = kvpi_prefix_probe(s->pool, s->keys, s->layers, adoptable, &evictable);
+    *hits = kvpi_prefix_probe(s->pool, keys, s->layers, adoptable, &evictable);
     return KVP_OK;
 }
 
@@ -332,7 +317,8 @@ typedef struct candidate {
     size_t need_rows;    /* rows its admission reads (rows_needed) */
     double *at;          /* where they go: s->rows + totals.rows * width, or NULL (none) */
     int filled;          /* its rows are read */
-    size_t key_count;    /* its keys, at s->keys + totals.keys */
+    size_t key_count;    /* its keys, at s->keys + totals.keys once admitted */
+    const kvp_block_key *keys; /* where they are now: there, or parked */
     size_t hits;         /* prompt blocks the index holds now */
     size_t evictable;    /* of their pages, those evictable (adopting takes them) */
 } candidate;
@@ -393,13 +379,15 @@ static kvp_status key_prompt(kvp_scheduler *s, candidate *c, const totals *t, kv
                                (t->keys + c->key_count) * sizeof *s->keys);
     }
     kvp_block_key *k = s->keys + t->keys;
-    if (!unpark_keys(s, c->id, k, c->key_count)) {
+    c->keys = parked_keys(s, c->id, c->key_count);
+    if (c->keys == NULL) {
         kvpi_sched_fill_request(s, c->id, c->at);
         c->filled = 1;
         kvpi_sched_keys(s, lease_caches(&s->idle[0]), c->id, 0, c->at, q->prompt_tokens, 0,
                         c->key_blocks, k);
+        c->keys = k;
     }
-    c->hits = kvpi_prefix_probe(s->pool, k, s->layers, c->adoptable, &c->evictable);
+    c->hits = kvpi_prefix_probe(s->pool, c->keys, s->layers, c->adoptable, &c->evictable);
     return KVP_OK;
 }
 
@@ -456,12 +444,15 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
     }
     if (status != KVP_OK || !now) {
         if (status == KVP_OK) {
-            park_keys(s, &s->parked, c.id, s->keys + t->keys, c.key_count);
+            park_keys(s, &s->parked, c.id, c.keys, c.key_count);
         }
         return status;
     }
     if (!c.filled) {
         kvpi_sched_fill_request(s, c.id, c.at);
+    }
+    if (c.key_count != 0 && c.keys != s->keys + t->keys) {
+        memcpy(s->keys + t->keys, c.keys, c.key_count * sizeof *c.keys); /* parked ones */
     }
     t->asked = add_sat(t->asked, need);
     plan_take(s, p, &c, 1, t);
@@ -526,6 +517,25 @@ static void queue_remove_taken(kvp_scheduler *s, size_t span)
     }
 }
 
+/*
+ * The record keeps the prompt's block keys and layer ids the plan made
+ * (planned.keys), for publication to continue (scheduler_step.c: prepare
+ * made the room).
+ */
+static void keep_chain(kvp_scheduler *s, const planned *pl, record *rec)
+{
+    rec->chain_blocks = 0;
+    rec->prompt_registered = 0; /* until its prefill publishes the prompt (fork_samples) */
+    size_t count = pl->key_blocks + s->layers;
+    if (pl->key_blocks == 0 || rec->chain_room < count) {
+        return;
+    }
+    const kvp_block_key *chain =
+        kvpi_prompt_keys_chain(s->keys + pl->keys, s->layers, 1, pl->key_blocks);
+    memcpy(rec->chain, chain, count * sizeof *chain);
+    rec->chain_blocks = pl->key_blocks;
+}
+
 /* Takes the plan's entries: rejected ones finish, admitted ones take a lease per sample. */
 void kvpi_sched_admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
 {
@@ -537,6 +547,7 @@ void kvpi_sched_admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st)
             continue;
         }
         record *rec = record_of(s, id);
+        keep_chain(s, &s->plan[i], rec);
         for (size_t k = 0; k < rec->request.samples; k++) {
             slot *r = &s->running[s->running_count++];
             r->lease = s->idle[--s->idle_count];

@@ -155,19 +155,23 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
  * exactly its pages to come, and each forked sample appends the tokens it
  * generated before a preemption (its rows after the prompt's).
  */
-static void fork_samples(kvp_scheduler *s, const planned *pl, const record *rec, size_t here,
+static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_t here,
                          size_t *count)
 {
     size_t n = rec->request.samples;
     size_t prompt = rec->request.prompt_tokens;
     size_t g = rec->generated;
     kvp_cache *const *parent = lease_caches(&s->running[here].lease);
+    rec->prompt_registered = 0;
     if (pl->key_blocks != 0) {
         /* Fresh pages, or pages registered under these very keys: cannot be refused. */
-        kvp_status status = kvp_cache_group_publish(parent, s->layers, s->keys + pl->keys,
-                                                    pl->key_blocks, NULL);
+        size_t left = 0;
+        kvp_status status = kvpi_cache_group_publish_range(parent, s->layers, s->keys + pl->keys,
+                                                           0, pl->key_blocks, &left, NULL);
         assert(status == KVP_OK);
         (void)status;
+        /* Every page registered: held, they stay so until the request's pages go back. */
+        rec->prompt_registered = left == 0;
     }
     kvpi_pool_lock(s->pool);
     for (size_t k = 1; k < n; k++) {
@@ -236,7 +240,7 @@ void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp
         if (!pl->admit) {
             continue;
         }
-        const record *rec = record_of(s, pl->id);
+        record *rec = record_of(s, pl->id);
         size_t here = at;
         at += rec->request.samples;
         if (s->config.sharing && !rec->failed) {

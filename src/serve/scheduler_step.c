@@ -40,10 +40,12 @@ void kvp_step_stats_init(kvp_step_stats *stats)
 /*
  * The longest request that may complete in this step's decode and publish
  * its decoded blocks (publish_decoded): the running and newly admitted
- * requests one token short of their budget. 0: none.
+ * requests one token short of their budget. 0: none. *rows: the longest
+ * of those keyed by rows (their rows are read); digests read none.
  */
-static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
+static size_t publish_tokens(const kvp_scheduler *s, const plan *p, size_t *rows)
 {
+    *rows = 0;
     size_t longest = 0;
     for (size_t i = 0; i < s->running_count + p->popped; i++) {
         uint64_t id;
@@ -57,11 +59,38 @@ static size_t publish_tokens(const kvp_scheduler *s, const plan *p)
         const record *r = record_of(s, id);
         const kvp_request *q = &r->request;
         size_t len = q->prompt_tokens + q->max_new_tokens; /* within the capacity */
-        if (publishes(s, q) && r->generated + 1 >= q->max_new_tokens && len > longest) {
-            longest = len;
+        if (!publishes(s, q) || r->generated + 1 < q->max_new_tokens) {
+            continue;
+        }
+        longest = len > longest ? len : longest;
+        if (q->block_digest == NULL && len > *rows) {
+            *rows = len; /* keyed by rows: read them (digests need none) */
         }
     }
     return longest;
+}
+
+/*
+ * Before the step stands: room in each admitted request's record for the
+ * prompt keys the plan made (kvpi_sched_admit keeps them there for
+ * publication). ALLOCATION_FAILED changes nothing (a record's buffer is
+ * scratch no decision reads).
+ */
+static kvp_status room_for_chains(kvp_scheduler *s, const plan *p, kvp_error *err)
+{
+    for (size_t i = 0; i < p->popped; i++) {
+        const planned *pl = &s->plan[i];
+        if (!pl->admit || pl->key_blocks == 0) {
+            continue;
+        }
+        record *rec = record_of(s, pl->id);
+        size_t count = pl->key_blocks + s->layers;
+        if (kvpi_sched_grow((void **)&rec->chain, &rec->chain_room, count,
+                            sizeof *rec->chain) != 0) {
+            return kvpi_fail_alloc(err, "scheduler prompt keys", count * sizeof *rec->chain);
+        }
+    }
+    return KVP_OK;
 }
 
 /* The idle leases bound to parameters that changed (kvp_scheduler_step frees them). */
@@ -102,13 +131,18 @@ static kvp_status prepare(kvp_scheduler *s, const plan *p, kvp_error *err)
                     (p->slots > usable ? p->slots - usable : 0);
     /* Each request finishes once: the ones taken now and the running ones. */
     size_t finishing = s->done_count + p->popped + s->running_count;
-    size_t publish = publish_tokens(s, p);
+    size_t publish_rows;
+    size_t publish = publish_tokens(s, p, &publish_rows);
     size_t publish_keys = kvpi_prompt_keys_count(s->layers, 1, publish / s->block_tokens);
-    if (kvpi_sched_grow((void **)&s->rows, &s->rows_room, publish,
+    if (kvpi_sched_grow((void **)&s->rows, &s->rows_room, publish_rows,
                         s->width * sizeof *s->rows) != 0 ||
         kvpi_sched_grow((void **)&s->keys, &s->keys_room, publish_keys, sizeof *s->keys) != 0) {
         return kvpi_fail_alloc(err, "scheduler publication scratch",
-                               publish * s->width * sizeof(double));
+                               publish_rows * s->width * sizeof(double));
+    }
+    kvp_status kept = room_for_chains(s, p, err);
+    if (kept != KVP_OK) {
+        return kept;
     }
     if (kvpi_sched_grow((void **)&s->running, &s->running_room, slots, sizeof *s->running) != 0 ||
         kvpi_sched_grow((void **)&s->idle, &s->idle_room, leases, sizeof *s->idle) != 0 ||
@@ -209,12 +243,20 @@ static void make_room(kvp_scheduler *s, kvp_step_stats *st)
  * publishes the full blocks of its whole sequence, prompt and decoded
  * tokens, under the chain keys the plan computes for a prompt of the same
  * rows (kvpi_prompt_keys): a later prompt holding this prompt and a
- * sample's reply (a conversation's next turn) adopts them. The prompt's
- * blocks are keyed once (they are published already: publishing them again
- * changes nothing); each sample continues the chain over its own rows, as
- * any sample's reply may be the one a later prompt holds. A stale lease
- * publishes nothing. The rows and keys are the step's scratch, free once
- * the prefills ran (prepare made the room: publish_tokens).
+ * sample's reply (a conversation's next turn) adopts them. The prompt is
+ * not keyed again: its block keys are the record's, kept from admission
+ * (keep_chain), made under the layer ids checked here (a lease that is not
+ * stale has them; one that is publishes nothing). When its prefill
+ * registered every prompt page (rec->prompt_registered; held since, they
+ * still are) only the blocks past the prompt's are published; else the
+ * prompt's per-layer keys are derived again, once, and published with them
+ * (pages registered under their keys stay so; one the prefill left
+ * unregistered, its key naming another page then, may be registered now).
+ * Each sample continues the chain over its own blocks, as any sample's
+ * reply may be the one a later prompt holds. Without kept keys (a prompt
+ * with no full block) the prompt is keyed again, from its rows or digests. The rows and keys are the step's
+ * scratch, free once the prefills ran (prepare made the room:
+ * publish_tokens).
  */
 static void publish_decoded(kvp_scheduler *s, uint64_t id)
 {
@@ -228,8 +270,16 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
         return; /* nothing to key, or no full block holds a decoded token */
     }
     int rows = q->block_digest == NULL; /* digests key it without rows */
-    if (rows) {
-        kvpi_sched_fill_rows(s, id, 0, 0, prompt, s->rows);
+    int kept = rec->chain_blocks == from && from != 0;
+    /* Its prompt's pages are registered under these keys (held since): publish past them. */
+    size_t first_block = kept && rec->prompt_registered ? from : 0;
+    if (rows) { /* the prompt's, or with kept keys only those of its partial last block */
+        size_t first = kept ? from * s->block_tokens : 0;
+        kvpi_sched_fill_rows(s, id, 0, first, prompt, s->rows + first * s->width);
+    }
+    kvp_block_key *chain = kvpi_prompt_keys_chain(s->keys, s->layers, 1, blocks);
+    if (kept) {
+        memcpy(chain, rec->chain, from * sizeof *chain);
     }
     int prompt_keyed = 0;
     for (size_t i = 0; i < s->running_count; i++) {
@@ -242,11 +292,18 @@ static void publish_decoded(kvp_scheduler *s, uint64_t id)
         if (rows) {
             kvpi_sched_fill_rows(s, id, r->sample, prompt, len, s->rows + prompt * s->width);
         }
-        kvpi_sched_keys(s, caches, id, r->sample, s->rows, len, prompt_keyed ? from : 0, blocks,
-                        s->keys);
+        kvpi_sched_keys(s, caches, id, r->sample, s->rows, len, kept || prompt_keyed ? from : 0,
+                        blocks, s->keys);
+        if (kept && memcmp(chain + blocks, rec->chain + from, s->layers * sizeof *chain) != 0) {
+            continue; /* the prompt was keyed under other bindings: not reached (not stale) */
+        }
+        if (kept && !prompt_keyed && first_block == 0) {
+            kvpi_prompt_keys_derive(s->layers, 1, blocks, 0, from, s->keys);
+        }
         prompt_keyed = 1;
         /* The prompt's pages are registered under these very keys, the rest are fresh. */
-        kvp_status status = kvp_cache_group_publish(caches, s->layers, s->keys, blocks, NULL);
+        kvp_status status = kvpi_cache_group_publish_range(caches, s->layers, s->keys,
+                                                           first_block, blocks, NULL, NULL);
         assert(status == KVP_OK);
         (void)status;
     }

@@ -9,14 +9,17 @@
  * sequence invariant) and other threads see either all of a change or none
  * of it. It reads no pool field and takes no lock itself.
  *
- * Prompt keys: block j of lane b of layer l is keyed by the chain
- *   key[j][l][b] = chain(key[j-1][l][b], digest of layer l and its index l,
- *                        input[j][b], context)
- *   input[j][b]  = chain(context, prompt rows of lane b, block j)
+ * Prompt keys: block j of lane b is keyed once, by the chain
+ *   chain[j][b]  = BLAKE2b(chain[j-1][b], context, prompt rows of lane b, block j)
+ *   key[j][l][b] = SipHash-2-4-128 keyed with chain[j][b] over id[l]
+ *   id[l]        = BLAKE2b(binding digest of layer l, its index l)
  * where context digests every layer's binding (kvp_cache_binding_key) and
  * the salt, so a layer's K/V are found only under the exact model
  * (identities, revisions, RoPE, geometry, dtype), salt and prompt prefix
- * that produced them; every chain is keyed with the pool's secret.
+ * that produced them; every BLAKE2b is keyed with the pool's secret, and
+ * the per-layer keys are a PRF of a secret block key (pager/share.c,
+ * kvpi_block_key_layers; DESIGN.md "Threat model"): one keyed hash per
+ * block, not one per layer.
  * The key helpers (share_internal.h) serve the scheduler too, so the blocks
  * it publishes are the ones sequences adopt; it also keys the blocks a request decoded, by the same chain over their
  * input rows, so a later prompt holding prompt and reply adopts them.
@@ -80,10 +83,10 @@ static kvp_status check_prompt(const kvp_sequence *seq, const kvp_tensor *prompt
 
 size_t kvpi_prompt_keys_count(size_t layers, size_t batch, size_t blocks)
 {
-    if (batch != 0 && layers > SIZE_MAX / batch) {
+    if (layers == SIZE_MAX || (batch != 0 && layers + 1 > SIZE_MAX / batch)) {
         return SIZE_MAX;
     }
-    size_t per_block = layers * batch;
+    size_t per_block = (layers + 1) * batch; /* each layer's key and the block key */
     if (per_block != 0 && blocks > (SIZE_MAX - layers) / per_block) {
         return SIZE_MAX;
     }
@@ -102,20 +105,15 @@ static int salted(const kvp_block_key *salt)
     return salt != NULL && (salt->lo != 0 || salt->hi != 0);
 }
 
-void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
-                           const double *rows, size_t tokens, size_t width, size_t from,
-                           size_t blocks, kvp_block_key *keys)
+kvp_block_key kvpi_prompt_keys_context(kvp_cache *const *caches, size_t layers,
+                                       const kvp_block_key *salt, kvp_block_key *ids)
 {
     const kvp_pool *pool = caches[0]->pool;
-    size_t batch = caches[0]->batch_size;
-    size_t count = blocks * layers * batch;
-    kvp_block_key *bindings = keys + count; /* each layer's binding digest */
     for (size_t l = 0; l < layers; l++) {
-        bindings[l] = kvpi_cache_binding_key(caches[l]);
+        ids[l] = kvpi_cache_binding_key(caches[l]);
     }
     /* Every layer's binding, and the salt: tenants with other salts share nothing. */
-    kvp_block_key context = kvpi_block_key_chain(pool, NULL, &bindings[0], bindings,
-                                                 layers * sizeof *bindings,
+    kvp_block_key context = kvpi_block_key_chain(pool, NULL, &ids[0], ids, layers * sizeof *ids,
                                                  salted(salt) ? salt : NULL);
     /*
      * Each layer's digest with its index: layers may share parameters (and
@@ -124,23 +122,43 @@ void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_bl
      */
     for (size_t l = 0; l < layers; l++) {
         uint64_t index = l;
-        bindings[l] = kvpi_block_key_chain(pool, NULL, &bindings[l], &index, sizeof index, NULL);
+        ids[l] = kvpi_block_key_chain(pool, NULL, &ids[l], &index, sizeof index, NULL);
     }
+    return context;
+}
+
+void kvpi_prompt_keys_derive(size_t layers, size_t batch, size_t blocks, size_t from,
+                             size_t to, kvp_block_key *keys)
+{
+    const kvp_block_key *chain = kvpi_prompt_keys_chain(keys, layers, batch, blocks);
+    const kvp_block_key *ids = chain + blocks * batch;
+    for (size_t j = from; j < to; j++) {
+        for (size_t b = 0; b < batch; b++) {
+            kvpi_block_key_layers(&chain[j * batch + b], ids, layers,
+                                  &keys[j * layers * batch + b], batch);
+        }
+    }
+}
+
+void kvpi_prompt_keys_from(kvp_cache *const *caches, size_t layers, const kvp_block_key *salt,
+                           const double *rows, size_t tokens, size_t width, size_t from,
+                           size_t blocks, kvp_block_key *keys)
+{
+    const kvp_pool *pool = caches[0]->pool;
+    size_t batch = caches[0]->batch_size;
+    kvp_block_key *chain = kvpi_prompt_keys_chain(keys, layers, batch, blocks);
+    kvp_block_key context = kvpi_prompt_keys_context(caches, layers, salt, chain + blocks * batch);
     size_t bt = caches[0]->block_tokens;
     for (size_t j = from; j < blocks; j++) {
         for (size_t b = 0; b < batch; b++) {
-            /* The rows are hashed once, not once per layer: each layer chains their digest. */
+            /* One keyed hash per block and lane over its rows; the layers' keys derive from it. */
             const double *block = rows + (b * tokens + j * bt) * width;
-            kvp_block_key input = kvpi_block_key_chain(pool, NULL, &context, block,
-                                                       bt * width * sizeof *block, NULL);
-            for (size_t l = 0; l < layers; l++) {
-                const kvp_block_key *parent =
-                    j == 0 ? NULL : &keys[((j - 1) * layers + l) * batch + b];
-                keys[(j * layers + l) * batch + b] = kvpi_block_key_chain(
-                    pool, parent, &bindings[l], &input, sizeof input, &context);
-            }
+            const kvp_block_key *parent = j == 0 ? NULL : &chain[(j - 1) * batch + b];
+            chain[j * batch + b] = kvpi_block_key_chain(pool, parent, &context, block,
+                                                        bt * width * sizeof *block, NULL);
         }
     }
+    kvpi_prompt_keys_derive(layers, batch, blocks, from, blocks, keys);
 }
 
 /* The keys of the first `blocks` blocks of the prompt, in a new allocation (kvpi_free). */
