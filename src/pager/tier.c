@@ -86,6 +86,11 @@ const char *kvp_tier_name(const kvp_tier *tier)
     return tier == NULL ? "none" : tier->vtable.name;
 }
 
+void *kvpi_tier_impl_of(kvp_tier *tier, const char *name)
+{
+    return tier != NULL && tier->vtable.name == name ? tier->impl : NULL;
+}
+
 kvp_status kvp_tier_issue(kvp_tier *tier, kvp_tier_op op, kvp_tier_block *blocks, size_t count,
                           kvp_tier_done_fn done, void *ctx, kvp_error *err)
 {

@@ -24,6 +24,11 @@ struct kvp_tier {
     void *impl;
 };
 
+/* tier's implementation when its vtable's name is `name` (the same static
+ * text, compared by address: an implementation's own tiers), else NULL.
+ * For an implementation's own calls on its handles (tier_redis.h). */
+void *kvpi_tier_impl_of(kvp_tier *tier, const char *name);
+
 /* Why a block failed verification (kvpi_tier_block_verify). */
 typedef enum kvpi_tier_reject {
     KVPI_TIER_BLOCK_OK = 0,
