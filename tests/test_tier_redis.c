@@ -53,6 +53,8 @@ static kvp_tier *redis_tier(void)
     kvp_tier_redis_config_init(&c);
     c.url = url;
     c.name_space = NS;
+    c.connect_timeout_ms = 20000; /* no timeout under Valgrind on a loaded machine */
+    c.command_timeout_ms = 20000;
     c.backoff_min_ms = 0; /* a restarted server is reconnected by the next batch */
     c.backoff_max_ms = 1;
     kvp_tier *tier = NULL;
