@@ -673,6 +673,7 @@ static void test_redis_tier_bad_config_changes_nothing(void **state)
     c.url = "redis://127.0.0.1:6379/0";
     c.name_space = "no spaces";
     assert_int_equal(kvp_tier_redis_create(&c, &tier, &err), KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "name_space");
     c.name_space = NULL;
     c.struct_size = 0;
     assert_int_equal(kvp_tier_redis_create(&c, &tier, &err), KVP_INVALID_ARGUMENT);
