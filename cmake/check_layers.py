@@ -45,6 +45,7 @@ PUBLIC = {
     "sequence.h": "serve",   # sequences, steps, prefill, the decoder
     "scheduler.h": "serve",  # continuous batching
     "paged.h": "serve",      # paged attention for engines' own kernels
+    "tier_redis.h": "serve",  # the Redis tier (over hiredis)
     "kvpager.h": "cli",      # the umbrella: everything; only the program
 }
 

@@ -7,7 +7,7 @@
  * The server dies with the test process (a parent-death signal) and is never one
  * a user runs. Start failures are returned with the reason (the log's tail)
  * for the test to fail on: a tier test never skips.
- * Callers: tests/test_redis_store.c (one thread).
+ * Callers: tests/test_redis_store.c, tests/test_tier_redis.c (one thread).
  */
 #ifndef KVPAGER_TESTS_REDIS_SERVER_H
 #define KVPAGER_TESTS_REDIS_SERVER_H

@@ -40,5 +40,6 @@
 #include "kvpager/scheduler.h"
 #include "kvpager/paged.h"
 #include "kvpager/tier.h"
+#include "kvpager/tier_redis.h"
 
 #endif /* KVPAGER_KVPAGER_H */

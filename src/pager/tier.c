@@ -6,8 +6,10 @@
  * Invariants: a handle's vtable has every function (kvp_tier_create checks);
  * kvp_tier_issue calls the implementation only with valid arguments; a
  * waiter of kvp_tier_run lives on its caller's stack until its batch's done
- * has signalled it (under the waiter's mutex, so the stack frame outlives
- * the signal).
+ * has set its flag under the handle's wait_lock; the lock and condition
+ * are the handle's (they live until kvp_tier_destroy), never the stack's,
+ * so a done still returning from its unlock touches no freed memory (the
+ * pattern helgrind flags, and the Redis store avoids too).
  * Callers: the public API; tier_pool.c (write-back and load).
  */
 #include "pager/tier_internal.h"
@@ -66,6 +68,8 @@ kvp_status kvp_tier_create(const kvp_tier_vtable *vtable, void *impl, kvp_tier *
         tier->vtable.name = "unnamed";
     }
     tier->impl = impl;
+    pthread_mutex_init(&tier->wait_lock, NULL);
+    pthread_cond_init(&tier->wait_cond, NULL);
     *out = tier;
     return KVP_OK;
 }
@@ -77,6 +81,8 @@ kvp_status kvp_tier_destroy(kvp_tier *tier, kvp_error *err)
         return KVP_OK;
     }
     tier->vtable.destroy(tier->impl);
+    pthread_cond_destroy(&tier->wait_cond);
+    pthread_mutex_destroy(&tier->wait_lock);
     kvpi_free(tier);
     return KVP_OK;
 }
@@ -84,6 +90,11 @@ kvp_status kvp_tier_destroy(kvp_tier *tier, kvp_error *err)
 const char *kvp_tier_name(const kvp_tier *tier)
 {
     return tier == NULL ? "none" : tier->vtable.name;
+}
+
+void *kvpi_tier_impl_of(kvp_tier *tier, const char *name)
+{
+    return tier != NULL && tier->vtable.name == name ? tier->impl : NULL;
 }
 
 kvp_status kvp_tier_issue(kvp_tier *tier, kvp_tier_op op, kvp_tier_block *blocks, size_t count,
@@ -121,8 +132,7 @@ kvp_status kvp_tier_issue(kvp_tier *tier, kvp_tier_op op, kvp_tier_block *blocks
 
 /* kvp_tier_run's rendezvous with the batch's done. */
 typedef struct waiter {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
+    kvp_tier *tier;
     int finished;
 } waiter;
 
@@ -131,28 +141,24 @@ static void waiter_done(void *ctx, kvp_tier_block *blocks, size_t count)
     (void)blocks;
     (void)count;
     waiter *w = ctx;
-    pthread_mutex_lock(&w->lock);
+    kvp_tier *tier = w->tier;
+    pthread_mutex_lock(&tier->wait_lock);
     w->finished = 1;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
+    pthread_cond_broadcast(&tier->wait_cond); /* waiters of other batches recheck */
+    pthread_mutex_unlock(&tier->wait_lock);
 }
 
 kvp_status kvp_tier_run(kvp_tier *tier, kvp_tier_op op, kvp_tier_block *blocks, size_t count,
                         kvp_error *err)
 {
-    waiter w;
-    w.finished = 0;
-    pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    waiter w = {.tier = tier, .finished = 0};
     kvp_status status = kvp_tier_issue(tier, op, blocks, count, waiter_done, &w, err);
     if (status == KVP_OK) {
-        pthread_mutex_lock(&w.lock);
+        pthread_mutex_lock(&tier->wait_lock);
         while (!w.finished) {
-            pthread_cond_wait(&w.cond, &w.lock);
+            pthread_cond_wait(&tier->wait_cond, &tier->wait_lock);
         }
-        pthread_mutex_unlock(&w.lock);
+        pthread_mutex_unlock(&tier->wait_lock);
     }
-    pthread_cond_destroy(&w.cond);
-    pthread_mutex_destroy(&w.lock);
     return status;
 }

@@ -16,13 +16,24 @@
 #ifndef KVPAGER_PAGER_TIER_INTERNAL_H
 #define KVPAGER_PAGER_TIER_INTERNAL_H
 
+#include <pthread.h>
+
 #include "kvpager/tier.h"
 #include "pager/pool_internal.h"
 
 struct kvp_tier {
     kvp_tier_vtable vtable; /* the library's size; the caller's fields copied in */
     void *impl;
+    /* kvp_tier_run's rendezvous: the handle's, not the waiter's stack, so the
+     * pair outlives a done that is still returning from its unlock. */
+    pthread_mutex_t wait_lock;
+    pthread_cond_t wait_cond;
 };
+
+/* tier's implementation when its vtable's name is `name` (the same static
+ * text, compared by address: an implementation's own tiers), else NULL.
+ * For an implementation's own calls on its handles (tier_redis.h). */
+void *kvpi_tier_impl_of(kvp_tier *tier, const char *name);
 
 /* Why a block failed verification (kvpi_tier_block_verify). */
 typedef enum kvpi_tier_reject {

@@ -214,6 +214,9 @@ static void copy_results(kvpi_redis_lookup *lk, void *const *replies, kvpi_redis
         bool hit;
         if (lk->values == NULL) {
             hit = r->integer > 0;
+            if (lk->lengths != NULL) {
+                lk->lengths[i] = hit ? (size_t)r->integer : 0;
+            }
         } else {
             kvpi_redis_value *v = &lk->values[i];
             hit = r->type == REDIS_REPLY_STRING;
@@ -240,7 +243,10 @@ static void copy_results(kvpi_redis_lookup *lk, void *const *replies, kvpi_redis
 /* One lookup: EXISTS or GET per key (or one PING), in one round trip. */
 static void run_lookup(kvpi_redis_store *st, kvpi_redis_lookup *lk) {
     size_t count = lk->ping_ ? 1 : lk->count;
-    const char *what = lk->ping_ ? "PING" : lk->values != NULL ? "GET" : "EXISTS";
+    const char *what = lk->ping_             ? "PING"
+                       : lk->values != NULL  ? "GET"
+                       : lk->lengths != NULL ? "STRLEN"
+                                             : "EXISTS";
     lk->error.code = KVPI_REDIS_OK;
     lk->error.part = NULL;
     lk->error.text[0] = '\0';
@@ -508,7 +514,8 @@ void kvpi_redis_destroy(kvpi_redis_store *st) {
 static kvpi_redis_code submit(kvpi_redis_store *st, kvpi_redis_lookup *lk, bool ping,
                               kvpi_redis_error *err) {
     if (st == NULL || lk == NULL || lk->done == NULL ||
-        (lk->count > 0 && (lk->keys == NULL || (lk->found == NULL && lk->values == NULL)))) {
+        (lk->count > 0 &&
+         (lk->keys == NULL || (lk->found == NULL && lk->values == NULL && lk->lengths == NULL)))) {
         const char *what = st == NULL ? "store" : lk == NULL ? "lookup"
                                                   : lk->done == NULL ? "done"
                                                   : lk->keys == NULL ? "keys" : "found";

@@ -57,7 +57,7 @@ typedef struct kvpi_redis_error {
     /* Static text naming what failed: for BAD_URL the URL part ("scheme",
      * "user", "password", "host", "port", "database", "url"); for
      * BAD_ARGUMENT the argument; otherwise the step or command ("connect",
-     * "AUTH", "SELECT", "EXISTS", "GET", "SET", "queue", "drain"). */
+     * "AUTH", "SELECT", "EXISTS", "STRLEN", "GET", "SET", "queue", "drain"). */
     const char *part;
     char text[KVPI_REDIS_ERROR_TEXT]; /* one line; never a password */
 } kvpi_redis_error;
@@ -191,14 +191,17 @@ typedef void (*kvpi_redis_done)(kvpi_redis_lookup *lookup, void *context);
 /*
  * One batch lookup. The caller fills the first block and keeps the struct,
  * keys and outputs alive until `done` runs; the store owns the rest.
- * `values` NULL: EXISTS per key into found[count]. `values` non-NULL: GET per
- * key into values[count] (`found` may then be NULL or receives HIT as true).
+ * `values` NULL: EXISTS per key into found[count], or, when `lengths` is not
+ * NULL, STRLEN per key into lengths[count] (0: no such key; `found` may then
+ * be NULL). `values` non-NULL: GET per key into values[count] (`found` may
+ * then be NULL or receives HIT as true; `lengths` is ignored).
  * Outputs change only when the whole batch succeeds.
  */
 struct kvpi_redis_lookup {
     const kvp_block_key *keys;
     size_t count;
     bool *found;
+    size_t *lengths; /* contains with sizes: STRLEN (see above) */
     kvpi_redis_value *values;
     kvpi_redis_done done;
     void *context;
