@@ -81,10 +81,10 @@ static void test_faults_pool_create_sites_in_order(void **state)
                                         "page slab"};
     /* Page keys and binding digests, LRU stamps, six uint32 arrays of pages
      * (free stack, reference counts, audit scratch, registered, LRU links) and
-     * the prefix index and its tags, a power of two of at least 2 * pages
-     * slots each (16 for 5 pages). */
+     * the prefix index, a power of two of at least 2 * pages slots (16 for 5
+     * pages). */
     const size_t bytes[] = {0, SWEEP_PAGES * (2 * sizeof(kvp_block_key) + sizeof(uint64_t)) +
-                                   (6 * SWEEP_PAGES + 2 * 16) * sizeof(uint32_t),
+                                   (6 * SWEEP_PAGES + 16) * sizeof(uint32_t),
                             SWEEP_PAGES * SWEEP_PAGE_BYTES};
     for (uint64_t nth = 1; nth <= 3; nth++) {
         kvp_pool *pool = (kvp_pool *)0x1;

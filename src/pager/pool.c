@@ -321,12 +321,12 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     /*
      * One allocation: the page keys and binding digests, the LRU stamps,
      * then six uint32 arrays of total entries (free stack, refcounts, audit
-     * scratch, registered, LRU links), the index and its tags. total < 2^32, so this
+     * scratch, registered, LRU links) and the index. total < 2^32, so this
      * cannot overflow size_t on 64-bit.
      */
     size_t slots = kvpi_prefix_slots(total);
     size_t metadata_bytes = total * (2 * sizeof(kvp_block_key) + sizeof(uint64_t)) +
-                            (6 * total + 2 * slots) * sizeof(uint32_t);
+                            (6 * total + slots) * sizeof(uint32_t);
     unsigned char *metadata = kvpi_calloc(KVPI_SITE_POOL_METADATA, 1, metadata_bytes);
     if (metadata == NULL) {
         kvpi_free(pool);
@@ -372,7 +372,6 @@ kvp_status kvp_pool_create(const kvp_pool_config *caller_config, kvp_pool **out,
     pool->lru_prev = words + 4 * total;
     pool->lru_next = words + 5 * total;
     pool->index = words + 6 * total;
-    pool->index_tag = pool->index + slots;
     pool->index_slots = slots;
     kvpi_prefix_init(pool);
     /* The top of the stack is page 0, so pages are handed out 0, 1, 2, ... */

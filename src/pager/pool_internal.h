@@ -107,8 +107,6 @@ struct kvp_pool {
     uint32_t lru_tail;     /* most recently used */
     size_t evictable;      /* pages on the LRU list */
     uint32_t *index;       /* [index_slots]: page ids (KVPI_NO_PAGE empty), linear probing */
-    uint32_t *index_tag;   /* [index_slots]: the low 32 bits of the slot's key's hash (prefix.c),
-                              so probes and deletion's shifts seldom read page_key */
     size_t index_slots;    /* a power of two >= 2 * total_pages */
     size_t cached;         /* registered pages (index entries) */
     uint64_t prefix_hits;

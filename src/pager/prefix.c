@@ -2,10 +2,7 @@
  * prefix.c: the pool's prefix index and its LRU list of evictable pages.
  *
  * Owns: pool->index (open addressing, linear probing, backward-shift
- * deletion, so there are no tombstones) and its index_tag[] (the low 32 bits
- * of each entry's key hash: a probe reads a page's key only when the tags
- * agree, and a shift finds an entry's home slot from its tag, so neither
- * touches page_key[] of the pages it passes), page_key[], page_binding[] and
+ * deletion, so there are no tombstones), page_key[], page_binding[] and
  * registered[] of each page, and the doubly linked LRU list through
  * lru_prev[] / lru_next[].
  *
@@ -15,7 +12,6 @@
  *     slot; each registered page is in exactly one slot, and no two slots
  *     hold the same key unless one of them is borrowed (a page published
  *     under a borrowed page's key wins it when the borrowed one comes back);
- *     index_tag[i] is the low 32 bits of key_hash(page_key[index[i]]);
  *     cached == entries;
  *   - page_binding[p] (the publisher's binding digest, never zero) is set
  *     exactly while p is registered (indexed or borrowed);
@@ -63,37 +59,22 @@ static int key_equal(const kvp_block_key *a, const kvp_block_key *b)
     return a->lo == b->lo && a->hi == b->hi;
 }
 
-/* The key is already a hash: a mix of its words picks the home slot. */
-static uint64_t key_hash(const kvp_block_key *key)
-{
-    return key->lo ^ (key->hi >> 7);
-}
-
+/* The key is already a hash: its low word picks the home slot. */
 static size_t home_slot(const kvp_pool *pool, const kvp_block_key *key)
 {
-    return (size_t)key_hash(key) & (pool->index_slots - 1);
-}
-
-/* The home slot of the entry in slot j: from its tag when the tag holds every bit the mask keeps. */
-static size_t home_of_entry(const kvp_pool *pool, size_t j)
-{
-    if (pool->index_slots <= ((size_t)1 << 32)) {
-        return pool->index_tag[j] & (pool->index_slots - 1);
-    }
-    return home_slot(pool, &pool->page_key[pool->index[j]]); /* GCOVR_EXCL_LINE: > 2^31 pages */
+    return (size_t)(key->lo ^ (key->hi >> 7)) & (pool->index_slots - 1);
 }
 
 uint32_t kvpi_prefix_lookup_locked(const kvp_pool *pool, const kvp_block_key *key)
 {
     size_t mask = pool->index_slots - 1;
-    uint32_t tag = (uint32_t)key_hash(key);
     for (size_t i = home_slot(pool, key);; i = (i + 1) & mask) {
         uint32_t page = pool->index[i];
         if (page == KVPI_NO_PAGE) {
             return KVPI_NO_PAGE;
         }
         /* A borrowed page keeps its entry but is not found (pool_internal.h). */
-        if (pool->index_tag[i] == tag && key_equal(&pool->page_key[page], key) &&
+        if (key_equal(&pool->page_key[page], key) &&
             pool->registered[page] != KVPI_PAGE_BORROWED) {
             return page;
         }
@@ -109,7 +90,6 @@ void kvpi_prefix_insert_locked(kvp_pool *pool, uint32_t page, const kvp_block_ke
         i = (i + 1) & mask;
     }
     pool->index[i] = page;
-    pool->index_tag[i] = (uint32_t)key_hash(key);
     pool->page_key[page] = *key;
     pool->page_binding[page] = *binding;
     pool->registered[page] = KVPI_PAGE_INDEXED;
@@ -126,12 +106,11 @@ void kvpi_prefix_remove_locked(kvp_pool *pool, uint32_t page)
     /* Backward shift: move later entries of the run into the hole when their home allows. */
     size_t hole = i;
     for (size_t j = (hole + 1) & mask; pool->index[j] != KVPI_NO_PAGE; j = (j + 1) & mask) {
-        size_t home = home_of_entry(pool, j);
+        size_t home = home_slot(pool, &pool->page_key[pool->index[j]]);
         /* The entry at j may fill the hole when its home is not in (hole, j]. */
         int home_between = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
         if (!home_between) {
             pool->index[hole] = pool->index[j];
-            pool->index_tag[hole] = pool->index_tag[j];
             hole = j;
         }
     }
@@ -263,11 +242,6 @@ static void audit_index(const kvp_pool *pool, kvpi_audit *audit)
          * Reachable: no empty slot between the key's home slot and i; indexed
          * once (a borrowed page's key may be held by a page published meanwhile).
          */
-        if (pool->index_tag[i] != (uint32_t)key_hash(&pool->page_key[page])) {
-            kvpi_audit_report(audit, KVP_INVARIANT_PREFIX, "an index entry's tag is its key's hash",
-                              page, SIZE_MAX, (uint32_t)key_hash(&pool->page_key[page]),
-                              pool->index_tag[i]);
-        }
         int borrowed = pool->registered[page] == KVPI_PAGE_BORROWED;
         size_t j = home_slot(pool, &pool->page_key[page]);
         while (j != i && pool->index[j] != KVPI_NO_PAGE) {
