@@ -4,7 +4,9 @@
  *
  * Owns: one cache and one ticket per layer, the activations between layers,
  * one reservation big enough for every page the sequence can hold, and the
- * sequence's promise.
+ * sequence's promise: a level (held + promised) that a sliding window's
+ * releases refill through the reservation's refund (sequence.h), so
+ * pages_for counts a sliding layer's peak and prefill_pages its blocks.
  *
  * A step, or each token of a prefill:
  *   prepare_layers  prepare layer 0..L-1 (no pages reserved), chaining inputs;
