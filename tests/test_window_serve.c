@@ -17,7 +17,9 @@
  *     same model with full layers admits one;
  *   - a windowed cache's table: the blocks kvpi_cache_block_released names
  *     (what the scheduler's kept-page count skips) are exactly the
- *     KVP_PAGE_RELEASED entries;
+ *     KVP_PAGE_RELEASED entries. The scheduler itself cannot run a windowed
+ *     session yet: sessions need sharing, and with sharing it publishes
+ *     prompt blocks a prefill's settle released (issue 21, part 3);
  *   - a tier load into a windowed cache releases what the window no longer
  *     needs, as a commit does.
  * Deterministic: no threads, fixed inputs.
