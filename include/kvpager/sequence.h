@@ -182,7 +182,8 @@ KVP_API size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t token
  * copies. Equal to kvp_sequence_pages_for without windows. Saturates at
  * SIZE_MAX. For a prompt of P tokens then steps to T: promise this before
  * the prefill, and kvp_sequence_pages_for(seq, T) after it.
- * Threads: as kvp_sequence_pages_for.
+ * Threads: not safe while a call changes this sequence (reset, destroy,
+ * promise, step, prefill, a decoder job); reads of one sequence may overlap.
  */
 KVP_API size_t kvp_sequence_prefill_pages(const kvp_sequence *sequence, size_t tokens);
 
