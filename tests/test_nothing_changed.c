@@ -126,8 +126,8 @@
  *                                    binding), POOL_EXHAUSTED, NONFINITE_SCORE at
  *                                    token 2 (after two computed tokens; see below)
  *               kvp_sequence_promise NULL, OUT_OF_RANGE
- *               kvp_sequence_pages_for, _len, _capacity, _held_pages,
- *               _promised_pages, _cache                   infallible
+ *               kvp_sequence_pages_for, _prefill_pages, _len, _capacity,
+ *               _held_pages, _promised_pages, _cache      infallible
  *               kvp_decoder_create   NULL, INVALID_ARGUMENT, ALLOCATION_FAILED (sweep),
  *                                    THREAD_FAILED (test_sweep.c)
  *               kvp_decoder_destroy  NULL;  kvp_decoder_threads  infallible

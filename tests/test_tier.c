@@ -617,6 +617,89 @@ static void test_tier_layer_bound_outputs_bit_identical(void **state)
     destroy_pool(pool);
 }
 
+/* The output of attending `x` over `cache` (prepared, then discarded); the keys it read. */
+static size_t probe_output(const kvp_layer *layer, const kvp_cache *cache, kvp_pool *pool,
+                           const double *x, double out[D])
+{
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    kvp_tensor in = kvp_tensor3((double *)(uintptr_t)x, 1, 1, D);
+    kvp_error err;
+    kvpt_assert_ok(kvp_attention_prepare(layer, &in, cache, ticket, &err), &err);
+    kvp_attention_result r;
+    kvpt_assert_ok(kvp_ticket_result(ticket, &r, &err), &err);
+    memcpy(out, r.output, D * sizeof(double));
+    kvpt_destroy_ticket(ticket, pool);
+    return r.keys;
+}
+
+/*
+ * A load into a windowed cache (W = BT) releases, as a commit does, what its
+ * window no longer needs: loading 3 blocks leaves blocks 0 and 1 released
+ * (null entries) and block 2 held; the next token's output is the original's.
+ */
+static void test_tier_load_into_windowed_cache_releases(void **state)
+{
+    (void)state;
+    enum { PAGES = 6, W = BT };
+    kvp_pool *pool = kvpt_pool(BT, HEADS, LHW, PAGES);
+    kvp_tier *tier = host_tier(1 << 20);
+    attach(pool, tier, 0);
+    kvp_error err;
+    kvp_layer *layer = kvpt_random_layer(D, HEADS, SCAP, BASE, 41);
+    kvpt_assert_ok(kvp_layer_set_window(layer, W, 0, &err), &err);
+    kvp_binding binding;
+    kvpt_assert_ok(kvp_layer_binding_get(layer, &binding, &err), &err);
+    double inputs[(3 * BT + 1) * D];
+    kvpt_fill_random(inputs, KVPT_COUNT_OF(inputs), 42);
+    kvp_cache *a = kvpt_cache(pool, &binding, 1, SCAP);
+    kvp_block_key keys[3];
+    for (size_t j = 0; j < 3; j++) {
+        /* Block j is full at length (j + 1) BT and released at (j + 2) BT: publish it between. */
+        attend(layer, a, pool, inputs + j * BT * D, BT);
+        kvpt_assert_ok(kvp_block_key_chain(j == 0 ? NULL : &keys[j - 1], a, inputs + j * BT * D,
+                                           BT * D * sizeof(double), NULL, &keys[j], &err),
+                       &err);
+        kvpt_assert_ok(kvp_cache_publish_block(a, 0, j, &keys[j], &err), &err);
+    }
+    double out_a[D];
+    size_t keys_a = probe_output(layer, a, pool, inputs + 3 * BT * D, out_a);
+    kvpt_destroy_cache(a, pool);
+    /* Evict all three to the tier: a cache of another layer takes every page. */
+    kvp_layer *other = kvpt_random_layer(D, HEADS, SCAP, BASE, 43);
+    kvp_binding other_binding;
+    kvpt_assert_ok(kvp_layer_binding_get(other, &other_binding, &err), &err);
+    kvp_cache *filler = kvpt_cache(pool, &other_binding, 1, SCAP);
+    double many[PAGES * BT * D];
+    kvpt_fill_random(many, KVPT_COUNT_OF(many), 44);
+    attend(other, filler, pool, many, PAGES * BT);
+    kvpt_destroy_cache(filler, pool);
+    assert_int_equal(tier_stats(pool).writes, 3);
+    kvp_cache *c = kvpt_cache(pool, &binding, 1, SCAP);
+    size_t loaded = 0;
+    kvp_status stop = KVP_FULL;
+    kvpt_assert_ok(kvp_cache_group_tier_load(&c, 1, keys, 3, &loaded, &stop, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(loaded, 3);
+    assert_int_equal(kvp_cache_len(c), 3 * BT);
+    for (size_t b = 0; b < 3; b++) {
+        uint32_t page = 0;
+        kvpt_assert_ok(kvp_cache_page(c, 0, b, &page, &err), &err);
+        assert_int_equal(page == KVP_PAGE_RELEASED, b < 2);
+    }
+    kvp_cache_info info;
+    kvp_cache_info_init(&info);
+    kvpt_assert_ok(kvp_cache_info_get(c, &info, &err), &err);
+    assert_int_equal(info.mapped_pages, 1);
+    double out_c[D];
+    assert_int_equal(probe_output(layer, c, pool, inputs + 3 * BT * D, out_c), keys_a);
+    assert_memory_equal(out_c, out_a, sizeof out_a);
+    kvpt_destroy_cache(c, pool);
+    kvpt_destroy_layer(layer);
+    kvpt_destroy_layer(other);
+    detach_and_destroy(pool, tier);
+    destroy_pool(pool);
+}
+
 /* ---- failing calls change nothing ------------------------------------------------- */
 
 static void assert_tier_stats_equal(const kvp_pool_tier_stats *a, const kvp_pool_tier_stats *b)
@@ -821,6 +904,7 @@ int main(void)
         cmocka_unit_test(test_tier_miss_stops_the_chain_and_write_through),
         cmocka_unit_test(test_tier_load_rejects_and_never_maps),
         cmocka_unit_test(test_tier_layer_bound_outputs_bit_identical),
+        cmocka_unit_test(test_tier_load_into_windowed_cache_releases),
         cmocka_unit_test(test_tier_failures_change_nothing),
         cmocka_unit_test_teardown(test_tier_allocation_failures_change_nothing, kvpt_disarm),
     };

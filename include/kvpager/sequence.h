@@ -15,6 +15,15 @@
  * a decoding reserve). kvp_pool_admit counts promised pages not yet taken, as
  * vLLM's can_allocate counts blocks, so admission does not hand the same pages
  * out twice. Pages a step takes are drawn from the promise first.
+ * Sliding windows: a promise is a level, not a count of takes. Setting it
+ * fixes the level (the pages held then plus the promise). Each page a
+ * windowed layer's release gives back to the pool goes back into the
+ * promise, in the same hold of the pool lock, after paying for any page
+ * the sequence took beyond its promise: held + promised never exceeds the
+ * level, and stays at it while every take came from the promise. So
+ * kvp_sequence_pages_for(seq, T) promised at any length covers every step
+ * to T, and a released page is neither lost to the promise nor counted
+ * twice. (A truncate gives pages back without refilling the promise.)
  *
  * Threads: a sequence has one owner at a time; the decoder runs distinct
  * sequences on its worker threads. A decoder takes one kvp_decoder_step
@@ -153,16 +162,34 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_promise(kvp_sequence *sequence, si
                                                       kvp_error *err);
 
 /*
- * Pages this sequence needs to grow from its current length to `tokens`:
- * the new blocks of every layer and lane, plus the copies of shared partial
- * pages its next write must make (copy-on-write, after a fork or truncate).
+ * Pages this sequence may take beyond those it holds growing from its
+ * current length to `tokens` step by step: for a full layer the new blocks
+ * of every lane; for a sliding layer (kvp_layer_set_window) its peak,
+ * kvp_cache_pages_held_max(cache, tokens), less the pages it holds, at most
+ * its new blocks; plus the copies of shared partial pages its next write
+ * must make (copy-on-write, after a fork or truncate). The promise to make
+ * before steps to `tokens` (the release refunds keep it whole, above).
+ * `tokens` above the capacity: kvp_sequence_prefill_pages.
  * Threads: not safe while a call changes this sequence (reset, destroy,
  * promise, step, prefill, a decoder job); reads of one sequence may overlap.
  */
 KVP_API size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t tokens);
 
 /*
- * Plain queries; NULL reads as 0 / NULL. kvp_sequence_cache gives a layer's
+ * Pages a kvp_sequence_prefill from the current length to `tokens` takes:
+ * the new blocks of every layer and lane (a prefill holds every block it
+ * writes until it ends; a sliding layer releases at its end), plus the
+ * copies. Equal to kvp_sequence_pages_for without windows. Saturates at
+ * SIZE_MAX. For a prompt of P tokens then steps to T: promise this before
+ * the prefill, and kvp_sequence_pages_for(seq, T) after it.
+ * Threads: not safe while a call changes this sequence (reset, destroy,
+ * promise, step, prefill, a decoder job); reads of one sequence may overlap.
+ */
+KVP_API size_t kvp_sequence_prefill_pages(const kvp_sequence *sequence, size_t tokens);
+
+/*
+ * Plain queries; NULL reads as 0 / NULL. held_pages counts the pages the
+ * layers' tables hold (a block a window released holds none). kvp_sequence_cache gives a layer's
  * cache, for reading (cache.h's rules: its changes are this sequence's).
  * Threads: not safe while a call changes this sequence (reset, destroy,
  * promise, step, prefill, a decoder job); reads of one sequence may overlap.

@@ -731,7 +731,7 @@ static void commit_scaled(kvp_cache *cache, const double *key, const double *val
     }
     cache->len++;
     cache->epoch++;
-    kvpi_cache_release_front_locked(cache);
+    kvpi_reservation_refund_locked(reservation, kvpi_cache_release_front_locked(cache));
     kvpi_pool_unlock(cache->pool);
 }
 

@@ -57,8 +57,9 @@ void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count)
     }
 }
 
-void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count)
+size_t kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count)
 {
+    size_t released = 0;
     for (size_t c = 0; c < count; c++) {
         kvp_cache *cache = caches[c];
         for (size_t lane = 0; lane < cache->batch_size; lane++) {
@@ -68,8 +69,10 @@ void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count)
             }
         }
         cache->cow_defer = 0;
-        kvpi_cache_release_front_locked(cache); /* what the transaction's rows left behind */
+        /* What the transaction's rows left behind. */
+        released += kvpi_cache_release_front_locked(cache);
     }
+    return released;
 }
 
 void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count)

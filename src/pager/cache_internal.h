@@ -126,15 +126,24 @@ static inline int kvpi_cache_block_released(const kvp_cache *cache, size_t block
     return block >= kvpi_cache_sink_blocks(cache) && block < cache->released_end;
 }
 
+/* Blocks a lane holds a page for: the mapped ones less the released run. */
+static inline size_t kvpi_cache_held_blocks(const kvp_cache *cache)
+{
+    size_t mapped = cache->len / cache->block_tokens + (cache->len % cache->block_tokens != 0);
+    size_t sb = kvpi_cache_sink_blocks(cache);
+    return mapped - (cache->released_end > sb ? cache->released_end - sb : 0);
+}
+
 /*
  * Under the pool lock: releases every lane's blocks past the sinks that lie
  * entirely below len - W (kvpi_cache_live_from), block by block, lane by
  * lane: a page whose last reference this was goes to the free list, or to
  * the LRU list when published; a shared page drops this table's reference.
  * Does nothing under cow_defer (a transaction releases at its settle) or for
- * a cache without a window. Cannot fail.
+ * a cache without a window. Cannot fail. Returns the pages released (blocks
+ * times lanes), for the committer's promise refund.
  */
-void kvpi_cache_release_front_locked(kvp_cache *cache);
+size_t kvpi_cache_release_front_locked(kvp_cache *cache);
 /* Sets window, sinks (the reader's) and released_end = 0 at creation (cache_window.c). */
 void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding);
 /*
@@ -350,7 +359,7 @@ kvp_status kvpi_cache_group_publish_range(kvp_cache *const *caches, size_t count
 size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
                          size_t blocks, size_t *evictable_pages);
 void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);
-void kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count);
+size_t kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);
 /*
  * After len changed under the lock: cow = the partial last page is shared or

@@ -46,10 +46,10 @@ void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding)
     }
 }
 
-void kvpi_cache_release_front_locked(kvp_cache *cache)
+size_t kvpi_cache_release_front_locked(kvp_cache *cache)
 {
     if (cache->window == 0 || cache->cow_defer) {
-        return;
+        return 0;
     }
     size_t sb = kvpi_cache_sink_blocks(cache);
     size_t end = kvpi_cache_live_from(cache, cache->len);
@@ -61,9 +61,11 @@ void kvpi_cache_release_front_locked(kvp_cache *cache)
             *slot = KVPI_NO_PAGE;
         }
     }
-    if (end > from) {
-        cache->released_end = end;
+    if (end <= from) {
+        return 0;
     }
+    cache->released_end = end;
+    return (end - from) * cache->batch_size;
 }
 
 kvp_status kvpi_cache_truncate_check(const kvp_cache *cache, size_t len, kvp_error *err)

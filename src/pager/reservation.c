@@ -39,6 +39,21 @@ void kvpi_reservation_init(kvpi_reservation *r, kvp_pool *pool, uint32_t *storag
     r->capacity = capacity;
     r->count = 0;
     r->next = 0;
+    r->refund_promise = NULL;
+    r->refund_deficit = 0;
+}
+
+void kvpi_reservation_refund_locked(kvpi_reservation *r, size_t released)
+{
+    if (r->refund_promise == NULL) {
+        return;
+    }
+    size_t paid = released < r->refund_deficit ? released : r->refund_deficit;
+    r->refund_deficit -= paid;
+    if (released > paid) {
+        kvpi_pool_promise_set_locked(r->pool, r->refund_promise,
+                                     *r->refund_promise + (released - paid));
+    }
 }
 
 size_t kvpi_reservation_remaining(const kvpi_reservation *r)
@@ -74,7 +89,11 @@ static kvp_status fill_locked(kvpi_reservation *r, size_t n, size_t *promise, in
         }
         r->count += n;
         if (promise != NULL) {
+            size_t before = *promise;
             kvpi_pool_promise_consume_locked(r->pool, promise, n);
+            if (promise == r->refund_promise) {
+                r->refund_deficit += n - (before - *promise); /* taken beyond the promise */
+            }
         }
     }
     return status;

@@ -30,6 +30,16 @@ typedef struct kvpi_reservation {
     size_t capacity;
     size_t count;      /* entries filled */
     size_t next;       /* entries consumed */
+    /*
+     * Refunds (sliding windows, DESIGN "Admission and promises"): when
+     * refund_promise is set, it is a level (the pages held plus the promise
+     * when it was set). refund_deficit counts the pages fills took beyond
+     * *refund_promise and no release has paid back yet; a window release by
+     * a commit through this reservation pays that first and gives the rest
+     * back to the promise (kvpi_reservation_refund_locked).
+     */
+    size_t *refund_promise;
+    size_t refund_deficit;
 } kvpi_reservation;
 
 void kvpi_reservation_init(kvpi_reservation *r, kvp_pool *pool, uint32_t *storage,
@@ -44,6 +54,15 @@ size_t kvpi_reservation_remaining(const kvpi_reservation *r);
  * pool lock.
  */
 kvp_status kvpi_reservation_fill(kvpi_reservation *r, size_t n, kvp_error *err);
+
+/*
+ * Under the pool lock: `released` pages of a windowed cache went back to the
+ * pool; they pay refund_deficit first and the rest go back into
+ * *refund_promise (none without one), so the pages held plus the promise
+ * stay at the level, never above, in the same hold of the lock as the
+ * release.
+ */
+void kvpi_reservation_refund_locked(kvpi_reservation *r, size_t released);
 
 /* fill, and the pages taken are drawn from *promise first (see pool_internal.h). */
 kvp_status kvpi_reservation_fill_promised(kvpi_reservation *r, size_t n, size_t *promise,

@@ -18,7 +18,8 @@
  * belongs to the tier until its done; counters change only under `lock`.
  * A load maps a block's payload only after kvpi_tier_block_verify accepted
  * it, and maps blocks in chain order, all lanes and caches of a block or
- * none (one hold of the pool lock).
+ * none (one hold of the pool lock); a windowed cache then releases what its
+ * window no longer needs, in the same hold, as a commit does.
  * Callers: the public API; pool.c and share.c through the pool's hooks.
  */
 #include "pager/tier_internal.h"
@@ -442,6 +443,8 @@ static kvp_status load_map_locked(kvp_cache *const *caches, size_t count, load_b
     for (size_t c = 0; c < count && run != 0; c++) {
         caches[c]->len += run * caches[c]->block_tokens;
         caches[c]->epoch++;
+        /* A windowed cache gives back what its window no longer needs, as a commit does. */
+        (void)kvpi_cache_release_front_locked(caches[c]);
     }
     return KVP_OK;
 }

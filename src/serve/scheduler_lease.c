@@ -86,7 +86,13 @@ static kvp_cache *const *seq_caches(const lease *l)
 static size_t seq_pages_for(const kvp_scheduler *s, const lease *l, size_t tokens)
 {
     (void)s;
-    return kvp_sequence_pages_for(l->sequence, tokens);
+    /*
+     * What the lease's prefill takes (every block, held to its end): the
+     * scheduler promises it before appending a prompt. Equal to
+     * kvp_sequence_pages_for without windows; with them the scheduler's
+     * windowed admission is issue 21's part 3 and 5.
+     */
+    return kvp_sequence_prefill_pages(l->sequence, tokens);
 }
 
 static int seq_stale(const kvp_scheduler *s, const lease *l)

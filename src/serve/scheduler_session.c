@@ -11,7 +11,8 @@
  *
  * Invariants: at most one kept lease per session; kept_pages counts the
  * distinct pages the kept leases' tables name (a page two share counts
- * once) and is at most kept_cap; a kept lease changes no table while kept.
+ * once; a block a sliding window released names none and is skipped) and
+ * is at most kept_cap; a kept lease changes no table while kept.
  * Nothing here allocates: kept_refs is made with the scheduler and the
  * step makes room in `kept` and `idle` first.
  * Callers: scheduler.c (submit asks kvpi_sched_kept_of) and
@@ -36,6 +37,9 @@ static void kept_refs_add(kvp_scheduler *s, const lease *l, int delta)
         const uint32_t *table = kvpi_cache_lane_table(caches[i], 0);
         size_t blocks = kvpi_cache_mapped_blocks(caches[i]);
         for (size_t b = 0; b < blocks; b++) {
+            if (kvpi_cache_block_released(caches[i], b)) {
+                continue; /* a window released it: a null entry names no page */
+            }
             uint32_t *refs = &s->kept_refs[table[b]];
             if (delta > 0) {
                 s->kept_pages += (*refs)++ == 0;
@@ -55,7 +59,7 @@ static size_t kept_refs_new(const kvp_scheduler *s, const lease *l)
         const uint32_t *table = kvpi_cache_lane_table(caches[i], 0);
         size_t blocks = kvpi_cache_mapped_blocks(caches[i]);
         for (size_t b = 0; b < blocks; b++) {
-            pages += s->kept_refs[table[b]] == 0;
+            pages += !kvpi_cache_block_released(caches[i], b) && s->kept_refs[table[b]] == 0;
         }
     }
     return pages;

@@ -4,7 +4,9 @@
  *
  * Owns: one cache and one ticket per layer, the activations between layers,
  * one reservation big enough for every page the sequence can hold, and the
- * sequence's promise.
+ * sequence's promise: a level (held + promised) that a sliding window's
+ * releases refill through the reservation's refund (sequence.h), so
+ * pages_for counts a sliding layer's peak and prefill_pages its blocks.
  *
  * A step, or each token of a prefill:
  *   prepare_layers  prepare layer 0..L-1 (no pages reserved), chaining inputs;
@@ -115,6 +117,8 @@ static kvp_status alloc_buffers(kvp_sequence *seq, size_t blocks_per_lane, kvp_e
     }
     seq->reserved = (uint32_t *)(void *)(seq->activations + rows);
     kvpi_reservation_init(&seq->reservation, seq->pool, seq->reserved, pages);
+    /* A window's release gives its pages back to the promise (sequence.h). */
+    seq->reservation.refund_promise = &seq->promise;
     return KVP_OK;
 }
 
@@ -200,6 +204,7 @@ kvp_status kvp_sequence_reset(kvp_sequence *sequence, kvp_error *err)
     kvpi_cache_truncate_many(sequence->caches, sequence->layers, 0);
     kvpi_pool_lock(sequence->pool);
     kvpi_pool_promise_set_locked(sequence->pool, &sequence->promise, 0);
+    sequence->reservation.refund_deficit = 0;
     kvpi_pool_unlock(sequence->pool);
     return KVP_OK;
 }
@@ -219,6 +224,7 @@ kvp_status kvp_sequence_promise(kvp_sequence *sequence, size_t pages, kvp_error 
     }
     kvpi_pool_lock(sequence->pool);
     kvpi_pool_promise_set_locked(sequence->pool, &sequence->promise, pages);
+    sequence->reservation.refund_deficit = 0; /* the new level: what it holds plus `pages` */
     kvpi_pool_unlock(sequence->pool);
     return KVP_OK;
 }
@@ -229,7 +235,43 @@ static size_t blocks_for(const kvp_sequence *seq, size_t tokens)
     return tokens / bt + (tokens % bt != 0);
 }
 
+/*
+ * The pages a windowed layer may take beyond those it holds, growing to
+ * `tokens` step by step: its peak (kvp_cache_pages_held_max) less what it
+ * holds, at most its new blocks. Full layers: their new blocks.
+ */
+static size_t layer_pages_for(const kvp_sequence *seq, size_t l, size_t tokens, size_t blocks)
+{
+    const kvp_cache *cache = seq->caches[l];
+    size_t full = seq->batch_size * blocks; /* bounded by the reservation */
+    size_t peak = kvp_cache_pages_held_max(cache, tokens);
+    size_t held = seq->batch_size * kvpi_cache_held_blocks(cache);
+    size_t room = peak > held ? peak - held : 0;
+    return room < full ? room : full;
+}
+
 size_t kvp_sequence_pages_for(const kvp_sequence *sequence, size_t tokens)
+{
+    if (sequence == NULL) {
+        return 0;
+    }
+    size_t len = sequence->caches[0]->len;
+    if (tokens <= len) {
+        return 0;
+    }
+    if (tokens > sequence->capacity) {
+        return kvp_sequence_prefill_pages(sequence, tokens); /* as before: SIZE_MAX-safe count */
+    }
+    size_t blocks = blocks_for(sequence, tokens) - blocks_for(sequence, len);
+    size_t pages = 0;
+    for (size_t l = 0; l < sequence->layers; l++) {
+        pages += layer_pages_for(sequence, l, tokens, blocks) +
+                 kvpi_cache_cow_pages(sequence->caches[l]);
+    }
+    return pages;
+}
+
+size_t kvp_sequence_prefill_pages(const kvp_sequence *sequence, size_t tokens)
 {
     if (sequence == NULL) {
         return 0;
@@ -456,7 +498,8 @@ static kvp_status validate_prompt(const kvp_sequence *seq, const kvp_tensor *pro
  * acquires, releases and the high-water mark are as before; the promise is
  * restored.
  */
-static void roll_back(kvp_sequence *seq, size_t len, size_t promise, size_t pages)
+static void roll_back(kvp_sequence *seq, size_t len, size_t promise, size_t deficit,
+                      size_t pages)
 {
     kvpi_pool_lock(seq->pool);
     /*
@@ -471,6 +514,7 @@ static void roll_back(kvp_sequence *seq, size_t len, size_t promise, size_t page
     kvpi_cache_cow_undo_many_locked(seq->caches, seq->layers);
     kvpi_pool_tentative_cancel_locked(seq->pool, pages);
     kvpi_pool_promise_set_locked(seq->pool, &seq->promise, promise);
+    seq->reservation.refund_deficit = deficit;
     kvpi_pool_unlock(seq->pool);
 }
 
@@ -636,7 +680,8 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
     size_t n = sequence->batch_size * d;
     size_t start = sequence->caches[0]->len;
     size_t promise = sequence->promise;
-    size_t pages = kvp_sequence_pages_for(sequence, start + tokens);
+    size_t deficit = sequence->reservation.refund_deficit;
+    size_t pages = kvp_sequence_prefill_pages(sequence, start + tokens);
     /*
      * With a workspace, token 0 is prepared alone (every check before a page
      * is taken) and then every token goes in blocks; else one by one.
@@ -651,7 +696,7 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
         status = prepare_layers(sequence, &input, next_input, ctx, par, err);
         if (status != KVP_OK) {
             if (t > 0) {
-                roll_back(sequence, start, promise, pages);
+                roll_back(sequence, start, promise, deficit, pages);
             }
             if (err != NULL) {
                 err->token = t;
@@ -691,7 +736,7 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
                 discard_tickets(sequence, sequence->layers);
                 status = prefill_blocks(sequence, prompt, block, output, par, err);
                 if (status != KVP_OK) {
-                    roll_back(sequence, start, promise, pages);
+                    roll_back(sequence, start, promise, deficit, pages);
                     return status;
                 }
                 break;
@@ -706,7 +751,8 @@ kvp_status kvpi_sequence_prefill_on(kvp_sequence *sequence, const kvp_tensor *pr
         }
     }
     kvpi_pool_lock(sequence->pool);
-    kvpi_cache_cow_settle_many_locked(sequence->caches, sequence->layers);
+    size_t released = kvpi_cache_cow_settle_many_locked(sequence->caches, sequence->layers);
+    kvpi_reservation_refund_locked(&sequence->reservation, released);
     kvpi_pool_tentative_confirm_locked(sequence->pool, pages);
     kvpi_pool_unlock(sequence->pool);
     return KVP_OK;
@@ -725,7 +771,7 @@ kvp_status kvpi_sequence_append_uncomputed(kvp_sequence *sequence, size_t tokens
         e.layer = SIZE_MAX;
         return kvpi_error_emit(err, &e);
     }
-    kvp_status status = reserve(sequence, kvp_sequence_pages_for(sequence, len + tokens), err);
+    kvp_status status = reserve(sequence, kvp_sequence_prefill_pages(sequence, len + tokens), err);
     if (status != KVP_OK) {
         return status;
     }
@@ -753,7 +799,11 @@ size_t kvp_sequence_held_pages(const kvp_sequence *sequence)
     if (sequence == NULL) {
         return 0;
     }
-    return sequence->layers * sequence->batch_size * kvpi_cache_mapped_blocks(sequence->caches[0]);
+    size_t blocks = 0; /* a window's released blocks hold no page */
+    for (size_t l = 0; l < sequence->layers; l++) {
+        blocks += kvpi_cache_held_blocks(sequence->caches[l]);
+    }
+    return sequence->batch_size * blocks;
 }
 
 size_t kvp_sequence_promised_pages(const kvp_sequence *sequence)

@@ -1,0 +1,299 @@
+/*
+ * test_window_serve.c: admission and promises of sequences with sliding
+ * layers (issue 21, part 2; docs/DESIGN.md, "Sliding windows and sinks",
+ * "What paging adds": admission and promises).
+ *
+ * Checks, with kvp_pool_check after every operation:
+ *   - kvp_sequence_pages_for of a two-layer windowed model equals the
+ *     counts written out by hand (each layer's peak, at most its new
+ *     blocks), and kvp_sequence_prefill_pages the full blocks;
+ *   - a promise is a level: after every step held + promised equals the
+ *     level set (a window's release refills the promise), held never above
+ *     it, and kvp_sequence_held_pages counts no released block; re-promising
+ *     mid-run still covers every step; a prefill's promise refills at its
+ *     end;
+ *   - a pool of exactly N windowed promises admits N sequences and refuses
+ *     the next (nothing changed), and the N run to the end on it, where the
+ *     same model with full layers admits one;
+ *   - a windowed cache's table: the blocks kvpi_cache_block_released names
+ *     (what the scheduler's kept-page count skips) are exactly the
+ *     KVP_PAGE_RELEASED entries. The scheduler itself cannot run a windowed
+ *     session yet: sessions need sharing, and with sharing it publishes
+ *     prompt blocks a prefill's settle released (issue 21, part 3);
+ *   - a tier load into a windowed cache releases what the window no longer
+ *     needs, as a commit does.
+ * Deterministic: no threads, fixed inputs.
+ */
+#include "support.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "pager/cache_internal.h"
+
+enum { WIDTH = 8, HEADS = 2, BATCH = 2, POSITIONS = 64, BT = 2, T = 16, L = 2 };
+
+/* Layer 0: W = 4, S = 0; layer 1: W = 1, S = 0 (windows 0: full attention). */
+static kvp_model *model_of(size_t w0, size_t w1)
+{
+    kvp_error err;
+    size_t windows[L] = {w0, w1};
+    kvp_layer *made[L];
+    const kvp_layer *layers[L];
+    for (size_t l = 0; l < L; l++) {
+        made[l] = NULL;
+        kvpt_assert_ok(kvp_layer_create_random_grouped(WIDTH, HEADS, 1, POSITIONS, 10000.0,
+                                                       70 + l, &made[l], &err),
+                       &err);
+        kvpt_assert_ok(kvp_layer_set_window(made[l], windows[l], 0, &err), &err);
+        layers[l] = made[l];
+    }
+    kvp_model *model = NULL;
+    kvpt_assert_ok(kvp_model_create(layers, L, &model, &err), &err);
+    for (size_t l = 0; l < L; l++) {
+        kvpt_destroy_layer(made[l]);
+    }
+    return model;
+}
+
+static void step_once(kvp_sequence *seq, uint64_t seed)
+{
+    kvp_error err;
+    double x[BATCH * WIDTH];
+    double y[BATCH * WIDTH];
+    kvpt_fill_random(x, BATCH * WIDTH, seed);
+    kvp_tensor in = kvp_tensor3(x, BATCH, 1, WIDTH);
+    kvpt_assert_ok(kvp_sequence_step(seq, &in, NULL, NULL, y, BATCH * WIDTH, &err), &err);
+}
+
+/* The pages the caches' infos count: the live blocks of every layer and lane. */
+static size_t mapped_pages(const kvp_sequence *seq)
+{
+    kvp_error err;
+    size_t pages = 0;
+    for (size_t l = 0; l < L; l++) {
+        kvp_cache_info info;
+        kvp_cache_info_init(&info);
+        kvpt_assert_ok(kvp_cache_info_get(kvp_sequence_cache(seq, l), &info, &err), &err);
+        pages += info.mapped_pages;
+    }
+    return pages;
+}
+
+static void test_window_serve_promises_are_hand_counted(void **state)
+{
+    (void)state;
+    kvp_model *model = model_of(4, 1);
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, 64);
+    kvp_sequence *seq = kvpt_sequence(model, pool, BATCH, T);
+    /*
+     * Per lane, the peak over n <= T of the blocks covering [n - 1 - W, n):
+     * W = 4 spans 5 positions, 3 blocks of 2 (from n = 5 on); W = 1 spans
+     * 2 positions, at most 2 blocks (from n = 3 on). Times 2 lanes.
+     */
+    assert_int_equal(kvp_sequence_pages_for(seq, T), 2 * 3 + 2 * 2);
+    assert_int_equal(kvp_sequence_pages_for(seq, 5), 2 * 3 + 2 * 2);
+    /* n <= 4: W = 4 holds [0, 4), 2 blocks; W = 1 peaks at n = 3 (blocks 0, 1). */
+    assert_int_equal(kvp_sequence_pages_for(seq, 4), 2 * 2 + 2 * 2);
+    assert_int_equal(kvp_sequence_pages_for(seq, 2), 2 * 1 + 2 * 1);
+    assert_int_equal(kvp_sequence_pages_for(seq, 0), 0);
+    size_t sum = kvp_cache_pages_held_max(kvp_sequence_cache(seq, 0), T) +
+                 kvp_cache_pages_held_max(kvp_sequence_cache(seq, 1), T);
+    assert_int_equal(kvp_sequence_pages_for(seq, T), sum);
+    /* A prefill holds every block it writes until its end. */
+    assert_int_equal(kvp_sequence_prefill_pages(seq, T), L * BATCH * (T / BT));
+    assert_int_equal(kvp_sequence_prefill_pages(seq, 5), L * BATCH * 3);
+    assert_int_equal(kvp_sequence_prefill_pages(NULL, 5), 0);
+    /* Full layers: both counts are the new blocks, as before windows. */
+    kvp_model *full = model_of(0, 0);
+    kvp_sequence *plain = kvpt_sequence(full, pool, BATCH, T);
+    assert_int_equal(kvp_sequence_pages_for(plain, T), L * BATCH * (T / BT));
+    assert_int_equal(kvp_sequence_prefill_pages(plain, T), L * BATCH * (T / BT));
+    /* At length 7 (steps): W = 4 holds blocks 1..3 (at its peak), W = 1 block 3. */
+    for (size_t t = 0; t < 7; t++) {
+        step_once(seq, 100 + t);
+        kvpt_assert_pool_ok(pool);
+    }
+    assert_int_equal(kvp_sequence_held_pages(seq), 2 * 3 + 2 * 1);
+    assert_int_equal(kvp_sequence_held_pages(seq), mapped_pages(seq));
+    assert_int_equal(kvp_sequence_pages_for(seq, T), 0 + 2 * 1);
+    assert_int_equal(kvp_sequence_pages_for(seq, 8), 0);  /* position 7 is in block 3 */
+    assert_int_equal(kvp_sequence_pages_for(seq, 9), 0 + 2 * 1); /* block 4 */
+    assert_int_equal(kvp_sequence_prefill_pages(seq, T), L * BATCH * (T / BT - 4));
+    kvpt_destroy_sequence(plain, pool);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(full);
+    kvpt_destroy_model(model);
+}
+
+/* held + promised == level after every step; the pool never runs short. */
+static void run_to_end(kvp_sequence *seq, kvp_pool *pool, size_t level, uint64_t seed)
+{
+    while (kvp_sequence_len(seq) < T) {
+        step_once(seq, seed + kvp_sequence_len(seq));
+        kvpt_assert_pool_ok(pool);
+        size_t held = kvp_sequence_held_pages(seq);
+        assert_true(held <= level);
+        assert_int_equal(held + kvp_sequence_promised_pages(seq), level);
+        assert_int_equal(held, mapped_pages(seq));
+    }
+}
+
+static void test_window_serve_promise_is_a_level(void **state)
+{
+    (void)state;
+    kvp_error err;
+    kvp_model *model = model_of(4, 1);
+    enum { LEVEL = 10 };
+    /* A pool of exactly the level: a step past its promise would exhaust it. */
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, LEVEL);
+    kvp_sequence *seq = kvpt_sequence(model, pool, BATCH, T);
+    kvpt_assert_ok(kvp_sequence_promise(seq, kvp_sequence_pages_for(seq, T), &err), &err);
+    assert_int_equal(kvpt_stats(pool).promised_pages, LEVEL);
+    run_to_end(seq, pool, LEVEL, 0x100);
+    assert_int_equal(kvpt_stats(pool).promised_pages, kvp_sequence_promised_pages(seq));
+    /* Re-promised mid-run (length 7, at W = 4's peak): the new level covers the rest. */
+    kvpt_assert_ok(kvp_sequence_reset(seq, &err), &err);
+    assert_int_equal(kvp_sequence_promised_pages(seq), 0);
+    for (size_t t = 0; t < 7; t++) {
+        step_once(seq, 0x200 + t);
+        kvpt_assert_pool_ok(pool);
+        /* Taken beyond a promise of 0: the releases pay for those, refilling nothing. */
+        assert_int_equal(kvp_sequence_promised_pages(seq), 0);
+        assert_int_equal(kvpt_stats(pool).promised_pages, 0);
+    }
+    size_t held = kvp_sequence_held_pages(seq);
+    kvpt_assert_ok(kvp_sequence_promise(seq, kvp_sequence_pages_for(seq, T), &err), &err);
+    assert_int_equal(held + kvp_sequence_promised_pages(seq), LEVEL);
+    run_to_end(seq, pool, LEVEL, 0x300);
+    /* A prefill holds its blocks to its end, then releases and refills the promise. */
+    kvpt_assert_ok(kvp_sequence_reset(seq, &err), &err);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    pool = kvpt_pool(BT, 1, WIDTH / HEADS, 16);
+    seq = kvpt_sequence(model, pool, BATCH, T);
+    enum { P = 8 };
+    size_t prefill = kvp_sequence_prefill_pages(seq, P);
+    assert_int_equal(prefill, L * BATCH * (P / BT));
+    kvpt_assert_ok(kvp_sequence_promise(seq, prefill, &err), &err);
+    double prompt[BATCH * P * WIDTH];
+    kvpt_fill_random(prompt, BATCH * P * WIDTH, 0x400);
+    kvp_tensor p = kvp_tensor3(prompt, BATCH, P, WIDTH);
+    kvpt_assert_ok(kvp_sequence_prefill(seq, &p, NULL, NULL, NULL, 0, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    /* At 8: W = 4 keeps blocks 2, 3; W = 1 block 3. The rest went back into the promise. */
+    assert_int_equal(kvp_sequence_held_pages(seq), 2 * 2 + 2 * 1);
+    assert_int_equal(kvp_sequence_promised_pages(seq), prefill - (2 * 2 + 2 * 1));
+    assert_int_equal(kvpt_stats(pool).promised_pages, prefill - 6);
+    kvpt_assert_ok(kvp_sequence_promise(seq, kvp_sequence_pages_for(seq, T), &err), &err);
+    assert_int_equal(kvp_sequence_promised_pages(seq), (2 * 3 - 2 * 2) + (2 * 2 - 2 * 1));
+    run_to_end(seq, pool, LEVEL, 0x500);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvpt_stats(pool).promised_pages, 0);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
+static size_t admitted(kvp_pool *pool, kvp_sequence *const *seqs, size_t count)
+{
+    kvp_error err;
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++) {
+        kvp_admission a = KVP_ADMIT_NEVER;
+        kvpt_snapshot before;
+        kvpt_snapshot_init(&before, pool);
+        kvpt_snapshot_add_sequence(&before, seqs[i]);
+        kvpt_snapshot_take(&before);
+        size_t pages = kvp_sequence_pages_for(seqs[i], T);
+        kvpt_assert_ok(kvp_pool_admit(pool, pages, 0, &a, &err), &err);
+        if (a != KVP_ADMIT_NOW) {
+            assert_int_equal(a, KVP_ADMIT_LATER);
+            kvpt_assert_unchanged(&before, 0); /* a refusal changes nothing */
+            break;
+        }
+        kvpt_assert_ok(kvp_sequence_promise(seqs[i], pages, &err), &err);
+        kvpt_assert_pool_ok(pool);
+        n++;
+    }
+    return n;
+}
+
+static void test_window_serve_admits_n_where_full_admits_one(void **state)
+{
+    (void)state;
+    enum { N = 4, LEVEL = 10, FULL = L * BATCH * (T / BT) };
+    kvp_model *models[2] = {model_of(4, 1), model_of(0, 0)};
+    size_t expect[2] = {N, 1};
+    for (size_t m = 0; m < 2; m++) {
+        kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, N * LEVEL);
+        kvp_sequence *seqs[N + 1];
+        for (size_t i = 0; i <= N; i++) {
+            seqs[i] = kvpt_sequence(models[m], pool, BATCH, T);
+        }
+        assert_int_equal(kvp_sequence_pages_for(seqs[0], T), m == 0 ? LEVEL : FULL);
+        size_t n = admitted(pool, seqs, N + 1);
+        assert_int_equal(n, expect[m]);
+        /* The admitted run to the end together, round robin, on exactly their pages. */
+        for (size_t t = 0; t < T; t++) {
+            for (size_t i = 0; i < n; i++) {
+                step_once(seqs[i], 0x1000 * (i + 1) + t);
+                kvpt_assert_pool_ok(pool);
+                size_t held = kvp_sequence_held_pages(seqs[i]);
+                assert_int_equal(held + kvp_sequence_promised_pages(seqs[i]),
+                                 m == 0 ? LEVEL : FULL);
+            }
+        }
+        for (size_t i = 0; i <= N; i++) {
+            kvpt_destroy_sequence(seqs[i], pool);
+        }
+        kvpt_assert_pool_ok(pool);
+        kvpt_destroy_pool(pool);
+        kvpt_destroy_model(models[m]);
+    }
+}
+
+/* What scheduler_session.c's kept-page count skips: exactly the null entries. */
+static void test_window_serve_released_blocks_are_the_null_entries(void **state)
+{
+    (void)state;
+    kvp_error err;
+    kvp_model *model = model_of(4, 1);
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, 64);
+    kvp_sequence *seq = kvpt_sequence(model, pool, BATCH, T);
+    size_t released = 0;
+    for (size_t t = 0; t < T; t++) {
+        step_once(seq, 0x2000 + t);
+        for (size_t l = 0; l < L; l++) {
+            const kvp_cache *cache = kvp_sequence_cache(seq, l);
+            size_t blocks = kvpi_cache_mapped_blocks(cache);
+            for (size_t b = 0; b < blocks; b++) {
+                for (size_t lane = 0; lane < BATCH; lane++) {
+                    uint32_t page = 0;
+                    kvpt_assert_ok(kvp_cache_page(cache, lane, b, &page, &err), &err);
+                    assert_int_equal(page == KVP_PAGE_RELEASED,
+                                     kvpi_cache_block_released(cache, b));
+                    released += page == KVP_PAGE_RELEASED;
+                }
+            }
+        }
+    }
+    assert_true(released > 0);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_serve_promises_are_hand_counted),
+        cmocka_unit_test(test_window_serve_promise_is_a_level),
+        cmocka_unit_test(test_window_serve_admits_n_where_full_admits_one),
+        cmocka_unit_test(test_window_serve_released_blocks_are_the_null_entries),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
