@@ -12,6 +12,7 @@
  *     it, and kvp_sequence_held_pages counts no released block; re-promising
  *     mid-run still covers every step; a prefill's promise refills at its
  *     end;
+ *   - a scheduler with sharing over a windowed model is refused ("model");
  *   - a pool of exactly N windowed promises admits N sequences and refuses
  *     the next (nothing changed), and the N run to the end on it, where the
  *     same model with full layers admits one;
@@ -255,6 +256,36 @@ static void test_window_serve_admits_n_where_full_admits_one(void **state)
     }
 }
 
+/*
+ * A scheduler with sharing over a windowed model is refused up front (its
+ * prefix rule is not built), naming "model"; without sharing it is made.
+ */
+static void test_window_serve_scheduler_refuses_sharing_over_windows(void **state)
+{
+    (void)state;
+    kvp_model *model = model_of(4, 0);
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, 64);
+    kvp_decoder *decoder = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_decoder_create(1, &decoder, &err), &err);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    config.capacity = T;
+    kvp_scheduler *s = (kvp_scheduler *)0x1;
+    assert_int_equal(kvp_scheduler_create(model, pool, decoder, &config, &s, &err),
+                     KVP_INVALID_ARGUMENT);
+    assert_string_equal(err.argument, "model");
+    assert_ptr_equal(s, (kvp_scheduler *)0x1);
+    kvpt_assert_pool_ok(pool);
+    config.sharing = 0;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
+    kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_decoder(decoder);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 /* What scheduler_session.c's kept-page count skips: exactly the null entries. */
 static void test_window_serve_released_blocks_are_the_null_entries(void **state)
 {
@@ -294,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_window_serve_promise_is_a_level),
         cmocka_unit_test(test_window_serve_admits_n_where_full_admits_one),
         cmocka_unit_test(test_window_serve_released_blocks_are_the_null_entries),
+        cmocka_unit_test(test_window_serve_scheduler_refuses_sharing_over_windows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
