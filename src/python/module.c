@@ -22,7 +22,7 @@ PyMODINIT_FUNC PyInit__kvpager(void)
 {
     PyTypeObject *types[] = {&KvpPyPool_Type, &KvpPyCache_Type, &KvpPyView_Type,
                              &KvpPyModel_Type, &KvpPySequence_Type, &KvpPyDecoder_Type,
-                             &KvpPyScheduler_Type};
+                             &KvpPyScheduler_Type, &KvpPyLayer_Type};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -30,7 +30,7 @@ PyMODINIT_FUNC PyInit__kvpager(void)
     if (!m)
         return NULL;
     static const char *names[] = {"Pool",     "Cache",   "View",     "Model",
-                                  "Sequence", "Decoder", "Scheduler"};
+                                  "Sequence", "Decoder", "Scheduler", "Layer"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(m);

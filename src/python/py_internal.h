@@ -18,6 +18,7 @@
 #include <Python.h>
 
 #include "kvpager/cache.h"
+#include "kvpager/layer.h"
 #include "kvpager/model.h"
 #include "kvpager/pool.h"
 #include "kvpager/sequence.h"
@@ -49,6 +50,11 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
+    kvp_layer *layer; /* owned; NULL once closed */
+} KvpPyLayer;
+
+typedef struct {
+    PyObject_HEAD
     kvp_sequence *sequence;
     KvpPyModel *model; /* strong */
     KvpPyPool *pool;   /* strong */
@@ -70,6 +76,7 @@ extern PyTypeObject KvpPyPool_Type;
 extern PyTypeObject KvpPyCache_Type;
 extern PyTypeObject KvpPyView_Type;
 extern PyTypeObject KvpPyModel_Type;
+extern PyTypeObject KvpPyLayer_Type;
 extern PyTypeObject KvpPySequence_Type;
 
 /* errors.c */
@@ -95,6 +102,10 @@ int kvp_py_rows_buffer(PyObject *obj, Py_buffer *view, kvp_dtype *dtype, const c
 int kvp_py_f64_buffer(PyObject *obj, Py_buffer *view, const char *name);
 /* A new numpy.ndarray of doubles with the given shape (zeroed). */
 PyObject *kvp_py_new_f64(int ndim, const size_t *dims, double **data);
+/* One layer from a (W_q, W_k, W_v, W_o) sequence of arrays (sequence.c); -1
+ * with a Python exception set on failure. Used by Model.create and Layer.create. */
+int kvp_py_layer_from(PyObject *ws, size_t heads, size_t kv_heads, size_t maxpos, double base,
+                      kvp_layer **out, kvp_error *err);
 /* stats dict of a pool */
 PyObject *kvp_py_pool_stats(kvp_pool *pool);
 

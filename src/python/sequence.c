@@ -56,7 +56,7 @@ static PyObject *model_random(PyTypeObject *type, PyObject *args, PyObject *kwds
 }
 
 /* One layer from its four weight arrays (converted once to float64). */
-static int layer_from(PyObject *ws, size_t heads, size_t kv_heads, size_t maxpos, double base,
+int kvp_py_layer_from(PyObject *ws, size_t heads, size_t kv_heads, size_t maxpos, double base,
                       kvp_layer **out, kvp_error *err)
 {
     PyObject *fast = PySequence_Fast(ws, "kvpager: a layer is (W_q, W_k, W_v, W_o)");
@@ -123,7 +123,7 @@ static PyObject *model_create(PyTypeObject *type, PyObject *args, PyObject *kwds
         goto done;
     }
     for (; made < n; made++)
-        if (layer_from(PySequence_Fast_GET_ITEM(fast, made), (size_t)heads,
+        if (kvp_py_layer_from(PySequence_Fast_GET_ITEM(fast, made), (size_t)heads,
                        kv_heads ? (size_t)kv_heads : (size_t)heads, (size_t)maxpos, base,
                        &layers[made], &err) < 0)
             goto done;

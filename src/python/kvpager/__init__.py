@@ -8,6 +8,7 @@ docstrings summarize the headers' contracts):
             truncate, publish/adopt, block_table and page_view (zero-copy)
   View      a read-only buffer over a page or a block table (numpy.asarray)
   Model     attention layers (Model.random for experiments; update_param)
+  Layer     one attention layer: create, random, info, set_window, update_param
   Sequence  a model's caches: step, prefill (the GIL released), fork, ...
   Decoder   batched steps and prefills of many sequences on threads
   Scheduler continuous batching: submit, step, collect, stats, sessions
@@ -17,8 +18,8 @@ docstrings summarize the headers' contracts):
 Every failed call raises and changes nothing, as in C. docs/python.md.
 """
 from ._kvpager import *  # noqa: F401,F403
-from ._kvpager import (Cache, Decoder, Error, Model, Pool, Scheduler,  # noqa: F401
+from ._kvpager import (Cache, Decoder, Error, Layer, Model, Pool, Scheduler,  # noqa: F401
                        Sequence, View, error_classes, library_version, __version__)
 
-__all__ = ["Pool", "Cache", "View", "Model", "Sequence", "Decoder", "Scheduler", "Error", "error_classes",
+__all__ = ["Pool", "Cache", "View", "Model", "Layer", "Sequence", "Decoder", "Scheduler", "Error", "error_classes",
            "library_version", "__version__"] + [c.__name__ for c in error_classes.values()]
