@@ -7,9 +7,10 @@
  * and adopt; every cache gives keys()/values() copies and zero-copy views of
  * its block tables and pages (views.c). A layer-bound cache is a read-only
  * window on one layer of a Sequence (Sequence.cache(layer)); its changes
- * are the sequence's.
- * Invariants: a Cache holds its Pool (and its Sequence, for a layer cache)
- * alive; every call that changes the cache first refuses while views'
+ * are the sequence's. A Layer.cache() cache (layer.c) is a cache of its own
+ * bound to a standalone Layer.
+ * Invariants: a Cache holds its Pool (and its Sequence, for a layer cache;
+ * its Layer, for a Layer.cache() one and its forks) alive; every call that changes the cache first refuses while views'
  * buffers are exported (BufferError) or another thread runs a call on it
  * (RuntimeError), then bumps the generation when it succeeds, so older views
  * raise PageNotHeld. Failed calls change nothing, as in C.
@@ -78,6 +79,7 @@ static PyObject *cache_wrap(KvpPyPool *pool, kvp_cache *cache, PyObject *owner)
     c->cache = cache;
     c->pool = (KvpPyPool *)Py_NewRef((PyObject *)pool);
     c->owner = owner ? Py_NewRef(owner) : NULL;
+    c->layer = NULL;
     c->generation = 0;
     c->exports = 0;
     c->busy = 0;
@@ -87,6 +89,25 @@ static PyObject *cache_wrap(KvpPyPool *pool, kvp_cache *cache, PyObject *owner)
 PyObject *kvp_py_layer_cache(KvpPyPool *pool, const kvp_cache *cache, PyObject *sequence)
 {
     return cache_wrap(pool, (kvp_cache *)cache, sequence);
+}
+
+PyObject *kvp_py_bound_cache(KvpPyPool *pool, kvp_cache *cache, PyObject *layer)
+{
+    KvpPyCache *c = (KvpPyCache *)cache_wrap(pool, cache, NULL);
+    if (c) {
+        c->layer = Py_NewRef(layer);
+        ((KvpPyLayer *)layer)->users++;
+    }
+    return (PyObject *)c;
+}
+
+/* A Layer.cache() cache lets its layer go (closed, or deallocated). */
+static void cache_unbind(KvpPyCache *self)
+{
+    if (self->layer) {
+        ((KvpPyLayer *)self->layer)->users--;
+        Py_CLEAR(self->layer);
+    }
 }
 
 static PyObject *cache_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -128,6 +149,7 @@ static void cache_dealloc(KvpPyCache *self)
 {
     if (self->cache && !self->owner)
         (void)kvp_cache_destroy(self->cache, NULL);
+    cache_unbind(self);
     Py_XDECREF(self->owner);
     Py_XDECREF((PyObject *)self->pool);
     PyObject_Free(self);
@@ -143,6 +165,7 @@ static PyObject *cache_close(KvpPyCache *self, PyObject *unused)
     (void)kvp_cache_destroy(self->cache, NULL);
     self->cache = NULL;
     self->generation++;
+    cache_unbind(self);
     Py_RETURN_NONE;
 }
 
@@ -329,6 +352,8 @@ static PyObject *cache_fork(KvpPyCache *self, PyObject *unused)
     if (kvp_cache_fork(self->cache, &child, &err) != KVP_OK)
         return kvp_py_raise(&err);
     self->generation++; /* the parent's partial last page turns copy-on-write */
+    if (self->layer) /* a Layer.cache() fork is bound to the same Layer */
+        return kvp_py_bound_cache(self->pool, child, self->layer);
     return cache_wrap(self->pool, child, NULL);
 }
 

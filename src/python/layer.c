@@ -4,11 +4,13 @@
  * Owns: Layer.create (from four weight arrays: kvp_param_create_matrix,
  * kvp_layer_create_grouped), Layer.random (kvp_layer_create_random(_grouped)),
  * info (kvp_layer_info_get), set_window (kvp_layer_set_window), parameter
- * reads and updates (kvp_layer_param(_mut), kvp_param_update) and close
- * (kvp_layer_destroy).
- * Invariants: the object owns its kvp_layer alone (nothing else in the module
- * holds it: Model.create copies layers into its own model), so destroying it
- * in the deallocator is always allowed; every failing call raises before
+ * reads and updates (kvp_layer_param(_mut), kvp_param_update), layer-bound
+ * caches (kvp_layer_binding_get + kvp_cache_create; cache.c wraps them) and
+ * close (kvp_layer_destroy).
+ * Invariants: the object owns its kvp_layer alone (Model.create copies layers
+ * into its own model); each Layer.cache() Cache holds the Layer alive and
+ * counts in `users` until closed, so close refuses while one is open and the
+ * deallocator runs only after them; every failing call raises before
  * changing the layer (the C API's "nothing changed" contract).
  * Callers: module.c.
  */
@@ -26,6 +28,7 @@ static PyObject *layer_wrap(PyTypeObject *type, kvp_layer *layer)
         return NULL;
     }
     l->layer = layer;
+    l->users = 0;
     return (PyObject *)l;
 }
 
@@ -88,6 +91,10 @@ static PyObject *layer_close(KvpPyLayer *self, PyObject *unused)
     (void)unused;
     if (!self->layer)
         Py_RETURN_NONE;
+    if (self->users) {
+        PyErr_SetString(PyExc_RuntimeError, "kvpager: the layer is in use (open caches bound to it)");
+        return NULL;
+    }
     kvp_error err;
     if (kvp_layer_destroy(self->layer, &err) != KVP_OK)
         return kvp_py_raise(&err);
@@ -194,6 +201,32 @@ static PyObject *layer_update_param(KvpPyLayer *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(kvp_param_revision(p));
 }
 
+static PyObject *layer_cache(KvpPyLayer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"pool", "batch_size", "capacity", NULL};
+    PyObject *pool_obj;
+    Py_ssize_t batch = 1, capacity = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|nn:cache", kwlist, &KvpPyPool_Type,
+                                     &pool_obj, &batch, &capacity))
+        return NULL;
+    KvpPyPool *pool = (KvpPyPool *)pool_obj;
+    if (!self->layer)
+        return kvp_py_closed("layer");
+    if (!pool->pool)
+        return kvp_py_closed("pool");
+    if (batch < 0 || capacity < 0) {
+        PyErr_SetString(PyExc_ValueError, "kvpager: Cache sizes must not be negative");
+        return NULL;
+    }
+    kvp_binding b;
+    kvp_cache *cache = NULL;
+    kvp_error err;
+    if (kvp_layer_binding_get(self->layer, &b, &err) != KVP_OK ||
+        kvp_cache_create(pool->pool, &b, (size_t)batch, (size_t)capacity, &cache, &err) != KVP_OK)
+        return kvp_py_raise(&err);
+    return kvp_py_bound_cache(pool, cache, (PyObject *)self);
+}
+
 static PyObject *layer_enter(PyObject *self, PyObject *unused)
 {
     (void)unused;
@@ -231,7 +264,13 @@ static PyMethodDef layer_methods[] = {
     {"update_param", (PyCFunction)layer_update_param, METH_VARARGS,
      "update_param(index, values) -> new revision: kvp_param_update (values converted once to "
      "float64; ParameterWidthMismatch unless the shape's size matches)."},
-    {"close", (PyCFunction)layer_close, METH_NOARGS, "close(): kvp_layer_destroy."},
+    {"cache", (PyCFunction)(void (*)(void))layer_cache, METH_VARARGS | METH_KEYWORDS,
+     "cache(pool, batch_size=1, capacity=0) -> Cache: a cache bound to this layer "
+     "(kvp_layer_binding_get + kvp_cache_create: its binding records the layer's weights' "
+     "revisions, window and scales as of now). The cache holds the layer alive. Errors: "
+     "kvp_cache_create's (ZeroCapacity, CapacityExceedsPositions, GeometryMismatch, ...)."},
+    {"close", (PyCFunction)layer_close, METH_NOARGS,
+     "close(): kvp_layer_destroy (RuntimeError while caches from cache() are open)."},
     {"__enter__", layer_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)layer_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

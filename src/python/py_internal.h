@@ -36,6 +36,7 @@ typedef struct {
     kvp_cache *cache;
     KvpPyPool *pool;        /* strong */
     PyObject *owner;        /* strong: the Sequence a layer cache belongs to, or NULL */
+    PyObject *layer;        /* strong: the Layer a Layer.cache() cache is bound to, or NULL */
     unsigned long generation; /* bumped by every call that changes the cache */
     Py_ssize_t exports;     /* buffers exported by views of this cache and not released */
     int busy;               /* a call runs with the GIL released */
@@ -51,6 +52,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     kvp_layer *layer; /* owned; NULL once closed */
+    Py_ssize_t users; /* open caches created by Layer.cache: close refuses meanwhile */
 } KvpPyLayer;
 
 typedef struct {
@@ -93,6 +95,9 @@ PyObject *kvp_py_closed(const char *what);
 PyObject *kvp_py_busy(const char *what);
 /* A read-only Cache over a layer cache of a sequence (sequence.c). */
 PyObject *kvp_py_layer_cache(KvpPyPool *pool, const kvp_cache *cache, PyObject *sequence);
+/* A cache of its own bound to a standalone Layer (layer.c): holds the Layer
+ * alive and counts in its users until closed; destroys the cache on failure. */
+PyObject *kvp_py_bound_cache(KvpPyPool *pool, kvp_cache *cache, PyObject *layer);
 /* A Python object's C-contiguous buffer of one of the row dtypes ('d' f64,
  * 'f' f32, 'e' f16); anything else is converted once to f64 with
  * numpy.ascontiguousarray. On success *dtype names its type and view must be

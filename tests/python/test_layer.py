@@ -118,3 +118,85 @@ def test_gc_in_any_order():
     del layers
     gc.collect()
     assert all(p.shape == (8, 8) for p in params)  # copies outlive their layers
+
+
+def small_pool():
+    return kvpager.Pool(block_tokens=4, heads=2, head_width=4, budget_bytes=1 << 16)
+
+
+def test_cache_bound_to_the_layer():
+    pool = small_pool()
+    layer = kvpager.Layer.random(8, 2, 32, seed=5)
+    layer.set_window(8)
+    c = layer.cache(pool, batch_size=2, capacity=16)
+    i = c.info()
+    assert (i["kind"], i["batch_size"], i["capacity"], i["len"]) == ("layer", 2, 16, 0)
+    assert (i["kv_heads"], i["head_width"], i["max_positions"]) == (2, 4, 32)
+    rev = i["revision"]
+    layer.update_param(0, layer.param(0) * 2.0)
+    c2 = layer.cache(pool, capacity=4)
+    assert c2.info()["revision"] == rev + 1       # the binding as of its creation
+    assert c.info()["revision"] == rev            # an older cache keeps its own
+    rows = np.zeros((2, 2, 1, 4))
+    stats = pool.stats()
+    with pytest.raises(kvpager.CacheLayerBound):  # rows come only through attention
+        c.append_rows(rows, rows)
+    assert c.info() == i and pool.stats() == stats
+    pool.audit()
+
+
+def test_cache_errors_change_nothing():
+    pool = small_pool()
+    layer = kvpager.Layer.random(8, 2, 32)
+    stats = pool.stats()
+    with pytest.raises(kvpager.CapacityExceedsPositions):
+        layer.cache(pool, capacity=33)
+    with pytest.raises(kvpager.ZeroCapacity):
+        layer.cache(pool, capacity=0)
+    with pytest.raises(kvpager.GeometryMismatch):
+        kvpager.Layer.random(8, 4, 32).cache(pool, capacity=4)
+    with pytest.raises(ValueError):
+        layer.cache(pool, capacity=-1)
+    with pytest.raises(TypeError):
+        layer.cache("not a pool", capacity=4)
+    assert pool.stats() == stats
+    assert layer.info()["heads"] == 2
+    layer.close()  # no cache was left bound
+    with pytest.raises(Exception, match="closed"):
+        layer.cache(pool, capacity=4)
+
+
+def test_cache_keeps_its_layer_alive_and_close_refuses():
+    pool = small_pool()
+    layer = kvpager.Layer.random(8, 2, 32, seed=9)
+    w = layer.param(2)
+    c = layer.cache(pool, capacity=8)
+    with pytest.raises(RuntimeError, match="in use"):
+        layer.close()
+    assert np.array_equal(layer.param(2), w)      # still open, unchanged
+    ref = layer
+    del layer
+    gc.collect()
+    assert np.array_equal(ref.param(2), w)
+    f = c.fork()                                  # a fork is bound to the layer too
+    assert f.info()["kind"] == "layer"
+    c.close()
+    with pytest.raises(RuntimeError, match="in use"):
+        ref.close()
+    f.close()
+    ref.close()                                   # the caches let it go
+    # GC in any order: drop the layer first, then the caches, or the reverse
+    for order in (0, 1):
+        layer = kvpager.Layer.random(8, 2, 32)
+        caches = [layer.cache(pool, capacity=4) for _ in range(3)]
+        if order == 0:
+            del layer
+            gc.collect()
+            del caches
+        else:
+            del caches
+            gc.collect()
+            layer.close()
+            del layer
+        gc.collect()
+    pool.audit()
