@@ -124,8 +124,8 @@ static PyObject *model_create(PyTypeObject *type, PyObject *args, PyObject *kwds
     }
     for (; made < n; made++)
         if (kvp_py_layer_from(PySequence_Fast_GET_ITEM(fast, made), (size_t)heads,
-                       kv_heads ? (size_t)kv_heads : (size_t)heads, (size_t)maxpos, base,
-                       &layers[made], &err) < 0)
+                              kv_heads ? (size_t)kv_heads : (size_t)heads, (size_t)maxpos, base,
+                              &layers[made], &err) < 0)
             goto done;
     if (kvp_model_create((const kvp_layer *const *)layers, (size_t)n, &model, &err) != KVP_OK) {
         kvp_py_raise(&err);
