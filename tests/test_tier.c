@@ -517,36 +517,6 @@ static void test_tier_load_rejects_and_never_maps(void **state)
 
 #define LHW (D / HEADS) /* the layer's head width; it has HEADS KV heads */
 
-/* `tokens` tokens of `inputs` ([tokens][D]) through the layer into `cache`. */
-static void attend(const kvp_layer *layer, kvp_cache *cache, kvp_pool *pool,
-                   const double *inputs, size_t tokens)
-{
-    kvp_ticket *ticket = kvpt_ticket(cache);
-    kvp_error err;
-    for (size_t t = 0; t < tokens; t++) {
-        kvp_tensor x = kvp_tensor3((double *)(uintptr_t)(inputs + t * D), 1, 1, D);
-        kvpt_assert_ok(kvp_attention_forward(layer, &x, cache, ticket, &err), &err);
-    }
-    kvpt_destroy_ticket(ticket, pool);
-    kvpt_assert_pool_ok(pool);
-}
-
-/* The output and weights of attending `x` over `cache`, prepared and discarded. */
-static void probe(const kvp_layer *layer, const kvp_cache *cache, kvp_pool *pool,
-                  const double *x, double out[D], double weights[HEADS * (2 * BT + 1)])
-{
-    kvp_ticket *ticket = kvpt_ticket(cache);
-    kvp_tensor in = kvp_tensor3((double *)(uintptr_t)x, 1, 1, D);
-    kvp_error err;
-    kvpt_assert_ok(kvp_attention_prepare(layer, &in, cache, ticket, &err), &err);
-    kvp_attention_result r;
-    kvpt_assert_ok(kvp_ticket_result(ticket, &r, &err), &err);
-    assert_int_equal(r.keys, 2 * BT + 1);
-    memcpy(out, r.output, D * sizeof(double));
-    memcpy(weights, r.weights, HEADS * r.keys * sizeof(double));
-    kvpt_destroy_ticket(ticket, pool);
-}
-
 /*
  * A layer's cache of two blocks is published, evicted to the tier, and
  * loaded into a fresh cache of the same layer: the next token's attention

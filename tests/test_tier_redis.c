@@ -396,34 +396,6 @@ static void test_redis_tier_tampered_values_rejected(void **state)
 
 #define LHW (D / HEADS)
 
-static void attend(const kvp_layer *layer, kvp_cache *cache, kvp_pool *pool,
-                   const double *inputs, size_t tokens)
-{
-    kvp_ticket *ticket = kvpt_ticket(cache);
-    kvp_error err;
-    for (size_t t = 0; t < tokens; t++) {
-        kvp_tensor x = kvp_tensor3((double *)(uintptr_t)(inputs + t * D), 1, 1, D);
-        kvpt_assert_ok(kvp_attention_forward(layer, &x, cache, ticket, &err), &err);
-    }
-    kvpt_destroy_ticket(ticket, pool);
-    kvpt_assert_pool_ok(pool);
-}
-
-static void probe(const kvp_layer *layer, const kvp_cache *cache, kvp_pool *pool,
-                  const double *x, double out[D], double weights[HEADS * (2 * BT + 1)])
-{
-    kvp_ticket *ticket = kvpt_ticket(cache);
-    kvp_tensor in = kvp_tensor3((double *)(uintptr_t)x, 1, 1, D);
-    kvp_error err;
-    kvpt_assert_ok(kvp_attention_prepare(layer, &in, cache, ticket, &err), &err);
-    kvp_attention_result r;
-    kvpt_assert_ok(kvp_ticket_result(ticket, &r, &err), &err);
-    assert_int_equal(r.keys, 2 * BT + 1);
-    memcpy(out, r.output, D * sizeof(double));
-    memcpy(weights, r.weights, HEADS * r.keys * sizeof(double));
-    kvpt_destroy_ticket(ticket, pool);
-}
-
 /*
  * A layer's two blocks go from pool 1 through Redis into pool 2: the next
  * token's output and weights are bit-identical (the exact level). A cache

@@ -129,4 +129,36 @@ static inline void export_rows(const kvp_cache *cache, size_t n, double *keys, d
     kvpt_assert_ok(kvp_cache_values(cache, values, n, &err), &err);
 }
 
+/* ---- a layer-bound cache (test_tier, test_tier_redis) ---- */
+
+/* `tokens` tokens of `inputs` ([tokens][D]) through the layer into `cache`. */
+static inline void attend(const kvp_layer *layer, kvp_cache *cache, kvp_pool *pool,
+                          const double *inputs, size_t tokens)
+{
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    kvp_error err;
+    for (size_t t = 0; t < tokens; t++) {
+        kvp_tensor x = kvp_tensor3((double *)(uintptr_t)(inputs + t * D), 1, 1, D);
+        kvpt_assert_ok(kvp_attention_forward(layer, &x, cache, ticket, &err), &err);
+    }
+    kvpt_destroy_ticket(ticket, pool);
+    kvpt_assert_pool_ok(pool);
+}
+
+/* The output and weights of attending `x` over `cache`, prepared and discarded. */
+static inline void probe(const kvp_layer *layer, const kvp_cache *cache, kvp_pool *pool,
+                         const double *x, double out[D], double weights[HEADS * (2 * BT + 1)])
+{
+    kvp_ticket *ticket = kvpt_ticket(cache);
+    kvp_tensor in = kvp_tensor3((double *)(uintptr_t)x, 1, 1, D);
+    kvp_error err;
+    kvpt_assert_ok(kvp_attention_prepare(layer, &in, cache, ticket, &err), &err);
+    kvp_attention_result r;
+    kvpt_assert_ok(kvp_ticket_result(ticket, &r, &err), &err);
+    assert_int_equal(r.keys, 2 * BT + 1);
+    memcpy(out, r.output, D * sizeof(double));
+    memcpy(weights, r.weights, HEADS * r.keys * sizeof(double));
+    kvpt_destroy_ticket(ticket, pool);
+}
+
 #endif /* KVPAGER_TESTS_TIER_SUPPORT_H */
