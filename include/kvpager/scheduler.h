@@ -109,6 +109,20 @@
  *      come one at a time, each after the one before it finished (a
  *      conversation's turns): only a finished request's sequence is kept,
  *      one per session.
+ *   6. the second tier (a tier attached to the pool: kvp_pool_tier_attach,
+ *      sharing on, compute on): after an admitted request adopted what the
+ *      prefix index holds (2.), the next prompt blocks it may adopt are
+ *      asked from the tier and the run of them the tier holds and that
+ *      verify is loaded into fresh pages (kvp_cache_group_tier_load) before
+ *      the rest is computed; a failed, refused or short load changes
+ *      nothing but what is computed. Loaded rows are the published pages'
+ *      bytes, so outputs are bit-identical. config.tier_loads decides
+ *      whether to ask: KVP_TIER_LOADS_MODEL (the default) asks when a
+ *      block's load, at the tier's observed bytes per second, is expected
+ *      to take no longer than computing its tokens at the measured prefill
+ *      tokens per second (an optimistic prior until the first of each is
+ *      measured; every 64th refused ask loads anyway, to follow the tier);
+ *      the stats count the blocks decided so (tier_recomputes).
  * Finished requests wait for kvp_scheduler_collect.
  *
  * Inputs (prefix keys from block digests instead: kvp_request.block_digest):
@@ -189,7 +203,18 @@ typedef struct kvp_scheduler_config {
     size_t layers;         /* layers, each one external cache per lease */
     size_t model_width;    /* the width of the input rows the `input` callback gives
                               (prefix keys chain them) */
+    /* The pool's second tier (kvpager/tier.h; used when one is attached): whether a
+       prompt block the prefix index misses is loaded from the tier or recomputed,
+       a kvp_tier_loads (6. above) */
+    uint64_t tier_loads;
 } kvp_scheduler_config;
+
+/* kvp_scheduler_config.tier_loads: load a missed prompt block from the tier, or recompute it. */
+typedef enum kvp_tier_loads {
+    KVP_TIER_LOADS_MODEL = 0,  /* per block, from the measured cost model (the default) */
+    KVP_TIER_LOADS_ALWAYS = 1, /* every block the tier holds is loaded */
+    KVP_TIER_LOADS_NEVER = 2   /* the tier is never read (the pool still writes to it) */
+} kvp_tier_loads;
 
 /* kvp_scheduler_config.schedule: the order admission considers waiting requests in. */
 typedef enum kvp_schedule {
@@ -367,6 +392,16 @@ typedef struct kvp_scheduler_stats {
                                    request was admitted: expired, replaced, over
                                    session_fraction, for running sequences' pages, stale,
                                    or in a stall (5.) */
+    /* The pool's second tier (6.): prompt blocks the prefix index missed and the tier
+       served, mapped instead of computed (also counted in prefix_hit_tokens) */
+    uint64_t tier_hit_blocks;   /* blocks loaded (each of every layer: one) */
+    uint64_t tier_hit_tokens;   /* their tokens */
+    uint64_t tier_load_bytes;   /* tier block bytes those loads read (every layer's) */
+    double tier_load_seconds;   /* time spent in loads (kvp_cache_group_tier_load) */
+    uint64_t tier_rejected;     /* blocks the tier returned that failed verification */
+    uint64_t tier_errors;       /* blocks the tier failed to read, and loads refused */
+    uint64_t tier_recomputes;   /* missed prompt blocks the cost model chose to recompute
+                                   rather than ask the tier for */
 } kvp_scheduler_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.

@@ -92,6 +92,9 @@ static kvp_status config_read(const kvp_scheduler_config *caller, kvp_scheduler_
     if (!(config->session_fraction >= 0.0 && config->session_fraction <= 1.0)) {
         return kvpi_fail_invalid(err, "session_fraction", "must be in [0, 1]");
     }
+    if (config->tier_loads > KVP_TIER_LOADS_NEVER) {
+        return kvpi_fail_invalid(err, "tier_loads", "must be a kvp_tier_loads");
+    }
     config->compute = config->compute != 0;
     config->sharing = config->sharing != 0;
     return KVP_OK;

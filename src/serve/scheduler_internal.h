@@ -194,6 +194,13 @@ struct kvp_scheduler {
     keyset ranked[WINDOW];
     uint64_t admissions;
     kvp_scheduler_stats stats;
+    /* The tier's cost model (scheduler_tier.c): prompt tokens the prefills computed
+       and the time their batches took; asks refused in a row. */
+    struct {
+        uint64_t prefill_tokens;
+        double prefill_seconds;
+        uint64_t refused_in_row;
+    } tier;
 };
 
 /* The admission plan of one step: a prefix of the queue, each admitted or rejected. */
@@ -393,6 +400,22 @@ static inline int prefills_on_decoder(const kvp_scheduler *s, const plan *p)
 {
     return s->leases->on_decoder && p->admitted > 0;
 }
+
+/* ---- the second tier (scheduler_tier.c) ---------------------------------- */
+
+/*
+ * After planned request pl adopted `adopted` prompt blocks into sample 0's
+ * lease l0 (of `adoptable` it may adopt): loads the next ones the pool's
+ * tier holds (when a tier is attached, and the cost model says so), and
+ * counts. Returns the blocks loaded (0 when none, refused or failed: then
+ * nothing changed).
+ */
+size_t kvpi_sched_tier_load(kvp_scheduler *s, const planned *pl, size_t adopted, size_t adoptable,
+                            lease *l0);
+/* The monotonic clock, in seconds. */
+double kvpi_sched_tier_clock(void);
+/* The cost model learns that a prefill batch computed `tokens` prompt tokens in `seconds`. */
+void kvpi_sched_tier_prefilled(kvp_scheduler *s, size_t tokens, double seconds);
 
 /* ---- the queue and the requests (scheduler_queue.c) ---------------------- */
 

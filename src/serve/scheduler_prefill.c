@@ -67,7 +67,10 @@ static void append(kvp_scheduler *s, slot *r, size_t row, size_t tokens, size_t 
     }
 }
 
-/* Tokens the planned request adopts from the prefix index into sample 0's lease `l0`. */
+/*
+ * Tokens the planned request adopts from the prefix index into sample 0's
+ * lease `l0`, and then loads from the pool's tier (scheduler_tier.c).
+ */
 static size_t adopt_prompt(kvp_scheduler *s, const planned *pl, size_t prompt, lease *l0)
 {
     size_t bt = s->block_tokens;
@@ -82,6 +85,7 @@ static size_t adopt_prompt(kvp_scheduler *s, const planned *pl, size_t prompt, l
                               NULL) != KVP_OK) {
         blocks = 0;
     }
+    blocks += kvpi_sched_tier_load(s, pl, blocks, adoptable, l0); /* the tier's, after */
     return blocks * bt;
 }
 
@@ -122,6 +126,7 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
 {
     size_t count = 0;
     size_t at = first;
+    size_t computed = 0; /* prompt tokens the batch computes (the tier's cost model) */
     for (size_t i = 0; i < p->popped; i++) {
         planned *pl = &s->plan[i];
         if (!pl->admit) {
@@ -136,6 +141,7 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         if (s->config.sharing) {
             size_t tokens = prompt - pl->adopted + (n == 1 ? g : 0);
             append(s, &s->running[at], pl->rows + pl->adopted, tokens, &count);
+            computed += tokens;
         } else {
             for (size_t k = 0; k < n; k++) {
                 append(s, &s->running[at + k], pl->rows + k * (prompt + g), prompt + g, &count);
@@ -144,7 +150,9 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         at += n;
     }
     if (prefills_on_decoder(s, p)) {
+        double t0 = kvpi_sched_tier_clock();
         kvpi_decoder_step_reserved(s->decoder, s->jobs, count);
+        kvpi_sched_tier_prefilled(s, computed, kvpi_sched_tier_clock() - t0);
         collect_jobs(s, first);
     }
 }
