@@ -111,6 +111,7 @@ typedef struct sim {
     size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
     double start;          /* now_seconds() when the run loop began */
     size_t audit_interval; /* steps between audits (0: only the final one) */
+    kvp_sim_tier tier; /* the run's tiers (sim_tier.c) */
 } sim;
 
 size_t kvp_sim_audit_interval(size_t audit_every, size_t pages)
@@ -307,8 +308,12 @@ static int setup(sim *s)
     pool_config.dtype = c->kv_dtype;
     /* The allocator alone never touches a page: no memory behind them (pool.h). */
     pool_config.slab_source = c->compute ? KVP_SLAB_DEFAULT : KVP_SLAB_RESERVED;
+    kvp_sim_tier_pool_secret(&c->tier, &pool_config); /* processes sharing a tier agree */
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
+    }
+    if (kvp_sim_tier_open(&c->tier, s->pool, &s->tier, s->err) != KVP_OK) {
+        return fail(s, "opening the tier");
     }
     kvp_pool_stats pool_stats;
     kvp_pool_stats_init(&pool_stats);
@@ -337,6 +342,7 @@ static int setup(sim *s)
     scheduler_config.max_running = c->max_running;
     scheduler_config.layers = c->layers;
     scheduler_config.model_width = c->model_width;
+    scheduler_config.tier_loads = (uint64_t)c->tier.loads;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
                              s->err) != KVP_OK) {
         return fail(s, "creating the scheduler");
@@ -692,6 +698,7 @@ static void read_counters(sim *s)
     s->result->session_keeps = stats.session_keeps;
     s->result->session_hits = stats.session_hits;
     s->result->session_drops = stats.session_drops;
+    kvp_sim_tier_read(&s->tier, s->pool, &stats, &s->result->tier);
 }
 
 static int step_once(sim *s, size_t step)
@@ -794,6 +801,7 @@ static void teardown(sim *s)
             s->result->audit_failures++;
         }
     }
+    kvp_sim_tier_close(&s->tier); /* after the pool: its destroy detached the tier */
     if (s->decoder != NULL) {
         kvp_decoder_destroy(s->decoder, NULL);
     }

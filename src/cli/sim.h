@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "kvpager/kvpager.h"
+#include "sim_tier.h"
 #include "workload.h"
 
 /*
@@ -74,6 +75,7 @@ typedef struct kvp_sim_config {
     size_t max_running;     /* kvp_scheduler_config.max_running: most sequences running
                                at once; 0: no limit but the pool (default 0; simulate's
                                --max-running defaults to 256) */
+    kvp_sim_tier_config tier; /* --tier and its flags (sim_tier.h); count 0: none */
 } kvp_sim_config;
 
 /* One scheduler step, for the plot and the latency figures. */
@@ -188,6 +190,7 @@ typedef struct kvp_sim_result {
     uint64_t session_keeps;        /* finished turns whose sequence was kept (scheduler stats) */
     uint64_t session_hits;         /* next turns admitted while their conversation's was kept */
     uint64_t session_drops;        /* kept sequences given back before their next turn came */
+    kvp_sim_tier_result tier;      /* the second tier's figures (present: --tier given) */
 } kvp_sim_result;
 
 typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t step);

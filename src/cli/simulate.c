@@ -90,6 +90,7 @@ int kvp_simulate_prepare(int argc, char **argv, simulate_options *o, kvp_workloa
     }
     size_t page_bytes = 0;
     kvp_simulate_check_ranges(o, &p);
+    kvp_simulate_tier_check(o, &p);
     if (!p.found) {
         kvp_simulate_check_sizes(o, &p, &page_bytes);
     }
@@ -171,6 +172,7 @@ static int run_all(const simulate_options *o, const kvp_workload *workload, cons
         if (run == 1) {
             config.sharing = 0;
             config.verify_every = 0;
+            config.tier.count = 0; /* nothing published: nothing for a tier */
         }
         kvp_progress progress;
         kvp_progress_init(&progress, run == 0 ? label : off_label, o->quiet);

@@ -10,6 +10,7 @@
  *                      that name inputs, and the run's memory against physical
  *                      memory;
  *   simulate_report.c  the human report and the --json object;
+ *   simulate_tier.c    --tier and its flags, their checks, the tier's report lines;
  *   simulate_sweep.c   comma lists of --model, --kv-dtype, --block-tokens and
  *                      --budget: every combination prepared (checked) before
  *                      any runs, then one --format table or --json's array.
@@ -28,6 +29,7 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "json.h"
 #include "latency.h"
 #include "sim.h"
 #include "trace_stats.h"
@@ -112,6 +114,14 @@ typedef struct simulate_trace_figures {
     uint64_t workload_prompt_tokens;
 } simulate_trace_figures;
 
+/* The second tier's flags as given (simulate_tier.c); the values go to sim.tier. */
+typedef struct simulate_tier_options {
+    const char *values[KVP_SIM_TIERS_MAX]; /* each --tier, in order */
+    size_t count;
+    const char *given[4];                  /* --tier-secret-file, --tier-policy, --tier-loads
+                                              (indexes 1..3; 0 unused: --tier repeats) */
+} simulate_tier_options;
+
 typedef struct simulate_options {
     kvp_sim_config sim;
     kvp_workload_spec workload;
@@ -130,6 +140,7 @@ typedef struct simulate_options {
     int capacity_pending; /* a Mooncake trace without --capacity sets the capacity: the
                              checks against it wait until the trace is read */
     simulate_trace_figures figures; /* filled by the driver after the run */
+    simulate_tier_options tier;     /* --tier and its flags (simulate_tier.c) */
 } simulate_options;
 
 /* --format's tables (simulate_sweep.c). */
@@ -163,6 +174,21 @@ void kvp_simulate_check_outputs(const simulate_options *o, kvp_cli_problems *p);
  * 2a-2d found a problem; the driver reads --trace's rows first (`requests` is their count). */
 void kvp_simulate_check_memory(simulate_options *o, size_t requests, size_t page_bytes,
                                kvp_cli_problems *p);
+
+/* simulate_tier.c: the second tier's flags, checks and report lines. */
+
+/* --help's second-tier section. */
+void kvp_simulate_tier_usage(FILE *out);
+/* Step 1 for argv[*i] when it is one of the tier flags (then 1, *i past its value);
+ * 0 when it is not. */
+int kvp_simulate_tier_take(int argc, char **argv, int *i, simulate_options *o,
+                           kvp_cli_problems *p);
+/* Step 2 (after the ranges): combinations, Redis URLs (parsed, never connected), the
+ * secret file (read and hashed into o->sim.tier.secret). */
+void kvp_simulate_tier_check(simulate_options *o, kvp_cli_problems *p);
+/* The report's tier lines and the --json "tier" object (null without a tier). */
+void kvp_simulate_tier_report(const simulate_options *o, const kvp_sim_result *r);
+void kvp_simulate_tier_json(kvp_json *json, const kvp_sim_result *r);
 
 /* simulate.c: what a sweep (simulate_sweep.c) shares with the single run. */
 

@@ -238,6 +238,8 @@ void kvp_simulate_usage(FILE *out)
             d.reserve_tokens,
             MAX_THREADS, (unsigned long long)d.seed, KVP_SIM_AUDIT_STEPS, KVP_SIM_AUDIT_PAGES,
             KVP_SIM_AUDIT_MAX);
+    fprintf(out, "\n");
+    kvp_simulate_tier_usage(out); /* simulate_tier.c */
 }
 
 void kvp_simulate_invalid(kvp_cli_problems *p, simulate_flag f, const char *value, const char *why)
@@ -519,6 +521,9 @@ void kvp_simulate_parse(int argc, char **argv, simulate_options *o, kvp_cli_prob
         if (strcmp(arg, "--no-sharing") == 0) {
             o->no_sharing = 1;
             o->sim.sharing = 0;
+            continue;
+        }
+        if (kvp_simulate_tier_take(argc, argv, &i, o, p)) {
             continue;
         }
         int f = kvp_cli_take_flag(argc, argv, &i, "simulate", kvp_simulate_flag_names,

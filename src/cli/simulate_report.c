@@ -355,6 +355,7 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
     printf("preemptions             %zu\n", r->preemptions);
     print_latency(o, latency);
     print_sharing(o, r, off);
+    kvp_simulate_tier_report(o, r);
     print_trace(o, r);
     if (r->contiguous_baseline > 0) {
         printf("contiguous baseline     %zu sequences fit when each reserves its full capacity;\n"
@@ -490,6 +491,7 @@ void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
     kvp_json_double(&json, "output_checksum", r->output_checksum);
     kvp_json_bool(&json, "targets_met", targets_met(r));
     json_sharing(&json, r, off);
+    kvp_simulate_tier_json(&json, r);
     json_trace(&json, o, r);
     json_latency(&json, o, latency);
     kvp_json_object_begin(&json, "config");

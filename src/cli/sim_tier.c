@@ -1,0 +1,120 @@
+/*
+ * sim_tier.c: the second tier of a `kvpager simulate` run (sim_tier.h).
+ *
+ * Owns: making the run's tiers (host, Redis) and composing them near to far
+ * (kvp_tier_compose_create, right to left: the first --tier is nearest),
+ * attaching the top one to the run's pool under the deployment secret, the
+ * pool key secret derived from that secret, the tier counters of a run, and
+ * closing: Redis tiers flushed (every queued write done, at most 30 s),
+ * then compositions and leaves destroyed, outermost first.
+ * Invariants: nothing here runs before the flags were checked
+ * (simulate_tier.c parsed every URL and the secret file); a Redis server
+ * that is down does not fail the run (the tier counts errors, the
+ * scheduler computes what it cannot load).
+ * Callers: sim.c. Public headers only (and libsodium's generic hash).
+ */
+#include "sim_tier.h"
+
+#include <string.h>
+
+#include <sodium.h>
+
+/* The context the pool key secret is derived under (docs/simulate.md). */
+static const char pool_secret_context[] = "kvpager simulate pool key secret v1";
+
+void kvp_sim_tier_pool_secret(const kvp_sim_tier_config *config, kvp_pool_config *pool_config)
+{
+    if (config->count == 0) {
+        return; /* the pool draws a random one */
+    }
+    unsigned char out[KVP_KEY_SECRET_BYTES];
+    crypto_generichash(out, sizeof out, (const unsigned char *)pool_secret_context,
+                       sizeof pool_secret_context - 1, config->secret, sizeof config->secret);
+    memcpy(pool_config->key_secret, out, sizeof out);
+    sodium_memzero(out, sizeof out);
+}
+
+static kvp_status make_leaf(const kvp_sim_tier_spec *spec, kvp_tier **out, kvp_error *err)
+{
+    if (!spec->redis) {
+        return kvp_tier_host_create(spec->host_bytes, out, err);
+    }
+    kvp_tier_redis_config config;
+    kvp_tier_redis_config_init(&config);
+    config.url = spec->url;
+    config.backoff_min_ms = 1000; /* a server that is down is asked again after 1 s */
+    return kvp_tier_redis_create(&config, out, err);
+}
+
+kvp_status kvp_sim_tier_open(const kvp_sim_tier_config *config, kvp_pool *pool, kvp_sim_tier *t,
+                             kvp_error *err)
+{
+    memset(t, 0, sizeof *t);
+    if (config->count == 0) {
+        return KVP_OK;
+    }
+    for (size_t i = 0; i < config->count; i++) {
+        kvp_status status = make_leaf(&config->tiers[i], &t->leaves[i], err);
+        if (status != KVP_OK) {
+            return status;
+        }
+        t->leaf_count++;
+    }
+    t->top = t->leaves[config->count - 1];
+    for (size_t i = config->count - 1; i-- > 0;) {
+        kvp_tier *both = NULL;
+        kvp_status status = kvp_tier_compose_create(t->leaves[i], t->top, &both, err);
+        if (status != KVP_OK) {
+            return status;
+        }
+        t->composed[t->composed_count++] = both;
+        t->top = both;
+    }
+    kvp_tier_policy policy;
+    kvp_tier_policy_init(&policy);
+    memcpy(policy.secret, config->secret, sizeof policy.secret);
+    policy.write_through = config->write_through;
+    kvp_status status = kvp_pool_tier_attach(pool, t->top, &policy, err);
+    sodium_memzero(policy.secret, sizeof policy.secret);
+    return status;
+}
+
+void kvp_sim_tier_read(const kvp_sim_tier *t, kvp_pool *pool, const kvp_scheduler_stats *stats,
+                       kvp_sim_tier_result *out)
+{
+    memset(out, 0, sizeof *out);
+    if (t->top == NULL) {
+        return;
+    }
+    out->present = 1;
+    out->hit_blocks = stats->tier_hit_blocks;
+    out->hit_tokens = stats->tier_hit_tokens;
+    out->load_bytes = stats->tier_load_bytes;
+    out->load_seconds = stats->tier_load_seconds;
+    out->rejected = stats->tier_rejected;
+    out->errors = stats->tier_errors;
+    out->recomputes = stats->tier_recomputes;
+    kvp_pool_tier_stats pool_stats;
+    kvp_pool_tier_stats_init(&pool_stats);
+    if (pool != NULL && kvp_pool_tier_stats_get(pool, &pool_stats, NULL) == KVP_OK) {
+        out->writes = pool_stats.writes;
+        out->write_failures = pool_stats.write_failures;
+    }
+}
+
+void kvp_sim_tier_close(kvp_sim_tier *t)
+{
+    for (size_t i = 0; i < t->leaf_count; i++) {
+        if (strcmp(kvp_tier_name(t->leaves[i]), "redis") == 0) {
+            kvp_status flushed = kvp_tier_redis_flush(t->leaves[i], 30000, NULL);
+            (void)flushed; /* a server that is down: the writes failed, and were counted */
+        }
+    }
+    while (t->composed_count > 0) { /* the outermost (last made) first */
+        (void)kvp_tier_destroy(t->composed[--t->composed_count], NULL);
+    }
+    while (t->leaf_count > 0) {
+        (void)kvp_tier_destroy(t->leaves[--t->leaf_count], NULL);
+    }
+    t->top = NULL;
+}
