@@ -1,0 +1,198 @@
+/*
+ * test_simulate_tier.c: `kvpager simulate --tier redis://...` against a real
+ * redis-server the test starts on its own loopback port
+ * (tests/redis_server.c); a server that cannot start fails the test, never
+ * skips it.
+ *
+ * Two processes, one Redis: the same simulate run twice (write-through, so
+ * the first run's every published block is in Redis when it exits; its
+ * Redis writes are flushed at close). The second computes at most a fifth
+ * of the first's prompt tokens, loads the rest, and its outputs are the
+ * first's (the output checksum, and --verify's recompute of every request
+ * from scratch: 0 mismatches). A run under another secret file shares
+ * nothing (its pool keys differ: every block a miss) and computes as the
+ * first did. A run whose Redis is down completes with the same outputs,
+ * its errors counted.
+ * Usage: test_simulate_tier KVPAGER (the program under test).
+ * Callers: ctest (test_simulate_tier).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "../redis_server.h"
+
+static const char *kvpager;
+static kvpt_redis_server server;
+static char dir[64];
+
+typedef struct run_figures {
+    int exit_code;
+    unsigned long long prefill_tokens;
+    unsigned long long completed;
+    unsigned long long verify_mismatches;
+    unsigned long long hit_blocks;
+    unsigned long long hit_tokens;
+    unsigned long long rejected;
+    unsigned long long errors;
+    unsigned long long writes;
+    char checksum[64];
+} run_figures;
+
+/* The number after "key": in json (the first occurrence), or fails the test. */
+static unsigned long long number(const char *json, const char *key)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *at = strstr(json, pattern);
+    assert_non_null(at);
+    return strtoull(at + strlen(pattern), NULL, 10);
+}
+
+static void text(const char *json, const char *key, char *out, size_t size)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *at = strstr(json, pattern);
+    assert_non_null(at);
+    at += strlen(pattern);
+    size_t n = strcspn(at, ",}");
+    assert_true(n < size);
+    memcpy(out, at, n);
+    out[n] = '\0';
+}
+
+static void write_file(const char *path, const char *content)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(content, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* One simulate run against the test's server under secret file `secret`. */
+static run_figures simulate(const char *secret)
+{
+    char command[2048];
+    snprintf(command, sizeof command,
+             "'%s' simulate --requests 6 --layers 1 --model-width 32 --heads 2 "
+             "--block-tokens 8 --prompt-mean 64 --output-mean 8 --capacity 256 --seed 5 "
+             "--tier redis://127.0.0.1:%u --tier-secret-file %s/%s --tier-policy publish "
+             "--tier-loads always --verify 1 --json --quiet 2>%s/stderr",
+             kvpager, server.port, dir, secret, dir);
+    FILE *p = popen(command, "r");
+    assert_non_null(p);
+    static char json[1 << 16];
+    size_t n = fread(json, 1, sizeof json - 1, p);
+    json[n] = '\0';
+    int status = pclose(p);
+    run_figures r;
+    memset(&r, 0, sizeof r);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    assert_int_equal(r.exit_code, 0);
+    r.prefill_tokens = number(json, "prefill_tokens");
+    r.completed = number(json, "requests_completed");
+    r.verify_mismatches = number(json, "verify_mismatches");
+    const char *tier = strstr(json, "\"tier\":{");
+    assert_non_null(tier);
+    r.hit_blocks = number(tier, "hit_blocks");
+    r.hit_tokens = number(tier, "hit_tokens");
+    r.rejected = number(tier, "rejected");
+    r.errors = number(tier, "errors");
+    r.writes = number(tier, "writes");
+    text(json, "output_checksum", r.checksum, sizeof r.checksum);
+    return r;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/kvp-sim-tier-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/secret", dir);
+    write_file(path, "a deployment secret of this test, 42 bytes\n");
+    snprintf(path, sizeof path, "%s/other", dir);
+    write_file(path, "another deployment's secret, not this one\n");
+    if (!kvpt_redis_start(&server, NULL)) {
+        fail_msg("redis-server did not start: %s", server.why); /* never a skip */
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kvpt_redis_stop(&server);
+    char command[160];
+    snprintf(command, sizeof command, "rm -rf '%s'", dir);
+    return system(command) == 0 ? 0 : -1;
+}
+
+static run_figures first;
+
+static void test_simulate_tier_second_process_loads_the_first_ones_blocks(void **state)
+{
+    (void)state;
+    first = simulate("secret");
+    run_figures second = simulate("secret");
+    assert_int_equal(first.completed, 6);
+    assert_int_equal(second.completed, 6);
+    assert_int_equal(first.hit_blocks, 0); /* a fresh server */
+    assert_true(first.writes > 0);
+    assert_true(second.hit_blocks > 0);
+    assert_int_equal(second.hit_tokens, second.hit_blocks * 8);
+    assert_true(second.prefill_tokens * 5 <= first.prefill_tokens); /* <= 20% */
+    assert_int_equal(first.prefill_tokens - second.prefill_tokens, second.hit_tokens);
+    assert_int_equal(second.rejected, 0);
+    assert_int_equal(second.errors, 0);
+    assert_string_equal(first.checksum, second.checksum);
+    assert_int_equal(first.verify_mismatches, 0);
+    assert_int_equal(second.verify_mismatches, 0);
+}
+
+static void test_simulate_tier_another_secret_shares_nothing(void **state)
+{
+    (void)state;
+    run_figures other = simulate("other");
+    assert_int_equal(other.hit_blocks, 0);
+    assert_int_equal(other.prefill_tokens, first.prefill_tokens);
+    assert_string_equal(other.checksum, first.checksum);
+    assert_int_equal(other.verify_mismatches, 0);
+}
+
+static void test_simulate_tier_redis_down_completes_without_it(void **state)
+{
+    (void)state;
+    kvpt_redis_kill(&server);
+    run_figures down = simulate("secret");
+    assert_true(kvpt_redis_restart(&server));
+    assert_int_equal(down.completed, 6);
+    assert_int_equal(down.hit_blocks, 0);
+    assert_true(down.errors > 0); /* the counters say the tier failed */
+    assert_int_equal(down.prefill_tokens, first.prefill_tokens);
+    assert_string_equal(down.checksum, first.checksum);
+    assert_int_equal(down.verify_mismatches, 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_simulate_tier KVPAGER\n");
+        return 2;
+    }
+    kvpager = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_simulate_tier_second_process_loads_the_first_ones_blocks),
+        cmocka_unit_test(test_simulate_tier_another_secret_shares_nothing),
+        cmocka_unit_test(test_simulate_tier_redis_down_completes_without_it),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
