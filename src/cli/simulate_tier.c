@@ -280,13 +280,14 @@ void kvp_simulate_tier_report(const simulate_options *o, const kvp_sim_result *r
     if (!t->present) {
         return;
     }
-    char tiers[256] = "";
-    char shown[512];
+    char tiers[1024] = "";
+    char shown[200];
     for (size_t i = 0; i < o->tier.count; i++) {
         const char *v = o->tier.values[i];
         size_t used = strlen(tiers);
-        snprintf(tiers + used, sizeof tiers - used, "%s%s", i ? " -> " : "",
-                 strncmp(v, "redis://", 8) == 0 ? redacted(v, shown, sizeof shown) : v);
+        int n = snprintf(tiers + used, sizeof tiers - used, "%s%.200s", i ? " -> " : "",
+                         strncmp(v, "redis://", 8) == 0 ? redacted(v, shown, sizeof shown) : v);
+        (void)n; /* a longer list is cut: the report line only names the tiers */
     }
     printf("tier                    %s, %s: %llu blocks (%llu tokens, %.1f%% of prompt\n"
            "                        tokens admitted) loaded instead of computed\n",

@@ -1,0 +1,74 @@
+#!/bin/sh
+# check_simulate_tier.sh WORKDIR COMMAND...
+# `kvpager simulate`'s second-tier flags (src/cli/simulate_tier.c): every bad
+# value or combination is refused before anything runs (exit 2, one line
+# naming the flag and the value: refusal.sh), a Redis URL's password is
+# never echoed, `--flag v` and `--flag=v` read alike, and a host-tier run
+# reports the tier and its --json "tier" keys (null without --tier).
+set -u
+work=$1
+shift
+rm -rf "$work"
+mkdir -p "$work" || exit 1
+fail() { echo "check_simulate_tier: $*" >&2; exit 1; }
+. "$(dirname "$0")/refusal.sh"
+
+printf 'a deployment secret of at least 16 bytes\n' > "$work/secret"
+printf 'short\n' > "$work/short"
+rows=0
+run() {
+    name=$1 flag=$2 value=$3
+    shift 3
+    rm -f "$work/ran.svg"
+    "$@" --plot "$work/ran.svg" > "$work/out" 2> "$work/err" < /dev/null
+    code=$?
+    expect_refusal "$name" "$flag" "$value"
+}
+S="$* simulate --quiet"
+run host_zero --tier "'host:0'" $S --tier host:0
+run host_no_size --tier "'host:'" $S --tier host:
+run not_a_tier --tier "'disk:1GiB'" $S --tier disk:1GiB
+run equals_form --tier "'nope'" $S --tier=nope
+run needs_value --tier "needs a value" $S --tier
+run empty_equals --tier "needs a value" $S --tier=
+run five_tiers --tier "at most 4" $S --tier host:1MiB --tier host:1MiB --tier host:1MiB \
+    --tier host:1MiB --tier host:1MiB
+run bad_port --tier "port" $S --tier redis://127.0.0.1:99999 --tier-secret-file "$work/secret"
+run bad_scheme --tier "'rediss://h'" $S --tier rediss://h
+run bad_password --tier "'redis://u:***@h'" $S --tier 'redis://u:p%zz@h' \
+    --tier-secret-file "$work/secret"
+grep -q 'p%zz' "$work/err" && fail "bad_password: the password was echoed: $(cat "$work/err")"
+run redis_needs_secret --tier-secret-file "redis://127.0.0.1:1" $S --tier redis://127.0.0.1:1
+run no_compute --no-compute "host:1MiB" $S --tier host:1MiB --no-compute
+run no_sharing --no-sharing "host:1MiB" $S --tier host:1MiB --no-sharing
+run policy_without_tier --tier-policy "publish" $S --tier-policy publish
+run loads_without_tier --tier-loads "always" $S --tier-loads=always
+run secret_without_tier --tier-secret-file "$work/secret" $S --tier-secret-file "$work/secret"
+run bad_policy --tier-policy "'both'" $S --tier host:1MiB --tier-policy both
+run bad_loads --tier-loads "'sometimes'" $S --tier host:1MiB --tier-loads sometimes
+run policy_twice --tier-policy "'evict'" $S --tier host:1MiB --tier-policy publish \
+    --tier-policy evict
+run secret_missing --tier-secret-file "'$work/none'" $S --tier host:1MiB \
+    --tier-secret-file "$work/none"
+run secret_short --tier-secret-file "16 to 4096" $S --tier host:1MiB \
+    --tier-secret-file "$work/short"
+
+# Accepted: both spellings, a host tier's report lines and --json keys.
+small="--requests 4 --layers 1 --model-width 32 --heads 2 --block-tokens 8 --prompt-mean 48 --output-mean 4 --capacity 128"
+# shellcheck disable=SC2086
+"$@" simulate --quiet $small --tier=host:1MiB --tier-policy=publish --tier-loads always \
+    > "$work/report" 2> "$work/err" || fail "host run: $(cat "$work/err")"
+grep -q '^tier  *host:1MiB, write-through (publish)' "$work/report" ||
+    fail "no tier line: $(cat "$work/report")"
+grep -q '^tier loads ' "$work/report" || fail "no tier loads line"
+# shellcheck disable=SC2086
+"$@" simulate --quiet $small --tier host:1MiB --tier-secret-file "$work/secret" --json \
+    > "$work/json" 2> "$work/err" || fail "host --json run: $(cat "$work/err")"
+for key in hit_blocks hit_tokens load_bytes load_seconds writes write_failures rejected errors \
+           recomputes; do
+    grep -q "\"tier\":{.*\"$key\":" "$work/json" || fail "--json lacks tier.$key"
+done
+# shellcheck disable=SC2086
+"$@" simulate --quiet $small --json > "$work/none.json" 2> "$work/err" || fail "plain run"
+grep -q '"tier":null' "$work/none.json" || fail "--json without --tier: tier is not null"
+echo "check_simulate_tier: $rows refusals and 3 runs ok"
