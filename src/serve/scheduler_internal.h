@@ -195,10 +195,13 @@ struct kvp_scheduler {
     uint64_t admissions;
     kvp_scheduler_stats stats;
     /* The tier's cost model (scheduler_tier.c): prompt tokens the prefills computed
-       and the time their batches took; asks refused in a row. */
+       and the time their batches took; bytes the loads that brought blocks read and
+       their time; asks refused in a row. */
     struct {
         uint64_t prefill_tokens;
         double prefill_seconds;
+        uint64_t loaded_bytes;
+        double loaded_seconds;
         uint64_t refused_in_row;
     } tier;
 };

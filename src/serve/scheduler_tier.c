@@ -49,8 +49,9 @@ void kvpi_sched_tier_prefilled(kvp_scheduler *s, size_t tokens, double seconds)
 
 /*
  * 1 when a block is worth loading: its bytes (every layer's tier block) at
- * the tier's observed bytes per second take no longer than its tokens at
- * the measured prefill tokens per second. Optimistic (load) until both
+ * the tier's observed bytes per second (the bytes of the loads that brought
+ * blocks, over their time, round trip, verification and copy included)
+ * take no longer than its tokens at the measured prefill tokens per second. Optimistic (load) until both
  * rates are measured; a refusal counts toward the next probe.
  */
 static int worth_loading(kvp_scheduler *s, size_t block_bytes)
@@ -58,12 +59,11 @@ static int worth_loading(kvp_scheduler *s, size_t block_bytes)
     if (s->config.tier_loads == KVP_TIER_LOADS_ALWAYS) {
         return 1;
     }
-    const kvp_scheduler_stats *st = &s->stats;
-    if (st->tier_load_bytes == 0 || st->tier_load_seconds <= 0.0 ||
+    if (s->tier.loaded_bytes == 0 || s->tier.loaded_seconds <= 0.0 ||
         s->tier.prefill_tokens == 0) {
         return 1; /* the optimistic prior */
     }
-    double bytes_per_second = (double)st->tier_load_bytes / st->tier_load_seconds;
+    double bytes_per_second = (double)s->tier.loaded_bytes / s->tier.loaded_seconds;
     double tokens_per_second = (double)s->tier.prefill_tokens / s->tier.prefill_seconds;
     double load = (double)(block_bytes * s->layers) / bytes_per_second;
     double compute = (double)s->block_tokens / tokens_per_second;
@@ -109,7 +109,8 @@ size_t kvpi_sched_tier_load(kvp_scheduler *s, const planned *pl, size_t adopted,
         kvp_cache_group_tier_load(lease_caches(l0), s->layers,
                                   s->keys + pl->keys + adopted * s->layers, want, &loaded, NULL,
                                   NULL);
-    s->stats.tier_load_seconds += now_seconds() - t0;
+    double seconds = now_seconds() - t0;
+    s->stats.tier_load_seconds += seconds;
     if (status != KVP_OK) {
         s->stats.tier_errors++; /* refused: nothing changed */
         return 0;
@@ -118,6 +119,10 @@ size_t kvpi_sched_tier_load(kvp_scheduler *s, const planned *pl, size_t adopted,
     kvp_pool_tier_stats_init(&after);
     if (kvp_pool_tier_stats_get(s->pool, &after, NULL) == KVP_OK) {
         count_load(s, &before, &after, loaded);
+        if (loaded != 0) { /* the rate of loads that brought blocks (a miss says nothing) */
+            s->tier.loaded_bytes += after.load_bytes - before.load_bytes;
+            s->tier.loaded_seconds += seconds;
+        }
     }
     return loaded;
 }
