@@ -265,6 +265,11 @@ static void test_scheduler_tier_loads_evicted_prefix_exactly(void **state)
     assert_int_equal(with.tier_errors, 0);
     assert_int_equal(with.tier_recomputes, 0);
     assert_int_equal(without.tier_hit_blocks, 0);
+    /* The cost model's rates: measured once a load brought blocks, and a prefill ran. */
+    assert_true(with.tier_bytes_per_second > 0.0);
+    assert_true(with.prefill_tokens_per_second > 0.0);
+    assert_true(without.tier_bytes_per_second == 0.0);
+    assert_true(without.prefill_tokens_per_second > 0.0);
 }
 
 /*

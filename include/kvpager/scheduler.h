@@ -402,6 +402,9 @@ typedef struct kvp_scheduler_stats {
     uint64_t tier_errors;       /* blocks the tier failed to read, and loads refused */
     uint64_t tier_recomputes;   /* missed prompt blocks the cost model chose to recompute
                                    rather than ask the tier for */
+    double tier_bytes_per_second;   /* the cost model's rates (6.): the tier's, over the
+                                       loads that brought blocks (0: none yet) */
+    double prefill_tokens_per_second; /* and the prompt prefill's (0: none measured yet) */
 } kvp_scheduler_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.

@@ -94,6 +94,8 @@ void kvp_sim_tier_read(const kvp_sim_tier *t, kvp_pool *pool, const kvp_schedule
     out->rejected = stats->tier_rejected;
     out->errors = stats->tier_errors;
     out->recomputes = stats->tier_recomputes;
+    out->bytes_per_second = stats->tier_bytes_per_second;
+    out->prefill_tokens_per_second = stats->prefill_tokens_per_second;
     kvp_pool_tier_stats pool_stats;
     kvp_pool_tier_stats_init(&pool_stats);
     if (pool != NULL && kvp_pool_tier_stats_get(pool, &pool_stats, NULL) == KVP_OK) {

@@ -61,6 +61,8 @@ typedef struct kvp_sim_tier_result {
     uint64_t rejected;        /* blocks that failed verification, never mapped */
     uint64_t errors;          /* blocks the tier failed to read, and loads refused */
     uint64_t recomputes;      /* missed blocks the cost model chose to recompute */
+    double bytes_per_second;  /* the cost model's rates at the end (0: not measured) */
+    double prefill_tokens_per_second;
 } kvp_sim_tier_result;
 
 /* The pool key secret for a run with tiers (a keyed hash of the deployment secret). */

@@ -303,6 +303,14 @@ void kvp_simulate_tier_report(const simulate_options *o, const kvp_sim_result *r
            (unsigned long long)t->writes, (unsigned long long)t->write_failures,
            (unsigned long long)t->rejected, (unsigned long long)t->errors,
            (unsigned long long)t->recomputes);
+    printf("tier cost model         %s: loads of blocks at %.1f MB/s against prefill at %.0f "
+           "tokens/s\n"
+           "                        (a block loads when its bytes take no longer than its "
+           "tokens)\n",
+           o->sim.tier.loads == 1 ? "--tier-loads always"
+           : o->sim.tier.loads == 2 ? "--tier-loads never"
+                                    : "--tier-loads model",
+           t->bytes_per_second / 1e6, t->prefill_tokens_per_second);
 }
 
 void kvp_simulate_tier_json(kvp_json *json, const kvp_sim_result *r)
@@ -322,5 +330,7 @@ void kvp_simulate_tier_json(kvp_json *json, const kvp_sim_result *r)
     kvp_json_uint(json, "rejected", t->rejected);
     kvp_json_uint(json, "errors", t->errors);
     kvp_json_uint(json, "recomputes", t->recomputes);
+    kvp_json_double(json, "bytes_per_second", t->bytes_per_second);
+    kvp_json_double(json, "prefill_tokens_per_second", t->prefill_tokens_per_second);
     kvp_json_object_end(json);
 }

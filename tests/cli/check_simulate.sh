@@ -265,7 +265,7 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "peak_held_pages", "mean_held_pages", "forks", "evictions", "cow_copies",
        "weight_updates", "stale_preemptions", "update_windows", "verified",
        "verify_mismatches", "verify_segments", "verify_skipped", "later_turns", "turn_gap_min",
-       "session_keeps", "session_hits", "session_drops",
+       "session_keeps", "session_hits", "session_drops", "tier",
        "sharing_concurrency_ratio", "no_sharing",
        "trace_ceiling_hit_rate", "trace_ceiling_block_hit_rate", "trace_lru_blocks",
        "trace_lru_hit_rate", "trace_lru_block_hit_rate", "first_admission_hit_tokens",

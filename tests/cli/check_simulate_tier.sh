@@ -65,6 +65,7 @@ grep -q '^tier loads ' "$work/report" || fail "no tier loads line"
 "$@" simulate --quiet $small --tier host:1MiB --tier-secret-file "$work/secret" --json \
     > "$work/json" 2> "$work/err" || fail "host --json run: $(cat "$work/err")"
 for key in hit_blocks hit_tokens load_bytes load_seconds writes write_failures rejected errors \
+           bytes_per_second prefill_tokens_per_second \
            recomputes; do
     grep -q "\"tier\":{.*\"$key\":" "$work/json" || fail "--json lacks tier.$key"
 done
