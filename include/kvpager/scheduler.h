@@ -121,7 +121,7 @@
  *      block's load, at the tier's observed bytes per second, is expected
  *      to take no longer than computing its tokens at the measured prefill
  *      tokens per second (an optimistic prior until the first of each is
- *      measured; every 64th refused ask loads anyway, to follow the tier);
+ *      measured; every 16th refused ask loads anyway, to follow the tier);
  *      the stats count the blocks decided so (tier_recomputes).
  * Finished requests wait for kvp_scheduler_collect.
  *
@@ -402,8 +402,9 @@ typedef struct kvp_scheduler_stats {
     uint64_t tier_errors;       /* blocks the tier failed to read, and loads refused */
     uint64_t tier_recomputes;   /* missed prompt blocks the cost model chose to recompute
                                    rather than ask the tier for */
-    double tier_bytes_per_second;   /* the cost model's rates (6.): the tier's, over the
-                                       loads that brought blocks (0: none yet) */
+    double tier_bytes_per_second;   /* the cost model's rates (6.): the tier's, a moving
+                                       average over the loads that brought blocks (0:
+                                       none yet) */
     double prefill_tokens_per_second; /* and the prompt prefill's (0: none measured yet) */
 } kvp_scheduler_stats;
 

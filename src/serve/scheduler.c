@@ -498,10 +498,7 @@ kvp_status kvp_scheduler_stats_get(const kvp_scheduler *scheduler, kvp_scheduler
     stats.held_samples = scheduler->running_count + scheduler->idle_count + scheduler->kept_count;
     stats.retained = scheduler->kept_count;
     stats.retained_pages = scheduler->kept_pages;
-    stats.tier_bytes_per_second =
-        scheduler->tier.loaded_seconds > 0.0
-            ? (double)scheduler->tier.loaded_bytes / scheduler->tier.loaded_seconds
-            : 0.0;
+    stats.tier_bytes_per_second = scheduler->tier.bytes_per_second;
     stats.prefill_tokens_per_second =
         scheduler->tier.prefill_seconds > 0.0
             ? (double)scheduler->tier.prefill_tokens / scheduler->tier.prefill_seconds

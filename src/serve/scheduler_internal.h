@@ -195,13 +195,12 @@ struct kvp_scheduler {
     uint64_t admissions;
     kvp_scheduler_stats stats;
     /* The tier's cost model (scheduler_tier.c): prompt tokens the prefills computed
-       and the time their batches took; bytes the loads that brought blocks read and
-       their time; asks refused in a row. */
+       and the time their batches took; the moving average of the rate of loads that
+       brought blocks (0: none yet); asks refused in a row. */
     struct {
         uint64_t prefill_tokens;
         double prefill_seconds;
-        uint64_t loaded_bytes;
-        double loaded_seconds;
+        double bytes_per_second;
         uint64_t refused_in_row;
     } tier;
 };

@@ -25,7 +25,10 @@
 #include "serve/share_internal.h"
 
 /* Every this many asks the model refused in a row, one loads anyway (to follow the tier). */
-#define TIER_PROBE_EVERY 64
+#define TIER_PROBE_EVERY 16
+/* The weight of a load's rate in the tier's moving average (the first load, which may
+ * include connecting, is forgotten after a few). */
+#define TIER_RATE_WEIGHT 0.25
 
 static double now_seconds(void)
 {
@@ -49,8 +52,9 @@ void kvpi_sched_tier_prefilled(kvp_scheduler *s, size_t tokens, double seconds)
 
 /*
  * 1 when a block is worth loading: its bytes (every layer's tier block) at
- * the tier's observed bytes per second (the bytes of the loads that brought
- * blocks, over their time, round trip, verification and copy included)
+ * the tier's observed bytes per second (a moving average, weight 1/4, of
+ * the rate of each load that brought blocks: its bytes over its time, round
+ * trip, verification and copy included)
  * take no longer than its tokens at the measured prefill tokens per second. Optimistic (load) until both
  * rates are measured; a refusal counts toward the next probe.
  */
@@ -59,11 +63,10 @@ static int worth_loading(kvp_scheduler *s, size_t block_bytes)
     if (s->config.tier_loads == KVP_TIER_LOADS_ALWAYS) {
         return 1;
     }
-    if (s->tier.loaded_bytes == 0 || s->tier.loaded_seconds <= 0.0 ||
-        s->tier.prefill_tokens == 0) {
+    if (s->tier.bytes_per_second <= 0.0 || s->tier.prefill_tokens == 0) {
         return 1; /* the optimistic prior */
     }
-    double bytes_per_second = (double)s->tier.loaded_bytes / s->tier.loaded_seconds;
+    double bytes_per_second = s->tier.bytes_per_second;
     double tokens_per_second = (double)s->tier.prefill_tokens / s->tier.prefill_seconds;
     double load = (double)(block_bytes * s->layers) / bytes_per_second;
     double compute = (double)s->block_tokens / tokens_per_second;
@@ -119,9 +122,10 @@ size_t kvpi_sched_tier_load(kvp_scheduler *s, const planned *pl, size_t adopted,
     kvp_pool_tier_stats_init(&after);
     if (kvp_pool_tier_stats_get(s->pool, &after, NULL) == KVP_OK) {
         count_load(s, &before, &after, loaded);
-        if (loaded != 0) { /* the rate of loads that brought blocks (a miss says nothing) */
-            s->tier.loaded_bytes += after.load_bytes - before.load_bytes;
-            s->tier.loaded_seconds += seconds;
+        if (loaded != 0 && seconds > 0.0) { /* loads that brought blocks (a miss says nothing) */
+            double rate = (double)(after.load_bytes - before.load_bytes) / seconds;
+            double *r = &s->tier.bytes_per_second;
+            *r = *r > 0.0 ? (1.0 - TIER_RATE_WEIGHT) * *r + TIER_RATE_WEIGHT * rate : rate;
         }
     }
     return loaded;
