@@ -18,8 +18,10 @@
  * checks only syntax; the checks run in a fixed order and only the first
  * problem is kept (kvp_cli_problems), so the line printed for a command
  * line does not depend on which file a check lives in. No check or parse
- * allocates or touches a file except --trace's rows (read by the driver)
- * and kvp_cli_same_file's lookups.
+ * allocates or touches a file except --trace's rows (read by the driver),
+ * kvp_cli_same_file's lookups and simulate_tier.c's check (--tier-secret-file
+ * read; a Redis URL parsed by making and destroying the tier, never
+ * connected).
  * Callers: the simulate*.c files only.
  */
 #ifndef KVPAGER_CLI_SIMULATE_H
