@@ -326,6 +326,101 @@ static void test_scheduler_tier_foreign_blocks_are_rejected(void **state)
     assert_int_equal(two.prefill_tokens, one.prefill_tokens);
 }
 
+/*
+ * A tier that fails: `refuse` 1 refuses every batch (the load is refused:
+ * one error), 0 accepts it and completes every block TIER_UNAVAILABLE (one
+ * error a page). Puts are taken and dropped.
+ */
+typedef struct failing {
+    int refuse;
+} failing;
+
+static kvp_status failing_batch(void *impl, kvp_tier_block *blocks, size_t count,
+                                kvp_tier_done_fn done, void *ctx, kvp_error *err)
+{
+    const failing *f = impl;
+    if (f->refuse) {
+        if (err != NULL) {
+            memset(err, 0, sizeof *err);
+            err->status = KVP_TIER_UNAVAILABLE;
+        }
+        return KVP_TIER_UNAVAILABLE;
+    }
+    for (size_t i = 0; i < count; i++) {
+        blocks[i].bytes = 0;
+        blocks[i].status = KVP_TIER_UNAVAILABLE;
+    }
+    done(ctx, blocks, count);
+    return KVP_OK;
+}
+
+static kvp_status put_dropped(void *impl, kvp_tier_block *blocks, size_t count,
+                              kvp_tier_done_fn done, void *ctx, kvp_error *err)
+{
+    (void)impl;
+    (void)err;
+    for (size_t i = 0; i < count; i++) {
+        blocks[i].status = KVP_OK;
+    }
+    done(ctx, blocks, count);
+    return KVP_OK;
+}
+
+static void failing_destroy(void *impl)
+{
+    (void)impl;
+}
+
+static kvp_tier *failing_tier(failing *f)
+{
+    kvp_tier_vtable vtable;
+    kvp_tier_vtable_init(&vtable);
+    vtable.name = "failing";
+    vtable.contains = failing_batch;
+    vtable.get = failing_batch;
+    vtable.put = put_dropped;
+    vtable.destroy = failing_destroy;
+    kvp_tier *tier = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_tier_create(&vtable, f, &tier, &err), &err);
+    return tier;
+}
+
+/* A tier that fails or refuses every load: the run computes as without one, errors counted. */
+static void test_scheduler_tier_failing_tier_changes_nothing(void **state)
+{
+    (void)state;
+    static book plain, failed;
+    for (int refuse = 0; refuse < 2; refuse++) {
+        memset(&plain, 0, sizeof plain);
+        memset(&failed, 0, sizeof failed);
+        fixture f;
+        setup(&f, NULL, 0, 0, KVP_TIER_LOADS_ALWAYS);
+        workload(&f, &plain);
+        kvp_scheduler_stats without = stats_of(&f);
+        teardown(&f);
+        failing impl = {refuse};
+        kvp_tier *tier = failing_tier(&impl);
+        setup(&f, tier, 1, 0, KVP_TIER_LOADS_ALWAYS);
+        workload(&f, &failed);
+        kvp_scheduler_stats with = stats_of(&f);
+        teardown(&f);
+        kvpt_assert_ok(kvp_tier_destroy(tier, NULL), NULL);
+        assert_outputs_equal(&plain, &failed, 4);
+        assert_int_equal(with.prefill_tokens, without.prefill_tokens);
+        assert_int_equal(with.prefix_hit_tokens, without.prefix_hit_tokens);
+        assert_int_equal(with.tier_hit_blocks, 0);
+        assert_int_equal(with.tier_load_bytes, 0);
+        assert_int_equal(with.tier_rejected, 0);
+        /* Each of the 4 requests asked once for its 8 adoptable blocks less those the
+           index held (only request 3 held some, fewer than 8: checked above): a refused
+           ask is one error, a failed one an error a page. */
+        assert_true(without.prefix_hit_tokens < 8 * BLOCK);
+        uint64_t asked = 4 * 8 - without.prefix_hit_tokens / BLOCK;
+        assert_int_equal(with.tier_errors, refuse ? 4 : asked * LAYERS);
+    }
+}
+
 /* tier_loads NEVER asks nothing; a value past NEVER is refused. */
 static void test_scheduler_tier_never_and_bad_loads(void **state)
 {
@@ -365,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_tier_loads_evicted_prefix_exactly),
         cmocka_unit_test(test_scheduler_tier_second_pool_reads_first_ones_blocks),
         cmocka_unit_test(test_scheduler_tier_foreign_blocks_are_rejected),
+        cmocka_unit_test(test_scheduler_tier_failing_tier_changes_nothing),
         cmocka_unit_test(test_scheduler_tier_never_and_bad_loads),
     };
     return cmocka_run_group_tests(tests, model_setup, model_teardown);
