@@ -111,6 +111,8 @@ typedef struct sim {
     size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
     double start;          /* now_seconds() when the run loop began */
     size_t audit_interval; /* steps between audits (0: only the final one) */
+    size_t lanes;          /* layers a pool page holds (fused_layers); figures count
+                              one-layer pages: the pool's times lanes */
 } sim;
 
 size_t kvp_sim_audit_interval(size_t audit_every, size_t pages)
@@ -280,10 +282,58 @@ static int setup_verify(sim *s, size_t page_bytes)
                                  s->context);
 }
 
+/*
+ * Layers per page: c->layers when the run fuses them, else 1. An
+ * allocator-only run (compute off) reads and writes no row, and its layers
+ * are all alike (the same heads, width, block size and no window), so one
+ * page of kv_heads x layers heads, a block of every layer's K and V (vLLM's
+ * one block id for all layers), holds exactly the bytes the layers' own
+ * pages would, at 1/layers of the pager's work (DESIGN.md, "Fused
+ * allocator-only pages"). Fused only when exact: the budget's one-layer
+ * pages are a whole number of blocks of every layer (a remainder would
+ * count as free pages no block can use), and as many as a one-layer pool
+ * accepts. A computed run keeps a page per layer; so must any setting that
+ * makes layers differ (a window on some layers).
+ */
+static size_t fused_layers(const kvp_sim_config *c)
+{
+    size_t kv_heads = kvp_sim_kv_heads(c);
+    size_t factors[] = {2, kv_heads, c->block_tokens, c->heads ? c->model_width / c->heads : 0,
+                        kvp_dtype_bytes(c->kv_dtype)};
+    size_t page_bytes = 1;
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
+        if (factors[i] == 0 || page_bytes > SIZE_MAX / factors[i]) {
+            return 1;
+        }
+        page_bytes *= factors[i];
+    }
+    size_t pages = c->budget_bytes / page_bytes;
+    if (c->compute || c->layers < 2 || pages < c->layers || pages % c->layers != 0 ||
+        pages >= UINT32_MAX) {
+        return 1;
+    }
+    return c->layers;
+}
+
+/*
+ * A step's page figures in one-layer pages (the pool's times lanes), the
+ * unit of a computed run; token slots count positions x layers likewise.
+ */
+static void scale_step(const sim *s, kvp_step_stats *st)
+{
+    size_t *pages[] = {&st->held_pages, &st->total_pages, &st->unshared_pages,
+                       &st->cached_pages, &st->evictable_pages, &st->retained_pages,
+                       &st->used_slots};
+    for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++) {
+        *pages[i] *= s->lanes;
+    }
+}
+
 static int setup(sim *s)
 {
     const kvp_sim_config *c = s->config;
     size_t kv_heads = kvp_sim_kv_heads(c);
+    s->lanes = 1;
     /* simulate_checks.c validated the shape; never divide by zero if a caller did not. */
     if (c->heads == 0 || c->model_width % c->heads != 0) {
         kvp_error e = {.status = KVP_HEADS_DO_NOT_DIVIDE_WIDTH, .model_width = c->model_width,
@@ -301,7 +351,8 @@ static int setup(sim *s)
     kvp_pool_config pool_config;
     kvp_pool_config_init(&pool_config);
     pool_config.block_tokens = c->block_tokens;
-    pool_config.heads = kv_heads;
+    size_t lanes = fused_layers(c);
+    pool_config.heads = kv_heads * lanes; /* fused: a block of every layer a page */
     pool_config.head_width = c->model_width / c->heads;
     pool_config.budget_bytes = c->budget_bytes;
     pool_config.dtype = c->kv_dtype;
@@ -312,8 +363,9 @@ static int setup(sim *s)
     }
     kvp_pool_stats pool_stats;
     kvp_pool_stats_init(&pool_stats);
+    s->lanes = lanes;
     size_t pages = kvp_pool_stats_get(s->pool, &pool_stats, NULL) == KVP_OK
-                       ? pool_stats.total_pages
+                       ? pool_stats.total_pages * lanes
                        : 0;
     s->audit_interval = kvp_sim_audit_interval(c->audit_every, pages);
     /* An allocator-only run builds no weights: the scheduler takes the geometry
@@ -335,7 +387,7 @@ static int setup(sim *s)
     scheduler_config.schedule = (uint64_t)c->schedule;
     scheduler_config.session_ttl = c->session_ttl;
     scheduler_config.max_running = c->max_running;
-    scheduler_config.layers = c->layers;
+    scheduler_config.layers = c->layers / lanes; /* fused: one lease cache of every layer */
     scheduler_config.model_width = c->model_width;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
                              s->err) != KVP_OK) {
@@ -361,8 +413,9 @@ static int setup(sim *s)
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
         return fail(s, "reading pool stats");
     }
-    s->result->total_pages = stats.total_pages;
-    s->result->page_bytes = stats.page_bytes;
+    s->result->fused_layers = lanes;
+    s->result->total_pages = stats.total_pages * lanes;
+    s->result->page_bytes = stats.page_bytes / lanes;
     s->result->kv_dtype = stats.dtype;
     s->result->element_bytes = stats.element_bytes;
     /*
@@ -372,8 +425,8 @@ static int setup(sim *s)
      */
     size_t per_sequence = c->layers * (c->capacity / c->block_tokens +
                                        (c->capacity % c->block_tokens != 0));
-    size_t f64_page_bytes = stats.page_bytes / stats.element_bytes * sizeof(double);
-    s->result->full_sequences = stats.total_pages / per_sequence;
+    size_t f64_page_bytes = s->result->page_bytes / stats.element_bytes * sizeof(double);
+    s->result->full_sequences = s->result->total_pages / per_sequence;
     s->result->f64_full_sequences = c->budget_bytes / f64_page_bytes / per_sequence;
     s->result->threads = s->decoder != NULL ? kvp_decoder_threads(s->decoder) : 1;
     s->result->windows = kvp_cli_calloc(1, sizeof *s->result->windows);
@@ -705,6 +758,7 @@ static int step_once(sim *s, size_t step)
     if (kvp_scheduler_step(s->scheduler, &st, s->err) != KVP_OK) {
         return fail(s, "running a scheduler step");
     }
+    scale_step(s, &st);
     if (s->callback_bytes != 0) {
         return out_of_memory(s, "a verified request's outputs", s->callback_bytes);
     }
@@ -720,7 +774,7 @@ static int step_once(sim *s, size_t step)
         kvp_pool_stats stats;
         kvp_pool_stats_init(&stats);
         size_t free_pages = kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK
-                                ? stats.free_pages
+                                ? stats.free_pages * s->lanes
                                 : 0;
         *s->err = (kvp_error){.status = KVP_POOL_EXHAUSTED, .available = free_pages};
         return fail(s, "admitting the first waiting request into an idle pool");
@@ -784,11 +838,11 @@ static void teardown(sim *s)
         kvp_pool_stats_init(&stats);
         audit(s);
         if (kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK) {
-            s->result->pages_leaked = stats.held_pages;
-            s->result->acquires = stats.acquires;
-            s->result->releases = stats.releases;
-            s->result->evictions = stats.evictions;
-            s->result->cow_copies = stats.cow_copies;
+            s->result->pages_leaked = stats.held_pages * s->lanes;
+            s->result->acquires = stats.acquires * s->lanes;
+            s->result->releases = stats.releases * s->lanes;
+            s->result->evictions = stats.evictions * s->lanes;
+            s->result->cow_copies = stats.cow_copies * s->lanes;
         }
         if (kvp_pool_destroy(s->pool, NULL) != KVP_OK) {
             s->result->audit_failures++;

@@ -137,8 +137,9 @@ typedef struct kvp_sim_result {
     size_t contiguous_baseline;    /* sequences the budget holds at full capacity each, contiguous,
                                       in the same dtype */
     double concurrency_ratio;      /* peak_concurrent / contiguous_baseline */
-    size_t total_pages;
-    size_t page_bytes;
+    size_t total_pages;            /* one-layer pages (a fused pool's times fused_layers) */
+    size_t page_bytes;             /* of a one-layer page */
+    size_t fused_layers;           /* layers a pool page holds: 1, or layers when fused (sim.c) */
     kvp_dtype kv_dtype;            /* the pool's, from its stats */
     size_t element_bytes;          /* bytes of one stored K or V element */
     size_t full_sequences;         /* sequences of full capacity the pool's pages hold */
