@@ -65,6 +65,7 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->watermark = 0.01;
     config->reserve_tokens = 16;
     config->compute = 1;
+    config->fuse_layers = 1;
     config->audit_every = KVP_SIM_AUDIT_SCALED;
     config->samples = 1;
     config->sharing = 1;
@@ -308,7 +309,7 @@ static size_t fused_layers(const kvp_sim_config *c)
         page_bytes *= factors[i];
     }
     size_t pages = c->budget_bytes / page_bytes;
-    if (c->compute || c->layers < 2 || pages < c->layers || pages % c->layers != 0 ||
+    if (c->compute || !c->fuse_layers || c->layers < 2 || pages < c->layers || pages % c->layers != 0 ||
         pages >= UINT32_MAX) {
         return 1;
     }

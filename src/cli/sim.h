@@ -61,6 +61,8 @@ typedef struct kvp_sim_config {
     double watermark;       /* fraction of all pages kept free at admission */
     size_t reserve_tokens;  /* decoding reserve promised at admission */
     int compute;            /* 0: allocator-only */
+    int fuse_layers;        /* allocator-only: fuse the layers' pages when exact (sim.c,
+                               fused_layers; default 1); 0 keeps a page per layer */
     size_t audit_every;     /* steps between pool audits (0: only the final one);
                                KVP_SIM_AUDIT_SCALED, the default: kvp_sim_audit_interval */
     size_t samples;         /* continuations per request (kvp_request.samples) */
