@@ -112,8 +112,8 @@ typedef struct sim {
     size_t callback_bytes; /* an allocation on_token could not make; 0: none failed */
     double start;          /* now_seconds() when the run loop began */
     size_t audit_interval; /* steps between audits (0: only the final one) */
-    size_t lanes;          /* layers a pool page holds (fused_layers); figures count
-                              one-layer pages: the pool's times lanes */
+    size_t lanes;          /* layers a pool page holds (kvp_sim_fused_layers); figures
+                              count one-layer pages: the pool's times lanes */
 } sim;
 
 size_t kvp_sim_audit_interval(size_t audit_every, size_t pages)
@@ -283,53 +283,6 @@ static int setup_verify(sim *s, size_t page_bytes)
                                  s->context);
 }
 
-/*
- * Layers per page: c->layers when the run fuses them, else 1. An
- * allocator-only run (compute off) reads and writes no row, and its layers
- * are all alike (the same heads, width, block size and no window), so one
- * page of kv_heads x layers heads, a block of every layer's K and V (vLLM's
- * one block id for all layers), holds exactly the bytes the layers' own
- * pages would, at 1/layers of the pager's work (DESIGN.md, "Fused
- * allocator-only pages"). Fused only when exact: the budget's one-layer
- * pages are a whole number of blocks of every layer (a remainder would
- * count as free pages no block can use), and as many as a one-layer pool
- * accepts. A computed run keeps a page per layer; so must any setting that
- * makes layers differ (a window on some layers).
- */
-static size_t fused_layers(const kvp_sim_config *c)
-{
-    size_t kv_heads = kvp_sim_kv_heads(c);
-    size_t factors[] = {2, kv_heads, c->block_tokens, c->heads ? c->model_width / c->heads : 0,
-                        kvp_dtype_bytes(c->kv_dtype)};
-    size_t page_bytes = 1;
-    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
-        if (factors[i] == 0 || page_bytes > SIZE_MAX / factors[i]) {
-            return 1;
-        }
-        page_bytes *= factors[i];
-    }
-    size_t pages = c->budget_bytes / page_bytes;
-    if (c->compute || !c->fuse_layers || c->layers < 2 || pages < c->layers || pages % c->layers != 0 ||
-        pages >= UINT32_MAX) {
-        return 1;
-    }
-    return c->layers;
-}
-
-/*
- * A step's page figures in one-layer pages (the pool's times lanes), the
- * unit of a computed run; token slots count positions x layers likewise.
- */
-static void scale_step(const sim *s, kvp_step_stats *st)
-{
-    size_t *pages[] = {&st->held_pages, &st->total_pages, &st->unshared_pages,
-                       &st->cached_pages, &st->evictable_pages, &st->retained_pages,
-                       &st->used_slots};
-    for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++) {
-        *pages[i] *= s->lanes;
-    }
-}
-
 static int setup(sim *s)
 {
     const kvp_sim_config *c = s->config;
@@ -352,7 +305,7 @@ static int setup(sim *s)
     kvp_pool_config pool_config;
     kvp_pool_config_init(&pool_config);
     pool_config.block_tokens = c->block_tokens;
-    size_t lanes = fused_layers(c);
+    size_t lanes = kvp_sim_fused_layers(c);
     pool_config.heads = kv_heads * lanes; /* fused: a block of every layer a page */
     pool_config.head_width = c->model_width / c->heads;
     pool_config.budget_bytes = c->budget_bytes;
@@ -759,7 +712,7 @@ static int step_once(sim *s, size_t step)
     if (kvp_scheduler_step(s->scheduler, &st, s->err) != KVP_OK) {
         return fail(s, "running a scheduler step");
     }
-    scale_step(s, &st);
+    kvp_sim_fused_step(s->lanes, &st);
     if (s->callback_bytes != 0) {
         return out_of_memory(s, "a verified request's outputs", s->callback_bytes);
     }

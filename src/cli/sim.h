@@ -198,6 +198,14 @@ typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t
 /* Defaults of every knob (docs/simulate.md documents them). */
 void kvp_sim_config_init(kvp_sim_config *config);
 
+/*
+ * Layers one pool page holds (sim_fused.c): c->layers when an allocator-only
+ * run fuses them (exactly: DESIGN.md, "Fused allocator-only pages"), else 1.
+ */
+size_t kvp_sim_fused_layers(const kvp_sim_config *c);
+/* A fused run's step figures in one-layer pages: page counts and token slots times lanes. */
+void kvp_sim_fused_step(size_t lanes, kvp_step_stats *st);
+
 /* Steps between audits for `audit_every` (KVP_SIM_AUDIT_SCALED: scaled) and a pool of `pages`. */
 size_t kvp_sim_audit_interval(size_t audit_every, size_t pages);
 

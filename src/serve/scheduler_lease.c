@@ -15,8 +15,8 @@
  * block of all L layers (vLLM's one block id for all layers): the same
  * bytes a block, the pager's work divided by L. Its creator chooses it
  * only when that is exact (kvpager simulate: allocator-only, layers all
- * alike, the budget a whole number of fused pages; src/cli/sim.c,
- * fused_layers). Layers of different kinds (a window on some) keep the
+ * alike, the budget a whole number of fused pages; src/cli/sim_fused.c).
+ * Layers of different kinds (a window on some) keep the
  * per-layer lease: one cache per layer, never merged.
  *
  * Invariants:
