@@ -65,6 +65,7 @@ void kvp_sim_config_init(kvp_sim_config *config)
     config->watermark = 0.01;
     config->reserve_tokens = 16;
     config->compute = 1;
+    config->fuse_layers = 1;
     config->audit_every = KVP_SIM_AUDIT_SCALED;
     config->samples = 1;
     config->sharing = 1;
@@ -112,6 +113,8 @@ typedef struct sim {
     double start;          /* now_seconds() when the run loop began */
     size_t audit_interval; /* steps between audits (0: only the final one) */
     kvp_sim_tier tier; /* the run's tiers (sim_tier.c) */
+    size_t lanes;          /* layers a pool page holds (kvp_sim_fused_layers); figures
+                              count one-layer pages: the pool's times lanes */
 } sim;
 
 size_t kvp_sim_audit_interval(size_t audit_every, size_t pages)
@@ -285,6 +288,7 @@ static int setup(sim *s)
 {
     const kvp_sim_config *c = s->config;
     size_t kv_heads = kvp_sim_kv_heads(c);
+    s->lanes = 1;
     /* simulate_checks.c validated the shape; never divide by zero if a caller did not. */
     if (c->heads == 0 || c->model_width % c->heads != 0) {
         kvp_error e = {.status = KVP_HEADS_DO_NOT_DIVIDE_WIDTH, .model_width = c->model_width,
@@ -302,7 +306,8 @@ static int setup(sim *s)
     kvp_pool_config pool_config;
     kvp_pool_config_init(&pool_config);
     pool_config.block_tokens = c->block_tokens;
-    pool_config.heads = kv_heads;
+    size_t lanes = kvp_sim_fused_layers(c);
+    pool_config.heads = kv_heads * lanes; /* fused: a block of every layer a page */
     pool_config.head_width = c->model_width / c->heads;
     pool_config.budget_bytes = c->budget_bytes;
     pool_config.dtype = c->kv_dtype;
@@ -317,8 +322,9 @@ static int setup(sim *s)
     }
     kvp_pool_stats pool_stats;
     kvp_pool_stats_init(&pool_stats);
+    s->lanes = lanes;
     size_t pages = kvp_pool_stats_get(s->pool, &pool_stats, NULL) == KVP_OK
-                       ? pool_stats.total_pages
+                       ? pool_stats.total_pages * lanes
                        : 0;
     s->audit_interval = kvp_sim_audit_interval(c->audit_every, pages);
     /* An allocator-only run builds no weights: the scheduler takes the geometry
@@ -340,7 +346,7 @@ static int setup(sim *s)
     scheduler_config.schedule = (uint64_t)c->schedule;
     scheduler_config.session_ttl = c->session_ttl;
     scheduler_config.max_running = c->max_running;
-    scheduler_config.layers = c->layers;
+    scheduler_config.layers = c->layers / lanes; /* fused: one lease cache of every layer */
     scheduler_config.model_width = c->model_width;
     scheduler_config.tier_loads = (uint64_t)c->tier.loads;
     if (kvp_scheduler_create(s->model, s->pool, s->decoder, &scheduler_config, &s->scheduler,
@@ -367,8 +373,9 @@ static int setup(sim *s)
     if (kvp_pool_stats_get(s->pool, &stats, s->err) != KVP_OK) {
         return fail(s, "reading pool stats");
     }
-    s->result->total_pages = stats.total_pages;
-    s->result->page_bytes = stats.page_bytes;
+    s->result->fused_layers = lanes;
+    s->result->total_pages = stats.total_pages * lanes;
+    s->result->page_bytes = stats.page_bytes / lanes;
     s->result->kv_dtype = stats.dtype;
     s->result->element_bytes = stats.element_bytes;
     /*
@@ -378,8 +385,8 @@ static int setup(sim *s)
      */
     size_t per_sequence = c->layers * (c->capacity / c->block_tokens +
                                        (c->capacity % c->block_tokens != 0));
-    size_t f64_page_bytes = stats.page_bytes / stats.element_bytes * sizeof(double);
-    s->result->full_sequences = stats.total_pages / per_sequence;
+    size_t f64_page_bytes = s->result->page_bytes / stats.element_bytes * sizeof(double);
+    s->result->full_sequences = s->result->total_pages / per_sequence;
     s->result->f64_full_sequences = c->budget_bytes / f64_page_bytes / per_sequence;
     s->result->threads = s->decoder != NULL ? kvp_decoder_threads(s->decoder) : 1;
     s->result->windows = kvp_cli_calloc(1, sizeof *s->result->windows);
@@ -712,6 +719,7 @@ static int step_once(sim *s, size_t step)
     if (kvp_scheduler_step(s->scheduler, &st, s->err) != KVP_OK) {
         return fail(s, "running a scheduler step");
     }
+    kvp_sim_fused_step(s->lanes, &st);
     if (s->callback_bytes != 0) {
         return out_of_memory(s, "a verified request's outputs", s->callback_bytes);
     }
@@ -727,7 +735,7 @@ static int step_once(sim *s, size_t step)
         kvp_pool_stats stats;
         kvp_pool_stats_init(&stats);
         size_t free_pages = kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK
-                                ? stats.free_pages
+                                ? stats.free_pages * s->lanes
                                 : 0;
         *s->err = (kvp_error){.status = KVP_POOL_EXHAUSTED, .available = free_pages};
         return fail(s, "admitting the first waiting request into an idle pool");
@@ -791,11 +799,11 @@ static void teardown(sim *s)
         kvp_pool_stats_init(&stats);
         audit(s);
         if (kvp_pool_stats_get(s->pool, &stats, NULL) == KVP_OK) {
-            s->result->pages_leaked = stats.held_pages;
-            s->result->acquires = stats.acquires;
-            s->result->releases = stats.releases;
-            s->result->evictions = stats.evictions;
-            s->result->cow_copies = stats.cow_copies;
+            s->result->pages_leaked = stats.held_pages * s->lanes;
+            s->result->acquires = stats.acquires * s->lanes;
+            s->result->releases = stats.releases * s->lanes;
+            s->result->evictions = stats.evictions * s->lanes;
+            s->result->cow_copies = stats.cow_copies * s->lanes;
         }
         if (kvp_pool_destroy(s->pool, NULL) != KVP_OK) {
             s->result->audit_failures++;

@@ -62,6 +62,8 @@ typedef struct kvp_sim_config {
     double watermark;       /* fraction of all pages kept free at admission */
     size_t reserve_tokens;  /* decoding reserve promised at admission */
     int compute;            /* 0: allocator-only */
+    int fuse_layers;        /* allocator-only: fuse the layers' pages when exact (sim.c,
+                               fused_layers; default 1); 0 keeps a page per layer */
     size_t audit_every;     /* steps between pool audits (0: only the final one);
                                KVP_SIM_AUDIT_SCALED, the default: kvp_sim_audit_interval */
     size_t samples;         /* continuations per request (kvp_request.samples) */
@@ -139,8 +141,9 @@ typedef struct kvp_sim_result {
     size_t contiguous_baseline;    /* sequences the budget holds at full capacity each, contiguous,
                                       in the same dtype */
     double concurrency_ratio;      /* peak_concurrent / contiguous_baseline */
-    size_t total_pages;
-    size_t page_bytes;
+    size_t total_pages;            /* one-layer pages (a fused pool's times fused_layers) */
+    size_t page_bytes;             /* of a one-layer page */
+    size_t fused_layers;           /* layers a pool page holds: 1, or layers when fused (sim.c) */
     kvp_dtype kv_dtype;            /* the pool's, from its stats */
     size_t element_bytes;          /* bytes of one stored K or V element */
     size_t full_sequences;         /* sequences of full capacity the pool's pages hold */
@@ -197,6 +200,14 @@ typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t
 
 /* Defaults of every knob (docs/simulate.md documents them). */
 void kvp_sim_config_init(kvp_sim_config *config);
+
+/*
+ * Layers one pool page holds (sim_fused.c): c->layers when an allocator-only
+ * run fuses them (exactly: DESIGN.md, "Fused allocator-only pages"), else 1.
+ */
+size_t kvp_sim_fused_layers(const kvp_sim_config *c);
+/* A fused run's step figures in one-layer pages: page counts and token slots times lanes. */
+void kvp_sim_fused_step(size_t lanes, kvp_step_stats *st);
 
 /* Steps between audits for `audit_every` (KVP_SIM_AUDIT_SCALED: scaled) and a pool of `pages`. */
 size_t kvp_sim_audit_interval(size_t audit_every, size_t pages);

@@ -322,13 +322,14 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
     char per_token[32];
     printf("model: %zu layers, width %zu, %zu heads, %zu KV heads (%s of K/V per token); "
            "pool: %s budget = %zu pages of %s "
-           "(%zu positions, kv_dtype %s, %s attention); capacity %zu; %zu thread%s%s\n\n",
+           "(%zu positions, kv_dtype %s, %s attention); capacity %zu; %zu thread%s%s%s\n\n",
            c->layers, c->model_width, c->heads, kvp_sim_kv_heads(c),
            kvp_cli_format_bytes(kv_bytes_per_token(c), per_token, sizeof per_token),
            kvp_cli_format_bytes(c->budget_bytes, budget, sizeof budget), r->total_pages,
            kvp_cli_format_bytes(r->page_bytes, page, sizeof page), c->block_tokens,
            kvp_dtype_name(r->kv_dtype), accum_name(c), c->capacity, r->threads, r->threads == 1 ? "" : "s",
-           c->compute ? "" : ", allocator only");
+           c->compute ? "" : ", allocator only",
+           r->fused_layers > 1 ? " (pages fused: each pool page a block of every layer)" : "");
     printf("requests completed      %zu of %zu (%zu rejected as never fitting)\n",
            r->requests_completed, r->requests, r->requests_rejected);
     printf("tokens generated        %llu\n", (unsigned long long)r->tokens_generated);

@@ -10,6 +10,14 @@
  * and no page is touched. Both hold the token buffers of one row in and one out.
  * The rest of the scheduler asks a lease through the lease_* calls of
  * scheduler_internal.h and never tests which kind it has.
+ * Fused allocator-only pages: a pool of kv_heads x L heads and a scheduler
+ * of one layer make this lease ONE external cache whose pages each hold a
+ * block of all L layers (vLLM's one block id for all layers): the same
+ * bytes a block, the pager's work divided by L. Its creator chooses it
+ * only when that is exact (kvpager simulate: allocator-only, layers all
+ * alike, the budget a whole number of fused pages; src/cli/sim_fused.c).
+ * Layers of different kinds (a window on some) keep the
+ * per-layer lease: one cache per layer, never merged.
  *
  * Invariants:
  *   - a lease holds exactly what its kind names (the other pointer NULL);

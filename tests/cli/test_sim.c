@@ -423,6 +423,100 @@ static void test_sim_allocator_only_creates_no_parameter(void **state)
     assert_true(allocator_only[KVPI_SITE_CACHE_STRUCT] > 0); /* its external caches */
 }
 
+/*
+ * Fused allocator-only pages (sim.c, fused_layers; DESIGN.md): a pool page
+ * holding a block of all 3 layers runs the same schedule as one page per
+ * layer, and reports the same figures in one-layer pages. The workload
+ * fills the pool: shared prefixes hit, evictions and preemptions happen, two
+ * samples fork. 3 layers of 512-byte pages (2 KV heads x 4 positions x 4
+ * wide x K and V x 8 bytes), 18 KiB: 36 pages, 12 blocks of every layer.
+ */
+static void compare_fused(const kvp_sim_result *f, const kvp_sim_result *p)
+{
+    const size_t sizes[][2] = {
+        {f->steps, p->steps}, {f->requests_completed, p->requests_completed},
+        {f->requests_rejected, p->requests_rejected}, {f->preemptions, p->preemptions},
+        {f->prompt_tokens, p->prompt_tokens}, {f->prefix_hit_tokens, p->prefix_hit_tokens},
+        {f->first_hit_tokens, p->first_hit_tokens}, {f->prefill_tokens, p->prefill_tokens},
+        {f->tokens_generated, p->tokens_generated}, {f->forks, p->forks},
+        {f->peak_concurrent, p->peak_concurrent}, {f->total_pages, p->total_pages},
+        {f->page_bytes, p->page_bytes}, {f->peak_held_pages, p->peak_held_pages},
+        {f->acquires, p->acquires}, {f->releases, p->releases},
+        {f->evictions, p->evictions}, {f->cow_copies, p->cow_copies},
+        {f->audits, p->audits}, {f->full_sequences, p->full_sequences},
+        {f->f64_full_sequences, p->f64_full_sequences}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        assert_int_equal(sizes[i][0], sizes[i][1]);
+    }
+    const double ratios[][2] = {
+        {f->held_page_steps, p->held_page_steps}, {f->unshared_page_steps, p->unshared_page_steps},
+        {f->mean_concurrent, p->mean_concurrent}, {f->peak_utilization, p->peak_utilization},
+        {f->mean_utilization, p->mean_utilization},
+        {f->internal_fragmentation, p->internal_fragmentation}};
+    for (size_t i = 0; i < sizeof ratios / sizeof ratios[0]; i++) {
+        assert_true(ratios[i][0] == ratios[i][1]);
+    }
+    for (size_t i = 0; i < f->requests; i++) {
+        const kvp_sim_request *a = &f->request_log[i];
+        const kvp_sim_request *b = &p->request_log[i];
+        assert_int_equal(a->admissions, b->admissions);
+        assert_int_equal(a->first_hit_tokens, b->first_hit_tokens);
+        assert_int_equal(a->recomputed_tokens, b->recomputed_tokens);
+        assert_int_equal(a->admitted_step, b->admitted_step);
+        assert_int_equal(a->first_token_step, b->first_token_step);
+        assert_int_equal(a->finished_step, b->finished_step);
+    }
+    for (size_t i = 0; i < f->steps; i++) {
+        assert_int_equal(f->samples[i].held_pages, p->samples[i].held_pages);
+        assert_int_equal(f->samples[i].cached_pages, p->samples[i].cached_pages);
+        assert_int_equal(f->samples[i].evictable_pages, p->samples[i].evictable_pages);
+    }
+}
+
+static void test_sim_fused_pages_run_the_per_layer_schedule(void **state)
+{
+    (void)state;
+    kvp_sim_config c = tiny_config();
+    c.compute = 0;
+    c.layers = 3;
+    c.samples = 2;
+    c.budget_bytes = 18 << 10;
+    c.watermark = 0.0;
+    c.reserve_tokens = 0;
+    kvp_workload_request r[12];
+    for (size_t i = 0; i < 12; i++) {
+        r[i] = plain(i / 3, 9 + i % 4, 3 + i % 5, i % 2 == 0 ? 8 : 0, i);
+    }
+    kvp_sim_result fused;
+    kvp_sim_result per_layer;
+    run(&c, r, 12, &fused);
+    c.fuse_layers = 0;
+    run(&c, r, 12, &per_layer);
+    assert_int_equal(fused.fused_layers, 3);
+    assert_int_equal(per_layer.fused_layers, 1);
+    assert_int_equal(fused.total_pages, 36);
+    assert_int_equal(fused.page_bytes, 512);
+    /* The workload exercises what fusing must keep: hits, evictions, preemption, forks. */
+    assert_true(fused.prefix_hit_tokens > 0 && fused.evictions > 0);
+    assert_true(fused.preemptions > 0 && fused.forks > 0);
+    compare_fused(&fused, &per_layer);
+    kvp_sim_result_free(&fused);
+    kvp_sim_result_free(&per_layer);
+    /* Not exact, not fused: 37 one-layer pages are not whole blocks of 3 layers. */
+    c.fuse_layers = 1;
+    c.budget_bytes = 37 * 512;
+    run(&c, r, 12, &per_layer);
+    assert_int_equal(per_layer.fused_layers, 1);
+    assert_int_equal(per_layer.total_pages, 37);
+    kvp_sim_result_free(&per_layer);
+    /* A computed run keeps a page per layer. */
+    c.compute = 1;
+    c.budget_bytes = 18 << 10;
+    run(&c, r, 12, &per_layer);
+    assert_int_equal(per_layer.fused_layers, 1);
+    kvp_sim_result_free(&per_layer);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -436,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_sim_latency_of_a_hand_made_schedule),
         cmocka_unit_test(test_sim_latency_of_a_run),
         cmocka_unit_test(test_sim_allocator_only_creates_no_parameter),
+        cmocka_unit_test(test_sim_fused_pages_run_the_per_layer_schedule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
