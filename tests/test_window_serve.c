@@ -17,7 +17,8 @@
  *     its prefill (every block) and its level (a sliding layer's peak), then
  *     promises the level: exact admitted counts and pages on a hybrid model,
  *     against the same model with every layer full, run to the end without
- *     preemption, the audit after every step;
+ *     preemption, the audit after every step; the step's
+ *     sliding_held_pages and the pool's window_releases, hand-counted;
  *   - a pool of exactly N windowed promises admits N sequences and refuses
  *     the next (nothing changed), and the N run to the end on it, where the
  *     same model with full layers admits one;
@@ -340,6 +341,9 @@ static void sched_input(void *ctx, uint64_t id, size_t sample, size_t position, 
 typedef struct sched_run {
     size_t first_admitted;  /* requests the first step admits */
     size_t used_after_first; /* held + promised pages after it */
+    size_t sliding_after_first; /* its step stats' sliding_held_pages */
+    size_t decoded_first;   /* sequences it decoded */
+    uint64_t window_releases; /* the pool's at the end */
     size_t peak_running;    /* most sequences running after a step */
     size_t finished;        /* requests that completed (status OK, not rejected) */
     size_t rejected;
@@ -388,6 +392,8 @@ static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
         if (step == 0) {
             run.first_admitted = st.admitted;
             run.used_after_first = ps.held_pages + ps.promised_pages;
+            run.sliding_after_first = st.sliding_held_pages;
+            run.decoded_first = st.decoded;
         }
         run.peak_running = st.running > run.peak_running ? st.running : run.peak_running;
         run.preemptions += st.preempted;
@@ -406,6 +412,10 @@ static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
     }
     kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
     kvpt_assert_pool_ok(pool);
+    kvp_pool_stats ps;
+    kvp_pool_stats_init(&ps);
+    kvpt_assert_ok(kvp_pool_stats_get(pool, &ps, &err), &err);
+    run.window_releases = ps.window_releases;
     kvpt_destroy_decoder(decoder);
     kvpt_destroy_pool(pool);
     return run;
@@ -429,6 +439,11 @@ static void test_window_serve_scheduler_admits_the_level(void **state)
     sched_run w = sched_run_on(hybrid, 40, SCHED_REQUESTS);
     assert_int_equal(w.first_admitted, 3);
     assert_int_equal(w.used_after_first, 33);
+    /* The first step decodes token 13 too: the sliding layer holds blocks 4..6. */
+    assert_int_equal(w.decoded_first, 3);
+    assert_int_equal(w.sliding_after_first, 3 * 3);
+    /* Each request ends at 16 tokens: blocks 0..5 released ((b + 1) * 2 <= 16 - 4). */
+    assert_int_equal(w.window_releases, SCHED_REQUESTS * 6);
     assert_int_equal(w.peak_running, 3);
     assert_int_equal(w.finished, SCHED_REQUESTS);
     assert_int_equal(w.preemptions, 0);
@@ -437,6 +452,8 @@ static void test_window_serve_scheduler_admits_the_level(void **state)
     assert_int_equal(f.used_after_first, 2 * 16);
     assert_int_equal(f.peak_running, 2);
     assert_int_equal(f.finished, SCHED_REQUESTS);
+    assert_int_equal(f.sliding_after_first, 0);
+    assert_int_equal(f.window_releases, 0);
     kvpt_destroy_model(full);
     kvpt_destroy_model(hybrid);
 }

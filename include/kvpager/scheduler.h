@@ -332,6 +332,8 @@ typedef struct kvp_step_stats {
     /* first release ends here */
     size_t retained_pages;    /* pages the kept session sequences hold after the step (5.),
                                  each once however many of them name it */
+    size_t sliding_held_pages; /* of held_pages, those the running sequences' sliding layers
+                                  (kvp_layer_set_window) hold: released blocks hold none */
 } kvp_step_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "pager/abi.h"
+#include "pager/cache_internal.h"
 #include "pager/error.h"
 #include "serve/scheduler_internal.h"
 #include "serve/share_internal.h"
@@ -464,6 +465,12 @@ static void step_usage(const kvp_scheduler *s, kvp_step_stats *st)
         size_t len = lease_len(&s->running[i].lease);
         st->used_slots += s->layers * len;
         st->unshared_pages += s->layers * blocks_of(s, len);
+        kvp_cache *const *caches = lease_caches(&s->running[i].lease);
+        for (size_t l = 0; s->windows != NULL && l < s->layers; l++) {
+            if (s->windows[2 * l] != 0) {
+                st->sliding_held_pages += kvpi_cache_held_blocks(caches[l]);
+            }
+        }
     }
     for (size_t i = 0; i < s->kept_count; i++) {
         st->used_slots += s->layers * lease_len(&s->kept[i].lease);
