@@ -389,6 +389,8 @@ static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
         kvp_pool_stats_init(&ps);
         kvpt_assert_ok(kvp_pool_stats_get(pool, &ps, &err), &err);
         assert_true(ps.held_pages + ps.promised_pages <= pages);
+        /* Nothing shared: each sequence's own pages (released blocks none) are the pool's. */
+        assert_int_equal(st.unshared_pages, ps.held_pages);
         if (step == 0) {
             run.first_admitted = st.admitted;
             run.used_after_first = ps.held_pages + ps.promised_pages;

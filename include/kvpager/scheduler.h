@@ -317,14 +317,16 @@ typedef struct kvp_step_stats {
     size_t waiting;         /* requests waiting after the step */
     size_t prefill_tokens;  /* prompt tokens prefilled, recomputation included */
     size_t used_slots;      /* token slots (positions x layers) of the sequences still running,
-                               and of the kept ones (5.) */
+                               and of the kept ones (5.); a block a sliding window released
+                               holds none */
     size_t held_pages;      /* the pool's, after the step */
     size_t total_pages;
     size_t prompt_tokens;     /* prompt tokens of the requests admitted this step,
                                  recomputation included (each request's prompt once) */
     size_t prefix_hit_tokens; /* of those, adopted from the prefix index, not computed */
     size_t unshared_pages;    /* pages the running and kept (5.) sequences would hold if
-                                 nothing were shared: the sum of each one's own page count */
+                                 nothing were shared: the sum of each one's own page count
+                                 (released blocks of sliding windows not counted) */
     size_t cached_pages;      /* the pool's, after the step (kvp_pool_stats) */
     size_t evictable_pages;   /* the pool's, after the step (kvp_pool_stats) */
     size_t stale_preempted;   /* sequences preempted because their parameters changed
