@@ -19,6 +19,8 @@
  *     against the same model with every layer full, run to the end without
  *     preemption, the audit after every step; the step's
  *     sliding_held_pages and the pool's window_releases, hand-counted;
+ *     without a reserve, a full layer's growth preempts, and every request
+ *     still completes with the audit clean;
  *   - a pool of exactly N windowed promises admits N sequences and refuses
  *     the next (nothing changed), and the N run to the end on it, where the
  *     same model with full layers admits one;
@@ -355,7 +357,8 @@ typedef struct sched_run {
  * `pages` pages (watermark 0, reserve SCHED_NEW, sharing 0), the audit after
  * every step, to the end.
  */
-static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
+static sched_run sched_run_with(kvp_model *model, size_t pages, size_t count, size_t new_tokens,
+                                size_t reserve)
 {
     kvp_error err;
     kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, pages);
@@ -366,14 +369,14 @@ static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
     config.capacity = 32;
     config.sharing = 0;
     config.watermark = 0.0;
-    config.reserve_tokens = SCHED_NEW;
+    config.reserve_tokens = reserve;
     kvp_scheduler *s = NULL;
     kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
     for (size_t i = 0; i < count; i++) {
         kvp_request q;
         kvp_request_init(&q);
         q.prompt_tokens = SCHED_PROMPT;
-        q.max_new_tokens = SCHED_NEW;
+        q.max_new_tokens = new_tokens;
         q.input = sched_input;
         uint64_t id = 0;
         kvpt_assert_ok(kvp_scheduler_submit(s, &q, &id, &err), &err);
@@ -406,7 +409,7 @@ static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
         for (size_t i = 0; i < n; i++) {
             run.rejected += done[i].rejected != 0;
             run.finished += !done[i].rejected && done[i].status == KVP_OK &&
-                            done[i].tokens_generated == SCHED_NEW;
+                            done[i].tokens_generated == new_tokens;
         }
         if (st.running == 0 && st.waiting == 0) {
             break;
@@ -421,6 +424,11 @@ static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
     kvpt_destroy_decoder(decoder);
     kvpt_destroy_pool(pool);
     return run;
+}
+
+static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
+{
+    return sched_run_with(model, pages, count, SCHED_NEW, SCHED_NEW);
 }
 
 /*
@@ -483,6 +491,26 @@ static void test_window_serve_scheduler_rejects_by_the_peak(void **state)
     kvpt_destroy_model(hybrid);
 }
 
+/*
+ * Preemption stays exact with windows: no decoding reserve, 16 new tokens
+ * each. Admission asks max(2 * 6, 3 + 6) = 12 per request, so 30 pages
+ * admit 2; their full layers then grow to 14 blocks each (3 + 14 = 17 pages
+ * a sequence at 28 tokens, 34 for two), so the newer is preempted and
+ * recomputed. Every request completes, the audit after every step holds,
+ * held + promised never passes the pool, and the windows released pages.
+ */
+static void test_window_serve_scheduler_preempts_exactly(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    sched_run w = sched_run_with(hybrid, 30, 3, 16, 0);
+    assert_int_equal(w.first_admitted, 2);
+    assert_int_equal(w.finished, 3);
+    assert_true(w.preemptions > 0);
+    assert_true(w.window_releases > 0);
+    kvpt_destroy_model(hybrid);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -493,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_window_serve_scheduler_refuses_sharing_over_windows),
         cmocka_unit_test(test_window_serve_scheduler_admits_the_level),
         cmocka_unit_test(test_window_serve_scheduler_rejects_by_the_peak),
+        cmocka_unit_test(test_window_serve_scheduler_preempts_exactly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
