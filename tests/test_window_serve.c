@@ -340,6 +340,9 @@ static void sched_input(void *ctx, uint64_t id, size_t sample, size_t position, 
     }
 }
 
+/* 0: sched_run_with runs allocator-only (external caches: no window). */
+static int sched_compute = 1;
+
 typedef struct sched_run {
     size_t first_admitted;  /* requests the first step admits */
     size_t used_after_first; /* held + promised pages after it */
@@ -370,6 +373,7 @@ static sched_run sched_run_with(kvp_model *model, size_t pages, size_t count, si
     config.sharing = 0;
     config.watermark = 0.0;
     config.reserve_tokens = reserve;
+    config.compute = sched_compute;
     kvp_scheduler *s = NULL;
     kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
     for (size_t i = 0; i < count; i++) {
@@ -511,6 +515,26 @@ static void test_window_serve_scheduler_preempts_exactly(void **state)
     kvpt_destroy_model(hybrid);
 }
 
+/*
+ * Allocator-only (compute 0) over the same hybrid model: the external
+ * caches carry no window and release nothing, so admission counts full
+ * lengths, as every layer full: 2 on 40 pages, nothing released.
+ */
+static void test_window_serve_scheduler_allocator_only_counts_full(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    sched_compute = 0;
+    sched_run a = sched_run_on(hybrid, 40, SCHED_REQUESTS);
+    sched_compute = 1;
+    assert_int_equal(a.first_admitted, 2);
+    assert_int_equal(a.used_after_first, 2 * 16);
+    assert_int_equal(a.finished, SCHED_REQUESTS);
+    assert_int_equal(a.sliding_after_first, 0);
+    assert_int_equal(a.window_releases, 0);
+    kvpt_destroy_model(hybrid);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -522,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_window_serve_scheduler_admits_the_level),
         cmocka_unit_test(test_window_serve_scheduler_rejects_by_the_peak),
         cmocka_unit_test(test_window_serve_scheduler_preempts_exactly),
+        cmocka_unit_test(test_window_serve_scheduler_allocator_only_counts_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -270,13 +270,15 @@ static void scheduler_init(kvp_scheduler *s, const create_inputs *in)
 }
 
 /*
- * s->windows: each layer's (W, S) when the model has a sliding layer, else
- * NULL (no model, or every layer full). The model's layers are valid.
+ * s->windows: each layer's (W, S) when the run computes with a model that
+ * has a sliding layer, else NULL (every layer full, or compute 0: its
+ * external caches carry no window and release nothing, so admission counts
+ * full lengths). The model's layers are valid.
  */
 static kvp_status windows_read(kvp_scheduler *s, kvp_error *err)
 {
     size_t *w = NULL;
-    for (size_t i = 0; s->model != NULL && i < s->layers; i++) {
+    for (size_t i = 0; s->config.compute && s->model != NULL && i < s->layers; i++) {
         kvp_layer_info layer;
         kvp_layer_info_init(&layer);
         if (kvp_layer_info_get(kvp_model_layer(s->model, i), &layer, NULL) != KVP_OK ||
