@@ -158,8 +158,8 @@ struct kvp_scheduler {
     size_t block_tokens;
     size_t watermark_pages;
     /* [2 * layers]: each layer's window W and sinks S (kvp_layer_set_window)
-       when the model has a sliding layer (sharing is then off), else NULL:
-       admission counts a sliding layer's peak, not its full length. */
+       when a computed run's model has a sliding layer (sharing is then off),
+       else NULL: admission counts a sliding layer's peak, not its length. */
     size_t *windows;
     const lease_kind *leases; /* the kind of every lease it makes (config.compute) */
 
@@ -229,7 +229,7 @@ struct lease_kind {
     void (*free)(lease *l);
     kvp_cache *const *(*caches)(const lease *l);
     size_t (*pages_for)(const kvp_scheduler *s, const lease *l, size_t tokens);
-    /* Pages it may still take stepping to `tokens` (kvp_sequence_pages_for: a sliding layer's level). */
+    /* Pages it may still take stepping to `tokens` (a sliding layer's level). */
     size_t (*level_for)(const kvp_scheduler *s, const lease *l, size_t tokens);
     int (*stale)(const kvp_scheduler *s, const lease *l);
     kvp_status (*promise)(const kvp_scheduler *s, lease *l, size_t pages, kvp_error *err);

@@ -247,10 +247,11 @@ static void promise_levels(kvp_scheduler *s, const record *rec, size_t here)
 
 /*
  * Phase 2 (sharing on): every admitted request that prefilled its prompt
- * forks its samples (fork_samples; sliding layers, sharing off: each sample's
- * promise goes down to its level, promise_levels), the forked samples' appends a second
- * batch of decoder jobs (a refusal runs them on this thread). Then the
- * statistics count, and the requests whose jobs failed finish.
+ * forks its samples (fork_samples; sliding layers, sharing off: each
+ * sample's promise goes down to its level, promise_levels), the forked
+ * samples' appends a second batch of decoder jobs (a refusal runs them on
+ * this thread). Then the statistics count, and the requests whose jobs
+ * failed finish.
  */
 void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_step_stats *st)
 {
