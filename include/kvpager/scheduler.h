@@ -13,7 +13,12 @@
  *      admitted when kvp_pool_admit says NOW for the pages it will newly
  *      take (below), keeping a watermark of free pages; its sequences are
  *      promised those pages. A request whose whole length (prompt +
- *      max_new_tokens, per sample) can never fit the pool is rejected. The
+ *      max_new_tokens, per sample) can never fit the pool is rejected. A
+ *      model with sliding layers (kvp_layer_set_window; compute 1, sharing
+ *      0): each sample is admitted for the larger of its prefill (every
+ *      block of every layer, held until the prefill ends) and its level (a
+ *      sliding layer's kvp_cache_pages_held_max, a full layer's blocks), and
+ *      promised the level once its prefill ended. The
  *      requests admitted in a step are prefilled together, as one batch of
  *      jobs on the decoder's threads. With config.max_running, admission
  *      also stops at the first request whose samples would take the
