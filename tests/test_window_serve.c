@@ -13,6 +13,14 @@
  *     mid-run still covers every step; a prefill's promise refills at its
  *     end;
  *   - a scheduler with sharing over a windowed model is refused ("model");
+ *   - the scheduler (sharing 0) admits a windowed request for the larger of
+ *     its prefill (every block) and its level (a sliding layer's peak), then
+ *     promises the level: exact admitted counts and pages on a hybrid model,
+ *     against the same model with every layer full, run to the end without
+ *     preemption, the audit after every step; the step's
+ *     sliding_held_pages and the pool's window_releases, hand-counted;
+ *     without a reserve, a full layer's growth preempts, and every request
+ *     still completes with the audit clean;
  *   - a pool of exactly N windowed promises admits N sequences and refuses
  *     the next (nothing changed), and the N run to the end on it, where the
  *     same model with full layers admits one;
@@ -318,6 +326,215 @@ static void test_window_serve_released_blocks_are_the_null_entries(void **state)
     kvpt_destroy_model(model);
 }
 
+/* ---- the scheduler's admission with sliding layers ------------------------ */
+
+enum { SCHED_PROMPT = 12, SCHED_NEW = 4, SCHED_REQUESTS = 6 };
+
+static void sched_input(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                        size_t width)
+{
+    (void)ctx;
+    (void)sample;
+    for (size_t j = 0; j < width; j++) {
+        row[j] = 0.01 * (double)((id * 31 + position * 7 + j * 3) % 17) - 0.08;
+    }
+}
+
+/* 0: sched_run_with runs allocator-only (external caches: no window). */
+static int sched_compute = 1;
+
+typedef struct sched_run {
+    size_t first_admitted;  /* requests the first step admits */
+    size_t used_after_first; /* held + promised pages after it */
+    size_t sliding_after_first; /* its step stats' sliding_held_pages */
+    size_t decoded_first;   /* sequences it decoded */
+    uint64_t window_releases; /* the pool's at the end */
+    size_t peak_running;    /* most sequences running after a step */
+    size_t finished;        /* requests that completed (status OK, not rejected) */
+    size_t rejected;
+    size_t preemptions;
+} sched_run;
+
+/*
+ * Runs `count` requests of SCHED_PROMPT + SCHED_NEW tokens on a pool of
+ * `pages` pages (watermark 0, reserve SCHED_NEW, sharing 0), the audit after
+ * every step, to the end.
+ */
+static sched_run sched_run_with(kvp_model *model, size_t pages, size_t count, size_t new_tokens,
+                                size_t reserve)
+{
+    kvp_error err;
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, pages);
+    kvp_decoder *decoder = NULL;
+    kvpt_assert_ok(kvp_decoder_create(1, &decoder, &err), &err);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    config.capacity = 32;
+    config.sharing = 0;
+    config.watermark = 0.0;
+    config.reserve_tokens = reserve;
+    config.compute = sched_compute;
+    kvp_scheduler *s = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
+    for (size_t i = 0; i < count; i++) {
+        kvp_request q;
+        kvp_request_init(&q);
+        q.prompt_tokens = SCHED_PROMPT;
+        q.max_new_tokens = new_tokens;
+        q.input = sched_input;
+        uint64_t id = 0;
+        kvpt_assert_ok(kvp_scheduler_submit(s, &q, &id, &err), &err);
+    }
+    sched_run run;
+    memset(&run, 0, sizeof run);
+    for (size_t step = 0; step < 100; step++) {
+        kvp_step_stats st;
+        kvp_step_stats_init(&st);
+        kvpt_assert_ok(kvp_scheduler_step(s, &st, &err), &err);
+        kvpt_assert_pool_ok(pool);
+        kvp_pool_stats ps;
+        kvp_pool_stats_init(&ps);
+        kvpt_assert_ok(kvp_pool_stats_get(pool, &ps, &err), &err);
+        assert_true(ps.held_pages + ps.promised_pages <= pages);
+        /* Nothing shared: each sequence's own pages (released blocks none) are the pool's. */
+        assert_int_equal(st.unshared_pages, ps.held_pages);
+        if (step == 0) {
+            run.first_admitted = st.admitted;
+            run.used_after_first = ps.held_pages + ps.promised_pages;
+            run.sliding_after_first = st.sliding_held_pages;
+            run.decoded_first = st.decoded;
+        }
+        run.peak_running = st.running > run.peak_running ? st.running : run.peak_running;
+        run.preemptions += st.preempted;
+        kvp_request_result done[SCHED_REQUESTS];
+        kvp_request_result_init(&done[0]);
+        size_t n = 0;
+        kvpt_assert_ok(kvp_scheduler_collect(s, done, SCHED_REQUESTS, &n, &err), &err);
+        for (size_t i = 0; i < n; i++) {
+            run.rejected += done[i].rejected != 0;
+            run.finished += !done[i].rejected && done[i].status == KVP_OK &&
+                            done[i].tokens_generated == new_tokens;
+        }
+        if (st.running == 0 && st.waiting == 0) {
+            break;
+        }
+    }
+    kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats ps;
+    kvp_pool_stats_init(&ps);
+    kvpt_assert_ok(kvp_pool_stats_get(pool, &ps, &err), &err);
+    run.window_releases = ps.window_releases;
+    kvpt_destroy_decoder(decoder);
+    kvpt_destroy_pool(pool);
+    return run;
+}
+
+static sched_run sched_run_on(kvp_model *model, size_t pages, size_t count)
+{
+    return sched_run_with(model, pages, count, SCHED_NEW, SCHED_NEW);
+}
+
+/*
+ * Admission counts a sliding layer's peak. Layer 0: W = 4 (bt = 2: at most
+ * 3 blocks at once, as above), layer 1 full. A request of 12 prompt tokens
+ * admitted for 12 + 4 = 16: its prefill holds every block of both layers
+ * until its end, 2 * 6 = 12 pages; after it, steps to 16 hold at most the
+ * level 3 + 8 = 11. Admission asks max(12, 11) = 12, the promise goes down
+ * to the level after the prefill: on 40 pages the first step admits 3
+ * (36; the 4th would need 48), leaving 3 * 11 = 33 held + promised. Every
+ * layer full asks 2 * 8 = 16 per request: 2 on 40 pages.
+ */
+static void test_window_serve_scheduler_admits_the_level(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    kvp_model *full = model_of(0, 0);
+    sched_run w = sched_run_on(hybrid, 40, SCHED_REQUESTS);
+    assert_int_equal(w.first_admitted, 3);
+    assert_int_equal(w.used_after_first, 33);
+    /* The first step decodes token 13 too: the sliding layer holds blocks 4..6. */
+    assert_int_equal(w.decoded_first, 3);
+    assert_int_equal(w.sliding_after_first, 3 * 3);
+    /* Each request ends at 16 tokens: blocks 0..5 released ((b + 1) * 2 <= 16 - 4). */
+    assert_int_equal(w.window_releases, SCHED_REQUESTS * 6);
+    assert_int_equal(w.peak_running, 3);
+    assert_int_equal(w.finished, SCHED_REQUESTS);
+    assert_int_equal(w.preemptions, 0);
+    sched_run f = sched_run_on(full, 40, SCHED_REQUESTS);
+    assert_int_equal(f.first_admitted, 2);
+    assert_int_equal(f.used_after_first, 2 * 16);
+    assert_int_equal(f.peak_running, 2);
+    assert_int_equal(f.finished, SCHED_REQUESTS);
+    assert_int_equal(f.sliding_after_first, 0);
+    assert_int_equal(f.window_releases, 0);
+    kvpt_destroy_model(full);
+    kvpt_destroy_model(hybrid);
+}
+
+/*
+ * The whole length: a windowed request of 16 tokens needs 12 pages at once
+ * (its prefill), so a pool of 12 runs it and one of 11 rejects it; with
+ * every layer full it needs 16 (rejected on 12).
+ */
+static void test_window_serve_scheduler_rejects_by_the_peak(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    kvp_model *full = model_of(0, 0);
+    sched_run fits = sched_run_on(hybrid, 12, 2);
+    assert_int_equal(fits.finished, 2);
+    assert_int_equal(fits.rejected, 0);
+    assert_int_equal(fits.peak_running, 1);
+    sched_run tight = sched_run_on(hybrid, 11, 1);
+    assert_int_equal(tight.rejected, 1);
+    assert_int_equal(tight.finished, 0);
+    sched_run f = sched_run_on(full, 12, 1);
+    assert_int_equal(f.rejected, 1);
+    kvpt_destroy_model(full);
+    kvpt_destroy_model(hybrid);
+}
+
+/*
+ * Preemption stays exact with windows: no decoding reserve, 16 new tokens
+ * each. Admission asks max(2 * 6, 3 + 6) = 12 per request, so 30 pages
+ * admit 2; their full layers then grow to 14 blocks each (3 + 14 = 17 pages
+ * a sequence at 28 tokens, 34 for two), so the newer is preempted and
+ * recomputed. Every request completes, the audit after every step holds,
+ * held + promised never passes the pool, and the windows released pages.
+ */
+static void test_window_serve_scheduler_preempts_exactly(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    sched_run w = sched_run_with(hybrid, 30, 3, 16, 0);
+    assert_int_equal(w.first_admitted, 2);
+    assert_int_equal(w.finished, 3);
+    assert_true(w.preemptions > 0);
+    assert_true(w.window_releases > 0);
+    kvpt_destroy_model(hybrid);
+}
+
+/*
+ * Allocator-only (compute 0) over the same hybrid model: the external
+ * caches carry no window and release nothing, so admission counts full
+ * lengths, as every layer full: 2 on 40 pages, nothing released.
+ */
+static void test_window_serve_scheduler_allocator_only_counts_full(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    sched_compute = 0;
+    sched_run a = sched_run_on(hybrid, 40, SCHED_REQUESTS);
+    sched_compute = 1;
+    assert_int_equal(a.first_admitted, 2);
+    assert_int_equal(a.used_after_first, 2 * 16);
+    assert_int_equal(a.finished, SCHED_REQUESTS);
+    assert_int_equal(a.sliding_after_first, 0);
+    assert_int_equal(a.window_releases, 0);
+    kvpt_destroy_model(hybrid);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -326,6 +543,10 @@ int main(void)
         cmocka_unit_test(test_window_serve_admits_n_where_full_admits_one),
         cmocka_unit_test(test_window_serve_released_blocks_are_the_null_entries),
         cmocka_unit_test(test_window_serve_scheduler_refuses_sharing_over_windows),
+        cmocka_unit_test(test_window_serve_scheduler_admits_the_level),
+        cmocka_unit_test(test_window_serve_scheduler_rejects_by_the_peak),
+        cmocka_unit_test(test_window_serve_scheduler_preempts_exactly),
+        cmocka_unit_test(test_window_serve_scheduler_allocator_only_counts_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

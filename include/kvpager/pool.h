@@ -258,6 +258,8 @@ typedef struct kvp_pool_stats {
     uint64_t evictions;         /* evictable pages a take reused for good (mapped), dropping
                                    their index entry; a cancelled take's pages go back */
     uint64_t cow_copies;        /* shared partial pages copied before an append wrote them */
+    uint64_t window_releases;   /* pages sliding windows released (front truncation: a
+                                   block past every window's reach), over the pool's life */
 } kvp_pool_stats;
 
 /* The answer of kvp_pool_admit, as vLLM's AllocStatus. */

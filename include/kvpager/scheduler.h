@@ -13,7 +13,12 @@
  *      admitted when kvp_pool_admit says NOW for the pages it will newly
  *      take (below), keeping a watermark of free pages; its sequences are
  *      promised those pages. A request whose whole length (prompt +
- *      max_new_tokens, per sample) can never fit the pool is rejected. The
+ *      max_new_tokens, per sample) can never fit the pool is rejected. A
+ *      model with sliding layers (kvp_layer_set_window; compute 1, sharing
+ *      0): each sample is admitted for the larger of its prefill (every
+ *      block of every layer, held until the prefill ends) and its level (a
+ *      sliding layer's kvp_cache_pages_held_max, a full layer's blocks), and
+ *      promised the level once its prefill ended. The
  *      requests admitted in a step are prefilled together, as one batch of
  *      jobs on the decoder's threads. With config.max_running, admission
  *      also stops at the first request whose samples would take the
@@ -342,14 +347,16 @@ typedef struct kvp_step_stats {
     size_t waiting;         /* requests waiting after the step */
     size_t prefill_tokens;  /* prompt tokens prefilled, recomputation included */
     size_t used_slots;      /* token slots (positions x layers) of the sequences still running,
-                               and of the kept ones (5.) */
+                               and of the kept ones (5.); a block a sliding window released
+                               holds none */
     size_t held_pages;      /* the pool's, after the step */
     size_t total_pages;
     size_t prompt_tokens;     /* prompt tokens of the requests admitted this step,
                                  recomputation included (each request's prompt once) */
     size_t prefix_hit_tokens; /* of those, adopted from the prefix index, not computed */
     size_t unshared_pages;    /* pages the running and kept (5.) sequences would hold if
-                                 nothing were shared: the sum of each one's own page count */
+                                 nothing were shared: the sum of each one's own page count
+                                 (released blocks of sliding windows not counted) */
     size_t cached_pages;      /* the pool's, after the step (kvp_pool_stats) */
     size_t evictable_pages;   /* the pool's, after the step (kvp_pool_stats) */
     size_t stale_preempted;   /* sequences preempted because their parameters changed
@@ -357,6 +364,8 @@ typedef struct kvp_step_stats {
     /* first release ends here */
     size_t retained_pages;    /* pages the kept session sequences hold after the step (5.),
                                  each once however many of them name it */
+    size_t sliding_held_pages; /* of held_pages, those the running sequences' sliding layers
+                                  (kvp_layer_set_window) hold: released blocks hold none */
 } kvp_step_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.

@@ -658,6 +658,12 @@ static int record_step(sim *s, const kvp_step_stats *st, size_t clock, double st
     res->unshared_page_steps += (double)st->unshared_pages;
     res->peak_held_pages = st->held_pages > res->peak_held_pages ? st->held_pages
                                                                  : res->peak_held_pages;
+    /* Sharing is off with windows: the pages held are the running sequences'. */
+    size_t full_pages = st->held_pages - st->sliding_held_pages;
+    res->peak_sliding_pages = st->sliding_held_pages > res->peak_sliding_pages
+                                  ? st->sliding_held_pages
+                                  : res->peak_sliding_pages;
+    res->peak_full_pages = full_pages > res->peak_full_pages ? full_pages : res->peak_full_pages;
     res->steps++;
     /*
      * Fragmentation is each sequence's own: the slots of the pages its page
@@ -804,6 +810,7 @@ static void teardown(sim *s)
             s->result->releases = stats.releases * s->lanes;
             s->result->evictions = stats.evictions * s->lanes;
             s->result->cow_copies = stats.cow_copies * s->lanes;
+            s->result->window_releases = stats.window_releases * s->lanes;
         }
         if (kvp_pool_destroy(s->pool, NULL) != KVP_OK) {
             s->result->audit_failures++;

@@ -78,6 +78,10 @@ typedef struct kvp_sim_config {
                                at once; 0: no limit but the pool (default 0; simulate's
                                --max-running defaults to 256) */
     kvp_sim_tier_config tier; /* --tier and its flags (sim_tier.h); count 0: none */
+    /* Sliding windows (issue 21; simulate_window.c): kvp_sim_layer_window */
+    size_t window;          /* W of the sliding layers; 0: every layer full (default) */
+    size_t full_every;      /* with a window: layers K-1, 2K-1, ... full (Gemma 3: 6); 0: none */
+    size_t sink_tokens;     /* S of the sliding layers (attention sinks) */
 } kvp_sim_config;
 
 /* One scheduler step, for the plot and the latency figures. */
@@ -194,6 +198,10 @@ typedef struct kvp_sim_result {
     uint64_t session_hits;         /* next turns admitted while their conversation's was kept */
     uint64_t session_drops;        /* kept sequences given back before their next turn came */
     kvp_sim_tier_result tier;      /* the second tier's figures (present: --tier given) */
+    /* sliding windows (config.window) */
+    size_t peak_sliding_pages;     /* most pages the sliding layers held after a step */
+    size_t peak_full_pages;        /* most pages the full layers held after a step */
+    uint64_t window_releases;      /* pages the windows released (the pool's, at the end) */
 } kvp_sim_result;
 
 typedef void (*kvp_sim_progress_fn)(void *ctx, size_t done, size_t total, size_t step);
@@ -229,5 +237,19 @@ int kvp_sim_run(const kvp_sim_config *config, const kvp_workload *workload,
                 kvp_error *err, const char **context);
 
 void kvp_sim_result_free(kvp_sim_result *result);
+
+/* simulate_window.c */
+
+/* Layer l's window: 0 (full) without a window or when l + 1 is a multiple of full_every. */
+size_t kvp_sim_layer_window(const kvp_sim_config *config, size_t l);
+/* The model's sliding layers (kvp_sim_layer_window above 0). */
+size_t kvp_sim_sliding_layers(const kvp_sim_config *config);
+/*
+ * The run's model with its windows: kvp_sim_model_create's weights (the
+ * same seeds, one layer at a time), each layer's window and sinks set
+ * before the model copies it.
+ */
+kvp_status kvp_sim_windowed_model_create(const kvp_sim_config *c, kvp_model **out,
+                                         kvp_error *err);
 
 #endif /* KVPAGER_CLI_SIM_H */

@@ -147,12 +147,14 @@ void kvp_simulate_runs_free(simulate_runs *runs)
 {
     kvp_sim_result_free(&runs->result);
     kvp_sim_result_free(&runs->off);
+    kvp_sim_result_free(&runs->full);
 }
 
 int kvp_simulate_runs_clean(const simulate_runs *runs)
 {
     return runs->result.audit_failures == 0 && runs->result.pages_leaked == 0 &&
-           runs->off.audit_failures == 0 && runs->off.pages_leaked == 0;
+           runs->off.audit_failures == 0 && runs->off.pages_leaked == 0 &&
+           runs->full.audit_failures == 0 && runs->full.pages_leaked == 0;
 }
 
 /*
@@ -230,7 +232,8 @@ int kvp_simulate_execute(simulate_options *o, const kvp_workload *workload, cons
     memset(runs, 0, sizeof *runs);
     kvp_error err;
     const char *context = NULL;
-    if (run_all(o, workload, label, runs, &err, &context) != 0) {
+    if (run_all(o, workload, label, runs, &err, &context) != 0 ||
+        kvp_simulate_window_run(o, workload, label, runs, &err, &context) != 0) {
         kvp_cli_report("simulate", context != NULL ? context : "running", &err);
         return KVP_CLI_USAGE;
     }

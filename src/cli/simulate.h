@@ -44,6 +44,9 @@
     X(MODEL_WIDTH, "--model-width")                                                       \
     X(HEADS, "--heads")                                                                   \
     X(KV_HEADS, "--kv-heads")                                                             \
+    X(WINDOW, "--window")                                                                 \
+    X(FULL_EVERY, "--full-every")                                                         \
+    X(SINK_TOKENS, "--sink-tokens")                                                       \
     X(BLOCK_TOKENS, "--block-tokens")                                                     \
     X(BUDGET, "--budget")                                                                 \
     X(KV_DTYPE, "--kv-dtype")                                                             \
@@ -143,6 +146,8 @@ typedef struct simulate_options {
                              checks against it wait until the trace is read */
     simulate_trace_figures figures; /* filled by the driver after the run */
     simulate_tier_options tier;     /* --tier and its flags (simulate_tier.c) */
+    /* --window: the run with every layer full (simulate_window.c), or NULL */
+    const kvp_sim_result *every_layer_full;
 } simulate_options;
 
 /* --format's tables (simulate_sweep.c). */
@@ -201,6 +206,7 @@ typedef struct simulate_runs {
     kvp_sim_result off;
     int compare; /* off was run: a sharing workload without --no-sharing, not in a sweep */
     kvp_latency latency;
+    kvp_sim_result full; /* --window: the same run with every layer full (not in a sweep) */
 } simulate_runs;
 
 /* Steps 1 and 2 for one command line: KVP_CLI_OK with the workload made, -1 when
@@ -231,5 +237,23 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
 void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
                              const kvp_sim_result *r, const kvp_sim_result *off,
                              const kvp_latency *latency);
+
+/* simulate_window.c: --window, --full-every, --sink-tokens (issue 21). */
+
+/* The window flags' part of --help. */
+void kvp_simulate_window_usage(FILE *out);
+/* 2a's rule for the window flags: ranges, then what they need (--no-sharing, compute). */
+void kvp_simulate_check_window(simulate_options *o, simulate_flag f, kvp_cli_problems *p);
+/* With --window, not in a sweep: the same workload again with every layer full, announced
+ * and timed like the run without sharing (runs->full; o->every_layer_full points to it).
+ * 0, or nonzero with *err and *context filled. */
+int kvp_simulate_window_run(simulate_options *o, const kvp_workload *workload,
+                            const char *label, simulate_runs *runs, kvp_error *err,
+                            const char **context);
+/* The report's and --json's window figures (nothing without --window). */
+void kvp_simulate_print_window(const simulate_options *o, const kvp_sim_result *r);
+struct kvp_json;
+void kvp_simulate_json_window(struct kvp_json *json, const simulate_options *o,
+                              const kvp_sim_result *r);
 
 #endif /* KVPAGER_CLI_SIMULATE_H */

@@ -229,6 +229,7 @@ static const range_check ranges[] = {
     RULE(FLAG_OUTPUT_MEAN, mean_within_capacity),
     {FLAG_SIGMA, MIN_SIGMA, MAX_SIGMA, IF_GIVEN, "must be from 0.05 to 4", NULL},
     RULE(FLAG_SIGMA, sigma_needs_lognormal),
+    RULE(FLAG_WINDOW, kvp_simulate_check_window),
 };
 
 /* The value of a range row's flag: its size_t field (as a double: exact at the

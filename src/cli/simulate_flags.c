@@ -93,7 +93,9 @@ void kvp_simulate_usage(FILE *out)
             "                       turn is closed-loop: sent an exponential think time\n"
             "                       (mean 16 steps) after the turn before it finished, as a\n"
             "                       user reads the reply first, so it can reuse the reply's\n"
-            "                       cached K/V) (default sharegpt)\n"
+            "                       cached K/V), or long-context (prompts ~8192, sigma 0.3,\n"
+            "                       kept within [mean / 2, 2 x mean]: 4k to 16k tokens;\n"
+            "                       output ~256) (default sharegpt)\n"
             "  --prompt-mean X      mean prompt tokens, 1 to capacity - 1 (default: the\n"
             "                       profile's)\n"
             "  --output-mean X      mean output tokens, 1 to capacity - 1 (default: the\n"
@@ -238,6 +240,7 @@ void kvp_simulate_usage(FILE *out)
             d.reserve_tokens,
             MAX_THREADS, (unsigned long long)d.seed, KVP_SIM_AUDIT_STEPS, KVP_SIM_AUDIT_PAGES,
             KVP_SIM_AUDIT_MAX);
+    kvp_simulate_window_usage(out);
     fprintf(out, "\n");
     kvp_simulate_tier_usage(out); /* simulate_tier.c */
 }
@@ -267,6 +270,9 @@ size_t *kvp_simulate_size_field(simulate_options *o, simulate_flag f)
     case FLAG_SESSION_TTL: return &o->sim.session_ttl;
     case FLAG_MAX_RUNNING: return &o->sim.max_running;
     case FLAG_MS_PER_STEP: return &o->ms_per_step;
+    case FLAG_WINDOW: return &o->sim.window;
+    case FLAG_FULL_EVERY: return &o->sim.full_every;
+    case FLAG_SINK_TOKENS: return &o->sim.sink_tokens;
     default: return NULL;
     }
 }
@@ -445,7 +451,7 @@ static const word_flag word_flags[] = {
     {FLAG_MODEL, parse_model,
      "not a model preset (llama-3-8b, llama-3-70b, qwen2.5-7b or mistral-7b)"},
     {FLAG_ACCUM, parse_accum, "not an accumulation level (exact or fast)"},
-    {FLAG_PROFILE, parse_profile, "not a profile (sharegpt, alpaca, uniform or conversation)"},
+    {FLAG_PROFILE, parse_profile, "not a profile (sharegpt, alpaca, uniform, conversation or long-context)"},
     {FLAG_ARRIVAL, parse_arrival, "not an arrival process (poisson, uniform or burst)"},
     {FLAG_SCHEDULE, parse_schedule, "not a schedule (fcfs or cache-aware)"},
     {FLAG_TRACE, parse_trace, "not a file name"}, /* never refused here */

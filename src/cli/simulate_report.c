@@ -357,6 +357,7 @@ void kvp_simulate_print_report(const simulate_options *o, const kvp_workload *w,
     print_latency(o, latency);
     print_sharing(o, r, off);
     kvp_simulate_tier_report(o, r);
+    kvp_simulate_print_window(o, r);
     print_trace(o, r);
     if (r->contiguous_baseline > 0) {
         printf("contiguous baseline     %zu sequences fit when each reserves its full capacity;\n"
@@ -494,6 +495,7 @@ void kvp_simulate_print_json(const simulate_options *o, const kvp_workload *w,
     json_sharing(&json, r, off);
     kvp_simulate_tier_json(&json, r);
     json_trace(&json, o, r);
+    kvp_simulate_json_window(&json, o, r);
     json_latency(&json, o, latency);
     kvp_json_object_begin(&json, "config");
     kvp_json_string(&json, "workload", o->trace ? o->trace : kvp_profile_name(o->workload.profile));

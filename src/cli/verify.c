@@ -49,9 +49,12 @@ static void perturb(void *ctx, double *values, size_t width)
 kvp_status kvp_sim_model_create(const kvp_sim_config *c, kvp_model **out, kvp_error *err)
 {
     kvp_model *model = NULL;
-    kvp_status status = kvp_model_create_random_grouped(c->layers, c->model_width, c->heads,
-                                                        kvp_sim_kv_heads(c), c->capacity,
-                                                        10000.0, c->seed, &model, err);
+    kvp_status status = c->window != 0
+                            ? kvp_sim_windowed_model_create(c, &model, err)
+                            : kvp_model_create_random_grouped(c->layers, c->model_width,
+                                                              c->heads, kvp_sim_kv_heads(c),
+                                                              c->capacity, 10000.0, c->seed,
+                                                              &model, err);
     if (status == KVP_OK) {
         status = kvp_model_set_accum(model, c->accum, err);
     }

@@ -12,7 +12,8 @@
 #include "alloc.h"
 #include "lines.h"
 
-static const char *const profile_names[] = {"sharegpt", "alpaca", "uniform", "conversation"};
+static const char *const profile_names[] = {"sharegpt", "alpaca", "uniform", "conversation",
+                                             "long-context"};
 static const char *const arrival_names[] = {"poisson", "uniform", "burst"};
 
 const char *kvp_profile_name(kvp_profile profile)
@@ -27,7 +28,7 @@ const char *kvp_arrival_name(kvp_arrival arrival)
 
 int kvp_profile_parse(const char *text, kvp_profile *out)
 {
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (strcmp(text, profile_names[i]) == 0) {
             *out = (kvp_profile)i;
             return 0;
@@ -50,9 +51,9 @@ int kvp_arrival_parse(const char *text, kvp_arrival *out)
 void kvp_workload_spec_defaults(kvp_workload_spec *spec)
 {
     /* conversation: per turn, the new message's and the reply's means (workload.h) */
-    static const double prompt_means[] = {161.0, 19.0, 161.0, 94.0};
-    static const double output_means[] = {338.0, 58.0, 338.0, 348.0};
-    static const double sigmas[] = {1.0, 0.6, 0.0, 1.0};
+    static const double prompt_means[] = {161.0, 19.0, 161.0, 94.0, 8192.0};
+    static const double output_means[] = {338.0, 58.0, 338.0, 348.0, 256.0};
+    static const double sigmas[] = {1.0, 0.6, 0.0, 1.0, 0.3};
     if (spec->prompt_mean <= 0.0) {
         spec->prompt_mean = prompt_means[spec->profile];
     }
@@ -179,6 +180,22 @@ static void generate_conversations(const kvp_workload_spec *spec,
     }
 }
 
+/*
+ * long-context: a drawn prompt length kept within [mean / 2, 2 x mean] (4k to
+ * 16k tokens at the default mean 8192), and within `limit`; other profiles:
+ * as drawn.
+ */
+static size_t long_band(const kvp_workload_spec *spec, size_t length, size_t limit)
+{
+    if (spec->profile != KVP_PROFILE_LONG_CONTEXT) {
+        return length;
+    }
+    size_t lo = (size_t)ceil(spec->prompt_mean / 2.0);
+    size_t hi = (size_t)floor(spec->prompt_mean * 2.0);
+    length = length < lo ? lo : length > hi ? hi : length;
+    return length < limit ? length : limit;
+}
+
 int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
 {
     kvp_workload_request *requests = kvp_cli_calloc(spec->requests, sizeof *requests);
@@ -200,7 +217,8 @@ int kvp_workload_generate(const kvp_workload_spec *spec, kvp_workload *out)
         kvp_workload_request *r = &requests[i];
         r->stream = i;
         r->shared_tokens = shared;
-        r->prompt_tokens = shared + draw_length(spec, spec->prompt_mean, limit, &lengths);
+        r->prompt_tokens = shared + long_band(spec, draw_length(spec, spec->prompt_mean, limit,
+                                                                 &lengths), limit);
         size_t room = spec->capacity - r->prompt_tokens;
         r->output_tokens = draw_length(spec, spec->output_mean, room, &lengths);
         r->arrival_step = draw_arrival(spec, i, &clock, &arrivals);

@@ -17,6 +17,9 @@
  *   sharegpt      mean prompt 161, mean output 338; lognormal lengths, heavy-tailed
  *   alpaca        mean prompt 19, mean output 58; lognormal lengths
  *   uniform       uniform lengths with the given means
+ *   long-context  prompts lognormal (sigma 0.3) around mean 8192, kept within
+ *                 [mean / 2, 2 x mean]: 4k to 16k tokens, where sliding
+ *                 windows matter (issue 21); outputs mean 256 (sigma 0.3)
  *   conversation  multi-turn chats (ShareGPT's multi-turn statistics, below):
  *                 each turn's prompt is the whole earlier conversation (every
  *                 earlier message and reply) plus a new message; prompt_mean
@@ -82,7 +85,8 @@ typedef enum kvp_profile {
     KVP_PROFILE_SHAREGPT,
     KVP_PROFILE_ALPACA,
     KVP_PROFILE_UNIFORM,
-    KVP_PROFILE_CONVERSATION
+    KVP_PROFILE_CONVERSATION,
+    KVP_PROFILE_LONG_CONTEXT
 } kvp_profile;
 typedef enum kvp_arrival { KVP_ARRIVAL_POISSON, KVP_ARRIVAL_UNIFORM, KVP_ARRIVAL_BURST } kvp_arrival;
 

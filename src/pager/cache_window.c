@@ -65,6 +65,7 @@ size_t kvpi_cache_release_front_locked(kvp_cache *cache)
         return 0;
     }
     cache->released_end = end;
+    cache->pool->window_releases += (end - from) * cache->batch_size;
     return (end - from) * cache->batch_size;
 }
 

@@ -450,6 +450,7 @@ kvp_status kvp_pool_stats_get(kvp_pool *pool, kvp_pool_stats *out, kvp_error *er
     stats.prefix_misses = pool->prefix_misses;
     stats.evictions = pool->evictions;
     stats.cow_copies = pool->cow_copies;
+    stats.window_releases = pool->window_releases;
     kvpi_pool_unlock(pool);
     return kvpi_struct_out(out, &stats, sizeof stats, KVPI_POOL_STATS_SIZE_FIRST, err);
 }

@@ -113,6 +113,7 @@ struct kvp_pool {
     uint64_t prefix_misses;
     uint64_t evictions;
     uint64_t cow_copies;
+    uint64_t window_releases; /* pages front truncation released (cache_window.c) */
     /* The key of the prefix-index hash (share.c): the config's, or random. Never changes. */
     unsigned char key_secret[KVP_KEY_SECRET_BYTES];
     /*

@@ -113,6 +113,7 @@ static void scheduler_free(kvp_scheduler *s)
     }
     kvpi_free(s->kept);
     kvpi_free(s->kept_refs);
+    kvpi_free(s->windows);
     kvpi_requests_free(&s->requests);
     kvpi_free(s->waiting);
     kvpi_free(s->running);
@@ -272,6 +273,36 @@ static void scheduler_init(kvp_scheduler *s, const create_inputs *in)
 }
 
 /*
+ * s->windows: each layer's (W, S) when the run computes with a model that
+ * has a sliding layer, else NULL (every layer full, or compute 0: its
+ * external caches carry no window and release nothing, so admission counts
+ * full lengths). The model's layers are valid.
+ */
+static kvp_status windows_read(kvp_scheduler *s, kvp_error *err)
+{
+    size_t *w = NULL;
+    for (size_t i = 0; s->config.compute && s->model != NULL && i < s->layers; i++) {
+        kvp_layer_info layer;
+        kvp_layer_info_init(&layer);
+        if (kvp_layer_info_get(kvp_model_layer(s->model, i), &layer, NULL) != KVP_OK ||
+            (layer.window == 0 && w == NULL)) {
+            continue;
+        }
+        if (w == NULL) {
+            w = kvpi_calloc(KVPI_SITE_SCRATCH, 2 * s->layers, sizeof *w);
+            if (w == NULL) {
+                return kvpi_fail_alloc(err, "scheduler layer windows",
+                                       2 * s->layers * sizeof *w);
+            }
+        }
+        w[2 * i] = layer.window;
+        w[2 * i + 1] = layer.sink_tokens;
+    }
+    s->windows = w;
+    return KVP_OK;
+}
+
+/*
  * What a scheduler allocates up front: the kept page counts (sessions on),
  * what its lease kind needs (nothing yet), and the first lease, made now: it checks
  * the model and pool against each other. On failure the caller frees s.
@@ -285,7 +316,10 @@ static kvp_status scheduler_alloc(kvp_scheduler *s, size_t total_pages, kvp_erro
                                    total_pages * sizeof(uint32_t));
         }
     }
-    kvp_status status = s->leases->setup(s, err);
+    kvp_status status = windows_read(s, err);
+    if (status == KVP_OK) {
+        status = s->leases->setup(s, err);
+    }
     if (status != KVP_OK) {
         return status;
     }

@@ -157,6 +157,10 @@ struct kvp_scheduler {
     size_t head_width;
     size_t block_tokens;
     size_t watermark_pages;
+    /* [2 * layers]: each layer's window W and sinks S (kvp_layer_set_window)
+       when a computed run's model has a sliding layer (sharing is then off),
+       else NULL: admission counts a sliding layer's peak, not its length. */
+    size_t *windows;
     const lease_kind *leases; /* the kind of every lease it makes (config.compute) */
 
     kvpi_requests requests; /* the records of the requests not yet collected, by id */
@@ -234,6 +238,8 @@ struct lease_kind {
     void (*free)(lease *l);
     kvp_cache *const *(*caches)(const lease *l);
     size_t (*pages_for)(const kvp_scheduler *s, const lease *l, size_t tokens);
+    /* Pages it may still take stepping to `tokens` (a sliding layer's level). */
+    size_t (*level_for)(const kvp_scheduler *s, const lease *l, size_t tokens);
     int (*stale)(const kvp_scheduler *s, const lease *l);
     kvp_status (*promise)(const kvp_scheduler *s, lease *l, size_t pages, kvp_error *err);
     void (*reset)(const kvp_scheduler *s, lease *l);
@@ -276,6 +282,16 @@ static inline size_t lease_len(const lease *l)
 static inline size_t lease_pages_for(const kvp_scheduler *s, const lease *l, size_t tokens)
 {
     return l->kind->pages_for(s, l, tokens);
+}
+
+/*
+ * New pages stepping to `tokens` may still take: for a sliding layer its
+ * peak less what it holds (a level), for a full layer its new blocks.
+ * Equal to lease_pages_for without windows.
+ */
+static inline size_t lease_level_for(const kvp_scheduler *s, const lease *l, size_t tokens)
+{
+    return l->kind->level_for(s, l, tokens);
 }
 
 /* 1 when a layer's cache is bound to a parameter revision that is no longer current. */
@@ -454,6 +470,8 @@ void kvpi_sched_drop_sessions(kvp_scheduler *s, size_t admitted);
 /* ---- admission (scheduler_plan.c) ---------------------------------------- */
 
 kvp_status kvpi_sched_plan_admission(kvp_scheduler *s, plan *p, kvp_error *err);
+size_t kvpi_sched_window_level(const kvp_scheduler *s, size_t tokens);
+size_t kvpi_sched_window_pages(const kvp_scheduler *s, const record *r, size_t past_prompt);
 void kvpi_sched_admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st);
 void kvpi_sched_count_skips(kvp_scheduler *s, const plan *p);
 

@@ -97,10 +97,16 @@ static size_t seq_pages_for(const kvp_scheduler *s, const lease *l, size_t token
     /*
      * What the lease's prefill takes (every block, held to its end): the
      * scheduler promises it before appending a prompt. Equal to
-     * kvp_sequence_pages_for without windows; with them the scheduler's
-     * windowed admission is issue 21's part 3 and 5.
+     * kvp_sequence_pages_for without windows; with them the scheduler
+     * promises the level after the prefill (seq_level_for).
      */
     return kvp_sequence_prefill_pages(l->sequence, tokens);
+}
+
+static size_t seq_level_for(const kvp_scheduler *s, const lease *l, size_t tokens)
+{
+    (void)s;
+    return kvp_sequence_pages_for(l->sequence, tokens); /* a sliding layer's level */
 }
 
 static int seq_stale(const kvp_scheduler *s, const lease *l)
@@ -177,6 +183,7 @@ const lease_kind kvpi_lease_computed = {
     .free = seq_free,
     .caches = seq_caches,
     .pages_for = seq_pages_for,
+    .level_for = seq_level_for,
     .stale = seq_stale,
     .promise = seq_promise,
     .reset = seq_reset,
@@ -348,6 +355,7 @@ const lease_kind kvpi_lease_external = {
     .free = ext_free,
     .caches = ext_caches,
     .pages_for = ext_pages_for,
+    .level_for = ext_pages_for, /* external caches have no window */
     .stale = ext_stale,
     .promise = ext_promise,
     .reset = ext_reset,

@@ -29,15 +29,51 @@
 #include "serve/share_internal.h"
 
 /*
+ * The most pages one empty lane of the model holds at once while single
+ * steps bring it to `tokens`: a sliding layer's peak
+ * (kvpi_window_pages_held_max: its sinks and window), a full layer's
+ * blocks. What kvp_sequence_pages_for gives for an empty one-lane sequence.
+ */
+size_t kvpi_sched_window_level(const kvp_scheduler *s, size_t tokens)
+{
+    size_t pages = 0;
+    for (size_t l = 0; l < s->layers; l++) {
+        pages += kvpi_window_pages_held_max(s->windows[2 * l], s->windows[2 * l + 1],
+                                            s->block_tokens, tokens);
+    }
+    return pages;
+}
+
+/*
+ * With sliding layers (sharing off, so no hit and every sample its own):
+ * the most pages one sample holds at once from admission to `past_prompt`
+ * tokens past its prompt. Its prefill (the prompt and what it generated
+ * before a preemption) is one transaction holding every block of every
+ * layer until its end; then its windows release, and steps hold at most the
+ * level (kvpi_sched_window_level). The larger of the two, per sample.
+ */
+size_t kvpi_sched_window_pages(const kvp_scheduler *s, const record *r, size_t past_prompt)
+{
+    size_t prompt = r->request.prompt_tokens;
+    size_t prefill = s->layers * blocks_of(s, prompt + r->generated);
+    size_t level = kvpi_sched_window_level(s, prompt + past_prompt);
+    return prefill > level ? prefill : level;
+}
+
+/*
  * Pages a request newly takes to hold `past_prompt` tokens per sample when
  * `hits` prompt blocks are adopted: shared pages counted once. One sample:
  * its own blocks. Forked samples: sample 0's own blocks (it writes the
  * partial prompt page in place), plus each other sample's blocks past the
- * prompt's full ones (its copy). Sharing off: every sample its own.
+ * prompt's full ones (its copy). Sharing off: every sample its own. Sliding
+ * layers: each sample its peak (kvpi_sched_window_pages).
  */
 static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
                             size_t hits)
 {
+    if (s->windows != NULL) {
+        return r->request.samples * kvpi_sched_window_pages(s, r, past_prompt);
+    }
     size_t prompt = r->request.prompt_tokens;
     size_t n = r->request.samples;
     size_t own = s->layers * blocks_of(s, prompt + past_prompt);

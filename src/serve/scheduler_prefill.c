@@ -103,7 +103,9 @@ static void promise_samples(kvp_scheduler *s, const record *rec, size_t at)
     for (size_t k = 0; k < n; k++) {
         lease *l = &s->running[at + k].lease;
         size_t want;
-        if (n == 1 || !s->config.sharing || k == 0) {
+        if (s->windows != NULL) {
+            want = kvpi_sched_window_pages(s, rec, x); /* what admission asked for it */
+        } else if (n == 1 || !s->config.sharing || k == 0) {
             want = lease_pages_for(s, l, rec->request.prompt_tokens + x);
         } else {
             want = sample_pages(s, rec, x);
@@ -234,10 +236,30 @@ static void count_prefill(const kvp_scheduler *s, const plan *p, kvp_step_stats 
 }
 
 /*
+ * Sliding layers: once request `rec`'s prefill (slots here..here + n) ended
+ * and its windows released, each sample's promise is set to its level
+ * (lease_level_for): the pages it holds plus the promise are then at most
+ * what admission asked for it, and the prefill's peak is no longer counted.
+ */
+static void promise_levels(kvp_scheduler *s, const record *rec, size_t here)
+{
+    size_t x = sample_tokens(s, rec);
+    for (size_t k = 0; k < rec->request.samples; k++) {
+        lease *l = &s->running[here + k].lease;
+        kvp_status status =
+            lease_promise(s, l, lease_level_for(s, l, rec->request.prompt_tokens + x), NULL);
+        assert(status == KVP_OK); /* below the prefill's promise */
+        (void)status;
+    }
+}
+
+/*
  * Phase 2 (sharing on): every admitted request that prefilled its prompt
- * forks its samples (fork_samples), the forked samples' appends a second
- * batch of decoder jobs (a refusal runs them on this thread). Then the
- * statistics count, and the requests whose jobs failed finish.
+ * forks its samples (fork_samples; sliding layers, sharing off: each
+ * sample's promise goes down to its level, promise_levels), the forked
+ * samples' appends a second batch of decoder jobs (a refusal runs them on
+ * this thread). Then the statistics count, and the requests whose jobs
+ * failed finish.
  */
 void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp_step_stats *st)
 {
@@ -253,6 +275,8 @@ void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp
         at += rec->request.samples;
         if (s->config.sharing && !rec->failed) {
             fork_samples(s, pl, rec, here, &count);
+        } else if (s->windows != NULL && !rec->failed) {
+            promise_levels(s, rec, here);
         }
     }
     run_jobs(s, count); /* a refusal runs them here: cannot fail (no jobs: nothing) */

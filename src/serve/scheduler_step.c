@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "pager/abi.h"
+#include "pager/cache_internal.h"
 #include "pager/error.h"
 #include "serve/scheduler_internal.h"
 #include "serve/share_internal.h"
@@ -448,6 +449,27 @@ static void step_failed(kvp_scheduler *s, size_t before, int made)
     }
 }
 
+/*
+ * A lease of a model with sliding layers, in the step's figures: a block a
+ * window released holds no page and no position, so the lease's own pages
+ * and used slots count its held blocks (whole blocks were released), and
+ * its sliding layers' pages are counted apart.
+ */
+static void count_windows(const kvp_scheduler *s, const lease *l, kvp_step_stats *st)
+{
+    kvp_cache *const *caches = lease_caches(l);
+    size_t len = lease_len(l);
+    for (size_t k = 0; k < s->layers; k++) {
+        size_t held = kvpi_cache_held_blocks(caches[k]);
+        size_t released = blocks_of(s, len) - held;
+        st->unshared_pages -= released;
+        st->used_slots -= released * s->block_tokens;
+        if (s->windows[2 * k] != 0) {
+            st->sliding_held_pages += held;
+        }
+    }
+}
+
 /* The end of a step's statistics: kept, pool and page-table usage, running and waiting. */
 static void step_usage(const kvp_scheduler *s, kvp_step_stats *st)
 {
@@ -464,6 +486,9 @@ static void step_usage(const kvp_scheduler *s, kvp_step_stats *st)
         size_t len = lease_len(&s->running[i].lease);
         st->used_slots += s->layers * len;
         st->unshared_pages += s->layers * blocks_of(s, len);
+        if (s->windows != NULL) {
+            count_windows(s, &s->running[i].lease, st);
+        }
     }
     for (size_t i = 0; i < s->kept_count; i++) {
         st->used_slots += s->layers * lease_len(&s->kept[i].lease);

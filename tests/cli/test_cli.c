@@ -265,6 +265,38 @@ static void test_cli_workload_generate_keeps_its_invariants(void **state)
 }
 
 /*
+ * long-context: prompts within [mean / 2, 2 x mean] (4k to 16k at the
+ * default 8192), outputs at least 1, and the band really reached at sigma 1.
+ */
+static void test_cli_workload_long_context_keeps_its_band(void **state)
+{
+    (void)state;
+    kvp_profile profile = KVP_PROFILE_SHAREGPT;
+    assert_int_equal(kvp_profile_parse("long-context", &profile), 0);
+    assert_string_equal(kvp_profile_name(profile), "long-context");
+    kvp_workload_spec spec = {.profile = KVP_PROFILE_LONG_CONTEXT,
+                              .arrival = KVP_ARRIVAL_BURST, .rate = 1.0, .requests = 400,
+                              .capacity = 20000, .seed = 3};
+    kvp_workload_spec_defaults(&spec);
+    assert_true(spec.prompt_mean == 8192.0 && spec.output_mean == 256.0 && spec.sigma == 0.3);
+    spec.sigma = 1.0; /* wide: the band's ends are met */
+    kvp_workload w = {NULL, 0};
+    assert_int_equal(kvp_workload_generate(&spec, &w), 0);
+    size_t lo = SIZE_MAX;
+    size_t hi = 0;
+    for (size_t i = 0; i < w.count; i++) {
+        const kvp_workload_request *r = &w.requests[i];
+        assert_true(r->prompt_tokens >= 4096 && r->prompt_tokens <= 16384);
+        assert_true(r->output_tokens >= 1 && r->prompt_tokens + r->output_tokens <= 20000);
+        lo = r->prompt_tokens < lo ? r->prompt_tokens : lo;
+        hi = r->prompt_tokens > hi ? r->prompt_tokens : hi;
+    }
+    assert_int_equal(lo, 4096);
+    assert_int_equal(hi, 16384);
+    kvp_workload_free(&w);
+}
+
+/*
  * --shared-prefix: every prompt starts with the same tokens, within
  * capacity; with 0 the list is the one the profile always gave.
  */
@@ -471,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_cli_plot_tick_steps_are_round),
         cmocka_unit_test(test_cli_workload_names_round_trip),
         cmocka_unit_test(test_cli_workload_generate_keeps_its_invariants),
+        cmocka_unit_test(test_cli_workload_long_context_keeps_its_band),
         cmocka_unit_test(test_cli_workload_shared_prefix_prepends_the_same_tokens),
         cmocka_unit_test(test_cli_workload_conversation_grows_each_turn),
     };
