@@ -68,6 +68,35 @@ static int may_change(KvpPyCache *self)
     return kvp_py_check_unexported(self->exports, "cache");
 }
 
+/* For attention.c and group.c: the same checks and fields, by function. */
+int kvp_py_cache_may_change(KvpPyCache *self)
+{
+    return may_change(self);
+}
+
+int kvp_py_cache_may_read(KvpPyCache *self)
+{
+    if (cache_closed(self)) {
+        kvp_py_closed("cache");
+        return -1;
+    }
+    if (cache_busy(self)) {
+        kvp_py_busy("cache");
+        return -1;
+    }
+    return 0;
+}
+
+unsigned long *kvp_py_cache_generation(KvpPyCache *self)
+{
+    return gen_of(self);
+}
+
+int *kvp_py_cache_busy(KvpPyCache *self)
+{
+    return self->owner ? &((KvpPySequence *)self->owner)->busy : &self->busy;
+}
+
 static PyObject *cache_wrap(KvpPyPool *pool, kvp_cache *cache, PyObject *owner)
 {
     KvpPyCache *c = PyObject_New(KvpPyCache, &KvpPyCache_Type);
@@ -749,6 +778,12 @@ static PyObject *cache_get_pool(KvpPyCache *self, void *closure)
     return Py_NewRef((PyObject *)self->pool);
 }
 
+static PyObject *cache_get_layer(KvpPyCache *self, void *closure)
+{
+    (void)closure;
+    return Py_NewRef(self->layer ? self->layer : Py_None);
+}
+
 static PyMethodDef cache_methods[] = {
     {"append_rows", (PyCFunction)cache_append_rows, METH_VARARGS,
      "append_rows(keys, values): kvp_cache_append_rows(_typed). keys and values are "
@@ -811,6 +846,8 @@ static PyGetSetDef cache_getset[] = {
     {"reserved_rows", (getter)cache_get_reserved, NULL, "Rows reserved, not committed.", NULL},
     {"closed", (getter)cache_get_closed, NULL, "True after close().", NULL},
     {"pool", (getter)cache_get_pool, NULL, "The Pool the cache draws pages from.", NULL},
+    {"layer", (getter)cache_get_layer, NULL,
+     "The Layer of a Layer.cache() cache (and its forks), else None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -53,6 +53,8 @@ typedef struct {
     PyObject_HEAD
     kvp_layer *layer; /* owned; NULL once closed */
     Py_ssize_t users; /* open caches created by Layer.cache: close refuses meanwhile */
+    Py_ssize_t busy;  /* attention calls computing with it, the GIL released (attention.c):
+                         its changes (close, set_*, update_param, cache) refuse meanwhile */
 } KvpPyLayer;
 
 typedef struct {
@@ -80,6 +82,7 @@ extern PyTypeObject KvpPyView_Type;
 extern PyTypeObject KvpPyModel_Type;
 extern PyTypeObject KvpPyLayer_Type;
 extern PyTypeObject KvpPySequence_Type;
+extern PyTypeObject KvpPyTicket_Type;
 
 /* errors.c */
 int kvp_py_errors_init(PyObject *module);
@@ -124,6 +127,25 @@ PyObject *kvp_py_view_new(KvpPyCache *cache, PyObject *keeper, unsigned long *ge
  * (Decoder.paged_attention; the caller checked it is open and idle). */
 PyObject *kvp_py_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds,
                                  KvpPyDecoder *dec);
+
+/* cache.c, for attention.c and group.c: -1 with an exception set unless the
+ * cache may change (open, no sequence's, not busy, nothing exported) or be
+ * read (open, not busy); its generation (its sequence's for a layer cache)
+ * and the busy flag to set while a call runs with the GIL released. */
+int kvp_py_cache_may_change(KvpPyCache *self);
+int kvp_py_cache_may_read(KvpPyCache *self);
+unsigned long *kvp_py_cache_generation(KvpPyCache *self);
+int *kvp_py_cache_busy(KvpPyCache *self);
+
+/* attention.c: the Layer methods over the attention API (layer.c lists them). */
+PyObject *kvp_py_layer_forward(KvpPyLayer *self, PyObject *args, PyObject *kwds);
+PyObject *kvp_py_layer_prepare(KvpPyLayer *self, PyObject *args, PyObject *kwds);
+PyObject *kvp_py_layer_reference(KvpPyLayer *self, PyObject *args, PyObject *kwds);
+/* -1 with RuntimeError set while an attention call computes with the layer. */
+int kvp_py_layer_idle(KvpPyLayer *self);
+
+/* group.c: the module's functions (kvp_cache_group_*). */
+extern PyMethodDef kvp_py_group_functions[];
 
 /* A change refused because views of the cache's memory are exported. */
 int kvp_py_check_unexported(Py_ssize_t exports, const char *what);
