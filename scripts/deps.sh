@@ -14,12 +14,14 @@
 # (scripts/abi-update.sh), redis-server for the server each Redis test starts
 # on its own loopback port; python3-dev, python3-numpy and python3-pytest
 # build and test the Python module (src/python/, docs/python.md; without
-# them CMake skips the module). python3-torch is not installed here (libtorch
+# them CMake skips the module); python3-pip, python3-setuptools, python3-wheel
+# and python3-venv for `pip install .` offline (ctest python.pip_install).
+# python3-torch is not installed here (libtorch
 # and its dependencies are ~180 MB): the torch example runs when it imports,
 # and ctest reports it skipped otherwise. kvp_packages, what kvp_install_deps installs, is
 # both unless a script narrows it.
 kvp_program_packages="build-essential cmake ninja-build pkg-config libjemalloc-dev libsodium-dev libhiredis-dev"
-kvp_test_packages="libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools redis-server python3-dev python3-numpy python3-pytest"
+kvp_test_packages="libcmocka-dev valgrind python3 clang-14 libclang-rt-14-dev abigail-tools redis-server python3-dev python3-numpy python3-pytest python3-pip python3-setuptools python3-wheel python3-venv"
 kvp_packages="$kvp_program_packages $kvp_test_packages"
 
 kvp_missing_packages() {
