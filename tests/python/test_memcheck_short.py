@@ -1,5 +1,6 @@
 """The short run ctest repeats under Valgrind memcheck (memcheck.python.pytest):
-every class once, a failed call, a view, its release, a step."""
+every class once, a failed call, a view, its release, a step, a layer's steps
+(forward, prepare + Ticket, reference) and group sharing."""
 import numpy as np
 import pytest
 
@@ -30,3 +31,32 @@ def test_short_run_under_memcheck():
             out = s.prefill(np.full((1, 2, 16), 0.25))
             assert np.all(np.isfinite(out))
         m.close()
+
+
+def test_layer_steps_and_groups_under_memcheck():
+    with kvpager.Pool(block_tokens=4, heads=2, head_width=4, budget_bytes=1 << 14,
+                      dtype="f32") as p:
+        layer = kvpager.Layer.random(8, 2, 16, seed=4)
+        x = np.linspace(-1.0, 1.0, 5 * 8).reshape(1, 5, 8)
+        a = layer.cache(p, capacity=8)
+        out = [layer.forward(a, x[:, t:t + 1]) for t in range(4)]
+        ref = layer.reference(x, dtype="f32")[0]
+        assert all(np.array_equal(o[:, 0], ref[:, t]) for t, o in enumerate(out))
+        t = layer.prepare(a, x[:, 4:5])
+        assert t.result()["reserved_pages"] == 1
+        with pytest.raises(kvpager.TicketForeignCache):
+            t.commit(layer.cache(p, capacity=8))
+        t.discard()
+        with pytest.raises(kvpager.InputWidthMismatch):
+            layer.forward(a, np.zeros((1, 1, 3)))
+        key = a.block_key(x[:, :4].tobytes())
+        assert kvpager.group_publish([a], [key]) == 1
+        b = layer.cache(p, capacity=8)
+        assert kvpager.group_probe([b], [key]) == (1, 0)
+        assert kvpager.group_adopt([b], [key]) == 1
+        assert np.array_equal(b.keys(), a.keys())
+        pending = layer.prepare(b, x[:, 4:5])
+        a.close()
+        b.close()
+        del pending, t
+        p.audit()
