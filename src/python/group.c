@@ -18,6 +18,7 @@
 
 typedef struct {
     PyObject *fast;      /* the caches as a sequence */
+    KvpPyCache **objs;   /* PyMem: their objects (borrowed from fast) */
     kvp_cache **caches;  /* PyMem */
     kvp_block_key *keys; /* PyMem */
     size_t count;
@@ -26,6 +27,7 @@ typedef struct {
 
 static void group_free(group_args *g)
 {
+    PyMem_Free(g->objs);
     PyMem_Free(g->caches);
     PyMem_Free(g->keys);
     Py_XDECREF(g->fast);
@@ -89,7 +91,8 @@ static int group_parse(group_args *g, PyObject *caches_obj, PyObject *keys_obj, 
     Py_ssize_t n = PySequence_Fast_GET_SIZE(g->fast);
     g->count = (size_t)n;
     g->caches = PyMem_Calloc((size_t)n + 1, sizeof *g->caches);
-    if (!g->caches) {
+    g->objs = PyMem_Calloc((size_t)n + 1, sizeof *g->objs);
+    if (!g->caches || !g->objs) {
         PyErr_NoMemory();
         return -1;
     }
@@ -103,6 +106,7 @@ static int group_parse(group_args *g, PyObject *caches_obj, PyObject *keys_obj, 
         if ((change ? kvp_py_cache_may_change(kc) : kvp_py_cache_may_read(kc)) < 0)
             return -1;
         g->caches[i] = kc->cache;
+        g->objs[i] = kc;
     }
     return group_keys(g, keys_obj);
 }
@@ -172,6 +176,20 @@ static PyObject *group_publish(PyObject *module, PyObject *args)
     return r;
 }
 
+static PyObject *group_tier_load(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *caches, *keys;
+    if (!PyArg_ParseTuple(args, "OO:group_tier_load", &caches, &keys))
+        return NULL;
+    group_args g;
+    PyObject *r = NULL;
+    if (group_parse(&g, caches, keys, 1) == 0)
+        r = kvp_py_tier_load(g.objs, g.caches, g.count, g.keys, g.blocks);
+    group_free(&g);
+    return r;
+}
+
 PyMethodDef kvp_py_group_functions[] = {
     {"group_probe", group_probe, METH_VARARGS,
      "group_probe(caches, keys) -> (blocks, evictable_pages): kvp_cache_group_probe: how many "
@@ -193,5 +211,15 @@ PyMethodDef kvp_py_group_functions[] = {
      "keys[(j * len(caches) + c) * batch + lane] counted from block 0. Errors, registering "
      "nothing: the group's, OutOfRange ('blocks': more than the full blocks), PagePublished "
      "(err.index = the page, err.layer = its cache)."},
+    {"group_tier_load", group_tier_load, METH_VARARGS,
+     "group_tier_load(caches, keys) -> (blocks loaded, stop): kvp_cache_group_tier_load: "
+     "maps the next blocks (keys as group_adopt, counted from the caches' common length, a "
+     "block boundary) from the pool's tier (Pool.attach_tier) into fresh pages, each block "
+     "verified under the pool's secret, all or nothing per block, in chain order, published "
+     "under its key. stop is None (every block, or one the tier did not hold) or the status "
+     "name that ended the run ('TierBlockRejected', 'TierUnavailable', 'BufferTooSmall'). "
+     "The GIL is released (it waits for the tier). Errors, changing nothing: "
+     "InvalidArgument ('pool': no tier; as group_adopt), RowsReserved, "
+     "NotAtBlockBoundary, PoolExhausted."},
     {NULL, NULL, 0, NULL},
 };

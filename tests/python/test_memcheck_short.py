@@ -1,6 +1,6 @@
 """The short run ctest repeats under Valgrind memcheck (memcheck.python.pytest):
 every class once, a failed call, a view, its release, a step, a layer's steps
-(forward, prepare + Ticket, reference) and group sharing."""
+(forward, prepare + Ticket, reference), group sharing and a host tier's load."""
 import numpy as np
 import pytest
 
@@ -34,8 +34,10 @@ def test_short_run_under_memcheck():
 
 
 def test_layer_steps_and_groups_under_memcheck():
+    tier = kvpager.HostTier(1 << 16)
     with kvpager.Pool(block_tokens=4, heads=2, head_width=4, budget_bytes=1 << 14,
                       dtype="f32") as p:
+        p.attach_tier(tier, bytes(range(1, 33)), write_through=True)
         layer = kvpager.Layer.random(8, 2, 16, seed=4)
         x = np.linspace(-1.0, 1.0, 5 * 8).reshape(1, 5, 8)
         a = layer.cache(p, capacity=8)
@@ -55,6 +57,11 @@ def test_layer_steps_and_groups_under_memcheck():
         assert kvpager.group_probe([b], [key]) == (1, 0)
         assert kvpager.group_adopt([b], [key]) == 1
         assert np.array_equal(b.keys(), a.keys())
+        assert p.tier_stats()["writes"] == 1
+        c = layer.cache(p, capacity=8)
+        assert kvpager.group_tier_load([c], [key]) == (1, None)
+        assert np.array_equal(c.values(), a.values())
+        c.close()
         pending = layer.prepare(b, x[:, 4:5])
         a.close()
         b.close()

@@ -17,16 +17,20 @@ docstrings summarize the headers' contracts):
   Scheduler continuous batching: submit, step, collect, stats, sessions
   group_probe, group_adopt, group_publish
             prefix sharing over a group of caches (one sequence's layers)
+  HostTier  a second tier in host memory (Pool.attach_tier); group_tier_load
+            maps its verified blocks back into a group of caches
   Error     the base of one exception class per kvp_status (PoolExhausted,
             Full, PageNotHeld, ...); error_classes maps status -> class
 
 Every failed call raises and changes nothing, as in C. docs/python.md.
 """
 from ._kvpager import *  # noqa: F401,F403
-from ._kvpager import (Cache, Decoder, Error, Layer, Model, Pool, Scheduler,  # noqa: F401
-                       Sequence, Ticket, View, error_classes, group_adopt, group_probe,
-                       group_publish, library_version, __version__)
+from ._kvpager import (Cache, Decoder, Error, HostTier, Layer, Model, Pool,  # noqa: F401
+                       Scheduler, Sequence, Ticket, View, error_classes, group_adopt,
+                       group_probe, group_publish, group_tier_load, library_version,
+                       __version__)
 
 __all__ = ["Pool", "Cache", "View", "Model", "Layer", "Ticket", "Sequence", "Decoder",
-           "Scheduler", "Error", "error_classes", "group_probe", "group_adopt", "group_publish",
+           "Scheduler", "HostTier", "Error", "error_classes", "group_probe", "group_adopt",
+           "group_publish", "group_tier_load",
            "library_version", "__version__"] + [c.__name__ for c in error_classes.values()]
