@@ -337,19 +337,23 @@ def test_ticket_holds_its_pool_gc_in_any_order():
 
 
 def test_layer_changes_refused_while_it_computes_on_a_thread():
-    """Two threads step their own caches of one pool through one layer, the GIL
-    released; the main thread meanwhile tries to change the layer. Pass condition,
-    under any scheduling: each thread's outputs equal the C reference bit for bit;
-    every change attempt either ran while no computation did (and then changed
-    nothing: it re-set the same window) or raised RuntimeError."""
+    """Two threads step their own caches of one pool through one layer and a third
+    runs the layer's full-prefix reference over 2048 tokens (tens of milliseconds),
+    all with the GIL released; the main thread meanwhile keeps trying to change the
+    layer. Pass condition, under any scheduling: each thread's outputs equal the C
+    reference bit for bit (so no change ever overlapped a computation), and every
+    change attempt either ran while no computation did (and then changed nothing: it
+    re-set the same window) or raised RuntimeError ("in use")."""
     pool = make_pool(pages=128)
-    layer = make_layer()
+    layer = make_layer(maxpos=2048)
     xs = [tokens(2, 24, seed=40 + i) for i in range(2)]
     refs = [layer.reference(x)[0] for x in xs]
-    barrier = threading.Barrier(3)
-    got, errors = [None, None], []
+    long_x = tokens(1, 2048, seed=42)
+    long_ref = layer.reference(long_x)[0]
+    barrier = threading.Barrier(4)
+    got, errors = [None, None, None], []
 
-    def worker(i):
+    def stepper(i):
         try:
             with layer.cache(pool, batch_size=2, capacity=24) as c:
                 barrier.wait()
@@ -357,7 +361,15 @@ def test_layer_changes_refused_while_it_computes_on_a_thread():
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    def referencer():
+        try:
+            barrier.wait()
+            got[2] = layer.reference(long_x)[0]
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=stepper, args=(i,)) for i in range(2)]
+    threads.append(threading.Thread(target=referencer))
     for t in threads:
         t.start()
     barrier.wait()
@@ -373,6 +385,8 @@ def test_layer_changes_refused_while_it_computes_on_a_thread():
     assert errors == []
     for i in range(2):
         assert np.array_equal(got[i], refs[i])
+    assert np.array_equal(got[2], long_ref)
     assert layer.info()["window"] == 0
     assert pool.stats()["held_pages"] == 0
     pool.audit()
+    print("refused", refused)  # with -s: how often the main thread found the layer busy
