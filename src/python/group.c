@@ -1,8 +1,9 @@
 /*
  * src/python/group.c: sharing over a group of caches at once
  * (kvpager/cache.h, "Sharing for a group of caches"): the module functions
- * kvpager.group_probe, group_adopt and group_publish over
- * kvp_cache_group_probe / _adopt / _publish.
+ * kvpager.group_probe, group_adopt, group_publish and group_tier_load over
+ * kvp_cache_group_probe / _adopt / _publish and kvp_cache_group_tier_load
+ * (the pool's tier: tier.c attaches it; the GIL released while it waits).
  *
  * Owns: those functions and the conversion of their key lists: keys is a
  * flat sequence of (lo, hi) block keys in the C layout, keys[(j * count + c)
@@ -15,6 +16,8 @@
  * Callers: module.c (the module's method table).
  */
 #include "py_internal.h"
+
+#include "kvpager/tier.h"
 
 typedef struct {
     PyObject *fast;      /* the caches as a sequence */
@@ -176,6 +179,29 @@ static PyObject *group_publish(PyObject *module, PyObject *args)
     return r;
 }
 
+/* kvp_cache_group_tier_load over checked caches: the GIL released, the caches busy. */
+static PyObject *tier_load(KvpPyCache **objs, kvp_cache **caches, size_t count,
+                           const kvp_block_key *keys, size_t blocks)
+{
+    size_t loaded = 0;
+    kvp_status stop = KVP_OK, s;
+    kvp_error err;
+    for (size_t i = 0; i < count; i++)
+        *kvp_py_cache_busy(objs[i]) = 1;
+    Py_BEGIN_ALLOW_THREADS
+    s = kvp_cache_group_tier_load(caches, count, keys, blocks, &loaded, &stop, &err);
+    Py_END_ALLOW_THREADS
+    for (size_t i = 0; i < count; i++)
+        *kvp_py_cache_busy(objs[i]) = 0;
+    if (s != KVP_OK)
+        return kvp_py_raise(&err);
+    for (size_t i = 0; loaded && i < count; i++)
+        (*kvp_py_cache_generation(objs[i]))++;
+    if (stop == KVP_OK)
+        return Py_BuildValue("(nO)", (Py_ssize_t)loaded, Py_None);
+    return Py_BuildValue("(ns)", (Py_ssize_t)loaded, kvp_status_name(stop));
+}
+
 static PyObject *group_tier_load(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -185,7 +211,7 @@ static PyObject *group_tier_load(PyObject *module, PyObject *args)
     group_args g;
     PyObject *r = NULL;
     if (group_parse(&g, caches, keys, 1) == 0)
-        r = kvp_py_tier_load(g.objs, g.caches, g.count, g.keys, g.blocks);
+        r = tier_load(g.objs, g.caches, g.count, g.keys, g.blocks);
     group_free(&g);
     return r;
 }

@@ -146,15 +146,12 @@ PyObject *kvp_py_layer_reference(KvpPyLayer *self, PyObject *args, PyObject *kwd
 /* -1 with RuntimeError set while an attention call computes with the layer. */
 int kvp_py_layer_idle(KvpPyLayer *self);
 
-/* tier.c: the Pool's tier methods (pool.c lists them), the release of its
- * HostTier once the pool is destroyed or detached, and group_tier_load's call
- * over caches group.c checked (GIL released; generations bumped). */
+/* tier.c: the Pool's tier methods (pool.c lists them) and the release of its
+ * HostTier once the pool is destroyed or detached. */
 PyObject *kvp_py_pool_attach_tier(KvpPyPool *self, PyObject *args, PyObject *kwds);
 PyObject *kvp_py_pool_detach_tier(KvpPyPool *self, PyObject *unused);
 PyObject *kvp_py_pool_tier_stats(KvpPyPool *self, PyObject *unused);
 void kvp_py_pool_tier_release(KvpPyPool *self);
-PyObject *kvp_py_tier_load(KvpPyCache **objs, kvp_cache **caches, size_t count,
-                           const kvp_block_key *keys, size_t blocks);
 
 /* group.c: the module's functions (kvp_cache_group_*). */
 extern PyMethodDef kvp_py_group_functions[];

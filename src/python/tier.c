@@ -2,18 +2,17 @@
  * src/python/tier.c: the second tier from Python (kvpager/tier.h):
  * kvpager.HostTier (kvp_tier_host_create, its stats, kvp_tier_destroy), the
  * Pool methods attach_tier / detach_tier / tier_stats (kvp_pool_tier_attach,
- * _detach, _stats_get; pool.c lists them) and the module function
- * group_tier_load (kvp_cache_group_tier_load; group.c lists it).
+ * _detach, _stats_get; pool.c lists them). The loads from a pool's tier
+ * (group_tier_load) are group.c's.
  *
  * Owns: the HostTier type and those calls.
  * Invariants: a Pool with a tier attached holds a strong reference to its
  * HostTier (KvpPyPool.tier) and counts in its `pools`, so the tier outlives
  * the attachment whatever order Python frees them in (tier.h: "the tier
  * outlives the attachment"; kvp_pool_destroy detaches), and HostTier.close
- * refuses while a pool has it attached. A load runs with the GIL released
- * and its caches marked busy. Failed calls change nothing, as in C.
- * Callers: pool.c (the Pool methods, the release on close), group.c,
- * module.c (the type).
+ * refuses while a pool has it attached. Failed calls change nothing, as in C.
+ * Callers: pool.c (the Pool methods, the release on close), module.c (the
+ * type).
  */
 #include "py_internal.h"
 
@@ -197,30 +196,6 @@ PyObject *kvp_py_pool_tier_stats(KvpPyPool *self, PyObject *unused)
                          (unsigned long long)s.rejected_geometry, "rejected_key",
                          (unsigned long long)s.rejected_key, "rejected_binding",
                          (unsigned long long)s.rejected_binding);
-}
-
-/* ---- group_tier_load (group.c parses the group) ---------------------------- */
-
-PyObject *kvp_py_tier_load(KvpPyCache **objs, kvp_cache **caches, size_t count,
-                           const kvp_block_key *keys, size_t blocks)
-{
-    size_t loaded = 0;
-    kvp_status stop = KVP_OK, s;
-    kvp_error err;
-    for (size_t i = 0; i < count; i++)
-        *kvp_py_cache_busy(objs[i]) = 1;
-    Py_BEGIN_ALLOW_THREADS
-    s = kvp_cache_group_tier_load(caches, count, keys, blocks, &loaded, &stop, &err);
-    Py_END_ALLOW_THREADS
-    for (size_t i = 0; i < count; i++)
-        *kvp_py_cache_busy(objs[i]) = 0;
-    if (s != KVP_OK)
-        return kvp_py_raise(&err);
-    for (size_t i = 0; loaded && i < count; i++)
-        (*kvp_py_cache_generation(objs[i]))++;
-    if (stop == KVP_OK)
-        return Py_BuildValue("(nO)", (Py_ssize_t)loaded, Py_None);
-    return Py_BuildValue("(ns)", (Py_ssize_t)loaded, kvp_status_name(stop));
 }
 
 static PyMethodDef tier_methods[] = {
