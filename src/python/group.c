@@ -179,20 +179,25 @@ static PyObject *group_publish(PyObject *module, PyObject *args)
     return r;
 }
 
-/* kvp_cache_group_tier_load over checked caches: the GIL released, the caches busy. */
+/* kvp_cache_group_tier_load over checked caches: the GIL released, the caches and
+ * their pools busy (Pool.detach_tier and close raise RuntimeError meanwhile). */
 static PyObject *tier_load(KvpPyCache **objs, kvp_cache **caches, size_t count,
                            const kvp_block_key *keys, size_t blocks)
 {
     size_t loaded = 0;
     kvp_status stop = KVP_OK, s;
     kvp_error err;
-    for (size_t i = 0; i < count; i++)
+    for (size_t i = 0; i < count; i++) { /* the pools too: detach_tier refuses meanwhile */
         *kvp_py_cache_busy(objs[i]) = 1;
+        objs[i]->pool->busy++;
+    }
     Py_BEGIN_ALLOW_THREADS
     s = kvp_cache_group_tier_load(caches, count, keys, blocks, &loaded, &stop, &err);
     Py_END_ALLOW_THREADS
-    for (size_t i = 0; i < count; i++)
+    for (size_t i = 0; i < count; i++) {
         *kvp_py_cache_busy(objs[i]) = 0;
+        objs[i]->pool->busy--;
+    }
     if (s != KVP_OK)
         return kvp_py_raise(&err);
     for (size_t i = 0; loaded && i < count; i++)
