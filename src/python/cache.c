@@ -797,6 +797,17 @@ static PyMethodDef cache_methods[] = {
      "commit_rows(keys, values): commit the first rows of the reservation (as append_rows)."},
     {"discard_rows", (PyCFunction)cache_discard_rows, METH_NOARGS,
      "discard_rows(): end the reservation, its unused pages back to the pool."},
+    {"reserved_slots", (PyCFunction)kvp_py_cache_reserved_slots, METH_VARARGS,
+     "reserved_slots(lane) -> [dict(row, rows, page, view)]: kvp_cache_reserved_slots: where "
+     "the pending reservation's rows of `lane` live, one span per page; each view is a "
+     "writable zero-copy (2, kv_heads, rows, head_width) buffer of that page in its dtype "
+     "(keys then values, as page_view). Write every element, release the arrays, then "
+     "commit_written(rows). The views die with any change of the cache."},
+    {"commit_written", (PyCFunction)kvp_py_cache_commit_written, METH_VARARGS,
+     "commit_written(rows): kvp_cache_commit_written: the first `rows` reserved rows, written "
+     "in place, become visible (checked finite first: NonFiniteKey, NonFiniteValue; "
+     "RowsNotReserved; nothing changes on failure, the reservation stays). BufferError while "
+     "arrays over the slot views are alive."},
     {"truncate", (PyCFunction)cache_truncate, METH_VARARGS,
      "truncate(new_len): shorten the cache (OutOfRange past len; RowsReserved)."},
     {"promise", (PyCFunction)cache_promise, METH_VARARGS,

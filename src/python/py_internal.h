@@ -125,6 +125,13 @@ PyObject *kvp_py_view_new(KvpPyCache *cache, PyObject *keeper, unsigned long *ge
                           Py_ssize_t itemsize, int ndim, const Py_ssize_t *shape,
                           const Py_ssize_t *strides, int is_page, uint32_t page);
 
+/* views.c: makes a view export writable buffers (a reserved slot's, slots.c). */
+void kvp_py_view_set_writable(PyObject *view);
+
+/* slots.c: Cache.reserved_slots and Cache.commit_written (cache.c lists them). */
+PyObject *kvp_py_cache_reserved_slots(KvpPyCache *self, PyObject *args);
+PyObject *kvp_py_cache_commit_written(KvpPyCache *self, PyObject *args);
+
 /* cache.c: Cache.paged_attention's work, on `dec`'s threads when not NULL
  * (Decoder.paged_attention; the caller checked it is open and idle). */
 PyObject *kvp_py_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds,

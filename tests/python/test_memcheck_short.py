@@ -23,6 +23,13 @@ def test_short_run_under_memcheck():
         c.truncate(0)
         with pytest.raises(kvpager.PageNotHeld):
             np.asarray(view)
+        c.reserve_rows(2)
+        (span,) = c.reserved_slots(0)
+        w = np.asarray(span["view"])
+        w[...] = 0x3F80                     # 1.0 in bf16, written in place
+        del w
+        c.commit_written(2)
+        assert np.array_equal(c.keys(), np.ones((1, 2, 2, 8)))
         c.close()
         p.audit()
     with kvpager.Pool(block_tokens=4, heads=2, head_width=8, budget_bytes=1 << 14) as p:
