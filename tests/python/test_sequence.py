@@ -130,6 +130,28 @@ def test_prefix_publish_adopt(pool, model):
         assert np.array_equal(out_b[:, 0], out_c[:, 8])
 
 
+def test_salted_prefixes_are_found_only_under_their_salt(pool, model):
+    x = tokens(9, 19)
+    with kvpager.Sequence(model, pool, 1, 16) as a:
+        a.prefill(x)
+        assert a.publish_prefix(x, salt=(7, 8)) == 2
+        for salt, found in ((None, 0), ((0, 0), 0), ((7, 9), 0), ((7, 8), 8)):
+            with kvpager.Sequence(model, pool, 1, 16) as b:
+                before = pool.stats()["prefix_hits"]
+                kwargs = {} if salt is None else {"salt": salt}
+                assert b.adopt_prefix(x, **kwargs) == found, salt
+                assert b.len == found
+                assert pool.stats()["prefix_hits"] - before == (2 * 2 if found else 0)
+        with kvpager.Sequence(model, pool, 1, 16) as b:
+            with pytest.raises(TypeError):
+                b.adopt_prefix(x, salt=(1,))
+            assert b.len == 0
+        before = (pool.stats(), pool.digest())
+        with pytest.raises(kvpager.PagePublished):    # a page has one key: the salted one
+            a.publish_prefix(x)
+        assert (pool.stats(), pool.digest()) == before
+
+
 def test_layer_cache_views_and_read_only(pool, model):
     with kvpager.Sequence(model, pool, 1, 16) as s:
         s.prefill(tokens(5, 10))
