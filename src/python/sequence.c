@@ -260,6 +260,26 @@ static PyObject *model_update_param(KvpPyModel *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(kvp_param_revision(p));
 }
 
+static PyObject *model_set_accum(KvpPyModel *self, PyObject *args)
+{
+    const char *accum;
+    if (!PyArg_ParseTuple(args, "s:set_accum", &accum))
+        return NULL;
+    if (!self->model)
+        return kvp_py_closed("model");
+    if (self->busy)
+        return kvp_py_busy("model");
+    if (strcmp(accum, "exact") != 0 && strcmp(accum, "fast") != 0) {
+        PyErr_Format(PyExc_ValueError, "kvpager: accum '%s': not 'exact' or 'fast'", accum);
+        return NULL;
+    }
+    kvp_error err;
+    if (kvp_model_set_accum(self->model, accum[0] == 'f' ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT,
+                            &err) != KVP_OK)
+        return kvp_py_raise(&err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *any_enter(PyObject *self, PyObject *unused)
 {
     (void)unused;
@@ -294,6 +314,10 @@ static PyMethodDef model_methods[] = {
      "update_param(layer, index, values) -> new revision: kvp_param_update (values converted "
      "once to float64). Sequences bound before it are stale (CacheLayerRevisionMismatch). "
      "RuntimeError while a sequence of the model steps on another thread."},
+    {"set_accum", (PyCFunction)model_set_accum, METH_VARARGS,
+     "set_accum(accum): kvp_model_set_accum: 'exact' (default) or 'fast' for every layer's "
+     "decode steps over narrow pages (all layers or none). RuntimeError while a sequence of "
+     "the model steps on another thread."},
     {"close", (PyCFunction)model_close, METH_NOARGS,
      "close(): kvp_model_destroy (ModelBusy while sequences live)."},
     {"__enter__", any_enter, METH_NOARGS, NULL},
