@@ -68,6 +68,35 @@ static int may_change(KvpPyCache *self)
     return kvp_py_check_unexported(self->exports, "cache");
 }
 
+/* For attention.c and group.c: the same checks and fields, by function. */
+int kvp_py_cache_may_change(KvpPyCache *self)
+{
+    return may_change(self);
+}
+
+int kvp_py_cache_may_read(KvpPyCache *self)
+{
+    if (cache_closed(self)) {
+        kvp_py_closed("cache");
+        return -1;
+    }
+    if (cache_busy(self)) {
+        kvp_py_busy("cache");
+        return -1;
+    }
+    return 0;
+}
+
+unsigned long *kvp_py_cache_generation(KvpPyCache *self)
+{
+    return gen_of(self);
+}
+
+int *kvp_py_cache_busy(KvpPyCache *self)
+{
+    return self->owner ? &((KvpPySequence *)self->owner)->busy : &self->busy;
+}
+
 static PyObject *cache_wrap(KvpPyPool *pool, kvp_cache *cache, PyObject *owner)
 {
     KvpPyCache *c = PyObject_New(KvpPyCache, &KvpPyCache_Type);
@@ -749,6 +778,12 @@ static PyObject *cache_get_pool(KvpPyCache *self, void *closure)
     return Py_NewRef((PyObject *)self->pool);
 }
 
+static PyObject *cache_get_layer(KvpPyCache *self, void *closure)
+{
+    (void)closure;
+    return Py_NewRef(self->layer ? self->layer : Py_None);
+}
+
 static PyMethodDef cache_methods[] = {
     {"append_rows", (PyCFunction)cache_append_rows, METH_VARARGS,
      "append_rows(keys, values): kvp_cache_append_rows(_typed). keys and values are "
@@ -762,6 +797,17 @@ static PyMethodDef cache_methods[] = {
      "commit_rows(keys, values): commit the first rows of the reservation (as append_rows)."},
     {"discard_rows", (PyCFunction)cache_discard_rows, METH_NOARGS,
      "discard_rows(): end the reservation, its unused pages back to the pool."},
+    {"reserved_slots", (PyCFunction)kvp_py_cache_reserved_slots, METH_VARARGS,
+     "reserved_slots(lane) -> [dict(row, rows, page, view)]: kvp_cache_reserved_slots: where "
+     "the pending reservation's rows of `lane` live, one span per page; each view is a "
+     "writable zero-copy (2, kv_heads, rows, head_width) buffer of that page in its dtype "
+     "(keys then values, as page_view). Write every element, release the arrays, then "
+     "commit_written(rows). The views die with any change of the cache."},
+    {"commit_written", (PyCFunction)kvp_py_cache_commit_written, METH_VARARGS,
+     "commit_written(rows): kvp_cache_commit_written: the first `rows` reserved rows, written "
+     "in place, become visible (checked finite first: NonFiniteKey, NonFiniteValue; "
+     "RowsNotReserved; nothing changes on failure, the reservation stays). BufferError while "
+     "arrays over the slot views are alive."},
     {"truncate", (PyCFunction)cache_truncate, METH_VARARGS,
      "truncate(new_len): shorten the cache (OutOfRange past len; RowsReserved)."},
     {"promise", (PyCFunction)cache_promise, METH_VARARGS,
@@ -811,6 +857,8 @@ static PyGetSetDef cache_getset[] = {
     {"reserved_rows", (getter)cache_get_reserved, NULL, "Rows reserved, not committed.", NULL},
     {"closed", (getter)cache_get_closed, NULL, "True after close().", NULL},
     {"pool", (getter)cache_get_pool, NULL, "The Pool the cache draws pages from.", NULL},
+    {"layer", (getter)cache_get_layer, NULL,
+     "The Layer of a Layer.cache() cache (and its forks), else None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

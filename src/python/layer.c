@@ -29,6 +29,7 @@ static PyObject *layer_wrap(PyTypeObject *type, kvp_layer *layer)
     }
     l->layer = layer;
     l->users = 0;
+    l->busy = 0;
     return (PyObject *)l;
 }
 
@@ -91,6 +92,8 @@ static PyObject *layer_close(KvpPyLayer *self, PyObject *unused)
     (void)unused;
     if (!self->layer)
         Py_RETURN_NONE;
+    if (kvp_py_layer_idle(self) < 0)
+        return NULL;
     if (self->users) {
         PyErr_SetString(PyExc_RuntimeError, "kvpager: the layer is in use (open caches bound to it)");
         return NULL;
@@ -112,10 +115,12 @@ static PyObject *layer_info(KvpPyLayer *self, PyObject *unused)
     kvp_error err;
     if (kvp_layer_info_get(self->layer, &i, &err) != KVP_OK)
         return kvp_py_raise(&err);
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n}", "model_width", (Py_ssize_t)i.model_width,
-                         "heads", (Py_ssize_t)i.heads, "kv_heads", (Py_ssize_t)i.kv_heads,
-                         "head_width", (Py_ssize_t)i.head_width, "window", (Py_ssize_t)i.window,
-                         "sink_tokens", (Py_ssize_t)i.sink_tokens);
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:s}", "model_width",
+                         (Py_ssize_t)i.model_width, "heads", (Py_ssize_t)i.heads, "kv_heads",
+                         (Py_ssize_t)i.kv_heads, "head_width", (Py_ssize_t)i.head_width,
+                         "window", (Py_ssize_t)i.window, "sink_tokens",
+                         (Py_ssize_t)i.sink_tokens, "accum",
+                         i.accum == KVP_ACCUM_FAST ? "fast" : "exact");
 }
 
 static PyObject *layer_set_window(KvpPyLayer *self, PyObject *args, PyObject *kwds)
@@ -126,12 +131,50 @@ static PyObject *layer_set_window(KvpPyLayer *self, PyObject *args, PyObject *kw
         return NULL;
     if (!self->layer)
         return kvp_py_closed("layer");
+    if (kvp_py_layer_idle(self) < 0)
+        return NULL;
     if (window < 0 || sinks < 0) {
         PyErr_SetString(PyExc_ValueError, "kvpager: window and sink_tokens must not be negative");
         return NULL;
     }
     kvp_error err;
     if (kvp_layer_set_window(self->layer, (size_t)window, (size_t)sinks, &err) != KVP_OK)
+        return kvp_py_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *layer_set_accum(KvpPyLayer *self, PyObject *args)
+{
+    const char *accum;
+    if (!PyArg_ParseTuple(args, "s:set_accum", &accum))
+        return NULL;
+    if (!self->layer)
+        return kvp_py_closed("layer");
+    if (kvp_py_layer_idle(self) < 0)
+        return NULL;
+    if (strcmp(accum, "exact") != 0 && strcmp(accum, "fast") != 0) {
+        PyErr_Format(PyExc_ValueError, "kvpager: accum '%s': not 'exact' or 'fast'", accum);
+        return NULL;
+    }
+    kvp_error err;
+    if (kvp_layer_set_accum(self->layer, accum[0] == 'f' ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT,
+                            &err) != KVP_OK)
+        return kvp_py_raise(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *layer_set_kv_scales(KvpPyLayer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"k_scale", "v_scale", NULL};
+    double k, v;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "dd:set_kv_scales", kwlist, &k, &v))
+        return NULL;
+    if (!self->layer)
+        return kvp_py_closed("layer");
+    if (kvp_py_layer_idle(self) < 0)
+        return NULL;
+    kvp_error err;
+    if (kvp_layer_set_kv_scales(self->layer, k, v, &err) != KVP_OK)
         return kvp_py_raise(&err);
     Py_RETURN_NONE;
 }
@@ -176,7 +219,7 @@ static PyObject *layer_update_param(KvpPyLayer *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "nO:update_param", &index, &values))
         return NULL;
     kvp_param *p = layer_param_at(self, index);
-    if (!p)
+    if (!p || kvp_py_layer_idle(self) < 0)
         return NULL;
     Py_buffer b;
     if (kvp_py_f64_buffer(values, &b, "values") < 0)
@@ -212,6 +255,8 @@ static PyObject *layer_cache(KvpPyLayer *self, PyObject *args, PyObject *kwds)
     KvpPyPool *pool = (KvpPyPool *)pool_obj;
     if (!self->layer)
         return kvp_py_closed("layer");
+    if (kvp_py_layer_idle(self) < 0)
+        return NULL;
     if (!pool->pool)
         return kvp_py_closed("pool");
     if (batch < 0 || capacity < 0) {
@@ -269,6 +314,37 @@ static PyMethodDef layer_methods[] = {
      "(kvp_layer_binding_get + kvp_cache_create: its binding records the layer's weights' "
      "revisions, window and scales as of now). The cache holds the layer alive. Errors: "
      "kvp_cache_create's (ZeroCapacity, CapacityExceedsPositions, GeometryMismatch, ...)."},
+    {"forward", (PyCFunction)(void (*)(void))kvp_py_layer_forward, METH_VARARGS | METH_KEYWORDS,
+     "forward(cache, input, ticket=None) -> numpy.ndarray [B, 1, D]: one token through this "
+     "layer and a cache bound to it (kvp_attention_forward: prepare + commit; len + 1). input "
+     "[B, 1, D], converted once to float64. The GIL is released while it computes. A ticket "
+     "(kvpager.Ticket) is made for the call unless one is given. Errors, changing nothing: "
+     "prepare's (InputRank, SingleTokenRequired, InputBatchMismatch, InputWidthMismatch, "
+     "CacheLayerMismatch (another layer's or an external cache), CacheLayerRevisionMismatch "
+     "(the weights changed since the cache was made), CacheWindowMismatch, Full, "
+     "NonFiniteProjection, ..., PoolExhausted), TicketBusy. BufferError while views of the "
+     "cache are exported; TypeError for a Sequence's layer cache."},
+    {"prepare", (PyCFunction)(void (*)(void))kvp_py_layer_prepare, METH_VARARGS | METH_KEYWORDS,
+     "prepare(cache, input, ticket=None) -> Ticket: kvp_attention_prepare: the token's output "
+     "against the cache's rows plus its own, held in the ticket with the pages a commit needs; "
+     "the cache does not change (Ticket.commit(cache) does). The GIL is released. Errors as "
+     "forward, none changing the cache or the pool; a failed prepare leaves a fresh ticket "
+     "empty."},
+    {"reference", (PyCFunction)(void (*)(void))kvp_py_layer_reference,
+     METH_VARARGS | METH_KEYWORDS,
+     "reference(input, dtype=None) -> (output [B, T, D], keys, values [B, kv_heads, T, "
+     "head_width]): the full-prefix causal reference (kvp_attention_reference; with a dtype "
+     "name, kvp_attention_reference_stored: as a pool of that dtype stores K and V), "
+     "independent of any cache; token t's output equals forward's at position t. The GIL is "
+     "released. Errors: ReferenceInputShape, RopePositionOutOfRange, NonFinite*."},
+    {"set_accum", (PyCFunction)layer_set_accum, METH_VARARGS,
+     "set_accum(accum): kvp_layer_set_accum: 'exact' (default) or 'fast' for the layer's "
+     "decode steps over narrow pages (f64 pages are always exact)."},
+    {"set_kv_scales", (PyCFunction)(void (*)(void))layer_set_kv_scales,
+     METH_VARARGS | METH_KEYWORDS,
+     "set_kv_scales(k_scale, v_scale): kvp_layer_set_kv_scales: the fp8 scales of caches "
+     "created from now on (and of reference(dtype='fp8_e4m3')). InvalidArgument ('k_scale', "
+     "'v_scale': not finite, normal and > 0) changes nothing."},
     {"close", (PyCFunction)layer_close, METH_NOARGS,
      "close(): kvp_layer_destroy (RuntimeError while caches from cache() are open)."},
     {"__enter__", layer_enter, METH_NOARGS, NULL},
@@ -282,6 +358,10 @@ PyTypeObject KvpPyLayer_Type = {
     .tp_dealloc = (destructor)layer_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One attention layer (kvp_layer): Layer.create(weights, ...) or "
-              "Layer.random(...); info, set_window, param and update_param.",
+              "Layer.random(...); info, set_window, set_accum, set_kv_scales, param and "
+              "update_param; cache(pool, ...) makes a cache bound to it, which forward(cache, x) "
+              "(or prepare + Ticket.commit) fills one token at a time; reference(x) is the "
+              "full-prefix oracle. Threads: computations (forward, prepare, reference) may "
+              "run on several threads at once; its changes raise RuntimeError meanwhile.",
     .tp_methods = layer_methods,
 };

@@ -2,7 +2,8 @@
  * src/python/module.c: the _kvpager extension module's entry point.
  *
  * Owns: PyInit__kvpager: readies the types (Pool, Cache, View, Model,
- * Sequence), the kvpager.Error hierarchy (errors.c) and the module
+ * Sequence, Decoder, Scheduler, Layer, Ticket, HostTier), the module's functions
+ * (group.c), the kvpager.Error hierarchy (errors.c) and the module
  * constants (the library's version, the dtypes). The pure-Python package
  * kvpager/__init__.py re-exports all of it.
  * Callers: the Python import system.
@@ -15,6 +16,7 @@ static struct PyModuleDef kvpager_module = {
     .m_doc = "kvpager's C extension: pools, caches, page views, models and sequences over "
              "libkvpager's public API. Import the kvpager package instead.",
     .m_size = -1,
+    .m_methods = kvp_py_group_functions,
 };
 
 PyMODINIT_FUNC PyInit__kvpager(void);
@@ -22,7 +24,8 @@ PyMODINIT_FUNC PyInit__kvpager(void)
 {
     PyTypeObject *types[] = {&KvpPyPool_Type, &KvpPyCache_Type, &KvpPyView_Type,
                              &KvpPyModel_Type, &KvpPySequence_Type, &KvpPyDecoder_Type,
-                             &KvpPyScheduler_Type, &KvpPyLayer_Type};
+                             &KvpPyScheduler_Type, &KvpPyLayer_Type, &KvpPyTicket_Type,
+                             &KvpPyHostTier_Type};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -30,7 +33,7 @@ PyMODINIT_FUNC PyInit__kvpager(void)
     if (!m)
         return NULL;
     static const char *names[] = {"Pool",     "Cache",   "View",     "Model",
-                                  "Sequence", "Decoder", "Scheduler", "Layer"};
+                                  "Sequence", "Decoder", "Scheduler", "Layer", "Ticket", "HostTier"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(m);

@@ -31,16 +31,30 @@ static int dtype_from_name(const char *name, kvp_dtype *out)
 static int pool_init(KvpPyPool *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"block_tokens", "heads", "head_width", "budget_bytes", "dtype",
-                             "slab_source", NULL};
+                             "slab_source", "key_secret", NULL};
     kvp_pool_config c;
     kvp_pool_config_init(&c);
     const char *dtype = "f64";
     const char *source = "default";
     Py_ssize_t bt = (Py_ssize_t)c.block_tokens, heads = (Py_ssize_t)c.heads;
     Py_ssize_t hw = (Py_ssize_t)c.head_width, budget = (Py_ssize_t)c.budget_bytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nnnnss:Pool", kwlist, &bt, &heads, &hw,
-                                     &budget, &dtype, &source))
+    PyObject *ks_obj = Py_None;
+    Py_buffer ks = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nnnnssO:Pool", kwlist, &bt, &heads, &hw,
+                                     &budget, &dtype, &source, &ks_obj))
         return -1;
+    if (ks_obj != Py_None && PyObject_GetBuffer(ks_obj, &ks, PyBUF_SIMPLE) < 0)
+        return -1;
+    int ks_ok = !ks.obj || ks.len == KVP_KEY_SECRET_BYTES;
+    if (ks_ok && ks.obj)
+        memcpy(c.key_secret, ks.buf, KVP_KEY_SECRET_BYTES);
+    if (ks.obj)
+        PyBuffer_Release(&ks);
+    if (!ks_ok) {
+        PyErr_Format(PyExc_ValueError, "kvpager: key_secret: not %d bytes",
+                     KVP_KEY_SECRET_BYTES);
+        return -1;
+    }
     if (bt < 0 || heads < 0 || hw < 0 || budget < 0) {
         PyErr_SetString(PyExc_ValueError, "kvpager: Pool sizes must not be negative");
         return -1;
@@ -81,6 +95,7 @@ static void pool_dealloc(KvpPyPool *self)
         kvp_status ignored = kvp_pool_destroy(self->pool, NULL);
         (void)ignored;
     }
+    kvp_py_pool_tier_release(self); /* destroyed: detached */
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -241,6 +256,7 @@ static PyObject *pool_close(KvpPyPool *self, PyObject *unused)
     if (kvp_pool_destroy(self->pool, &err) != KVP_OK)
         return kvp_py_raise(&err);
     self->pool = NULL;
+    kvp_py_pool_tier_release(self); /* kvp_pool_destroy detached it */
     Py_RETURN_NONE;
 }
 
@@ -281,6 +297,19 @@ static PyMethodDef pool_methods[] = {
      "page_layout() -> dict: kvp_page_layout, the format of every page."},
     {"admit", (PyCFunction)pool_admit, METH_VARARGS,
      "admit(pages, watermark_pages=0) -> 'now' | 'later' | 'never' (kvp_pool_admit)."},
+    {"attach_tier", (PyCFunction)(void (*)(void))kvp_py_pool_attach_tier,
+     METH_VARARGS | METH_KEYWORDS,
+     "attach_tier(tier, secret, write_through=False): kvp_pool_tier_attach: the pool writes "
+     "each published page it evicts (write_through: each page it publishes) to `tier` (a "
+     "HostTier, held alive while attached) as a block MACed under `secret` (32 bytes, not all "
+     "zero; every pool sharing the tier must agree on it). Errors: InvalidArgument ('secret', "
+     "'pool': a tier attached already, or a reserved slab)."},
+    {"detach_tier", (PyCFunction)kvp_py_pool_detach_tier, METH_NOARGS,
+     "detach_tier(): kvp_pool_tier_detach (waits for writes in flight; without a tier does "
+     "nothing). close() detaches too."},
+    {"tier_stats", (PyCFunction)kvp_py_pool_tier_stats, METH_NOARGS,
+     "tier_stats() -> dict: kvp_pool_tier_stats (writes, loads, misses, rejected, ...). "
+     "InvalidArgument ('pool') without a tier."},
     {"close", (PyCFunction)pool_close, METH_NOARGS,
      "close(): kvp_pool_destroy. Raises kvpager.PoolBusy (nothing changes) while caches "
      "are attached or pages held. Closing twice does nothing."},
@@ -300,11 +329,13 @@ PyTypeObject KvpPyPool_Type = {
     .tp_dealloc = (destructor)pool_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Pool(block_tokens=16, heads=8, head_width=64, budget_bytes=64 MiB, dtype='f64', "
-              "slab_source='default')\n\n"
+              "slab_source='default', key_secret=None)\n\n"
               "The shared page pool (kvp_pool_create): a fixed budget of equal pages, each "
               "holding K and V of block_tokens positions of `heads` KV heads of one cache lane, "
               "in dtype 'f64', 'f32', 'bf16', 'f16' or 'fp8_e4m3'. Every call is thread-safe. "
-              "A pool outlives its caches: each Cache holds a reference to it. Errors raise "
+              "key_secret (32 bytes) keys the prefix index's block keys (kvp_block_key_chain); "
+              "None draws a random one: give pools that must agree on keys (a shared tier) the "
+              "same. A pool outlives its caches: each Cache holds a reference to it. Errors raise "
               "kvpager.Error subclasses (ZeroSize, BudgetTooSmall, ...); nothing changes.",
     .tp_methods = pool_methods,
     .tp_getset = pool_getset,

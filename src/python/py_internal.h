@@ -29,6 +29,7 @@ typedef struct {
     kvp_pool *pool;
     int busy;  /* calls running with the GIL released: close refuses meanwhile */
     int users; /* schedulers holding the handle (they hold it without owning it) */
+    PyObject *tier; /* strong: the HostTier attached (tier.c), or NULL */
 } KvpPyPool;
 
 typedef struct {
@@ -53,6 +54,8 @@ typedef struct {
     PyObject_HEAD
     kvp_layer *layer; /* owned; NULL once closed */
     Py_ssize_t users; /* open caches created by Layer.cache: close refuses meanwhile */
+    Py_ssize_t busy;  /* attention calls computing with it, the GIL released (attention.c):
+                         its changes (close, set_*, update_param, cache) refuse meanwhile */
 } KvpPyLayer;
 
 typedef struct {
@@ -80,6 +83,8 @@ extern PyTypeObject KvpPyView_Type;
 extern PyTypeObject KvpPyModel_Type;
 extern PyTypeObject KvpPyLayer_Type;
 extern PyTypeObject KvpPySequence_Type;
+extern PyTypeObject KvpPyTicket_Type;
+extern PyTypeObject KvpPyHostTier_Type;
 
 /* errors.c */
 int kvp_py_errors_init(PyObject *module);
@@ -120,10 +125,43 @@ PyObject *kvp_py_view_new(KvpPyCache *cache, PyObject *keeper, unsigned long *ge
                           Py_ssize_t itemsize, int ndim, const Py_ssize_t *shape,
                           const Py_ssize_t *strides, int is_page, uint32_t page);
 
+/* views.c: makes a view export writable buffers (a reserved slot's, slots.c). */
+void kvp_py_view_set_writable(PyObject *view);
+
+/* slots.c: Cache.reserved_slots and Cache.commit_written (cache.c lists them). */
+PyObject *kvp_py_cache_reserved_slots(KvpPyCache *self, PyObject *args);
+PyObject *kvp_py_cache_commit_written(KvpPyCache *self, PyObject *args);
+
 /* cache.c: Cache.paged_attention's work, on `dec`'s threads when not NULL
  * (Decoder.paged_attention; the caller checked it is open and idle). */
 PyObject *kvp_py_paged_attention(KvpPyCache *self, PyObject *args, PyObject *kwds,
                                  KvpPyDecoder *dec);
+
+/* cache.c, for attention.c and group.c: -1 with an exception set unless the
+ * cache may change (open, no sequence's, not busy, nothing exported) or be
+ * read (open, not busy); its generation (its sequence's for a layer cache)
+ * and the busy flag to set while a call runs with the GIL released. */
+int kvp_py_cache_may_change(KvpPyCache *self);
+int kvp_py_cache_may_read(KvpPyCache *self);
+unsigned long *kvp_py_cache_generation(KvpPyCache *self);
+int *kvp_py_cache_busy(KvpPyCache *self);
+
+/* attention.c: the Layer methods over the attention API (layer.c lists them). */
+PyObject *kvp_py_layer_forward(KvpPyLayer *self, PyObject *args, PyObject *kwds);
+PyObject *kvp_py_layer_prepare(KvpPyLayer *self, PyObject *args, PyObject *kwds);
+PyObject *kvp_py_layer_reference(KvpPyLayer *self, PyObject *args, PyObject *kwds);
+/* -1 with RuntimeError set while an attention call computes with the layer. */
+int kvp_py_layer_idle(KvpPyLayer *self);
+
+/* tier.c: the Pool's tier methods (pool.c lists them) and the release of its
+ * HostTier once the pool is destroyed or detached. */
+PyObject *kvp_py_pool_attach_tier(KvpPyPool *self, PyObject *args, PyObject *kwds);
+PyObject *kvp_py_pool_detach_tier(KvpPyPool *self, PyObject *unused);
+PyObject *kvp_py_pool_tier_stats(KvpPyPool *self, PyObject *unused);
+void kvp_py_pool_tier_release(KvpPyPool *self);
+
+/* group.c: the module's functions (kvp_cache_group_*). */
+extern PyMethodDef kvp_py_group_functions[];
 
 /* A change refused because views of the cache's memory are exported. */
 int kvp_py_check_unexported(Py_ssize_t exports, const char *what);

@@ -260,6 +260,26 @@ static PyObject *model_update_param(KvpPyModel *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(kvp_param_revision(p));
 }
 
+static PyObject *model_set_accum(KvpPyModel *self, PyObject *args)
+{
+    const char *accum;
+    if (!PyArg_ParseTuple(args, "s:set_accum", &accum))
+        return NULL;
+    if (!self->model)
+        return kvp_py_closed("model");
+    if (self->busy)
+        return kvp_py_busy("model");
+    if (strcmp(accum, "exact") != 0 && strcmp(accum, "fast") != 0) {
+        PyErr_Format(PyExc_ValueError, "kvpager: accum '%s': not 'exact' or 'fast'", accum);
+        return NULL;
+    }
+    kvp_error err;
+    if (kvp_model_set_accum(self->model, accum[0] == 'f' ? KVP_ACCUM_FAST : KVP_ACCUM_EXACT,
+                            &err) != KVP_OK)
+        return kvp_py_raise(&err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *any_enter(PyObject *self, PyObject *unused)
 {
     (void)unused;
@@ -294,6 +314,10 @@ static PyMethodDef model_methods[] = {
      "update_param(layer, index, values) -> new revision: kvp_param_update (values converted "
      "once to float64). Sequences bound before it are stale (CacheLayerRevisionMismatch). "
      "RuntimeError while a sequence of the model steps on another thread."},
+    {"set_accum", (PyCFunction)model_set_accum, METH_VARARGS,
+     "set_accum(accum): kvp_model_set_accum: 'exact' (default) or 'fast' for every layer's "
+     "decode steps over narrow pages (all layers or none). RuntimeError while a sequence of "
+     "the model steps on another thread."},
     {"close", (PyCFunction)model_close, METH_NOARGS,
      "close(): kvp_model_destroy (ModelBusy while sequences live)."},
     {"__enter__", any_enter, METH_NOARGS, NULL},
@@ -489,11 +513,16 @@ static PyObject *seq_fork(KvpPySequence *self, PyObject *unused)
     return seq_wrap(child, self->model, self->pool);
 }
 
-static PyObject *seq_prefix(KvpPySequence *self, PyObject *args, int publish)
+static PyObject *seq_prefix(KvpPySequence *self, PyObject *args, PyObject *kwds, int publish)
 {
+    static char *kwlist[] = {"prompt", "salt", NULL};
     PyObject *in;
-    if (!PyArg_ParseTuple(args, publish ? "O:publish_prefix" : "O:adopt_prefix", &in))
+    unsigned long long salt_lo = 0, salt_hi = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, publish ? "O|(KK):publish_prefix"
+                                                         : "O|(KK):adopt_prefix",
+                                     kwlist, &in, &salt_lo, &salt_hi))
         return NULL;
+    const kvp_block_key salt = {.lo = salt_lo, .hi = salt_hi};
     if (seq_may_change(self) < 0)
         return NULL;
     Py_buffer b;
@@ -505,8 +534,9 @@ static PyObject *seq_prefix(KvpPySequence *self, PyObject *args, int publish)
         t.shape.dims[i] = (size_t)b.shape[i];
     size_t n = 0;
     kvp_error err;
-    kvp_status s = publish ? kvp_sequence_publish_prefix(self->sequence, &t, &n, &err)
-                           : kvp_sequence_adopt_prefix(self->sequence, &t, &n, &err);
+    kvp_status s = publish
+                       ? kvp_sequence_publish_prefix_salted(self->sequence, &t, &salt, &n, &err)
+                       : kvp_sequence_adopt_prefix_salted(self->sequence, &t, &salt, &n, &err);
     PyBuffer_Release(&b);
     if (s != KVP_OK)
         return kvp_py_raise(&err);
@@ -515,14 +545,14 @@ static PyObject *seq_prefix(KvpPySequence *self, PyObject *args, int publish)
     return PyLong_FromSize_t(n);
 }
 
-static PyObject *seq_adopt_prefix(KvpPySequence *self, PyObject *args)
+static PyObject *seq_adopt_prefix(KvpPySequence *self, PyObject *args, PyObject *kwds)
 {
-    return seq_prefix(self, args, 0);
+    return seq_prefix(self, args, kwds, 0);
 }
 
-static PyObject *seq_publish_prefix(KvpPySequence *self, PyObject *args)
+static PyObject *seq_publish_prefix(KvpPySequence *self, PyObject *args, PyObject *kwds)
 {
-    return seq_prefix(self, args, 1);
+    return seq_prefix(self, args, kwds, 1);
 }
 
 static PyObject *seq_cache(KvpPySequence *self, PyObject *args)
@@ -601,10 +631,14 @@ static PyMethodDef seq_methods[] = {
     {"truncate", (PyCFunction)seq_truncate, METH_VARARGS, "truncate(new_len)."},
     {"promise", (PyCFunction)seq_promise, METH_VARARGS, "promise(pages)."},
     {"reset", (PyCFunction)seq_reset, METH_NOARGS, "reset(): length 0, every page back."},
-    {"adopt_prefix", (PyCFunction)seq_adopt_prefix, METH_VARARGS,
-     "adopt_prefix(prompt) -> tokens adopted from the pool's prefix index (empty sequence)."},
-    {"publish_prefix", (PyCFunction)seq_publish_prefix, METH_VARARGS,
-     "publish_prefix(prompt) -> blocks published (the prompt's full blocks computed so far)."},
+    {"adopt_prefix", (PyCFunction)(void (*)(void))seq_adopt_prefix, METH_VARARGS | METH_KEYWORDS,
+     "adopt_prefix(prompt, salt=None) -> tokens adopted from the pool's prefix index (empty "
+     "sequence). salt (lo, hi) (kvp_sequence_adopt_prefix_salted, vLLM's cache_salt): only "
+     "blocks published under the same salt are found; None or (0, 0): no salt."},
+    {"publish_prefix", (PyCFunction)(void (*)(void))seq_publish_prefix,
+     METH_VARARGS | METH_KEYWORDS,
+     "publish_prefix(prompt, salt=None) -> blocks published (the prompt's full blocks computed "
+     "so far), under salt (kvp_sequence_publish_prefix_salted) when given."},
     {"cache", (PyCFunction)seq_cache, METH_VARARGS,
      "cache(layer) -> Cache: a read-only layer-bound Cache (keys, values, block_table, "
      "page_view); its views are valid until the sequence changes."},

@@ -35,6 +35,7 @@ typedef struct {
     Py_ssize_t strides[4];
     int is_page;
     uint32_t page;
+    int writable; /* a reserved slot's view (slots.c): exports writable buffers */
 } KvpPyView;
 
 PyObject *kvp_py_view_new(KvpPyCache *cache, PyObject *keeper, unsigned long *generation_of,
@@ -61,7 +62,13 @@ PyObject *kvp_py_view_new(KvpPyCache *cache, PyObject *keeper, unsigned long *ge
     }
     v->is_page = is_page;
     v->page = page;
+    v->writable = 0;
     return (PyObject *)v;
+}
+
+void kvp_py_view_set_writable(PyObject *view)
+{
+    ((KvpPyView *)view)->writable = 1;
 }
 
 static void view_dealloc(KvpPyView *v)
@@ -86,7 +93,7 @@ static int view_getbuffer(KvpPyView *v, Py_buffer *out, int flags)
         out->obj = NULL;
         return -1;
     }
-    if (flags & PyBUF_WRITABLE) {
+    if ((flags & PyBUF_WRITABLE) && !v->writable) {
         PyErr_SetString(PyExc_BufferError, "kvpager: views are read-only");
         out->obj = NULL;
         return -1;
@@ -97,7 +104,7 @@ static int view_getbuffer(KvpPyView *v, Py_buffer *out, int flags)
     out->buf = (void *)v->buf;
     out->obj = Py_NewRef((PyObject *)v);
     out->len = len;
-    out->readonly = 1;
+    out->readonly = !v->writable;
     out->itemsize = v->itemsize;
     out->format = (flags & PyBUF_FORMAT) ? (char *)v->format : NULL;
     out->ndim = v->ndim;
@@ -158,6 +165,12 @@ static PyObject *view_get_shape(KvpPyView *v, void *closure)
     for (int i = 0; t && i < v->ndim; i++)
         PyTuple_SET_ITEM(t, i, PyLong_FromSsize_t(v->shape[i]));
     return t;
+}
+
+static PyObject *view_get_writable(KvpPyView *v, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(v->writable);
 }
 
 static PyObject *view_get_exports(KvpPyView *v, void *closure)
@@ -317,6 +330,10 @@ static PyGetSetDef view_getset[] = {
      NULL},
     {"shape", (getter)view_get_shape, NULL, "The shape of the buffer.", NULL},
     {"exports", (getter)view_get_exports, NULL, "Buffers of this view still exported.", NULL},
+    {"writable", (getter)view_get_writable, NULL,
+     "True for a reserved slot's view (Cache.reserved_slots): arrays over it may be written "
+     "until commit_written or any other change of the cache.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -124,19 +124,47 @@ def test_audit_failed_is_typed():
         assert p.audit() is None
 
 
-def test_stub_lists_every_class():
-    """The .pyi stub names every error class and every public class."""
+def stub_blocks():
     import os
+    import re
     stub = os.path.join(os.path.dirname(kvpager.__file__), "__init__.pyi")
     text = open(stub).read()
-    for cls in list(kvpager.error_classes.values()) + [kvpager.Pool, kvpager.Cache,
-                                                       kvpager.View, kvpager.Model,
-                                                       kvpager.Sequence,
-                                                       kvpager.Decoder, kvpager.Scheduler]:
-        assert "class %s(" % cls.__name__ in text or "class %s:" % cls.__name__ in text, cls
+    # top-level names, and each class's body (up to the next top-level line)
+    blocks = {m.group(1): m.group(2) for m in
+              re.finditer(r"^class (\w+)[(:](.*?)(?=^\S)", text + "\nEND", re.S | re.M)}
+    return text, blocks
+
+
+def test_stub_lists_every_class_method_and_function():
+    """The .pyi stub names every error class, every public class with each of
+    its public methods and attributes, and every module function."""
+    text, blocks = stub_blocks()
+    for cls in kvpager.error_classes.values():
+        assert cls.__name__ in blocks, cls
+    for name in kvpager.__all__:
+        obj = getattr(kvpager, name)
+        if isinstance(obj, type) and issubclass(obj, kvpager.Error):
+            continue
+        if isinstance(obj, type):
+            assert name in blocks, name
+            for attr in dir(obj):
+                if attr.startswith("_"):
+                    continue
+                assert ("def %s(" % attr) in blocks[name] or ("%s:" % attr) in blocks[name], \
+                    (name, attr)
+        elif callable(obj):
+            assert ("\ndef %s(" % name) in text, name
+        else:
+            assert ("\n%s:" % name) in text or name == "error_classes", name
 
 
 def test_help_is_readable():
     import pydoc
     text = pydoc.render_doc(kvpager.Pool, renderer=pydoc.plaintext)
     assert "kvp_pool_create" in text and "audit" in text and "PoolBusy" in text
+    for obj, words in ((kvpager.Layer, ("kvp_attention_forward", "Ticket", "reference")),
+                       (kvpager.Ticket, ("kvp_ticket_commit", "TicketStale", "discard")),
+                       (kvpager.group_adopt, ("kvp_cache_group_adopt", "keys")),
+                       (kvpager.Cache, ("kvp_cache_append_rows", "block_table"))):
+        text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+        assert all(w in text for w in words), (obj, words)

@@ -18,7 +18,7 @@ def test_random_info_and_determinism():
     b = kvpager.Layer.random(8, 2, 32, seed=7)
     c = kvpager.Layer.random(8, 2, 32, seed=8)
     assert a.info() == {"model_width": 8, "heads": 2, "kv_heads": 2, "head_width": 4,
-                        "window": 0, "sink_tokens": 0}
+                        "window": 0, "sink_tokens": 0, "accum": "exact"}
     for i in range(4):
         assert a.param(i).shape == (8, 8)
         assert np.array_equal(a.param(i), b.param(i))

@@ -8,7 +8,7 @@ import numpy as np
 import kvpager
 
 
-def cycle(model, decoder):
+def cycle(model, decoder, layer):
     with kvpager.Pool(block_tokens=4, heads=2, head_width=8, budget_bytes=1 << 15) as p:
         c = kvpager.Cache(p, batch_size=1, capacity=16)
         k = np.ones((1, 2, 5, 8))
@@ -22,7 +22,28 @@ def cycle(model, decoder):
         except kvpager.Error:
             pass
         f.close()
+        c.reserve_rows(2)
+        for span in c.reserved_slots(0):
+            np.asarray(span["view"])[...] = 0.5
+        c.commit_written(2)
         c.close()
+        with layer.cache(p, batch_size=1, capacity=8) as lc:
+            layer.forward(lc, np.zeros((1, 1, 16)))
+            t = layer.prepare(lc, np.ones((1, 1, 16)))
+            t.result()
+            t.commit(lc)
+            pending = layer.prepare(lc, np.ones((1, 1, 16)))  # its pages go back with it
+            try:
+                layer.forward(lc, np.zeros((1, 1, 3)))
+            except kvpager.InputWidthMismatch:
+                pass
+            layer.reference(np.zeros((1, 2, 16)), dtype="bf16")
+            kvpager.group_probe([lc], [(1, 2)])
+            try:
+                kvpager.group_adopt([lc, c], [])
+            except ValueError:
+                pass
+            del pending, t
         with kvpager.Sequence(model, p, 1, 8) as s:
             s.prefill(np.zeros((1, 3, 16)))
             s.step(np.zeros((1, 1, 16)))
@@ -41,6 +62,7 @@ def cycle(model, decoder):
 
 def counts(model):
     return tuple(sys.getrefcount(o) for o in (model, kvpager.Pool, kvpager.Cache, kvpager.View,
+                                               kvpager.Layer, kvpager.Ticket,
                                                kvpager.Sequence, kvpager.Scheduler,
                                                kvpager.Decoder, kvpager.Full,
                                                kvpager.InvalidArgument))
@@ -54,14 +76,15 @@ def rss_kib():
 def test_no_reference_or_memory_growth():
     model = kvpager.Model.random(2, 16, 2, 16, seed=1)
     decoder = kvpager.Decoder(2)
+    layer = kvpager.Layer.random(16, 2, 16, seed=3)
     for _ in range(200):  # warm up allocators and caches
-        cycle(model, decoder)
+        cycle(model, decoder, layer)
     gc.collect()
     refs = counts(model)
     rss0 = rss_kib()
     blocks0 = sys.getallocatedblocks()
     for _ in range(2000):
-        cycle(model, decoder)
+        cycle(model, decoder, layer)
     gc.collect()
     grown_kib = rss_kib() - rss0
     grown_blocks = sys.getallocatedblocks() - blocks0

@@ -130,6 +130,28 @@ def test_prefix_publish_adopt(pool, model):
         assert np.array_equal(out_b[:, 0], out_c[:, 8])
 
 
+def test_salted_prefixes_are_found_only_under_their_salt(pool, model):
+    x = tokens(9, 19)
+    with kvpager.Sequence(model, pool, 1, 16) as a:
+        a.prefill(x)
+        assert a.publish_prefix(x, salt=(7, 8)) == 2
+        for salt, found in ((None, 0), ((0, 0), 0), ((7, 9), 0), ((7, 8), 8)):
+            with kvpager.Sequence(model, pool, 1, 16) as b:
+                before = pool.stats()["prefix_hits"]
+                kwargs = {} if salt is None else {"salt": salt}
+                assert b.adopt_prefix(x, **kwargs) == found, salt
+                assert b.len == found
+                assert pool.stats()["prefix_hits"] - before == (2 * 2 if found else 0)
+        with kvpager.Sequence(model, pool, 1, 16) as b:
+            with pytest.raises(TypeError):
+                b.adopt_prefix(x, salt=(1,))
+            assert b.len == 0
+        before = (pool.stats(), pool.digest())
+        with pytest.raises(kvpager.PagePublished):    # a page has one key: the salted one
+            a.publish_prefix(x)
+        assert (pool.stats(), pool.digest()) == before
+
+
 def test_layer_cache_views_and_read_only(pool, model):
     with kvpager.Sequence(model, pool, 1, 16) as s:
         s.prefill(tokens(5, 10))
@@ -250,3 +272,30 @@ def test_model_create_errors():
         kvpager.Model.create([(w, w, w)], 2, 16)
     with pytest.raises(kvpager.InvalidArgument):
         kvpager.Model.create([], 2, 16)
+
+
+def test_model_set_accum():
+    """kvp_model_set_accum: 'fast' steps over f32 pages stay close to 'exact' ones;
+    back to 'exact' the bits are exact's again; a bad level changes nothing."""
+    m = kvpager.Model.random(2, WIDTH, 2, 32, seed=4)
+    p32 = kvpager.Pool(block_tokens=4, heads=2, head_width=WIDTH // 2, budget_bytes=1 << 16,
+                       dtype="f32")
+    x = tokens(10, 30)
+
+    def steps():
+        with kvpager.Sequence(m, p32, 1, 16) as s:
+            return np.concatenate([s.step(t) for t in np.split(x, 10, axis=1)], axis=1)
+
+    exact = steps()
+    m.set_accum("fast")
+    fast = steps()
+    assert not np.array_equal(fast, exact)           # f32 reads with FMA: other bits ...
+    assert np.allclose(fast, exact, rtol=1e-5, atol=1e-6)   # ... within f32's error
+    with pytest.raises(ValueError):
+        m.set_accum("fastest")
+    assert np.array_equal(steps(), fast)             # still fast
+    m.set_accum("exact")
+    assert np.array_equal(steps(), exact)
+    m.close()
+    with pytest.raises(ValueError, match="closed"):
+        m.set_accum("exact")
