@@ -299,9 +299,12 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
  *   cow when the length is mid-block, and the parent's epoch advances then.
  * adopt_locked: for blocks b = 0, 1, .. n-1 past the caches' common length
  *   (a block boundary), looks up keys[(b * count + c) * batch + lane] for
- *   every cache c and lane; stops at the first block with a miss (counted
- *   once in prefix_misses); shares the pages of every block before it
- *   (prefix_hits), advances len by block_tokens per block and the epochs.
+ *   every cache c and lane; adopts the longest prefix group_hits_locked
+ *   allows (a shorter one than n counts one prefix miss); shares the pages
+ *   each cache needs at that length (group_needs; prefix_hits counts them),
+ *   advances len by block_tokens per block and the epochs, and releases
+ *   what the windows no longer need (a sliding cache's blocks before its
+ *   window stay null entries, released).
  *   *adopted = the blocks adopted. BLOCK_BINDING_MISMATCH, changing
  *   nothing (no hit or miss counted either), when a page of a hit block was
  *   published under another binding digest than its adopter's.
@@ -325,6 +328,20 @@ void kvpi_cache_audit_writer(const kvp_cache *writer, size_t block, uint32_t pag
                              kvpi_audit *audit);
 /* fork_into for `count` parents of one pool, in one hold of the lock (a sequence's layers). */
 void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children, size_t count);
+/*
+ * The prefix hit rule with windows (share_window.c). group_needs: 1 when
+ *   cache (of a group whose common length is block `first`) needs block
+ *   first + j for a prefix of first + hits blocks: always for a full cache;
+ *   for a sliding one its sink blocks and those from kvpi_cache_live_from
+ *   at that length (what a cache of that length keeps). group_hits_locked:
+ *   the largest hits <= n for which every needed block of every cache has
+ *   every lane's key indexed (full caches left to right, sliding ones right
+ *   to left within that length, to a fixpoint); *evictable (may be NULL) =
+ *   of the needed pages, those no table names. Changes nothing.
+ */
+int kvpi_group_needs(const kvp_cache *cache, size_t first, size_t hits, size_t j);
+size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
+                              const kvp_block_key *keys, size_t n, size_t *evictable);
 kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
                                    const kvp_block_key *keys, size_t n, size_t *adopted,
                                    kvp_error *err);

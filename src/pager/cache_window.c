@@ -57,6 +57,9 @@ size_t kvpi_cache_release_front_locked(kvp_cache *cache)
     for (size_t block = from; block < end; block++) {
         for (size_t lane = 0; lane < cache->batch_size; lane++) {
             uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
+            if (*slot == KVPI_NO_PAGE) {
+                continue; /* an adoption left it unmapped: the window never needed it */
+            }
             kvpi_pool_put_locked(cache->pool, *slot);
             *slot = KVPI_NO_PAGE;
         }
