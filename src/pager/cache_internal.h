@@ -87,10 +87,14 @@ struct kvp_cache {
      * set). released_end: every lane's blocks [sink_blocks, released_end)
      * are KVPI_NO_PAGE, released; none when released_end <= sink_blocks
      * (kvpi_cache_sink_blocks). Changes under the pool lock.
+     * release_hold: releases wait (kvpi_cache_hold_release_many) until
+     * kvpi_cache_resume_release_many, so an owner can publish a prefill's
+     * blocks before its window lets them go; cleared by a reset.
      */
     size_t window;
     size_t sinks;
     size_t released_end;
+    int release_hold;
 };
 
 /*
@@ -144,6 +148,17 @@ static inline size_t kvpi_cache_held_blocks(const kvp_cache *cache)
  * times lanes), for the committer's promise refund.
  */
 size_t kvpi_cache_release_front_locked(kvp_cache *cache);
+/*
+ * hold_release_many: the caches release nothing (every commit, settle and
+ * adoption keeps its blocks) until resume_release_many, which releases what
+ * their windows no longer need and returns the pages released (no promise
+ * refunded: the caller sets its promise again). Each takes the pool lock.
+ * The scheduler holds a prompt's prefill so it can publish the prompt's
+ * blocks before they go: a prefill holds every block it writes until its
+ * end anyway, so the hold adds nothing to its peak.
+ */
+void kvpi_cache_hold_release_many(kvp_cache *const *caches, size_t count);
+size_t kvpi_cache_resume_release_many(kvp_cache *const *caches, size_t count);
 /* Sets window, sinks (the reader's) and released_end = 0 at creation (cache_window.c). */
 void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding);
 /*

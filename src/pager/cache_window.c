@@ -5,8 +5,9 @@
  * Owns: the binding window reader (the process-wide function attention
  * registers so the pager learns a layer-bound cache's W and S without
  * reading the owner's record), the release of blocks no window needs any
- * more, the truncate check against released blocks and the page bound a
- * windowed cache can hold (kvp_cache_pages_held_max).
+ * more, the hold that lets an owner publish blocks before they are
+ * released, the truncate check against released blocks and the page bound
+ * a windowed cache can hold (kvp_cache_pages_held_max).
  *
  * Invariants:
  *   - a released block is KVPI_NO_PAGE in every lane, lies past the sink
@@ -37,6 +38,7 @@ void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding)
     cache->window = 0;
     cache->sinks = 0;
     cache->released_end = 0;
+    cache->release_hold = 0;
     kvpi_binding_window_fn fn = atomic_load(&window_reader);
     if (fn != NULL && binding->kind != KVP_BINDING_EXTERNAL) {
         size_t w = 0, s = 0;
@@ -48,7 +50,7 @@ void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding)
 
 size_t kvpi_cache_release_front_locked(kvp_cache *cache)
 {
-    if (cache->window == 0 || cache->cow_defer) {
+    if (cache->window == 0 || cache->cow_defer || cache->release_hold) {
         return 0;
     }
     size_t sb = kvpi_cache_sink_blocks(cache);
@@ -69,6 +71,27 @@ size_t kvpi_cache_release_front_locked(kvp_cache *cache)
     }
     cache->released_end = end;
     return (end - from) * cache->batch_size;
+}
+
+void kvpi_cache_hold_release_many(kvp_cache *const *caches, size_t count)
+{
+    kvpi_pool_lock(caches[0]->pool);
+    for (size_t c = 0; c < count; c++) {
+        caches[c]->release_hold = 1;
+    }
+    kvpi_pool_unlock(caches[0]->pool);
+}
+
+size_t kvpi_cache_resume_release_many(kvp_cache *const *caches, size_t count)
+{
+    size_t released = 0;
+    kvpi_pool_lock(caches[0]->pool);
+    for (size_t c = 0; c < count; c++) {
+        caches[c]->release_hold = 0;
+        released += kvpi_cache_release_front_locked(caches[c]);
+    }
+    kvpi_pool_unlock(caches[0]->pool);
+    return released;
 }
 
 kvp_status kvpi_cache_truncate_check(const kvp_cache *cache, size_t len, kvp_error *err)

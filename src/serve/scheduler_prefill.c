@@ -15,7 +15,11 @@
  * the decoder's step slot the step reserved before admitting, so it
  * cannot be refused; a failed job fails its whole request after the phase
  * (mark, then fail), and a request that failed publishes and forks
- * nothing; the statistics count the requests that did not fail.
+ * nothing; the statistics count the requests that did not fail; with
+ * sharing, sample 0's caches release nothing their windows let go from the
+ * prompt phase until the fork phase published the prompt's blocks
+ * (kvpi_cache_hold_release_many), so later prompts find every block a
+ * sliding layer may need, not only those it still holds at the end.
  * Callers: scheduler_step.c (kvp_scheduler_step, after admit). Calls the
  * queue room and leases.
  */
@@ -134,6 +138,8 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         pl->adopted = adopt_prompt(s, pl, prompt, &s->running[at].lease);
         promise_samples(s, rec, at);
         if (s->config.sharing) {
+            /* Windows release nothing until fork_samples published the prompt's blocks. */
+            kvpi_cache_hold_release_many(lease_caches(&s->running[at].lease), s->layers);
             size_t tokens = prompt - pl->adopted + (n == 1 ? g : 0);
             append(s, &s->running[at], pl->rows + pl->adopted, tokens, &count);
         } else {
@@ -172,6 +178,20 @@ static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_
         (void)status;
         /* Every page registered: held, they stay so until the request's pages go back. */
         rec->prompt_registered = left == 0;
+    }
+    /*
+     * Published, the blocks no window needs go (to the LRU list: later
+     * prompts still adopt them) before the fork, which shares only live ones.
+     */
+    size_t released = kvpi_cache_resume_release_many(parent, s->layers);
+    if (n == 1 && released != 0) {
+        /* The prefill's settle refunded nothing: its promise, exactly, from here. */
+        lease *l0 = &s->running[here].lease;
+        size_t cap = s->layers * blocks_of(s, s->config.capacity);
+        size_t want = lease_pages_for(s, l0, prompt + sample_tokens(s, rec));
+        kvp_status status = lease_promise(s, l0, want < cap ? want : cap, NULL);
+        assert(status == KVP_OK); /* within the cap */
+        (void)status;
     }
     kvpi_pool_lock(s->pool);
     for (size_t k = 1; k < n; k++) {
@@ -245,6 +265,9 @@ void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp
         at += rec->request.samples;
         if (s->config.sharing && !rec->failed) {
             fork_samples(s, pl, rec, here, &count);
+        } else if (s->config.sharing) {
+            (void)kvpi_cache_resume_release_many(lease_caches(&s->running[here].lease),
+                                                 s->layers); /* its pages go back anyway */
         }
     }
     run_jobs(s, count); /* a refusal runs them here: cannot fail (no jobs: nothing) */
