@@ -128,6 +128,9 @@ size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
             }
         }
     }
+    if (evictable == NULL) {
+        return hits; /* adopt: no second pass */
+    }
     size_t idle = 0;
     size_t first = caches[0]->len / caches[0]->block_tokens;
     for (size_t j = 0; j < hits; j++) {
@@ -137,8 +140,6 @@ size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
             }
         }
     }
-    if (evictable != NULL) {
-        *evictable = idle;
-    }
+    *evictable = idle;
     return hits;
 }
