@@ -12,8 +12,9 @@
  *     bit for bit, releasing by the window rule at every step;
  *   - the rule against a brute force written out separately (for every
  *     block size 1..3, W 1..7 with the block edges on either side, sinks
- *     0..3, each block in turn missing, several request lengths): the hit
- *     length and every table entry;
+ *     0..3, each block in turn missing, several request lengths, and in
+ *     two calls, the second from the first's length): the hit length and
+ *     every table entry;
  *   - a failed adopt (a needed page published under another binding)
  *     changes nothing in any cache of the group, while the same forged page
  *     before a sliding cache's window is never looked at;
@@ -321,6 +322,43 @@ static size_t brute_hits(size_t window, size_t sinks, size_t bt, unsigned holes,
     }
 }
 
+/* The same from a cache already `first` blocks long: only blocks >= first are looked up. */
+static size_t brute_hits_from(size_t window, size_t sinks, size_t bt, unsigned holes,
+                              size_t first, size_t n)
+{
+    for (size_t h = n;; h--) {
+        int ok = 1;
+        for (size_t b = first; b < first + h; b++) {
+            if (kept(window, sinks, bt, (first + h) * bt, b) && (holes >> b & 1u)) {
+                ok = 0;
+            }
+        }
+        if (ok || h == 0) {
+            return h;
+        }
+    }
+}
+
+/* Adopts in two calls: half the blocks, then the rest from there. */
+static void adopt_twice(const group *g, kvp_pool *pool, unsigned holes)
+{
+    kvp_error err;
+    size_t blocks = g->tokens / g->bt;
+    kvp_cache *cache;
+    adopters(g, pool, &cache);
+    size_t got = 99, more = 99;
+    kvpt_assert_ok(kvp_cache_group_adopt(&cache, 1, g->keys, blocks / 2, &got, &err), &err);
+    assert_int_equal(got, brute_hits(g->window[0], g->sinks[0], g->bt, holes, blocks / 2));
+    kvpt_assert_ok(kvp_cache_group_adopt(&cache, 1, g->keys + got * BATCH, blocks - got, &more,
+                                         &err),
+                   &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(more, brute_hits_from(g->window[0], g->sinks[0], g->bt, holes, got,
+                                           blocks - got));
+    check_adopted(g, &cache, got + more);
+    kvpt_destroy_cache(cache, pool);
+}
+
 static void test_window_share_rule_matches_brute_force(void **state)
 {
     (void)state;
@@ -358,6 +396,7 @@ static void test_window_share_rule_matches_brute_force(void **state)
                         partial += hole < got;
                         kvpt_destroy_cache(cache, pool);
                     }
+                    adopt_twice(&g, pool, holes);
                     group_close(&g, pool);
                     close_pool(pool);
                 }
