@@ -19,7 +19,8 @@
  *     changes nothing in any cache of the group, while the same forged page
  *     before a sliding cache's window is never looked at;
  *   - publishing: a group publish of a sliding cache registers the pages it
- *     holds and skips its released blocks (one call, nothing refused);
+ *     holds and skips its released blocks (one call, nothing refused); a
+ *     cache whose releases are held adopts as a full one;
  *   - a windowed model (a full layer, W = 5, W = 3 with 3 sinks): a
  *     sequence that adopts a published prefix and prefills the rest
  *     computes the outputs of one that prefills the whole prompt, bit for
@@ -500,7 +501,13 @@ static void test_window_share_group_publish_skips_released(void **state)
     /* A cache of one layer adopts them: the rule of each kind. */
     kvp_cache *fresh[2];
     adopters(&g, pool, fresh);
-    size_t got = 0;
+    size_t got = 99;
+    /* Releases held (the scheduler's prompt), W = 3 keeps every block: block 0 is missing. */
+    kvpi_cache_hold_release_many(&fresh[1], 1);
+    kvpt_assert_ok(kvp_cache_group_adopt(fresh, 2, g.keys, 6, &got, &err), &err);
+    assert_int_equal(got, 0);
+    assert_int_equal(kvpi_cache_resume_release_many(&fresh[1], 1), 0);
+    kvpt_assert_pool_ok(pool);
     kvpt_assert_ok(kvp_cache_group_adopt(fresh, 2, g.keys, 6, &got, &err), &err);
     kvpt_assert_pool_ok(pool);
     assert_int_equal(got, 6);

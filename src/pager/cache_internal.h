@@ -346,8 +346,9 @@ void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children,
 /*
  * The prefix hit rule with windows (share_window.c). group_needs: 1 when
  *   cache (of a group whose common length is block `first`) needs block
- *   first + j for a prefix of first + hits blocks: always for a full cache;
- *   for a sliding one its sink blocks and those from kvpi_cache_live_from
+ *   first + j for a prefix of first + hits blocks: always for a full cache
+ *   (and one whose releases are held: it keeps every block until it
+ *   resumes); for a sliding one its sink blocks and those from kvpi_cache_live_from
  *   at that length (what a cache of that length keeps). group_hits_locked:
  *   the largest hits <= n for which every needed block of every cache has
  *   every lane's key indexed (full caches left to right, sliding ones right

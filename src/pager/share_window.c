@@ -14,7 +14,8 @@
  * Invariants:
  *   - kvpi_group_needs(c, first, h, j) is 1 exactly for the blocks a cache
  *     of length (first + h) * bt holds after its front truncation: the sink
- *     blocks and the blocks from kvpi_cache_live_from on; an adoption maps
+ *     blocks and the blocks from kvpi_cache_live_from on (every block for a
+ *     full cache, and for one whose releases are held); an adoption maps
  *     exactly those, so an adopted cache is indistinguishable from one that
  *     computed its rows (the audit's I4 with null entries holds);
  *   - kvpi_group_hits_locked looks pages up only (changes nothing, counters
@@ -25,10 +26,19 @@
  */
 #include "pager/cache_internal.h"
 
+/*
+ * A cache that releases: a window, and no hold (a held cache keeps every
+ * block until it resumes, so it adopts as a full one would).
+ */
+static int sliding(const kvp_cache *cache)
+{
+    return cache->window != 0 && !cache->release_hold;
+}
+
 /* 1 when cache `c` (of a group at block `first`) needs block first + j at length first + h. */
 int kvpi_group_needs(const kvp_cache *cache, size_t first, size_t hits, size_t j)
 {
-    if (cache->window == 0) {
+    if (!sliding(cache)) {
         return 1;
     }
     size_t block = first + j;
@@ -63,7 +73,7 @@ static size_t full_hits(const kvp_pool *pool, const kvp_cache *const *caches, si
     size_t batch = caches[0]->batch_size;
     for (size_t j = 0; j < n; j++) {
         for (size_t c = 0; c < count; c++) {
-            if (caches[c]->window == 0 && !block_hit(pool, keys, count, batch, c, j, NULL)) {
+            if (!sliding(caches[c]) && !block_hit(pool, keys, count, batch, c, j, NULL)) {
                 return j;
             }
         }
@@ -118,7 +128,7 @@ size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
     for (int changed = 1; changed && hits > 0;) {
         changed = 0;
         for (size_t c = 0; c < count && hits > 0; c++) {
-            if (caches[c]->window == 0) {
+            if (!sliding(caches[c])) {
                 continue;
             }
             size_t h = sliding_hits(pool, caches, count, keys, c, hits);
