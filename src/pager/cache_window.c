@@ -73,8 +73,22 @@ size_t kvpi_cache_release_front_locked(kvp_cache *cache)
     return (end - from) * cache->batch_size;
 }
 
+/* 1 when a cache of the group has a window (fixed at creation: read without the lock). */
+static int any_window(kvp_cache *const *caches, size_t count)
+{
+    for (size_t c = 0; c < count; c++) {
+        if (caches[c]->window != 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void kvpi_cache_hold_release_many(kvp_cache *const *caches, size_t count)
 {
+    if (!any_window(caches, count)) {
+        return; /* nothing to hold: no lock taken (allocator-only leases) */
+    }
     kvpi_pool_lock(caches[0]->pool);
     for (size_t c = 0; c < count; c++) {
         caches[c]->release_hold = 1;
@@ -85,6 +99,9 @@ void kvpi_cache_hold_release_many(kvp_cache *const *caches, size_t count)
 size_t kvpi_cache_resume_release_many(kvp_cache *const *caches, size_t count)
 {
     size_t released = 0;
+    if (!any_window(caches, count)) {
+        return 0; /* never held */
+    }
     kvpi_pool_lock(caches[0]->pool);
     for (size_t c = 0; c < count; c++) {
         caches[c]->release_hold = 0;
