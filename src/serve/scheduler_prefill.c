@@ -176,7 +176,10 @@ static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_
                                                            0, pl->key_blocks, &left, NULL);
         assert(status == KVP_OK);
         (void)status;
-        /* Every page registered: held, they stay so until the request's pages go back. */
+        /*
+         * Every page registered: held, they stay so until the request's pages
+         * go back (but those a window releases below, which wait on the LRU list).
+         */
         rec->prompt_registered = left == 0;
     }
     /*
