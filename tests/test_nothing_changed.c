@@ -139,7 +139,8 @@
  *               test_tier_async.c (pool, cache, pool and host tier counters)
  *   windows     BLOCK_RELEASED of kvp_cache_truncate (state snapshot) and of
  *               kvp_cache_publish_block, POOL_EXHAUSTED of a windowed step at
- *               its page peak: test_window_pager.c
+ *               its page peak: test_window_pager.c; BLOCK_BINDING_MISMATCH
+ *               of a group adopt with sliding caches: test_window_share.c
  *
  * Every check also compares the prefix cache (prefix_state: the index's
  * entries, the LRU order, cached, evictable, evictions), and every world

@@ -12,7 +12,7 @@
  *     it, and kvp_sequence_held_pages counts no released block; re-promising
  *     mid-run still covers every step; a prefill's promise refills at its
  *     end;
- *   - a scheduler with sharing over a windowed model is refused ("model");
+ *   - a scheduler with sharing over a windowed model is made;
  *   - the scheduler (sharing 0) admits a windowed request for the larger of
  *     its prefill (every block) and its level (a sliding layer's peak), then
  *     promises the level: exact admitted counts and pages on a hybrid model,
@@ -26,9 +26,8 @@
  *     same model with full layers admits one;
  *   - a windowed cache's table: the blocks kvpi_cache_block_released names
  *     (what the scheduler's kept-page count skips) are exactly the
- *     KVP_PAGE_RELEASED entries. The scheduler itself cannot run a windowed
- *     session yet: sessions need sharing, and with sharing it publishes
- *     prompt blocks a prefill's settle released (issue 21, part 3);
+ *     KVP_PAGE_RELEASED entries (test_window_sched.c runs windowed
+ *     sessions);
  *   - a tier load into a windowed cache releases what the window no longer
  *     needs, as a commit does.
  * Deterministic: no threads, fixed inputs.
@@ -265,10 +264,10 @@ static void test_window_serve_admits_n_where_full_admits_one(void **state)
 }
 
 /*
- * A scheduler with sharing over a windowed model is refused up front (its
- * prefix rule is not built), naming "model"; without sharing it is made.
+ * A scheduler with sharing over a windowed model is made (the prefix rule
+ * with windows, test_window_sched.c runs it), and so is one without.
  */
-static void test_window_serve_scheduler_refuses_sharing_over_windows(void **state)
+static void test_window_serve_scheduler_shares_over_windows(void **state)
 {
     (void)state;
     kvp_model *model = model_of(4, 0);
@@ -279,16 +278,14 @@ static void test_window_serve_scheduler_refuses_sharing_over_windows(void **stat
     kvp_scheduler_config config;
     kvp_scheduler_config_init(&config);
     config.capacity = T;
-    kvp_scheduler *s = (kvp_scheduler *)0x1;
-    assert_int_equal(kvp_scheduler_create(model, pool, decoder, &config, &s, &err),
-                     KVP_INVALID_ARGUMENT);
-    assert_string_equal(err.argument, "model");
-    assert_ptr_equal(s, (kvp_scheduler *)0x1);
-    kvpt_assert_pool_ok(pool);
-    config.sharing = 0;
-    kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
-    kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
-    kvpt_assert_pool_ok(pool);
+    assert_int_equal(config.sharing, 1);
+    for (int sharing = 1; sharing >= 0; sharing--) {
+        config.sharing = sharing;
+        kvp_scheduler *s = NULL;
+        kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
+        kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
+        kvpt_assert_pool_ok(pool);
+    }
     kvpt_destroy_decoder(decoder);
     kvpt_destroy_pool(pool);
     kvpt_destroy_model(model);
@@ -542,11 +539,11 @@ int main(void)
         cmocka_unit_test(test_window_serve_promise_is_a_level),
         cmocka_unit_test(test_window_serve_admits_n_where_full_admits_one),
         cmocka_unit_test(test_window_serve_released_blocks_are_the_null_entries),
-        cmocka_unit_test(test_window_serve_scheduler_refuses_sharing_over_windows),
         cmocka_unit_test(test_window_serve_scheduler_admits_the_level),
         cmocka_unit_test(test_window_serve_scheduler_rejects_by_the_peak),
         cmocka_unit_test(test_window_serve_scheduler_preempts_exactly),
         cmocka_unit_test(test_window_serve_scheduler_allocator_only_counts_full),
+        cmocka_unit_test(test_window_serve_scheduler_shares_over_windows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

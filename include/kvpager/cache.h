@@ -600,7 +600,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_block_key_chain(const kvp_block_key *parent
  * Already registered under `key`, or `key` already naming another page:
  * success, nothing changes. Errors, in this order: NULL_ARGUMENT ("cache",
  * "key"); OUT_OF_RANGE ("lane"; "block" when block >= len / block_tokens,
- * i.e. not full); PAGE_PUBLISHED (the page is registered under another key).
+ * i.e. not full); BLOCK_RELEASED (the window released that block: there is
+ * no page to name; kvp_cache_group_publish skips such blocks instead);
+ * PAGE_PUBLISHED (the page is registered under another key).
  * Threads: one caller at a time per cache (its owner); other caches of the
  * pool may be used concurrently (the index is under the pool's mutex).
  */
@@ -616,7 +618,13 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_publish_block(kvp_cache *cache, size_
  * block where a lane misses it stops (one prefix miss); every block before
  * it is mapped (each page's reference count + 1, an evictable page held
  * again, one prefix hit per page) and len grows by block_tokens per block.
- * Blocks past the capacity are not looked up. *blocks_adopted = blocks
+ * Blocks past the capacity are not looked up. A cache with a sliding
+ * window (kvp_layer_set_window) needs only the blocks it would keep at the
+ * prefix's length L: its sink blocks and those covering [L - W, L); it
+ * adopts the longest prefix whose needed blocks all hit (so a miss before
+ * the window does not end it), and its other blocks stay null entries
+ * (KVP_PAGE_RELEASED), as if computed and released (see
+ * kvp_cache_group_adopt). *blocks_adopted = blocks
  * adopted (0 is success). Errors, in this order: NULL_ARGUMENT ("cache",
  * "keys" when blocks > 0, "adopted"); ROWS_RESERVED; NOT_AT_BLOCK_BOUNDARY (len is not a
  * multiple of block_tokens); BLOCK_BINDING_MISMATCH (a page of a block that
@@ -648,10 +656,11 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_adopt_prefix(kvp_cache *cache,
  */
 
 /*
- * What kvp_cache_group_adopt would adopt now: *blocks = the leading blocks
- * (at most n, and at most what every cache has room for) whose every key the
- * index holds; *evictable_pages (may be NULL) = how many of their pages no
- * table names (adopting takes them from the pool's available pages).
+ * What kvp_cache_group_adopt would adopt now: *blocks = the prefix length
+ * (at most n, and at most what every cache has room for) its rule finds
+ * (windows included); *evictable_pages (may be NULL) = how many of the
+ * pages it would map no table names (adopting takes them from the pool's
+ * available pages).
  * Changes nothing, counters included. A later adopt may find less: other
  * threads publish and evict meanwhile. Errors: the group's; NULL_ARGUMENT
  * ("keys" when n > 0, "blocks"); BLOCK_BINDING_MISMATCH (as adopt).
@@ -664,11 +673,21 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_probe(const kvp_cache *const *c
                                                        size_t *evictable_pages, kvp_error *err);
 
 /*
- * kvp_cache_adopt_prefix for a group, all or nothing per block: for j = 0,
- * 1, .. it looks up every key of block j (every cache, every lane); at the
- * first block where any misses it stops (one prefix miss); every block
- * before it is mapped in every cache (one prefix hit per page) and each
- * length grows by block_tokens per block (at most `blocks`).
+ * kvp_cache_adopt_prefix for a group, all or nothing per block: the group
+ * adopts the longest prefix of h blocks (at most `blocks`) for which every
+ * cache hits every block it needs at length L = len + h * block_tokens, in
+ * every lane: a full cache (no window) every block, found left to right; a
+ * sliding cache (window W, S sink tokens) its sink blocks (those covering
+ * [0, S)) and the blocks covering [L - W, L), found right to left within
+ * the length the full caches allow; a sliding cache's miss at block m
+ * leaves only prefixes ending before m, which moves every sliding cache's
+ * window, so the rule runs to a fixpoint (vLLM's hybrid rule; DESIGN.md
+ * "Prefix hits with windows"). A shorter prefix than `blocks` counts one
+ * prefix miss; each page mapped one prefix hit. Every cache maps the
+ * blocks it needs; a sliding cache's other blocks stay null entries
+ * (released), so an adopted cache is the cache that computed those rows
+ * and released what its window let go; each length grows by
+ * block_tokens per block.
  * *blocks_adopted = blocks adopted. Errors, in this order: the group's;
  * NULL_ARGUMENT ("keys" when blocks > 0, "adopted"); ROWS_RESERVED,
  * NOT_AT_BLOCK_BOUNDARY (the first cache that has one);
@@ -685,7 +704,10 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_adopt(kvp_cache *const *caches,
  * kvp_cache_publish_block for the first `blocks` full blocks of every cache
  * and lane of a group, all or nothing: PAGE_PUBLISHED (err.index = the page,
  * err.layer = its cache) when any page is registered under another key, and
- * then nothing is registered. Pages already registered under their key, or
+ * then nothing is registered. Each cache publishes what it holds: a block
+ * its window released (a null entry) has no page and is skipped, never
+ * refused (a sliding cache's adopters need only the blocks it keeps; to
+ * publish a block before the window lets it go, publish as it fills). Pages already registered under their key, or
  * whose key names another page, are left as they are. Each page records its
  * cache's binding digest. Errors, in this order: the group's; NULL_ARGUMENT
  * ("keys" when blocks > 0); OUT_OF_RANGE ("blocks" > len / block_tokens);

@@ -432,9 +432,7 @@ KVP_API void kvp_scheduler_stats_init(kvp_scheduler_stats *stats);
  * "watermark" not in [0, 1); "schedule" not a kvp_schedule;
  * "session_fraction" not in [0, 1]); NULL_ARGUMENT ("model" when compute is
  * 1; "decoder" when compute is 1); INVALID_ARGUMENT ("layers" or
- * "model_width": 0 without a model, or, with one, neither 0 nor the model's;
- * "model" when sharing is 1 and a layer of the model has a window,
- * kvp_layer_set_window: sharing over windowed layers is not built yet);
+ * "model_width": 0 without a model, or, with one, neither 0 nor the model's);
  * then the errors of creating its first sequence, which checks the model
  * and pool against each other
  * (ZERO_CAPACITY, CAPACITY_EXCEEDS_POSITIONS, GEOMETRY_MISMATCH, ...: see

@@ -243,7 +243,11 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_truncate(kvp_sequence *sequence, s
  * Prompt prefix cache. An EMPTY sequence looks up the full blocks of
  * `prompt` ([B, T, D], the rows a prefill would take) in the pool's prefix
  * index and shares every hit, in order, up to the first miss, for every
- * layer and lane at once; *tokens_adopted (a multiple of block_tokens, at
+ * layer and lane at once (a model with sliding-window layers: the longest
+ * prefix for which every full layer hits every block and every sliding
+ * layer the blocks it keeps at that length, its sinks and its last W
+ * positions' blocks; the blocks before its window stay null entries,
+ * kvp_cache_group_adopt); *tokens_adopted (a multiple of block_tokens, at
  * most T - 1, so at least the last token is left to compute) is the new
  * length. Then kvp_sequence_prefill of the remaining tokens (prompt rows
  * tokens_adopted .. T-1) computes only those, and its outputs, and every
@@ -277,7 +281,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_adopt_prefix(kvp_sequence *sequenc
 /*
  * Publishes the full blocks of `prompt` that the sequence holds (the first
  * min(T, len) / block_tokens blocks of every layer and lane) under the keys
- * kvp_sequence_adopt_prefix computes, so later sequences can adopt them.
+ * kvp_sequence_adopt_prefix computes, so later sequences can adopt them. A
+ * sliding-window layer publishes the blocks it still holds: those its
+ * window released are skipped (kvp_cache_group_publish), so a later prompt
+ * that shares only a shorter prefix than this sequence's length may miss
+ * that layer's window there (the scheduler publishes a prompt before its
+ * prefill's windows release anything).
  * Precondition (the caller's): the sequence's first tokens were prefilled
  * (or adopted) from exactly these prompt rows. Blocks already published
  * under the same key, or whose key names another page, are left as they

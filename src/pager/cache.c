@@ -316,6 +316,9 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
         if (caches[c]->released_end > keep) {
             caches[c]->released_end = 0; /* every released block was dropped (len 0: reset) */
         }
+        if (len == 0) {
+            caches[c]->release_hold = 0; /* a reset ends a hold (cache_window.c) */
+        }
         caches[c]->len = len;
         caches[c]->epoch++;
         kvpi_cache_cow_refresh_locked(caches[c]);

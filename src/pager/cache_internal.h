@@ -87,10 +87,14 @@ struct kvp_cache {
      * set). released_end: every lane's blocks [sink_blocks, released_end)
      * are KVPI_NO_PAGE, released; none when released_end <= sink_blocks
      * (kvpi_cache_sink_blocks). Changes under the pool lock.
+     * release_hold: releases wait (kvpi_cache_hold_release_many) until
+     * kvpi_cache_resume_release_many, so an owner can publish a prefill's
+     * blocks before its window lets them go; cleared by a reset.
      */
     size_t window;
     size_t sinks;
     size_t released_end;
+    int release_hold;
 };
 
 /*
@@ -144,6 +148,17 @@ static inline size_t kvpi_cache_held_blocks(const kvp_cache *cache)
  * times lanes), for the committer's promise refund.
  */
 size_t kvpi_cache_release_front_locked(kvp_cache *cache);
+/*
+ * hold_release_many: the caches release nothing (every commit, settle and
+ * adoption keeps its blocks) until resume_release_many, which releases what
+ * their windows no longer need and returns the pages released (no promise
+ * refunded: the caller sets its promise again). Each takes the pool lock.
+ * The scheduler holds a prompt's prefill so it can publish the prompt's
+ * blocks before they go: a prefill holds every block it writes until its
+ * end anyway, so the hold adds nothing to its peak.
+ */
+void kvpi_cache_hold_release_many(kvp_cache *const *caches, size_t count);
+size_t kvpi_cache_resume_release_many(kvp_cache *const *caches, size_t count);
 /* Sets window, sinks (the reader's) and released_end = 0 at creation (cache_window.c). */
 void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding);
 /*
@@ -299,9 +314,12 @@ void kvpi_cache_truncate_many_locked(kvp_cache *const *caches, size_t count, siz
  *   cow when the length is mid-block, and the parent's epoch advances then.
  * adopt_locked: for blocks b = 0, 1, .. n-1 past the caches' common length
  *   (a block boundary), looks up keys[(b * count + c) * batch + lane] for
- *   every cache c and lane; stops at the first block with a miss (counted
- *   once in prefix_misses); shares the pages of every block before it
- *   (prefix_hits), advances len by block_tokens per block and the epochs.
+ *   every cache c and lane; adopts the longest prefix group_hits_locked
+ *   allows (a shorter one than n counts one prefix miss); shares the pages
+ *   each cache needs at that length (group_needs; prefix_hits counts them),
+ *   advances len by block_tokens per block and the epochs, and releases
+ *   what the windows no longer need (a sliding cache's blocks before its
+ *   window stay null entries, released).
  *   *adopted = the blocks adopted. BLOCK_BINDING_MISMATCH, changing
  *   nothing (no hit or miss counted either), when a page of a hit block was
  *   published under another binding digest than its adopter's.
@@ -325,6 +343,21 @@ void kvpi_cache_audit_writer(const kvp_cache *writer, size_t block, uint32_t pag
                              kvpi_audit *audit);
 /* fork_into for `count` parents of one pool, in one hold of the lock (a sequence's layers). */
 void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children, size_t count);
+/*
+ * The prefix hit rule with windows (share_window.c). group_needs: 1 when
+ *   cache (of a group whose common length is block `first`) needs block
+ *   first + j for a prefix of first + hits blocks: always for a full cache
+ *   (and one whose releases are held: it keeps every block until it
+ *   resumes); for a sliding one its sink blocks and those from kvpi_cache_live_from
+ *   at that length (what a cache of that length keeps). group_hits_locked:
+ *   the largest hits <= n for which every needed block of every cache has
+ *   every lane's key indexed (full caches left to right, sliding ones right
+ *   to left within that length, to a fixpoint); *evictable (may be NULL) =
+ *   of the needed pages, those no table names. Changes nothing.
+ */
+int kvpi_group_needs(const kvp_cache *cache, size_t first, size_t hits, size_t j);
+size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
+                              const kvp_block_key *keys, size_t n, size_t *evictable);
 kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
                                    const kvp_block_key *keys, size_t n, size_t *adopted,
                                    kvp_error *err);

@@ -5,8 +5,9 @@
  * Owns: the binding window reader (the process-wide function attention
  * registers so the pager learns a layer-bound cache's W and S without
  * reading the owner's record), the release of blocks no window needs any
- * more, the truncate check against released blocks and the page bound a
- * windowed cache can hold (kvp_cache_pages_held_max).
+ * more, the hold that lets an owner publish blocks before they are
+ * released, the truncate check against released blocks and the page bound
+ * a windowed cache can hold (kvp_cache_pages_held_max).
  *
  * Invariants:
  *   - a released block is KVPI_NO_PAGE in every lane, lies past the sink
@@ -37,6 +38,7 @@ void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding)
     cache->window = 0;
     cache->sinks = 0;
     cache->released_end = 0;
+    cache->release_hold = 0;
     kvpi_binding_window_fn fn = atomic_load(&window_reader);
     if (fn != NULL && binding->kind != KVP_BINDING_EXTERNAL) {
         size_t w = 0, s = 0;
@@ -48,7 +50,7 @@ void kvpi_cache_window_init(kvp_cache *cache, const kvp_binding *binding)
 
 size_t kvpi_cache_release_front_locked(kvp_cache *cache)
 {
-    if (cache->window == 0 || cache->cow_defer) {
+    if (cache->window == 0 || cache->cow_defer || cache->release_hold) {
         return 0;
     }
     size_t sb = kvpi_cache_sink_blocks(cache);
@@ -57,6 +59,9 @@ size_t kvpi_cache_release_front_locked(kvp_cache *cache)
     for (size_t block = from; block < end; block++) {
         for (size_t lane = 0; lane < cache->batch_size; lane++) {
             uint32_t *slot = &cache->tables[lane * cache->blocks_per_lane + block];
+            if (*slot == KVPI_NO_PAGE) {
+                continue; /* an adoption left it unmapped: the window never needed it */
+            }
             kvpi_pool_put_locked(cache->pool, *slot);
             *slot = KVPI_NO_PAGE;
         }
@@ -67,6 +72,44 @@ size_t kvpi_cache_release_front_locked(kvp_cache *cache)
     cache->released_end = end;
     cache->pool->window_releases += (end - from) * cache->batch_size;
     return (end - from) * cache->batch_size;
+}
+
+/* 1 when a cache of the group has a window (fixed at creation: read without the lock). */
+static int any_window(kvp_cache *const *caches, size_t count)
+{
+    for (size_t c = 0; c < count; c++) {
+        if (caches[c]->window != 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void kvpi_cache_hold_release_many(kvp_cache *const *caches, size_t count)
+{
+    if (!any_window(caches, count)) {
+        return; /* nothing to hold: no lock taken (allocator-only leases) */
+    }
+    kvpi_pool_lock(caches[0]->pool);
+    for (size_t c = 0; c < count; c++) {
+        caches[c]->release_hold = 1;
+    }
+    kvpi_pool_unlock(caches[0]->pool);
+}
+
+size_t kvpi_cache_resume_release_many(kvp_cache *const *caches, size_t count)
+{
+    size_t released = 0;
+    if (!any_window(caches, count)) {
+        return 0; /* never held */
+    }
+    kvpi_pool_lock(caches[0]->pool);
+    for (size_t c = 0; c < count; c++) {
+        caches[c]->release_hold = 0;
+        released += kvpi_cache_release_front_locked(caches[c]);
+    }
+    kvpi_pool_unlock(caches[0]->pool);
+    return released;
 }
 
 kvp_status kvpi_cache_truncate_check(const kvp_cache *cache, size_t len, kvp_error *err)

@@ -425,7 +425,7 @@ kvp_status kvpi_cache_publish_range_locked(kvp_cache *const *caches, size_t coun
         size_t c = (i / batch) % count;
         uint32_t page = kvpi_cache_lane_table(caches[c], i % batch)[i / (count * batch)];
         if (page == KVPI_NO_PAGE) {
-            return released_error(i / (count * batch), caches[c]->block_tokens, c, err);
+            continue; /* released by a window: nothing to register (DESIGN.md) */
         }
         kvp_status status = publish_check_locked(pool, page, &keys[i], c, err);
         if (status != KVP_OK) {
@@ -438,6 +438,9 @@ kvp_status kvpi_cache_publish_range_locked(kvp_cache *const *caches, size_t coun
         for (size_t j = from; j < blocks; j++) {
             for (size_t lane = 0; lane < batch; lane++) {
                 uint32_t page = kvpi_cache_lane_table(caches[c], lane)[j];
+                if (page == KVPI_NO_PAGE) {
+                    continue;
+                }
                 unregistered += (size_t)publish_insert_locked(
                     pool, page, &keys[(j * count + c) * batch + lane], &binding);
             }
@@ -529,6 +532,9 @@ static kvp_status group_check_bindings_locked(const kvp_cache *const *caches, si
     for (size_t c = 0; c < count; c++) {
         kvp_block_key mine = kvpi_cache_binding_key(caches[c]);
         for (size_t j = 0; j < blocks; j++) {
+            if (!kvpi_group_needs(caches[c], first, blocks, j)) {
+                continue; /* a sliding cache's block before its window: not adopted */
+            }
             for (size_t lane = 0; lane < batch; lane++) {
                 uint32_t page =
                     kvpi_prefix_lookup_locked(pool, &keys[(j * count + c) * batch + lane]);
@@ -552,24 +558,29 @@ kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
     kvp_pool *pool = caches[0]->pool;
     size_t batch = caches[0]->batch_size;
     size_t first = caches[0]->len / caches[0]->block_tokens;
-    size_t evictable = 0;
-    size_t hits = group_hits_locked(pool, keys, count * batch, n, &evictable);
+    /* The hit rule for full and sliding caches (share_window.c). */
+    size_t hits = kvpi_group_hits_locked((const kvp_cache *const *)caches, count, keys, n, NULL);
     kvp_status status =
         group_check_bindings_locked((const kvp_cache *const *)caches, count, keys, hits, err);
     if (status != KVP_OK) {
         return status; /* nothing mapped, no hit or miss counted */
     }
+    size_t pages = 0;
     for (size_t j = 0; j < hits; j++) {
         const kvp_block_key *row = keys + j * count * batch;
         for (size_t c = 0; c < count; c++) {
+            if (!kvpi_group_needs(caches[c], first, hits, j)) {
+                continue; /* before a sliding cache's window: stays a null entry, released */
+            }
             for (size_t lane = 0; lane < batch; lane++) {
                 uint32_t page = kvpi_prefix_lookup_locked(pool, &row[c * batch + lane]);
                 kvpi_pool_ref_locked(pool, page);
                 caches[c]->tables[lane * caches[c]->blocks_per_lane + first + j] = page;
             }
+            pages += batch;
         }
     }
-    pool->prefix_hits += hits * count * batch;
+    pool->prefix_hits += pages;
     pool->prefix_misses += hits < n;
     if (hits != 0) {
         for (size_t c = 0; c < count; c++) {
@@ -657,7 +668,7 @@ kvp_status kvp_cache_group_probe(const kvp_cache *const *caches, size_t count,
     kvp_pool *pool = caches[0]->pool;
     size_t evictable = 0;
     kvpi_pool_lock(pool);
-    size_t hits = group_hits_locked(pool, keys, count * caches[0]->batch_size, n, &evictable);
+    size_t hits = kvpi_group_hits_locked(caches, count, keys, n, &evictable);
     status = group_check_bindings_locked(caches, count, keys, hits, err);
     kvpi_pool_unlock(pool);
     if (status == KVP_OK) {

@@ -183,29 +183,6 @@ static kvp_status check_geometry(const create_inputs *in, size_t configured, siz
 }
 
 /*
- * Sharing over windowed layers is not built yet (issue 21's prefix rule): a
- * sample fork publishes prompt blocks the window already released. Refused
- * up front rather than failing mid-run.
- */
-static kvp_status check_windows(const create_inputs *in, kvp_error *err)
-{
-    for (size_t i = 0; in->config.sharing && i < in->info.layers; i++) {
-        kvp_layer_info layer;
-        kvp_layer_info_init(&layer);
-        kvp_status status = kvp_layer_info_get(kvp_model_layer(in->model, i), &layer, err);
-        if (status != KVP_OK) {
-            return status; /* GCOVR_EXCL_LINE: a model's layers are valid */
-        }
-        if (layer.window != 0) {
-            return kvpi_fail_invalid(err, "model",
-                                     "has a windowed layer (kvp_layer_set_window): sharing 1 "
-                                     "is not supported with windows yet; use sharing 0");
-        }
-    }
-    return KVP_OK;
-}
-
-/*
  * The geometry: the model's, or without one (compute 0) cfg's layers and
  * model_width and the pool's KV heads and head width.
  */
@@ -227,9 +204,6 @@ static kvp_status read_model(create_inputs *in, kvp_error *err)
     if (status == KVP_OK) {
         status = check_geometry(in, in->config.model_width, in->info.model_width,
                                 "model_width", err);
-    }
-    if (status == KVP_OK && in->model != NULL) {
-        status = check_windows(in, err);
     }
     return status;
 }

@@ -15,7 +15,11 @@
  * the decoder's step slot the step reserved before admitting, so it
  * cannot be refused; a failed job fails its whole request after the phase
  * (mark, then fail), and a request that failed publishes and forks
- * nothing; the statistics count the requests that did not fail.
+ * nothing; the statistics count the requests that did not fail; with
+ * sharing, sample 0's caches release nothing their windows let go from the
+ * prompt phase until the fork phase published the prompt's blocks
+ * (kvpi_cache_hold_release_many), so later prompts find every block a
+ * sliding layer may need, not only those it still holds at the end.
  * Callers: scheduler_step.c (kvp_scheduler_step, after admit). Calls the
  * queue room and leases.
  */
@@ -141,6 +145,8 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         pl->adopted = adopt_prompt(s, pl, prompt, &s->running[at].lease);
         promise_samples(s, rec, at);
         if (s->config.sharing) {
+            /* Windows release nothing until fork_samples published the prompt's blocks. */
+            kvpi_cache_hold_release_many(lease_caches(&s->running[at].lease), s->layers);
             size_t tokens = prompt - pl->adopted + (n == 1 ? g : 0);
             append(s, &s->running[at], pl->rows + pl->adopted, tokens, &count);
             computed += tokens;
@@ -180,8 +186,29 @@ static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_
                                                            0, pl->key_blocks, &left, NULL);
         assert(status == KVP_OK);
         (void)status;
-        /* Every page registered: held, they stay so until the request's pages go back. */
+        /*
+         * Every page registered: held, they stay so until the request's pages
+         * go back (but those a window releases below, which wait on the LRU list).
+         */
         rec->prompt_registered = left == 0;
+    }
+    /*
+     * Published, the blocks no window needs go (to the LRU list: later
+     * prompts still adopt them) before the fork, which shares only live ones.
+     */
+    size_t released = kvpi_cache_resume_release_many(parent, s->layers);
+    if (n == 1 && (released != 0 || s->windows != NULL)) {
+        /*
+         * The prefill's settle refunded nothing: its promise, exactly, from
+         * here: its level (a sliding layer's peak), within what admission
+         * asked for it (kvpi_sched_window_pages).
+         */
+        lease *l0 = &s->running[here].lease;
+        size_t cap = s->layers * blocks_of(s, s->config.capacity);
+        size_t want = lease_level_for(s, l0, prompt + sample_tokens(s, rec));
+        kvp_status status = lease_promise(s, l0, want < cap ? want : cap, NULL);
+        assert(status == KVP_OK); /* within the cap */
+        (void)status;
     }
     kvpi_pool_lock(s->pool);
     for (size_t k = 1; k < n; k++) {
@@ -198,7 +225,8 @@ static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_
     size_t x = sample_tokens(s, rec);
     for (size_t k = 0; k < n; k++) {
         lease *l = &s->running[here + k].lease;
-        kvp_status status = lease_promise(s, l, lease_pages_for(s, l, prompt + x), NULL);
+        /* Its level: without windows every block (lease_pages_for's count). */
+        kvp_status status = lease_promise(s, l, lease_level_for(s, l, prompt + x), NULL);
         assert(status == KVP_OK);
         (void)status;
         if (g != 0) {
@@ -275,6 +303,9 @@ void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp
         at += rec->request.samples;
         if (s->config.sharing && !rec->failed) {
             fork_samples(s, pl, rec, here, &count);
+        } else if (s->config.sharing) {
+            (void)kvpi_cache_resume_release_many(lease_caches(&s->running[here].lease),
+                                                 s->layers); /* its pages go back anyway */
         } else if (s->windows != NULL && !rec->failed) {
             promise_levels(s, rec, here);
         }
