@@ -8,9 +8,8 @@
  * figures.
  * Invariants: without --window nothing here changes a run, the report or
  * --json (the hooks print nothing and run nothing); with it, the checks
- * refuse what cannot run yet: sharing (prefix caching over windows is
- * issue 21 part 3) and allocator-only runs (their external caches carry no
- * window), each as one line naming the flag and the value.
+ * refuse what cannot run yet: allocator-only runs (their external caches
+ * carry no window), as one line naming the flag and the value.
  * Callers: simulate.c, simulate_flags.c, simulate_checks.c,
  * simulate_report.c (their hooks). Public headers only.
  */
@@ -32,10 +31,11 @@ void kvp_simulate_window_usage(FILE *out)
             "                       not the full length. The report adds pages held by\n"
             "                       kind of layer, sliding-layer pages released, and a\n"
             "                       second run of the same workload with every layer full\n"
-            "                       (timed) for the concurrency against it. Needs\n"
-            "                       --no-sharing (prefix caching over windows is not built\n"
-            "                       yet) and a computed run (not --no-compute: allocator-\n"
-            "                       only caches carry no window) (default: every layer full)\n"
+            "                       (timed) for the concurrency against it. With sharing,\n"
+            "                       a sliding layer's prefix hit needs only the blocks of\n"
+            "                       its window. Needs a computed run (not --no-compute:\n"
+            "                       allocator-only caches carry no window) (default:\n"
+            "                       every layer full)\n"
             "  --full-every K       one full layer per K layers, the rest sliding: layers\n"
             "                       K-1, 2K-1, ... (counting from 0) are full. K = 6 is\n"
             "                       Gemma 3's 5:1 pattern (layers 5, 11, ... full). K >= 2;\n"
@@ -88,11 +88,6 @@ void kvp_simulate_check_window(simulate_options *o, simulate_flag f, kvp_cli_pro
             needs(p, o, FLAG_SINK_TOKENS, "--window (sinks belong to sliding layers)");
         }
         return;
-    }
-    if (o->sim.sharing) {
-        needs(p, o, FLAG_WINDOW,
-              "--no-sharing: prefix caching over sliding windows is not built yet (issue 21 "
-              "part 3)");
     }
     if (!o->sim.compute) {
         needs(p, o, FLAG_WINDOW,
@@ -205,6 +200,11 @@ void kvp_simulate_print_window(const simulate_options *o, const kvp_sim_result *
             printf("  %-22s%-14s%-14s%.2fx\n", rows[i].label, a, b, x);
         }
     }
+    if (o->sim.sharing) { /* the hit rule for windows against every layer full */
+        printf("  %-22s%-14.1f%-14.1f%+.1f points\n", "prefix hit rate (%)",
+               100.0 * r->prefix_hit_rate, 100.0 * f->prefix_hit_rate,
+               100.0 * (r->prefix_hit_rate - f->prefix_hit_rate));
+    }
 }
 
 void kvp_simulate_json_window(kvp_json *json, const simulate_options *o,
@@ -242,6 +242,7 @@ void kvp_simulate_json_window(kvp_json *json, const simulate_options *o,
     kvp_json_double(json, "mean_concurrent_sequences", f->mean_concurrent);
     kvp_json_uint(json, "peak_held_pages", f->peak_held_pages);
     kvp_json_uint(json, "preemptions", f->preemptions);
+    kvp_json_double(json, "prefix_hit_rate", f->prefix_hit_rate);
     kvp_json_uint(json, "pages_leaked", f->pages_leaked);
     kvp_json_uint(json, "audit_failures", f->audit_failures);
     kvp_json_object_end(json);

@@ -38,8 +38,6 @@ refuse window_above_capacity --window "'129'" $S $ok --window 129
 refuse window_not_a_number --window "'8k'" $S $ok --window 8k
 refuse window_negative --window "'-1'" $S $ok --window=-1
 refuse window_twice --window "--window" $S $ok --window 8 --window 9
-refuse window_with_sharing --window "'8'" $S --capacity 128 --window 8
-refuse window_with_sharing_says_why --window "--no-sharing" $S --capacity 128 --window=8
 refuse window_allocator_only --window "'8'" $S $ok --window 8 --no-compute
 refuse full_every_one --full-every "'1'" $S $ok --window 8 --full-every 1
 refuse full_every_zero_eq --full-every "'0'" $S $ok --window 8 --full-every=0
@@ -77,7 +75,8 @@ assert (win["sliding_layers"], win["full_layers"]) == (2, 1)
 full = win["every_layer_full"]
 assert set(full) == {"requests_completed", "tokens_generated", "tokens_per_second", "seconds",
                      "steps", "peak_concurrent_sequences", "mean_concurrent_sequences",
-                     "peak_held_pages", "preemptions", "pages_leaked", "audit_failures"}
+                     "peak_held_pages", "preemptions", "prefix_hit_rate", "pages_leaked",
+                     "audit_failures"}
 assert w["requests_completed"] == full["requests_completed"] == 12
 assert w["pages_leaked"] == 0 and w["audit_failures"] == 0
 assert full["pages_leaked"] == 0 and full["audit_failures"] == 0
@@ -104,6 +103,26 @@ assert sk["windows"]["peak_sliding_pages"] <= 2 * 4 * sk["peak_concurrent_sequen
 assert 0 < sk["windows"]["sliding_pages_released"] < win["sliding_pages_released"]
 print("check_window: windowed run, every-layer-full run and W = capacity agree")
 PY
+
+# Sharing over windows: a shared 16-token preamble, sample forks; exact outputs,
+# hits in both runs, and the report's hit-rate row.
+shared="--layers 3 --full-every 3 --shared-prefix 16 --samples 2 --requests 12 --prompt-mean 40
+        --output-mean 12 --sigma 0.05 --capacity 128 --block-tokens 4 --budget 512KiB
+        --arrival burst --verify 3 --quiet"
+"$@" simulate $shared --window 8 --json > "$work/sh.json" || fail "the windowed sharing run failed"
+"$@" simulate $shared --window 8 > "$work/sh.txt" || fail "the windowed sharing report failed"
+python3 - "$work" <<'PY' || fail "windowed sharing figures"
+import json, sys
+sh = json.load(open(f"{sys.argv[1]}/sh.json"))
+full = sh["windows"]["every_layer_full"]
+assert sh["verified"] > 0 and sh["verify_mismatches"] == 0, (sh["verified"], sh["verify_mismatches"])
+assert sh["pages_leaked"] == 0 and sh["audit_failures"] == 0 and full["audit_failures"] == 0
+assert sh["requests_completed"] == full["requests_completed"] == 12
+assert sh["prefix_hit_rate"] > 0 and full["prefix_hit_rate"] > 0, (sh["prefix_hit_rate"], full)
+print("check_window: sharing over windows: hit rate %.3f (every layer full %.3f)"
+      % (sh["prefix_hit_rate"], full["prefix_hit_rate"]))
+PY
+grep -qF -- "  prefix hit rate (%)" "$work/sh.txt" || fail "the sharing report lacks its hit-rate row"
 for line in "sliding windows         W 8, sink tokens 0: 2 sliding and 1 full layers (full: 2)" \
             "pages held by kind      peak after a step: sliding layers" \
             "sliding pages released" "every layer full        the same workload again" \
