@@ -276,6 +276,18 @@ void kvp_simulate_tier_check(simulate_options *o, kvp_cli_problems *p)
     }
 }
 
+size_t kvp_simulate_tier_pages(const simulate_options *o)
+{
+    const kvp_sim_config *c = &o->sim;
+    size_t page_bytes = 2 * kvp_sim_kv_heads(c) * c->block_tokens *
+                        (c->heads ? c->model_width / c->heads : 0) * kvp_dtype_bytes(c->kv_dtype);
+    size_t pages = 0;
+    for (size_t i = 0; i < c->tier.count && page_bytes != 0; i++) {
+        pages += c->tier.tiers[i].redis ? 0 : c->tier.tiers[i].host_bytes / page_bytes;
+    }
+    return pages; /* a Redis tier's size is the server's: not counted */
+}
+
 static double share(uint64_t part, uint64_t whole)
 {
     return whole != 0 ? 100.0 * (double)part / (double)whole : 0.0;
@@ -307,14 +319,24 @@ void kvp_simulate_tier_report(const simulate_options *o, const kvp_sim_result *r
            (unsigned long long)t->hit_blocks, (unsigned long long)t->hit_tokens,
            share(t->hit_tokens, r->prompt_tokens));
     double mib = (double)t->load_bytes / (1024.0 * 1024.0);
-    printf("tier loads              %.1f MiB%s in %.3f s (%.0f MiB/s, misses included); writes "
-           "%llu (%llu failed);\n"
-           "                        %llu blocks rejected, %llu errors, %llu blocks recomputed "
-           "by decision\n",
-           mib, t->keys_only ? " (sizes)" : "", t->load_seconds, t->load_seconds > 0.0 ? mib / t->load_seconds : 0.0,
-           (unsigned long long)t->writes, (unsigned long long)t->write_failures,
-           (unsigned long long)t->rejected, (unsigned long long)t->errors,
-           (unsigned long long)t->recomputes);
+    if (t->keys_only) { /* sizes, not bytes moved: no rate */
+        printf("tier loads              %.1f MiB of block sizes in %.3f s (key lookups and "
+               "mapping);\n"
+               "                        writes %llu (%llu failed); %llu blocks rejected, %llu "
+               "errors\n",
+               mib, t->load_seconds, (unsigned long long)t->writes,
+               (unsigned long long)t->write_failures, (unsigned long long)t->rejected,
+               (unsigned long long)t->errors);
+    } else {
+        printf("tier loads              %.1f MiB in %.3f s (%.0f MiB/s, misses included); "
+               "writes %llu (%llu failed);\n"
+               "                        %llu blocks rejected, %llu errors, %llu blocks "
+               "recomputed by decision\n",
+               mib, t->load_seconds, t->load_seconds > 0.0 ? mib / t->load_seconds : 0.0,
+               (unsigned long long)t->writes, (unsigned long long)t->write_failures,
+               (unsigned long long)t->rejected, (unsigned long long)t->errors,
+               (unsigned long long)t->recomputes);
+    }
     if (t->keys_only) {
         printf("tier cost model         allocator-only: every block the tier holds loads "
                "(nothing is\n"

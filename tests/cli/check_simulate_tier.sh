@@ -109,4 +109,23 @@ PY
 "$@" simulate --quiet --profile conversation --budget 32MiB --no-compute --tier host:256MiB \
     > "$work/keys.txt" 2> "$work/err" || fail "keys-only report run"
 grep -q '^tier  *host:256MiB, keys only' "$work/keys.txt" || fail "no keys-only line: $(cat "$work/keys.txt")"
-echo "check_simulate_tier: $rows refusals and 6 runs ok"
+
+# The Mooncake trace, allocator-only on a small geometry (128 B a token): a
+# 32 MiB pool and a keys-only 256 MiB tier against an LRU of both sizes'
+# blocks (the pool+tier LRU line): the issue's >= 90% of it.
+trace="$(dirname "$0")/../../data/traces/mooncake_synthetic_trace.jsonl"
+"$@" simulate --quiet --trace "$trace" --trace-format mooncake --layers 1 --model-width 8 \
+    --heads 1 --block-tokens 512 --no-compute --budget 32MiB --tier host:256MiB --json \
+    > "$work/trace.json" 2> "$work/err" || fail "trace run: $(cat "$work/err")"
+python3 - "$work/trace.json" <<'PY' || fail "trace figures"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["trace_lru_blocks"] == 512 and r["trace_tier_lru_blocks"] == 512 + 4096, r
+assert r["trace_tier_lru_hit_rate"] > r["trace_lru_hit_rate"], r
+assert r["tier"]["keys_only"] == 1 and r["tier"]["hit_blocks"] > 0, r["tier"]
+rate, lru = r["first_admission_hit_rate"], r["trace_tier_lru_hit_rate"]
+assert rate >= 0.9 * lru, (rate, lru)
+print("trace: %.1f%% with the tier, pool+tier LRU %.1f%%, pool LRU %.1f%%" % (
+    100 * rate, 100 * lru, 100 * r["trace_lru_hit_rate"]))
+PY
+echo "check_simulate_tier: $rows refusals and 7 runs ok"
