@@ -10,7 +10,9 @@
  * exactly. Also: a second scheduler on a fresh pool (another "process")
  * reads the first one's blocks from the shared tier; blocks under another
  * deployment secret are rejected, counted and never mapped; tier_loads
- * NEVER reads nothing; a bad tier_loads is refused.
+ * NEVER reads nothing; a bad tier_loads is refused; an allocator-only
+ * scheduler over a pool without data loads the same blocks from a
+ * keys-only tier.
  * Deterministic: one decoder thread, requests one at a time.
  */
 #include "support.h"
@@ -454,6 +456,121 @@ static void test_scheduler_tier_never_and_bad_loads(void **state)
     assert_int_equal(two.tier_load_bytes, 0);
 }
 
+/* ---- allocator-only: a pool without data and a keys-only tier ---- */
+
+/* An allocator-only scheduler (compute 0) over a KVP_SLAB_RESERVED pool; tier keys-only or NULL. */
+static void setup_alloc(fixture *f, kvp_tier *tier)
+{
+    memset(f, 0, sizeof *f);
+    kvp_pool_config config;
+    kvp_pool_config_init(&config);
+    config.block_tokens = BLOCK;
+    config.heads = KV_HEADS;
+    config.head_width = HEAD_WIDTH;
+    config.budget_bytes = (size_t)PAGES * 2 * KV_HEADS * BLOCK * HEAD_WIDTH * sizeof(double);
+    config.slab_source = KVP_SLAB_RESERVED;
+    kvp_error err;
+    kvpt_assert_ok(kvp_pool_create(&config, &f->pool, &err), &err);
+    if (tier != NULL) {
+        kvp_tier_policy policy;
+        kvp_tier_policy_init(&policy);
+        secret_fill(policy.secret, 1);
+        kvpt_assert_ok(kvp_pool_tier_attach(f->pool, tier, &policy, &err), &err);
+    }
+    f->decoder = kvpt_decoder(1);
+    kvp_scheduler_config sc;
+    kvp_scheduler_config_init(&sc);
+    sc.capacity = CAPACITY;
+    sc.watermark = 0.0;
+    sc.reserve_tokens = 4;
+    sc.compute = 0;
+    sc.identity = SEED;
+    sc.layers = LAYERS;
+    sc.model_width = WIDTH;
+    sc.tier_loads = KVP_TIER_LOADS_MODEL; /* allocator-only: always loads (no rates) */
+    kvpt_assert_ok(kvp_scheduler_create(NULL, f->pool, f->decoder, &sc, &f->scheduler, &err),
+                   &err);
+}
+
+/* As serve(), for an allocator-only run: no output rows (no on_token). */
+static void serve_alloc(fixture *f, book *b, uint64_t id, size_t shared)
+{
+    b->shared[id] = shared;
+    kvp_request request;
+    kvp_request_init(&request);
+    request.prompt_tokens = PROMPT;
+    request.max_new_tokens = NEW_TOKENS;
+    request.input = input_cb;
+    request.ctx = b;
+    uint64_t got = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &got, &err), &err);
+    assert_int_equal(got, id);
+    for (size_t steps = 0;; steps++) {
+        kvp_scheduler_stats s = stats_of(f);
+        if (s.running == 0 && s.waiting == 0) {
+            break;
+        }
+        assert_true(steps < 1000);
+        kvpt_assert_ok(kvp_scheduler_step(f->scheduler, NULL, &err), &err);
+        kvpt_assert_pool_ok(f->pool); /* the full audit after every step */
+    }
+    kvp_request_result result;
+    kvp_request_result_init(&result);
+    size_t n = 0;
+    kvpt_assert_ok(kvp_scheduler_collect(f->scheduler, &result, 1, &n, &err), &err);
+    assert_int_equal(n, 1);
+    assert_int_equal(result.status, KVP_OK);
+}
+
+static kvp_scheduler_stats alloc_workload(kvp_tier *tier)
+{
+    static book b;
+    memset(&b, 0, sizeof b);
+    fixture f;
+    setup_alloc(&f, tier);
+    serve_alloc(&f, &b, 0, PROMPT);
+    serve_alloc(&f, &b, 1, 0);
+    serve_alloc(&f, &b, 2, 0);
+    serve_alloc(&f, &b, 3, PROMPT - 1);
+    kvp_scheduler_stats s = stats_of(&f);
+    teardown(&f);
+    return s;
+}
+
+/*
+ * The workload of the first test, allocator-only: the keys-only tier gives
+ * request 3 every block the pool evicted, exactly as the byte tier does a
+ * computed run, with no byte read or written; the cost model loads (no
+ * rates are measured: both stay 0).
+ */
+static void test_scheduler_tier_allocator_only_keys(void **state)
+{
+    (void)state;
+    kvp_scheduler_stats without = alloc_workload(NULL);
+    kvp_tier *tier = NULL;
+    kvp_error err;
+    kvpt_assert_ok(kvp_tier_host_keys_create(1u << 20, &tier, &err), &err);
+    kvp_scheduler_stats with = alloc_workload(tier);
+    kvp_tier_host_stats hs;
+    kvp_tier_host_stats_init(&hs);
+    kvpt_assert_ok(kvp_tier_host_stats_get(tier, &hs, &err), &err);
+    kvpt_assert_ok(kvp_tier_destroy(tier, NULL), NULL);
+    assert_true(without.prefix_hit_tokens < 8 * BLOCK);
+    assert_int_equal(with.prefix_hit_tokens, 8 * BLOCK);
+    assert_true(with.tier_hit_blocks > 0);
+    assert_int_equal(with.tier_hit_blocks, 8 - without.prefix_hit_tokens / BLOCK);
+    assert_int_equal(with.tier_hit_tokens, with.tier_hit_blocks * BLOCK);
+    assert_int_equal(with.tier_load_bytes, with.tier_hit_blocks * LAYERS * block_bytes());
+    assert_int_equal(with.prefill_tokens, without.prefill_tokens - with.tier_hit_tokens);
+    assert_int_equal(with.tier_rejected, 0);
+    assert_int_equal(with.tier_errors, 0);
+    assert_int_equal(with.tier_recomputes, 0);
+    assert_true(with.tier_bytes_per_second == 0.0);
+    assert_int_equal(hs.hits, with.tier_hit_blocks * LAYERS);
+    assert_int_equal(hs.bytes, hs.blocks * block_bytes());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_tier_foreign_blocks_are_rejected),
         cmocka_unit_test(test_scheduler_tier_failing_tier_changes_nothing),
         cmocka_unit_test(test_scheduler_tier_never_and_bad_loads),
+        cmocka_unit_test(test_scheduler_tier_allocator_only_keys),
     };
     return cmocka_run_group_tests(tests, model_setup, model_teardown);
 }

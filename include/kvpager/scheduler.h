@@ -115,7 +115,7 @@
  *      conversation's turns): only a finished request's sequence is kept,
  *      one per session.
  *   6. the second tier (a tier attached to the pool: kvp_pool_tier_attach,
- *      sharing on, compute on): after an admitted request adopted what the
+ *      sharing on): after an admitted request adopted what the
  *      prefix index holds (2.), the next prompt blocks it may adopt are
  *      asked from the tier and the run of them the tier holds and that
  *      verify is loaded into fresh pages (kvp_cache_group_tier_load) before
@@ -128,6 +128,10 @@
  *      tokens per second (an optimistic prior until the first of each is
  *      measured; every 16th refused ask loads anyway, to follow the tier);
  *      the stats count the blocks decided so (tier_recomputes).
+ *      Allocator-only (compute off, a pool without data and a keys-only
+ *      tier, kvp_tier_host_keys_create): the same read, the pages mapped
+ *      unwritten; MODEL then always loads (nothing is computed or moved,
+ *      so there is no rate to compare).
  * Finished requests wait for kvp_scheduler_collect.
  *
  * Inputs (prefix keys from block digests instead: kvp_request.block_digest):

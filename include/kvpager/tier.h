@@ -201,6 +201,32 @@ KVP_API KVP_NODISCARD kvp_status kvp_tier_host_create(size_t budget_bytes, kvp_t
                                                       kvp_error *err);
 
 /*
+ * A keys-only host tier, for allocator-only pools (KVP_SLAB_RESERVED: no
+ * page bytes exist to store). The same table, LRU and byte budget as
+ * kvp_tier_host_create, and the same counters, but it keeps no bytes: a
+ * put records the block's key and counts the block at its size (`bytes`,
+ * what a byte tier would hold; `data` is not read and may be NULL) against
+ * budget_bytes; a get of a held key fills `bytes` with that size, copies
+ * nothing (`data`, `capacity` ignored) and makes it the most recent. So
+ * its hits, evictions and bytes held are those a byte tier of the same
+ * budget would have over the same puts and gets: what a capacity planner
+ * sizes a real tier with. Only a pool without data attaches it
+ * (kvp_pool_tier_attach); kvp_tier_name says "host-keys";
+ * kvp_tier_host_stats_get reads its counters. Errors as
+ * kvp_tier_host_create.
+ * Threads: thread-safe; the tier's calls are thread-safe.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_tier_host_keys_create(size_t budget_bytes, kvp_tier **out,
+                                                           kvp_error *err);
+
+/*
+ * 1 when `tier` keeps keys only (made by kvp_tier_host_keys_create), else 0
+ * (NULL included).
+ * Threads: thread-safe (reads the handle's name, fixed at creation).
+ */
+KVP_API int kvp_tier_keys_only(const kvp_tier *tier);
+
+/*
  * A snapshot of a host tier's counters. Errors: NULL_ARGUMENT;
  * INVALID_ARGUMENT ("tier": not a host tier; "struct_size").
  * Threads: thread-safe (one snapshot under the tier's mutex).
@@ -220,7 +246,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_tier_host_stats_get(kvp_tier *tier,
  * destroy it first (its destroy waits for its batches in flight), then them.
  * near's calls run inside far's completions, so near must complete without
  * blocking (the host tier does). Errors: NULL_ARGUMENT (near, far, out);
- * INVALID_ARGUMENT ("far": the same tier as near); ALLOCATION_FAILED.
+ * INVALID_ARGUMENT ("far": the same tier as near; "near" or "far": a
+ * keys-only tier, which composes with nothing); ALLOCATION_FAILED.
  * Threads: thread-safe; the composed tier's calls are thread-safe.
  */
 KVP_API KVP_NODISCARD kvp_status kvp_tier_compose_create(kvp_tier *near, kvp_tier *far,
@@ -299,8 +326,16 @@ KVP_API void kvp_pool_tier_stats_init(kvp_pool_tier_stats *stats);
  * copies it and returns without waiting on I/O; its completion only counts.
  * Errors: NULL_ARGUMENT (pool, tier, policy); INVALID_ARGUMENT
  * ("struct_size"; "secret": all zero; "write_through": not 0 or 1; "pool":
- * a tier is attached already, or the pool holds no data, KVP_SLAB_RESERVED);
- * ALLOCATION_FAILED.
+ * a tier is attached already, or the pool holds no data, KVP_SLAB_RESERVED,
+ * and the tier is not keys-only; "tier": a keys-only tier given to a pool
+ * that holds data); ALLOCATION_FAILED.
+ * A keys-only tier (kvp_tier_host_keys_create) is the one tier a pool
+ * without data takes: an evicted (or published) page is written as its key
+ * alone, counted at the block size (KVP_TIER_HEADER_BYTES + page_bytes),
+ * and nothing is packed, MAC'd or read; kvp_cache_group_tier_load then maps
+ * fresh pages for the keys the tier holds, unwritten (as an allocator-only
+ * append commits rows), and verifies only the size (the chain keys already
+ * digest the binding). A byte tier's path (pack, MAC, verify) is unchanged.
  * Counters start at zero.
  * Threads: thread-safe (under the pool's mutex).
  */

@@ -11,6 +11,9 @@
  * (simulate_tier.c parsed every URL and the secret file); a Redis server
  * that is down does not fail the run (the tier counts errors, the
  * scheduler computes what it cannot load).
+ * An allocator-only run (keys_only: its pool holds no data) gets one
+ * keys-only host tier (kvp_tier_host_keys_create): simulate_tier.c refuses
+ * Redis and more than one tier there, so nothing is composed.
  * Callers: sim.c. Public headers only (and libsodium's generic hash).
  */
 #include "sim_tier.h"
@@ -34,10 +37,12 @@ void kvp_sim_tier_pool_secret(const kvp_sim_tier_config *config, kvp_pool_config
     sodium_memzero(out, sizeof out);
 }
 
-static kvp_status make_leaf(const kvp_sim_tier_spec *spec, kvp_tier **out, kvp_error *err)
+static kvp_status make_leaf(const kvp_sim_tier_config *c, const kvp_sim_tier_spec *spec,
+                            kvp_tier **out, kvp_error *err)
 {
     if (!spec->redis) {
-        return kvp_tier_host_create(spec->host_bytes, out, err);
+        return c->keys_only ? kvp_tier_host_keys_create(spec->host_bytes, out, err)
+                            : kvp_tier_host_create(spec->host_bytes, out, err);
     }
     kvp_tier_redis_config config;
     kvp_tier_redis_config_init(&config);
@@ -54,7 +59,7 @@ kvp_status kvp_sim_tier_open(const kvp_sim_tier_config *config, kvp_pool *pool, 
         return KVP_OK;
     }
     for (size_t i = 0; i < config->count; i++) {
-        kvp_status status = make_leaf(&config->tiers[i], &t->leaves[i], err);
+        kvp_status status = make_leaf(config, &config->tiers[i], &t->leaves[i], err);
         if (status != KVP_OK) {
             return status;
         }
@@ -87,6 +92,7 @@ void kvp_sim_tier_read(const kvp_sim_tier *t, kvp_pool *pool, const kvp_schedule
         return;
     }
     out->present = 1;
+    out->keys_only = kvp_tier_keys_only(t->top);
     out->hit_blocks = stats->tier_hit_blocks;
     out->hit_tokens = stats->tier_hit_tokens;
     out->load_bytes = stats->tier_load_bytes;

@@ -38,6 +38,7 @@ typedef struct kvp_sim_tier_config {
     unsigned char secret[KVP_TIER_SECRET_BYTES]; /* the deployment secret */
     int write_through;                           /* --tier-policy publish */
     int loads;                                   /* --tier-loads: a kvp_tier_loads */
+    int keys_only; /* allocator-only (--no-compute): host tiers keep keys only */
 } kvp_sim_tier_config;
 
 /* The tiers one run made: the leaves in order, the compositions, the top one attached. */
@@ -52,6 +53,7 @@ typedef struct kvp_sim_tier {
 /* The report's tier figures (the scheduler's tier_* and the pool's writes). */
 typedef struct kvp_sim_tier_result {
     int present;              /* the run had a tier */
+    int keys_only;            /* it kept keys only (allocator-only run) */
     uint64_t hit_blocks;      /* prompt blocks loaded instead of computed */
     uint64_t hit_tokens;
     uint64_t load_bytes;

@@ -217,6 +217,12 @@ static int trace_figures(simulate_options *o, const kvp_workload *w, const kvp_s
     f->lru_blocks = kvp_trace_blocks_of_pages(r->total_pages / o->sim.layers,
                                               o->sim.block_tokens);
     int status = kvp_trace_keys_lru(&keys, f->lru_blocks, &f->lru);
+    size_t tier_pages = kvp_simulate_tier_pages(o); /* and one over the pool and its tiers */
+    if (status == 0 && tier_pages != 0) {
+        f->tier_lru_blocks = kvp_trace_blocks_of_pages(
+            (r->total_pages + tier_pages) / o->sim.layers, o->sim.block_tokens);
+        status = kvp_trace_keys_lru(&keys, f->tier_lru_blocks, &f->tier_lru);
+    }
     kvp_trace_keys_free(&keys);
     for (size_t i = 0; i < w->count; i++) {
         f->workload_prompt_tokens += w->requests[i].prompt_tokens;

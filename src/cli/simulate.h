@@ -116,6 +116,8 @@ typedef struct simulate_trace_figures {
     kvp_trace_hits ceiling;
     size_t lru_blocks;
     kvp_trace_hits lru;
+    size_t tier_lru_blocks; /* with --tier: an LRU of the pool's and the tiers' blocks; else 0 */
+    kvp_trace_hits tier_lru;
     uint64_t workload_prompt_tokens;
 } simulate_trace_figures;
 
@@ -196,6 +198,8 @@ void kvp_simulate_tier_check(simulate_options *o, kvp_cli_problems *p);
 /* The report's tier lines and the --json "tier" object (null without a tier). */
 void kvp_simulate_tier_report(const simulate_options *o, const kvp_sim_result *r);
 void kvp_simulate_tier_json(kvp_json *json, const kvp_sim_result *r);
+/* One-layer pages the run's tiers' bytes hold (the sum of host:SIZE; 0 without a host tier). */
+size_t kvp_simulate_tier_pages(const simulate_options *o);
 
 /* simulate.c: what a sweep (simulate_sweep.c) shares with the single run. */
 

@@ -139,6 +139,13 @@ static void print_trace(const simulate_options *o, const kvp_sim_result *r)
            "                        what the pool's pages hold\n",
            100.0 * kvp_trace_token_rate(&f->lru), 100.0 * kvp_trace_rate(&f->lru),
            f->lru_blocks, KVP_MOONCAKE_BLOCK_TOKENS);
+    if (f->tier_lru_blocks != 0) {
+        printf("pool+tier LRU           %.1f%% of prompt tokens (%.1f%% of blocks): an LRU of %zu "
+               "blocks of %d tokens,\n"
+               "                        what the pool's pages and the --tier sizes hold\n",
+               100.0 * kvp_trace_token_rate(&f->tier_lru), 100.0 * kvp_trace_rate(&f->tier_lru),
+               f->tier_lru_blocks, KVP_MOONCAKE_BLOCK_TOKENS);
+    }
     double rate = first_admission_rate(o, r);
     printf("kvpager prefix hits     %.1f%% of prompt tokens (%llu of %llu, first admissions "
            "only): %.1f%% of the ceiling\n",
@@ -158,6 +165,10 @@ static void json_trace(kvp_json *json, const simulate_options *o, const kvp_sim_
     kvp_json_double(json, "trace_lru_blocks", on ? (double)f->lru_blocks : NAN);
     kvp_json_double(json, "trace_lru_hit_rate", on ? kvp_trace_token_rate(&f->lru) : NAN);
     kvp_json_double(json, "trace_lru_block_hit_rate", on ? kvp_trace_rate(&f->lru) : NAN);
+    int tier = on && f->tier_lru_blocks != 0; /* pool+tier LRU: null without a host tier */
+    kvp_json_double(json, "trace_tier_lru_blocks", tier ? (double)f->tier_lru_blocks : NAN);
+    kvp_json_double(json, "trace_tier_lru_hit_rate",
+                    tier ? kvp_trace_token_rate(&f->tier_lru) : NAN);
     kvp_json_uint(json, "first_admission_hit_tokens", r->first_hit_tokens);
     kvp_json_double(json, "first_admission_hit_rate", rate);
     kvp_json_double(json, "hit_rate_of_ceiling", on ? ratio(rate, ceiling) : NAN);

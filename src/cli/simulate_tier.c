@@ -49,8 +49,9 @@ void kvp_simulate_tier_usage(FILE *out)
             "                       order, nearest first (host then Redis). Evicted blocks are\n"
             "                       written to it; a prompt block the pool misses is loaded\n"
             "                       from it instead of computed (outputs unchanged, bit for\n"
-            "                       bit). Needs real attention and sharing (not with\n"
-            "                       --no-compute or --no-sharing)\n"
+            "                       bit). Needs sharing (not with --no-sharing). With\n"
+            "                       --no-compute: one host:SIZE tier that keeps keys only\n"
+            "                       (blocks counted at their size, same LRU; no Redis)\n"
             "  --tier-secret-file PATH  the deployment secret (its BLAKE2b-256; at least 16\n"
             "                       bytes): keys the blocks' MAC and the pool's prefix keys,\n"
             "                       so processes given the same file share blocks. Required\n"
@@ -232,9 +233,14 @@ static void check_combinations(simulate_options *o, kvp_cli_problems *p)
     if (strncmp(first, "redis://", 8) == 0) {
         first = redacted(first, shown, sizeof shown);
     }
-    if (!o->sim.compute) {
+    if (!o->sim.compute && has_redis(o)) {
         kvp_cli_problem(p, "--tier %s cannot be given with --no-compute: an allocator-only "
-                        "pool holds no page bytes to write (a keys-only tier is later work)",
+                        "pool holds no page bytes, and a Redis tier stores and shares bytes "
+                        "(a keys-only host:SIZE tier sizes one instead)",
+                        first);
+    } else if (!o->sim.compute && t->count > 1) {
+        kvp_cli_problem(p, "--tier %s cannot be given with --no-compute and another --tier: "
+                        "an allocator-only run takes one keys-only host:SIZE tier",
                         first);
     }
     if (o->no_sharing) {
@@ -260,6 +266,7 @@ void kvp_simulate_tier_check(simulate_options *o, kvp_cli_problems *p)
     if (p->found || o->sim.tier.count == 0) {
         return;
     }
+    o->sim.tier.keys_only = !o->sim.compute; /* allocator-only: no page bytes to keep */
     if (o->tier.given[SECRET_FLAG] != NULL) {
         read_secret(o, p);
     } else {
@@ -267,6 +274,18 @@ void kvp_simulate_tier_check(simulate_options *o, kvp_cli_problems *p)
                            (const unsigned char *)default_secret_text,
                            sizeof default_secret_text - 1, NULL, 0);
     }
+}
+
+size_t kvp_simulate_tier_pages(const simulate_options *o)
+{
+    const kvp_sim_config *c = &o->sim;
+    size_t page_bytes = 2 * kvp_sim_kv_heads(c) * c->block_tokens *
+                        (c->heads ? c->model_width / c->heads : 0) * kvp_dtype_bytes(c->kv_dtype);
+    size_t pages = 0;
+    for (size_t i = 0; i < c->tier.count && page_bytes != 0; i++) {
+        pages += c->tier.tiers[i].redis ? 0 : c->tier.tiers[i].host_bytes / page_bytes;
+    }
+    return pages; /* a Redis tier's size is the server's: not counted */
 }
 
 static double share(uint64_t part, uint64_t whole)
@@ -289,20 +308,41 @@ void kvp_simulate_tier_report(const simulate_options *o, const kvp_sim_result *r
                          strncmp(v, "redis://", 8) == 0 ? redacted(v, shown, sizeof shown) : v);
         (void)n; /* a longer list is cut: the report line only names the tiers */
     }
+    if (t->keys_only) {
+        printf("tier                    %s, keys only (allocator-only: no page bytes; each block\n"
+               "                        counted at its size, same budget and LRU)\n",
+               tiers);
+    }
     printf("tier                    %s, %s: %llu blocks (%llu tokens, %.1f%% of prompt\n"
            "                        tokens admitted) loaded instead of computed\n",
            tiers, o->sim.tier.write_through ? "write-through (publish)" : "write-back (evict)",
            (unsigned long long)t->hit_blocks, (unsigned long long)t->hit_tokens,
            share(t->hit_tokens, r->prompt_tokens));
     double mib = (double)t->load_bytes / (1024.0 * 1024.0);
-    printf("tier loads              %.1f MiB in %.3f s (%.0f MiB/s, misses included); writes "
-           "%llu (%llu failed);\n"
-           "                        %llu blocks rejected, %llu errors, %llu blocks recomputed "
-           "by decision\n",
-           mib, t->load_seconds, t->load_seconds > 0.0 ? mib / t->load_seconds : 0.0,
-           (unsigned long long)t->writes, (unsigned long long)t->write_failures,
-           (unsigned long long)t->rejected, (unsigned long long)t->errors,
-           (unsigned long long)t->recomputes);
+    if (t->keys_only) { /* sizes, not bytes moved: no rate */
+        printf("tier loads              %.1f MiB of block sizes in %.3f s (key lookups and "
+               "mapping);\n"
+               "                        writes %llu (%llu failed); %llu blocks rejected, %llu "
+               "errors\n",
+               mib, t->load_seconds, (unsigned long long)t->writes,
+               (unsigned long long)t->write_failures, (unsigned long long)t->rejected,
+               (unsigned long long)t->errors);
+    } else {
+        printf("tier loads              %.1f MiB in %.3f s (%.0f MiB/s, misses included); "
+               "writes %llu (%llu failed);\n"
+               "                        %llu blocks rejected, %llu errors, %llu blocks "
+               "recomputed by decision\n",
+               mib, t->load_seconds, t->load_seconds > 0.0 ? mib / t->load_seconds : 0.0,
+               (unsigned long long)t->writes, (unsigned long long)t->write_failures,
+               (unsigned long long)t->rejected, (unsigned long long)t->errors,
+               (unsigned long long)t->recomputes);
+    }
+    if (t->keys_only) {
+        printf("tier cost model         allocator-only: every block the tier holds loads "
+               "(nothing is\n"
+               "                        computed or moved, so there is no rate to compare)\n");
+        return;
+    }
     printf("tier cost model         %s: loads of blocks at %.1f MB/s against prefill at %.0f "
            "tokens/s\n"
            "                        (a block loads when its bytes take no longer than its "
@@ -321,6 +361,7 @@ void kvp_simulate_tier_json(kvp_json *json, const kvp_sim_result *r)
         return;
     }
     kvp_json_object_begin(json, "tier");
+    kvp_json_uint(json, "keys_only", (uint64_t)t->keys_only);
     kvp_json_uint(json, "hit_blocks", t->hit_blocks);
     kvp_json_uint(json, "hit_tokens", t->hit_tokens);
     kvp_json_uint(json, "load_bytes", t->load_bytes);

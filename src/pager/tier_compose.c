@@ -262,6 +262,11 @@ kvp_status kvp_tier_compose_create(kvp_tier *near, kvp_tier *far, kvp_tier **out
     if (near == far) {
         return kvpi_fail_invalid(err, "far", "is the near tier itself");
     }
+    if (kvp_tier_keys_only(near) || kvp_tier_keys_only(far)) {
+        return kvpi_fail_invalid(err, kvp_tier_keys_only(near) ? "near" : "far",
+                                 "keeps keys only (kvp_tier_host_keys_create): it composes "
+                                 "with no tier");
+    }
     compose *c = kvpi_calloc(KVPI_SITE_SCRATCH, 1, sizeof *c);
     if (c == NULL) {
         return kvpi_fail_alloc(err, "composed tier", sizeof *c);

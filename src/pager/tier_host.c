@@ -10,6 +10,10 @@
  * Invariants (under `lock`): bytes == the sum of the held blocks' sizes <=
  * budget; every held block is in exactly one bucket chain (its key's) and
  * once on the LRU list; blocks == both lengths; a key is held at most once.
+ * Keys only (kvp_tier_host_keys_create): the same table, LRU, budget and
+ * counters, but an entry holds no bytes: a put records its key and counts
+ * the block's size (b->bytes, data not read), a get reports that size and
+ * copies nothing (for allocator-only pools, which write no page bytes).
  * Callers: the kvp_tier handle (tier.c), from any thread.
  */
 #include "pager/tier_internal.h"
@@ -36,10 +40,12 @@ typedef struct host_tier {
     size_t bucket_count; /* a power of two */
     entry *lru_head;     /* least recently used */
     entry *lru_tail;
+    int keys_only; /* entries hold no bytes (kvp_tier_host_keys_create) */
     kvp_tier_host_stats stats;
 } host_tier;
 
 static const char host_name[] = "host";
+static const char host_keys_name[] = "host-keys";
 
 static size_t bucket_of(const host_tier *h, const kvp_block_key *key)
 {
@@ -126,7 +132,7 @@ static void maybe_grow(host_tier *h)
 
 static kvp_status put_one(host_tier *h, const kvp_tier_block *b)
 {
-    if (b->bytes == 0 || b->bytes > h->stats.budget_bytes || b->data == NULL) {
+    if (b->bytes == 0 || b->bytes > h->stats.budget_bytes || (b->data == NULL && !h->keys_only)) {
         h->stats.rejected_puts++;
         return KVP_TIER_UNAVAILABLE;
     }
@@ -138,14 +144,16 @@ static kvp_status put_one(host_tier *h, const kvp_tier_block *b)
         drop(h, h->lru_head);
         h->stats.evictions++;
     }
-    entry *e = kvpi_alloc(KVPI_SITE_SCRATCH, sizeof *e + b->bytes);
+    entry *e = kvpi_alloc(KVPI_SITE_SCRATCH, sizeof *e + (h->keys_only ? 0 : b->bytes));
     if (e == NULL) {
         h->stats.rejected_puts++;
         return KVP_TIER_UNAVAILABLE;
     }
     e->key = b->key;
-    e->bytes = b->bytes;
-    memcpy(e->data, b->data, b->bytes);
+    e->bytes = b->bytes; /* keys only: counted at its size, no byte kept */
+    if (!h->keys_only) {
+        memcpy(e->data, b->data, b->bytes);
+    }
     size_t at = bucket_of(h, &e->key);
     e->chain = h->buckets[at];
     h->buckets[at] = e;
@@ -171,6 +179,9 @@ static kvp_status get_one(host_tier *h, kvp_tier_block *b, int copy)
     h->stats.hits++;
     lru_unlink(h, e);
     lru_append(h, e);
+    if (h->keys_only) {
+        return KVP_OK; /* its size in bytes; nothing to copy */
+    }
     if (b->data == NULL || b->capacity < e->bytes) {
         return KVP_BUFFER_TOO_SMALL;
     }
@@ -234,7 +245,8 @@ void kvp_tier_host_stats_init(kvp_tier_host_stats *stats)
     }
 }
 
-kvp_status kvp_tier_host_create(size_t budget_bytes, kvp_tier **out, kvp_error *err)
+static kvp_status host_create(size_t budget_bytes, int keys_only, kvp_tier **out,
+                              kvp_error *err)
 {
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
@@ -254,11 +266,12 @@ kvp_status kvp_tier_host_create(size_t budget_bytes, kvp_tier **out, kvp_error *
     pthread_mutex_init(&h->lock, NULL);
     h->buckets = buckets;
     h->bucket_count = 64;
+    h->keys_only = keys_only;
     kvp_tier_host_stats_init(&h->stats);
     h->stats.budget_bytes = budget_bytes;
     kvp_tier_vtable v;
     kvp_tier_vtable_init(&v);
-    v.name = host_name;
+    v.name = keys_only ? host_keys_name : host_name;
     v.contains = host_contains;
     v.get = host_get;
     v.put = host_put;
@@ -270,6 +283,21 @@ kvp_status kvp_tier_host_create(size_t budget_bytes, kvp_tier **out, kvp_error *
     return status;
 }
 
+kvp_status kvp_tier_host_create(size_t budget_bytes, kvp_tier **out, kvp_error *err)
+{
+    return host_create(budget_bytes, 0, out, err);
+}
+
+kvp_status kvp_tier_host_keys_create(size_t budget_bytes, kvp_tier **out, kvp_error *err)
+{
+    return host_create(budget_bytes, 1, out, err);
+}
+
+int kvp_tier_keys_only(const kvp_tier *tier)
+{
+    return tier != NULL && tier->vtable.name == host_keys_name;
+}
+
 kvp_status kvp_tier_host_stats_get(kvp_tier *tier, kvp_tier_host_stats *out, kvp_error *err)
 {
     if (tier == NULL) {
@@ -278,7 +306,7 @@ kvp_status kvp_tier_host_stats_get(kvp_tier *tier, kvp_tier_host_stats *out, kvp
     if (out == NULL) {
         return kvpi_fail_null(err, "out");
     }
-    if (tier->vtable.name != host_name) {
+    if (tier->vtable.name != host_name && tier->vtable.name != host_keys_name) {
         return kvpi_fail_invalid(err, "tier", "not a host tier (kvp_tier_host_create)");
     }
     host_tier *h = tier->impl;

@@ -20,6 +20,11 @@
  * it, and maps blocks in chain order, all lanes and caches of a block or
  * none (one hold of the pool lock); a windowed cache then releases what its
  * window no longer needs, in the same hold, as a commit does.
+ * Keys only (a pool without data, KVP_SLAB_RESERVED, given a keys-only
+ * tier): a write puts the page's key alone, counted at block_bytes, with no
+ * pack buffer; a load asks the keys, takes a held key whose size is
+ * block_bytes as found (any other size is rejected as "size"), and maps
+ * fresh pages unwritten; nothing reads or writes a page's bytes.
  * Callers: the public API; pool.c and share.c through the pool's hooks.
  */
 #include "pager/tier_internal.h"
@@ -47,8 +52,10 @@ struct kvpi_pool_tier {
     kvp_tier *tier;
     unsigned char secret[KVP_TIER_SECRET_BYTES];
     int write_through;
+    int keys_only;         /* the tier keeps keys only; the pool holds no data */
     size_t block_bytes;
-    unsigned char *buffer; /* [block_bytes]: the block being put, under the pool lock */
+    unsigned char *buffer; /* [block_bytes]: the block being put, under the pool lock;
+                              NULL when keys only */
     pthread_mutex_t lock;
     pthread_cond_t idle;
     size_t users;
@@ -124,12 +131,14 @@ static void tier_write_locked(kvp_pool *pool, uint32_t page, int publish)
     if (slot == NULL) {
         return;
     }
-    kvpi_tier_block_pack(pool, page, &pool->page_key[page], &pool->page_binding[page],
-                         t->secret, t->buffer);
+    if (!t->keys_only) {
+        kvpi_tier_block_pack(pool, page, &pool->page_key[page], &pool->page_binding[page],
+                             t->secret, t->buffer);
+    }
     memset(&slot->block, 0, sizeof slot->block);
     slot->block.key = pool->page_key[page];
-    slot->block.data = t->buffer; /* the tier copies it before put returns */
-    slot->block.capacity = t->block_bytes;
+    slot->block.data = t->buffer; /* the tier copies it before put returns; keys only: NULL */
+    slot->block.capacity = t->keys_only ? 0 : t->block_bytes;
     slot->block.bytes = t->block_bytes;
     if (kvp_tier_issue(t->tier, KVP_TIER_PUT, &slot->block, 1, put_done, slot, NULL) != KVP_OK) {
         pthread_mutex_lock(&t->lock);
@@ -203,11 +212,14 @@ static kvpi_pool_tier *tier_state_new(kvp_pool *pool, kvp_tier *tier,
 {
     kvpi_pool_tier *t = kvpi_calloc(KVPI_SITE_SCRATCH, 1, sizeof *t);
     size_t block_bytes = kvpi_tier_block_bytes(pool);
-    unsigned char *buffer = t == NULL ? NULL : kvpi_alloc(KVPI_SITE_SCRATCH, block_bytes);
-    if (buffer == NULL) {
+    int keys_only = kvp_tier_keys_only(tier);
+    unsigned char *buffer =
+        t == NULL || keys_only ? NULL : kvpi_alloc(KVPI_SITE_SCRATCH, block_bytes);
+    if (t == NULL || (buffer == NULL && !keys_only)) {
         kvpi_free(t);
         return NULL;
     }
+    t->keys_only = keys_only;
     pthread_mutex_init(&t->lock, NULL);
     pthread_cond_init(&t->idle, NULL);
     t->tier = tier;
@@ -239,8 +251,14 @@ kvp_status kvp_pool_tier_attach(kvp_pool *pool, kvp_tier *tier, const kvp_tier_p
     if (status != KVP_OK) {
         return status;
     }
-    if (!kvpi_pool_has_data(pool)) {
+    int keys_only = kvp_tier_keys_only(tier);
+    if (!kvpi_pool_has_data(pool) && !keys_only) {
         return kvpi_pool_fail_no_data(err);
+    }
+    if (kvpi_pool_has_data(pool) && keys_only) {
+        return kvpi_fail_invalid(err, "tier",
+                                 "keeps keys only: it serves a pool without data "
+                                 "(KVP_SLAB_RESERVED); give this pool a byte tier");
     }
     kvpi_pool_tier *t = tier_state_new(pool, tier, policy);
     if (t == NULL) {
@@ -340,6 +358,7 @@ static void load_batch_free(load_batch *b)
     memset(b, 0, sizeof *b); /* freeing twice is harmless */
 }
 
+/* block_bytes 0 (keys only): no buffers. */
 static kvp_status load_batch_new(load_batch *b, size_t total, size_t block_bytes,
                                  kvp_error *err)
 {
@@ -347,7 +366,8 @@ static kvp_status load_batch_new(load_batch *b, size_t total, size_t block_bytes
     b->total = total;
     /* One at a time, stopping at the first failure (the fault injector counts calls). */
     if ((b->blocks = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->blocks)) == NULL ||
-        (b->buffers = kvpi_calloc(KVPI_SITE_SCRATCH, total, block_bytes)) == NULL ||
+        (block_bytes != 0 &&
+         (b->buffers = kvpi_calloc(KVPI_SITE_SCRATCH, total, block_bytes)) == NULL) ||
         (b->payload = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->payload)) == NULL ||
         (b->pages = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->pages)) == NULL ||
         (b->verdict = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->verdict)) == NULL) {
@@ -376,6 +396,10 @@ static size_t load_verify(kvp_cache *const *caches, size_t count, const kvpi_poo
             why = blk->status;
         } else if (blk->bytes == 0) {
             why = KVP_OK; /* a miss ends the run, and is no failure */
+        } else if (t->keys_only) { /* no bytes: the size is all there is to check */
+            b->verdict[i] = blk->bytes == t->block_bytes ? KVPI_TIER_BLOCK_OK
+                                                         : KVPI_TIER_REJECT_SIZE;
+            why = b->verdict[i] == KVPI_TIER_BLOCK_OK ? KVP_OK : KVP_TIER_BLOCK_REJECTED;
         } else {
             kvp_block_key binding = kvpi_cache_binding_key(caches[(i / batch) % count]);
             b->verdict[i] = kvpi_tier_block_verify(pool, &blk->key, &binding, t->secret,
@@ -433,7 +457,9 @@ static kvp_status load_map_locked(kvp_cache *const *caches, size_t count, load_b
         kvp_cache *cache = caches[(i / batch) % count];
         const kvp_block_key *key = &b->blocks[i].key;
         kvpi_pool_evict_borrowed_locked(pool, page); /* final: it is written now */
-        memcpy(kvpi_pool_page(pool, page), b->payload[i], pool->page_bytes);
+        if (b->payload[i] != NULL) { /* keys only: mapped unwritten, as an append commits */
+            memcpy(kvpi_pool_page(pool, page), b->payload[i], pool->page_bytes);
+        }
         cache->tables[(i % batch) * cache->blocks_per_lane + first + i / per] = page;
         if (kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
             kvp_block_key binding = kvpi_cache_binding_key(cache);
@@ -455,8 +481,8 @@ static kvp_status load_fetch(const kvp_block_key *keys, kvpi_pool_tier *t, load_
 {
     for (size_t i = 0; i < b->total; i++) {
         b->blocks[i].key = keys[i];
-        b->blocks[i].data = b->buffers + i * t->block_bytes;
-        b->blocks[i].capacity = t->block_bytes;
+        b->blocks[i].data = t->keys_only ? NULL : b->buffers + i * t->block_bytes;
+        b->blocks[i].capacity = t->keys_only ? 0 : t->block_bytes;
     }
     return kvp_tier_run(t->tier, KVP_TIER_GET, b->blocks, b->total, err);
 }
@@ -484,7 +510,7 @@ kvp_status kvp_cache_group_tier_load(kvp_cache *const *caches, size_t count,
     kvp_status why = KVP_OK;
     size_t run = 0;
     if (room != 0) {
-        status = load_batch_new(&b, room * per, t->block_bytes, err);
+        status = load_batch_new(&b, room * per, t->keys_only ? 0 : t->block_bytes, err);
         if (status == KVP_OK) {
             status = load_fetch(keys, t, &b, err);
         }

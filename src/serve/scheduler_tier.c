@@ -16,6 +16,13 @@
  * publication read them as computed pages. Decisions depend on measured
  * times: they change which blocks are computed and the counters, never an
  * output (loaded rows are the published rows, bit for bit).
+ * Both lease kinds read the tier: a computed lease (a byte tier: the rows
+ * are copied in) and an allocator-only one (external caches, fused or per
+ * layer; its pool has no data, so its tier keeps keys only and a load maps
+ * pages unwritten). An allocator-only run always loads what the tier holds:
+ * it computes nothing (no prefill rate) and moves no bytes (no tier rate),
+ * so the cost model has nothing to compare; its loads count the block bytes
+ * a byte tier would have moved.
  * Callers: scheduler_prefill.c (kvpi_sched_prefill_prompts).
  */
 #include <time.h>
@@ -60,8 +67,8 @@ void kvpi_sched_tier_prefilled(kvp_scheduler *s, size_t tokens, double seconds)
  */
 static int worth_loading(kvp_scheduler *s, size_t block_bytes)
 {
-    if (s->config.tier_loads == KVP_TIER_LOADS_ALWAYS) {
-        return 1;
+    if (s->config.tier_loads == KVP_TIER_LOADS_ALWAYS || !s->leases->on_decoder) {
+        return 1; /* allocator-only: no rate to compare (the file's head) */
     }
     if (s->tier.bytes_per_second <= 0.0 || s->tier.prefill_tokens == 0) {
         return 1; /* the optimistic prior */
@@ -92,8 +99,7 @@ size_t kvpi_sched_tier_load(kvp_scheduler *s, const planned *pl, size_t adopted,
                             lease *l0)
 {
     size_t last = adoptable < pl->key_blocks ? adoptable : pl->key_blocks;
-    if (!s->config.sharing || !s->leases->on_decoder ||
-        s->config.tier_loads == KVP_TIER_LOADS_NEVER || adopted >= last) {
+    if (!s->config.sharing || s->config.tier_loads == KVP_TIER_LOADS_NEVER || adopted >= last) {
         return 0;
     }
     kvp_pool_tier_stats before;
@@ -122,7 +128,8 @@ size_t kvpi_sched_tier_load(kvp_scheduler *s, const planned *pl, size_t adopted,
     kvp_pool_tier_stats_init(&after);
     if (kvp_pool_tier_stats_get(s->pool, &after, NULL) == KVP_OK) {
         count_load(s, &before, &after, loaded);
-        if (loaded != 0 && seconds > 0.0) { /* loads that brought blocks (a miss says nothing) */
+        /* Loads that brought bytes (a miss says nothing; keys only bring none). */
+        if (loaded != 0 && seconds > 0.0 && s->leases->on_decoder) {
             double rate = (double)(after.load_bytes - before.load_bytes) / seconds;
             double *r = &s->tier.bytes_per_second;
             *r = *r > 0.0 ? (1.0 - TIER_RATE_WEIGHT) * *r + TIER_RATE_WEIGHT * rate : rate;

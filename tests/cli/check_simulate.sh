@@ -269,6 +269,7 @@ top = {"requests", "requests_completed", "requests_rejected", "tokens_generated"
        "sharing_concurrency_ratio", "no_sharing",
        "trace_ceiling_hit_rate", "trace_ceiling_block_hit_rate", "trace_lru_blocks",
        "trace_lru_hit_rate", "trace_lru_block_hit_rate", "first_admission_hit_tokens",
+       "trace_tier_lru_blocks", "trace_tier_lru_hit_rate",
        "first_admission_hit_rate", "hit_rate_of_ceiling", "latency"}
 config = {"workload", "arrival", "rate", "mean_prompt_tokens", "mean_output_tokens", "layers",
           "model_width", "heads", "kv_heads", "kv_bytes_per_token", "block_tokens",

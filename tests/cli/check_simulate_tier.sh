@@ -4,7 +4,9 @@
 # value or combination is refused before anything runs (exit 2, one line
 # naming the flag and the value: refusal.sh), a Redis URL's password is
 # never echoed, `--flag v` and `--flag=v` read alike, and a host-tier run
-# reports the tier and its --json "tier" keys (null without --tier).
+# reports the tier and its --json "tier" keys (null without --tier); an
+# allocator-only run (--no-compute) takes one keys-only host tier (Redis and
+# two tiers refused) and loads what it evicted.
 set -u
 work=$1
 shift
@@ -39,7 +41,9 @@ run bad_password --tier "'redis://u:***@h'" $S --tier 'redis://u:p%zz@h' \
     --tier-secret-file "$work/secret"
 grep -q 'p%zz' "$work/err" && fail "bad_password: the password was echoed: $(cat "$work/err")"
 run redis_needs_secret --tier-secret-file "redis://127.0.0.1:1" $S --tier redis://127.0.0.1:1
-run no_compute --no-compute "host:1MiB" $S --tier host:1MiB --no-compute
+run no_compute_redis --no-compute "redis://127.0.0.1:1" $S --tier redis://127.0.0.1:1 \
+    --tier-secret-file "$work/secret" --no-compute
+run no_compute_two --no-compute "host:1MiB" $S --tier host:1MiB --tier host:2MiB --no-compute
 run no_sharing --no-sharing "host:1MiB" $S --tier host:1MiB --no-sharing
 run policy_without_tier --tier-policy "publish" $S --tier-policy publish
 run loads_without_tier --tier-loads "always" $S --tier-loads=always
@@ -72,4 +76,56 @@ done
 # shellcheck disable=SC2086
 "$@" simulate --quiet $small --json > "$work/none.json" 2> "$work/err" || fail "plain run"
 grep -q '"tier":null' "$work/none.json" || fail "--json without --tier: tier is not null"
-echo "check_simulate_tier: $rows refusals and 3 runs ok"
+
+# Allocator-only with a keys-only host tier: conversation turns at a 32 MiB
+# pool, without and with a 256 MiB tier. The tier's loads are prefix hits
+# the pool alone missed; every figure is consistent across the report.
+conv="--profile conversation --budget 32MiB --no-compute --json"
+# shellcheck disable=SC2086
+"$@" simulate --quiet $conv > "$work/alloc.json" 2> "$work/err" || fail "alloc run: $(cat "$work/err")"
+# shellcheck disable=SC2086
+"$@" simulate --quiet $conv --tier host:256MiB > "$work/keys.json" 2> "$work/err" ||
+    fail "keys-only run: $(cat "$work/err")"
+python3 - "$work/alloc.json" "$work/keys.json" <<'PY' || fail "keys-only figures"
+import json, sys
+alone = json.load(open(sys.argv[1]))
+keys = json.load(open(sys.argv[2]))
+assert alone["tier"] is None, alone["tier"]
+t = keys["tier"]
+assert t["keys_only"] == 1, t
+assert t["hit_blocks"] > 0 and t["hit_tokens"] == 16 * t["hit_blocks"], t
+assert t["writes"] > 0 and t["write_failures"] == 0, t
+assert t["rejected"] == 0 and t["errors"] == 0 and t["recomputes"] == 0, t
+assert t["bytes_per_second"] == 0 and t["prefill_tokens_per_second"] == 0, t
+assert t["load_bytes"] % t["hit_blocks"] == 0, t  # every block at its size
+# The pool's own hits are the same workload's; the tier adds its loads on top.
+gain = keys["prefix_hit_tokens"] - alone["prefix_hit_tokens"]
+assert gain > 0 and gain <= t["hit_tokens"], (gain, t)
+assert keys["prefix_hit_rate"] > alone["prefix_hit_rate"] + 0.05, (keys["prefix_hit_rate"], alone["prefix_hit_rate"])
+print("keys-only tier: prefix hit rate %.1f%% -> %.1f%%, %d blocks loaded" % (
+    100 * alone["prefix_hit_rate"], 100 * keys["prefix_hit_rate"], t["hit_blocks"]))
+PY
+# shellcheck disable=SC2086
+"$@" simulate --quiet --profile conversation --budget 32MiB --no-compute --tier host:256MiB \
+    > "$work/keys.txt" 2> "$work/err" || fail "keys-only report run"
+grep -q '^tier  *host:256MiB, keys only' "$work/keys.txt" || fail "no keys-only line: $(cat "$work/keys.txt")"
+
+# The Mooncake trace, allocator-only on a small geometry (128 B a token): a
+# 32 MiB pool and a keys-only 256 MiB tier against an LRU of both sizes'
+# blocks (the pool+tier LRU line): the issue's >= 90% of it.
+trace="$(dirname "$0")/../../data/traces/mooncake_synthetic_trace.jsonl"
+"$@" simulate --quiet --trace "$trace" --trace-format mooncake --layers 1 --model-width 8 \
+    --heads 1 --block-tokens 512 --no-compute --budget 32MiB --tier host:256MiB --json \
+    > "$work/trace.json" 2> "$work/err" || fail "trace run: $(cat "$work/err")"
+python3 - "$work/trace.json" <<'PY' || fail "trace figures"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["trace_lru_blocks"] == 512 and r["trace_tier_lru_blocks"] == 512 + 4096, r
+assert r["trace_tier_lru_hit_rate"] > r["trace_lru_hit_rate"], r
+assert r["tier"]["keys_only"] == 1 and r["tier"]["hit_blocks"] > 0, r["tier"]
+rate, lru = r["first_admission_hit_rate"], r["trace_tier_lru_hit_rate"]
+assert rate >= 0.9 * lru, (rate, lru)
+print("trace: %.1f%% with the tier, pool+tier LRU %.1f%%, pool LRU %.1f%%" % (
+    100 * rate, 100 * lru, 100 * r["trace_lru_hit_rate"]))
+PY
+echo "check_simulate_tier: $rows refusals and 7 runs ok"
