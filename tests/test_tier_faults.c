@@ -649,6 +649,55 @@ static void test_tier_faults_corrupt_values_rejected_never_mapped(void **state)
     dump_free(&real);
 }
 
+/*
+ * DISABLED (fails on the code it was written against; the fix belongs to
+ * src/pager/tier_pool.c, owned elsewhere this session): a value longer
+ * than a block of this pool (a larger geometry's block, or garbage) under a
+ * real key. The Redis tier completes it BUFFER_TOO_SMALL (too_big: it does
+ * not fit the block buffer, which is exactly header + page bytes), and the
+ * pool's load_count counts it as a load failure (tier_errors), not as a
+ * rejection: it is never mapped, but the issue asks for such values to be
+ * "rejected and counted". Fix: in load_count (and the run's stop reason),
+ * count a block completed BUFFER_TOO_SMALL as rejected, reason header
+ * ("size"), and stop the run with TIER_BLOCK_REJECTED. Enable with
+ * -DKVP_TEST_OVERSIZED_REJECTED once fixed.
+ */
+#ifdef KVP_TEST_OVERSIZED_REJECTED
+static void test_tier_faults_oversized_value_is_rejected(void **state)
+{
+    (void)state;
+    static book original, reread;
+    start_server(NULL);
+    kvp_tier *tier = redis_tier(20000);
+    kvp_scheduler_stats one;
+    publish_run(model, 1, tier, 1, &original, &one);
+    dump real;
+    dump_all(&real);
+    redisContext *c = direct();
+    for (size_t i = 0; i < real.count; i++) {
+        const kv *it = &real.items[i];
+        unsigned char *v = malloc(2 * it->len);
+        memcpy(v, it->value, it->len);
+        memcpy(v + it->len, it->value, it->len);
+        set_raw(c, it->key, v, 2 * it->len);
+        free(v);
+    }
+    redisFree(c);
+    memset(&reread, 0, sizeof reread);
+    fixture f;
+    setup(&f, tier, 1, 0);
+    serve(&f, &reread, 0, 0, PROMPT);
+    kvp_scheduler_stats two = stats_of(&f);
+    teardown(&f);
+    kvpt_assert_ok(kvp_tier_destroy(tier, NULL), NULL);
+    dump_free(&real);
+    assert_outputs_equal(&original, &reread, 1);
+    assert_int_equal(two.tier_hit_blocks, 0);
+    assert_int_equal(two.tier_rejected, 8 * LAYERS); /* today: 0, and tier_errors 16 */
+    assert_int_equal(two.tier_errors, 0);
+}
+#endif
+
 /* ---- a full Redis ------------------------------------------------------------------- */
 
 static void test_tier_faults_full_redis_fails_writes_only(void **state)
@@ -705,6 +754,9 @@ int main(void)
         cmocka_unit_test_teardown(test_tier_faults_corrupt_values_rejected_never_mapped,
                                   stop_server),
         cmocka_unit_test_teardown(test_tier_faults_full_redis_fails_writes_only, stop_server),
+#ifdef KVP_TEST_OVERSIZED_REJECTED
+        cmocka_unit_test_teardown(test_tier_faults_oversized_value_is_rejected, stop_server),
+#endif
     };
     return cmocka_run_group_tests(tests, model_setup, model_teardown);
 }
