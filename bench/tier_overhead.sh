@@ -35,7 +35,10 @@ done
 redis-cli -p "$port" ping >/dev/null || { echo "tier_overhead.sh: redis-server did not start" >&2; cat "$work/redis.log" >&2; exit 1; }
 head -c 64 /dev/urandom >"$work/secret"
 
-field() { python3 -c "import json,sys; d=json.load(open('$1')); v=eval('d$2'); print(v)"; }
+# field FILE KEY [KEY2]: d[KEY] (or d[KEY][KEY2]) of a JSON report
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+for k in sys.argv[2:]: d=d[k]
+print(d)' "$@"; }
 
 plain_tps=()
 tier_tps=()
@@ -47,12 +50,12 @@ for i in $(seq "$runs"); do
     # shellcheck disable=SC2086
     "$kvpager" simulate --json --quiet $flags --tier "redis://127.0.0.1:$port" \
         --tier-secret-file "$work/secret" --tier-policy "$policy" >"$work/tier.json"
-    p=$(field "$work/plain.json" "['tokens_per_second']")
-    t=$(field "$work/tier.json" "['tokens_per_second']")
-    hits=$(field "$work/tier.json" "['tier']['hit_blocks']")
-    writes=$(field "$work/tier.json" "['tier']['writes']")
-    pc=$(field "$work/plain.json" "['output_checksum']")
-    tc=$(field "$work/tier.json" "['output_checksum']")
+    p=$(field "$work/plain.json" tokens_per_second)
+    t=$(field "$work/tier.json" tokens_per_second)
+    hits=$(field "$work/tier.json" tier hit_blocks)
+    writes=$(field "$work/tier.json" tier writes)
+    pc=$(field "$work/plain.json" output_checksum)
+    tc=$(field "$work/tier.json" output_checksum)
     plain_tps+=("$p")
     tier_tps+=("$t")
     ratios+=("$(python3 -c "print($t / $p)")")
