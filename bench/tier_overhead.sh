@@ -11,13 +11,14 @@
 # Prints each pair's tokens/s, the medians, their ratio and the median of
 # the pairs' own ratios (robust when the shared machine's load drifts), the
 # tier runs' hit blocks (must be 0) and writes, and both checksums (equal).
-# Extra simulate flags go in SIMULATE_FLAGS. Not part of the test command:
+# Extra simulate flags go in SIMULATE_FLAGS (both runs) and TIER_FLAGS (the tier run). Not part of the test command:
 # it reports a speed, it asserts none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}
 policy=${2:-evict}
 flags=${SIMULATE_FLAGS:-}
+TIER_FLAGS=${TIER_FLAGS:-} # extra flags of the tier runs only (e.g. --tier-loads never)
 case $runs in '' | *[!0-9]* | 0) echo "tier_overhead.sh: RUNS must be a positive whole number, got '$runs'" >&2; exit 2 ;; esac
 case $policy in evict | publish) ;; *) echo "tier_overhead.sh: POLICY must be evict or publish, got '$policy'" >&2; exit 2 ;; esac
 kvpager=build/release/kvpager
@@ -49,7 +50,7 @@ for i in $(seq "$runs"); do
     redis-cli -p "$port" flushall >/dev/null
     # shellcheck disable=SC2086
     "$kvpager" simulate --json --quiet $flags --tier "redis://127.0.0.1:$port" \
-        --tier-secret-file "$work/secret" --tier-policy "$policy" >"$work/tier.json"
+        --tier-secret-file "$work/secret" --tier-policy "$policy" $TIER_FLAGS >"$work/tier.json"
     p=$(field "$work/plain.json" tokens_per_second)
     t=$(field "$work/tier.json" tokens_per_second)
     hits=$(field "$work/tier.json" tier hit_blocks)
