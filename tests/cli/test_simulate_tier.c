@@ -11,8 +11,12 @@
  * first's (the output checksum, and --verify's recompute of every request
  * from scratch: 0 mismatches). A run under another secret file shares
  * nothing (its pool keys differ: every block a miss) and computes as the
- * first did. A run whose Redis is down completes with the same outputs,
- * its errors counted.
+ * first did. Every value in Redis corrupted (a flipped byte, a truncation,
+ * another key's block) between two runs: the next run rejects them, counts
+ * them and computes the same outputs (--verify: 0 mismatches). A full
+ * Redis (maxmemory 1, noeviction): its writes fail (it holds no key after
+ * the run), nothing else does. A run whose Redis is down completes with the
+ * same outputs, its errors counted.
  * Usage: test_simulate_tier KVPAGER (the program under test).
  * Callers: ctest (test_simulate_tier).
  */
@@ -26,6 +30,7 @@
 #include <sys/wait.h>
 
 #include <cmocka.h>
+#include <hiredis/hiredis.h>
 
 #include "../redis_server.h"
 
@@ -168,6 +173,93 @@ static void test_simulate_tier_another_secret_shares_nothing(void **state)
     assert_int_equal(other.verify_mismatches, 0);
 }
 
+/* A direct connection to the test's server (tampering from outside, as another writer). */
+static redisContext *direct(void)
+{
+    redisContext *c = redisConnect("127.0.0.1", (int)server.port);
+    assert_non_null(c);
+    assert_int_equal(c->err, 0);
+    return c;
+}
+
+static void command_ok(redisContext *c, const char *command)
+{
+    redisReply *r = redisCommand(c, command);
+    assert_non_null(r);
+    assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+}
+
+static long long dbsize(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "DBSIZE");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    long long n = r->integer;
+    freeReplyObject(r);
+    return n;
+}
+
+static void test_simulate_tier_corrupt_values_are_rejected(void **state)
+{
+    (void)state;
+    redisContext *c = direct();
+    redisReply *keys = redisCommand(c, "KEYS *");
+    assert_non_null(keys);
+    assert_int_equal(keys->type, REDIS_REPLY_ARRAY);
+    assert_true(keys->elements >= 3); /* the first runs' blocks */
+    for (size_t i = 0; i < keys->elements; i++) {
+        const char *key = keys->element[i]->str;
+        const char *other = keys->element[(i + 1) % keys->elements]->str;
+        redisReply *v = redisCommand(c, "GET %s", i % 3 == 2 ? other : key);
+        assert_non_null(v);
+        assert_int_equal(v->type, REDIS_REPLY_STRING);
+        size_t len = v->len;
+        if (i % 3 == 0) {
+            v->str[len / 2] ^= 0x10; /* a flipped byte */
+        } else if (i % 3 == 1) {
+            len /= 2; /* truncated */
+        }                /* else another key's (valid) block */
+        redisReply *w = redisCommand(c, "SET %s %b", key, v->str, len);
+        assert_non_null(w);
+        assert_int_equal(w->type, REDIS_REPLY_STATUS);
+        freeReplyObject(w);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    run_figures r = simulate("secret");
+    assert_int_equal(r.completed, 6);
+    assert_int_equal(r.hit_blocks, 0); /* never mapped */
+    assert_true(r.rejected > 0);       /* counted */
+    assert_int_equal(r.errors, 0);
+    assert_int_equal(r.prefill_tokens, first.prefill_tokens);
+    assert_string_equal(r.checksum, first.checksum);
+    assert_int_equal(r.verify_mismatches, 0);
+}
+
+static void test_simulate_tier_full_redis_fails_writes_only(void **state)
+{
+    (void)state;
+    redisContext *c = direct();
+    command_ok(c, "FLUSHALL");
+    command_ok(c, "CONFIG SET maxmemory-policy noeviction");
+    command_ok(c, "CONFIG SET maxmemory 1"); /* below an empty server's use: writes fail */
+    run_figures r = simulate("secret");
+    long long held = dbsize(c);
+    command_ok(c, "CONFIG SET maxmemory 0");
+    redisFree(c);
+    assert_int_equal(held, 0); /* every write failed ... */
+    assert_true(r.writes > 0);
+    assert_int_equal(r.completed, 6); /* ... and nothing else did */
+    assert_int_equal(r.errors, 0);
+    assert_int_equal(r.rejected, 0);
+    assert_int_equal(r.hit_blocks, 0);
+    assert_int_equal(r.prefill_tokens, first.prefill_tokens);
+    assert_string_equal(r.checksum, first.checksum);
+    assert_int_equal(r.verify_mismatches, 0);
+}
+
 static void test_simulate_tier_redis_down_completes_without_it(void **state)
 {
     (void)state;
@@ -192,6 +284,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simulate_tier_second_process_loads_the_first_ones_blocks),
         cmocka_unit_test(test_simulate_tier_another_secret_shares_nothing),
+        cmocka_unit_test(test_simulate_tier_corrupt_values_are_rejected),
+        cmocka_unit_test(test_simulate_tier_full_redis_fails_writes_only),
         cmocka_unit_test(test_simulate_tier_redis_down_completes_without_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
