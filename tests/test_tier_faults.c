@@ -650,19 +650,11 @@ static void test_tier_faults_corrupt_values_rejected_never_mapped(void **state)
 }
 
 /*
- * DISABLED (fails on the code it was written against; the fix belongs to
- * src/pager/tier_pool.c, owned elsewhere this session): a value longer
- * than a block of this pool (a larger geometry's block, or garbage) under a
- * real key. The Redis tier completes it BUFFER_TOO_SMALL (too_big: it does
- * not fit the block buffer, which is exactly header + page bytes), and the
- * pool's load_count counts it as a load failure (tier_errors), not as a
- * rejection: it is never mapped, but the issue asks for such values to be
- * "rejected and counted". Fix: in load_count (and the run's stop reason),
- * count a block completed BUFFER_TOO_SMALL as rejected, reason header
- * ("size"), and stop the run with TIER_BLOCK_REJECTED. Enable with
- * -DKVP_TEST_OVERSIZED_REJECTED once fixed.
+ * A value longer than a block of this pool (a larger geometry's block, or
+ * garbage) under a real key: the Redis tier completes it BUFFER_TOO_SMALL
+ * (it does not fit the block buffer, exactly header + page bytes), and the
+ * load rejects it by size (tier_rejected, not tier_errors), never mapped.
  */
-#ifdef KVP_TEST_OVERSIZED_REJECTED
 static void test_tier_faults_oversized_value_is_rejected(void **state)
 {
     (void)state;
@@ -693,10 +685,9 @@ static void test_tier_faults_oversized_value_is_rejected(void **state)
     dump_free(&real);
     assert_outputs_equal(&original, &reread, 1);
     assert_int_equal(two.tier_hit_blocks, 0);
-    assert_int_equal(two.tier_rejected, 8 * LAYERS); /* today: 0, and tier_errors 16 */
+    assert_int_equal(two.tier_rejected, 8 * LAYERS);
     assert_int_equal(two.tier_errors, 0);
 }
-#endif
 
 /* ---- a full Redis ------------------------------------------------------------------- */
 
@@ -754,9 +745,7 @@ int main(void)
         cmocka_unit_test_teardown(test_tier_faults_corrupt_values_rejected_never_mapped,
                                   stop_server),
         cmocka_unit_test_teardown(test_tier_faults_full_redis_fails_writes_only, stop_server),
-#ifdef KVP_TEST_OVERSIZED_REJECTED
         cmocka_unit_test_teardown(test_tier_faults_oversized_value_is_rejected, stop_server),
-#endif
     };
     return cmocka_run_group_tests(tests, model_setup, model_teardown);
 }

@@ -322,7 +322,7 @@ static void test_redis_tier_second_pool_loads_bit_identical_rows(void **state)
 /*
  * Values tampered with in Redis: garbage of the right size (MAC), another
  * key's block (key), a short value (size: header), a long one (the tier
- * fails the block BUFFER_TOO_SMALL: a load failure). None is mapped.
+ * fails the block BUFFER_TOO_SMALL: rejected by size too). None is mapped.
  */
 static void test_redis_tier_tampered_values_rejected(void **state)
 {
@@ -368,10 +368,11 @@ static void test_redis_tier_tampered_values_rejected(void **state)
     kvp_pool_tier_stats ts = tier_stats(p2);
     kvp_status stop = KVP_OK;
     assert_int_equal(load(c, lane0, 2, &stop), 0);
-    assert_int_equal(stop, KVP_BUFFER_TOO_SMALL);
+    assert_int_equal(stop, KVP_TIER_BLOCK_REJECTED);
     kvpt_assert_state_unchanged(&before, c, p2, 0);
     kvpt_state_free(&before);
-    assert_int_equal(tier_stats(p2).load_failures, ts.load_failures + 1);
+    assert_int_equal(tier_stats(p2).load_failures, ts.load_failures);
+    assert_int_equal(tier_stats(p2).rejected_header, ts.rejected_header + 1);
     assert_int_equal(redis_stats(t2).too_big, 1);
 
     /* Put back: it loads. */

@@ -410,8 +410,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_tier_block_verify(const kvp_cache *cache,
  * already), and advances every cache by block_tokens per block.
  * *loaded = the blocks loaded (0 .. n). *stop, when not NULL, says why the
  * run ended: KVP_OK (n blocks, or a block the tier did not hold),
- * TIER_BLOCK_REJECTED (a block failed verification), TIER_UNAVAILABLE or
- * BUFFER_TOO_SMALL (the tier failed a block). Counted (kvp_pool_tier_stats):
+ * TIER_BLOCK_REJECTED (a block failed verification, or the tier held a
+ * value longer than a block: BUFFER_TOO_SMALL in its status, counted as a
+ * rejection by size), TIER_UNAVAILABLE (the tier failed a block). Counted (kvp_pool_tier_stats):
  * loads, load_bytes, misses, load_failures and rejections of every block
  * the batch returned. A block past the run is never mapped, whatever it held.
  * Errors, changing nothing (no page, no counter): NULL_ARGUMENT (caches,

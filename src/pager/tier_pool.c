@@ -392,7 +392,11 @@ static size_t load_verify(kvp_cache *const *caches, size_t count, const kvpi_poo
     for (size_t i = 0; i < b->total; i++) {
         kvp_tier_block *blk = &b->blocks[i];
         kvp_status why = KVP_OK;
-        if (blk->status != KVP_OK) {
+        if (blk->status == KVP_BUFFER_TOO_SMALL) {
+            /* A value longer than a block of ours: another geometry's, rejected by size. */
+            b->verdict[i] = KVPI_TIER_REJECT_SIZE;
+            why = KVP_TIER_BLOCK_REJECTED;
+        } else if (blk->status != KVP_OK) {
             why = blk->status;
         } else if (blk->bytes == 0) {
             why = KVP_OK; /* a miss ends the run, and is no failure */
@@ -422,9 +426,11 @@ static void load_count(kvpi_pool_tier *t, const load_batch *b, size_t mapped)
     kvp_pool_tier_stats *s = &t->stats;
     for (size_t i = 0; i < b->total; i++) {
         const kvp_tier_block *blk = &b->blocks[i];
+        int oversized = blk->status == KVP_BUFFER_TOO_SMALL; /* rejected: load_verify */
         s->misses += blk->status == KVP_OK && blk->bytes == 0;
-        s->load_failures += blk->status != KVP_OK;
-        if (blk->status != KVP_OK || blk->bytes == 0 || b->verdict[i] == KVPI_TIER_BLOCK_OK) {
+        s->load_failures += blk->status != KVP_OK && !oversized;
+        if ((blk->status != KVP_OK && !oversized) || (!oversized && blk->bytes == 0) ||
+            b->verdict[i] == KVPI_TIER_BLOCK_OK) {
             continue;
         }
         s->rejected++;
