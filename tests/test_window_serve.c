@@ -28,6 +28,8 @@
  *     (what the scheduler's kept-page count skips) are exactly the
  *     KVP_PAGE_RELEASED entries (test_window_sched.c runs windowed
  *     sessions);
+ *   - kvp_sequence_truncate into a window's released blocks is refused
+ *     (BlockReleased, err.layer the layer), changing nothing;
  *   - a tier load into a windowed cache releases what the window no longer
  *     needs, as a commit does.
  * Deterministic: no threads, fixed inputs.
@@ -532,6 +534,59 @@ static void test_window_serve_scheduler_allocator_only_counts_full(void **state)
     kvpt_destroy_model(hybrid);
 }
 
+/*
+ * kvp_sequence_truncate into a window's released blocks is refused
+ * (BlockReleased, naming the layer), changing nothing, as kvp_cache_truncate
+ * is; before, the sequence's truncate skipped the check and left a window
+ * of null entries that the next step read.
+ */
+static void test_window_serve_sequence_truncate_into_released_is_refused(void **state)
+{
+    (void)state;
+    kvp_model *model = model_of(4, 1);
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, 64);
+    kvp_sequence *seq = kvpt_sequence(model, pool, BATCH, T);
+    for (size_t t = 0; t < 7; t++) {
+        step_once(seq, 300 + t);
+        kvpt_assert_pool_ok(pool);
+    }
+    /* Length 7: W = 4 released block 0 ((0 + 1)·2 <= 3); W = 1 blocks 0..2 (<= 6). */
+    kvpt_snapshot before;
+    kvpt_snapshot_init(&before, pool);
+    kvpt_snapshot_add_sequence(&before, seq);
+    kvpt_snapshot_take(&before);
+    kvp_error err;
+    /* To 6: layer 0 needs [2, 6) (held); layer 1 needs [5, 6): block 2, released. */
+    assert_int_equal(kvp_sequence_truncate(seq, 6, &err), KVP_BLOCK_RELEASED);
+    assert_int_equal(err.layer, 1);
+    assert_int_equal(err.index, 2);
+    assert_int_equal(err.position, 5);
+    assert_int_equal(err.tokens, 6);
+    kvpt_assert_unchanged(&before, 0);
+    /* To 5: layer 0 needs [1, 5): block 0, released (layer 0 is checked first). */
+    assert_int_equal(kvp_sequence_truncate(seq, 5, &err), KVP_BLOCK_RELEASED);
+    assert_int_equal(err.layer, 0);
+    assert_int_equal(err.index, 0);
+    assert_int_equal(err.position, 1);
+    assert_int_equal(err.tokens, 5);
+    kvpt_assert_unchanged(&before, 0);
+    /* Its length succeeds and changes nothing; 0 needs nothing. */
+    kvpt_assert_ok(kvp_sequence_truncate(seq, 7, &err), &err);
+    kvpt_assert_unchanged(&before, 0);
+    kvpt_assert_ok(kvp_sequence_truncate(seq, 0, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvp_sequence_len(seq), 0);
+    assert_int_equal(kvp_sequence_held_pages(seq), 0);
+    for (size_t t = 0; t < 3; t++) {
+        step_once(seq, 400 + t);
+        kvpt_assert_pool_ok(pool);
+    }
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -544,6 +599,7 @@ int main(void)
         cmocka_unit_test(test_window_serve_scheduler_preempts_exactly),
         cmocka_unit_test(test_window_serve_scheduler_allocator_only_counts_full),
         cmocka_unit_test(test_window_serve_scheduler_shares_over_windows),
+        cmocka_unit_test(test_window_serve_sequence_truncate_into_released_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
