@@ -23,7 +23,12 @@
  *   - a published page the window releases goes to the LRU list and is
  *     adopted by another cache;
  *   - on a pool one page short of kvp_cache_pages_held_max, the step that
- *     needs the peak fails with POOL_EXHAUSTED and changes nothing.
+ *     needs the peak fails with POOL_EXHAUSTED and changes nothing;
+ *   - under memcheck (memcheck.test_window_pager) a page the window
+ *     released to the free list is NOACCESS, as every free page is
+ *     (src/pager/track.h): any later read through its id is an invalid read;
+ *     a published one, on the LRU list, stays addressable with its rows for
+ *     an adopter; steps far past the window read no released page.
  * Deterministic: no threads, fixed inputs.
  */
 #include "support.h"
@@ -33,8 +38,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <valgrind/memcheck.h>
+
 #include "attention/layer_internal.h"
 #include "pager/cache_internal.h"
+#include "pager/pool_internal.h"
 
 enum { WIDTH = 8, HEADS = 2, BATCH = 2, POSITIONS = 128 };
 
@@ -604,6 +612,70 @@ static void test_window_pager_exhaustion_changes_nothing(void **state)
     free(input);
 }
 
+
+/*
+ * Under memcheck: a page front truncation sends to the free list is
+ * NOACCESS (VALGRIND_GET_VBITS answers 3: unaddressable), exactly as
+ * test_pool checks a free page, so no later read of it can go unreported;
+ * a published page the window releases waits on the LRU list, addressable,
+ * its rows intact, for an adopter. Natively the client request answers 0.
+ */
+static void test_window_pager_released_page_is_noaccess(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 2, 0, 64);
+    fixture_decode(&f, 0, 2); /* block 0 full in both lanes */
+    kvp_error err;
+    uint32_t page[BATCH];
+    for (size_t lane = 0; lane < BATCH; lane++) {
+        kvpt_assert_ok(kvp_cache_page(f.cache, lane, 0, &page[lane], &err), &err);
+        assert_true(page[lane] != KVP_PAGE_RELEASED);
+    }
+    /* Lane 1's block 0 published: its page goes to the LRU list, lane 0's to the free list. */
+    kvp_block_key key;
+    uint64_t data = 77;
+    kvpt_assert_ok(kvp_block_key_chain(NULL, f.cache, &data, sizeof data, NULL, &key, &err), &err);
+    kvpt_assert_ok(kvp_cache_publish_block(f.cache, 1, 0, &key, &err), &err);
+    const double *freed = kvpi_pool_page(f.pool, page[0]);
+    const double *cached = kvpi_pool_page(f.pool, page[1]);
+    size_t page_doubles = 2 * F_BT * (WIDTH / HEADS);
+    double kept[2 * F_BT * (WIDTH / HEADS)];
+    memcpy(kept, cached, sizeof kept);
+    char vbits[2 * F_BT * (WIDTH / HEADS) * sizeof(double)];
+    assert_int_equal(sizeof vbits, page_doubles * sizeof(double));
+    if (RUNNING_ON_VALGRIND) {
+        assert_int_equal(VALGRIND_GET_VBITS(freed, vbits, sizeof vbits), 1);
+        assert_int_equal(VALGRIND_GET_VBITS(cached, vbits, sizeof vbits), 1);
+    }
+    uint64_t releases = kvpt_stats(f.pool).window_releases;
+    fixture_decode(&f, 2, 4); /* length 4: block 0 lies below 4 - 2: released */
+    check_tables(f.cache, 2, 0, F_BT);
+    kvp_pool_stats s = kvpt_stats(f.pool);
+    assert_int_equal(s.window_releases, releases + BATCH);
+    assert_int_equal(s.evictable_pages, 1);
+    for (size_t lane = 0; lane < BATCH; lane++) {
+        uint32_t now = 0;
+        kvpt_assert_ok(kvp_cache_page(f.cache, lane, 0, &now, &err), &err);
+        assert_int_equal(now, KVP_PAGE_RELEASED);
+    }
+    if (RUNNING_ON_VALGRIND) {
+        assert_int_equal(VALGRIND_GET_VBITS(freed, vbits, sizeof vbits), 3);
+        assert_int_equal(VALGRIND_GET_VBITS(cached, vbits, sizeof vbits), 1);
+    } else {
+        assert_int_equal(VALGRIND_GET_VBITS(freed, vbits, sizeof vbits), 0);
+    }
+    assert_memory_equal(cached, kept, sizeof kept); /* readable: an adopter gets these rows */
+    /*
+     * Far past the window: every step's reads (under memcheck an invalid read
+     * of a released page fails the run) and the page back on the free list
+     * stays NOACCESS until a take hands it out again.
+     */
+    fixture_decode(&f, 4, F_TOKENS);
+    check_tables(f.cache, 2, 0, F_BT);
+    fixture_close(&f);
+}
+
 /* Findings of kvp_pool_check naming `what` (any when NULL). */
 static size_t findings_of(kvp_pool *pool, const char *what, kvp_invariant invariant)
 {
@@ -664,6 +736,7 @@ int main(void)
         cmocka_unit_test(test_window_pager_released_published_page_is_adopted),
         cmocka_unit_test(test_window_pager_exhaustion_changes_nothing),
         cmocka_unit_test(test_window_pager_audit_knows_null_entries),
+        cmocka_unit_test(test_window_pager_released_page_is_noaccess),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
