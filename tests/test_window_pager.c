@@ -23,7 +23,10 @@
  *   - a published page the window releases goes to the LRU list and is
  *     adopted by another cache;
  *   - on a pool one page short of kvp_cache_pages_held_max, the step that
- *     needs the peak fails with POOL_EXHAUSTED and changes nothing;
+ *     needs the peak fails with POOL_EXHAUSTED and changes nothing; so does
+ *     a two-layer sequence step that would both release (the sliding
+ *     layer's commit) and take (both layers), refused for lack of pages
+ *     (snapshot of the sequence, its caches and the pool);
  *   - under memcheck (memcheck.test_window_pager) a page the window
  *     released to the free list is NOACCESS, as every free page is
  *     (src/pager/track.h): any later read through its id is an invalid read;
@@ -676,6 +679,87 @@ static void test_window_pager_released_page_is_noaccess(void **state)
     fixture_close(&f);
 }
 
+
+/*
+ * One sequence step that both releases (the sliding layer's commit lets a
+ * block go) and takes (both layers start a block), refused for lack of
+ * pages: W = 3 and a full layer, bt = 2, 2 lanes, 12 pages. The steps to
+ * lengths 1, 3 and 5 take 4 pages each (5 also releases block 0 of the
+ * sliding layer: 10 held); the step to 7 needs 4 with 2 free. On a large
+ * pool that very step takes 4 pages and releases 2 (block 1), so the
+ * refused step is a release-and-take one: POOL_EXHAUSTED, the sequence, its
+ * caches and the pool unchanged (exhaustions + 1), nothing released, the
+ * audit clean; the outputs buffer is not asserted (the contract's).
+ */
+static void test_window_pager_exhausted_release_and_take_changes_nothing(void **state)
+{
+    (void)state;
+    enum { L = 2, BT = 2, W = 3, T = 8, SMALL = 12 };
+    kvp_error err;
+    kvp_layer *made[L] = {windowed_layer(W, 0, 60), windowed_layer(0, 0, 61)};
+    const kvp_layer *layers[L] = {made[0], made[1]};
+    kvp_model *model = NULL;
+    kvpt_assert_ok(kvp_model_create(layers, L, &model, &err), &err);
+    double *input = kvpt_doubles(BATCH * T * WIDTH);
+    kvpt_fill_random(input, BATCH * T * WIDTH, 0xA7);
+    double y[BATCH * WIDTH];
+    /* The large pool: what each step takes and releases. */
+    kvp_pool *big = kvpt_pool(BT, 1, WIDTH / HEADS, 64);
+    kvp_sequence *free_run = kvpt_sequence(model, big, BATCH, T);
+    size_t took[T], released[T];
+    for (size_t t = 0; t < T; t++) {
+        kvp_pool_stats before = kvpt_stats(big);
+        double row[BATCH * WIDTH];
+        row_of(input, T, t, row);
+        kvp_tensor x = kvp_tensor3(row, BATCH, 1, WIDTH);
+        kvpt_assert_ok(kvp_sequence_step(free_run, &x, NULL, NULL, y, BATCH * WIDTH, &err), &err);
+        kvpt_assert_pool_ok(big);
+        kvp_pool_stats after = kvpt_stats(big);
+        took[t] = (size_t)(after.acquires - before.acquires);
+        released[t] = (size_t)(after.window_releases - before.window_releases);
+    }
+    assert_int_equal(took[6], L * BATCH);
+    assert_int_equal(released[6], BATCH);
+    kvpt_destroy_sequence(free_run, big);
+    kvpt_destroy_pool(big);
+    /* The small pool: the same steps until one is refused. */
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, SMALL);
+    kvp_sequence *seq = kvpt_sequence(model, pool, BATCH, T);
+    size_t refused = SIZE_MAX;
+    for (size_t t = 0; t < T && refused == SIZE_MAX; t++) {
+        kvpt_snapshot before;
+        kvpt_snapshot_init(&before, pool);
+        kvpt_snapshot_add_sequence(&before, seq);
+        kvpt_snapshot_add_cache(&before, kvp_sequence_cache(seq, 0));
+        kvpt_snapshot_add_cache(&before, kvp_sequence_cache(seq, 1));
+        kvpt_snapshot_take(&before);
+        double row[BATCH * WIDTH];
+        row_of(input, T, t, row);
+        kvp_tensor x = kvp_tensor3(row, BATCH, 1, WIDTH);
+        kvp_status status = kvp_sequence_step(seq, &x, NULL, NULL, y, BATCH * WIDTH, &err);
+        if (status == KVP_POOL_EXHAUSTED) {
+            refused = t;
+            assert_int_equal(err.needed, L * BATCH);
+            kvpt_assert_unchanged(&before, 1);
+        } else {
+            kvpt_assert_ok(status, &err);
+        }
+        kvpt_assert_pool_ok(pool);
+        check_tables(kvp_sequence_cache(seq, 0), W, 0, BT);
+    }
+    assert_int_equal(refused, 6);
+    assert_true(took[refused] > 0 && released[refused] > 0);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.window_releases, BATCH); /* block 0 at length 5, nothing since */
+    assert_int_equal(s.held_pages, SMALL - 2);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_layer(made[0]);
+    kvpt_destroy_layer(made[1]);
+    free(input);
+}
+
 /* Findings of kvp_pool_check naming `what` (any when NULL). */
 static size_t findings_of(kvp_pool *pool, const char *what, kvp_invariant invariant)
 {
@@ -737,6 +821,7 @@ int main(void)
         cmocka_unit_test(test_window_pager_exhaustion_changes_nothing),
         cmocka_unit_test(test_window_pager_audit_knows_null_entries),
         cmocka_unit_test(test_window_pager_released_page_is_noaccess),
+        cmocka_unit_test(test_window_pager_exhausted_release_and_take_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
