@@ -535,6 +535,98 @@ static void test_window_serve_scheduler_allocator_only_counts_full(void **state)
 }
 
 /*
+ * Sharing on, admission credits forked samples: W = 4 and a full layer,
+ * bt = 2, one request of 12 prompt tokens, 4 new, 3 samples, reserve 4.
+ * Sample 0 prefills the prompt (every block of both layers, held to its
+ * end): max(2 * 6, 3 + 8) = 12 pages; each forked sample shares its live
+ * blocks and takes at most its level, 3 + 8 = 11 (before, each was asked
+ * sample 0's prefill again: 3 * 12 = 36). So 34 pages admit it at the first
+ * step and run it to the end (held + promised within the pool, the audit
+ * after every step), where 33 reject it as never fitting.
+ */
+typedef struct fork_run {
+    size_t first_admitted;
+    size_t rejected;
+    size_t finished;
+    size_t preemptions;
+} fork_run;
+
+static fork_run fork_run_on(kvp_model *model, size_t pages)
+{
+    enum { SAMPLES = 3 };
+    kvp_error err;
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, pages);
+    kvp_decoder *decoder = NULL;
+    kvpt_assert_ok(kvp_decoder_create(1, &decoder, &err), &err);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    config.capacity = 32;
+    config.sharing = 1;
+    config.watermark = 0.0;
+    config.reserve_tokens = SCHED_NEW;
+    kvp_scheduler *s = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = SCHED_PROMPT;
+    q.max_new_tokens = SCHED_NEW;
+    q.samples = SAMPLES;
+    q.input = sched_input;
+    uint64_t id = 0;
+    kvpt_assert_ok(kvp_scheduler_submit(s, &q, &id, &err), &err);
+    fork_run run;
+    memset(&run, 0, sizeof run);
+    for (size_t step = 0; step < 20; step++) {
+        kvp_step_stats st;
+        kvp_step_stats_init(&st);
+        kvpt_assert_ok(kvp_scheduler_step(s, &st, &err), &err);
+        kvpt_assert_pool_ok(pool);
+        kvp_pool_stats ps = kvpt_stats(pool);
+        assert_true(ps.held_pages + ps.promised_pages <= pages);
+        if (step == 0) {
+            run.first_admitted = st.admitted;
+        }
+        run.preemptions += st.preempted;
+        kvp_request_result done[1];
+        kvp_request_result_init(&done[0]);
+        size_t n = 0;
+        kvpt_assert_ok(kvp_scheduler_collect(s, done, 1, &n, &err), &err);
+        if (n == 1) {
+            run.rejected += done[0].rejected != 0;
+            run.finished += !done[0].rejected && done[0].status == KVP_OK &&
+                            done[0].tokens_generated == SAMPLES * SCHED_NEW;
+        }
+        if (st.running == 0 && st.waiting == 0) {
+            break;
+        }
+    }
+    kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_decoder(decoder);
+    kvp_pool_stats ps = kvpt_stats(pool);
+    assert_int_equal(ps.held_pages, 0);
+    assert_int_equal(ps.promised_pages, 0);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    return run;
+}
+
+static void test_window_serve_scheduler_credits_forked_samples(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    fork_run fits = fork_run_on(hybrid, 34);
+    assert_int_equal(fits.first_admitted, 1);
+    assert_int_equal(fits.finished, 1);
+    assert_int_equal(fits.rejected, 0);
+    assert_int_equal(fits.preemptions, 0);
+    fork_run tight = fork_run_on(hybrid, 33);
+    assert_int_equal(tight.first_admitted, 0);
+    assert_int_equal(tight.rejected, 1);
+    assert_int_equal(tight.finished, 0);
+    kvpt_destroy_model(hybrid);
+}
+
+/*
  * kvp_sequence_truncate into a window's released blocks is refused
  * (BlockReleased, naming the layer), changing nothing, as kvp_cache_truncate
  * is; before, the sequence's truncate skipped the check and left a window
@@ -600,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_window_serve_scheduler_allocator_only_counts_full),
         cmocka_unit_test(test_window_serve_scheduler_shares_over_windows),
         cmocka_unit_test(test_window_serve_sequence_truncate_into_released_is_refused),
+        cmocka_unit_test(test_window_serve_scheduler_credits_forked_samples),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,17 +45,37 @@ size_t kvpi_sched_window_level(const kvp_scheduler *s, size_t tokens)
 }
 
 /*
- * With sliding layers (sharing off, so no hit and every sample its own):
- * the most pages one sample holds at once from admission to `past_prompt`
- * tokens past its prompt. Its prefill (the prompt and what it generated
- * before a preemption) is one transaction holding every block of every
- * layer until its end; then its windows release, and steps hold at most the
- * level (kvpi_sched_window_level). The larger of the two, per sample.
+ * With sliding layers: the most pages sample k of request r newly takes at
+ * once from admission to `past_prompt` tokens past its prompt, when `hits`
+ * prompt blocks are adopted. Its prefill (one transaction) holds every
+ * block it writes until its end; then its windows release, and steps hold
+ * at most the level (kvpi_sched_window_level, which counts every page held,
+ * shared ones too: a safe over-count of the new ones). The larger of the
+ * two. Who prefills what:
+ *   - sharing off: every sample its prompt and what it generated before a
+ *     preemption, every block of every layer, no hit;
+ *   - sharing on, sample 0: the prompt (and, alone, what it generated) past
+ *     its `hits` adopted blocks: those are pages the index already holds,
+ *     so adopting them takes none (a sliding layer adopts only its window's
+ *     blocks, fewer still; an evictable hit is counted by the plan);
+ *   - sharing on, a forked sample: it shares sample 0's live blocks, and
+ *     appends what it generated before a preemption past the prompt's full
+ *     blocks (its copy of a partial one too), as sample_pages counts them.
  */
-size_t kvpi_sched_window_pages(const kvp_scheduler *s, const record *r, size_t past_prompt)
+size_t kvpi_sched_window_sample_pages(const kvp_scheduler *s, const record *r,
+                                      size_t past_prompt, size_t k, size_t hits)
 {
     size_t prompt = r->request.prompt_tokens;
-    size_t prefill = s->layers * blocks_of(s, prompt + r->generated);
+    size_t g = r->generated;
+    size_t prefill;
+    if (!s->config.sharing) {
+        prefill = s->layers * blocks_of(s, prompt + g);
+    } else if (k == 0) {
+        size_t b = blocks_of(s, prompt + (r->request.samples == 1 ? g : 0));
+        prefill = s->layers * (b - (hits < b ? hits : b));
+    } else {
+        prefill = g == 0 ? 0 : s->layers * (blocks_of(s, prompt + g) - prompt / s->block_tokens);
+    }
     size_t level = kvpi_sched_window_level(s, prompt + past_prompt);
     return prefill > level ? prefill : level;
 }
@@ -66,13 +86,15 @@ size_t kvpi_sched_window_pages(const kvp_scheduler *s, const record *r, size_t p
  * its own blocks. Forked samples: sample 0's own blocks (it writes the
  * partial prompt page in place), plus each other sample's blocks past the
  * prompt's full ones (its copy). Sharing off: every sample its own. Sliding
- * layers: each sample its peak (kvpi_sched_window_pages).
+ * layers: each sample its peak (kvpi_sched_window_sample_pages).
  */
 static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
                             size_t hits)
 {
     if (s->windows != NULL) {
-        return r->request.samples * kvpi_sched_window_pages(s, r, past_prompt);
+        size_t n = r->request.samples;
+        size_t first = kvpi_sched_window_sample_pages(s, r, past_prompt, 0, hits);
+        return first + (n - 1) * kvpi_sched_window_sample_pages(s, r, past_prompt, 1, 0);
     }
     size_t prompt = r->request.prompt_tokens;
     size_t n = r->request.samples;
