@@ -44,6 +44,11 @@ size_t kvpi_sched_window_level(const kvp_scheduler *s, size_t tokens)
     return pages;
 }
 
+static size_t add_sat(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
 /*
  * With sliding layers: the most pages sample k of request r newly takes at
  * once from admission to `past_prompt` tokens past its prompt, when `hits`
@@ -62,51 +67,63 @@ size_t kvpi_sched_window_level(const kvp_scheduler *s, size_t tokens)
  *     appends what it generated before a preemption past the prompt's full
  *     blocks (its copy of a partial one too), as sample_pages counts them.
  */
-size_t kvpi_sched_window_sample_pages(const kvp_scheduler *s, const record *r,
-                                      size_t past_prompt, size_t k, size_t hits)
+static size_t window_prefill(const kvp_scheduler *s, const record *r, size_t k, size_t hits)
 {
     size_t prompt = r->request.prompt_tokens;
     size_t g = r->generated;
-    size_t prefill;
     if (!s->config.sharing) {
-        prefill = s->layers * blocks_of(s, prompt + g);
-    } else if (k == 0) {
-        size_t b = blocks_of(s, prompt + (r->request.samples == 1 ? g : 0));
-        prefill = s->layers * (b - (hits < b ? hits : b));
-    } else {
-        prefill = g == 0 ? 0 : s->layers * (blocks_of(s, prompt + g) - prompt / s->block_tokens);
+        return s->layers * blocks_of(s, prompt + g);
     }
-    size_t level = kvpi_sched_window_level(s, prompt + past_prompt);
+    if (k == 0) {
+        size_t b = blocks_of(s, prompt + (r->request.samples == 1 ? g : 0));
+        return s->layers * (b - (hits < b ? hits : b));
+    }
+    return g == 0 ? 0 : s->layers * (blocks_of(s, prompt + g) - prompt / s->block_tokens);
+}
+
+size_t kvpi_sched_window_sample_pages(const kvp_scheduler *s, const record *r,
+                                      size_t past_prompt, size_t k, size_t hits)
+{
+    size_t prefill = window_prefill(s, r, k, hits);
+    size_t level = kvpi_sched_window_level(s, r->request.prompt_tokens + past_prompt);
     return prefill > level ? prefill : level;
 }
 
 /*
  * Pages a request newly takes to hold `past_prompt` tokens per sample when
- * `hits` prompt blocks are adopted: shared pages counted once. One sample:
- * its own blocks. Forked samples: sample 0's own blocks (it writes the
- * partial prompt page in place), plus each other sample's blocks past the
- * prompt's full ones (its copy). Sharing off: every sample its own. Sliding
- * layers: each sample its peak (kvpi_sched_window_sample_pages).
+ * `hits` prompt blocks are adopted, `evictable` of their pages from the LRU
+ * list (adopting them takes them from what a take can get): shared pages
+ * counted once. One sample: its own blocks. Forked samples: sample 0's own
+ * blocks (it writes the partial prompt page in place), plus each other
+ * sample's blocks past the prompt's full ones (its copy). Sharing off:
+ * every sample its own. Sliding layers: each sample its peak
+ * (kvpi_sched_window_sample_pages), sample 0's prefill with the evictable
+ * hits it adopts (its level counts every page it holds, those included).
+ * Never more with hits than the whole-length count without (NEVER): a
+ * request that fits an empty pool is admitted once the pool empties.
  */
 static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
-                            size_t hits)
+                            size_t hits, size_t evictable)
 {
     if (s->windows != NULL) {
         size_t n = r->request.samples;
-        size_t first = kvpi_sched_window_sample_pages(s, r, past_prompt, 0, hits);
+        size_t prefill = add_sat(window_prefill(s, r, 0, hits), evictable);
+        size_t level = kvpi_sched_window_level(s, r->request.prompt_tokens + past_prompt);
+        size_t first = prefill > level ? prefill : level;
         return first + (n - 1) * kvpi_sched_window_sample_pages(s, r, past_prompt, 1, 0);
     }
     size_t prompt = r->request.prompt_tokens;
     size_t n = r->request.samples;
     size_t own = s->layers * blocks_of(s, prompt + past_prompt);
     if (n == 1) {
-        return own - s->layers * hits;
+        return add_sat(own - s->layers * hits, evictable);
     }
     if (s->config.sharing) {
-        return s->layers * (blocks_of(s, prompt + past_prompt) - hits) +
-               (n - 1) * sample_pages(s, r, past_prompt);
+        return add_sat(s->layers * (blocks_of(s, prompt + past_prompt) - hits) +
+                           (n - 1) * sample_pages(s, r, past_prompt),
+                       evictable);
     }
-    return n * own;
+    return add_sat(n * own, evictable);
 }
 
 /*
@@ -143,11 +160,6 @@ void kvpi_sched_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t 
         kvpi_prompt_keys_from(caches, s->layers, &q->salt, rows, len, s->width, from, blocks,
                               keys);
     }
-}
-
-static size_t add_sat(size_t a, size_t b)
-{
-    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }
 
 /* idle[0]'s binding digest of layer l: what a request's prompt keys depend on besides its rows. */
@@ -271,7 +283,7 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
     const record *r = record_of(s, id);
     const kvp_request *q = &r->request;
     kvp_admission whole;
-    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, r, q->max_new_tokens, 0),
+    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, r, q->max_new_tokens, 0, 0),
                                        s->watermark_pages, &whole, err);
     if (status != KVP_OK) {
         return status;
@@ -285,7 +297,7 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
         return KVP_OK;
     }
     kvp_admission best;
-    status = kvp_pool_admit(s->pool, request_pages(s, r, sample_tokens(s, r), adoptable),
+    status = kvp_pool_admit(s->pool, request_pages(s, r, sample_tokens(s, r), adoptable, 0),
                             s->watermark_pages, &best, err);
     if (status != KVP_OK || best != KVP_ADMIT_NOW) {
         return status;
@@ -468,7 +480,7 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
         return KVP_OK;
     }
     kvp_admission whole;
-    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, c.r, q->max_new_tokens, 0),
+    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, c.r, q->max_new_tokens, 0, 0),
                                        s->watermark_pages, &whole, err);
     if (status != KVP_OK || whole == KVP_ADMIT_NEVER) {
         if (status == KVP_OK) {
@@ -487,7 +499,7 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
      */
     int now;
     status = admits_now(
-        s, add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.adoptable), t->asked), &now,
+        s, add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.adoptable, 0), t->asked), &now,
         err);
     if (status != KVP_OK || !now) {
         return status;
@@ -496,7 +508,7 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
     if (status == KVP_OK && c.key_blocks != 0) {
         status = key_prompt(s, &c, t, err);
     }
-    size_t need = add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.hits), c.evictable);
+    size_t need = request_pages(s, c.r, sample_tokens(s, c.r), c.hits, c.evictable);
     if (status == KVP_OK) {
         status = admits_now(s, add_sat(need, t->asked), &now, err);
     }
