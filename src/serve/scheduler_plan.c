@@ -93,37 +93,57 @@ size_t kvpi_sched_window_sample_pages(const kvp_scheduler *s, const record *r,
  * Pages a request newly takes to hold `past_prompt` tokens per sample when
  * `hits` prompt blocks are adopted, `evictable` of their pages from the LRU
  * list (adopting them takes them from what a take can get): shared pages
- * counted once. One sample: its own blocks. Forked samples: sample 0's own
- * blocks (it writes the partial prompt page in place), plus each other
- * sample's blocks past the prompt's full ones (its copy). Sharing off:
- * every sample its own. Sliding layers: each sample its peak
+ * counted once. Sliding layers: each sample its peak
  * (kvpi_sched_window_sample_pages), sample 0's prefill with the evictable
  * hits it adopts (its level counts every page it holds, those included).
  * Never more with hits than the whole-length count without (NEVER): a
  * request that fits an empty pool is admitted once the pool empties.
  */
+static size_t window_request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
+                                   size_t hits, size_t evictable)
+{
+    size_t n = r->request.samples;
+    size_t prefill = add_sat(window_prefill(s, r, 0, hits), evictable);
+    size_t level = kvpi_sched_window_level(s, r->request.prompt_tokens + past_prompt);
+    size_t first = prefill > level ? prefill : level;
+    return first + (n - 1) * kvpi_sched_window_sample_pages(s, r, past_prompt, 1, 0);
+}
+
+/*
+ * Pages a request newly takes to hold `past_prompt` tokens per sample when
+ * `hits` prompt blocks are adopted (none of them evictable): shared pages
+ * counted once. One sample: its own blocks. Forked samples: sample 0's own
+ * blocks (it writes the partial prompt page in place), plus each other
+ * sample's blocks past the prompt's full ones (its copy). Sharing off:
+ * every sample its own. Sliding layers: window_request_pages.
+ */
 static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
-                            size_t hits, size_t evictable)
+                            size_t hits)
 {
     if (s->windows != NULL) {
-        size_t n = r->request.samples;
-        size_t prefill = add_sat(window_prefill(s, r, 0, hits), evictable);
-        size_t level = kvpi_sched_window_level(s, r->request.prompt_tokens + past_prompt);
-        size_t first = prefill > level ? prefill : level;
-        return first + (n - 1) * kvpi_sched_window_sample_pages(s, r, past_prompt, 1, 0);
+        return window_request_pages(s, r, past_prompt, hits, 0);
     }
     size_t prompt = r->request.prompt_tokens;
     size_t n = r->request.samples;
     size_t own = s->layers * blocks_of(s, prompt + past_prompt);
     if (n == 1) {
-        return add_sat(own - s->layers * hits, evictable);
+        return own - s->layers * hits;
     }
     if (s->config.sharing) {
-        return add_sat(s->layers * (blocks_of(s, prompt + past_prompt) - hits) +
-                           (n - 1) * sample_pages(s, r, past_prompt),
-                       evictable);
+        return s->layers * (blocks_of(s, prompt + past_prompt) - hits) +
+               (n - 1) * sample_pages(s, r, past_prompt);
     }
-    return add_sat(n * own, evictable);
+    return n * own;
+}
+
+/* request_pages with `evictable` of the hits' pages taken from the LRU list. */
+static size_t request_need(const kvp_scheduler *s, const record *r, size_t past_prompt,
+                           size_t hits, size_t evictable)
+{
+    if (s->windows != NULL) {
+        return window_request_pages(s, r, past_prompt, hits, evictable);
+    }
+    return add_sat(request_pages(s, r, past_prompt, hits), evictable);
 }
 
 /*
@@ -283,7 +303,7 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
     const record *r = record_of(s, id);
     const kvp_request *q = &r->request;
     kvp_admission whole;
-    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, r, q->max_new_tokens, 0, 0),
+    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, r, q->max_new_tokens, 0),
                                        s->watermark_pages, &whole, err);
     if (status != KVP_OK) {
         return status;
@@ -297,7 +317,7 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
         return KVP_OK;
     }
     kvp_admission best;
-    status = kvp_pool_admit(s->pool, request_pages(s, r, sample_tokens(s, r), adoptable, 0),
+    status = kvp_pool_admit(s->pool, request_pages(s, r, sample_tokens(s, r), adoptable),
                             s->watermark_pages, &best, err);
     if (status != KVP_OK || best != KVP_ADMIT_NOW) {
         return status;
@@ -480,7 +500,7 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
         return KVP_OK;
     }
     kvp_admission whole;
-    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, c.r, q->max_new_tokens, 0, 0),
+    kvp_status status = kvp_pool_admit(s->pool, request_pages(s, c.r, q->max_new_tokens, 0),
                                        s->watermark_pages, &whole, err);
     if (status != KVP_OK || whole == KVP_ADMIT_NEVER) {
         if (status == KVP_OK) {
@@ -499,7 +519,7 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
      */
     int now;
     status = admits_now(
-        s, add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.adoptable, 0), t->asked), &now,
+        s, add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.adoptable), t->asked), &now,
         err);
     if (status != KVP_OK || !now) {
         return status;
@@ -508,7 +528,7 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
     if (status == KVP_OK && c.key_blocks != 0) {
         status = key_prompt(s, &c, t, err);
     }
-    size_t need = request_pages(s, c.r, sample_tokens(s, c.r), c.hits, c.evictable);
+    size_t need = request_need(s, c.r, sample_tokens(s, c.r), c.hits, c.evictable);
     if (status == KVP_OK) {
         status = admits_now(s, add_sat(need, t->asked), &now, err);
     }
