@@ -1050,6 +1050,28 @@ static kvp_status make_model(shared *sh, kvp_error *err)
     return status;
 }
 
+/*
+ * The counts, and the window: the share phase's adopter must find both full
+ * blocks of a prefix that its publisher (at most PREFIX + MAX_SUFFIX = 12
+ * tokens) still holds: block 0 stays while W >= 9 or a sink covers it,
+ * block 1 while W >= 5.
+ */
+static int options_ok(size_t threads, size_t slots, size_t phases, size_t window, size_t sinks)
+{
+    if (threads == 0 || slots < 3 || phases == 0) {
+        fprintf(stderr, PROGRAM ": --threads and --phases must be positive, --sequences >= 3\n");
+        return 0;
+    }
+    if (window > CAPACITY || (window != 0 && window < (sinks != 0 ? 5u : 9u)) ||
+        sinks > CAPACITY || (sinks != 0 && window == 0)) {
+        fprintf(stderr, PROGRAM ": --window %zu --sinks %zu: W 0, or 9 to %d (5 to %d with "
+                        "sinks), S at most %d and only with a window\n",
+                window, sinks, CAPACITY, CAPACITY, CAPACITY);
+        return 0;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     size_t threads = 2 * stress_cores();
@@ -1084,20 +1106,7 @@ int main(int argc, char **argv)
     if (parsed != 0) {
         return parsed == 1 ? 0 : 2;
     }
-    if (threads == 0 || slots < 3 || phases == 0) {
-        fprintf(stderr, PROGRAM ": --threads and --phases must be positive, --sequences >= 3\n");
-        return 2;
-    }
-    /*
-     * The share phase's adopter must find both full blocks of a prefix that
-     * its publisher (at most PREFIX + MAX_SUFFIX = 12 tokens) still holds:
-     * block 0 stays while W >= 9 or a sink covers it, block 1 while W >= 5.
-     */
-    if (window > CAPACITY || (window != 0 && window < (sinks != 0 ? 5u : 9u)) ||
-        sinks > CAPACITY || (sinks != 0 && window == 0)) {
-        fprintf(stderr, PROGRAM ": --window %zu --sinks %zu: W 0, or 9 to %d (5 to %d with "
-                        "sinks), S at most %d and only with a window\n",
-                window, sinks, CAPACITY, CAPACITY, CAPACITY);
+    if (!options_ok(threads, slots, phases, window, sinks)) {
         return 2;
     }
     shared sh;
