@@ -59,6 +59,12 @@
  * checks acquires - releases + tentative == held), and kvp_pool_check passes;
  * the same for the reference pool.
  *
+ * With --window W (and --sinks S) layer 1 slides: front truncation
+ * releases its old blocks (null entries) under every operation and phase,
+ * a truncate into released blocks must be refused with BLOCK_RELEASED and
+ * change nothing, forks share only live blocks, adoption follows the hit
+ * rule for windows; the window must have released pages by the end.
+ *
  * Exit status 0 when all of that holds, 1 otherwise, 2 on usage errors.
  */
 #include <pthread.h>
@@ -103,6 +109,7 @@ typedef struct shared {
     size_t verify_every;
     size_t phases;
     uint64_t seed;
+    size_t window, sinks; /* layer 1's (W, S) (kvp_layer_set_window); 0: every layer full */
     worker *workers;
     pthread_barrier_t barrier;
     /* Written only by the serial thread of a phase, between barriers. */
@@ -119,6 +126,7 @@ typedef struct counters {
     size_t prefills;
     size_t forks;
     size_t truncates;
+    size_t released_refusals; /* truncates into a window's released blocks, refused */
     size_t prompts;
     size_t adopted_tokens;
     size_t publishes;
@@ -345,6 +353,13 @@ static void truncate_op(worker *w, slot *s)
     snap before = take_snap(s->seq);
     kvp_error err;
     kvp_status status = kvp_sequence_truncate(s->seq, to, &err);
+    if (status == KVP_BLOCK_RELEASED && w->sh->window != 0 && kind == 1) {
+        /* the sliding layer released a block its window at `to` needs */
+        static const kvp_status released[] = {KVP_BLOCK_RELEASED, KVP_OK};
+        check_refusal(w, status, &err, s->seq, &before, released);
+        w->count.released_refusals += err.layer == 1;
+        return;
+    }
     if (kind == 3) {
         static const kvp_status past[] = {KVP_OUT_OF_RANGE, KVP_OK};
         if (status == KVP_OK) {
@@ -957,6 +972,16 @@ static int finish(worker *workers, shared *sh, double seconds)
     kvp_pool_stats ref_stats;
     failed |= pool_whole(sh->pool, "the pool", &stats);
     failed |= pool_whole(sh->ref_pool, "the reference pool", &ref_stats);
+    if (sh->window != 0) {
+        printf("%s: layer 1 window %zu, sinks %zu: %llu pages released by the window, %zu "
+               "truncates into released blocks refused\n",
+               PROGRAM, sh->window, sh->sinks, (unsigned long long)stats.window_releases,
+               total.released_refusals);
+        if (stats.window_releases == 0) {
+            fprintf(stderr, PROGRAM ": the window released no page\n");
+            failed = 1;
+        }
+    }
     printf("%s: %zu threads x %zu ops: %zu steps, %zu prefills, %zu forks, %zu truncates, "
            "%zu prompts (%zu tokens adopted, %zu published), %zu resets, %zu recreates; "
            "refused %zu exhausted, %zu full, %zu misuse, %zu stale; %zu audits; "
@@ -993,6 +1018,60 @@ static int make_pool(size_t pages, kvp_pool **out)
     return 0;
 }
 
+/*
+ * Every layer full (window 0), or layer 1 sliding with (W, S): front
+ * truncation's null entries then run through every operation and phase.
+ */
+static kvp_status make_model(shared *sh, kvp_error *err)
+{
+    if (sh->window == 0) {
+        return kvp_model_create_random(LAYERS, WIDTH, HEADS, CAPACITY, 10000.0, sh->seed,
+                                       &sh->model, err);
+    }
+    kvp_layer *made[LAYERS] = {NULL};
+    const kvp_layer *layers[LAYERS];
+    kvp_status status = KVP_OK;
+    for (size_t l = 0; l < LAYERS && status == KVP_OK; l++) {
+        status = kvp_layer_create_random(WIDTH, HEADS, CAPACITY, 10000.0, sh->seed * 31u + l,
+                                         &made[l], err);
+        if (status == KVP_OK && l == 1) {
+            status = kvp_layer_set_window(made[l], sh->window, sh->sinks, err);
+        }
+        layers[l] = made[l];
+    }
+    if (status == KVP_OK) {
+        status = kvp_model_create(layers, LAYERS, &sh->model, err);
+    }
+    for (size_t l = 0; l < LAYERS; l++) {
+        if (made[l] != NULL) {
+            (void)kvp_layer_destroy(made[l], NULL);
+        }
+    }
+    return status;
+}
+
+/*
+ * The counts, and the window: the share phase's adopter must find both full
+ * blocks of a prefix that its publisher (at most PREFIX + MAX_SUFFIX = 12
+ * tokens) still holds: block 0 stays while W >= 9 or a sink covers it,
+ * block 1 while W >= 5.
+ */
+static int options_ok(size_t threads, size_t slots, size_t phases, size_t window, size_t sinks)
+{
+    if (threads == 0 || slots < 3 || phases == 0) {
+        fprintf(stderr, PROGRAM ": --threads and --phases must be positive, --sequences >= 3\n");
+        return 0;
+    }
+    if (window > CAPACITY || (window != 0 && window < (sinks != 0 ? 5u : 9u)) ||
+        sinks > CAPACITY || (sinks != 0 && window == 0)) {
+        fprintf(stderr, PROGRAM ": --window %zu --sinks %zu: W 0, or 9 to %d (5 to %d with "
+                        "sinks), S at most %d and only with a window\n",
+                window, sinks, CAPACITY, CAPACITY, CAPACITY);
+        return 0;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     size_t threads = 2 * stress_cores();
@@ -1003,6 +1082,8 @@ int main(int argc, char **argv)
     size_t pages = 0;
     size_t phases = 6;
     size_t seed = 1;
+    size_t window = 0;
+    size_t sinks = 0;
     stress_option options[] = {
         {"--threads", &threads, "worker threads"},
         {"--sequences", &slots, "sequence slots per thread (at least 3)"},
@@ -1012,6 +1093,9 @@ int main(int argc, char **argv)
         {"--pages", &pages, "pages in the shared pool (0: 16 per thread)"},
         {"--phases", &phases, "barrier phases, by turns share, storm, revision bump"},
         {"--seed", &seed, "seed of every random choice"},
+        {"--window", &window,
+         "layer 1's sliding window W (0: full; else 9 to 32, or 5 to 32 with --sinks)"},
+        {"--sinks", &sinks, "layer 1's sink tokens S (needs --window)"},
     };
     int parsed = stress_parse(argc, argv,
                               "Threads fork, truncate, adopt and publish shared prefixes, step, "
@@ -1022,8 +1106,7 @@ int main(int argc, char **argv)
     if (parsed != 0) {
         return parsed == 1 ? 0 : 2;
     }
-    if (threads == 0 || slots < 3 || phases == 0) {
-        fprintf(stderr, PROGRAM ": --threads and --phases must be positive, --sequences >= 3\n");
+    if (!options_ok(threads, slots, phases, window, sinks)) {
         return 2;
     }
     shared sh;
@@ -1035,6 +1118,8 @@ int main(int argc, char **argv)
     sh.verify_every = verify_every;
     sh.phases = phases;
     sh.seed = seed;
+    sh.window = window;
+    sh.sinks = sinks;
     sh.publishers = threads < PREFIXES ? threads : PREFIXES;
     uint64_t rng = seed * 7919u + 17u;
     for (size_t p = 0; p < PREFIXES; p++) {
@@ -1046,8 +1131,7 @@ int main(int argc, char **argv)
     int failed = make_pool(pages, &sh.pool);
     failed = failed || make_pool(threads * (CAPACITY / BT) * LAYERS + 8, &sh.ref_pool);
     kvp_error err;
-    if (!failed && kvp_model_create_random(LAYERS, WIDTH, HEADS, CAPACITY, 10000.0, seed,
-                                           &sh.model, &err) != KVP_OK) {
+    if (!failed && make_model(&sh, &err) != KVP_OK) {
         failed = stress_fail(PROGRAM, "creating the model", &err);
     }
     worker *workers = failed ? NULL : calloc(threads, sizeof *workers);

@@ -23,7 +23,15 @@
  *   - a published page the window releases goes to the LRU list and is
  *     adopted by another cache;
  *   - on a pool one page short of kvp_cache_pages_held_max, the step that
- *     needs the peak fails with POOL_EXHAUSTED and changes nothing.
+ *     needs the peak fails with POOL_EXHAUSTED and changes nothing; so does
+ *     a two-layer sequence step that would both release (the sliding
+ *     layer's commit) and take (both layers), refused for lack of pages
+ *     (snapshot of the sequence, its caches and the pool);
+ *   - under memcheck (memcheck.test_window_pager) a page the window
+ *     released to the free list is NOACCESS, as every free page is
+ *     (src/pager/track.h): any later read through its id is an invalid read;
+ *     a published one, on the LRU list, stays addressable with its rows for
+ *     an adopter; steps far past the window read no released page.
  * Deterministic: no threads, fixed inputs.
  */
 #include "support.h"
@@ -33,8 +41,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <valgrind/memcheck.h>
+
 #include "attention/layer_internal.h"
 #include "pager/cache_internal.h"
+#include "pager/pool_internal.h"
 
 enum { WIDTH = 8, HEADS = 2, BATCH = 2, POSITIONS = 128 };
 
@@ -604,6 +615,151 @@ static void test_window_pager_exhaustion_changes_nothing(void **state)
     free(input);
 }
 
+
+/*
+ * Under memcheck: a page front truncation sends to the free list is
+ * NOACCESS (VALGRIND_GET_VBITS answers 3: unaddressable), exactly as
+ * test_pool checks a free page, so no later read of it can go unreported;
+ * a published page the window releases waits on the LRU list, addressable,
+ * its rows intact, for an adopter. Natively the client request answers 0.
+ */
+static void test_window_pager_released_page_is_noaccess(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 2, 0, 64);
+    fixture_decode(&f, 0, 2); /* block 0 full in both lanes */
+    kvp_error err;
+    uint32_t page[BATCH];
+    for (size_t lane = 0; lane < BATCH; lane++) {
+        kvpt_assert_ok(kvp_cache_page(f.cache, lane, 0, &page[lane], &err), &err);
+        assert_true(page[lane] != KVP_PAGE_RELEASED);
+    }
+    /* Lane 1's block 0 published: its page goes to the LRU list, lane 0's to the free list. */
+    kvp_block_key key;
+    uint64_t data = 77;
+    kvpt_assert_ok(kvp_block_key_chain(NULL, f.cache, &data, sizeof data, NULL, &key, &err), &err);
+    kvpt_assert_ok(kvp_cache_publish_block(f.cache, 1, 0, &key, &err), &err);
+    const double *freed = kvpi_pool_page(f.pool, page[0]);
+    const double *cached = kvpi_pool_page(f.pool, page[1]);
+    size_t page_doubles = 2 * F_BT * (WIDTH / HEADS);
+    double kept[2 * F_BT * (WIDTH / HEADS)];
+    memcpy(kept, cached, sizeof kept);
+    char vbits[2 * F_BT * (WIDTH / HEADS) * sizeof(double)];
+    assert_int_equal(sizeof vbits, page_doubles * sizeof(double));
+    if (RUNNING_ON_VALGRIND) {
+        assert_int_equal(VALGRIND_GET_VBITS(freed, vbits, sizeof vbits), 1);
+        assert_int_equal(VALGRIND_GET_VBITS(cached, vbits, sizeof vbits), 1);
+    }
+    uint64_t releases = kvpt_stats(f.pool).window_releases;
+    fixture_decode(&f, 2, 4); /* length 4: block 0 lies below 4 - 2: released */
+    check_tables(f.cache, 2, 0, F_BT);
+    kvp_pool_stats s = kvpt_stats(f.pool);
+    assert_int_equal(s.window_releases, releases + BATCH);
+    assert_int_equal(s.evictable_pages, 1);
+    for (size_t lane = 0; lane < BATCH; lane++) {
+        uint32_t now = 0;
+        kvpt_assert_ok(kvp_cache_page(f.cache, lane, 0, &now, &err), &err);
+        assert_int_equal(now, KVP_PAGE_RELEASED);
+    }
+    if (RUNNING_ON_VALGRIND) {
+        assert_int_equal(VALGRIND_GET_VBITS(freed, vbits, sizeof vbits), 3);
+        assert_int_equal(VALGRIND_GET_VBITS(cached, vbits, sizeof vbits), 1);
+    } else {
+        assert_int_equal(VALGRIND_GET_VBITS(freed, vbits, sizeof vbits), 0);
+    }
+    assert_memory_equal(cached, kept, sizeof kept); /* readable: an adopter gets these rows */
+    /*
+     * Far past the window: every step's reads (under memcheck an invalid read
+     * of a released page fails the run) and the page back on the free list
+     * stays NOACCESS until a take hands it out again.
+     */
+    fixture_decode(&f, 4, F_TOKENS);
+    check_tables(f.cache, 2, 0, F_BT);
+    fixture_close(&f);
+}
+
+
+/*
+ * One sequence step that both releases (the sliding layer's commit lets a
+ * block go) and takes (both layers start a block), refused for lack of
+ * pages: W = 3 and a full layer, bt = 2, 2 lanes, 12 pages. The steps to
+ * lengths 1, 3 and 5 take 4 pages each (5 also releases block 0 of the
+ * sliding layer: 10 held); the step to 7 needs 4 with 2 free. On a large
+ * pool that very step takes 4 pages and releases 2 (block 1), so the
+ * refused step is a release-and-take one: POOL_EXHAUSTED, the sequence, its
+ * caches and the pool unchanged (exhaustions + 1), nothing released, the
+ * audit clean; the outputs buffer is not asserted (the contract's).
+ */
+static void test_window_pager_exhausted_release_and_take_changes_nothing(void **state)
+{
+    (void)state;
+    enum { L = 2, BT = 2, W = 3, T = 8, SMALL = 12 };
+    kvp_error err;
+    kvp_layer *made[L] = {windowed_layer(W, 0, 60), windowed_layer(0, 0, 61)};
+    const kvp_layer *layers[L] = {made[0], made[1]};
+    kvp_model *model = NULL;
+    kvpt_assert_ok(kvp_model_create(layers, L, &model, &err), &err);
+    double *input = kvpt_doubles(BATCH * T * WIDTH);
+    kvpt_fill_random(input, BATCH * T * WIDTH, 0xA7);
+    double y[BATCH * WIDTH];
+    /* The large pool: what each step takes and releases. */
+    kvp_pool *big = kvpt_pool(BT, 1, WIDTH / HEADS, 64);
+    kvp_sequence *free_run = kvpt_sequence(model, big, BATCH, T);
+    size_t took[T], released[T];
+    for (size_t t = 0; t < T; t++) {
+        kvp_pool_stats before = kvpt_stats(big);
+        double row[BATCH * WIDTH];
+        row_of(input, T, t, row);
+        kvp_tensor x = kvp_tensor3(row, BATCH, 1, WIDTH);
+        kvpt_assert_ok(kvp_sequence_step(free_run, &x, NULL, NULL, y, BATCH * WIDTH, &err), &err);
+        kvpt_assert_pool_ok(big);
+        kvp_pool_stats after = kvpt_stats(big);
+        took[t] = (size_t)(after.acquires - before.acquires);
+        released[t] = (size_t)(after.window_releases - before.window_releases);
+    }
+    assert_int_equal(took[6], L * BATCH);
+    assert_int_equal(released[6], BATCH);
+    kvpt_destroy_sequence(free_run, big);
+    kvpt_destroy_pool(big);
+    /* The small pool: the same steps until one is refused. */
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, SMALL);
+    kvp_sequence *seq = kvpt_sequence(model, pool, BATCH, T);
+    size_t refused = SIZE_MAX;
+    for (size_t t = 0; t < T && refused == SIZE_MAX; t++) {
+        kvpt_snapshot before;
+        kvpt_snapshot_init(&before, pool);
+        kvpt_snapshot_add_sequence(&before, seq);
+        kvpt_snapshot_add_cache(&before, kvp_sequence_cache(seq, 0));
+        kvpt_snapshot_add_cache(&before, kvp_sequence_cache(seq, 1));
+        kvpt_snapshot_take(&before);
+        double row[BATCH * WIDTH];
+        row_of(input, T, t, row);
+        kvp_tensor x = kvp_tensor3(row, BATCH, 1, WIDTH);
+        kvp_status status = kvp_sequence_step(seq, &x, NULL, NULL, y, BATCH * WIDTH, &err);
+        if (status == KVP_POOL_EXHAUSTED) {
+            refused = t;
+            assert_int_equal(err.needed, L * BATCH);
+            kvpt_assert_unchanged(&before, 1);
+        } else {
+            kvpt_assert_ok(status, &err);
+        }
+        kvpt_assert_pool_ok(pool);
+        check_tables(kvp_sequence_cache(seq, 0), W, 0, BT);
+    }
+    assert_int_equal(refused, 6);
+    assert_true(took[refused] > 0 && released[refused] > 0);
+    kvp_pool_stats s = kvpt_stats(pool);
+    assert_int_equal(s.window_releases, BATCH); /* block 0 at length 5, nothing since */
+    assert_int_equal(s.held_pages, SMALL - 2);
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+    kvpt_destroy_layer(made[0]);
+    kvpt_destroy_layer(made[1]);
+    free(input);
+}
+
 /* Findings of kvp_pool_check naming `what` (any when NULL). */
 static size_t findings_of(kvp_pool *pool, const char *what, kvp_invariant invariant)
 {
@@ -664,6 +820,8 @@ int main(void)
         cmocka_unit_test(test_window_pager_released_published_page_is_adopted),
         cmocka_unit_test(test_window_pager_exhaustion_changes_nothing),
         cmocka_unit_test(test_window_pager_audit_knows_null_entries),
+        cmocka_unit_test(test_window_pager_released_page_is_noaccess),
+        cmocka_unit_test(test_window_pager_exhausted_release_and_take_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,8 @@
  *     (what the scheduler's kept-page count skips) are exactly the
  *     KVP_PAGE_RELEASED entries (test_window_sched.c runs windowed
  *     sessions);
+ *   - kvp_sequence_truncate into a window's released blocks is refused
+ *     (BlockReleased, err.layer the layer), changing nothing;
  *   - a tier load into a windowed cache releases what the window no longer
  *     needs, as a commit does.
  * Deterministic: no threads, fixed inputs.
@@ -532,6 +534,256 @@ static void test_window_serve_scheduler_allocator_only_counts_full(void **state)
     kvpt_destroy_model(hybrid);
 }
 
+/*
+ * Sharing on, admission credits forked samples: W = 4 and a full layer,
+ * bt = 2, one request of 12 prompt tokens, 4 new, 3 samples, reserve 4.
+ * Sample 0 prefills the prompt (every block of both layers, held to its
+ * end): max(2 * 6, 3 + 8) = 12 pages; each forked sample shares its live
+ * blocks and takes at most its level, 3 + 8 = 11 (before, each was asked
+ * sample 0's prefill again: 3 * 12 = 36). So 34 pages admit it at the first
+ * step and run it to the end (held + promised within the pool, the audit
+ * after every step), where 33 reject it as never fitting.
+ */
+typedef struct fork_run {
+    size_t first_admitted;
+    size_t rejected;
+    size_t finished;
+    size_t preemptions;
+} fork_run;
+
+static fork_run fork_run_on(kvp_model *model, size_t pages)
+{
+    enum { SAMPLES = 3 };
+    kvp_error err;
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, pages);
+    kvp_decoder *decoder = NULL;
+    kvpt_assert_ok(kvp_decoder_create(1, &decoder, &err), &err);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    config.capacity = 32;
+    config.sharing = 1;
+    config.watermark = 0.0;
+    config.reserve_tokens = SCHED_NEW;
+    kvp_scheduler *s = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = SCHED_PROMPT;
+    q.max_new_tokens = SCHED_NEW;
+    q.samples = SAMPLES;
+    q.input = sched_input;
+    uint64_t id = 0;
+    kvpt_assert_ok(kvp_scheduler_submit(s, &q, &id, &err), &err);
+    fork_run run;
+    memset(&run, 0, sizeof run);
+    for (size_t step = 0; step < 20; step++) {
+        kvp_step_stats st;
+        kvp_step_stats_init(&st);
+        kvpt_assert_ok(kvp_scheduler_step(s, &st, &err), &err);
+        kvpt_assert_pool_ok(pool);
+        kvp_pool_stats ps = kvpt_stats(pool);
+        assert_true(ps.held_pages + ps.promised_pages <= pages);
+        if (step == 0) {
+            run.first_admitted = st.admitted;
+        }
+        run.preemptions += st.preempted;
+        kvp_request_result done[1];
+        kvp_request_result_init(&done[0]);
+        size_t n = 0;
+        kvpt_assert_ok(kvp_scheduler_collect(s, done, 1, &n, &err), &err);
+        if (n == 1) {
+            run.rejected += done[0].rejected != 0;
+            run.finished += !done[0].rejected && done[0].status == KVP_OK &&
+                            done[0].tokens_generated == SAMPLES * SCHED_NEW;
+        }
+        if (st.running == 0 && st.waiting == 0) {
+            break;
+        }
+    }
+    kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_decoder(decoder);
+    kvp_pool_stats ps = kvpt_stats(pool);
+    assert_int_equal(ps.held_pages, 0);
+    assert_int_equal(ps.promised_pages, 0);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    return run;
+}
+
+static void test_window_serve_scheduler_credits_forked_samples(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    fork_run fits = fork_run_on(hybrid, 34);
+    assert_int_equal(fits.first_admitted, 1);
+    assert_int_equal(fits.finished, 1);
+    assert_int_equal(fits.rejected, 0);
+    assert_int_equal(fits.preemptions, 0);
+    fork_run tight = fork_run_on(hybrid, 33);
+    assert_int_equal(tight.first_admitted, 0);
+    assert_int_equal(tight.rejected, 1);
+    assert_int_equal(tight.finished, 0);
+    kvpt_destroy_model(hybrid);
+}
+
+/* Rows of every request alike: a function of the position only. */
+static void same_rows(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
+                      size_t width)
+{
+    (void)ctx;
+    (void)id;
+    (void)sample;
+    for (size_t j = 0; j < width; j++) {
+        row[j] = 0.01 * (double)((position * 7 + j * 3) % 17) - 0.08;
+    }
+}
+
+/*
+ * Sharing on, admission credits prefix hits: W = 4 and a full layer, bt = 2,
+ * reserve 0. A direct sequence holds and publishes the first 4 rows (2
+ * blocks of each layer: 4 pages, none released at length 4). A request of
+ * those rows and 8 more (12 prompt tokens, 4 new) hits both blocks, so its
+ * prefill takes 2 * (6 - 2) = 8 new pages and its level at 12 tokens is
+ * 3 + 6 = 9: it asks max(8, 9) = 9 (before: max(2 * 6, 9) = 12). On 13
+ * pages (9 free) the first step admits it, on 12 (8 free) it waits. Once the
+ * direct sequence is gone its 4 hit pages are evictable: adopting them
+ * takes them from the LRU list, so sample 0's prefill counts them,
+ * max(8 + 4, 9) = 12, within the 12-page pool (before: 12 + 4 evictable =
+ * 16, and the request waited forever on an empty pool it fits); it runs to
+ * the end, the audit after every step.
+ */
+static size_t hit_run_on(kvp_model *model, size_t pages)
+{
+    kvp_error err;
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, pages);
+    double rows[4 * WIDTH];
+    for (size_t t = 0; t < 4; t++) {
+        same_rows(NULL, 0, 0, t, rows + t * WIDTH, WIDTH);
+    }
+    kvp_sequence *holder = kvpt_sequence(model, pool, 1, 32);
+    kvp_tensor prompt = kvp_tensor3(rows, 1, 4, WIDTH);
+    double out[4 * WIDTH];
+    kvpt_assert_ok(kvp_sequence_prefill(holder, &prompt, NULL, NULL, out, 4 * WIDTH, &err), &err);
+    size_t published = 0;
+    kvpt_assert_ok(kvp_sequence_publish_prefix(holder, &prompt, &published, &err), &err);
+    assert_int_equal(published, 2);
+    assert_int_equal(kvpt_stats(pool).held_pages, 4);
+    kvpt_assert_pool_ok(pool);
+    kvp_decoder *decoder = NULL;
+    kvpt_assert_ok(kvp_decoder_create(1, &decoder, &err), &err);
+    kvp_scheduler_config config;
+    kvp_scheduler_config_init(&config);
+    config.capacity = 32;
+    config.sharing = 1;
+    config.watermark = 0.0;
+    config.reserve_tokens = 0;
+    kvp_scheduler *s = NULL;
+    kvpt_assert_ok(kvp_scheduler_create(model, pool, decoder, &config, &s, &err), &err);
+    kvp_request q;
+    kvp_request_init(&q);
+    q.prompt_tokens = SCHED_PROMPT;
+    q.max_new_tokens = SCHED_NEW;
+    q.input = same_rows;
+    uint64_t id = 0;
+    kvpt_assert_ok(kvp_scheduler_submit(s, &q, &id, &err), &err);
+    kvp_step_stats st;
+    kvp_step_stats_init(&st);
+    kvpt_assert_ok(kvp_scheduler_step(s, &st, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    size_t admitted = st.admitted;
+    if (admitted == 1) {
+        assert_int_equal(st.prefix_hit_tokens, 4);
+    }
+    kvpt_destroy_sequence(holder, pool);
+    kvpt_assert_pool_ok(pool);
+    size_t finished = 0;
+    for (size_t step = 0; step < 40 && !finished; step++) {
+        kvp_step_stats_init(&st);
+        kvpt_assert_ok(kvp_scheduler_step(s, &st, &err), &err);
+        kvpt_assert_pool_ok(pool);
+        kvp_pool_stats ps = kvpt_stats(pool);
+        assert_true(ps.held_pages + ps.promised_pages <= pages);
+        kvp_request_result done[1];
+        kvp_request_result_init(&done[0]);
+        size_t n = 0;
+        kvpt_assert_ok(kvp_scheduler_collect(s, done, 1, &n, &err), &err);
+        if (n == 1) {
+            assert_false(done[0].rejected);
+            assert_int_equal(done[0].status, KVP_OK);
+            assert_int_equal(done[0].tokens_generated, SCHED_NEW);
+            finished = 1;
+        }
+    }
+    assert_true(finished);
+    kvpt_assert_ok(kvp_scheduler_destroy(s, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_decoder(decoder);
+    kvpt_assert_ok(kvp_pool_destroy(pool, &err), &err);
+    return admitted;
+}
+
+static void test_window_serve_scheduler_credits_prefix_hits(void **state)
+{
+    (void)state;
+    kvp_model *hybrid = model_of(4, 0);
+    assert_int_equal(hit_run_on(hybrid, 13), 1);
+    assert_int_equal(hit_run_on(hybrid, 12), 0);
+    kvpt_destroy_model(hybrid);
+}
+
+/*
+ * kvp_sequence_truncate into a window's released blocks is refused
+ * (BlockReleased, naming the layer), changing nothing, as kvp_cache_truncate
+ * is; before, the sequence's truncate skipped the check and left a window
+ * of null entries that the next step read.
+ */
+static void test_window_serve_sequence_truncate_into_released_is_refused(void **state)
+{
+    (void)state;
+    kvp_model *model = model_of(4, 1);
+    kvp_pool *pool = kvpt_pool(BT, 1, WIDTH / HEADS, 64);
+    kvp_sequence *seq = kvpt_sequence(model, pool, BATCH, T);
+    for (size_t t = 0; t < 7; t++) {
+        step_once(seq, 300 + t);
+        kvpt_assert_pool_ok(pool);
+    }
+    /* Length 7: W = 4 released block 0 ((0 + 1)·2 <= 3); W = 1 blocks 0..2 (<= 6). */
+    kvpt_snapshot before;
+    kvpt_snapshot_init(&before, pool);
+    kvpt_snapshot_add_sequence(&before, seq);
+    kvpt_snapshot_take(&before);
+    kvp_error err;
+    /* To 6: layer 0 needs [2, 6) (held); layer 1 needs [5, 6): block 2, released. */
+    assert_int_equal(kvp_sequence_truncate(seq, 6, &err), KVP_BLOCK_RELEASED);
+    assert_int_equal(err.layer, 1);
+    assert_int_equal(err.index, 2);
+    assert_int_equal(err.position, 5);
+    assert_int_equal(err.tokens, 6);
+    kvpt_assert_unchanged(&before, 0);
+    /* To 5: layer 0 needs [1, 5): block 0, released (layer 0 is checked first). */
+    assert_int_equal(kvp_sequence_truncate(seq, 5, &err), KVP_BLOCK_RELEASED);
+    assert_int_equal(err.layer, 0);
+    assert_int_equal(err.index, 0);
+    assert_int_equal(err.position, 1);
+    assert_int_equal(err.tokens, 5);
+    kvpt_assert_unchanged(&before, 0);
+    /* Its length succeeds and changes nothing; 0 needs nothing. */
+    kvpt_assert_ok(kvp_sequence_truncate(seq, 7, &err), &err);
+    kvpt_assert_unchanged(&before, 0);
+    kvpt_assert_ok(kvp_sequence_truncate(seq, 0, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    assert_int_equal(kvp_sequence_len(seq), 0);
+    assert_int_equal(kvp_sequence_held_pages(seq), 0);
+    for (size_t t = 0; t < 3; t++) {
+        step_once(seq, 400 + t);
+        kvpt_assert_pool_ok(pool);
+    }
+    kvpt_destroy_sequence(seq, pool);
+    kvpt_assert_pool_ok(pool);
+    kvpt_destroy_pool(pool);
+    kvpt_destroy_model(model);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -544,6 +796,9 @@ int main(void)
         cmocka_unit_test(test_window_serve_scheduler_preempts_exactly),
         cmocka_unit_test(test_window_serve_scheduler_allocator_only_counts_full),
         cmocka_unit_test(test_window_serve_scheduler_shares_over_windows),
+        cmocka_unit_test(test_window_serve_sequence_truncate_into_released_is_refused),
+        cmocka_unit_test(test_window_serve_scheduler_credits_forked_samples),
+        cmocka_unit_test(test_window_serve_scheduler_credits_prefix_hits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

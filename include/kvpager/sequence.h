@@ -231,7 +231,9 @@ KVP_API KVP_NODISCARD kvp_status kvp_sequence_fork(kvp_sequence *parent, kvp_seq
  * writes it. A replay of the same inputs then gives bit for bit the outputs
  * the sequence gave the first time. new_len == len succeeds and changes
  * nothing. The promise is unchanged. Errors: NULL_ARGUMENT; OUT_OF_RANGE
- * ("new_len" > len), changing nothing.
+ * ("new_len" > len); BLOCK_RELEASED (a sliding layer's window released a
+ * block its window at new_len needs: err.layer that layer, err.index,
+ * err.position and err.tokens as kvp_cache_truncate's), changing nothing.
  * Threads: one caller at a time per sequence (its owner), and not while a
  * read of it runs; other sequences of the pool, those sharing its pages
  * included, may be used at once (the pool's mutex).

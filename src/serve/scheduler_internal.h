@@ -471,7 +471,8 @@ void kvpi_sched_drop_sessions(kvp_scheduler *s, size_t admitted);
 
 kvp_status kvpi_sched_plan_admission(kvp_scheduler *s, plan *p, kvp_error *err);
 size_t kvpi_sched_window_level(const kvp_scheduler *s, size_t tokens);
-size_t kvpi_sched_window_pages(const kvp_scheduler *s, const record *r, size_t past_prompt);
+size_t kvpi_sched_window_sample_pages(const kvp_scheduler *s, const record *r,
+                                      size_t past_prompt, size_t k, size_t hits);
 void kvpi_sched_admit(kvp_scheduler *s, const plan *p, kvp_step_stats *st);
 void kvpi_sched_count_skips(kvp_scheduler *s, const plan *p);
 

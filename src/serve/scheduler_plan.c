@@ -44,35 +44,84 @@ size_t kvpi_sched_window_level(const kvp_scheduler *s, size_t tokens)
     return pages;
 }
 
+static size_t add_sat(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
 /*
- * With sliding layers (sharing off, so no hit and every sample its own):
- * the most pages one sample holds at once from admission to `past_prompt`
- * tokens past its prompt. Its prefill (the prompt and what it generated
- * before a preemption) is one transaction holding every block of every
- * layer until its end; then its windows release, and steps hold at most the
- * level (kvpi_sched_window_level). The larger of the two, per sample.
+ * With sliding layers: the most pages sample k of request r newly takes at
+ * once from admission to `past_prompt` tokens past its prompt, when `hits`
+ * prompt blocks are adopted. Its prefill (one transaction) holds every
+ * block it writes until its end; then its windows release, and steps hold
+ * at most the level (kvpi_sched_window_level, which counts every page held,
+ * shared ones too: a safe over-count of the new ones). The larger of the
+ * two. Who prefills what:
+ *   - sharing off: every sample its prompt and what it generated before a
+ *     preemption, every block of every layer, no hit;
+ *   - sharing on, sample 0: the prompt (and, alone, what it generated) past
+ *     its `hits` adopted blocks: those are pages the index already holds,
+ *     so adopting them takes none (a sliding layer adopts only its window's
+ *     blocks, fewer still; an evictable hit is counted by the plan);
+ *   - sharing on, a forked sample: it shares sample 0's live blocks, and
+ *     appends what it generated before a preemption past the prompt's full
+ *     blocks (its copy of a partial one too), as sample_pages counts them.
  */
-size_t kvpi_sched_window_pages(const kvp_scheduler *s, const record *r, size_t past_prompt)
+static size_t window_prefill(const kvp_scheduler *s, const record *r, size_t k, size_t hits)
 {
     size_t prompt = r->request.prompt_tokens;
-    size_t prefill = s->layers * blocks_of(s, prompt + r->generated);
-    size_t level = kvpi_sched_window_level(s, prompt + past_prompt);
+    size_t g = r->generated;
+    if (!s->config.sharing) {
+        return s->layers * blocks_of(s, prompt + g);
+    }
+    if (k == 0) {
+        size_t b = blocks_of(s, prompt + (r->request.samples == 1 ? g : 0));
+        return s->layers * (b - (hits < b ? hits : b));
+    }
+    return g == 0 ? 0 : s->layers * (blocks_of(s, prompt + g) - prompt / s->block_tokens);
+}
+
+size_t kvpi_sched_window_sample_pages(const kvp_scheduler *s, const record *r,
+                                      size_t past_prompt, size_t k, size_t hits)
+{
+    size_t prefill = window_prefill(s, r, k, hits);
+    size_t level = kvpi_sched_window_level(s, r->request.prompt_tokens + past_prompt);
     return prefill > level ? prefill : level;
 }
 
 /*
  * Pages a request newly takes to hold `past_prompt` tokens per sample when
- * `hits` prompt blocks are adopted: shared pages counted once. One sample:
- * its own blocks. Forked samples: sample 0's own blocks (it writes the
- * partial prompt page in place), plus each other sample's blocks past the
- * prompt's full ones (its copy). Sharing off: every sample its own. Sliding
- * layers: each sample its peak (kvpi_sched_window_pages).
+ * `hits` prompt blocks are adopted, `evictable` of their pages from the LRU
+ * list (adopting them takes them from what a take can get): shared pages
+ * counted once. Sliding layers: each sample its peak
+ * (kvpi_sched_window_sample_pages), sample 0's prefill with the evictable
+ * hits it adopts (its level counts every page it holds, those included).
+ * Never more with hits than the whole-length count without (NEVER): a
+ * request that fits an empty pool is admitted once the pool empties.
+ */
+static size_t window_request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
+                                   size_t hits, size_t evictable)
+{
+    size_t n = r->request.samples;
+    size_t prefill = add_sat(window_prefill(s, r, 0, hits), evictable);
+    size_t level = kvpi_sched_window_level(s, r->request.prompt_tokens + past_prompt);
+    size_t first = prefill > level ? prefill : level;
+    return first + (n - 1) * kvpi_sched_window_sample_pages(s, r, past_prompt, 1, 0);
+}
+
+/*
+ * Pages a request newly takes to hold `past_prompt` tokens per sample when
+ * `hits` prompt blocks are adopted (none of them evictable): shared pages
+ * counted once. One sample: its own blocks. Forked samples: sample 0's own
+ * blocks (it writes the partial prompt page in place), plus each other
+ * sample's blocks past the prompt's full ones (its copy). Sharing off:
+ * every sample its own. Sliding layers: window_request_pages.
  */
 static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past_prompt,
                             size_t hits)
 {
     if (s->windows != NULL) {
-        return r->request.samples * kvpi_sched_window_pages(s, r, past_prompt);
+        return window_request_pages(s, r, past_prompt, hits, 0);
     }
     size_t prompt = r->request.prompt_tokens;
     size_t n = r->request.samples;
@@ -85,6 +134,16 @@ static size_t request_pages(const kvp_scheduler *s, const record *r, size_t past
                (n - 1) * sample_pages(s, r, past_prompt);
     }
     return n * own;
+}
+
+/* request_pages with `evictable` of the hits' pages taken from the LRU list. */
+static size_t request_need(const kvp_scheduler *s, const record *r, size_t past_prompt,
+                           size_t hits, size_t evictable)
+{
+    if (s->windows != NULL) {
+        return window_request_pages(s, r, past_prompt, hits, evictable);
+    }
+    return add_sat(request_pages(s, r, past_prompt, hits), evictable);
 }
 
 /*
@@ -121,11 +180,6 @@ void kvpi_sched_keys(const kvp_scheduler *s, kvp_cache *const *caches, uint64_t 
         kvpi_prompt_keys_from(caches, s->layers, &q->salt, rows, len, s->width, from, blocks,
                               keys);
     }
-}
-
-static size_t add_sat(size_t a, size_t b)
-{
-    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }
 
 /* idle[0]'s binding digest of layer l: what a request's prompt keys depend on besides its rows. */
@@ -474,7 +528,7 @@ static kvp_status plan_entry(kvp_scheduler *s, plan *p, size_t pos, totals *t, i
     if (status == KVP_OK && c.key_blocks != 0) {
         status = key_prompt(s, &c, t, err);
     }
-    size_t need = add_sat(request_pages(s, c.r, sample_tokens(s, c.r), c.hits), c.evictable);
+    size_t need = request_need(s, c.r, sample_tokens(s, c.r), c.hits, c.evictable);
     if (status == KVP_OK) {
         status = admits_now(s, add_sat(need, t->asked), &now, err);
     }

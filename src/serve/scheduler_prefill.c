@@ -99,7 +99,7 @@ static size_t adopt_prompt(kvp_scheduler *s, const planned *pl, size_t prompt, l
  * (still empty) leases. A lease's promise is capped at what one sequence
  * can hold; the promises are set exactly after the fork (prefill_forks).
  */
-static void promise_samples(kvp_scheduler *s, const record *rec, size_t at)
+static void promise_samples(kvp_scheduler *s, const record *rec, size_t at, size_t adopted)
 {
     size_t n = rec->request.samples;
     size_t x = sample_tokens(s, rec);
@@ -108,7 +108,8 @@ static void promise_samples(kvp_scheduler *s, const record *rec, size_t at)
         lease *l = &s->running[at + k].lease;
         size_t want;
         if (s->windows != NULL) {
-            want = kvpi_sched_window_pages(s, rec, x); /* what admission asked for it */
+            /* what admission asked for it, with the blocks sample 0 adopted */
+            want = kvpi_sched_window_sample_pages(s, rec, x, k, adopted / s->block_tokens);
         } else if (n == 1 || !s->config.sharing || k == 0) {
             want = lease_pages_for(s, l, rec->request.prompt_tokens + x);
         } else {
@@ -143,7 +144,7 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         size_t prompt = rec->request.prompt_tokens;
         size_t g = rec->generated;
         pl->adopted = adopt_prompt(s, pl, prompt, &s->running[at].lease);
-        promise_samples(s, rec, at);
+        promise_samples(s, rec, at, pl->adopted);
         if (s->config.sharing) {
             /* Windows release nothing until fork_samples published the prompt's blocks. */
             kvpi_cache_hold_release_many(lease_caches(&s->running[at].lease), s->layers);
@@ -201,7 +202,7 @@ static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_
         /*
          * The prefill's settle refunded nothing: its promise, exactly, from
          * here: its level (a sliding layer's peak), within what admission
-         * asked for it (kvpi_sched_window_pages).
+         * asked for it (kvpi_sched_window_sample_pages).
          */
         lease *l0 = &s->running[here].lease;
         size_t cap = s->layers * blocks_of(s, s->config.capacity);

@@ -65,6 +65,17 @@ kvp_status kvp_sequence_truncate(kvp_sequence *sequence, size_t new_len, kvp_err
     if (new_len == len) {
         return KVP_OK;
     }
+    /* A sliding layer may have released a block the window at new_len needs
+     * (kvp_cache_truncate's check; only the owner's calls move released_end). */
+    for (size_t l = 0; l < sequence->layers; l++) {
+        kvp_status status = kvpi_cache_truncate_check(sequence->caches[l], new_len, err);
+        if (status != KVP_OK) {
+            if (err != NULL) {
+                err->layer = l;
+            }
+            return status;
+        }
+    }
     for (size_t l = 0; l < sequence->layers; l++) {
         (void)kvp_ticket_discard(sequence->tickets[l], NULL);
     }

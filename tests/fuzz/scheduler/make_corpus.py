@@ -22,11 +22,16 @@ FRACTIONS = [0.0, 0.25, 0.5, 1.0]
 
 def setup(geometry=1, block=4, pages=24, layers=2, threads=1, compute=True, sharing=True,
           aware=False, watermark=False, cap=24, reserve=4, max_running=0, ttl=0,
-          fraction=0.5, seed=7):
+          fraction=0.5, seed=7, windows=None):
+    """windows: per layer (w, s), indices into fuzz_scheduler.c's make_windowed_model
+    lists: W in [full, 1, bt, bt + 1, 2 bt - 1, 3, cap, 32], S in [0, 0, 1, bt]."""
     m = (layers - 1) | (threads - 1) << 1 | (not compute) << 2 | (not sharing) << 3 \
-        | aware << 4 | watermark << 5
-    return bytes([geometry, block - 1, pages - 4, m, cap - 4,
-                  reserve | max_running << 3, ttl | FRACTIONS.index(fraction) << 3, seed])
+        | aware << 4 | watermark << 5 | (windows is not None) << 6
+    out = bytes([geometry, block - 1, pages - 4, m, cap - 4,
+                 reserve | max_running << 3, ttl | FRACTIONS.index(fraction) << 3, seed])
+    for w, sinks in windows or []:
+        out += bytes([w | sinks << 3])
+    return out
 
 
 def op(name, *args):
@@ -101,6 +106,20 @@ SCRIPTS = {
     + op("step_fault", 0) + op("step_fault", 1) + steps(4) + op("update", 3)
     + submit(9, 2, samples=3, parent=0) + op("step_fault", 0) + op("step_fault", 2)
     + op("step_fault", 5) + op("step_fault", 9) + steps(4) + collect(4),
+    # Sliding layers (W = 1; W = bt with a sink): direct sequences adopt,
+    # fork, truncate into released blocks (refused) and to 0, step again.
+    "windows_direct.bin": setup(block=2, pages=28, windows=[(1, 0), (2, 2)])
+    + submit(9, 6, samples=2) + steps(7) + op("direct_adopt", 0x81, 0x01, 13)
+    + op("direct_fork", 0) + op("direct_truncate", 9 << 2) + op("direct_truncate", 12 << 2)
+    + op("direct_step", 1) + op("direct_publish", 1) + op("direct_truncate", 1)
+    + op("direct_step", 1) + submit(12, 3, parent=0, parent_sample=1) + steps(4)
+    + op("update", 2) + steps(5) + collect(4) + collect(4),
+    # W >= capacity (the capacity; the RoPE positions, with a block of sinks):
+    # every layer full in effect; forked samples, a conversation, pressure.
+    "windows_wide.bin": setup(block=1, pages=30, windows=[(6, 0), (7, 3)], reserve=2,
+                              ttl=5, fraction=0.5)
+    + submit(9, 5, samples=3, session=1) + steps(6) + submit(16, 3, session=1, parent=0)
+    + steps(8) + collect(4) + collect(4),
 }
 
 
