@@ -7,9 +7,9 @@
  * the prompt) and forks (publish the prompt's blocks, fork sample 0 into
  * the other samples, promise exactly, append what each sample generated
  * before a preemption: with sliding layers in block-aligned chunks, one
- * decoder batch a round, append_tails). Appends go through the lease (lease_append): a
- * computed lease adds a decoder job, an allocator-only one appends zero
- * rows at once, so the phases read the same for both.
+ * decoder batch a round, append_tails). Appends go through the lease
+ * (lease_append): a computed lease adds a decoder job, an allocator-only
+ * one appends zero rows at once, so the phases read the same for both.
  *
  * Invariants: the admitted requests' slots are [first, running_count), in
  * plan order, each request's samples together; the prompt batch runs in
@@ -344,8 +344,9 @@ static size_t tail_round(kvp_scheduler *s, const plan *p, size_t first, size_t r
  * blocks of all of it in every layer, more than admission asks (and than
  * the pool, for a long one); in block-aligned chunks, one decoder batch a
  * round, each chunk holds what the single step into its block holds, at
- * most the level (DESIGN.md "Admission and promises"). A failed chunk
- * fails its request, whose later chunks are not run.
+ * most the level (DESIGN.md "Sliding windows and sinks", the re-prefill
+ * in chunks). A failed chunk fails its request, whose later chunks are
+ * not run.
  */
 static void append_tails(kvp_scheduler *s, const plan *p, size_t first)
 {
