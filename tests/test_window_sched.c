@@ -17,7 +17,9 @@
  *     rate the same model with every layer full gets (issue 21's target),
  *     outputs exact; and so does a shared-prefix workload (a 17-token
  *     preamble, 10 requests) over 60, 90 and 200 pages; the rates are
- *     printed.
+ *     printed;
+ *   - a request preempted late re-runs on a pool smaller than one prefill
+ *     of its prompt and what it generated (chunked), outputs exact.
  * Deterministic: one decoder thread, fixed inputs.
  */
 #include "support.h"
@@ -332,7 +334,7 @@ static void test_window_sched_preempted_samples_exact(void **state)
         /*
          * No reserve: admission counts each sample's prefill and its level
          * to the prompt, so the sequences' growth preempts, sharing on
-         * (4 times over the three pools) and off (16).
+         * (5 times over the three pools) and off (16).
          */
         fprintf(stderr, "preempted (sharing %d): %zu\n", sharing, preempted_total);
         assert_true(preempted_total > 0);
@@ -435,6 +437,80 @@ static void test_window_sched_conversation_hit_rate(void **state)
     assert_true(conversation(0, 0) == 0.0);
 }
 
+/*
+ * Issue 21's re-prefill: request 1 (a 20-token prompt, 44 to decode, its
+ * `samples`) is admitted after request 0 (4 tokens, 56 to decode) and
+ * preempted by their growth (no reserve), once at least after it
+ * generated more than 16 tokens. Sharing off, a prefill of its prompt and those tokens in one
+ * transaction (every block of every layer, every sample) takes more than
+ * the pool: it used to be rejected after it ran. Now its prompt is
+ * prefilled and its generated tokens appended in block-sized chunks: it
+ * completes, its outputs exact, sharing on and off, 1 and 2 samples (the
+ * forked samples' chunks); every step audited, held plus promised pages
+ * within the pool.
+ */
+static void reprefill_run(int sharing, size_t samples, size_t pages)
+{
+    fixture f;
+    setup(&f, pages, sharing, 0, 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit(&f, &b, 4, 56, 1, 0);
+    step(&f);
+    submit(&f, &b, 20, 44, samples, 0);
+    size_t most = 0; /* request 1's largest re-admission: every prefill after step 0 is its */
+    for (size_t steps = 0;; steps++) {
+        kvp_scheduler_stats s = stats_of(&f);
+        if (s.running == 0 && s.waiting == 0) {
+            break;
+        }
+        assert_true(steps < 10000);
+        size_t computed = step(&f).prefill_tokens;
+        most = computed > most ? computed : most;
+        kvp_pool_stats ps = kvpt_stats(f.pool);
+        assert_true(ps.held_pages + ps.promised_pages <= ps.total_pages);
+    }
+    kvp_request_result done[2];
+    kvp_request_result_init(&done[0]);
+    kvp_request_result_init(&done[1]);
+    size_t n = 0;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_collect(f.scheduler, done, 2, &n, &err), &err);
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(done[i].status, KVP_OK);
+        assert_int_equal(done[i].rejected, 0);
+        assert_true(done[i].id == 1 ? done[i].preemptions >= 1 : done[i].preemptions == 0);
+    }
+    /* Request 1 generated g > 16 tokens a sample before its preemption. */
+    fprintf(stderr, "reprefill sharing %d samples %zu pages %zu: %zu tokens prefilled\n",
+            sharing, samples, pages, most);
+    if (sharing) {
+        assert_true(most > samples * 16); /* its prompt less the hits, and each sample's g */
+    } else {
+        size_t each = most / samples; /* the prompt and g */
+        assert_true(each > 20 + 16);
+        /* What one transaction of prompt and tail would take: more than the pool. */
+        assert_true(samples * LAYERS * ((each + BLOCK - 1) / BLOCK) > pages);
+    }
+    assert_exact(&b, 0, 0, 0, 56);
+    for (size_t k = 0; k < samples; k++) {
+        assert_exact(&b, 0, 1, k, 44);
+    }
+    teardown(&f);
+}
+
+static void test_window_sched_reprefill_chunked(void **state)
+{
+    (void)state;
+    reserve_tokens = 0; /* admission counts prompts only: growth preempts */
+    for (int sharing = 0; sharing <= 1; sharing++) {
+        reprefill_run(sharing, 1, 34);
+        reprefill_run(sharing, 2, 48);
+    }
+    reserve_tokens = 4;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +518,7 @@ int main(void)
         cmocka_unit_test(test_window_sched_preempted_samples_exact),
         cmocka_unit_test(test_window_sched_conversation_hit_rate),
         cmocka_unit_test(test_window_sched_shared_prefix_hit_rate),
+        cmocka_unit_test(test_window_sched_reprefill_chunked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

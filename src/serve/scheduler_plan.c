@@ -52,33 +52,34 @@ static size_t add_sat(size_t a, size_t b)
 /*
  * With sliding layers: the most pages sample k of request r newly takes at
  * once from admission to `past_prompt` tokens past its prompt, when `hits`
- * prompt blocks are adopted. Its prefill (one transaction) holds every
- * block it writes until its end; then its windows release, and steps hold
- * at most the level (kvpi_sched_window_level, which counts every page held,
- * shared ones too: a safe over-count of the new ones). The larger of the
- * two. Who prefills what:
- *   - sharing off: every sample its prompt and what it generated before a
- *     preemption, every block of every layer, no hit;
- *   - sharing on, sample 0: the prompt (and, alone, what it generated) past
- *     its `hits` adopted blocks: those are pages the index already holds,
- *     so adopting them takes none (a sliding layer adopts only its window's
- *     blocks, fewer still; an evictable hit is counted by the plan);
- *   - sharing on, a forked sample: it shares sample 0's live blocks, and
- *     appends what it generated before a preemption past the prompt's full
- *     blocks (its copy of a partial one too), as sample_pages counts them.
+ * prompt blocks are adopted. Its prompt's prefill (one transaction) holds
+ * every block it writes until its end; then its windows release, and what
+ * it generated before a preemption is appended in block-aligned chunks
+ * (scheduler_prefill.c, append_tails), each holding what the single step
+ * into its block holds, so steps and chunks hold at most the level
+ * (kvpi_sched_window_level, which counts every page held, shared ones too:
+ * a safe over-count of the new ones). The larger of the two. Who prefills
+ * what in one transaction:
+ *   - sharing off: every sample its prompt, every block of every layer, no hit;
+ *   - sharing on, sample 0: the prompt past its `hits` adopted blocks:
+ *     those are pages the index already holds, so adopting them takes none
+ *     (a sliding layer adopts only its window's blocks, fewer still; an
+ *     evictable hit is counted by the plan);
+ *   - sharing on, a forked sample: nothing (it shares sample 0's live
+ *     blocks; its chunks, its copy of a partial block too, stay within
+ *     the level).
  */
 static size_t window_prefill(const kvp_scheduler *s, const record *r, size_t k, size_t hits)
 {
     size_t prompt = r->request.prompt_tokens;
-    size_t g = r->generated;
     if (!s->config.sharing) {
-        return s->layers * blocks_of(s, prompt + g);
+        return s->layers * blocks_of(s, prompt);
     }
     if (k == 0) {
-        size_t b = blocks_of(s, prompt + (r->request.samples == 1 ? g : 0));
+        size_t b = blocks_of(s, prompt);
         return s->layers * (b - (hits < b ? hits : b));
     }
-    return g == 0 ? 0 : s->layers * (blocks_of(s, prompt + g) - prompt / s->block_tokens);
+    return 0;
 }
 
 size_t kvpi_sched_window_sample_pages(const kvp_scheduler *s, const record *r,

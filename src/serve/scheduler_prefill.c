@@ -6,9 +6,10 @@
  * phases that run them: prompts (adopt the indexed prefix, promise, append
  * the prompt) and forks (publish the prompt's blocks, fork sample 0 into
  * the other samples, promise exactly, append what each sample generated
- * before a preemption). Appends go through the lease (lease_append): a
- * computed lease adds a decoder job, an allocator-only one appends zero
- * rows at once, so the phases read the same for both.
+ * before a preemption: with sliding layers in block-aligned chunks, one
+ * decoder batch a round, append_tails). Appends go through the lease
+ * (lease_append): a computed lease adds a decoder job, an allocator-only
+ * one appends zero rows at once, so the phases read the same for both.
  *
  * Invariants: the admitted requests' slots are [first, running_count), in
  * plan order, each request's samples together; the prompt batch runs in
@@ -148,12 +149,14 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         if (s->config.sharing) {
             /* Windows release nothing until fork_samples published the prompt's blocks. */
             kvpi_cache_hold_release_many(lease_caches(&s->running[at].lease), s->layers);
-            size_t tokens = prompt - pl->adopted + (n == 1 ? g : 0);
+            /* Windows: the generated tokens go in chunks after the fork (append_tails). */
+            size_t tokens = prompt - pl->adopted + (n == 1 && s->windows == NULL ? g : 0);
             append(s, &s->running[at], pl->rows + pl->adopted, tokens, &count);
             computed += tokens;
         } else {
+            size_t tokens = prompt + (s->windows == NULL ? g : 0); /* as above */
             for (size_t k = 0; k < n; k++) {
-                append(s, &s->running[at + k], pl->rows + k * (prompt + g), prompt + g, &count);
+                append(s, &s->running[at + k], pl->rows + k * (prompt + g), tokens, &count);
             }
         }
         at += n;
@@ -170,7 +173,8 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
  * Sharing: the request's prompt blocks are published, sample 0 (slot
  * `here`) forks into its other samples' leases, each lease is promised
  * exactly its pages to come, and each forked sample appends the tokens it
- * generated before a preemption (its rows after the prompt's).
+ * generated before a preemption (its rows after the prompt's; sliding
+ * layers: append_tails, after every fork).
  */
 static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_t here,
                          size_t *count)
@@ -230,7 +234,7 @@ static void fork_samples(kvp_scheduler *s, const planned *pl, record *rec, size_
         kvp_status status = lease_promise(s, l, lease_level_for(s, l, prompt + x), NULL);
         assert(status == KVP_OK);
         (void)status;
-        if (g != 0) {
+        if (g != 0 && s->windows == NULL) { /* windows: append_tails, in chunks */
             append(s, &s->running[here + k], pl->rows + prompt + k * g, g, count);
         }
     }
@@ -283,6 +287,80 @@ static void promise_levels(kvp_scheduler *s, const record *rec, size_t here)
 }
 
 /*
+ * Chunk `round` of a sample's tail, the g tokens it generated before a
+ * preemption, appended after a prompt of `prompt` tokens: positions
+ * [*lo, *lo + the count returned), 0 when the tail has no such chunk.
+ * Chunk 0 fills the prompt's partial block (no new block), each later one
+ * exactly one block [j bt, (j + 1) bt) (the last maybe partial).
+ */
+static size_t tail_chunk(size_t bt, size_t prompt, size_t g, size_t round, size_t *lo)
+{
+    size_t from = round == 0 ? prompt : (prompt / bt + round) * bt;
+    size_t to = (prompt / bt + round + 1) * bt;
+    to = to < prompt + g ? to : prompt + g;
+    *lo = from;
+    return to > from ? to - from : 0;
+}
+
+/*
+ * Adds chunk `round` of every tail of the admitted requests that did not
+ * fail (each sample's, its rows after its prompt's: sharing on, sample k's
+ * at prompt + k g; off, after its own prompt's) to s->jobs; returns the
+ * chunks added.
+ */
+static size_t tail_round(kvp_scheduler *s, const plan *p, size_t first, size_t round,
+                         size_t *count)
+{
+    size_t chunks = 0;
+    size_t at = first;
+    for (size_t i = 0; i < p->popped; i++) {
+        const planned *pl = &s->plan[i];
+        if (!pl->admit) {
+            continue;
+        }
+        const record *rec = record_of(s, pl->id);
+        size_t n = rec->request.samples;
+        size_t prompt = rec->request.prompt_tokens;
+        size_t g = rec->generated;
+        size_t here = at;
+        size_t lo = 0;
+        at += n;
+        size_t c = rec->failed ? 0 : tail_chunk(s->block_tokens, prompt, g, round, &lo);
+        for (size_t k = 0; c != 0 && k < n; k++) {
+            size_t base = s->config.sharing ? pl->rows + prompt + k * g
+                                            : pl->rows + k * (prompt + g) + prompt;
+            append(s, &s->running[here + k], base + (lo - prompt), c, count);
+            chunks++;
+        }
+    }
+    return chunks;
+}
+
+/*
+ * Sliding layers: the preempted requests' tails (what their samples
+ * generated before a preemption) after their prompts, once each sample's
+ * windows released and its promise is its level. One transaction holds
+ * every block it writes until its end, so a tail in one would hold the
+ * blocks of all of it in every layer, more than admission asks (and than
+ * the pool, for a long one); in block-aligned chunks, one decoder batch a
+ * round, each chunk holds what the single step into its block holds, at
+ * most the level (DESIGN.md "Sliding windows and sinks", the re-prefill
+ * in chunks). A failed chunk fails its request, whose later chunks are
+ * not run.
+ */
+static void append_tails(kvp_scheduler *s, const plan *p, size_t first)
+{
+    for (size_t round = 0;; round++) {
+        size_t count = 0;
+        if (tail_round(s, p, first, round, &count) == 0) {
+            return;
+        }
+        run_jobs(s, count); /* a refusal runs them here */
+        collect_jobs(s, first);
+    }
+}
+
+/*
  * Phase 2 (sharing on): every admitted request that prefilled its prompt
  * forks its samples (fork_samples; sliding layers, sharing off: each
  * sample's promise goes down to its level, promise_levels), the forked
@@ -313,6 +391,9 @@ void kvpi_sched_prefill_forks(kvp_scheduler *s, const plan *p, size_t first, kvp
     }
     run_jobs(s, count); /* a refusal runs them here: cannot fail (no jobs: nothing) */
     collect_jobs(s, first);
+    if (s->windows != NULL) {
+        append_tails(s, p, first);
+    }
     count_prefill(s, p, st);
     kvpi_sched_fail_marked(s, first, st);
 }

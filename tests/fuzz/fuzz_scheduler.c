@@ -820,15 +820,10 @@ static void setup(reader *r)
     kvp_error err;
     if ((m >> 6) & 1) {
         /*
-         * A preempted windowed request re-prefills its prompt and what it
-         * generated in one transaction, every block of every layer: on a
-         * pool smaller than that (each sample's) it can never run again
-         * and is rejected after it ran (an open bug:
-         * scheduler/regressions/open/). Windowed worlds get a pool that
-         * holds a whole-capacity prefill of every sample.
+         * Small pools too: a preempted windowed request re-prefills its
+         * prompt and appends what it generated in block-sized chunks,
+         * within what admission asked (scheduler_prefill.c).
          */
-        size_t whole = MAX_SAMPLES * W.layers * ((W.cap + W.bt - 1) / W.bt);
-        W.pages = W.pages > whole ? W.pages : whole;
         make_windowed_model(r, seed);
     } else {
         check_status(kvp_model_create_random_grouped(W.layers, W.d, W.heads, W.kv_heads,
