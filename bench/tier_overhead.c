@@ -13,7 +13,8 @@
  *   redis  a Redis tier: a private redis-server on a free 127.0.0.1 port
  *          (tests/redis_server.c; stopped at the end), emptied (FLUSHALL)
  *          before every redis run, or the server at --redis URL (never
- *          emptied: the user's data). Every tier run draws a fresh random
+ *          emptied: the user's data; --redis-pid names its process, to
+ *          measure its CPU when it runs here). Every tier run draws a fresh random
  *          deployment secret, so its chain keys are new and nothing it looks
  *          up was written before: no hits.
  * --policy publish (the default) writes every block the run computes, and
@@ -32,7 +33,7 @@
  * none's (exit 1 if not), and tier hits are counted (reported; 0 expected).
  *
  * Flags (bench/args.h; --help lists them): --rounds, --requests,
- * --budget-mib, --host-mib, --threads, --policy, --loads, --redis.
+ * --budget-mib, --host-mib, --threads, --policy, --loads, --redis, --redis-pid.
  * Exit status 0, 1 on a failure, 2 on a usage error. Speed is reported,
  * never enforced.
  */
@@ -74,6 +75,7 @@ typedef struct bench {
     const char *url;         /* the Redis tier's */
     char own_url[64];
     kvpt_redis_server server; /* pid 0: --redis given */
+    pid_t server_pid;         /* whose CPU is measured: the private server's, --redis-pid, 0 */
     redisContext *admin;     /* FLUSHALL on the private server */
 } bench;
 
@@ -157,9 +159,9 @@ static int run_case(bench *b, int which, run_figures *out)
     memset(&result, 0, sizeof result);
     kvp_error err;
     const char *context = NULL;
-    double cpu0 = process_cpu(), thread0 = thread_cpu(), server0 = pid_cpu(b->server.pid);
+    double cpu0 = process_cpu(), thread0 = thread_cpu(), server0 = pid_cpu(b->server_pid);
     int failed = kvp_sim_run(&c, &b->workload, NULL, NULL, &result, &err, &context);
-    double cpu1 = process_cpu(), thread1 = thread_cpu(), server1 = pid_cpu(b->server.pid);
+    double cpu1 = process_cpu(), thread1 = thread_cpu(), server1 = pid_cpu(b->server_pid);
     if (failed != 0) {
         fprintf(stderr, "bench-tier-overhead: %s: %s\n", context != NULL ? context : "simulate",
                 kvp_status_name(err.status));
@@ -214,7 +216,7 @@ static void report(run_figures runs[][CASES], size_t rounds, const bench *b)
         cpu[k] = median_of(runs, rounds, k, offsetof(run_figures, cpu));
         server[k] = median_of(runs, rounds, k, offsetof(run_figures, server_cpu));
         char server_text[32] = "-";
-        if (k == REDIS && b->server.pid > 0) {
+        if (k == REDIS && b->server_pid > 0) {
             snprintf(server_text, sizeof server_text, "%.1f",
                      us_per_token(server[k], &runs[0][k]));
         }
@@ -236,7 +238,7 @@ static void report(run_figures runs[][CASES], size_t rounds, const bench *b)
            us_per_token(cpu[REDIS], &runs[0][REDIS]),
            us_per_token(cpu[REDIS] - cpu[NONE], &runs[0][REDIS]),
            us_per_token(server[REDIS], &runs[0][REDIS]),
-           b->server.pid > 0 ? "" : " (not measured: --redis given)");
+           b->server_pid > 0 ? "" : " (not measured: --redis without --redis-pid)");
     if (tier_cpu > 0.0) {
         printf("CPU-bound expectation (every core busy): none's CPU / redis's CPU = %.3fx\n",
                cpu[NONE] / tier_cpu);
@@ -315,6 +317,7 @@ static int prepare(bench *b, size_t requests)
         fprintf(stderr, "bench-tier-overhead: redis-server did not start: %s\n", b->server.why);
         return 1;
     }
+    b->server_pid = b->server.pid;
     snprintf(b->own_url, sizeof b->own_url, "redis://127.0.0.1:%u", b->server.port);
     b->url = b->own_url;
     b->admin = redisConnect("127.0.0.1", (int)b->server.port);
@@ -344,6 +347,7 @@ static int check_url(const bench_args *args, const char *url)
 int main(int argc, char **argv)
 {
     size_t rounds = 7, requests = 128, budget_mib = 1024, host_mib = 1024, threads = 0;
+    size_t redis_pid = 0;
     int policy = 1, loads = 0;
     const char *url = NULL;
     static const char *const policies[] = {"evict", "publish", NULL};
@@ -358,6 +362,8 @@ int main(int argc, char **argv)
         BENCH_CHOICE("--loads", &loads, load_words, "WORD", "the scheduler's tier loads"),
         BENCH_TEXT("--redis", &url, "URL",
                    "a Redis server to use (never emptied); default: a private one"),
+        BENCH_SIZE("--redis-pid", &redis_pid, 1, 4194304, "PID",
+                   "with --redis: its server's process id, whose CPU is measured"),
     };
     bench_args args = BENCH_ARGS("bench-tier-overhead",
                                  "A tier's cost to a run with no hits: none, host and Redis "
@@ -370,6 +376,9 @@ int main(int argc, char **argv)
     if (url != NULL && check_url(&args, url) != 0) {
         return 2;
     }
+    if (redis_pid != 0 && url == NULL) {
+        return bench_args_refuse(&args, "--redis-pid", "only with --redis");
+    }
     bench b;
     memset(&b, 0, sizeof b);
     kvp_sim_config_init(&b.config);
@@ -381,6 +390,7 @@ int main(int argc, char **argv)
     b.config.tier.loads = loads;
     b.host_bytes = host_mib << 20;
     b.url = url;
+    b.server_pid = (pid_t)redis_pid;
     int status = prepare(&b, requests);
     if (status == 0) {
         printf("tier overhead: %zu requests (sharegpt, unique prompts), budget %zu MiB, policy "

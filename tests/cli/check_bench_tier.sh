@@ -26,7 +26,8 @@ refuse() {
 }
 
 "$prog" --help > "$work/out" 2> "$work/err" || fail "--help: exit $?"
-for flag in --rounds --requests --budget-mib --host-mib --threads --policy --loads --redis; do
+for flag in --rounds --requests --budget-mib --host-mib --threads --policy --loads --redis \
+    --redis-pid; do
     grep -q -- "^  $flag" "$work/out" || fail "--help lacks $flag"
 done
 
@@ -41,6 +42,8 @@ refuse policy_unknown --policy "'always'" --policy always
 refuse loads_unknown --loads "'sometimes'" --loads=sometimes
 refuse redis_empty --redis "''" --redis=
 refuse redis_scheme --redis "'http://127.0.0.1:6379'" --redis http://127.0.0.1:6379
+refuse redis_pid_alone --redis-pid "'123'" --redis-pid 123
+refuse redis_pid_zero --redis-pid "'0'" --redis-pid 0 --redis redis://127.0.0.1:1
 refuse redis_port --redis "'redis://127.0.0.1:99999'" --redis redis://127.0.0.1:99999
 
 "$prog" --rounds 2 --requests 6 --threads 1 > "$work/out" 2> "$work/err" < /dev/null ||
