@@ -37,6 +37,9 @@ static void describe(const bench_arg *arg, char *buf, size_t size)
         }
         break;
     }
+    case BENCH_ARG_TEXT:
+        snprintf(buf, size, "nonempty text");
+        break;
     }
 }
 
@@ -53,6 +56,11 @@ static void current(const bench_arg *arg, char *buf, size_t size)
         double v = *(const double *)arg->value;
         if (v >= arg->low && v <= arg->high) {
             snprintf(buf, size, "%g", v);
+        }
+    } else if (arg->kind == BENCH_ARG_TEXT) {
+        const char *v = *(const char *const *)arg->value;
+        if (v != NULL) {
+            snprintf(buf, size, "%s", v);
         }
     } else if (arg->kind == BENCH_ARG_CHOICE) {
         int v = *(const int *)arg->value;
@@ -128,6 +136,11 @@ static int store(const bench_args *a, bench_arg *arg, const char *text)
             return refuse_value(a, arg, text);
         }
         *(double *)arg->value = v;
+    } else if (arg->kind == BENCH_ARG_TEXT) {
+        if (text[0] == '\0') {
+            return refuse_value(a, arg, text);
+        }
+        *(const char **)arg->value = text;
     } else {
         int k = 0;
         while (arg->names[k] != NULL && strcmp(arg->names[k], text) != 0) {

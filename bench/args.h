@@ -2,7 +2,7 @@
  * args.h: the command-line parser every bench/ program shares.
  *
  * A program describes its flags in a table of bench_arg (BENCH_SIZE,
- * BENCH_DOUBLE, BENCH_SWITCH, BENCH_CHOICE), each pointing at the variable
+ * BENCH_DOUBLE, BENCH_SWITCH, BENCH_CHOICE, BENCH_TEXT), each pointing at the variable
  * that holds its default, and calls bench_args_parse before doing anything
  * else. The parser owns the rules of bench/ (the project's rule for every
  * command):
@@ -32,7 +32,8 @@ typedef enum bench_arg_kind {
     BENCH_ARG_SIZE,   /* size_t, a decimal whole number in [min, max] */
     BENCH_ARG_DOUBLE, /* double, a finite decimal number in [low, high] */
     BENCH_ARG_SWITCH, /* int, set to 1 when the flag is present */
-    BENCH_ARG_CHOICE  /* int, the index of the name given in names */
+    BENCH_ARG_CHOICE, /* int, the index of the name given in names */
+    BENCH_ARG_TEXT    /* const char *, any nonempty text (argv's; the program checks it) */
 } bench_arg_kind;
 
 typedef struct bench_arg {
@@ -61,6 +62,10 @@ typedef struct bench_arg {
 #define BENCH_CHOICE(f, ptr, list, m, h)                                                      \
     {.flag = (f), .kind = BENCH_ARG_CHOICE, .value = _Generic((ptr), int *: (ptr)),           \
      .meta = (m), .help = (h), .names = (list)}
+
+#define BENCH_TEXT(f, ptr, m, h)                                                              \
+    {.flag = (f), .kind = BENCH_ARG_TEXT, .value = _Generic((ptr), const char **: (ptr)),     \
+     .meta = (m), .help = (h)}
 
 typedef struct bench_args {
     const char *program; /* "bench-gather": the first word of every message */

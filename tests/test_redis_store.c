@@ -692,6 +692,74 @@ static void test_queue_drops(void **state) {
     kvpt_redis_stop(srv);
 }
 
+/* Polls the store's writes until `want` (a 20 s bound: the lingers below are 60 s). */
+static void wait_writes(kvpi_redis_store *st, uint64_t want) {
+    kvpi_redis_stats stats;
+    for (int tick = 0; tick < 2000; tick++) {
+        kvpi_redis_stats_get(st, &stats);
+        if (stats.writes >= want) {
+            break;
+        }
+        struct timespec ten_ms = {0, 10000000L};
+        nanosleep(&ten_ms, NULL);
+    }
+    kvpi_redis_stats_get(st, &stats);
+    assert_int_equal(stats.writes, want);
+}
+
+/* write_linger_us: a writer waiting for a fuller batch is cut short by a
+ * full batch (written in one round trip, no drain needed), by a drain and by
+ * destroy; nothing is lost. The linger (60 s) is far above any wait here, so
+ * only those cut it short. */
+static void test_write_linger(void **state) {
+    (void)state;
+    kvpt_redis_server *const srv = &server;
+    START(srv, NULL);
+    char url[128];
+    url_of(srv, "", url, sizeof url);
+    kvpi_redis_config c = {.command_timeout_ms = 5000, .write_batch = 4,
+                           .write_linger_us = 60000000u};
+    kvpi_redis_store *st = open_store(url, &c);
+    enum { N = 6 };
+    unsigned char blocks[N][16];
+    const void *data[N];
+    size_t lens[N];
+    kvp_block_key keys[N];
+    for (size_t i = 0; i < N; i++) {
+        fill_block(blocks[i], 16, i);
+        data[i] = blocks[i];
+        lens[i] = 16;
+        keys[i] = key_of(i);
+    }
+    kvpi_redis_error err;
+    size_t accepted = 0;
+    /* one block, then a drain: written at once */
+    expect_ok(kvpi_redis_put(st, keys, data, lens, 1, &accepted, &err), &err);
+    expect_ok(kvpi_redis_drain(st, 10000, &err), &err);
+    kvpi_redis_stats before, after;
+    kvpi_redis_stats_get(st, &before);
+    assert_int_equal(before.writes, 1);
+    /* a full batch of 4, one put at a time: written in one round trip, no drain */
+    for (size_t i = 1; i <= 4; i++) {
+        expect_ok(kvpi_redis_put(st, &keys[i], &data[i], &lens[i], 1, &accepted, &err), &err);
+    }
+    wait_writes(st, 5);
+    kvpi_redis_stats_get(st, &after);
+    assert_int_equal(after.round_trips, before.round_trips + 1);
+    assert_int_equal(after.queued, 0);
+    /* one block left lingering: destroy writes it */
+    expect_ok(kvpi_redis_put(st, &keys[5], &data[5], &lens[5], 1, &accepted, &err), &err);
+    kvpi_redis_destroy(st);
+    st = open_store(url, &c);
+    bool found[N];
+    expect_ok(kvpi_redis_contains(st, keys, N, found, &err), &err);
+    for (size_t i = 0; i < N; i++) {
+        assert_true(found[i]);
+    }
+    kvpi_redis_destroy(st);
+    kvpt_redis_stop(srv);
+}
+
 /* A full server (maxmemory, noeviction): writes fail with OOM, counted and
  * named; lookups go on. */
 static void test_full_server(void **state) {
@@ -879,6 +947,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_command_timeout, stop_server),
         cmocka_unit_test_teardown(test_destroy_with_silent_server, stop_server),
         cmocka_unit_test_teardown(test_queue_drops, stop_server),
+        cmocka_unit_test_teardown(test_write_linger, stop_server),
         cmocka_unit_test_teardown(test_full_server, stop_server),
         cmocka_unit_test_teardown(test_key_names_hold_no_payload, stop_server),
         cmocka_unit_test_teardown(test_async_lookups, stop_server),

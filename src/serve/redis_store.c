@@ -42,6 +42,8 @@ struct kvpi_redis_store {
     pthread_mutex_t mu;
     pthread_cond_t writer_wake, reader_wake, idle, sync_done;
     bool closing, hold, writer_busy;
+    bool writer_idle; /* the writer waits for a first put (a put must wake it) */
+    size_t draining;  /* drains waiting: the writer does not linger */
     put_entry *put_head, *put_tail;
     kvpi_redis_lookup *read_head, *read_tail;
     size_t read_queued;
@@ -143,16 +145,48 @@ static bool write_entries(kvpi_redis_store *st, put_entry *list, size_t count, b
     return code != KVPI_REDIS_OK;
 }
 
+/* Whether the writer may wait for a fuller batch (under mu). */
+static bool may_linger(const kvpi_redis_store *st) {
+    return !st->closing && !st->hold && st->draining == 0 &&
+           st->stats.queued < st->config.write_batch;
+}
+
+/*
+ * Under mu, with puts queued: waits up to config.write_linger_us for the
+ * batch to fill (puts signal only a full batch then), unless may_linger
+ * says no. Fewer, fuller batches: fewer round trips, syscalls and wake-ups
+ * for this thread, the putting threads and the server.
+ */
+static void linger(kvpi_redis_store *st) {
+    if (st->config.write_linger_us == 0 || !may_linger(st)) {
+        return;
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_nsec += (long)st->config.write_linger_us * 1000L;
+    deadline.tv_sec += deadline.tv_nsec / 1000000000L;
+    deadline.tv_nsec %= 1000000000L;
+    while (may_linger(st) &&
+           pthread_cond_timedwait(&st->writer_wake, &st->mu, &deadline) == 0) {
+    }
+}
+
 static void *writer_main(void *arg) {
     kvpi_redis_store *st = arg;
     bool give_up = false; /* closing, and a batch failed: fail the rest at once */
     pthread_mutex_lock(&st->mu);
     for (;;) {
         while (!st->closing && (st->hold || st->put_head == NULL)) {
+            st->writer_idle = true;
             pthread_cond_wait(&st->writer_wake, &st->mu);
+            st->writer_idle = false;
         }
         if (st->put_head == NULL) {
             break; /* closing, and nothing left */
+        }
+        linger(st);
+        if (st->hold && !st->closing) {
+            continue; /* held while lingering */
         }
         put_entry *list = st->put_head, *last = list;
         size_t count = 1;
@@ -693,8 +727,12 @@ kvpi_redis_code kvpi_redis_put(kvpi_redis_store *store, const kvp_block_key *key
         }
     }
     if (queued > 0) {
+        /* A lingering writer is woken only by a full batch (linger). */
         pthread_mutex_lock(&store->mu);
-        pthread_cond_signal(&store->writer_wake);
+        if (store->config.write_linger_us == 0 || store->writer_idle ||
+            store->stats.queued >= store->config.write_batch) {
+            pthread_cond_signal(&store->writer_wake);
+        }
         pthread_mutex_unlock(&store->mu);
     }
     if (accepted != NULL) {
@@ -722,6 +760,8 @@ kvpi_redis_code kvpi_redis_drain(kvpi_redis_store *st, unsigned timeout_ms,
     }
     kvpi_redis_code code = KVPI_REDIS_OK;
     pthread_mutex_lock(&st->mu);
+    st->draining++; /* the writer stops lingering */
+    pthread_cond_signal(&st->writer_wake);
     while (st->put_head != NULL || st->writer_busy) {
         if (pthread_cond_timedwait(&st->idle, &st->mu, &deadline) != 0 &&
             (st->put_head != NULL || st->writer_busy)) {
@@ -734,6 +774,7 @@ kvpi_redis_code kvpi_redis_drain(kvpi_redis_store *st, unsigned timeout_ms,
             break;
         }
     }
+    st->draining--;
     pthread_mutex_unlock(&st->mu);
     return code;
 }

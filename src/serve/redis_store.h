@@ -118,6 +118,10 @@ typedef struct kvpi_redis_config {
     size_t queue_entries;        /* 0: 1024; most puts waiting for the writer */
     size_t queue_bytes;          /* 0: no byte bound; else most value bytes waiting */
     size_t write_batch;          /* 0: 64; most SETs the writer pipelines per round trip */
+    unsigned write_linger_us;    /* 0: none; else, finding fewer than write_batch puts queued,
+                                    the writer waits up to this long for more before writing
+                                    (fewer round trips and wake-ups); a full batch, drain,
+                                    hold and destroy cut the wait short */
     size_t read_jobs;            /* 0: 64; most lookups waiting for the reader */
     unsigned backoff_min_ms;     /* after a failed connect attempt; 0 allowed (retry at once) */
     unsigned backoff_max_ms;     /* doubling up to this; 0: 30000. >= backoff_min_ms */

@@ -34,6 +34,15 @@
 
 static const char redis_name[] = "redis";
 
+/*
+ * How long the store's writer waits for a fuller batch of puts (2 ms):
+ * without it a tier written at a steady rate sent about one SET per round
+ * trip, each with its wake-ups and syscalls here and in the server
+ * (bench/tier_overhead.c, docs/bench.md). A block becomes visible to other
+ * processes up to this much later; a flush (drain) never waits for it.
+ */
+#define REDIS_WRITE_LINGER_US 2000u
+
 typedef struct redis_tier {
     kvpi_redis_store *store;
 } redis_tier;
@@ -259,6 +268,7 @@ kvp_status kvp_tier_redis_create(const kvp_tier_redis_config *config, kvp_tier *
         .command_timeout_ms = c.command_timeout_ms, .ttl_seconds = c.ttl_seconds,
         .queue_entries = c.queue_entries, .queue_bytes = c.queue_bytes,
         .write_batch = c.write_batch, .read_jobs = c.read_jobs,
+        .write_linger_us = REDIS_WRITE_LINGER_US,
         .backoff_min_ms = c.backoff_min_ms, .backoff_max_ms = c.backoff_max_ms};
     redis_tier *r = kvpi_calloc(KVPI_SITE_SCRATCH, 1, sizeof *r);
     if (r == NULL) {
