@@ -3,7 +3,10 @@
  * scheduler's rooms: scheduler_internal.h; kvpager/scheduler.h, 6.).
  *
  * Owns: the load of an admitted request's prompt blocks that the prefix
- * index missed from the pool's tier (kvpi_sched_tier_load), the decision
+ * index missed from the pool's tier (kvpi_sched_tier_load), the prefetch
+ * of a waiting request's missed blocks (kvpi_sched_tier_prefetch: s->
+ * prefetches, at most config.tier_prefetch in use; mapped at admission
+ * when completed, cancelled and computed when still in flight), the decision
  * to load or recompute them (the cost model: s->tier, measured prefill
  * tokens per second against the tier's observed bytes per second), and the
  * tier counters of the scheduler's stats (tier_*).
@@ -23,7 +26,13 @@
  * it computes nothing (no prefill rate) and moves no bytes (no tier rate),
  * so the cost model has nothing to compare; its loads count the block bytes
  * a byte tier would have moved.
- * Callers: scheduler_prefill.c (kvpi_sched_prefill_prompts).
+ * Prefetches: issued only once a step stands (after the plan), for
+ * requests the plan did not take; a prefetch in flight is never waited
+ * for (a late one is cancelled: the pager frees it when its get
+ * completes); every slot is freed at the latest when its request stops
+ * waiting (the next step's sweep) or the scheduler is destroyed.
+ * Callers: scheduler_prefill.c (kvpi_sched_prefill_prompts), scheduler_step.c
+ * (kvpi_sched_tier_prefetch), scheduler.c (kvpi_sched_tier_prefetch_drop_all).
  */
 #include <time.h>
 
