@@ -428,9 +428,12 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_tier_load(kvp_cache *const *cac
                                                            size_t *loaded, kvp_status *stop,
                                                            kvp_error *err);
 
+/* A tier get in flight or completed, and the buffers it fills (kvp_pool_tier_prefetch). */
+typedef struct kvp_tier_prefetch kvp_tier_prefetch;
+
 /*
- * A load in two halves (DESIGN.md, "Prefetch while a request waits"): the
- * tier's get issued now, the mapping later. kvp_pool_tier_prefetch issues
+ * A load in two halves (DESIGN.md, "Load" and "Prefetch while a request
+ * waits"): the tier's get issued now, the mapping later. kvp_pool_tier_prefetch issues
  * one get for n blocks' keys (per keys a block: count * batch of the caches
  * that will map them, laid out as kvp_cache_group_tier_load's) into buffers
  * the handle owns, and returns at once; the get completes on the tier's
@@ -445,8 +448,6 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_tier_load(kvp_cache *const *cac
  * attached); ALLOCATION_FAILED; the tier's refusal of the batch.
  * Threads: thread-safe; never with the pool's lock held or from a done.
  */
-typedef struct kvp_tier_prefetch kvp_tier_prefetch;
-
 KVP_API KVP_NODISCARD kvp_status kvp_pool_tier_prefetch(kvp_pool *pool,
                                                         const kvp_block_key *keys, size_t n,
                                                         size_t per, kvp_tier_prefetch **out,
@@ -455,7 +456,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_pool_tier_prefetch(kvp_pool *pool,
 /*
  * 1 when the prefetch's get completed (it may be mapped), with *seconds
  * (when not NULL) its time from issue to completion; 0 while in flight.
- * NULL: 0. Threads: thread-safe (under the handle's mutex).
+ * NULL: 0.
+ * Threads: thread-safe (under the handle's mutex).
  */
 KVP_API int kvp_tier_prefetch_ready(kvp_tier_prefetch *prefetch, double *seconds);
 
@@ -490,7 +492,8 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_tier_map(kvp_cache *const *cach
  * Frees the prefetch; one in flight is cancelled without waiting: its
  * buffers are freed when its get completes (the completion holds the last
  * reference). NULL does nothing.
- * Threads: one caller per prefetch; thread-safe against its completion.
+ * Threads: one caller at a time per prefetch (its completion may run
+ * meanwhile, on any thread).
  */
 KVP_API void kvp_tier_prefetch_destroy(kvp_tier_prefetch *prefetch);
 

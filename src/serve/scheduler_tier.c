@@ -237,7 +237,8 @@ static int waits_unplanned(const kvp_scheduler *s, const plan *p, uint64_t id)
 static void prefetch_issue(kvp_scheduler *s, const keyset *set, prefetch_slot *ps)
 {
     const record *r = kvpi_requests_find(&s->requests, set->id);
-    size_t key_blocks = set->count / s->layers;
+    /* count = kvpi_prompt_keys_count(layers, 1, key_blocks): (layers + 1) a block + layers */
+    size_t key_blocks = (set->count - s->layers) / (s->layers + 1);
     size_t adoptable = (r->request.prompt_tokens - 1) / s->block_tokens;
     adoptable = adoptable < key_blocks ? adoptable : key_blocks;
     size_t evictable = 0;
