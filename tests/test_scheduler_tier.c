@@ -15,209 +15,21 @@
  * keys-only tier.
  * Deterministic: one decoder thread, requests one at a time.
  */
-#include "support.h"
+#include "sched_tier_support.h"
 
-#include <string.h>
-
-#include "kvpager/tier.h"
-
-#define WIDTH 8
-#define HEADS 2
-#define KV_HEADS 1
-#define HEAD_WIDTH (WIDTH / HEADS)
-#define LAYERS 2
-#define BLOCK 4
-#define CAPACITY 64
-#define SEED 11
-#define MAX_REQUESTS 8
-#define PROMPT 33 /* 8 full blocks adoptable: (33 - 1) / 4 */
-#define NEW_TOKENS 3
-#define PAGES 24
-
-/* Request i's prompt: its first shared[i] rows are group 0's, the rest its own. */
-typedef struct book {
-    double outputs[MAX_REQUESTS][CAPACITY][WIDTH];
-    size_t tokens[MAX_REQUESTS];
-    size_t shared[MAX_REQUESTS];
-} book;
-
-static void row_mix(uint64_t key, size_t position, double *row)
-{
-    for (size_t i = 0; i < WIDTH; i++) {
-        unsigned v = (unsigned)((key * 131u + position * 31u + i * 7u) % 97u);
-        row[i] = (double)v / 48.5 - 1.0;
-    }
-}
-
-static void input_cb(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
-                     size_t width)
-{
-    const book *b = ctx;
-    assert_int_equal(width, WIDTH);
-    assert_int_equal(sample, 0);
-    row_mix(position < b->shared[id] ? 1000 : id, position, row);
-}
-
-static void token_cb(void *ctx, uint64_t id, size_t sample, size_t position,
-                     const double *output, size_t width)
-{
-    book *b = ctx;
-    assert_int_equal(sample, 0);
-    assert_true(id < MAX_REQUESTS && position < CAPACITY);
-    memcpy(b->outputs[id][position], output, width * sizeof *output);
-    b->tokens[id]++;
-}
-
-typedef struct fixture {
-    kvp_model *model;
-    kvp_pool *pool;
-    kvp_decoder *decoder;
-    kvp_scheduler *scheduler;
-} fixture;
-
-static void secret_fill(unsigned char *secret, unsigned char seed)
-{
-    for (size_t i = 0; i < KVP_TIER_SECRET_BYTES; i++) {
-        secret[i] = (unsigned char)(seed + 7 * i);
-    }
-}
-
-/* A pool whose key secret is fixed (pools sharing a tier must agree on keys). */
-static kvp_pool *shared_key_pool(void)
-{
-    kvp_pool_config config;
-    kvp_pool_config_init(&config);
-    config.block_tokens = BLOCK;
-    config.heads = KV_HEADS;
-    config.head_width = HEAD_WIDTH;
-    config.budget_bytes = (size_t)PAGES * 2 * KV_HEADS * BLOCK * HEAD_WIDTH * sizeof(double);
-    for (size_t i = 0; i < KVP_KEY_SECRET_BYTES / sizeof(uint64_t); i++) {
-        config.key_secret[i] = 0x9e3779b97f4a7c15ull * (i + 1);
-    }
-    kvp_pool *pool = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
-    return pool;
-}
-
-/*
- * One model for every fixture: its parameters' node identities are in every
- * binding digest, so schedulers that share a tier serve one model (as two
- * processes that load the same weights do).
- */
-static kvp_model *model;
-
-static int model_setup(void **state)
-{
-    (void)state;
-    kvp_error err;
-    kvpt_assert_ok(kvp_model_create_random_grouped(LAYERS, WIDTH, HEADS, KV_HEADS, CAPACITY,
-                                                   10000.0, SEED, &model, &err),
-                   &err);
-    return 0;
-}
-
-static int model_teardown(void **state)
-{
-    (void)state;
-    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
-    model = NULL;
-    return 0;
-}
-
-/* tier: NULL for none; else attached under secret `seed`, write_through as given. */
 static void setup(fixture *f, kvp_tier *tier, unsigned char seed, int write_through,
                   kvp_tier_loads loads)
 {
-    memset(f, 0, sizeof *f);
-    kvp_error err;
-    f->model = model;
-    f->pool = shared_key_pool();
-    f->decoder = kvpt_decoder(1);
-    if (tier != NULL) {
-        kvp_tier_policy policy;
-        kvp_tier_policy_init(&policy);
-        secret_fill(policy.secret, seed);
-        policy.write_through = write_through;
-        kvpt_assert_ok(kvp_pool_tier_attach(f->pool, tier, &policy, &err), &err);
-    }
-    kvp_scheduler_config config;
-    kvp_scheduler_config_init(&config);
-    config.capacity = CAPACITY;
-    config.watermark = 0.0;
-    config.reserve_tokens = 4;
-    config.identity = SEED;
-    config.tier_loads = loads;
-    kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
-                                        &err),
-                   &err);
-}
-
-static void teardown(fixture *f)
-{
-    kvpt_assert_ok(kvp_scheduler_destroy(f->scheduler, NULL), NULL);
-    kvpt_assert_pool_ok(f->pool);
-    kvpt_destroy_decoder(f->decoder);
-    kvpt_assert_ok(kvp_pool_destroy(f->pool, NULL), NULL); /* detaches the tier */
-}
-
-static kvp_scheduler_stats stats_of(const fixture *f)
-{
-    kvp_scheduler_stats s;
-    kvp_scheduler_stats_init(&s);
-    kvpt_assert_ok(kvp_scheduler_stats_get(f->scheduler, &s, NULL), NULL);
-    return s;
-}
-
-/* Submits request `id` (its first `shared` rows group 0's) and steps until it finished. */
-static void serve(fixture *f, book *b, uint64_t id, size_t shared)
-{
-    b->shared[id] = shared;
-    kvp_request request;
-    kvp_request_init(&request);
-    request.prompt_tokens = PROMPT;
-    request.max_new_tokens = NEW_TOKENS;
-    request.input = input_cb;
-    request.on_token = token_cb;
-    request.ctx = b;
-    uint64_t got = UINT64_MAX;
-    kvp_error err;
-    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &got, &err), &err);
-    assert_int_equal(got, id);
-    for (size_t steps = 0;; steps++) {
-        kvp_scheduler_stats s = stats_of(f);
-        if (s.running == 0 && s.waiting == 0) {
-            break;
-        }
-        assert_true(steps < 1000);
-        kvpt_assert_ok(kvp_scheduler_step(f->scheduler, NULL, &err), &err);
-        kvpt_assert_pool_ok(f->pool); /* the full audit after every step */
-    }
-    kvp_request_result result;
-    kvp_request_result_init(&result);
-    size_t n = 0;
-    kvpt_assert_ok(kvp_scheduler_collect(f->scheduler, &result, 1, &n, &err), &err);
-    assert_int_equal(n, 1);
-    assert_int_equal(result.status, KVP_OK);
-    assert_int_equal(b->tokens[id], NEW_TOKENS);
+    setup_with(f, model, 1, tier, seed, write_through, loads);
 }
 
 /* Request 0 (group 0), requests 1 and 2 (their own rows: they evict 0's blocks), request 3 (group 0). */
 static void workload(fixture *f, book *b)
 {
-    serve(f, b, 0, PROMPT);
-    serve(f, b, 1, 0);
-    serve(f, b, 2, 0);
-    serve(f, b, 3, PROMPT - 1);
-}
-
-static void assert_outputs_equal(const book *a, const book *b, size_t requests)
-{
-    for (size_t id = 0; id < requests; id++) {
-        assert_int_equal(a->tokens[id], b->tokens[id]);
-        /* bit for bit: the loaded rows are the published ones */
-        assert_memory_equal(a->outputs[id], b->outputs[id], sizeof a->outputs[id]);
-    }
+    serve(f, b, 0, 0, PROMPT);
+    serve(f, b, 1, 0, 0);
+    serve(f, b, 2, 0, 0);
+    serve(f, b, 3, 0, PROMPT - 1);
 }
 
 static kvp_tier *host(void)
@@ -289,11 +101,11 @@ static void test_scheduler_tier_second_pool_reads_first_ones_blocks(void **state
     kvp_tier *tier = host();
     fixture f;
     setup(&f, tier, 1, 1, KVP_TIER_LOADS_MODEL);
-    serve(&f, &first, 0, PROMPT);
+    serve(&f, &first, 0, 0, PROMPT);
     kvp_scheduler_stats one = stats_of(&f);
     teardown(&f);
     setup(&f, tier, 1, 1, KVP_TIER_LOADS_MODEL);
-    serve(&f, &second, 0, PROMPT);
+    serve(&f, &second, 0, 0, PROMPT);
     kvp_scheduler_stats two = stats_of(&f);
     teardown(&f);
     kvpt_assert_ok(kvp_tier_destroy(tier, NULL), NULL);
@@ -314,11 +126,11 @@ static void test_scheduler_tier_foreign_blocks_are_rejected(void **state)
     kvp_tier *tier = host();
     fixture f;
     setup(&f, tier, 1, 1, KVP_TIER_LOADS_ALWAYS);
-    serve(&f, &first, 0, PROMPT);
+    serve(&f, &first, 0, 0, PROMPT);
     kvp_scheduler_stats one = stats_of(&f);
     teardown(&f);
     setup(&f, tier, 2, 1, KVP_TIER_LOADS_ALWAYS); /* another secret */
-    serve(&f, &second, 0, PROMPT);
+    serve(&f, &second, 0, 0, PROMPT);
     kvp_scheduler_stats two = stats_of(&f);
     teardown(&f);
     kvpt_assert_ok(kvp_tier_destroy(tier, NULL), NULL);
@@ -433,10 +245,10 @@ static void test_scheduler_tier_never_and_bad_loads(void **state)
     kvp_tier *tier = host();
     fixture f;
     setup(&f, tier, 1, 1, KVP_TIER_LOADS_NEVER);
-    serve(&f, &first, 0, PROMPT);
+    serve(&f, &first, 0, 0, PROMPT);
     teardown(&f);
     setup(&f, tier, 1, 1, KVP_TIER_LOADS_NEVER);
-    serve(&f, &second, 0, PROMPT);
+    serve(&f, &second, 0, 0, PROMPT);
     kvp_scheduler_stats two = stats_of(&f);
     kvp_scheduler_config config;
     kvp_scheduler_config_init(&config);
@@ -474,7 +286,7 @@ static void setup_alloc(fixture *f, kvp_tier *tier)
     if (tier != NULL) {
         kvp_tier_policy policy;
         kvp_tier_policy_init(&policy);
-        secret_fill(policy.secret, 1);
+        sched_secret_fill(policy.secret, 1);
         kvpt_assert_ok(kvp_pool_tier_attach(f->pool, tier, &policy, &err), &err);
     }
     f->decoder = kvpt_decoder(1);

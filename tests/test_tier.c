@@ -842,7 +842,7 @@ static void test_tier_allocation_failures_change_nothing(void **state)
         assert_memory_equal(&hnow, &hs, sizeof hs);
     }
     kvpt_assert_ok(s.status, &s.err);
-    assert_int_equal(nth, 6); /* five arrays of the batch */
+    assert_int_equal(nth, 8); /* the prefetch, its keys, five arrays of the batch */
     assert_int_equal(loaded, 2);
     kvpt_state_free(&before);
     kvpt_destroy_cache(c, pool);

@@ -21,7 +21,7 @@
  * Callers: ctest (test_tier_faults, memcheck.test_tier_faults,
  * helgrind.test_tier_faults).
  */
-#include "support.h"
+#include "sched_tier_support.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,59 +34,7 @@
 #include "kvpager/tier_redis.h"
 #include "redis_server.h"
 
-#define WIDTH 8
-#define HEADS 2
-#define LAYERS 2
-#define BLOCK 4
-#define CAPACITY 64
-#define SEED 11
-#define MAX_REQUESTS 8
-#define PROMPT 33 /* 8 full blocks adoptable: (33 - 1) / 4 */
-#define NEW_TOKENS 3
-#define PAGES 24
 #define NS "faults"
-
-/* Request i's prompt: its first shared[i] rows are group[i]'s, the rest its own. */
-typedef struct book {
-    double outputs[MAX_REQUESTS][CAPACITY][WIDTH];
-    size_t tokens[MAX_REQUESTS];
-    size_t shared[MAX_REQUESTS];
-    unsigned group[MAX_REQUESTS];
-} book;
-
-static void row_mix(uint64_t key, size_t position, double *row)
-{
-    for (size_t i = 0; i < WIDTH; i++) {
-        unsigned v = (unsigned)((key * 131u + position * 31u + i * 7u) % 97u);
-        row[i] = (double)v / 48.5 - 1.0;
-    }
-}
-
-static void input_cb(void *ctx, uint64_t id, size_t sample, size_t position, double *row,
-                     size_t width)
-{
-    const book *b = ctx;
-    assert_int_equal(width, WIDTH);
-    assert_int_equal(sample, 0);
-    row_mix(position < b->shared[id] ? 1000 + b->group[id] : id, position, row);
-}
-
-static void token_cb(void *ctx, uint64_t id, size_t sample, size_t position,
-                     const double *output, size_t width)
-{
-    book *b = ctx;
-    assert_int_equal(sample, 0);
-    assert_true(id < MAX_REQUESTS && position < CAPACITY);
-    memcpy(b->outputs[id][position], output, width * sizeof *output);
-    b->tokens[id]++;
-}
-
-static void secret_fill(unsigned char *secret, unsigned char seed)
-{
-    for (size_t i = 0; i < KVP_TIER_SECRET_BYTES; i++) {
-        secret[i] = (unsigned char)(seed + 7 * i);
-    }
-}
 
 /* ---- the server ------------------------------------------------------------------- */
 
@@ -158,191 +106,10 @@ static void command_ok(redisContext *c, const char *command)
 
 /* ---- a scheduler over a pool with the tier ----------------------------------------- */
 
-typedef struct fixture {
-    kvp_model *model;
-    kvp_pool *pool;
-    kvp_decoder *decoder;
-    kvp_scheduler *scheduler;
-} fixture;
-
-/* A pool whose key secret is fixed (pools sharing a tier must agree on keys). */
-static kvp_pool *shared_key_pool(size_t kv_heads, size_t head_width)
-{
-    kvp_pool_config config;
-    kvp_pool_config_init(&config);
-    config.block_tokens = BLOCK;
-    config.heads = kv_heads;
-    config.head_width = head_width;
-    config.budget_bytes = (size_t)PAGES * 2 * kv_heads * BLOCK * head_width * sizeof(double);
-    for (size_t i = 0; i < KVP_KEY_SECRET_BYTES / sizeof(uint64_t); i++) {
-        config.key_secret[i] = 0x9e3779b97f4a7c15ull * (i + 1);
-    }
-    kvp_pool *pool = NULL;
-    kvp_error err;
-    kvpt_assert_ok(kvp_pool_create(&config, &pool, &err), &err);
-    return pool;
-}
-
-/*
- * kv_heads 1: the test's geometry (1 KV head of 4); 2: another one whose
- * pages have the same bytes (4 heads, 2 KV heads of 2), so its blocks pass
- * the size check and fail the geometry check.
- */
-static size_t head_width_of(size_t kv_heads)
-{
-    return kv_heads == 1 ? WIDTH / HEADS : WIDTH / 4;
-}
-
-static kvp_model *model_of(size_t kv_heads, uint64_t seed)
-{
-    kvp_model *m = NULL;
-    kvp_error err;
-    size_t heads = WIDTH / head_width_of(kv_heads);
-    kvpt_assert_ok(kvp_model_create_random_grouped(LAYERS, WIDTH, heads, kv_heads, CAPACITY,
-                                                   10000.0, seed, &m, &err),
-                   &err);
-    return m;
-}
-
-/* tier: NULL for none; else attached under secret `secret`. */
-static void setup_with(fixture *f, kvp_model *m, size_t kv_heads, kvp_tier *tier,
-                       unsigned char secret, int write_through)
-{
-    memset(f, 0, sizeof *f);
-    kvp_error err;
-    f->model = m;
-    f->pool = shared_key_pool(kv_heads, head_width_of(kv_heads));
-    f->decoder = kvpt_decoder(1);
-    if (tier != NULL) {
-        kvp_tier_policy policy;
-        kvp_tier_policy_init(&policy);
-        secret_fill(policy.secret, secret);
-        policy.write_through = write_through;
-        kvpt_assert_ok(kvp_pool_tier_attach(f->pool, tier, &policy, &err), &err);
-    }
-    kvp_scheduler_config config;
-    kvp_scheduler_config_init(&config);
-    config.capacity = CAPACITY;
-    config.watermark = 0.0;
-    config.reserve_tokens = 4;
-    config.identity = SEED;
-    config.tier_loads = KVP_TIER_LOADS_ALWAYS; /* every ask loads: no cost-model luck */
-    kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
-                                        &err),
-                   &err);
-}
-
-static kvp_model *model; /* the test's model, shared by every fixture of a test */
-
 static void setup(fixture *f, kvp_tier *tier, unsigned char secret, int write_through)
 {
-    setup_with(f, model, 1, tier, secret, write_through);
-}
-
-static void teardown(fixture *f)
-{
-    kvpt_assert_ok(kvp_scheduler_destroy(f->scheduler, NULL), NULL);
-    kvpt_assert_pool_ok(f->pool);
-    kvpt_destroy_decoder(f->decoder);
-    kvpt_assert_ok(kvp_pool_destroy(f->pool, NULL), NULL); /* detaches the tier */
-}
-
-static int model_setup(void **state)
-{
-    (void)state;
-    model = model_of(1, SEED);
-    return 0;
-}
-
-static int model_teardown(void **state)
-{
-    (void)state;
-    kvpt_assert_ok(kvp_model_destroy(model, NULL), NULL);
-    model = NULL;
-    return 0;
-}
-
-static kvp_scheduler_stats stats_of(const fixture *f)
-{
-    kvp_scheduler_stats s;
-    kvp_scheduler_stats_init(&s);
-    kvpt_assert_ok(kvp_scheduler_stats_get(f->scheduler, &s, NULL), NULL);
-    return s;
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void submit(fixture *f, book *b, uint64_t id, unsigned group, size_t shared)
-{
-    b->shared[id] = shared;
-    b->group[id] = group;
-    kvp_request request;
-    kvp_request_init(&request);
-    request.prompt_tokens = PROMPT;
-    request.max_new_tokens = NEW_TOKENS;
-    request.input = input_cb;
-    request.on_token = token_cb;
-    request.ctx = b;
-    uint64_t got = UINT64_MAX;
-    kvp_error err;
-    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &got, &err), &err);
-    assert_int_equal(got, id);
-}
-
-/* One step, audited; returns its wall time in ms. */
-static double step(fixture *f)
-{
-    kvp_error err;
-    double t0 = now_ms();
-    kvpt_assert_ok(kvp_scheduler_step(f->scheduler, NULL, &err), &err);
-    double ms = now_ms() - t0;
-    kvpt_assert_pool_ok(f->pool); /* the full audit after every step */
-    return ms;
-}
-
-/* Steps until idle, then collects request `id`: it succeeded. Returns the longest step (ms). */
-static double finish(fixture *f, book *b, uint64_t id)
-{
-    double longest = 0.0;
-    for (size_t steps = 0;; steps++) {
-        kvp_scheduler_stats s = stats_of(f);
-        if (s.running == 0 && s.waiting == 0) {
-            break;
-        }
-        assert_true(steps < 1000);
-        double ms = step(f);
-        longest = ms > longest ? ms : longest;
-    }
-    kvp_request_result result;
-    kvp_request_result_init(&result);
-    size_t n = 0;
-    kvp_error err;
-    kvpt_assert_ok(kvp_scheduler_collect(f->scheduler, &result, 1, &n, &err), &err);
-    assert_int_equal(n, 1);
-    assert_int_equal(result.id, id);
-    assert_int_equal(result.status, KVP_OK); /* no request fails */
-    assert_int_equal(b->tokens[id], NEW_TOKENS);
-    return longest;
-}
-
-static double serve(fixture *f, book *b, uint64_t id, unsigned group, size_t shared)
-{
-    submit(f, b, id, group, shared);
-    return finish(f, b, id);
-}
-
-static void assert_outputs_equal(const book *a, const book *b, size_t requests)
-{
-    for (size_t id = 0; id < requests; id++) {
-        assert_int_equal(a->tokens[id], b->tokens[id]);
-        /* bit for bit: a loaded block is the published one, a rejected one is computed */
-        assert_memory_equal(a->outputs[id], b->outputs[id], sizeof a->outputs[id]);
-    }
+    /* every ask loads: no cost-model luck */
+    setup_with(f, model, 1, tier, secret, write_through, KVP_TIER_LOADS_ALWAYS);
 }
 
 /*
@@ -537,7 +304,7 @@ static void publish_run(kvp_model *m, size_t kv_heads, kvp_tier *tier, unsigned 
 {
     memset(b, 0, sizeof *b);
     fixture f;
-    setup_with(&f, m, kv_heads, tier, secret, 1);
+    setup_with(&f, m, kv_heads, tier, secret, 1, KVP_TIER_LOADS_ALWAYS);
     serve(&f, b, 0, 0, PROMPT);
     if (stats != NULL) {
         *stats = stats_of(&f);

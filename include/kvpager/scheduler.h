@@ -128,6 +128,15 @@
  *      tokens per second (an optimistic prior until the first of each is
  *      measured; every 16th refused ask loads anyway, to follow the tier);
  *      the stats count the blocks decided so (tier_recomputes).
+ *      Prefetch (config.tier_prefetch): after a step's plan, a waiting
+ *      request the plan stopped at for want of pages because its prefix
+ *      missed (or, cache-aware, one the window ranked) has the missed run
+ *      of its adoptable blocks asked from the tier at once
+ *      (kvp_pool_tier_prefetch), at most tier_prefetch requests at a time.
+ *      At its admission a completed prefetch is mapped after what the
+ *      index gave (kvp_cache_group_tier_map: no second round trip); one
+ *      still in flight is cancelled, never waited for, and those blocks
+ *      are computed (tier_prefetch_late). Outputs do not change.
  *      Allocator-only (compute off, a pool without data and a keys-only
  *      tier, kvp_tier_host_keys_create): the same read, the pages mapped
  *      unwritten; MODEL then always loads (nothing is computed or moved,
@@ -216,7 +225,13 @@ typedef struct kvp_scheduler_config {
        prompt block the prefix index misses is loaded from the tier or recomputed,
        a kvp_tier_loads (6. above) */
     uint64_t tier_loads;
+    /* The second tier's prefetch (6. above): waiting requests with a tier get in flight
+       at once, at most (0: none are prefetched; at most KVP_TIER_PREFETCH_MAX) */
+    size_t tier_prefetch;
 } kvp_scheduler_config;
+
+/* kvp_scheduler_config.tier_prefetch: its largest value. */
+#define KVP_TIER_PREFETCH_MAX 16
 
 /* kvp_scheduler_config.tier_loads: load a missed prompt block from the tier, or recompute it. */
 typedef enum kvp_tier_loads {
@@ -242,7 +257,8 @@ typedef enum kvp_schedule {
  * Sets struct_size and the defaults: capacity 0 (the caller must set it),
  * watermark 0.01, reserve_tokens 16, max_running 0, compute 1, identity 0,
  * sharing 1, schedule KVP_SCHEDULE_FCFS, session_ttl 0 (no session keeps
- * a sequence), session_fraction 0.5, layers 0 and model_width 0 (the model's).
+ * a sequence), session_fraction 0.5, layers 0 and model_width 0 (the model's),
+ * tier_loads KVP_TIER_LOADS_MODEL, tier_prefetch 2.
  * NULL is ignored.
  * Threads: thread-safe (touches only *config).
  */
@@ -419,6 +435,15 @@ typedef struct kvp_scheduler_stats {
                                        average over the loads that brought blocks (0:
                                        none yet) */
     double prefill_tokens_per_second; /* and the prompt prefill's (0: none measured yet) */
+    /* Prefetch while a request waits (6.): tier gets issued for waiting requests' missed
+       prompt blocks; of those, mapped at admission (their blocks are in tier_hit_blocks),
+       still in flight at admission (cancelled: the blocks were computed), and cancelled
+       unused (the request was admitted without them, finished, failed or dropped, or
+       the tier was detached since) */
+    uint64_t tier_prefetches;
+    uint64_t tier_prefetch_used;
+    uint64_t tier_prefetch_late;
+    uint64_t tier_prefetch_wasted;
 } kvp_scheduler_stats;
 
 /* Sets struct_size and zeroes the rest. NULL is ignored.

@@ -428,6 +428,75 @@ KVP_API KVP_NODISCARD kvp_status kvp_cache_group_tier_load(kvp_cache *const *cac
                                                            size_t *loaded, kvp_status *stop,
                                                            kvp_error *err);
 
+/* A tier get in flight or completed, and the buffers it fills (kvp_pool_tier_prefetch). */
+typedef struct kvp_tier_prefetch kvp_tier_prefetch;
+
+/*
+ * A load in two halves (DESIGN.md, "Load" and "Prefetch while a request
+ * waits"): the tier's get issued now, the mapping later. kvp_pool_tier_prefetch issues
+ * one get for n blocks' keys (per keys a block: count * batch of the caches
+ * that will map them, laid out as kvp_cache_group_tier_load's) into buffers
+ * the handle owns, and returns at once; the get completes on the tier's
+ * time. kvp_cache_group_tier_map maps from a completed prefetch exactly as
+ * kvp_cache_group_tier_load maps from its own get (which is a prefetch
+ * waited for and mapped: the same code), starting `skip` blocks in (those
+ * the caches gained meanwhile, e.g. by adoption from the index). The pool's
+ * detach waits for every prefetch in flight (as for loads), and a prefetch
+ * issued under one attachment never maps under another.
+ * Errors of kvp_pool_tier_prefetch, changing nothing: NULL_ARGUMENT (pool,
+ * keys when n > 0, out); INVALID_ARGUMENT ("per": 0; "pool": no tier
+ * attached); ALLOCATION_FAILED; the tier's refusal of the batch.
+ * Threads: thread-safe; never with the pool's lock held or from a done.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_pool_tier_prefetch(kvp_pool *pool,
+                                                        const kvp_block_key *keys, size_t n,
+                                                        size_t per, kvp_tier_prefetch **out,
+                                                        kvp_error *err);
+
+/*
+ * 1 when the prefetch's get completed (it may be mapped), with *seconds
+ * (when not NULL) its time from issue to completion; 0 while in flight.
+ * NULL: 0.
+ * Threads: thread-safe (under the handle's mutex).
+ */
+KVP_API int kvp_tier_prefetch_ready(kvp_tier_prefetch *prefetch, double *seconds);
+
+/*
+ * Sleeps until the prefetch's get completed. NULL does nothing.
+ * Threads: thread-safe; never with a pool's lock held or from a done.
+ */
+KVP_API void kvp_tier_prefetch_wait(kvp_tier_prefetch *prefetch);
+
+/*
+ * Maps blocks [skip, n) of a completed prefetch into the caches, as
+ * kvp_cache_group_tier_load maps its batch (verified, the leading run of
+ * blocks all of whose pages were found and verified, one hold of the pool
+ * lock, published, counted in kvp_pool_tier_stats: the blocks from skip on
+ * only). keys[skip * per ...] must name the blocks past the caches' common
+ * length. A prefetch maps once. *loaded, *stop: as the load's.
+ * Errors, changing nothing: NULL_ARGUMENT (caches, prefetch, loaded);
+ * INVALID_ARGUMENT ("prefetch": still in flight, or mapped already;
+ * "skip": past n; "count": count * batch is not the prefetch's per;
+ * "caches": not the prefetch's pool; "pool": its tier was detached since
+ * the issue); the load's other errors.
+ * Threads: one caller at a time per cache and per prefetch; never with the
+ * pool's lock held.
+ */
+KVP_API KVP_NODISCARD kvp_status kvp_cache_group_tier_map(kvp_cache *const *caches,
+                                                          size_t count,
+                                                          kvp_tier_prefetch *prefetch,
+                                                          size_t skip, size_t *loaded,
+                                                          kvp_status *stop, kvp_error *err);
+
+/*
+ * Frees the prefetch; one in flight is cancelled without waiting: its
+ * buffers are freed when its get completes (the completion holds the last
+ * reference). NULL does nothing.
+ * Threads: one caller at a time per prefetch (its completion may run
+ * meanwhile, on any thread).
+ */
+KVP_API void kvp_tier_prefetch_destroy(kvp_tier_prefetch *prefetch);
+
 #ifdef __cplusplus
 }
 #endif

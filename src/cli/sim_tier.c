@@ -100,6 +100,10 @@ void kvp_sim_tier_read(const kvp_sim_tier *t, kvp_pool *pool, const kvp_schedule
     out->rejected = stats->tier_rejected;
     out->errors = stats->tier_errors;
     out->recomputes = stats->tier_recomputes;
+    out->prefetches = stats->tier_prefetches;
+    out->prefetch_used = stats->tier_prefetch_used;
+    out->prefetch_late = stats->tier_prefetch_late;
+    out->prefetch_wasted = stats->tier_prefetch_wasted;
     out->bytes_per_second = stats->tier_bytes_per_second;
     out->prefill_tokens_per_second = stats->prefill_tokens_per_second;
     kvp_pool_tier_stats pool_stats;

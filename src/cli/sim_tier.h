@@ -63,6 +63,10 @@ typedef struct kvp_sim_tier_result {
     uint64_t rejected;        /* blocks that failed verification, never mapped */
     uint64_t errors;          /* blocks the tier failed to read, and loads refused */
     uint64_t recomputes;      /* missed blocks the cost model chose to recompute */
+    uint64_t prefetches;      /* tier gets issued for waiting requests (prefetch) */
+    uint64_t prefetch_used;   /* of those, mapped at admission */
+    uint64_t prefetch_late;   /* still in flight at admission: the blocks were computed */
+    uint64_t prefetch_wasted; /* cancelled unused */
     double bytes_per_second;  /* the cost model's rates at the end (0: not measured) */
     double prefill_tokens_per_second;
 } kvp_sim_tier_result;

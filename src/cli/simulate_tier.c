@@ -337,6 +337,10 @@ void kvp_simulate_tier_report(const simulate_options *o, const kvp_sim_result *r
                (unsigned long long)t->rejected, (unsigned long long)t->errors,
                (unsigned long long)t->recomputes);
     }
+    printf("tier prefetches         %llu issued while their requests waited: %llu used, %llu "
+           "late, %llu wasted\n",
+           (unsigned long long)t->prefetches, (unsigned long long)t->prefetch_used,
+           (unsigned long long)t->prefetch_late, (unsigned long long)t->prefetch_wasted);
     if (t->keys_only) {
         printf("tier cost model         allocator-only: every block the tier holds loads "
                "(nothing is\n"
@@ -371,6 +375,10 @@ void kvp_simulate_tier_json(kvp_json *json, const kvp_sim_result *r)
     kvp_json_uint(json, "rejected", t->rejected);
     kvp_json_uint(json, "errors", t->errors);
     kvp_json_uint(json, "recomputes", t->recomputes);
+    kvp_json_uint(json, "prefetches", t->prefetches);
+    kvp_json_uint(json, "prefetch_used", t->prefetch_used);
+    kvp_json_uint(json, "prefetch_late", t->prefetch_late);
+    kvp_json_uint(json, "prefetch_wasted", t->prefetch_wasted);
     kvp_json_double(json, "bytes_per_second", t->bytes_per_second);
     kvp_json_double(json, "prefill_tokens_per_second", t->prefill_tokens_per_second);
     kvp_json_object_end(json);

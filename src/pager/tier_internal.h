@@ -3,11 +3,13 @@
  *
  * Owns: struct kvp_tier (a copy of the implementation's vtable and its
  * state), the tier block codec (tier_block.c) and the pool's tier state
- * (tier_pool.c: the secret, the policy, the pack buffer, the ring of puts in
- * flight and the counters).
+ * (struct kvpi_pool_tier: the secret, the policy, the pack buffer, the ring
+ * of puts in flight, the users and the counters; tier_pool.c attaches,
+ * writes and detaches it, tier_load.c loads and prefetches through it).
  *
  * Calls: tier_pool.c calls pool.c, prefix.c, share.c, tier.c and
- * tier_block.c; pool.c and share.c reach the tier only through the two hooks
+ * tier_block.c; tier_load.c calls tier_pool.c (users), pool.c, prefix.c,
+ * share.c, tier.c and tier_block.c; pool.c and share.c reach the tier only through the two hooks
  * in struct kvp_pool (tier_write_locked, tier_release), which
  * kvp_pool_tier_attach sets, so no file of src/pager calls another in a
  * circle (cmake/check_calls.py).
@@ -84,5 +86,40 @@ static inline size_t kvpi_tier_block_bytes(const kvp_pool *pool)
 kvp_status kvpi_cache_group_adopt_check(kvp_cache *const *caches, size_t count,
                                         const kvp_block_key *keys, size_t n, size_t *room,
                                         kvp_error *err);
+
+/* ---- the pool's tier state (tier_pool.c; loads and prefetches: tier_load.c) ---- */
+
+#define KVPI_TIER_RING 64 /* puts in flight per pool; a write finding none free is dropped */
+
+typedef struct kvpi_pool_tier kvpi_pool_tier;
+
+typedef struct put_slot {
+    kvp_tier_block block;
+    kvpi_pool_tier *owner;
+    int busy;
+} put_slot;
+
+struct kvpi_pool_tier {
+    kvp_tier *tier;
+    unsigned char secret[KVP_TIER_SECRET_BYTES];
+    int write_through;
+    int keys_only;         /* the tier keeps keys only; the pool holds no data */
+    size_t block_bytes;
+    unsigned char *buffer; /* [block_bytes]: the block being put, under the pool lock;
+                              NULL when keys only */
+    pthread_mutex_t lock;
+    pthread_cond_t idle;
+    size_t users;          /* puts in flight, loads running, prefetches in flight */
+    uint64_t serial;       /* this attachment's number (a prefetch maps only under it) */
+    kvp_pool_tier_stats stats;
+    put_slot ring[KVPI_TIER_RING];
+};
+
+/* The pool's tier state with one more user, or NULL when it has none (tier_pool.c). */
+kvpi_pool_tier *kvpi_pool_tier_use(kvp_pool *pool);
+/* One user less (takes t->lock); t may be freed by a detach once it returns. */
+void kvpi_pool_tier_unuse(kvpi_pool_tier *t);
+/* The same, with t->lock held (a done's). */
+void kvpi_pool_tier_user_done_locked(kvpi_pool_tier *t);
 
 #endif /* KVPAGER_PAGER_TIER_INTERNAL_H */

@@ -1,12 +1,12 @@
 /*
  * tier_pool.c: a pool's second tier (kvpager/tier.h): attaching a tier,
  * writing evicted (or, under write-through, published) pages to it, and
- * loading verified blocks from it into fresh pages.
+ * detaching it (loads and prefetches: tier_load.c).
  *
  * Owns: struct kvpi_pool_tier: the tier, the deployment secret, the policy,
  * the pack buffer (written only under the pool lock), the ring of puts in
- * flight, the count of users (puts in flight and loads running), and the
- * counters (kvp_pool_tier_stats).
+ * flight, the count of users (puts in flight, loads running and prefetches
+ * in flight: tier_load.c), and the counters (kvp_pool_tier_stats).
  *
  * Locks: the pool lock, then `lock` (never the other way round). A put's
  * done may run inline, under the pool lock, or on the tier's thread; it
@@ -14,7 +14,8 @@
  * or load starts after), then waits under `lock` until users == 0, so a
  * done never touches freed state.
  *
- * Invariants: users == busy ring slots + loads running; a busy slot's block
+ * Invariants: users == busy ring slots + loads running + prefetches whose
+ * done has not run; a busy slot's block
  * belongs to the tier until its done; counters change only under `lock`.
  * A load maps a block's payload only after kvpi_tier_block_verify accepted
  * it, and maps blocks in chain order, all lanes and caches of a block or
@@ -30,6 +31,7 @@
 #include "pager/tier_internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sodium.h>
 #include <string.h>
 
@@ -37,31 +39,6 @@
 #include "pager/alloc.h"
 #include "pager/cache_internal.h"
 #include "pager/error.h"
-
-#define KVPI_TIER_RING 64 /* puts in flight per pool; a write finding none free is dropped */
-
-typedef struct kvpi_pool_tier kvpi_pool_tier;
-
-typedef struct put_slot {
-    kvp_tier_block block;
-    kvpi_pool_tier *owner;
-    int busy;
-} put_slot;
-
-struct kvpi_pool_tier {
-    kvp_tier *tier;
-    unsigned char secret[KVP_TIER_SECRET_BYTES];
-    int write_through;
-    int keys_only;         /* the tier keeps keys only; the pool holds no data */
-    size_t block_bytes;
-    unsigned char *buffer; /* [block_bytes]: the block being put, under the pool lock;
-                              NULL when keys only */
-    pthread_mutex_t lock;
-    pthread_cond_t idle;
-    size_t users;
-    kvp_pool_tier_stats stats;
-    put_slot ring[KVPI_TIER_RING];
-};
 
 #define KVPI_TIER_POLICY_SIZE_FIRST sizeof(kvp_tier_policy)
 
@@ -83,7 +60,7 @@ void kvp_pool_tier_stats_init(kvp_pool_tier_stats *stats)
 
 /* ---- write ------------------------------------------------------------------ */
 
-static void user_done_locked(kvpi_pool_tier *t)
+void kvpi_pool_tier_user_done_locked(kvpi_pool_tier *t)
 {
     t->users--;
     if (t->users == 0) {
@@ -98,7 +75,7 @@ static void put_done(void *ctx, kvp_tier_block *blocks, size_t count)
     pthread_mutex_lock(&t->lock);
     t->stats.write_failures += count == 1 && blocks[0].status != KVP_OK;
     slot->busy = 0;
-    user_done_locked(t);
+    kvpi_pool_tier_user_done_locked(t);
     pthread_mutex_unlock(&t->lock); /* t may be freed by a detach from here on */
 }
 
@@ -144,7 +121,7 @@ static void tier_write_locked(kvp_pool *pool, uint32_t page, int publish)
         pthread_mutex_lock(&t->lock);
         t->stats.write_failures++;
         slot->busy = 0;
-        user_done_locked(t);
+        kvpi_pool_tier_user_done_locked(t);
         pthread_mutex_unlock(&t->lock);
     }
 }
@@ -219,6 +196,8 @@ static kvpi_pool_tier *tier_state_new(kvp_pool *pool, kvp_tier *tier,
         kvpi_free(t);
         return NULL;
     }
+    static atomic_uint_fast64_t serials;
+    t->serial = (uint64_t)atomic_fetch_add(&serials, 1) + 1;
     t->keys_only = keys_only;
     pthread_mutex_init(&t->lock, NULL);
     pthread_cond_init(&t->idle, NULL);
@@ -289,7 +268,7 @@ kvp_status kvp_pool_tier_detach(kvp_pool *pool, kvp_error *err)
 }
 
 /* The pool's tier state with one more user, or NULL when it has none. */
-static kvpi_pool_tier *tier_use(kvp_pool *pool)
+kvpi_pool_tier *kvpi_pool_tier_use(kvp_pool *pool)
 {
     kvpi_pool_lock(pool);
     kvpi_pool_tier *t = pool->tier;
@@ -302,10 +281,10 @@ static kvpi_pool_tier *tier_use(kvp_pool *pool)
     return t;
 }
 
-static void tier_unuse(kvpi_pool_tier *t)
+void kvpi_pool_tier_unuse(kvpi_pool_tier *t)
 {
     pthread_mutex_lock(&t->lock);
-    user_done_locked(t);
+    kvpi_pool_tier_user_done_locked(t);
     pthread_mutex_unlock(&t->lock);
 }
 
@@ -334,209 +313,4 @@ kvp_status kvp_pool_tier_stats_get(kvp_pool *pool, kvp_pool_tier_stats *out, kvp
         return kvpi_fail_invalid(err, "pool", "has no tier (kvp_pool_tier_attach)");
     }
     return kvpi_struct_out(out, &snapshot, sizeof snapshot, sizeof snapshot, err);
-}
-
-/* ---- load ----------------------------------------------------------------------- */
-
-/* One load's scratch: the batch, its buffers, each block's verdict and payload. */
-typedef struct load_batch {
-    kvp_tier_block *blocks;       /* [total] */
-    unsigned char *buffers;       /* [total][block_bytes] */
-    const unsigned char **payload; /* [total]: set for verified blocks */
-    uint32_t *pages;              /* [total] */
-    kvpi_tier_reject *verdict;    /* [total] */
-    size_t total;
-} load_batch;
-
-static void load_batch_free(load_batch *b)
-{
-    kvpi_free(b->blocks);
-    kvpi_free(b->buffers);
-    kvpi_free(b->payload);
-    kvpi_free(b->pages);
-    kvpi_free(b->verdict);
-    memset(b, 0, sizeof *b); /* freeing twice is harmless */
-}
-
-/* block_bytes 0 (keys only): no buffers. */
-static kvp_status load_batch_new(load_batch *b, size_t total, size_t block_bytes,
-                                 kvp_error *err)
-{
-    memset(b, 0, sizeof *b);
-    b->total = total;
-    /* One at a time, stopping at the first failure (the fault injector counts calls). */
-    if ((b->blocks = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->blocks)) == NULL ||
-        (block_bytes != 0 &&
-         (b->buffers = kvpi_calloc(KVPI_SITE_SCRATCH, total, block_bytes)) == NULL) ||
-        (b->payload = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->payload)) == NULL ||
-        (b->pages = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->pages)) == NULL ||
-        (b->verdict = kvpi_calloc(KVPI_SITE_SCRATCH, total, sizeof *b->verdict)) == NULL) {
-        load_batch_free(b);
-        return kvpi_fail_alloc(err, "tier load batch", total * block_bytes);
-    }
-    return KVP_OK;
-}
-
-/*
- * Verifies every block the tier returned; returns the run: the leading
- * blocks (rows of per pages) whose every page was found and verified, and
- * in *stop why the run ended.
- */
-static size_t load_verify(kvp_cache *const *caches, size_t count, const kvpi_pool_tier *t,
-                          load_batch *b, size_t per, kvp_status *stop)
-{
-    const kvp_pool *pool = caches[0]->pool;
-    size_t batch = caches[0]->batch_size;
-    size_t run = b->total / per;
-    *stop = KVP_OK;
-    for (size_t i = 0; i < b->total; i++) {
-        kvp_tier_block *blk = &b->blocks[i];
-        kvp_status why = KVP_OK;
-        if (blk->status == KVP_BUFFER_TOO_SMALL) {
-            /* A value longer than a block of ours: another geometry's, rejected by size. */
-            b->verdict[i] = KVPI_TIER_REJECT_SIZE;
-            why = KVP_TIER_BLOCK_REJECTED;
-        } else if (blk->status != KVP_OK) {
-            why = blk->status;
-        } else if (blk->bytes == 0) {
-            why = KVP_OK; /* a miss ends the run, and is no failure */
-        } else if (t->keys_only) { /* no bytes: the size is all there is to check */
-            b->verdict[i] = blk->bytes == t->block_bytes ? KVPI_TIER_BLOCK_OK
-                                                         : KVPI_TIER_REJECT_SIZE;
-            why = b->verdict[i] == KVPI_TIER_BLOCK_OK ? KVP_OK : KVP_TIER_BLOCK_REJECTED;
-        } else {
-            kvp_block_key binding = kvpi_cache_binding_key(caches[(i / batch) % count]);
-            b->verdict[i] = kvpi_tier_block_verify(pool, &blk->key, &binding, t->secret,
-                                                   blk->data, blk->bytes, &b->payload[i]);
-            why = b->verdict[i] == KVPI_TIER_BLOCK_OK ? KVP_OK : KVP_TIER_BLOCK_REJECTED;
-        }
-        int usable = blk->status == KVP_OK && blk->bytes != 0 && b->verdict[i] == 0;
-        if (!usable && i / per < run) {
-            run = i / per;
-            *stop = why;
-        }
-    }
-    return run;
-}
-
-/* The counters of a load that succeeded: every block the batch returned, and the run. */
-static void load_count(kvpi_pool_tier *t, const load_batch *b, size_t mapped)
-{
-    pthread_mutex_lock(&t->lock);
-    kvp_pool_tier_stats *s = &t->stats;
-    for (size_t i = 0; i < b->total; i++) {
-        const kvp_tier_block *blk = &b->blocks[i];
-        int oversized = blk->status == KVP_BUFFER_TOO_SMALL; /* rejected: load_verify */
-        s->misses += blk->status == KVP_OK && blk->bytes == 0;
-        s->load_failures += blk->status != KVP_OK && !oversized;
-        if ((blk->status != KVP_OK && !oversized) || (!oversized && blk->bytes == 0) ||
-            b->verdict[i] == KVPI_TIER_BLOCK_OK) {
-            continue;
-        }
-        s->rejected++;
-        uint64_t *by[] = {NULL,          &s->rejected_header,   &s->rejected_header,
-                          &s->rejected_header, &s->rejected_mac, &s->rejected_geometry,
-                          &s->rejected_key,    &s->rejected_binding};
-        *by[b->verdict[i]] += 1;
-    }
-    s->loads += mapped;
-    s->load_bytes += (uint64_t)mapped * t->block_bytes;
-    pthread_mutex_unlock(&t->lock);
-}
-
-/*
- * Under the pool lock: takes run * per fresh pages, copies each verified
- * payload in, maps them block by block, publishes each key the index lacks.
- */
-static kvp_status load_map_locked(kvp_cache *const *caches, size_t count, load_batch *b,
-                                  size_t run, size_t per, kvp_error *err)
-{
-    kvp_pool *pool = caches[0]->pool;
-    size_t batch = caches[0]->batch_size;
-    size_t first = caches[0]->len / caches[0]->block_tokens;
-    kvp_status status = kvpi_pool_take_locked(pool, run * per, b->pages, err);
-    if (status != KVP_OK) {
-        return status;
-    }
-    for (size_t i = 0; i < run * per; i++) {
-        uint32_t page = b->pages[i];
-        kvp_cache *cache = caches[(i / batch) % count];
-        const kvp_block_key *key = &b->blocks[i].key;
-        kvpi_pool_evict_borrowed_locked(pool, page); /* final: it is written now */
-        if (b->payload[i] != NULL) { /* keys only: mapped unwritten, as an append commits */
-            memcpy(kvpi_pool_page(pool, page), b->payload[i], pool->page_bytes);
-        }
-        cache->tables[(i % batch) * cache->blocks_per_lane + first + i / per] = page;
-        if (kvpi_prefix_lookup_locked(pool, key) == KVPI_NO_PAGE) {
-            kvp_block_key binding = kvpi_cache_binding_key(cache);
-            kvpi_prefix_insert_locked(pool, page, key, &binding);
-        }
-    }
-    for (size_t c = 0; c < count && run != 0; c++) {
-        caches[c]->len += run * caches[c]->block_tokens;
-        caches[c]->epoch++;
-        /* A windowed cache gives back what its window no longer needs, as a commit does. */
-        (void)kvpi_cache_release_front_locked(caches[c]);
-    }
-    return KVP_OK;
-}
-
-/* Gets keys[0, b->total) from the tier in one batch, waiting for its completion. */
-static kvp_status load_fetch(const kvp_block_key *keys, kvpi_pool_tier *t, load_batch *b,
-                             kvp_error *err)
-{
-    for (size_t i = 0; i < b->total; i++) {
-        b->blocks[i].key = keys[i];
-        b->blocks[i].data = t->keys_only ? NULL : b->buffers + i * t->block_bytes;
-        b->blocks[i].capacity = t->keys_only ? 0 : t->block_bytes;
-    }
-    return kvp_tier_run(t->tier, KVP_TIER_GET, b->blocks, b->total, err);
-}
-
-kvp_status kvp_cache_group_tier_load(kvp_cache *const *caches, size_t count,
-                                     const kvp_block_key *keys, size_t n, size_t *loaded,
-                                     kvp_status *stop, kvp_error *err)
-{
-    size_t room = 0;
-    kvp_status status = kvpi_cache_group_adopt_check(caches, count, keys, n, &room, err);
-    if (status != KVP_OK) {
-        return status;
-    }
-    if (loaded == NULL) {
-        return kvpi_fail_null(err, "loaded");
-    }
-    kvp_pool *pool = caches[0]->pool;
-    kvpi_pool_tier *t = tier_use(pool);
-    if (t == NULL) {
-        return kvpi_fail_invalid(err, "pool", "has no tier (kvp_pool_tier_attach)");
-    }
-    size_t per = count * caches[0]->batch_size;
-    load_batch b;
-    memset(&b, 0, sizeof b);
-    kvp_status why = KVP_OK;
-    size_t run = 0;
-    if (room != 0) {
-        status = load_batch_new(&b, room * per, t->keys_only ? 0 : t->block_bytes, err);
-        if (status == KVP_OK) {
-            status = load_fetch(keys, t, &b, err);
-        }
-        if (status == KVP_OK) {
-            run = load_verify(caches, count, t, &b, per, &why);
-            kvpi_pool_lock(pool);
-            status = load_map_locked(caches, count, &b, run, per, err);
-            kvpi_pool_unlock(pool);
-        }
-        if (status == KVP_OK) {
-            load_count(t, &b, run * per);
-        }
-        load_batch_free(&b);
-    }
-    tier_unuse(t);
-    if (status == KVP_OK) {
-        *loaded = run;
-        if (stop != NULL) {
-            *stop = why;
-        }
-    }
-    return status;
 }

@@ -43,6 +43,7 @@ void kvp_scheduler_config_init(kvp_scheduler_config *config)
     config->compute = 1;
     config->sharing = 1;
     config->session_fraction = 0.5;
+    config->tier_prefetch = 2;
 }
 
 void kvp_request_init(kvp_request *request)
@@ -95,6 +96,9 @@ static kvp_status config_read(const kvp_scheduler_config *caller, kvp_scheduler_
     if (config->tier_loads > KVP_TIER_LOADS_NEVER) {
         return kvpi_fail_invalid(err, "tier_loads", "must be a kvp_tier_loads");
     }
+    if (config->tier_prefetch > KVP_TIER_PREFETCH_MAX) {
+        return kvpi_fail_invalid(err, "tier_prefetch", "must be at most KVP_TIER_PREFETCH_MAX");
+    }
     config->compute = config->compute != 0;
     config->sharing = config->sharing != 0;
     return KVP_OK;
@@ -111,6 +115,7 @@ static void scheduler_free(kvp_scheduler *s)
     for (size_t i = 0; i < s->kept_count; i++) {
         lease_free(&s->kept[i].lease);
     }
+    kvpi_sched_tier_prefetch_drop_all(s);
     kvpi_free(s->kept);
     kvpi_free(s->kept_refs);
     kvpi_free(s->windows);
@@ -243,6 +248,9 @@ static void scheduler_init(kvp_scheduler *s, const create_inputs *in)
     s->parked.id = NO_REQUEST;
     for (size_t i = 0; i < WINDOW; i++) {
         s->ranked[i].id = NO_REQUEST;
+    }
+    for (size_t i = 0; i < KVP_TIER_PREFETCH_MAX; i++) {
+        s->prefetches[i].id = NO_REQUEST;
     }
 }
 

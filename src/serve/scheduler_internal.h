@@ -73,6 +73,7 @@
 
 #include "kvpager/cache.h"
 #include "kvpager/scheduler.h"
+#include "kvpager/tier.h"
 /* Every internal header a room includes comes before the short type names below. */
 #include "pager/cache_internal.h"
 #include "pager/pool_internal.h"
@@ -146,6 +147,15 @@ typedef struct keyset {
     size_t room;
 } keyset;
 
+/* A waiting request's prefetch of its missed prompt blocks (scheduler_tier.c). */
+typedef struct prefetch_slot {
+    uint64_t id;             /* NO_REQUEST: free */
+    kvp_tier_prefetch *prefetch;
+    size_t first;            /* its first block: the probe's hits at the issue */
+    size_t blocks;           /* blocks asked: [first, first + blocks) */
+    kvp_block_key head;      /* block first's layer-0 key (the admission's must match) */
+} prefetch_slot;
+
 struct kvp_scheduler {
     const kvp_model *model;
     kvp_pool *pool;
@@ -207,6 +217,9 @@ struct kvp_scheduler {
         double bytes_per_second;
         uint64_t refused_in_row;
     } tier;
+    /* Prefetches in flight or completed, for waiting requests (config.tier_prefetch of
+       them in use at most). */
+    prefetch_slot prefetches[KVP_TIER_PREFETCH_MAX];
 };
 
 /* The admission plan of one step: a prefix of the queue, each admitted or rejected. */
@@ -430,6 +443,15 @@ static inline int prefills_on_decoder(const kvp_scheduler *s, const plan *p)
  */
 size_t kvpi_sched_tier_load(kvp_scheduler *s, const planned *pl, size_t adopted, size_t adoptable,
                             lease *l0);
+/*
+ * After a step's plan, once the step stands: cancels the prefetches of
+ * requests no longer waiting (counted wasted), then issues one for each
+ * request whose keys the plan parked or ranked, not in plan p, whose
+ * probe misses adoptable blocks, while slots are free (config.tier_prefetch).
+ */
+void kvpi_sched_tier_prefetch(kvp_scheduler *s, const plan *p);
+/* Cancels every prefetch (the scheduler's destroy). */
+void kvpi_sched_tier_prefetch_drop_all(kvp_scheduler *s);
 /* The monotonic clock, in seconds. */
 double kvpi_sched_tier_clock(void);
 /* The cost model learns that a prefill batch computed `tokens` prompt tokens in `seconds`. */

@@ -536,6 +536,7 @@ kvp_status kvp_scheduler_step(kvp_scheduler *scheduler, kvp_step_stats *stats, k
         return status;
     }
     drop_stale_idle(s); /* the step stands from here on */
+    kvpi_sched_tier_prefetch(s, &p); /* waiting requests' missed blocks, asked now */
     kvp_step_stats st;
     kvp_step_stats_init(&st);
     size_t first = s->running_count;

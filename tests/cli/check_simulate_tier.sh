@@ -65,12 +65,13 @@ small="--requests 4 --layers 1 --model-width 32 --heads 2 --block-tokens 8 --pro
 grep -q '^tier  *host:1MiB, write-through (publish)' "$work/report" ||
     fail "no tier line: $(cat "$work/report")"
 grep -q '^tier loads ' "$work/report" || fail "no tier loads line"
+grep -q '^tier prefetches  *[0-9]* issued' "$work/report" || fail "no tier prefetches line"
 # shellcheck disable=SC2086
 "$@" simulate --quiet $small --tier host:1MiB --tier-secret-file "$work/secret" --json \
     > "$work/json" 2> "$work/err" || fail "host --json run: $(cat "$work/err")"
 for key in hit_blocks hit_tokens load_bytes load_seconds writes write_failures rejected errors \
            bytes_per_second prefill_tokens_per_second \
-           recomputes; do
+           recomputes prefetches prefetch_used prefetch_late prefetch_wasted; do
     grep -q "\"tier\":{.*\"$key\":" "$work/json" || fail "--json lacks tier.$key"
 done
 # shellcheck disable=SC2086
