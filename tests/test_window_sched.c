@@ -20,6 +20,9 @@
  *     printed;
  *   - a request preempted late re-runs on a pool smaller than one prefill
  *     of its prompt and what it generated (chunked), outputs exact.
+ *   - admission credits the window rule's hit: a prompt whose sliding
+ *     layers hold only their window's blocks of a finished request's reply
+ *     is admitted, on a pool between the two counts, the step it arrives.
  * Deterministic: one decoder thread, fixed inputs.
  */
 #include "support.h"
@@ -511,6 +514,66 @@ static void test_window_sched_reprefill_chunked(void **state)
     reserve_tokens = 4;
 }
 
+/*
+ * Admission credits the window rule's hit (kvpi_prefix_probe with the
+ * layers' windows). Request A (8 rows, 16 decoded) completes and publishes
+ * its 6 full blocks where it holds them: the full layer all 6; W = 5 its
+ * window's blocks 4, 5 (and the prompt's 0, 1, published at its prefill);
+ * W = 3 with 2 sinks its sink block 0, its window's block 5 (and the
+ * prompt's 1). Decoded blocks a window released before (W = 5's 2, 3,
+ * W = 3's 2..4) are never in the index. Request B's prompt is A's 24 rows
+ * and 5 of its own: every layer holds only blocks 0 and 1 (the full rule:
+ * 8 tokens), while the window rule hits 6 blocks (24 tokens: the full
+ * layer's 0..5, W = 5's [19, 24): 4, 5, W = 3's sink 0 and [21, 24): 5),
+ * which adoption finds. Its prefill then takes 3 * (8 - 6) pages and the
+ * 10 hit pages it takes off the LRU list (A's, unheld), 16, where the full
+ * rule counted 3 * (8 - 2) + 6 = 24 (its level to 32 tokens is below both).
+ * Request C (8 rows of its own, 40 decoded) runs meanwhile and holds its
+ * admission, so on `pages` between the two counts past C's B is admitted
+ * the step it arrives only with the window rule's credit; on fewer it
+ * waits. Every output exact, kvp_pool_check after every step.
+ */
+static int window_credit_admits(size_t pages)
+{
+    size_t saved = reserve_tokens;
+    reserve_tokens = 64; /* admission counts every token asked: no preemption */
+    fixture f;
+    setup(&f, pages, 1, 0, 0);
+    static book b;
+    memset(&b, 0, sizeof b);
+    submit(&f, &b, 8, 16, 1, 0); /* A: id 0 */
+    submit(&f, &b, 8, 40, 1, 0); /* C: id 1 */
+    assert_int_equal(step(&f).admitted, 2);
+    while (stats_of(&f).running == 2) {
+        step(&f);
+    }
+    assert_int_equal(stats_of(&f).running, 1); /* A completed, C runs */
+    b.parent[2] = 0;
+    b.parent_len[2] = 24;
+    submit(&f, &b, 29, 3, 1, 0); /* B: id 2 */
+    kvp_step_stats st = step(&f);
+    int admitted = st.admitted == 1;
+    assert_int_equal(st.prefix_hit_tokens, admitted ? 24 : 0);
+    run(&f);
+    assert_int_equal(collect(&f, 3), 0);
+    assert_int_equal(stats_of(&f).prefix_hit_tokens, 24); /* adopted, then or later */
+    assert_exact(&b, 0, 0, 0, 16);
+    assert_exact(&b, 0, 1, 0, 40);
+    assert_exact(&b, 0, 2, 0, 3);
+    teardown(&f);
+    reserve_tokens = saved;
+    return admitted;
+}
+
+static void test_window_sched_window_hit_credited(void **state)
+{
+    (void)state;
+    /* C asks 18 (its level to 48: 12 + 3 + 3); B 16 with the window rule's credit, 24 without. */
+    assert_false(window_credit_admits(18 + 15));
+    assert_true(window_credit_admits(18 + 16));
+    assert_true(window_credit_admits(18 + 23)); /* the full rule's count admitted it from 42 */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -519,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_window_sched_conversation_hit_rate),
         cmocka_unit_test(test_window_sched_shared_prefix_hit_rate),
         cmocka_unit_test(test_window_sched_reprefill_chunked),
+        cmocka_unit_test(test_window_sched_window_hit_credited),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,10 @@
  *     0..3, each block in turn missing, several request lengths, and in
  *     two calls, the second from the first's length): the hit length and
  *     every table entry;
+ *   - admission's probe (kvpi_prefix_probe: keys and windows, no caches)
+ *     against adoption over the same index, a full and a sliding layer, the
+ *     same ranges with each block of either layer missing in turn: the same
+ *     hit length, and its evictable pages exactly those adoption takes;
  *   - a failed adopt (a needed page published under another binding)
  *     changes nothing in any cache of the group, while the same forged page
  *     before a sliding cache's window is never looked at;
@@ -408,6 +412,91 @@ static void test_window_share_rule_matches_brute_force(void **state)
     assert_true(partial > 100); /* the cases the rule exists for are many */
 }
 
+/* ---- admission's probe against adoption -------------------------------------------------- */
+
+/*
+ * kvpi_prefix_probe (admission: keys and the layers' windows only, one
+ * lane) against kvp_cache_group_adopt of fresh caches over the same index:
+ * a full layer and a sliding one (W, S), every block size 1..3, W 1..7,
+ * sinks 0..3, no block missing or each block of either layer missing in
+ * turn, three request lengths. The probe's hit equals the blocks adopted,
+ * and its evictable pages (per lane) are exactly the pages the adoption
+ * takes off the LRU list. The full rule (the probe with every layer full)
+ * would find less wherever a sliding layer's missing block lies before its
+ * window: counted, so the cases the window rule gains are many.
+ */
+static void probe_against_adopt(const group *g, kvp_pool *pool, size_t ask, size_t *gained)
+{
+    kvp_error err;
+    size_t windows[2 * MAXC];
+    kvp_block_key lane0[MAXB * MAXC];
+    for (size_t c = 0; c < g->count; c++) {
+        windows[2 * c] = g->window[c];
+        windows[2 * c + 1] = g->sinks[c];
+    }
+    for (size_t i = 0; i < (g->tokens / g->bt) * g->count; i++) {
+        lane0[i] = g->keys[i * BATCH];
+    }
+    size_t evictable = 99, full_evictable = 99;
+    size_t probed = kvpi_prefix_probe(pool, lane0, g->count, windows, g->bt, ask, &evictable);
+    size_t full = kvpi_prefix_probe(pool, lane0, g->count, NULL, g->bt, ask, &full_evictable);
+    kvp_cache *caches[MAXC];
+    adopters(g, pool, caches);
+    kvp_pool_stats before = kvpt_stats(pool);
+    size_t got = 99;
+    kvpt_assert_ok(kvp_cache_group_adopt(caches, g->count, g->keys, ask, &got, &err), &err);
+    kvpt_assert_pool_ok(pool);
+    kvp_pool_stats after = kvpt_stats(pool);
+    if (probed != got || before.evictable_pages - after.evictable_pages != BATCH * evictable) {
+        print_error("bt %zu W %zu S %zu ask %zu: probe %zu (%zu evictable), adopted %zu (%zu)\n",
+                    g->bt, g->window[1], g->sinks[1], ask, probed, evictable, got,
+                    (size_t)(before.evictable_pages - after.evictable_pages));
+        fail();
+    }
+    assert_true(full <= got);
+    *gained += full < got;
+    check_adopted(g, caches, got);
+    for (size_t c = 0; c < g->count; c++) {
+        kvpt_destroy_cache(caches[c], pool);
+    }
+}
+
+static void test_window_share_probe_matches_adopt(void **state)
+{
+    (void)state;
+    enum { TOKENS = 12 };
+    static const size_t windows[] = {1, 2, 3, 4, 5, 7};
+    size_t cases = 0, gained = 0;
+    for (size_t bt = 1; bt <= 3; bt++) {
+        size_t blocks = TOKENS / bt;
+        for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+            for (size_t s = 0; s <= 3; s++) {
+                for (size_t hole = 0; hole <= 2 * blocks; hole++) {
+                    /* hole < blocks: the full layer's; then the sliding layer's; last: none */
+                    unsigned holes[2] = {hole < blocks ? 1u << hole : 0u,
+                                         hole >= blocks && hole < 2 * blocks
+                                             ? 1u << (hole - blocks)
+                                             : 0u};
+                    size_t win[2] = {0, windows[w]};
+                    size_t sinks[2] = {0, s};
+                    kvp_pool *pool = kvpt_pool(bt, 1, WIDTH / HEADS, 256);
+                    group g;
+                    group_open(&g, pool, 2, bt, TOKENS, win, sinks, holes);
+                    size_t asks[3] = {blocks, blocks - 1, blocks / 2};
+                    for (size_t a = 0; a < 3; a++) {
+                        probe_against_adopt(&g, pool, asks[a], &gained);
+                        cases++;
+                    }
+                    group_close(&g, pool);
+                    close_pool(pool);
+                }
+            }
+        }
+    }
+    assert_int_equal(cases, 3 * 6 * 4 * (25 + 13 + 9));
+    assert_true(gained > 100); /* where admission credited less before */
+}
+
 /* ---- a failed adopt changes nothing ------------------------------------------------------ */
 
 static void test_window_share_failed_adopt_changes_nothing(void **state)
@@ -663,6 +752,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_share_hybrid_rule_by_hand),
         cmocka_unit_test(test_window_share_rule_matches_brute_force),
+        cmocka_unit_test(test_window_share_probe_matches_adopt),
         cmocka_unit_test(test_window_share_failed_adopt_changes_nothing),
         cmocka_unit_test(test_window_share_group_publish_skips_released),
         cmocka_unit_test(test_window_share_sequence_prefill_with_hit),

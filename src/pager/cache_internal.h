@@ -107,21 +107,33 @@ typedef void (*kvpi_binding_window_fn)(const kvp_binding *binding, size_t *windo
                                        size_t *sinks);
 void kvpi_pager_set_window_reader(kvpi_binding_window_fn fn);
 
-/* Blocks covering the sink tokens [0, S): never released. */
-static inline size_t kvpi_cache_sink_blocks(const kvp_cache *cache)
+/* Blocks covering the sink tokens [0, S) of blocks of bt tokens: never released. */
+static inline size_t kvpi_window_sink_blocks(size_t sinks, size_t bt)
 {
-    return (cache->sinks + cache->block_tokens - 1) / cache->block_tokens;
+    return (sinks + bt - 1) / bt;
 }
 
 /*
- * The first block still needed at length len past the sinks: blocks
- * entirely below len - W (every reader's window start, the paged read
- * without a candidate's q = len - 1 included) are never read again.
+ * The first block still needed at length len past the sinks for a window W
+ * (0: none) and blocks of bt tokens: blocks entirely below len - W (every
+ * reader's window start, the paged read without a candidate's q = len - 1
+ * included) are never read again.
  */
+static inline size_t kvpi_window_live_from(size_t window, size_t bt, size_t len)
+{
+    return window == 0 || len <= window ? 0 : (len - window) / bt;
+}
+
+/* Blocks covering the sink tokens [0, S): never released. */
+static inline size_t kvpi_cache_sink_blocks(const kvp_cache *cache)
+{
+    return kvpi_window_sink_blocks(cache->sinks, cache->block_tokens);
+}
+
+/* kvpi_window_live_from for the cache's window and block size. */
 static inline size_t kvpi_cache_live_from(const kvp_cache *cache, size_t len)
 {
-    return cache->window == 0 || len <= cache->window ? 0
-                                                      : (len - cache->window) / cache->block_tokens;
+    return kvpi_window_live_from(cache->window, cache->block_tokens, len);
 }
 
 /* 1 when every lane's block `block` was released (a null entry). */
@@ -356,6 +368,31 @@ void kvpi_cache_fork_many(kvp_cache *const *parents, kvp_cache *const *children,
  *   of the needed pages, those no table names. Changes nothing.
  */
 int kvpi_group_needs(const kvp_cache *cache, size_t first, size_t hits, size_t j);
+/*
+ * The rule itself, over a group described without caches so that admission
+ * (which has no caches yet) and adoption run the same code: `count` layers
+ * at the common length of `first` blocks of `block_tokens`, `batch` lanes,
+ * keys[(j * count + c) * batch + lane] for block first + j; each layer's
+ * window from its cache (caches non-NULL: a held cache reads as full) or
+ * from windows[2c] (W, 0: full) and windows[2c + 1] (S) (windows NULL:
+ * every layer full). The predicate "layer c holds block first + j" is:
+ * every lane's key is in the pool's index. hit_group_run: the hit length
+ * (largest <= n) and, when evictable is non-NULL, the needed pages no table
+ * names, as group_hits_locked; hit_group_needs: group_needs for layer c.
+ * Under the pool lock; change nothing.
+ */
+typedef struct kvpi_hit_group {
+    const kvp_pool *pool;
+    const kvp_block_key *keys;
+    size_t count;
+    size_t batch;
+    size_t block_tokens;
+    size_t first;
+    const kvp_cache *const *caches;
+    const size_t *windows;
+} kvpi_hit_group;
+size_t kvpi_hit_group_run(const kvpi_hit_group *g, size_t n, size_t *evictable);
+int kvpi_hit_group_needs(const kvpi_hit_group *g, size_t c, size_t hits, size_t j);
 size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
                               const kvp_block_key *keys, size_t n, size_t *evictable);
 kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
@@ -367,9 +404,11 @@ kvp_status kvpi_cache_adopt_locked(kvp_cache *const *caches, size_t count,
  *   nothing, else every page registered that is not yet and whose key names
  *   no page, recording its cache's binding digest.
  * prefix_probe: how many leading blocks of `keys` (each block `per_block`
- *   keys) the index holds now, as adopt_locked would look them up, and of
- *   their pages how many are evictable (adopting takes them from the
- *   available pages). Changes nothing, not even the hit and miss counters;
+ *   keys, one per layer, one lane) an empty group of caches of layers with
+ *   `windows` (as kvpi_hit_group's, NULL: every layer full) and blocks of
+ *   `block_tokens` would adopt now (the same rule, kvpi_hit_group_run), and
+ *   of the pages it would map how many are evictable (adopting takes them
+ *   from the available pages). Changes nothing, not even the hit and miss counters;
  *   takes the pool lock. It does not check bindings: adopt refuses a page
  *   of another binding, which a caller keying its own blocks never meets.
  */
@@ -390,7 +429,8 @@ kvp_status kvpi_cache_group_publish_range(kvp_cache *const *caches, size_t count
                                           const kvp_block_key *keys, size_t from, size_t blocks,
                                           size_t *left, kvp_error *err);
 size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
-                         size_t blocks, size_t *evictable_pages);
+                         const size_t *windows, size_t block_tokens, size_t blocks,
+                         size_t *evictable_pages);
 void kvpi_cache_cow_defer_many(kvp_cache *const *caches, size_t count);
 size_t kvpi_cache_cow_settle_many_locked(kvp_cache *const *caches, size_t count);
 void kvpi_cache_cow_undo_many_locked(kvp_cache *const *caches, size_t count);

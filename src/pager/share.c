@@ -483,37 +483,14 @@ kvp_status kvp_cache_publish_block(kvp_cache *cache, size_t lane, size_t block,
     return status;
 }
 
-/*
- * The leading blocks of `keys` (per_block keys each, at most n) whose every
- * key the index holds, and how many of their pages are evictable.
- */
-static size_t group_hits_locked(const kvp_pool *pool, const kvp_block_key *keys,
-                                size_t per_block, size_t n, size_t *evictable)
-{
-    size_t found = 0;
-    size_t idle_pages = 0;
-    for (; found < n; found++) {
-        const kvp_block_key *row = keys + found * per_block;
-        size_t idle = 0;
-        for (size_t i = 0; i < per_block; i++) {
-            uint32_t page = kvpi_prefix_lookup_locked(pool, &row[i]);
-            if (page == KVPI_NO_PAGE) {
-                *evictable = idle_pages;
-                return found;
-            }
-            idle += pool->refcount[page] == 0;
-        }
-        idle_pages += idle;
-    }
-    *evictable = idle_pages;
-    return found;
-}
-
 size_t kvpi_prefix_probe(kvp_pool *pool, const kvp_block_key *keys, size_t per_block,
-                         size_t blocks, size_t *evictable_pages)
+                         const size_t *windows, size_t block_tokens, size_t blocks,
+                         size_t *evictable_pages)
 {
+    /* An empty group of one lane: adoption's rule (share_window.c) over the index as it is now. */
+    kvpi_hit_group g = {pool, keys, per_block, 1, block_tokens, 0, NULL, windows};
     kvpi_pool_lock(pool);
-    size_t found = group_hits_locked(pool, keys, per_block, blocks, evictable_pages);
+    size_t found = kvpi_hit_group_run(&g, blocks, evictable_pages);
     kvpi_pool_unlock(pool);
     return found;
 }

@@ -9,7 +9,11 @@
  * sliding cache needs its sink blocks and the blocks covering the last W
  * positions of the prefix, [L - W, L) (the blocks a cache of length L keeps,
  * cache_window.c), found right to left within the length the full caches
- * allow; the group's hit is the longest length every cache accepts.
+ * allow; the group's hit is the longest length every cache accepts. One
+ * implementation serves adoption and admission: the rule runs over a group
+ * described by its layers' windows and keys (kvpi_hit_group: from caches, or
+ * from the model's windows when no cache exists yet, kvpi_prefix_probe),
+ * with "layer c holds block j" = every lane's key is in the index.
  *
  * Invariants:
  *   - kvpi_group_needs(c, first, h, j) is 1 exactly for the blocks a cache
@@ -18,11 +22,16 @@
  *     full cache, and for one whose releases are held); an adoption maps
  *     exactly those, so an adopted cache is indistinguishable from one that
  *     computed its rows (the audit's I4 with null entries holds);
- *   - kvpi_group_hits_locked looks pages up only (changes nothing, counters
- *     included) and returns the largest h <= n for which every needed block
- *     of every cache has every lane's key in the index.
+ *   - kvpi_hit_group_run (and kvpi_group_hits_locked over caches) looks
+ *     pages up only (changes nothing, counters included) and returns the
+ *     largest h <= n for which every needed block of every layer has every
+ *     lane's key in the index; its evictable count is of exactly the pages
+ *     an adoption of those h blocks maps, so admission's probe (an empty
+ *     group with the model's windows) finds what adoption of a fresh lease
+ *     finds over the same index.
  *
- * Callers: share.c (adopt and probe, under the pool lock).
+ * Callers: share.c (adopt, kvp_cache_group_probe and kvpi_prefix_probe,
+ * under the pool lock).
  */
 #include "pager/cache_internal.h"
 
@@ -35,30 +44,52 @@ static int sliding(const kvp_cache *cache)
     return cache->window != 0 && !cache->release_hold;
 }
 
-/* 1 when cache `c` (of a group at block `first`) needs block first + j at length first + h. */
-int kvpi_group_needs(const kvp_cache *cache, size_t first, size_t hits, size_t j)
+/* Layer c's window as the rule reads it (0: it needs every block) and its sink blocks. */
+static size_t layer_window(const kvpi_hit_group *g, size_t c, size_t *sink_blocks)
 {
-    if (!sliding(cache)) {
-        return 1;
+    size_t window = 0;
+    size_t sinks = 0;
+    if (g->caches != NULL) {
+        window = sliding(g->caches[c]) ? g->caches[c]->window : 0;
+        sinks = g->caches[c]->sinks;
+    } else if (g->windows != NULL) {
+        window = g->windows[2 * c];
+        sinks = g->windows[2 * c + 1];
     }
-    size_t block = first + j;
-    if (block < kvpi_cache_sink_blocks(cache)) {
-        return 1;
-    }
-    return block >= kvpi_cache_live_from(cache, (first + hits) * cache->block_tokens);
+    *sink_blocks = window == 0 ? 0 : kvpi_window_sink_blocks(sinks, g->block_tokens);
+    return window;
 }
 
-/* 1 when every lane's key of block j of cache c is in the index; *idle += its unheld pages. */
-static int block_hit(const kvp_pool *pool, const kvp_block_key *keys, size_t count, size_t batch,
-                     size_t c, size_t j, size_t *idle)
+int kvpi_hit_group_needs(const kvpi_hit_group *g, size_t c, size_t hits, size_t j)
+{
+    size_t sb;
+    size_t window = layer_window(g, c, &sb);
+    size_t block = g->first + j;
+    if (window == 0 || block < sb) {
+        return 1;
+    }
+    return block >= kvpi_window_live_from(window, g->block_tokens,
+                                          (g->first + hits) * g->block_tokens);
+}
+
+int kvpi_group_needs(const kvp_cache *cache, size_t first, size_t hits, size_t j)
+{
+    kvpi_hit_group g = {cache->pool, NULL, 1, cache->batch_size, cache->block_tokens, first,
+                        &cache, NULL};
+    return kvpi_hit_group_needs(&g, 0, hits, j);
+}
+
+/* The predicate: 1 when every lane's key of block j of layer c is in the index; *idle += its unheld pages. */
+static int block_hit(const kvpi_hit_group *g, size_t c, size_t j, size_t *idle)
 {
     size_t unheld = 0;
-    for (size_t lane = 0; lane < batch; lane++) {
-        uint32_t page = kvpi_prefix_lookup_locked(pool, &keys[(j * count + c) * batch + lane]);
+    for (size_t lane = 0; lane < g->batch; lane++) {
+        uint32_t page =
+            kvpi_prefix_lookup_locked(g->pool, &g->keys[(j * g->count + c) * g->batch + lane]);
         if (page == KVPI_NO_PAGE) {
             return 0;
         }
-        unheld += pool->refcount[page] == 0;
+        unheld += g->pool->refcount[page] == 0;
     }
     if (idle != NULL) {
         *idle += unheld;
@@ -66,14 +97,13 @@ static int block_hit(const kvp_pool *pool, const kvp_block_key *keys, size_t cou
     return 1;
 }
 
-/* The leading blocks (at most n) every full cache of the group hits. */
-static size_t full_hits(const kvp_pool *pool, const kvp_cache *const *caches, size_t count,
-                        const kvp_block_key *keys, size_t n)
+/* The leading blocks (at most n) every full layer of the group hits. */
+static size_t full_hits(const kvpi_hit_group *g, size_t n)
 {
-    size_t batch = caches[0]->batch_size;
     for (size_t j = 0; j < n; j++) {
-        for (size_t c = 0; c < count; c++) {
-            if (!sliding(caches[c]) && !block_hit(pool, keys, count, batch, c, j, NULL)) {
+        for (size_t c = 0; c < g->count; c++) {
+            size_t sb;
+            if (layer_window(g, c, &sb) == 0 && !block_hit(g, c, j, NULL)) {
                 return j;
             }
         }
@@ -82,33 +112,30 @@ static size_t full_hits(const kvp_pool *pool, const kvp_cache *const *caches, si
 }
 
 /*
- * The longest h <= n for which sliding cache c hits its needed blocks: the
+ * The longest h <= n for which sliding layer c hits its needed blocks: the
  * sinks left to right (a missing sink block ends every longer prefix), then
  * the window right to left: a miss at block m means no prefix whose window
  * holds m, so the next candidate ends just before m. Each block is looked
  * at most once per call.
  */
-static size_t sliding_hits(const kvp_pool *pool, const kvp_cache *const *caches, size_t count,
-                           const kvp_block_key *keys, size_t c, size_t n)
+static size_t sliding_hits(const kvpi_hit_group *g, size_t c, size_t window, size_t sb, size_t n)
 {
-    const kvp_cache *cache = caches[c];
-    size_t batch = cache->batch_size;
-    size_t first = cache->len / cache->block_tokens;
-    size_t sb = kvpi_cache_sink_blocks(cache);
+    size_t first = g->first;
+    size_t bt = g->block_tokens;
     for (size_t j = 0; j < n && first + j < sb; j++) {
-        if (!block_hit(pool, keys, count, batch, c, j, NULL)) {
+        if (!block_hit(g, c, j, NULL)) {
             n = j;
             break;
         }
     }
     size_t h = n;
     while (h > 0) {
-        size_t lo = kvpi_cache_live_from(cache, (first + h) * cache->block_tokens);
+        size_t lo = kvpi_window_live_from(window, bt, (first + h) * bt);
         lo = lo > sb ? lo : sb;
         size_t start = lo > first ? lo - first : 0; /* relative; sinks were checked above */
         start = start < h ? start : h;                /* sinks only: nothing more to find */
         size_t j = h;
-        while (j > start && block_hit(pool, keys, count, batch, c, j - 1, NULL)) {
+        while (j > start && block_hit(g, c, j - 1, NULL)) {
             j--;
         }
         if (j == start) {
@@ -119,19 +146,16 @@ static size_t sliding_hits(const kvp_pool *pool, const kvp_cache *const *caches,
     return 0;
 }
 
-size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
-                              const kvp_block_key *keys, size_t n, size_t *evictable)
+size_t kvpi_hit_group_run(const kvpi_hit_group *g, size_t n, size_t *evictable)
 {
-    const kvp_pool *pool = caches[0]->pool;
-    size_t hits = full_hits(pool, caches, count, keys, n);
-    /* Each sliding cache may shorten the prefix, which moves the others' windows: to a fixpoint. */
+    size_t hits = full_hits(g, n);
+    /* Each sliding layer may shorten the prefix, which moves the others' windows: to a fixpoint. */
     for (int changed = 1; changed && hits > 0;) {
         changed = 0;
-        for (size_t c = 0; c < count && hits > 0; c++) {
-            if (!sliding(caches[c])) {
-                continue;
-            }
-            size_t h = sliding_hits(pool, caches, count, keys, c, hits);
+        for (size_t c = 0; c < g->count && hits > 0; c++) {
+            size_t sb;
+            size_t window = layer_window(g, c, &sb);
+            size_t h = window == 0 ? hits : sliding_hits(g, c, window, sb, hits);
             if (h < hits) {
                 hits = h;
                 changed = 1;
@@ -142,14 +166,22 @@ size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
         return hits; /* adopt: no second pass */
     }
     size_t idle = 0;
-    size_t first = caches[0]->len / caches[0]->block_tokens;
     for (size_t j = 0; j < hits; j++) {
-        for (size_t c = 0; c < count; c++) {
-            if (kvpi_group_needs(caches[c], first, hits, j)) {
-                (void)block_hit(pool, keys, count, caches[0]->batch_size, c, j, &idle);
+        for (size_t c = 0; c < g->count; c++) {
+            if (kvpi_hit_group_needs(g, c, hits, j)) {
+                (void)block_hit(g, c, j, &idle);
             }
         }
     }
     *evictable = idle;
     return hits;
+}
+
+size_t kvpi_group_hits_locked(const kvp_cache *const *caches, size_t count,
+                              const kvp_block_key *keys, size_t n, size_t *evictable)
+{
+    const kvp_cache *a = caches[0];
+    kvpi_hit_group g = {a->pool, keys, count, a->batch_size, a->block_tokens,
+                        a->len / a->block_tokens, caches, NULL};
+    return kvpi_hit_group_run(&g, n, evictable);
 }

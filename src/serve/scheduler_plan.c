@@ -338,7 +338,8 @@ static kvp_status rank_entry(kvp_scheduler *s, const plan *p, size_t i, size_t n
         keys = s->keys;
     }
     size_t evictable;
-    *hits = kvpi_prefix_probe(s->pool, keys, s->layers, adoptable, &evictable);
+    *hits = kvpi_prefix_probe(s->pool, keys, s->layers, s->windows, s->block_tokens, adoptable,
+                              &evictable);
     return KVP_OK;
 }
 
@@ -478,7 +479,9 @@ static kvp_status key_prompt(kvp_scheduler *s, candidate *c, const totals *t, kv
                         c->key_blocks, k);
         c->keys = k;
     }
-    c->hits = kvpi_prefix_probe(s->pool, c->keys, s->layers, c->adoptable, &c->evictable);
+    /* adoption's rule, windows included: the blocks and evictable pages adopt_prompt will find */
+    c->hits = kvpi_prefix_probe(s->pool, c->keys, s->layers, s->windows, s->block_tokens,
+                                c->adoptable, &c->evictable);
     return KVP_OK;
 }
 

@@ -242,7 +242,8 @@ static void prefetch_issue(kvp_scheduler *s, const keyset *set, prefetch_slot *p
     size_t adoptable = (r->request.prompt_tokens - 1) / s->block_tokens;
     adoptable = adoptable < key_blocks ? adoptable : key_blocks;
     size_t evictable = 0;
-    size_t hits = kvpi_prefix_probe(s->pool, set->keys, s->layers, adoptable, &evictable);
+    size_t hits = kvpi_prefix_probe(s->pool, set->keys, s->layers, s->windows, s->block_tokens,
+                                    adoptable, &evictable);
     if (hits >= adoptable) {
         return; /* the index holds every adoptable block */
     }
