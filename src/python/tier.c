@@ -14,7 +14,8 @@
  * Tier (KvpPyPool.tier) and counts in its `pools`, so the tier outlives
  * the attachment whatever order Python frees them in (tier.h: "the tier
  * outlives the attachment"; kvp_pool_destroy detaches), and Tier.close
- * refuses while a pool has it attached. Both kinds share that code (the
+ * refuses while a pool has it attached, or while a flush waits with the
+ * GIL released (busy: RuntimeError). Both kinds share that code (the
  * base type's). Failed calls change nothing, as in C.
  * Callers: pool.c (the Pool methods, the release on close), module.c (the
  * types).
@@ -30,6 +31,7 @@ typedef struct {
     PyObject_HEAD
     kvp_tier *tier;  /* owned; NULL once closed */
     Py_ssize_t pools; /* pools it is attached to */
+    int busy;         /* flushes waiting with the GIL released: close refuses meanwhile */
 } KvpPyTier;
 
 /* A new Tier object of `type` owning `t` (destroyed when that fails). */
@@ -42,6 +44,7 @@ static PyObject *tier_wrap(PyTypeObject *type, kvp_tier *t)
     }
     self->tier = t;
     self->pools = 0;
+    self->busy = 0;
     return (PyObject *)self;
 }
 
@@ -146,6 +149,8 @@ static PyObject *tier_close(KvpPyTier *self, PyObject *unused)
     (void)unused;
     if (!self->tier)
         Py_RETURN_NONE;
+    if (self->busy)
+        return kvp_py_busy("tier");
     if (self->pools) {
         PyErr_SetString(PyExc_RuntimeError,
                         "kvpager: the tier is attached to a pool (Pool.detach_tier first)");
@@ -209,10 +214,12 @@ static PyObject *redis_flush(KvpPyTier *self, PyObject *args, PyObject *kwds)
         return kvp_py_closed("tier");
     kvp_error err;
     kvp_status s;
-    kvp_tier *t = self->tier; /* close needs the GIL: the handle lives through the wait */
+    kvp_tier *t = self->tier;
+    self->busy++; /* close refuses while the handle is in use without the GIL */
     Py_BEGIN_ALLOW_THREADS
     s = kvp_tier_redis_flush(t, timeout, &err);
     Py_END_ALLOW_THREADS
+    self->busy--;
     if (s != KVP_OK)
         return kvp_py_raise(&err);
     Py_RETURN_NONE;
