@@ -2,7 +2,7 @@
  * src/python/module.c: the _kvpager extension module's entry point.
  *
  * Owns: PyInit__kvpager: readies the types (Pool, Cache, View, Model,
- * Sequence, Decoder, Scheduler, Layer, Ticket, HostTier), the module's functions
+ * Sequence, Decoder, Scheduler, Layer, Ticket, Tier, HostTier, RedisTier), the module's functions
  * (group.c), the kvpager.Error hierarchy (errors.c) and the module
  * constants (the library's version, the dtypes). The pure-Python package
  * kvpager/__init__.py re-exports all of it.
@@ -25,7 +25,7 @@ PyMODINIT_FUNC PyInit__kvpager(void)
     PyTypeObject *types[] = {&KvpPyPool_Type, &KvpPyCache_Type, &KvpPyView_Type,
                              &KvpPyModel_Type, &KvpPySequence_Type, &KvpPyDecoder_Type,
                              &KvpPyScheduler_Type, &KvpPyLayer_Type, &KvpPyTicket_Type,
-                             &KvpPyHostTier_Type};
+                             &KvpPyTier_Type, &KvpPyHostTier_Type, &KvpPyRedisTier_Type};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -33,7 +33,8 @@ PyMODINIT_FUNC PyInit__kvpager(void)
     if (!m)
         return NULL;
     static const char *names[] = {"Pool",     "Cache",   "View",     "Model",
-                                  "Sequence", "Decoder", "Scheduler", "Layer", "Ticket", "HostTier"};
+                                  "Sequence", "Decoder", "Scheduler", "Layer", "Ticket", "Tier",
+                                  "HostTier", "RedisTier"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(m);

@@ -114,7 +114,7 @@ PyObject *kvp_py_pool_stats(kvp_pool *pool)
         return kvp_py_raise(&err);
     return Py_BuildValue(
         "{s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:s,s:n,s:s,s:n,s:n,s:K,s:K,s:K,"
-        "s:K}",
+        "s:K,s:K}",
         "total_pages", (Py_ssize_t)s.total_pages, "free_pages", (Py_ssize_t)s.free_pages,
         "held_pages", (Py_ssize_t)s.held_pages, "high_water_pages",
         (Py_ssize_t)s.high_water_pages, "acquires", (unsigned long long)s.acquires, "releases",
@@ -128,7 +128,8 @@ PyObject *kvp_py_pool_stats(kvp_pool *pool)
         "evictable_pages", (Py_ssize_t)s.evictable_pages, "prefix_hits",
         (unsigned long long)s.prefix_hits, "prefix_misses", (unsigned long long)s.prefix_misses,
         "evictions", (unsigned long long)s.evictions, "cow_copies",
-        (unsigned long long)s.cow_copies);
+        (unsigned long long)s.cow_copies, "window_releases",
+        (unsigned long long)s.window_releases);
 }
 
 static PyObject *pool_stats(KvpPyPool *self, PyObject *unused)
@@ -301,9 +302,10 @@ static PyMethodDef pool_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "attach_tier(tier, secret, write_through=False): kvp_pool_tier_attach: the pool writes "
      "each published page it evicts (write_through: each page it publishes) to `tier` (a "
-     "HostTier, held alive while attached) as a block MACed under `secret` (32 bytes, not all "
-     "zero; every pool sharing the tier must agree on it). Errors: InvalidArgument ('secret', "
-     "'pool': a tier attached already, or a reserved slab)."},
+     "HostTier or RedisTier, held alive while attached) as a block MACed under `secret` (32 "
+     "bytes, not all zero; every pool sharing the tier must agree on it). Errors: "
+     "InvalidArgument ('secret'; 'pool': a tier attached already, or a reserved slab and a "
+     "tier not keys-only; 'tier': a keys-only tier given to a pool with data)."},
     {"detach_tier", (PyCFunction)kvp_py_pool_detach_tier, METH_NOARGS,
      "detach_tier(): kvp_pool_tier_detach (waits for writes in flight; without a tier does "
      "nothing). close() detaches too."},

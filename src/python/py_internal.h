@@ -29,7 +29,7 @@ typedef struct {
     kvp_pool *pool;
     int busy;  /* calls running with the GIL released: close refuses meanwhile */
     int users; /* schedulers holding the handle (they hold it without owning it) */
-    PyObject *tier; /* strong: the HostTier attached (tier.c), or NULL */
+    PyObject *tier; /* strong: the Tier attached (tier.c), or NULL */
 } KvpPyPool;
 
 typedef struct {
@@ -84,7 +84,9 @@ extern PyTypeObject KvpPyModel_Type;
 extern PyTypeObject KvpPyLayer_Type;
 extern PyTypeObject KvpPySequence_Type;
 extern PyTypeObject KvpPyTicket_Type;
+extern PyTypeObject KvpPyTier_Type; /* the base of the two below */
 extern PyTypeObject KvpPyHostTier_Type;
+extern PyTypeObject KvpPyRedisTier_Type;
 
 /* errors.c */
 int kvp_py_errors_init(PyObject *module);
@@ -154,7 +156,7 @@ PyObject *kvp_py_layer_reference(KvpPyLayer *self, PyObject *args, PyObject *kwd
 int kvp_py_layer_idle(KvpPyLayer *self);
 
 /* tier.c: the Pool's tier methods (pool.c lists them) and the release of its
- * HostTier once the pool is destroyed or detached. */
+ * Tier once the pool is destroyed or detached. */
 PyObject *kvp_py_pool_attach_tier(KvpPyPool *self, PyObject *args, PyObject *kwds);
 PyObject *kvp_py_pool_detach_tier(KvpPyPool *self, PyObject *unused);
 PyObject *kvp_py_pool_tier_stats(KvpPyPool *self, PyObject *unused);

@@ -119,12 +119,35 @@ static void token_cb(void *ctx, uint64_t id, size_t sample, size_t position,
     PyGILState_Release(g);
 }
 
+/* kvp_scheduler_config.tier_loads from "model", "always" or "never"; -1 with an exception. */
+static int tier_loads_from(PyObject *v, uint64_t *out)
+{
+    static const char *const names[] = {"model", "always", "never"};
+    static const uint64_t values[] = {KVP_TIER_LOADS_MODEL, KVP_TIER_LOADS_ALWAYS,
+                                      KVP_TIER_LOADS_NEVER};
+    const char *name = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    if (!name) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "kvpager: Scheduler: tier_loads must be a str");
+        return -1;
+    }
+    for (size_t i = 0; i < 3; i++) {
+        if (strcmp(name, names[i]) == 0) {
+            *out = values[i];
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "kvpager: Scheduler: tier_loads '%s': not 'model', 'always' or 'never'", name);
+    return -1;
+}
+
 static int config_from(PyObject *kwds, kvp_scheduler_config *c, int *has_model)
 {
     (void)has_model;
     static const struct {
         const char *name;
-        char kind; /* n: size_t, d: double, b: int flag, k: uint64 */
+        char kind; /* n: size_t, d: double, b: int flag, k: uint64, t: a kvp_tier_loads name */
         size_t offset;
     } fields[] = {
         {"capacity", 'n', offsetof(kvp_scheduler_config, capacity)},
@@ -139,6 +162,8 @@ static int config_from(PyObject *kwds, kvp_scheduler_config *c, int *has_model)
         {"session_fraction", 'd', offsetof(kvp_scheduler_config, session_fraction)},
         {"layers", 'n', offsetof(kvp_scheduler_config, layers)},
         {"model_width", 'n', offsetof(kvp_scheduler_config, model_width)},
+        {"tier_loads", 't', offsetof(kvp_scheduler_config, tier_loads)},
+        {"tier_prefetch", 'n', offsetof(kvp_scheduler_config, tier_prefetch)},
     };
     Py_ssize_t used = 0;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
@@ -155,6 +180,11 @@ static int config_from(PyObject *kwds, kvp_scheduler_config *c, int *has_model)
         } else if (fields[i].kind == 'd') {
             double x = PyFloat_AsDouble(v);
             if (x == -1.0 && PyErr_Occurred())
+                return -1;
+            memcpy(at, &x, sizeof x);
+        } else if (fields[i].kind == 't') {
+            uint64_t x;
+            if (tier_loads_from(v, &x) < 0)
                 return -1;
             memcpy(at, &x, sizeof x);
         } else if (fields[i].kind == 'b') {
@@ -361,7 +391,8 @@ fail:
 
 static PyObject *step_dict(const kvp_step_stats *s)
 {
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}",
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,"
+                         "s:n,s:n}",
                          "admitted", (Py_ssize_t)s->admitted, "rejected", (Py_ssize_t)s->rejected,
                          "preempted", (Py_ssize_t)s->preempted, "decoded", (Py_ssize_t)s->decoded,
                          "finished", (Py_ssize_t)s->finished, "failed", (Py_ssize_t)s->failed,
@@ -371,7 +402,11 @@ static PyObject *step_dict(const kvp_step_stats *s)
                          "prompt_tokens", (Py_ssize_t)s->prompt_tokens, "prefix_hit_tokens",
                          (Py_ssize_t)s->prefix_hit_tokens, "stale_preempted",
                          (Py_ssize_t)s->stale_preempted, "retained_pages",
-                         (Py_ssize_t)s->retained_pages);
+                         (Py_ssize_t)s->retained_pages, "sliding_held_pages",
+                         (Py_ssize_t)s->sliding_held_pages, "unshared_pages",
+                         (Py_ssize_t)s->unshared_pages, "cached_pages",
+                         (Py_ssize_t)s->cached_pages, "evictable_pages",
+                         (Py_ssize_t)s->evictable_pages);
 }
 
 static PyObject *sched_step(KvpPyScheduler *self, PyObject *unused)
@@ -477,6 +512,26 @@ static PyObject *sched_request_state(KvpPyScheduler *self, PyObject *args)
                                                             : "finished");
 }
 
+/* The counters of kvp_scheduler_stats the first dict of stats() leaves out: the second
+   tier's (6.) and stale_preemptions; merged into it. */
+static PyObject *tier_stats_dict(const kvp_scheduler_stats *s)
+{
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:d,s:d,s:K,s:K,s:K,s:K,s:K}", "tier_hit_blocks",
+        (unsigned long long)s->tier_hit_blocks, "tier_hit_tokens",
+        (unsigned long long)s->tier_hit_tokens, "tier_load_bytes",
+        (unsigned long long)s->tier_load_bytes, "tier_load_seconds", s->tier_load_seconds,
+        "tier_rejected", (unsigned long long)s->tier_rejected, "tier_errors",
+        (unsigned long long)s->tier_errors, "tier_recomputes",
+        (unsigned long long)s->tier_recomputes, "tier_bytes_per_second",
+        s->tier_bytes_per_second, "prefill_tokens_per_second", s->prefill_tokens_per_second,
+        "tier_prefetches", (unsigned long long)s->tier_prefetches, "tier_prefetch_used",
+        (unsigned long long)s->tier_prefetch_used, "tier_prefetch_late",
+        (unsigned long long)s->tier_prefetch_late, "tier_prefetch_wasted",
+        (unsigned long long)s->tier_prefetch_wasted, "stale_preemptions",
+        (unsigned long long)s->stale_preemptions);
+}
+
 static PyObject *sched_stats(KvpPyScheduler *self, PyObject *unused)
 {
     (void)unused;
@@ -486,7 +541,7 @@ static PyObject *sched_stats(KvpPyScheduler *self, PyObject *unused)
     kvp_error err;
     if (kvp_scheduler_stats_get(self->scheduler, &s, &err) != KVP_OK)
         return kvp_py_raise(&err);
-    return Py_BuildValue(
+    PyObject *d = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:n,s:n,s:K,s:K,s:K}",
         "submitted", (unsigned long long)s.submitted, "completed",
         (unsigned long long)s.completed, "rejected", (unsigned long long)s.rejected, "failed",
@@ -501,6 +556,11 @@ static PyObject *sched_stats(KvpPyScheduler *self, PyObject *unused)
         (Py_ssize_t)s.retained_pages, "session_keeps", (unsigned long long)s.session_keeps,
         "session_hits", (unsigned long long)s.session_hits, "session_drops",
         (unsigned long long)s.session_drops);
+    PyObject *tier = tier_stats_dict(&s);
+    if (!d || !tier || PyDict_Update(d, tier) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(tier);
+    return d;
 }
 
 static PyObject *sched_enter(PyObject *self, PyObject *unused)
@@ -562,7 +622,8 @@ PyTypeObject KvpPyScheduler_Type = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Scheduler(model, pool, decoder, capacity=..., watermark=0.01, reserve_tokens=16, "
               "max_running=0, compute=True, identity=0, sharing=True, cache_aware=False, "
-              "session_ttl=0, session_fraction=0.5, layers=0, model_width=0)\n\n"
+              "session_ttl=0, session_fraction=0.5, layers=0, model_width=0, tier_loads='model', "
+              "tier_prefetch=2)\n\n"
               "Continuous batching over `model` in `pool` on `decoder` "
               "(kvp_scheduler_create); model and decoder may be None with compute=False (the "
               "allocator alone; layers and model_width then). Holds the three alive. One "

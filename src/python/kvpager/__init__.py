@@ -17,8 +17,11 @@ docstrings summarize the headers' contracts):
   Scheduler continuous batching: submit, step, collect, stats, sessions
   group_probe, group_adopt, group_publish
             prefix sharing over a group of caches (one sequence's layers)
-  HostTier  a second tier in host memory (Pool.attach_tier); group_tier_load
-            maps its verified blocks back into a group of caches
+  HostTier  a second tier in host memory (Pool.attach_tier; keys_only for a
+            pool without data); group_tier_load maps its verified blocks back
+            into a group of caches
+  RedisTier a second tier on a Redis server, shared between processes
+  Tier      the base of the two (close, closed, name, keys_only)
   Error     the base of one exception class per kvp_status (PoolExhausted,
             Full, PageNotHeld, ...); error_classes maps status -> class
 
@@ -26,11 +29,11 @@ Every failed call raises and changes nothing, as in C. docs/python.md.
 """
 from ._kvpager import *  # noqa: F401,F403
 from ._kvpager import (Cache, Decoder, Error, HostTier, Layer, Model, Pool,  # noqa: F401
-                       Scheduler, Sequence, Ticket, View, error_classes, group_adopt,
+                       RedisTier, Scheduler, Sequence, Ticket, Tier, View, error_classes, group_adopt,
                        group_probe, group_publish, group_tier_load, library_version,
                        __version__)
 
 __all__ = ["Pool", "Cache", "View", "Model", "Layer", "Ticket", "Sequence", "Decoder",
-           "Scheduler", "HostTier", "Error", "error_classes", "group_probe", "group_adopt",
+           "Scheduler", "Tier", "HostTier", "RedisTier", "Error", "error_classes", "group_probe", "group_adopt",
            "group_publish", "group_tier_load",
            "library_version", "__version__"] + [c.__name__ for c in error_classes.values()]
