@@ -9,35 +9,7 @@ import pytest
 
 import kvpager
 from conftest import rows, state
-
-SECRET = bytes(range(1, 33))
-KEYS = bytes(range(40, 72))  # the pools' key secret: pools sharing a tier agree on keys
-BATCH = 2
-
-
-def small_pool(pages=8, key_secret=KEYS):
-    return kvpager.Pool(block_tokens=4, heads=2, head_width=8, budget_bytes=pages * 1024,
-                        key_secret=key_secret)
-
-
-def lane_keys(cache, k, blocks):
-    """keys[j * batch + lane] (one cache), chained over each block's key rows."""
-    keys = [None] * (blocks * BATCH)
-    for lane in range(BATCH):
-        parent = None
-        for j in range(blocks):
-            parent = cache.block_key(k[lane, :, 4 * j:4 * (j + 1)].tobytes(), parent)
-            keys[j * BATCH + lane] = parent
-    return keys
-
-
-def published(pool, seed=0):
-    a = kvpager.Cache(pool, batch_size=BATCH, capacity=16, identity=5)
-    k, v = rows(BATCH, 2, 8, 8, seed=seed)
-    a.append_rows(k, v)
-    keys = lane_keys(a, k, 2)
-    assert kvpager.group_publish([a], keys) == 2
-    return a, k, v, keys
+from tier_helpers import BATCH, SECRET, published, small_pool
 
 
 def test_write_back_eviction_then_load():

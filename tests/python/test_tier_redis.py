@@ -16,10 +16,7 @@ import pytest
 
 import kvpager
 from conftest import rows, state
-
-SECRET = bytes(range(1, 33))
-KEYS = bytes(range(40, 72))
-BATCH = 2
+from tier_helpers import BATCH, SECRET, published, small_pool
 
 
 def free_port():
@@ -91,30 +88,6 @@ _spaces = iter(range(1 << 30))
 def name_space():
     """A name space of its own per tier group, so tests never see each other's blocks."""
     return "t%d-%d" % (os.getpid(), next(_spaces))
-
-
-def small_pool(pages=8, key_secret=KEYS, **kw):
-    return kvpager.Pool(block_tokens=4, heads=2, head_width=8, budget_bytes=pages * 1024,
-                        key_secret=key_secret, **kw)
-
-
-def lane_keys(cache, k, blocks):
-    keys = [None] * (blocks * BATCH)
-    for lane in range(BATCH):
-        parent = None
-        for j in range(blocks):
-            parent = cache.block_key(k[lane, :, 4 * j:4 * (j + 1)].tobytes(), parent)
-            keys[j * BATCH + lane] = parent
-    return keys
-
-
-def published(pool, seed=0):
-    a = kvpager.Cache(pool, batch_size=BATCH, capacity=16, identity=5)
-    k, v = rows(BATCH, 2, 8, 8, seed=seed)
-    a.append_rows(k, v)
-    keys = lane_keys(a, k, 2)
-    assert kvpager.group_publish([a], keys) == 2
-    return a, k, v, keys
 
 
 def pages(cache):
