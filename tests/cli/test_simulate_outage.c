@@ -26,9 +26,10 @@
  * one cut, the refusals, and GET and SET replies forwarded after them.
  * Why that holds under any scheduling: the run's tier traffic is its
  * workload's (GETs at admissions, SETs at evictions), so at a third of the
- * reference's commands two thirds of it is still to come (measured: C =
- * 432 commands, about 230 GETs and 200 SETs; after the cut about 119 GETs
- * and 130 to 150 SETs are forwarded); every read during the refusals
+ * reference's commands two thirds of it is still to come (measured over
+ * 100 runs, debug, two at once: C = 430 to 432 commands, about 230 GETs
+ * and 200 SETs, K = 143 or 144; after the refusals 92 to 121 GETs and 113
+ * to 149 SETs were forwarded); every read during the refusals
  * fails (one must, to end them), and with retry 0 every batch after them
  * connects again: the tier is used again by construction. How many of
  * those GETs find a block is not asserted: the writer thread writes
