@@ -14,29 +14,32 @@
  *      output checksum kept; the server is emptied (FLUSHALL) after it;
  *   2. the outage run: at the K-th command (K = C / 3) the proxy closes
  *      every connection (the in-flight batch and anything unforwarded are
- *      lost, as when the server is killed); then it refuses: a connection
- *      that gets through the handshake (SELECT) is closed at its first
- *      command. The refusals end once at least M = 3 connections were
- *      refused, one of them at a read (a GET: the reader's batch failed, so
- *      the run's tier errors are forced above 0, not hoped for); after that
- *      it forwards again, and counts the commands and the GET/SET replies
- *      it forwards on the connections made after the refusals.
+ *      lost, as when the server is killed); then it refuses: the next M = 3
+ *      connections are closed at accept (their handshake fails: failed
+ *      connects, the ones --tier-retry-ms waits after), then each one is
+ *      let through the handshake (SELECT) and closed at its first command,
+ *      until one is closed at a read (a GET: the reader's batch failed, so
+ *      the run's tier errors are forced above 0, not hoped for); after
+ *      that it forwards again, and counts the commands and the GET and SET
+ *      replies it forwards on the connections made after the refusals.
  * Asserted: the child exits 0 with every request completed, --verify's
  * 0 mismatches and the reference's output checksum; tier errors above 0;
  * one cut, the refusals, and GET and SET replies forwarded after them.
  * Why that holds under any scheduling: the run's tier traffic is its
  * workload's (GETs at admissions, SETs at evictions), so at a third of the
- * reference's commands two thirds of it is still to come (measured over
- * 100 runs, debug, two at once: C = 430 to 432 commands, about 230 GETs
- * and 200 SETs, K = 143 or 144; after the refusals 92 to 121 GETs and 113
- * to 149 SETs were forwarded); every read during the refusals
- * fails (one must, to end them), and with retry 0 every batch after them
- * connects again: the tier is used again by construction. How many of
- * those GETs find a block is not asserted: the writer thread writes
- * evicted blocks asynchronously, so whether one is in Redis when read
- * again depends on timing (measured 0 to 44 hits a run, the reference's
- * included). Timeouts play no part (--tier-timeout-ms 10000: a loaded
- * machine is never taken for a dead server).
+ * reference's commands two thirds of it is still to come (measured: C =
+ * 430 to 432 commands, about 230 GETs and 200 SETs, K = 143 or 144; after
+ * the refusals about 100 to 120 GETs and 110 to 150 SETs are forwarded);
+ * every read during the refusals fails (one must, to end them), and with
+ * retry 0 every batch after them connects again: the tier is used again
+ * by construction. With the old fixed 1 s backoff the refused connects
+ * hold the tier off for the rest of the run: nothing is forwarded after
+ * them and the test fails. How many of those GETs find a block is not
+ * asserted: the writer thread writes evicted blocks asynchronously, so
+ * whether one is in Redis when read again depends on timing (measured 0
+ * to 44 hits a run, the reference's included). Timeouts play no part
+ * (--tier-timeout-ms 10000: a loaded machine is never taken for a dead
+ * server).
  * Usage: test_simulate_outage KVPAGER (the program under test).
  * Callers: ctest (test_simulate_outage).
  */
@@ -207,7 +210,8 @@ typedef struct proxy {
     int phase;
     unsigned long long commands; /* counted since the run began (the handshakes too) */
     unsigned long long cuts;
-    unsigned refused;
+    unsigned refused;                /* connections closed at accept (a failed connect) */
+    unsigned refused_commands;       /* then, connections closed at their first command */
     unsigned refused_reads;          /* of those, at a command other than SET */
     unsigned long long after_commands; /* after the refusals (handshakes apart) */
     unsigned long long after_gets;     /* GET replies forwarded after them */
@@ -261,6 +265,11 @@ static void accept_one(proxy *px)
         return;
     }
     px->accepted++;
+    if (px->phase == PHASE_REFUSING && px->refused < px->refuse_min) {
+        close(fd); /* the handshake fails: a failed connect, the backoff's business */
+        px->refused++;
+        return;
+    }
     conn *free_link = NULL;
     for (int i = 0; i < LINKS_MAX && free_link == NULL; i++) {
         free_link = px->links[i].fd[0] < 0 ? &px->links[i] : NULL;
@@ -288,10 +297,10 @@ static int client_command(proxy *px, conn *l)
         return 0;
     }
     if (px->phase == PHASE_REFUSING && kind != KIND_HANDSHAKE) {
-        conn_close(l); /* refused: its batch fails */
-        px->refused++;
+        conn_close(l); /* refused after the handshake: its batch fails */
+        px->refused_commands++;
         px->refused_reads += kind != KIND_SET;
-        if (px->refused >= px->refuse_min && px->refused_reads >= 1) {
+        if (px->refused_reads >= 1) {
             px->phase = PHASE_AFTER;
         }
         return 0;
@@ -469,7 +478,7 @@ static void proxy_arm(proxy *px, unsigned long long cut_at, unsigned refuse_min)
     px->phase = PHASE_BEFORE;
     px->commands = px->cuts = px->after_commands = 0;
     px->after_gets = px->after_sets = px->after_hits = 0;
-    px->refused = px->refused_reads = 0;
+    px->refused = px->refused_commands = px->refused_reads = 0;
     px->accepted = px->upstream_failures = px->protocol_errors = 0;
     pthread_mutex_unlock(&px->mutex);
 }
@@ -607,6 +616,7 @@ typedef struct proxy_counts {
     int phase;
     unsigned long long cuts;
     unsigned refused;
+    unsigned refused_commands;
     unsigned refused_reads;
     unsigned long long after_commands;
     unsigned long long after_gets;
@@ -640,6 +650,7 @@ static void test_simulate_outage_redis_cut_mid_run_then_used_again(void **state)
     proxy_counts seen = {.phase = px.phase,
                          .cuts = px.cuts,
                          .refused = px.refused,
+                         .refused_commands = px.refused_commands,
                          .refused_reads = px.refused_reads,
                          .after_commands = px.after_commands,
                          .after_gets = px.after_gets,
@@ -649,15 +660,15 @@ static void test_simulate_outage_redis_cut_mid_run_then_used_again(void **state)
                          .protocol_errors = px.protocol_errors};
     pthread_mutex_unlock(&px.mutex);
     printf("outage: %llu commands in the reference run; cut at K = %llu; %u connections "
-           "refused (%u at a read, M = %d); after: %llu commands, %llu GET replies (%llu "
+           "refused at accept (M = %d), then %u at their first command (%u at a read); after: %llu commands, %llu GET replies (%llu "
            "hits), %llu SET replies; run: %llu tier errors, %llu failed writes, %llu tier "
            "hits (reference %llu)\n",
-           total, cut_at, seen.refused, seen.refused_reads, REFUSE_MIN, seen.after_commands,
+           total, cut_at, seen.refused, REFUSE_MIN, seen.refused_commands, seen.refused_reads, seen.after_commands,
            seen.after_gets, seen.after_hits, seen.after_sets, out.errors, out.write_failures,
            out.hit_blocks, ref.hit_blocks);
     /* The outage happened as forced. */
     assert_int_equal(seen.cuts, 1);
-    assert_true(seen.refused >= REFUSE_MIN);
+    assert_int_equal(seen.refused, REFUSE_MIN);
     assert_true(seen.refused_reads >= 1);
     assert_int_equal(seen.phase, PHASE_AFTER);
     assert_int_equal(seen.protocol_errors, 0);
