@@ -29,7 +29,7 @@
  * workload's (GETs at admissions, SETs at evictions), so at a third of the
  * reference's commands two thirds of it is still to come (measured: C =
  * 430 to 432 commands, about 230 GETs and 200 SETs, K = 143 or 144; after
- * the refusals about 100 to 120 GETs and 110 to 150 SETs are forwarded);
+ * the refusals 92 to 121 GETs and 112 to 149 SETs were forwarded);
  * every read during the refusals fails (one must, to end them), and with
  * retry 0 every batch after them connects again: the tier is used again
  * by construction. With the old fixed 1 s backoff the refused connects
