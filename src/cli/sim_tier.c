@@ -8,7 +8,9 @@
  * closing: Redis tiers flushed (every queued write done, at most 30 s),
  * then compositions and leaves destroyed, outermost first.
  * Invariants: nothing here runs before the flags were checked
- * (simulate_tier.c parsed every URL and the secret file); a Redis server
+ * (simulate_tier.c parsed every URL and the secret file); a Redis tier's
+ * timeouts and reconnect wait are the config's (--tier-timeout-ms,
+ * --tier-retry-ms; 1000 ms each when not given); a Redis server
  * that is down does not fail the run (the tier counts errors, the
  * scheduler computes what it cannot load).
  * An allocator-only run (keys_only: its pool holds no data) gets one
@@ -47,7 +49,11 @@ static kvp_status make_leaf(const kvp_sim_tier_config *c, const kvp_sim_tier_spe
     kvp_tier_redis_config config;
     kvp_tier_redis_config_init(&config);
     config.url = spec->url;
-    config.backoff_min_ms = 1000; /* a server that is down is asked again after 1 s */
+    config.connect_timeout_ms = c->redis_timeout_ms; /* --tier-timeout-ms (default 1000) */
+    config.command_timeout_ms = c->redis_timeout_ms;
+    /* --tier-retry-ms (0: the next batch connects again); without it a server that is
+     * down is asked again after 1 s */
+    config.backoff_min_ms = c->redis_retry_given ? c->redis_retry_ms : 1000;
     return kvp_tier_redis_create(&config, out, err);
 }
 

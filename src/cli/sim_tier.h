@@ -39,6 +39,11 @@ typedef struct kvp_sim_tier_config {
     int write_through;                           /* --tier-policy publish */
     int loads;                                   /* --tier-loads: a kvp_tier_loads */
     int keys_only; /* allocator-only (--no-compute): host tiers keep keys only */
+    unsigned redis_timeout_ms; /* --tier-timeout-ms: Redis connect and command timeouts
+                                  (0: the tier's default, 1000 ms) */
+    int redis_retry_given;     /* --tier-retry-ms was given: redis_retry_ms holds it */
+    unsigned redis_retry_ms;   /* wait after a failed connect (0: at the next batch); without
+                                  --tier-retry-ms 1000 ms */
 } kvp_sim_tier_config;
 
 /* The tiers one run made: the leaves in order, the compositions, the top one attached. */

@@ -125,8 +125,9 @@ typedef struct simulate_trace_figures {
 typedef struct simulate_tier_options {
     const char *values[KVP_SIM_TIERS_MAX]; /* each --tier, in order */
     size_t count;
-    const char *given[4];                  /* --tier-secret-file, --tier-policy, --tier-loads
-                                              (indexes 1..3; 0 unused: --tier repeats) */
+    const char *given[6];                  /* --tier-secret-file, --tier-policy, --tier-loads,
+                                              --tier-timeout-ms, --tier-retry-ms (indexes
+                                              1..5; 0 unused: --tier repeats) */
 } simulate_tier_options;
 
 typedef struct simulate_options {

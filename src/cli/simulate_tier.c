@@ -3,8 +3,10 @@
  * report lines (issue 20; docs/simulate.md, "A second tier").
  *
  * Owns: --tier host:SIZE | redis://... (repeatable, in order: the first is
- * nearest), --tier-secret-file PATH, --tier-policy evict|publish and
- * --tier-loads model|always|never, each as `--flag v` or `--flag=v`; their
+ * nearest), --tier-secret-file PATH, --tier-policy evict|publish,
+ * --tier-loads model|always|never, --tier-timeout-ms MS and --tier-retry-ms
+ * MS (a Redis tier's timeouts and reconnect wait: refused without a Redis
+ * tier), each as `--flag v` or `--flag=v`; their
  * help text; the checks (a Redis URL is parsed by making the Redis tier,
  * which connects lazily, and destroying it: never connected; the secret
  * file is read and hashed); the report lines and --json keys of a run with
@@ -29,10 +31,24 @@
 
 #include "simulate.h"
 
-enum { TIER_FLAG, SECRET_FLAG, POLICY_FLAG, LOADS_FLAG, TIER_FLAG_COUNT };
+enum {
+    TIER_FLAG,
+    SECRET_FLAG,
+    POLICY_FLAG,
+    LOADS_FLAG,
+    TIMEOUT_FLAG,
+    RETRY_FLAG,
+    TIER_FLAG_COUNT
+};
 
 static const char *const tier_flag_names[TIER_FLAG_COUNT] = {
-    "--tier", "--tier-secret-file", "--tier-policy", "--tier-loads"};
+    "--tier",        "--tier-secret-file", "--tier-policy",
+    "--tier-loads",  "--tier-timeout-ms",  "--tier-retry-ms"};
+
+/* Bounds of --tier-timeout-ms (1 ms to 10 min) and --tier-retry-ms (0 to the Redis
+ * tier's longest backoff, 30 s). */
+#define TIMEOUT_MS_MAX 600000u
+#define RETRY_MS_MAX 30000u
 
 /* Most bytes of a secret file read (its hash is the secret). */
 #define SECRET_FILE_MAX 4096
@@ -61,7 +77,12 @@ void kvp_simulate_tier_usage(FILE *out)
             "                       see it at once) (default evict)\n"
             "  --tier-loads WORD    model (load a missed block when the tier's measured\n"
             "                       bytes/s beat this model's prefill tokens/s), always or\n"
-            "                       never (default model)\n\n");
+            "                       never (default model)\n"
+            "  --tier-timeout-ms MS the Redis tier's connect and command timeouts, 1 to 600000\n"
+            "                       (default 1000); needs a redis:// --tier\n"
+            "  --tier-retry-ms MS   the wait after a failed connect to Redis before the next\n"
+            "                       try (doubling up to 30 s), 0 to 30000; 0: the next batch\n"
+            "                       tries again (default 1000); needs a redis:// --tier\n\n");
 }
 
 /* The length of `arg`'s flag name (up to '=' for --flag=value). */
@@ -69,6 +90,25 @@ static size_t name_length(const char *arg)
 {
     const char *equals = strchr(arg, '=');
     return equals != NULL ? (size_t)(equals - arg) : strlen(arg);
+}
+
+/* --tier-timeout-ms (1..TIMEOUT_MS_MAX) or --tier-retry-ms (0..RETRY_MS_MAX). */
+static void take_ms(simulate_options *o, int f, const char *value, kvp_cli_problems *p)
+{
+    size_t ms = 0;
+    unsigned low = f == TIMEOUT_FLAG ? 1u : 0u;
+    unsigned high = f == TIMEOUT_FLAG ? TIMEOUT_MS_MAX : RETRY_MS_MAX;
+    if (kvp_cli_parse_size(value, &ms) != 0 || ms < low || ms > high) {
+        kvp_cli_problem(p, "invalid value for %s: '%s': milliseconds, a whole number from %u to %u",
+                        tier_flag_names[f], value, low, high);
+        return;
+    }
+    if (f == TIMEOUT_FLAG) {
+        o->sim.tier.redis_timeout_ms = (unsigned)ms;
+    } else {
+        o->sim.tier.redis_retry_ms = (unsigned)ms;
+        o->sim.tier.redis_retry_given = 1;
+    }
 }
 
 /* Syntax of one --tier value into the next spec (a Redis URL is parsed by the check). */
@@ -147,6 +187,8 @@ int kvp_simulate_tier_take(int argc, char **argv, int *i, simulate_options *o,
         take_tier(o, value, p);
     } else if (taken == POLICY_FLAG || taken == LOADS_FLAG) {
         take_word(o, taken, value, p);
+    } else if (taken == TIMEOUT_FLAG || taken == RETRY_FLAG) {
+        take_ms(o, taken, value, p);
     }
     return 1;
 }
@@ -223,6 +265,12 @@ static void check_combinations(simulate_options *o, kvp_cli_problems *p)
     for (int f = SECRET_FLAG; f < TIER_FLAG_COUNT; f++) {
         if (t->given[f] != NULL && t->count == 0) {
             kvp_cli_problem(p, "%s %s needs --tier", tier_flag_names[f], t->given[f]);
+        }
+    }
+    for (int f = TIMEOUT_FLAG; f <= RETRY_FLAG; f++) {
+        if (t->given[f] != NULL && t->count != 0 && !has_redis(o)) {
+            kvp_cli_problem(p, "%s %s needs a redis:// --tier: host tiers have no connection",
+                            tier_flag_names[f], t->given[f]);
         }
     }
     if (t->count == 0) {

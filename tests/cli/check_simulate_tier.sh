@@ -56,6 +56,23 @@ run secret_missing --tier-secret-file "'$work/none'" $S --tier host:1MiB \
     --tier-secret-file "$work/none"
 run secret_short --tier-secret-file "16 to 4096" $S --tier host:1MiB \
     --tier-secret-file "$work/short"
+R="--tier redis://127.0.0.1:1 --tier-secret-file $work/secret"
+# shellcheck disable=SC2086
+run timeout_zero --tier-timeout-ms "'0'" $S $R --tier-timeout-ms 0
+# shellcheck disable=SC2086
+run timeout_big --tier-timeout-ms "'600001'" $S $R --tier-timeout-ms=600001
+# shellcheck disable=SC2086
+run timeout_word --tier-timeout-ms "'1s'" $S $R --tier-timeout-ms 1s
+# shellcheck disable=SC2086
+run retry_negative --tier-retry-ms "'-1'" $S $R --tier-retry-ms=-1
+# shellcheck disable=SC2086
+run retry_big --tier-retry-ms "'30001'" $S $R --tier-retry-ms 30001
+# shellcheck disable=SC2086
+run retry_twice --tier-retry-ms "'5'" $S $R --tier-retry-ms 0 --tier-retry-ms 5
+run retry_needs_value --tier-retry-ms "needs a value" $S --tier-retry-ms=
+run timeout_without_tier --tier-timeout-ms "500" $S --tier-timeout-ms 500
+run retry_host_only --tier-retry-ms "0" $S --tier host:1MiB --tier-retry-ms 0
+run timeout_host_only --tier-timeout-ms "500" $S --tier host:1MiB --tier-timeout-ms=500
 
 # Accepted: both spellings, a host tier's report lines and --json keys.
 small="--requests 4 --layers 1 --model-width 32 --heads 2 --block-tokens 8 --prompt-mean 48 --output-mean 4 --capacity 128"
