@@ -64,7 +64,7 @@ typedef struct kvp_sim_tier_result {
     uint64_t load_bytes;
     double load_seconds;
     uint64_t writes;          /* pages handed to the tier (write-back or write-through) */
-    uint64_t write_failures;
+    uint64_t write_failures;  /* refused by the tier, or (Redis) failed by its writer after */
     uint64_t rejected;        /* blocks that failed verification, never mapped */
     uint64_t errors;          /* blocks the tier failed to read, and loads refused */
     uint64_t recomputes;      /* missed blocks the cost model chose to recompute */

@@ -48,6 +48,7 @@ typedef struct run_figures {
     unsigned long long rejected;
     unsigned long long errors;
     unsigned long long writes;
+    unsigned long long write_failures;
     char checksum[64];
 } run_figures;
 
@@ -112,6 +113,7 @@ static run_figures simulate(const char *secret)
     r.rejected = number(tier, "rejected");
     r.errors = number(tier, "errors");
     r.writes = number(tier, "writes");
+    r.write_failures = number(tier, "write_failures");
     text(json, "output_checksum", r.checksum, sizeof r.checksum);
     return r;
 }
@@ -152,6 +154,7 @@ static void test_simulate_tier_second_process_loads_the_first_ones_blocks(void *
     assert_int_equal(second.completed, 6);
     assert_int_equal(first.hit_blocks, 0); /* a fresh server */
     assert_true(first.writes > 0);
+    assert_int_equal(first.write_failures, 0); /* the writer wrote every block */
     assert_true(second.hit_blocks > 0);
     assert_int_equal(second.hit_tokens, second.hit_blocks * 8);
     assert_true(second.prefill_tokens * 5 <= first.prefill_tokens); /* <= 20% */
@@ -251,6 +254,7 @@ static void test_simulate_tier_full_redis_fails_writes_only(void **state)
     redisFree(c);
     assert_int_equal(held, 0); /* every write failed ... */
     assert_true(r.writes > 0);
+    assert_int_equal(r.write_failures, r.writes); /* ... and the report says so (the writer's) */
     assert_int_equal(r.completed, 6); /* ... and nothing else did */
     assert_int_equal(r.errors, 0);
     assert_int_equal(r.rejected, 0);
