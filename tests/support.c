@@ -15,6 +15,7 @@
 #include "attention/kernels.h"
 #include "attention/layer_internal.h"
 #include "pager/cache_internal.h"
+#include "pager/pool_internal.h"
 
 /* cmocka's assertion functions, reporting the caller's file and line. */
 #define INT_EQUAL_AT(a, b, file, line) \
@@ -38,6 +39,27 @@ void kvpt_assert_pool_ok_at(kvp_pool *pool, const char *file, int line)
         char text[512];
         kvp_error_format(&err, text, sizeof text);
         print_error("%s:%d: pool audit failed: %s\n", file, line, text);
+        fail();
+    }
+}
+
+void kvpt_commitment(kvp_pool *pool, size_t *high_water, size_t *overdrawn)
+{
+    kvpi_pool_lock(pool);
+    *high_water = pool->commit_high_water;
+    *overdrawn = pool->overdrawn;
+    kvpi_pool_unlock(pool);
+}
+
+void kvpt_assert_committed_at(kvp_pool *pool, const char *file, int line)
+{
+    size_t high_water = 0;
+    size_t overdrawn = 0;
+    kvpt_commitment(pool, &high_water, &overdrawn);
+    size_t total = kvpt_stats(pool).total_pages;
+    if (overdrawn == 0 && high_water > total) {
+        print_error("%s:%d: held + promised reached %zu pages of %zu, no page overdrawn\n",
+                    file, line, high_water, total);
         fail();
     }
 }

@@ -36,6 +36,17 @@
 #define kvpt_assert_pool_ok(pool) kvpt_assert_pool_ok_at((pool), __FILE__, __LINE__)
 void kvpt_assert_pool_ok_at(kvp_pool *pool, const char *file, int line);
 
+/*
+ * Admission's guarantee (DESIGN "Admission and promises"): while no page was
+ * taken beyond its taker's promise (the pool's `overdrawn` is 0), held +
+ * promised pages never exceeded the pool after any take, adoption of an
+ * evictable page or promise set (its `commit_high_water`). Fails, printing
+ * both, otherwise. kvpt_commitment reads the two under the pool lock.
+ */
+#define kvpt_assert_committed(pool) kvpt_assert_committed_at((pool), __FILE__, __LINE__)
+void kvpt_assert_committed_at(kvp_pool *pool, const char *file, int line);
+void kvpt_commitment(kvp_pool *pool, size_t *high_water, size_t *overdrawn);
+
 /* Asserts `status` is KVP_OK, printing the rendered error otherwise. */
 #define kvpt_assert_ok(status, err) kvpt_assert_ok_at((status), (err), __FILE__, __LINE__)
 void kvpt_assert_ok_at(kvp_status status, const kvp_error *err, const char *file, int line);

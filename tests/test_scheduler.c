@@ -314,6 +314,7 @@ static size_t run(fixture *f, size_t max_running)
         kvp_error err;
         kvpt_assert_ok(kvp_scheduler_step(f->scheduler, &st, &err), &err);
         kvpt_assert_pool_ok(f->pool);
+        kvpt_assert_committed(f->pool);
         assert_true(st.decoded > 0 || st.rejected > 0);
         if (max_running != 0) {
             assert_true(st.decoded <= max_running);

@@ -326,6 +326,7 @@ static void serve_alloc(fixture *f, book *b, uint64_t id, size_t shared)
         assert_true(steps < 1000);
         kvpt_assert_ok(kvp_scheduler_step(f->scheduler, NULL, &err), &err);
         kvpt_assert_pool_ok(f->pool); /* the full audit after every step */
+        kvpt_assert_committed(f->pool);
     }
     kvp_request_result result;
     kvp_request_result_init(&result);

@@ -195,6 +195,7 @@ static kvp_step_stats step(fixture *f)
     kvpt_assert_ok(kvp_scheduler_step(f->scheduler, &st, &err), &err);
     kvpt_assert_pool_ok(f->pool);
     assert_int_equal(st.held_pages, kvpt_stats(f->pool).held_pages);
+    kvpt_assert_committed(f->pool);
     return st;
 }
 

@@ -391,6 +391,7 @@ static sched_run sched_run_with(kvp_model *model, size_t pages, size_t count, si
         kvp_step_stats_init(&st);
         kvpt_assert_ok(kvp_scheduler_step(s, &st, &err), &err);
         kvpt_assert_pool_ok(pool);
+        kvpt_assert_committed(pool);
         kvp_pool_stats ps;
         kvp_pool_stats_init(&ps);
         kvpt_assert_ok(kvp_pool_stats_get(pool, &ps, &err), &err);

@@ -489,10 +489,20 @@ size_t kvp_pool_pages_for(const kvp_pool *pool, size_t lanes, size_t tokens)
     return lanes * blocks;
 }
 
+void kvpi_pool_note_commit_locked(kvp_pool *pool, size_t uncovered)
+{
+    size_t committed = pool->total_pages - kvpi_pool_available_locked(pool) + pool->promised;
+    if (committed > pool->commit_high_water) {
+        pool->commit_high_water = committed;
+    }
+    pool->overdrawn += uncovered;
+}
+
 void kvpi_pool_promise_set_locked(kvp_pool *pool, size_t *promise, size_t pages)
 {
     pool->promised = pool->promised - *promise + pages;
     *promise = pages;
+    kvpi_pool_note_commit_locked(pool, 0);
 }
 
 void kvpi_pool_promise_consume_locked(kvp_pool *pool, size_t *promise, size_t taken)
@@ -500,6 +510,7 @@ void kvpi_pool_promise_consume_locked(kvp_pool *pool, size_t *promise, size_t ta
     size_t consumed = taken < *promise ? taken : *promise;
     *promise -= consumed;
     pool->promised -= consumed;
+    kvpi_pool_note_commit_locked(pool, taken - consumed);
 }
 
 kvp_status kvpi_pool_fail_no_data(kvp_error *err)
@@ -830,4 +841,5 @@ void kvpi_pool_ref_locked(kvp_pool *pool, uint32_t page)
     kvpi_lru_unlink_locked(pool, page);
     pool->acquires++;
     raise_high_water_locked(pool);
+    kvpi_pool_note_commit_locked(pool, 0); /* admission counted it, no promise */
 }

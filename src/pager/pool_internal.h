@@ -79,6 +79,17 @@ struct kvp_pool {
     uint64_t releases;
     uint64_t exhaustions;
     size_t promised;       /* pages promised to sequences and not yet taken */
+    /*
+     * Commitment (kvpi_pool_note_commit_locked; DESIGN "Admission and
+     * promises"): the most held + promised pages seen at once, noted after
+     * every take (its promise drawn), adoption of an evictable page and
+     * promise set; and the pages taken beyond the taker's promise (or
+     * with none). While `overdrawn` is 0, `commit_high_water` <= total
+     * is what admission guarantees. Diagnostics for the tests: read
+     * nowhere else.
+     */
+    size_t commit_high_water;
+    size_t overdrawn;
     size_t tentative;      /* held pages of transactions not yet confirmed (prefills) */
     /*
      * Sharing (prefix.c): the prefix index and the evictable LRU list. A
@@ -244,6 +255,8 @@ void kvpi_prefix_audit_locked(const kvp_pool *pool, kvpi_audit *audit, uint32_t 
  */
 void kvpi_pool_promise_set_locked(kvp_pool *pool, size_t *promise, size_t pages);
 void kvpi_pool_promise_consume_locked(kvp_pool *pool, size_t *promise, size_t taken);
+/* Notes held + promised now in commit_high_water, and `uncovered` pages taken in overdrawn. */
+void kvpi_pool_note_commit_locked(kvp_pool *pool, size_t uncovered);
 
 /* Audit callbacks for holders. */
 /*

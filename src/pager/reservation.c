@@ -94,6 +94,8 @@ static kvp_status fill_locked(kvpi_reservation *r, size_t n, size_t *promise, in
             if (promise == r->refund_promise) {
                 r->refund_deficit += n - (before - *promise); /* taken beyond the promise */
             }
+        } else {
+            kvpi_pool_note_commit_locked(r->pool, n);
         }
     }
     return status;

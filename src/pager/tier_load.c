@@ -159,6 +159,7 @@ static kvp_status load_map_locked(kvp_cache *const *caches, size_t count, load_b
     if (status != KVP_OK) {
         return status;
     }
+    kvpi_pool_note_commit_locked(pool, 0); /* no promise: admission counted them (prefill) */
     for (size_t i = 0; i < run * per; i++) {
         uint32_t page = b->pages[i];
         kvp_cache *cache = caches[(i / batch) % count];

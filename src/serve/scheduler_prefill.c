@@ -111,6 +111,16 @@ static void promise_samples(kvp_scheduler *s, const record *rec, size_t at, size
         if (s->windows != NULL) {
             /* what admission asked for it, with the blocks sample 0 adopted */
             want = kvpi_sched_window_sample_pages(s, rec, x, k, adopted / s->block_tokens);
+            if (k == 0 && adopted != 0) {
+                /*
+                 * That level counts every page held, the adopted ones too,
+                 * which sample 0 holds now: promise only what it may still
+                 * take, its prefill's blocks or its level less what it holds.
+                 */
+                size_t prefill = lease_pages_for(s, l, rec->request.prompt_tokens);
+                size_t level = lease_level_for(s, l, rec->request.prompt_tokens + x);
+                want = prefill > level ? prefill : level;
+            }
         } else if (n == 1 || !s->config.sharing || k == 0) {
             want = lease_pages_for(s, l, rec->request.prompt_tokens + x);
         } else {
