@@ -12,8 +12,9 @@
  * deployment secret are rejected, counted and never mapped; tier_loads
  * NEVER reads nothing; a bad tier_loads is refused; an allocator-only
  * scheduler over a pool without data loads the same blocks from a
- * keys-only tier; a load in a step borrows no evictable hit a later
- * request of the step counted (every admitted request adopts first).
+ * keys-only tier; neither a load nor an allocator-only append in a step
+ * borrows an evictable hit a later request of the step counted (every
+ * admitted request adopts first).
  * Deterministic: one decoder thread, requests one at a time (the
  * adoption-order test: a few a step, admitted in queue order).
  */
@@ -385,9 +386,12 @@ static void test_scheduler_tier_allocator_only_keys(void **state)
     assert_int_equal(hs.bytes, hs.blocks * block_bytes());
 }
 
-/* Like submit, with its own prompt length and new tokens. */
+/*
+ * Like submit, with its own prompt length and new tokens; `outputs` 0 (an
+ * allocator-only scheduler): no on_token.
+ */
 static void submit_len(fixture *f, book *b, uint64_t id, unsigned group, size_t shared,
-                       size_t prompt, size_t new_tokens)
+                       size_t prompt, size_t new_tokens, int outputs)
 {
     b->shared[id] = shared;
     b->group[id] = group;
@@ -396,7 +400,7 @@ static void submit_len(fixture *f, book *b, uint64_t id, unsigned group, size_t 
     request.prompt_tokens = prompt;
     request.max_new_tokens = new_tokens;
     request.input = input_cb;
-    request.on_token = token_cb;
+    request.on_token = outputs ? token_cb : NULL;
     request.ctx = b;
     uint64_t got = UINT64_MAX;
     kvp_error err;
@@ -429,11 +433,11 @@ static void run_idle(fixture *f)
  * ask the 18 pages there are. A's load takes 10 pages: the 8 free ones
  * and 2 borrowed from the LRU's head.
  */
-static void order_workload(fixture *f, book *b, kvp_request_result *results)
+static void order_workload(fixture *f, book *b, kvp_request_result *results, int outputs)
 {
-    submit_len(f, b, 0, 0, 0, 17, 1);  /* Y */
-    submit_len(f, b, 1, 1, 5, 5, 1);   /* X */
-    submit_len(f, b, 2, 1, 9, 9, 3);   /* R */
+    submit_len(f, b, 0, 0, 0, 17, 1, outputs);  /* Y */
+    submit_len(f, b, 1, 1, 5, 5, 1, outputs);   /* X */
+    submit_len(f, b, 2, 1, 9, 9, 3, outputs);   /* R */
     step(f);
     kvp_pool_stats ps;
     kvp_pool_stats_init(&ps);
@@ -444,8 +448,8 @@ static void order_workload(fixture *f, book *b, kvp_request_result *results)
     assert_int_equal(ps.free_pages, 8);
     assert_int_equal(ps.promised_pages, 0);
     assert_int_equal(stats_of(f).running, 1);
-    submit_len(f, b, 3, 2, 21, 21, 1); /* A */
-    submit_len(f, b, 4, 1, 8, 13, 1);  /* B */
+    submit_len(f, b, 3, 2, 21, 21, 1, outputs); /* A */
+    submit_len(f, b, 4, 1, 8, 13, 1, outputs);  /* B */
     run_idle(f);
     size_t n = 0;
     kvp_request_result got[ORDER_REQUESTS];
@@ -481,16 +485,16 @@ static void test_scheduler_tier_load_after_every_adoption(void **state)
     kvp_request_result without[ORDER_REQUESTS], with[ORDER_REQUESTS];
     fixture f;
     setup(&f, NULL, 0, 0, KVP_TIER_LOADS_MODEL);
-    order_workload(&f, &plain, without);
+    order_workload(&f, &plain, without, 1);
     teardown(&f);
 
     kvp_tier *tier = host();
     setup(&f, tier, 1, 1, KVP_TIER_LOADS_ALWAYS); /* another pool puts A's prompt in the tier */
-    submit_len(&f, &first, 0, 2, 21, 21, 1);
+    submit_len(&f, &first, 0, 2, 21, 21, 1, 1);
     run_idle(&f);
     teardown(&f);
     setup(&f, tier, 1, 0, KVP_TIER_LOADS_ALWAYS);
-    order_workload(&f, &tiered, with);
+    order_workload(&f, &tiered, with, 1);
     kvp_scheduler_stats ts = stats_of(&f);
     teardown(&f);
     kvpt_assert_ok(kvp_tier_destroy(tier, NULL), NULL);
@@ -508,6 +512,28 @@ static void test_scheduler_tier_load_after_every_adoption(void **state)
     assert_int_equal(ts.tier_hit_blocks, 5);
 }
 
+/*
+ * The same shape without a tier: an allocator-only lease appends its
+ * prompt at once (no decoder job), so A's append (12 pages, 8 free) would
+ * borrow X's block 0 before B adopts it, and B would fail as above.
+ */
+static void test_scheduler_allocator_append_after_every_adoption(void **state)
+{
+    (void)state;
+    static book b;
+    memset(&b, 0, sizeof b);
+    kvp_request_result results[ORDER_REQUESTS];
+    fixture f;
+    setup_alloc(&f, NULL);
+    order_workload(&f, &b, results, 0);
+    teardown(&f);
+    for (size_t i = 0; i < ORDER_REQUESTS; i++) {
+        assert_int_equal(results[i].status, KVP_OK); /* B: POOL_EXHAUSTED with A's append first */
+        assert_int_equal(results[i].tokens_generated, i == 2 ? 3 : 1);
+    }
+    assert_int_equal(results[4].first_hit_tokens, 2 * BLOCK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -518,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_scheduler_tier_never_and_bad_loads),
         cmocka_unit_test(test_scheduler_tier_allocator_only_keys),
         cmocka_unit_test(test_scheduler_tier_load_after_every_adoption),
+        cmocka_unit_test(test_scheduler_allocator_append_after_every_adoption),
     };
     return cmocka_run_group_tests(tests, model_setup, model_teardown);
 }
