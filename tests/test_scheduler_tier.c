@@ -423,7 +423,7 @@ static void run_idle(fixture *f)
  * first 5 rows) and R (2: group 1's first 9 rows, 3 new tokens). X and R
  * both compute block 0; X publishes it first, so R's block 0 stays
  * unregistered and R registers block 1. Y and X finish in step 0, X's
- * pages last (the LRU's head is Y's); R runs on. So after step 0: R holds
+ * pages released first (the LRU's head); R runs on. So after step 0: R holds
  * 6 pages, 10 evictable (X's block 0, then Y's 4 blocks, least recent
  * first), 8 free, nothing promised; the index maps group 1's block 0 to
  * X's evictable pages and block 1 to R's held ones. Step 1 admits A (3:
@@ -431,7 +431,8 @@ static void run_idle(fixture *f)
  * group 1's first 8 rows, 13 in all): B's probe finds blocks 0
  * (evictable: 2 pages) and 1 (held: 0), so A (12 pages) and B (4 + 2)
  * ask the 18 pages there are. A's load takes 10 pages: the 8 free ones
- * and 2 borrowed from the LRU's head.
+ * and 2 borrowed from the LRU's head, X's (B failing on the old order
+ * shows it: with Y's borrowed instead B would have adopted block 0).
  */
 static void order_workload(fixture *f, book *b, kvp_request_result *results, int outputs)
 {
