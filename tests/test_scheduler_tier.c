@@ -12,8 +12,11 @@
  * deployment secret are rejected, counted and never mapped; tier_loads
  * NEVER reads nothing; a bad tier_loads is refused; an allocator-only
  * scheduler over a pool without data loads the same blocks from a
- * keys-only tier.
- * Deterministic: one decoder thread, requests one at a time.
+ * keys-only tier; neither a load nor an allocator-only append in a step
+ * borrows an evictable hit a later request of the step counted (every
+ * admitted request adopts first).
+ * Deterministic: one decoder thread, requests one at a time (the
+ * adoption-order test: a few a step, admitted in queue order).
  */
 #include "sched_tier_support.h"
 
@@ -384,6 +387,155 @@ static void test_scheduler_tier_allocator_only_keys(void **state)
     assert_int_equal(hs.bytes, hs.blocks * block_bytes());
 }
 
+/*
+ * Like submit, with its own prompt length and new tokens; `outputs` 0 (an
+ * allocator-only scheduler): no on_token.
+ */
+static void submit_len(fixture *f, book *b, uint64_t id, unsigned group, size_t shared,
+                       size_t prompt, size_t new_tokens, int outputs)
+{
+    b->shared[id] = shared;
+    b->group[id] = group;
+    kvp_request request;
+    kvp_request_init(&request);
+    request.prompt_tokens = prompt;
+    request.max_new_tokens = new_tokens;
+    request.input = input_cb;
+    request.on_token = outputs ? token_cb : NULL;
+    request.ctx = b;
+    uint64_t got = UINT64_MAX;
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &got, &err), &err);
+    assert_int_equal(got, id);
+}
+
+static void run_idle(fixture *f)
+{
+    for (size_t steps = 0; stats_of(f).running + stats_of(f).waiting != 0; steps++) {
+        assert_true(steps < 100);
+        step(f);
+    }
+}
+
+#define ORDER_REQUESTS 5
+
+/*
+ * Step 0 admits Y (id 0: 17 own rows, 4 full blocks), X (1: group 1's
+ * first 5 rows) and R (2: group 1's first 9 rows, 3 new tokens). X and R
+ * both compute block 0; X publishes it first, so R's block 0 stays
+ * unregistered and R registers block 1. Y and X finish in step 0, X's
+ * pages released first (the LRU's head); R runs on. So after step 0: R holds
+ * 6 pages, 10 evictable (X's block 0, then Y's 4 blocks, least recent
+ * first), 8 free, nothing promised; the index maps group 1's block 0 to
+ * X's evictable pages and block 1 to R's held ones. Step 1 admits A (3:
+ * group 2's 21 rows, 5 blocks, in the tier when `tiered`) then B (4:
+ * group 1's first 8 rows, 13 in all): B's probe finds blocks 0
+ * (evictable: 2 pages) and 1 (held: 0), so A (12 pages) and B (4 + 2)
+ * ask the 18 pages there are. A's load takes 10 pages: the 8 free ones
+ * and 2 borrowed from the LRU's head, X's (B failing on the old order
+ * shows it: with Y's borrowed instead B would have adopted block 0).
+ */
+static void order_workload(fixture *f, book *b, kvp_request_result *results, int outputs)
+{
+    submit_len(f, b, 0, 0, 0, 17, 1, outputs);  /* Y */
+    submit_len(f, b, 1, 1, 5, 5, 1, outputs);   /* X */
+    submit_len(f, b, 2, 1, 9, 9, 3, outputs);   /* R */
+    step(f);
+    kvp_pool_stats ps;
+    kvp_pool_stats_init(&ps);
+    kvpt_assert_ok(kvp_pool_stats_get(f->pool, &ps, NULL), NULL);
+    assert_int_equal(ps.total_pages, 24);
+    assert_int_equal(ps.held_pages, 6);
+    assert_int_equal(ps.evictable_pages, 10);
+    assert_int_equal(ps.free_pages, 8);
+    assert_int_equal(ps.promised_pages, 0);
+    assert_int_equal(stats_of(f).running, 1);
+    submit_len(f, b, 3, 2, 21, 21, 1, outputs); /* A */
+    submit_len(f, b, 4, 1, 8, 13, 1, outputs);  /* B */
+    run_idle(f);
+    size_t n = 0;
+    kvp_request_result got[ORDER_REQUESTS];
+    for (size_t i = 0; i < ORDER_REQUESTS; i++) {
+        kvp_request_result_init(&got[i]);
+    }
+    kvp_error err;
+    kvpt_assert_ok(kvp_scheduler_collect(f->scheduler, got, ORDER_REQUESTS, &n, &err), &err);
+    assert_int_equal(n, ORDER_REQUESTS);
+    for (size_t i = 0; i < ORDER_REQUESTS; i++) {
+        assert_true(got[i].id < ORDER_REQUESTS);
+        results[got[i].id] = got[i];
+    }
+}
+
+/*
+ * One step admits A then B; A's tier load takes fresh pages with none
+ * free, so it borrows the least recently used cached ones: X's block 0,
+ * which B's probe counted as a hit. Adopting after A's load, B would find
+ * no block 0, compute blocks 0 and 1 (block 1's 2 pages admission charged
+ * nothing, R holds them) and need 2 pages more than the pool has: failed,
+ * POOL_EXHAUSTED. Every admitted request adopts before any load, so B
+ * holds blocks 0 and 1 first, A's load borrows Y's pages, and everything
+ * fits exactly, outputs bit for bit those without a tier.
+ */
+static void test_scheduler_tier_load_after_every_adoption(void **state)
+{
+    (void)state;
+    static book plain, first, tiered;
+    memset(&plain, 0, sizeof plain);
+    memset(&first, 0, sizeof first);
+    memset(&tiered, 0, sizeof tiered);
+    kvp_request_result without[ORDER_REQUESTS], with[ORDER_REQUESTS];
+    fixture f;
+    setup(&f, NULL, 0, 0, KVP_TIER_LOADS_MODEL);
+    order_workload(&f, &plain, without, 1);
+    teardown(&f);
+
+    kvp_tier *tier = host();
+    setup(&f, tier, 1, 1, KVP_TIER_LOADS_ALWAYS); /* another pool puts A's prompt in the tier */
+    submit_len(&f, &first, 0, 2, 21, 21, 1, 1);
+    run_idle(&f);
+    teardown(&f);
+    setup(&f, tier, 1, 0, KVP_TIER_LOADS_ALWAYS);
+    order_workload(&f, &tiered, with, 1);
+    kvp_scheduler_stats ts = stats_of(&f);
+    teardown(&f);
+    kvpt_assert_ok(kvp_tier_destroy(tier, NULL), NULL);
+
+    for (size_t i = 0; i < ORDER_REQUESTS; i++) {
+        assert_int_equal(without[i].status, KVP_OK);
+        assert_int_equal(with[i].status, KVP_OK); /* B: POOL_EXHAUSTED when A's load ran first */
+    }
+    assert_outputs_equal(&plain, &tiered, ORDER_REQUESTS);
+    assert_int_equal(plain.tokens[4], 1);
+    assert_int_equal(without[4].first_hit_tokens, 2 * BLOCK);
+    assert_int_equal(with[4].first_hit_tokens, 2 * BLOCK); /* B adopted blocks 0 and 1 */
+    assert_int_equal(without[3].first_hit_tokens, 0);
+    assert_int_equal(with[3].first_hit_tokens, 5 * BLOCK); /* A: loaded */
+    assert_int_equal(ts.tier_hit_blocks, 5);
+}
+
+/*
+ * The same shape without a tier: an allocator-only lease appends its
+ * prompt at once (no decoder job), so A's append (12 pages, 8 free) would
+ * borrow X's block 0 before B adopts it, and B would fail as above.
+ */
+static void test_scheduler_allocator_append_after_every_adoption(void **state)
+{
+    (void)state;
+    static book b;
+    memset(&b, 0, sizeof b);
+    kvp_request_result results[ORDER_REQUESTS];
+    fixture f;
+    setup_alloc(&f, NULL);
+    order_workload(&f, &b, results, 0);
+    teardown(&f);
+    for (size_t i = 0; i < ORDER_REQUESTS; i++) {
+        assert_int_equal(results[i].status, KVP_OK); /* B: POOL_EXHAUSTED with A's append first */
+        assert_int_equal(results[i].tokens_generated, i == 2 ? 3 : 1);
+    }
+    assert_int_equal(results[4].first_hit_tokens, 2 * BLOCK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -393,6 +545,8 @@ int main(void)
         cmocka_unit_test(test_scheduler_tier_failing_tier_changes_nothing),
         cmocka_unit_test(test_scheduler_tier_never_and_bad_loads),
         cmocka_unit_test(test_scheduler_tier_allocator_only_keys),
+        cmocka_unit_test(test_scheduler_tier_load_after_every_adoption),
+        cmocka_unit_test(test_scheduler_allocator_append_after_every_adoption),
     };
     return cmocka_run_group_tests(tests, model_setup, model_teardown);
 }

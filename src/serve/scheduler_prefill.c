@@ -3,9 +3,10 @@
  * (the scheduler's rooms: scheduler_internal.h).
  *
  * Owns: the step's prefill jobs (s->jobs while prefilling) and the two
- * phases that run them: prompts (adopt the indexed prefix, promise, append
- * the prompt) and forks (publish the prompt's blocks, fork sample 0 into
- * the other samples, promise exactly, append what each sample generated
+ * phases that run them: prompts (every request adopts its indexed prefix,
+ * then each loads from the tier, promises, appends the prompt) and forks
+ * (publish the prompt's blocks, fork sample 0 into the other samples,
+ * promise exactly, append what each sample generated
  * before a preemption: with sliding layers in block-aligned chunks, one
  * decoder batch a round, append_tails). Appends go through the lease
  * (lease_append): a computed lease adds a decoder job, an allocator-only
@@ -73,16 +74,15 @@ static void append(kvp_scheduler *s, slot *r, size_t row, size_t tokens, size_t 
 }
 
 /*
- * Tokens the planned request adopts from the prefix index into sample 0's
- * lease `l0`, and then loads from the pool's tier (scheduler_tier.c).
+ * Blocks the planned request adopts from the prefix index into sample 0's
+ * lease `l0` (its prompt's adoptable ones the index holds, in order).
  */
-static size_t adopt_prompt(kvp_scheduler *s, const planned *pl, size_t prompt, lease *l0)
+static size_t adopt_prefix(kvp_scheduler *s, const planned *pl, size_t prompt, lease *l0)
 {
-    size_t bt = s->block_tokens;
     if (pl->key_blocks == 0) {
         return 0;
     }
-    size_t adoptable = (prompt - 1) / bt;
+    size_t adoptable = (prompt - 1) / s->block_tokens;
     size_t blocks = 0;
     /* A page published under another binding (a forged key) is no hit: adopt nothing. */
     if (kvp_cache_group_adopt(lease_caches(l0), s->layers, s->keys + pl->keys,
@@ -90,8 +90,7 @@ static size_t adopt_prompt(kvp_scheduler *s, const planned *pl, size_t prompt, l
                               NULL) != KVP_OK) {
         blocks = 0;
     }
-    blocks += kvpi_sched_tier_load(s, pl, blocks, adoptable, l0); /* the tier's, after */
-    return blocks * bt;
+    return blocks;
 }
 
 /*
@@ -133,9 +132,34 @@ static void promise_samples(kvp_scheduler *s, const record *rec, size_t at, size
 }
 
 /*
+ * Every admitted request (slots from `first`, in plan order) adopts its
+ * indexed prefix into sample 0's lease, pl->adopted its tokens, before any
+ * of them loads or appends: those take fresh pages, and with none free a
+ * take borrows the least recently used cached page, maybe an evictable hit
+ * a later request's admission counted (it would then compute that block
+ * and every hit after it, held ones admission charged nothing). Adopted,
+ * the hits are held (DESIGN.md "Admission and promises").
+ */
+static void adopt_prefixes(kvp_scheduler *s, const plan *p, size_t first)
+{
+    size_t at = first;
+    for (size_t i = 0; i < p->popped; i++) {
+        planned *pl = &s->plan[i];
+        if (pl->admit) {
+            const record *rec = record_of(s, pl->id);
+            pl->adopted = s->block_tokens *
+                          adopt_prefix(s, pl, rec->request.prompt_tokens, &s->running[at].lease);
+            at += rec->request.samples;
+        }
+    }
+}
+
+/*
  * Phase 1 of the admitted requests' prefill (slots [first, running_count),
- * in plan order, each request's samples together): adopt the indexed
- * prefix (sharing), promise, and append the prompt (sharing: once, in
+ * in plan order, each request's samples together): every request adopts
+ * its indexed prefix (sharing; adopt_prefixes), then each in turn loads
+ * the rest of its chain from the tier, promises, and appends the prompt
+ * (sharing: once, in
  * sample 0; off: every sample its prompt and continuation). Computed
  * leases' appends are one batch of decoder jobs, in the decoder's step
  * slot the step reserved (prefills_on_decoder), so it cannot be refused.
@@ -145,6 +169,7 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
     size_t count = 0;
     size_t at = first;
     size_t computed = 0; /* prompt tokens the batch computes (the tier's cost model) */
+    adopt_prefixes(s, p, first);
     for (size_t i = 0; i < p->popped; i++) {
         planned *pl = &s->plan[i];
         if (!pl->admit) {
@@ -154,7 +179,11 @@ void kvpi_sched_prefill_prompts(kvp_scheduler *s, const plan *p, size_t first)
         size_t n = rec->request.samples;
         size_t prompt = rec->request.prompt_tokens;
         size_t g = rec->generated;
-        pl->adopted = adopt_prompt(s, pl, prompt, &s->running[at].lease);
+        if (pl->key_blocks != 0) { /* then the tier's blocks, after the index's (scheduler_tier.c) */
+            size_t bt = s->block_tokens;
+            pl->adopted += bt * kvpi_sched_tier_load(s, pl, pl->adopted / bt, (prompt - 1) / bt,
+                                                     &s->running[at].lease);
+        }
         promise_samples(s, rec, at, pl->adopted);
         if (s->config.sharing) {
             /* Windows release nothing until fork_samples published the prompt's blocks. */
