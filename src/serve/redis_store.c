@@ -151,23 +151,36 @@ static bool may_linger(const kvpi_redis_store *st) {
            st->stats.queued < st->config.write_batch;
 }
 
+/* The longest sleep of a lingering writer between two looks at the queue. */
+#define LINGER_SLICE_NS 200000L
+
+static long elapsed_ns(const struct timespec *from, const struct timespec *to) {
+    return (long)(to->tv_sec - from->tv_sec) * 1000000000L + (to->tv_nsec - from->tv_nsec);
+}
+
 /*
  * Under mu, with puts queued: waits up to config.write_linger_us for the
- * batch to fill (puts signal only a full batch then), unless may_linger
- * says no. Fewer, fuller batches: fewer round trips, syscalls and wake-ups
- * for this thread, the putting threads and the server.
+ * batch to fill, unless may_linger says no. Fewer, fuller batches: fewer
+ * round trips, syscalls and wake-ups for this thread, the putting threads
+ * and the server. It sleeps in slices of at most 0.2 ms with mu released
+ * and looks again after each, so a full batch, a drain, hold or destroy
+ * ends the wait within a slice. Not a timed condition wait: glibc's
+ * timeout path may signal the condition itself with mu released
+ * (__condvar_cancel_waiting), which helgrind reports as a signal without
+ * its lock, whatever the caller does.
  */
 static void linger(kvpi_redis_store *st) {
-    if (st->config.write_linger_us == 0 || !may_linger(st)) {
-        return;
-    }
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_nsec += (long)st->config.write_linger_us * 1000L;
-    deadline.tv_sec += deadline.tv_nsec / 1000000000L;
-    deadline.tv_nsec %= 1000000000L;
-    while (may_linger(st) &&
-           pthread_cond_timedwait(&st->writer_wake, &st->mu, &deadline) == 0) {
+    long budget = (long)st->config.write_linger_us * 1000L;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    now = start;
+    while (budget > 0 && may_linger(st) && elapsed_ns(&start, &now) < budget) {
+        long left = budget - elapsed_ns(&start, &now);
+        struct timespec slice = {0, left < LINGER_SLICE_NS ? left : LINGER_SLICE_NS};
+        pthread_mutex_unlock(&st->mu);
+        nanosleep(&slice, NULL);
+        pthread_mutex_lock(&st->mu);
+        clock_gettime(CLOCK_MONOTONIC, &now);
     }
 }
 
@@ -727,10 +740,9 @@ kvpi_redis_code kvpi_redis_put(kvpi_redis_store *store, const kvp_block_key *key
         }
     }
     if (queued > 0) {
-        /* A lingering writer is woken only by a full batch (linger). */
+        /* An idle writer is woken; a lingering one (linger) looks again itself. */
         pthread_mutex_lock(&store->mu);
-        if (store->config.write_linger_us == 0 || store->writer_idle ||
-            store->stats.queued >= store->config.write_batch) {
+        if (store->config.write_linger_us == 0 || store->writer_idle) {
             pthread_cond_signal(&store->writer_wake);
         }
         pthread_mutex_unlock(&store->mu);
