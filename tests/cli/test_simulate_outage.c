@@ -65,6 +65,7 @@
 #include <hiredis/hiredis.h>
 
 #include "../redis_server.h"
+#include "sim_json.h"
 
 /* ---- RESP, parsed as it streams through ------------------------------------ */
 
@@ -503,28 +504,6 @@ typedef struct run_figures {
     char checksum[64];
 } run_figures;
 
-static unsigned long long number(const char *json, const char *key)
-{
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *at = strstr(json, pattern);
-    assert_non_null(at);
-    return strtoull(at + strlen(pattern), NULL, 10);
-}
-
-static void text(const char *json, const char *key, char *out, size_t size)
-{
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *at = strstr(json, pattern);
-    assert_non_null(at);
-    at += strlen(pattern);
-    size_t n = strcspn(at, ",}");
-    assert_true(n < size);
-    memcpy(out, at, n);
-    out[n] = '\0';
-}
-
 /* A conversation workload: evicted blocks are written, and later turns read them. */
 static run_figures simulate(void)
 {
@@ -536,13 +515,9 @@ static run_figures simulate(void)
              "--tier-loads always --tier-retry-ms 0 --tier-timeout-ms 10000 --verify 4 --json "
              "--quiet 2>%s/stderr",
              kvpager, REQUESTS, px.port, dir, dir);
-    FILE *p = popen(command, "r");
-    assert_non_null(p);
     static char json[1 << 16];
-    size_t n = fread(json, 1, sizeof json - 1, p);
-    json[n] = '\0';
-    int status = pclose(p);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    int status = json_run(command, json, sizeof json);
+    if (status != 0) {
         char path[128];
         char err[2048] = "";
         snprintf(path, sizeof path, "%s/stderr", dir);
@@ -556,16 +531,16 @@ static run_figures simulate(void)
     }
     run_figures r;
     memset(&r, 0, sizeof r);
-    r.completed = number(json, "requests_completed");
-    r.verify_mismatches = number(json, "verify_mismatches");
-    r.prefill_tokens = number(json, "prefill_tokens");
+    r.completed = json_number(json, "requests_completed");
+    r.verify_mismatches = json_number(json, "verify_mismatches");
+    r.prefill_tokens = json_number(json, "prefill_tokens");
     const char *tier = strstr(json, "\"tier\":{");
     assert_non_null(tier);
-    r.hit_blocks = number(tier, "hit_blocks");
-    r.errors = number(tier, "errors");
-    r.write_failures = number(tier, "write_failures");
-    r.writes = number(tier, "writes");
-    text(json, "output_checksum", r.checksum, sizeof r.checksum);
+    r.hit_blocks = json_number(tier, "hit_blocks");
+    r.errors = json_number(tier, "errors");
+    r.write_failures = json_number(tier, "write_failures");
+    r.writes = json_number(tier, "writes");
+    json_text(json, "output_checksum", r.checksum, sizeof r.checksum);
     return r;
 }
 

@@ -33,6 +33,7 @@
 #include <hiredis/hiredis.h>
 
 #include "../redis_server.h"
+#include "sim_json.h"
 
 static const char *kvpager;
 static kvpt_redis_server server;
@@ -52,29 +53,6 @@ typedef struct run_figures {
     char checksum[64];
 } run_figures;
 
-/* The number after "key": in json (the first occurrence), or fails the test. */
-static unsigned long long number(const char *json, const char *key)
-{
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *at = strstr(json, pattern);
-    assert_non_null(at);
-    return strtoull(at + strlen(pattern), NULL, 10);
-}
-
-static void text(const char *json, const char *key, char *out, size_t size)
-{
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *at = strstr(json, pattern);
-    assert_non_null(at);
-    at += strlen(pattern);
-    size_t n = strcspn(at, ",}");
-    assert_true(n < size);
-    memcpy(out, at, n);
-    out[n] = '\0';
-}
-
 static void write_file(const char *path, const char *content)
 {
     FILE *f = fopen(path, "w");
@@ -93,28 +71,23 @@ static run_figures simulate(const char *secret)
              "--tier redis://127.0.0.1:%u --tier-secret-file %s/%s --tier-policy publish "
              "--tier-loads always --verify 1 --json --quiet 2>%s/stderr",
              kvpager, server.port, dir, secret, dir);
-    FILE *p = popen(command, "r");
-    assert_non_null(p);
     static char json[1 << 16];
-    size_t n = fread(json, 1, sizeof json - 1, p);
-    json[n] = '\0';
-    int status = pclose(p);
     run_figures r;
     memset(&r, 0, sizeof r);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.exit_code = json_run(command, json, sizeof json);
     assert_int_equal(r.exit_code, 0);
-    r.prefill_tokens = number(json, "prefill_tokens");
-    r.completed = number(json, "requests_completed");
-    r.verify_mismatches = number(json, "verify_mismatches");
+    r.prefill_tokens = json_number(json, "prefill_tokens");
+    r.completed = json_number(json, "requests_completed");
+    r.verify_mismatches = json_number(json, "verify_mismatches");
     const char *tier = strstr(json, "\"tier\":{");
     assert_non_null(tier);
-    r.hit_blocks = number(tier, "hit_blocks");
-    r.hit_tokens = number(tier, "hit_tokens");
-    r.rejected = number(tier, "rejected");
-    r.errors = number(tier, "errors");
-    r.writes = number(tier, "writes");
-    r.write_failures = number(tier, "write_failures");
-    text(json, "output_checksum", r.checksum, sizeof r.checksum);
+    r.hit_blocks = json_number(tier, "hit_blocks");
+    r.hit_tokens = json_number(tier, "hit_tokens");
+    r.rejected = json_number(tier, "rejected");
+    r.errors = json_number(tier, "errors");
+    r.writes = json_number(tier, "writes");
+    r.write_failures = json_number(tier, "write_failures");
+    json_text(json, "output_checksum", r.checksum, sizeof r.checksum);
     return r;
 }
 
