@@ -7,7 +7,8 @@
  *
  * Owns: struct kvp_tier_prefetch: the keys, the batch and its buffers, the
  * verdicts, the issuing attachment (its state and serial), and a reference
- * count of two (the owner's and the completion's) under the handle's mutex:
+ * count of two (the owner's and the completion's) under prefetch_lock (one
+ * for every prefetch, living as long as the library):
  * whichever lets go last frees it, so a prefetch destroyed in flight is
  * freed by its completion and a completion never touches freed memory.
  *
@@ -24,7 +25,7 @@
  * keys, a held key whose size is block_bytes is taken as found (any other
  * size is rejected as "size"), and fresh pages are mapped unwritten.
  *
- * Locks: the pool lock, then the attachment's `lock`; a prefetch's mutex
+ * Locks: the pool lock, then the attachment's `lock`; prefetch_lock
  * is taken alone (its done takes it, then the attachment's lock after
  * releasing it).
  * Callers: the public API.
@@ -193,14 +194,23 @@ struct kvp_tier_prefetch {
     size_t per;         /* keys a block */
     kvp_block_key *keys; /* [n * per] */
     load_batch b;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int refs;           /* the owner's and the completion's */
+    int refs;           /* the owner's and the completion's (under prefetch_lock) */
     int complete;
     int mapped;
     double issued;
     double seconds;     /* issue to completion */
 };
+
+/*
+ * Every prefetch's references, completion and waits are under one lock and
+ * condition that live as long as the library, never the prefetch's own: a
+ * done still returning from its unlock then touches no memory the owner
+ * frees, and freeing destroys no mutex another thread has just released
+ * (the pattern tier.c's waiters avoid, which helgrind flags as a race).
+ * Prefetches are few and their critical sections a few stores.
+ */
+static pthread_mutex_t prefetch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t prefetch_cond = PTHREAD_COND_INITIALIZER;
 
 static double prefetch_clock(void)
 {
@@ -213,17 +223,15 @@ static void prefetch_free(kvp_tier_prefetch *p)
 {
     load_batch_free(&p->b);
     kvpi_free(p->keys);
-    pthread_cond_destroy(&p->cond);
-    pthread_mutex_destroy(&p->lock);
     kvpi_free(p);
 }
 
 /* Drops one reference; the last frees. */
 static void prefetch_let_go(kvp_tier_prefetch *p)
 {
-    pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(&prefetch_lock);
     int last = --p->refs == 0;
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&prefetch_lock);
     if (last) {
         prefetch_free(p);
     }
@@ -236,13 +244,13 @@ static void prefetch_done(void *ctx, kvp_tier_block *blocks, size_t count)
     kvp_tier_prefetch *p = ctx;
     kvpi_pool_tier *t = p->t;
     double now = prefetch_clock();
-    pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(&prefetch_lock);
     p->complete = 1;
     p->seconds = now - p->issued;
     p->t = NULL; /* no longer a user: a map checks the serial under its own use */
-    pthread_cond_broadcast(&p->cond);
+    pthread_cond_broadcast(&prefetch_cond);
     int last = --p->refs == 0;
-    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&prefetch_lock);
     if (last) {
         prefetch_free(p); /* destroyed in flight: the cancel ends here */
     }
@@ -281,8 +289,6 @@ static kvp_status prefetch_new(kvp_pool *pool, kvpi_pool_tier *t, const kvp_bloc
     p->n = n;
     p->per = per;
     p->refs = 2;
-    pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->cond, NULL);
     *out = p;
     return KVP_OK;
 }
@@ -329,12 +335,12 @@ int kvp_tier_prefetch_ready(kvp_tier_prefetch *prefetch, double *seconds)
     if (prefetch == NULL) {
         return 0;
     }
-    pthread_mutex_lock(&prefetch->lock);
+    pthread_mutex_lock(&prefetch_lock);
     int complete = prefetch->complete;
     if (complete && seconds != NULL) {
         *seconds = prefetch->seconds;
     }
-    pthread_mutex_unlock(&prefetch->lock);
+    pthread_mutex_unlock(&prefetch_lock);
     return complete;
 }
 
@@ -343,11 +349,11 @@ void kvp_tier_prefetch_wait(kvp_tier_prefetch *prefetch)
     if (prefetch == NULL) {
         return;
     }
-    pthread_mutex_lock(&prefetch->lock);
+    pthread_mutex_lock(&prefetch_lock);
     while (!prefetch->complete) {
-        pthread_cond_wait(&prefetch->cond, &prefetch->lock);
+        pthread_cond_wait(&prefetch_cond, &prefetch_lock);
     }
-    pthread_mutex_unlock(&prefetch->lock);
+    pthread_mutex_unlock(&prefetch_lock);
 }
 
 void kvp_tier_prefetch_destroy(kvp_tier_prefetch *prefetch)
