@@ -6,8 +6,9 @@
  * A tier stores opaque blocks by chain key (kvp_block_key). A block is one
  * page's bytes behind a header (DESIGN.md, "Tier block format"): magic and
  * format version, dtype and page geometry, the chain key, the binding digest
- * of the cache that published the page, and a keyed BLAKE2b MAC over all of
- * it under a deployment secret the caller supplies. A pool given a tier
+ * of the cache that published the page, a random nonce, and a MAC over all
+ * of it (Poly1305 under a one-time key, the keyed BLAKE2b of the header
+ * under a deployment secret the caller supplies). A pool given a tier
  * (kvp_pool_tier_attach) writes every published page it evicts to the tier
  * (write-back; optionally every page it publishes: write-through), and
  * kvp_cache_group_tier_load maps blocks the tier holds into fresh pages,
@@ -42,7 +43,7 @@ typedef struct kvp_tier kvp_tier;
 /* Bytes of a tier block's header; a block is this plus the pool's page_bytes. */
 #define KVP_TIER_HEADER_BYTES 112
 /* The block format's version (DESIGN.md, "Tier block format"). */
-#define KVP_TIER_FORMAT_VERSION 1
+#define KVP_TIER_FORMAT_VERSION 2
 
 /*
  * One block of a batch. The caller fills key and, for put, data and bytes;

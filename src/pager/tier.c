@@ -21,6 +21,9 @@
 #include "pager/alloc.h"
 #include "pager/error.h"
 
+pthread_mutex_t kvpi_tier_count_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t kvpi_tier_count_cond = PTHREAD_COND_INITIALIZER;
+
 #define KVPI_TIER_VTABLE_SIZE_FIRST sizeof(kvp_tier_vtable)
 
 void kvp_tier_vtable_init(kvp_tier_vtable *vtable)

@@ -11,8 +11,13 @@
  *    16  block_tokens (8)     24  heads (8)          32  head_width (8)
  *    40  payload_bytes (8)    48  chain key lo, hi (16)
  *    64  binding digest lo, hi (16)
- *    80  MAC (32): keyed BLAKE2b-256 under the deployment secret over
- *        bytes [0, 80) then the payload
+ *    80  nonce (16): never the same twice under one secret (the pool's
+ *        write: 8 random bytes drawn at attach, then a count; the public
+ *        kvp_tier_block_pack: 16 random bytes)
+ *    96  tag (16): Poly1305 over bytes [0, 96) then the payload, under a
+ *        one-time key: the keyed BLAKE2b-256 (the deployment secret) of
+ *        bytes [0, 96), nonce included (DESIGN.md says why not BLAKE2b
+ *        over the whole block: four times the cost)
  *   112  payload (page_bytes)
  *
  * Invariant: kvpi_tier_block_verify returns OK only for a block whose MAC
@@ -29,9 +34,13 @@
 #include "pager/error.h"
 
 #define MAGIC 0x5450564bu /* "KVPT" read little-endian */
-#define MAC_AT 80
-#define MAC_BYTES 32
+#define NONCE_AT 80
+#define NONCE_BYTES KVPI_TIER_NONCE_BYTES
+#define MAC_AT 96 /* the tag; it covers bytes [0, MAC_AT), the nonce included */
+#define MAC_BYTES crypto_onetimeauth_BYTES
+_Static_assert(NONCE_AT + NONCE_BYTES == MAC_AT, "the nonce is the last field the tag covers");
 _Static_assert(MAC_AT + MAC_BYTES == KVP_TIER_HEADER_BYTES, "the header ends with its MAC");
+_Static_assert(crypto_onetimeauth_KEYBYTES == 32, "a BLAKE2b-256 output is a Poly1305 key");
 
 static void put_le(unsigned char *p, uint64_t v, size_t n)
 {
@@ -57,19 +66,29 @@ static unsigned host_flags(void)
     return first == 1 ? 0u : 1u;
 }
 
-/* The MAC of header bytes [0, MAC_AT) and the payload. */
+/*
+ * The tag of header bytes [0, MAC_AT) and the payload: Poly1305 under a key
+ * used for this block alone, the keyed BLAKE2b of those header bytes, whose
+ * random nonce makes the key fresh even when one chain key is written twice
+ * with other bytes (Poly1305 must never tag two messages under one key).
+ */
 static void block_mac(const unsigned char *header, const unsigned char *payload,
                       size_t payload_bytes, const unsigned char *secret,
                       unsigned char out[MAC_BYTES])
 {
-    crypto_generichash_state state;
-    (void)crypto_generichash_init(&state, secret, KVP_TIER_SECRET_BYTES, MAC_BYTES);
-    (void)crypto_generichash_update(&state, header, MAC_AT);
-    (void)crypto_generichash_update(&state, payload, payload_bytes);
-    (void)crypto_generichash_final(&state, out, MAC_BYTES);
+    unsigned char one_time[crypto_onetimeauth_KEYBYTES];
+    (void)crypto_generichash(one_time, sizeof one_time, header, MAC_AT, secret,
+                             KVP_TIER_SECRET_BYTES);
+    crypto_onetimeauth_state state;
+    (void)crypto_onetimeauth_init(&state, one_time);
+    (void)crypto_onetimeauth_update(&state, header, MAC_AT);
+    (void)crypto_onetimeauth_update(&state, payload, payload_bytes);
+    (void)crypto_onetimeauth_final(&state, out);
+    sodium_memzero(one_time, sizeof one_time);
+    sodium_memzero(&state, sizeof state);
 }
 
-/* Header fields [0, MAC_AT) for `pool`'s pages. */
+/* Header fields [0, NONCE_AT) for `pool`'s pages. */
 static void write_header(const kvp_pool *pool, const kvp_block_key *key,
                          const kvp_block_key *binding, unsigned char *h)
 {
@@ -90,9 +109,10 @@ static void write_header(const kvp_pool *pool, const kvp_block_key *key,
 
 void kvpi_tier_block_pack(const kvp_pool *pool, uint32_t page, const kvp_block_key *key,
                           const kvp_block_key *binding, const unsigned char *secret,
-                          unsigned char *out)
+                          const unsigned char nonce[KVPI_TIER_NONCE_BYTES], unsigned char *out)
 {
     write_header(pool, key, binding, out);
+    memcpy(out + NONCE_AT, nonce, NONCE_BYTES);
     memcpy(out + KVP_TIER_HEADER_BYTES, kvpi_pool_page(pool, page), pool->page_bytes);
     block_mac(out, out + KVP_TIER_HEADER_BYTES, pool->page_bytes, secret, out + MAC_AT);
 }
@@ -107,7 +127,7 @@ const char *kvpi_tier_reject_name(kvpi_tier_reject reject)
 /* The header's geometry against the pool's: dtype, element size, shape, flags. */
 static int geometry_matches(const kvp_pool *pool, const unsigned char *h)
 {
-    unsigned char want[MAC_AT];
+    unsigned char want[NONCE_AT];
     static const kvp_block_key zero = {0, 0};
     write_header(pool, &zero, &zero, want);
     return memcmp(h + 6, want + 6, 48 - 6) == 0;
@@ -195,7 +215,9 @@ kvp_status kvp_tier_block_pack(const kvp_cache *cache, size_t lane, size_t block
         return kvpi_fail_invalid(err, "block", "its page is not published");
     }
     /* A full page of a held cache is never written again: no lock needed to read it. */
-    kvpi_tier_block_pack(pool, page, &key, &binding, secret, out);
+    unsigned char nonce[NONCE_BYTES];
+    randombytes_buf(nonce, sizeof nonce);
+    kvpi_tier_block_pack(pool, page, &key, &binding, secret, nonce, out);
     *bytes = need;
     return KVP_OK;
 }

@@ -11,8 +11,9 @@
  *     stored (KVP_OK) when either tier took it, else it has the far tier's
  *     failure.
  * Invariants: a call record lives until its batch's done has returned;
- * `inflight` counts call records, and destroy waits for it to reach zero,
- * so no completion touches a freed composition.
+ * `inflight` counts call records (under kvpi_tier_count_lock, library-wide:
+ * tier_internal.h), and destroy waits for it to reach zero, so no
+ * completion touches a freed composition.
  * Callers: the kvp_tier handle (tier.c), from any thread; the two tiers'
  * completions, from theirs.
  */
@@ -27,9 +28,7 @@
 typedef struct compose {
     kvp_tier *near;
     kvp_tier *far;
-    pthread_mutex_t lock;
-    pthread_cond_t idle;
-    size_t inflight;
+    size_t inflight; /* under kvpi_tier_count_lock (tier_internal.h) */
 } compose;
 
 typedef struct call {
@@ -50,11 +49,11 @@ static const char compose_name[] = "compose";
 
 static void compose_release(compose *c)
 {
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     if (--c->inflight == 0) {
-        pthread_cond_broadcast(&c->idle);
+        pthread_cond_broadcast(&kvpi_tier_count_cond);
     }
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
 }
 
 /* Completes the caller's batch and frees the record. */
@@ -134,10 +133,9 @@ static void put_half_done(void *ctx, kvp_tier_block *blocks, size_t count)
     (void)blocks;
     (void)count;
     call *k = ctx;
-    compose *c = k->c;
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     int last = --k->pending == 0;
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     if (!last) {
         return;
     }
@@ -170,9 +168,9 @@ static call *call_new(compose *c, kvp_tier_op op, kvp_tier_block *blocks, size_t
     k->count = count;
     k->done = done;
     k->ctx = ctx;
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     c->inflight++;
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     return k;
 }
 
@@ -239,13 +237,11 @@ static kvp_status compose_put(void *impl, kvp_tier_block *blocks, size_t count,
 static void compose_destroy(void *impl)
 {
     compose *c = impl;
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     while (c->inflight != 0) {
-        pthread_cond_wait(&c->idle, &c->lock);
+        pthread_cond_wait(&kvpi_tier_count_cond, &kvpi_tier_count_lock);
     }
-    pthread_mutex_unlock(&c->lock);
-    pthread_cond_destroy(&c->idle);
-    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     kvpi_free(c);
 }
 
@@ -271,8 +267,6 @@ kvp_status kvp_tier_compose_create(kvp_tier *near, kvp_tier *far, kvp_tier **out
     if (c == NULL) {
         return kvpi_fail_alloc(err, "composed tier", sizeof *c);
     }
-    pthread_mutex_init(&c->lock, NULL);
-    pthread_cond_init(&c->idle, NULL);
     c->near = near;
     c->far = far;
     kvp_tier_vtable v;

@@ -32,6 +32,20 @@ struct kvp_tier {
     pthread_cond_t wait_cond;
 };
 
+/*
+ * The lock and condition of every count that a tier's completion may drop
+ * last (an attachment's users and counters, tier_pool.c and tier_load.c; a
+ * composed tier's batches in flight, tier_compose.c): library-wide and
+ * never destroyed (tier.c defines them). A count's owner that waits for it
+ * to reach zero and then frees its state would otherwise destroy a mutex a
+ * completion on another thread has just unlocked: glibc's unlock writes the
+ * mutex after the release helgrind records, and helgrind reports the
+ * destroy as a race (it did, for both, in timing-dependent runs). Critical
+ * sections under it are short and call nothing that locks.
+ */
+extern pthread_mutex_t kvpi_tier_count_lock;
+extern pthread_cond_t kvpi_tier_count_cond;
+
 /* tier's implementation when its vtable's name is `name` (the same static
  * text, compared by address: an implementation's own tiers), else NULL.
  * For an implementation's own calls on its handles (tier_redis.h). */
@@ -52,15 +66,20 @@ typedef enum kvpi_tier_reject {
 /* "size", "magic", ... for a rejection; NULL for KVPI_TIER_BLOCK_OK. */
 const char *kvpi_tier_reject_name(kvpi_tier_reject reject);
 
+/* Bytes of a tier block's nonce (tier_block.c's layout). */
+#define KVPI_TIER_NONCE_BYTES 16
+
 /*
  * Packs page `page` of `pool` (its rows as stored) under `key` and `binding`
- * into out[0 .. KVP_TIER_HEADER_BYTES + page_bytes), MAC'd with `secret`.
- * Reads the page's bytes: the caller makes sure nobody writes them (the
- * pool lock for a borrowed or evictable page; the cache's owner otherwise).
+ * into out[0 .. KVP_TIER_HEADER_BYTES + page_bytes), MAC'd with `secret`
+ * under `nonce`, which no other block packed under this secret may carry
+ * (random, or a random prefix and a counter). Reads the page's bytes: the
+ * caller makes sure nobody writes them (the pool lock for a borrowed or
+ * evictable page; the cache's owner otherwise).
  */
 void kvpi_tier_block_pack(const kvp_pool *pool, uint32_t page, const kvp_block_key *key,
                           const kvp_block_key *binding, const unsigned char *secret,
-                          unsigned char *out);
+                          const unsigned char nonce[KVPI_TIER_NONCE_BYTES], unsigned char *out);
 
 /*
  * Verifies block[0..bytes) as the block of `key` under `binding` for pages
@@ -107,9 +126,11 @@ struct kvpi_pool_tier {
     size_t block_bytes;
     unsigned char *buffer; /* [block_bytes]: the block being put, under the pool lock;
                               NULL when keys only */
-    pthread_mutex_t lock;
-    pthread_cond_t idle;
-    size_t users;          /* puts in flight, loads running, prefetches in flight */
+    /* the next block's nonce: 8 random bytes drawn at attach, then a count of
+       the blocks packed (under the pool lock), so no two blocks share one */
+    unsigned char nonce[KVPI_TIER_NONCE_BYTES];
+    size_t users;          /* puts in flight, loads running, prefetches in flight
+                              (under kvpi_tier_count_lock, as the stats) */
     uint64_t serial;       /* this attachment's number (a prefetch maps only under it) */
     kvp_pool_tier_stats stats;
     put_slot ring[KVPI_TIER_RING];
@@ -117,9 +138,9 @@ struct kvpi_pool_tier {
 
 /* The pool's tier state with one more user, or NULL when it has none (tier_pool.c). */
 kvpi_pool_tier *kvpi_pool_tier_use(kvp_pool *pool);
-/* One user less (takes t->lock); t may be freed by a detach once it returns. */
+/* One user less (takes kvpi_tier_count_lock); t may be freed by a detach once it returns. */
 void kvpi_pool_tier_unuse(kvpi_pool_tier *t);
-/* The same, with t->lock held (a done's). */
+/* The same, with kvpi_tier_count_lock held (a done's). */
 void kvpi_pool_tier_user_done_locked(kvpi_pool_tier *t);
 
 #endif /* KVPAGER_PAGER_TIER_INTERNAL_H */

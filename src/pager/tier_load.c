@@ -25,8 +25,8 @@
  * keys, a held key whose size is block_bytes is taken as found (any other
  * size is rejected as "size"), and fresh pages are mapped unwritten.
  *
- * Locks: the pool lock, then the attachment's `lock`; prefetch_lock
- * is taken alone (its done takes it, then the attachment's lock after
+ * Locks: the pool lock, then kvpi_tier_count_lock (the attachment's counts); prefetch_lock
+ * is taken alone (its done takes it, then the count lock after
  * releasing it).
  * Callers: the public API.
  */
@@ -124,7 +124,7 @@ static size_t load_verify(kvp_cache *const *caches, size_t count, const kvpi_poo
 /* The counters of a load that succeeded: every block the batch returned, and the run. */
 static void load_count(kvpi_pool_tier *t, const load_batch *b, size_t mapped)
 {
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     kvp_pool_tier_stats *s = &t->stats;
     for (size_t i = 0; i < b->total; i++) {
         const kvp_tier_block *blk = &b->blocks[i];
@@ -143,7 +143,7 @@ static void load_count(kvpi_pool_tier *t, const load_batch *b, size_t mapped)
     }
     s->loads += mapped;
     s->load_bytes += (uint64_t)mapped * t->block_bytes;
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
 }
 
 /*

@@ -8,15 +8,16 @@
  * flight, the count of users (puts in flight, loads running and prefetches
  * in flight: tier_load.c), and the counters (kvp_pool_tier_stats).
  *
- * Locks: the pool lock, then `lock` (never the other way round). A put's
+ * Locks: the pool lock, then kvpi_tier_count_lock, "the count lock"
+ * (library-wide: tier_internal.h says why; never the other way round). A put's
  * done may run inline, under the pool lock, or on the tier's thread; it
- * takes only `lock`. Detach clears pool->tier under the pool lock (no write
- * or load starts after), then waits under `lock` until users == 0, so a
+ * takes only the count lock. Detach clears pool->tier under the pool lock (no write
+ * or load starts after), then waits under the count lock until users == 0, so a
  * done never touches freed state.
  *
  * Invariants: users == busy ring slots + loads running + prefetches whose
  * done has not run; a busy slot's block
- * belongs to the tier until its done; counters change only under `lock`.
+ * belongs to the tier until its done; counters change only under the count lock.
  * A load maps a block's payload only after kvpi_tier_block_verify accepted
  * it, and maps blocks in chain order, all lanes and caches of a block or
  * none (one hold of the pool lock); a windowed cache then releases what its
@@ -64,7 +65,7 @@ void kvpi_pool_tier_user_done_locked(kvpi_pool_tier *t)
 {
     t->users--;
     if (t->users == 0) {
-        pthread_cond_broadcast(&t->idle);
+        pthread_cond_broadcast(&kvpi_tier_count_cond);
     }
 }
 
@@ -72,18 +73,18 @@ static void put_done(void *ctx, kvp_tier_block *blocks, size_t count)
 {
     put_slot *slot = ctx;
     kvpi_pool_tier *t = slot->owner;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     t->stats.write_failures += count == 1 && blocks[0].status != KVP_OK;
     slot->busy = 0;
     kvpi_pool_tier_user_done_locked(t);
-    pthread_mutex_unlock(&t->lock); /* t may be freed by a detach from here on */
+    pthread_mutex_unlock(&kvpi_tier_count_lock); /* t may be freed by a detach from here on */
 }
 
 /* A free ring slot, busy and counted as a user; NULL (the write dropped) when none. */
 static put_slot *slot_take(kvpi_pool_tier *t)
 {
     put_slot *slot = NULL;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     t->stats.writes++;
     for (size_t i = 0; i < KVPI_TIER_RING && slot == NULL; i++) {
         if (!t->ring[i].busy) {
@@ -93,8 +94,18 @@ static put_slot *slot_take(kvpi_pool_tier *t)
         }
     }
     t->stats.write_failures += slot == NULL;
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     return slot;
+}
+
+/* The nonce's count (its last 8 bytes, little-endian) plus one. */
+static void nonce_next(unsigned char nonce[KVPI_TIER_NONCE_BYTES])
+{
+    for (size_t i = KVPI_TIER_NONCE_BYTES / 2; i < KVPI_TIER_NONCE_BYTES; i++) {
+        if (++nonce[i] != 0) {
+            return;
+        }
+    }
 }
 
 /* The hook pool.c and share.c call under the pool lock (pool_internal.h). */
@@ -110,7 +121,8 @@ static void tier_write_locked(kvp_pool *pool, uint32_t page, int publish)
     }
     if (!t->keys_only) {
         kvpi_tier_block_pack(pool, page, &pool->page_key[page], &pool->page_binding[page],
-                             t->secret, t->buffer);
+                             t->secret, t->nonce, t->buffer);
+        nonce_next(t->nonce);
     }
     memset(&slot->block, 0, sizeof slot->block);
     slot->block.key = pool->page_key[page];
@@ -118,11 +130,11 @@ static void tier_write_locked(kvp_pool *pool, uint32_t page, int publish)
     slot->block.capacity = t->keys_only ? 0 : t->block_bytes;
     slot->block.bytes = t->block_bytes;
     if (kvp_tier_issue(t->tier, KVP_TIER_PUT, &slot->block, 1, put_done, slot, NULL) != KVP_OK) {
-        pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&kvpi_tier_count_lock);
         t->stats.write_failures++;
         slot->busy = 0;
         kvpi_pool_tier_user_done_locked(t);
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&kvpi_tier_count_lock);
     }
 }
 
@@ -130,8 +142,6 @@ static void tier_write_locked(kvp_pool *pool, uint32_t page, int publish)
 
 static void tier_state_free(kvpi_pool_tier *t)
 {
-    pthread_cond_destroy(&t->idle);
-    pthread_mutex_destroy(&t->lock);
     sodium_memzero(t->secret, sizeof t->secret);
     kvpi_free(t->buffer);
     kvpi_free(t);
@@ -140,11 +150,11 @@ static void tier_state_free(kvpi_pool_tier *t)
 /* Waits for every user to finish, then frees; t is no longer reachable from the pool. */
 static void tier_state_retire(kvpi_pool_tier *t)
 {
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     while (t->users != 0) {
-        pthread_cond_wait(&t->idle, &t->lock);
+        pthread_cond_wait(&kvpi_tier_count_cond, &kvpi_tier_count_lock);
     }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     tier_state_free(t);
 }
 
@@ -199,10 +209,9 @@ static kvpi_pool_tier *tier_state_new(kvp_pool *pool, kvp_tier *tier,
     static atomic_uint_fast64_t serials;
     t->serial = (uint64_t)atomic_fetch_add(&serials, 1) + 1;
     t->keys_only = keys_only;
-    pthread_mutex_init(&t->lock, NULL);
-    pthread_cond_init(&t->idle, NULL);
     t->tier = tier;
     memcpy(t->secret, policy->secret, sizeof t->secret);
+    randombytes_buf(t->nonce, KVPI_TIER_NONCE_BYTES / 2); /* the count starts at 0 */
     t->write_through = policy->write_through;
     t->block_bytes = block_bytes;
     t->buffer = buffer;
@@ -273,9 +282,9 @@ kvpi_pool_tier *kvpi_pool_tier_use(kvp_pool *pool)
     kvpi_pool_lock(pool);
     kvpi_pool_tier *t = pool->tier;
     if (t != NULL) {
-        pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&kvpi_tier_count_lock);
         t->users++;
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&kvpi_tier_count_lock);
     }
     kvpi_pool_unlock(pool);
     return t;
@@ -283,9 +292,9 @@ kvpi_pool_tier *kvpi_pool_tier_use(kvp_pool *pool)
 
 void kvpi_pool_tier_unuse(kvpi_pool_tier *t)
 {
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     kvpi_pool_tier_user_done_locked(t);
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
 }
 
 kvp_status kvp_pool_tier_stats_get(kvp_pool *pool, kvp_pool_tier_stats *out, kvp_error *err)
@@ -304,9 +313,9 @@ kvp_status kvp_pool_tier_stats_get(kvp_pool *pool, kvp_pool_tier_stats *out, kvp
     kvpi_pool_lock(pool);
     kvpi_pool_tier *t = pool->tier;
     if (t != NULL) {
-        pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&kvpi_tier_count_lock);
         snapshot = t->stats;
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&kvpi_tier_count_lock);
     }
     kvpi_pool_unlock(pool);
     if (t == NULL) {
