@@ -145,38 +145,53 @@ static bool write_entries(kvpi_redis_store *st, put_entry *list, size_t count, b
     return code != KVPI_REDIS_OK;
 }
 
-/* Whether the writer may wait for a fuller batch (under mu). */
-static bool may_linger(const kvpi_redis_store *st) {
-    return !st->closing && !st->hold && st->draining == 0 &&
-           st->stats.queued < st->config.write_batch;
+/* Whether the writer may keep waiting for puts rather than write or sleep (under mu). */
+static bool may_linger(const kvpi_redis_store *st, bool empty_only) {
+    if (st->closing || st->hold || st->draining > 0) {
+        return false;
+    }
+    return empty_only ? st->put_head == NULL : st->stats.queued < st->config.write_batch;
 }
 
 /* The longest sleep of a lingering writer between two looks at the queue. */
 #define LINGER_SLICE_NS 200000L
+/* How long a writer that emptied the queue keeps looking for puts before it
+ * goes idle, and its sleep between two looks meanwhile. */
+#define AWAIT_PUTS_NS 50000000L
+#define AWAIT_SLICE_NS 1000000L
 
 static long elapsed_ns(const struct timespec *from, const struct timespec *to) {
     return (long)(to->tv_sec - from->tv_sec) * 1000000000L + (to->tv_nsec - from->tv_nsec);
 }
 
 /*
- * Under mu, with puts queued: waits up to config.write_linger_us for the
- * batch to fill, unless may_linger says no. Fewer, fuller batches: fewer
- * round trips, syscalls and wake-ups for this thread, the putting threads
- * and the server. It sleeps in slices of at most 0.2 ms with mu released
- * and looks again after each, so a full batch, a drain, hold or destroy
- * ends the wait within a slice. Not a timed condition wait: glibc's
+ * Under mu: waits while may_linger(empty_only) holds, at most write_linger_us
+ * (puts queued) or AWAIT_PUTS_NS (none). Two uses. With puts queued
+ * (empty_only false): for the batch to fill; fewer, fuller batches are fewer
+ * round trips, syscalls and wake-ups for this thread, the putting threads and
+ * the server. With the queue just emptied by a batch (empty_only true): for
+ * the next put, so that a stream of puts, even with pauses of a decode step
+ * or two, finds this thread awake and never has to wake it (a wake-up is a
+ * futex call on the putting thread, which is often the stepping one, and
+ * tends to pull this thread onto that thread's core); only a queue empty for
+ * AWAIT_PUTS_NS sends it idle (writer_idle), where the next put wakes it. It
+ * sleeps in slices (0.2 ms, 1 ms while the queue is empty) with mu released
+ * and looks again after each, so a full batch, a put, a drain, hold or
+ * destroy ends the wait within a slice. Not a timed condition wait: glibc's
  * timeout path may signal the condition itself with mu released
- * (__condvar_cancel_waiting), which helgrind reports as a signal without
- * its lock, whatever the caller does.
+ * (__condvar_cancel_waiting), which helgrind reports as a signal without its
+ * lock, whatever the caller does.
  */
-static void linger(kvpi_redis_store *st) {
-    long budget = (long)st->config.write_linger_us * 1000L;
+static void linger(kvpi_redis_store *st, bool empty_only) {
+    long budget = empty_only ? (st->config.write_linger_us > 0 ? AWAIT_PUTS_NS : 0)
+                             : (long)st->config.write_linger_us * 1000L;
+    long max_slice = empty_only ? AWAIT_SLICE_NS : LINGER_SLICE_NS;
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     now = start;
-    while (budget > 0 && may_linger(st) && elapsed_ns(&start, &now) < budget) {
+    while (budget > 0 && may_linger(st, empty_only) && elapsed_ns(&start, &now) < budget) {
         long left = budget - elapsed_ns(&start, &now);
-        struct timespec slice = {0, left < LINGER_SLICE_NS ? left : LINGER_SLICE_NS};
+        struct timespec slice = {0, left < max_slice ? left : max_slice};
         pthread_mutex_unlock(&st->mu);
         nanosleep(&slice, NULL);
         pthread_mutex_lock(&st->mu);
@@ -197,7 +212,7 @@ static void *writer_main(void *arg) {
         if (st->put_head == NULL) {
             break; /* closing, and nothing left */
         }
-        linger(st);
+        linger(st, false);
         if (st->hold && !st->closing) {
             continue; /* held while lingering */
         }
@@ -223,6 +238,7 @@ static void *writer_main(void *arg) {
         pthread_mutex_lock(&st->mu);
         st->writer_busy = false;
         pthread_cond_broadcast(&st->idle);
+        linger(st, true);
     }
     pthread_mutex_unlock(&st->mu);
     kvpi_redis_conn_close(&st->writer_conn);
