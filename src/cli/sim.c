@@ -313,6 +313,12 @@ static int setup(sim *s)
     pool_config.dtype = c->kv_dtype;
     /* The allocator alone never touches a page: no memory behind them (pool.h). */
     pool_config.slab_source = c->compute ? KVP_SLAB_DEFAULT : KVP_SLAB_RESERVED;
+    if (c->compute && c->slab_alloc != NULL) {
+        pool_config.slab_source = KVP_SLAB_CUSTOM;
+        pool_config.slab_alloc = c->slab_alloc;
+        pool_config.slab_free = c->slab_free;
+        pool_config.slab_ctx = c->slab_ctx;
+    }
     kvp_sim_tier_pool_secret(&c->tier, &pool_config); /* processes sharing a tier agree */
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
@@ -691,8 +697,8 @@ static int audit(sim *s)
     return 0;
 }
 
-/* Copies the scheduler's counters into the result. */
-static void read_counters(sim *s)
+/* Copies the scheduler's counters into the result; final: the run's last read. */
+static void read_counters(sim *s, int final)
 {
     kvp_scheduler_stats stats;
     kvp_scheduler_stats_init(&stats);
@@ -711,7 +717,7 @@ static void read_counters(sim *s)
     s->result->session_keeps = stats.session_keeps;
     s->result->session_hits = stats.session_hits;
     s->result->session_drops = stats.session_drops;
-    kvp_sim_tier_read(&s->tier, s->pool, &stats, &s->result->tier);
+    kvp_sim_tier_read(&s->tier, s->pool, &stats, final, &s->result->tier);
 }
 
 static int step_once(sim *s, size_t step)
@@ -749,7 +755,7 @@ static int step_once(sim *s, size_t step)
     if (record_step(s, &st, step, start) != 0) {
         return -1;
     }
-    read_counters(s);
+    read_counters(s, 0);
     if (s->audit_interval != 0 && s->result->steps % s->audit_interval == 0) {
         audit(s);
     }
@@ -796,7 +802,7 @@ static int run_loop(sim *s, kvp_sim_progress_fn progress, void *ctx)
 /* Destroys the scheduler (every sequence), then audits what is left: nothing may be held. */
 static void teardown(sim *s)
 {
-    read_counters(s);
+    read_counters(s, 1);
     if (s->scheduler != NULL) {
         kvp_scheduler_destroy(s->scheduler, NULL);
     }

@@ -82,6 +82,13 @@ typedef struct kvp_sim_config {
     size_t window;          /* W of the sliding layers; 0: every layer full (default) */
     size_t full_every;      /* with a window: layers K-1, 2K-1, ... full (Gemma 3: 6); 0: none */
     size_t sink_tokens;     /* S of the sliding layers (attention sinks) */
+    /* The pool's slab from the caller (KVP_SLAB_CUSTOM; kvpager/pool.h), for a
+       benchmark that keeps one slab's memory faulted in across runs
+       (bench/tier_overhead.c); NULL (the default): the default source.
+       Compute runs only. */
+    kvp_slab_alloc_fn slab_alloc;
+    kvp_slab_free_fn slab_free;
+    void *slab_ctx;
 } kvp_sim_config;
 
 /* One scheduler step, for the plot and the latency figures. */

@@ -84,9 +84,16 @@ void kvp_sim_tier_pool_secret(const kvp_sim_tier_config *config, kvp_pool_config
 kvp_status kvp_sim_tier_open(const kvp_sim_tier_config *config, kvp_pool *pool, kvp_sim_tier *t,
                              kvp_error *err);
 
-/* The counters of a run, before its pool and scheduler go. */
+/*
+ * The counters of a run, before its pool and scheduler go. final: the
+ * run's last read, which first flushes the Redis tiers' writers (waiting for
+ * every queued write) so their failed writes are all counted; the reads
+ * after each step (final 0) never flush: a flush is a wait on the network,
+ * and a step that waited for every write would pay the round trips the
+ * writer thread exists to keep off it.
+ */
 void kvp_sim_tier_read(const kvp_sim_tier *t, kvp_pool *pool, const kvp_scheduler_stats *stats,
-                       kvp_sim_tier_result *out);
+                       int final, kvp_sim_tier_result *out);
 
 /* After the pool is destroyed: flushes Redis tiers (writes done), destroys every tier. */
 void kvp_sim_tier_close(kvp_sim_tier *t);
