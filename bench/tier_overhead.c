@@ -32,8 +32,18 @@
  * core is busy. Outputs must agree: each run's output checksum equals
  * none's (exit 1 if not), and tier hits are counted (reported; 0 expected).
  *
+ * The pool's memory: by default (--pool-memory warm) every run's pool takes
+ * its slab from one mapping this program faults in once, before the first
+ * round, and keeps (KVP_SLAB_CUSTOM, sim.h's slab hooks), as a server's
+ * pool is created once and stays in memory. With --pool-memory fresh each
+ * run's pool has the default source, a jemalloc arena purged when the pool
+ * is freed, so each run faults its pool's pages in again: on this VM that
+ * costs 0.5 to 1.5 s of a 3.5 s run, varying from run to run by more than
+ * the tier's whole cost (docs/bench.md).
+ *
  * Flags (bench/args.h; --help lists them): --rounds, --requests,
- * --budget-mib, --host-mib, --threads, --policy, --loads, --redis, --redis-pid.
+ * --budget-mib, --host-mib, --threads, --policy, --loads, --pool-memory,
+ * --redis, --redis-pid.
  * Exit status 0, 1 on a failure, 2 on a usage error. Speed is reported,
  * never enforced.
  */
@@ -43,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -68,8 +79,16 @@ typedef struct run_figures {
     double checksum;
 } run_figures;
 
+/* One mapping every run's pool takes as its slab (--pool-memory warm). */
+typedef struct warm_slab {
+    void *base; /* MAP_FAILED: none */
+    size_t bytes;
+    int lent;   /* a pool holds it */
+} warm_slab;
+
 typedef struct bench {
     kvp_sim_config config;
+    warm_slab slab;
     kvp_workload workload;
     size_t host_bytes;
     const char *url;         /* the Redis tier's */
@@ -136,6 +155,47 @@ static int flush_private(bench *b)
         fprintf(stderr, "bench-tier-overhead: FLUSHALL on the private redis-server failed\n");
     }
     return ok ? 0 : -1;
+}
+
+/* kvp_slab_alloc_fn: the warm mapping, when it is free and large enough. */
+static void *slab_lend(void *ctx, size_t bytes, size_t alignment)
+{
+    warm_slab *w = ctx;
+    if (w->lent || bytes > w->bytes || alignment > 4096) {
+        return NULL; /* the pool's create fails: ALLOCATION_FAILED */
+    }
+    w->lent = 1;
+    return w->base;
+}
+
+/* kvp_slab_free_fn: the mapping back, its pages still in memory. */
+static void slab_return(void *ctx, void *slab, size_t bytes)
+{
+    warm_slab *w = ctx;
+    (void)slab;
+    (void)bytes;
+    w->lent = 0;
+}
+
+/*
+ * Maps `bytes` (the budget: a pool's slab is at most that) with huge pages
+ * where the kernel gives them, and writes every page once, so no run
+ * faults it in. 0, or 1 (the exit status) after a message.
+ */
+static int slab_warm(bench *b, size_t bytes)
+{
+    b->slab.bytes = bytes;
+    b->slab.base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b->slab.base == MAP_FAILED) {
+        fprintf(stderr, "bench-tier-overhead: mapping %zu bytes for the pool failed\n", bytes);
+        return 1;
+    }
+    (void)madvise(b->slab.base, bytes, MADV_HUGEPAGE); /* a hint: fine if refused */
+    memset(b->slab.base, 0x5a, bytes);
+    b->config.slab_alloc = slab_lend;
+    b->config.slab_free = slab_return;
+    b->config.slab_ctx = &b->slab;
+    return 0;
 }
 
 /* One run of case `which`: 0, or -1 after a message. */
@@ -348,10 +408,11 @@ int main(int argc, char **argv)
 {
     size_t rounds = 7, requests = 128, budget_mib = 1024, host_mib = 1024, threads = 0;
     size_t redis_pid = 0;
-    int policy = 1, loads = 0;
+    int policy = 1, loads = 0, pool_memory = 0;
     const char *url = NULL;
     static const char *const policies[] = {"evict", "publish", NULL};
     static const char *const load_words[] = {"model", "always", "never", NULL};
+    static const char *const memories[] = {"warm", "fresh", NULL};
     bench_arg table[] = {
         BENCH_SIZE("--rounds", &rounds, 1, MAX_ROUNDS, "N", "rounds of none, host, redis"),
         BENCH_SIZE("--requests", &requests, 1, 100000, "N", "requests of the workload"),
@@ -360,6 +421,9 @@ int main(int argc, char **argv)
         BENCH_SIZE("--threads", &threads, 0, 64, "N", "decoder threads (0: one per core)"),
         BENCH_CHOICE("--policy", &policy, policies, "WORD", "the tiers' write policy"),
         BENCH_CHOICE("--loads", &loads, load_words, "WORD", "the scheduler's tier loads"),
+        BENCH_CHOICE("--pool-memory", &pool_memory, memories, "WORD",
+                     "warm: one slab faulted in once for every run's pool; fresh: each "
+                     "run's own"),
         BENCH_TEXT("--redis", &url, "URL",
                    "a Redis server to use (never emptied); default: a private one"),
         BENCH_SIZE("--redis-pid", &redis_pid, 1, 4194304, "PID",
@@ -381,6 +445,7 @@ int main(int argc, char **argv)
     }
     bench b;
     memset(&b, 0, sizeof b);
+    b.slab.base = MAP_FAILED;
     kvp_sim_config_init(&b.config);
     b.config.audit_every = 0;
     b.config.max_running = 256; /* simulate's default --max-running */
@@ -392,10 +457,13 @@ int main(int argc, char **argv)
     b.url = url;
     b.server_pid = (pid_t)redis_pid;
     int status = prepare(&b, requests);
+    if (status == 0 && pool_memory == 0) {
+        status = slab_warm(&b, b.config.budget_bytes);
+    }
     if (status == 0) {
         printf("tier overhead: %zu requests (sharegpt, unique prompts), budget %zu MiB, policy "
-               "%s, loads %s; redis %s%s\n",
-               requests, budget_mib, policies[policy], load_words[loads],
+               "%s, loads %s, pool memory %s; redis %s%s\n",
+               requests, budget_mib, policies[policy], load_words[loads], memories[pool_memory],
                b.server.pid > 0 ? "private at " : "", b.url);
         status = run_rounds(&b, rounds);
     }
@@ -406,5 +474,8 @@ int main(int argc, char **argv)
         kvpt_redis_stop(&b.server);
     }
     kvp_workload_free(&b.workload);
+    if (b.slab.base != MAP_FAILED) {
+        munmap(b.slab.base, b.slab.bytes);
+    }
     return status;
 }
