@@ -32,17 +32,23 @@
  * core is busy. Outputs must agree: each run's output checksum equals
  * none's (exit 1 if not), and tier hits are counted (reported; 0 expected).
  *
- * The pool's memory: by default (--pool-memory warm) every run's pool takes
- * its slab from one mapping this program faults in once, before the first
- * round, and keeps (KVP_SLAB_CUSTOM, sim.h's slab hooks), as a server's
- * pool is created once and stays in memory. With --pool-memory fresh each
- * run's pool has the default source, a jemalloc arena purged when the pool
- * is freed, so each run faults its pool's pages in again: on this VM that
- * costs 0.5 to 1.5 s of a 3.5 s run, varying from run to run by more than
- * the tier's whole cost (docs/bench.md).
+ * Memory: by default (--memory warm) a server's steady state. Every run's
+ * pool takes its slab from one mapping this program faults in once, before
+ * the first round, and keeps (KVP_SLAB_CUSTOM, sim.h's slab hooks), as a
+ * server's pool is created once and stays in memory; and every host run
+ * uses one host tier (sim_tier.h's given tier), made before the first round,
+ * then filled to its budget (one untimed host run, then filler blocks under
+ * keys no run asks for), so each block a run writes evicts one and reuses
+ * its memory, as a host tier that has served a while does. Each run's fresh
+ * secret still makes every lookup miss. With --memory fresh each run makes
+ * its own: a pool on the default source (a jemalloc arena purged when the
+ * pool is freed) and an empty host tier, so each run faults in its pool's
+ * pages and its tier's blocks again: on this VM the pool's alone costs 0.5
+ * to 1.5 s of a 3.5 s run, varying from run to run by more than the tier's
+ * whole cost (docs/bench.md).
  *
  * Flags (bench/args.h; --help lists them): --rounds, --requests,
- * --budget-mib, --host-mib, --threads, --policy, --loads, --pool-memory,
+ * --budget-mib, --host-mib, --threads, --policy, --loads, --memory,
  * --redis, --redis-pid.
  * Exit status 0, 1 on a failure, 2 on a usage error. Speed is reported,
  * never enforced.
@@ -75,6 +81,7 @@ static const char *const case_names[CASES] = {"none", "host", "redis"};
 typedef struct run_figures {
     double tps, wall, cpu, thread_cpu, server_cpu;
     uint64_t tokens, writes, hits, errors, write_failures;
+    size_t block_bytes;
     size_t threads;
     double checksum;
 } run_figures;
@@ -89,6 +96,7 @@ typedef struct warm_slab {
 typedef struct bench {
     kvp_sim_config config;
     warm_slab slab;
+    kvp_tier *host_tier; /* --memory warm: every host run's, full */
     kvp_workload workload;
     size_t host_bytes;
     const char *url;         /* the Redis tier's */
@@ -198,6 +206,43 @@ static int slab_warm(bench *b, size_t bytes)
     return 0;
 }
 
+static int run_case(bench *b, int which, run_figures *out);
+
+/*
+ * --memory warm: the host tier every host run uses, filled to its budget:
+ * one untimed host run (which also learns the block size), then filler
+ * blocks of that size under keys no run asks for, until the tier evicts.
+ * 0, or 1 (the exit status) after a message.
+ */
+static int host_warm(bench *b)
+{
+    kvp_error err;
+    if (kvp_tier_host_create(b->host_bytes, &b->host_tier, &err) != KVP_OK) {
+        fprintf(stderr, "bench-tier-overhead: host tier: %s\n", kvp_status_name(err.status));
+        return 1;
+    }
+    run_figures first;
+    if (run_case(b, HOST, &first) != 0) {
+        return 1;
+    }
+    unsigned char *filler = calloc(1, first.block_bytes);
+    kvp_tier_host_stats hs;
+    kvp_tier_host_stats_init(&hs);
+    int failed = filler == NULL;
+    for (uint64_t n = 1; !failed && hs.evictions == 0; n++) {
+        kvp_tier_block blk = {.key = {n, ~n}, .data = filler, .bytes = first.block_bytes};
+        failed = kvp_tier_run(b->host_tier, KVP_TIER_PUT, &blk, 1, &err) != KVP_OK ||
+                 blk.status != KVP_OK ||
+                 kvp_tier_host_stats_get(b->host_tier, &hs, &err) != KVP_OK;
+    }
+    free(filler);
+    if (failed) {
+        fprintf(stderr, "bench-tier-overhead: filling the host tier failed\n");
+        return 1;
+    }
+    return 0;
+}
+
 /* One run of case `which`: 0, or -1 after a message. */
 static int run_case(bench *b, int which, run_figures *out)
 {
@@ -207,6 +252,7 @@ static int run_case(bench *b, int which, run_figures *out)
         c.tier.tiers[0].redis = which == REDIS;
         c.tier.tiers[0].host_bytes = b->host_bytes;
         c.tier.tiers[0].url = b->url;
+        c.tier.tiers[0].given = which == HOST ? b->host_tier : NULL;
         if (getrandom(c.tier.secret, sizeof c.tier.secret, 0) != (ssize_t)sizeof c.tier.secret) {
             fprintf(stderr, "bench-tier-overhead: getrandom failed\n");
             return -1;
@@ -234,6 +280,7 @@ static int run_case(bench *b, int which, run_figures *out)
                          .errors = result.tier.errors,
                          .write_failures = result.tier.write_failures,
                          .threads = result.threads,
+                         .block_bytes = result.tier.block_bytes,
                          .checksum = result.output_checksum};
     kvp_sim_result_free(&result);
     return 0;
@@ -408,7 +455,7 @@ int main(int argc, char **argv)
 {
     size_t rounds = 7, requests = 128, budget_mib = 1024, host_mib = 1024, threads = 0;
     size_t redis_pid = 0;
-    int policy = 1, loads = 0, pool_memory = 0;
+    int policy = 1, loads = 0, memory = 0;
     const char *url = NULL;
     static const char *const policies[] = {"evict", "publish", NULL};
     static const char *const load_words[] = {"model", "always", "never", NULL};
@@ -421,9 +468,9 @@ int main(int argc, char **argv)
         BENCH_SIZE("--threads", &threads, 0, 64, "N", "decoder threads (0: one per core)"),
         BENCH_CHOICE("--policy", &policy, policies, "WORD", "the tiers' write policy"),
         BENCH_CHOICE("--loads", &loads, load_words, "WORD", "the scheduler's tier loads"),
-        BENCH_CHOICE("--pool-memory", &pool_memory, memories, "WORD",
-                     "warm: one slab faulted in once for every run's pool; fresh: each "
-                     "run's own"),
+        BENCH_CHOICE("--memory", &memory, memories, "WORD",
+                     "warm: one pool slab faulted in once and one full host tier for "
+                     "every run; fresh: each run's own"),
         BENCH_TEXT("--redis", &url, "URL",
                    "a Redis server to use (never emptied); default: a private one"),
         BENCH_SIZE("--redis-pid", &redis_pid, 1, 4194304, "PID",
@@ -457,13 +504,16 @@ int main(int argc, char **argv)
     b.url = url;
     b.server_pid = (pid_t)redis_pid;
     int status = prepare(&b, requests);
-    if (status == 0 && pool_memory == 0) {
+    if (status == 0 && memory == 0) {
         status = slab_warm(&b, b.config.budget_bytes);
+    }
+    if (status == 0 && memory == 0) {
+        status = host_warm(&b);
     }
     if (status == 0) {
         printf("tier overhead: %zu requests (sharegpt, unique prompts), budget %zu MiB, policy "
-               "%s, loads %s, pool memory %s; redis %s%s\n",
-               requests, budget_mib, policies[policy], load_words[loads], memories[pool_memory],
+               "%s, loads %s, memory %s; redis %s%s\n",
+               requests, budget_mib, policies[policy], load_words[loads], memories[memory],
                b.server.pid > 0 ? "private at " : "", b.url);
         status = run_rounds(&b, rounds);
     }
@@ -474,6 +524,9 @@ int main(int argc, char **argv)
         kvpt_redis_stop(&b.server);
     }
     kvp_workload_free(&b.workload);
+    if (b.host_tier != NULL) {
+        (void)kvp_tier_destroy(b.host_tier, NULL);
+    }
     if (b.slab.base != MAP_FAILED) {
         munmap(b.slab.base, b.slab.bytes);
     }

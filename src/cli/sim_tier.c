@@ -42,6 +42,10 @@ void kvp_sim_tier_pool_secret(const kvp_sim_tier_config *config, kvp_pool_config
 static kvp_status make_leaf(const kvp_sim_tier_config *c, const kvp_sim_tier_spec *spec,
                             kvp_tier **out, kvp_error *err)
 {
+    if (spec->given != NULL) {
+        *out = spec->given;
+        return KVP_OK;
+    }
     if (!spec->redis) {
         return c->keys_only ? kvp_tier_host_keys_create(spec->host_bytes, out, err)
                             : kvp_tier_host_create(spec->host_bytes, out, err);
@@ -69,6 +73,7 @@ kvp_status kvp_sim_tier_open(const kvp_sim_tier_config *config, kvp_pool *pool, 
         if (status != KVP_OK) {
             return status;
         }
+        t->given[i] = config->tiers[i].given != NULL;
         t->leaf_count++;
     }
     t->top = t->leaves[config->count - 1];
@@ -137,6 +142,7 @@ void kvp_sim_tier_read(const kvp_sim_tier *t, kvp_pool *pool, const kvp_schedule
     kvp_pool_tier_stats pool_stats;
     kvp_pool_tier_stats_init(&pool_stats);
     if (pool != NULL && kvp_pool_tier_stats_get(pool, &pool_stats, NULL) == KVP_OK) {
+        out->block_bytes = pool_stats.block_bytes;
         out->writes = pool_stats.writes;
         out->write_failures = pool_stats.write_failures;
     }
@@ -155,7 +161,10 @@ void kvp_sim_tier_close(kvp_sim_tier *t)
         (void)kvp_tier_destroy(t->composed[--t->composed_count], NULL);
     }
     while (t->leaf_count > 0) {
-        (void)kvp_tier_destroy(t->leaves[--t->leaf_count], NULL);
+        t->leaf_count--;
+        if (!t->given[t->leaf_count]) {
+            (void)kvp_tier_destroy(t->leaves[t->leaf_count], NULL);
+        }
     }
     t->top = NULL;
 }

@@ -30,6 +30,9 @@ typedef struct kvp_sim_tier_spec {
     int redis;
     size_t host_bytes;
     const char *url;
+    kvp_tier *given; /* not NULL: this tier (the caller's: made, kept across runs and
+                        destroyed by it, e.g. a benchmark's host tier in its steady
+                        state) instead of one made from the fields above */
 } kvp_sim_tier_spec;
 
 typedef struct kvp_sim_tier_config {
@@ -50,6 +53,7 @@ typedef struct kvp_sim_tier_config {
 typedef struct kvp_sim_tier {
     kvp_tier *leaves[KVP_SIM_TIERS_MAX];
     kvp_tier *composed[KVP_SIM_TIERS_MAX];
+    int given[KVP_SIM_TIERS_MAX]; /* leaf i is the caller's (kvp_sim_tier_spec.given) */
     size_t leaf_count;
     size_t composed_count;
     kvp_tier *top;
@@ -63,6 +67,7 @@ typedef struct kvp_sim_tier_result {
     uint64_t hit_tokens;
     uint64_t load_bytes;
     double load_seconds;
+    size_t block_bytes;       /* a tier block's size (header + page) */
     uint64_t writes;          /* pages handed to the tier (write-back or write-through) */
     uint64_t write_failures;  /* refused by the tier, or (Redis) failed by its writer after */
     uint64_t rejected;        /* blocks that failed verification, never mapped */
@@ -95,7 +100,8 @@ kvp_status kvp_sim_tier_open(const kvp_sim_tier_config *config, kvp_pool *pool, 
 void kvp_sim_tier_read(const kvp_sim_tier *t, kvp_pool *pool, const kvp_scheduler_stats *stats,
                        int final, kvp_sim_tier_result *out);
 
-/* After the pool is destroyed: flushes Redis tiers (writes done), destroys every tier. */
+/* After the pool is destroyed: flushes Redis tiers (writes done), destroys every tier
+ * the run made (not a given one). */
 void kvp_sim_tier_close(kvp_sim_tier *t);
 
 #endif /* KVPAGER_CLI_SIM_TIER_H */
