@@ -302,24 +302,9 @@ static int setup(sim *s)
         *s->err = e;
         return fail(s, "checking the model shape");
     }
-    /* Pages hold the KV heads only, in the --kv-dtype. */
     kvp_pool_config pool_config;
-    kvp_pool_config_init(&pool_config);
-    pool_config.block_tokens = c->block_tokens;
     size_t lanes = kvp_sim_fused_layers(c);
-    pool_config.heads = kv_heads * lanes; /* fused: a block of every layer a page */
-    pool_config.head_width = c->model_width / c->heads;
-    pool_config.budget_bytes = c->budget_bytes;
-    pool_config.dtype = c->kv_dtype;
-    /* The allocator alone never touches a page: no memory behind them (pool.h). */
-    pool_config.slab_source = c->compute ? KVP_SLAB_DEFAULT : KVP_SLAB_RESERVED;
-    if (c->compute && c->slab_alloc != NULL) {
-        pool_config.slab_source = KVP_SLAB_CUSTOM;
-        pool_config.slab_alloc = c->slab_alloc;
-        pool_config.slab_free = c->slab_free;
-        pool_config.slab_ctx = c->slab_ctx;
-    }
-    kvp_sim_tier_pool_secret(&c->tier, &pool_config); /* processes sharing a tier agree */
+    kvp_sim_pool_config(c, &pool_config);
     if (kvp_pool_create(&pool_config, &s->pool, s->err) != KVP_OK) {
         return fail(s, "creating the page pool");
     }

@@ -221,6 +221,10 @@ void kvp_sim_config_init(kvp_sim_config *config);
  * run fuses them (exactly: DESIGN.md, "Fused allocator-only pages"), else 1.
  */
 size_t kvp_sim_fused_layers(const kvp_sim_config *c);
+/* The run's pool (sim_fused.c): pages of the KV heads of kvp_sim_fused_layers
+ * layers, the budget, the --kv-dtype, the slab (none allocator-only; the
+ * config's hooks when given) and, with tiers, the key secret they share. */
+void kvp_sim_pool_config(const kvp_sim_config *c, kvp_pool_config *pool_config);
 /* A fused run's step figures in one-layer pages: page counts and token slots times lanes. */
 void kvp_sim_fused_step(size_t lanes, kvp_step_stats *st);
 

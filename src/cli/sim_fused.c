@@ -14,6 +14,7 @@
  * some layers): it must return 1 here.
  * Invariant: a fused run's figures are in one-layer pages (the pool's times
  * the layers), the unit of a computed run, so they equal the per-layer run's.
+ * Also the run's pool configuration, whose page shape the rule decides.
  * Callers: sim.c.
  */
 #include "sim.h"
@@ -45,4 +46,24 @@ void kvp_sim_fused_step(size_t lanes, kvp_step_stats *st)
     for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++) {
         *pages[i] *= lanes;
     }
+}
+
+void kvp_sim_pool_config(const kvp_sim_config *c, kvp_pool_config *pool_config)
+{
+    kvp_pool_config_init(pool_config);
+    pool_config->block_tokens = c->block_tokens;
+    /* The KV heads only, of every fused layer: a block of every layer a page. */
+    pool_config->heads = kvp_sim_kv_heads(c) * kvp_sim_fused_layers(c);
+    pool_config->head_width = c->model_width / c->heads;
+    pool_config->budget_bytes = c->budget_bytes;
+    pool_config->dtype = c->kv_dtype;
+    /* The allocator alone never touches a page: no memory behind them (pool.h). */
+    pool_config->slab_source = c->compute ? KVP_SLAB_DEFAULT : KVP_SLAB_RESERVED;
+    if (c->compute && c->slab_alloc != NULL) {
+        pool_config->slab_source = KVP_SLAB_CUSTOM;
+        pool_config->slab_alloc = c->slab_alloc;
+        pool_config->slab_free = c->slab_free;
+        pool_config->slab_ctx = c->slab_ctx;
+    }
+    kvp_sim_tier_pool_secret(&c->tier, pool_config); /* processes sharing a tier agree */
 }
