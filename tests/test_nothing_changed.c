@@ -154,15 +154,17 @@
  * test runs twice: in the "cached" run (CACHED_TEST) the world's pool has no
  * free page and its LRU list holds cached pages, so any page a call takes
  * is borrowed from it and must come back with its key and LRU place.
- * test_nothing_changed_cancelled_takes_keep_cached_pages adds the takes that
- * are cancelled by a second call (reserve + discard, a two-layer step
- * refused at its second layer, a copy-on-write reservation, tickets).
+ * test_nothing_changed_cancelled_takes_keep_cached_pages (in
+ * test_nothing_changed_sequence.c) adds the takes that are cancelled by a
+ * second call (reserve + discard, a two-layer step refused at its second
+ * layer, a copy-on-write reservation, tickets).
  *
  * The documented exception (sequence.h, DESIGN.md "Sharing"): a prefill
  * that fails after writing rows (past its first block, or token by token)
  * leaves those bytes in pages it gave back (kvp_pool_digest hashes free
  * bytes too), and a page it borrowed from the LRU list and wrote loses its
- * cached block (evicted, counted). Those cases assert exactly that.
+ * cached block (evicted, counted). Those cases (test_nothing_changed_sequence.c)
+ * assert exactly that.
  *
  * Unit test (ctest test_nothing_changed, memcheck.* in release, label threads
  * under tsan, like its two siblings): uses pager/alloc.h (fault injector) and
