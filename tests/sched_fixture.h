@@ -2,8 +2,8 @@
  * sched_fixture.h: what the scheduler tests' two fixtures share, and
  * nothing else: the model geometry (LAYERS x WIDTH, HEADS query heads over
  * KV_HEADS, BLOCK-token pages, CAPACITY tokens a sequence), the fixture
- * (model, pool, decoder, scheduler) and stats_of, the scheduler's counters
- * now. Included by sched_support.h (test_scheduler*.c) and
+ * (model, pool, decoder, scheduler), the scheduler config they start from
+ * and stats_of, the scheduler's counters now. Included by sched_support.h (test_scheduler*.c) and
  * sched_tier_support.h (the tier tests); each of those owns its own setup,
  * teardown, book and seeds. Static inline; tests only.
  */
@@ -26,6 +26,19 @@ typedef struct fixture {
     kvp_decoder *decoder;
     kvp_scheduler *scheduler;
 } fixture;
+
+/*
+ * The scheduler config both fixtures start from: CAPACITY tokens a
+ * sequence, no watermark, 4 reserve tokens, `identity` (each fixture's SEED).
+ */
+static inline void sched_fixture_config(kvp_scheduler_config *config, uint64_t identity)
+{
+    kvp_scheduler_config_init(config);
+    config->capacity = CAPACITY;
+    config->watermark = 0.0;
+    config->reserve_tokens = 4;
+    config->identity = identity;
+}
 
 /* The scheduler's counters now. */
 static inline kvp_scheduler_stats stats_of(const fixture *f)

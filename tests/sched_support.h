@@ -15,13 +15,14 @@
  *     sequence fed the same rows alone;
  *   - the session helpers (a first turn, a conversation's book) and the
  *     row-less submits the split files share.
- * The geometry, the fixture struct and stats_of come from sched_fixture.h
- * (sched_tier_support.h shares them). Static inline; tests only.
+ * The geometry, the fixture struct, the base scheduler config and stats_of
+ * come from sched_fixture.h (sched_tier_support.h shares them). Static
+ * inline; tests only.
  */
 #ifndef KVPAGER_TESTS_SCHED_SUPPORT_H
 #define KVPAGER_TESTS_SCHED_SUPPORT_H
 
-#include "sched_fixture.h"
+#include "sched_fixture.h" /* geometry, fixture, base config, stats_of */
 
 #include <math.h>
 #include <string.h>
@@ -117,13 +118,9 @@ static inline void setup_fixture_full(fixture *f, size_t pages, size_t threads, 
     f->pool = kvpt_pool(BLOCK, KV_HEADS, HEAD_WIDTH, pages);
     f->decoder = compute ? kvpt_decoder(threads) : NULL;
     kvp_scheduler_config config;
-    kvp_scheduler_config_init(&config);
-    config.capacity = CAPACITY;
-    config.watermark = 0.0;
-    config.reserve_tokens = 4;
+    sched_fixture_config(&config, SEED);
     config.compute = compute;
     config.max_running = max_running;
-    config.identity = SEED;
     config.sharing = sharing;
     config.schedule = schedule;
     config.session_ttl = session_ttl;

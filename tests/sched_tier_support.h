@@ -7,13 +7,14 @@
  * secret; requests of PROMPT rows whose first `shared` rows are their
  * group's, outputs recorded in a book and compared bit for bit; stepping
  * with the full pool audit after every step. The geometry, the fixture
- * struct and stats_of come from sched_fixture.h (test_scheduler*.c's
- * fixture shares them). Static inline; tests only.
+ * struct, the base scheduler config and stats_of come from
+ * sched_fixture.h (test_scheduler*.c's fixture shares them). Static
+ * inline; tests only.
  */
 #ifndef KVPAGER_TESTS_SCHED_TIER_SUPPORT_H
 #define KVPAGER_TESTS_SCHED_TIER_SUPPORT_H
 
-#include "sched_fixture.h" /* geometry, fixture, stats_of */
+#include "sched_fixture.h" /* geometry, fixture, base config, stats_of */
 
 #include <string.h>
 #include <time.h>
@@ -146,11 +147,7 @@ static inline void setup_with(fixture *f, kvp_model *m, size_t kv_heads, kvp_tie
         kvpt_assert_ok(kvp_pool_tier_attach(f->pool, tier, &policy, &err), &err);
     }
     kvp_scheduler_config config;
-    kvp_scheduler_config_init(&config);
-    config.capacity = CAPACITY;
-    config.watermark = 0.0;
-    config.reserve_tokens = 4;
-    config.identity = SEED;
+    sched_fixture_config(&config, SEED);
     config.tier_loads = loads;
     kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
                                         &err),
