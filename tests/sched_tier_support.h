@@ -6,25 +6,21 @@
  * one-thread decoder and a scheduler with the tier attached under a test
  * secret; requests of PROMPT rows whose first `shared` rows are their
  * group's, outputs recorded in a book and compared bit for bit; stepping
- * with the full pool audit after every step. Static inline; tests only.
+ * with the full pool audit after every step. The geometry, the fixture
+ * struct, the base scheduler config and stats_of come from
+ * sched_fixture.h (test_scheduler*.c's fixture shares them). Static
+ * inline; tests only.
  */
 #ifndef KVPAGER_TESTS_SCHED_TIER_SUPPORT_H
 #define KVPAGER_TESTS_SCHED_TIER_SUPPORT_H
 
-#include "support.h"
+#include "sched_fixture.h" /* geometry, fixture, base config, stats_of */
 
 #include <string.h>
 #include <time.h>
 
 #include "kvpager/tier.h"
 
-#define WIDTH 8
-#define HEADS 2
-#define KV_HEADS 1
-#define HEAD_WIDTH (WIDTH / HEADS)
-#define LAYERS 2
-#define BLOCK 4
-#define CAPACITY 64
 #define SEED 11
 #define MAX_REQUESTS 8
 #define PROMPT 33 /* 8 full blocks adoptable: (33 - 1) / 4 */
@@ -65,13 +61,6 @@ static inline void token_cb(void *ctx, uint64_t id, size_t sample, size_t positi
     memcpy(b->outputs[id][position], output, width * sizeof *output);
     b->tokens[id]++;
 }
-
-typedef struct fixture {
-    kvp_model *model;
-    kvp_pool *pool;
-    kvp_decoder *decoder;
-    kvp_scheduler *scheduler;
-} fixture;
 
 static inline void sched_secret_fill(unsigned char *secret, unsigned char seed)
 {
@@ -158,11 +147,7 @@ static inline void setup_with(fixture *f, kvp_model *m, size_t kv_heads, kvp_tie
         kvpt_assert_ok(kvp_pool_tier_attach(f->pool, tier, &policy, &err), &err);
     }
     kvp_scheduler_config config;
-    kvp_scheduler_config_init(&config);
-    config.capacity = CAPACITY;
-    config.watermark = 0.0;
-    config.reserve_tokens = 4;
-    config.identity = SEED;
+    sched_fixture_config(&config, SEED);
     config.tier_loads = loads;
     kvpt_assert_ok(kvp_scheduler_create(f->model, f->pool, f->decoder, &config, &f->scheduler,
                                         &err),
@@ -175,14 +160,6 @@ static inline void teardown(fixture *f)
     kvpt_assert_pool_ok(f->pool);
     kvpt_destroy_decoder(f->decoder);
     kvpt_assert_ok(kvp_pool_destroy(f->pool, NULL), NULL); /* detaches the tier */
-}
-
-static inline kvp_scheduler_stats stats_of(const fixture *f)
-{
-    kvp_scheduler_stats s;
-    kvp_scheduler_stats_init(&s);
-    kvpt_assert_ok(kvp_scheduler_stats_get(f->scheduler, &s, NULL), NULL);
-    return s;
 }
 
 static inline double now_ms(void)

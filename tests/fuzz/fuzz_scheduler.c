@@ -42,6 +42,9 @@
 #include "kvpager/kvpager.h"
 #include "pager/alloc.h" /* the fault injector: a step's allocations fail one at a time */
 
+#define FUZZ_WORLD_TARGET "fuzz_scheduler"
+#include "fuzz_world.h" /* the failure report, CHECK, the reader, on_mismatch, the pool */
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_D 8
@@ -55,29 +58,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* ---- failure reporting ------------------------------------------------- */
 
-static size_t g_op_index;
-static const char *g_op_name = "setup";
-
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void fail(const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "kvpager fuzz_scheduler: MISMATCH at op %zu (%s): ", g_op_index,
-            g_op_name);
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
-    va_end(args);
-    abort();
-}
-
-#define CHECK(cond, ...)                                                                    \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fail(__VA_ARGS__);                                                              \
-        }                                                                                   \
-    } while (0)
-
 static void check_status(kvp_status got, kvp_status want, const kvp_error *err)
 {
     if (got != want) {
@@ -87,19 +67,6 @@ static void check_status(kvp_status got, kvp_status want, const kvp_error *err)
         }
         fail("status %s, expected %s (%s)", kvp_status_name(got), kvp_status_name(want), text);
     }
-}
-
-/* ---- the input ---------------------------------------------------------- */
-
-typedef struct reader {
-    const uint8_t *data;
-    size_t size;
-    size_t at;
-} reader;
-
-static uint8_t rd(reader *r)
-{
-    return r->at < r->size ? r->data[r->at++] : 0;
 }
 
 /* ---- the world ---------------------------------------------------------- */
@@ -214,13 +181,6 @@ static void token_cb(void *ctx, uint64_t id, size_t sample, size_t position,
     q->epoch[sample][position] = W.epoch;
     memcpy(q->out[sample][position], output, width * sizeof *output);
     q->tokens[sample]++;
-}
-
-static void on_mismatch(void *ctx, const kvp_mismatch *m)
-{
-    (void)ctx;
-    fprintf(stderr, "audit: invariant %d, %s, page %zu\n", (int)m->invariant,
-            m->what != NULL ? m->what : "", m->page);
 }
 
 static kvp_pool_stats pool_stats(kvp_pool *pool)
@@ -748,21 +708,14 @@ static const op_fn g_ops[] = {
 static const size_t g_geometries[][3] = {{4, 1, 1}, {4, 2, 1}, {4, 2, 2}, {8, 2, 1}, {8, 2, 2}};
 static const double g_fractions[] = {0.0, 0.25, 0.5, 1.0};
 
+/* A fixed secret: keys, and so index slots and coverage, repeat run to run. */
 static kvp_pool *make_pool(size_t pages)
 {
-    kvp_pool_config config;
-    kvp_pool_config_init(&config);
-    config.block_tokens = W.bt;
-    config.heads = W.kv_heads;
-    config.head_width = W.hd;
-    /* A fixed secret: keys, and so index slots and coverage, repeat run to run. */
-    for (size_t i = 0; i < KVP_KEY_SECRET_BYTES / sizeof(uint64_t); i++) {
-        config.key_secret[i] = 0x6b7670616765720full + i;
-    }
-    config.budget_bytes = pages * 2 * W.kv_heads * W.bt * W.hd * sizeof(double);
     kvp_pool *pool = NULL;
     kvp_error err;
-    check_status(kvp_pool_create(&config, &pool, &err), KVP_OK, &err);
+    check_status(fz_world_pool(W.bt, W.kv_heads, W.hd, pages, 0x6b7670616765720full, 1, &pool,
+                               &err),
+                 KVP_OK, &err);
     return pool;
 }
 

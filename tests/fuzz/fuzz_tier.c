@@ -35,6 +35,9 @@
 #include "kvpager/kvpager.h"
 #include "kvpager/tier.h"
 
+#define FUZZ_WORLD_TARGET "fuzz_tier"
+#include "fuzz_world.h" /* the failure report, CHECK, the reader, on_mismatch, the pool */
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define BT 4
@@ -48,28 +51,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* ---- failure reporting ------------------------------------------------- */
 
-static size_t g_op_index;
-static const char *g_op_name = "setup";
-
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void fail(const char *fmt, ...)
-{
-    va_list args;
-    va_start(args, fmt);
-    fprintf(stderr, "kvpager fuzz_tier: MISMATCH at op %zu (%s): ", g_op_index, g_op_name);
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
-    va_end(args);
-    abort();
-}
-
-#define CHECK(cond, ...)                                                                    \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fail(__VA_ARGS__);                                                              \
-        }                                                                                   \
-    } while (0)
-
 static void ok(kvp_status status, const kvp_error *err, const char *what)
 {
     CHECK(status == KVP_OK, "%s: %s (%s)", what, kvp_status_name(status),
@@ -78,18 +59,13 @@ static void ok(kvp_status status, const kvp_error *err, const char *what)
 
 /* ---- the input ---------------------------------------------------------- */
 
-typedef struct input {
-    const uint8_t *data;
-    size_t size;
-    size_t at;
-} input;
-
-static unsigned byte(input *in)
+/* One input byte, as unsigned (0 past the end). */
+static unsigned byte(reader *in)
 {
-    return in->at < in->size ? in->data[in->at++] : 0u;
+    return rd(in);
 }
 
-static unsigned word(input *in)
+static unsigned word(reader *in)
 {
     unsigned lo = byte(in);
     return lo | (byte(in) << 8);
@@ -124,7 +100,7 @@ typedef struct world {
     unsigned char foreign[BLOCKS][4096]; /* the same blocks under another secret */
     size_t block_bytes;
     unsigned char secret[KVP_TIER_SECRET_BYTES];
-    input in;
+    reader in;
     /* what the last get answered, per block of the batch */
     size_t answered;
     uint64_t want_misses, want_failures, want_rejected;
@@ -134,20 +110,14 @@ typedef struct world {
 
 static world W;
 
+/* Key secret word i = 0x9e3779b97f4a7c15 * (i + 1): the source's keys are the target's. */
 static kvp_pool *make_pool(void)
 {
-    kvp_pool_config config;
-    kvp_pool_config_init(&config);
-    config.block_tokens = BT;
-    config.heads = KV_HEADS;
-    config.head_width = HEAD_WIDTH;
-    config.budget_bytes = (size_t)PAGES * 2 * ROW * BT * sizeof(double);
-    for (size_t i = 0; i < KVP_KEY_SECRET_BYTES / sizeof(uint64_t); i++) {
-        config.key_secret[i] = 0x9e3779b97f4a7c15ull * (i + 1);
-    }
     kvp_pool *pool = NULL;
     kvp_error err;
-    ok(kvp_pool_create(&config, &pool, &err), &err, "pool_create");
+    ok(fz_world_pool(BT, KV_HEADS, HEAD_WIDTH, PAGES, 0x9e3779b97f4a7c15ull,
+                     0x9e3779b97f4a7c15ull, &pool, &err),
+       &err, "pool_create");
     return pool;
 }
 
@@ -300,13 +270,6 @@ static kvp_status fuzz_put(void *impl, kvp_tier_block *blocks, size_t count,
 static void fuzz_destroy(void *impl)
 {
     (void)impl;
-}
-
-static void on_mismatch(void *ctx, const kvp_mismatch *m)
-{
-    (void)ctx;
-    fprintf(stderr, "audit: invariant %d, %s, page %zu\n", (int)m->invariant,
-            m->what != NULL ? m->what : "", m->page);
 }
 
 static kvp_pool_tier_stats tier_stats(void)
