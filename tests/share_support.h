@@ -1,9 +1,10 @@
 /*
- * share_support.h: the fixtures test_share.c and test_share_keys.c share:
- * small external caches with rows that encode (lane, position, feature),
- * their chain keys and publication, the audit-finding check, and a
- * 2-layer model's prompts and prefills. Static inline, so a test file that
- * uses only some of them builds without warnings. Tests only.
+ * share_support.h: the fixtures test_share.c, test_share_cache.c and
+ * test_share_keys.c share: small external caches with rows that encode
+ * (lane, position, feature), their chain keys and publication, the
+ * audit-finding check, and a 2-layer model's prompts and prefills. Static
+ * inline, so a test file that uses only some of them builds without
+ * warnings. Tests only.
  */
 #ifndef KVPAGER_TESTS_SHARE_SUPPORT_H
 #define KVPAGER_TESTS_SHARE_SUPPORT_H
