@@ -1,6 +1,7 @@
 /*
- * fuzz_common.h: what the two files of the kvp_fuzz_api target share
- * (fuzz_api.c, the world and its shadow; fuzz_paged.c, the typed pool, its
+ * fuzz_common.h: what the two halves of the kvp_fuzz_api target share
+ * (fuzz_api.c and its fuzz_api_*.c files behind fuzz_api.h, the world and
+ * its shadow; fuzz_paged.c, the typed pool, its
  * write paths and kvp_paged_attention). Internal to tests/fuzz; nothing else
  * includes it.
  *
