@@ -34,8 +34,9 @@ struct kvp_tier {
 
 /*
  * The lock and condition of every count that a tier's completion may drop
- * last (an attachment's users and counters, tier_pool.c and tier_load.c; a
- * composed tier's batches in flight, tier_compose.c): library-wide and
+ * last (an attachment's users and counters, tier_pool.c; a prefetch's
+ * references, completion and waits, tier_load.c; a composed tier's batches
+ * in flight, tier_compose.c): library-wide and
  * never destroyed (tier.c defines them). A count's owner that waits for it
  * to reach zero and then frees its state would otherwise destroy a mutex a
  * completion on another thread has just unlocked: glibc's unlock writes the

@@ -7,8 +7,8 @@
  *
  * Owns: struct kvp_tier_prefetch: the keys, the batch and its buffers, the
  * verdicts, the issuing attachment (its state and serial), and a reference
- * count of two (the owner's and the completion's) under prefetch_lock (one
- * for every prefetch, living as long as the library):
+ * count of two (the owner's and the completion's) under kvpi_tier_count_lock
+ * (library-wide, never destroyed: tier_internal.h):
  * whichever lets go last frees it, so a prefetch destroyed in flight is
  * freed by its completion and a completion never touches freed memory.
  *
@@ -25,9 +25,8 @@
  * keys, a held key whose size is block_bytes is taken as found (any other
  * size is rejected as "size"), and fresh pages are mapped unwritten.
  *
- * Locks: the pool lock, then kvpi_tier_count_lock (the attachment's counts); prefetch_lock
- * is taken alone (its done takes it, then the count lock after
- * releasing it).
+ * Locks: the pool lock, then kvpi_tier_count_lock (the attachment's counts,
+ * a prefetch's references, completion and waits).
  * Callers: the public API.
  */
 #include "pager/tier_internal.h"
@@ -194,7 +193,7 @@ struct kvp_tier_prefetch {
     size_t per;         /* keys a block */
     kvp_block_key *keys; /* [n * per] */
     load_batch b;
-    int refs;           /* the owner's and the completion's (under prefetch_lock) */
+    int refs;           /* the owner's and the completion's (under the count lock) */
     int complete;
     int mapped;
     double issued;
@@ -202,15 +201,12 @@ struct kvp_tier_prefetch {
 };
 
 /*
- * Every prefetch's references, completion and waits are under one lock and
- * condition that live as long as the library, never the prefetch's own: a
+ * Every prefetch's references, completion and waits are under the count lock
+ * and condition (kvpi_tier_count_lock, _cond), never the prefetch's own: a
  * done still returning from its unlock then touches no memory the owner
  * frees, and freeing destroys no mutex another thread has just released
- * (the pattern tier.c's waiters avoid, which helgrind flags as a race).
- * Prefetches are few and their critical sections a few stores.
+ * (helgrind flags that as a race). Critical sections are a few stores.
  */
-static pthread_mutex_t prefetch_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t prefetch_cond = PTHREAD_COND_INITIALIZER;
 
 static double prefetch_clock(void)
 {
@@ -229,9 +225,9 @@ static void prefetch_free(kvp_tier_prefetch *p)
 /* Drops one reference; the last frees. */
 static void prefetch_let_go(kvp_tier_prefetch *p)
 {
-    pthread_mutex_lock(&prefetch_lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     int last = --p->refs == 0;
-    pthread_mutex_unlock(&prefetch_lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     if (last) {
         prefetch_free(p);
     }
@@ -244,17 +240,17 @@ static void prefetch_done(void *ctx, kvp_tier_block *blocks, size_t count)
     kvp_tier_prefetch *p = ctx;
     kvpi_pool_tier *t = p->t;
     double now = prefetch_clock();
-    pthread_mutex_lock(&prefetch_lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     p->complete = 1;
     p->seconds = now - p->issued;
     p->t = NULL; /* no longer a user: a map checks the serial under its own use */
-    pthread_cond_broadcast(&prefetch_cond);
+    pthread_cond_broadcast(&kvpi_tier_count_cond);
     int last = --p->refs == 0;
-    pthread_mutex_unlock(&prefetch_lock);
+    kvpi_pool_tier_user_done_locked(t); /* t may be freed by a detach once unlocked */
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     if (last) {
         prefetch_free(p); /* destroyed in flight: the cancel ends here */
     }
-    kvpi_pool_tier_unuse(t); /* the attachment may be freed by a detach from here on */
 }
 
 /* A new prefetch of n blocks' keys under attachment t (a user the caller took). */
@@ -335,12 +331,12 @@ int kvp_tier_prefetch_ready(kvp_tier_prefetch *prefetch, double *seconds)
     if (prefetch == NULL) {
         return 0;
     }
-    pthread_mutex_lock(&prefetch_lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     int complete = prefetch->complete;
     if (complete && seconds != NULL) {
         *seconds = prefetch->seconds;
     }
-    pthread_mutex_unlock(&prefetch_lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
     return complete;
 }
 
@@ -349,11 +345,11 @@ void kvp_tier_prefetch_wait(kvp_tier_prefetch *prefetch)
     if (prefetch == NULL) {
         return;
     }
-    pthread_mutex_lock(&prefetch_lock);
+    pthread_mutex_lock(&kvpi_tier_count_lock);
     while (!prefetch->complete) {
-        pthread_cond_wait(&prefetch_cond, &prefetch_lock);
+        pthread_cond_wait(&kvpi_tier_count_cond, &kvpi_tier_count_lock);
     }
-    pthread_mutex_unlock(&prefetch_lock);
+    pthread_mutex_unlock(&kvpi_tier_count_lock);
 }
 
 void kvp_tier_prefetch_destroy(kvp_tier_prefetch *prefetch)
