@@ -169,21 +169,33 @@ static inline double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static inline void submit(fixture *f, book *b, uint64_t id, unsigned group, size_t shared)
+/*
+ * Submits request `id` (asserted to be the id the scheduler gives): a prompt
+ * of `prompt` rows whose first `shared` are prefix group `group`'s, then
+ * `new_tokens` tokens; `outputs` 0 (an allocator-only scheduler): no on_token.
+ */
+static inline void submit_len(fixture *f, book *b, uint64_t id, unsigned group, size_t shared,
+                              size_t prompt, size_t new_tokens, int outputs)
 {
     b->shared[id] = shared;
     b->group[id] = group;
     kvp_request request;
     kvp_request_init(&request);
-    request.prompt_tokens = PROMPT;
-    request.max_new_tokens = NEW_TOKENS;
+    request.prompt_tokens = prompt;
+    request.max_new_tokens = new_tokens;
     request.input = input_cb;
-    request.on_token = token_cb;
+    request.on_token = outputs ? token_cb : NULL;
     request.ctx = b;
     uint64_t got = UINT64_MAX;
     kvp_error err;
     kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &got, &err), &err);
     assert_int_equal(got, id);
+}
+
+/* submit_len of the default shape: PROMPT rows, NEW_TOKENS tokens, outputs recorded. */
+static inline void submit(fixture *f, book *b, uint64_t id, unsigned group, size_t shared)
+{
+    submit_len(f, b, id, group, shared, PROMPT, NEW_TOKENS, 1);
 }
 
 /* One step, audited; returns its wall time in ms. */

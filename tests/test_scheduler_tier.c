@@ -387,28 +387,6 @@ static void test_scheduler_tier_allocator_only_keys(void **state)
     assert_int_equal(hs.bytes, hs.blocks * block_bytes());
 }
 
-/*
- * Like submit, with its own prompt length and new tokens; `outputs` 0 (an
- * allocator-only scheduler): no on_token.
- */
-static void submit_len(fixture *f, book *b, uint64_t id, unsigned group, size_t shared,
-                       size_t prompt, size_t new_tokens, int outputs)
-{
-    b->shared[id] = shared;
-    b->group[id] = group;
-    kvp_request request;
-    kvp_request_init(&request);
-    request.prompt_tokens = prompt;
-    request.max_new_tokens = new_tokens;
-    request.input = input_cb;
-    request.on_token = outputs ? token_cb : NULL;
-    request.ctx = b;
-    uint64_t got = UINT64_MAX;
-    kvp_error err;
-    kvpt_assert_ok(kvp_scheduler_submit(f->scheduler, &request, &got, &err), &err);
-    assert_int_equal(got, id);
-}
-
 static void run_idle(fixture *f)
 {
     for (size_t steps = 0; stats_of(f).running + stats_of(f).waiting != 0; steps++) {
